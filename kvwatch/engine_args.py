@@ -1,0 +1,213 @@
+"""The engine command line: read the flags kvwatch plans with, write corrected ones back.
+
+Works on argv exactly as the user runs it: `vllm serve MODEL ...` or
+`python -m vllm.entrypoints.openai.api_server --model MODEL ...`, with
+`--flag value` and `--flag=value`. Rewrites keep every other token untouched.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Sequence
+
+from kvwatch.errors import CommandError
+from kvwatch.units import parse_vllm_int
+
+# Flags whose values kvwatch reads or writes. Short aliases map to the long name.
+VALUE_FLAGS = (
+    "--model", "--block-size", "--kv-cache-dtype", "--dtype", "--gpu-memory-utilization",
+    "--kv-cache-memory-bytes", "--max-model-len", "--max-num-seqs", "--tensor-parallel-size",
+    "--pipeline-parallel-size", "--num-gpu-blocks-override", "--attention-backend", "--host",
+    "--port", "--served-model-name", "--quantization",
+)
+ALIASES = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-q": "--quantization"}
+_API_SERVER_MODULES = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.api_server")
+
+
+def _canonical(flag: str) -> str:
+    """vLLM accepts --block_size for --block-size; compare in one spelling."""
+    if flag in ALIASES:
+        return ALIASES[flag]
+    if flag.startswith("--"):
+        return "--" + flag[2:].replace("_", "-")
+    return flag
+
+
+def _split(token: str) -> tuple[str, str | None]:
+    """'--flag=value' -> ('--flag', 'value'); '--flag' -> ('--flag', None)."""
+    if token.startswith("-") and "=" in token:
+        flag, value = token.split("=", 1)
+        return _canonical(flag), value
+    return _canonical(token), None
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """The flags the planner needs, typed, with vLLM's defaults where it has one."""
+
+    model: str
+    block_size: int | None
+    kv_cache_dtype: str
+    dtype: str
+    gpu_memory_utilization: float
+    kv_cache_memory_bytes: int | None
+    max_model_len: int | None
+    max_num_seqs: int | None
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    num_gpu_blocks_override: int | None
+    attention_backend: str | None
+    host: str
+    port: int
+
+
+@dataclass(frozen=True)
+class EngineCommand:
+    argv: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, argv: Sequence[str]) -> "EngineCommand":
+        if not argv:
+            raise CommandError("no engine command given (expected e.g. `-- vllm serve MODEL ...`)")
+        command = cls(tuple(argv))
+        command.model  # fail early, with one clear line, when no model is named
+        return command
+
+    # -- reading -----------------------------------------------------------
+    def _model_position(self) -> int | None:
+        """Index of the positional MODEL of `vllm serve MODEL`, if any."""
+        for i, token in enumerate(self.argv):
+            if token == "serve" and (i == 0 or os.path.basename(self.argv[i - 1]) in ("vllm", "main")
+                                     or self.argv[i - 1].endswith("vllm.entrypoints.cli.main")):
+                nxt = i + 1
+                if nxt < len(self.argv) and not self.argv[nxt].startswith("-"):
+                    return nxt
+                return None
+        return None
+
+    def values(self, flag: str) -> list[str]:
+        """Every value given for `flag`, in order (argparse keeps the last)."""
+        flag = _canonical(flag)
+        found: list[str] = []
+        i = 0
+        while i < len(self.argv):
+            name, inline = _split(self.argv[i])
+            if name == flag:
+                if inline is not None:
+                    found.append(inline)
+                elif i + 1 < len(self.argv):
+                    found.append(self.argv[i + 1])
+                    i += 1
+                else:
+                    raise CommandError(f"{flag} needs a value")
+            i += 1
+        return found
+
+    def get(self, flag: str) -> str | None:
+        values = self.values(flag)
+        return values[-1] if values else None
+
+    def has(self, flag: str) -> bool:
+        flag = _canonical(flag)
+        return any(_split(t)[0] == flag for t in self.argv)
+
+    @property
+    def model(self) -> str:
+        explicit = self.get("--model")
+        if explicit:
+            return explicit
+        pos = self._model_position()
+        if pos is not None:
+            return self.argv[pos]
+        raise CommandError("the engine command names no model (`vllm serve MODEL` or `--model MODEL`)")
+
+    def settings(self) -> EngineSettings:
+        return EngineSettings(
+            model=self.model,
+            block_size=self._int("--block-size"),
+            kv_cache_dtype=self.get("--kv-cache-dtype") or "auto",
+            dtype=self.get("--dtype") or "auto",
+            gpu_memory_utilization=self._float("--gpu-memory-utilization", 0.92),
+            kv_cache_memory_bytes=self._int("--kv-cache-memory-bytes", human=True),
+            max_model_len=self._int("--max-model-len", human=True),
+            max_num_seqs=self._int("--max-num-seqs"),
+            tensor_parallel_size=self._int("--tensor-parallel-size") or 1,
+            pipeline_parallel_size=self._int("--pipeline-parallel-size") or 1,
+            num_gpu_blocks_override=self._int("--num-gpu-blocks-override"),
+            attention_backend=self.get("--attention-backend"),
+            host=self.get("--host") or "127.0.0.1",
+            port=self._int("--port") or 8000,
+        )
+
+    def _int(self, flag: str, human: bool = False) -> int | None:
+        value = self.get(flag)
+        if value is None:
+            return None
+        if human:
+            return parse_vllm_int(value)
+        try:
+            return int(value)
+        except ValueError:
+            raise CommandError(f"{flag} {value!r}: not an integer") from None
+
+    def _float(self, flag: str, default: float) -> float:
+        value = self.get(flag)
+        if value is None:
+            return default
+        try:
+            return float(value)
+        except ValueError:
+            raise CommandError(f"{flag} {value!r}: not a number") from None
+
+    # -- writing -----------------------------------------------------------
+    def with_flag(self, flag: str, value: object) -> "EngineCommand":
+        """Set `flag` to `value`: the first occurrence is replaced in place, later ones dropped."""
+        flag = _canonical(flag)
+        text = str(value)
+        out: list[str] = []
+        placed = False
+        i = 0
+        while i < len(self.argv):
+            token = self.argv[i]
+            name, inline = _split(token)
+            if name == flag:
+                if not placed:
+                    out.append(f"{token.split('=', 1)[0]}={text}" if inline is not None else token)
+                    if inline is None:
+                        out.append(text)
+                    placed = True
+                i += 1 if inline is not None else 2
+                continue
+            out.append(token)
+            i += 1
+        if not placed:
+            out.extend([flag, text])
+        return EngineCommand(tuple(out))
+
+    def without_flag(self, flag: str) -> "EngineCommand":
+        flag = _canonical(flag)
+        out: list[str] = []
+        i = 0
+        while i < len(self.argv):
+            name, inline = _split(self.argv[i])
+            if name == flag:
+                i += 1 if inline is not None else 2
+                continue
+            out.append(self.argv[i])
+            i += 1
+        return EngineCommand(tuple(out))
+
+    def apply(self, set_flags: dict[str, object], remove: Sequence[str] = ()) -> "EngineCommand":
+        command = self
+        for flag in remove:
+            command = command.without_flag(flag)
+        for flag, value in set_flags.items():
+            command = command.with_flag(flag, value)
+        return command
+
+    def health_url(self) -> str:
+        s = self.settings()
+        host = "127.0.0.1" if s.host in ("0.0.0.0", "", "::") else s.host
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"
+        return f"http://{host}:{s.port}"
