@@ -1,0 +1,334 @@
+"""The NVML boundary: the only kvwatch module that imports pynvml (nvidia-ml-py).
+
+Shaped after nvitop's libnvml: every call goes through one query function,
+init is lazy and locked, what the driver does not report is None ("not
+available") instead of an exception, and GPU_IS_LOST marks the device lost.
+Nothing here raises to callers: without a driver, a snapshot says
+``available=False`` and why.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import pynvml
+
+_LOG = logging.getLogger(__name__)
+
+LIBRARY_ENV = "KVWATCH_NVML_LIBRARY"
+_NOT_AVAILABLE = 2**64 - 1  # NVML_VALUE_NOT_AVAILABLE as an unsigned long long
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    used_bytes: int | None  # None: the driver does not report it (e.g. WDDM, some vGPUs)
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int  # NVML enumeration index (nvidia-smi's numbering)
+    uuid: str
+    name: str | None
+    memory_total_bytes: int | None
+    memory_used_bytes: int | None
+    compute_capability: tuple[int, int] | None
+    processes: tuple[GpuProcess, ...] | None  # compute processes by pid; None: not available
+
+
+@dataclass(frozen=True)
+class NvmlSnapshot:
+    available: bool
+    error: str | None  # why NVML is not available
+    driver_version: str | None
+    gpus: tuple[GpuInfo, ...]
+    lost_gpus: tuple[int, ...]  # indices that reported GPU_IS_LOST
+
+    @staticmethod
+    def unavailable(error: str) -> NvmlSnapshot:
+        return NvmlSnapshot(False, error, None, (), ())
+
+
+class _GpuLost(Exception):
+    """Raised inside this module only: the device answered GPU_IS_LOST."""
+
+
+# Errors that are about NVML as a whole rather than one field of one device:
+# they end the snapshot (and Uninitialized makes the next one re-init).
+_FATAL = (pynvml.NVMLError_Uninitialized, pynvml.NVMLError_DriverNotLoaded,
+          pynvml.NVMLError_LibRmVersionMismatch, pynvml.NVMLError_LibraryNotFound)
+
+# What pynvml raises when the driver lacks the version an unversioned call
+# picks: NVMLLibraryMismatchError in newer releases, FunctionNotFound in older.
+_VERSION_MISSING = (pynvml.NVMLError_FunctionNotFound,
+                    getattr(pynvml, "NVMLLibraryMismatchError", pynvml.NVMLError_FunctionNotFound))
+
+# A library path can be preloaded only once per process: pynvml keeps the
+# first libnvidia-ml.so.1 it loaded for the life of the process.
+_preload_lock = threading.Lock()
+_preloaded: dict[str, ctypes.CDLL] = {}
+
+
+def _preload(path: str) -> str | None:
+    """dlopen ``path`` before pynvml does: pynvml's CDLL("libnvidia-ml.so.1")
+    then resolves to it, because the dynamic loader matches a bare name
+    against the SONAME of objects already loaded. Returns an error or None."""
+    with _preload_lock:
+        if path in _preloaded:
+            return None
+        if _preloaded:
+            loaded = next(iter(_preloaded))
+            return f"NVML library {loaded} already loaded in this process, cannot load {path}"
+        try:
+            _preloaded[path] = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+        except OSError as exc:
+            return f"cannot load NVML library {path}: {exc}"
+        return None
+
+
+class Nvml:
+    """One per process; thread-safe. Inits NVML on first use and again after
+    :meth:`shutdown` or a failed init (the driver may come back)."""
+
+    def __init__(self, library_path: str | None = None) -> None:
+        self._library_path = library_path or os.environ.get(LIBRARY_ENV) or None
+        self._lock = threading.RLock()
+        self._initialized = False
+        self._last_error: str | None = None
+        self._memory_v2 = hasattr(pynvml, "nvmlMemory_v2")  # False once the driver lacks it
+        self._processes_v3 = True  # False once the driver lacks _v3 (older drivers)
+
+    # -- public --------------------------------------------------------------
+
+    def snapshot(self) -> NvmlSnapshot:
+        """All GPUs, all fields. A lost GPU is left out of ``gpus`` and listed in ``lost_gpus``."""
+        with self._lock:
+            try:
+                return self._snapshot()
+            except Exception as exc:  # the boundary never raises; log what we did not foresee
+                _LOG.exception("NVML snapshot failed")
+                return NvmlSnapshot.unavailable(f"unexpected: {exc!r}")
+
+    def device(self, index: int) -> GpuInfo | None:
+        """One GPU by NVML index; None if NVML is unavailable, the index does not exist or it is lost."""
+        with self._lock:
+            try:
+                if self._ensure_init() is not None:
+                    return None
+                info = self._read_device(index)
+                return info if isinstance(info, GpuInfo) else None
+            except pynvml.NVMLError as exc:
+                self._fatal(exc)
+                return None
+            except Exception:
+                _LOG.exception("NVML device(%d) failed", index)
+                return None
+
+    def visible_device(self, cuda_visible_devices: str | None) -> GpuInfo | None:
+        """The first GPU a CUDA process sees under this CUDA_VISIBLE_DEVICES value."""
+        snap = self.snapshot()
+        if not snap.available:
+            return None
+        by_index = {gpu.index: gpu for gpu in snap.gpus}
+        uuids: dict[int, str | None] = {i: None for i in snap.lost_gpus}
+        uuids.update({gpu.index: gpu.uuid for gpu in snap.gpus})
+        visible = parse_cuda_visible_devices(cuda_visible_devices, uuids)
+        return by_index.get(visible[0]) if visible else None
+
+    def shutdown(self) -> None:
+        with self._lock:
+            if not self._initialized:
+                return
+            self._initialized = False
+            try:
+                pynvml.nvmlShutdown()
+            except pynvml.NVMLError as exc:
+                _LOG.warning("nvmlShutdown: %s", exc)
+
+    def __enter__(self) -> Nvml:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
+
+    # -- internals (called with self._lock held) -------------------------------
+
+    def _ensure_init(self) -> str | None:
+        if self._initialized:
+            return None
+        error = _preload(self._library_path) if self._library_path else None
+        if error is None:
+            try:
+                pynvml.nvmlInit()
+                self._initialized = True
+                error = self._check_loaded_library()
+            except pynvml.NVMLError as exc:
+                error = f"nvmlInit: {exc}"
+                if self._library_path and isinstance(exc, pynvml.NVMLError_LibraryNotFound):
+                    error += f" (is the SONAME of {self._library_path} libnvidia-ml.so.1?)"
+        if error != self._last_error:  # log changes, not every tick
+            if error:
+                _LOG.warning("NVML not available: %s", error)
+            else:
+                _LOG.info("NVML initialized")
+            self._last_error = error
+        return error
+
+    def _check_loaded_library(self) -> str | None:
+        """A configured library must be the one pynvml uses (its SONAME must be libnvidia-ml.so.1)."""
+        wanted = _preloaded.get(self._library_path or "")
+        if wanted is None or getattr(pynvml.nvmlLib, "_handle", None) == wanted._handle:
+            return None
+        self.shutdown()
+        return f"pynvml did not load {self._library_path} (is its SONAME libnvidia-ml.so.1?)"
+
+    def _fatal(self, exc: pynvml.NVMLError) -> str:
+        if isinstance(exc, pynvml.NVMLError_Uninitialized):
+            self._initialized = False  # someone shut NVML down; init again next time
+        return f"NVML: {exc}"
+
+    def _snapshot(self) -> NvmlSnapshot:
+        error = self._ensure_init()
+        if error is not None:
+            return NvmlSnapshot.unavailable(error)
+        try:
+            driver = self._query(pynvml.nvmlSystemGetDriverVersion)
+            count = pynvml.nvmlDeviceGetCount()
+            gpus: list[GpuInfo] = []
+            lost: list[int] = []
+            for index in range(count):
+                info = self._read_device(index)
+                if info is _GpuLost:
+                    lost.append(index)
+                elif isinstance(info, GpuInfo):
+                    gpus.append(info)
+        except pynvml.NVMLError as exc:  # fatal ones from _query, any from the count
+            return NvmlSnapshot.unavailable(self._fatal(exc))
+        return NvmlSnapshot(True, None, driver, tuple(gpus), tuple(lost))
+
+    def _query(self, fn: Callable[..., _T], *args: Any) -> _T | None:
+        """Every per-field NVML call goes through here: not supported, not
+        found, no permission, ... -> None; GPU_IS_LOST -> _GpuLost; errors
+        about NVML as a whole propagate."""
+        try:
+            return fn(*args)
+        except pynvml.NVMLError_GpuIsLost:
+            raise _GpuLost from None
+        except _FATAL:
+            raise
+        except (pynvml.NVMLError, *_VERSION_MISSING) as exc:
+            _LOG.debug("%s: %s", getattr(fn, "__name__", fn), exc)
+            return None
+
+    def _read_device(self, index: int) -> GpuInfo | type[_GpuLost] | None:
+        try:
+            handle = self._query(pynvml.nvmlDeviceGetHandleByIndex, index)
+            uuid = self._query(pynvml.nvmlDeviceGetUUID, handle) if handle is not None else None
+            if uuid is None:  # UUID is the GPU's identity in every metric; without it, skip
+                _LOG.debug("GPU %d: no handle or UUID, skipped", index)
+                return None
+            total, used = self._memory(handle)
+            cc = self._query(pynvml.nvmlDeviceGetCudaComputeCapability, handle)
+            return GpuInfo(
+                index=index,
+                uuid=uuid,
+                name=self._query(pynvml.nvmlDeviceGetName, handle),
+                memory_total_bytes=total,
+                memory_used_bytes=used,
+                compute_capability=(int(cc[0]), int(cc[1])) if cc is not None else None,
+                processes=self._processes(handle),
+            )
+        except _GpuLost:
+            return _GpuLost
+
+    def _memory(self, handle: Any) -> tuple[int | None, int | None]:
+        # v2 "used" leaves out memory the driver reserves for itself (what
+        # nvidia-smi shows); v1 counts it as used. Prefer v2, fall back to v1.
+        if self._memory_v2:
+            try:
+                mem = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+                return _bytes(mem.total), _bytes(mem.used)
+            except pynvml.NVMLError_GpuIsLost:
+                raise _GpuLost from None
+            except (pynvml.NVMLError_FunctionNotFound, pynvml.NVMLError_ArgumentVersionMismatch):
+                self._memory_v2 = False  # driver too old for v2; stop asking
+            except _FATAL:
+                raise
+            except pynvml.NVMLError as exc:
+                _LOG.debug("nvmlDeviceGetMemoryInfo_v2: %s", exc)
+        mem = self._query(pynvml.nvmlDeviceGetMemoryInfo, handle)
+        return (_bytes(mem.total), _bytes(mem.used)) if mem is not None else (None, None)
+
+    def _processes(self, handle: Any) -> tuple[GpuProcess, ...] | None:
+        procs = None
+        if self._processes_v3:
+            # the unversioned name is pynvml's pick (v3 today)
+            try:
+                procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            except _VERSION_MISSING:
+                self._processes_v3 = False
+            except pynvml.NVMLError_GpuIsLost:
+                raise _GpuLost from None
+            except _FATAL:
+                raise
+            except pynvml.NVMLError as exc:
+                _LOG.debug("nvmlDeviceGetComputeRunningProcesses: %s", exc)
+                return None
+        if not self._processes_v3:
+            v2 = getattr(pynvml, "nvmlDeviceGetComputeRunningProcesses_v2", None)  # not in 12.535
+            procs = self._query(v2, handle) if v2 is not None else None
+        if procs is None:
+            return None
+        # A pid can appear once per MIG compute instance: one entry per pid,
+        # memory summed (None if any part is not available).
+        merged: dict[int, int | None] = {}
+        for proc in procs:
+            used = _bytes(proc.usedGpuMemory)
+            if proc.pid in merged:
+                prev = merged[proc.pid]
+                used = None if prev is None or used is None else prev + used
+            merged[proc.pid] = used
+        return tuple(GpuProcess(pid, used) for pid, used in sorted(merged.items()))
+
+
+def _bytes(value: int | None) -> int | None:
+    return None if value is None or value == _NOT_AVAILABLE else int(value)
+
+
+def parse_cuda_visible_devices(value: str | None, devices: Mapping[int, str | None]) -> list[int]:
+    """NVML indices a CUDA process would see, in its order, as CUDA parses
+    CUDA_VISIBLE_DEVICES: unset = all; comma-separated entries, each an index
+    (read like strtoul, so "1gpu" is 1) or a unique prefix of a "GPU-" UUID;
+    the first invalid, unknown or ambiguous entry ends the list; a repeated
+    device empties it. ``devices`` maps each NVML index to its UUID (None if
+    unknown, e.g. lost). MIG UUIDs are not resolved (they end the list).
+
+    Indices are in CUDA's order, which is NVML's (nvidia-smi's) order under
+    CUDA_DEVICE_ORDER=PCI_BUS_ID but not always otherwise (CUDA's default
+    puts the fastest GPU first); UUIDs are exact.
+    """
+    if value is None:
+        return sorted(devices)
+    result: list[int] = []
+    for entry in value.split(","):
+        entry = entry.strip()
+        if entry.startswith("GPU-"):
+            matches = [i for i, uuid in devices.items() if uuid and uuid.startswith(entry)]
+            if len(matches) != 1:
+                break
+            index = matches[0]
+        else:
+            digits = entry[: len(entry) - len(entry.lstrip("0123456789"))]
+            if not digits or int(digits) not in devices:
+                break
+            index = int(digits)
+        if index in result:
+            return []
+        result.append(index)
+    return result
