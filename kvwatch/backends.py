@@ -1,0 +1,69 @@
+"""Which attention backend vLLM will pick, and why the others were rejected (pure)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvwatch.devices import Device
+from kvwatch.geometry import ModelGeometry
+from kvwatch.rules import FP8_KV_DTYPES, PACKED_MLA_BYTES, BackendRule, RuleSet
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    backend: BackendRule | None
+    candidates: tuple[str, ...]                 # in vLLM's priority order
+    reasons: dict[str, tuple[str, ...]]          # rejected backend -> reasons, vLLM's wording
+
+
+def kv_dtype_reason(rule: BackendRule, kv_dtype: str, device: Device, geometry: ModelGeometry) -> str | None:
+    """Why `rule` cannot store a KV cache of `kv_dtype` on `device`, or None when it can."""
+    if kv_dtype not in rule.kv_dtypes and not (kv_dtype in PACKED_MLA_BYTES and kv_dtype in rule.kv_dtypes):
+        return "kv_cache_dtype not supported"
+    if kv_dtype in FP8_KV_DTYPES:
+        cc = device.compute_capability
+        if rule.fp8_majors is not None and (cc is None or cc[0] not in rule.fp8_majors):
+            return "kv_cache_dtype not supported"
+        if rule.fp8_min_capability is not None and (cc is None or cc < rule.fp8_min_capability):
+            return "kv_cache_dtype not supported (fp8 needs SM89+)"
+        if rule.cpu_fp8_needs_isa and not device.cpu_fp8_kv:
+            return "FP8 KV cache on CPU requires x86 with AVX-512 or AMX"
+        if rule.fp8_head_size_multiple and geometry.head_size % rule.fp8_head_size_multiple:
+            return f"FP8 KV cache requires head_size divisible by {rule.fp8_head_size_multiple} on CPU"
+    return None
+
+
+def rejection_reasons(rule: BackendRule, device: Device, geometry: ModelGeometry, kv_dtype: str,
+                      user_block_size: int | None) -> tuple[str, ...]:
+    reasons = []
+    if not rule.supports_capability(device.compute_capability):
+        reasons.append("compute capability not supported")
+    dtype_reason = kv_dtype_reason(rule, kv_dtype, device, geometry)
+    if dtype_reason:
+        reasons.append(dtype_reason)
+    if rule.head_sizes is not None and geometry.head_size not in rule.head_sizes:
+        reasons.append("head_size not supported")
+    if (user_block_size is not None and rule.forced_block_size is None
+            and not rule.supports_block_size(user_block_size)):
+        reasons.append("block_size not supported")
+    return tuple(reasons)
+
+
+def choose_backend(rules: RuleSet, device: Device, geometry: ModelGeometry, kv_dtype: str,
+                   user_block_size: int | None, requested: str | None = None) -> BackendChoice:
+    """vLLM's selection: the first backend in priority order with no reason to reject it."""
+    major = device.compute_capability[0] if device.compute_capability else None
+    key = (device.platform, geometry.attention, major)
+    names = rules.priorities.get(key) or rules.priorities[(device.platform, geometry.attention, None)]
+    if requested:
+        names = (requested.upper(),)
+    reasons: dict[str, tuple[str, ...]] = {}
+    for name in names:
+        rule = rules.backend(name)
+        if rule is None or rule.attention != geometry.attention or rule.platform != device.platform:
+            reasons[name] = ("not a backend for this model and device",)
+            continue
+        rejected = rejection_reasons(rule, device, geometry, kv_dtype, user_block_size)
+        if not rejected:
+            return BackendChoice(rule, tuple(names), reasons)
+        reasons[name] = rejected
+    return BackendChoice(None, tuple(names), reasons)

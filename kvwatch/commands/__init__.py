@@ -1,0 +1,1 @@
+"""One module per sub-command: add_parser(subparsers) and the function it sets as `func`."""

@@ -1,0 +1,86 @@
+"""`kvwatch plan`: predict vLLM's KV cache for an engine command, and say what will fail."""
+from __future__ import annotations
+
+import argparse
+import json
+
+from kvwatch import device_probe
+from kvwatch.devices import Device, parse_compute_capability, preset
+from kvwatch.errors import KvwatchError
+from kvwatch.exitcodes import EXIT_OK, EXIT_PLAN_WILL_FAIL
+from kvwatch.plan import Plan
+from kvwatch.planning import plan_command
+from kvwatch.rules import ruleset_for
+from kvwatch.units import format_bytes, parse_size
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plan", help="plan the KV cache of an engine command",
+                       description="Plan vLLM's KV cache: kvwatch plan [DEVICE] [--json] -- ENGINE_COMMAND...")
+    add_device_arguments(p)
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.set_defaults(func=run)
+
+
+def add_device_arguments(p: argparse.ArgumentParser) -> None:
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--device", choices=["cpu", "gpu"], help="plan for the CPU backend, or the GPU (NVML)")
+    group.add_argument("--gpu", type=int, metavar="INDEX", help="plan for GPU INDEX (NVML)")
+    group.add_argument("--preset", metavar="NAME", help="a named GPU: h100, h200, b200, b300, rtx-pro-6000, rtx-5090")
+    group.add_argument("--compute-capability", metavar="X.Y", help="a simulated GPU (with --gpu-memory)")
+    p.add_argument("--gpu-memory", metavar="SIZE", help="total memory of the simulated GPU, e.g. 96GiB")
+
+
+def device_from_args(args: argparse.Namespace) -> Device:
+    if args.gpu_memory and not args.compute_capability:
+        raise KvwatchError("--gpu-memory goes with --compute-capability")
+    if args.compute_capability:
+        if not args.gpu_memory:
+            raise KvwatchError("--compute-capability needs --gpu-memory SIZE")
+        cc = parse_compute_capability(args.compute_capability)
+        return Device("cuda", f"simulated SM{cc[0]}{cc[1]}", cc, parse_size(args.gpu_memory))
+    if args.preset:
+        return preset(args.preset)
+    if args.device == "cpu":
+        return device_probe.cpu_device()
+    return device_probe.gpu_device(args.gpu)
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.engine_command:
+        raise KvwatchError("no engine command: kvwatch plan [options] -- vllm serve MODEL ...")
+    device = device_from_args(args)
+    plan = plan_command(args.engine_command, device, ruleset_for(device_probe.installed_vllm_version()))
+    print(json.dumps(plan.to_json(), indent=2) if args.json else render(plan))
+    return EXIT_PLAN_WILL_FAIL if plan.will_fail else EXIT_OK
+
+
+def render(plan: Plan) -> str:
+    est = " (estimate)" if plan.estimated else ""
+    rows = [
+        ("model", plan.model),
+        ("device", f"{plan.device} (compute capability {plan.compute_capability})"),
+        ("attention", f"{plan.attention}, backend {plan.backend or 'none valid'}"),
+        ("block size", f"{plan.block_size} tokens ({plan.block_size_source})"),
+        ("KV dtype", f"{plan.kv_cache_dtype} ({plan.dtype_bytes} B per element)"),
+        ("KV per token", f"{plan.kv_bytes_per_token:,} B ({plan.kv_bytes_per_token_per_layer:,} B per layer)"),
+        ("page (1 layer)", f"{plan.page_size_bytes:,} B"),
+        ("bytes per block", f"{plan.bytes_per_block:,} B ({plan.layers_per_block} layers)"),
+        ("KV memory", f"{format_bytes(plan.kv_memory_bytes)} from {plan.kv_memory_source}"),
+        ("blocks", f"{plan.num_blocks:,}{est}"),
+        ("KV tokens", f"{plan.kv_cache_tokens:,}{est}"),
+    ]
+    if plan.max_model_len:
+        rows.append(("max model len", f"{plan.max_model_len:,} (concurrency {plan.max_concurrency:.2f}x)"))
+    padding = ", ".join(f"{k} {format_bytes(v)}" for k, v in plan.padding_bytes.items() if v)
+    rows.append(("padding", f"{padding or 'none'} ({plan.padding_ratio:.2%} of the KV cache)"))
+    width = max(len(k) for k, _ in rows)
+    lines = [f"{k:<{width}}  {v}" for k, v in rows]
+    for w in plan.warnings:
+        fix = " ".join(f"{flag} {value}" if value is not None else f"remove {flag}" for flag, value in w.fix.items())
+        level = "FAILS" if w.certain else "RISK"
+        lines.append(f"{level}: [{w.kind}] {w.message}")
+        lines.append(f"  fix: {fix or 'no flag change can fix this'}")
+    if not plan.warnings:
+        lines.append("OK: vLLM should accept this plan")
+    return "\n".join(lines)

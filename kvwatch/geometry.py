@@ -1,0 +1,153 @@
+"""Model geometry from a Hugging Face config.json: what the KV cache of one token costs.
+
+Mirrors vLLM's ModelArchConfigConvertor (transformers_utils/model_arch_config_convertor.py):
+the same attribute fallbacks for kv heads and head size, the same MLA model-type list.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from kvwatch.errors import ConfigError
+
+# vLLM's is_deepseek_mla list (0.32): these model types store one MLA latent per token.
+MLA_MODEL_TYPES = frozenset({
+    "axk1", "deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_v4", "deepseek_v41",
+    "dots3_note", "deepseek_mtp", "k3_dspark", "glm5_next", "glm5_next_text", "glm_moe_dsa",
+    "glm4_moe_lite", "glm4_moe_lite_mtp", "kimi_k2", "kimi_linear", "longcat_flash",
+    "pangu_ultra_moe", "pangu_ultra_moe_mtp", "bailing_hybrid", "bailing_hybrid_mtp",
+    "bailing_hybrid_v3_mtp", "hy_v4", "hy_v4_mtp",
+})
+_KV_HEAD_KEYS = ("n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num",
+                 "num_attention_groups")
+_MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
+                 "model_max_length", "max_target_positions", "max_sequence_length",
+                 "max_seq_length", "seq_len")
+_DTYPE_NAMES = {"float16": "float16", "half": "float16", "bfloat16": "bfloat16",
+                "float32": "float32", "float": "float32"}
+
+
+@dataclass(frozen=True)
+class ModelGeometry:
+    model_type: str
+    architectures: tuple[str, ...]
+    num_layers: int
+    attention: str                 # "full" or "mla"
+    num_kv_heads: int              # total, before tensor parallelism (1 for MLA)
+    head_size: int                 # per K (or per latent for MLA)
+    head_size_v: int               # 0 for MLA: no separate V
+    config_dtype: str | None       # as config.json says, normalised; None when absent
+    sliding_window: int | None
+    layer_kinds: tuple[str, ...]   # "full" or "sliding" per layer
+    max_position_embeddings: int | None
+    kv_lora_rank: int | None = None
+    qk_rope_head_dim: int | None = None
+    num_attention_heads: int | None = None
+    hidden_size: int | None = None
+    weight_params: int | None = None  # rough parameter count, for the GPU memory estimate
+
+    @property
+    def is_hybrid(self) -> bool:
+        return len(set(self.layer_kinds)) > 1
+
+
+def _text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Multimodal configs keep the language model's fields under text_config."""
+    text = config.get("text_config")
+    if isinstance(text, Mapping) and "num_hidden_layers" in text:
+        return text
+    return config
+
+
+def _positive_int(cfg: Mapping[str, Any], key: str, required: bool = True) -> int | None:
+    value = cfg.get(key)
+    if value is None:
+        if required:
+            raise ConfigError(f"config.json: missing field {key!r}")
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"config.json: field {key!r} must be a positive integer, got {value!r}")
+    return value
+
+
+def _layer_kinds(cfg: Mapping[str, Any], num_layers: int) -> tuple[tuple[str, ...], int | None]:
+    window = cfg.get("sliding_window")
+    window = window if isinstance(window, int) and window > 0 else None
+    layer_types = cfg.get("layer_types")
+    if isinstance(layer_types, list) and len(layer_types) == num_layers and window:
+        kinds = tuple("sliding" if "sliding" in str(t) else "full" for t in layer_types)
+        return kinds, window
+    if window and cfg.get("use_sliding_window") is False:
+        return ("full",) * num_layers, None
+    if window and isinstance(cfg.get("max_window_layers"), int) and cfg.get("use_sliding_window"):
+        # Qwen2: layers below max_window_layers use full attention.
+        cut = cfg["max_window_layers"]
+        return tuple("full" if i < cut else "sliding" for i in range(num_layers)), window
+    if window and cfg.get("use_sliding_window", True):
+        return ("sliding",) * num_layers, window
+    return ("full",) * num_layers, None
+
+
+def _int(cfg: Mapping[str, Any], *keys: str) -> int:
+    return next((cfg[k] for k in keys if isinstance(cfg.get(k), int) and not isinstance(cfg.get(k), bool)), 0)
+
+
+def estimate_parameters(cfg: Mapping[str, Any]) -> int | None:
+    """Embeddings + attention + MLP (experts included): enough to size weights to ~10%."""
+    hidden, layers = _int(cfg, "hidden_size"), _int(cfg, "num_hidden_layers")
+    if not hidden or not layers:
+        return None
+    vocab = _int(cfg, "vocab_size")
+    experts = _int(cfg, "n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts")
+    shared = _int(cfg, "n_shared_experts")
+    moe_width = _int(cfg, "moe_intermediate_size") or _int(cfg, "intermediate_size")
+    dense_width = _int(cfg, "intermediate_size") or 4 * hidden
+    dense_layers = _int(cfg, "first_k_dense_replace") if experts else layers
+    mlp = (dense_layers * 3 * hidden * dense_width
+           + (layers - dense_layers) * (experts + shared) * 3 * hidden * moe_width)
+    return 2 * vocab * hidden + layers * 4 * hidden * hidden + mlp
+
+
+def geometry_from_config(config: Mapping[str, Any]) -> ModelGeometry:
+    """Turn a config.json dict into a ModelGeometry, or raise ConfigError naming the field."""
+    if not isinstance(config, Mapping):
+        raise ConfigError("config.json: expected a JSON object")
+    cfg = _text_config(config)
+    model_type = cfg.get("model_type") or config.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        raise ConfigError("config.json: missing field 'model_type'")
+    architectures = tuple(config.get("architectures") or ())
+    num_layers = _positive_int(cfg, "num_hidden_layers")
+    num_heads = _positive_int(cfg, "num_attention_heads")
+    hidden = _positive_int(cfg, "hidden_size", required=False)
+    raw_dtype = cfg.get("torch_dtype") or cfg.get("dtype") or config.get("torch_dtype") or config.get("dtype")
+    config_dtype = _DTYPE_NAMES.get(str(raw_dtype)) if raw_dtype else None
+    max_len = next((cfg[k] for k in _MAX_LEN_KEYS if isinstance(cfg.get(k), int)), None)
+
+    if model_type in MLA_MODEL_TYPES and cfg.get("kv_lora_rank") is not None:
+        rank = _positive_int(cfg, "kv_lora_rank")
+        rope = _positive_int(cfg, "qk_rope_head_dim")
+        return ModelGeometry(
+            model_type=model_type, architectures=architectures, num_layers=num_layers,
+            attention="mla", num_kv_heads=1, head_size=rank + rope, head_size_v=0,
+            config_dtype=config_dtype, sliding_window=None, layer_kinds=("full",) * num_layers,
+            max_position_embeddings=max_len, kv_lora_rank=rank, qk_rope_head_dim=rope,
+            num_attention_heads=num_heads, hidden_size=hidden, weight_params=estimate_parameters(cfg))
+
+    kv_heads = next((cfg[k] for k in _KV_HEAD_KEYS if cfg.get(k) is not None), num_heads)
+    if isinstance(kv_heads, bool) or not isinstance(kv_heads, int) or kv_heads <= 0:
+        raise ConfigError(f"config.json: the number of KV heads must be a positive integer, got {kv_heads!r}")
+    head_size = cfg.get("head_dim") or cfg.get("hidden_size_per_head")
+    if head_size is None:
+        if hidden is None:
+            raise ConfigError("config.json: missing field 'head_dim' (or 'hidden_size' to derive it)")
+        head_size = hidden // num_heads
+    if not isinstance(head_size, int) or head_size <= 0:
+        raise ConfigError(f"config.json: field 'head_dim' must be a positive integer, got {head_size!r}")
+    kinds, window = _layer_kinds(cfg, num_layers)
+    return ModelGeometry(
+        model_type=model_type, architectures=architectures, num_layers=num_layers,
+        attention="full", num_kv_heads=kv_heads, head_size=head_size, head_size_v=head_size,
+        config_dtype=config_dtype, sliding_window=window, layer_kinds=kinds,
+        max_position_embeddings=max_len, num_attention_heads=num_heads, hidden_size=hidden,
+        weight_params=estimate_parameters(cfg))

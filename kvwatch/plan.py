@@ -1,0 +1,289 @@
+"""The KV cache plan: what vLLM will allocate for this model, these flags and this device (pure).
+
+Follows vLLM 0.32: page size per layer (v1/kv_cache_interface.py), bytes per block and
+num_blocks = available // bytes_per_block (v1/core/kv_cache_utils.py), one null block.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from kvwatch.backends import BackendChoice, choose_backend, kv_dtype_reason
+from kvwatch.devices import GiB, Device
+from kvwatch.engine_args import EngineSettings
+from kvwatch.geometry import ModelGeometry
+from kvwatch.rules import FP8_KV_DTYPES, PACKED_MLA_BYTES, RuleSet
+
+_DTYPE_BYTES = {"float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4}
+
+# Kinds of warning; the same names are the diagnosis classes of issue #3.
+BLOCK_SIZE_UNSUPPORTED = "block_size_unsupported"
+KV_DTYPE_UNSUPPORTED = "kv_dtype_unsupported"
+KERNEL_OUT_OF_RESOURCES = "kernel_out_of_resources"
+KV_CACHE_TOO_SMALL = "kv_cache_too_small"
+NO_KV_CACHE_MEMORY = "no_kv_cache_memory"
+NO_ATTENTION_BACKEND = "no_attention_backend"
+
+
+@dataclass(frozen=True)
+class Warning_:
+    kind: str
+    message: str
+    fix: dict[str, Any]          # flag -> new value; None removes the flag
+    certain: bool = True         # vLLM will fail for sure (not only "likely")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "message": self.message, "fix": self.fix, "certain": self.certain}
+
+
+@dataclass(frozen=True)
+class MemoryInputs:
+    """What decides the KV memory, gathered by the caller (environment, NVML, state file)."""
+
+    cpu_kv_space_bytes: int | None = None    # VLLM_CPU_KVCACHE_SPACE, in bytes
+    weights_bytes: int | None = None         # weight files on disk
+    non_kv_bytes: int | None = None          # measured on an earlier run of this engine
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: str
+    device: str
+    compute_capability: str
+    attention: str
+    backend: str | None
+    block_size: int
+    block_size_source: str               # "flag", "backend default", "platform override"
+    kv_cache_dtype: str
+    dtype_bytes: int
+    kv_bytes_per_token_per_layer: int
+    kv_bytes_per_token: int              # all layers on one rank
+    page_size_bytes: int                 # one layer, one block
+    layers_per_block: int
+    bytes_per_block: int
+    kv_memory_bytes: int                 # memory given to the KV cache
+    kv_memory_source: str
+    num_blocks: int
+    kv_cache_tokens: int
+    max_model_len: int | None
+    max_concurrency: float | None
+    estimated: bool
+    padding_bytes: dict[str, int]
+    warnings: tuple[Warning_, ...] = field(default=())
+    backend_reasons: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    @property
+    def will_fail(self) -> bool:
+        return any(w.certain for w in self.warnings)
+
+    @property
+    def planned_kv_bytes(self) -> int:
+        return self.num_blocks * self.bytes_per_block
+
+    @property
+    def padding_ratio(self) -> float:
+        allocated = self.planned_kv_bytes
+        return sum(self.padding_bytes.values()) / allocated if allocated else 0.0
+
+    def fixes(self, certain_only: bool = True) -> dict[str, Any]:
+        merged: dict[str, Any] = {}
+        for w in self.warnings:
+            if w.certain or not certain_only:
+                merged.update(w.fix)
+        return merged
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["warnings"] = [w.to_json() for w in self.warnings]
+        out["backend_reasons"] = {k: list(v) for k, v in self.backend_reasons.items()}
+        out["planned_kv_bytes"] = self.planned_kv_bytes
+        out["padding_ratio"] = self.padding_ratio
+        out["will_fail"] = self.will_fail
+        return out
+
+
+def kv_dtype_bytes(kv_cache_dtype: str, model_dtype: str, config_dtype: str | None) -> int:
+    """Bytes per KV element: 8-bit names are 1; `auto` follows the model dtype."""
+    if kv_cache_dtype in FP8_KV_DTYPES or kv_cache_dtype in PACKED_MLA_BYTES:
+        return 1
+    if kv_cache_dtype in _DTYPE_BYTES:
+        return _DTYPE_BYTES[kv_cache_dtype]
+    if model_dtype != "auto":
+        return _DTYPE_BYTES.get(model_dtype, 2)
+    # vLLM's auto dtype downcasts float32 (and a missing dtype) to the platform's first: bf16.
+    return 2 if config_dtype in (None, "float32") else _DTYPE_BYTES.get(config_dtype, 2)
+
+
+def _hybrid_group_size(layer_kinds: tuple[str, ...]) -> int:
+    """vLLM's _get_kv_cache_groups_uniform_page_size: layers per KV cache group."""
+    counts = [layer_kinds.count(k) for k in sorted(set(layer_kinds))]
+    if len(counts) == 1:
+        return counts[0]
+    low, high = min(counts), max(counts)
+    return high if high < low * 1.5 else low
+
+
+def _estimate_gpu_kv_memory(device: Device, settings: EngineSettings, geometry: ModelGeometry,
+                            memory: MemoryInputs, dtype_bytes: int) -> int:
+    """GPU: total x utilization, minus weights and vLLM's other non-KV memory (an estimate)."""
+    assert device.total_memory_bytes is not None
+    requested = int(device.total_memory_bytes * settings.gpu_memory_utilization)
+    if memory.non_kv_bytes is not None:
+        return max(0, requested - memory.non_kv_bytes)
+    ranks = settings.tensor_parallel_size * settings.pipeline_parallel_size
+    if memory.weights_bytes is not None:
+        weights = memory.weights_bytes // ranks
+    else:
+        weights = _weights_from_geometry(geometry, dtype_bytes) // ranks
+    # Activation peak, CUDA graphs and the non-torch allocations: ~1.5 GiB + 2% of the card.
+    overhead = int(1.5 * GiB + 0.02 * device.total_memory_bytes)
+    return max(0, requested - weights - overhead)
+
+
+def _weights_from_geometry(geometry: ModelGeometry, dtype_bytes: int) -> int:
+    # Parameters x 2 bytes: quantized checkpoints are smaller; their files, when present, win.
+    return (geometry.weight_params or 0) * 2
+
+
+def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device, rules: RuleSet,
+              memory: MemoryInputs = MemoryInputs()) -> Plan:
+    kv_dtype = settings.kv_cache_dtype
+    choice = choose_backend(rules, device, geometry, kv_dtype, settings.block_size,
+                            settings.attention_backend)
+    warnings: list[Warning_] = []
+    backend = choice.backend
+
+    # -- block size: the flag, else the backend's preference; some platforms override both.
+    if backend is not None and backend.forced_block_size is not None:
+        block_size, block_source = backend.forced_block_size, "platform override"
+    elif settings.block_size is not None:
+        block_size, block_source = settings.block_size, "flag"
+    else:
+        block_size = backend.preferred_block_size if backend else 16
+        block_source = "backend default"
+    warnings.extend(_legality_warnings(choice, rules, device, geometry, settings))
+
+    # -- bytes: one token of one layer, one page, one block (all layers of one group).
+    dtype_bytes = kv_dtype_bytes(kv_dtype, settings.dtype, geometry.config_dtype)
+    if geometry.attention == "mla":
+        kv_heads = 1  # every TP rank holds the whole latent cache
+        per_token_layer = PACKED_MLA_BYTES.get(kv_dtype, geometry.head_size * dtype_bytes)
+        packed_extra = max(0, per_token_layer - geometry.head_size * dtype_bytes)
+    else:
+        kv_heads = max(1, geometry.num_kv_heads // settings.tensor_parallel_size)
+        per_token_layer = kv_heads * (geometry.head_size + geometry.head_size_v) * dtype_bytes
+        packed_extra = 0
+    page = block_size * per_token_layer
+    layer_kinds = geometry.layer_kinds
+    if settings.pipeline_parallel_size > 1:
+        per_stage = -(-geometry.num_layers // settings.pipeline_parallel_size)
+        layer_kinds = layer_kinds[:per_stage]
+    layers_per_block = _hybrid_group_size(layer_kinds)
+    bytes_per_block = layers_per_block * page
+
+    # -- memory for the KV cache, and blocks.
+    estimated = False
+    if device.platform == "cpu" and memory.cpu_kv_space_bytes:
+        kv_memory, kv_source = memory.cpu_kv_space_bytes, "VLLM_CPU_KVCACHE_SPACE"
+    elif settings.kv_cache_memory_bytes is not None:
+        kv_memory, kv_source = settings.kv_cache_memory_bytes, "--kv-cache-memory-bytes"
+    elif device.platform == "cuda" and device.total_memory_bytes:
+        kv_memory = _estimate_gpu_kv_memory(device, settings, geometry, memory, dtype_bytes)
+        kv_source, estimated = "estimate: total x utilization - weights - overhead", True
+    else:
+        kv_memory, kv_source, estimated = 4 * GiB, "estimate: unknown device memory", True
+    num_blocks = kv_memory // bytes_per_block
+    if settings.num_gpu_blocks_override is not None:
+        num_blocks, kv_source = settings.num_gpu_blocks_override, "--num-gpu-blocks-override"
+        estimated = False
+    tokens = num_blocks * block_size
+
+    max_len = settings.max_model_len or geometry.max_position_embeddings
+    usable_tokens = max(0, num_blocks - 1) * block_size  # the null block serves no request
+    if num_blocks <= 1:
+        warnings.append(_no_memory_warning(device, settings, geometry, memory, dtype_bytes,
+                                           kv_memory, bytes_per_block, estimated))
+    elif max_len is not None and -(-max_len // block_size) > num_blocks - 1:
+        fit = usable_tokens
+        warnings.append(Warning_(
+            KV_CACHE_TOO_SMALL,
+            f"max model len {max_len} needs {-(-max_len // block_size)} blocks; "
+            f"the KV cache holds {num_blocks - 1} usable blocks ({fit} tokens)",
+            {"--max-model-len": fit}, certain=not estimated))
+    concurrency = tokens / max_len if max_len else None
+
+    padding = {
+        "packed_layout": packed_extra * block_size * layers_per_block * num_blocks,
+        "page_padding": 0,
+        "alignment": 0,
+        "layer_padding": _layer_padding(geometry.layer_kinds, layers_per_block) * page * num_blocks
+        if geometry.is_hybrid else 0,
+        "remainder": max(0, kv_memory - num_blocks * bytes_per_block)
+        if settings.num_gpu_blocks_override is None else 0,
+        "null_block": bytes_per_block if num_blocks else 0,
+    }
+    return Plan(
+        model=settings.model, device=device.name, compute_capability=device.sm,
+        attention=geometry.attention, backend=backend.name if backend else None,
+        block_size=block_size, block_size_source=block_source, kv_cache_dtype=kv_dtype,
+        dtype_bytes=dtype_bytes, kv_bytes_per_token_per_layer=per_token_layer,
+        kv_bytes_per_token=per_token_layer * len(layer_kinds), page_size_bytes=page,
+        layers_per_block=layers_per_block, bytes_per_block=bytes_per_block,
+        kv_memory_bytes=kv_memory, kv_memory_source=kv_source, num_blocks=num_blocks,
+        kv_cache_tokens=tokens, max_model_len=max_len, max_concurrency=concurrency,
+        estimated=estimated, padding_bytes=padding, warnings=tuple(warnings),
+        backend_reasons=choice.reasons)
+
+
+def _no_memory_warning(device: Device, settings: EngineSettings, geometry: ModelGeometry,
+                       memory: MemoryInputs, dtype_bytes: int, kv_memory: int, bytes_per_block: int,
+                       estimated: bool) -> Warning_:
+    message = f"no memory is left for KV cache blocks ({kv_memory:,} B for {bytes_per_block:,} B per block)"
+    if device.platform == "cuda" and device.total_memory_bytes and settings.gpu_memory_utilization < 0.95:
+        higher = replace(settings, gpu_memory_utilization=0.95)
+        if _estimate_gpu_kv_memory(device, higher, geometry, memory, dtype_bytes) >= 2 * bytes_per_block:
+            return Warning_(NO_KV_CACHE_MEMORY, message, {"--gpu-memory-utilization": 0.95}, certain=not estimated)
+    return Warning_(NO_KV_CACHE_MEMORY, message + "; no flag frees enough: more GPUs "
+                    "(--tensor-parallel-size), a quantized checkpoint or a smaller model", {},
+                    certain=not estimated)
+
+
+def _layer_padding(layer_kinds: tuple[str, ...], group_size: int) -> int:
+    """Padding layers vLLM adds so every KV cache group has group_size layers."""
+    return sum((-layer_kinds.count(k)) % group_size for k in set(layer_kinds))
+
+
+def _legality_warnings(choice: BackendChoice, rules: RuleSet, device: Device, geometry: ModelGeometry,
+                       settings: EngineSettings) -> list[Warning_]:
+    kv_dtype = settings.kv_cache_dtype
+    if choice.backend is not None:
+        return [Warning_(limit.kind, limit.message, dict(limit.fix))
+                for limit in rules.kernel_limits
+                if limit.backend == choice.backend.name and kv_dtype in limit.kv_dtypes
+                and device.compute_capability and device.compute_capability[0] in limit.capability_majors]
+    # No backend: say which single flag change would make one valid, in priority order.
+    candidates = [rules.backend(n) for n in choice.candidates]
+    candidates = [b for b in candidates if b and b.supports_capability(device.compute_capability)
+                  and (b.head_sizes is None or geometry.head_size in b.head_sizes)
+                  and b.attention == geometry.attention and b.platform == device.platform]
+    summary = "; ".join(f"{k}: {', '.join(v)}" for k, v in choice.reasons.items())
+    if settings.attention_backend and not candidates:
+        return [Warning_(NO_ATTENTION_BACKEND,
+                         f"--attention-backend {settings.attention_backend} is not valid here ({summary})",
+                         {"--attention-backend": None})]
+    dtype_ok = [b for b in candidates if kv_dtype_reason(b, kv_dtype, device, geometry) is None]
+    if candidates and not dtype_ok:
+        return [Warning_(KV_DTYPE_UNSUPPORTED,
+                         f"no attention backend on {device.name} stores a {kv_dtype} KV cache for this "
+                         f"model ({summary})", {"--kv-cache-dtype": "auto"})]
+    if dtype_ok and settings.block_size is not None:
+        best = dtype_ok[0]
+        legal = best.smallest_block_size_at_least(settings.block_size)
+        sizes = ", ".join(str(s) for s in best.block_sizes)
+        return [Warning_(BLOCK_SIZE_UNSUPPORTED,
+                         f"block size {settings.block_size} is not supported by {best.name} ([{sizes}]); "
+                         f"the smallest legal size at least as large is {legal}",
+                         {"--block-size": legal})]
+    return [Warning_(NO_ATTENTION_BACKEND,
+                     f"no attention backend of vLLM runs this model on {device.name} "
+                     f"(compute capability {device.sm}): {summary}", {})]

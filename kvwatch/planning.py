@@ -1,0 +1,35 @@
+"""The thin shell around the pure planner: read the model config and environment, then plan."""
+from __future__ import annotations
+
+import os
+from typing import Mapping, Sequence
+
+from kvwatch.devices import GiB, Device
+from kvwatch.engine_args import EngineCommand
+from kvwatch.errors import ConfigError
+from kvwatch.geometry import geometry_from_config
+from kvwatch.model_source import load_model_source
+from kvwatch.plan import MemoryInputs, Plan, make_plan
+from kvwatch.rules import RuleSet
+
+
+def cpu_kv_space_bytes(env: Mapping[str, str]) -> int | None:
+    raw = env.get("VLLM_CPU_KVCACHE_SPACE", "")
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"VLLM_CPU_KVCACHE_SPACE={raw!r}: expected a whole number of GiB") from None
+    return value * GiB if value > 0 else None
+
+
+def plan_command(argv: Sequence[str], device: Device, rules: RuleSet,
+                 env: Mapping[str, str] | None = None, non_kv_bytes: int | None = None) -> Plan:
+    command = EngineCommand.parse(argv)
+    settings = command.settings()
+    source = load_model_source(settings.model)
+    geometry = geometry_from_config(source.config)
+    memory = MemoryInputs(cpu_kv_space_bytes=cpu_kv_space_bytes(os.environ if env is None else env),
+                          weights_bytes=source.weights_bytes, non_kv_bytes=non_kv_bytes)
+    return make_plan(geometry, settings, device, rules, memory)

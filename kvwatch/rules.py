@@ -1,0 +1,175 @@
+"""What vLLM accepts, as data: attention backends, their block sizes and KV dtypes, kernel limits.
+
+Read from the vLLM 0.32 source (v1/attention/backends/*, platforms/cuda.py, platforms/cpu.py).
+A new vLLM release that changes a rule gets a new RuleSet with its version range;
+code never branches on versions.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class MultipleOf:
+    """vLLM's MultipleOf(n): any block size that is a multiple of n."""
+
+    base: int
+
+    def __str__(self) -> str:
+        return f"MultipleOf({self.base})"
+
+
+BlockSizeRule = int | MultipleOf
+
+# 8-bit KV cache dtype names vLLM accepts (one byte per element).
+FP8_KV_DTYPES = frozenset({"fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_per_token_head",
+                           "int8_per_token_head"})
+# MLA packed layouts: bytes per token per layer, fixed by the layout, not by head size.
+PACKED_MLA_BYTES = {"fp8_ds_mla": 656, "nvfp4_ds_mla": 352}
+
+
+@dataclass(frozen=True)
+class BackendRule:
+    name: str
+    platform: str                               # "cuda" or "cpu"
+    attention: str                              # "full" or "mla"
+    block_sizes: tuple[BlockSizeRule, ...]
+    kv_dtypes: frozenset[str]
+    min_capability: tuple[int, int] | None = None
+    max_capability: tuple[int, int] | None = None
+    capability_majors: frozenset[int] | None = None   # when only some families run it
+    fp8_majors: frozenset[int] | None = None          # 8-bit KV only on these families (None: all)
+    fp8_min_capability: tuple[int, int] | None = None
+    preferred_block_size: int = 16                   # what vLLM sets when --block-size is unset
+    head_sizes: frozenset[int] | None = None
+    forced_block_size: int | None = None             # the platform overrides the user's choice
+    cpu_fp8_needs_isa: bool = False                  # CPU fp8 KV kernels need AVX-512 or AMX
+    fp8_head_size_multiple: int | None = None
+
+    def supports_capability(self, cc: tuple[int, int] | None) -> bool:
+        if self.platform == "cpu":
+            return cc is None
+        if cc is None:
+            return False
+        if self.capability_majors is not None and cc[0] not in self.capability_majors:
+            return False
+        if self.min_capability and cc < self.min_capability:
+            return False
+        if self.max_capability and cc > self.max_capability:
+            return False
+        return True
+
+    def supports_block_size(self, block_size: int) -> bool:
+        return any(block_size % r.base == 0 if isinstance(r, MultipleOf) else block_size == r
+                   for r in self.block_sizes)
+
+    def smallest_block_size_at_least(self, block_size: int) -> int:
+        """The smallest legal block size >= block_size."""
+        options = []
+        for r in self.block_sizes:
+            if isinstance(r, MultipleOf):
+                options.append(-(-block_size // r.base) * r.base)
+            elif r >= block_size:
+                options.append(r)
+        return min(options) if options else max(r for r in self.block_sizes if isinstance(r, int))
+
+
+@dataclass(frozen=True)
+class KernelLimit:
+    """A kernel that dies at run time under known conditions, and the flag change that avoids it."""
+
+    kind: str                      # failure class it produces
+    backend: str
+    capability_majors: frozenset[int]
+    kv_dtypes: frozenset[str]
+    message: str
+    fix: dict[str, object]
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    vllm_min: tuple[int, ...]
+    vllm_max: tuple[int, ...] | None           # exclusive
+    backends: tuple[BackendRule, ...]
+    # (platform, attention, capability major or None) -> backend names in vLLM's priority order
+    priorities: dict[tuple[str, str, int | None], tuple[str, ...]]
+    kernel_limits: tuple[KernelLimit, ...] = field(default=())
+
+    def backend(self, name: str) -> BackendRule | None:
+        return next((b for b in self.backends if b.name == name.upper()), None)
+
+
+_HALF = frozenset({"auto", "float16", "bfloat16"})
+_FP8 = frozenset({"fp8", "fp8_e4m3"})
+
+VLLM_0_1X_TO_0_3X = RuleSet(
+    vllm_min=(0, 10),
+    vllm_max=None,
+    backends=(
+        BackendRule("FLASH_ATTN", "cuda", "full", (MultipleOf(16),), _HALF | _FP8,
+                    min_capability=(8, 0), fp8_majors=frozenset({9, 10})),
+        BackendRule("FLASHINFER", "cuda", "full", (16, 32, 64), _HALF | _FP8 | {"fp8_e5m2"},
+                    min_capability=(8, 0), max_capability=(12, 1)),
+        BackendRule("TRITON_ATTN", "cuda", "full", (MultipleOf(16),), _HALF | _FP8 | {"fp8_e5m2"},
+                    fp8_min_capability=(8, 9)),
+        BackendRule("FLASHMLA", "cuda", "mla", (64,), _HALF | _FP8 | {"fp8_ds_mla"},
+                    capability_majors=frozenset({9, 10}), preferred_block_size=64),
+        BackendRule("CUTLASS_MLA", "cuda", "mla", (128,), _HALF | _FP8,
+                    capability_majors=frozenset({10}), preferred_block_size=128),
+        BackendRule("FLASHINFER_MLA", "cuda", "mla", (32, 64), _HALF | _FP8,
+                    capability_majors=frozenset({10}), preferred_block_size=32),
+        BackendRule("TRITON_MLA", "cuda", "mla", (MultipleOf(16),), _HALF | _FP8,
+                    fp8_min_capability=(8, 9)),
+        BackendRule("FLASH_ATTN_MLA", "cuda", "mla", (MultipleOf(16),), _HALF,
+                    capability_majors=frozenset({9})),
+        BackendRule("CPU_ATTN", "cpu", "full", (MultipleOf(32),), frozenset({"auto", "fp8", "fp8_e4m3", "fp8_e5m2"}),
+                    preferred_block_size=128, cpu_fp8_needs_isa=True, fp8_head_size_multiple=32,
+                    head_sizes=frozenset({32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512})),
+        # The reference CPU MLA kernel only compiles for block 16; vLLM overrides the user's size.
+        BackendRule("CPU_MLA", "cpu", "mla", (16,), frozenset({"auto"}), preferred_block_size=16,
+                    forced_block_size=16, head_sizes=frozenset({576})),
+    ),
+    priorities={
+        ("cuda", "mla", 9): ("FLASH_ATTN_MLA", "FLASHMLA", "FLASHINFER_MLA", "TRITON_MLA"),
+        ("cuda", "mla", 10): ("FLASHINFER_MLA", "CUTLASS_MLA", "FLASH_ATTN_MLA", "FLASHMLA", "TRITON_MLA"),
+        ("cuda", "mla", 12): ("TRITON_MLA",),
+        ("cuda", "mla", None): ("FLASH_ATTN_MLA", "FLASHMLA", "FLASHINFER_MLA", "TRITON_MLA"),
+        ("cuda", "full", 10): ("FLASHINFER", "FLASH_ATTN", "TRITON_ATTN"),
+        ("cuda", "full", None): ("FLASH_ATTN", "FLASHINFER", "TRITON_ATTN"),
+        ("cpu", "full", None): ("CPU_ATTN",),
+        ("cpu", "mla", None): ("CPU_MLA",),
+    },
+    kernel_limits=(
+        # TRITON_MLA decode with fp8 KV and 2 stages needs 102,400 B of shared memory per block;
+        # SM12x allows 101,376 B. Tile sizes are not --block-size: only bf16 KV avoids it.
+        KernelLimit(
+            kind="kernel_out_of_resources", backend="TRITON_MLA",
+            capability_majors=frozenset({12}), kv_dtypes=FP8_KV_DTYPES,
+            message=("TRITON_MLA's fp8 decode kernel needs 102,400 B of shared memory; SM12x allows "
+                     "101,376 B per block: the worker dies with 'out of resource: shared memory'. "
+                     "--block-size does not change the kernel's tiles."),
+            fix={"--kv-cache-dtype": "auto"}),
+    ),
+)
+
+RULESETS: tuple[RuleSet, ...] = (VLLM_0_1X_TO_0_3X,)
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in version.split("+")[0].split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+def ruleset_for(vllm_version: str | None) -> RuleSet:
+    """The rules for a vLLM version; the newest when the version is unknown."""
+    if vllm_version:
+        v = _version_tuple(vllm_version)
+        for rules in RULESETS:
+            if v >= rules.vllm_min and (rules.vllm_max is None or v < rules.vllm_max):
+                return rules
+    return RULESETS[-1]
