@@ -1,0 +1,32 @@
+"""What the supervisor knows about one engine, handed to the exporter as an immutable value."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from kvwatch.plan import Plan
+
+
+class EngineState(str, Enum):
+    STARTING = "starting"
+    READY = "ready"
+    BACKOFF = "backoff"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    FATAL = "fatal"
+
+
+@dataclass(frozen=True)
+class EngineStatus:
+    name: str
+    state: EngineState
+    reason: str = ""                                   # why the last transition happened
+    plan: Plan | None = None                           # the plan in force
+    argv: tuple[str, ...] = ()                         # the command in force
+    pids: tuple[int, ...] = ()                         # the engine's process tree, root first
+    restarts: dict[str, int] = field(default_factory=dict)     # by failure class
+    failures: dict[str, int] = field(default_factory=dict)     # by failure class
+    corrections: dict[str, int] = field(default_factory=dict)  # by failure class
+    last_failure: str | None = None
+    log_kv_tokens: int | None = None                   # "KV cache size: N tokens" from the log
+    log_available_kv_bytes: int | None = None          # "Available KV cache memory: X GiB"
