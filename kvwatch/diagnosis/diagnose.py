@@ -1,0 +1,242 @@
+"""Read an engine's output and name the root cause of its failure (pure: lines in, Diagnosis out).
+
+The scanner looks at each line once, in order, with bounded memory:
+- a line is cut to MAX_LINE_CHARS and stripped of ANSI colours;
+- a cheap prefilter (substring keywords) skips the ordinary INFO lines before any regex runs;
+- per class, it keeps the best-placed evidence line and the facts found so far;
+- wrappers ("Engine core initialization failed", "Worker failed with error '...'") never name
+  a class: the root cause they wrap matches on its own line, or inside the wrapper's quote;
+- when a new engine run starts in the same log (the API server's "non-default args:"),
+  what came before is forgotten: the last run's failure is the one to fix.
+The most specific class wins (patterns.py priorities); an engine that had been serving and
+died with no other root cause is ENGINE_DIED.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from kvwatch.diagnosis.classes import FailureKind
+from kvwatch.diagnosis.patterns import (CONTEXT_PATTERNS, EXCEPTION_KEYWORDS, EXCEPTION_LINE, PATTERNS,
+                                        READY_MARKERS, ROOT_KEYWORDS, RUN_START_MARKERS, WRAPPERS,
+                                        Facts, Pattern)
+from kvwatch.rules import FP8_KV_DTYPES, PACKED_MLA_BYTES
+
+MAX_LINE_CHARS = 64 * 1024          # a giant line is cut, so no regex ever sees more
+MAX_EVIDENCE_CHARS = 2000           # evidence reported (the line, trimmed)
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+_PREFIX = re.compile(r"\((?P<proc>[A-Za-z_][\w.-]*)(?: rank=\d+)? pid=(?P<pid>\d+)\)")
+_RAISE_CALL = re.compile(r"\braise \w*\($")
+_EXCEPTION_HEAD = re.compile(r"(?:Error|Exception|Resources): $")
+_FLAG_REASONS = ("block_size", "kv_cache_dtype", "kv cache dtype", "FP8 KV cache", "fp8")
+
+# The keywords the prefilter tests, all at once: one pass of `in` per keyword per line.
+_ALL_KEYWORDS: tuple[str, ...] = tuple(dict.fromkeys(
+    ROOT_KEYWORDS + tuple(w for w, _ in WRAPPERS) + READY_MARKERS + RUN_START_MARKERS
+    + tuple(k for k, *_ in CONTEXT_PATTERNS) + EXCEPTION_KEYWORDS))
+_PATTERNS_BY_PRIORITY: tuple[Pattern, ...] = tuple(sorted(PATTERNS, key=lambda p: -p.priority))
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    kind: FailureKind
+    evidence: str | None          # the root-cause line as the engine printed it (ANSI stripped)
+    facts: dict                   # what the message says, as plain JSON values
+    fatal: bool                   # no flag change can fix it
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind.value, "evidence": self.evidence, "facts": self.facts,
+                "fatal": self.fatal}
+
+
+@dataclass
+class _Candidate:
+    score: tuple[int, int]         # (priority, placement quality)
+    line: str
+    facts: Facts
+    pattern: str
+    merged: Facts = field(default_factory=dict)
+
+
+def clean_line(line: str | bytes) -> str:
+    """One line as the scanner sees it: decoded, cut, without colours or the newline."""
+    if isinstance(line, bytes):
+        line = line[:MAX_LINE_CHARS * 4].decode("utf-8", errors="replace")
+    if len(line) > MAX_LINE_CHARS:
+        line = line[:MAX_LINE_CHARS]
+    if "\x1b" in line:
+        line = _ANSI.sub("", line)
+    return line.rstrip("\r\n")
+
+
+def _placement(line: str, start: int) -> int:
+    """How well a match sits in its line: 2 the exception's own message, 1 other text,
+    0 quoted by a wrapper or echoed from source code in a traceback."""
+    head = line[:start]
+    if any(w in head for w in ("Worker failed with error", "original error:")):
+        return 0
+    stripped = head.rstrip()
+    if stripped.endswith(("(\"", "('", "\"", "'")) or _RAISE_CALL.search(stripped):
+        return 0
+    body = line.lstrip()
+    if body.startswith(("raise ", "\"", "f\"", "'")):
+        return 0
+    return 2 if _EXCEPTION_HEAD.search(head) else 1
+
+
+class LogScanner:
+    """The incremental scanner: feed(line) for each line, result() at any time.
+
+    Memory is bounded: one candidate per class, a few context values, one fallback line.
+    """
+
+    def __init__(self, *, served: bool = False) -> None:
+        self.served = served
+        self.lines = 0
+        self._reset_run()
+
+    def _reset_run(self) -> None:
+        self._best: dict[FailureKind, _Candidate] = {}
+        self._context: Facts = {}
+        self._wrappers: dict[str, int] = {}
+        self._last_exception: str | None = None
+        self._ready = False
+
+    # -- input -------------------------------------------------------------------------
+    def feed(self, line: str | bytes) -> None:
+        self.lines += 1
+        line = clean_line(line)
+        hits = [k for k in _ALL_KEYWORDS if k in line]
+        if not hits:
+            return
+        if any(k in RUN_START_MARKERS for k in hits):
+            self._reset_run()
+        if any(k in READY_MARKERS for k in hits):
+            self._ready = True
+        for key, regex, name, convert in CONTEXT_PATTERNS:
+            if key in hits and (m := regex.search(line)):
+                try:
+                    self._context[name] = convert(m[1])
+                except ValueError:
+                    pass
+        wrapped = False
+        for text, name in WRAPPERS:
+            if text in hits:
+                self._wrappers[name] = self._wrappers.get(name, 0) + 1
+                wrapped = True
+        matched = False
+        for pattern in _PATTERNS_BY_PRIORITY:
+            if not any(k in hits for k in pattern.keywords):
+                continue
+            m = pattern.regex.search(line)
+            if m is None:
+                continue
+            self._offer(pattern, m, line)
+            matched = True
+            break
+        if not matched and not wrapped and any(k in hits for k in EXCEPTION_KEYWORDS):
+            if EXCEPTION_LINE.search(line):
+                self._last_exception = line[:MAX_EVIDENCE_CHARS]
+
+    def feed_all(self, lines: Iterable[str | bytes]) -> "LogScanner":
+        for line in lines:
+            self.feed(line)
+        return self
+
+    def _offer(self, pattern: Pattern, m: "re.Match[str]", line: str) -> None:
+        try:
+            facts = pattern.extract(m)
+        except (ValueError, IndexError, TypeError):   # a mangled number: keep the class, drop the facts
+            facts = {}
+        score = (pattern.priority, _placement(line, m.start()))
+        current = self._best.get(pattern.kind)
+        if current is None:
+            current = self._best[pattern.kind] = _Candidate(score, line[:MAX_EVIDENCE_CHARS], facts,
+                                                            pattern.name)
+        elif score > current.score:
+            current.score, current.line, current.facts, current.pattern = (
+                score, line[:MAX_EVIDENCE_CHARS], facts, pattern.name)
+        for key, value in facts.items():
+            current.merged.setdefault(key, value)
+
+    # -- output ------------------------------------------------------------------------
+    def result(self) -> Diagnosis:
+        served = self.served or self._ready
+        root = [c for k, c in self._best.items() if k is not FailureKind.ENGINE_DIED]
+        if root:
+            best = max(root, key=lambda c: c.score[0])
+            kind = next(k for k, c in self._best.items() if c is best)
+            return self._diagnosis(kind, best, served)
+        died = self._best.get(FailureKind.ENGINE_DIED)
+        if died is not None or self.served:
+            facts: Facts = dict(died.merged) if died else {}
+            facts.update(died.facts if died else {})
+            if died:
+                facts["pattern"] = died.pattern
+            facts["after_ready"] = served
+            if self._context:
+                facts["context"] = dict(self._context)
+            return Diagnosis(FailureKind.ENGINE_DIED, died.line if died else self._last_exception,
+                             facts, fatal=False)
+        facts = {}
+        if self._wrappers:
+            facts["wrappers"] = dict(self._wrappers)
+        if self._context:
+            facts["context"] = dict(self._context)
+        return Diagnosis(FailureKind.UNKNOWN, self._last_exception, facts, fatal=False)
+
+    def _diagnosis(self, kind: FailureKind, best: _Candidate, served: bool) -> Diagnosis:
+        facts: Facts = {**best.merged, **best.facts, "pattern": best.pattern, **process_of(best.line)}
+        if served:
+            facts["after_ready"] = True
+        if self._context:
+            facts["context"] = dict(self._context)
+        fatal = False
+        if kind is FailureKind.NO_ATTENTION_BACKEND:
+            reasons = facts.get("reasons") or {}
+            fatal = (bool(reasons) and not flag_fixable_backends(reasons)
+                     and best.pattern != "selected_backend_invalid")   # a forced backend can be dropped
+            if fatal:
+                facts["help"] = ("every attention backend is ruled out by the hardware or the model: "
+                                 "another GPU, another vLLM version or another model")
+        elif kind is FailureKind.KERNEL_OUT_OF_RESOURCES:
+            dtype = self._context.get("kv_cache_dtype")
+            fatal = dtype is not None and not is_8bit_kv(dtype)
+            if fatal:
+                facts["help"] = ("the kernel's limit is not tied to an 8-bit KV cache here: "
+                                 "another attention backend, GPU or vLLM version")
+        elif kind is FailureKind.NO_KV_CACHE_MEMORY:
+            facts["help"] = ("more --gpu-memory-utilization if the GPU has room; else more GPUs "
+                             "(--tensor-parallel-size), a quantized checkpoint or a smaller model")
+        return Diagnosis(kind, best.line, facts, fatal)
+
+
+def process_of(line: str) -> Facts:
+    """The vLLM process that printed a line: `(Worker_TP0 pid=N)` -> process, pid (innermost)."""
+    found = _PREFIX.findall(line[:300])
+    if not found:
+        return {}
+    proc, pid = found[-1]
+    return {"process": proc, "pid": int(pid)}
+
+
+def is_8bit_kv(kv_cache_dtype: str | None) -> bool:
+    return bool(kv_cache_dtype) and (kv_cache_dtype in FP8_KV_DTYPES or kv_cache_dtype in PACKED_MLA_BYTES
+                                     or kv_cache_dtype.startswith(("fp8", "int8", "nvfp4")))
+
+
+def is_flag_reason(reason: str) -> bool:
+    """A backend rejection that a flag can lift (--block-size, --kv-cache-dtype)."""
+    lowered = reason.lower()
+    return any(r.lower() in lowered for r in _FLAG_REASONS)
+
+
+def flag_fixable_backends(reasons: dict[str, list[str]]) -> list[str]:
+    """Backends (in vLLM's order) rejected only for reasons a flag can lift."""
+    return [name for name, rs in reasons.items() if rs and all(is_flag_reason(r) for r in rs)]
+
+
+def diagnose(lines: Iterable[str | bytes], *, served: bool = False) -> Diagnosis:
+    """The root cause of a failure, from the engine's output (stdout and stderr, any order)."""
+    return LogScanner(served=served).feed_all(lines).result()

@@ -1,0 +1,378 @@
+"""vLLM's failure messages, as data: one Pattern per wording, old and new.
+
+Each Pattern names its class, a priority (the more specific the root cause, the higher:
+a kernel's resource limit beats the CUDA OOM it may cause, anything beats a wrapper),
+the literal keywords a line must contain before its regex is tried (the scanner's cheap
+prefilter), the regex, and a function that turns the match into facts.
+
+Texts are from the vLLM 0.32 source (file noted per pattern) and, for wordings that 0.32
+no longer prints, from real logs in vLLM's GitHub issues (tests/fixtures/logs/README.md).
+Facts are plain JSON values: ints, floats (GiB as vLLM prints them), strings, lists, dicts.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from kvwatch.diagnosis.classes import FailureKind
+
+Facts = dict[str, Any]
+Extractor = Callable[["re.Match[str]"], Facts]
+
+_UNIT_GIB = {"B": 1 / 2**30, "KiB": 1 / 2**20, "MiB": 1 / 2**10, "GiB": 1.0, "TiB": 1024.0}
+
+
+def _gib(number: str, unit: str) -> float:
+    return round(float(number) * _UNIT_GIB.get(unit, 1.0), 4)
+
+
+def _no_facts(m: "re.Match[str]") -> Facts:
+    return {}
+
+
+@dataclass(frozen=True)
+class Pattern:
+    name: str                       # stable id, reported as facts["pattern"]
+    kind: FailureKind
+    priority: int
+    keywords: tuple[str, ...]       # the line must contain one of these (case-sensitive)
+    regex: "re.Pattern[str]"
+    extract: Extractor = field(default=_no_facts)
+    source: str = ""                # where the text comes from (vLLM file or version)
+
+
+# -- fact extractors ---------------------------------------------------------------------
+
+_BLOCK_RULE = re.compile(r"MultipleOf\((\d+)\)|(\d+)")
+
+
+def block_rules(text: str) -> list[int | str]:
+    """'[MultipleOf(32)]' / '16, 32, 64' -> [\"MultipleOf(32)\"] / [16, 32, 64] (JSON-friendly)."""
+    out: list[int | str] = []
+    for multiple, exact in _BLOCK_RULE.findall(text):
+        out.append(f"MultipleOf({multiple})" if multiple else int(exact))
+    return out
+
+
+_BACKEND_SIZES = re.compile(r"(\w+): \[([^\]]*)\]")
+
+
+def _no_common_block_size(m: "re.Match[str]") -> Facts:
+    facts: Facts = {"block_size": int(m["block_size"])}
+    if m["spec"]:
+        facts["backend_block_sizes"] = {name: block_rules(sizes)
+                                        for name, sizes in _BACKEND_SIZES.findall(m["spec"])}
+    return facts
+
+
+def _aligned_block_size(m: "re.Match[str]") -> Facts:
+    return {"block_size": int(m["block_size"]),
+            "backends": [b.strip() for b in m["backends"].split(",") if b.strip()]}
+
+
+def _multiple_of(m: "re.Match[str]") -> Facts:
+    return {"backend_block_sizes": {m["backend"] or "(unnamed)": [f"MultipleOf({m['multiple']})"]}}
+
+
+def _unsupported_block_size(m: "re.Match[str]") -> Facts:
+    # vLLM < 0.7 paged-attention kernels (csrc/attention/paged_attention_v*.cu): 8, 16, 32 only.
+    return {"block_size": int(m["block_size"]), "backend_block_sizes": {"PAGED_ATTENTION": [8, 16, 32]}}
+
+
+def _block_size_choices(m: "re.Match[str]") -> Facts:
+    return {"block_size": int(m["block_size"]),
+            "backend_block_sizes": {"(argparse choices)": block_rules(m["choices"])}}
+
+
+def _fp8_head_size(m: "re.Match[str]") -> Facts:
+    return {"kv_cache_dtype": "fp8", "head_size_multiple": int(m["multiple"]), "platform": "cpu"}
+
+
+def _fp8_cpu_isa(m: "re.Match[str]") -> Facts:
+    return {"kv_cache_dtype": "fp8", "requires": "AVX-512 or AMX", "platform": "cpu"}
+
+
+def _fp8_triton(m: "re.Match[str]") -> Facts:
+    facts: Facts = {"kv_cache_dtype": "fp8", "requires": "SM89+"}
+    if m.groupdict().get("backend"):
+        facts["backend"] = m["backend"]
+    if m.groupdict().get("cc"):
+        facts["compute_capability"] = m["cc"]
+    if m.groupdict().get("suggested"):
+        facts["suggested_kv_cache_dtype"] = m["suggested"]
+    return facts
+
+
+def _kv_dtype_choice(m: "re.Match[str]") -> Facts:
+    return {"kv_cache_dtype": m["value"]}
+
+
+def _out_of_resource(m: "re.Match[str]") -> Facts:
+    facts: Facts = {"resource": m["resource"].strip()}
+    if m["required"]:
+        facts["required_bytes"] = int(m["required"])
+        facts["hardware_limit_bytes"] = int(m["limit"])
+    return facts
+
+
+def _kv_too_small_new(m: "re.Match[str]") -> Facts:
+    facts: Facts = {"max_model_len": int(m["max_model_len"]), "needed_gib": float(m["needed"]),
+                    "available_gib": float(m["available"]), "wording": "new"}
+    if m["estimated"]:
+        facts["estimated_max_model_len"] = int(m["estimated"])
+    return facts
+
+
+def _kv_too_small_old(m: "re.Match[str]") -> Facts:
+    tokens = int(m["tokens"])
+    return {"max_model_len": int(m["max_model_len"]), "kv_cache_tokens": tokens,
+            "estimated_max_model_len": tokens, "wording": "old"}
+
+
+_ALLOC = re.compile(r"Tried to allocate ([\d.]+) ([KMGT]?i?B)")
+_CAPACITY = re.compile(r"GPU (\d+) has a total capac?ity of ([\d.]+) ([KMGT]?i?B) of which ([\d.]+) ([KMGT]?i?B) is free")
+_PROCESS = re.compile(r"Process (\d+) has ([\d.]+) ([KMGT]?i?B) memory in use")
+_THIS_PROCESS = re.compile(r"this process has ([\d.]+) ([KMGT]?i?B) memory in use")
+_MAX_PROCESSES = 16
+
+
+def torch_oom_details(line: str) -> Facts:
+    """The numbers of torch's CUDA OOM message, wherever it is embedded."""
+    facts: Facts = {}
+    if (a := _ALLOC.search(line)):
+        facts["tried_to_allocate_gib"] = _gib(a[1], a[2])
+    if (c := _CAPACITY.search(line)):
+        facts["gpu_index"] = int(c[1])
+        facts["total_gib"] = _gib(c[2], c[3])
+        facts["free_gib"] = _gib(c[4], c[5])
+    holders = [{"pid": int(pid), "memory_gib": _gib(n, u)}
+               for pid, n, u in _PROCESS.findall(line)[:_MAX_PROCESSES]]
+    if holders:
+        facts["processes"] = holders
+    if (t := _THIS_PROCESS.search(line)):
+        facts["this_process_gib"] = _gib(t[1], t[2])
+    return facts
+
+
+def _sampler_oom(m: "re.Match[str]") -> Facts:
+    return {"phase": "sampler_warmup", "dummy_requests": int(m["num"]), **torch_oom_details(m.string)}
+
+
+def _load_oom(m: "re.Match[str]") -> Facts:
+    return {"phase": "model_load", **torch_oom_details(m.string)}
+
+
+def _torch_oom(m: "re.Match[str]") -> Facts:
+    return torch_oom_details(m.string)
+
+
+def _memory_busy(m: "re.Match[str]") -> Facts:
+    facts: Facts = {"free_gib": float(m["free"]), "total_gib": float(m["total"]),
+                    "utilization": float(m["util"]), "requested_gib": float(m["requested"])}
+    if m["device"]:
+        facts["device"] = m["device"]
+    return facts
+
+
+_REASONS = re.compile(r"(\w+): \[([^\]]*)\]")
+_CONFIG_FIELD = re.compile(r"\b(head_size|dtype|kv_cache_dtype|block_size|use_mla|use_sparse|has_sink)=([\w.]+)")
+
+
+def parse_backend_reasons(text: str) -> dict[str, list[str]]:
+    """'{A: [r1, r2], B: [r3]}' -> {'A': ['r1', 'r2'], 'B': ['r3']}."""
+    return {name: [r.strip() for r in reasons.split(", ") if r.strip()]
+            for name, reasons in _REASONS.findall(text)}
+
+
+_LITERALS = {"None": None, "True": True, "False": False}
+
+
+def _config_fields(text: str) -> Facts:
+    out: Facts = {}
+    for key, value in _CONFIG_FIELD.findall(text):
+        out[key] = int(value) if value.isdigit() else _LITERALS.get(value, value)
+    return out
+
+
+def _no_backend(m: "re.Match[str]") -> Facts:
+    return {"device": m["device"], "selector_config": _config_fields(m["config"]),
+            "reasons": parse_backend_reasons(m["reasons"])}
+
+
+def _selected_backend(m: "re.Match[str]") -> Facts:
+    backend = m["backend"].rsplit(".", 1)[-1]
+    quoted = re.findall(r"'([^']*)'", m["reasons"])
+    reasons = quoted or [r.strip(" []") for r in m["reasons"].split(",") if r.strip(" []")]
+    return {"selected_backend": backend, "reasons": {backend: reasons}}
+
+
+def _died(m: "re.Match[str]") -> Facts:
+    return {"marker": m[0][:120]}
+
+
+# -- the table ---------------------------------------------------------------------------
+# Priorities: kernel limit 90 > backend / dtype 85 > block size 80 > GPU busy 75
+# > KV cache sizing 70 > CUDA OOM 60-65 > engine death 10 (only when nothing else explains it).
+
+PATTERNS: tuple[Pattern, ...] = (
+    Pattern("triton_out_of_resource", FailureKind.KERNEL_OUT_OF_RESOURCES, 90,
+            ("out of resource", "OutOfResources"),
+            re.compile(r"out of resource: (?P<resource>[\w ]+?)(?:, Required: (?P<required>\d+), "
+                       r"Hardware limit: (?P<limit>\d+))?(?:[.,]|$)"),
+            _out_of_resource, "triton.runtime.errors.OutOfResources (triton compiler)"),
+
+    Pattern("no_valid_attention_backend", FailureKind.NO_ATTENTION_BACKEND, 85,
+            ("No valid attention backend",),
+            re.compile(r"No valid attention backend found for (?P<device>\S+) with (?P<config>.*?)\. "
+                       r"Reasons: (?P<reasons>\{.*\})"),
+            _no_backend, "platforms/cuda.py, platforms/rocm.py (>= 0.11)"),
+    Pattern("selected_backend_invalid", FailureKind.NO_ATTENTION_BACKEND, 85,
+            ("is not valid for this configuration",),
+            re.compile(r"Selected backend (?P<backend>\S+) is not valid for this configuration\. "
+                       r"Reason: (?P<reasons>.*)"),
+            _selected_backend, "platforms/cuda.py (--attention-backend given)"),
+
+    Pattern("cpu_fp8_head_size", FailureKind.KV_DTYPE_UNSUPPORTED, 85,
+            ("FP8 KV cache requires head_size",),
+            re.compile(r"FP8 KV cache requires head_size divisible by (?P<multiple>\d+) on CPU"),
+            _fp8_head_size, "v1/attention/backends/cpu_attn.py"),
+    Pattern("cpu_fp8_isa", FailureKind.KV_DTYPE_UNSUPPORTED, 85,
+            ("FP8 KV cache on CPU requires",),
+            re.compile(r"FP8 KV cache on CPU requires x86 with AVX-512 or AMX"),
+            _fp8_cpu_isa, "v1/attention/backends/cpu_attn.py"),
+    Pattern("triton_fp8_kv", FailureKind.KV_DTYPE_UNSUPPORTED, 85,
+            ("FP8 KV cache is not supported by the Triton",),
+            re.compile(r"FP8 KV cache is not supported by the (?P<backend>Triton[\w ]*?) backend"
+                       r"(?: on (?P<dev>.*?) \(compute capability (?P<cc>[\d.]+)\))?"
+                       r"(?:.*?--kv-cache-dtype (?P<suggested>\w+))?"),
+            _fp8_triton, "v1/attention/backends/triton_attn.py, mla/triton_mla.py"),
+    Pattern("triton_fp8_reshape", FailureKind.KV_DTYPE_UNSUPPORTED, 85,
+            ("FP8 KV cache needs native fp8e4nv",),
+            re.compile(r"an FP8 KV cache needs native fp8e4nv \(SM89\+\)"),
+            _fp8_triton, "v1/attention/ops/triton_reshape_and_cache_flash.py"),
+    Pattern("fp8e4nv_arch", FailureKind.KV_DTYPE_UNSUPPORTED, 85,
+            ("fp8e4nv not supported",),
+            re.compile(r"type fp8e4nv not supported in this architecture"),
+            _fp8_triton, "triton compiler on < SM89"),
+    Pattern("fp8_kv_not_supported", FailureKind.KV_DTYPE_UNSUPPORTED, 84,
+            ("FP8 KV cache not", "FP8 KV cache requires FA", "FP8 KV cache is not yet supported"),
+            re.compile(r"(?P<backend>[\w-]+(?: V1)?) with FP8 KV cache not (?:yet )?supported"
+                       r"|FP8 KV cache requires FA3|FP8 KV cache is not yet supported with KV transfer"),
+            lambda m: {"kv_cache_dtype": "fp8"}, "flash_attn.py, flashattn_mla.py, platforms/cpu.py"),
+    Pattern("kv_cache_dtype_choice", FailureKind.KV_DTYPE_UNSUPPORTED, 84,
+            ("--kv-cache-dtype: invalid choice",),
+            re.compile(r"--kv-cache-dtype: invalid choice: '?(?P<value>[\w.-]+)'?"),
+            _kv_dtype_choice, "argparse"),
+
+    Pattern("no_common_block_size", FailureKind.BLOCK_SIZE_UNSUPPORTED, 80,
+            ("No common block size",),
+            re.compile(r"No common block size for (?P<block_size>\d+)(?: \((?P<spec>.*)\))?"),
+            _no_common_block_size, "v1/worker/utils.py (0.30+)"),
+    Pattern("aligned_block_size", FailureKind.BLOCK_SIZE_UNSUPPORTED, 80,
+            ("Aligned KV cache block size",),
+            re.compile(r"Aligned KV cache block size (?P<block_size>\d+) is not supported by "
+                       r"attention backend\(s\): (?P<backends>[\w, ]+)"),
+            _aligned_block_size, "platforms/interface.py"),
+    Pattern("block_size_multiple", FailureKind.BLOCK_SIZE_UNSUPPORTED, 80,
+            ("multiple of",),
+            re.compile(r"(?:(?P<backend>[A-Z][\w]*) requires )?[Bb]lock[ _]size (?:must be|to be) "
+                       r"a multiple of (?P<multiple>\d+)"),
+            _multiple_of, "v1/attention/backends/flash_attn.py (0.8), flex_attention.py"),
+    Pattern("unsupported_block_size", FailureKind.BLOCK_SIZE_UNSUPPORTED, 80,
+            ("Unsupported block size",),
+            re.compile(r"Unsupported block size: (?P<block_size>\d+)"),
+            _unsupported_block_size, "csrc/attention/paged_attention_v*.cu (< 0.7)"),
+    Pattern("block_size_choice", FailureKind.BLOCK_SIZE_UNSUPPORTED, 80,
+            ("--block-size: invalid choice",),
+            re.compile(r"--block-size: invalid choice: '?(?P<block_size>\d+)'? \(choose from (?P<choices>[^)]*)\)"),
+            _block_size_choices, "argparse (<= 0.6, --block-size had choices)"),
+
+    Pattern("free_memory_on_startup", FailureKind.GPU_MEMORY_BUSY, 75,
+            ("on startup is less than desired",),
+            re.compile(r"Free memory on device(?: (?P<device>\S+))? \((?P<free>[\d.]+)/(?P<total>[\d.]+) GiB\) "
+                       r"on startup is less than desired GPU memory utilization "
+                       r"\((?P<util>[\d.]+), (?P<requested>[\d.]+) GiB\)"),
+            _memory_busy, "v1/worker/utils.py"),
+
+    Pattern("kv_cache_too_small", FailureKind.KV_CACHE_TOO_SMALL, 70,
+            ("To serve at least one request",),
+            re.compile(r"To serve at least one request with the model's max seq len \((?P<max_model_len>\d+)\), "
+                       r"\((?P<needed>[\d.]+) GiB KV cache is needed, which is larger than the available KV "
+                       r"cache memory \((?P<available>[\d.]+) GiB\)\.(?: Based on the available memory, the "
+                       r"estimated maximum model length is (?P<estimated>\d+)\.)?"),
+            _kv_too_small_new, "v1/core/kv_cache_utils.py (0.9+)"),
+    Pattern("kv_cache_too_small_old", FailureKind.KV_CACHE_TOO_SMALL, 70,
+            ("maximum number of tokens that can be stored",),
+            re.compile(r"The model's max seq len \((?P<max_model_len>\d+)\) is larger than the maximum number "
+                       r"of tokens that can be stored in KV cache \((?P<tokens>\d+)\)"),
+            _kv_too_small_old, "worker/worker.py, v1 kv_cache_utils.py (< 0.9)"),
+
+    Pattern("no_cache_blocks", FailureKind.NO_KV_CACHE_MEMORY, 70,
+            ("No available memory for the cache blocks",),
+            re.compile(r"No available memory for the cache blocks"),
+            _no_facts, "v1/core/kv_cache_utils.py, worker/worker.py (all versions)"),
+    Pattern("auto_fit_no_memory", FailureKind.NO_KV_CACHE_MEMORY, 70,
+            ("Cannot auto-fit max_model_len",),
+            re.compile(r"Cannot auto-fit max_model_len: not enough GPU memory"),
+            _no_facts, "v1/core/kv_cache_utils.py (--max-model-len auto)"),
+
+    Pattern("sampler_warmup_oom", FailureKind.CUDA_OOM, 65,
+            ("warming up sampler",),
+            re.compile(r"CUDA out of memory occurred when warming up sampler with (?P<num>\d+) dummy requests"),
+            _sampler_oom, "v1/worker/gpu_model_runner.py"),
+    Pattern("model_load_oom", FailureKind.CUDA_OOM, 62,
+            ("Failed to load model - not enough GPU memory",),
+            re.compile(r"Failed to load model - not enough GPU memory"),
+            _load_oom, "v1/worker/gpu_model_runner.py"),
+    Pattern("torch_cuda_oom", FailureKind.CUDA_OOM, 60,
+            ("CUDA out of memory", "OutOfMemoryError", "CUDA error: out of memory"),
+            re.compile(r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory"),
+            _torch_oom, "torch"),
+
+    Pattern("engine_dead", FailureKind.ENGINE_DIED, 10,
+            ("EngineDeadError", "EngineCore encountered an issue", "died unexpectedly",
+             "exited unexpectedly"),
+            re.compile(r"EngineDeadError|EngineCore encountered an issue|engine core exited unexpectedly"
+                       r"|Engine core proc \S+ died unexpectedly|Worker proc \S+ died unexpectedly"),
+            _died, "v1/engine/exceptions.py, core_client.py, multiproc_executor.py"),
+)
+
+# Lines that wrap a root cause printed elsewhere: never a diagnosis by themselves.
+WRAPPERS: tuple[tuple[str, str], ...] = (
+    ("Engine core initialization failed", "engine_core_initialization_failed"),
+    ("EngineCore failed to start", "engine_core_failed_to_start"),
+    ("Worker failed with error", "worker_failed"),
+    ("WorkerProc hit an exception", "worker_exception"),
+    ("EngineCore hit an exception", "engine_core_exception"),
+    ("Got fatal signal from worker processes", "fatal_signal"),
+    ("original error:", "original_error"),
+)
+
+# The engine reached READY (so a later crash is a death, not a startup failure).
+READY_MARKERS: tuple[str, ...] = ("Application startup complete", "Starting vLLM API server")
+# A new engine run starts: what came before belongs to an earlier run.
+RUN_START_MARKERS: tuple[str, ...] = ("non-default args:", "vLLM API server version")
+
+# Context: the engine's own account of its settings (facts["context"]).
+CONTEXT_PATTERNS: tuple[tuple[str, "re.Pattern[str]", str, Callable[[str], Any]], ...] = (
+    ("kv_cache_dtype=", re.compile(r"\bkv_cache_dtype=(\w+)"), "kv_cache_dtype", str),
+    ("'kv_cache_dtype': ", re.compile(r"'kv_cache_dtype': '(\w+)'"), "kv_cache_dtype", str),
+    ("'block_size': ", re.compile(r"'block_size': (\d+)"), "block_size", int),
+    ("'gpu_memory_utilization': ", re.compile(r"'gpu_memory_utilization': ([\d.]+)"),
+     "gpu_memory_utilization", float),
+    ("'max_num_seqs': ", re.compile(r"'max_num_seqs': (\d+)"), "max_num_seqs", int),
+    ("Setting kv cache block size to", re.compile(r"Setting kv cache block size to (\d+)"), "block_size", int),
+    ("Using max model len", re.compile(r"Using max model len (\d+)"), "max_model_len", int),
+    ("attention backend out of potential", re.compile(r"Using (\w+) attention backend out of potential"),
+     "attention_backend", str),
+    ("KV cache size:", re.compile(r"(?:GPU|CPU) KV cache size: ([\d,]+) tokens"), "kv_cache_tokens",
+     lambda s: int(s.replace(",", ""))),
+)
+
+# A line that looks like an exception: kept as the evidence of an unknown failure.
+EXCEPTION_LINE = re.compile(r"\b[A-Z]\w*(?:Error|Exception|Interrupt): \S")
+EXCEPTION_KEYWORDS: tuple[str, ...] = ("Error: ", "Exception: ")
+
+# Everything the prefilter looks for, each keyword -> what may match behind it.
+ROOT_KEYWORDS: tuple[str, ...] = tuple(dict.fromkeys(k for p in PATTERNS for k in p.keywords))

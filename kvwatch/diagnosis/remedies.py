@@ -1,0 +1,378 @@
+"""The one flag change that fixes a diagnosed failure, on top of the current command (pure).
+
+propose_remedy() walks the options for the class in order and returns the first one that
+policy allows and whose resulting argv has not been tried; None when nothing is left
+(a fatal failure, a switched-off remedy, or every option tried).
+
+Same-plan remedies (set={}, remove=()) mean "restart with the same argv". They are the only
+remedies exempt from the `tried` check, and are returned in two cases, both handled by the
+watchdog: ENGINE_DIED (the engine was serving and crashed: restart it), and GPU_MEMORY_BUSY
+when the memory is held by the watchdog's own processes (it ends them first) or has been
+freed since the failure. The watchdog bounds them with policy.max_restarts.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Collection, Iterator
+
+from kvwatch.diagnosis.classes import FailureKind
+from kvwatch.diagnosis.diagnose import Diagnosis, flag_fixable_backends, is_8bit_kv
+from kvwatch.engine_args import EngineCommand, EngineSettings
+from kvwatch.plan import KV_CACHE_TOO_SMALL, Plan
+from kvwatch.policy import Policy
+from kvwatch.rules import BlockSizeRule, MultipleOf, RuleSet, ruleset_for
+
+GiB = 2**30
+SAME_PLAN_REASON = "restart with the same plan"
+# vLLM 0.32 engine/arg_utils.py get_batch_defaults: max_num_seqs 1024 on GPUs with >= 70 GiB
+# (except A100), 256 on smaller ones; the sampler warm-up message names the real count anyway.
+_MAX_NUM_SEQS_LARGE_GPU, _MAX_NUM_SEQS_DEFAULT = 1024, 256
+_FIT_MARGIN_RATIO, _FIT_MARGIN_BYTES = 0.02, 1 * GiB   # headroom left when fitting to free memory
+
+
+@dataclass(frozen=True)
+class Remedy:
+    set: dict[str, object]
+    remove: tuple[str, ...]
+    reason: str
+
+    def apply(self, command: EngineCommand) -> EngineCommand:
+        return command.apply(dict(self.set), self.remove)
+
+    @property
+    def same_plan(self) -> bool:
+        return not self.set and not self.remove
+
+    def to_json(self) -> dict[str, Any]:
+        return {"set": dict(self.set), "remove": list(self.remove), "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class GpuContext:
+    """What the watchdog knows of the GPU now (NVML): free/total memory and who holds it."""
+
+    free_bytes: int | None = None
+    total_bytes: int | None = None
+    holders: tuple[tuple[int, str, bool], ...] = ()   # (pid, name, is_ours)
+
+    def has_room_for(self, utilization: float) -> bool | None:
+        """Whether `utilization` x total fits in the free memory; None when unknown."""
+        if not self.free_bytes or not self.total_bytes:
+            return None
+        return self.free_bytes >= utilization * self.total_bytes
+
+
+@dataclass(frozen=True)
+class _Ctx:
+    d: Diagnosis
+    command: EngineCommand
+    s: EngineSettings
+    policy: Policy
+    plan: Plan | None
+    gpu: GpuContext | None
+    rules: RuleSet
+
+    @property
+    def facts(self) -> dict:
+        return self.d.facts
+
+    @property
+    def context(self) -> dict:
+        return self.d.facts.get("context") or {}
+
+
+def propose_remedy(diagnosis: Diagnosis, command: EngineCommand, *, policy: Policy = Policy(),
+                   tried: Collection[tuple[str, ...]] = (), plan: Plan | None = None,
+                   gpu: GpuContext | None = None, rules: RuleSet | None = None) -> Remedy | None:
+    """The first allowed, untried change that fixes `diagnosis`; None when there is none."""
+    if diagnosis.fatal:
+        return None
+    options = _OPTIONS.get(diagnosis.kind)
+    if options is None:
+        return None
+    ctx = _Ctx(diagnosis, command, command.settings(), policy, plan, gpu, rules or ruleset_for(None))
+    seen = {tuple(t) for t in tried}
+    for remedy in options(ctx):
+        if remedy.same_plan:
+            return remedy
+        argv = remedy.apply(command).argv
+        if argv == command.argv or argv in seen:
+            continue
+        return remedy
+    return None
+
+
+# -- block size --------------------------------------------------------------------------
+
+def parse_block_rule(value: object) -> BlockSizeRule | None:
+    if isinstance(value, int):
+        return value
+    text = str(value)
+    if text.startswith("MultipleOf(") and text.endswith(")") and text[11:-1].isdigit():
+        return MultipleOf(int(text[11:-1]))
+    return int(text) if text.isdigit() else None
+
+
+def _legal(size: int, rules: list[BlockSizeRule]) -> bool:
+    return any(size % r.base == 0 if isinstance(r, MultipleOf) else size == r for r in rules)
+
+
+def smallest_common_block_size(per_backend: list[list[BlockSizeRule]], at_least: int) -> int | None:
+    """The smallest size >= at_least that every backend accepts (None when none does)."""
+    per_backend = [rules for rules in per_backend if rules]
+    if not per_backend:
+        return None
+    start = max(1, at_least)
+    for size in range(start, start + 4096):
+        if all(_legal(size, rules) for rules in per_backend):
+            return size
+    return None
+
+
+def _current_block_size(ctx: _Ctx) -> int | None:
+    selector = (ctx.facts.get("selector_config") or {}).get("block_size")
+    for value in (ctx.facts.get("block_size"), selector, ctx.s.block_size,
+                  ctx.plan.block_size if ctx.plan else None, ctx.context.get("block_size")):
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def _backend_names(ctx: _Ctx) -> list[str]:
+    names = list((ctx.facts.get("backend_block_sizes") or {}).keys()) + list(ctx.facts.get("backends") or [])
+    for extra in (ctx.plan.backend if ctx.plan else None, ctx.context.get("attention_backend"),
+                  ctx.s.attention_backend):
+        if extra:
+            names.append(extra)
+    return [n for n in dict.fromkeys(names) if ctx.rules.backend(n) is not None]
+
+
+def _block_size_options(ctx: _Ctx) -> Iterator[Remedy]:
+    if not ctx.policy.allow_block_size_change:
+        return
+    current = _current_block_size(ctx)
+    spec = ctx.facts.get("backend_block_sizes") or {}
+    if current is not None and spec:
+        per_backend = [[r for r in map(parse_block_rule, rules) if r is not None] for rules in spec.values()]
+        size = smallest_common_block_size(per_backend, current)
+        if size is not None and size != current:
+            accepted = "; ".join(f"{name}: [{', '.join(map(str, rules))}]" for name, rules in spec.items())
+            yield Remedy({"--block-size": size}, (),
+                         f"block size {current} is not accepted ({accepted}); {size} is the smallest "
+                         f"legal size >= {current}")
+    if current is not None:
+        for name in _backend_names(ctx):
+            rule = ctx.rules.backend(name)
+            assert rule is not None
+            if rule.forced_block_size is not None:
+                continue
+            size = rule.smallest_block_size_at_least(current)
+            if size != current and rule.supports_block_size(size):
+                sizes = ", ".join(map(str, rule.block_sizes))
+                yield Remedy({"--block-size": size}, (),
+                             f"block size {current} is not accepted by {name} ([{sizes}], kvwatch's rule "
+                             f"table); {size} is the smallest legal size >= {current}")
+    if ctx.command.has("--block-size"):
+        yield Remedy({}, ("--block-size",), "no legal block size is known: let vLLM pick the backend's own")
+
+
+# -- KV cache dtype ----------------------------------------------------------------------
+
+def _effective_kv_dtype(ctx: _Ctx) -> str | None:
+    if ctx.s.kv_cache_dtype != "auto":
+        return ctx.s.kv_cache_dtype
+    for value in (ctx.context.get("kv_cache_dtype"), ctx.facts.get("kv_cache_dtype"),
+                  ctx.plan.kv_cache_dtype if ctx.plan else None):
+        if value and value != "auto":
+            return str(value)
+    return "auto"
+
+
+def _kv_dtype_fix(ctx: _Ctx, why: str) -> Iterator[Remedy]:
+    if not ctx.policy.allow_kv_dtype_change:
+        return
+    if ctx.s.kv_cache_dtype != "auto":
+        yield Remedy({"--kv-cache-dtype": "auto"}, (), f"{why}: store the KV cache in the model's dtype")
+        return
+    effective = _effective_kv_dtype(ctx)
+    if effective and is_8bit_kv(effective):
+        half = ctx.s.dtype if ctx.s.dtype in ("float16", "half", "bfloat16") else "bfloat16"
+        yield Remedy({"--kv-cache-dtype": half}, (),
+                     f"{why}: the engine chose a {effective} KV cache by itself (from the checkpoint); "
+                     f"ask for {half} explicitly")
+
+
+def _kv_dtype_options(ctx: _Ctx) -> Iterator[Remedy]:
+    yield from _kv_dtype_fix(ctx, "this KV cache dtype is not supported here")
+
+
+def _kernel_options(ctx: _Ctx) -> Iterator[Remedy]:
+    # A kernel's shared-memory limit: the tiles are not --block-size. Only a bf16/fp16 KV cache
+    # (smaller tiles with 2 stages) gets under it; nothing else is proposed.
+    if is_8bit_kv(_effective_kv_dtype(ctx)):
+        required = ctx.facts.get("required_bytes")
+        limit = ctx.facts.get("hardware_limit_bytes")
+        numbers = f" ({required:,} B needed, {limit:,} B available)" if required and limit else ""
+        yield from _kv_dtype_fix(ctx, f"a kernel ran out of {ctx.facts.get('resource', 'resources')}"
+                                      f"{numbers} with an 8-bit KV cache")
+
+
+# -- memory ------------------------------------------------------------------------------
+
+def _raise_utilization(ctx: _Ctx, why: str) -> Iterator[Remedy]:
+    if not ctx.policy.allow_gpu_memory_utilization_change:
+        return
+    current = ctx.s.gpu_memory_utilization
+    step, cap = ctx.policy.gpu_memory_utilization_step, ctx.policy.max_gpu_memory_utilization
+    value = current
+    while True:
+        value = round(min(value + step, cap), 2)
+        if value <= current + 1e-9:
+            return
+        if ctx.gpu is not None and ctx.gpu.has_room_for(value) is False:
+            return
+        yield Remedy({"--gpu-memory-utilization": value}, (),
+                     f"{why}: raise GPU memory utilization {current} -> {value} (policy cap {cap})")
+        if value >= cap:
+            return
+
+
+def _lower_utilization(ctx: _Ctx, why: str) -> Iterator[Remedy]:
+    if not ctx.policy.allow_gpu_memory_utilization_change:
+        return
+    current = ctx.s.gpu_memory_utilization
+    step, floor_ = ctx.policy.gpu_memory_utilization_step, ctx.policy.min_gpu_memory_utilization
+    value = current
+    while True:
+        value = round(max(value - step, floor_), 2)
+        if value >= current - 1e-9:
+            return
+        yield Remedy({"--gpu-memory-utilization": value}, (),
+                     f"{why}: lower GPU memory utilization {current} -> {value} (policy floor {floor_})")
+        if value <= floor_:
+            return
+
+
+def _kv_too_small_options(ctx: _Ctx) -> Iterator[Remedy]:
+    current = ctx.facts.get("max_model_len") or ctx.s.max_model_len
+    if ctx.policy.allow_max_model_len_change:
+        estimate = ctx.facts.get("estimated_max_model_len")
+        block = ctx.plan.block_size if ctx.plan else ctx.s.block_size
+        if isinstance(estimate, int) and estimate > 0:
+            value = estimate // block * block if block else estimate
+            if value > 0 and (current is None or value < current):
+                rounded = f", rounded down to block size {block}" if block and value != estimate else ""
+                yield Remedy({"--max-model-len": value}, (),
+                             f"max model len {current} does not fit the KV cache; the engine's estimate of "
+                             f"what fits is {estimate}{rounded}")
+        if ctx.plan is not None:
+            for w in ctx.plan.warnings:
+                fit = w.fix.get("--max-model-len") if w.kind == KV_CACHE_TOO_SMALL else None
+                if isinstance(fit, int) and fit > 0 and (current is None or fit < current):
+                    yield Remedy({"--max-model-len": fit}, (), f"from the plan: {w.message}")
+    yield from _raise_utilization(ctx, f"max model len {current} does not fit the KV cache")
+
+
+def _no_memory_options(ctx: _Ctx) -> Iterator[Remedy]:
+    yield from _raise_utilization(ctx, "no memory is left for KV cache blocks")
+
+
+def _default_max_num_seqs(ctx: _Ctx) -> int:
+    if ctx.gpu is not None and ctx.gpu.total_bytes and ctx.gpu.total_bytes >= 70 * GiB:
+        return _MAX_NUM_SEQS_LARGE_GPU
+    return _MAX_NUM_SEQS_DEFAULT
+
+
+def _cuda_oom_options(ctx: _Ctx) -> Iterator[Remedy]:
+    if ctx.facts.get("phase") == "sampler_warmup":
+        current = ctx.s.max_num_seqs or ctx.facts.get("dummy_requests") or _default_max_num_seqs(ctx)
+        value = max(1, int(current) // 2)
+        if value < current:
+            yield Remedy({"--max-num-seqs": value}, (),
+                         f"CUDA ran out of memory warming up the sampler with {current} requests: "
+                         f"halve --max-num-seqs {current} -> {value}")
+    where = {"sampler_warmup": "in the sampler warm-up", "model_load": "loading the model"}.get(
+        ctx.facts.get("phase", ""), "")
+    yield from _lower_utilization(ctx, f"CUDA ran out of memory {where}".rstrip())
+
+
+def _busy_options(ctx: _Ctx) -> Iterator[Remedy]:
+    holders = ctx.gpu.holders if ctx.gpu else ()
+    ours = [h for h in holders if h[2]]
+    if ours:
+        names = ", ".join(f"{pid} ({name})" for pid, name, _ in ours)
+        yield Remedy({}, (), f"our own processes hold the GPU: {names}; end them, then {SAME_PLAN_REASON}")
+        return
+    if ctx.gpu is not None and ctx.gpu.free_bytes and ctx.gpu.total_bytes:
+        free, total = ctx.gpu.free_bytes, ctx.gpu.total_bytes
+    elif ctx.facts.get("free_gib") and ctx.facts.get("total_gib"):
+        free, total = int(ctx.facts["free_gib"] * GiB), int(ctx.facts["total_gib"] * GiB)
+    else:
+        return
+    current = ctx.s.gpu_memory_utilization
+    margin = max(_FIT_MARGIN_RATIO, _FIT_MARGIN_BYTES / total)
+    fitted = round(math.floor(free / total * 100 + 1e-9) / 100 - margin, 2)
+    others = ", ".join(f"{pid} ({name})" for pid, name, _ in holders) or "unknown processes"
+    if fitted >= current:
+        yield Remedy({}, (), f"the GPU has room again ({free / GiB:.2f}/{total / GiB:.2f} GiB free): "
+                             f"{SAME_PLAN_REASON}")
+        return
+    if not ctx.policy.allow_gpu_memory_utilization_change:
+        return
+    fitted = min(fitted, ctx.policy.max_gpu_memory_utilization)
+    if fitted < ctx.policy.min_gpu_memory_utilization:
+        return
+    yield Remedy({"--gpu-memory-utilization": fitted}, (),
+                 f"{others} hold the GPU; {free / GiB:.2f} of {total / GiB:.2f} GiB is free: fit GPU memory "
+                 f"utilization {current} -> {fitted}")
+
+
+# -- attention backend -------------------------------------------------------------------
+
+def _backend_options(ctx: _Ctx) -> Iterator[Remedy]:
+    reasons: dict[str, list[str]] = ctx.facts.get("reasons") or {}
+    for name in flag_fixable_backends(reasons):
+        change: dict[str, object] = {}
+        remove: list[str] = []
+        text = " ".join(reasons[name]).lower()
+        if "dtype" in text or "fp8" in text:
+            fix = next(_kv_dtype_fix(ctx, "x"), None)
+            if fix is None:
+                continue
+            change.update(fix.set)
+        if "block_size" in text:
+            if not ctx.policy.allow_block_size_change:
+                continue
+            rule = ctx.rules.backend(name)
+            current = _current_block_size(ctx)
+            if rule is not None and current is not None and rule.forced_block_size is None:
+                change["--block-size"] = rule.smallest_block_size_at_least(current)
+            elif ctx.command.has("--block-size"):
+                remove.append("--block-size")
+            else:
+                continue
+        if change or remove:
+            what = ", ".join([f"{k} {v}" for k, v in change.items()] + [f"remove {r}" for r in remove])
+            yield Remedy(change, tuple(remove),
+                         f"{name} was rejected only for {', '.join(reasons[name])}: {what}")
+    if ctx.facts.get("pattern") == "selected_backend_invalid" and ctx.command.has("--attention-backend"):
+        yield Remedy({}, ("--attention-backend",),
+                     f"the forced backend {ctx.s.attention_backend} is not valid here: let vLLM choose")
+
+
+def _engine_died_options(ctx: _Ctx) -> Iterator[Remedy]:
+    yield Remedy({}, (), SAME_PLAN_REASON)
+
+
+_OPTIONS = {
+    FailureKind.BLOCK_SIZE_UNSUPPORTED: _block_size_options,
+    FailureKind.KV_DTYPE_UNSUPPORTED: _kv_dtype_options,
+    FailureKind.KERNEL_OUT_OF_RESOURCES: _kernel_options,
+    FailureKind.KV_CACHE_TOO_SMALL: _kv_too_small_options,
+    FailureKind.NO_KV_CACHE_MEMORY: _no_memory_options,
+    FailureKind.CUDA_OOM: _cuda_oom_options,
+    FailureKind.GPU_MEMORY_BUSY: _busy_options,
+    FailureKind.NO_ATTENTION_BACKEND: _backend_options,
+    FailureKind.ENGINE_DIED: _engine_died_options,
+}
