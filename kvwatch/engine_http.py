@@ -1,0 +1,167 @@
+"""The engine boundary over HTTP: the only kvwatch module that talks to vLLM's /health and /metrics.
+
+Nothing here raises to callers: an unreachable engine, an HTTP error or a page that
+is not Prometheus text comes back as ``EngineMetrics.failed(reason)`` (and
+``health`` as False). Pages are parsed with prometheus_client's own parser.
+Requests go straight to the engine: proxy variables in the environment are ignored.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import urllib.error
+import urllib.request
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+_LOG = logging.getLogger(__name__)
+
+MAX_PAGE_BYTES = 32 << 20  # a vLLM page is ~60 KB; anything this large is not one
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+CACHE_CONFIG = "vllm:cache_config_info"
+KV_USAGE = "vllm:kv_cache_usage_perc"
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+PREEMPTIONS = "vllm:num_preemptions_total"
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """The labels of ``vllm:cache_config_info`` kvwatch uses; None where vLLM says "None" or omits it."""
+
+    num_gpu_blocks: int | None
+    block_size: int | None
+    cache_dtype: str | None
+    gpu_memory_utilization: float | None
+    kv_cache_memory_bytes: int | None
+    kv_cache_size_tokens: int | None
+
+
+@dataclass(frozen=True)
+class EngineMetrics:
+    """One scrape of an engine's /metrics. ``ok`` False: ``error`` says why and the rest is None."""
+
+    ok: bool
+    error: str | None = None
+    cache: CacheConfig | None = None
+    kv_cache_usage_ratio: float | None = None   # vllm:kv_cache_usage_perc (already 0..1)
+    num_requests_running: float | None = None
+    num_requests_waiting: float | None = None
+    num_preemptions_total: float | None = None
+
+    @staticmethod
+    def failed(error: str) -> EngineMetrics:
+        return EngineMetrics(False, error)
+
+
+def _url(base_url: str, path: str) -> str:
+    return base_url.rstrip("/") + path
+
+
+def health(base_url: str, timeout: float = 2.0) -> bool:
+    """True when GET /health answers 200 within ``timeout`` seconds."""
+    try:
+        with _OPENER.open(_url(base_url, "/health"), timeout=timeout) as resp:
+            return resp.status == 200
+    except (OSError, ValueError, urllib.error.URLError) as exc:  # HTTPError is an OSError
+        _LOG.debug("%s/health: %s", base_url, exc)
+        return False
+
+
+def scrape(base_url: str, timeout: float = 3.0) -> EngineMetrics:
+    """GET /metrics and parse it; every failure is an ``EngineMetrics.failed`` value."""
+    url = _url(base_url, "/metrics")
+    try:
+        with _OPENER.open(url, timeout=timeout) as resp:
+            body = resp.read(MAX_PAGE_BYTES + 1)
+    except urllib.error.HTTPError as exc:
+        return EngineMetrics.failed(f"{url}: HTTP {exc.code}")
+    except (OSError, ValueError) as exc:  # URLError, timeouts, resets, a malformed URL
+        reason = getattr(exc, "reason", exc)
+        return EngineMetrics.failed(f"{url}: {reason}")
+    if len(body) > MAX_PAGE_BYTES:
+        return EngineMetrics.failed(f"{url}: page larger than {MAX_PAGE_BYTES} bytes")
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        return EngineMetrics.failed(f"{url}: page is not UTF-8")
+    return parse_metrics(text)
+
+
+def parse_metrics(text: str) -> EngineMetrics:
+    """Parse a vLLM /metrics page (Prometheus text format). Pure.
+
+    With data parallelism vLLM exports one series per engine index (label ``engine``):
+    requests and preemptions are summed, usage is the fullest engine's, and the cache
+    config is engine "0"'s (its num_gpu_blocks is already the sum over DP engines).
+    """
+    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+    wanted = {CACHE_CONFIG, KV_USAGE, RUNNING, WAITING, PREEMPTIONS}
+    vllm_seen = False
+    try:
+        for family in text_string_to_metric_families(text):
+            vllm_seen = vllm_seen or family.name.startswith("vllm:")
+            for sample in family.samples:
+                if sample.name in wanted:
+                    samples.setdefault(sample.name, []).append((dict(sample.labels), float(sample.value)))
+    except Exception as exc:  # the parser raises ValueError, IndexError, ... on garbage
+        return EngineMetrics.failed(f"not Prometheus text: {type(exc).__name__}: {exc}"[:300])
+    if not vllm_seen:
+        return EngineMetrics.failed("no vllm: metrics on the page")
+    usage = [v for _, v in samples.get(KV_USAGE, ()) if math.isfinite(v)]
+    return EngineMetrics(
+        ok=True,
+        cache=_cache_config(samples.get(CACHE_CONFIG, [])),
+        kv_cache_usage_ratio=max(usage) if usage else None,
+        num_requests_running=_sum(samples.get(RUNNING)),
+        num_requests_waiting=_sum(samples.get(WAITING)),
+        num_preemptions_total=_sum(samples.get(PREEMPTIONS)),
+    )
+
+
+def _sum(values: Iterable[tuple[dict[str, str], float]] | None) -> float | None:
+    finite = [v for _, v in values or () if math.isfinite(v)]
+    return sum(finite) if finite else None
+
+
+def _cache_config(series: list[tuple[dict[str, str], float]]) -> CacheConfig | None:
+    if not series:
+        return None
+    # engine "0" first: the shortest index string, then the smallest
+    labels = min(series, key=lambda s: (len(s[0].get("engine", "")), s[0].get("engine", ""),
+                                        sorted(s[0].items())))[0]
+    return CacheConfig(
+        num_gpu_blocks=_int(labels.get("num_gpu_blocks")),
+        block_size=_int(labels.get("block_size")),
+        cache_dtype=labels.get("cache_dtype") or None,
+        gpu_memory_utilization=_float(labels.get("gpu_memory_utilization")),
+        kv_cache_memory_bytes=_int(labels.get("kv_cache_memory_bytes")),
+        kv_cache_size_tokens=_int(labels.get("kv_cache_size_tokens")),
+    )
+
+
+def _int(text: str | None) -> int | None:
+    if text is None or text in ("", "None"):
+        return None
+    try:
+        value = float(text) if any(c in text for c in ".eE") else int(text)
+    except ValueError:
+        return None
+    if isinstance(value, float):
+        if not math.isfinite(value) or not value.is_integer():
+            return None
+        value = int(value)
+    return value if value >= 0 else None
+
+
+def _float(text: str | None) -> float | None:
+    if text is None or text in ("", "None"):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None

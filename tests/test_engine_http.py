@@ -1,0 +1,162 @@
+"""kvwatch.engine_http against /metrics pages captured from the real vLLM CPU engine
+(tests/fixtures/metrics/capture_cpu_metrics.py), served over real HTTP where HTTP matters."""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvwatch import engine_http
+from kvwatch.engine_http import CacheConfig, EngineMetrics, parse_metrics
+
+METRICS = Path(__file__).parent / "fixtures" / "metrics"
+DEFAULT_PAGE = (METRICS / "cpu_default.txt").read_text()
+
+
+def test_parses_the_real_cpu_engine_page() -> None:
+    m = parse_metrics(DEFAULT_PAGE)
+    assert m.ok and m.error is None
+    # 2 layers x 128 tokens x 2 heads x 2 x 32 x 2 B = 65,536 B per block; 1 GiB -> 16,384 blocks
+    assert m.cache == CacheConfig(num_gpu_blocks=16384, block_size=128, cache_dtype="auto",
+                                  gpu_memory_utilization=0.92, kv_cache_memory_bytes=1 << 30,
+                                  kv_cache_size_tokens=2_097_152)
+    assert (m.kv_cache_usage_ratio, m.num_requests_running, m.num_requests_waiting,
+            m.num_preemptions_total) == (0.0, 0.0, 0.0, 0.0)
+
+
+def test_parses_the_page_after_a_request() -> None:
+    m = parse_metrics((METRICS / "cpu_default_after_request.txt").read_text())
+    assert m.ok and m.cache is not None and m.cache.num_gpu_blocks == 16384
+    assert m.kv_cache_usage_ratio is not None and 0.0 <= m.kv_cache_usage_ratio <= 1.0
+
+
+def test_parses_the_block_size_the_engine_was_given() -> None:
+    m = parse_metrics((METRICS / "cpu_block64.txt").read_text())
+    assert m.ok and m.cache is not None
+    assert (m.cache.block_size, m.cache.cache_dtype, m.cache.num_gpu_blocks) == (64, "auto", 21845)
+
+
+def test_data_parallel_engines_are_summed_and_the_fullest_usage_wins() -> None:
+    lines = []
+    for line in DEFAULT_PAGE.splitlines():
+        lines.append(line)
+        if line.startswith(("vllm:num_requests_running{", "vllm:kv_cache_usage_perc{", "vllm:num_preemptions_total{")):
+            lines.append(line.replace('engine="0"', 'engine="1"').replace(" 0.0", " 0.75"))
+    m = parse_metrics("\n".join(lines) + "\n")
+    assert m.ok
+    assert (m.num_requests_running, m.kv_cache_usage_ratio, m.num_preemptions_total) == (0.75, 0.75, 0.75)
+    assert m.cache is not None and m.cache.num_gpu_blocks == 16384
+
+
+@pytest.mark.parametrize("text,why", [
+    ("", "no vllm: metrics"),
+    ("# HELP python_info x\n# TYPE python_info gauge\npython_info 1\n", "no vllm: metrics"),
+    ("<html><body>502 Bad Gateway</body></html>", "not Prometheus text"),
+    ('vllm:num_requests_running{engine="0" 1\n', "not Prometheus text"),
+    ("vllm:kv_cache_usage_perc one\n", "not Prometheus text"),
+    (DEFAULT_PAGE[: len(DEFAULT_PAGE) // 2] + "\x00\x01garbage{{{", "not Prometheus text"),
+])
+def test_garbage_is_an_error_value(text: str, why: str) -> None:
+    m = parse_metrics(text)
+    assert not m.ok and m.cache is None and why in (m.error or "")
+
+
+def test_missing_and_none_labels_are_not_available() -> None:
+    page = ('# TYPE vllm:cache_config_info gauge\n'
+            'vllm:cache_config_info{block_size="16",cache_dtype="fp8",engine="0",num_gpu_blocks="None",'
+            'gpu_memory_utilization="0.9",kv_cache_memory_bytes="None"} 1.0\n')
+    m = parse_metrics(page)
+    assert m.ok and m.cache == CacheConfig(None, 16, "fp8", 0.9, None, None)
+    assert m.kv_cache_usage_ratio is None and m.num_requests_running is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=400))
+def test_any_text_gives_a_value_never_an_exception(text: str) -> None:
+    m = parse_metrics(text)
+    assert isinstance(m, EngineMetrics) and (m.ok or m.error)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, len(DEFAULT_PAGE)), st.binary(max_size=40))
+def test_a_damaged_real_page_gives_a_value(cut: int, noise: bytes) -> None:
+    m = parse_metrics(DEFAULT_PAGE[:cut] + noise.decode("latin-1") + DEFAULT_PAGE[cut:])
+    assert isinstance(m, EngineMetrics) and (m.ok or m.error)
+
+
+# -- over HTTP ---------------------------------------------------------------------
+
+class _Engine(BaseHTTPRequestHandler):
+    routes: dict[str, tuple[int, bytes, float]] = {}
+
+    def do_GET(self) -> None:  # noqa: N802
+        status, body, delay = self.routes.get(self.path, (404, b"", 0.0))
+        time.sleep(delay)
+        self.send_response(status)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def engine() -> Iterator[tuple[str, dict[str, tuple[int, bytes, float]]]]:
+    routes: dict[str, tuple[int, bytes, float]] = {}
+    handler = type("Handler", (_Engine,), {"routes": routes})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", routes
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_scrape_and_health_over_http(engine) -> None:
+    url, routes = engine
+    routes["/metrics"] = (200, DEFAULT_PAGE.encode(), 0.0)
+    routes["/health"] = (200, b"", 0.0)
+    assert engine_http.health(url, 2)
+    m = engine_http.scrape(url + "/", 2)  # a trailing slash on the base URL is fine
+    assert m.ok and m.cache is not None and m.cache.num_gpu_blocks == 16384
+
+
+def test_http_errors_are_error_values(engine) -> None:
+    url, routes = engine
+    routes["/health"] = (503, b"", 0.0)
+    routes["/metrics"] = (500, b"boom", 0.0)
+    assert engine_http.health(url, 2) is False
+    m = engine_http.scrape(url, 2)
+    assert not m.ok and "HTTP 500" in (m.error or "")
+    routes["/metrics"] = (200, b"\xff\xfe\x00garbage", 0.0)
+    m = engine_http.scrape(url, 2)
+    assert not m.ok and "UTF-8" in (m.error or "")
+
+
+def test_a_hung_engine_times_out(engine) -> None:
+    url, routes = engine
+    routes["/metrics"] = (200, DEFAULT_PAGE.encode(), 3.0)
+    routes["/health"] = (200, b"", 3.0)
+    start = time.monotonic()
+    m = engine_http.scrape(url, 0.3)
+    assert not m.ok and m.error
+    assert engine_http.health(url, 0.3) is False
+    assert time.monotonic() - start < 2.5
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:1", "http://no-such-host.invalid:8000", "not a url", ""])
+def test_unreachable_engines_are_error_values(url: str) -> None:
+    assert engine_http.health(url, 1) is False
+    m = engine_http.scrape(url, 1)
+    assert not m.ok and m.error
