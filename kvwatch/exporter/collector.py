@@ -1,0 +1,185 @@
+"""The Prometheus collector: every scrape builds fresh metric families from the latest snapshot.
+
+Shaped after client_python's ProcessCollector: one ``collect()``, families built afresh,
+the source injected. No I/O and no lock: the snapshot is an immutable value read through
+one reference, so a GPU, engine or process that is gone simply has no series. Values a
+source did not report are left out, never NaN. Every metric is in the README's table.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from kvwatch import __version__
+from kvwatch.diagnosis.classes import FailureKind
+from kvwatch.engine_status import EngineState
+from kvwatch.exporter.snapshot import EngineSnapshot, WatchSnapshot
+from kvwatch.nvml import GpuInfo
+
+# The diagnosis' failure classes: the known values of the `reason` and `kind` labels,
+# exported at 0 from the start so that increase() sees the first one.
+FAILURE_KINDS = tuple(kind.value for kind in FailureKind)
+ENGINE_STATES = tuple(state.value for state in EngineState)
+
+_E = ["engine"]
+HELP = {
+    "kvwatch_build_info": "kvwatch's version, always 1.",
+    "kvwatch_engine_up": "1 when the engine answered /health at the last snapshot, else 0.",
+    "kvwatch_engine_state": "1 for the engine's current state, 0 for the others "
+                            "(starting, ready, backoff, stopping, stopped, fatal).",
+    "kvwatch_engine_restarts": "Relaunches of the engine by kvwatch, by the failure class that caused them.",
+    "kvwatch_engine_failures": "Failures of the engine kvwatch has seen, by diagnosed class.",
+    "kvwatch_plan_corrections": "Corrected plans kvwatch applied, by the failure class they answer.",
+    "kvwatch_plan_info": "The KV cache plan in force, always 1.",
+    "kvwatch_kv_planned_bytes": "KV cache bytes the plan predicts: planned blocks x the planner's bytes per block.",
+    "kvwatch_kv_actual_bytes": "KV cache bytes the engine allocated: its num_gpu_blocks (vllm:cache_config_info) "
+                               "x the planner's bytes per block for the block size and KV dtype the engine "
+                               "reports; cross-checked (logged) against the KV tokens of its startup log and "
+                               "its KV memory.",
+    "kvwatch_kv_planned_blocks": "KV cache blocks the plan predicts (the null block included).",
+    "kvwatch_kv_actual_blocks": "KV cache blocks the engine reports: num_gpu_blocks of vllm:cache_config_info "
+                                "(the null block included).",
+    "kvwatch_kv_padding_bytes": "KV bytes the plan predicts are padding, by cause: the remainder of the KV "
+                                "memory below one block, the null block, packed layouts, layer padding.",
+    "kvwatch_kv_padding_ratio": "Padding over allocated KV bytes from the engine's figures: the remainder of "
+                                "the KV memory it reports below one block, its null block, and the layout "
+                                "padding of the block size and KV dtype it reports.",
+    "kvwatch_kv_planned_padding_ratio": "Padding over allocated KV bytes as the plan predicts it.",
+    "kvwatch_kv_plan_drift_ratio": "(actual - planned) / planned KV cache bytes.",
+    "kvwatch_kv_usage_ratio": "The engine's own vllm:kv_cache_usage_perc (0..1).",
+    "kvwatch_gpu_info": "One per GPU seen by NVML, always 1.",
+    "kvwatch_gpu_memory_total_bytes": "Total GPU memory (NVML).",
+    "kvwatch_gpu_memory_used_bytes": "Used GPU memory (NVML; without the driver's reservation where the "
+                                     "driver reports it apart).",
+    "kvwatch_engine_gpu_memory_bytes": "GPU memory NVML attributes to the engine's process tree.",
+    "kvwatch_gpu_foreign_memory_bytes": "GPU memory held by processes that are in no supervised engine's "
+                                        "process tree.",
+    "kvwatch_collector_success": "1 when the collector's last snapshot succeeded, else 0.",
+    "kvwatch_collector_duration_seconds": "Time the collector's last snapshot took.",
+}
+
+
+def _gauge(name: str, labels: list[str]) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, HELP[name], labels=labels)
+
+
+def _counter(name: str, labels: list[str]) -> CounterMetricFamily:
+    return CounterMetricFamily(name, HELP[name], labels=labels)
+
+
+class KvwatchCollector(Collector):
+    """Renders ``snapshot()``: pass ``Watch``'s bound property getter, or a fixed value in tests."""
+
+    def __init__(self, snapshot: Callable[[], WatchSnapshot], version: str = __version__) -> None:
+        self._snapshot = snapshot
+        self._version = version
+
+    def describe(self) -> Iterable[Metric]:
+        """The family names, without samples: registering never renders a snapshot."""
+        return list(self._families(WatchSnapshot.empty()).values())
+
+    def collect(self) -> Iterator[Metric]:
+        yield from (family for family in self._families(self._snapshot()).values() if family.samples)
+
+    def _families(self, snap: WatchSnapshot) -> dict[str, Metric]:
+        f: dict[str, Any] = {
+            "build_info": _gauge("kvwatch_build_info", ["version"]),
+            "up": _gauge("kvwatch_engine_up", _E),
+            "state": _gauge("kvwatch_engine_state", _E + ["state"]),
+            "restarts": _counter("kvwatch_engine_restarts", _E + ["reason"]),
+            "failures": _counter("kvwatch_engine_failures", _E + ["kind"]),
+            "corrections": _counter("kvwatch_plan_corrections", _E + ["kind"]),
+            "plan_info": _gauge("kvwatch_plan_info", _E + ["block_size", "kv_cache_dtype", "backend", "attention"]),
+            "planned_bytes": _gauge("kvwatch_kv_planned_bytes", _E),
+            "actual_bytes": _gauge("kvwatch_kv_actual_bytes", _E),
+            "planned_blocks": _gauge("kvwatch_kv_planned_blocks", _E),
+            "actual_blocks": _gauge("kvwatch_kv_actual_blocks", _E),
+            "padding_bytes": _gauge("kvwatch_kv_padding_bytes", _E + ["cause"]),
+            "padding_ratio": _gauge("kvwatch_kv_padding_ratio", _E),
+            "planned_padding_ratio": _gauge("kvwatch_kv_planned_padding_ratio", _E),
+            "drift": _gauge("kvwatch_kv_plan_drift_ratio", _E),
+            "usage": _gauge("kvwatch_kv_usage_ratio", _E),
+            "gpu_info": _gauge("kvwatch_gpu_info", ["gpu", "index", "name"]),
+            "gpu_total": _gauge("kvwatch_gpu_memory_total_bytes", ["gpu"]),
+            "gpu_used": _gauge("kvwatch_gpu_memory_used_bytes", ["gpu"]),
+            "engine_gpu": _gauge("kvwatch_engine_gpu_memory_bytes", _E + ["gpu"]),
+            "foreign": _gauge("kvwatch_gpu_foreign_memory_bytes", ["gpu"]),
+            "success": _gauge("kvwatch_collector_success", ["collector"]),
+            "duration": _gauge("kvwatch_collector_duration_seconds", ["collector"]),
+        }
+        f["build_info"].add_metric([self._version], 1)
+        for engine in sorted(snap.engines, key=lambda e: e.name):
+            _engine(f, engine)
+        if snap.nvml is not None:
+            _gpus(f, snap)
+        for result in sorted(snap.collectors, key=lambda r: r.name):
+            f["success"].add_metric([result.name], 1 if result.success else 0)
+            f["duration"].add_metric([result.name], result.duration_seconds)
+        return f
+
+
+def _counts(counts: Mapping[str, int]) -> list[tuple[str, int]]:
+    merged = {kind: 0 for kind in FAILURE_KINDS}
+    merged.update(counts)
+    return sorted(merged.items())
+
+
+def _engine(f: dict[str, Any], engine: EngineSnapshot) -> None:
+    name, status = engine.name, engine.status
+    f["up"].add_metric([name], 1 if engine.up else 0)
+    for state in ENGINE_STATES:
+        f["state"].add_metric([name, state], 1 if status.state.value == state else 0)
+    for key, family in (("restarts", status.restarts), ("failures", status.failures),
+                        ("corrections", status.corrections)):
+        for label, value in _counts(family):
+            f[key].add_metric([name, label], value)
+
+    plan = engine.planned
+    if plan is not None:
+        f["plan_info"].add_metric([name, str(plan.block_size), plan.kv_cache_dtype, plan.backend or "none",
+                                   plan.attention], 1)
+        f["planned_bytes"].add_metric([name], plan.planned_kv_bytes)
+        f["planned_blocks"].add_metric([name], plan.num_blocks)
+        for cause, value in sorted(plan.padding_bytes.items()):
+            f["padding_bytes"].add_metric([name, cause], value)
+        f["planned_padding_ratio"].add_metric([name], plan.padding_ratio)
+    actual = engine.actual
+    if actual is not None:
+        f["actual_bytes"].add_metric([name], actual.kv_bytes)
+        f["actual_blocks"].add_metric([name], actual.blocks)
+        f["padding_ratio"].add_metric([name], actual.padding_ratio)
+        if plan is not None and plan.planned_kv_bytes > 0:
+            f["drift"].add_metric([name], (actual.kv_bytes - plan.planned_kv_bytes) / plan.planned_kv_bytes)
+    metrics = engine.metrics
+    if metrics is not None and metrics.ok and metrics.kv_cache_usage_ratio is not None:
+        f["usage"].add_metric([name], metrics.kv_cache_usage_ratio)
+
+
+def _gpus(f: dict[str, Any], snap: WatchSnapshot) -> None:
+    assert snap.nvml is not None
+    owners = [(e.name, e.pids) for e in sorted(snap.engines, key=lambda e: e.name)]
+    all_known = all(e.pids_known for e in snap.engines)
+    engine_pids = frozenset().union(*(pids for _, pids in owners))
+    for gpu in sorted(snap.nvml.gpus, key=lambda g: g.index):
+        _gpu(f, gpu)
+        if gpu.processes is None:  # NVML does not say who holds memory on this GPU
+            continue
+        for name, pids in owners:
+            held = [p.used_bytes for p in gpu.processes if p.pid in pids and p.used_bytes is not None]
+            if held:
+                f["engine_gpu"].add_metric([name, gpu.uuid], sum(held))
+        if all_known:
+            foreign = sum(p.used_bytes for p in gpu.processes
+                          if p.pid not in engine_pids and p.used_bytes is not None)
+            f["foreign"].add_metric([gpu.uuid], foreign)
+
+
+def _gpu(f: dict[str, Any], gpu: GpuInfo) -> None:
+    f["gpu_info"].add_metric([gpu.uuid, str(gpu.index), gpu.name or ""], 1)
+    if gpu.memory_total_bytes is not None:
+        f["gpu_total"].add_metric([gpu.uuid], gpu.memory_total_bytes)
+    if gpu.memory_used_bytes is not None:
+        f["gpu_used"].add_metric([gpu.uuid], gpu.memory_used_bytes)

@@ -1,0 +1,56 @@
+"""The immutable picture the watch loop takes each tick and the collector renders on a scrape."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from kvwatch.engine_http import EngineMetrics
+from kvwatch.engine_status import EngineStatus
+from kvwatch.exporter.actual import ActualKv
+from kvwatch.nvml import NvmlSnapshot
+from kvwatch.plan import Plan
+
+# Collector names, the values of the `collector` label.
+NVML = "nvml"        # GPUs and their processes, through NVML
+ENGINE = "engine"    # each engine's /health and /metrics
+PROCESS = "process"  # the engines' processes (RSS), through the injected process source
+
+
+@dataclass(frozen=True)
+class CollectorResult:
+    name: str
+    success: bool
+    duration_seconds: float
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    status: EngineStatus
+    up: bool                                  # /health answered 200 this tick
+    metrics: EngineMetrics | None = None      # None: not scraped (no URL, or /health failed)
+    planned: Plan | None = None               # the plan in force (or predicted for an external engine)
+    actual: ActualKv | None = None            # from the engine's own figures
+    process_rss: Mapping[int, int] | None = None  # pid -> resident bytes; None: not measured
+    pids_known: bool = True                   # False: which GPU processes are its is unknown
+
+    @property
+    def name(self) -> str:
+        return self.status.name
+
+    @property
+    def pids(self) -> frozenset[int]:
+        return frozenset(self.status.pids)
+
+
+@dataclass(frozen=True)
+class WatchSnapshot:
+    taken_at: float                           # time.time() when the tick started
+    engines: tuple[EngineSnapshot, ...] = ()
+    nvml: NvmlSnapshot | None = None          # None: no NVML collector configured
+    collectors: tuple[CollectorResult, ...] = field(default=())
+
+    @staticmethod
+    def empty() -> WatchSnapshot:
+        """Before the first tick: no engines, no GPUs, no collector results."""
+        return WatchSnapshot(taken_at=0.0)

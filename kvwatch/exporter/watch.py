@@ -1,0 +1,218 @@
+"""The watch loop: each interval, one snapshot of every source, swapped in atomically.
+
+Sources are injected, so tests and both commands (`kvwatch run`, `kvwatch export`) wire
+their own: the engines (a callable returning EngineTargets), NVML (a callable returning
+an NvmlSnapshot, e.g. ``Nvml().snapshot``) and process memory (a callable mapping pids to
+resident bytes; kvwatch.processes provides it). The scrape side only ever reads
+:attr:`Watch.snapshot`, a reference to an immutable value: no I/O, no lock.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from typing import TypeVar
+
+from kvwatch import engine_http
+from kvwatch.engine_http import EngineMetrics
+from kvwatch.engine_status import EngineState, EngineStatus
+from kvwatch.exporter.actual import ActualKv, KvContext, actual_kv, plan_for_reported
+from kvwatch.exporter.snapshot import ENGINE, NVML, PROCESS, CollectorResult, EngineSnapshot, WatchSnapshot
+from kvwatch.nvml import NvmlSnapshot
+from kvwatch.plan import Plan
+
+_LOG = logging.getLogger(__name__)
+
+ProcessSource = Callable[[Sequence[int]], Mapping[int, int]]
+NvmlSource = Callable[[], NvmlSnapshot]
+DEFAULT_INTERVAL = 5.0
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class EngineTarget:
+    """One engine to watch."""
+
+    status: EngineStatus                 # what the supervisor knows (plan, pids, counters)
+    url: str | None                      # base URL of /health and /metrics; None: not polled
+    context: KvContext | None = None     # model and flags: needed for actual (and predicted) KV bytes
+    external: bool = False               # not started by kvwatch (`kvwatch export`), see below
+    pids_known: bool = True              # False: its pids are unknown, GPU memory cannot be split
+
+    # An external engine's state is derived: STARTING until /health first answers, READY from
+    # then on (nobody restarts it, so a dead one stays READY with engine_up 0, which is what
+    # the KvwatchEngineDown alert is for). Its plan is predicted from the figures it reports.
+
+
+EngineSource = Callable[[], Sequence[EngineTarget]]
+
+
+class Watch:
+    def __init__(self, engines: EngineSource, nvml: NvmlSource | None = None,
+                 process_source: ProcessSource | None = None, interval: float = DEFAULT_INTERVAL,
+                 timeout: float | None = None, clock: Callable[[], float] = time.time) -> None:
+        if interval <= 0:
+            raise ValueError("interval must be positive")
+        self._engines = engines
+        self._nvml = nvml
+        self._process_source = process_source
+        self.interval = interval
+        self.timeout = timeout if timeout is not None else min(3.0, interval)
+        self._clock = clock
+        self._snapshot = WatchSnapshot.empty()
+        self._seen_up: set[str] = set()  # external engines that have answered /health
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._warned: set[str] = set()
+
+    @property
+    def snapshot(self) -> WatchSnapshot:
+        """The latest snapshot (reading one reference is atomic; the value never changes)."""
+        return self._snapshot
+
+    # -- lifecycle -------------------------------------------------------------
+
+    def start(self, first_tick_inline: bool = True) -> None:
+        """Take the first snapshot now (unless told not to), then one per interval in a thread."""
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        if first_tick_inline:
+            self.tick()
+        self._thread = threading.Thread(target=self._run, name="kvwatch-watch", daemon=True,
+                                         kwargs={"skip_first": first_tick_inline})
+        self._thread.start()
+
+    def stop(self, timeout: float | None = None) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout if timeout is not None else self.timeout * 3 + 5)
+            self._thread = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    def __enter__(self) -> Watch:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def _run(self, skip_first: bool) -> None:
+        next_at = time.monotonic() + (self.interval if skip_first else 0.0)
+        while not self._stop.wait(max(0.0, next_at - time.monotonic())):
+            try:
+                self.tick()
+            except Exception:  # one bad tick must not end the loop
+                _LOG.exception("watch tick failed")
+            next_at += self.interval
+            if next_at < time.monotonic():  # a tick overran: skip, do not burst
+                next_at = time.monotonic() + self.interval
+
+    # -- one tick --------------------------------------------------------------
+
+    def tick(self) -> WatchSnapshot:
+        """Read every source once and publish the new snapshot; returns it."""
+        taken_at = self._clock()
+        collectors: list[CollectorResult] = []
+        nvml_snapshot = None
+        if self._nvml is not None:
+            nvml_snapshot, result = _timed(NVML, self._nvml_once)
+            collectors.append(result)
+
+        targets = list(self._engines())
+        polled, result = _timed(ENGINE, lambda: self._poll_engines(targets))
+        collectors.append(result)
+        if polled is None:
+            polled = [(False, None)] * len(targets)
+
+        rss: Mapping[int, int] | None = None
+        if self._process_source is not None:
+            pids = sorted({pid for t in targets for pid in t.status.pids})
+            rss, result = _timed(PROCESS, lambda: self._processes_once(pids))
+            collectors.append(result)
+
+        engines = tuple(self._engine_snapshot(t, up, metrics, rss) for t, (up, metrics) in zip(targets, polled))
+        snap = WatchSnapshot(taken_at=taken_at, engines=engines, nvml=nvml_snapshot,
+                             collectors=tuple(collectors))
+        self._snapshot = snap
+        return snap
+
+    def _nvml_once(self) -> tuple[NvmlSnapshot, str | None]:
+        assert self._nvml is not None
+        snap = self._nvml()
+        if not snap.available:
+            return snap, snap.error or "NVML not available"
+        if snap.lost_gpus:
+            return snap, "GPU lost: " + ", ".join(str(i) for i in snap.lost_gpus)
+        return snap, None
+
+    def _poll_engines(self, targets: Sequence[EngineTarget]) -> tuple[list[tuple[bool, EngineMetrics | None]], str | None]:
+        if not targets:
+            return [], None
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="kvwatch-engine")
+        polled = list(self._pool.map(self._poll_one, targets))
+        # The collector fails when an engine that answers /health serves no usable /metrics;
+        # an engine that is down is kvwatch_engine_up 0, not a collector failure.
+        errors = [f"{t.status.name}: {m.error}" for t, (up, m) in zip(targets, polled)
+                  if up and m is not None and not m.ok]
+        return polled, "; ".join(errors) or None
+
+    def _poll_one(self, target: EngineTarget) -> tuple[bool, EngineMetrics | None]:
+        if target.url is None:
+            return False, None
+        up = engine_http.health(target.url, self.timeout)
+        return up, engine_http.scrape(target.url, self.timeout) if up else None
+
+    def _processes_once(self, pids: Sequence[int]) -> tuple[Mapping[int, int], str | None]:
+        assert self._process_source is not None
+        return dict(self._process_source(pids)), None
+
+    def _engine_snapshot(self, target: EngineTarget, up: bool, metrics: EngineMetrics | None,
+                         rss: Mapping[int, int] | None) -> EngineSnapshot:
+        status = target.status
+        if target.external:
+            if up:
+                self._seen_up.add(status.name)
+            state = EngineState.READY if status.name in self._seen_up else EngineState.STARTING
+            status = replace(status, state=state)
+        cache = metrics.cache if metrics is not None and metrics.ok else None
+        planned: Plan | None = status.plan
+        actual: ActualKv | None = None
+        if target.context is not None and cache is not None:
+            try:
+                if target.external:
+                    planned = plan_for_reported(target.context, cache)
+                actual = actual_kv(target.context, cache, status.log_kv_tokens, status.log_available_kv_bytes)
+            except Exception as exc:  # the planner is pure, but a model it cannot handle must not stop us
+                self._warn_once(status.name, f"engine {status.name}: cannot compute its KV figures: {exc!r}")
+            if actual is not None and actual.problems:
+                self._warn_once(f"{status.name}:{actual.problems}",
+                                f"engine {status.name}: KV figures disagree: {'; '.join(actual.problems)}")
+        engine_rss = None
+        if rss is not None:
+            engine_rss = {pid: rss[pid] for pid in status.pids if pid in rss}
+        return EngineSnapshot(status=status, up=up, metrics=metrics, planned=planned, actual=actual,
+                              process_rss=engine_rss, pids_known=target.pids_known)
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            _LOG.warning("%s", message)
+
+
+def _timed(name: str, fn: Callable[[], tuple[_T, str | None]]) -> tuple[_T | None, CollectorResult]:
+    """Run one collector: its value, and its success and duration (an exception is a failure)."""
+    start = time.perf_counter()
+    try:
+        value, error = fn()
+    except Exception as exc:
+        value, error = None, f"{type(exc).__name__}: {exc}"
+        _LOG.warning("collector %s failed: %s", name, error)
+    return value, CollectorResult(name, error is None, time.perf_counter() - start, error)

@@ -1,0 +1,291 @@
+"""The collector: the whole /metrics page of a fixed snapshot against a golden file, the
+README contract, and the watch loop on the NVML stand-in (real pynvml, fake driver).
+
+Regenerate the golden file after an intended change:
+    KVWATCH_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_collector.py
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from exporter_support import (fixture_context, fixture_metrics, fixture_plan, render, samples, series,
+                              value)
+from kvwatch.engine_status import EngineState, EngineStatus
+from kvwatch.exporter.actual import actual_kv
+from kvwatch.exporter.collector import ENGINE_STATES, FAILURE_KINDS
+from kvwatch.exporter.snapshot import CollectorResult, EngineSnapshot, WatchSnapshot
+from kvwatch.exporter.watch import EngineTarget, Watch
+from kvwatch.nvml import GpuInfo, GpuProcess, Nvml, NvmlSnapshot
+from nvml_standin import GIB, NvmlStandin, StandinGpu, StandinProcess, StandinState
+from nvml_standin import nvml_standin_fixture  # noqa: F401
+from operator_tools import readme_metric_labels
+
+GOLDEN = Path(__file__).parent / "fixtures" / "golden" / "metrics.txt"
+H200_A = "GPU-7c2e4d1a-0000-4000-8000-00000000000a"
+H200_B = "GPU-7c2e4d1a-0000-4000-8000-00000000000b"
+
+
+def fixed_snapshot() -> WatchSnapshot:
+    """Two engines (one serving, one in backoff) on a 2-GPU host with a foreign process."""
+    metrics = fixture_metrics("cpu_block64")
+    actual = actual_kv(fixture_context("cpu_block64"), metrics.cache, log_kv_tokens=1_398_080)
+    serving = EngineStatus(
+        name="llama", state=EngineState.READY, reason="healthy", plan=fixture_plan("cpu_block64"),
+        pids=(4242, 4243), restarts={"engine_died": 1},
+        failures={"engine_died": 1, "block_size_unsupported": 2}, corrections={"block_size_unsupported": 1},
+        log_kv_tokens=1_398_080)
+    waiting = EngineStatus(name="qwen", state=EngineState.BACKOFF, reason="exited: 1",
+                           plan=fixture_plan("cpu_default"), failures={"gpu_memory_busy": 3},
+                           restarts={"gpu_memory_busy": 3})
+    gpus = (
+        GpuInfo(0, H200_A, "NVIDIA H200", 143_771 * 2**20, 90 * GIB, (9, 0),
+                (GpuProcess(777, 3 * GIB), GpuProcess(4242, 80 * GIB), GpuProcess(4243, None))),
+        GpuInfo(1, H200_B, "NVIDIA H200", 143_771 * 2**20, None, (9, 0), None),
+    )
+    return WatchSnapshot(
+        taken_at=1_800_000_000.0,
+        engines=(EngineSnapshot(waiting, up=False, planned=waiting.plan),
+                 EngineSnapshot(serving, up=True, metrics=metrics, planned=serving.plan, actual=actual,
+                                process_rss={4242: 2 * GIB, 4243: GIB})),
+        nvml=NvmlSnapshot(True, None, "570.124.06", gpus, ()),
+        collectors=(CollectorResult("nvml", True, 0.0125), CollectorResult("engine", True, 0.0421),
+                    CollectorResult("process", False, 0.0009, "boom")),
+    )
+
+
+def test_golden_metrics_page() -> None:
+    text = render(fixed_snapshot())
+    if os.environ.get("KVWATCH_UPDATE_GOLDEN"):
+        GOLDEN.parent.mkdir(parents=True, exist_ok=True)
+        GOLDEN.write_text(text)
+    assert GOLDEN.exists(), "no golden file: run with KVWATCH_UPDATE_GOLDEN=1"
+    assert text == GOLDEN.read_text(), "the /metrics page changed: check it, then KVWATCH_UPDATE_GOLDEN=1"
+
+
+def test_golden_page_is_the_readme_contract() -> None:
+    """Every README metric is on the page with exactly its README labels, and nothing else is."""
+    readme = readme_metric_labels()
+    found = samples(GOLDEN.read_text())
+    names = {name for name, _ in found}
+    assert names == set(readme), (sorted(names - set(readme)), sorted(set(readme) - names))
+    for (name, labels) in found:
+        assert sorted(k for k, _ in labels) == sorted(readme[name]), name
+
+
+def test_fixed_snapshot_values() -> None:
+    found = samples(render(fixed_snapshot()))
+    assert value(found, "kvwatch_engine_up", engine="llama") == 1
+    assert value(found, "kvwatch_engine_up", engine="qwen") == 0
+    for name in ("llama", "qwen"):
+        states = {s["state"] for s in series(found, "kvwatch_engine_state") if s["engine"] == name}
+        assert states == set(ENGINE_STATES)
+    assert value(found, "kvwatch_engine_state", engine="qwen", state="backoff") == 1
+    assert value(found, "kvwatch_engine_state", engine="qwen", state="ready") == 0
+    # counters: every known class from 0, the counted ones with their count
+    kinds = {s["kind"] for s in series(found, "kvwatch_engine_failures_total") if s["engine"] == "llama"}
+    assert kinds == set(FAILURE_KINDS)
+    assert value(found, "kvwatch_engine_failures_total", engine="llama", kind="block_size_unsupported") == 2
+    assert value(found, "kvwatch_engine_restarts_total", engine="qwen", reason="gpu_memory_busy") == 3
+    assert value(found, "kvwatch_plan_corrections_total", engine="qwen", kind="cuda_oom") == 0
+    # planned = actual for the serving engine; the waiting one has a plan only
+    assert value(found, "kvwatch_kv_actual_blocks", engine="llama") == 21_845
+    assert value(found, "kvwatch_kv_planned_blocks", engine="llama") == 21_845
+    assert value(found, "kvwatch_kv_plan_drift_ratio", engine="llama") == 0
+    assert value(found, "kvwatch_kv_padding_bytes", engine="llama", cause="remainder") == 16_384
+    assert value(found, "kvwatch_kv_actual_bytes", engine="qwen") is None
+    assert value(found, "kvwatch_kv_planned_bytes", engine="qwen") == 2**30
+    # GPU memory: the engine's pids on GPU 0, the foreign pid 777; GPU 1 reports no processes
+    assert value(found, "kvwatch_engine_gpu_memory_bytes", engine="llama", gpu=H200_A) == 80 * GIB
+    assert value(found, "kvwatch_gpu_foreign_memory_bytes", gpu=H200_A) == 3 * GIB
+    assert value(found, "kvwatch_gpu_foreign_memory_bytes", gpu=H200_B) is None
+    assert value(found, "kvwatch_gpu_memory_used_bytes", gpu=H200_B) is None  # not reported: left out
+    assert value(found, "kvwatch_gpu_info", gpu=H200_B, index="1", name="NVIDIA H200") == 1
+    assert value(found, "kvwatch_collector_success", collector="process") == 0
+
+
+def test_before_the_first_tick_only_build_info() -> None:
+    found = samples(render(WatchSnapshot.empty()))
+    assert set(found) == {("kvwatch_build_info", frozenset({("version", "0.1.0")}))}
+
+
+# -- the watch loop on the NVML stand-in -------------------------------------------------
+
+def host(*, gpu1_lost: bool = False, foreign_on_0: bool = True, engine_on_1: bool = True) -> StandinState:
+    gpu0 = [StandinProcess(100, 30 * GIB), StandinProcess(101, 2 * GIB), StandinProcess(200, 7 * GIB)]
+    if foreign_on_0:
+        gpu0.append(StandinProcess(777, 3 * GIB))
+    gpu1 = [StandinProcess(888, 1 * GIB)] + ([StandinProcess(101, 5 * GIB)] if engine_on_1 else [])
+    return StandinState(gpus=[
+        StandinGpu(uuid=H200_A, name="NVIDIA H200", memory_total_bytes=141 * GIB, memory_used_bytes=43 * GIB,
+                   processes=gpu0),
+        StandinGpu(uuid=H200_B, name="NVIDIA H200", memory_total_bytes=141 * GIB, memory_used_bytes=6 * GIB,
+                   processes=gpu1, lost=gpu1_lost),
+    ])
+
+
+def two_engines() -> list[EngineTarget]:
+    return [EngineTarget(EngineStatus("a", EngineState.READY, pids=(100, 101)), url=None),
+            EngineTarget(EngineStatus("b", EngineState.STARTING, pids=(200,)), url=None)]
+
+
+@pytest.fixture
+def nvml(nvml_standin: NvmlStandin) -> Iterator[Nvml]:
+    nvml_standin.write(host())
+    with Nvml() as handle:
+        yield handle
+
+
+def test_engine_and_foreign_bytes_per_gpu(nvml: Nvml) -> None:
+    watch = Watch(two_engines, nvml=nvml.snapshot)
+    watch.tick()
+    found = samples(render(watch))
+    assert value(found, "kvwatch_engine_gpu_memory_bytes", engine="a", gpu=H200_A) == 32 * GIB
+    assert value(found, "kvwatch_engine_gpu_memory_bytes", engine="a", gpu=H200_B) == 5 * GIB
+    assert value(found, "kvwatch_engine_gpu_memory_bytes", engine="b", gpu=H200_A) == 7 * GIB
+    assert value(found, "kvwatch_engine_gpu_memory_bytes", engine="b", gpu=H200_B) is None
+    assert value(found, "kvwatch_gpu_foreign_memory_bytes", gpu=H200_A) == 3 * GIB
+    assert value(found, "kvwatch_gpu_foreign_memory_bytes", gpu=H200_B) == 1 * GIB
+    assert value(found, "kvwatch_gpu_memory_total_bytes", gpu=H200_B) == 141 * GIB
+    assert value(found, "kvwatch_collector_success", collector="nvml") == 1
+
+
+def test_a_process_that_exits_disappears_from_the_next_scrape(nvml_standin: NvmlStandin, nvml: Nvml) -> None:
+    watch = Watch(two_engines, nvml=nvml.snapshot)
+    watch.tick()
+    assert value(samples(render(watch)), "kvwatch_engine_gpu_memory_bytes", engine="a", gpu=H200_B) == 5 * GIB
+    nvml_standin.write(host(foreign_on_0=False, engine_on_1=False))  # the driver no longer lists them
+    watch.tick()
+    found = samples(render(watch))
+    assert value(found, "kvwatch_gpu_foreign_memory_bytes", gpu=H200_A) == 0
+    assert value(found, "kvwatch_engine_gpu_memory_bytes", engine="a", gpu=H200_B) is None
+    assert value(found, "kvwatch_engine_gpu_memory_bytes", engine="a", gpu=H200_A) == 32 * GIB
+
+
+def test_a_lost_gpu_drops_its_series_and_fails_the_collector(nvml_standin: NvmlStandin, nvml: Nvml) -> None:
+    watch = Watch(two_engines, nvml=nvml.snapshot)
+    watch.tick()
+    nvml_standin.write(host(gpu1_lost=True))
+    watch.tick()
+    found = samples(render(watch))
+    assert value(found, "kvwatch_collector_success", collector="nvml") == 0
+    assert all(s.get("gpu") != H200_B for (_, labels) in found for s in [dict(labels)])
+    assert value(found, "kvwatch_gpu_memory_used_bytes", gpu=H200_A) == 43 * GIB  # the other GPU stays
+    assert value(found, "kvwatch_engine_up", engine="a") == 0  # engine series are unaffected
+    nvml_standin.write(host())  # back (e.g. after a reset): the exporter never stopped
+    watch.tick()
+    found = samples(render(watch))
+    assert value(found, "kvwatch_collector_success", collector="nvml") == 1
+    assert value(found, "kvwatch_gpu_memory_used_bytes", gpu=H200_B) == 6 * GIB
+
+
+def test_no_driver_no_gpu_series_and_the_collector_fails(nvml_standin: NvmlStandin) -> None:
+    nvml_standin.write(StandinState(init_error="DRIVER_NOT_LOADED"))
+    with Nvml() as nvml:
+        watch = Watch(two_engines, nvml=nvml.snapshot)
+        watch.tick()
+    found = samples(render(watch))
+    assert not [n for n, _ in found if n.startswith("kvwatch_gpu") or n == "kvwatch_engine_gpu_memory_bytes"]
+    assert value(found, "kvwatch_collector_success", collector="nvml") == 0
+    assert value(found, "kvwatch_engine_state", engine="a", state="ready") == 1
+    assert value(found, "kvwatch_build_info", version="0.1.0") == 1
+
+
+def test_without_nvml_configured_there_is_no_nvml_collector() -> None:
+    watch = Watch(two_engines)
+    watch.tick()
+    found = samples(render(watch))
+    assert value(found, "kvwatch_collector_success", collector="nvml") is None
+    assert value(found, "kvwatch_collector_success", collector="engine") == 1
+
+
+def test_foreign_bytes_are_left_out_while_an_engine_has_unknown_pids(nvml: Nvml) -> None:
+    external = [EngineTarget(EngineStatus("x", EngineState.READY), url=None, external=True, pids_known=False)]
+    watch = Watch(lambda: external, nvml=nvml.snapshot)
+    watch.tick()
+    found = samples(render(watch))
+    assert series(found, "kvwatch_gpu_foreign_memory_bytes") == []
+    assert value(found, "kvwatch_gpu_memory_used_bytes", gpu=H200_A) == 43 * GIB
+
+
+def test_an_engine_gone_from_the_source_disappears() -> None:
+    engines = two_engines()
+    watch = Watch(lambda: list(engines))
+    watch.tick()
+    assert {s["engine"] for s in series(samples(render(watch)), "kvwatch_engine_up")} == {"a", "b"}
+    engines.pop()
+    watch.tick()
+    found = samples(render(watch))
+    assert {s["engine"] for s in series(found, "kvwatch_engine_up")} == {"a"}
+    assert not [labels for (_, labels) in found if ("engine", "b") in labels]
+
+
+def test_a_scrape_never_waits_for_a_slow_source() -> None:
+    """While a tick hangs in NVML, scrapes render the previous snapshot at once."""
+    release = threading.Event()
+    calls = []
+
+    def slow_nvml() -> NvmlSnapshot:
+        calls.append(1)
+        if len(calls) > 1:
+            release.wait(10)
+        return NvmlSnapshot(True, None, "x", (GpuInfo(0, H200_A, "n", 1, 1, None, ()),), ())
+
+    watch = Watch(two_engines, nvml=slow_nvml, interval=0.05)
+    watch.start()
+    try:
+        deadline = time.monotonic() + 5
+        while len(calls) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(calls) >= 2  # the second tick is stuck in NVML now
+        start = time.perf_counter()
+        for _ in range(20):
+            found = samples(render(watch))
+        assert time.perf_counter() - start < 1.0
+        assert value(found, "kvwatch_gpu_memory_total_bytes", gpu=H200_A) == 1
+    finally:
+        release.set()
+        watch.stop()
+
+
+def test_a_failing_process_source_fails_its_collector_only() -> None:
+    def broken(pids: object) -> dict[int, int]:
+        raise PermissionError("no /proc")
+
+    watch = Watch(two_engines, process_source=broken)
+    snap = watch.tick()
+    assert {r.name: r.success for r in snap.collectors} == {"engine": True, "process": False}
+    assert [e.process_rss for e in snap.engines] == [None, None]
+
+
+def test_process_rss_per_engine_from_the_injected_source() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        def proc_rss(pids: list[int]) -> dict[int, int]:  # what kvwatch.processes provides, from /proc
+            out = {}
+            for pid in pids:
+                try:
+                    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                        if line.startswith("VmRSS:"):
+                            out[pid] = int(line.split()[1]) * 1024
+                except OSError:
+                    continue
+            return out
+
+        engines = [EngineTarget(EngineStatus("a", EngineState.READY, pids=(child.pid, 999_999_999)), url=None)]
+        watch = Watch(lambda: engines, process_source=proc_rss)
+        rss = watch.tick().engines[0].process_rss
+        assert rss is not None and list(rss) == [child.pid] and rss[child.pid] > 1 << 20
+        child.kill()
+        child.wait()
+        assert watch.tick().engines[0].process_rss == {}  # exited: gone from the next snapshot
+    finally:
+        child.kill()
+        child.wait()
