@@ -1,0 +1,224 @@
+"""HTTP(S) serving of /metrics and /-/healthy, with optional TLS and basic auth (web config).
+
+A ThreadingHTTPServer: one thread per connection, so a slow client never holds up
+another scrape; the TLS handshake happens in that thread too, never in the accept loop.
+Successful bcrypt checks are cached (bcrypt is slow by design, a scrape is not).
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import logging
+import socket
+import ssl
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import bcrypt
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+
+from kvwatch.errors import ConfigError, KvwatchError
+from kvwatch.exporter.web_config import WebConfig
+
+_LOG = logging.getLogger(__name__)
+
+DEFAULT_LISTEN = "127.0.0.1:9400"
+REQUEST_TIMEOUT = 30.0  # seconds a connection may take (handshake, request, response)
+_INDEX = (b"<html><head><title>kvwatch</title></head><body><h1>kvwatch</h1>"
+          b'<p><a href="/metrics">Metrics</a></p></body></html>\n')
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """'HOST:PORT', '[v6]:PORT' or ':PORT' (all interfaces) -> (host, port)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"listen address {text!r}: expected HOST:PORT, e.g. {DEFAULT_LISTEN}")
+    host = host.strip("[]")
+    return host or "0.0.0.0", int(port)
+
+
+class BasicAuth:
+    """Checks user:password against bcrypt hashes; remembers successes (and only those)."""
+
+    MAX_CACHED = 1024
+
+    def __init__(self, users: dict[str, bytes]) -> None:
+        self._users = dict(users)
+        self._ok: set[bytes] = set()
+        self._lock = threading.Lock()
+        self._dummy: bytes | None = None  # compared against for unknown users: same time as a known one
+
+    def __bool__(self) -> bool:
+        return bool(self._users)
+
+    def check(self, header: str | None) -> bool:
+        if not header or not header.startswith("Basic "):
+            return False
+        try:
+            user, sep, password = base64.b64decode(header[6:].strip(), validate=True).decode().partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            return False
+        if not sep:
+            return False
+        hashed = self._users.get(user)
+        key = hashlib.sha256(b"\0".join([user.encode(), password.encode(), hashed or b""])).digest()
+        with self._lock:
+            if hashed is not None and key in self._ok:
+                return True
+        try:
+            ok = bcrypt.checkpw(password.encode(), hashed if hashed is not None else self._dummy_hash())
+        except ValueError:  # a malformed hash in the config
+            _LOG.warning("basic auth: the hash of user %r is not a valid bcrypt hash", user)
+            return False
+        ok = ok and hashed is not None
+        if ok:
+            with self._lock:
+                if len(self._ok) >= self.MAX_CACHED:
+                    self._ok.clear()
+                self._ok.add(key)
+        return ok
+
+    def _dummy_hash(self) -> bytes:
+        if self._dummy is None:
+            self._dummy = bcrypt.hashpw(b"kvwatch", bcrypt.gensalt(rounds=10))
+        return self._dummy
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
+                 tls: ssl.SSLContext | None) -> None:
+        host = address[0]
+        if ":" in host:
+            self.address_family = socket.AF_INET6
+        self.tls = tls
+        super().__init__(address, handler)
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        # Runs in the connection's own thread: the handshake cannot stall the accept loop.
+        request.settimeout(REQUEST_TIMEOUT)
+        if self.tls is None:
+            super().finish_request(request, client_address)
+            return
+        try:
+            conn = self.tls.wrap_socket(request, server_side=True)
+        except (ssl.SSLError, OSError) as exc:
+            _LOG.debug("TLS handshake with %s failed: %s", client_address, exc)
+            return
+        try:
+            super().finish_request(conn, client_address)
+        finally:
+            try:
+                conn.close()
+            except OSError:
+                pass
+
+
+class MetricsServer:
+    """Serves a registry at /metrics (and /-/healthy) on ``listen``; start() returns at once."""
+
+    def __init__(self, registry: CollectorRegistry, listen: str = DEFAULT_LISTEN,
+                 web_config: WebConfig | None = None) -> None:
+        web_config = web_config or WebConfig()
+        tls = web_config.tls.context() if web_config.tls is not None else None
+        auth = BasicAuth(web_config.users)
+        try:
+            self._server = _Server(parse_listen(listen), _handler(registry, auth), tls)
+        except OSError as exc:
+            raise KvwatchError(f"cannot listen on {listen}: {exc.strerror or exc}") from None
+        self._thread: threading.Thread | None = None
+        self.scheme = "https" if tls is not None else "http"
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    @property
+    def url(self) -> str:
+        host = self._server.server_address[0]
+        host = "127.0.0.1" if host in ("0.0.0.0", "") else host
+        host = f"[{host}]" if ":" in host else host
+        return f"{self.scheme}://{host}:{self.port}"
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._server.serve_forever, name="kvwatch-http", daemon=True)
+        self._thread.start()
+        _LOG.info("serving metrics on %s/metrics", self.url)
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._server.shutdown()
+            self._thread.join(5)
+            self._thread = None
+        self._server.server_close()
+
+    def __enter__(self) -> MetricsServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def _handler(registry: CollectorRegistry, auth: BasicAuth) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "kvwatch"
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:  # noqa: N802
+            self._serve(body=True)
+
+        def do_HEAD(self) -> None:  # noqa: N802
+            self._serve(body=False)
+
+        def _serve(self, body: bool) -> None:
+            if auth and not auth.check(self.headers.get("Authorization")):
+                self._reply(401, b"Unauthorized\n", "text/plain; charset=utf-8", body,
+                            {"WWW-Authenticate": 'Basic realm="kvwatch"'})
+                return
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                try:
+                    encoder, content_type = choose_encoder(self.headers.get("Accept"))
+                    output = encoder(registry)
+                except Exception:
+                    _LOG.exception("rendering /metrics failed")
+                    self._reply(500, b"error rendering metrics\n", "text/plain; charset=utf-8", body)
+                    return
+                self._reply(200, output, content_type, body)
+            elif path == "/-/healthy":
+                self._reply(200, b"OK\n", "text/plain; charset=utf-8", body)
+            elif path == "/":
+                self._reply(200, _INDEX, "text/html; charset=utf-8", body)
+            else:
+                self._reply(404, b"Not Found\n", "text/plain; charset=utf-8", body)
+
+        def _reply(self, status: int, payload: bytes, content_type: str, body: bool,
+                   headers: dict[str, str] | None = None) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(payload)))
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
+            self.end_headers()
+            if body:
+                self.wfile.write(payload)
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            _LOG.debug("%s %s", self.address_string(), format % args)
+
+    return Handler
+
+
+def serve(registry: CollectorRegistry, listen: str = DEFAULT_LISTEN,
+          web_config: WebConfig | None = None) -> MetricsServer:
+    """Start serving now; the caller stops it with ``.stop()``."""
+    server = MetricsServer(registry, listen, web_config)
+    server.start()
+    return server
+

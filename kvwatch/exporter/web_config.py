@@ -1,0 +1,127 @@
+"""The web config file, in the format of Prometheus' exporter-toolkit (a subset of it).
+
+    tls_server_config:
+      cert_file: /etc/kvwatch/tls.crt
+      key_file: /etc/kvwatch/tls.key
+      client_ca_file: /etc/kvwatch/ca.crt      # optional
+      client_auth_type: RequireAndVerifyClientCert  # optional, default NoClientCert
+      min_version: TLS12                       # optional, default TLS12
+    basic_auth_users:
+      prometheus: $2y$10$...                   # bcrypt hash (htpasswd -nBC 10 "" | tr -d ':\\n')
+
+Keys kvwatch does not implement are refused with an error (never silently ignored:
+they are security settings). Relative paths are relative to the file's directory.
+"""
+from __future__ import annotations
+
+import ssl
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kvwatch.errors import ConfigError
+
+CLIENT_AUTH = {
+    "NoClientCert": ssl.CERT_NONE,
+    # Python's ssl cannot ask for a client certificate without verifying it: these two verify.
+    "RequestClientCert": ssl.CERT_OPTIONAL,
+    "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
+    "RequireAnyClientCert": ssl.CERT_REQUIRED,
+    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
+}
+TLS_VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1,
+                "TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
+_TLS_KEYS = {"cert_file", "key_file", "client_ca_file", "client_auth_type", "min_version", "max_version"}
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    cert_file: Path
+    key_file: Path
+    client_ca_file: Path | None = None
+    client_auth_type: str = "NoClientCert"
+    min_version: str = "TLS12"
+    max_version: str | None = None
+
+    def context(self) -> ssl.SSLContext:
+        """A server-side SSLContext; ConfigError (one line) when a file cannot be used."""
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version = TLS_VERSIONS[self.min_version]
+        if self.max_version:
+            ctx.maximum_version = TLS_VERSIONS[self.max_version]
+        try:
+            ctx.load_cert_chain(self.cert_file, self.key_file)
+            if self.client_ca_file is not None:
+                ctx.load_verify_locations(cafile=str(self.client_ca_file))
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"web config: TLS certificate or key: {exc}") from None
+        ctx.verify_mode = CLIENT_AUTH[self.client_auth_type]
+        return ctx
+
+
+@dataclass(frozen=True)
+class WebConfig:
+    tls: TlsConfig | None = None
+    users: dict[str, bytes] = field(default_factory=dict)  # user -> bcrypt hash
+
+
+def load_web_config(path: str | Path) -> WebConfig:
+    path = Path(path)
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"web config {path}: cannot read: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"web config {path}: not YAML: {str(exc).splitlines()[0]}") from None
+    return parse_web_config(doc or {}, path.parent)
+
+
+def parse_web_config(doc: Any, base: Path = Path(".")) -> WebConfig:
+    if not isinstance(doc, dict):
+        raise ConfigError("web config: expected a mapping at the top")
+    unknown = set(doc) - {"tls_server_config", "basic_auth_users"}
+    if unknown:
+        raise ConfigError(f"web config: not supported by kvwatch: {', '.join(sorted(map(str, unknown)))}")
+    tls = _tls(doc.get("tls_server_config"), base)
+    users = doc.get("basic_auth_users") or {}
+    if not isinstance(users, dict):
+        raise ConfigError("web config: basic_auth_users must map user names to bcrypt hashes")
+    hashes: dict[str, bytes] = {}
+    for user, hashed in users.items():
+        if not isinstance(user, str) or not isinstance(hashed, str) or not hashed.startswith("$2"):
+            raise ConfigError(f"web config: basic_auth_users: {user!r}: expected a bcrypt hash ($2a$/$2b$/$2y$)")
+        hashes[user] = hashed.encode()
+    return WebConfig(tls=tls, users=hashes)
+
+
+def _tls(section: Any, base: Path) -> TlsConfig | None:
+    if section is None:
+        return None
+    if not isinstance(section, dict):
+        raise ConfigError("web config: tls_server_config must be a mapping")
+    unknown = set(section) - _TLS_KEYS
+    if unknown:
+        raise ConfigError(f"web config: tls_server_config: not supported by kvwatch: "
+                          f"{', '.join(sorted(map(str, unknown)))}")
+    for key in ("cert_file", "key_file"):
+        if not section.get(key):
+            raise ConfigError(f"web config: tls_server_config.{key} is required")
+    auth = section.get("client_auth_type") or "NoClientCert"
+    if auth not in CLIENT_AUTH:
+        raise ConfigError(f"web config: client_auth_type {auth!r}: one of {', '.join(CLIENT_AUTH)}")
+    if auth != "NoClientCert" and not section.get("client_ca_file"):
+        raise ConfigError(f"web config: client_auth_type {auth} needs client_ca_file")
+    for key in ("min_version", "max_version"):
+        if section.get(key) is not None and section[key] not in TLS_VERSIONS:
+            raise ConfigError(f"web config: {key} {section[key]!r}: one of {', '.join(TLS_VERSIONS)}")
+
+    def resolve(value: Any) -> Path:
+        p = Path(str(value)).expanduser()
+        return p if p.is_absolute() else base / p
+
+    return TlsConfig(cert_file=resolve(section["cert_file"]), key_file=resolve(section["key_file"]),
+                     client_ca_file=resolve(section["client_ca_file"]) if section.get("client_ca_file") else None,
+                     client_auth_type=auth, min_version=section.get("min_version") or "TLS12",
+                     max_version=section.get("max_version"))

@@ -1,0 +1,248 @@
+"""Serving /metrics: plain HTTP, TLS (a self-signed CA and certificates made here), client
+certificates and bcrypt basic auth from an exporter-toolkit web config file."""
+from __future__ import annotations
+
+import base64
+import datetime
+import ssl
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import bcrypt
+import pytest
+from prometheus_client import CollectorRegistry
+
+from kvwatch.errors import ConfigError, KvwatchError
+from kvwatch.exporter.collector import KvwatchCollector
+from kvwatch.exporter.server import BasicAuth, MetricsServer, parse_listen
+from kvwatch.exporter.snapshot import WatchSnapshot
+from kvwatch.exporter.web_config import load_web_config
+
+x509 = pytest.importorskip("cryptography.x509")
+from cryptography.hazmat.primitives import hashes, serialization  # noqa: E402
+from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID  # noqa: E402
+
+PASSWORD_HASH = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
+
+
+def _cert(tmp: Path, name: str, issuer: tuple | None = None, ca: bool = False, client: bool = False):
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    builder = (x509.CertificateBuilder().subject_name(subject)
+               .issuer_name(issuer[0].subject if issuer else subject)
+               .public_key(key.public_key()).serial_number(x509.random_serial_number())
+               .not_valid_before(now - datetime.timedelta(minutes=5))
+               .not_valid_after(now + datetime.timedelta(days=1))
+               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+    if not ca:
+        builder = builder.add_extension(x509.SubjectAlternativeName(
+            [x509.DNSName("localhost"), x509.IPAddress(__import__("ipaddress").ip_address("127.0.0.1"))]),
+            critical=False)
+        builder = builder.add_extension(x509.ExtendedKeyUsage(
+            [ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+    cert = builder.sign(issuer[1] if issuer else key, hashes.SHA256())
+    cert_path, key_path = tmp / f"{name}.crt", tmp / f"{name}.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert, key, cert_path, key_path
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("pki")
+    ca_cert, ca_key, ca_path, _ = _cert(tmp, "ca", ca=True)
+    _, _, server_crt, server_key = _cert(tmp, "server", issuer=(ca_cert, ca_key))
+    _, _, client_crt, client_key = _cert(tmp, "client", issuer=(ca_cert, ca_key), client=True)
+    return {"ca": ca_path, "server_crt": server_crt, "server_key": server_key,
+            "client_crt": client_crt, "client_key": client_key}
+
+
+def _registry() -> CollectorRegistry:
+    registry = CollectorRegistry()
+    registry.register(KvwatchCollector(WatchSnapshot.empty))
+    return registry
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator:
+    servers: list[MetricsServer] = []
+
+    def start(web_config: str | None = None) -> MetricsServer:
+        config = None
+        if web_config is not None:
+            path = tmp_path / "web.yml"
+            path.write_text(web_config)
+            config = load_web_config(path)
+        server = MetricsServer(_registry(), "127.0.0.1:0", config)
+        server.start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+def get(url: str, auth: tuple[str, str] | None = None, context: ssl.SSLContext | None = None,
+        method: str = "GET") -> tuple[int, dict[str, str], bytes]:
+    request = urllib.request.Request(url, method=method)
+    if auth:
+        request.add_header("Authorization", "Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=5, context=context) as resp:
+            return resp.status, dict(resp.headers), resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def client_context(pki: dict[str, Path], with_cert: bool = False) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=str(pki["ca"]))
+    if with_cert:
+        ctx.load_cert_chain(pki["client_crt"], pki["client_key"])
+    return ctx
+
+
+def test_plain_http_paths(serve) -> None:
+    server = serve()
+    status, headers, body = get(server.url + "/metrics")
+    assert status == 200 and headers["Content-Type"].startswith("text/plain")
+    assert b'kvwatch_build_info{version="' in body
+    assert get(server.url + "/-/healthy")[:1] == (200,)
+    assert get(server.url + "/")[0] == 200
+    assert get(server.url + "/nope")[0] == 404
+    status, _, body = get(server.url + "/metrics", method="HEAD")
+    assert status == 200 and body == b""
+
+
+def test_basic_auth(serve) -> None:
+    server = serve(f"basic_auth_users:\n  prometheus: '{PASSWORD_HASH}'\n")
+    status, headers, _ = get(server.url + "/metrics")
+    assert status == 401 and headers["WWW-Authenticate"].startswith("Basic")
+    assert get(server.url + "/metrics", auth=("prometheus", "wrong"))[0] == 401
+    assert get(server.url + "/metrics", auth=("nobody", "s3cret"))[0] == 401
+    assert get(server.url + "/-/healthy")[0] == 401  # every path is protected
+    status, _, body = get(server.url + "/metrics", auth=("prometheus", "s3cret"))
+    assert status == 200 and b"kvwatch_build_info" in body
+
+
+def test_tls(serve, pki: dict[str, Path]) -> None:
+    server = serve(f"tls_server_config:\n  cert_file: {pki['server_crt']}\n  key_file: {pki['server_key']}\n")
+    assert server.url.startswith("https://")
+    status, _, body = get(server.url + "/metrics", context=client_context(pki))
+    assert status == 200 and b"kvwatch_build_info" in body
+    with pytest.raises(urllib.error.URLError):  # an untrusting client refuses the self-signed chain
+        get(server.url + "/metrics", context=ssl.create_default_context())
+    plain = server.url.replace("https://", "http://")
+    with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
+        get(plain + "/metrics")
+    # the server survives bad handshakes
+    assert get(server.url + "/-/healthy", context=client_context(pki))[0] == 200
+
+
+def test_tls_and_basic_auth_together(serve, pki: dict[str, Path]) -> None:
+    server = serve(f"tls_server_config:\n  cert_file: {pki['server_crt']}\n  key_file: {pki['server_key']}\n"
+                   f"basic_auth_users:\n  prometheus: '{PASSWORD_HASH}'\n")
+    ctx = client_context(pki)
+    assert get(server.url + "/metrics", context=ctx)[0] == 401
+    assert get(server.url + "/metrics", auth=("prometheus", "nope"), context=ctx)[0] == 401
+    assert get(server.url + "/metrics", auth=("prometheus", "s3cret"), context=ctx)[0] == 200
+
+
+def test_client_certificates(serve, pki: dict[str, Path]) -> None:
+    server = serve(f"tls_server_config:\n  cert_file: {pki['server_crt']}\n  key_file: {pki['server_key']}\n"
+                   f"  client_ca_file: {pki['ca']}\n  client_auth_type: RequireAndVerifyClientCert\n"
+                   f"  min_version: TLS13\n")
+    assert get(server.url + "/metrics", context=client_context(pki, with_cert=True))[0] == 200
+    with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
+        get(server.url + "/metrics", context=client_context(pki))
+
+
+def test_relative_paths_are_relative_to_the_web_config(tmp_path: Path, pki: dict[str, Path]) -> None:
+    (tmp_path / "tls").mkdir()
+    for key in ("server_crt", "server_key"):
+        (tmp_path / "tls" / pki[key].name).write_bytes(pki[key].read_bytes())
+    path = tmp_path / "web.yml"
+    path.write_text("tls_server_config:\n  cert_file: tls/server.crt\n  key_file: tls/server.key\n")
+    config = load_web_config(path)
+    assert config.tls is not None and config.tls.cert_file == tmp_path / "tls" / "server.crt"
+    config.tls.context()  # loads
+
+
+def test_successful_checks_are_cached() -> None:
+    slow = bcrypt.hashpw(b"pw", bcrypt.gensalt(rounds=12))  # ~0.2 s per check
+    auth = BasicAuth({"u": slow})
+    header = "Basic " + base64.b64encode(b"u:pw").decode()
+    start = time.perf_counter()
+    assert auth.check(header)
+    first = time.perf_counter() - start
+    start = time.perf_counter()
+    assert all(auth.check(header) for _ in range(50))
+    assert time.perf_counter() - start < first  # 50 cached checks cost less than one bcrypt
+    assert not auth.check("Basic " + base64.b64encode(b"u:wrong").decode())  # failures are not cached
+    assert not auth.check("Basic !!!") and not auth.check("Bearer x") and not auth.check(None)
+
+
+@pytest.mark.parametrize("text,message", [
+    ("tls_server_config: {cert_file: a.crt}\n", "key_file is required"),
+    ("tls_server_config: {cert_file: a, key_file: b, cipher_suites: [x]}\n", "not supported by kvwatch: cipher_suites"),
+    ("http_server_config: {http2: true}\n", "not supported by kvwatch: http_server_config"),
+    ("basic_auth_users: {u: plaintext}\n", "expected a bcrypt hash"),
+    ("basic_auth_users: [u]\n", "must map user names"),
+    ("tls_server_config: {cert_file: a, key_file: b, client_auth_type: Sometimes}\n", "client_auth_type"),
+    ("tls_server_config: {cert_file: a, key_file: b, client_auth_type: RequireAndVerifyClientCert}\n",
+     "needs client_ca_file"),
+    ("tls_server_config: {cert_file: a, key_file: b, min_version: SSL3}\n", "min_version"),
+    ("tls_server_config: [\n", "not YAML"),
+    ("- a\n", "expected a mapping"),
+])
+def test_bad_web_configs_are_one_line_errors(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "web.yml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message) as info:
+        load_web_config(path)
+    assert "\n" not in str(info.value)
+
+
+def test_unusable_certificate_files_are_config_errors(tmp_path: Path) -> None:
+    path = tmp_path / "web.yml"
+    path.write_text("tls_server_config: {cert_file: missing.crt, key_file: missing.key}\n")
+    with pytest.raises(ConfigError, match="TLS certificate or key"):
+        MetricsServer(_registry(), "127.0.0.1:0", load_web_config(path))
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_web_config(tmp_path / "absent.yml")
+
+
+def test_listen_addresses() -> None:
+    assert parse_listen("127.0.0.1:9400") == ("127.0.0.1", 9400)
+    assert parse_listen(":9400") == ("0.0.0.0", 9400)
+    assert parse_listen("[::1]:9400") == ("::1", 9400)
+    for bad in ("9400", "host:", "host:port", "h:99999"):
+        with pytest.raises(ConfigError):
+            parse_listen(bad)
+
+
+def test_a_busy_port_is_one_clear_error(serve) -> None:
+    server = serve()
+    with pytest.raises(KvwatchError, match="cannot listen on"):
+        MetricsServer(_registry(), f"127.0.0.1:{server.port}")
+
+
+def test_a_stalled_client_does_not_block_other_scrapes(serve, pki: dict[str, Path]) -> None:
+    """A connection that never sends its TLS hello holds its own thread, not the accept loop."""
+    import socket
+
+    server = serve(f"tls_server_config:\n  cert_file: {pki['server_crt']}\n  key_file: {pki['server_key']}\n")
+    stalled = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(3)]
+    try:
+        start = time.monotonic()
+        assert get(server.url + "/metrics", context=client_context(pki))[0] == 200
+        assert time.monotonic() - start < 2
+    finally:
+        for s in stalled:
+            s.close()
