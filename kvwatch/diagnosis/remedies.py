@@ -312,7 +312,7 @@ def _busy_options(ctx: _Ctx) -> Iterator[Remedy]:
         return
     current = ctx.s.gpu_memory_utilization
     margin = max(_FIT_MARGIN_RATIO, _FIT_MARGIN_BYTES / total)
-    fitted = round(math.floor(free / total * 100 + 1e-9) / 100 - margin, 2)
+    fitted = math.floor((free / total - margin) * 100 + 1e-9) / 100
     others = ", ".join(f"{pid} ({name})" for pid, name, _ in holders) or "unknown processes"
     if fitted >= current:
         yield Remedy({}, (), f"the GPU has room again ({free / GiB:.2f}/{total / GiB:.2f} GiB free): "

@@ -1,0 +1,102 @@
+"""`kvwatch diagnose`: name the root cause in an engine's output, and the flag change that fixes it.
+
+    kvwatch diagnose [--json] [--served] LOG [-- ENGINE_COMMAND...]
+
+LOG is a file, or `-` for stdin. Exit 0 when the failure is a known class, 1 when it is
+unknown (kvwatch.exitcodes.EXIT_UNKNOWN_FAILURE), 2 on bad input.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import IO, Any, Iterator
+
+from kvwatch.diagnosis import Diagnosis, FailureKind, Remedy, diagnose, propose_remedy
+from kvwatch.diagnosis.diagnose import MAX_LINE_CHARS
+from kvwatch.engine_args import EngineCommand
+from kvwatch.errors import KvwatchError
+from kvwatch.exitcodes import EXIT_OK, EXIT_UNKNOWN_FAILURE
+
+_MAX_LINE_BYTES = MAX_LINE_CHARS * 4
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("diagnose", help="name the root cause of an engine failure from its log",
+                       description="Diagnose a vLLM failure: kvwatch diagnose [--json] LOG "
+                                   "[-- ENGINE_COMMAND...]. Exit 0: a known class; 1: unknown; 2: bad input.")
+    p.add_argument("log", metavar="LOG", help="the engine's output (stdout and stderr): a file, or - for stdin")
+    p.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+    p.add_argument("--served", action="store_true",
+                   help="the engine had been serving: a crash with no other cause is engine_died")
+    p.set_defaults(func=run)
+
+
+def read_lines(stream: IO[bytes]) -> Iterator[bytes]:
+    """Lines of a byte stream, each at most _MAX_LINE_BYTES: the rest of a longer line is skipped,
+    so a log that is one giant line never sits in memory whole."""
+    while True:
+        chunk = stream.readline(_MAX_LINE_BYTES)
+        if not chunk:
+            return
+        yield chunk
+        if len(chunk) == _MAX_LINE_BYTES and not chunk.endswith(b"\n"):
+            while True:
+                rest = stream.readline(_MAX_LINE_BYTES)
+                if not rest or rest.endswith(b"\n"):
+                    break
+
+
+def _diagnose_source(path: str, served: bool) -> Diagnosis:
+    if path == "-":
+        return diagnose(read_lines(sys.stdin.buffer), served=served)
+    try:
+        with open(path, "rb") as stream:
+            return diagnose(read_lines(stream), served=served)
+    except OSError as exc:
+        raise KvwatchError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    command = EngineCommand.parse(args.engine_command) if args.engine_command else None
+    diagnosis = _diagnose_source(args.log, args.served)
+    remedy = None
+    if command is not None:
+        # The command given is the one that failed: never propose it again (bar a same-plan restart).
+        remedy = propose_remedy(diagnosis, command, tried=(command.argv,))
+    if args.json:
+        out: dict[str, Any] = diagnosis.to_json()
+        if command is not None:
+            out["remedy"] = remedy.to_json() if remedy else None
+            out["command"] = list(remedy.apply(command).argv) if remedy else None
+        print(json.dumps(out, indent=2))
+    else:
+        print(render(diagnosis, command, remedy))
+    return EXIT_UNKNOWN_FAILURE if diagnosis.kind is FailureKind.UNKNOWN else EXIT_OK
+
+
+def _short(value: object, width: int = 120) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else value
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def render(diagnosis: Diagnosis, command: EngineCommand | None, remedy: Remedy | None) -> str:
+    facts = {k: v for k, v in diagnosis.facts.items() if k not in ("context", "pattern", "help")}
+    rows = [("kind", diagnosis.kind.value),
+            ("evidence", _short(diagnosis.evidence or "(none)", 200))]
+    if facts:
+        rows.append(("facts", ", ".join(f"{k}={_short(v, 80)}" for k, v in facts.items())))
+    rows.append(("fatal", "yes: no flag change can fix this" if diagnosis.fatal else "no"))
+    if diagnosis.facts.get("help"):
+        rows.append(("would help", diagnosis.facts["help"]))
+    if command is not None:
+        if remedy is None:
+            rows.append(("remedy", "none: nothing kvwatch can change fixes this"))
+        elif remedy.same_plan:
+            rows.append(("remedy", remedy.reason))
+        else:
+            change = " ".join([f"{k} {v}" for k, v in remedy.set.items()] + [f"remove {r}" for r in remedy.remove])
+            rows.append(("remedy", f"{change} ({remedy.reason})"))
+            rows.append(("command", " ".join(remedy.apply(command).argv)))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

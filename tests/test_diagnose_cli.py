@@ -1,0 +1,125 @@
+"""`kvwatch diagnose`: exit codes, JSON, human output, stdin, bad input."""
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvwatch.cli import main
+from kvwatch.commands.diagnose import read_lines
+from kvwatch.diagnosis.diagnose import MAX_LINE_CHARS
+from kvwatch.exitcodes import EXIT_BAD_INPUT, EXIT_OK, EXIT_UNKNOWN_FAILURE
+
+LOGS = Path(__file__).resolve().parent / "fixtures" / "logs"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_json(capsys, *argv: str) -> tuple[int, dict]:
+    code = main(["diagnose", "--json", *argv])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_json_with_a_command(capsys):
+    code, out = run_json(capsys, str(LOGS / "cpu_block_size_8.log"), "--",
+                         "python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m", "--block-size", "8")
+    assert code == EXIT_OK
+    assert out["kind"] == "block_size_unsupported" and out["fatal"] is False
+    assert "No common block size for 8" in out["evidence"]
+    assert out["facts"]["backend_block_sizes"] == {"CPU_ATTN": ["MultipleOf(32)"]}
+    assert out["remedy"]["set"] == {"--block-size": 32} and out["remedy"]["remove"] == []
+    assert out["remedy"]["reason"]
+    assert out["command"] == ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m",
+                              "--block-size", "32"]
+
+
+def test_json_without_a_command_has_no_remedy_keys(capsys):
+    code, out = run_json(capsys, str(LOGS / "cpu_max_model_len.log"))
+    assert code == EXIT_OK
+    assert set(out) == {"kind", "evidence", "facts", "fatal"}
+    assert out["facts"]["estimated_max_model_len"] == 130944
+
+
+def test_json_fatal_has_null_remedy(capsys):
+    code, out = run_json(capsys, str(LOGS / "gpu_no_attention_backend_hw.log"), "--", "vllm", "serve", "/m")
+    assert code == EXIT_OK and out["fatal"] is True
+    assert out["remedy"] is None and out["command"] is None
+
+
+def test_unknown_exits_1(tmp_path, capsys):
+    log = tmp_path / "wrapper.log"
+    log.write_text("RuntimeError: Engine core initialization failed. See root cause above. "
+                   "Failed core proc(s): {}\n")
+    code, out = run_json(capsys, str(log))
+    assert code == EXIT_UNKNOWN_FAILURE and out["kind"] == "unknown"
+
+
+def test_human_output(capsys):
+    code = main(["diagnose", str(LOGS / "gpu_kernel_oor_sm120_fp8.log"), "--",
+                 "vllm", "serve", "/m", "--kv-cache-dtype", "fp8"])
+    text = capsys.readouterr().out
+    assert code == EXIT_OK
+    assert "kernel_out_of_resources" in text
+    assert "--kv-cache-dtype auto" in text
+    assert "vllm serve /m --kv-cache-dtype auto" in text
+    assert len(text.splitlines()) <= 8
+
+
+def test_served_flag(tmp_path, capsys):
+    log = tmp_path / "crash.log"
+    log.write_text("Segmentation fault (core dumped)\n")
+    assert main(["diagnose", str(log)]) == EXIT_UNKNOWN_FAILURE
+    capsys.readouterr()
+    code, out = run_json(capsys, "--served", str(log), "--", "vllm", "serve", "/m")
+    assert code == EXIT_OK and out["kind"] == "engine_died"
+    assert out["remedy"] == {"set": {}, "remove": [], "reason": "restart with the same plan"}
+    assert out["command"] == ["vllm", "serve", "/m"]
+
+
+def _cli(*argv: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kvwatch.cli", "diagnose", *argv], input=stdin,
+                          capture_output=True, cwd=ROOT, timeout=60)
+
+
+def test_stdin_and_exit_codes_in_a_real_process():
+    proc = _cli("--json", "-", stdin=(LOGS / "gpu_memory_busy.log").read_bytes())
+    assert proc.returncode == EXIT_OK
+    assert json.loads(proc.stdout)["facts"]["free_gib"] == 19.77
+    proc = _cli("-", stdin=b"\xff\xfe binary \x00 junk\n" * 100)
+    assert proc.returncode == EXIT_UNKNOWN_FAILURE
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["/nonexistent/engine.log"], "cannot read /nonexistent/engine.log"),
+    ([str(LOGS)], "cannot read"),                                        # a directory
+    ([str(LOGS / "cpu_block_size_8.log"), "--", "vllm", "serve"], "names no model"),
+    ([], "required"),
+])
+def test_bad_input_is_one_line_exit_2(argv, needle):
+    proc = _cli(*argv)
+    assert proc.returncode == EXIT_BAD_INPUT
+    err = proc.stderr.decode()
+    assert needle in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) <= 3 and err.strip().splitlines()[-1].startswith("kvwatch")
+
+
+def test_read_lines_cuts_a_giant_line_and_keeps_going():
+    giant = b"x" * (MAX_LINE_CHARS * 10) + b"\n"
+    stream = io.BytesIO(giant + b"No available memory for the cache blocks\n")
+    lines = list(read_lines(stream))
+    assert len(lines) == 2
+    assert len(lines[0]) <= MAX_LINE_CHARS * 4
+    assert lines[1].startswith(b"No available memory")
+
+
+def test_diagnose_never_imports_vllm_or_torch():
+    probe = ("import sys, contextlib, io\nfrom kvwatch.cli import main\n"
+             "with contextlib.redirect_stdout(io.StringIO()):\n"
+             f"    main(['diagnose', {str(LOGS / 'cpu_block_size_8.log')!r}, '--', 'vllm', 'serve', '/m'])\n"
+             "print(sorted(m for m in ('vllm', 'torch', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=60,
+                         check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
