@@ -1,0 +1,107 @@
+"""`kvwatch export`: the standalone exporter for a vLLM engine kvwatch did not start.
+
+    kvwatch export --engine-url http://127.0.0.1:8000 [--name NAME] [--model DIR]
+                   [--listen HOST:PORT] [--web-config FILE] [--interval S]
+                   [--engine-pid PID ...] [--no-nvml] [DEVICE] [-- ENGINE_COMMAND...]
+
+Reads the engine's /health and /metrics and NVML each interval and serves kvwatch's
+metrics. With --model (or the engine's command after `--`), it also computes the planned
+and actual KV bytes: the plan from the model's config.json, the engine's flags (as far as
+they are given) and the block size, KV dtype and KV memory the engine reports.
+Runs until SIGTERM or SIGINT; exit 0, or 2 on bad input.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+import urllib.parse
+
+from kvwatch import device_probe
+from kvwatch.commands.plan import add_device_arguments, device_from_args
+from kvwatch.devices import Device
+from kvwatch.engine_args import EngineCommand
+from kvwatch.errors import KvwatchError
+from kvwatch.exitcodes import EXIT_OK
+from kvwatch.exporter.actual import KvContext
+from kvwatch.exporter.server import DEFAULT_LISTEN
+from kvwatch.exporter.service import Exporter
+from kvwatch.exporter.targets import external_engine, kv_context
+from kvwatch.exporter.watch import DEFAULT_INTERVAL
+
+_LOG = logging.getLogger(__name__)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("export", help="export metrics for an engine kvwatch did not start",
+                       description="Serve kvwatch's metrics for a running vLLM engine: "
+                                   "kvwatch export --engine-url URL [options] [-- ENGINE_COMMAND...]")
+    p.add_argument("--engine-url", required=True, metavar="URL", help="the engine's base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--name", default="vllm", help="the value of the `engine` label (default: vllm)")
+    p.add_argument("--model", metavar="DIR", help="the model directory (config.json): enables planned/actual KV bytes")
+    p.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT", help=f"default {DEFAULT_LISTEN}")
+    p.add_argument("--web-config", metavar="FILE", help="TLS and basic auth (Prometheus exporter-toolkit format)")
+    p.add_argument("--interval", type=float, default=DEFAULT_INTERVAL, metavar="S",
+                   help=f"seconds between snapshots (default {DEFAULT_INTERVAL:g})")
+    p.add_argument("--engine-pid", type=int, action="append", default=[], metavar="PID",
+                   help="a pid of the engine's processes (repeat for each): splits GPU memory into the "
+                        "engine's and foreign; without it, foreign memory is not exported")
+    p.add_argument("--no-nvml", action="store_true", help="no GPU metrics (a CPU engine)")
+    add_device_arguments(p)
+    p.set_defaults(func=run)
+
+
+def _check_url(url: str) -> str:
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise KvwatchError(f"--engine-url {url!r}: expected http://HOST:PORT")
+    return url.rstrip("/")
+
+
+def _device(args: argparse.Namespace) -> Device:
+    if args.device or args.gpu is not None or args.preset or args.compute_capability or args.gpu_memory:
+        return device_from_args(args)
+    try:
+        return device_probe.gpu_device(None)
+    except KvwatchError:
+        return device_probe.cpu_device()
+
+
+def _context(args: argparse.Namespace) -> KvContext | None:
+    if args.engine_command:
+        command = EngineCommand.parse(args.engine_command)
+        if args.model:
+            command = command.with_flag("--model", args.model)
+    elif args.model:
+        command = EngineCommand.parse(["vllm", "serve", args.model])
+    else:
+        return None
+    return kv_context(command, _device(args))
+
+
+def run(args: argparse.Namespace) -> int:
+    url = _check_url(args.engine_url)
+    if not args.interval > 0:
+        raise KvwatchError(f"--interval {args.interval}: must be positive")
+    context = _context(args)
+    nvml = None
+    if not args.no_nvml:
+        from kvwatch.nvml import Nvml  # only here: --no-nvml never loads the library
+        nvml = Nvml()
+    exporter = Exporter(external_engine(args.name, url, context, args.engine_pid), listen=args.listen,
+                        web_config=args.web_config, interval=args.interval,
+                        nvml=nvml.snapshot if nvml is not None else None)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    exporter.start()
+    _LOG.info("exporting engine %s at %s on %s/metrics%s", args.name, url, exporter.url,
+              "" if context else " (no --model: no planned/actual KV figures)")
+    try:
+        stop.wait()
+    finally:
+        exporter.stop()
+        if nvml is not None:
+            nvml.shutdown()
+    return EXIT_OK

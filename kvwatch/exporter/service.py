@@ -1,0 +1,58 @@
+"""The exporter as one object: the watch loop and the HTTP server, wired the same way for
+`kvwatch run` (supervised engines) and `kvwatch export` (one external engine).
+
+    exporter = Exporter(SupervisedEngines(supervisor.statuses), listen="127.0.0.1:9400",
+                        web_config="/etc/kvwatch/web.yml", nvml=Nvml().snapshot,
+                        process_source=processes.rss)
+    exporter.start()   # binds (KvwatchError if it cannot), first snapshot, then serves
+    ...
+    exporter.stop()
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from kvwatch.exporter.collector import KvwatchCollector
+from kvwatch.exporter.server import DEFAULT_LISTEN, MetricsServer
+from kvwatch.exporter.snapshot import WatchSnapshot
+from kvwatch.exporter.watch import DEFAULT_INTERVAL, EngineSource, NvmlSource, ProcessSource, Watch
+from kvwatch.exporter.web_config import load_web_config
+
+_LOG = logging.getLogger(__name__)
+
+
+class Exporter:
+    def __init__(self, engines: EngineSource, listen: str = DEFAULT_LISTEN,
+                 web_config: str | Path | None = None, interval: float = DEFAULT_INTERVAL,
+                 nvml: NvmlSource | None = None, process_source: ProcessSource | None = None) -> None:
+        config = load_web_config(web_config) if web_config else None  # ConfigError: one line
+        self.watch = Watch(engines, nvml=nvml, process_source=process_source, interval=interval)
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry.register(KvwatchCollector(lambda: self.watch.snapshot))
+        self.server = MetricsServer(self.registry, listen, config)  # binds now: errors before anything runs
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
+    def snapshot(self) -> WatchSnapshot:
+        return self.watch.snapshot
+
+    def start(self, first_tick_inline: bool = True) -> None:
+        self.watch.start(first_tick_inline=first_tick_inline)
+        self.server.start()
+
+    def stop(self) -> None:
+        self.server.stop()
+        self.watch.stop()
+
+    def __enter__(self) -> Exporter:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()

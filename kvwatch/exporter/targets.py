@@ -1,0 +1,86 @@
+"""Engine sources for the watch loop: supervised engines (`kvwatch run`) and one external
+engine (`kvwatch export`). Runs in the watch thread: reading a model's config.json here is fine."""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+from kvwatch.device_probe import installed_vllm_version
+from kvwatch.devices import Device, parse_compute_capability
+from kvwatch.engine_args import EngineCommand
+from kvwatch.engine_status import EngineState, EngineStatus
+from kvwatch.errors import KvwatchError
+from kvwatch.exporter.actual import KvContext
+from kvwatch.exporter.watch import EngineTarget
+from kvwatch.geometry import geometry_from_config
+from kvwatch.model_source import load_model_source
+from kvwatch.plan import Plan
+from kvwatch.rules import ruleset_for
+
+_LOG = logging.getLogger(__name__)
+
+
+def device_of_plan(plan: Plan) -> Device:
+    """The device a plan was made for, as far as the page size needs it."""
+    if plan.compute_capability == "cpu":
+        return Device("cpu", plan.device)
+    try:
+        return Device("cuda", plan.device, parse_compute_capability(plan.compute_capability))
+    except KvwatchError:
+        return Device("cuda", plan.device)
+
+
+def kv_context(command: EngineCommand, device: Device) -> KvContext:
+    """The model's geometry (its config.json) and the command's flags; KvwatchError if unreadable."""
+    settings = command.settings()
+    geometry = geometry_from_config(load_model_source(settings.model).config)
+    return KvContext(geometry, settings, device, ruleset_for(installed_vllm_version()))
+
+
+class SupervisedEngines:
+    """For `kvwatch run`: the supervisor's EngineStatus values as watch targets.
+
+    ``statuses`` is called once per tick (from the watch thread) and must return the current
+    immutable EngineStatus of every engine. URLs come from each engine's command
+    (--host/--port), the model geometry from its config.json (read once per command).
+    """
+
+    def __init__(self, statuses: Callable[[], Sequence[EngineStatus]]) -> None:
+        self._statuses = statuses
+        self._contexts: dict[tuple[tuple[str, ...], str, str], KvContext | None] = {}
+
+    def __call__(self) -> list[EngineTarget]:
+        targets = []
+        for status in self._statuses():
+            url = context = None
+            if status.argv:
+                try:
+                    command = EngineCommand.parse(status.argv)
+                    url = command.health_url()
+                    context = self._context(command, status.plan)
+                except KvwatchError as exc:
+                    _LOG.debug("engine %s: %s", status.name, exc)
+            targets.append(EngineTarget(status=status, url=url, context=context))
+        return targets
+
+    def _context(self, command: EngineCommand, plan: Plan | None) -> KvContext | None:
+        if plan is None:
+            return None
+        key = (command.argv, plan.device, plan.compute_capability)
+        if key not in self._contexts:
+            if len(self._contexts) > 64:  # commands change only on corrections; stay bounded anyway
+                self._contexts.clear()
+            try:
+                self._contexts[key] = kv_context(command, device_of_plan(plan))
+            except KvwatchError as exc:
+                _LOG.warning("no actual KV figures for %s: %s", command.model, exc)
+                self._contexts[key] = None
+        return self._contexts[key]
+
+
+def external_engine(name: str, url: str, context: KvContext | None = None,
+                    pids: Sequence[int] = ()) -> Callable[[], list[EngineTarget]]:
+    """For `kvwatch export`: one engine kvwatch did not start (state derived by the watch)."""
+    target = EngineTarget(status=EngineStatus(name=name, state=EngineState.STARTING, pids=tuple(pids)),
+                          url=url, context=context, external=True, pids_known=bool(pids))
+    return lambda: [target]

@@ -1,0 +1,168 @@
+"""`kvwatch export` as a subprocess and the supervised-engine source, against a stand-in
+engine that serves a /metrics page captured from the real CPU engine. (The real engine
+itself: test_export_e2e.py.)"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from engine_support import free_port, http_get
+from exporter_support import METRICS, fixture_plan, render, samples, value
+from kvwatch.engine_status import EngineState, EngineStatus
+from kvwatch.exporter.targets import SupervisedEngines
+from kvwatch.exporter.watch import Watch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class _Engine(BaseHTTPRequestHandler):
+    page = b""
+    healthy = True
+
+    def do_GET(self) -> None:  # noqa: N802
+        if self.path == "/health":
+            status, body = (200 if self.healthy else 503), b""
+        elif self.path == "/metrics":
+            status, body = 200, self.page
+        else:
+            status, body = 404, b""
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[tuple[str, type[_Engine], Path]]:
+    """A stand-in engine serving the cpu_block64 page, and that run's model directory."""
+    handler = type("Engine", (_Engine,), {"page": (METRICS / "cpu_block64.txt").read_bytes(), "healthy": True})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text((METRICS / "cpu_block64.config.json").read_text())
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", handler, model
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def kvwatch(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "kvwatch.cli", *args], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})})
+
+
+def scrape_when_ready(url: str, proc: subprocess.Popen, timeout: float = 30) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status, body = http_get(url + "/metrics", timeout=2)
+        if status == 200:
+            return body
+        if proc.poll() is not None:
+            raise AssertionError(f"kvwatch export exited {proc.returncode}: {proc.stdout.read()}")  # type: ignore[union-attr]
+        time.sleep(0.2)
+    raise AssertionError("kvwatch export never served /metrics")
+
+
+def test_export_an_external_engine(engine) -> None:
+    url, handler, model = engine
+    port = free_port()
+    proc = kvwatch("export", "--engine-url", url, "--name", "ext", "--model", str(model), "--device", "cpu",
+                   "--listen", f"127.0.0.1:{port}", "--interval", "0.2", "--no-nvml")
+    try:
+        found = samples(scrape_when_ready(f"http://127.0.0.1:{port}", proc))
+        assert value(found, "kvwatch_engine_up", engine="ext") == 1
+        assert value(found, "kvwatch_engine_state", engine="ext", state="ready") == 1
+        assert value(found, "kvwatch_kv_actual_blocks", engine="ext") == 21_845
+        assert value(found, "kvwatch_kv_planned_blocks", engine="ext") == 21_845
+        assert value(found, "kvwatch_kv_plan_drift_ratio", engine="ext") == 0
+        assert value(found, "kvwatch_kv_padding_bytes", engine="ext", cause="remainder") == 16_384
+        assert value(found, "kvwatch_collector_success", collector="nvml") is None  # --no-nvml
+        handler.healthy = False  # the engine dies: kvwatch does not restart it, so it stays "ready"
+        deadline = time.monotonic() + 10
+        while value(found, "kvwatch_engine_up", engine="ext") != 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            found = samples(http_get(f"http://127.0.0.1:{port}/metrics")[1])
+        assert value(found, "kvwatch_engine_up", engine="ext") == 0
+        assert value(found, "kvwatch_engine_state", engine="ext", state="ready") == 1
+        assert value(found, "kvwatch_kv_actual_blocks", engine="ext") is None  # gone with the engine
+        assert value(found, "kvwatch_collector_success", collector="engine") == 1  # down is not a failure
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_export_without_a_model_has_no_kv_figures(engine) -> None:
+    url, _, _ = engine
+    port = free_port()
+    proc = kvwatch("export", "--engine-url", url, "--listen", f"127.0.0.1:{port}", "--interval", "0.2",
+                   "--no-nvml")
+    try:
+        found = samples(scrape_when_ready(f"http://127.0.0.1:{port}", proc))
+        assert value(found, "kvwatch_engine_up", engine="vllm") == 1
+        assert value(found, "kvwatch_kv_usage_ratio", engine="vllm") == 0
+        assert not [n for n, _ in found if n.startswith(("kvwatch_kv_planned", "kvwatch_kv_actual"))]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=15) == 0
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--engine-url", "localhost:8000"], "expected http://HOST:PORT"),
+    (["--engine-url", "http://127.0.0.1:1", "--interval", "0"], "--interval"),
+    (["--engine-url", "http://127.0.0.1:1", "--listen", "nowhere"], "listen address"),
+    (["--engine-url", "http://127.0.0.1:1", "--web-config", "/nonexistent/web.yml"], "cannot read"),
+    (["--engine-url", "http://127.0.0.1:1", "--model", "/nonexistent/model", "--device", "cpu"], "model"),
+    ([], "--engine-url"),
+])
+def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None:
+    proc = kvwatch("export", "--no-nvml", *args)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2, out
+    lines = [line for line in out.splitlines() if line.strip() and "kvwatch INFO" not in line]
+    assert len(lines) <= 2 and message in out and "Traceback" not in out, out
+
+
+def test_supervised_engines_take_url_and_model_from_the_command(engine) -> None:
+    """`kvwatch run`'s source: URL from --host/--port, geometry from the model's config.json."""
+    url, _, model = engine
+    port = url.rsplit(":", 1)[1]
+    argv = ("vllm", "serve", str(model), "--block-size", "64", "--host", "127.0.0.1", "--port", port)
+    status = EngineStatus("sup", EngineState.READY, plan=fixture_plan("cpu_block64"), argv=argv, pids=(1,),
+                          log_kv_tokens=1_398_080)
+    statuses = [status]
+    watch = Watch(SupervisedEngines(lambda: statuses))
+    snap = watch.tick()
+    assert snap.engines[0].actual is not None and snap.engines[0].actual.problems == ()
+    found = samples(render(watch))
+    assert value(found, "kvwatch_engine_up", engine="sup") == 1
+    assert value(found, "kvwatch_kv_actual_bytes", engine="sup") == value(found, "kvwatch_kv_planned_bytes", engine="sup")
+    assert value(found, "kvwatch_engine_state", engine="sup", state="ready") == 1  # the supervisor's state
+    statuses[0] = EngineStatus("sup", EngineState.BACKOFF, plan=status.plan, argv=argv)
+    assert value(samples(render(watch.tick() and watch)), "kvwatch_engine_state", engine="sup", state="backoff") == 1
+
+
+def test_supervised_engine_with_an_unreadable_model_still_exports(tmp_path: Path) -> None:
+    argv = ("vllm", "serve", str(tmp_path / "gone"), "--port", "1")
+    watch = Watch(SupervisedEngines(lambda: [EngineStatus("x", EngineState.STARTING, plan=fixture_plan("cpu_default"),
+                                                          argv=argv)]))
+    found = samples(render(watch.tick() and watch))
+    assert value(found, "kvwatch_engine_up", engine="x") == 0
+    assert value(found, "kvwatch_kv_planned_blocks", engine="x") == 16_384
+    assert value(found, "kvwatch_kv_actual_bytes", engine="x") is None
