@@ -1,0 +1,94 @@
+"""`kvwatch run`: supervise one vLLM engine, correcting its plan until it serves (or FATAL, exit 78)."""
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+from importlib import import_module
+from typing import Any, Callable, Iterable
+
+from kvwatch.config import Config, load_config, with_overrides
+from kvwatch.errors import KvwatchError
+from kvwatch.supervisor import Observer, Supervisor
+
+_LOG = logging.getLogger(__name__)
+
+# The exporter plugs in here: a module with `attach(config, supervisor) -> close | None`,
+# where close() stops what attach started. attach may call supervisor.add_observer(fn)
+# with fn(EngineStatus) -> None (called from the supervisor thread after every change)
+# or read supervisor.status (an immutable EngineStatus) whenever it likes.
+EXPORTER_HOOK = "kvwatch.exporter_hook"
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "run", help="supervise a vLLM engine: plan, launch, watch, correct, restart",
+        description="kvwatch run [--config FILE] [--name NAME] [--listen HOST:PORT] [--state-dir DIR] "
+                    "[--no-preflight] -- ENGINE_COMMAND...  Exit 0 when stopped, 78 when it gave up.")
+    p.add_argument("--config", metavar="FILE", help="TOML config (docs/config.md)")
+    p.add_argument("--name", help="engine name: the state file name and the `engine` label")
+    p.add_argument("--listen", metavar="HOST:PORT", help="kvwatch's own /metrics address")
+    p.add_argument("--state-dir", metavar="DIR", help="where the state file lives")
+    p.add_argument("--no-preflight", action="store_true",
+                   help="launch the command as given, without applying the plan's certain fixes first")
+    p.set_defaults(func=run)
+
+
+def build_config(args: argparse.Namespace) -> Config:
+    config = load_config(args.config) if args.config else Config()
+    return with_overrides(config, name=args.name, listen=args.listen, state_dir=args.state_dir,
+                          command=args.engine_command or None,
+                          preflight=False if args.no_preflight else None)
+
+
+def run(args: argparse.Namespace) -> int:
+    return serve(build_config(args))
+
+
+def serve(config: Config, observers: Iterable[Observer] = ()) -> int:
+    """Run the supervisor in its own thread; this (main) thread only handles SIGTERM/SIGINT,
+    so a signal never interrupts the supervisor while it holds a lock."""
+    supervisor = Supervisor(config, observers=observers)
+    close = _attach_exporter(config, supervisor)
+    result: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            result["code"] = supervisor.run()
+        except KvwatchError as exc:
+            result["error"] = exc
+        except Exception:  # a bug: say so; supervisor.run already stopped the engine
+            _LOG.exception("supervisor: crashed")
+            result["code"] = 1
+
+    def on_signal(signum: int, _frame: object) -> None:
+        name = signal.Signals(signum).name
+        _LOG.info("signal: %s: stopping", name)
+        supervisor.request_stop(f"{name} received")
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    thread = threading.Thread(target=target, name="supervisor")
+    try:
+        thread.start()
+        while thread.is_alive():
+            thread.join(0.5)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if close is not None:
+            close()
+    if "error" in result:
+        raise result["error"]
+    return int(result.get("code", 1))
+
+
+def _attach_exporter(config: Config, supervisor: Supervisor) -> Callable[[], None] | None:
+    try:
+        hook = import_module(EXPORTER_HOOK)
+    except ModuleNotFoundError as exc:
+        if exc.name != EXPORTER_HOOK:
+            raise
+        _LOG.debug("exporter: %s not installed; listen %s unused", EXPORTER_HOOK, config.listen)
+        return None
+    return hook.attach(config, supervisor)

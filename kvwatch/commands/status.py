@@ -1,0 +1,91 @@
+"""`kvwatch status`: each engine's state, command in force, corrections and last failure, from its state file."""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from kvwatch import processes
+from kvwatch.config import default_state_dir
+from kvwatch.errors import KvwatchError
+from kvwatch.preflight import describe_change
+from kvwatch.processes import ProcRef
+from kvwatch.state_store import EngineRecord, load_all
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("status", help="show what kvwatch knows about each engine (from the state files)",
+                       description="kvwatch status [--state-dir DIR] [--name NAME] [--json]")
+    p.add_argument("--state-dir", metavar="DIR", help="the daemon's state dir")
+    p.add_argument("--name", help="only this engine")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=run)
+
+
+def daemon_running(record: EngineRecord) -> bool:
+    if not record.kvwatch_pid or record.kvwatch_create_time is None:
+        return False
+    return processes.alive(ProcRef(record.kvwatch_pid, record.kvwatch_create_time)) is not None
+
+
+def run(args: argparse.Namespace) -> int:
+    state_dir = args.state_dir or default_state_dir()
+    found = load_all(state_dir)
+    if args.name:
+        found = [(p, r) for p, r in found if p.stem == args.name]
+        if not found:
+            raise KvwatchError(f"no state for engine {args.name!r} in {state_dir}")
+    if not found and not args.json:
+        print(f"no engines in {state_dir}")
+        return 0
+    if args.json:
+        out = []
+        for path, record in found:
+            if record is None:
+                out.append({"name": path.stem, "error": f"{path}: unreadable or corrupt"})
+            else:
+                out.append({**record.to_json(), "daemon_running": daemon_running(record)})
+        print(json.dumps(out, indent=2))
+        return 0
+    print("\n\n".join(render(path, record) for path, record in found))
+    return 0
+
+
+def _when(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "?"
+
+
+def render(path: Path, record: EngineRecord | None) -> str:
+    if record is None:
+        return f"engine      {path.stem}\nerror       {path}: unreadable or corrupt"
+    running = daemon_running(record)
+    daemon = f"kvwatch pid {record.kvwatch_pid} running" if running else "kvwatch not running"
+    rows: list[tuple[str, Any]] = [
+        ("engine", record.name),
+        ("state", f"{record.state} ({daemon}; updated {_when(record.updated)})"),
+        ("reason", record.reason or "-"),
+        ("command", " ".join(record.argv) or "-"),
+    ]
+    if record.argv != record.original_argv:
+        rows.append(("configured", " ".join(record.original_argv)))
+    for fix in record.preflight:
+        rows.append(("preflight", f"{fix['kind']}: {describe_change(fix.get('set', {}), fix.get('remove', []))}"))
+    for c in record.corrections:
+        rows.append(("correction", f"{_when(c.time)} {c.kind}: {describe_change(c.set, c.remove)} ({c.reason})"))
+    last = record.last_failure()
+    if last is not None:
+        rows.append(("last failure", f"{_when(last.time)} {last.kind}: {last.evidence or last.reason}"))
+    if record.failure_counts:
+        rows.append(("failures", ", ".join(f"{k} {v}" for k, v in sorted(record.failure_counts.items()))))
+    if record.restarts:
+        rows.append(("restarts", ", ".join(f"{k} {v}" for k, v in sorted(record.restarts.items()))))
+    if record.pids and running:
+        rows.append(("pids", " ".join(str(p["pid"]) for p in record.pids)))
+    for line in record.foreign:
+        rows.append(("foreign", line))
+    if record.log_kv_tokens is not None:
+        rows.append(("KV tokens", f"{record.log_kv_tokens:,} (engine log)"))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

@@ -1,0 +1,226 @@
+"""The kvwatch config file (TOML, schema in docs/config.md) as validated dataclasses.
+
+Every error is one line naming the file and the key, raised as ConfigError (exit 2).
+Unknown keys are errors: a misspelt `hang_timeout_second` silently keeping the default
+would be worse than refusing to start.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from kvwatch.errors import ConfigError
+from kvwatch.policy import Policy
+
+DEFAULT_NAME = "vllm"
+DEFAULT_LISTEN = "127.0.0.1:9400"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,99}$")  # the state file name: no slashes
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    command: tuple[str, ...] = ()
+    environment: dict[str, str] = field(default_factory=dict)
+    start_timeout_seconds: float = 1800.0
+    health_interval_seconds: float = 5.0
+    hang_timeout_seconds: float = 60.0
+    stop_timeout_seconds: float = 60.0
+
+
+@dataclass(frozen=True)
+class WatchConfig:
+    interval_seconds: float = 5.0
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str = DEFAULT_NAME
+    listen: str = DEFAULT_LISTEN
+    state_dir: str = ""                  # "" until resolved: see default_state_dir()
+    web_config: str | None = None
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    policy: Policy = field(default_factory=Policy)
+    watch: WatchConfig = field(default_factory=WatchConfig)
+    source: str = "<command line>"       # where it came from, for messages
+
+    @property
+    def listen_address(self) -> tuple[str, int]:
+        return parse_listen(self.listen)
+
+
+def default_state_dir(environ: Mapping[str, str] | None = None) -> str:
+    """systemd's StateDirectory= when set, /var/lib/kvwatch for root, else the XDG state dir."""
+    env = os.environ if environ is None else environ
+    if env.get("STATE_DIRECTORY"):
+        return env["STATE_DIRECTORY"].split(":")[0]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        return "/var/lib/kvwatch"
+    base = env.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(base, "kvwatch")
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """'HOST:PORT', '[::1]:PORT' or ':PORT' (all interfaces)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"listen {text!r}: expected HOST:PORT, e.g. 127.0.0.1:9400")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    return host or "0.0.0.0", int(port)
+
+
+def validate_name(name: str, where: str = "name") -> str:
+    if not _NAME.match(name):
+        raise ConfigError(f"{where} {name!r}: use letters, digits, '.', '_', '-', '@' (it names the state file)")
+    return name
+
+
+def load_config(path: str | os.PathLike[str]) -> Config:
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"config {p}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config {p}: not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config {p}: not valid TOML: {exc}") from None
+    return config_from_mapping(data, str(p))
+
+
+def config_from_mapping(data: Mapping[str, Any], source: str = "<config>") -> Config:
+    v = _Validator(source)
+    v.no_unknown(data, "", ("name", "listen", "state_dir", "web_config", "engine", "policy", "watch"))
+    name = validate_name(v.string(data, "name", DEFAULT_NAME), f"config {source}: name")
+    listen = v.string(data, "listen", DEFAULT_LISTEN)
+    try:
+        parse_listen(listen)
+    except ConfigError as exc:
+        raise ConfigError(f"config {source}: {exc}") from None
+    state_dir = v.string(data, "state_dir", "")
+    web_config = data.get("web_config")
+    if web_config is not None:
+        web_config = v.string(data, "web_config", "")
+
+    engine_data = v.table(data, "engine")
+    v.no_unknown(engine_data, "engine.", [f.name for f in dataclasses.fields(EngineConfig)])
+    command = v.string_list(engine_data, "engine.command")
+    environment = v.string_map(engine_data, "engine.environment")
+    engine = EngineConfig(
+        command=tuple(command), environment=environment,
+        start_timeout_seconds=v.positive(engine_data, "engine.start_timeout_seconds", 1800.0),
+        health_interval_seconds=v.positive(engine_data, "engine.health_interval_seconds", 5.0),
+        hang_timeout_seconds=v.positive(engine_data, "engine.hang_timeout_seconds", 60.0),
+        stop_timeout_seconds=v.positive(engine_data, "engine.stop_timeout_seconds", 60.0),
+    )
+
+    policy_data = v.table(data, "policy")
+    policy = _policy(v, policy_data)
+
+    watch_data = v.table(data, "watch")
+    v.no_unknown(watch_data, "watch.", ("interval_seconds",))
+    watch = WatchConfig(interval_seconds=v.positive(watch_data, "watch.interval_seconds", 5.0))
+    return Config(name=name, listen=listen, state_dir=state_dir, web_config=web_config, engine=engine,
+                  policy=policy, watch=watch, source=source)
+
+
+def _policy(v: "_Validator", data: Mapping[str, Any]) -> Policy:
+    defaults = Policy()
+    fields = {f.name: f for f in dataclasses.fields(Policy)}
+    v.no_unknown(data, "policy.", fields)
+    values: dict[str, Any] = {}
+    for key, raw in data.items():
+        default = getattr(defaults, key)
+        where = f"policy.{key}"
+        if isinstance(default, bool):
+            if not isinstance(raw, bool):
+                raise v.error(where, "expected true or false")
+            values[key] = raw
+        elif isinstance(default, int):
+            if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
+                raise v.error(where, "expected a whole number >= 0")
+            values[key] = raw
+        else:
+            values[key] = v.positive(data, where, float(default), key=key)
+    policy = dataclasses.replace(defaults, **values)
+    if policy.backoff_initial_seconds > policy.backoff_max_seconds:
+        raise v.error("policy.backoff_initial_seconds", "larger than policy.backoff_max_seconds")
+    if not 0 < policy.min_gpu_memory_utilization <= policy.max_gpu_memory_utilization <= 1:
+        raise v.error("policy.max_gpu_memory_utilization",
+                      "need 0 < min_gpu_memory_utilization <= max_gpu_memory_utilization <= 1")
+    return policy
+
+
+def with_overrides(config: Config, *, name: str | None = None, listen: str | None = None,
+                   state_dir: str | None = None, command: Sequence[str] | None = None,
+                   preflight: bool | None = None) -> Config:
+    """Command-line flags win over the file (docs/config.md)."""
+    changes: dict[str, Any] = {}
+    if name is not None:
+        changes["name"] = validate_name(name, "--name")
+    if listen is not None:
+        parse_listen(listen)
+        changes["listen"] = listen
+    if state_dir is not None:
+        changes["state_dir"] = state_dir
+    if command:
+        changes["engine"] = dataclasses.replace(config.engine, command=tuple(command))
+    if preflight is not None:
+        changes["policy"] = dataclasses.replace(config.policy, preflight=preflight)
+    out = dataclasses.replace(config, **changes)
+    if not out.state_dir:
+        out = dataclasses.replace(out, state_dir=default_state_dir())
+    if not out.engine.command:
+        raise ConfigError(f"no engine command: set engine.command in {config.source} "
+                          "or give it after `--` (kvwatch run -- vllm serve MODEL ...)")
+    return out
+
+
+class _Validator:
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def error(self, where: str, message: str) -> ConfigError:
+        return ConfigError(f"config {self.source}: {where}: {message}")
+
+    def no_unknown(self, data: Mapping[str, Any], prefix: str, known: Sequence[str] | Mapping[str, Any]) -> None:
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            raise self.error(prefix + unknown[0], f"unknown key (known: {', '.join(sorted(known))})")
+
+    def table(self, data: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+        value = data.get(key, {})
+        if not isinstance(value, dict):
+            raise self.error(key, "expected a table ([" + key + "])")
+        return value
+
+    def string(self, data: Mapping[str, Any], key: str, default: str) -> str:
+        value = data.get(key.rsplit(".", 1)[-1], default)
+        if not isinstance(value, str) or (key in data and not value):
+            raise self.error(key, "expected a non-empty string")
+        return value
+
+    def string_list(self, data: Mapping[str, Any], key: str) -> list[str]:
+        value = data.get(key.rsplit(".", 1)[-1], [])
+        if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+            raise self.error(key, 'expected a list of strings, e.g. ["vllm", "serve", "/models/m"]')
+        return value
+
+    def string_map(self, data: Mapping[str, Any], key: str) -> dict[str, str]:
+        value = data.get(key.rsplit(".", 1)[-1], {})
+        if not isinstance(value, dict):
+            raise self.error(key, 'expected a table of strings, e.g. { HF_HUB_OFFLINE = "1" }')
+        for k, x in value.items():
+            if not isinstance(x, str):
+                raise self.error(f"{key}.{k}", "expected a string (quote numbers: \"1\")")
+        return dict(value)
+
+    def positive(self, data: Mapping[str, Any], where: str, default: float, key: str | None = None) -> float:
+        value = data.get(key or where.rsplit(".", 1)[-1], default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise self.error(where, "expected a number > 0")
+        return float(value)

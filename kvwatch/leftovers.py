@@ -1,0 +1,66 @@
+"""Before a launch: end what is left of our earlier engines; report, never touch, anyone else's.
+
+"Ours" is proven, not guessed: a pid recorded in the state file whose start time still
+matches (a reused pid has another), or a process carrying the marker variable kvwatch
+puts into every engine's environment (inherited by EngineCore and the Workers).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from kvwatch import processes
+from kvwatch.processes import ProcRef
+
+_LOG = logging.getLogger(__name__)
+
+MARKER_ENV = "KVWATCH_ENGINE"
+
+
+def marker(state_dir: str, name: str) -> str:
+    return f"{name}@{os.path.abspath(state_dir)}"
+
+
+@dataclass
+class CleanupReport:
+    stopped: list[int] = field(default_factory=list)
+    foreign: list[str] = field(default_factory=list)   # "pid 123 (python, user x) holds port 8000"
+
+
+def is_ours(pid: int, refs: Iterable[ProcRef], mark: str) -> bool:
+    for ref in refs:
+        if ref.pid == pid and processes.alive(ref) is not None:
+            return True
+    return processes.environ_value(pid, MARKER_ENV) == mark
+
+
+def clean(refs: list[ProcRef], mark: str, port: int | None, gpu_holders: Iterable[tuple[str, int]],
+          timeout: float) -> CleanupReport:
+    """Stop recorded processes still alive; then look at who holds the engine's port and GPUs."""
+    report = CleanupReport()
+    report.stopped = processes.kill_processes(refs, timeout)
+    if report.stopped:
+        _LOG.warning("leftovers: stopped our earlier engine processes %s", report.stopped)
+    holders: list[tuple[str, int | None]] = []
+    if port is not None:
+        holders += [(f"port {port}", pid) for pid in processes.listening_on(port)]
+    holders += [(f"GPU {gpu}", pid) for gpu, pid in gpu_holders]
+    me = os.getpid()
+    for what, pid in holders:
+        if pid is None:
+            report.foreign.append(f"a process kvwatch cannot see holds {what}")
+            continue
+        if pid == me:
+            continue
+        ref = processes.ref_of(pid)
+        if ref is not None and is_ours(pid, refs, mark):
+            stopped = processes.kill_processes([ref], timeout)
+            report.stopped += stopped
+            _LOG.warning("leftovers: stopped our pid %d holding %s", pid, what)
+        else:
+            report.foreign.append(f"{processes.describe(pid)} holds {what}")
+    for line in report.foreign:
+        _LOG.warning("foreign: %s; not ours, left alone", line)
+    return report

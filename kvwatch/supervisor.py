@@ -1,0 +1,557 @@
+"""The watchdog: one engine as an explicit state machine (after supervisord's process.py).
+
+    STOPPED -> STARTING -> READY           launched; READY once /health and /metrics answer
+    STARTING | READY -> BACKOFF -> STARTING  a failure with a remedy left (same or corrected plan)
+    STARTING | READY -> FATAL              no remedy, or the policy's budget is spent (exit 78)
+    any running state -> STOPPING -> STOPPED, BACKOFF -> STOPPED   SIGTERM/SIGINT (exit 0)
+
+Every transition goes through `_transition`, with its reason; it saves the state file,
+tells systemd and hands a fresh EngineStatus to the observers (the exporter). Time is
+the injected Clock (monotonic), and every wait is on the stop Event, so a stop request
+is never stuck behind a backoff or a health probe interval.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO, Callable, Iterable, Protocol
+
+from kvwatch import engine_http, leftovers, processes
+from kvwatch.budget import Budget
+from kvwatch.config import Config
+from kvwatch.devices import Device
+from kvwatch.engine_args import EngineCommand
+from kvwatch.engine_status import EngineState, EngineStatus
+from kvwatch.errors import KvwatchError
+from kvwatch.exitcodes import EXIT_GAVE_UP, EXIT_OK
+from kvwatch.output_pump import OutputPump
+from kvwatch.plan import Plan
+from kvwatch.preflight import choose_device, describe_change, plan_for, preflight
+from kvwatch.processes import EngineProcess, ProcRef
+from kvwatch.rules import RuleSet, ruleset_for
+from kvwatch.sd_notify import SdNotifier, scrub_env
+from kvwatch.state_store import CorrectionRecord, EngineLock, EngineRecord, FailureRecord, StateStore
+
+_LOG = logging.getLogger(__name__)
+
+Observer = Callable[[EngineStatus], None]
+
+_ALLOWED = {
+    (EngineState.STOPPED, EngineState.STARTING),
+    (EngineState.STARTING, EngineState.READY),
+    (EngineState.STARTING, EngineState.BACKOFF),
+    (EngineState.STARTING, EngineState.FATAL),
+    (EngineState.STARTING, EngineState.STOPPING),
+    (EngineState.READY, EngineState.BACKOFF),
+    (EngineState.READY, EngineState.FATAL),
+    (EngineState.READY, EngineState.STOPPING),
+    (EngineState.BACKOFF, EngineState.STARTING),
+    (EngineState.BACKOFF, EngineState.STOPPED),
+    (EngineState.STOPPING, EngineState.STOPPED),
+}
+
+
+class Clock(Protocol):
+    def now(self) -> float: ...
+    def wait(self, event: threading.Event, seconds: float) -> bool: ...
+    def sleep(self, seconds: float) -> None: ...
+
+
+class MonotonicClock:
+    def now(self) -> float:
+        return time.monotonic()
+
+    def wait(self, event: threading.Event, seconds: float) -> bool:
+        return event.wait(max(0.0, seconds))
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+@dataclass
+class _Outcome:
+    """How one launch ended."""
+
+    kind: str                 # "exit", "hang", "start_timeout", "spawn_failed", "stop"
+    detail: str = ""
+    returncode: int | None = None
+    served: bool = False
+
+
+@dataclass
+class _Running:
+    proc: EngineProcess
+    pump: OutputPump
+    started: float
+    refs: list[ProcRef] = field(default_factory=list)
+    ended: bool = False
+
+
+class Supervisor:
+    def __init__(self, config: Config, *, observers: Iterable[Observer] = (), clock: Clock | None = None,
+                 device: Device | None = None, rules: RuleSet | None = None,
+                 notifier: SdNotifier | None = None, output: BinaryIO | None = None,
+                 environ: dict[str, str] | None = None,
+                 probe: Callable[[str, float, bool], bool] | None = None,
+                 budget: Budget | None = None, gpu_pids: Callable[[], list[tuple[str, int]]] | None = None) -> None:
+        self.config = config
+        self.name = config.name
+        self._observers = list(observers)
+        self._clock = clock or MonotonicClock()
+        self._device = device
+        self._rules = rules
+        self._notifier = notifier or SdNotifier.from_env()
+        self._output = output if output is not None else getattr(sys.stdout, "buffer", None)
+        self._environ = dict(os.environ if environ is None else environ)
+        self._probe = probe or _probe
+        self._budget = budget or Budget(config.policy)
+        self._gpu_pids = gpu_pids
+        self._store = StateStore(config.state_dir, config.name)
+        self._lock = EngineLock(config.state_dir, config.name)
+        self._stop = threading.Event()
+        self._stop_reason = ""
+        self._state = EngineState.STOPPED
+        self._reason = "not started"
+        self._record = EngineRecord(name=config.name)
+        self._command = EngineCommand.parse(config.engine.command)
+        self._plan: Plan | None = None
+        self._running: _Running | None = None
+        self._ready_sent = False
+        self._spawn_error: str | None = None
+        self._restarts: dict[str, int] = {}     # this run of kvwatch, by failure class
+        self._failures: dict[str, int] = {}
+        self._corrections: dict[str, int] = {}
+        self._status = self._make_status()
+
+    # -- public ------------------------------------------------------------------------
+
+    @property
+    def state(self) -> EngineState:
+        return self._state
+
+    @property
+    def status(self) -> EngineStatus:
+        return self._status
+
+    @property
+    def command(self) -> EngineCommand:
+        return self._command
+
+    def add_observer(self, observer: Observer) -> None:
+        self._observers.append(observer)
+
+    def request_stop(self, reason: str = "stop requested") -> None:
+        """Thread-safe; call it from the thread that handles SIGTERM/SIGINT."""
+        if not self._stop.is_set():
+            self._stop_reason = reason
+            self._stop.set()
+
+    def run(self) -> int:
+        """Supervise until stopped (EXIT_OK) or FATAL (EXIT_GAVE_UP). Spawns from this thread,
+        which must live as long as the engine (PR_SET_PDEATHSIG follows the spawning thread)."""
+        self._store.ensure_dir()
+        self._lock.acquire()
+        try:
+            self._startup()
+            return self._loop()
+        finally:
+            if self._running is not None:  # an unexpected error: never leave the engine behind
+                self._end_engine()
+            self._lock.release()
+
+    # -- the state machine -------------------------------------------------------------
+
+    def _transition(self, new: EngineState, reason: str) -> None:
+        old = self._state
+        if (old, new) not in _ALLOWED:
+            raise RuntimeError(f"illegal transition {old.value} -> {new.value} ({reason})")
+        self._state, self._reason = new, reason
+        _LOG.info("state: %s -> %s: %s", old.value, new.value, reason)
+        self._record.state, self._record.reason = new.value, reason
+        self._save()
+        line = f"{self.name}: {new.value}: {reason}"
+        if new is EngineState.READY and not self._ready_sent:
+            self._notifier.ready(line)
+            self._ready_sent = True
+        elif new is EngineState.STOPPING:
+            self._notifier.stopping(line)
+        else:
+            self._notifier.status(line)
+        self._publish()
+
+    def _loop(self) -> int:
+        if self._stop.is_set():
+            return EXIT_OK
+        while True:
+            self._launch()
+            outcome = self._watch()
+            if outcome.kind == "stop":
+                self._transition(EngineState.STOPPING, self._stop_reason)
+                self._end_engine()
+                self._transition(EngineState.STOPPED, f"{self._stop_reason}: engine stopped")
+                return EXIT_OK
+            self._end_engine()
+            delay = self._after_failure(outcome)
+            if delay is None:
+                return EXIT_GAVE_UP
+            if self._wait(delay):
+                self._transition(EngineState.STOPPED, f"{self._stop_reason} during backoff")
+                return EXIT_OK
+
+    def _wait(self, seconds: float) -> bool:
+        """Wait on the stop Event, feeding systemd's watchdog: True when a stop was requested."""
+        deadline = self._clock.now() + seconds
+        while True:
+            now = self._clock.now()
+            self._notifier.watchdog(now)
+            if now >= deadline:
+                return self._stop.is_set()
+            if self._clock.wait(self._stop, min(deadline - now, 1.0)):
+                return True
+
+    def _sleep(self, seconds: float) -> None:
+        """A short pause inside a step (stopping a group): the loop is still alive, say so."""
+        self._clock.sleep(seconds)
+        self._notifier.watchdog(self._clock.now())
+
+    # -- start ---------------------------------------------------------------------------
+
+    def _startup(self) -> None:
+        configured = list(self._command.argv)
+        record = self._store.load()
+        if record is not None and record.original_argv == configured and record.argv:
+            self._record = record
+            self._command = EngineCommand(tuple(record.argv))
+            if record.argv != configured:
+                _LOG.info("state: reusing the corrected command from %s: %s", self._store.path,
+                          " ".join(record.argv))
+        else:
+            if record is not None:
+                _LOG.info("state: the engine command changed; earlier corrections do not apply")
+                self._record = EngineRecord(name=self.name, pids=record.pids, pgid=record.pgid)
+            self._record.original_argv = configured
+            self._record.argv = configured
+        self._record.restarts, self._record.failure_counts, self._record.correction_counts = {}, {}, {}
+        self._record.kvwatch_pid = os.getpid()
+        self._record.kvwatch_create_time = (processes.ref_of(os.getpid()) or ProcRef(0, 0.0)).create_time
+        if self._device is None:
+            self._device = choose_device()
+        if self._rules is None:
+            from kvwatch.device_probe import installed_vllm_version
+            self._rules = ruleset_for(installed_vllm_version())
+        env = self._engine_env()
+        if self.config.policy.preflight:
+            command, fixes, self._plan = preflight(self._command, self._device, self._rules, env,
+                                                   self.config.policy, self._record.non_kv_bytes)
+            if fixes:
+                self._record.preflight = [f.to_json() for f in fixes]
+                self._record.constraints += [{"kind": f.kind, "text": f.message, "fix": f.set,
+                                              "source": "preflight"} for f in fixes]
+                self._set_command(command)
+        else:
+            self._plan = plan_for(self._command, self._device, self._rules, env, self._record.non_kv_bytes)
+        self._save()
+        self._publish()
+
+    def _engine_env(self) -> dict[str, str]:
+        env = scrub_env(self._environ)
+        env.update(self.config.engine.environment)
+        env.setdefault("PYTHONUNBUFFERED", "1")  # vLLM logs to stdout: unbuffered, so a crash loses nothing
+        env[leftovers.MARKER_ENV] = leftovers.marker(self.config.state_dir, self.name)
+        return env
+
+    def _set_command(self, command: EngineCommand) -> None:
+        self._command = command
+        self._record.argv = list(command.argv)
+        if self._device is not None and self._rules is not None:
+            self._plan = plan_for(command, self._device, self._rules, self._engine_env(), self._record.non_kv_bytes)
+
+    def _launch(self) -> None:
+        self._clean_leftovers()
+        argv = list(self._command.argv)
+        if argv not in self._record.plans_tried:
+            self._record.plans_tried.append(argv)
+        self._transition(EngineState.STARTING, f"launching: {' '.join(argv)}")
+        try:
+            proc = processes.spawn(argv, self._engine_env(), reaper_grace=min(10.0, self.config.engine.stop_timeout_seconds))
+        except OSError as exc:
+            self._running = None
+            self._spawn_error = f"cannot start {argv[0]}: {exc.strerror or exc}"
+            return
+        self._spawn_error = None
+        pump = OutputPump(self.name, proc.stdout, self._output).start()
+        self._running = _Running(proc, pump, self._clock.now())
+        _LOG.info("spawned: pid %d (group %d): %s", proc.pid, proc.pgid, " ".join(argv))
+        self._record.pgid = proc.pgid
+        self._refresh_tree(force=True)
+
+    def _clean_leftovers(self) -> None:
+        refs = []
+        for item in self._record.pids:
+            try:
+                refs.append(ProcRef.from_json(item))
+            except (KeyError, TypeError, ValueError):
+                continue
+        try:
+            port: int | None = self._command.settings().port
+        except KvwatchError:
+            port = None
+        gpus = self._gpu_holders()
+        report = leftovers.clean(refs, leftovers.marker(self.config.state_dir, self.name), port, gpus,
+                                 self.config.engine.stop_timeout_seconds)
+        if report.foreign:
+            self._record.foreign = report.foreign
+        self._record.pids = []
+
+    def _gpu_context(self) -> Any:
+        """What NVML says of the engine's GPU now, for the remedies (None off CUDA)."""
+        if self._device is None or self._device.platform != "cuda":
+            return None
+        from kvwatch.diagnosis import GpuContext
+        from kvwatch.nvml import Nvml
+
+        if not hasattr(self, "_nvml"):
+            self._nvml = Nvml()
+        snapshot = self._nvml.snapshot()
+        gpu = next((g for g in snapshot.gpus if g.uuid == self._device.uuid), None)
+        if gpu is None:
+            return None
+        free = gpu.memory_total_bytes - gpu.memory_used_bytes \
+            if gpu.memory_total_bytes is not None and gpu.memory_used_bytes is not None else None
+        mark = leftovers.marker(self.config.state_dir, self.name)
+        holders = tuple((p.pid, processes.name_of(p.pid), leftovers.is_ours(p.pid, [], mark))
+                        for p in gpu.processes or ())
+        return GpuContext(free_bytes=free, total_bytes=gpu.memory_total_bytes, holders=holders)
+
+    def _gpu_holders(self) -> list[tuple[str, int]]:
+        if self._gpu_pids is not None:
+            return self._gpu_pids()
+        if self._device is None or self._device.platform != "cuda":
+            return []
+        from kvwatch.nvml import Nvml
+
+        if not hasattr(self, "_nvml"):
+            self._nvml = Nvml()
+        snapshot = self._nvml.snapshot()
+        return [(gpu.uuid, p.pid) for gpu in snapshot.gpus for p in gpu.processes or ()]
+
+    # -- watch ---------------------------------------------------------------------------
+
+    def _watch(self) -> _Outcome:
+        run = self._running
+        if run is None:
+            return _Outcome("spawn_failed", self._spawn_error or "spawn failed")
+        cfg = self.config.engine
+        tick = min(1.0, cfg.health_interval_seconds)
+        probe_timeout = max(1.0, min(5.0, cfg.health_interval_seconds))
+        url = self._command.health_url()
+        next_probe = run.started
+        last_ok = run.started
+        ready_since: float | None = None
+        ready_line = 0
+        stable = False
+        while True:
+            now = self._clock.now()
+            if self._stop.is_set():
+                return _Outcome("stop")
+            rc = run.proc.poll()
+            if rc is not None:
+                return _Outcome("exit", f"exited with code {rc}", rc, served=ready_since is not None)
+            if now >= next_probe:
+                ok = self._probe(url, probe_timeout, ready_since is None)
+                self._refresh_tree()  # before a transition, so its status carries the current pids
+                now = self._clock.now()
+                next_probe = now + cfg.health_interval_seconds
+                if ready_since is None:
+                    if ok:
+                        ready_since = last_ok = now
+                        ready_line = run.pump.lines_seen
+                        self._transition(EngineState.READY, f"serving on {url} after {now - run.started:.0f}s")
+                    elif now - run.started > cfg.start_timeout_seconds:
+                        return _Outcome("start_timeout", f"not ready after {cfg.start_timeout_seconds:.0f}s")
+                elif ok:
+                    last_ok = now
+                    if not stable and now - ready_since >= self.config.policy.stable_seconds:
+                        stable = True
+                        self._budget.stable()
+                        _LOG.info("stable: READY for %.0fs; backoff reset", now - ready_since)
+                elif (died := self._died_in_log(run.pump.lines_since(ready_line))) is not None:
+                    return _Outcome("exit", died, served=True)  # no need to wait out hang_timeout
+                elif now - last_ok > cfg.hang_timeout_seconds:
+                    return _Outcome("hang", f"/health failed or timed out for {now - last_ok:.0f}s "
+                                            f"(hang_timeout {cfg.hang_timeout_seconds:.0f}s)", served=True)
+            self._refresh_facts()
+            if not run.proc.reaper_alive():
+                _LOG.warning("reaper: gone; starting a new one")
+                run.proc.start_reaper()
+            self._notifier.watchdog(self._clock.now())
+            self._clock.wait(self._stop, tick)  # wakes at once on a stop request
+
+    @staticmethod
+    def _died_in_log(lines: list[str]) -> str | None:
+        """/health failed: did the engine say, since READY, that it died (EngineCore gone, ...)?"""
+        if not lines:
+            return None
+        from kvwatch.diagnosis import FailureKind, diagnose
+
+        diagnosis = diagnose(lines)
+        if diagnosis.kind == FailureKind.UNKNOWN:
+            return None
+        return f"/health failed after the engine logged: {diagnosis.evidence or diagnosis.kind}"
+
+    def _refresh_tree(self, force: bool = False) -> None:
+        run = self._running
+        if run is None:
+            return
+        infos = processes.tree(run.proc.pid, run.proc.pgid)
+        refs = [ProcRef(p.pid, p.create_time) for p in infos]
+        if force or {r.pid for r in refs} != {r.pid for r in run.refs}:
+            known = {r.pid: r for r in run.refs}
+            known.update({r.pid: r for r in refs})  # keep the dead ones recorded until the group is gone
+            run.refs = list(known.values())
+            self._record.pids = [p.to_json() for p in infos] + [
+                {"pid": r.pid, "create_time": r.create_time, "name": "?"} for r in run.refs
+                if r.pid not in {p.pid for p in infos}]
+            self._save()
+            self._publish()
+
+    def _refresh_facts(self) -> None:
+        run = self._running
+        if run is None:
+            return
+        facts = run.pump.facts
+        if (facts.kv_tokens, facts.available_kv_bytes) == (self._record.log_kv_tokens,
+                                                           self._record.log_available_kv_bytes):
+            return
+        self._record.log_kv_tokens = facts.kv_tokens
+        self._record.log_available_kv_bytes = facts.available_kv_bytes
+        device = self._device
+        if facts.available_kv_bytes is not None and device is not None and device.platform == "cuda" \
+                and device.total_memory_bytes:
+            try:
+                util = self._command.settings().gpu_memory_utilization
+                self._record.non_kv_bytes = max(0, int(device.total_memory_bytes * util) - facts.available_kv_bytes)
+            except KvwatchError:
+                pass
+        self._save()
+        self._publish()
+
+    def _end_engine(self) -> None:
+        """Stop the whole group (whatever is left of it), drain the output, forget the pids."""
+        run = self._running
+        if run is None or run.ended:
+            return
+        run.ended = True
+        processes.stop_group(run.proc.pgid, self.config.engine.stop_timeout_seconds, leader=run.proc.popen,
+                             extra=run.refs, clock=self._clock.now, sleep=self._sleep)
+        run.proc.release_reaper()
+        if run.pump.join(timeout=10):
+            run.proc.close()
+        else:
+            _LOG.warning("pump %s: output still open after the group ended", self.name)
+        _LOG.info("exited: pid %d, code %s", run.proc.pid, run.proc.returncode)
+        self._record.pids = []
+        self._save()
+
+    # -- failure -------------------------------------------------------------------------
+
+    def _after_failure(self, outcome: _Outcome) -> float | None:
+        """Diagnose, pick the remedy, count it: the backoff delay, or None after going FATAL."""
+        from kvwatch.diagnosis import Diagnosis, FailureKind, diagnose, propose_remedy
+
+        run, self._running = self._running, None
+        lines = run.pump.lines() if run is not None else []
+        if outcome.kind in ("exit", "start_timeout"):
+            diagnosis = diagnose(lines, served=outcome.served)
+            if outcome.kind == "start_timeout" and diagnosis.kind == FailureKind.UNKNOWN:
+                diagnosis = Diagnosis(kind=FailureKind.ENGINE_DIED, evidence=outcome.detail, facts={}, fatal=False)
+        elif outcome.kind == "hang":
+            diagnosis = Diagnosis(kind=FailureKind.ENGINE_DIED, evidence=outcome.detail, facts={}, fatal=False)
+        else:  # spawn_failed: nothing ran, nothing to diagnose
+            diagnosis = Diagnosis(kind=FailureKind.UNKNOWN, evidence=outcome.detail, facts={}, fatal=True)
+        kind = str(getattr(diagnosis.kind, "value", diagnosis.kind))
+        evidence = diagnosis.evidence or outcome.detail
+        _LOG.warning("failed: %s (%s): %s", kind, outcome.detail, evidence)
+        self._failures[kind] = self._failures.get(kind, 0) + 1
+        failure = FailureRecord(kind, evidence, time.time(), list(self._command.argv), outcome.detail)
+        self._record.failures.append(failure)
+
+        tried = {tuple(f.argv) for f in self._record.failures if f.kind != FailureKind.ENGINE_DIED.value}
+        remedy = None
+        if outcome.kind != "spawn_failed":
+            remedy = propose_remedy(diagnosis, self._command, policy=self.config.policy, tried=tried,
+                                    plan=self._plan, gpu=self._gpu_context(), rules=self._rules)
+        if remedy is None:
+            return self._give_up(f"{kind}: {evidence} (no remedy)")
+        command = remedy.apply(self._command)
+        if command.argv == self._command.argv:
+            why = self._budget.take_restart(self._clock.now())
+            if why is not None:
+                return self._give_up(f"{kind}: {why}; last: {evidence}")
+            self._restarts[kind] = self._restarts.get(kind, 0) + 1
+            reason = f"{kind}: {remedy.reason}"
+        else:
+            why = self._budget.take_correction()
+            if why is not None:
+                return self._give_up(f"{kind}: {why}; last: {evidence}")
+            self._corrections[kind] = self._corrections.get(kind, 0) + 1
+            change = describe_change(dict(remedy.set), tuple(remedy.remove))
+            self._record.corrections.append(CorrectionRecord(
+                kind, dict(remedy.set), list(remedy.remove), remedy.reason, time.time(),
+                list(self._command.argv), list(command.argv)))
+            self._record.constraints.append({"kind": kind, "text": evidence, "fix": dict(remedy.set),
+                                             "remove": list(remedy.remove), "source": "failure"})
+            _LOG.warning("corrected: %s: %s (%s)", kind, change, remedy.reason)
+            self._set_command(command)
+            reason = f"{kind}: corrected {change}"
+        self._sync_counts()
+        delay = self._budget.backoff()
+        self._transition(EngineState.BACKOFF, f"{reason}; relaunch in {delay:.1f}s")
+        return delay
+
+    def _give_up(self, reason: str) -> float | None:
+        _LOG.error("gave up: %s", reason)
+        self._sync_counts()
+        self._transition(EngineState.FATAL, f"gave up: {reason}")
+        return None
+
+    def _sync_counts(self) -> None:
+        self._record.restarts = dict(self._restarts)
+        self._record.failure_counts = dict(self._failures)
+        self._record.correction_counts = dict(self._corrections)
+
+    # -- state file and observers ----------------------------------------------------------
+
+    def _save(self) -> None:
+        try:
+            self._store.save(self._record)
+        except OSError as exc:  # a full disk must not take the engine down with it
+            _LOG.warning("state: cannot write %s: %s", self._store.path, exc)
+
+    def _make_status(self) -> EngineStatus:
+        last = self._record.last_failure()
+        return EngineStatus(
+            name=self.name, state=self._state, reason=self._reason, plan=self._plan, argv=self._command.argv,
+            pids=tuple(int(p["pid"]) for p in self._record.pids),
+            restarts=dict(self._restarts), failures=dict(self._failures), corrections=dict(self._corrections),
+            last_failure=last.kind if last else None,
+            log_kv_tokens=self._record.log_kv_tokens, log_available_kv_bytes=self._record.log_available_kv_bytes)
+
+    def _publish(self) -> None:
+        self._status = status = self._make_status()
+        for observer in list(self._observers):
+            try:
+                observer(status)
+            except Exception:  # an observer's bug must not stop the watchdog
+                _LOG.exception("observer %r failed", observer)
+
+
+def _probe(url: str, timeout: float, starting: bool) -> bool:
+    """READY needs /health and a readable /metrics; once READY, /health alone is watched."""
+    if not engine_http.health(url, timeout):
+        return False
+    return engine_http.scrape(url, timeout).ok if starting else True

@@ -1,0 +1,124 @@
+"""A stand-in for vLLM's API server in the fast supervisor tests (a real child process, no model).
+
+    python tests/fake_engine.py --model DIR --port P [--block-size N] [behaviour flags]
+
+It takes vLLM's flags, so kvwatch plans and rewrites its command like a real one, and
+behaves as the real CPU engine did where the tests need it:
+- a --block-size that is not a multiple of 32: prints the real log of that failure
+  (tests/fixtures/logs/cpu_block_size_8.log) and exits 1, as vLLM 0.32 does on the CPU;
+- --fail-log FILE: prints FILE and exits 1;
+- --fail-once MARKER: the first run (MARKER absent) creates MARKER and fails that way;
+- otherwise serves /health and /metrics (vllm:cache_config_info with the block size it
+  was given) after --ready-after seconds, with one child process in its group (like
+  EngineCore); --die-after S: exits 1 with the real engine-died log after S seconds of
+  serving (once per --die-once MARKER); --never-ready: never listens;
+- --flood MB: writes MB megabytes of lines as fast as it can, then exits 0.
+"""
+from __future__ import annotations
+
+import argparse
+import http.server
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+LOGS = Path(__file__).resolve().parent / "fixtures" / "logs"
+
+
+def emit(path: Path) -> None:
+    sys.stdout.buffer.write(path.read_bytes())
+    sys.stdout.flush()
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    block_size = 128
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        if self.path == "/health":
+            body = b""
+        elif self.path == "/metrics":
+            body = ("# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+                    "# TYPE vllm:cache_config_info gauge\n"
+                    f'vllm:cache_config_info{{block_size="{self.block_size}",cache_dtype="auto",'
+                    'engine="0",num_gpu_blocks="8192"} 1.0\n').encode()
+        else:
+            self.send_response(404)
+            self.end_headers()
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--block-size", type=int)
+    p.add_argument("--kv-cache-dtype", default="auto")
+    p.add_argument("--max-model-len")
+    p.add_argument("--fail-log")
+    p.add_argument("--fail-once")
+    p.add_argument("--ready-after", type=float, default=0.0)
+    p.add_argument("--die-after", type=float)
+    p.add_argument("--die-once")
+    p.add_argument("--never-ready", action="store_true")
+    p.add_argument("--flood", type=float)
+    p.add_argument("--env-dump")
+    args, _ = p.parse_known_args()
+    print(f"(APIServer pid={os.getpid()}) INFO fake engine starting: {' '.join(sys.argv[1:])}", flush=True)
+    if args.env_dump:
+        Path(args.env_dump).write_text("\n".join(f"{k}={v}" for k, v in sorted(os.environ.items())))
+    if args.flood:
+        line = b"(Worker pid=1) INFO " + b"x" * 100 + b"\n"
+        total = int(args.flood * 2**20)
+        chunk = line * 1000
+        for _ in range(-(-total // len(chunk))):
+            sys.stdout.buffer.write(chunk)
+        sys.stdout.buffer.write(b"flood done\n")
+        sys.stdout.flush()
+        return 0
+    if args.fail_once and not Path(args.fail_once).exists():
+        Path(args.fail_once).touch()
+        emit(Path(args.fail_log) if args.fail_log else LOGS / "cpu_block_size_8.log")
+        return 1
+    if args.fail_log and not args.fail_once:
+        emit(Path(args.fail_log))
+        return 1
+    if args.block_size is not None and args.block_size % 32:
+        emit(LOGS / "cpu_block_size_8.log")
+        return 1
+    # EngineCore stand-in: same process group, outlives nothing on its own.
+    child = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(1)"])
+    print(f"(EngineCore pid={child.pid}) INFO started", flush=True)
+    if args.never_ready:
+        while True:
+            time.sleep(1)
+    time.sleep(args.ready_after)
+    Handler.block_size = args.block_size or 128
+    server = http.server.ThreadingHTTPServer((args.host, args.port), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    print(f"(EngineCore pid={child.pid}) INFO CPU KV cache size: 1,398,080 tokens, "
+          "Maximum concurrency for 4,096 tokens per request: 341.33x", flush=True)
+    print(f"(APIServer pid={os.getpid()}) INFO Application startup complete.", flush=True)
+    if args.die_after is not None and not (args.die_once and Path(args.die_once).exists()):
+        if args.die_once:
+            Path(args.die_once).touch()
+        time.sleep(args.die_after)
+        child.kill()
+        emit(LOGS / "cpu_engine_died.log")
+        return 1
+    while True:
+        time.sleep(1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

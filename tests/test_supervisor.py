@@ -1,0 +1,580 @@
+"""The watchdog without an engine: a fake engine child (tests/fake_engine.py) that prints real
+vLLM failure logs or serves /health, real processes, signals and sockets; short timeouts."""
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import psutil
+import pytest
+
+from engine_support import free_port, llama_config, write_model
+from kvwatch import processes
+from kvwatch.budget import Budget
+from kvwatch.config import Config, EngineConfig, config_from_mapping, load_config
+from kvwatch.devices import Device
+from kvwatch.engine_status import EngineState, EngineStatus
+from kvwatch.errors import ConfigError, KvwatchError
+from kvwatch.exitcodes import EXIT_GAVE_UP, EXIT_OK
+from kvwatch.output_pump import LogFacts, OutputPump, parse_fact
+from kvwatch.policy import Policy
+from kvwatch.rules import ruleset_for
+from kvwatch.sd_notify import SdNotifier
+from kvwatch.state_store import EngineLock, EngineRecord, StateStore
+from kvwatch.supervisor import Supervisor
+
+ROOT = Path(__file__).resolve().parent.parent
+FAKE = str(Path(__file__).resolve().parent / "fake_engine.py")
+LOGS = Path(__file__).resolve().parent / "fixtures" / "logs"
+CPU = Device("cpu", "test cpu (no AVX-512)", cpu_fp8_kv=False, source="cpu")
+FAST = Policy(backoff_initial_seconds=0.05, backoff_max_seconds=0.2, max_restarts=3, max_corrections=3,
+              restart_window_seconds=600, stable_seconds=600)
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+@pytest.fixture
+def model(tmp_path: Path) -> Path:
+    return write_model(tmp_path / "tiny", llama_config())
+
+
+def fake(model: Path, port: int, *extra: str) -> list[str]:
+    return [sys.executable, FAKE, "--model", str(model), "--port", str(port), *extra]
+
+
+def config(tmp_path: Path, argv: list[str], policy: Policy = FAST, **engine: float) -> Config:
+    settings = dict(start_timeout_seconds=20.0, health_interval_seconds=0.2, hang_timeout_seconds=1.5,
+                    stop_timeout_seconds=3.0)
+    settings.update(engine)
+    return Config(name="t", state_dir=str(tmp_path / "state"), policy=policy,
+                  engine=EngineConfig(command=tuple(argv), **settings))
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.statuses: list[EngineStatus] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, status: EngineStatus) -> None:
+        with self.lock:
+            self.statuses.append(status)
+
+    def states(self) -> list[str]:
+        """Each state as entered, without repeats (a status is also published on pid changes)."""
+        out: list[str] = []
+        with self.lock:
+            for s in self.statuses:
+                if not out or out[-1] != s.state.value:
+                    out.append(s.state.value)
+        return out
+
+    @property
+    def last(self) -> EngineStatus:
+        with self.lock:
+            return self.statuses[-1]
+
+
+class Running:
+    """A Supervisor running in a thread, as `kvwatch run` runs it."""
+
+    def __init__(self, sup: Supervisor) -> None:
+        self.sup = sup
+        self.code: int | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.code = self.sup.run()
+        except BaseException as exc:  # reported by the test
+            self.error = exc
+
+    def wait_state(self, state: EngineState, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.sup.state is state:
+                return
+            if not self.thread.is_alive():
+                raise AssertionError(f"supervisor ended ({self.code}, {self.error}) before {state.value}; "
+                                     f"status {self.sup.status}")
+            time.sleep(0.02)
+        raise AssertionError(f"not {state.value} after {timeout}s: {self.sup.status}")
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        self.sup.request_stop("test stop")
+        return self.join(timeout)
+
+    def join(self, timeout: float = 30.0) -> int | None:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), f"supervisor still running: {self.sup.status}"
+        if self.error:
+            raise self.error
+        return self.code
+
+
+def supervisor(cfg: Config, rec: Recorder | None = None, **kw: object) -> Supervisor:
+    kw.setdefault("device", CPU)
+    kw.setdefault("rules", ruleset_for(None))
+    kw.setdefault("output", io.BytesIO())
+    kw.setdefault("notifier", SdNotifier(None))
+    return Supervisor(cfg, observers=[rec] if rec else [], **kw)  # type: ignore[arg-type]
+
+
+def state_json(cfg: Config) -> dict:
+    return json.loads((Path(cfg.state_dir) / f"{cfg.name}.json").read_text())
+
+
+def assert_gone(pids: list[int], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        if not alive:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"still running: {alive}")
+
+
+def marked(cfg: Config) -> list[int]:
+    """Processes carrying this engine's marker variable (the engine and its children)."""
+    want = f"{cfg.name}@{os.path.abspath(cfg.state_dir)}"
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("KVWATCH_ENGINE") == want:
+                found.append(proc.pid)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+# -- config ----------------------------------------------------------------------------------
+
+def test_example_config_loads() -> None:
+    cfg = load_config(ROOT / "systemd" / "kvwatch-example.toml")
+    assert cfg.name == "kimi" and cfg.listen_address == ("0.0.0.0", 9400)
+    assert cfg.engine.command[:3] == ("vllm", "serve", "/models/Kimi-K2")
+    assert cfg.engine.start_timeout_seconds == 2400 and cfg.engine.environment == {"HF_HUB_OFFLINE": "1"}
+    assert cfg.policy.max_corrections == 5 and cfg.policy.preflight is True
+    assert cfg.watch.interval_seconds == 5
+
+
+@pytest.mark.parametrize("data, needle", [
+    ({"engine": {"command": ["vllm"], "hang_timeout_second": 5}}, "engine.hang_timeout_second: unknown key"),
+    ({"engine": {"command": "vllm serve m"}}, "engine.command: expected a list of strings"),
+    ({"engine": {"command": ["v"], "stop_timeout_seconds": -1}}, "engine.stop_timeout_seconds: expected a number > 0"),
+    ({"engine": {"command": ["v"], "environment": {"X": 1}}}, "engine.environment.X: expected a string"),
+    ({"policy": {"max_restarts": "5"}}, "policy.max_restarts: expected a whole number"),
+    ({"policy": {"preflight": 1}}, "policy.preflight: expected true or false"),
+    ({"policy": {"backoff_initial_seconds": 100}}, "policy.backoff_initial_seconds: larger than"),
+    ({"listen": "9400"}, "listen '9400': expected HOST:PORT"),
+    ({"name": "../etc"}, "name '../etc'"),
+    ({"surprise": 1}, "surprise: unknown key"),
+    ({"watch": []}, "watch: expected a table"),
+])
+def test_config_errors_are_one_clear_line(data: dict, needle: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        config_from_mapping(data, "k.toml")
+    message = str(info.value)
+    assert needle in message and "\n" not in message and message.startswith("config k.toml: ")
+
+
+def test_config_cli_errors(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[engine\ncommand = 1\n")
+    empty = tmp_path / "empty.toml"
+    empty.write_text("name = 'x'\n")
+    for args, needle in [(["--config", str(bad)], "not valid TOML"),
+                         (["--config", str(tmp_path / "missing.toml")], "cannot read"),
+                         (["--config", str(empty)], "no engine command"),
+                         (["--name", "a/b", "--", "vllm", "serve", "m"], "--name 'a/b'")]:
+        proc = subprocess.run([sys.executable, "-m", "kvwatch.cli", "run", *args], capture_output=True,
+                              text=True, timeout=60)
+        assert proc.returncode == 2, proc.stderr
+        assert needle in proc.stderr and "Traceback" not in proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+# -- state file ------------------------------------------------------------------------------
+
+def test_state_file_atomic_round_trip(tmp_path: Path) -> None:
+    store = StateStore(tmp_path, "e")
+    store.ensure_dir()
+    record = EngineRecord(name="e", original_argv=["a"], argv=["a", "--block-size", "32"],
+                          non_kv_bytes=123, pids=[{"pid": 1, "create_time": 2.0, "name": "x"}])
+    store.save(record)
+    store.save(record)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e.json"]  # no temp file left behind
+    loaded = store.load()
+    assert loaded is not None and loaded.argv == record.argv and loaded.non_kv_bytes == 123
+    assert oct(os.stat(tmp_path / "e.json").st_mode & 0o777) == "0o640"
+
+
+@pytest.mark.parametrize("content", [b"{not json", b'{"version": 99}', b"\xff\xfe", b'{"version": 1, "name": 5}'])
+def test_corrupt_state_file_is_moved_aside(tmp_path: Path, content: bytes, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "e.json").write_bytes(content)
+    store = StateStore(tmp_path, "e")
+    with caplog.at_level(logging.WARNING):
+        assert store.load() is None
+    aside = [p.name for p in tmp_path.iterdir() if p.name.startswith("e.json.corrupt-")]
+    assert len(aside) == 1 and not (tmp_path / "e.json").exists()
+    assert "moved aside" in caplog.text
+    store.save(EngineRecord(name="e"))
+    assert store.load() is not None
+
+
+def test_engine_lock_is_exclusive(tmp_path: Path) -> None:
+    first, second = EngineLock(tmp_path, "e"), EngineLock(tmp_path, "e")
+    first.acquire()
+    with pytest.raises(KvwatchError, match=f"pid {os.getpid()}"):
+        second.acquire()
+    first.release()
+    second.acquire()
+    second.release()
+
+
+# -- output pump -----------------------------------------------------------------------------
+
+def test_pump_never_blocks_the_engine_on_50_mb() -> None:
+    proc = subprocess.Popen([sys.executable, FAKE, "--flood", "50"], stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    sink = io.BytesIO()
+    pump = OutputPump("flood", proc.stdout.fileno(), sink, ring_lines=1000).start()
+    started = time.monotonic()
+    assert proc.wait(timeout=60) == 0
+    assert pump.join(timeout=30)
+    elapsed = time.monotonic() - started
+    proc.stdout.close()
+    assert pump.bytes_seen > 50 * 2**20
+    lines = pump.lines()
+    assert len(lines) == 1000 and lines[-1] == "flood done"
+    assert sink.getvalue().endswith(b"[flood] flood done\n")
+    assert elapsed < 30, elapsed
+
+
+def test_pump_handles_bad_utf8_giant_lines_and_parses_startup_facts() -> None:
+    read_end, write_end = os.pipe()
+    pump = OutputPump("e", read_end, None, max_line=1000).start()
+    log = (LOGS / "cpu_engine_died.log").read_bytes()
+    os.write(write_end, b"bad \xff\xfe bytes\r\n" + b"y" * 2500 + b"\n" + log + b"no newline at end")
+    os.close(write_end)
+    assert pump.join(timeout=10)
+    os.close(read_end)
+    lines = pump.lines()
+    assert lines[0] == "bad \ufffd\ufffd bytes"
+    assert lines[1:4] == ["y" * 1000, "y" * 1000, "y" * 500]
+    assert lines[-1] == "no newline at end"
+    facts = pump.facts
+    assert facts.kv_tokens is not None and facts.kv_tokens > 0
+
+
+def test_parse_fact_startup_lines() -> None:
+    facts = parse_fact("(Worker pid=1) INFO [gpu_worker.py:760] Available KV cache memory: 61.23 GiB", LogFacts())
+    facts = parse_fact("(EngineCore pid=2) INFO GPU KV cache size: 1,398,080 tokens, Maximum concurrency ...", facts)
+    assert facts.kv_tokens == 1_398_080 and facts.available_kv_bytes == int(61.23 * 2**30)
+    assert parse_fact("unrelated", facts) is facts
+
+
+# -- budget ----------------------------------------------------------------------------------
+
+def test_backoff_grows_is_bounded_and_resets() -> None:
+    budget = Budget(Policy(backoff_initial_seconds=1, backoff_max_seconds=8, max_restarts=100))
+    delays = []
+    for i in range(8):
+        assert budget.take_restart(float(i)) is None
+        delays.append(budget.backoff())
+    assert 1 <= delays[0] <= 2 and 2 <= delays[1] <= 3 and all(d <= 8 for d in delays) and delays[-1] == 8
+    budget.stable()
+    assert budget.backoff() <= 2
+
+
+def test_restart_window_slides() -> None:
+    budget = Budget(Policy(max_restarts=2, restart_window_seconds=10))
+    assert budget.take_restart(0) is None and budget.take_restart(1) is None
+    assert "2 restarts within 10s" in (budget.take_restart(5) or "")
+    assert budget.take_restart(11) is None  # the one at 0 left the window
+
+
+# -- the supervisor with a fake engine --------------------------------------------------------
+
+def test_block_size_corrected_once_then_ready_then_stopped(tmp_path: Path, model: Path) -> None:
+    port = free_port()
+    cfg = config(tmp_path, fake(model, port, "--block-size", "8"), replace(FAST, preflight=False))
+    rec = Recorder()
+    out = io.BytesIO()
+    run = Running(supervisor(cfg, rec, output=out))
+    run.wait_state(EngineState.READY)
+    assert run.sup.command.get("--block-size") == "32"
+    pids = list(run.sup.status.pids)
+    assert len(pids) >= 2  # the fake API server and its EngineCore stand-in
+    assert run.stop() == EXIT_OK
+    assert rec.states() == ["stopped", "starting", "backoff", "starting", "ready", "stopping", "stopped"]
+    data = state_json(cfg)
+    assert data["state"] == "stopped" and data["argv"][-1] == "32" and data["pids"] == []
+    assert [c["kind"] for c in data["corrections"]] == ["block_size_unsupported"]
+    assert data["corrections"][0]["set"] == {"--block-size": 32}
+    assert data["failures"][0]["evidence"].endswith("No common block size for 8 (CPU_ATTN: [MultipleOf(32)]).")
+    assert rec.last.corrections == {"block_size_unsupported": 1}
+    assert b"[t] (APIServer pid=" in out.getvalue()  # passed through with the engine name
+    assert_gone(pids)
+    assert marked(cfg) == []
+
+
+def test_preflight_fixes_block_size_before_any_launch(tmp_path: Path, model: Path) -> None:
+    cfg = config(tmp_path, fake(model, free_port(), "--block-size", "8"))
+    rec = Recorder()
+    run = Running(supervisor(cfg, rec))
+    run.wait_state(EngineState.READY)
+    assert run.stop() == EXIT_OK
+    data = state_json(cfg)
+    assert data["failures"] == [] and data["corrections"] == []
+    assert data["preflight"][0]["kind"] == "block_size_unsupported"
+    assert data["plans_tried"] == [data["argv"]] and data["argv"][-1] == "32"
+    assert rec.states() == ["stopped", "starting", "ready", "stopping", "stopped"]
+
+
+def test_restart_reuses_the_corrected_command(tmp_path: Path, model: Path) -> None:
+    cfg = config(tmp_path, fake(model, free_port(), "--block-size", "8"), replace(FAST, preflight=False))
+    first = Running(supervisor(cfg))
+    first.wait_state(EngineState.READY)
+    assert first.stop() == EXIT_OK
+    rec = Recorder()
+    second = Running(supervisor(cfg, rec))
+    second.wait_state(EngineState.READY)
+    assert second.stop() == EXIT_OK
+    data = state_json(cfg)
+    assert len(data["failures"]) == 1  # only the first run's
+    assert rec.states() == ["stopped", "starting", "ready", "stopping", "stopped"]
+    assert rec.statuses[1].argv[-1] == "32"  # the first launch of the second run
+
+
+def test_unfixable_failure_goes_fatal_with_reason(tmp_path: Path, model: Path) -> None:
+    cfg = config(tmp_path, fake(model, free_port(), "--fail-log", str(LOGS / "gpu_no_attention_backend_hw.log")))
+    rec = Recorder()
+    run = Running(supervisor(cfg, rec))
+    assert run.join() == EXIT_GAVE_UP
+    assert rec.states()[-2:] == ["starting", "fatal"]
+    data = state_json(cfg)
+    assert data["state"] == "fatal" and data["reason"].startswith("gave up: no_attention_backend")
+    assert len(data["failures"]) == 1
+    assert marked(cfg) == []
+    status = subprocess.run([sys.executable, "-m", "kvwatch.cli", "status", "--state-dir", cfg.state_dir],
+                            capture_output=True, text=True, timeout=60)
+    assert status.returncode == 0 and "fatal" in status.stdout and "gave up: no_attention_backend" in status.stdout
+
+
+def test_unknown_failure_is_fatal_after_bounded_tries(tmp_path: Path, model: Path) -> None:
+    junk = tmp_path / "junk.log"
+    junk.write_text("RuntimeError: something kvwatch has never seen\n")
+    cfg = config(tmp_path, fake(model, free_port(), "--fail-log", str(junk)))
+    run = Running(supervisor(cfg))
+    assert run.join() == EXIT_GAVE_UP
+    data = state_json(cfg)
+    assert 1 <= len(data["failures"]) <= FAST.max_restarts + FAST.max_corrections + 1
+    assert data["reason"].startswith("gave up:")
+
+
+def test_died_after_ready_restarts_same_plan(tmp_path: Path, model: Path) -> None:
+    argv = fake(model, free_port(), "--die-after", "0.5", "--die-once", str(tmp_path / "died"))
+    cfg = config(tmp_path, argv)
+    rec = Recorder()
+    run = Running(supervisor(cfg, rec))
+    run.wait_state(EngineState.READY)
+    first_pids = list(run.sup.status.pids)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and rec.states().count("ready") < 2:
+        time.sleep(0.05)
+    assert rec.states()[:5] == ["stopped", "starting", "ready", "backoff", "starting"]
+    assert rec.states().count("ready") == 2
+    assert run.sup.command.argv == tuple(argv)  # the same plan
+    assert rec.last.restarts == {"engine_died": 1}
+    assert_gone(first_pids)
+    assert run.stop() == EXIT_OK
+
+
+def test_hang_detected_killed_and_restarted(tmp_path: Path, model: Path) -> None:
+    cfg = config(tmp_path, fake(model, free_port()))
+    rec = Recorder()
+    run = Running(supervisor(cfg, rec))
+    run.wait_state(EngineState.READY)
+    pgid = os.getpgid(run.sup.status.pids[0])
+    old = list(run.sup.status.pids)
+    stopped_at = time.monotonic()
+    os.killpg(pgid, signal.SIGSTOP)
+    run.wait_state(EngineState.BACKOFF, timeout=15)
+    detected = time.monotonic() - stopped_at
+    assert "hang_timeout" in run.sup.status.reason or "engine_died" in run.sup.status.reason
+    assert detected < cfg.engine.hang_timeout_seconds + 3, detected
+    run.wait_state(EngineState.READY)
+    assert_gone(old)
+    assert state_json(cfg)["failures"][-1]["kind"] == "engine_died"
+    assert run.stop() == EXIT_OK
+
+
+def test_stop_during_backoff_is_prompt(tmp_path: Path, model: Path) -> None:
+    slow = replace(FAST, backoff_initial_seconds=60, backoff_max_seconds=120, preflight=False)
+    cfg = config(tmp_path, fake(model, free_port(), "--block-size", "8"), slow)
+    rec = Recorder()
+    run = Running(supervisor(cfg, rec))
+    run.wait_state(EngineState.BACKOFF)
+    asked = time.monotonic()
+    assert run.stop() == EXIT_OK
+    assert time.monotonic() - asked < 2
+    assert rec.states()[-2:] == ["backoff", "stopped"]
+    assert state_json(cfg)["reason"] == "test stop during backoff"
+
+
+class FakeClock:
+    """Monotonic time that jumps: a wait of S seconds advances S at once (and yields 2 ms)."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def now(self) -> float:
+        return self.t
+
+    def wait(self, event: threading.Event, seconds: float) -> bool:
+        self.t += max(0.0, seconds)
+        return event.wait(0.002)
+
+    def sleep(self, seconds: float) -> None:
+        self.t += seconds
+        time.sleep(0.002)
+
+
+def test_start_timeout_with_injected_clock_then_fatal(tmp_path: Path, model: Path) -> None:
+    policy = replace(FAST, max_restarts=2, backoff_initial_seconds=30, backoff_max_seconds=300,
+                     restart_window_seconds=3600)
+    cfg = config(tmp_path, fake(model, free_port(), "--never-ready"), policy, start_timeout_seconds=600,
+                 health_interval_seconds=5)
+    clock = FakeClock()
+    rec = Recorder()
+    started = time.monotonic()
+    run = Running(supervisor(cfg, rec, clock=clock))
+    assert run.join(timeout=60) == EXIT_GAVE_UP
+    assert time.monotonic() - started < 40  # 3 x 600 s of engine time passed on the fake clock
+    assert clock.t - 1000 > 3 * 600
+    assert rec.states() == ["stopped", "starting", "backoff", "starting", "backoff", "starting", "fatal"]
+    data = state_json(cfg)
+    assert [f["reason"] for f in data["failures"]] == ["not ready after 600s"] * 3
+    assert "2 restarts within 3600s" in data["reason"]
+    assert marked(cfg) == []
+
+
+def test_leftovers_ours_killed_foreign_reported(tmp_path: Path, model: Path, caplog: pytest.LogCaptureFixture) -> None:
+    port = free_port()
+    cfg = config(tmp_path, fake(model, port))
+    # An earlier engine of ours that survived (recorded pid + start time), in its own session.
+    ours = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    ref = processes.ref_of(ours.pid)
+    assert ref is not None
+    store = StateStore(cfg.state_dir, cfg.name)
+    store.ensure_dir()
+    store.save(EngineRecord(name="t", original_argv=list(cfg.engine.command), argv=list(cfg.engine.command),
+                            pids=[{"pid": ref.pid, "create_time": ref.create_time, "name": "python"}]))
+    # Someone else's process on the engine's port.
+    foreign = subprocess.Popen([sys.executable, "-c", f"""
+import socket, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", {port})); s.listen(); print("up", flush=True); time.sleep(60)"""],
+                               stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        assert foreign.stdout is not None and foreign.stdout.readline() == b"up\n"
+        with caplog.at_level(logging.WARNING):
+            run = Running(supervisor(cfg))
+            run.wait_state(EngineState.STARTING)
+            ours.wait(timeout=15)  # stopped before the launch
+            run.stop()
+        assert foreign.poll() is None  # never touched
+        assert f"pid {foreign.pid}" in caplog.text and f"holds port {port}" in caplog.text
+        assert any(f"pid {foreign.pid}" in line for line in state_json(cfg)["foreign"])
+    finally:
+        for p in (ours, foreign):
+            p.kill()
+            p.wait()
+
+
+def test_sd_notify_ready_status_and_engine_env(tmp_path: Path, model: Path) -> None:
+    name = f"@kvwatch-test-{os.getpid()}"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind("\0" + name[1:])
+    sock.settimeout(0.1)
+    dump = tmp_path / "env.txt"
+    environ = dict(os.environ, NOTIFY_SOCKET=name, WATCHDOG_USEC="400000")
+    base = config(tmp_path, fake(model, free_port(), "--env-dump", str(dump)))
+    cfg = replace(base, engine=replace(base.engine, environment={"FROM_CONFIG": "yes"}))
+    run = Running(supervisor(cfg, notifier=SdNotifier.from_env(environ), environ=environ))
+    run.wait_state(EngineState.READY)
+    time.sleep(0.6)
+    assert run.stop() == EXIT_OK
+    messages = []
+    try:
+        while True:
+            messages.append(sock.recv(4096).decode())
+    except socket.timeout:
+        pass
+    sock.close()
+    ready = [m for m in messages if m.startswith("READY=1")]
+    assert len(ready) == 1 and "STATUS=t: ready: serving on" in ready[0]
+    assert any(m.startswith("STATUS=t: starting") for m in messages)
+    assert any(m.startswith("STOPPING=1") for m in messages)
+    assert messages.count("WATCHDOG=1") >= 2  # every 0.2 s (half of 0.4 s) while the loop runs
+    env = dict(line.split("=", 1) for line in dump.read_text().splitlines() if "=" in line)
+    assert "NOTIFY_SOCKET" not in env and "WATCHDOG_USEC" not in env
+    assert env["FROM_CONFIG"] == "yes" and env["PYTHONUNBUFFERED"] == "1"
+
+
+def test_kill_9_of_kvwatch_ends_the_engine_group(tmp_path: Path, model: Path) -> None:
+    """kvwatch as a real process: SIGKILL it while the engine serves; the reaper ends the group."""
+    port = free_port()
+    state = tmp_path / "state"
+    cmd = [sys.executable, "-m", "kvwatch.cli", "run", "--name", "k9", "--state-dir", str(state),
+           "--no-preflight", "--", *fake(model, port)]
+    log = open(tmp_path / "kvwatch.log", "wb")
+    kv = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        data: dict = {}
+        while time.monotonic() < deadline:
+            try:
+                data = json.loads((state / "k9.json").read_text())
+            except (OSError, ValueError):
+                data = {}
+            if data.get("state") == "ready" and len(data.get("pids", [])) >= 2:
+                break
+            time.sleep(0.1)
+        assert data.get("state") == "ready", data
+        pids = [p["pid"] for p in data["pids"]]
+        kv.kill()
+        kv.wait()
+        killed_at = time.monotonic()
+        assert_gone(pids, timeout=10)
+        assert time.monotonic() - killed_at < 10
+        # The next run starts clean: nothing of ours left, the engine serves again.
+        again = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            data = json.loads((state / "k9.json").read_text())
+            if data.get("state") == "ready" and data.get("kvwatch_pid") == again.pid:
+                break
+            time.sleep(0.1)
+        assert data["state"] == "ready" and data["failures"] == []
+        new_pids = [p["pid"] for p in data["pids"]]
+        again.send_signal(signal.SIGTERM)
+        assert again.wait(timeout=20) == 0
+        assert json.loads((state / "k9.json").read_text())["state"] == "stopped"
+        assert_gone(new_pids, timeout=5)
+    finally:
+        if kv.poll() is None:
+            kv.kill()
+        log.close()
