@@ -1,0 +1,43 @@
+"""The exporter of `kvwatch run` (kvwatch.commands.run imports this module by name).
+
+attach() starts the watch loop and the HTTP server for the supervised engine and returns
+the function that stops them. It reads ``supervisor.status`` (an immutable EngineStatus)
+once per tick; it never calls into the supervisor otherwise.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from kvwatch.exporter.service import Exporter
+from kvwatch.exporter.targets import SupervisedEngines
+
+_LOG = logging.getLogger(__name__)
+
+
+def _process_source() -> Callable[[Sequence[int]], Mapping[int, int]] | None:
+    """pid -> RSS bytes from kvwatch.processes (the only module that imports psutil), if it offers it."""
+    try:
+        from kvwatch import processes
+    except ImportError:
+        return None
+    return getattr(processes, "rss", None)
+
+
+def attach(config: Any, supervisor: Any) -> Callable[[], None]:
+    """Serve kvwatch's metrics on ``config.listen`` (TLS/auth from ``config.web_config``),
+    snapshotting every ``config.watch.interval_seconds``. KvwatchError when it cannot listen."""
+    from kvwatch.nvml import Nvml
+
+    nvml = Nvml()
+    exporter = Exporter(SupervisedEngines(lambda: [supervisor.status]), listen=config.listen,
+                        web_config=config.web_config, interval=config.watch.interval_seconds,
+                        nvml=nvml.snapshot, process_source=_process_source())
+    exporter.start(first_tick_inline=False)  # the supervisor starts at once; the first tick follows
+
+    def close() -> None:
+        exporter.stop()
+        nvml.shutdown()
+
+    return close

@@ -1,0 +1,62 @@
+"""`kvwatch run`'s exporter hook: attach() serves the supervisor's engine, close() stops it."""
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import pytest
+
+from engine_support import free_port, http_get
+from exporter_support import fixture_plan, samples, value
+from kvwatch.config import Config
+from kvwatch.engine_status import EngineState, EngineStatus
+from kvwatch.errors import KvwatchError
+from kvwatch.exporter_hook import attach
+from nvml_standin import NvmlStandin
+from nvml_standin import nvml_standin_fixture  # noqa: F401
+
+
+class _Supervisor:
+    """What the hook reads: an immutable EngineStatus in .status, replaced on each change."""
+
+    def __init__(self, status: EngineStatus) -> None:
+        self.status = status
+
+
+def test_attach_serves_the_supervised_engine_and_close_stops(nvml_standin: NvmlStandin) -> None:
+    port = free_port()
+    config = replace(Config(), listen=f"127.0.0.1:{port}")
+    config = replace(config, watch=replace(config.watch, interval_seconds=0.1))
+    argv = ("vllm", "serve", "/nonexistent", "--port", str(free_port()))
+    supervisor = _Supervisor(EngineStatus("llm", EngineState.STARTING, plan=fixture_plan("cpu_default"), argv=argv,
+                                          failures={"cuda_oom": 1}))
+    close = attach(config, supervisor)
+    try:
+        deadline = time.monotonic() + 10
+        found: dict = {}
+        while value(found, "kvwatch_engine_up", engine="llm") is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+            found = samples(http_get(f"http://127.0.0.1:{port}/metrics")[1])
+        assert value(found, "kvwatch_engine_state", engine="llm", state="starting") == 1
+        assert value(found, "kvwatch_engine_failures_total", engine="llm", kind="cuda_oom") == 1
+        assert value(found, "kvwatch_kv_planned_blocks", engine="llm") == 16_384
+        assert value(found, "kvwatch_collector_success", collector="nvml") == 1  # the stand-in's H100
+        supervisor.status = replace(supervisor.status, state=EngineState.FATAL)
+        deadline = time.monotonic() + 10
+        while value(found, "kvwatch_engine_state", engine="llm", state="fatal") != 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+            found = samples(http_get(f"http://127.0.0.1:{port}/metrics")[1])
+        assert value(found, "kvwatch_engine_state", engine="llm", state="fatal") == 1
+    finally:
+        close()
+    assert http_get(f"http://127.0.0.1:{port}/-/healthy")[0] == 0  # closed
+
+
+def test_a_busy_listen_address_is_a_kvwatch_error() -> None:
+    port = free_port()
+    first = attach(replace(Config(), listen=f"127.0.0.1:{port}"), _Supervisor(EngineStatus("a", EngineState.STOPPED)))
+    try:
+        with pytest.raises(KvwatchError, match="cannot listen"):
+            attach(replace(Config(), listen=f"127.0.0.1:{port}"), _Supervisor(EngineStatus("b", EngineState.STOPPED)))
+    finally:
+        first()
