@@ -1,7 +1,6 @@
 """`kvwatch diagnose`: exit codes, JSON, human output, stdin, bad input."""
 from __future__ import annotations
 
-import io
 import json
 import subprocess
 import sys
@@ -10,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from kvwatch.cli import main
-from kvwatch.commands.diagnose import read_lines
-from kvwatch.diagnosis.diagnose import MAX_LINE_CHARS
+from kvwatch.diagnosis.diagnose import MAX_LINE_BYTES
 from kvwatch.exitcodes import EXIT_BAD_INPUT, EXIT_OK, EXIT_UNKNOWN_FAILURE
 
 LOGS = Path(__file__).resolve().parent / "fixtures" / "logs"
@@ -106,13 +104,13 @@ def test_bad_input_is_one_line_exit_2(argv, needle):
     assert len(err.strip().splitlines()) <= 3 and err.strip().splitlines()[-1].startswith("kvwatch")
 
 
-def test_read_lines_cuts_a_giant_line_and_keeps_going():
-    giant = b"x" * (MAX_LINE_CHARS * 10) + b"\n"
-    stream = io.BytesIO(giant + b"No available memory for the cache blocks\n")
-    lines = list(read_lines(stream))
-    assert len(lines) == 2
-    assert len(lines[0]) <= MAX_LINE_CHARS * 4
-    assert lines[1].startswith(b"No available memory")
+def test_a_giant_line_is_cut_and_the_scan_goes_on(tmp_path, capsys):
+    log = tmp_path / "giant.log"
+    with open(log, "wb") as out:
+        out.write(b"x" * (MAX_LINE_BYTES * 3) + b" No available memory for the cache blocks\n")
+        out.write(b"ValueError: No common block size for 8 (CPU_ATTN: [MultipleOf(32)]).\n")
+    code, out = run_json(capsys, str(log))
+    assert code == EXIT_OK and out["kind"] == "block_size_unsupported"
 
 
 def test_diagnose_never_imports_vllm_or_torch():

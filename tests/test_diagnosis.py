@@ -1,6 +1,7 @@
 """Diagnosis of real engine output (tests/fixtures/logs, see its README for the sources)."""
 from __future__ import annotations
 
+import io
 import random
 from pathlib import Path
 
@@ -8,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvwatch.diagnosis import Diagnosis, FailureKind, LogScanner, diagnose
-from kvwatch.diagnosis.diagnose import MAX_LINE_CHARS, clean_line
+from kvwatch.diagnosis import Diagnosis, FailureKind, LogScanner, diagnose, diagnose_stream
+from kvwatch.diagnosis.diagnose import MAX_LINE_BYTES, MAX_LINE_CHARS, clean_line
 from kvwatch.diagnosis.patterns import PATTERNS
 
 LOGS = Path(__file__).resolve().parent / "fixtures" / "logs"
@@ -120,6 +121,22 @@ def test_scanner_fed_line_by_line_agrees(name):
     for line in read(name):
         scanner.feed(line + "\n")
     assert scanner.result() == fixture(name)
+
+
+@pytest.mark.parametrize("name", [c[0] for c in CASES])
+def test_stream_in_small_blocks_agrees(name):
+    data = (LOGS / name).read_bytes()
+    for block in (7, 4096, 1 << 20):
+        assert LogScanner().feed_stream(io.BytesIO(data), block_bytes=block).result() == fixture(name)
+
+
+def test_stream_cuts_giant_lines_without_reading_them_whole():
+    data = (b"y" * (3 * MAX_LINE_BYTES) + b"No available memory for the cache blocks\n"
+            + b"z" * (MAX_LINE_BYTES + 10))
+    for block in (1000, 1 << 20):
+        assert LogScanner().feed_stream(io.BytesIO(data), block_bytes=block).result().kind is FailureKind.UNKNOWN
+    data += b"\nValueError: No available memory for the cache blocks.\n"
+    assert diagnose_stream(io.BytesIO(data)).kind is FailureKind.NO_KV_CACHE_MEMORY
 
 
 def test_evidence_is_the_exception_not_the_wrapper():
@@ -320,6 +337,13 @@ def test_root_cause_survives_garbage(root, before, after):
     line, kind = root
     d = diagnose(before + [line] + after)
     assert d.kind is kind
+
+
+@_PROPERTY
+@given(st.binary(max_size=4000), st.integers(min_value=1, max_value=600))
+def test_stream_and_lines_agree_on_random_bytes(data, block):
+    by_lines = diagnose(data.split(b"\n"))
+    assert LogScanner().feed_stream(io.BytesIO(data), block_bytes=block).result() == by_lines
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in LOGS.glob("*.log")))

@@ -10,15 +10,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import IO, Any, Iterator
+from typing import Any
 
-from kvwatch.diagnosis import Diagnosis, FailureKind, Remedy, diagnose, propose_remedy
-from kvwatch.diagnosis.diagnose import MAX_LINE_CHARS
+from kvwatch.diagnosis import Diagnosis, FailureKind, Remedy, propose_remedy
+from kvwatch.diagnosis.diagnose import diagnose_stream
 from kvwatch.engine_args import EngineCommand
 from kvwatch.errors import KvwatchError
 from kvwatch.exitcodes import EXIT_OK, EXIT_UNKNOWN_FAILURE
-
-_MAX_LINE_BYTES = MAX_LINE_CHARS * 4
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -32,27 +30,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def read_lines(stream: IO[bytes]) -> Iterator[bytes]:
-    """Lines of a byte stream, each at most _MAX_LINE_BYTES: the rest of a longer line is skipped,
-    so a log that is one giant line never sits in memory whole."""
-    while True:
-        chunk = stream.readline(_MAX_LINE_BYTES)
-        if not chunk:
-            return
-        yield chunk
-        if len(chunk) == _MAX_LINE_BYTES and not chunk.endswith(b"\n"):
-            while True:
-                rest = stream.readline(_MAX_LINE_BYTES)
-                if not rest or rest.endswith(b"\n"):
-                    break
-
-
 def _diagnose_source(path: str, served: bool) -> Diagnosis:
     if path == "-":
-        return diagnose(read_lines(sys.stdin.buffer), served=served)
+        return diagnose_stream(sys.stdin.buffer, served=served)
     try:
         with open(path, "rb") as stream:
-            return diagnose(read_lines(stream), served=served)
+            return diagnose_stream(stream, served=served)
     except OSError as exc:
         raise KvwatchError(f"cannot read {path}: {exc.strerror or exc}") from None
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import IO, Any, Iterable
 
 from kvwatch.diagnosis.classes import FailureKind
 from kvwatch.diagnosis.patterns import (CONTEXT_PATTERNS, EXCEPTION_KEYWORDS, EXCEPTION_LINE, PATTERNS,
@@ -25,13 +25,16 @@ from kvwatch.rules import FP8_KV_DTYPES, PACKED_MLA_BYTES
 
 MAX_LINE_CHARS = 64 * 1024          # a giant line is cut, so no regex ever sees more
 MAX_EVIDENCE_CHARS = 2000           # evidence reported (the line, trimmed)
+MAX_LINE_BYTES = MAX_LINE_CHARS * 4  # the same cut on undecoded UTF-8
+_BATCH_CHARS = 1 << 20              # feed_all joins lines into batches of about this size
+_BLOCK_BYTES = 1 << 20              # feed_stream reads blocks of this size
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 _PREFIX = re.compile(r"\((?P<proc>[A-Za-z_][\w.-]*)(?: rank=\d+)? pid=(?P<pid>\d+)\)")
 _RAISE_CALL = re.compile(r"\braise \w*\($")
 _EXCEPTION_HEAD = re.compile(r"(?:Error|Exception|Resources): $")
 _FLAG_REASONS = ("block_size", "kv_cache_dtype", "kv cache dtype", "FP8 KV cache", "fp8")
 
-# The keywords the prefilter tests, all at once: one pass of `in` per keyword per line.
+# The keywords the prefilter tests: one pass of `in` per keyword over a whole batch of lines.
 _ALL_KEYWORDS: tuple[str, ...] = tuple(dict.fromkeys(
     ROOT_KEYWORDS + tuple(w for w, _ in WRAPPERS) + READY_MARKERS + RUN_START_MARKERS
     + tuple(k for k, *_ in CONTEXT_PATTERNS) + EXCEPTION_KEYWORDS))
@@ -59,10 +62,14 @@ class _Candidate:
     merged: Facts = field(default_factory=dict)
 
 
+def _decode(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace")
+
+
 def clean_line(line: str | bytes) -> str:
     """One line as the scanner sees it: decoded, cut, without colours or the newline."""
     if isinstance(line, bytes):
-        line = line[:MAX_LINE_CHARS * 4].decode("utf-8", errors="replace")
+        line = _decode(line[:MAX_LINE_BYTES])
     if len(line) > MAX_LINE_CHARS:
         line = line[:MAX_LINE_CHARS]
     if "\x1b" in line:
@@ -105,11 +112,79 @@ class LogScanner:
 
     # -- input -------------------------------------------------------------------------
     def feed(self, line: str | bytes) -> None:
-        self.lines += 1
-        line = clean_line(line)
-        hits = [k for k in _ALL_KEYWORDS if k in line]
-        if not hits:
+        """One line (bytes are decoded as UTF-8, invalid sequences replaced)."""
+        if isinstance(line, bytes):
+            line = _decode(line[:MAX_LINE_BYTES])
+        self._feed_text(line.rstrip("\r\n"))
+
+    def feed_all(self, lines: Iterable[str | bytes]) -> "LogScanner":
+        """feed() for many lines, in batches of about a megabyte (the prefilter runs per batch)."""
+        batch: list[str] = []
+        size = 0
+        for line in lines:
+            if isinstance(line, bytes):
+                line = _decode(line[:MAX_LINE_BYTES])
+            line = line.rstrip("\r\n")
+            batch.append(line)
+            size += len(line)
+            if size >= _BATCH_CHARS:
+                self._feed_text("\n".join(batch))
+                batch, size = [], 0
+        if batch:
+            self._feed_text("\n".join(batch))
+        return self
+
+    def feed_stream(self, stream: IO[bytes], block_bytes: int = _BLOCK_BYTES) -> "LogScanner":
+        """A byte stream (a file, stdin), read in blocks: what `kvwatch diagnose` uses. A line
+        longer than MAX_LINE_BYTES is cut there and the rest of it skipped, unread into memory."""
+        carry = b""
+        skipping = False                       # inside a line already cut
+        while data := stream.read(block_bytes):
+            if skipping:
+                nl = data.find(b"\n")
+                if nl == -1:
+                    continue
+                data, skipping = data[nl + 1:], False
+            data = carry + data
+            nl = data.rfind(b"\n")
+            if nl != -1:
+                self._feed_text(_decode(data[:nl]))
+                data = data[nl + 1:]
+            if len(data) > MAX_LINE_BYTES:
+                self._feed_text(_decode(data[:MAX_LINE_BYTES]))
+                data, skipping = b"", True
+            carry = data
+        if carry:
+            self._feed_text(_decode(carry))
+        return self
+
+    def _feed_text(self, text: str) -> None:
+        """Whole lines joined by newlines. The prefilter runs on the whole text: one `in` per
+        keyword; then only the lines holding a keyword are looked at, in order."""
+        self.lines += text.count("\n") + 1
+        if "\x1b" in text:
+            text = _ANSI.sub("", text)
+        present = [k for k in _ALL_KEYWORDS if k in text]
+        if not present:
             return
+        starts: set[int] = set()
+        for keyword in present:
+            at = text.find(keyword)
+            while at != -1:
+                start = text.rfind("\n", 0, at) + 1
+                if at + len(keyword) <= start + MAX_LINE_CHARS:     # beyond the cut: not seen
+                    starts.add(start)
+                end = text.find("\n", at)
+                at = text.find(keyword, end) if end != -1 else -1
+        for start in sorted(starts):
+            end = text.find("\n", start)
+            end = len(text) if end == -1 else end
+            line = text[start:min(end, start + MAX_LINE_CHARS)].rstrip("\r")
+            hits = [k for k in present if k in line]
+            if hits:
+                self._process(line, hits)
+
+    def _process(self, line: str, hits: list[str]) -> None:
         if any(k in RUN_START_MARKERS for k in hits):
             self._reset_run()
         if any(k in READY_MARKERS for k in hits):
@@ -125,24 +200,15 @@ class LogScanner:
             if text in hits:
                 self._wrappers[name] = self._wrappers.get(name, 0) + 1
                 wrapped = True
-        matched = False
         for pattern in _PATTERNS_BY_PRIORITY:
             if not any(k in hits for k in pattern.keywords):
                 continue
             m = pattern.regex.search(line)
-            if m is None:
-                continue
-            self._offer(pattern, m, line)
-            matched = True
-            break
-        if not matched and not wrapped and any(k in hits for k in EXCEPTION_KEYWORDS):
-            if EXCEPTION_LINE.search(line):
-                self._last_exception = line[:MAX_EVIDENCE_CHARS]
-
-    def feed_all(self, lines: Iterable[str | bytes]) -> "LogScanner":
-        for line in lines:
-            self.feed(line)
-        return self
+            if m is not None:
+                self._offer(pattern, m, line)
+                return
+        if not wrapped and any(k in hits for k in EXCEPTION_KEYWORDS) and EXCEPTION_LINE.search(line):
+            self._last_exception = line[:MAX_EVIDENCE_CHARS]
 
     def _offer(self, pattern: Pattern, m: "re.Match[str]", line: str) -> None:
         try:
@@ -240,3 +306,8 @@ def flag_fixable_backends(reasons: dict[str, list[str]]) -> list[str]:
 def diagnose(lines: Iterable[str | bytes], *, served: bool = False) -> Diagnosis:
     """The root cause of a failure, from the engine's output (stdout and stderr, any order)."""
     return LogScanner(served=served).feed_all(lines).result()
+
+
+def diagnose_stream(stream: IO[bytes], *, served: bool = False) -> Diagnosis:
+    """diagnose() of a byte stream (a log file opened "rb", stdin's buffer)."""
+    return LogScanner(served=served).feed_stream(stream).result()
