@@ -268,7 +268,26 @@ def test_every_pattern_is_exercised():
     assert {p.name for p in PATTERNS} <= seen
 
 
+def test_planner_warning_kinds_are_failure_classes():
+    from kvwatch import plan
+    for name in ("BLOCK_SIZE_UNSUPPORTED", "KV_DTYPE_UNSUPPORTED", "KERNEL_OUT_OF_RESOURCES", "KV_CACHE_TOO_SMALL",
+                 "NO_KV_CACHE_MEMORY", "NO_ATTENTION_BACKEND"):
+        assert FailureKind(getattr(plan, name)) is FailureKind[name]
+
+
 # -- robustness ----------------------------------------------------------------------------
+
+def test_scanner_memory_stays_bounded():
+    scanner = LogScanner()
+    for i in range(4000):
+        scanner.feed(f"(Worker_TP{i % 8} pid={i}) ERROR KeyError: {i} " + "z" * (i % 700))
+        scanner.feed(f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {i}.00 MiB. " + "q" * (i % 3000 if i % 50 == 0 else 10))
+    assert scanner.lines == 8000
+    assert len(scanner._best) == 1
+    candidate = scanner._best[FailureKind.CUDA_OOM]
+    assert len(candidate.line) <= 2000 and len(candidate.merged) < 10
+    assert len(scanner._last_exception) <= 2000
+
 
 def test_giant_line_is_cut_not_scanned_whole():
     line = "x" * (10 * MAX_LINE_CHARS) + "No available memory for the cache blocks"

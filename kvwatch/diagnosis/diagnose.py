@@ -2,7 +2,8 @@
 
 The scanner looks at each line once, in order, with bounded memory:
 - a line is cut to MAX_LINE_CHARS and stripped of ANSI colours;
-- a cheap prefilter (substring keywords) skips the ordinary INFO lines before any regex runs;
+- a cheap prefilter (substring keywords, tested on whole batches of lines at once) skips the
+  ordinary INFO lines before any regex runs;
 - per class, it keeps the best-placed evidence line and the facts found so far;
 - wrappers ("Engine core initialization failed", "Worker failed with error '...'") never name
   a class: the root cause they wrap matches on its own line, or inside the wrapper's quote;

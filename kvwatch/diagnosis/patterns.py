@@ -131,7 +131,8 @@ def _kv_too_small_old(m: "re.Match[str]") -> Facts:
 
 
 _ALLOC = re.compile(r"Tried to allocate ([\d.]+) ([KMGT]?i?B)")
-_CAPACITY = re.compile(r"GPU (\d+) has a total capac?ity of ([\d.]+) ([KMGT]?i?B) of which ([\d.]+) ([KMGT]?i?B) is free")
+_CAPACITY = re.compile(r"GPU (\d+) has a total capac?ity of ([\d.]+) ([KMGT]?i?B) "
+                       r"of which ([\d.]+) ([KMGT]?i?B) is free")
 _PROCESS = re.compile(r"Process (\d+) has ([\d.]+) ([KMGT]?i?B) memory in use")
 _THIS_PROCESS = re.compile(r"this process has ([\d.]+) ([KMGT]?i?B) memory in use")
 _MAX_PROCESSES = 16
