@@ -281,7 +281,8 @@ def test_scanner_memory_stays_bounded():
     scanner = LogScanner()
     for i in range(4000):
         scanner.feed(f"(Worker_TP{i % 8} pid={i}) ERROR KeyError: {i} " + "z" * (i % 700))
-        scanner.feed(f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {i}.00 MiB. " + "q" * (i % 3000 if i % 50 == 0 else 10))
+        padding = "q" * (i % 3000 if i % 50 == 0 else 10)
+        scanner.feed(f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {i}.00 MiB. {padding}")
     assert scanner.lines == 8000
     assert len(scanner._best) == 1
     candidate = scanner._best[FailureKind.CUDA_OOM]
