@@ -7,6 +7,7 @@ Requests go straight to the engine: proxy variables in the environment are ignor
 """
 from __future__ import annotations
 
+import http.client
 import logging
 import math
 import urllib.error
@@ -66,7 +67,7 @@ def health(base_url: str, timeout: float = 2.0) -> bool:
     try:
         with _OPENER.open(_url(base_url, "/health"), timeout=timeout) as resp:
             return resp.status == 200
-    except (OSError, ValueError, urllib.error.URLError) as exc:  # HTTPError is an OSError
+    except (OSError, ValueError, http.client.HTTPException) as exc:  # URLError, HTTPError are OSErrors
         _LOG.debug("%s/health: %s", base_url, exc)
         return False
 
@@ -79,8 +80,9 @@ def scrape(base_url: str, timeout: float = 3.0) -> EngineMetrics:
             body = resp.read(MAX_PAGE_BYTES + 1)
     except urllib.error.HTTPError as exc:
         return EngineMetrics.failed(f"{url}: HTTP {exc.code}")
-    except (OSError, ValueError) as exc:  # URLError, timeouts, resets, a malformed URL
-        reason = getattr(exc, "reason", exc)
+    except (OSError, ValueError, http.client.HTTPException) as exc:
+        # URLError, timeouts, resets, a malformed URL, a peer that does not speak HTTP, a short body
+        reason = getattr(exc, "reason", None) or f"{type(exc).__name__}: {exc}"
         return EngineMetrics.failed(f"{url}: {reason}")
     if len(body) > MAX_PAGE_BYTES:
         return EngineMetrics.failed(f"{url}: page larger than {MAX_PAGE_BYTES} bytes")

@@ -160,3 +160,34 @@ def test_unreachable_engines_are_error_values(url: str) -> None:
     assert engine_http.health(url, 1) is False
     m = engine_http.scrape(url, 1)
     assert not m.ok and m.error
+
+
+@pytest.mark.parametrize("reply", [b"hello, not HTTP\r\n\r\n", b"HTTP/1.1 200 OK\r\nContent-Length: 5000\r\n\r\nshort", b""])
+def test_a_peer_that_does_not_speak_http_is_an_error_value(reply: bytes) -> None:
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    port = listener.getsockname()[1]
+
+    def serve() -> None:
+        for _ in range(2):
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            conn.recv(4096)
+            conn.sendall(reply)
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        m = engine_http.scrape(f"http://127.0.0.1:{port}", 2)
+        assert not m.ok and m.error
+        # /health reads the status line only: a 200 with a short body is healthy
+        assert engine_http.health(f"http://127.0.0.1:{port}", 2) is reply.startswith(b"HTTP/1.1 200")
+    finally:
+        listener.close()
+        thread.join(5)

@@ -82,8 +82,10 @@ def actual_kv(ctx: KvContext, cache: CacheConfig | None, log_kv_tokens: int | No
     slack = LOG_GIB_ROUNDING if source == "log" else 0
     padding["remainder"] = 0
     if memory is not None:
-        # the remainder is below one block; a log figure is only good to 0.005 GiB
-        padding["remainder"] = min(max(0, memory - kv_bytes), bytes_per_block - 1)
+        # the remainder is below one block (a log figure is only good to 0.005 GiB); with
+        # --num-gpu-blocks-override the memory left over is not padding (as in the plan)
+        if ctx.settings.num_gpu_blocks_override is None:
+            padding["remainder"] = min(max(0, memory - kv_bytes), bytes_per_block - 1)
         if ctx.settings.num_gpu_blocks_override is None and not (
                 memory - slack - bytes_per_block < kv_bytes <= memory + slack):
             problems.append(f"{blocks} blocks x {bytes_per_block} B = {kv_bytes} B, but the engine "
