@@ -266,8 +266,10 @@ def test_a_failing_process_source_fails_its_collector_only() -> None:
 
 
 def test_process_rss_per_engine_from_the_injected_source() -> None:
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    child = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(30)"],
+                             stdout=subprocess.PIPE, text=True)
     try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "up"  # running python now
         def proc_rss(pids: list[int]) -> dict[int, int]:  # what kvwatch.processes provides, from /proc
             out = {}
             for pid in pids:
