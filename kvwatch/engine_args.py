@@ -41,6 +41,24 @@ def _split(token: str) -> tuple[str, str | None]:
     return _canonical(token), None
 
 
+def _occurrences(argv: Sequence[str], flag: str):
+    """(start, end, value) of every occurrence of `flag` in argv; end is exclusive."""
+    i = 0
+    while i < len(argv):
+        name, inline = _split(argv[i])
+        if name == flag:
+            if inline is not None:
+                yield i, i + 1, inline
+                i += 1
+                continue
+            if i + 1 >= len(argv):
+                raise CommandError(f"{flag} needs a value")
+            yield i, i + 2, argv[i + 1]
+            i += 2
+            continue
+        i += 1
+
+
 @dataclass(frozen=True)
 class EngineSettings:
     """The flags the planner needs, typed, with vLLM's defaults where it has one."""
@@ -87,21 +105,7 @@ class EngineCommand:
 
     def values(self, flag: str) -> list[str]:
         """Every value given for `flag`, in order (argparse keeps the last)."""
-        flag = _canonical(flag)
-        found: list[str] = []
-        i = 0
-        while i < len(self.argv):
-            name, inline = _split(self.argv[i])
-            if name == flag:
-                if inline is not None:
-                    found.append(inline)
-                elif i + 1 < len(self.argv):
-                    found.append(self.argv[i + 1])
-                    i += 1
-                else:
-                    raise CommandError(f"{flag} needs a value")
-            i += 1
-        return found
+        return [value for _, _, value in _occurrences(self.argv, _canonical(flag))]
 
     def get(self, flag: str) -> str | None:
         values = self.values(flag)
@@ -163,39 +167,20 @@ class EngineCommand:
     def with_flag(self, flag: str, value: object) -> "EngineCommand":
         """Set `flag` to `value`: the first occurrence is replaced in place, later ones dropped."""
         flag = _canonical(flag)
-        text = str(value)
-        out: list[str] = []
-        placed = False
-        i = 0
-        while i < len(self.argv):
-            token = self.argv[i]
-            name, inline = _split(token)
-            if name == flag:
-                if not placed:
-                    out.append(f"{token.split('=', 1)[0]}={text}" if inline is not None else token)
-                    if inline is None:
-                        out.append(text)
-                    placed = True
-                i += 1 if inline is not None else 2
-                continue
-            out.append(token)
-            i += 1
-        if not placed:
-            out.extend([flag, text])
-        return EngineCommand(tuple(out))
+        spans = list(_occurrences(self.argv, flag))
+        if not spans:
+            return EngineCommand((*self.argv, flag, str(value)))
+        start, end, _ = spans[0]
+        token = self.argv[start]
+        replacement = [f"{token.split('=', 1)[0]}={value}"] if end == start + 1 else [token, str(value)]
+        out = [*self.argv[:start], *replacement, *self.argv[end:]]
+        return EngineCommand(tuple(out)).without_flag(flag, keep_first=True)
 
-    def without_flag(self, flag: str) -> "EngineCommand":
+    def without_flag(self, flag: str, keep_first: bool = False) -> "EngineCommand":
         flag = _canonical(flag)
-        out: list[str] = []
-        i = 0
-        while i < len(self.argv):
-            name, inline = _split(self.argv[i])
-            if name == flag:
-                i += 1 if inline is not None else 2
-                continue
-            out.append(self.argv[i])
-            i += 1
-        return EngineCommand(tuple(out))
+        spans = list(_occurrences(self.argv, flag))[1 if keep_first else 0:]
+        drop = {i for start, end, _ in spans for i in range(start, end)}
+        return EngineCommand(tuple(t for i, t in enumerate(self.argv) if i not in drop))
 
     def apply(self, set_flags: dict[str, object], remove: Sequence[str] = ()) -> "EngineCommand":
         command = self
