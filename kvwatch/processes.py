@@ -384,3 +384,14 @@ def environ_value(pid: int, key: str) -> str | None:
 def ref_of(pid: int) -> ProcRef | None:
     ct = _create_time(pid)
     return ProcRef(pid, ct) if ct is not None else None
+
+
+def rss(pids: Iterable[int]) -> dict[int, int]:
+    """pid -> resident bytes for the pids still running (the exporter's per-process series)."""
+    out: dict[int, int] = {}
+    for pid in pids:
+        try:
+            out[pid] = psutil.Process(pid).memory_info().rss
+        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+            continue
+    return out

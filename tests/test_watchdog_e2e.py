@@ -1,0 +1,359 @@
+"""`kvwatch run` on the real vLLM CPU engine: the Must-show list of issue 4.
+
+Each test runs kvwatch as a real process (`python -m kvwatch.cli run`) with a TOML config
+of short timeouts, reads its state file and `kvwatch status`, and asks the engine itself
+(/metrics, /v1/models) what it runs with. Engines take ~45 s to start on 2 cores, so the
+scenarios that can honestly share an engine run one after another in one kvwatch run.
+Every process carrying the engine's marker variable is killed at the end, pass or fail.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import psutil
+import pytest
+
+from engine_support import (engine_argv, engine_env, free_port, http_get, llama_config, require_engine,
+                            write_model)
+from kvwatch.engine_http import parse_metrics
+from kvwatch.exitcodes import EXIT_GAVE_UP
+
+pytestmark = pytest.mark.engine
+
+START = float(os.environ.get("KVWATCH_TEST_ENGINE_TIMEOUT", "300"))
+HANG_TIMEOUT = 10.0
+CONFIG = f"""
+[engine]
+start_timeout_seconds = {START:.0f}
+health_interval_seconds = 1
+hang_timeout_seconds = {HANG_TIMEOUT:.0f}
+stop_timeout_seconds = 15
+
+[policy]
+backoff_initial_seconds = 0.5
+backoff_max_seconds = 2
+max_restarts = 4
+max_corrections = 4
+
+[watch]
+interval_seconds = 2
+"""
+
+
+def log(message: str) -> None:
+    print(f"[e2e {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+class Kvwatch:
+    """One `kvwatch run` process and its state file."""
+
+    def __init__(self, tmp: Path, name: str, engine: list[str], *flags: str) -> None:
+        require_engine()
+        self.name = name
+        self.state_dir = tmp / "state"
+        self.config = tmp / "kvwatch.toml"
+        self.config.write_text(CONFIG)
+        self.log_path = tmp / f"{name}.log"
+        self.argv = [sys.executable, "-m", "kvwatch.cli", "run", "--config", str(self.config), "--name", name,
+                     "--state-dir", str(self.state_dir), "--listen", f"127.0.0.1:{free_port()}", *flags,
+                     "--", *engine]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> "Kvwatch":
+        with open(self.log_path, "ab") as out:
+            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=engine_env(1), start_new_session=True)
+        return self
+
+    def state(self) -> dict[str, Any]:
+        try:
+            return json.loads((self.state_dir / f"{self.name}.json").read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def wait(self, what: str, check: Callable[[dict[str, Any]], bool], timeout: float = START) -> dict[str, Any]:
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            data = self.state()
+            if data and check(data):
+                return data
+            if self.proc.poll() is not None:
+                raise AssertionError(f"kvwatch exited {self.proc.returncode} waiting for {what}; "
+                                     f"state {data.get('state')}: {data.get('reason')}\n{self.tail()}")
+            time.sleep(0.25)
+        raise AssertionError(f"no {what} after {timeout:.0f}s; state {self.state().get('state')}\n{self.tail()}")
+
+    def wait_ready(self) -> dict[str, Any]:
+        return self.wait("ready", lambda d: d["state"] == "ready" and d.get("kvwatch_pid") == self.proc.pid
+                         and len(d["pids"]) >= 3)
+
+    def exit_code(self, timeout: float = 60) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout=timeout)
+
+    def tail(self, n: int = 40) -> str:
+        lines = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(line for line in lines if not line.startswith(f"[{self.name}] "))[-6000:] + \
+            "\n--- engine ---\n" + "\n".join(line for line in lines if line.startswith(f"[{self.name}] "))[-3000:]
+
+    def kvwatch_lines(self) -> list[str]:
+        return [line for line in self.log_path.read_text(errors="replace").splitlines()
+                if " kvwatch " in line and not line.startswith(f"[{self.name}] ")]
+
+    def status(self) -> str:
+        out = subprocess.run([sys.executable, "-m", "kvwatch.cli", "status", "--state-dir", str(self.state_dir),
+                              "--name", self.name], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    def marker(self) -> str:
+        return f"{self.name}@{os.path.abspath(self.state_dir)}"
+
+    def cleanup(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for pid in engine_processes(self.marker()):
+            try:
+                os.killpg(os.getpgid(pid), signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def engine_processes(marker: str) -> list[int]:
+    """Live processes started by kvwatch for this engine (they carry its marker variable)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE and proc.environ().get("KVWATCH_ENGINE") == marker:
+                found.append(proc.pid)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def alive(pids: list[int]) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def wait_gone(pids: list[int], timeout: float) -> float:
+    started = time.monotonic()
+    while alive(pids):
+        if time.monotonic() - started > timeout:
+            raise AssertionError(f"still running after {timeout}s: {alive(pids)}")
+        time.sleep(0.1)
+    return time.monotonic() - started
+
+
+def engine_url(state: dict[str, Any]) -> str:
+    argv = state["argv"]
+    return f"http://127.0.0.1:{argv[argv.index('--port') + 1]}"
+
+
+def cache_config(state: dict[str, Any]) -> Any:
+    status, body = http_get(engine_url(state) + "/metrics")
+    assert status == 200
+    metrics = parse_metrics(body)
+    assert metrics.ok and metrics.cache is not None, metrics.error
+    return metrics.cache
+
+
+def served_max_model_len(state: dict[str, Any]) -> int:
+    status, body = http_get(engine_url(state) + "/v1/models")
+    assert status == 200
+    return int(json.loads(body)["data"][0]["max_model_len"])
+
+
+def flag(argv: list[str], name: str) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+@pytest.fixture
+def tiny(tmp_path: Path) -> Path:
+    return write_model(tmp_path / "tiny", llama_config())  # head_dim 32
+
+
+@pytest.fixture
+def wide(tmp_path: Path) -> Path:
+    """VLLM_FACTS §9: 4 layers, 8 KV heads, head 64, bf16, 262144 positions; 1 GiB holds 130,944 tokens."""
+    return write_model(tmp_path / "wide", llama_config(layers=4, kv_heads=8, heads=8, head_dim=64, max_len=262144))
+
+
+def test_block_size_corrected_then_crash_hang_kill9_and_restart(tmp_path: Path, tiny: Path) -> None:
+    """--no-preflight --block-size 8: one correction to 32, served; then on the same run: kill -9 of
+    EngineCore, SIGSTOP of the engine, kill -9 of kvwatch; then a new kvwatch starts clean and
+    launches the corrected plan first, with zero failures."""
+    port = free_port()
+    engine = engine_argv(tiny, port, "--block-size", "8")
+    kv = Kvwatch(tmp_path, "bs8", engine, "--no-preflight")
+    try:
+        t0 = time.monotonic()
+        kv.start()
+        ready = kv.wait_ready()
+        log(f"block size 8 -> ready after {time.monotonic() - t0:.0f}s")
+        assert [c["kind"] for c in ready["corrections"]] == ["block_size_unsupported"]
+        assert [f["kind"] for f in ready["failures"]] == ["block_size_unsupported"]
+        assert flag(ready["argv"], "--block-size") == "32"
+        assert cache_config(ready).block_size == 32
+        assert ready["plans_tried"] == [engine, ready["argv"]]
+        status = kv.status()
+        assert "block_size_unsupported: --block-size 32" in status and "ready" in status
+
+        # kill -9 of EngineCore while serving: restarted with the same plan, nothing of the old tree left.
+        old = [p["pid"] for p in ready["pids"]]
+        core = next(p["pid"] for p in ready["pids"] if "EngineCore" in p["name"])
+        t1 = time.monotonic()
+        os.kill(core, signal.SIGKILL)
+        kv.wait("the crash", lambda d: d["restarts"].get("engine_died") == 1)
+        detected = time.monotonic() - t1
+        again = kv.wait_ready()
+        log(f"kill -9 EngineCore: detected after {detected:.1f}s, serving again after {time.monotonic() - t1:.0f}s")
+        assert again["argv"] == ready["argv"] and len(again["corrections"]) == 1
+        assert alive(old) == [] and not set(old) & {p["pid"] for p in again["pids"]}
+        assert cache_config(again).block_size == 32
+
+        # SIGSTOP of the whole engine: a hang, detected within the window, killed, restarted.
+        old = [p["pid"] for p in again["pids"]]
+        t2 = time.monotonic()
+        os.killpg(os.getpgid(old[0]), signal.SIGSTOP)
+        hung = kv.wait("the hang", lambda d: d["restarts"].get("engine_died") == 2, timeout=HANG_TIMEOUT + 30)
+        detected = time.monotonic() - t2
+        assert "hang_timeout" in hung["failures"][-1]["evidence"]
+        assert detected < HANG_TIMEOUT + 10, detected
+        assert wait_gone(old, 20) < 20
+        third = kv.wait_ready()
+        log(f"SIGSTOP: hang detected after {detected:.1f}s, serving again after {time.monotonic() - t2:.0f}s")
+        assert third["argv"] == ready["argv"]
+
+        # kill -9 of kvwatch: the reaper ends the engine group within seconds.
+        tree = [p["pid"] for p in third["pids"]]
+        assert kv.proc is not None
+        kv.proc.kill()
+        kv.proc.wait()
+        gone = wait_gone(tree, 15)
+        log(f"kill -9 kvwatch: engine tree ({len(tree)} processes) gone after {gone:.1f}s")
+        assert gone < 10 and engine_processes(kv.marker()) == []
+
+        # The next run starts clean and launches the corrected plan first: zero failures.
+        failures_before = len(third["failures"])
+        t3 = time.monotonic()
+        kv.start()
+        fourth = kv.wait_ready()
+        log(f"restart of kvwatch: corrected plan serving after {time.monotonic() - t3:.0f}s")
+        assert fourth["plans_tried"][-1] == ready["argv"] and fourth["argv"] == ready["argv"]
+        assert len(fourth["failures"]) == failures_before and fourth["failure_counts"] == {}
+        assert fourth["foreign"] == []
+        assert not any("leftovers:" in line for line in kv.kvwatch_lines())
+        assert cache_config(fourth).block_size == 32
+
+        # SIGTERM: the engine group goes, kvwatch exits 0.
+        tree = [p["pid"] for p in fourth["pids"]]
+        kv.proc.send_signal(signal.SIGTERM)
+        assert kv.exit_code() == 0
+        assert alive(tree) == [] and kv.state()["state"] == "stopped"
+    finally:
+        kv.cleanup()
+    assert engine_processes(kv.marker()) == []
+
+
+def test_preflight_fixes_block_size_fp8_and_max_model_len_with_no_failed_launch(tmp_path: Path, wide: Path) -> None:
+    engine = engine_argv(wide, free_port(), "--block-size", "8", "--kv-cache-dtype", "fp8", "--max-model-len", "262144")
+    kv = Kvwatch(tmp_path, "pre", engine)
+    try:
+        t0 = time.monotonic()
+        ready = kv.start().wait_ready()
+        log(f"preflight (block 8, fp8, max-model-len 262144): ready after {time.monotonic() - t0:.0f}s, one launch")
+        assert ready["failures"] == [] and ready["corrections"] == [] and len(ready["plans_tried"]) == 1
+        assert {f["kind"] for f in ready["preflight"]} == {"kv_dtype_unsupported", "block_size_unsupported",
+                                                           "kv_cache_too_small"}
+        argv = ready["argv"]
+        assert flag(argv, "--block-size") == "32" and flag(argv, "--kv-cache-dtype") == "auto"
+        cache = cache_config(ready)
+        assert cache.block_size == 32 and cache.cache_dtype == "auto"
+        assert served_max_model_len(ready) == int(flag(argv, "--max-model-len") or 0) <= 131072
+        kv.proc.send_signal(signal.SIGTERM)
+        assert kv.exit_code() == 0
+    finally:
+        kv.cleanup()
+    assert engine_processes(kv.marker()) == []
+
+
+def test_fp8_kv_falls_back_to_auto_at_run_time(tmp_path: Path, tiny: Path) -> None:
+    """--no-preflight --kv-cache-dtype fp8: the real engine rejects it (this CPU has no AVX-512);
+    one correction to auto, from vLLM's own message, and the engine serves with an auto KV cache."""
+    engine = engine_argv(tiny, free_port(), "--kv-cache-dtype", "fp8")
+    kv = Kvwatch(tmp_path, "fp8", engine, "--no-preflight")
+    try:
+        t0 = time.monotonic()
+        ready = kv.start().wait_ready()
+        log(f"fp8 at run time: ready after {time.monotonic() - t0:.0f}s")
+        assert [c["kind"] for c in ready["corrections"]] == ["kv_dtype_unsupported"]
+        assert ready["corrections"][0]["set"] == {"--kv-cache-dtype": "auto"}
+        assert "FP8 KV cache" in ready["failures"][0]["evidence"]
+        assert flag(ready["argv"], "--kv-cache-dtype") == "auto"
+        assert cache_config(ready).cache_dtype == "auto"
+        kv.proc.send_signal(signal.SIGTERM)
+        assert kv.exit_code() == 0
+    finally:
+        kv.cleanup()
+    assert engine_processes(kv.marker()) == []
+
+
+def test_max_model_len_beyond_kv_space_corrected_at_run_time(tmp_path: Path, wide: Path) -> None:
+    """--no-preflight --max-model-len 262144 with 1 GiB of KV: vLLM says 130,944 fit; kvwatch sets
+    exactly that and the engine serves it."""
+    engine = engine_argv(wide, free_port(), "--max-model-len", "262144")
+    kv = Kvwatch(tmp_path, "mml", engine, "--no-preflight")
+    try:
+        t0 = time.monotonic()
+        ready = kv.start().wait_ready()
+        log(f"max-model-len at run time: ready after {time.monotonic() - t0:.0f}s")
+        assert [c["kind"] for c in ready["corrections"]] == ["kv_cache_too_small"]
+        assert "estimated maximum model length is 130944" in ready["failures"][0]["evidence"]
+        assert served_max_model_len(ready) == int(flag(ready["argv"], "--max-model-len") or 0) == 130944
+        kv.proc.send_signal(signal.SIGTERM)
+        assert kv.exit_code() == 0
+    finally:
+        kv.cleanup()
+    assert engine_processes(kv.marker()) == []
+
+
+def test_unfixable_model_config_is_fatal_with_exit_78(tmp_path: Path) -> None:
+    config = llama_config()
+    config["architectures"] = ["NoSuchModelForCausalLM"]
+    model = write_model(tmp_path / "bad", config)
+    kv = Kvwatch(tmp_path, "bad", engine_argv(model, free_port()))
+    try:
+        t0 = time.monotonic()
+        kv.start()
+        assert kv.exit_code(timeout=START) == EXIT_GAVE_UP
+        log(f"unfixable config: FATAL after {time.monotonic() - t0:.0f}s")
+        data = kv.state()
+        assert data["state"] == "fatal" and data["reason"].startswith("gave up: ")
+        assert 1 <= len(data["failures"]) <= 1 + 4  # bounded: max_restarts
+        assert data["pids"] == []
+        status = kv.status()
+        assert "fatal" in status and "gave up" in status and "kvwatch not running" in status
+        assert "ValidationError" in status or "NoSuchModelForCausalLM" in status
+    finally:
+        kv.cleanup()
+    assert engine_processes(kv.marker()) == []
