@@ -9,7 +9,8 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Iterable
+import time
+from typing import Callable, Iterable
 
 from kvwatch import processes
 from kvwatch.processes import ProcRef
@@ -37,10 +38,10 @@ def is_ours(pid: int, refs: Iterable[ProcRef], mark: str) -> bool:
 
 
 def clean(refs: list[ProcRef], mark: str, port: int | None, gpu_holders: Iterable[tuple[str, int]],
-          timeout: float) -> CleanupReport:
+          timeout: float, sleep: Callable[[float], None] = time.sleep) -> CleanupReport:
     """Stop recorded processes still alive; then look at who holds the engine's port and GPUs."""
     report = CleanupReport()
-    report.stopped = processes.kill_processes(refs, timeout)
+    report.stopped = processes.kill_processes(refs, timeout, sleep)
     if report.stopped:
         _LOG.warning("leftovers: stopped our earlier engine processes %s", report.stopped)
     holders: list[tuple[str, int | None]] = []
@@ -56,7 +57,7 @@ def clean(refs: list[ProcRef], mark: str, port: int | None, gpu_holders: Iterabl
             continue
         ref = processes.ref_of(pid)
         if ref is not None and is_ours(pid, refs, mark):
-            stopped = processes.kill_processes([ref], timeout)
+            stopped = processes.kill_processes([ref], timeout, sleep)
             report.stopped += stopped
             _LOG.warning("leftovers: stopped our pid %d holding %s", pid, what)
         else:

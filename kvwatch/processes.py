@@ -333,7 +333,8 @@ def stop_group(pgid: int, timeout: float, *, leader: subprocess.Popen[bytes] | N
     return not left
 
 
-def kill_processes(refs: Iterable[ProcRef], timeout: float) -> list[int]:
+def kill_processes(refs: Iterable[ProcRef], timeout: float,
+                   sleep: Callable[[float], None] = time.sleep) -> list[int]:
     """End recorded processes of an earlier engine, with their process groups (the engine's
     own session: a recorded member still in it proves the group is that engine's).
     Returns the pids that were alive."""
@@ -348,9 +349,9 @@ def kill_processes(refs: Iterable[ProcRef], timeout: float) -> list[int]:
         else:
             by_group.setdefault(pgid, []).append(ref)
     for pgid, members in by_group.items():
-        stop_group(pgid, timeout, extra=members)
+        stop_group(pgid, timeout, extra=members, sleep=sleep)
     if loose:
-        _stop_each(loose, timeout)
+        _stop_each(loose, timeout, sleep)
     return [r.pid for r in live]
 
 
@@ -361,7 +362,7 @@ def _pgid(pid: int) -> int | None:
         return None
 
 
-def _stop_each(refs: list[ProcRef], timeout: float) -> None:
+def _stop_each(refs: list[ProcRef], timeout: float, sleep: Callable[[float], None] = time.sleep) -> None:
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for ref in refs:
             if alive(ref) is not None:
@@ -370,7 +371,7 @@ def _stop_each(refs: list[ProcRef], timeout: float) -> None:
                     _signal_pid(ref.pid, signal.SIGCONT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and any(alive(r) for r in refs):
-            time.sleep(0.1)
+            sleep(0.1)
 
 
 def environ_value(pid: int, key: str) -> str | None:

@@ -87,7 +87,8 @@ class _Running:
     proc: EngineProcess
     pump: OutputPump
     started: float
-    refs: list[ProcRef] = field(default_factory=list)
+    refs: list[ProcRef] = field(default_factory=list)   # every process seen in the tree, dead ones too
+    live: frozenset[int] = frozenset()                     # the pids of the last look
     ended: bool = False
 
 
@@ -302,7 +303,7 @@ class Supervisor:
             port = None
         gpus = self._gpu_holders()
         report = leftovers.clean(refs, leftovers.marker(self.config.state_dir, self.name), port, gpus,
-                                 self.config.engine.stop_timeout_seconds)
+                                 self.config.engine.stop_timeout_seconds, sleep=self._sleep)
         if report.foreign:
             self._record.foreign = report.foreign
         self._record.pids = []
@@ -408,16 +409,16 @@ class Supervisor:
         if run is None:
             return
         infos = processes.tree(run.proc.pid, run.proc.pgid)
-        refs = [ProcRef(p.pid, p.create_time) for p in infos]
-        if force or {r.pid for r in refs} != {r.pid for r in run.refs}:
-            known = {r.pid: r for r in run.refs}
-            known.update({r.pid: r for r in refs})  # keep the dead ones recorded until the group is gone
-            run.refs = list(known.values())
-            self._record.pids = [p.to_json() for p in infos] + [
-                {"pid": r.pid, "create_time": r.create_time, "name": "?"} for r in run.refs
-                if r.pid not in {p.pid for p in infos}]
-            self._save()
-            self._publish()
+        live = frozenset(p.pid for p in infos)
+        if not force and live == run.live:
+            return
+        run.live = live
+        known = {r.pid: r for r in run.refs}
+        known.update({p.pid: ProcRef(p.pid, p.create_time) for p in infos})
+        run.refs = list(known.values())  # stop_group also signals those that left the group
+        self._record.pids = [p.to_json() for p in infos]
+        self._save()
+        self._publish()
 
     def _refresh_facts(self) -> None:
         run = self._running

@@ -578,3 +578,28 @@ def test_kill_9_of_kvwatch_ends_the_engine_group(tmp_path: Path, model: Path) ->
         if kv.poll() is None:
             kv.kill()
         log.close()
+
+
+def test_missing_engine_executable_is_fatal(tmp_path: Path, model: Path) -> None:
+    cfg = config(tmp_path, [str(tmp_path / "no-such-vllm"), "--model", str(model)])
+    rec = Recorder()
+    assert Running(supervisor(cfg, rec)).join() == EXIT_GAVE_UP
+    assert rec.states() == ["stopped", "starting", "fatal"]
+    assert "cannot start" in state_json(cfg)["reason"] and "No such file" in state_json(cfg)["reason"]
+
+
+def test_second_kvwatch_for_the_same_engine_is_refused(tmp_path: Path, model: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    lock = EngineLock(state, "twin")
+    lock.acquire()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "kvwatch.cli", "run", "--name", "twin", "--state-dir", str(state),
+                               "--listen", f"127.0.0.1:{free_port()}", "--", *fake(model, free_port())],
+                              capture_output=True, text=True, timeout=60)
+    finally:
+        lock.release()
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"kvwatch: another kvwatch (pid {os.getpid()}) already supervises engine 'twin' in {state}")
+    assert "Traceback" not in proc.stderr
