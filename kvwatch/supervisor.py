@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Callable, Iterable, Protocol
+from typing import BinaryIO, Callable, Iterable, Protocol
 
 from kvwatch import engine_http, leftovers, processes
 from kvwatch.budget import Budget
@@ -28,6 +28,7 @@ from kvwatch.engine_args import EngineCommand
 from kvwatch.engine_status import EngineState, EngineStatus
 from kvwatch.errors import KvwatchError
 from kvwatch.exitcodes import EXIT_GAVE_UP, EXIT_OK
+from kvwatch.gpu_view import GpuView
 from kvwatch.output_pump import OutputPump
 from kvwatch.plan import Plan
 from kvwatch.preflight import choose_device, describe_change, plan_for, preflight
@@ -123,6 +124,7 @@ class Supervisor:
         self._running: _Running | None = None
         self._ready_sent = False
         self._spawn_error: str | None = None
+        self._gpus: GpuView | None = None
         self._restarts: dict[str, int] = {}     # this run of kvwatch, by failure class
         self._failures: dict[str, int] = {}
         self._corrections: dict[str, int] = {}
@@ -185,9 +187,12 @@ class Supervisor:
         self._publish()
 
     def _loop(self) -> int:
-        if self._stop.is_set():
-            return EXIT_OK
         while True:
+            self._clean_leftovers()
+            if self._stop.is_set():  # asked to stop before (or while cleaning up for) the first launch
+                if self._state is EngineState.BACKOFF:
+                    self._transition(EngineState.STOPPED, f"{self._stop_reason} during backoff")
+                return EXIT_OK
             self._launch()
             outcome = self._watch()
             if outcome.kind == "stop":
@@ -237,6 +242,8 @@ class Supervisor:
             self._record.original_argv = configured
             self._record.argv = configured
         self._record.restarts, self._record.failure_counts, self._record.correction_counts = {}, {}, {}
+        # What an earlier kvwatch left in the file is history now: this one has launched nothing yet.
+        self._record.state, self._record.reason = EngineState.STOPPED.value, "kvwatch started"
         self._record.kvwatch_pid = os.getpid()
         self._record.kvwatch_create_time = (processes.ref_of(os.getpid()) or ProcRef(0, 0.0)).create_time
         if self._device is None:
@@ -272,7 +279,6 @@ class Supervisor:
             self._plan = plan_for(command, self._device, self._rules, self._engine_env(), self._record.non_kv_bytes)
 
     def _launch(self) -> None:
-        self._clean_leftovers()
         argv = list(self._command.argv)
         if argv not in self._record.plans_tried:
             self._record.plans_tried.append(argv)
@@ -308,37 +314,15 @@ class Supervisor:
             self._record.foreign = report.foreign
         self._record.pids = []
 
-    def _gpu_context(self) -> Any:
-        """What NVML says of the engine's GPU now, for the remedies (None off CUDA)."""
-        if self._device is None or self._device.platform != "cuda":
-            return None
-        from kvwatch.diagnosis import GpuContext
-        from kvwatch.nvml import Nvml
-
-        if not hasattr(self, "_nvml"):
-            self._nvml = Nvml()
-        snapshot = self._nvml.snapshot()
-        gpu = next((g for g in snapshot.gpus if g.uuid == self._device.uuid), None)
-        if gpu is None:
-            return None
-        free = gpu.memory_total_bytes - gpu.memory_used_bytes \
-            if gpu.memory_total_bytes is not None and gpu.memory_used_bytes is not None else None
-        mark = leftovers.marker(self.config.state_dir, self.name)
-        holders = tuple((p.pid, processes.name_of(p.pid), leftovers.is_ours(p.pid, [], mark))
-                        for p in gpu.processes or ())
-        return GpuContext(free_bytes=free, total_bytes=gpu.memory_total_bytes, holders=holders)
-
     def _gpu_holders(self) -> list[tuple[str, int]]:
         if self._gpu_pids is not None:
             return self._gpu_pids()
-        if self._device is None or self._device.platform != "cuda":
-            return []
-        from kvwatch.nvml import Nvml
+        return self._gpu_view().holders()
 
-        if not hasattr(self, "_nvml"):
-            self._nvml = Nvml()
-        snapshot = self._nvml.snapshot()
-        return [(gpu.uuid, p.pid) for gpu in snapshot.gpus for p in gpu.processes or ()]
+    def _gpu_view(self) -> GpuView:
+        if self._gpus is None:
+            self._gpus = GpuView(self._device, leftovers.marker(self.config.state_dir, self.name))
+        return self._gpus
 
     # -- watch ---------------------------------------------------------------------------
 
@@ -366,7 +350,9 @@ class Supervisor:
                 ok = self._probe(url, probe_timeout, ready_since is None)
                 self._refresh_tree()  # before a transition, so its status carries the current pids
                 now = self._clock.now()
-                next_probe = now + cfg.health_interval_seconds
+                # While starting, look every second: a refused connection costs nothing, and READY
+                # (and the exporter's view of it) should not lag by a whole health interval.
+                next_probe = now + (cfg.health_interval_seconds if ready_since is not None else tick)
                 if ready_since is None:
                     if ok:
                         ready_since = last_ok = now
@@ -485,7 +471,7 @@ class Supervisor:
         remedy = None
         if outcome.kind != "spawn_failed":
             remedy = propose_remedy(diagnosis, self._command, policy=self.config.policy, tried=tried,
-                                    plan=self._plan, gpu=self._gpu_context(), rules=self._rules)
+                                    plan=self._plan, gpu=self._gpu_view().context(), rules=self._rules)
         if remedy is None:
             return self._give_up(f"{kind}: {evidence} (no remedy)")
         command = remedy.apply(self._command)

@@ -1,0 +1,50 @@
+"""Who holds the engine's GPUs, through NVML: pids for the leftover check, a GpuContext for remedies.
+
+Off CUDA (the CPU backend) both are empty; NVML is only loaded on a GPU host.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from kvwatch import leftovers, processes
+from kvwatch.devices import Device
+
+
+class GpuView:
+    def __init__(self, device: Device | None, marker: str) -> None:
+        self._device = device
+        self._marker = marker
+        self._nvml: Any = None
+
+    def _snapshot(self) -> Any:
+        if self._device is None or self._device.platform != "cuda":
+            return None
+        if self._nvml is None:
+            from kvwatch.nvml import Nvml
+
+            self._nvml = Nvml()
+        return self._nvml.snapshot()
+
+    def holders(self) -> list[tuple[str, int]]:
+        """(GPU UUID, pid) of every compute process on every GPU NVML shows."""
+        snapshot = self._snapshot()
+        if snapshot is None:
+            return []
+        return [(gpu.uuid, p.pid) for gpu in snapshot.gpus for p in gpu.processes or ()]
+
+    def context(self) -> Any:
+        """The engine's GPU now (free memory, holders and whether each is ours); None off CUDA."""
+        snapshot = self._snapshot()
+        if snapshot is None or self._device is None:
+            return None
+        from kvwatch.diagnosis import GpuContext
+
+        gpu = next((g for g in snapshot.gpus if g.uuid == self._device.uuid), None)
+        if gpu is None:
+            return None
+        free = None
+        if gpu.memory_total_bytes is not None and gpu.memory_used_bytes is not None:
+            free = gpu.memory_total_bytes - gpu.memory_used_bytes
+        holders = tuple((p.pid, processes.name_of(p.pid), leftovers.is_ours(p.pid, [], self._marker))
+                        for p in gpu.processes or ())
+        return GpuContext(free_bytes=free, total_bytes=gpu.memory_total_bytes, holders=holders)
