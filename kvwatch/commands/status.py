@@ -61,7 +61,12 @@ def render(path: Path, record: EngineRecord | None) -> str:
     if record is None:
         return f"engine      {path.stem}\nerror       {path}: unreadable or corrupt"
     running = daemon_running(record)
-    daemon = f"kvwatch pid {record.kvwatch_pid} running" if running else "kvwatch not running"
+    if running:
+        daemon = f"kvwatch pid {record.kvwatch_pid} running"
+    elif record.state in ("stopped", "fatal"):
+        daemon = "kvwatch not running"
+    else:  # the daemon died without a word (kill -9, power cut): this is only its last word
+        daemon = "last known: kvwatch not running"
     rows: list[tuple[str, Any]] = [
         ("engine", record.name),
         ("state", f"{record.state} ({daemon}; updated {_when(record.updated)})"),
