@@ -37,9 +37,10 @@ def is_ours(pid: int, refs: Iterable[ProcRef], mark: str) -> bool:
     return processes.environ_value(pid, MARKER_ENV) == mark
 
 
-def clean(refs: list[ProcRef], mark: str, port: int | None, gpu_holders: Iterable[tuple[str, int]],
+def clean(refs: list[ProcRef], mark: str, port: int | None, gpu_holders: Callable[[], Iterable[tuple[str, int]]],
           timeout: float, sleep: Callable[[float], None] = time.sleep) -> CleanupReport:
-    """Stop recorded processes still alive; then look at who holds the engine's port and GPUs."""
+    """Stop recorded processes still alive; then look at who holds the engine's port and GPUs
+    (asked only after that, so what was just stopped is not reported)."""
     report = CleanupReport()
     report.stopped = processes.kill_processes(refs, timeout, sleep)
     if report.stopped:
@@ -47,7 +48,7 @@ def clean(refs: list[ProcRef], mark: str, port: int | None, gpu_holders: Iterabl
     holders: list[tuple[str, int | None]] = []
     if port is not None:
         holders += [(f"port {port}", pid) for pid in processes.listening_on(port)]
-    holders += [(f"GPU {gpu}", pid) for gpu, pid in gpu_holders]
+    holders += [(f"GPU {gpu}", pid) for gpu, pid in gpu_holders()]
     me = os.getpid()
     for what, pid in holders:
         if pid is None:
@@ -55,6 +56,8 @@ def clean(refs: list[ProcRef], mark: str, port: int | None, gpu_holders: Iterabl
             continue
         if pid == me:
             continue
+        if not processes.running(pid):
+            continue  # gone already (NVML may list a process for a moment after it exits)
         ref = processes.ref_of(pid)
         if ref is not None and is_ours(pid, refs, mark):
             stopped = processes.kill_processes([ref], timeout, sleep)

@@ -382,9 +382,23 @@ def environ_value(pid: int, key: str) -> str | None:
         return None
 
 
+def running(pid: int) -> bool:
+    """pid exists and is not a zombie (whoever owns it)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
+    except psutil.AccessDenied:
+        return True
+
+
 def ref_of(pid: int) -> ProcRef | None:
-    ct = _create_time(pid)
-    return ProcRef(pid, ct) if ct is not None else None
+    """The running (not zombie) process `pid` as a reference; None when there is none."""
+    try:
+        info = _info(psutil.Process(pid))
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return None
+    return ProcRef(info.pid, info.create_time) if info is not None else None
 
 
 def rss(pids: Iterable[int]) -> dict[int, int]:

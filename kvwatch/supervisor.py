@@ -307,11 +307,9 @@ class Supervisor:
             port: int | None = self._command.settings().port
         except KvwatchError:
             port = None
-        gpus = self._gpu_holders()
-        report = leftovers.clean(refs, leftovers.marker(self.config.state_dir, self.name), port, gpus,
+        report = leftovers.clean(refs, leftovers.marker(self.config.state_dir, self.name), port, self._gpu_holders,
                                  self.config.engine.stop_timeout_seconds, sleep=self._sleep)
-        if report.foreign:
-            self._record.foreign = report.foreign
+        self._record.foreign = report.foreign
         self._record.pids = []
 
     def _gpu_holders(self) -> list[tuple[str, int]]:

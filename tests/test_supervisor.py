@@ -19,6 +19,8 @@ import psutil
 import pytest
 
 from engine_support import free_port, llama_config, write_model
+from nvml_standin import NvmlStandin
+from nvml_standin import nvml_standin_fixture  # noqa: F401 (registers the fixture)
 from kvwatch import processes
 from kvwatch.budget import Budget
 from kvwatch.config import Config, EngineConfig, config_from_mapping, load_config
@@ -610,3 +612,47 @@ def test_second_kvwatch_for_the_same_engine_is_refused(tmp_path: Path, model: Pa
     assert proc.stderr.strip().splitlines()[-1] == (
         f"kvwatch: another kvwatch (pid {os.getpid()}) already supervises engine 'twin' in {state}")
     assert "Traceback" not in proc.stderr
+
+
+def test_gpu_holders_through_nvml_ours_ended_foreign_reported_and_memory_fitted(
+        tmp_path: Path, model: Path, nvml_standin: NvmlStandin) -> None:
+    """A CUDA host through the NVML stand-in (real pynvml, compiled fake driver): our leftover
+    on the GPU is ended, a foreign holder is reported and left alone, and vLLM's 'Free memory
+    on device ... less than desired' gets a utilization fitted to what NVML says is free."""
+    from nvml_standin import StandinGpu, StandinProcess, StandinState
+
+    uuid = "GPU-0f1e2d3c-aaaa-4bbb-8ccc-000000000000"
+    ours = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    foreign = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    gib = 2**30
+    nvml_standin.write(StandinState(gpus=[StandinGpu(
+        uuid=uuid, name="NVIDIA A100-SXM4-80GB", memory_total_bytes=80 * gib, memory_used_bytes=30 * gib,
+        compute_capability=(8, 0),
+        processes=[StandinProcess(ours.pid, 10 * gib), StandinProcess(foreign.pid, 20 * gib)])]))
+    argv = fake(model, free_port(), "--fail-once", str(tmp_path / "busy"),
+                "--fail-log", str(LOGS / "gpu_memory_busy.log"))
+    cfg = config(tmp_path, argv)
+    ref = processes.ref_of(ours.pid)
+    assert ref is not None
+    store = StateStore(cfg.state_dir, cfg.name)
+    store.ensure_dir()
+    store.save(EngineRecord(name="t", original_argv=argv, argv=argv,
+                            pids=[{"pid": ref.pid, "create_time": ref.create_time, "name": "python"}]))
+    gpu = Device("cuda", "NVIDIA A100-SXM4-80GB", (8, 0), 80 * gib, uuid=uuid, source="nvml")
+    try:
+        run = Running(supervisor(cfg, device=gpu))
+        run.wait_state(EngineState.READY)
+        assert run.stop() == EXIT_OK
+        assert ours.poll() is not None and foreign.poll() is None
+        data = state_json(cfg)
+        (line,) = data["foreign"]  # the stopped leftover, still listed by the fake driver, is not reported
+        assert f"pid {foreign.pid}" in line and f"holds GPU {uuid}" in line
+        (correction,) = data["corrections"]
+        assert correction["kind"] == "gpu_memory_busy"
+        # 50 of 80 GiB free, minus vLLM-style headroom: 0.60 instead of the default 0.92
+        assert correction["set"] == {"--gpu-memory-utilization": 0.6}
+        assert data["argv"][-2:] == ["--gpu-memory-utilization", "0.6"]
+    finally:
+        for p in (ours, foreign):
+            p.kill()
+            p.wait()
