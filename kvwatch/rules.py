@@ -6,7 +6,8 @@ code never branches on versions.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Mapping, Sequence
 
 
 @dataclass(frozen=True)
@@ -173,3 +174,26 @@ def ruleset_for(vllm_version: str | None) -> RuleSet:
             if v >= rules.vllm_min and (rules.vllm_max is None or v < rules.vllm_max):
                 return rules
     return RULESETS[-1]
+
+
+def _block_rule(value: object) -> BlockSizeRule | None:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    text = str(value)
+    if text.isdigit():
+        return int(text)
+    if text.startswith("MultipleOf(") and text.endswith(")") and text[11:-1].isdigit():
+        return MultipleOf(int(text[11:-1]))
+    return None
+
+
+def with_learned_block_sizes(rules: RuleSet, learned: Mapping[str, Sequence[object]]) -> RuleSet:
+    """The rules with the block sizes this host's engine reported for a backend (a failure's
+    message beats the table: it is what the installed vLLM really accepts)."""
+    backends = list(rules.backends)
+    for name, sizes in learned.items():
+        parsed = tuple(r for r in (_block_rule(s) for s in sizes) if r is not None)
+        for i, backend in enumerate(backends):
+            if backend.name == name.upper() and parsed:
+                backends[i] = replace(backend, block_sizes=parsed)
+    return replace(rules, backends=tuple(backends))

@@ -33,7 +33,7 @@ from kvwatch.output_pump import OutputPump
 from kvwatch.plan import Plan
 from kvwatch.preflight import choose_device, describe_change, plan_for, preflight
 from kvwatch.processes import EngineProcess, ProcRef
-from kvwatch.rules import RuleSet, ruleset_for
+from kvwatch.rules import RuleSet, ruleset_for, with_learned_block_sizes
 from kvwatch.sd_notify import SdNotifier, scrub_env
 from kvwatch.state_store import CorrectionRecord, EngineLock, EngineRecord, FailureRecord, StateStore
 
@@ -237,8 +237,10 @@ class Supervisor:
                           " ".join(record.argv))
         else:
             if record is not None:
-                _LOG.info("state: the engine command changed; earlier corrections do not apply")
-                self._record = EngineRecord(name=self.name, pids=record.pids, pgid=record.pgid)
+                _LOG.info("state: the engine command changed; earlier corrections do not apply, "
+                          "what this host's engine taught (constraints) does")
+                self._record = EngineRecord(name=self.name, pids=record.pids, pgid=record.pgid,
+                                            constraints=record.constraints)
             self._record.original_argv = configured
             self._record.argv = configured
         self._record.restarts, self._record.failure_counts, self._record.correction_counts = {}, {}, {}
@@ -251,6 +253,7 @@ class Supervisor:
         if self._rules is None:
             from kvwatch.device_probe import installed_vllm_version
             self._rules = ruleset_for(installed_vllm_version())
+        self._rules = self._learned_rules(self._rules)
         env = self._engine_env()
         if self.config.policy.preflight:
             command, fixes, self._plan = preflight(self._command, self._device, self._rules, env,
@@ -264,6 +267,13 @@ class Supervisor:
             self._plan = plan_for(self._command, self._device, self._rules, env, self._record.non_kv_bytes)
         self._save()
         self._publish()
+
+    def _learned_rules(self, rules: RuleSet | None) -> RuleSet | None:
+        """The rule table, with the block sizes earlier failures on this host reported."""
+        learned: dict[str, list[object]] = {}
+        for constraint in self._record.constraints:
+            learned.update(constraint.get("backend_block_sizes") or {})
+        return with_learned_block_sizes(rules, learned) if rules is not None and learned else rules
 
     def _engine_env(self) -> dict[str, str]:
         env = scrub_env(self._environ)
@@ -488,8 +498,12 @@ class Supervisor:
             self._record.corrections.append(CorrectionRecord(
                 kind, dict(remedy.set), list(remedy.remove), remedy.reason, time.time(),
                 list(self._command.argv), list(command.argv)))
-            self._record.constraints.append({"kind": kind, "text": evidence, "fix": dict(remedy.set),
-                                             "remove": list(remedy.remove), "source": "failure"})
+            learned = {"kind": kind, "text": evidence, "fix": dict(remedy.set),
+                       "remove": list(remedy.remove), "source": "failure"}
+            if diagnosis.facts.get("backend_block_sizes"):
+                learned["backend_block_sizes"] = diagnosis.facts["backend_block_sizes"]
+            self._record.constraints.append(learned)
+            self._rules = self._learned_rules(self._rules)
             _LOG.warning("corrected: %s: %s (%s)", kind, change, remedy.reason)
             self._set_command(command)
             reason = f"{kind}: corrected {change}"

@@ -30,7 +30,7 @@ from kvwatch.errors import ConfigError, KvwatchError
 from kvwatch.exitcodes import EXIT_GAVE_UP, EXIT_OK
 from kvwatch.output_pump import LogFacts, OutputPump, parse_fact
 from kvwatch.policy import Policy
-from kvwatch.rules import ruleset_for
+from kvwatch.rules import ruleset_for, with_learned_block_sizes
 from kvwatch.sd_notify import SdNotifier
 from kvwatch.state_store import EngineLock, EngineRecord, StateStore
 from kvwatch.supervisor import Supervisor
@@ -358,6 +358,29 @@ def test_restart_reuses_the_corrected_command(tmp_path: Path, model: Path) -> No
     assert len(data["failures"]) == 1  # only the first run's
     assert rec.states() == ["stopped", "starting", "ready", "stopping", "stopped"]
     assert rec.statuses[1].argv[-1] == "32"  # the first launch of the second run
+
+
+def test_learned_block_sizes_feed_the_next_plan(tmp_path: Path, model: Path) -> None:
+    # A rule table that is wrong for this engine (it believes CPU_ATTN takes multiples of 8):
+    # preflight lets --block-size 8 through, the engine refuses it and says MultipleOf(32).
+    rules = ruleset_for(None)
+    stale = with_learned_block_sizes(rules, {"CPU_ATTN": ["MultipleOf(8)"]})
+    port = free_port()
+    first = Running(supervisor(config(tmp_path, fake(model, port, "--block-size", "8")), rules=stale))
+    first.wait_state(EngineState.READY)
+    assert first.stop() == EXIT_OK
+    data = state_json(config(tmp_path, []))
+    assert [c["kind"] for c in data["corrections"]] == ["block_size_unsupported"]
+    assert data["constraints"][-1]["backend_block_sizes"] == {"CPU_ATTN": ["MultipleOf(32)"]}
+    # The operator changes the command to --block-size 48: the learned rule, not the stale table,
+    # decides, so preflight fixes it to 64 before the first launch.
+    rec = Recorder()
+    second = Running(supervisor(config(tmp_path, fake(model, port, "--block-size", "48")), rec, rules=stale))
+    second.wait_state(EngineState.READY)
+    assert second.stop() == EXIT_OK
+    assert rec.statuses[1].argv[-1] == "64"
+    data = state_json(config(tmp_path, []))
+    assert data["failures"] == [] and data["preflight"][0]["set"] == {"--block-size": 64}
 
 
 def test_unfixable_failure_goes_fatal_with_reason(tmp_path: Path, model: Path) -> None:
