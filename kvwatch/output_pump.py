@@ -46,6 +46,15 @@ def parse_fact(line: str, facts: LogFacts) -> LogFacts:
     return facts
 
 
+# The access-log lines of kvwatch's own /health and /metrics probes (one a second while starting)
+# would drown the engine's log: they stay in the ring buffer but are not passed through.
+_PROBE_MARKERS = (b'"GET /health HTTP/1.1" 200', b'"GET /metrics HTTP/1.1" 200')
+
+
+def _own_probe(raw: bytes) -> bool:
+    return b'"GET /' in raw and any(marker in raw for marker in _PROBE_MARKERS)
+
+
 class OutputPump:
     def __init__(self, name: str, fd: int, sink: BinaryIO | None, *, ring_lines: int = 5000,
                  max_line: int = 64 * 1024, chunk: int = 1 << 20) -> None:
@@ -136,7 +145,8 @@ class OutputPump:
             self._ring.extend(texts)
             self.lines_seen += len(texts)
         if self._sink is not None:
-            out = b"".join(self._prefix + raw.rstrip(b"\r") + b"\n" for raw in raw_lines)
+            out = b"".join(self._prefix + raw.rstrip(b"\r") + b"\n" for raw in raw_lines
+                           if not _own_probe(raw))
             try:
                 self._sink.write(out)
                 self._sink.flush()

@@ -280,6 +280,20 @@ def test_pump_handles_bad_utf8_giant_lines_and_parses_startup_facts() -> None:
     assert facts.kv_tokens is not None and facts.kv_tokens > 0
 
 
+def test_pump_passes_the_engine_log_through_but_not_kvwatchs_own_probes() -> None:
+    read_fd, write_fd = os.pipe()
+    sink = io.BytesIO()
+    pump = OutputPump("e", read_fd, sink).start()
+    os.write(write_fd, b'(APIServer pid=1) INFO:     127.0.0.1:5000 - "GET /health HTTP/1.1" 200 OK\n'
+                       b'(APIServer pid=1) INFO:     127.0.0.1:5000 - "POST /v1/completions HTTP/1.1" 200 OK\n'
+                       b'(APIServer pid=1) INFO:     127.0.0.1:5000 - "GET /health HTTP/1.1" 503 Service Unavailable\n')
+    os.close(write_fd)
+    assert pump.join(5)
+    out = sink.getvalue().decode()
+    assert "POST /v1/completions" in out and "503" in out and '"GET /health HTTP/1.1" 200' not in out
+    assert len(pump.lines()) == 3  # the diagnosis still sees every line
+
+
 def test_parse_fact_startup_lines() -> None:
     facts = parse_fact("(Worker pid=1) INFO [gpu_worker.py:760] Available KV cache memory: 61.23 GiB", LogFacts())
     facts = parse_fact("(EngineCore pid=2) INFO GPU KV cache size: 1,398,080 tokens, Maximum concurrency ...", facts)
