@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 
 from engine_support import engine_argv, engine_env, free_port, http_get, llama_config, write_model
+from exporter_support import samples, value
+from kvwatch import __version__
 from nvml_standin import GIB, StandinGpu, StandinProcess, StandinState, StandinUnavailable, standin_library
 from operator_tools import DASHBOARD_FILE
 from prometheus_support import prometheus_server, rules_with_short_for
@@ -85,6 +87,33 @@ def firing(prom, alertname: str, engine: str) -> bool:
                for a in prom.firing_alerts())
 
 
+def check_supervised_metrics(text: str) -> None:
+    """kvwatch run's own /metrics, name by name, against the engine's log and kvwatch's plan."""
+    found = samples(text)
+    e = {"engine": "e2e"}
+    # 2 layers, 2 kv heads of 32, bf16, block 128 (the CPU default): 65,536 B per block; 1 GiB -> 16,384 blocks.
+    assert value(found, "kvwatch_engine_up", **e) == 1
+    assert value(found, "kvwatch_engine_state", **e, state="ready") == 1
+    assert sum(value(found, "kvwatch_engine_state", **e, state=s) for s in
+               ("starting", "ready", "backoff", "stopping", "stopped", "fatal")) == 1
+    assert value(found, "kvwatch_plan_info", **e, block_size="128", kv_cache_dtype="auto", backend="CPU_ATTN",
+                 attention="full") == 1
+    assert value(found, "kvwatch_kv_planned_blocks", **e) == value(found, "kvwatch_kv_actual_blocks", **e) == 16_384
+    assert value(found, "kvwatch_kv_planned_bytes", **e) == value(found, "kvwatch_kv_actual_bytes", **e) == 2**30
+    assert value(found, "kvwatch_kv_plan_drift_ratio", **e) == 0
+    assert value(found, "kvwatch_kv_padding_bytes", **e, cause="null_block") == 65_536
+    assert value(found, "kvwatch_kv_padding_bytes", **e, cause="remainder") == 0
+    assert value(found, "kvwatch_kv_padding_ratio", **e) == value(found, "kvwatch_kv_planned_padding_ratio", **e)
+    assert value(found, "kvwatch_engine_failures_total", **e, kind="block_size_unsupported") == 0
+    assert value(found, "kvwatch_engine_restarts_total", **e, reason="engine_died") == 0
+    assert value(found, "kvwatch_plan_corrections_total", **e, kind="kv_cache_too_small") == 0
+    assert 0 <= value(found, "kvwatch_kv_usage_ratio", **e) <= 1
+    assert value(found, "kvwatch_collector_success", collector="engine") == 1
+    assert value(found, "kvwatch_collector_success", collector="nvml") == 1
+    assert value(found, "kvwatch_collector_duration_seconds", collector="engine") >= 0
+    assert value(found, "kvwatch_build_info", version=__version__) == 1
+
+
 def test_dashboard_queries_and_alerts_through_real_prometheus(tmp_path: Path) -> None:
     try:
         library = standin_library()
@@ -115,6 +144,7 @@ def test_dashboard_queries_and_alerts_through_real_prometheus(tmp_path: Path) ->
     try:
         wait_for(lambda: 'kvwatch_engine_up{engine="e2e"} 1.0' in http_get(f"http://127.0.0.1:{run_port}/metrics")[1],
                  400, "the supervised engine to serve")
+        check_supervised_metrics(http_get(f"http://127.0.0.1:{run_port}/metrics")[1])
         status = json.loads(subprocess.run([sys.executable, "-m", "kvwatch.cli", "status", "--state-dir",
                                             str(state_dir), "--json"], capture_output=True, text=True,
                                            check=True).stdout)[0]
