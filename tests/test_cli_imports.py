@@ -1,4 +1,4 @@
-"""`kvwatch --help` and `kvwatch plan` stay light: they never import vllm, torch or transformers."""
+"""`kvwatch --help` and `kvwatch plan` stay light: no vllm, torch, transformers, NVML or psutil."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,7 @@ PROBE = ("import sys, json, contextlib, io\n"
          "from kvwatch.cli import main\n"
          "with contextlib.redirect_stdout(io.StringIO()):\n"
          "    try:\n        main(json.loads(sys.argv[1]))\n    except SystemExit:\n        pass\n"
-         "print(json.dumps(sorted(m for m in ('vllm', 'torch', 'transformers') if m in sys.modules)))")
+         "print(json.dumps(sorted(m for m in ('vllm', 'torch', 'transformers', 'pynvml', 'psutil') if m in sys.modules)))")
 
 
 @pytest.mark.parametrize("args", [
