@@ -19,6 +19,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Sequence
@@ -92,6 +93,14 @@ class EngineProcess:
         self._reaper: subprocess.Popen[bytes] | None = None
         self._reaper_pipe: int | None = None
         self.start_reaper()
+
+    def on_exit(self, callback: Callable[[], None]) -> None:
+        """Call `callback` (from a waiter thread) as soon as the engine's main process exits:
+        the watch loop then reacts at once instead of at its next tick."""
+        def wait() -> None:
+            self.popen.wait()
+            callback()
+        threading.Thread(target=wait, name=f"exit-waiter-{self.pid}", daemon=True).start()
 
     @property
     def stdout(self) -> int:

@@ -115,6 +115,7 @@ class Supervisor:
         self._store = StateStore(config.state_dir, config.name)
         self._lock = EngineLock(config.state_dir, config.name)
         self._stop = threading.Event()
+        self._wake = threading.Event()   # the watch loop's alarm: a stop request or the engine's exit
         self._stop_reason = ""
         self._state = EngineState.STOPPED
         self._reason = "not started"
@@ -152,6 +153,7 @@ class Supervisor:
         if not self._stop.is_set():
             self._stop_reason = reason
             self._stop.set()
+            self._wake.set()
 
     def run(self) -> int:
         """Supervise until stopped (EXIT_OK) or FATAL (EXIT_GAVE_UP). Spawns from this thread,
@@ -300,6 +302,7 @@ class Supervisor:
             self._spawn_error = f"cannot start {argv[0]}: {exc.strerror or exc}"
             return
         self._spawn_error = None
+        proc.on_exit(self._wake.set)
         pump = OutputPump(self.name, proc.stdout, self._output).start()
         self._running = _Running(proc, pump, self._clock.now())
         _LOG.info("spawned: pid %d (group %d): %s", proc.pid, proc.pgid, " ".join(argv))
@@ -384,7 +387,8 @@ class Supervisor:
                 _LOG.warning("reaper: gone; starting a new one")
                 run.proc.start_reaper()
             self._notifier.watchdog(self._clock.now())
-            self._clock.wait(self._stop, tick)  # wakes at once on a stop request
+            self._clock.wait(self._wake, tick)  # wakes at once on a stop request or the engine's exit
+            self._wake.clear()
 
     @staticmethod
     def _died_in_log(lines: list[str]) -> str | None:
