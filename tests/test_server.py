@@ -246,3 +246,29 @@ def test_a_stalled_client_does_not_block_other_scrapes(serve, pki: dict[str, Pat
     finally:
         for s in stalled:
             s.close()
+
+
+def test_render_cache_renders_once_per_snapshot() -> None:
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.core import GaugeMetricFamily
+
+    from kvwatch.exporter.server import RenderCache
+
+    class Counting:
+        renders = 0
+        snapshot: object = object()
+
+        def collect(self):
+            Counting.renders += 1
+            yield GaugeMetricFamily("kvwatch_test", "test", value=Counting.renders)
+
+    registry = CollectorRegistry()
+    registry.register(Counting())
+    Counting.renders = 0
+    cache = RenderCache(registry, version=lambda: Counting.snapshot)
+    first, _ = cache.render(None)
+    assert cache.render(None)[0] is first and Counting.renders == 1   # same snapshot: no render
+    Counting.snapshot = object()                                      # the watch loop swapped it
+    second, _ = cache.render(None)
+    assert Counting.renders == 2 and b"kvwatch_test 2.0" in second
+    assert cache.render("application/openmetrics-text")[1].startswith("application/openmetrics-text")

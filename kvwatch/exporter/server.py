@@ -14,7 +14,7 @@ import socket
 import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Callable
 
 import bcrypt
 from prometheus_client import CollectorRegistry
@@ -119,16 +119,42 @@ class _Server(ThreadingHTTPServer):
                 pass
 
 
+class RenderCache:
+    """The exposition of one snapshot, rendered once per format: the collector builds fresh
+    families when the snapshot changes (every watch interval), and scrapes in between are a
+    lookup. `version()` returns the current snapshot object (immutable, replaced each tick)."""
+
+    def __init__(self, registry: CollectorRegistry, version: Callable[[], object] | None = None) -> None:
+        self._registry = registry
+        self._version = version
+        self._lock = threading.Lock()
+        self._cached: dict[str, tuple[object, bytes]] = {}
+
+    def render(self, accept: str | None) -> tuple[bytes, str]:
+        encoder, content_type = choose_encoder(accept)
+        if self._version is None:
+            return encoder(self._registry), content_type
+        current = self._version()
+        with self._lock:
+            hit = self._cached.get(content_type)
+            if hit is not None and hit[0] is current:
+                return hit[1], content_type
+        output = encoder(self._registry)  # may be a snapshot newer than `current`: only ever fresher
+        with self._lock:
+            self._cached[content_type] = (current, output)
+        return output, content_type
+
+
 class MetricsServer:
     """Serves a registry at /metrics (and /-/healthy) on ``listen``; start() returns at once."""
 
     def __init__(self, registry: CollectorRegistry, listen: str = DEFAULT_LISTEN,
-                 web_config: WebConfig | None = None) -> None:
+                 web_config: WebConfig | None = None, version: Callable[[], object] | None = None) -> None:
         web_config = web_config or WebConfig()
         tls = web_config.tls.context() if web_config.tls is not None else None
         auth = BasicAuth(web_config.users)
         try:
-            self._server = _Server(parse_listen(listen), _handler(registry, auth), tls)
+            self._server = _Server(parse_listen(listen), _handler(RenderCache(registry, version), auth), tls)
         except OSError as exc:
             raise KvwatchError(f"cannot listen on {listen}: {exc.strerror or exc}") from None
         self._thread: threading.Thread | None = None
@@ -165,7 +191,7 @@ class MetricsServer:
         self.stop()
 
 
-def _handler(registry: CollectorRegistry, auth: BasicAuth) -> type[BaseHTTPRequestHandler]:
+def _handler(renderer: RenderCache, auth: BasicAuth) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "kvwatch"
         protocol_version = "HTTP/1.1"
@@ -184,8 +210,7 @@ def _handler(registry: CollectorRegistry, auth: BasicAuth) -> type[BaseHTTPReque
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
                 try:
-                    encoder, content_type = choose_encoder(self.headers.get("Accept"))
-                    output = encoder(registry)
+                    output, content_type = renderer.render(self.headers.get("Accept"))
                 except Exception:
                     _LOG.exception("rendering /metrics failed")
                     self._reply(500, b"error rendering metrics\n", "text/plain; charset=utf-8", body)

@@ -32,7 +32,8 @@ class Exporter:
         self.watch = Watch(engines, nvml=nvml, process_source=process_source, interval=interval)
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(KvwatchCollector(lambda: self.watch.snapshot))
-        self.server = MetricsServer(self.registry, listen, config)  # binds now: errors before anything runs
+        # binds now: errors before anything runs; renders once per snapshot
+        self.server = MetricsServer(self.registry, listen, config, version=lambda: self.watch.snapshot)
 
     @property
     def url(self) -> str:
