@@ -142,8 +142,13 @@ def test_dashboard_queries_and_alerts_through_real_prometheus(tmp_path: Path) ->
          "--listen", f"127.0.0.1:{export_port}", "--", "vllm", "serve", str(stand_model), "--block-size", "64"],
         cwd=REPO, env=engine_env(1), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_for(lambda: 'kvwatch_engine_up{engine="e2e"} 1.0' in http_get(f"http://127.0.0.1:{run_port}/metrics")[1],
-                 400, "the supervised engine to serve")
+        def serving() -> bool:
+            # The exporter's snapshot and the supervisor's READY are taken apart: wait for both.
+            page = http_get(f"http://127.0.0.1:{run_port}/metrics")[1]
+            return all(needle in page for needle in (
+                'kvwatch_engine_up{engine="e2e"} 1.0', 'kvwatch_engine_state{engine="e2e",state="ready"} 1.0',
+                'kvwatch_kv_actual_blocks{engine="e2e"}'))
+        wait_for(serving, 400, "the supervised engine to serve")
         check_supervised_metrics(http_get(f"http://127.0.0.1:{run_port}/metrics")[1])
         status = json.loads(subprocess.run([sys.executable, "-m", "kvwatch.cli", "status", "--state-dir",
                                             str(state_dir), "--json"], capture_output=True, text=True,
