@@ -154,12 +154,15 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     backend = choice.backend
 
     # -- block size: the flag, else the backend's preference; some platforms override both.
-    if backend is not None and backend.forced_block_size is not None:
-        block_size, block_source = backend.forced_block_size, "platform override"
+    # With no valid backend, the first in vLLM's order stands in: vLLM sizes the cache with it
+    # before a kernel refuses (seen: CPU fp8 without AVX-512 sizes 128-token blocks, then fails).
+    shape = backend or next((b for b in map(rules.backend, choice.candidates) if b is not None), None)
+    if shape is not None and shape.forced_block_size is not None:
+        block_size, block_source = shape.forced_block_size, "platform override"
     elif settings.block_size is not None:
         block_size, block_source = settings.block_size, "flag"
     else:
-        block_size = backend.preferred_block_size if backend else 16
+        block_size = shape.preferred_block_size if shape else 16
         block_source = "backend default"
     warnings.extend(_legality_warnings(choice, rules, device, geometry, settings))
 

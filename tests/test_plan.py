@@ -97,6 +97,8 @@ def test_cpu_fp8_without_avx512_is_refused():
     plan = plan_for(llama_config(head_dim=32), "--kv-cache-dtype", "fp8", device=CPU_NO_AVX512)
     assert [w.kind for w in plan.warnings] == ["kv_dtype_unsupported"]
     assert plan.fixes() == {"--kv-cache-dtype": "auto"}
+    # vLLM still sizes the cache with CPU_ATTN's 128-token blocks before the kernel refuses fp8.
+    assert plan.block_size == 128 and plan.num_blocks == GiB // (128 * 2 * 2 * 32 * 2)
 
 
 def test_cpu_fp8_head_size_16_is_refused_even_with_avx512():

@@ -61,6 +61,7 @@ def test_planned_blocks_equal_engine_blocks(name, block_flag, tmp_path):
         assert rc != 0 and "FP8 KV cache on CPU requires x86 with AVX-512 or AMX" in log
         assert logged_kv_tokens(log) == plan["kv_cache_tokens"]
         assert logged_kv_tokens(log) // plan["block_size"] == plan["num_blocks"]
+        assert plan["block_size"] == int(block_size if block_flag == "explicit" else 128)  # CPU_ATTN's default
         return
 
     assert plan["warnings"] == []
