@@ -47,12 +47,15 @@ def parse_fact(line: str, facts: LogFacts) -> LogFacts:
 
 
 # The access-log lines of kvwatch's own /health and /metrics probes (one a second while starting)
-# would drown the engine's log: they stay in the ring buffer but are not passed through.
+# would drown the engine's log: they stay in the ring buffer but are not passed through. kvwatch
+# probes over loopback; a scrape from another host (Prometheus reading the engine) still shows.
 _PROBE_MARKERS = (b'"GET /health HTTP/1.1" 200', b'"GET /metrics HTTP/1.1" 200')
+_LOOPBACK = (b" 127.0.0.1:", b" [::1]:", b" ::1:")
 
 
 def _own_probe(raw: bytes) -> bool:
-    return b'"GET /' in raw and any(marker in raw for marker in _PROBE_MARKERS)
+    return (b'"GET /' in raw and any(marker in raw for marker in _PROBE_MARKERS)
+            and any(source in raw for source in _LOOPBACK))
 
 
 class OutputPump:

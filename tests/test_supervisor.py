@@ -286,12 +286,14 @@ def test_pump_passes_the_engine_log_through_but_not_kvwatchs_own_probes() -> Non
     pump = OutputPump("e", read_fd, sink).start()
     os.write(write_fd, b'(APIServer pid=1) INFO:     127.0.0.1:5000 - "GET /health HTTP/1.1" 200 OK\n'
                        b'(APIServer pid=1) INFO:     127.0.0.1:5000 - "POST /v1/completions HTTP/1.1" 200 OK\n'
-                       b'(APIServer pid=1) INFO:     127.0.0.1:5000 - "GET /health HTTP/1.1" 503 Service Unavailable\n')
+                       b'(APIServer pid=1) INFO:     127.0.0.1:5000 - "GET /health HTTP/1.1" 503 Service Unavailable\n'
+                       b'(APIServer pid=1) INFO:     10.1.2.3:41000 - "GET /metrics HTTP/1.1" 200 OK\n')
     os.close(write_fd)
     assert pump.join(5)
     out = sink.getvalue().decode()
     assert "POST /v1/completions" in out and "503" in out and '"GET /health HTTP/1.1" 200' not in out
-    assert len(pump.lines()) == 3  # the diagnosis still sees every line
+    assert "10.1.2.3:41000" in out  # another host's scrape is the operator's business: shown
+    assert len(pump.lines()) == 4  # the diagnosis still sees every line
 
 
 def test_parse_fact_startup_lines() -> None:
