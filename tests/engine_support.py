@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -19,6 +18,8 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+
+from kvwatch.processes import stop_group
 
 ENGINE_MODULE = "vllm.entrypoints.openai.api_server"
 START_TIMEOUT = float(os.environ.get("KVWATCH_TEST_ENGINE_TIMEOUT", "300"))
@@ -105,31 +106,9 @@ def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
 
 
 def kill_tree(proc: subprocess.Popen, timeout: float = 20.0) -> None:
-    """End the engine's whole process group: EngineCore and Worker outlive the API server otherwise."""
-    try:
-        pgid = os.getpgid(proc.pid)
-    except ProcessLookupError:
-        pgid = proc.pid
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            break
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if proc.poll() is not None and not _group_alive(pgid):
-                return
-            time.sleep(0.2)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
+    """End the engine's whole process group (EngineCore and Worker outlive the API server
+    otherwise), with kvwatch's own stop: engines here start in a new session, so pgid == pid."""
+    stop_group(proc.pid, timeout, leader=proc)
 
 
 @dataclass
