@@ -3,7 +3,8 @@ it can; its own throughput is measured with stdout on /dev/null and under kvwatc
 (kvwatch.processes.spawn: stdout+stderr on one pipe, drained by OutputPump, which splits and
 decodes the lines, keeps the ring buffer, parses the startup facts and passes every line,
 prefixed, to a sink that writes to /dev/null). A third case, the same pipe drained by `cat` to
-/dev/null, shows what the pipe alone costs.
+/dev/null, shows what a plain pipe reader costs; a fourth, a 1 MiB pipe drained by a process that
+does nothing but read in batches as kvwatch's pump does, is the floor: what the pipe itself costs.
 
 Three writers (the child, inline below), all with PYTHONUNBUFFERED=1 as kvwatch runs the engine:
   - block: one 1000-line block written again and again (fake_engine.py --flood): the
@@ -129,6 +130,25 @@ def run_cat(mode: str, size: float, report: Path) -> dict:
     return json.loads(report.read_text())
 
 
+# The least any pipe reader can cost the writer: a 1 MiB pipe read by a process that does nothing
+# with the data and, like kvwatch's pump, sleeps 1 ms after a read that did not fill its buffer.
+FLOOR_READER = r'''
+import fcntl, os, sys, time
+fcntl.fcntl(0, fcntl.F_SETPIPE_SZ, 1 << 20)
+while data := os.read(0, 1 << 20):
+    if len(data) < 1 << 20:
+        time.sleep(0.001)
+'''
+
+
+def run_floor(mode: str, size: float, report: Path) -> dict:
+    reader = subprocess.Popen([sys.executable, "-c", FLOOR_READER], stdin=subprocess.PIPE)
+    subprocess.run(child(mode, size, report), stdout=reader.stdin, stderr=subprocess.STDOUT, check=True, env=ENV)
+    reader.stdin.close()  # type: ignore[union-attr]
+    reader.wait()
+    return json.loads(report.read_text())
+
+
 def run_kvwatch(mode: str, size: float, report: Path, pump_class: type = OutputPump) -> dict:
     sink = CountingSink()
     proc = processes.spawn(child(mode, size, report), ENV)
@@ -152,7 +172,7 @@ def mb_s(stats: dict) -> float:
 
 def bench(mode: str, size: float, runs: int, tmp: Path, experiment: type | None) -> None:
     cases = {"stdout to /dev/null": run_devnull, "pipe drained by cat": run_cat,
-             "kvwatch (spawn + OutputPump)": run_kvwatch}
+             "pipe, do-nothing batching reader": run_floor, "kvwatch (spawn + OutputPump)": run_kvwatch}
     if experiment is not None:
         cases["kvwatch, --pump FILE"] = lambda m, s, r: run_kvwatch(m, s, r, experiment)
     results: dict[str, list[dict]] = {name: [] for name in cases}

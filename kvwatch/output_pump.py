@@ -1,10 +1,11 @@
 """Drain the engine's output so it never blocks on a full pipe; keep the tail for diagnosis.
 
-One thread per engine reads the pipe (stdout and stderr share it) in large binary
-chunks and splits lines itself: invalid UTF-8 is replaced, a line longer than
-`max_line` is cut into pieces rather than buffered without bound. Each line goes to
-kvwatch's own output prefixed with the engine name, into a ring buffer of the last
-`ring_lines` lines, and through the startup-line parser (VLLM_FACTS §5).
+One thread per engine reads the pipe (stdout and stderr share it) in large binary chunks.
+Every line goes to kvwatch's own output prefixed with the engine name; the raw tail (the
+last `ring_bytes`) is kept for diagnosis and the startup-line parser (VLLM_FACTS §5) reads
+the lines that carry a fact. A line without a newline is cut after `max_line` bytes rather
+than buffered without bound. The tail becomes text lines only when someone asks for them
+(a failure): invalid UTF-8 is replaced, carriage returns dropped, giant lines cut.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import logging
 import os
 import re
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -23,6 +25,14 @@ _KV_AVAILABLE = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
 _MODEL_LOADING = re.compile(r"Model loading took ([\d.]+) GiB memory")
 _GiB = 2**30
 
+# A reader blocked on the pipe costs the engine a wake-up of that reader for each line it writes:
+# on a small host that halves a fast logger's throughput (bench/bench_log_pump.py). So after a
+# read that did not fill its buffer the pump sleeps a moment instead of waiting on the pipe; the
+# pipe (1 MiB, enlarged by processes.spawn) takes the lines meanwhile without waking anyone, and
+# the next read takes them all at once. Longer pauses measured worse: the pipe's pages go cold.
+# A line reaches the ring at most ~1 ms later; nothing kvwatch does is that time-critical.
+_BATCH_PAUSE_S = 0.001
+
 
 @dataclass(frozen=True)
 class LogFacts:
@@ -33,9 +43,15 @@ class LogFacts:
     model_loading_bytes: int | None = None
 
 
+# Words that only the fact lines carry: the serving stats line says "GPU KV cache usage" every
+# few seconds and must not send every block through the line-by-line parser.
+_FACT_MARKERS = ("KV cache size:", "Available KV cache memory:", "Model loading took")
+_FACT_MARKERS_RAW = tuple(marker.encode() for marker in _FACT_MARKERS)
+
+
 def parse_fact(line: str, facts: LogFacts) -> LogFacts:
     """The facts after one more line (pure)."""
-    if "KV cache" not in line and "Model loading" not in line:
+    if not any(marker in line for marker in _FACT_MARKERS):
         return facts
     if m := _KV_TOKENS.search(line):
         return LogFacts(int(m.group(1).replace(",", "")), facts.available_kv_bytes, facts.model_loading_bytes)
@@ -60,17 +76,23 @@ def _own_probe(raw: bytes) -> bool:
 
 class OutputPump:
     def __init__(self, name: str, fd: int, sink: BinaryIO | None, *, ring_lines: int = 5000,
-                 max_line: int = 64 * 1024, chunk: int = 1 << 20) -> None:
+                 ring_bytes: int = 4 << 20, max_line: int = 64 * 1024, chunk: int = 1 << 20) -> None:
         self.name = name
         self._fd = fd
         self._sink = sink
         self._prefix = f"[{name}] ".encode()
-        self._ring: deque[str] = deque(maxlen=ring_lines)
+        self._newline_prefix = b"\n" + self._prefix
+        # The tail as the blocks read (whole lines each): a busy engine writes ~6k lines per MB,
+        # and making a Python object of each would take a core away from it on a small host.
+        self._tail: deque[bytes] = deque()
+        self._tail_bytes = 0
+        self._ring_bytes = ring_bytes
+        self._ring_lines = ring_lines
         self._lock = threading.Lock()
         self._max_line = max_line
         self._chunk = chunk
         self._facts = LogFacts()
-        self.lines_seen = 0
+        self.lines_seen = 0  # lines read, a line cut for length counting once
         self.bytes_seen = 0
         self._thread = threading.Thread(target=self._run, name=f"pump-{name}", daemon=True)
 
@@ -88,17 +110,32 @@ class OutputPump:
         return self._facts  # an immutable value swapped atomically: no lock needed
 
     def lines(self) -> list[str]:
-        with self._lock:
-            return list(self._ring)
+        """The last lines (at most ring_lines) as text."""
+        return self._texts(self._raw_tail(None))
 
     def lines_since(self, seen: int) -> list[str]:
-        """The lines after the first `seen` ones (as far as the ring still holds them)."""
+        """The lines after the first `seen` ones (as far as the tail still holds them)."""
+        return self._texts(self._raw_tail(seen))
+
+    def _raw_tail(self, seen: int | None) -> list[bytes]:
         with self._lock:
-            newer = self.lines_seen - seen
-            if newer <= 0:
-                return []
-            ring = list(self._ring)
-        return ring[-newer:] if newer < len(ring) else ring
+            newer = self.lines_seen - (seen or 0)
+            tail = b"\n".join(self._tail) if newer > 0 else b""
+        if not tail:
+            return []
+        raw_lines = tail.split(b"\n")
+        return raw_lines[-newer:] if seen is not None else raw_lines
+
+    def _texts(self, raw_lines: list[bytes]) -> list[str]:
+        size = self._max_line
+        texts: list[str] = []
+        for raw in raw_lines:
+            text = raw.rstrip(b"\r").decode("utf-8", "replace")
+            if len(raw) > size:  # the tail holds lines, not megabytes
+                texts.extend(text[i:i + size] for i in range(0, len(text), size))
+            else:
+                texts.append(text)
+        return texts[-self._ring_lines:]
 
     # -- the thread ----------------------------------------------------------------
 
@@ -117,42 +154,47 @@ class OutputPump:
                     break
                 self.bytes_seen += len(data)
                 pending += data
-                *complete, pending = pending.split(b"\n")
+                end = pending.rfind(b"\n")
+                if end >= 0:
+                    self._emit(pending[:end])
+                    pending = pending[end + 1:]
                 if len(pending) > self._max_line:  # a giant line: cut it, never buffer it all
-                    complete.append(pending)
+                    self._emit(pending)
                     pending = b""
-                if complete:
-                    self._emit(self._cut(complete))
+                if len(data) < self._chunk:
+                    time.sleep(_BATCH_PAUSE_S)
             if pending:
-                self._emit(self._cut([pending]))
+                self._emit(pending)
         except Exception:  # the pump must never die silently: the engine would block on its pipe
             _LOG.exception("pump %s: failed", self.name)
 
-    def _cut(self, raw_lines: list[bytes]) -> list[bytes]:
-        """Lines longer than max_line become several: the ring holds lines, not megabytes."""
-        size = self._max_line
-        if all(len(raw) <= size for raw in raw_lines):
-            return raw_lines
-        out: list[bytes] = []
-        for raw in raw_lines:
-            out.extend(raw[i:i + size] for i in range(0, len(raw), size)) if len(raw) > size else out.append(raw)
-        return out
-
-    def _emit(self, raw_lines: list[bytes]) -> None:
-        texts = [raw.rstrip(b"\r").decode("utf-8", "replace") for raw in raw_lines]
-        facts = self._facts
-        for text in texts:
-            facts = parse_fact(text, facts)
-        self._facts = facts
+    def _emit(self, block: bytes) -> None:
+        """Hand on `block`: whole lines joined by newlines (no final one). Only bytes methods
+        run over the whole block; Python loops over its lines only where a line matters."""
+        if any(marker in block for marker in _FACT_MARKERS_RAW):
+            facts = self._facts
+            for raw in block.split(b"\n"):
+                if any(marker in raw for marker in _FACT_MARKERS_RAW):
+                    facts = parse_fact(raw.decode("utf-8", "replace"), facts)
+            self._facts = facts
         with self._lock:
-            self._ring.extend(texts)
-            self.lines_seen += len(texts)
+            self._tail.append(block)
+            self._tail_bytes += len(block)
+            while self._tail_bytes - len(self._tail[0]) >= self._ring_bytes:
+                self._tail_bytes -= len(self._tail.popleft())
+            self.lines_seen += block.count(b"\n") + 1
         if self._sink is not None:
-            out = b"".join(self._prefix + raw.rstrip(b"\r") + b"\n" for raw in raw_lines
-                           if not _own_probe(raw))
-            try:
-                self._sink.write(out)
-                self._sink.flush()
-            except (OSError, ValueError) as exc:  # kvwatch's stdout closed: keep draining
-                _LOG.warning("pump %s: passthrough off: %s", self.name, exc)
-                self._sink = None
+            self._pass_through(block)
+
+    def _pass_through(self, block: bytes) -> None:
+        if b"\r" in block or b'"GET /' in block:  # rare: progress bars, HTTP access lines
+            raw_lines = [raw.rstrip(b"\r") for raw in block.split(b"\n") if not _own_probe(raw)]
+            if not raw_lines:
+                return
+            block = b"\n".join(raw_lines)
+        try:
+            self._sink.write(self._prefix + block.replace(b"\n", self._newline_prefix) + b"\n")  # type: ignore[union-attr]
+            self._sink.flush()  # type: ignore[union-attr]
+        except (OSError, ValueError) as exc:  # kvwatch's stdout closed: keep draining
+            _LOG.warning("pump %s: passthrough off: %s", self.name, exc)
+            self._sink = None

@@ -14,6 +14,7 @@ lives as long as the engine (the supervisor's loop).
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import logging
 import os
 import signal
@@ -175,7 +176,20 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], *, cwd: str | None = None
         list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         env=dict(env), cwd=cwd, start_new_session=True, close_fds=True,
         preexec_fn=_child_setup(os.getpid(), pdeathsig))
+    _enlarge_pipe(popen.stdout.fileno())  # type: ignore[union-attr]
     return EngineProcess(popen, reaper_grace)
+
+
+_PIPE_BYTES = 1 << 20  # Linux's default pipe-max-size: allowed without privileges
+
+
+def _enlarge_pipe(fd: int) -> None:
+    """A 1 MiB pipe instead of 64 KiB: the engine's bursts (a traceback, a flood of request
+    lines) fit while the output pump batches its reads, so the engine does not wait on it."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
+    except (OSError, AttributeError) as exc:  # a lower pipe-max-size, or not Linux: keep 64 KiB
+        _LOG.debug("pipe stays at its default size: %s", exc)
 
 
 # -- looking at processes ---------------------------------------------------------

@@ -2,6 +2,7 @@
 vLLM failure logs or serves /health, real processes, signals and sockets; short timeouts."""
 from __future__ import annotations
 
+import fcntl
 import io
 import json
 import logging
@@ -294,6 +295,40 @@ def test_pump_passes_the_engine_log_through_but_not_kvwatchs_own_probes() -> Non
     assert "POST /v1/completions" in out and "503" in out and '"GET /health HTTP/1.1" 200' not in out
     assert "10.1.2.3:41000" in out  # another host's scrape is the operator's business: shown
     assert len(pump.lines()) == 4  # the diagnosis still sees every line
+
+
+def test_pump_counts_lines_and_keeps_a_bounded_tail_for_lines_since() -> None:
+    read_fd, write_fd = os.pipe()
+    pump = OutputPump("e", read_fd, None, ring_lines=100_000, ring_bytes=64 * 1024).start()
+    stats = b"(APIServer pid=1) INFO [loggers.py:259] Engine 000: GPU KV cache usage: 4.2%, Running: 1 reqs\n"
+    os.write(write_fd, b"".join(b"line %d\n" % i for i in range(10)))
+    time.sleep(0.05)  # let the pump take these first, as while the engine starts
+    seen = pump.lines_seen
+    assert seen == 10
+    with os.fdopen(write_fd, "wb") as writer:  # then a flood, far past the tail's 64 KiB
+        for _ in range(4000):
+            writer.write(stats)
+        writer.write(b"(EngineCore pid=2) INFO [kv_cache_utils.py:1] GPU KV cache size: 1,024 tokens\n"
+                     b"engine died\n")
+    assert pump.join(5)
+    os.close(read_fd)
+    assert pump.lines_seen == 10 + 4000 + 2
+    newer = pump.lines_since(seen)
+    assert newer[-1] == "engine died" and len(newer) < 4002  # the tail is bounded by bytes ...
+    assert 64 * 1024 <= sum(len(line) + 1 for line in newer) <= 64 * 1024 + 2**20  # ... not emptied
+    assert pump.lines_since(pump.lines_seen) == []
+    assert pump.lines()[-2:] == newer[-2:]
+    # the serving stats say "KV cache" on every line; only the fact line counts
+    assert pump.facts == LogFacts(kv_tokens=1024)
+
+
+def test_spawn_gives_the_engine_a_one_mib_pipe() -> None:
+    proc = processes.spawn([sys.executable, "-c", "pass"], dict(os.environ))
+    try:
+        assert fcntl.fcntl(proc.stdout, fcntl.F_GETPIPE_SZ) == 1 << 20
+    finally:
+        proc.popen.wait()
+        proc.close()
 
 
 def test_parse_fact_startup_lines() -> None:
