@@ -9,6 +9,7 @@ than buffered without bound. The tail becomes text lines only when someone asks 
 """
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import re
@@ -27,10 +28,10 @@ _GiB = 2**30
 
 # A reader blocked on the pipe costs the engine a wake-up of that reader for each line it writes:
 # on a small host that halves a fast logger's throughput (bench/bench_log_pump.py). So after a
-# read that did not fill its buffer the pump sleeps a moment instead of waiting on the pipe; the
+# read that took less than half the pipe the pump sleeps a moment instead of waiting on it; the
 # pipe (1 MiB, enlarged by processes.spawn) takes the lines meanwhile without waking anyone, and
 # the next read takes them all at once. Longer pauses measured worse: the pipe's pages go cold.
-# A line reaches the ring at most ~1 ms later; nothing kvwatch does is that time-critical.
+# A line reaches the tail at most ~1 ms later; nothing kvwatch does is that time-critical.
 _BATCH_PAUSE_S = 0.001
 
 
@@ -67,6 +68,13 @@ def parse_fact(line: str, facts: LogFacts) -> LogFacts:
 # probes over loopback; a scrape from another host (Prometheus reading the engine) still shows.
 _PROBE_MARKERS = (b'"GET /health HTTP/1.1" 200', b'"GET /metrics HTTP/1.1" 200')
 _LOOPBACK = (b" 127.0.0.1:", b" [::1]:", b" ::1:")
+
+
+def _pipe_capacity(fd: int) -> int:
+    try:
+        return fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ)
+    except (OSError, AttributeError):  # not a pipe, or not Linux
+        return 64 * 1024
 
 
 def _own_probe(raw: bytes) -> bool:
@@ -141,6 +149,7 @@ class OutputPump:
 
     def _run(self) -> None:
         pending = b""
+        sleep_below = _pipe_capacity(self._fd) // 2  # a read as big as that: the engine is pouring
         try:
             while True:
                 try:
@@ -161,7 +170,7 @@ class OutputPump:
                 if len(pending) > self._max_line:  # a giant line: cut it, never buffer it all
                     self._emit(pending)
                     pending = b""
-                if len(data) < self._chunk:
+                if len(data) < sleep_below:
                     time.sleep(_BATCH_PAUSE_S)
             if pending:
                 self._emit(pending)
@@ -171,7 +180,8 @@ class OutputPump:
     def _emit(self, block: bytes) -> None:
         """Hand on `block`: whole lines joined by newlines (no final one). Only bytes methods
         run over the whole block; Python loops over its lines only where a line matters."""
-        if any(marker in block for marker in _FACT_MARKERS_RAW):
+        # The KV cache size is the last fact vLLM logs at startup: after it, no block is searched.
+        if self._facts.kv_tokens is None and any(marker in block for marker in _FACT_MARKERS_RAW):
             facts = self._facts
             for raw in block.split(b"\n"):
                 if any(marker in raw for marker in _FACT_MARKERS_RAW):
