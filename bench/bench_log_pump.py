@@ -131,12 +131,12 @@ def run_cat(mode: str, size: float, report: Path) -> dict:
 
 
 # The least any pipe reader can cost the writer: a 1 MiB pipe read by a process that does nothing
-# with the data and, like kvwatch's pump, sleeps 1 ms after a read that did not fill its buffer.
+# with the data and, like kvwatch's pump, sleeps 1 ms after a read of less than half the pipe.
 FLOOR_READER = r'''
 import fcntl, os, sys, time
 fcntl.fcntl(0, fcntl.F_SETPIPE_SZ, 1 << 20)
 while data := os.read(0, 1 << 20):
-    if len(data) < 1 << 20:
+    if len(data) < 1 << 19:
         time.sleep(0.001)
 '''
 
