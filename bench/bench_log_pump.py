@@ -194,7 +194,7 @@ def bench(mode: str, size: float, runs: int, tmp: Path, experiment: type | None)
     print(f"  the do-nothing batching reader / /dev/null = {floor / base:.2f}: what the pipe alone costs")
     for name in (n for n in results if n.startswith("kvwatch")):
         kv = statistics.median(mb_s(s) for s in results[name])
-        print(f"  {name} / /dev/null = {kv / base:.2f} (bar >= {BAR}): {'PASS' if kv / base >= BAR else 'MISS'};"
+        print(f"  {name} / /dev/null = {kv / base:.3f} (bar >= {BAR}): {'PASS' if kv / base >= BAR else 'MISS'};"
               f" / do-nothing reader = {kv / floor:.2f}")
 
 

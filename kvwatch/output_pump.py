@@ -64,7 +64,7 @@ def parse_fact(line: str, facts: LogFacts) -> LogFacts:
 
 
 # The access-log lines of kvwatch's own /health and /metrics probes (one a second while starting)
-# would drown the engine's log: they stay in the ring buffer but are not passed through. kvwatch
+# would drown the engine's log: they stay in the tail but are not passed through. kvwatch
 # probes over loopback; a scrape from another host (Prometheus reading the engine) still shows.
 _PROBE_MARKERS = (b'"GET /health HTTP/1.1" 200', b'"GET /metrics HTTP/1.1" 200')
 _LOOPBACK = (b" 127.0.0.1:", b" [::1]:", b" ::1:")
@@ -137,7 +137,7 @@ class OutputPump:
     def _texts(self, raw_lines: list[bytes]) -> list[str]:
         size = self._max_line
         texts: list[str] = []
-        for raw in raw_lines:
+        for raw in raw_lines[-self._ring_lines:]:  # a cut line only adds lines: these are enough
             text = raw.rstrip(b"\r").decode("utf-8", "replace")
             if len(raw) > size:  # the tail holds lines, not megabytes
                 texts.extend(text[i:i + size] for i in range(0, len(text), size))
