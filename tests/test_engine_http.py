@@ -5,13 +5,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine_standin import Route, serve_routes
 from kvwatch import engine_http
 from kvwatch.engine_http import CacheConfig, EngineMetrics, parse_metrics
 
@@ -92,35 +92,11 @@ def test_a_damaged_real_page_gives_a_value(cut: int, noise: bytes) -> None:
 
 # -- over HTTP ---------------------------------------------------------------------
 
-class _Engine(BaseHTTPRequestHandler):
-    routes: dict[str, tuple[int, bytes, float]] = {}
-
-    def do_GET(self) -> None:  # noqa: N802
-        status, body, delay = self.routes.get(self.path, (404, b"", 0.0))
-        time.sleep(delay)
-        self.send_response(status)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
-def engine() -> Iterator[tuple[str, dict[str, tuple[int, bytes, float]]]]:
-    routes: dict[str, tuple[int, bytes, float]] = {}
-    handler = type("Handler", (_Engine,), {"routes": routes})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", routes
-    finally:
-        server.shutdown()
-        server.server_close()
+def engine() -> Iterator[tuple[str, dict[str, Route]]]:
+    routes: dict[str, Route] = {}
+    with serve_routes(routes) as url:
+        yield url, routes
 
 
 def test_scrape_and_health_over_http(engine) -> None:

@@ -7,14 +7,13 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
+from engine_standin import Route, serve_routes
 from engine_support import free_port, http_get
 from exporter_support import METRICS, fixture_plan, render, samples, value
 from kvwatch.engine_status import EngineState, EngineStatus
@@ -24,41 +23,16 @@ from kvwatch.exporter.watch import Watch
 REPO = Path(__file__).resolve().parents[1]
 
 
-class _Engine(BaseHTTPRequestHandler):
-    page = b""
-    healthy = True
-
-    def do_GET(self) -> None:  # noqa: N802
-        if self.path == "/health":
-            status, body = (200 if self.healthy else 503), b""
-        elif self.path == "/metrics":
-            status, body = 200, self.page
-        else:
-            status, body = 404, b""
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
-def engine(tmp_path: Path) -> Iterator[tuple[str, type[_Engine], Path]]:
+def engine(tmp_path: Path) -> Iterator[tuple[str, dict[str, Route], Path]]:
     """A stand-in engine serving the cpu_block64 page, and that run's model directory."""
-    handler = type("Engine", (_Engine,), {"page": (METRICS / "cpu_block64.txt").read_bytes(), "healthy": True})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    routes: dict[str, Route] = {"/health": (200, b"", 0.0),
+                                "/metrics": (200, (METRICS / "cpu_block64.txt").read_bytes(), 0.0)}
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text((METRICS / "cpu_block64.config.json").read_text())
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", handler, model
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_routes(routes) as url:
+        yield url, routes, model
 
 
 def kvwatch(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -79,7 +53,7 @@ def scrape_when_ready(url: str, proc: subprocess.Popen, timeout: float = 30) -> 
 
 
 def test_export_an_external_engine(engine) -> None:
-    url, handler, model = engine
+    url, routes, model = engine
     port = free_port()
     proc = kvwatch("export", "--engine-url", url, "--name", "ext", "--model", str(model), "--device", "cpu",
                    "--listen", f"127.0.0.1:{port}", "--interval", "0.2", "--no-nvml")
@@ -92,7 +66,7 @@ def test_export_an_external_engine(engine) -> None:
         assert value(found, "kvwatch_kv_plan_drift_ratio", engine="ext") == 0
         assert value(found, "kvwatch_kv_padding_bytes", engine="ext", cause="remainder") == 16_384
         assert value(found, "kvwatch_collector_success", collector="nvml") is None  # --no-nvml
-        handler.healthy = False  # the engine dies: kvwatch does not restart it, so it stays "ready"
+        routes["/health"] = (503, b"", 0.0)  # the engine dies: kvwatch does not restart it, so it stays "ready"
         deadline = time.monotonic() + 10
         while value(found, "kvwatch_engine_up", engine="ext") != 0 and time.monotonic() < deadline:
             time.sleep(0.2)
