@@ -87,6 +87,8 @@ class EngineRecord:
         record.corrections = [CorrectionRecord(**c) for c in data.get("corrections", [])]
         if not isinstance(record.name, str) or not all(isinstance(a, str) for a in record.argv):
             raise ValueError("bad name or argv")
+        if not all(_is_constraint(c) for c in record.constraints):
+            raise ValueError("bad constraints")
         return record
 
     def last_failure(self) -> FailureRecord | None:
@@ -95,6 +97,14 @@ class EngineRecord:
     def trim(self) -> None:
         del self.failures[:-MAX_FAILURES]
         del self.corrections[:-MAX_CORRECTIONS]
+
+
+def _is_constraint(value: Any) -> bool:
+    """A learned constraint; its backend block sizes (fed to the next plan) map a name to a list."""
+    if not isinstance(value, dict):
+        return False
+    sizes = value.get("backend_block_sizes", {})
+    return isinstance(sizes, dict) and all(isinstance(k, str) and isinstance(v, list) for k, v in sizes.items())
 
 
 class StateStore:

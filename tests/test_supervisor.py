@@ -223,7 +223,9 @@ def test_state_file_atomic_round_trip(tmp_path: Path) -> None:
     assert oct(os.stat(tmp_path / "e.json").st_mode & 0o777) == "0o640"
 
 
-@pytest.mark.parametrize("content", [b"{not json", b'{"version": 99}', b"\xff\xfe", b'{"version": 1, "name": 5}'])
+@pytest.mark.parametrize("content", [b"{not json", b'{"version": 99}', b"\xff\xfe", b'{"version": 1, "name": 5}',
+                                     b'{"version": 1, "name": "e", "constraints": [7]}',
+                                     b'{"version": 1, "name": "e", "constraints": [{"backend_block_sizes": ["32"]}]}'])
 def test_corrupt_state_file_is_moved_aside(tmp_path: Path, content: bytes, caplog: pytest.LogCaptureFixture) -> None:
     (tmp_path / "e.json").write_bytes(content)
     store = StateStore(tmp_path, "e")
