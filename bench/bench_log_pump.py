@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kvwatch import processes  # noqa: E402
+from kvwatch import output_pump, processes  # noqa: E402
 from kvwatch.output_pump import OutputPump  # noqa: E402
 
 BAR = 0.9
@@ -130,19 +130,21 @@ def run_cat(mode: str, size: float, report: Path) -> dict:
     return json.loads(report.read_text())
 
 
-# The least any pipe reader can cost the writer: a 1 MiB pipe read by a process that does nothing
-# with the data and, like kvwatch's pump, sleeps 1 ms after a read of less than half the pipe.
+# The least any pipe reader can cost the writer: the pipe as kvwatch sizes it, read by a process
+# that does nothing with the data and pauses by the pump's own rule (after a read under half the pipe).
 FLOOR_READER = r'''
 import fcntl, os, sys, time
-fcntl.fcntl(0, fcntl.F_SETPIPE_SZ, 1 << 20)
-while data := os.read(0, 1 << 20):
-    if len(data) < 1 << 19:
-        time.sleep(0.001)
+pipe_bytes, pause = int(sys.argv[1]), float(sys.argv[2])
+fcntl.fcntl(0, fcntl.F_SETPIPE_SZ, pipe_bytes)
+while data := os.read(0, pipe_bytes):
+    if len(data) < pipe_bytes // 2:
+        time.sleep(pause)
 '''
 
 
 def run_floor(mode: str, size: float, report: Path) -> dict:
-    reader = subprocess.Popen([sys.executable, "-c", FLOOR_READER], stdin=subprocess.PIPE)
+    reader = subprocess.Popen([sys.executable, "-c", FLOOR_READER, str(processes._PIPE_BYTES),
+                               str(output_pump._BATCH_PAUSE_S)], stdin=subprocess.PIPE)
     subprocess.run(child(mode, size, report), stdout=reader.stdin, stderr=subprocess.STDOUT, check=True, env=ENV)
     reader.stdin.close()  # type: ignore[union-attr]
     reader.wait()

@@ -44,7 +44,7 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
 
 
 def _selected_command(argv: list[str]) -> str | None:
-    return next((a for a in argv if not a.startswith("-")), None) if argv else None
+    return next((a for a in argv if not a.startswith("-")), None)
 
 
 def split_engine_command(argv: list[str]) -> tuple[list[str], list[str]]:

@@ -102,7 +102,6 @@ def parse_metrics(text: str) -> EngineMetrics:
     config is engine "0"'s (its num_gpu_blocks is already the sum over DP engines).
     """
     samples: dict[str, list[tuple[dict[str, str], float]]] = {}
-    wanted = {CACHE_CONFIG, KV_USAGE, RUNNING, WAITING, PREEMPTIONS}
     vllm_seen = False
     # Parse only the lines of the series kvwatch reads (a page is ~600 lines, mostly
     # histograms: 20x faster). The whole page when none is there or it does not end in a
@@ -114,7 +113,7 @@ def parse_metrics(text: str) -> EngineMetrics:
         for family in text_string_to_metric_families(text):
             vllm_seen = vllm_seen or family.name.startswith("vllm:")
             for sample in family.samples:
-                if sample.name in wanted:
+                if sample.name in _WANTED:
                     samples.setdefault(sample.name, []).append((dict(sample.labels), float(sample.value)))
     except Exception as exc:  # the parser raises ValueError, IndexError, ... on garbage
         return EngineMetrics.failed(f"not Prometheus text: {type(exc).__name__}: {exc}"[:300])

@@ -304,7 +304,9 @@ def test_pump_counts_lines_and_keeps_a_bounded_tail_for_lines_since() -> None:
     pump = OutputPump("e", read_fd, None, ring_lines=100_000, ring_bytes=64 * 1024).start()
     stats = b"(APIServer pid=1) INFO [loggers.py:259] Engine 000: GPU KV cache usage: 4.2%, Running: 1 reqs\n"
     os.write(write_fd, b"".join(b"line %d\n" % i for i in range(10)))
-    time.sleep(0.05)  # let the pump take these first, as while the engine starts
+    deadline = time.monotonic() + 5  # let the pump take these first, as while the engine starts
+    while pump.lines_seen < 10 and time.monotonic() < deadline:
+        time.sleep(0.01)
     seen = pump.lines_seen
     assert seen == 10
     with os.fdopen(write_fd, "wb") as writer:  # then a flood, far past the tail's 64 KiB
