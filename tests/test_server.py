@@ -272,3 +272,40 @@ def test_render_cache_renders_once_per_snapshot() -> None:
     second, _ = cache.render(None)
     assert Counting.renders == 2 and b"kvwatch_test 2.0" in second
     assert cache.render("application/openmetrics-text")[1].startswith("application/openmetrics-text")
+    # The watch loop swaps the snapshot and refreshes: both formats asked for are rendered then,
+    # and the scrapes that follow render nothing.
+    Counting.snapshot = object()
+    cache.refresh()
+    assert Counting.renders == 5
+    pages = cache.render(None)[0] + cache.render("application/openmetrics-text")[0]
+    assert b"kvwatch_test 4" in pages and b"kvwatch_test 5" in pages
+    assert Counting.renders == 5
+    cache.refresh()  # nothing new: nothing rendered
+    assert Counting.renders == 5
+
+
+def test_the_exporter_renders_in_the_watch_loop_not_on_the_scrape() -> None:
+    from prometheus_client.core import GaugeMetricFamily
+
+    from kvwatch.exporter.service import Exporter
+    from kvwatch.exporter.targets import SupervisedEngines
+
+    class Renders:  # counts the renders of the exporter's own registry
+        count = 0
+
+        def collect(self):
+            Renders.count += 1
+            yield GaugeMetricFamily("kvwatch_test_renders", "test", value=Renders.count)
+
+    with Exporter(SupervisedEngines(lambda: []), listen="127.0.0.1:0", interval=2.0) as exporter:
+        exporter.registry.register(Renders())  # (the registry describes it once: a render)
+        url = exporter.url + "/metrics"
+        before = Renders.count
+        urllib.request.urlopen(url, timeout=5).read()  # the first scrape in this format renders it
+        assert Renders.count == before + 1
+        deadline = time.monotonic() + 10
+        while Renders.count == before + 1 and time.monotonic() < deadline:  # the next tick renders
+            time.sleep(0.02)
+        assert Renders.count == before + 2
+        page = urllib.request.urlopen(url, timeout=5).read()  # well inside the 2 s interval: a lookup
+        assert Renders.count == before + 2 and b"kvwatch_test_renders %d.0" % (before + 2) in page

@@ -120,15 +120,16 @@ class _Server(ThreadingHTTPServer):
 
 
 class RenderCache:
-    """The exposition of one snapshot, rendered once per format: the collector builds fresh
-    families when the snapshot changes (every watch interval), and scrapes in between are a
-    lookup. `version()` returns the current snapshot object (immutable, replaced each tick)."""
+    """The exposition of one snapshot, rendered once per format, off the scrape path: the
+    watch loop calls refresh() after each swap and scrapes are a lookup. Only the first
+    scrape in a format (or one racing a swap) renders. `version()` returns the current
+    snapshot object (immutable, replaced each tick)."""
 
     def __init__(self, registry: CollectorRegistry, version: Callable[[], object] | None = None) -> None:
         self._registry = registry
         self._version = version
         self._lock = threading.Lock()
-        self._cached: dict[str, tuple[object, bytes]] = {}
+        self._cached: dict[str, tuple[Callable[[CollectorRegistry], bytes], object, bytes]] = {}
 
     def render(self, accept: str | None) -> tuple[bytes, str]:
         encoder, content_type = choose_encoder(accept)
@@ -137,12 +138,26 @@ class RenderCache:
         current = self._version()
         with self._lock:
             hit = self._cached.get(content_type)
-            if hit is not None and hit[0] is current:
-                return hit[1], content_type
+            if hit is not None and hit[1] is current:
+                return hit[2], content_type
+        return self._render(encoder, content_type, current), content_type
+
+    def refresh(self) -> None:
+        """Render the current snapshot in every format scrapers have asked for."""
+        if self._version is None:
+            return
+        current = self._version()
+        with self._lock:
+            stale = [(encoder, content_type) for content_type, (encoder, version, _) in self._cached.items()
+                     if version is not current]
+        for encoder, content_type in stale:
+            self._render(encoder, content_type, current)
+
+    def _render(self, encoder: Callable[[CollectorRegistry], bytes], content_type: str, current: object) -> bytes:
         output = encoder(self._registry)  # may be a snapshot newer than `current`: only ever fresher
         with self._lock:
-            self._cached[content_type] = (current, output)
-        return output, content_type
+            self._cached[content_type] = (encoder, current, output)
+        return output
 
 
 class MetricsServer:
@@ -154,11 +169,16 @@ class MetricsServer:
         tls = web_config.tls.context() if web_config.tls is not None else None
         auth = BasicAuth(web_config.users)
         try:
-            self._server = _Server(parse_listen(listen), _handler(RenderCache(registry, version), auth), tls)
+            self._renders = RenderCache(registry, version)
+            self._server = _Server(parse_listen(listen), _handler(self._renders, auth), tls)
         except OSError as exc:
             raise KvwatchError(f"cannot listen on {listen}: {exc.strerror or exc}") from None
         self._thread: threading.Thread | None = None
         self.scheme = "https" if tls is not None else "http"
+
+    def prerender(self) -> None:
+        """Render the new snapshot now (the watch loop calls this), so no scrape waits for it."""
+        self._renders.refresh()
 
     @property
     def port(self) -> int:

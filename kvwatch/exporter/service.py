@@ -29,10 +29,11 @@ class Exporter:
                  web_config: str | Path | None = None, interval: float = DEFAULT_INTERVAL,
                  nvml: NvmlSource | None = None, process_source: ProcessSource | None = None) -> None:
         config = load_web_config(web_config) if web_config else None  # ConfigError: one line
-        self.watch = Watch(engines, nvml=nvml, process_source=process_source, interval=interval)
+        self.watch = Watch(engines, nvml=nvml, process_source=process_source, interval=interval,
+                           on_snapshot=lambda _: self.server.prerender())
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(KvwatchCollector(lambda: self.watch.snapshot))
-        # binds now: errors before anything runs; renders once per snapshot
+        # binds now: errors before anything runs; renders each snapshot once, in the watch loop
         self.server = MetricsServer(self.registry, listen, config, version=lambda: self.watch.snapshot)
 
     @property

@@ -53,7 +53,8 @@ EngineSource = Callable[[], Sequence[EngineTarget]]
 class Watch:
     def __init__(self, engines: EngineSource, nvml: NvmlSource | None = None,
                  process_source: ProcessSource | None = None, interval: float = DEFAULT_INTERVAL,
-                 timeout: float | None = None, clock: Callable[[], float] = time.time) -> None:
+                 timeout: float | None = None, clock: Callable[[], float] = time.time,
+                 on_snapshot: Callable[[WatchSnapshot], None] | None = None) -> None:
         if interval <= 0:
             raise ValueError("interval must be positive")
         self._engines = engines
@@ -62,6 +63,7 @@ class Watch:
         self.interval = interval
         self.timeout = timeout if timeout is not None else min(3.0, interval)
         self._clock = clock
+        self._on_snapshot = on_snapshot  # called in the watch thread after each swap
         self._snapshot = WatchSnapshot.empty()
         self._seen_up: set[str] = set()  # external engines that have answered /health
         self._stop = threading.Event()
@@ -141,6 +143,11 @@ class Watch:
         snap = WatchSnapshot(taken_at=taken_at, engines=engines, nvml=nvml_snapshot,
                              collectors=tuple(collectors))
         self._snapshot = snap
+        if self._on_snapshot is not None:
+            try:
+                self._on_snapshot(snap)
+            except Exception:  # the snapshot stands; a scrape renders it then
+                _LOG.exception("on_snapshot failed")
         return snap
 
     def _nvml_once(self) -> tuple[NvmlSnapshot, str | None]:
