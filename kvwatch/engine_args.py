@@ -18,7 +18,7 @@ VALUE_FLAGS = (
     "--model", "--block-size", "--kv-cache-dtype", "--dtype", "--gpu-memory-utilization",
     "--kv-cache-memory-bytes", "--max-model-len", "--max-num-seqs", "--tensor-parallel-size",
     "--pipeline-parallel-size", "--num-gpu-blocks-override", "--attention-backend", "--host",
-    "--port", "--served-model-name", "--quantization",
+    "--port", "--served-model-name", "--quantization", "--max-num-batched-tokens",
 )
 ALIASES = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-q": "--quantization"}
 _API_SERVER_MODULES = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.api_server")
@@ -71,6 +71,8 @@ class EngineSettings:
     kv_cache_memory_bytes: int | None
     max_model_len: int | None
     max_num_seqs: int | None
+    max_num_batched_tokens: int | None
+    enable_chunked_prefill: bool | None      # None: vLLM's default (on)
     tensor_parallel_size: int
     pipeline_parallel_size: int
     num_gpu_blocks_override: int | None
@@ -135,6 +137,8 @@ class EngineCommand:
             kv_cache_memory_bytes=self._int("--kv-cache-memory-bytes", human=True),
             max_model_len=self._int("--max-model-len", human=True),
             max_num_seqs=self._int("--max-num-seqs"),
+            max_num_batched_tokens=self._int("--max-num-batched-tokens", human=True),
+            enable_chunked_prefill=self._switch("--enable-chunked-prefill"),
             tensor_parallel_size=self._int("--tensor-parallel-size") or 1,
             pipeline_parallel_size=self._int("--pipeline-parallel-size") or 1,
             num_gpu_blocks_override=self._int("--num-gpu-blocks-override"),
@@ -153,6 +157,18 @@ class EngineCommand:
             return int(value)
         except ValueError:
             raise CommandError(f"{flag} {value!r}: not an integer") from None
+
+    def _switch(self, flag: str) -> bool | None:
+        """A boolean flag as argparse's BooleanOptionalAction reads it: the last of --X / --no-X."""
+        negative = "--no-" + _canonical(flag)[2:]
+        last = None
+        for token in self.argv:
+            name = _split(token)[0]
+            if name == _canonical(flag):
+                last = True
+            elif name == negative:
+                last = False
+        return last
 
     def _float(self, flag: str, default: float) -> float:
         value = self.get(flag)

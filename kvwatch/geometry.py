@@ -23,6 +23,10 @@ _KV_HEAD_KEYS = ("n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_quer
 _MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
                  "model_max_length", "max_target_positions", "max_sequence_length",
                  "max_seq_length", "seq_len")
+# RoPE types whose max_position_embeddings already includes the scaling (vLLM 0.32,
+# config/model.py _get_and_verify_max_len); any other type multiplies it by `factor`.
+_ROPE_PRESCALED = frozenset({"su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling"})
+_ASSUMED_MAX_LEN = 2048   # vLLM's assumption when config.json names no length
 _DTYPE_NAMES = {"float16": "float16", "half": "float16", "bfloat16": "bfloat16",
                 "float32": "float32", "float": "float32"}
 
@@ -45,6 +49,13 @@ class ModelGeometry:
     num_attention_heads: int | None = None
     hidden_size: int | None = None
     weight_params: int | None = None  # rough parameter count, for the GPU memory estimate
+    derived_max_model_len: int | None = None   # the longest max_model_len vLLM accepts (None: unknown)
+    derived_max_model_len_key: str | None = None
+
+    @property
+    def default_max_model_len(self) -> int:
+        """vLLM's max_model_len when none is given: the derived one, else its assumed 2048."""
+        return self.derived_max_model_len or _ASSUMED_MAX_LEN
 
     @property
     def is_hybrid(self) -> bool:
@@ -108,6 +119,51 @@ def estimate_parameters(cfg: Mapping[str, Any]) -> int | None:
     return 2 * vocab * hidden + layers * 4 * hidden * hidden + mlp
 
 
+def _rope_parameter_sets(cfg: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """RoPE parameters as transformers normalises them: rope_parameters (maybe one per layer type),
+    else the legacy rope_scaling; the legacy `type` key read as `rope_type`."""
+    params = cfg.get("rope_parameters")
+    if not isinstance(params, Mapping) or not params:
+        params = cfg.get("rope_scaling")
+    if not isinstance(params, Mapping) or not params:
+        return []
+    nested = [p for p in params.values() if isinstance(p, Mapping) and p]
+    return nested if nested and len(nested) == len(params) else [params]
+
+
+def derive_max_model_len(cfg: Mapping[str, Any], model_type: str) -> tuple[int | None, str | None]:
+    """The longest max_model_len vLLM accepts for this config.json, and the key it comes from
+    (transformers_utils/model_arch_config_convertor.py derive_max_model_len_and_key, then
+    config/model.py _get_and_verify_max_len): the smallest of the length keys, model_max_length
+    when present, times the RoPE scaling factor of types that do not include it already."""
+    derived: float | None = None
+    key: str | None = None
+    for name in _MAX_LEN_KEYS:
+        value = cfg.get(name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            if derived is None or value < derived:
+                derived, key = float(value), name
+    model_max_length = cfg.get("model_max_length")
+    if isinstance(model_max_length, (int, float)) and not isinstance(model_max_length, bool) and model_max_length > 0:
+        derived, key = float(model_max_length), "model_max_length"
+    if derived is None:
+        return None, None
+    rope = _rope_parameter_sets(cfg)
+    if rope and "gemma3" not in model_type:
+        factor: float = 1.0
+        for p in rope:
+            rope_type = p.get("rope_type", p.get("type", "default"))
+            if rope_type == "su":
+                rope_type = "longrope"
+            if rope_type not in _ROPE_PRESCALED:
+                raw = p.get("factor", factor)
+                factor = float(raw) if isinstance(raw, (int, float)) and not isinstance(raw, bool) else 1.0
+        derived *= factor
+    if not 0 < derived < 2**62:
+        return None, None
+    return int(derived), key
+
+
 def geometry_from_config(config: Mapping[str, Any]) -> ModelGeometry:
     """Turn a config.json dict into a ModelGeometry, or raise ConfigError naming the field."""
     if not isinstance(config, Mapping):
@@ -123,6 +179,7 @@ def geometry_from_config(config: Mapping[str, Any]) -> ModelGeometry:
     raw_dtype = cfg.get("torch_dtype") or cfg.get("dtype") or config.get("torch_dtype") or config.get("dtype")
     config_dtype = _DTYPE_NAMES.get(str(raw_dtype)) if raw_dtype else None
     max_len = next((cfg[k] for k in _MAX_LEN_KEYS if isinstance(cfg.get(k), int)), None)
+    derived, derived_key = derive_max_model_len(cfg, model_type)
 
     if model_type in MLA_MODEL_TYPES and cfg.get("kv_lora_rank") is not None:
         rank = _positive_int(cfg, "kv_lora_rank")
@@ -132,7 +189,8 @@ def geometry_from_config(config: Mapping[str, Any]) -> ModelGeometry:
             attention="mla", num_kv_heads=1, head_size=rank + rope, head_size_v=0,
             config_dtype=config_dtype, sliding_window=None, layer_kinds=("full",) * num_layers,
             max_position_embeddings=max_len, kv_lora_rank=rank, qk_rope_head_dim=rope,
-            num_attention_heads=num_heads, hidden_size=hidden, weight_params=estimate_parameters(cfg))
+            num_attention_heads=num_heads, hidden_size=hidden, weight_params=estimate_parameters(cfg),
+            derived_max_model_len=derived, derived_max_model_len_key=derived_key)
 
     kv_heads = next((cfg[k] for k in _KV_HEAD_KEYS if cfg.get(k) is not None), num_heads)
     if isinstance(kv_heads, bool) or not isinstance(kv_heads, int) or kv_heads <= 0:
@@ -150,4 +208,5 @@ def geometry_from_config(config: Mapping[str, Any]) -> ModelGeometry:
         attention="full", num_kv_heads=kv_heads, head_size=head_size, head_size_v=head_size,
         config_dtype=config_dtype, sliding_window=window, layer_kinds=kinds,
         max_position_embeddings=max_len, num_attention_heads=num_heads, hidden_size=hidden,
-        weight_params=estimate_parameters(cfg))
+        weight_params=estimate_parameters(cfg), derived_max_model_len=derived,
+        derived_max_model_len_key=derived_key)

@@ -23,6 +23,8 @@ KERNEL_OUT_OF_RESOURCES = "kernel_out_of_resources"
 KV_CACHE_TOO_SMALL = "kv_cache_too_small"
 NO_KV_CACHE_MEMORY = "no_kv_cache_memory"
 NO_ATTENTION_BACKEND = "no_attention_backend"
+CONFIG_REFUSED = "config_refused"
+_DEFAULT_GPU_MEMORY_UTILIZATION = 0.92   # vLLM 0.32 config/cache.py
 
 
 @dataclass(frozen=True)
@@ -145,12 +147,60 @@ def _weights_from_geometry(geometry: ModelGeometry, dtype_bytes: int) -> int:
     return (geometry.weight_params or 0) * 2
 
 
+def config_refusals(geometry: ModelGeometry, settings: EngineSettings,
+                    allow_long_max_model_len: bool = False) -> list[Warning_]:
+    """What vLLM's validation of its configuration will refuse, decided from config.json and the
+    flags alone (config/model.py, config/cache.py, config/scheduler.py of vLLM 0.32)."""
+    out: list[Warning_] = []
+    limit = geometry.derived_max_model_len
+    given = settings.max_model_len
+    if given is not None and limit is not None and given > limit and not allow_long_max_model_len:
+        out.append(Warning_(
+            CONFIG_REFUSED,
+            f"max model len {given:,} is above the model's maximum ({geometry.derived_max_model_len_key}="
+            f"{limit:,} in config.json): vLLM refuses it", {"--max-model-len": limit}))
+    heads = geometry.num_attention_heads
+    tp = settings.tensor_parallel_size
+    if heads and tp > 0 and heads % tp:
+        out.append(Warning_(
+            CONFIG_REFUSED,
+            f"tensor parallel size {tp} does not divide the model's {heads} attention heads: vLLM refuses it; "
+            f"choose a --tensor-parallel-size that divides {heads}", {}))
+    if settings.block_size is not None and settings.block_size <= 0:
+        out.append(Warning_(CONFIG_REFUSED, f"block size {settings.block_size} is not a positive number of tokens",
+                            {"--block-size": None}))
+    util = settings.gpu_memory_utilization
+    if not 0 < util <= 1:   # NaN included
+        out.append(Warning_(
+            CONFIG_REFUSED, f"GPU memory utilization {util} is not a fraction in (0, 1]",
+            {"--gpu-memory-utilization": 0.95} if util > 1 else {"--gpu-memory-utilization": None}))
+    batched = settings.max_num_batched_tokens
+    max_len = given if given is not None else geometry.default_max_model_len
+    if batched is not None and settings.enable_chunked_prefill is False and batched < max_len:
+        out.append(Warning_(
+            CONFIG_REFUSED,
+            f"max num batched tokens {batched:,} is below max model len {max_len:,} with chunked prefill off: "
+            f"vLLM refuses it", {"--max-num-batched-tokens": max_len}))
+    elif batched is not None and settings.max_num_seqs is not None and batched < settings.max_num_seqs:
+        out.append(Warning_(
+            CONFIG_REFUSED,
+            f"max num batched tokens {batched:,} is below max num seqs {settings.max_num_seqs:,}: vLLM refuses it",
+            {"--max-num-batched-tokens": settings.max_num_seqs}))
+    return out
+
+
 def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device, rules: RuleSet,
-              memory: MemoryInputs = MemoryInputs()) -> Plan:
+              memory: MemoryInputs = MemoryInputs(), allow_long_max_model_len: bool = False) -> Plan:
+    refusals = config_refusals(geometry, settings, allow_long_max_model_len)
+    # Plan the rest as vLLM would once the refused values are fixed (no division by a zero block).
+    if settings.block_size is not None and settings.block_size <= 0:
+        settings = replace(settings, block_size=None)
+    if not 0 < settings.gpu_memory_utilization <= 1:
+        settings = replace(settings, gpu_memory_utilization=_DEFAULT_GPU_MEMORY_UTILIZATION)
     kv_dtype = settings.kv_cache_dtype
     choice = choose_backend(rules, device, geometry, kv_dtype, settings.block_size,
                             settings.attention_backend)
-    warnings: list[Warning_] = []
+    warnings: list[Warning_] = list(refusals)
     backend = choice.backend
 
     # -- block size: the flag, else the backend's preference; some platforms override both.
@@ -201,7 +251,7 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
         estimated = False
     tokens = num_blocks * block_size
 
-    max_len = settings.max_model_len or geometry.max_position_embeddings
+    max_len = settings.max_model_len or geometry.default_max_model_len
     usable_tokens = max(0, num_blocks - 1) * block_size  # the null block serves no request
     if num_blocks <= 1:
         warnings.append(_no_memory_warning(device, settings, geometry, memory, dtype_bytes,

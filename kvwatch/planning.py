@@ -30,6 +30,9 @@ def plan_command(argv: Sequence[str], device: Device, rules: RuleSet,
     settings = command.settings()
     source = load_model_source(settings.model)
     geometry = geometry_from_config(source.config)
-    memory = MemoryInputs(cpu_kv_space_bytes=cpu_kv_space_bytes(os.environ if env is None else env),
+    env = os.environ if env is None else env
+    memory = MemoryInputs(cpu_kv_space_bytes=cpu_kv_space_bytes(env),
                           weights_bytes=source.weights_bytes, non_kv_bytes=non_kv_bytes)
-    return make_plan(geometry, settings, device, rules, memory)
+    # vLLM's own override of its max_model_len check (envs.py: "1" or "true").
+    allow_long = env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "").strip().lower() in ("1", "true")
+    return make_plan(geometry, settings, device, rules, memory, allow_long_max_model_len=allow_long)

@@ -17,6 +17,7 @@ class Policy:
     allow_block_size_change: bool = True
     allow_max_model_len_change: bool = True
     allow_gpu_memory_utilization_change: bool = True
+    allow_max_num_batched_tokens_change: bool = True
     max_gpu_memory_utilization: float = 0.95
     min_gpu_memory_utilization: float = 0.5
     gpu_memory_utilization_step: float = 0.05

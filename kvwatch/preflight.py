@@ -30,6 +30,7 @@ POLICY_FLAGS = {
     "--block-size": "allow_block_size_change",
     "--max-model-len": "allow_max_model_len_change",
     "--gpu-memory-utilization": "allow_gpu_memory_utilization_change",
+    "--max-num-batched-tokens": "allow_max_num_batched_tokens_change",
 }
 MAX_ROUNDS = 6
 

@@ -70,6 +70,22 @@ def deepseek_v2_config(layers: int = 2) -> dict:
     }
 
 
+_FP8_KV: dict[str, bool] = {}
+
+
+def cpu_runs_fp8_kv() -> bool:
+    """Whether vLLM's CPU backend runs an fp8 KV cache on this machine: the same torch checks it
+    makes (v1/attention/backends/cpu_attn.py: AVX-512 or AMX), asked of the engine's own torch.
+    Machines differ (CI gets whatever CPU a session got), so tests read this, never assume it."""
+    if "fp8" not in _FP8_KV:
+        out = subprocess.run([sys.executable, "-c", "import torch; print(torch.cpu._is_avx512_supported() "
+                              "or torch.cpu._is_amx_tile_supported())"], capture_output=True, text=True, timeout=120)
+        if out.returncode != 0:
+            raise RuntimeError(f"cannot ask torch for the CPU's fp8 support: {out.stderr[-500:]}")
+        _FP8_KV["fp8"] = out.stdout.strip() == "True"
+    return _FP8_KV["fp8"]
+
+
 def write_model(directory: Path, config: dict) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(config, indent=1))

@@ -40,6 +40,29 @@ CASES = [
       "wording": "new", "process": "EngineCore"},
      "ValueError: To serve at least one request with the model's max seq len (262144)"),
     ("cpu_engine_died.log", K.ENGINE_DIED, False, {"after_ready": True}, "engine core exited unexpectedly"),
+    # vLLM's refusals of its own configuration: the evidence is vLLM's sentence, never pydantic's header.
+    ("cpu_refusal_max_model_len.log", K.CONFIG_REFUSED, False,
+     {"refusal": "max_model_len_above_derived", "max_model_len": 300000, "derived_max_model_len": 1024,
+      "derived_key": "max_position_embeddings", "config_class": "ModelConfig"},
+     "User-specified max_model_len (300000) is greater than the derived max_model_len"),
+    ("cpu_refusal_tp_heads.log", K.CONFIG_REFUSED, True,
+     {"refusal": "tensor_parallel_size_not_dividing_heads", "num_attention_heads": 4, "tensor_parallel_size": 3,
+      "config_class": "VllmConfig"},
+     "Total number of attention heads (4) must be divisible by tensor parallel size (3)."),
+    ("cpu_refusal_batched_tokens.log", K.CONFIG_REFUSED, False,
+     {"refusal": "max_num_batched_tokens_below_max_model_len", "max_num_batched_tokens": 512,
+      "max_model_len": 1024, "config_class": "SchedulerConfig"},
+     "max_num_batched_tokens (512) is smaller than max_model_len (1024)."),
+    ("cpu_refusal_batched_lt_seqs.log", K.CONFIG_REFUSED, False,
+     {"refusal": "max_num_batched_tokens_below_max_num_seqs", "max_num_batched_tokens": 64, "max_num_seqs": 128},
+     "max_num_batched_tokens (64) must be greater than or equal to max_num_seqs (128)."),
+    ("cpu_refusal_gpu_utilization.log", K.CONFIG_REFUSED, False,
+     {"refusal": "field:gpu_memory_utilization", "field": "gpu_memory_utilization", "value": 1.5, "limit": 1,
+      "relation": "less than or equal to", "constraint": "less_than_equal", "config_class": "CacheConfig"},
+     "gpu_memory_utilization: Input should be less than or equal to 1"),
+    ("cpu_refusal_block_size_0.log", K.CONFIG_REFUSED, False,
+     {"refusal": "field:block_size", "field": "block_size", "value": 0, "limit": 0, "constraint": "greater_than"},
+     "block_size: Input should be greater than 0"),
     ("gpu_kernel_oor_sm120_fp8.log", K.KERNEL_OUT_OF_RESOURCES, False,
      {"resource": "shared memory", "required_bytes": 102400, "hardware_limit_bytes": 101376},
      "OutOfResources: out of resource: shared memory, Required: 102400"),
@@ -317,7 +340,14 @@ def test_invalid_utf8_and_binary_lines():
 
 
 ALL_FIXTURE_LINES = [line for name in sorted(p.name for p in LOGS.glob("*.log")) for line in read(name)]
-ROOT_LINES = [(fixture(c[0]).evidence, c[1]) for c in CASES if c[1] is not FailureKind.ENGINE_DIED]
+def _root_lines(name: str) -> list[str]:
+    """The fixture's root-cause line(s) as printed: for a pydantic refusal, the field line before too."""
+    lines = read(name)
+    at = next((i for i, l in enumerate(lines) if "[type=" in l), None)
+    return lines[max(0, at - 1):at + 1] if at is not None else [fixture(name).evidence]
+
+
+ROOT_LINES = [(_root_lines(c[0]), c[1]) for c in CASES if c[1] is not FailureKind.ENGINE_DIED]
 FILLER = [l for l in ALL_FIXTURE_LINES
           if diagnose([l]).kind is FailureKind.UNKNOWN and not diagnose([l]).facts
           and "non-default args" not in l]
@@ -354,8 +384,8 @@ def test_fixture_lines_mixed_and_truncated(lines, cut):
        st.lists(st.one_of(st.sampled_from(FILLER), st.text(max_size=120)), max_size=40),
        st.lists(st.one_of(st.sampled_from(FILLER), st.text(max_size=120)), max_size=40))
 def test_root_cause_survives_garbage(root, before, after):
-    line, kind = root
-    d = diagnose(before + [line] + after)
+    lines, kind = root
+    d = diagnose(before + lines + after)
     assert d.kind is kind
 
 

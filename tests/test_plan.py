@@ -115,7 +115,8 @@ def test_cpu_fp8_head_size_32_is_one_byte_per_element():
 
 def test_max_model_len_beyond_kv_space_matches_engine_estimate():
     # Real engine: 4 layers, 8 kv heads, head 64, bf16, 1 GiB -> "estimated maximum model length is 130944".
-    plan = plan_for(llama_config(layers=4, kv_heads=8, heads=8, head_dim=64), "--max-model-len", "262144")
+    plan = plan_for(llama_config(layers=4, kv_heads=8, heads=8, head_dim=64, max_len=262144),
+                    "--max-model-len", "262144")
     warning = plan.warnings[0]
     assert warning.kind == "kv_cache_too_small"
     assert warning.fix == {"--max-model-len": 130944}

@@ -51,6 +51,15 @@ CASES = [
      {"--max-model-len": 23616}, ()),
     ("gpu_no_attention_backend_block.log", ["--block-size", "8"], {"--block-size": 16}, ()),
     ("gpu_block_size_old.log", ["--block-size", "8"], {"--block-size": 16}, ()),
+    # vLLM's refusals of its configuration.
+    ("cpu_refusal_max_model_len.log", ["--max-model-len", "300000"], {"--max-model-len": 1024}, ()),
+    ("cpu_refusal_batched_tokens.log",
+     ["--no-enable-chunked-prefill", "--max-num-batched-tokens", "512", "--max-model-len", "1024"],
+     {"--max-num-batched-tokens": 1024}, ()),
+    ("cpu_refusal_batched_lt_seqs.log", ["--max-num-batched-tokens", "64", "--max-num-seqs", "128"],
+     {"--max-num-batched-tokens": 128}, ()),
+    ("cpu_refusal_gpu_utilization.log", ["--gpu-memory-utilization", "1.5"], {"--gpu-memory-utilization": 0.95}, ()),
+    ("cpu_refusal_block_size_0.log", ["--block-size", "0"], {}, ("--block-size",)),
 ]
 
 
@@ -67,7 +76,8 @@ def test_fixture_remedy(name, flags, expected_set, expected_remove):
         assert new.get(flag) == str(value)
 
 
-@pytest.mark.parametrize("name", ["gpu_kernel_oor_auto_kv.log", "gpu_no_attention_backend_hw.log"])
+@pytest.mark.parametrize("name", ["gpu_kernel_oor_auto_kv.log", "gpu_no_attention_backend_hw.log",
+                                  "cpu_refusal_tp_heads.log"])
 def test_fatal_has_no_remedy(name):
     d = diag(name)
     assert d.fatal

@@ -453,6 +453,36 @@ def test_unfixable_failure_goes_fatal_with_reason(tmp_path: Path, model: Path) -
     assert status.returncode == 0 and "fatal" in status.stdout and "gave up: no_attention_backend" in status.stdout
 
 
+def test_unfixable_config_refusal_is_fatal_at_once_with_vllms_sentence(tmp_path: Path, model: Path) -> None:
+    cfg = config(tmp_path, fake(model, free_port(), "--fail-log", str(LOGS / "cpu_refusal_tp_heads.log")))
+    rec = Recorder()
+    run = Running(supervisor(cfg, rec))
+    assert run.join() == EXIT_GAVE_UP
+    sentence = "Total number of attention heads (4) must be divisible by tensor parallel size (3)."
+    data = state_json(cfg)
+    assert data["reason"] == f"gave up: config_refused: {sentence} (no remedy)"
+    assert [(f["kind"], f["evidence"]) for f in data["failures"]] == [("config_refused", sentence)]
+    assert rec.last.failures == {"config_refused": 1}     # kvwatch_engine_failures_total{kind="config_refused"}
+    status = subprocess.run([sys.executable, "-m", "kvwatch.cli", "status", "--state-dir", cfg.state_dir],
+                            capture_output=True, text=True, timeout=60)
+    assert status.returncode == 0 and sentence in status.stdout and "ValidationError" not in status.stdout
+
+
+def test_fixable_config_refusal_is_corrected_once(tmp_path: Path, model: Path) -> None:
+    marker = tmp_path / "refused-once"
+    argv = fake(model, free_port(), "--fail-once", str(marker), "--fail-log",
+                str(LOGS / "cpu_refusal_batched_tokens.log"), "--no-enable-chunked-prefill",
+                "--max-num-batched-tokens", "512", "--max-model-len", "1024")
+    cfg = config(tmp_path, argv, replace(FAST, preflight=False))
+    run = Running(supervisor(cfg))
+    run.wait_state(EngineState.READY)
+    assert run.stop() == EXIT_OK
+    data = state_json(cfg)
+    assert [c["kind"] for c in data["corrections"]] == ["config_refused"]
+    assert data["corrections"][0]["set"] == {"--max-num-batched-tokens": 1024}
+    assert data["failures"][0]["evidence"].startswith("max_num_batched_tokens (512) is smaller than max_model_len")
+
+
 def test_unknown_failure_is_fatal_after_bounded_tries(tmp_path: Path, model: Path) -> None:
     junk = tmp_path / "junk.log"
     junk.write_text("RuntimeError: something kvwatch has never seen\n")

@@ -20,8 +20,8 @@ from typing import Any, Callable
 import psutil
 import pytest
 
-from engine_support import (engine_argv, engine_env, free_port, http_get, llama_config, require_engine,
-                            write_model)
+from engine_support import (cpu_runs_fp8_kv, engine_argv, engine_env, free_port, http_get, llama_config,
+                            require_engine, write_model)
 from kvwatch.engine_http import parse_metrics
 from kvwatch.exitcodes import EXIT_GAVE_UP
 
@@ -275,7 +275,17 @@ def test_block_size_corrected_then_crash_hang_kill9_and_restart(tmp_path: Path, 
     assert engine_processes(kv.marker()) == []
 
 
+@pytest.fixture
+def tiny16(tmp_path: Path) -> Path:
+    """Head size 16: vLLM's CPU backend refuses an fp8 KV cache for it on every CPU (checked before the ISA)."""
+    return write_model(tmp_path / "tiny16", llama_config(head_dim=16))
+
+
 def test_preflight_fixes_block_size_fp8_and_max_model_len_with_no_failed_launch(tmp_path: Path, wide: Path) -> None:
+    """Block 8, fp8 and max-model-len 262144 on `wide`. Where the CPU runs fp8 KV (AVX-512 or AMX), fp8 is
+    legal and halves the bytes per token, so only the block size and the max model len are fixed."""
+    require_engine()
+    fp8_runs = cpu_runs_fp8_kv()
     engine = engine_argv(wide, free_port(), "--block-size", "8", "--kv-cache-dtype", "fp8", "--max-model-len", "262144")
     kv = Kvwatch(tmp_path, "pre", engine)
     try:
@@ -283,13 +293,15 @@ def test_preflight_fixes_block_size_fp8_and_max_model_len_with_no_failed_launch(
         ready = kv.start().wait_ready()
         log(f"preflight (block 8, fp8, max-model-len 262144): ready after {time.monotonic() - t0:.0f}s, one launch")
         assert ready["failures"] == [] and ready["corrections"] == [] and len(ready["plans_tried"]) == 1
-        assert {f["kind"] for f in ready["preflight"]} == {"kv_dtype_unsupported", "block_size_unsupported",
-                                                           "kv_cache_too_small"}
+        kinds = {"block_size_unsupported", "kv_cache_too_small"} | (set() if fp8_runs else {"kv_dtype_unsupported"})
+        assert {f["kind"] for f in ready["preflight"]} == kinds
         argv = ready["argv"]
-        assert flag(argv, "--block-size") == "32" and flag(argv, "--kv-cache-dtype") == "auto"
+        kv_dtype = "fp8" if fp8_runs else "auto"
+        assert flag(argv, "--block-size") == "32" and flag(argv, "--kv-cache-dtype") == kv_dtype
         cache = cache_config(ready)
-        assert cache.block_size == 32 and cache.cache_dtype == "auto"
-        assert served_max_model_len(ready) == int(flag(argv, "--max-model-len") or 0) <= 131072
+        assert cache.block_size == 32 and cache.cache_dtype == kv_dtype
+        fits = 262144 if fp8_runs else 131072   # 1 GiB at 4,096 (fp8) or 8,192 (bf16) bytes per token
+        assert served_max_model_len(ready) == int(flag(argv, "--max-model-len") or 0) <= fits
         kv.proc.send_signal(signal.SIGTERM)
         assert kv.exit_code() == 0
     finally:
@@ -297,10 +309,10 @@ def test_preflight_fixes_block_size_fp8_and_max_model_len_with_no_failed_launch(
     assert engine_processes(kv.marker()) == []
 
 
-def test_fp8_kv_falls_back_to_auto_at_run_time(tmp_path: Path, tiny: Path) -> None:
-    """--no-preflight --kv-cache-dtype fp8: the real engine rejects it (this CPU has no AVX-512);
+def test_fp8_kv_falls_back_to_auto_at_run_time(tmp_path: Path, tiny16: Path) -> None:
+    """--no-preflight --kv-cache-dtype fp8 with head size 16: the real engine rejects it on every CPU;
     one correction to auto, from vLLM's own message, and the engine serves with an auto KV cache."""
-    engine = engine_argv(tiny, free_port(), "--kv-cache-dtype", "fp8")
+    engine = engine_argv(tiny16, free_port(), "--kv-cache-dtype", "fp8")
     kv = Kvwatch(tmp_path, "fp8", engine, "--no-preflight")
     try:
         t0 = time.monotonic()
@@ -354,6 +366,70 @@ def test_unfixable_model_config_is_fatal_with_exit_78(tmp_path: Path) -> None:
         status = kv.status()
         assert "fatal" in status and "gave up" in status and "kvwatch not running" in status
         assert "ValidationError" in status or "NoSuchModelForCausalLM" in status
+    finally:
+        kv.cleanup()
+    assert engine_processes(kv.marker()) == []
+
+
+# -- vLLM's refusals of its own configuration (issue 17) -------------------------------------------
+
+@pytest.fixture
+def short(tmp_path: Path) -> Path:
+    """max_position_embeddings 1024: vLLM refuses any --max-model-len above it."""
+    return write_model(tmp_path / "short", llama_config(max_len=1024))
+
+
+def test_max_model_len_above_the_model_is_lowered_by_preflight(tmp_path: Path, short: Path) -> None:
+    kv = Kvwatch(tmp_path, "mmlpre", engine_argv(short, free_port(), "--max-model-len", "300000"))
+    try:
+        t0 = time.monotonic()
+        ready = kv.start().wait_ready()
+        log(f"max-model-len 300000 > 1024, preflight: ready after {time.monotonic() - t0:.0f}s")
+        assert ready["failures"] == [] and ready["corrections"] == [] and len(ready["plans_tried"]) == 1
+        assert [(f["kind"], f["set"]) for f in ready["preflight"]] == [("config_refused", {"--max-model-len": 1024})]
+        assert flag(ready["argv"], "--max-model-len") == "1024" and served_max_model_len(ready) == 1024
+        kv.proc.send_signal(signal.SIGTERM)
+        assert kv.exit_code() == 0
+    finally:
+        kv.cleanup()
+    assert engine_processes(kv.marker()) == []
+
+
+def test_max_model_len_above_the_model_corrected_after_one_failed_launch(tmp_path: Path, short: Path) -> None:
+    kv = Kvwatch(tmp_path, "mmlrun", engine_argv(short, free_port(), "--max-model-len", "300000"), "--no-preflight")
+    try:
+        t0 = time.monotonic()
+        ready = kv.start().wait_ready()
+        log(f"max-model-len 300000 > 1024 at run time: ready after {time.monotonic() - t0:.0f}s")
+        [failure] = ready["failures"]
+        assert failure["kind"] == "config_refused"
+        assert failure["evidence"].startswith("User-specified max_model_len (300000) is greater than the derived "
+                                              "max_model_len (max_position_embeddings=1024.0")
+        assert [(c["kind"], c["set"]) for c in ready["corrections"]] == [("config_refused", {"--max-model-len": 1024})]
+        assert served_max_model_len(ready) == 1024
+        assert "VLLM_ALLOW_LONG_MAX_MODEL_LEN" not in " ".join(ready["argv"])
+        kv.proc.send_signal(signal.SIGTERM)
+        assert kv.exit_code() == 0
+    finally:
+        kv.cleanup()
+    assert engine_processes(kv.marker()) == []
+
+
+def test_unfixable_refusal_is_fatal_after_one_launch_with_vllms_sentence(tmp_path: Path, tiny: Path) -> None:
+    """-tp 3 with 4 attention heads: kvwatch changes no GPU count, so FATAL at once, exit 78."""
+    kv = Kvwatch(tmp_path, "tp3", engine_argv(tiny, free_port(), "--tensor-parallel-size", "3"))
+    sentence = "Total number of attention heads (4) must be divisible by tensor parallel size (3)."
+    try:
+        t0 = time.monotonic()
+        kv.start()
+        assert kv.exit_code(timeout=START) == EXIT_GAVE_UP
+        log(f"-tp 3: FATAL after {time.monotonic() - t0:.0f}s")
+        data = kv.state()
+        assert data["state"] == "fatal" and data["reason"] == f"gave up: config_refused: {sentence} (no remedy)"
+        assert [(f["kind"], f["evidence"]) for f in data["failures"]] == [("config_refused", sentence)]
+        assert any(f"gave up: config_refused: {sentence}" in line for line in kv.kvwatch_lines())
+        status = kv.status()
+        assert sentence in status and "ValidationError" not in status
     finally:
         kv.cleanup()
     assert engine_processes(kv.marker()) == []

@@ -13,6 +13,7 @@ class FailureKind(str, Enum):
     CUDA_OOM = "cuda_oom"
     GPU_MEMORY_BUSY = "gpu_memory_busy"
     NO_ATTENTION_BACKEND = "no_attention_backend"
+    CONFIG_REFUSED = "config_refused"           # vLLM's own validation of its configuration said no
     ENGINE_DIED = "engine_died"
     UNKNOWN = "unknown"
 

@@ -19,9 +19,11 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Iterable
 
 from kvwatch.diagnosis.classes import FailureKind
-from kvwatch.diagnosis.patterns import (CONTEXT_PATTERNS, EXCEPTION_KEYWORDS, EXCEPTION_LINE, PATTERNS,
-                                        READY_MARKERS, ROOT_KEYWORDS, RUN_START_MARKERS, WRAPPERS,
-                                        Facts, Pattern)
+from kvwatch.diagnosis import refusals
+from kvwatch.diagnosis.patterns import (CHAIN_MARKERS, CONFIG_EXCEPTION, CONFIG_FIELD_ERROR, CONFIG_KEYWORDS,
+                                        CONFIG_VALUE_ERROR, CONTEXT_PATTERNS, EXCEPTION_KEYWORDS,
+                                        EXCEPTION_LINE, PATTERNS, READY_MARKERS, ROOT_KEYWORDS,
+                                        RUN_START_MARKERS, TRACEBACK_START, WRAPPERS, Facts, Pattern)
 from kvwatch.rules import FP8_KV_DTYPES, PACKED_MLA_BYTES
 
 MAX_LINE_CHARS = 64 * 1024          # a giant line is cut, so no regex ever sees more
@@ -38,7 +40,8 @@ _FLAG_REASONS = ("block_size", "kv_cache_dtype", "kv cache dtype", "FP8 KV cache
 # The keywords the prefilter tests: one pass of `in` per keyword over a whole batch of lines.
 _ALL_KEYWORDS: tuple[str, ...] = tuple(dict.fromkeys(
     ROOT_KEYWORDS + tuple(w for w, _ in WRAPPERS) + READY_MARKERS + RUN_START_MARKERS
-    + tuple(k for k, *_ in CONTEXT_PATTERNS) + EXCEPTION_KEYWORDS))
+    + tuple(k for k, *_ in CONTEXT_PATTERNS) + EXCEPTION_KEYWORDS + CONFIG_KEYWORDS
+    + (TRACEBACK_START,) + CHAIN_MARKERS))
 _PATTERNS_BY_PRIORITY: tuple[Pattern, ...] = tuple(sorted(PATTERNS, key=lambda p: -p.priority))
 
 
@@ -102,6 +105,7 @@ class LogScanner:
     def __init__(self, *, served: bool = False) -> None:
         self.served = served
         self.lines = 0
+        self._tail = ""                            # the last line of the previous text fed
         self._reset_run()
 
     def _reset_run(self) -> None:
@@ -109,6 +113,9 @@ class LogScanner:
         self._context: Facts = {}
         self._wrappers: dict[str, int] = {}
         self._last_exception: str | None = None
+        self._first_in_chain: str | None = None   # the exception closest to the raise, last traceback
+        self._chained = False
+        self._config_frame = False                 # the last traceback frame is vLLM's config code
         self._ready = False
 
     # -- input -------------------------------------------------------------------------
@@ -166,6 +173,7 @@ class LogScanner:
         if "\x1b" in text:
             text = _ANSI.sub("", text)
         present = [k for k in _ALL_KEYWORDS if k in text]
+        previous_tail, self._tail = self._tail, text[text.rfind("\n") + 1:][:MAX_LINE_CHARS]
         if not present:
             return
         starts: set[int] = set()
@@ -182,10 +190,15 @@ class LogScanner:
             end = len(text) if end == -1 else end
             line = text[start:min(end, start + MAX_LINE_CHARS)].rstrip("\r")
             hits = [k for k in present if k in line]
-            if hits:
+            if not hits:
+                continue
+            if "[type=" in hits:   # a pydantic field error names its field on the line before
+                before = text[text.rfind("\n", 0, start - 1) + 1:start - 1] if start else previous_tail
+                self._process(line, hits, before.rstrip("\r"))
+            else:
                 self._process(line, hits)
 
-    def _process(self, line: str, hits: list[str]) -> None:
+    def _process(self, line: str, hits: list[str], previous: str = "") -> None:
         if any(k in RUN_START_MARKERS for k in hits):
             self._reset_run()
         if any(k in READY_MARKERS for k in hits):
@@ -201,6 +214,8 @@ class LogScanner:
             if text in hits:
                 self._wrappers[name] = self._wrappers.get(name, 0) + 1
                 wrapped = True
+        if self._config_refusal(line, hits, previous):
+            return
         for pattern in _PATTERNS_BY_PRIORITY:
             if not any(k in hits for k in pattern.keywords):
                 continue
@@ -209,11 +224,45 @@ class LogScanner:
                 self._offer(pattern, m, line)
                 return
         if not wrapped and any(k in hits for k in EXCEPTION_KEYWORDS) and EXCEPTION_LINE.search(line):
+            if self._config_frame and (m := CONFIG_EXCEPTION.regex.search(line)) is not None:
+                self._offer(CONFIG_EXCEPTION, m, line)
+                return
+            if refusals.VALIDATION_HEADER.search(line):
+                return                      # pydantic's header: the sentence follows on its own line
             self._last_exception = line[:MAX_EVIDENCE_CHARS]
+            if self._first_in_chain is None:
+                self._first_in_chain = self._last_exception
 
-    def _offer(self, pattern: Pattern, m: "re.Match[str]", line: str) -> None:
+    def _config_refusal(self, line: str, hits: list[str], previous: str) -> bool:
+        """vLLM's validation refusing its configuration; True when the line was one."""
+        if TRACEBACK_START in hits:
+            if not self._chained:
+                self._first_in_chain = None
+            self._chained = False
+        if any(k in hits for k in CHAIN_MARKERS):
+            self._chained = True
+        if 'File "' in hits:
+            self._config_frame = refusals.CONFIG_FRAME.search(line) is not None
+            return True
+        if "validation error" in hits and (h := refusals.VALIDATION_HEADER.search(line)) is not None:
+            self._context["config_class"] = h["config"]
+        if "Value error, " in hits and (m := CONFIG_VALUE_ERROR.regex.search(line)) is not None:
+            facts = CONFIG_VALUE_ERROR.extract(m)
+            # A sentence another class knows better (a block size, a KV dtype) goes to that class.
+            if facts.get("refusal") == "other" and any(p.regex.search(m["sentence"]) for p in PATTERNS):
+                return False
+            self._offer(CONFIG_VALUE_ERROR, m, line, facts)
+            return True
+        if "[type=" in hits and (m := CONFIG_FIELD_ERROR.regex.search(line)) is not None:
+            named = refusals.FIELD_NAME_LINE.search(previous) if previous else None
+            self._offer(CONFIG_FIELD_ERROR, m, line,
+                        refusals.field_error_facts(named["field"] if named else None, m))
+            return True
+        return False
+
+    def _offer(self, pattern: Pattern, m: "re.Match[str]", line: str, facts: Facts | None = None) -> None:
         try:
-            facts = pattern.extract(m)
+            facts = pattern.extract(m) if facts is None else facts
         except (ValueError, IndexError, TypeError):   # a mangled number: keep the class, drop the facts
             facts = {}
         score = (pattern.priority, _placement(line, m.start()))
@@ -251,7 +300,7 @@ class LogScanner:
             facts["wrappers"] = dict(self._wrappers)
         if self._context:
             facts["context"] = dict(self._context)
-        return Diagnosis(FailureKind.UNKNOWN, self._last_exception, facts, fatal=False)
+        return Diagnosis(FailureKind.UNKNOWN, self._first_in_chain or self._last_exception, facts, fatal=False)
 
     def _diagnosis(self, kind: FailureKind, best: _Candidate, served: bool) -> Diagnosis:
         facts: Facts = {**best.merged, **best.facts, "pattern": best.pattern, **process_of(best.line)}
@@ -273,6 +322,18 @@ class LogScanner:
             if fatal:
                 facts["help"] = ("the kernel's limit is not tied to an 8-bit KV cache here: "
                                  "another attention backend, GPU or vLLM version")
+        elif kind is FailureKind.CONFIG_REFUSED:
+            fatal = not refusals.is_fixable(facts.get("refusal"))
+            if fatal:
+                facts["help"] = refusals.help_for(facts.get("refusal"))
+            if "config_class" in self._context:
+                facts["config_class"] = self._context["config_class"]
+            sentence = facts.get("sentence")
+            evidence = sentence
+            if sentence and facts.get("field"):
+                given = f" [input_value={facts['value']}]" if "value" in facts else ""
+                evidence = f"{facts['field']}: {sentence}{given}"
+            return Diagnosis(kind, (evidence or best.line)[:MAX_EVIDENCE_CHARS], facts, fatal)
         elif kind is FailureKind.NO_KV_CACHE_MEMORY:
             facts["help"] = ("more --gpu-memory-utilization if the GPU has room; else more GPUs "
                              "(--tensor-parallel-size), a quantized checkpoint or a smaller model")

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from kvwatch.diagnosis import refusals
 from kvwatch.diagnosis.classes import FailureKind
 
 Facts = dict[str, Any]
@@ -338,6 +339,30 @@ PATTERNS: tuple[Pattern, ...] = (
                        r"|Engine core proc \S+ died unexpectedly|Worker proc \S+ died unexpectedly"),
             _died, "v1/engine/exceptions.py, core_client.py, multiproc_executor.py"),
 )
+
+# vLLM's refusals of its configuration (diagnosis/refusals.py). Not in PATTERNS: the scanner runs
+# them itself, because a pydantic field error names its field on the line before, and a plain
+# ValueError is a refusal only when the frame that raised it is vLLM's configuration code.
+CONFIG_PRIORITY = 87
+
+
+def _value_error(m: "re.Match[str]") -> Facts:
+    return {"sentence": m["sentence"], **refusals.classify(m["sentence"])}
+
+
+CONFIG_VALUE_ERROR = Pattern("config_value_error", FailureKind.CONFIG_REFUSED, CONFIG_PRIORITY,
+                             ("Value error, ",), refusals.VALUE_ERROR_LINE, _value_error,
+                             "pydantic model validators of vllm/config/*.py")
+CONFIG_FIELD_ERROR = Pattern("config_field_error", FailureKind.CONFIG_REFUSED, CONFIG_PRIORITY,
+                             ("[type=",), refusals.FIELD_ERROR_LINE, _no_facts,
+                             "pydantic Field constraints of vllm/config/*.py")
+CONFIG_EXCEPTION = Pattern("config_exception", FailureKind.CONFIG_REFUSED, CONFIG_PRIORITY,
+                           (), refusals.CONFIG_EXCEPTION, _value_error,
+                           "ValueError raised in vllm/config/*.py or engine/arg_utils.py")
+CONFIG_KEYWORDS: tuple[str, ...] = ("Value error, ", "[type=", "validation error", 'File "')
+# A traceback starts, or continues with the exception its handler raised (same chain).
+TRACEBACK_START = "Traceback (most recent call last)"
+CHAIN_MARKERS: tuple[str, ...] = ("The above exception was the direct cause", "During handling of the above exception")
 
 # Lines that wrap a root cause printed elsewhere: never a diagnosis by themselves.
 WRAPPERS: tuple[tuple[str, str], ...] = (

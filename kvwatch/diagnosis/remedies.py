@@ -361,6 +361,44 @@ def _backend_options(ctx: _Ctx) -> Iterator[Remedy]:
                      f"the forced backend {ctx.s.attention_backend} is not valid here: let vLLM choose")
 
 
+# -- vLLM's refusals of its configuration (diagnosis/refusals.py) ----------------------------
+
+def _config_refused_options(ctx: _Ctx) -> Iterator[Remedy]:
+    refusal, f = ctx.facts.get("refusal"), ctx.facts
+    if refusal == "max_model_len_above_derived" and ctx.policy.allow_max_model_len_change:
+        # vLLM accepts up to the larger of the derived length and model_max_length. Never
+        # VLLM_ALLOW_LONG_MAX_MODEL_LEN: vLLM itself warns that positions past it give NaN or worse.
+        limit = max(int(f.get("derived_max_model_len") or 0), int(f.get("model_max_length") or 0))
+        if limit > 0:
+            yield Remedy({"--max-model-len": limit}, (),
+                         f"max model len {f.get('max_model_len')} is above the model's maximum "
+                         f"({f.get('derived_key', 'config.json')}={limit}): set it to {limit}")
+    elif refusal == "max_num_batched_tokens_below_max_model_len" and ctx.policy.allow_max_num_batched_tokens_change:
+        value = int(f["max_model_len"])
+        yield Remedy({"--max-num-batched-tokens": value}, (),
+                     f"with chunked prefill off, one step must hold a whole prompt: raise max num batched "
+                     f"tokens {f['max_num_batched_tokens']} -> {value} (the max model len)")
+    elif refusal == "max_num_batched_tokens_below_max_num_seqs" and ctx.policy.allow_max_num_batched_tokens_change:
+        value = int(f["max_num_seqs"])
+        yield Remedy({"--max-num-batched-tokens": value}, (),
+                     f"max num batched tokens {f['max_num_batched_tokens']} is below max num seqs {value}: "
+                     f"raise it to {value}")
+    elif refusal == "field:gpu_memory_utilization" and ctx.policy.allow_gpu_memory_utilization_change:
+        value = f.get("value")
+        if isinstance(value, (int, float)) and value > 1:
+            cap = ctx.policy.max_gpu_memory_utilization
+            yield Remedy({"--gpu-memory-utilization": cap}, (),
+                         f"GPU memory utilization is a fraction of the GPU (at most 1), {value} was given: "
+                         f"{cap} (policy cap)")
+        elif ctx.command.has("--gpu-memory-utilization"):
+            yield Remedy({}, ("--gpu-memory-utilization",),
+                         f"GPU memory utilization {value} is not a fraction in (0, 1]: vLLM's default")
+    elif refusal == "field:block_size" and ctx.policy.allow_block_size_change and ctx.command.has("--block-size"):
+        yield Remedy({}, ("--block-size",),
+                     f"block size {f.get('value')} is refused ({f.get('sentence')}): let vLLM pick the "
+                     f"attention backend's own")
+
+
 def _engine_died_options(ctx: _Ctx) -> Iterator[Remedy]:
     yield Remedy({}, (), SAME_PLAN_REASON)
 
@@ -375,4 +413,5 @@ _OPTIONS = {
     FailureKind.GPU_MEMORY_BUSY: _busy_options,
     FailureKind.NO_ATTENTION_BACKEND: _backend_options,
     FailureKind.ENGINE_DIED: _engine_died_options,
+    FailureKind.CONFIG_REFUSED: _config_refused_options,
 }

@@ -1,0 +1,155 @@
+"""vLLM's refusals of its own configuration, as data: which sentence, what it says, whether a flag fixes it.
+
+vLLM validates its configuration before it loads anything: pydantic dataclasses
+(`config/model.py`, `config/cache.py`, `config/scheduler.py`, `config/parallel.py`,
+`config/vllm.py`) and `engine/arg_utils.py`. A refusal reaches the log in one of three shapes:
+
+    pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig
+      Value error, User-specified max_model_len (300000) is greater than ... [type=value_error, ...]
+
+    pydantic_core._pydantic_core.ValidationError: 1 validation error for CacheConfig
+    gpu_memory_utilization
+      Input should be less than or equal to 1 [type=less_than_equal, input_value=1.5, input_type=float]
+
+    ValueError: <sentence>          (raised in a frame under vllm/config/ or engine/arg_utils.py)
+
+The header line is a wrapper; the sentence is the evidence. classify() names the refusal the
+sentence is; a refusal whose name is in FIXABLE has a remedy (diagnosis/remedies.py), every
+other one ends the watchdog at once (no flag kvwatch may change fixes it).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+Facts = dict[str, Any]
+
+# Lines as pydantic prints them, after an optional vLLM process prefix "(EngineCore pid=N) ".
+_PREFIX = r"^(?:\([A-Za-z_][\w.-]*(?: rank=\d+)? pid=\d+\) )*"
+VALUE_ERROR_LINE = re.compile(_PREFIX + r"\s+Value error, (?P<sentence>.+?)(?: \[type=\w+.*\])?\s*$")
+FIELD_ERROR_LINE = re.compile(_PREFIX + r"\s+(?P<sentence>(?:Input|Value|Extra inputs|Field required)\b.*?)"
+                              r"(?: \[type=(?P<type>\w+)(?:, input_value=(?P<value>.*?))?"
+                              r"(?:, input_type=\w+)?\])?\s*$")
+FIELD_NAME_LINE = re.compile(_PREFIX + r"(?P<field>[A-Za-z_][\w.]*)\s*$")
+VALIDATION_HEADER = re.compile(r"ValidationError: \d+ validation errors? for (?P<config>\w+)")
+# A frame of vLLM's configuration code: an exception raised there is a refusal of the configuration.
+CONFIG_FRAME = re.compile(r'File "[^"]*/vllm/(?:config/\w+|engine/arg_utils)\.py", line \d+')
+CONFIG_EXCEPTION = re.compile(_PREFIX + r"(?:\w+\.)*(?:ValueError|NotImplementedError|TypeError): (?P<sentence>.+)$")
+
+
+def _num(text: str) -> int | float:
+    value = float(text)
+    return int(value) if value.is_integer() else value
+
+
+@dataclass(frozen=True)
+class Refusal:
+    name: str
+    regex: "re.Pattern[str]"
+    extract: Callable[["re.Match[str]"], Facts]
+    source: str
+    help: str = ""           # what the operator can do when kvwatch may not
+
+
+def _max_model_len(m: "re.Match[str]") -> Facts:
+    facts: Facts = {"max_model_len": int(m["max_model_len"]), "derived_key": m["key"],
+                    "derived_max_model_len": int(float(m["derived"]))}
+    if m["model_max_length"] not in (None, "None"):
+        try:
+            facts["model_max_length"] = int(float(m["model_max_length"]))
+        except ValueError:
+            pass
+    return facts
+
+
+REFUSALS: tuple[Refusal, ...] = (
+    Refusal("max_model_len_above_derived",
+            re.compile(r"User-specified max_model_len \((?P<max_model_len>\d+)\) is greater than the derived "
+                       r"max_model_len \((?P<key>[\w.]+)=(?P<derived>[\d.]+) or model_max_length="
+                       r"(?P<model_max_length>[\w.]+)"),
+            _max_model_len, "config/model.py _get_and_verify_max_len"),
+    Refusal("max_num_batched_tokens_below_max_model_len",
+            re.compile(r"max_num_batched_tokens \((?P<max_num_batched_tokens>\d+)\) is smaller than "
+                       r"max_model_len \((?P<max_model_len>\d+)\)"),
+            lambda m: {"max_num_batched_tokens": int(m[1]), "max_model_len": int(m[2])},
+            "config/scheduler.py verify_max_model_len (chunked prefill off)"),
+    Refusal("max_num_batched_tokens_below_max_num_seqs",
+            re.compile(r"max_num_batched_tokens \((?P<max_num_batched_tokens>\d+)\) must be greater than or "
+                       r"equal to max_num_seqs \((?P<max_num_seqs>\d+)\)"),
+            lambda m: {"max_num_batched_tokens": int(m[1]), "max_num_seqs": int(m[2])},
+            "config/scheduler.py verify_max_model_len"),
+    Refusal("tensor_parallel_size_not_dividing_heads",
+            re.compile(r"Total number of attention heads \((?P<heads>\d+)\) must be divisible by tensor "
+                       r"parallel size \((?P<tp>\d+)\)"),
+            lambda m: {"num_attention_heads": int(m[1]), "tensor_parallel_size": int(m[2])},
+            "config/model.py verify_with_parallel_config",
+            "choose a --tensor-parallel-size that divides the number of attention heads "
+            "(kvwatch does not change how many GPUs an engine uses)"),
+    Refusal("pipeline_parallel_not_supported",
+            re.compile(r"Pipeline parallelism is not supported for this model"),
+            lambda m: {}, "config/model.py verify_with_parallel_config",
+            "this model runs without --pipeline-parallel-size (use tensor parallelism)"),
+    Refusal("architecture_not_supported",
+            re.compile(r"Model architectures (?P<architectures>\[.*?\]) (?:are|is) not supported"),
+            lambda m: {"architectures": m["architectures"]}, "model_executor/models/registry.py",
+            "this vLLM version has no implementation of the model's architecture: another vLLM version "
+            "or a supported checkpoint"),
+    Refusal("unknown_dtype",
+            re.compile(r"Unknown dtype: '?(?P<dtype>[\w.]+)'?"),
+            lambda m: {"dtype": m["dtype"]}, "config/model.py _get_and_verify_dtype"),
+)
+
+# Pydantic's field constraints: "Input should be <relation> <limit>".
+_FIELD_LIMIT = re.compile(r"Input should be (?P<relation>greater than or equal to|greater than|less than or "
+                          r"equal to|less than) (?P<limit>-?[\d.]+)")
+
+# The refusals a flag change fixes (diagnosis/remedies.py has the change for each).
+FIXABLE = frozenset({
+    "max_model_len_above_derived",
+    "max_num_batched_tokens_below_max_model_len",
+    "max_num_batched_tokens_below_max_num_seqs",
+    "field:gpu_memory_utilization",
+    "field:block_size",
+})
+_GENERIC_HELP = "a setting vLLM refuses that kvwatch has no remedy for: change the command as the sentence says"
+
+
+def classify(sentence: str) -> Facts:
+    """The refusal a sentence of vLLM's validation is, with the numbers it names."""
+    for refusal in REFUSALS:
+        m = refusal.regex.search(sentence)
+        if m is not None:
+            try:
+                facts = refusal.extract(m)
+            except (ValueError, IndexError, TypeError):
+                facts = {}
+            return {"refusal": refusal.name, **facts}
+    return {"refusal": "other"}
+
+
+def field_error_facts(field: str | None, m: "re.Match[str]") -> Facts:
+    """Facts of a pydantic field error ("gpu_memory_utilization" / "Input should be ... [type=...]")."""
+    facts: Facts = {"refusal": f"field:{field}" if field else "field", "sentence": m["sentence"]}
+    if field:
+        facts["field"] = field
+    if m["type"]:
+        facts["constraint"] = m["type"]
+    if (limit := _FIELD_LIMIT.search(m["sentence"])) is not None:
+        facts["relation"] = limit["relation"]
+        facts["limit"] = _num(limit["limit"])
+    if m["value"] is not None:
+        try:
+            facts["value"] = _num(m["value"])
+        except ValueError:
+            facts["value"] = m["value"][:200]
+    return facts
+
+
+def is_fixable(refusal: str | None) -> bool:
+    return refusal in FIXABLE
+
+
+def help_for(refusal: str | None) -> str:
+    named = next((r for r in REFUSALS if r.name == refusal), None)
+    return (named.help if named is not None and named.help else _GENERIC_HELP)
