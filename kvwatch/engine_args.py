@@ -19,8 +19,10 @@ VALUE_FLAGS = (
     "--kv-cache-memory-bytes", "--max-model-len", "--max-num-seqs", "--tensor-parallel-size",
     "--pipeline-parallel-size", "--num-gpu-blocks-override", "--attention-backend", "--host",
     "--port", "--served-model-name", "--quantization", "--max-num-batched-tokens",
+    "--data-parallel-size",
 )
-ALIASES = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-q": "--quantization"}
+ALIASES = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-q": "--quantization",
+           "-dp": "--data-parallel-size"}
 _API_SERVER_MODULES = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.api_server")
 
 
@@ -75,6 +77,7 @@ class EngineSettings:
     enable_chunked_prefill: bool | None      # None: vLLM's default (on)
     tensor_parallel_size: int
     pipeline_parallel_size: int
+    data_parallel_size: int                  # engine cores, each with a KV cache of its own
     num_gpu_blocks_override: int | None
     attention_backend: str | None
     host: str
@@ -141,6 +144,7 @@ class EngineCommand:
             enable_chunked_prefill=self._switch("--enable-chunked-prefill"),
             tensor_parallel_size=self._int("--tensor-parallel-size") or 1,
             pipeline_parallel_size=self._int("--pipeline-parallel-size") or 1,
+            data_parallel_size=self._int("--data-parallel-size") or 1,
             num_gpu_blocks_override=self._int("--num-gpu-blocks-override"),
             attention_backend=self.get("--attention-backend"),
             host=self.get("--host") or "127.0.0.1",

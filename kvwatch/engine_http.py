@@ -43,6 +43,15 @@ class CacheConfig:
 
 
 @dataclass(frozen=True)
+class RankMetrics:
+    """One data-parallel rank's series: vLLM labels each engine core's with ``engine`` (its DP index)."""
+
+    rank: str
+    cache: CacheConfig | None
+    kv_cache_usage_ratio: float | None
+
+
+@dataclass(frozen=True)
 class EngineMetrics:
     """One scrape of an engine's /metrics. ``ok`` False: ``error`` says why and the rest is None."""
 
@@ -53,6 +62,7 @@ class EngineMetrics:
     num_requests_running: float | None = None
     num_requests_waiting: float | None = None
     num_preemptions_total: float | None = None
+    ranks: tuple[RankMetrics, ...] = ()         # per engine core (DP rank), in rank order
 
     @staticmethod
     def failed(error: str) -> EngineMetrics:
@@ -100,6 +110,7 @@ def parse_metrics(text: str) -> EngineMetrics:
     With data parallelism vLLM exports one series per engine index (label ``engine``):
     requests and preemptions are summed, usage is the fullest engine's, and the cache
     config is engine "0"'s (its num_gpu_blocks is already the sum over DP engines).
+    ``ranks`` keeps each engine's cache config and usage apart.
     """
     samples: dict[str, list[tuple[dict[str, str], float]]] = {}
     vllm_seen = False
@@ -121,6 +132,7 @@ def parse_metrics(text: str) -> EngineMetrics:
         return EngineMetrics.failed("no vllm: metrics on the page")
     usage = [v for _, v in samples.get(KV_USAGE, ()) if math.isfinite(v)]
     return EngineMetrics(
+        ranks=_ranks(samples),
         ok=True,
         cache=_cache_config(samples.get(CACHE_CONFIG, [])),
         kv_cache_usage_ratio=max(usage) if usage else None,
@@ -128,6 +140,26 @@ def parse_metrics(text: str) -> EngineMetrics:
         num_requests_waiting=_sum(samples.get(WAITING)),
         num_preemptions_total=_sum(samples.get(PREEMPTIONS)),
     )
+
+
+_MAX_RANKS = 1024   # a bound on the `rank` label values kvwatch exports
+
+
+def _rank_key(rank: str) -> tuple[int, str]:
+    return (len(rank), rank)
+
+
+def _ranks(samples: dict[str, list[tuple[dict[str, str], float]]]) -> tuple[RankMetrics, ...]:
+    caches: dict[str, CacheConfig | None] = {}
+    for labels, _ in samples.get(CACHE_CONFIG, ()):
+        caches.setdefault(labels.get("engine", "0"), _cache_config([(labels, 1.0)]))
+    usage: dict[str, float] = {}
+    for labels, value in samples.get(KV_USAGE, ()):
+        if math.isfinite(value):
+            rank = labels.get("engine", "0")
+            usage[rank] = max(value, usage.get(rank, value))
+    ranks = sorted(set(caches) | set(usage), key=_rank_key)[:_MAX_RANKS]
+    return tuple(RankMetrics(r, caches.get(r), usage.get(r)) for r in ranks)
 
 
 def _sum(values: Iterable[tuple[dict[str, str], float]] | None) -> float | None:

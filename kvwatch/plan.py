@@ -73,6 +73,19 @@ class Plan:
     padding_bytes: dict[str, int]
     warnings: tuple[Warning_, ...] = field(default=())
     backend_reasons: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # The figures above are one rank's: one data-parallel engine core (each sizes its own KV
+    # cache alone), and of it the pipeline stage with the most layers (vLLM takes the minimum
+    # number of blocks over its workers). An engine with N DP ranks holds N such caches.
+    data_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+
+    @property
+    def engine_num_blocks(self) -> int:
+        return self.num_blocks * self.data_parallel_size
+
+    @property
+    def engine_kv_bytes(self) -> int:
+        return self.planned_kv_bytes * self.data_parallel_size
 
     @property
     def will_fail(self) -> bool:
@@ -101,6 +114,8 @@ class Plan:
         out["planned_kv_bytes"] = self.planned_kv_bytes
         out["padding_ratio"] = self.padding_ratio
         out["will_fail"] = self.will_fail
+        out["engine_num_blocks"] = self.engine_num_blocks
+        out["engine_kv_bytes"] = self.engine_kv_bytes
         return out
 
 
@@ -285,7 +300,8 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
         kv_memory_bytes=kv_memory, kv_memory_source=kv_source, num_blocks=num_blocks,
         kv_cache_tokens=tokens, max_model_len=max_len, max_concurrency=concurrency,
         estimated=estimated, padding_bytes=padding, warnings=tuple(warnings),
-        backend_reasons=choice.reasons)
+        backend_reasons=choice.reasons, data_parallel_size=max(1, settings.data_parallel_size),
+        pipeline_parallel_size=max(1, settings.pipeline_parallel_size))
 
 
 def _no_memory_warning(device: Device, settings: EngineSettings, geometry: ModelGeometry,

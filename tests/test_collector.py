@@ -96,12 +96,12 @@ def test_fixed_snapshot_values() -> None:
     assert value(found, "kvwatch_engine_restarts_total", engine="qwen", reason="gpu_memory_busy") == 3
     assert value(found, "kvwatch_plan_corrections_total", engine="qwen", kind="cuda_oom") == 0
     # planned = actual for the serving engine; the waiting one has a plan only
-    assert value(found, "kvwatch_kv_actual_blocks", engine="llama") == 21_845
-    assert value(found, "kvwatch_kv_planned_blocks", engine="llama") == 21_845
-    assert value(found, "kvwatch_kv_plan_drift_ratio", engine="llama") == 0
-    assert value(found, "kvwatch_kv_padding_bytes", engine="llama", cause="remainder") == 16_384
-    assert value(found, "kvwatch_kv_actual_bytes", engine="qwen") is None
-    assert value(found, "kvwatch_kv_planned_bytes", engine="qwen") == 2**30
+    assert value(found, "kvwatch_kv_actual_blocks", engine="llama", rank="0") == 21_845
+    assert value(found, "kvwatch_kv_planned_blocks", engine="llama", rank="0") == 21_845
+    assert value(found, "kvwatch_kv_plan_drift_ratio", engine="llama", rank="0") == 0
+    assert value(found, "kvwatch_kv_padding_bytes", engine="llama", rank="0", cause="remainder") == 16_384
+    assert value(found, "kvwatch_kv_actual_bytes", engine="qwen", rank="0") is None
+    assert value(found, "kvwatch_kv_planned_bytes", engine="qwen", rank="0") == 2**30
     # GPU memory: the engine's pids on GPU 0, the foreign pid 777; GPU 1 reports no processes
     assert value(found, "kvwatch_engine_gpu_memory_bytes", engine="llama", gpu=H200_A) == 80 * GIB
     assert value(found, "kvwatch_gpu_foreign_memory_bytes", gpu=H200_A) == 3 * GIB

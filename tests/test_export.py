@@ -61,10 +61,10 @@ def test_export_an_external_engine(engine) -> None:
         found = samples(scrape_when_ready(f"http://127.0.0.1:{port}", proc))
         assert value(found, "kvwatch_engine_up", engine="ext") == 1
         assert value(found, "kvwatch_engine_state", engine="ext", state="ready") == 1
-        assert value(found, "kvwatch_kv_actual_blocks", engine="ext") == 21_845
-        assert value(found, "kvwatch_kv_planned_blocks", engine="ext") == 21_845
-        assert value(found, "kvwatch_kv_plan_drift_ratio", engine="ext") == 0
-        assert value(found, "kvwatch_kv_padding_bytes", engine="ext", cause="remainder") == 16_384
+        assert value(found, "kvwatch_kv_actual_blocks", engine="ext", rank="0") == 21_845
+        assert value(found, "kvwatch_kv_planned_blocks", engine="ext", rank="0") == 21_845
+        assert value(found, "kvwatch_kv_plan_drift_ratio", engine="ext", rank="0") == 0
+        assert value(found, "kvwatch_kv_padding_bytes", engine="ext", rank="0", cause="remainder") == 16_384
         assert value(found, "kvwatch_collector_success", collector="nvml") is None  # --no-nvml
         routes["/health"] = (503, b"", 0.0)  # the engine dies: kvwatch does not restart it, so it stays "ready"
         deadline = time.monotonic() + 10
@@ -73,7 +73,7 @@ def test_export_an_external_engine(engine) -> None:
             found = samples(http_get(f"http://127.0.0.1:{port}/metrics")[1])
         assert value(found, "kvwatch_engine_up", engine="ext") == 0
         assert value(found, "kvwatch_engine_state", engine="ext", state="ready") == 1
-        assert value(found, "kvwatch_kv_actual_blocks", engine="ext") is None  # gone with the engine
+        assert value(found, "kvwatch_kv_actual_blocks", engine="ext", rank="0") is None  # gone with the engine
         assert value(found, "kvwatch_collector_success", collector="engine") == 1  # down is not a failure
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
@@ -90,7 +90,7 @@ def test_export_without_a_model_has_no_kv_figures(engine) -> None:
     try:
         found = samples(scrape_when_ready(f"http://127.0.0.1:{port}", proc))
         assert value(found, "kvwatch_engine_up", engine="vllm") == 1
-        assert value(found, "kvwatch_kv_usage_ratio", engine="vllm") == 0
+        assert value(found, "kvwatch_kv_usage_ratio", engine="vllm", rank="0") == 0
         assert not [n for n, _ in found if n.startswith(("kvwatch_kv_planned", "kvwatch_kv_actual"))]
     finally:
         proc.send_signal(signal.SIGINT)
@@ -126,7 +126,7 @@ def test_supervised_engines_take_url_and_model_from_the_command(engine) -> None:
     assert snap.engines[0].actual is not None and snap.engines[0].actual.problems == ()
     found = samples(render(watch))
     assert value(found, "kvwatch_engine_up", engine="sup") == 1
-    assert value(found, "kvwatch_kv_actual_bytes", engine="sup") == value(found, "kvwatch_kv_planned_bytes", engine="sup")
+    assert value(found, "kvwatch_kv_actual_bytes", engine="sup", rank="0") == value(found, "kvwatch_kv_planned_bytes", engine="sup", rank="0")
     assert value(found, "kvwatch_engine_state", engine="sup", state="ready") == 1  # the supervisor's state
     statuses[0] = EngineStatus("sup", EngineState.BACKOFF, plan=status.plan, argv=argv)
     assert value(samples(render(watch.tick() and watch)), "kvwatch_engine_state", engine="sup", state="backoff") == 1
@@ -138,5 +138,5 @@ def test_supervised_engine_with_an_unreadable_model_still_exports(tmp_path: Path
                                                           argv=argv)]))
     found = samples(render(watch.tick() and watch))
     assert value(found, "kvwatch_engine_up", engine="x") == 0
-    assert value(found, "kvwatch_kv_planned_blocks", engine="x") == 16_384
-    assert value(found, "kvwatch_kv_actual_bytes", engine="x") is None
+    assert value(found, "kvwatch_kv_planned_blocks", engine="x", rank="0") == 16_384
+    assert value(found, "kvwatch_kv_actual_bytes", engine="x", rank="0") is None

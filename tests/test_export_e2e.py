@@ -51,7 +51,7 @@ def test_export_the_real_cpu_engine(tmp_path: Path, nvml_standin: NvmlStandin) -
             while time.monotonic() < deadline:
                 status, body = http_get(f"http://127.0.0.1:{port}/metrics")
                 found = samples(body) if status == 200 else {}
-                if value(found, "kvwatch_kv_actual_blocks", engine="cpu") is not None:
+                if value(found, "kvwatch_kv_actual_blocks", engine="cpu", rank="0") is not None:
                     break
                 assert proc.poll() is None, proc.stdout.read()  # type: ignore[union-attr]
                 time.sleep(0.5)
@@ -61,19 +61,19 @@ def test_export_the_real_cpu_engine(tmp_path: Path, nvml_standin: NvmlStandin) -
             assert value(found, "kvwatch_engine_state", engine="cpu", state="ready") == 1
             assert value(found, "kvwatch_plan_info", engine="cpu", block_size="64", kv_cache_dtype="auto",
                          backend="CPU_ATTN", attention="full") == 1
-            actual_blocks = value(found, "kvwatch_kv_actual_blocks", engine="cpu")
+            actual_blocks = value(found, "kvwatch_kv_actual_blocks", engine="cpu", rank="0")
             assert actual_blocks == tokens // 64 == 21_845  # the engine's own figure, from its log too
-            assert value(found, "kvwatch_kv_planned_blocks", engine="cpu") == actual_blocks
-            actual_bytes = value(found, "kvwatch_kv_actual_bytes", engine="cpu")
+            assert value(found, "kvwatch_kv_planned_blocks", engine="cpu", rank="0") == actual_blocks
+            actual_bytes = value(found, "kvwatch_kv_actual_bytes", engine="cpu", rank="0")
             assert actual_bytes == 21_845 * 49_152
-            assert value(found, "kvwatch_kv_planned_bytes", engine="cpu") == actual_bytes
-            assert value(found, "kvwatch_kv_plan_drift_ratio", engine="cpu") == 0
-            assert value(found, "kvwatch_kv_padding_bytes", engine="cpu", cause="remainder") == 16_384
-            assert value(found, "kvwatch_kv_padding_bytes", engine="cpu", cause="null_block") == 49_152
-            ratio = value(found, "kvwatch_kv_padding_ratio", engine="cpu")
-            assert ratio == value(found, "kvwatch_kv_planned_padding_ratio", engine="cpu")
+            assert value(found, "kvwatch_kv_planned_bytes", engine="cpu", rank="0") == actual_bytes
+            assert value(found, "kvwatch_kv_plan_drift_ratio", engine="cpu", rank="0") == 0
+            assert value(found, "kvwatch_kv_padding_bytes", engine="cpu", rank="0", cause="remainder") == 16_384
+            assert value(found, "kvwatch_kv_padding_bytes", engine="cpu", rank="0", cause="null_block") == 49_152
+            ratio = value(found, "kvwatch_kv_padding_ratio", engine="cpu", rank="0")
+            assert ratio == value(found, "kvwatch_kv_planned_padding_ratio", engine="cpu", rank="0")
             assert ratio == pytest.approx((16_384 + 49_152) / actual_bytes)
-            usage = value(found, "kvwatch_kv_usage_ratio", engine="cpu")
+            usage = value(found, "kvwatch_kv_usage_ratio", engine="cpu", rank="0")
             assert usage is not None and 0 <= usage <= 1
             assert {s["kind"] for s in series(found, "kvwatch_engine_failures_total")} >= {"engine_died", "unknown"}
             # NVML through the stand-in, in the exporter's process

@@ -39,7 +39,7 @@ def test_attach_serves_the_supervised_engine_and_close_stops(nvml_standin: NvmlS
             found = samples(http_get(f"http://127.0.0.1:{port}/metrics")[1])
         assert value(found, "kvwatch_engine_state", engine="llm", state="starting") == 1
         assert value(found, "kvwatch_engine_failures_total", engine="llm", kind="cuda_oom") == 1
-        assert value(found, "kvwatch_kv_planned_blocks", engine="llm") == 16_384
+        assert value(found, "kvwatch_kv_planned_blocks", engine="llm", rank="0") == 16_384
         assert value(found, "kvwatch_collector_success", collector="nvml") == 1  # the stand-in's H100
         supervisor.status = replace(supervisor.status, state=EngineState.FATAL)
         deadline = time.monotonic() + 10

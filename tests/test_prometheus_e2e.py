@@ -147,7 +147,7 @@ def test_dashboard_queries_and_alerts_through_real_prometheus(tmp_path: Path) ->
             page = http_get(f"http://127.0.0.1:{run_port}/metrics")[1]
             return all(needle in page for needle in (
                 'kvwatch_engine_up{engine="e2e"} 1.0', 'kvwatch_engine_state{engine="e2e",state="ready"} 1.0',
-                'kvwatch_kv_actual_blocks{engine="e2e"}'))
+                'kvwatch_kv_actual_blocks{engine="e2e",rank="0"}'))
         wait_for(serving, 400, "the supervised engine to serve")
         check_supervised_metrics(http_get(f"http://127.0.0.1:{run_port}/metrics")[1])
         status = json.loads(subprocess.run([sys.executable, "-m", "kvwatch.cli", "status", "--state-dir",
@@ -174,7 +174,7 @@ def test_dashboard_queries_and_alerts_through_real_prometheus(tmp_path: Path) ->
             assert float(engine_bytes[0]["value"][1]) == 4 * GIB * len(engine_pids)
             foreign = prom.query(f'kvwatch_gpu_foreign_memory_bytes{{gpu="{GPU0}"}}')
             assert float(foreign[0]["value"][1]) == 3 * GIB
-            drift = prom.query('kvwatch_kv_plan_drift_ratio{engine="e2e"}')
+            drift = prom.query('kvwatch_kv_plan_drift_ratio{engine="e2e",rank="0"}')
             assert float(drift[0]["value"][1]) == 0
 
             # Not before: the stand-in reports what was planned; rules have been evaluated for a while.

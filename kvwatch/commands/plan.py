@@ -70,6 +70,12 @@ def render(plan: Plan) -> str:
         ("blocks", f"{plan.num_blocks:,}{est}"),
         ("KV tokens", f"{plan.kv_cache_tokens:,}{est}"),
     ]
+    if plan.data_parallel_size > 1 or plan.pipeline_parallel_size > 1:
+        per = "blocks and tokens above are per rank"
+        if plan.pipeline_parallel_size > 1:
+            per += f" (the pipeline stage with the most layers of {plan.pipeline_parallel_size})"
+        rows.append(("ranks", f"{per}; {plan.data_parallel_size} data-parallel engine core(s): "
+                              f"{plan.engine_num_blocks:,} blocks, {format_bytes(plan.engine_kv_bytes)} in all"))
     if plan.max_model_len:
         rows.append(("max model len", f"{plan.max_model_len:,} (concurrency {plan.max_concurrency:.2f}x)"))
     padding = ", ".join(f"{k} {format_bytes(v)}" for k, v in plan.padding_bytes.items() if v)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 from kvwatch.devices import Device
 from kvwatch.engine_args import EngineSettings
-from kvwatch.engine_http import CacheConfig
+from kvwatch.engine_http import CacheConfig, RankMetrics
 from kvwatch.geometry import ModelGeometry
 from kvwatch.plan import MemoryInputs, Plan, make_plan
 from kvwatch.rules import RuleSet
@@ -100,6 +100,49 @@ def actual_kv(ctx: KvContext, cache: CacheConfig | None, log_kv_tokens: int | No
                     kv_cache_dtype=shaped.kv_cache_dtype, bytes_per_block=bytes_per_block,
                     kv_bytes=kv_bytes, kv_memory_bytes=memory, kv_memory_source=source,
                     padding_bytes=padding, problems=tuple(problems))
+
+
+def rank_blocks(cache: CacheConfig, ranks: int, geometry: ModelGeometry) -> tuple[int | None, list[str]]:
+    """One data-parallel rank's blocks from what its ``vllm:cache_config_info`` says.
+
+    vLLM 0.32's API server sums ``num_gpu_blocks`` over its DP engine cores
+    (v1/engine/core_client.py, "Sum num_gpu_blocks from all engines in DP case") into the one
+    CacheConfig that every rank's series shows, while ``kv_cache_size_tokens`` and
+    ``kv_cache_memory_bytes`` are each core's own. So with several ranks a rank's blocks are its
+    KV tokens over the block size (uniform models), and num_gpu_blocks must be their sum; where
+    the two disagree, the tokens win and the disagreement is reported.
+    """
+    total = cache.num_gpu_blocks
+    if total is None or not cache.block_size:
+        return None, []
+    if ranks <= 1:
+        return total, []
+    tokens = cache.kv_cache_size_tokens
+    if tokens is not None and not geometry.is_hybrid and tokens % cache.block_size == 0:
+        own = tokens // cache.block_size
+        if own * ranks == total:
+            return own, []
+        return own, [f"num_gpu_blocks {total} is not {ranks} ranks x {own} blocks (kv_cache_size_tokens "
+                     f"{tokens} / block size {cache.block_size})"]
+    if total % ranks:
+        return total // ranks, [f"num_gpu_blocks {total} does not split evenly over {ranks} ranks"]
+    return total // ranks, []
+
+
+def actual_per_rank(ctx: KvContext, ranks: tuple[RankMetrics, ...], log_kv_tokens: int | None = None,
+                    log_available_kv_bytes: int | None = None) -> dict[str, ActualKv]:
+    """Each data-parallel rank's actual KV cache, keyed by vLLM's ``engine`` label."""
+    out: dict[str, ActualKv] = {}
+    reporting = [r for r in ranks if r.cache is not None]
+    for rank in reporting:
+        assert rank.cache is not None
+        blocks, problems = rank_blocks(rank.cache, len(reporting), ctx.geometry)
+        if blocks is None:
+            continue
+        actual = actual_kv(ctx, replace(rank.cache, num_gpu_blocks=blocks), log_kv_tokens, log_available_kv_bytes)
+        if actual is not None:
+            out[rank.rank] = replace(actual, problems=tuple(problems) + actual.problems)
+    return out
 
 
 def plan_for_reported(ctx: KvContext, cache: CacheConfig | None,

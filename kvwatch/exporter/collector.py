@@ -25,6 +25,7 @@ FAILURE_KINDS = tuple(kind.value for kind in FailureKind)
 ENGINE_STATES = tuple(state.value for state in EngineState)
 
 _E = ["engine"]
+_R = ["engine", "rank"]   # rank: the data-parallel engine core (vLLM's `engine` label), "0" without DP
 HELP = {
     "kvwatch_build_info": "kvwatch's version, always 1.",
     "kvwatch_engine_up": "1 when the engine answered /health at the last snapshot, else 0.",
@@ -93,15 +94,15 @@ class KvwatchCollector(Collector):
             "failures": _counter("kvwatch_engine_failures", _E + ["kind"]),
             "corrections": _counter("kvwatch_plan_corrections", _E + ["kind"]),
             "plan_info": _gauge("kvwatch_plan_info", _E + ["block_size", "kv_cache_dtype", "backend", "attention"]),
-            "planned_bytes": _gauge("kvwatch_kv_planned_bytes", _E),
-            "actual_bytes": _gauge("kvwatch_kv_actual_bytes", _E),
-            "planned_blocks": _gauge("kvwatch_kv_planned_blocks", _E),
-            "actual_blocks": _gauge("kvwatch_kv_actual_blocks", _E),
-            "padding_bytes": _gauge("kvwatch_kv_padding_bytes", _E + ["cause"]),
-            "padding_ratio": _gauge("kvwatch_kv_padding_ratio", _E),
-            "planned_padding_ratio": _gauge("kvwatch_kv_planned_padding_ratio", _E),
-            "drift": _gauge("kvwatch_kv_plan_drift_ratio", _E),
-            "usage": _gauge("kvwatch_kv_usage_ratio", _E),
+            "planned_bytes": _gauge("kvwatch_kv_planned_bytes", _R),
+            "actual_bytes": _gauge("kvwatch_kv_actual_bytes", _R),
+            "planned_blocks": _gauge("kvwatch_kv_planned_blocks", _R),
+            "actual_blocks": _gauge("kvwatch_kv_actual_blocks", _R),
+            "padding_bytes": _gauge("kvwatch_kv_padding_bytes", _R + ["cause"]),
+            "padding_ratio": _gauge("kvwatch_kv_padding_ratio", _R),
+            "planned_padding_ratio": _gauge("kvwatch_kv_planned_padding_ratio", _R),
+            "drift": _gauge("kvwatch_kv_plan_drift_ratio", _R),
+            "usage": _gauge("kvwatch_kv_usage_ratio", _R),
             "gpu_info": _gauge("kvwatch_gpu_info", ["gpu", "index", "name"]),
             "gpu_total": _gauge("kvwatch_gpu_memory_total_bytes", ["gpu"]),
             "gpu_used": _gauge("kvwatch_gpu_memory_used_bytes", ["gpu"]),
@@ -138,24 +139,35 @@ def _engine(f: dict[str, Any], engine: EngineSnapshot) -> None:
             f[key].add_metric([name, label], value)
 
     plan = engine.planned
+    actual_ranks = engine.actual_by_rank()
+    metrics = engine.metrics if engine.metrics is not None and engine.metrics.ok else None
+    # Every DP rank sizes its cache alone, so the plan is each rank's; ranks as the engine
+    # reports them, else as the plan's DP size says (bounded by it).
+    ranks = sorted(set(actual_ranks) | {r.rank for r in metrics.ranks} if metrics else set(actual_ranks),
+                   key=lambda r: (len(r), r))
+    if not ranks and plan is not None:
+        ranks = [str(i) for i in range(plan.data_parallel_size)]
     if plan is not None:
         f["plan_info"].add_metric([name, str(plan.block_size), plan.kv_cache_dtype, plan.backend or "none",
                                    plan.attention], 1)
-        f["planned_bytes"].add_metric([name], plan.planned_kv_bytes)
-        f["planned_blocks"].add_metric([name], plan.num_blocks)
-        for cause, value in sorted(plan.padding_bytes.items()):
-            f["padding_bytes"].add_metric([name, cause], value)
-        f["planned_padding_ratio"].add_metric([name], plan.padding_ratio)
-    actual = engine.actual
-    if actual is not None:
-        f["actual_bytes"].add_metric([name], actual.kv_bytes)
-        f["actual_blocks"].add_metric([name], actual.blocks)
-        f["padding_ratio"].add_metric([name], actual.padding_ratio)
+        for rank in ranks:
+            f["planned_bytes"].add_metric([name, rank], plan.planned_kv_bytes)
+            f["planned_blocks"].add_metric([name, rank], plan.num_blocks)
+            for cause, value in sorted(plan.padding_bytes.items()):
+                f["padding_bytes"].add_metric([name, rank, cause], value)
+            f["planned_padding_ratio"].add_metric([name, rank], plan.padding_ratio)
+    for rank, actual in sorted(actual_ranks.items(), key=lambda kv: (len(kv[0]), kv[0])):
+        f["actual_bytes"].add_metric([name, rank], actual.kv_bytes)
+        f["actual_blocks"].add_metric([name, rank], actual.blocks)
+        f["padding_ratio"].add_metric([name, rank], actual.padding_ratio)
         if plan is not None and plan.planned_kv_bytes > 0:
-            f["drift"].add_metric([name], (actual.kv_bytes - plan.planned_kv_bytes) / plan.planned_kv_bytes)
-    metrics = engine.metrics
-    if metrics is not None and metrics.ok and metrics.kv_cache_usage_ratio is not None:
-        f["usage"].add_metric([name], metrics.kv_cache_usage_ratio)
+            f["drift"].add_metric([name, rank], (actual.kv_bytes - plan.planned_kv_bytes) / plan.planned_kv_bytes)
+    if metrics is not None:
+        usage = [(r.rank, r.kv_cache_usage_ratio) for r in metrics.ranks if r.kv_cache_usage_ratio is not None]
+        if not usage and metrics.kv_cache_usage_ratio is not None:
+            usage = [("0", metrics.kv_cache_usage_ratio)]
+        for rank, value in usage:
+            f["usage"].add_metric([name, rank], value)
 
 
 def _gpus(f: dict[str, Any], snap: WatchSnapshot) -> None:

@@ -30,13 +30,19 @@ class EngineSnapshot:
     up: bool                                  # /health answered 200 this tick
     metrics: EngineMetrics | None = None      # None: not scraped (no URL, or /health failed)
     planned: Plan | None = None               # the plan in force (or predicted for an external engine)
-    actual: ActualKv | None = None            # from the engine's own figures
+    actual: ActualKv | None = None            # from the engine's own figures (rank "0")
+    actual_ranks: Mapping[str, ActualKv] | None = None   # each data-parallel rank's, by vLLM's `engine` label
     process_rss: Mapping[int, int] | None = None  # pid -> resident bytes; None: not measured
     pids_known: bool = True                   # False: which GPU processes are its is unknown
 
     @property
     def name(self) -> str:
         return self.status.name
+
+    def actual_by_rank(self) -> Mapping[str, ActualKv]:
+        if self.actual_ranks:
+            return self.actual_ranks
+        return {"0": self.actual} if self.actual is not None else {}
 
     @property
     def pids(self) -> frozenset[int]:

