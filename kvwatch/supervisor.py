@@ -25,6 +25,7 @@ from kvwatch.budget import Budget
 from kvwatch.config import Config
 from kvwatch.devices import Device
 from kvwatch.engine_args import EngineCommand
+from kvwatch.engine_ranks import RankWatch, lines_of_rank
 from kvwatch.engine_status import EngineState, EngineStatus
 from kvwatch.errors import KvwatchError
 from kvwatch.exitcodes import EXIT_GAVE_UP, EXIT_OK
@@ -91,6 +92,7 @@ class _Running:
     refs: list[ProcRef] = field(default_factory=list)   # every process seen in the tree, dead ones too
     live: frozenset[int] = frozenset()                     # the pids of the last look
     ended: bool = False
+    ranks: RankWatch = field(default_factory=RankWatch)    # data-parallel engine cores, and which died
 
 
 class Supervisor:
@@ -382,6 +384,8 @@ class Supervisor:
                 elif now - last_ok > cfg.hang_timeout_seconds:
                     return _Outcome("hang", f"/health failed or timed out for {now - last_ok:.0f}s "
                                             f"(hang_timeout {cfg.hang_timeout_seconds:.0f}s)", served=True)
+            elif run.ranks.cores:
+                self._refresh_tree()  # DP engine cores: every tick, to see which one dies first
             self._refresh_facts()
             if not run.proc.reaper_alive():
                 _LOG.warning("reaper: gone; starting a new one")
@@ -407,6 +411,9 @@ class Supervisor:
         if run is None:
             return
         infos = processes.tree(run.proc.pid, run.proc.pgid)
+        for rank in run.ranks.update((p.pid, " ".join(p.cmdline) or p.name) for p in infos):
+            _LOG.warning("engine core of data-parallel rank %d (pid %d) is gone while the others run",
+                         rank, run.ranks.lost[rank])
         live = frozenset(p.pid for p in infos)
         if not force and live == run.live:
             return
@@ -464,6 +471,9 @@ class Supervisor:
 
         run, self._running = self._running, None
         lines = run.pump.lines() if run is not None else []
+        lost_rank = next(iter(run.ranks.lost), None) if run is not None else None
+        if lost_rank is not None:   # one DP rank's core died first: diagnose by its lines
+            lines = lines_of_rank(lines, lost_rank)
         if outcome.kind in ("exit", "start_timeout"):
             diagnosis = diagnose(lines, served=outcome.served)
             if outcome.kind == "start_timeout" and diagnosis.kind == FailureKind.UNKNOWN:
@@ -472,6 +482,8 @@ class Supervisor:
             diagnosis = Diagnosis(kind=FailureKind.ENGINE_DIED, evidence=outcome.detail, facts={}, fatal=False)
         else:  # spawn_failed: nothing ran, nothing to diagnose
             diagnosis = Diagnosis(kind=FailureKind.UNKNOWN, evidence=outcome.detail, facts={}, fatal=True)
+        if lost_rank is not None and run is not None:
+            diagnosis = _with_rank(diagnosis, lost_rank, run.ranks.lost[lost_rank])
         kind = str(getattr(diagnosis.kind, "value", diagnosis.kind))
         evidence = diagnosis.evidence or outcome.detail
         _LOG.warning("failed: %s (%s): %s", kind, outcome.detail, evidence)
@@ -558,3 +570,15 @@ def _probe(url: str, timeout: float, starting: bool) -> bool:
     if not engine_http.health(url, timeout):
         return False
     return engine_http.scrape(url, timeout).ok if starting else True
+
+
+def _with_rank(diagnosis: "Diagnosis", rank: int, pid: int) -> "Diagnosis":
+    """The diagnosis of an engine one of whose DP engine cores died first: named for that rank."""
+    from kvwatch.diagnosis import Diagnosis, FailureKind
+
+    died = f"the engine core of data-parallel rank {rank} (EngineCore_DP{rank}, pid {pid}) died first"
+    kind = diagnosis.kind
+    if kind is FailureKind.UNKNOWN:
+        kind = FailureKind.ENGINE_DIED
+    evidence = f"{died}: {diagnosis.evidence}" if diagnosis.evidence else died
+    return Diagnosis(kind, evidence, {**diagnosis.facts, "rank": rank, "rank_pid": pid}, diagnosis.fatal)

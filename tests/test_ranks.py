@@ -94,3 +94,36 @@ def test_exported_per_rank_drift_zero_and_usage_per_rank():
         assert f'kvwatch_kv_plan_drift_ratio{{engine="dp",rank="{rank}"}} 0.0' in page
     assert 'kvwatch_kv_usage_ratio{engine="dp",rank="0"} 0.0' in page
     assert 'kvwatch_kv_usage_ratio{engine="dp",rank="1"} 0.25' in page
+
+
+# -- which rank died first (kvwatch.engine_ranks) ------------------------------------------------
+
+from kvwatch.engine_ranks import RankWatch, lines_of_rank, rank_of  # noqa: E402
+
+
+def test_rank_of_a_core_title():
+    assert rank_of("VLLM::EngineCore_DP1") == 1 and rank_of("VLLM::EngineCore_DP12") == 12
+    assert rank_of("VLLM::EngineCore") is None and rank_of("VLLM::Worker") is None
+
+
+def test_the_rank_gone_while_another_runs_is_the_one_that_died():
+    watch = RankWatch()
+    tree = [(10, "python -m vllm.entrypoints.openai.api_server"), (11, "VLLM::EngineCore_DP0"),
+            (12, "VLLM::EngineCore_DP1"), (13, "VLLM::Worker")]
+    assert watch.update(tree) == [] and watch.cores == {0: 11, 1: 12}
+    assert watch.update([p for p in tree if p[0] != 12]) == [1]
+    assert watch.lost == {1: 12}
+    assert watch.update([tree[0]]) == []          # the API server then stops rank 0: not a second culprit
+    assert watch.lost == {1: 12}
+
+
+def test_all_cores_gone_at_once_names_no_rank():
+    watch = RankWatch()
+    watch.update([(11, "VLLM::EngineCore_DP0"), (12, "VLLM::EngineCore_DP1")])
+    assert watch.update([]) == [] and watch.lost == {}
+
+
+def test_a_rank_is_diagnosed_by_its_own_lines():
+    lines = ["(EngineCore_DP0 pid=1) ERROR boom: RuntimeError: rank zero trouble",
+             "(EngineCore_DP1 pid=2) INFO fine", "(APIServer pid=3) ERROR EngineDeadError: EngineCore encountered an issue."]
+    assert lines_of_rank(lines, 1) == lines[1:]

@@ -433,3 +433,53 @@ def test_unfixable_refusal_is_fatal_after_one_launch_with_vllms_sentence(tmp_pat
     finally:
         kv.cleanup()
     assert engine_processes(kv.marker()) == []
+
+
+# -- data-parallel ranks (issue 18) -----------------------------------------------------------------
+
+def kvwatch_metrics(kv: Kvwatch) -> dict[tuple[str, frozenset], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+    port = kv.argv[kv.argv.index("--listen") + 1].rsplit(":", 1)[1]
+    status, body = http_get(f"http://127.0.0.1:{port}/metrics")
+    assert status == 200
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(body) for s in family.samples}
+
+
+def test_data_parallel_ranks_planned_equals_actual_and_one_rank_death(tmp_path: Path, tiny: Path) -> None:
+    """--data-parallel-size 2: two engine cores of 1 GiB each. Per rank: planned == actual, drift 0, usage;
+    then kill -9 of rank 1's core: diagnosed as rank 1's death, restarted, serving again."""
+    kv = Kvwatch(tmp_path, "dp", engine_argv(tiny, free_port(), "--data-parallel-size", "2"))
+    try:
+        t0 = time.monotonic()
+        ready = kv.start().wait_ready()
+        log(f"DP 2: ready after {time.monotonic() - t0:.0f}s")
+        found: dict = {}
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:   # the exporter's next tick after READY
+            found = kvwatch_metrics(kv)
+            if all(("kvwatch_kv_actual_blocks", frozenset({("engine", "dp"), ("rank", r)})) in found for r in "01"):
+                break
+            time.sleep(0.5)
+        for rank in ("0", "1"):
+            key = frozenset({("engine", "dp"), ("rank", rank)})
+            assert found[("kvwatch_kv_planned_blocks", key)] == found[("kvwatch_kv_actual_blocks", key)] == 16_384
+            assert found[("kvwatch_kv_plan_drift_ratio", key)] == 0
+            assert ("kvwatch_kv_usage_ratio", key) in found
+
+        core = next(p for p in psutil.process_iter(["pid", "cmdline"])
+                    if p.info["cmdline"] and "EngineCore_DP1" in " ".join(p.info["cmdline"])
+                    and p.pid in [q["pid"] for q in ready["pids"]])
+        core.kill()
+        again = kv.wait("serving again after rank 1's death",
+                        lambda d: d["state"] == "ready" and len(d["failures"]) == 1 and len(d["pids"]) >= 3)
+        [failure] = again["failures"]
+        log(f"DP 2: rank 1 killed, serving again after {time.monotonic() - t0:.0f}s: {failure['evidence'][:120]}")
+        assert failure["kind"] == "engine_died"
+        assert failure["evidence"].startswith("the engine core of data-parallel rank 1 (EngineCore_DP1")
+        assert again["corrections"] == [] and again["argv"] == ready["argv"]
+        kv.proc.send_signal(signal.SIGTERM)
+        assert kv.exit_code() == 0
+    finally:
+        kv.cleanup()
+    assert engine_processes(kv.marker()) == []

@@ -1,0 +1,57 @@
+"""Which data-parallel engine core died first (pure: process listings in, ranks out).
+
+With --data-parallel-size N the API server runs N engine cores, each titled
+`VLLM::EngineCore_DP<rank>` (vLLM sets the process title; its log prefix is
+`(EngineCore_DP<rank> pid=N)`). A core killed outright (kill -9, the OOM killer) writes
+nothing, and the API server then stops the other cores: the log names no culprit. The
+watchdog looks at the engine's process tree every tick; a rank whose core is gone while
+another rank's still runs is the one that died.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Iterable
+
+_CORE = re.compile(r"EngineCore_DP(\d+)\b")
+
+
+def rank_of(title: str) -> int | None:
+    """The DP rank of an engine core process, from its title or command line."""
+    m = _CORE.search(title)
+    return int(m[1]) if m else None
+
+
+@dataclass
+class RankWatch:
+    """The engine cores seen so far; `lost` holds the ranks that died while another lived."""
+
+    cores: dict[int, int] = field(default_factory=dict)      # rank -> pid of its live core
+    lost: dict[int, int] = field(default_factory=dict)       # rank -> pid, in the order they died
+
+    def update(self, processes: Iterable[tuple[int, str]]) -> list[int]:
+        """(pid, title) of the tree's live processes; returns the ranks newly found dead."""
+        live = {}
+        for pid, title in processes:
+            rank = rank_of(title)
+            if rank is not None:
+                live[rank] = pid
+        gone = [r for r, pid in self.cores.items() if live.get(r) != pid]
+        newly = []
+        if gone and len(gone) < len(self.cores):     # some cores still run: these died first
+            for rank in sorted(gone):
+                if rank not in self.lost:
+                    self.lost[rank] = self.cores[rank]
+                    newly.append(rank)
+        self.cores = live
+        return newly
+
+
+def lines_of_rank(lines: list[str], rank: int) -> list[str]:
+    """The engine's lines without those another DP rank's core printed: what to diagnose a rank's death by."""
+    out = []
+    for line in lines:
+        m = _CORE.search(line[:200])
+        if m is None or int(m[1]) == rank:
+            out.append(line)
+    return out
