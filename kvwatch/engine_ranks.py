@@ -55,3 +55,23 @@ def lines_of_rank(lines: list[str], rank: int) -> list[str]:
         if m is None or int(m[1]) == rank:
             out.append(line)
     return out
+
+
+def ranks_of_tree(processes: Iterable[tuple[int, int, str]]) -> dict[int, int]:
+    """pid -> DP rank for an engine core and its descendants (workers); (pid, ppid, title) in.
+    Processes under no core (the API server, the DP coordinator) are left out."""
+    parent: dict[int, int] = {}
+    own: dict[int, int] = {}
+    for pid, ppid, title in processes:
+        parent[pid] = ppid
+        rank = rank_of(title)
+        if rank is not None:
+            own[pid] = rank
+    out: dict[int, int] = {}
+    for pid in parent:
+        seen, at = 0, pid
+        while at in parent and at not in own and seen < 64:   # bounded: a tree is never that deep
+            at, seen = parent[at], seen + 1
+        if at in own:
+            out[pid] = own[at]
+    return out

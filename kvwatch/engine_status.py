@@ -24,6 +24,7 @@ class EngineStatus:
     plan: Plan | None = None                           # the plan in force
     argv: tuple[str, ...] = ()                         # the command in force
     pids: tuple[int, ...] = ()                         # the engine's process tree, root first
+    pid_ranks: dict[int, int] = field(default_factory=dict)    # pid -> data-parallel rank (cores and workers)
     restarts: dict[str, int] = field(default_factory=dict)     # by failure class
     failures: dict[str, int] = field(default_factory=dict)     # by failure class
     corrections: dict[str, int] = field(default_factory=dict)  # by failure class

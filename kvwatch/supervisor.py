@@ -25,7 +25,7 @@ from kvwatch.budget import Budget
 from kvwatch.config import Config
 from kvwatch.devices import Device
 from kvwatch.engine_args import EngineCommand
-from kvwatch.engine_ranks import RankWatch, lines_of_rank
+from kvwatch.engine_ranks import RankWatch, lines_of_rank, ranks_of_tree
 from kvwatch.engine_status import EngineState, EngineStatus
 from kvwatch.errors import KvwatchError
 from kvwatch.exitcodes import EXIT_GAVE_UP, EXIT_OK
@@ -93,6 +93,7 @@ class _Running:
     live: frozenset[int] = frozenset()                     # the pids of the last look
     ended: bool = False
     ranks: RankWatch = field(default_factory=RankWatch)    # data-parallel engine cores, and which died
+    pid_ranks: dict[int, int] = field(default_factory=dict)  # pid -> DP rank of the core it belongs to
 
 
 class Supervisor:
@@ -418,6 +419,7 @@ class Supervisor:
         if not force and live == run.live:
             return
         run.live = live
+        run.pid_ranks = ranks_of_tree((p.pid, p.ppid, " ".join(p.cmdline) or p.name) for p in infos)
         known = {r.pid: r for r in run.refs}
         known.update({p.pid: ProcRef(p.pid, p.create_time) for p in infos})
         run.refs = list(known.values())  # stop_group also signals those that left the group
@@ -552,6 +554,7 @@ class Supervisor:
         return EngineStatus(
             name=self.name, state=self._state, reason=self._reason, plan=self._plan, argv=self._command.argv,
             pids=tuple(int(p["pid"]) for p in self._record.pids),
+            pid_ranks=dict(self._running.pid_ranks) if self._running is not None else {},
             restarts=dict(self._restarts), failures=dict(self._failures), corrections=dict(self._corrections),
             last_failure=last.kind if last else None,
             log_kv_tokens=self._record.log_kv_tokens, log_available_kv_bytes=self._record.log_available_kv_bytes)

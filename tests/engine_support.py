@@ -145,14 +145,15 @@ class RunningEngine:
 
 
 @contextmanager
-def running_engine(model: Path, log_path: Path, *extra: str, kv_space_gib: int = 1) -> Iterator[RunningEngine]:
+def running_engine(model: Path, log_path: Path, *extra: str, kv_space_gib: int = 1,
+                   env: dict[str, str] | None = None) -> Iterator[RunningEngine]:
     """Start the engine, wait for /health; always stop its whole tree afterwards."""
     require_engine()
     port = free_port()
     argv = engine_argv(model, port, *extra)
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=engine_env(kv_space_gib), start_new_session=True)
+                                env={**engine_env(kv_space_gib), **(env or {})}, start_new_session=True)
     engine = RunningEngine(f"http://127.0.0.1:{port}", proc, log_path, model, argv)
     try:
         deadline = time.monotonic() + START_TIMEOUT

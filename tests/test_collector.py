@@ -103,7 +103,7 @@ def test_fixed_snapshot_values() -> None:
     assert value(found, "kvwatch_kv_actual_bytes", engine="qwen", rank="0") is None
     assert value(found, "kvwatch_kv_planned_bytes", engine="qwen", rank="0") == 2**30
     # GPU memory: the engine's pids on GPU 0, the foreign pid 777; GPU 1 reports no processes
-    assert value(found, "kvwatch_engine_gpu_memory_bytes", engine="llama", gpu=H200_A) == 80 * GIB
+    assert value(found, "kvwatch_engine_gpu_memory_bytes", engine="llama", rank="0", gpu=H200_A) == 80 * GIB
     assert value(found, "kvwatch_gpu_foreign_memory_bytes", gpu=H200_A) == 3 * GIB
     assert value(found, "kvwatch_gpu_foreign_memory_bytes", gpu=H200_B) is None
     assert value(found, "kvwatch_gpu_memory_used_bytes", gpu=H200_B) is None  # not reported: left out
@@ -147,26 +147,42 @@ def test_engine_and_foreign_bytes_per_gpu(nvml: Nvml) -> None:
     watch = Watch(two_engines, nvml=nvml.snapshot)
     watch.tick()
     found = samples(render(watch))
-    assert value(found, "kvwatch_engine_gpu_memory_bytes", engine="a", gpu=H200_A) == 32 * GIB
-    assert value(found, "kvwatch_engine_gpu_memory_bytes", engine="a", gpu=H200_B) == 5 * GIB
-    assert value(found, "kvwatch_engine_gpu_memory_bytes", engine="b", gpu=H200_A) == 7 * GIB
-    assert value(found, "kvwatch_engine_gpu_memory_bytes", engine="b", gpu=H200_B) is None
+    assert value(found, "kvwatch_engine_gpu_memory_bytes", engine="a", rank="0", gpu=H200_A) == 32 * GIB
+    assert value(found, "kvwatch_engine_gpu_memory_bytes", engine="a", rank="0", gpu=H200_B) == 5 * GIB
+    assert value(found, "kvwatch_engine_gpu_memory_bytes", engine="b", rank="0", gpu=H200_A) == 7 * GIB
+    assert value(found, "kvwatch_engine_gpu_memory_bytes", engine="b", rank="0", gpu=H200_B) is None
     assert value(found, "kvwatch_gpu_foreign_memory_bytes", gpu=H200_A) == 3 * GIB
     assert value(found, "kvwatch_gpu_foreign_memory_bytes", gpu=H200_B) == 1 * GIB
     assert value(found, "kvwatch_gpu_memory_total_bytes", gpu=H200_B) == 141 * GIB
     assert value(found, "kvwatch_collector_success", collector="nvml") == 1
 
 
+def test_a_data_parallel_engine_gpu_memory_by_rank(nvml: Nvml) -> None:
+    # Engine "a" runs two DP ranks: pid 100 is rank 0's worker (GPU A), 101 rank 1's (GPU A and B);
+    # its API server (pid 99) holds nothing. The NVML stand-in host() as above.
+    ranks = {100: 0, 101: 1}
+    engines = [EngineTarget(EngineStatus("a", EngineState.READY, pids=(99, 100, 101), pid_ranks=ranks), url=None),
+               EngineTarget(EngineStatus("b", EngineState.STARTING, pids=(200,)), url=None)]
+    watch = Watch(lambda: engines, nvml=nvml.snapshot)
+    watch.tick()
+    found = samples(render(watch))
+    assert value(found, "kvwatch_engine_gpu_memory_bytes", engine="a", rank="0", gpu=H200_A) == 30 * GIB
+    assert value(found, "kvwatch_engine_gpu_memory_bytes", engine="a", rank="1", gpu=H200_A) == 2 * GIB
+    assert value(found, "kvwatch_engine_gpu_memory_bytes", engine="a", rank="1", gpu=H200_B) == 5 * GIB
+    assert value(found, "kvwatch_engine_gpu_memory_bytes", engine="b", rank="0", gpu=H200_A) == 7 * GIB
+    assert value(found, "kvwatch_gpu_foreign_memory_bytes", gpu=H200_A) == 3 * GIB   # ranks are not foreign
+
+
 def test_a_process_that_exits_disappears_from_the_next_scrape(nvml_standin: NvmlStandin, nvml: Nvml) -> None:
     watch = Watch(two_engines, nvml=nvml.snapshot)
     watch.tick()
-    assert value(samples(render(watch)), "kvwatch_engine_gpu_memory_bytes", engine="a", gpu=H200_B) == 5 * GIB
+    assert value(samples(render(watch)), "kvwatch_engine_gpu_memory_bytes", engine="a", rank="0", gpu=H200_B) == 5 * GIB
     nvml_standin.write(host(foreign_on_0=False, engine_on_1=False))  # the driver no longer lists them
     watch.tick()
     found = samples(render(watch))
     assert value(found, "kvwatch_gpu_foreign_memory_bytes", gpu=H200_A) == 0
-    assert value(found, "kvwatch_engine_gpu_memory_bytes", engine="a", gpu=H200_B) is None
-    assert value(found, "kvwatch_engine_gpu_memory_bytes", engine="a", gpu=H200_A) == 32 * GIB
+    assert value(found, "kvwatch_engine_gpu_memory_bytes", engine="a", rank="0", gpu=H200_B) is None
+    assert value(found, "kvwatch_engine_gpu_memory_bytes", engine="a", rank="0", gpu=H200_A) == 32 * GIB
 
 
 def test_a_lost_gpu_drops_its_series_and_fails_the_collector(nvml_standin: NvmlStandin, nvml: Nvml) -> None:

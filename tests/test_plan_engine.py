@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -72,3 +73,21 @@ def test_planned_blocks_equal_engine_blocks(name, block_flag, tmp_path):
     assert int(info["block_size"]) == plan["block_size"]
     assert int(info["kv_cache_size_tokens"]) == plan["kv_cache_tokens"]
     assert logged_kv_tokens(log) == plan["kv_cache_tokens"]
+
+
+def test_pipeline_parallel_plan_is_the_fullest_stage(tmp_path):
+    """--pipeline-parallel-size 2 on a 3-layer model: the stages hold 2 and 1 layers, each worker sizes
+    1 GiB for its own layers and vLLM takes the smallest number of blocks: the 2-layer stage's.
+    The CPU engine binds each worker's threads to a core of its own; it refuses to pick them itself
+    on a single NUMA node, so the test gives it the first and last CPUs this process may use."""
+    model = write_model(tmp_path / "pp3", llama_config(layers=3, kv_heads=2, head_dim=32))
+    flags = ["--pipeline-parallel-size", "2"]
+    plan = kvwatch_plan(["vllm", "serve", str(model), *flags])
+    assert plan["warnings"] == [] and plan["pipeline_parallel_size"] == 2
+    cpus = sorted(os.sched_getaffinity(0))
+    with running_engine(model, tmp_path / "engine.log", *flags,
+                        env={"VLLM_CPU_OMP_THREADS_BIND": f"{cpus[0]}|{cpus[-1]}"}) as engine:
+        info = cache_config_info(engine.metrics())
+        log = engine.log()
+    assert int(info["num_gpu_blocks"]) == plan["num_blocks"] == 2**30 // (2 * 128 * 2 * 2 * 32 * 2)
+    assert int(info["kv_cache_size_tokens"]) == plan["kv_cache_tokens"] == logged_kv_tokens(log)

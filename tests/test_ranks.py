@@ -98,7 +98,14 @@ def test_exported_per_rank_drift_zero_and_usage_per_rank():
 
 # -- which rank died first (kvwatch.engine_ranks) ------------------------------------------------
 
-from kvwatch.engine_ranks import RankWatch, lines_of_rank, rank_of  # noqa: E402
+from kvwatch.engine_ranks import RankWatch, lines_of_rank, rank_of, ranks_of_tree  # noqa: E402
+
+
+def test_ranks_of_tree_cores_and_their_workers():
+    tree = [(10, 1, "python -m vllm.entrypoints.openai.api_server"), (11, 10, "VLLM::EngineCore_DP0"),
+            (12, 10, "VLLM::EngineCore_DP1"), (13, 11, "VLLM::Worker"), (14, 12, "VLLM::Worker"),
+            (15, 10, "VLLM::DPCoordinator"), (16, 14, "python -c compile")]
+    assert ranks_of_tree(tree) == {11: 0, 13: 0, 12: 1, 14: 1, 16: 1}
 
 
 def test_rank_of_a_core_title():

@@ -55,7 +55,9 @@ HELP = {
     "kvwatch_gpu_memory_total_bytes": "Total GPU memory (NVML).",
     "kvwatch_gpu_memory_used_bytes": "Used GPU memory (NVML; without the driver's reservation where the "
                                      "driver reports it apart).",
-    "kvwatch_engine_gpu_memory_bytes": "GPU memory NVML attributes to the engine's process tree.",
+    "kvwatch_engine_gpu_memory_bytes": "GPU memory NVML attributes to the engine's process tree, by data-parallel "
+                                       "rank (the rank's engine core and its workers; empty for the engine's "
+                                       "processes under no core, such as the API server).",
     "kvwatch_gpu_foreign_memory_bytes": "GPU memory held by processes that are in no supervised engine's "
                                         "process tree.",
     "kvwatch_collector_success": "1 when the collector's last snapshot succeeded, else 0.",
@@ -106,7 +108,7 @@ class KvwatchCollector(Collector):
             "gpu_info": _gauge("kvwatch_gpu_info", ["gpu", "index", "name"]),
             "gpu_total": _gauge("kvwatch_gpu_memory_total_bytes", ["gpu"]),
             "gpu_used": _gauge("kvwatch_gpu_memory_used_bytes", ["gpu"]),
-            "engine_gpu": _gauge("kvwatch_engine_gpu_memory_bytes", _E + ["gpu"]),
+            "engine_gpu": _gauge("kvwatch_engine_gpu_memory_bytes", _R + ["gpu"]),
             "foreign": _gauge("kvwatch_gpu_foreign_memory_bytes", ["gpu"]),
             "success": _gauge("kvwatch_collector_success", ["collector"]),
             "duration": _gauge("kvwatch_collector_duration_seconds", ["collector"]),
@@ -172,17 +174,22 @@ def _engine(f: dict[str, Any], engine: EngineSnapshot) -> None:
 
 def _gpus(f: dict[str, Any], snap: WatchSnapshot) -> None:
     assert snap.nvml is not None
-    owners = [(e.name, e.pids) for e in sorted(snap.engines, key=lambda e: e.name)]
+    owners = [(e.name, e.pids, e.status.pid_ranks) for e in sorted(snap.engines, key=lambda e: e.name)]
     all_known = all(e.pids_known for e in snap.engines)
-    engine_pids = frozenset().union(*(pids for _, pids in owners))
+    engine_pids = frozenset().union(*(pids for _, pids, _ in owners))
     for gpu in sorted(snap.nvml.gpus, key=lambda g: g.index):
         _gpu(f, gpu)
         if gpu.processes is None:  # NVML does not say who holds memory on this GPU
             continue
-        for name, pids in owners:
-            held = [p.used_bytes for p in gpu.processes if p.pid in pids and p.used_bytes is not None]
-            if held:
-                f["engine_gpu"].add_metric([name, gpu.uuid], sum(held))
+        for name, pids, pid_ranks in owners:
+            held: dict[str, int] = {}
+            for p in gpu.processes:
+                if p.pid in pids and p.used_bytes is not None:
+                    # without data parallelism every process is rank 0's
+                    rank = str(pid_ranks[p.pid]) if p.pid in pid_ranks else ("" if pid_ranks else "0")
+                    held[rank] = held.get(rank, 0) + p.used_bytes
+            for rank, used in sorted(held.items()):
+                f["engine_gpu"].add_metric([name, rank, gpu.uuid], used)
         if all_known:
             foreign = sum(p.used_bytes for p in gpu.processes
                           if p.pid not in engine_pids and p.used_bytes is not None)
