@@ -140,3 +140,29 @@ def test_supervised_engine_with_an_unreadable_model_still_exports(tmp_path: Path
     assert value(found, "kvwatch_engine_up", engine="x") == 0
     assert value(found, "kvwatch_kv_planned_blocks", engine="x", rank="0") == 16_384
     assert value(found, "kvwatch_kv_actual_bytes", engine="x", rank="0") is None
+
+
+def test_export_an_external_data_parallel_engine(tmp_path: Path) -> None:
+    """`kvwatch export` on the real DP 2 engine's series: the plan per rank from what the engine shows
+    (1 GiB each), planned == actual on both ranks, no drift (before: actual 32,768 and drift 1.0)."""
+    from engine_support import llama_config, write_model
+    page = (METRICS / "cpu_dp2_excerpt.txt").read_bytes()
+    model = write_model(tmp_path / "dp", llama_config())
+    port = free_port()
+    with serve_routes({"/health": (200, b"", 0.0), "/metrics": (200, page, 0.0)}) as url:
+        proc = kvwatch("export", "--engine-url", url, "--name", "dp", "--model", str(model), "--device", "cpu",
+                       "--listen", f"127.0.0.1:{port}", "--interval", "0.2", "--no-nvml")
+        try:
+            found = samples(scrape_when_ready(f"http://127.0.0.1:{port}", proc))
+            deadline = time.monotonic() + 10
+            while value(found, "kvwatch_kv_actual_blocks", engine="dp", rank="1") is None and time.monotonic() < deadline:
+                time.sleep(0.2)
+                found = samples(http_get(f"http://127.0.0.1:{port}/metrics")[1])
+            for rank in ("0", "1"):
+                assert value(found, "kvwatch_kv_actual_blocks", engine="dp", rank=rank) == 16_384
+                assert value(found, "kvwatch_kv_planned_blocks", engine="dp", rank=rank) == 16_384
+                assert value(found, "kvwatch_kv_plan_drift_ratio", engine="dp", rank=rank) == 0
+                assert value(found, "kvwatch_kv_usage_ratio", engine="dp", rank=rank) == 0
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
