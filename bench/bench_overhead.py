@@ -106,6 +106,7 @@ def main() -> None:
     kv_port, nv_port = free_port(), free_port()
     kv_cmd = [sys.executable, "-m", "kvwatch.cli", "export", "--engine-url", engine_url, "--name", "bench",
               "--model", str(model), "--device", "cpu", "--listen", f"127.0.0.1:{kv_port}", "--interval", "1",
+              "--state-dir", str(Path(tempfile.mkdtemp(prefix="kvwatch-bench-state-"))),
               *[a for pid in engine_pids for a in ("--engine-pid", str(pid))], "--", "vllm", "serve", str(model), *argv]
     procs = {"kvwatch export": subprocess.Popen(kv_cmd, cwd=args.kvwatch_root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                                 env={**env, "KVWATCH_NVML_LIBRARY": str(library)})}

@@ -35,6 +35,7 @@ class EngineConfig:
 @dataclass(frozen=True)
 class WatchConfig:
     interval_seconds: float = 5.0
+    all_gpus: bool = False      # export every GPU of the host, not only the engine's
 
 
 @dataclass(frozen=True)
@@ -122,8 +123,11 @@ def config_from_mapping(data: Mapping[str, Any], source: str = "<config>") -> Co
     policy = _policy(v, policy_data)
 
     watch_data = v.table(data, "watch")
-    v.no_unknown(watch_data, "watch.", ("interval_seconds",))
-    watch = WatchConfig(interval_seconds=v.positive(watch_data, "watch.interval_seconds", 5.0))
+    v.no_unknown(watch_data, "watch.", ("interval_seconds", "all_gpus"))
+    all_gpus = watch_data.get("all_gpus", False)
+    if not isinstance(all_gpus, bool):
+        raise v.error("watch.all_gpus", "expected true or false")
+    watch = WatchConfig(interval_seconds=v.positive(watch_data, "watch.interval_seconds", 5.0), all_gpus=all_gpus)
     return Config(name=name, listen=listen, state_dir=state_dir, web_config=web_config, engine=engine,
                   policy=policy, watch=watch, source=source)
 

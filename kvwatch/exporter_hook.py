@@ -28,12 +28,19 @@ def _process_source() -> Callable[[Sequence[int]], Mapping[int, int]] | None:
 def attach(config: Any, supervisor: Any) -> Callable[[], None]:
     """Serve kvwatch's metrics on ``config.listen`` (TLS/auth from ``config.web_config``),
     snapshotting every ``config.watch.interval_seconds``. KvwatchError when it cannot listen."""
+    import os
+
+    from kvwatch.host_registry import HostRegistry
     from kvwatch.nvml import Nvml
 
     nvml = Nvml()
-    exporter = Exporter(SupervisedEngines(lambda: [supervisor.status]), listen=config.listen,
-                        web_config=config.web_config, interval=config.watch.interval_seconds,
-                        nvml=nvml.snapshot, process_source=_process_source())
+    # The engine sees the GPUs its environment names (config, else kvwatch's own).
+    visible = config.engine.environment.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
+    exporter = Exporter(SupervisedEngines(lambda: [supervisor.status], visible_devices=visible),
+                        listen=config.listen, web_config=config.web_config,
+                        interval=config.watch.interval_seconds, nvml=nvml.snapshot,
+                        process_source=_process_source(), host=HostRegistry(config.state_dir, config.name),
+                        all_gpus=config.watch.all_gpus)
     exporter.start(first_tick_inline=False)  # the supervisor starts at once; the first tick follows
 
     def close() -> None:

@@ -286,6 +286,27 @@ def name_of(pid: int) -> str:
         return "?"
 
 
+def is_local_host(host: str) -> bool:
+    """Whether `host` (a name or an address from a URL) is this machine."""
+    import ipaddress
+    import socket
+
+    host = host.strip("[]")
+    if host in ("localhost", socket.gethostname(), socket.getfqdn()):
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if address.is_loopback or address.is_unspecified:
+        return True
+    try:
+        ours = {a.address.split("%")[0] for addrs in psutil.net_if_addrs().values() for a in addrs}
+    except OSError:
+        return False
+    return str(address) in ours
+
+
 def listening_on(port: int) -> list[int | None]:
     """Pids with a TCP socket listening on `port` (None: a socket whose owner we cannot see)."""
     try:
@@ -413,6 +434,14 @@ def running(pid: int) -> bool:
         return False
     except psutil.AccessDenied:
         return True
+
+
+def is_same(ref: ProcRef) -> bool:
+    """The process `ref` names still runs: same pid and start time (cheaper than alive())."""
+    try:
+        return abs(psutil.Process(ref.pid).create_time() - ref.create_time) <= _CT_TOLERANCE
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return False
 
 
 def ref_of(pid: int) -> ProcRef | None:

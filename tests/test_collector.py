@@ -254,7 +254,7 @@ def test_a_scrape_never_waits_for_a_slow_source() -> None:
             release.wait(10)
         return NvmlSnapshot(True, None, "x", (GpuInfo(0, H200_A, "n", 1, 1, None, ()),), ())
 
-    watch = Watch(two_engines, nvml=slow_nvml, interval=0.05)
+    watch = Watch(two_engines, nvml=slow_nvml, interval=0.05, all_gpus=True)  # a GPU no engine uses
     watch.start()
     try:
         deadline = time.monotonic() + 5

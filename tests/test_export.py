@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,9 +36,13 @@ def engine(tmp_path: Path) -> Iterator[tuple[str, dict[str, Route], Path]]:
         yield url, routes, model
 
 
+_STATE = tempfile.mkdtemp(prefix="kvwatch-test-state-")   # never the host's own state directory
+
+
 def kvwatch(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "kvwatch.cli", *args], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})})
+                            stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "STATE_DIRECTORY": _STATE, **(env or {})})
 
 
 def scrape_when_ready(url: str, proc: subprocess.Popen, timeout: float = 30) -> str:

@@ -42,7 +42,7 @@ def test_export_the_real_cpu_engine(tmp_path: Path, nvml_standin: NvmlStandin) -
         proc = subprocess.Popen(
             [sys.executable, "-m", "kvwatch.cli", "export", "--engine-url", engine.url, "--name", "cpu",
              "--model", str(model), "--device", "cpu", "--engine-pid", str(root),
-             "--listen", f"127.0.0.1:{port}", "--interval", "0.5"],
+             "--listen", f"127.0.0.1:{port}", "--interval", "0.5", "--state-dir", str(tmp_path / "state")],
             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env={**os.environ, **nvml_standin.env})
         try:

@@ -139,7 +139,8 @@ def test_dashboard_queries_and_alerts_through_real_prometheus(tmp_path: Path) ->
     export = subprocess.Popen(
         [sys.executable, "-m", "kvwatch.cli", "export", "--engine-url", f"http://127.0.0.1:{standin.server_port}",
          "--name", "drifted", "--model", str(stand_model), "--device", "cpu", "--no-nvml", "--interval", "1",
-         "--listen", f"127.0.0.1:{export_port}", "--", "vllm", "serve", str(stand_model), "--block-size", "64"],
+         "--listen", f"127.0.0.1:{export_port}", "--state-dir", str(tmp_path / "export-state"),
+         "--", "vllm", "serve", str(stand_model), "--block-size", "64"],
         cwd=REPO, env=engine_env(1), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         def serving() -> bool:

@@ -45,9 +45,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--interval", type=float, default=DEFAULT_INTERVAL, metavar="S",
                    help=f"seconds between snapshots (default {DEFAULT_INTERVAL:g})")
     p.add_argument("--engine-pid", type=int, action="append", default=[], metavar="PID",
-                   help="a pid of the engine's processes (repeat for each): splits GPU memory into the "
-                        "engine's and foreign; without it, foreign memory is not exported")
+                   help="a pid of the engine's processes (repeat for each). Default: when the engine URL is "
+                        "on this host, the process listening on its port and that process's tree")
     p.add_argument("--no-nvml", action="store_true", help="no GPU metrics (a CPU engine)")
+    p.add_argument("--state-dir", metavar="DIR",
+                   help="the state directory every kvwatch on this host shares (which processes are "
+                        "engines); default as for kvwatch run")
+    p.add_argument("--all-gpus", action="store_true",
+                   help="export every GPU of the host (one instance per host), not only the engine's")
     add_device_arguments(p)
     p.set_defaults(func=run)
 
@@ -89,9 +94,20 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_nvml:
         from kvwatch.nvml import Nvml  # only here: --no-nvml never loads the library
         nvml = Nvml()
-    exporter = Exporter(external_engine(args.name, url, context, args.engine_pid), listen=args.listen,
-                        web_config=args.web_config, interval=args.interval,
-                        nvml=nvml.snapshot if nvml is not None else None)
+    if any(pid <= 0 for pid in args.engine_pid):
+        raise KvwatchError("--engine-pid: expected a positive process id")
+    from kvwatch import processes
+    from kvwatch.config import default_state_dir
+    from kvwatch.host_registry import HostRegistry
+
+    local = processes.is_local_host(urllib.parse.urlsplit(url).hostname or "")
+    engines = external_engine(args.name, url, context, args.engine_pid,
+                              find_processes=not args.engine_pid and local)
+    if not args.engine_pid and not local:
+        _LOG.warning("engine %s is not on this host: its GPU memory is not split (no --engine-pid)", args.name)
+    host = HostRegistry(args.state_dir or default_state_dir(), args.name)
+    exporter = Exporter(engines, listen=args.listen, web_config=args.web_config, interval=args.interval,
+                        nvml=nvml.snapshot if nvml is not None else None, host=host, all_gpus=args.all_gpus)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

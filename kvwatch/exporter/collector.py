@@ -176,7 +176,8 @@ def _gpus(f: dict[str, Any], snap: WatchSnapshot) -> None:
     assert snap.nvml is not None
     owners = [(e.name, e.pids, e.status.pid_ranks) for e in sorted(snap.engines, key=lambda e: e.name)]
     all_known = all(e.pids_known for e in snap.engines)
-    engine_pids = frozenset().union(*(pids for _, pids, _ in owners))
+    # Foreign: held by no engine that any kvwatch on this host watches.
+    engine_pids = frozenset().union(*(pids for _, pids, _ in owners)) | snap.other_engine_pids
     for gpu in sorted(snap.nvml.gpus, key=lambda g: g.index):
         _gpu(f, gpu)
         if gpu.processes is None:  # NVML does not say who holds memory on this GPU

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 from kvwatch.exporter.collector import KvwatchCollector
 from kvwatch.exporter.server import DEFAULT_LISTEN, MetricsServer
 from kvwatch.exporter.snapshot import WatchSnapshot
-from kvwatch.exporter.watch import DEFAULT_INTERVAL, EngineSource, NvmlSource, ProcessSource, Watch
+from kvwatch.exporter.watch import DEFAULT_INTERVAL, EngineSource, HostView, NvmlSource, ProcessSource, Watch
 from kvwatch.exporter.web_config import load_web_config
 
 _LOG = logging.getLogger(__name__)
@@ -27,10 +27,12 @@ _LOG = logging.getLogger(__name__)
 class Exporter:
     def __init__(self, engines: EngineSource, listen: str = DEFAULT_LISTEN,
                  web_config: str | Path | None = None, interval: float = DEFAULT_INTERVAL,
-                 nvml: NvmlSource | None = None, process_source: ProcessSource | None = None) -> None:
+                 nvml: NvmlSource | None = None, process_source: ProcessSource | None = None,
+                 host: HostView | None = None, all_gpus: bool = False) -> None:
         config = load_web_config(web_config) if web_config else None  # ConfigError: one line
         self.watch = Watch(engines, nvml=nvml, process_source=process_source, interval=interval,
-                           on_snapshot=lambda _: self.server.prerender())
+                           on_snapshot=lambda _: self.server.prerender(), host=host, all_gpus=all_gpus)
+        self._host = host
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(KvwatchCollector(lambda: self.watch.snapshot))
         # binds now: errors before anything runs; renders each snapshot once, in the watch loop
@@ -51,6 +53,9 @@ class Exporter:
     def stop(self) -> None:
         self.server.stop()
         self.watch.stop()
+        withdraw = getattr(self._host, "withdraw", None)
+        if withdraw is not None:
+            withdraw()   # our engine's processes are no longer claimed by anyone
 
     def __enter__(self) -> Exporter:
         self.start()

@@ -14,6 +14,7 @@ from kvwatch.plan import Plan
 NVML = "nvml"        # GPUs and their processes, through NVML
 ENGINE = "engine"    # each engine's /health and /metrics
 PROCESS = "process"  # the engines' processes (RSS), through the injected process source
+HOST = "host"        # the engines other kvwatch instances on this host watch (the shared state dir)
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ class WatchSnapshot:
     engines: tuple[EngineSnapshot, ...] = ()
     nvml: NvmlSnapshot | None = None          # None: no NVML collector configured
     collectors: tuple[CollectorResult, ...] = field(default=())
+    other_engine_pids: frozenset[int] = frozenset()   # processes of engines other kvwatch instances watch
 
     @staticmethod
     def empty() -> WatchSnapshot:

@@ -3,6 +3,7 @@ engine (`kvwatch export`). Runs in the watch thread: reading a model's config.js
 from __future__ import annotations
 
 import logging
+import urllib.parse
 from collections.abc import Callable, Sequence
 
 from kvwatch.device_probe import installed_vllm_version
@@ -45,8 +46,9 @@ class SupervisedEngines:
     (--host/--port), the model geometry from its config.json (read once per command).
     """
 
-    def __init__(self, statuses: Callable[[], Sequence[EngineStatus]]) -> None:
+    def __init__(self, statuses: Callable[[], Sequence[EngineStatus]], visible_devices: str | None = None) -> None:
         self._statuses = statuses
+        self._visible = visible_devices
         self._contexts: dict[tuple[tuple[str, ...], str, str], KvContext | None] = {}
 
     def __call__(self) -> list[EngineTarget]:
@@ -60,7 +62,7 @@ class SupervisedEngines:
                     context = self._context(command, status.plan)
                 except KvwatchError as exc:
                     _LOG.debug("engine %s: %s", status.name, exc)
-            targets.append(EngineTarget(status=status, url=url, context=context))
+            targets.append(EngineTarget(status=status, url=url, context=context, visible_devices=self._visible))
         return targets
 
     def _context(self, command: EngineCommand, plan: Plan | None) -> KvContext | None:
@@ -79,8 +81,56 @@ class SupervisedEngines:
 
 
 def external_engine(name: str, url: str, context: KvContext | None = None,
-                    pids: Sequence[int] = ()) -> Callable[[], list[EngineTarget]]:
-    """For `kvwatch export`: one engine kvwatch did not start (state derived by the watch)."""
-    target = EngineTarget(status=EngineStatus(name=name, state=EngineState.STARTING, pids=tuple(pids)),
-                          url=url, context=context, external=True, pids_known=bool(pids))
-    return lambda: [target]
+                    pids: Sequence[int] = (), find_processes: bool = False) -> Callable[[], list[EngineTarget]]:
+    """For `kvwatch export`: one engine kvwatch did not start (state derived by the watch).
+    With ``find_processes`` (no --engine-pid, the URL on this host) its processes are the tree
+    of the process listening on the URL's port, looked up every tick (the engine may restart)."""
+    if not find_processes:
+        visible = _visible_devices(pids)
+        target = EngineTarget(status=EngineStatus(name=name, state=EngineState.STARTING, pids=tuple(pids)),
+                              url=url, context=context, external=True, pids_known=bool(pids),
+                              visible_devices=visible)
+        return lambda: [target]
+    return _ListeningEngine(name, url, context)
+
+
+def _visible_devices(pids: Sequence[int]) -> str | None:
+    """The engine's CUDA_VISIBLE_DEVICES, read from its first readable process."""
+    from kvwatch import processes
+
+    for pid in pids:
+        value = processes.environ_value(pid, "CUDA_VISIBLE_DEVICES")
+        if value is not None:
+            return value
+    return None
+
+
+class _ListeningEngine:
+    """An external engine found by its port: the listening process and its descendants."""
+
+    def __init__(self, name: str, url: str, context: KvContext | None) -> None:
+        self._name, self._url, self._context = name, url, context
+        self._port = urllib.parse.urlsplit(url).port or (443 if url.startswith("https") else 80)
+        self._said: str | None = None
+
+    def __call__(self) -> list[EngineTarget]:
+        from kvwatch import processes
+
+        owners = processes.listening_on(self._port)
+        pids: tuple[int, ...] = ()
+        if len(owners) == 1 and owners[0] is not None:
+            pids = tuple(p.pid for p in processes.tree(owners[0]))
+        self._say(None if pids else
+                  f"engine {self._name}: cannot tell which processes are the engine (listening on port "
+                  f"{self._port}: {owners or 'nobody'}); pass --engine-pid to split GPU memory")
+        status = EngineStatus(name=self._name, state=EngineState.STARTING, pids=pids)
+        return [EngineTarget(status=status, url=self._url, context=self._context, external=True,
+                             pids_known=bool(pids), visible_devices=_visible_devices(pids))]
+
+    def _say(self, problem: str | None) -> None:
+        if problem != self._said:
+            if problem:
+                _LOG.warning("%s", problem)
+            elif self._said:
+                _LOG.info("engine %s: found its processes", self._name)
+            self._said = problem

@@ -11,17 +11,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from kvwatch import engine_http
 from kvwatch.engine_http import EngineMetrics
 from kvwatch.engine_status import EngineState, EngineStatus
 from kvwatch.exporter.actual import ActualKv, KvContext, actual_per_rank, plan_for_reported
-from kvwatch.exporter.snapshot import ENGINE, NVML, PROCESS, CollectorResult, EngineSnapshot, WatchSnapshot
-from kvwatch.nvml import NvmlSnapshot
+from kvwatch.exporter.snapshot import (ENGINE, HOST, NVML, PROCESS, CollectorResult, EngineSnapshot,
+                                       WatchSnapshot)
+from kvwatch.nvml import GpuInfo, NvmlSnapshot, parse_cuda_visible_devices
 from kvwatch.plan import Plan
 
 _LOG = logging.getLogger(__name__)
@@ -41,6 +42,7 @@ class EngineTarget:
     context: KvContext | None = None     # model and flags: needed for actual (and predicted) KV bytes
     external: bool = False               # not started by kvwatch (`kvwatch export`), see below
     pids_known: bool = True              # False: its pids are unknown, GPU memory cannot be split
+    visible_devices: str | None = None   # the engine's CUDA_VISIBLE_DEVICES; None: unset or unknown
 
     # An external engine's state is derived: STARTING until /health first answers, READY from
     # then on (nobody restarts it, so a dead one stays READY with engine_up 0, which is what
@@ -50,11 +52,19 @@ class EngineTarget:
 EngineSource = Callable[[], Sequence[EngineTarget]]
 
 
+class HostView(Protocol):
+    """The engines the other kvwatch instances on this host watch (kvwatch.host_registry)."""
+
+    def publish(self, pids: Iterable[int]) -> None: ...
+    def others(self) -> frozenset[int]: ...
+
+
 class Watch:
     def __init__(self, engines: EngineSource, nvml: NvmlSource | None = None,
                  process_source: ProcessSource | None = None, interval: float = DEFAULT_INTERVAL,
                  timeout: float | None = None, clock: Callable[[], float] = time.time,
-                 on_snapshot: Callable[[WatchSnapshot], None] | None = None) -> None:
+                 on_snapshot: Callable[[WatchSnapshot], None] | None = None,
+                 host: HostView | None = None, all_gpus: bool = False) -> None:
         if interval <= 0:
             raise ValueError("interval must be positive")
         self._engines = engines
@@ -64,6 +74,8 @@ class Watch:
         self.timeout = timeout if timeout is not None else min(3.0, interval)
         self._clock = clock
         self._on_snapshot = on_snapshot  # called in the watch thread after each swap
+        self._host = host                # None: no other kvwatch on this host is known
+        self._all_gpus = all_gpus        # export every GPU, not only those of our engines
         self._snapshot = WatchSnapshot.empty()
         self._seen_up: set[str] = set()  # external engines that have answered /health
         self._stop = threading.Event()
@@ -139,9 +151,18 @@ class Watch:
             rss, result = _timed(PROCESS, lambda: self._processes_once(pids))
             collectors.append(result)
 
+        other_pids: frozenset[int] = frozenset()
+        if self._host is not None:
+            own = sorted({pid for t in targets for pid in t.status.pids})
+            found, result = _timed(HOST, lambda: self._host_once(own))
+            collectors.append(result)
+            other_pids = found or frozenset()
+        if nvml_snapshot is not None and nvml_snapshot.available and not self._all_gpus:
+            nvml_snapshot = replace(nvml_snapshot, gpus=_gpus_of(targets, nvml_snapshot))
+
         engines = tuple(self._engine_snapshot(t, up, metrics, rss) for t, (up, metrics) in zip(targets, polled))
         snap = WatchSnapshot(taken_at=taken_at, engines=engines, nvml=nvml_snapshot,
-                             collectors=tuple(collectors))
+                             collectors=tuple(collectors), other_engine_pids=other_pids)
         self._snapshot = snap
         if self._on_snapshot is not None:
             try:
@@ -149,6 +170,11 @@ class Watch:
             except Exception:  # the snapshot stands; a scrape renders it then
                 _LOG.exception("on_snapshot failed")
         return snap
+
+    def _host_once(self, own: Sequence[int]) -> tuple[frozenset[int], str | None]:
+        assert self._host is not None
+        self._host.publish(own)
+        return self._host.others(), None
 
     def _nvml_once(self) -> tuple[NvmlSnapshot, str | None]:
         assert self._nvml is not None
@@ -218,6 +244,23 @@ class Watch:
         if key not in self._warned:
             self._warned.add(key)
             _LOG.warning("%s", message)
+
+
+def _gpus_of(targets: Sequence[EngineTarget], snap: NvmlSnapshot) -> tuple[GpuInfo, ...]:
+    """The GPUs this instance exports: those its engines' processes hold memory on (tensor- and
+    pipeline-parallel workers included) and those their CUDA_VISIBLE_DEVICES name. Every GPU when
+    no engine's processes nor devices are known (nothing to tell them apart by)."""
+    if not any(t.pids_known or t.visible_devices for t in targets):
+        return snap.gpus
+    own = {pid for t in targets for pid in t.status.pids}
+    wanted = {g.uuid for g in snap.gpus if any(p.pid in own for p in g.processes or ())}
+    uuids: dict[int, str | None] = {i: None for i in snap.lost_gpus}
+    uuids.update({g.index: g.uuid for g in snap.gpus})
+    by_index = {g.index: g.uuid for g in snap.gpus}
+    for t in targets:
+        if t.visible_devices is not None:
+            wanted.update(by_index[i] for i in parse_cuda_visible_devices(t.visible_devices, uuids) if i in by_index)
+    return tuple(g for g in snap.gpus if g.uuid in wanted)
 
 
 def _timed(name: str, fn: Callable[[], tuple[_T, str | None]]) -> tuple[_T | None, CollectorResult]:

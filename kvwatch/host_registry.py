@@ -1,0 +1,129 @@
+"""Which processes on this host are engines that some kvwatch watches.
+
+Every kvwatch on a host (each `kvwatch run`, each `kvwatch export`) shares one state
+directory and keeps one small file there per engine it watches, `<state_dir>/engines/NAME.json`:
+its own pid and start time, and the pid and start time of each of the engine's processes. Each
+watch tick an instance rewrites its file when the pids changed and reads the others'. A GPU
+process is *foreign* only when no kvwatch on the host claims it, so two engines on one host are
+never foreign to each other.
+
+Files of a kvwatch that is gone (its pid no longer runs with its start time) are ignored, and so
+are pids whose start time no longer matches (a pid reused by another process). The directory is
+read defensively: only regular files (no symlinks followed), each at most MAX_FILE_BYTES, at
+most MAX_FILES of them; a malformed file is skipped with one warning.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import stat
+from collections.abc import Iterable
+
+from kvwatch import processes
+from kvwatch.processes import ProcRef
+
+_LOG = logging.getLogger(__name__)
+
+REGISTRY_DIR = "engines"
+MAX_FILE_BYTES = 64 * 1024
+MAX_FILES = 256
+_MAX_PIDS = 4096
+
+
+class HostRegistry:
+    def __init__(self, state_dir: str, name: str) -> None:
+        self.directory = os.path.join(state_dir, REGISTRY_DIR)
+        self.name = name
+        self.path = os.path.join(self.directory, f"{name}.json")
+        self._me = processes.ref_of(os.getpid())
+        self._published: list[list[float]] | None = None
+        self._warned: set[str] = set()
+
+    # -- this instance's engine ----------------------------------------------------
+
+    def publish(self, pids: Iterable[int]) -> None:
+        """Claim the engine's processes for this instance (written only when they changed)."""
+        refs = [r for r in (processes.ref_of(p) for p in sorted(set(pids))[:_MAX_PIDS]) if r is not None]
+        claimed = [[r.pid, r.create_time] for r in refs]
+        if claimed == self._published:
+            return
+        me = self._me
+        data = {"name": self.name, "kvwatch": [me.pid, me.create_time] if me else None, "pids": claimed}
+        try:
+            os.makedirs(self.directory, mode=0o755, exist_ok=True)
+            tmp = f"{self.path}.{os.getpid()}.tmp"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+            with os.fdopen(fd, "w") as f:
+                json.dump(data, f)
+            os.replace(tmp, self.path)
+            self._published = claimed
+        except OSError as exc:
+            self._warn("publish", f"host registry: cannot write {self.path}: {exc}")
+
+    def withdraw(self) -> None:
+        """Remove this instance's claim (at exit)."""
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+        self._published = None
+
+    # -- the other instances' engines ----------------------------------------------
+
+    def others(self) -> frozenset[int]:
+        """Live pids that other kvwatch instances on this host claim for their engines."""
+        try:
+            names = sorted(n for n in os.listdir(self.directory) if n.endswith(".json"))[:MAX_FILES]
+        except OSError:
+            return frozenset()
+        out: set[int] = set()
+        for name in names:
+            path = os.path.join(self.directory, name)
+            if path == self.path:
+                continue
+            data = self._read(path)
+            if data is None:
+                continue
+            owner = _ref(data.get("kvwatch"))
+            if owner is None or not processes.is_same(owner):
+                continue                      # that kvwatch is gone: its claim lapsed
+            for item in data.get("pids", [])[:_MAX_PIDS]:
+                ref = _ref(item)
+                if ref is not None and processes.is_same(ref):
+                    out.add(ref.pid)
+        return frozenset(out)
+
+    def _read(self, path: str) -> dict | None:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return None                       # gone meanwhile, or a symlink
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_FILE_BYTES:
+                self._warn(path, f"host registry: {path} is not a small regular file; ignored")
+                return None
+            raw = os.read(fd, MAX_FILE_BYTES + 1)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        try:
+            data = json.loads(raw)
+        except (ValueError, RecursionError):
+            self._warn(path, f"host registry: {path} is not JSON; ignored")
+            return None
+        return data if isinstance(data, dict) else None
+
+    def _warn(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            _LOG.warning("%s", message)
+
+
+def _ref(item: object) -> ProcRef | None:
+    if (isinstance(item, list) and len(item) == 2 and isinstance(item[0], int) and not isinstance(item[0], bool)
+            and isinstance(item[1], (int, float)) and not isinstance(item[1], bool) and item[0] > 0):
+        return ProcRef(item[0], float(item[1]))
+    return None
