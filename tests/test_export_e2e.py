@@ -78,7 +78,7 @@ def test_export_the_real_cpu_engine(tmp_path: Path, nvml_standin: NvmlStandin) -
             assert {s["kind"] for s in series(found, "kvwatch_engine_failures_total")} >= {"engine_died", "unknown"}
             # NVML through the stand-in, in the exporter's process
             assert value(found, "kvwatch_gpu_info", gpu=GPU, index="0", name="NVIDIA H200") == 1
-            assert value(found, "kvwatch_engine_gpu_memory_bytes", engine="cpu", gpu=GPU) == 20 * GIB
+            assert value(found, "kvwatch_engine_gpu_memory_bytes", engine="cpu", rank="0", gpu=GPU) == 20 * GIB
             assert value(found, "kvwatch_gpu_foreign_memory_bytes", gpu=GPU) == 3 * GIB
             assert value(found, "kvwatch_collector_success", collector="nvml") == 1
             assert value(found, "kvwatch_collector_success", collector="engine") == 1

@@ -327,3 +327,26 @@ def test_prometheus_two_instances_one_series_per_gpu_and_the_foreign_alert(tmp_p
         unrelated.wait()
         a.stop()
         b.stop()
+
+
+def test_export_says_when_it_cannot_find_the_engines_processes(caplog: pytest.LogCaptureFixture) -> None:
+    from kvwatch.exporter.targets import external_engine
+    port = free_port()                     # nobody listens there
+    engines = external_engine("x", f"http://127.0.0.1:{port}", find_processes=True)
+    with caplog.at_level("WARNING"):
+        [target] = engines()
+        engines()
+    assert target.status.pids == () and not target.pids_known
+    said = [r.getMessage() for r in caplog.records if "cannot tell which processes" in r.getMessage()]
+    assert len(said) == 1 and "--engine-pid" in said[0]          # once, not every tick
+
+
+def test_export_finds_the_engine_by_its_port(tmp_path: Path, model: Path) -> None:
+    from kvwatch.exporter.targets import external_engine
+    engine = Engine(model, "3")
+    try:
+        [target] = external_engine("x", engine.url, find_processes=True)()
+        assert set(target.status.pids) == {engine.proc.pid, engine.worker}
+        assert target.pids_known and target.visible_devices == "3"
+    finally:
+        engine.stop()

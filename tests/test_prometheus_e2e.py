@@ -91,6 +91,7 @@ def check_supervised_metrics(text: str) -> None:
     """kvwatch run's own /metrics, name by name, against the engine's log and kvwatch's plan."""
     found = samples(text)
     e = {"engine": "e2e"}
+    k = {**e, "rank": "0"}   # KV series: per data-parallel rank (one here)
     # 2 layers, 2 kv heads of 32, bf16, block 128 (the CPU default): 65,536 B per block; 1 GiB -> 16,384 blocks.
     assert value(found, "kvwatch_engine_up", **e) == 1
     assert value(found, "kvwatch_engine_state", **e, state="ready") == 1
@@ -98,16 +99,16 @@ def check_supervised_metrics(text: str) -> None:
                ("starting", "ready", "backoff", "stopping", "stopped", "fatal")) == 1
     assert value(found, "kvwatch_plan_info", **e, block_size="128", kv_cache_dtype="auto", backend="CPU_ATTN",
                  attention="full") == 1
-    assert value(found, "kvwatch_kv_planned_blocks", **e) == value(found, "kvwatch_kv_actual_blocks", **e) == 16_384
-    assert value(found, "kvwatch_kv_planned_bytes", **e) == value(found, "kvwatch_kv_actual_bytes", **e) == 2**30
-    assert value(found, "kvwatch_kv_plan_drift_ratio", **e) == 0
-    assert value(found, "kvwatch_kv_padding_bytes", **e, cause="null_block") == 65_536
-    assert value(found, "kvwatch_kv_padding_bytes", **e, cause="remainder") == 0
-    assert value(found, "kvwatch_kv_padding_ratio", **e) == value(found, "kvwatch_kv_planned_padding_ratio", **e)
+    assert value(found, "kvwatch_kv_planned_blocks", **k) == value(found, "kvwatch_kv_actual_blocks", **k) == 16_384
+    assert value(found, "kvwatch_kv_planned_bytes", **k) == value(found, "kvwatch_kv_actual_bytes", **k) == 2**30
+    assert value(found, "kvwatch_kv_plan_drift_ratio", **k) == 0
+    assert value(found, "kvwatch_kv_padding_bytes", **k, cause="null_block") == 65_536
+    assert value(found, "kvwatch_kv_padding_bytes", **k, cause="remainder") == 0
+    assert value(found, "kvwatch_kv_padding_ratio", **k) == value(found, "kvwatch_kv_planned_padding_ratio", **k)
     assert value(found, "kvwatch_engine_failures_total", **e, kind="block_size_unsupported") == 0
     assert value(found, "kvwatch_engine_restarts_total", **e, reason="engine_died") == 0
     assert value(found, "kvwatch_plan_corrections_total", **e, kind="kv_cache_too_small") == 0
-    assert 0 <= value(found, "kvwatch_kv_usage_ratio", **e) <= 1
+    assert 0 <= value(found, "kvwatch_kv_usage_ratio", **k) <= 1
     assert value(found, "kvwatch_collector_success", collector="engine") == 1
     assert value(found, "kvwatch_collector_success", collector="nvml") == 1
     assert value(found, "kvwatch_collector_duration_seconds", collector="engine") >= 0
