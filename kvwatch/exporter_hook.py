@@ -25,6 +25,12 @@ def _process_source() -> Callable[[Sequence[int]], Mapping[int, int]] | None:
     return getattr(processes, "rss", None)
 
 
+def _readiness(supervisor: Any) -> tuple[bool, str]:
+    """The supervisor's own state, read at request time (an immutable status: no I/O, no lock)."""
+    state = supervisor.status.state.value
+    return state == "ready", state
+
+
 def attach(config: Any, supervisor: Any) -> Callable[[], None]:
     """Serve kvwatch's metrics on ``config.listen`` (TLS/auth from ``config.web_config``),
     snapshotting every ``config.watch.interval_seconds``. KvwatchError when it cannot listen."""
@@ -40,7 +46,7 @@ def attach(config: Any, supervisor: Any) -> Callable[[], None]:
                         listen=config.listen, web_config=config.web_config,
                         interval=config.watch.interval_seconds, nvml=nvml.snapshot,
                         process_source=_process_source(), host=HostRegistry(config.state_dir, config.name),
-                        all_gpus=config.watch.all_gpus)
+                        all_gpus=config.watch.all_gpus, readiness=lambda: _readiness(supervisor))
     exporter.start(first_tick_inline=False)  # the supervisor starts at once; the first tick follows
 
     def close() -> None:

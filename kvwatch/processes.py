@@ -132,6 +132,11 @@ class EngineProcess:
             os.close(read_end)
         self._reaper_pipe = write_end
 
+    @property
+    def own_pids(self) -> frozenset[int]:
+        """The children kvwatch waits for itself (Popen objects): never reaped by reap_orphans()."""
+        return frozenset(p.pid for p in (self.popen, self._reaper) if p is not None)
+
     def reaper_alive(self) -> bool:
         return self._reaper is not None and self._reaper.poll() is None
 
@@ -434,6 +439,28 @@ def running(pid: int) -> bool:
         return False
     except psutil.AccessDenied:
         return True
+
+
+def reap_orphans(keep: Iterable[int] = ()) -> list[int]:
+    """Reap zombie children other than `keep`: what PID 1 must do (a container's init, or a PID
+    namespace's), since every orphan on the node of the tree is re-parented to it: vLLM's
+    EngineCore and workers outlive a killed API server. Returns the pids reaped."""
+    keep = frozenset(keep)
+    reaped = []
+    try:
+        children = psutil.Process().children()
+    except psutil.Error:
+        return []
+    for child in children:
+        try:
+            if child.pid in keep or child.status() != psutil.STATUS_ZOMBIE:
+                continue
+            pid, _ = os.waitpid(child.pid, os.WNOHANG)
+        except (psutil.Error, ChildProcessError, OSError):
+            continue
+        if pid:
+            reaped.append(pid)
+    return reaped
 
 
 def is_same(ref: ProcRef) -> bool:

@@ -388,6 +388,7 @@ class Supervisor:
             elif run.ranks.cores:
                 self._refresh_tree()  # DP engine cores: every tick, to see which one dies first
             self._refresh_facts()
+            self._reap_orphans()
             if not run.proc.reaper_alive():
                 _LOG.warning("reaper: gone; starting a new one")
                 run.proc.start_reaper()
@@ -406,6 +407,14 @@ class Supervisor:
         if diagnosis.kind == FailureKind.UNKNOWN:
             return None
         return f"/health failed after the engine logged: {diagnosis.evidence or diagnosis.kind}"
+
+    def _reap_orphans(self) -> None:
+        """As PID 1 (a container's entrypoint), reap the orphans re-parented to us."""
+        if os.getpid() != 1:
+            return
+        keep = self._running.proc.own_pids if self._running is not None else frozenset()
+        for pid in processes.reap_orphans(keep):
+            _LOG.info("reaped: orphan pid %d", pid)
 
     def _refresh_tree(self, force: bool = False) -> None:
         run = self._running
@@ -462,6 +471,7 @@ class Supervisor:
         else:
             _LOG.warning("pump %s: output still open after the group ended", self.name)
         _LOG.info("exited: pid %d, code %s", run.proc.pid, run.proc.returncode)
+        self._reap_orphans()
         self._record.pids = []
         self._save()
 

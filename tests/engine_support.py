@@ -116,7 +116,10 @@ def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
             return resp.status, resp.read().decode()
     except urllib.error.HTTPError as exc:
-        return exc.code, ""
+        try:
+            return exc.code, exc.read().decode(errors="replace")
+        except OSError:
+            return exc.code, ""
     except (OSError, ValueError):
         return 0, ""
 

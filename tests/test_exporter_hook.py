@@ -41,6 +41,12 @@ def test_attach_serves_the_supervised_engine_and_close_stops(nvml_standin: NvmlS
         assert value(found, "kvwatch_engine_failures_total", engine="llm", kind="cuda_oom") == 1
         assert value(found, "kvwatch_kv_planned_blocks", engine="llm", rank="0") == 16_384
         assert value(found, "kvwatch_collector_success", collector="nvml") == 1  # the stand-in's H100
+        # readiness follows the supervisor's state at once (not the next tick): 200 only while READY
+        assert http_get(f"http://127.0.0.1:{port}/-/ready") == (503, "starting\n")
+        for state, code in ((EngineState.READY, 200), (EngineState.BACKOFF, 503), (EngineState.READY, 200)):
+            supervisor.status = replace(supervisor.status, state=state)
+            assert http_get(f"http://127.0.0.1:{port}/-/ready") == (code, f"{state.value}\n")
+        assert http_get(f"http://127.0.0.1:{port}/-/healthy") == (200, "OK\n")   # liveness: kvwatch itself
         supervisor.status = replace(supervisor.status, state=EngineState.FATAL)
         deadline = time.monotonic() + 10
         while value(found, "kvwatch_engine_state", engine="llm", state="fatal") != 1 and time.monotonic() < deadline:

@@ -1,4 +1,5 @@
-"""HTTP(S) serving of /metrics and /-/healthy, with optional TLS and basic auth (web config).
+"""HTTP(S) serving of /metrics, /-/healthy (liveness) and /-/ready (readiness), with optional TLS
+and basic auth (web config).
 
 A ThreadingHTTPServer: one thread per connection, so a slow client never holds up
 another scrape; the TLS handshake happens in that thread too, never in the accept loop.
@@ -164,13 +165,14 @@ class MetricsServer:
     """Serves a registry at /metrics (and /-/healthy) on ``listen``; start() returns at once."""
 
     def __init__(self, registry: CollectorRegistry, listen: str = DEFAULT_LISTEN,
-                 web_config: WebConfig | None = None, version: Callable[[], object] | None = None) -> None:
+                 web_config: WebConfig | None = None, version: Callable[[], object] | None = None,
+                 readiness: Callable[[], tuple[bool, str]] | None = None) -> None:
         web_config = web_config or WebConfig()
         tls = web_config.tls.context() if web_config.tls is not None else None
         auth = BasicAuth(web_config.users)
         try:
             self._renders = RenderCache(registry, version)
-            self._server = _Server(parse_listen(listen), _handler(self._renders, auth), tls)
+            self._server = _Server(parse_listen(listen), _handler(self._renders, auth, readiness), tls)
         except OSError as exc:
             raise KvwatchError(f"cannot listen on {listen}: {exc.strerror or exc}") from None
         self._thread: threading.Thread | None = None
@@ -211,7 +213,8 @@ class MetricsServer:
         self.stop()
 
 
-def _handler(renderer: RenderCache, auth: BasicAuth) -> type[BaseHTTPRequestHandler]:
+def _handler(renderer: RenderCache, auth: BasicAuth,
+             readiness: Callable[[], tuple[bool, str]] | None = None) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "kvwatch"
         protocol_version = "HTTP/1.1"
@@ -238,6 +241,11 @@ def _handler(renderer: RenderCache, auth: BasicAuth) -> type[BaseHTTPRequestHand
                 self._reply(200, output, content_type, body)
             elif path == "/-/healthy":
                 self._reply(200, b"OK\n", "text/plain; charset=utf-8", body)
+            elif path == "/-/ready":
+                # 200 only while the engine serves: a Service routes traffic to this pod only then,
+                # and not while kvwatch corrects a failed plan. The body names the state.
+                ready, state = readiness() if readiness is not None else (True, "ready")
+                self._reply(200 if ready else 503, f"{state}\n".encode(), "text/plain; charset=utf-8", body)
             elif path == "/":
                 self._reply(200, _INDEX, "text/html; charset=utf-8", body)
             else:

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
@@ -28,7 +29,8 @@ class Exporter:
     def __init__(self, engines: EngineSource, listen: str = DEFAULT_LISTEN,
                  web_config: str | Path | None = None, interval: float = DEFAULT_INTERVAL,
                  nvml: NvmlSource | None = None, process_source: ProcessSource | None = None,
-                 host: HostView | None = None, all_gpus: bool = False) -> None:
+                 host: HostView | None = None, all_gpus: bool = False,
+                 readiness: Callable[[], tuple[bool, str]] | None = None) -> None:
         config = load_web_config(web_config) if web_config else None  # ConfigError: one line
         self.watch = Watch(engines, nvml=nvml, process_source=process_source, interval=interval,
                            on_snapshot=lambda _: self.server.prerender(), host=host, all_gpus=all_gpus)
@@ -36,7 +38,17 @@ class Exporter:
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(KvwatchCollector(lambda: self.watch.snapshot))
         # binds now: errors before anything runs; renders each snapshot once, in the watch loop
-        self.server = MetricsServer(self.registry, listen, config, version=lambda: self.watch.snapshot)
+        self.server = MetricsServer(self.registry, listen, config, version=lambda: self.watch.snapshot,
+                                    readiness=readiness or self._engines_ready)
+
+    def _engines_ready(self) -> tuple[bool, str]:
+        """By default, ready while every engine of the latest snapshot is READY and answers /health."""
+        engines = self.watch.snapshot.engines
+        if not engines:
+            return False, "starting"
+        ready = all(e.up and e.status.state.value == "ready" for e in engines)
+        states = sorted({e.status.state.value if e.up else "down" for e in engines})
+        return ready, ",".join(states)
 
     @property
     def url(self) -> str:
