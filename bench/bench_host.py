@@ -28,7 +28,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import psutil
@@ -38,33 +37,12 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from engine_support import free_port  # noqa: E402
 from nvml_standin import GIB, StandinGpu, StandinProcess, StandinState, standin_library  # noqa: E402
+from bench_overhead import Engine, get  # noqa: E402  (the same engine stand-in and scraper)
 
 METRICS = ROOT / "tests" / "fixtures" / "metrics"
 BAR_CPU = 0.02
 GPUS = 8
 SCRAPE_EVERY = 15.0
-
-
-class Engine(http.server.BaseHTTPRequestHandler):
-    page = (METRICS / "cpu_block64.txt").read_bytes()
-
-    def do_GET(self) -> None:  # noqa: N802
-        body = self.page if self.path == "/metrics" else b""
-        self.send_response(200 if self.path in ("/metrics", "/health") else 404)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-def get(url: str) -> str:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            return resp.read().decode()
-    except OSError:
-        return ""
 
 
 def measure(instances: list[list[str]], env: dict[str, str], seconds: int, ready_needle: str) -> tuple[float, int, int]:
