@@ -309,3 +309,22 @@ def test_the_exporter_renders_in_the_watch_loop_not_on_the_scrape() -> None:
         assert Renders.count == before + 2
         page = urllib.request.urlopen(url, timeout=5).read()  # well inside the 2 s interval: a lookup
         assert Renders.count == before + 2 and b"kvwatch_test_renders %d.0" % (before + 2) in page
+
+
+def test_the_render_cache_is_bounded_whatever_the_accept_headers() -> None:
+    """2,000 distinct OpenMetrics versions (a flood from anyone who may scrape) make at most one
+    rendering per real exposition format, not one per header."""
+    from kvwatch.exporter.server import RenderCache, bounded_accept
+    snapshot = object()
+    cache = RenderCache(_registry(), version=lambda: snapshot)
+    types = set()
+    for n in range(2000):
+        _, content_type = cache.render(f"application/openmetrics-text; version=1.0.{n}")
+        types.add(content_type)
+    for accept in ("application/openmetrics-text; version=2.7.1", "application/openmetrics-text; version=x",
+                   "text/plain; version=0.0.4", None, "application/openmetrics-text; version=1.0.0; escaping=dots"):
+        _, content_type = cache.render(accept)
+        types.add(content_type)
+    assert len(cache._cached) == len(types) <= 5, types
+    assert bounded_accept("application/openmetrics-text; version=1.0.77") == "application/openmetrics-text; version=1.0.0"
+    assert bounded_accept("x" * 5000) == "x" * 1024

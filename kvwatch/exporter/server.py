@@ -11,6 +11,7 @@ import base64
 import binascii
 import hashlib
 import logging
+import re
 import socket
 import ssl
 import threading
@@ -120,6 +121,26 @@ class _Server(ThreadingHTTPServer):
                 pass
 
 
+_OPENMETRICS_VERSION = re.compile(r"(application/openmetrics-text[^,]*?;\s*version=)([^;,\s]*)")
+MAX_ACCEPT_CHARS = 1024
+
+
+def bounded_accept(accept: str | None) -> str | None:
+    """The Accept header with OpenMetrics versions rounded to the ones there are (1.0.0, 2.0.0; anything
+    else to 0.0.1, which prometheus_client declines): prometheus_client echoes the version it is asked
+    for into the content type, and the render cache is keyed by it, so each new version string would
+    be one more rendering kept and refreshed every tick."""
+    if not accept:
+        return accept
+
+    def canonical(m: "re.Match[str]") -> str:
+        major = m.group(2).split(".", 1)[0]
+        version = "2.0.0" if major.isdigit() and int(major) >= 2 else "1.0.0" if major == "1" else "0.0.1"
+        return m.group(1) + version
+
+    return _OPENMETRICS_VERSION.sub(canonical, accept[:MAX_ACCEPT_CHARS])
+
+
 class RenderCache:
     """The exposition of one snapshot, rendered once per format, off the scrape path: the
     watch loop calls refresh() after each swap and scrapes are a lookup. Only the first
@@ -133,7 +154,7 @@ class RenderCache:
         self._cached: dict[str, tuple[Callable[[CollectorRegistry], bytes], object, bytes]] = {}
 
     def render(self, accept: str | None) -> tuple[bytes, str]:
-        encoder, content_type = choose_encoder(accept)
+        encoder, content_type = choose_encoder(bounded_accept(accept))
         if self._version is None:
             return encoder(self._registry), content_type
         current = self._version()
