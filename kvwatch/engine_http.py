@@ -3,24 +3,30 @@
 Nothing here raises to callers: an unreachable engine, an HTTP error or a page that
 is not Prometheus text comes back as ``EngineMetrics.failed(reason)`` (and
 ``health`` as False). Pages are parsed with prometheus_client's own parser.
-Requests go straight to the engine: proxy variables in the environment are ignored.
+Requests go straight to the engine: proxy variables in the environment are ignored,
+redirects are not followed (a redirect is not the engine's page), and every exchange has one
+deadline for the whole of it (connect, request, headers, body) and a body size limit, so an
+engine that drips bytes cannot hold the watch loop or the watchdog.
 """
 from __future__ import annotations
 
 import http.client
+import io
 import logging
 import math
-import urllib.error
-import urllib.request
+import socket
+import time
+import urllib.parse
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
 _LOG = logging.getLogger(__name__)
 
 MAX_PAGE_BYTES = 32 << 20  # a vLLM page is ~60 KB; anything this large is not one
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+HEALTH_MAX_BYTES = 64 << 10
 
 CACHE_CONFIG = "vllm:cache_config_info"
 KV_USAGE = "vllm:kv_cache_usage_perc"
@@ -73,12 +79,70 @@ def _url(base_url: str, path: str) -> str:
     return base_url.rstrip("/") + path
 
 
-def health(base_url: str, timeout: float = 2.0) -> bool:
-    """True when GET /health answers 200 within ``timeout`` seconds."""
+class _PageTooLarge(Exception):
+    pass
+
+
+class _DeadlineSocket:
+    """A socket whose every operation gets only the time left before one deadline: a peer that
+    sends a byte every so often cannot stretch a request past it (a per-read timeout would)."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self._sock = sock
+        self._deadline = deadline
+
+    def _arm(self) -> None:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("deadline passed")
+        self._sock.settimeout(left)
+
+    def sendall(self, data: bytes) -> None:
+        self._arm()
+        self._sock.sendall(data)
+
+    def recv_into(self, buffer: Any, nbytes: int = 0) -> int:
+        self._arm()
+        return self._sock.recv_into(buffer, nbytes)
+
+    def makefile(self, mode: str = "rb", *args: Any, **kwargs: Any) -> io.BufferedReader:
+        # as socket.makefile does: the socket really closes only once its files are closed too
+        self._sock._io_refs += 1  # type: ignore[attr-defined]
+        return io.BufferedReader(socket.SocketIO(self, "rb"))  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:       # close, _decref_socketios, ... of the real socket
+        return getattr(self._sock, name)
+
+
+def fetch(url: str, timeout: float, max_bytes: int) -> tuple[int, bytes]:
+    """GET `url`: (status, body). The whole exchange ends by `timeout` seconds (TimeoutError), a
+    body over `max_bytes` raises _PageTooLarge; no redirect is followed, no proxy used."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"not an http(s) URL: {url!r}")
+    deadline = time.monotonic() + timeout
+    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    conn = cls(parts.hostname, parts.port, timeout=timeout)
     try:
-        with _OPENER.open(_url(base_url, "/health"), timeout=timeout) as resp:
-            return resp.status == 200
-    except (OSError, ValueError, http.client.HTTPException) as exc:  # URLError, HTTPError are OSErrors
+        conn.connect()
+        conn.sock = _DeadlineSocket(conn.sock, deadline)  # type: ignore[assignment]
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        conn.request("GET", path, headers={"Accept": "text/plain", "Connection": "close"})
+        resp = conn.getresponse()
+        body = resp.read(max_bytes + 1)
+        if len(body) > max_bytes:
+            raise _PageTooLarge(f"page larger than {max_bytes} bytes")
+        return resp.status, body
+    finally:
+        conn.close()
+
+
+def health(base_url: str, timeout: float = 2.0) -> bool:
+    """True when GET /health answers 200 within ``timeout`` seconds (the whole exchange)."""
+    try:
+        status, _ = fetch(_url(base_url, "/health"), timeout, HEALTH_MAX_BYTES)
+        return status == 200
+    except (OSError, ValueError, http.client.HTTPException, _PageTooLarge) as exc:
         _LOG.debug("%s/health: %s", base_url, exc)
         return False
 
@@ -87,16 +151,14 @@ def scrape(base_url: str, timeout: float = 3.0) -> EngineMetrics:
     """GET /metrics and parse it; every failure is an ``EngineMetrics.failed`` value."""
     url = _url(base_url, "/metrics")
     try:
-        with _OPENER.open(url, timeout=timeout) as resp:
-            body = resp.read(MAX_PAGE_BYTES + 1)
-    except urllib.error.HTTPError as exc:
-        return EngineMetrics.failed(f"{url}: HTTP {exc.code}")
-    except (OSError, ValueError, http.client.HTTPException) as exc:
-        # URLError, timeouts, resets, a malformed URL, a peer that does not speak HTTP, a short body
-        reason = getattr(exc, "reason", None) or f"{type(exc).__name__}: {exc}"
-        return EngineMetrics.failed(f"{url}: {reason}")
-    if len(body) > MAX_PAGE_BYTES:
+        status, body = fetch(url, timeout, MAX_PAGE_BYTES)
+    except _PageTooLarge:
         return EngineMetrics.failed(f"{url}: page larger than {MAX_PAGE_BYTES} bytes")
+    except (OSError, ValueError, http.client.HTTPException) as exc:
+        # timeouts (the whole exchange), resets, a malformed URL, a peer that does not speak HTTP
+        return EngineMetrics.failed(f"{url}: {type(exc).__name__}: {exc}"[:300])
+    if status != 200:
+        return EngineMetrics.failed(f"{url}: HTTP {status}")
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:

@@ -167,3 +167,83 @@ def test_a_peer_that_does_not_speak_http_is_an_error_value(reply: bytes) -> None
     finally:
         listener.close()
         thread.join(5)
+
+
+# -- a hostile or broken engine cannot hold kvwatch ------------------------------------------------
+
+import socket as _socket  # noqa: E402
+import threading as _threading  # noqa: E402
+import time as _time  # noqa: E402
+
+
+def _drip_server(payload: bytes, every: float) -> tuple[str, _threading.Event]:
+    """A peer that answers any request with `payload`, one byte every `every` seconds."""
+    srv = _socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    stop = _threading.Event()
+
+    def serve() -> None:
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                continue
+
+            def drip(c: _socket.socket = conn) -> None:
+                with c:
+                    try:
+                        c.recv(4096)
+                        for byte in payload:
+                            if stop.is_set():
+                                return
+                            c.sendall(bytes([byte]))
+                            _time.sleep(every)
+                    except OSError:
+                        return
+            _threading.Thread(target=drip, daemon=True).start()
+        srv.close()
+
+    _threading.Thread(target=serve, daemon=True).start()
+    return f"http://127.0.0.1:{srv.getsockname()[1]}", stop
+
+
+@pytest.mark.parametrize("where", ["headers", "body"])
+def test_a_dripping_engine_is_cut_at_the_deadline(where: str) -> None:
+    page = b"vllm:num_requests_running 1\n" * 50
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(page)
+    url, stop = _drip_server(head + page, 0.3 if where == "headers" else 0.05)   # both far longer than 1 s
+    try:
+        t0 = _time.monotonic()
+        m = engine_http.scrape(url, timeout=1.0)
+        took = _time.monotonic() - t0
+        assert not m.ok and ("TimeoutError" in (m.error or "") or "timed out" in (m.error or "")), m.error
+        assert took < 2.0, took
+        t0 = _time.monotonic()
+        assert engine_http.health(url, timeout=1.0) is False
+        assert _time.monotonic() - t0 < 2.0
+    finally:
+        stop.set()
+
+
+def test_a_redirect_is_not_followed() -> None:
+    url, stop = _drip_server(b"HTTP/1.1 302 Found\r\nLocation: http://203.0.113.9/metrics\r\nContent-Length: 0\r\n\r\n", 0)
+    try:
+        m = engine_http.scrape(url, timeout=2.0)
+        assert not m.ok and "HTTP 302" in (m.error or "")
+        assert engine_http.health(url, timeout=2.0) is False
+    finally:
+        stop.set()
+
+
+def test_an_endless_body_is_cut_at_the_size_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    import kvwatch.engine_http as eh
+    monkeypatch.setattr(eh, "MAX_PAGE_BYTES", 1000)   # the limit, not the function under test
+    body = b"x" * 5000
+    url, stop = _drip_server(b"HTTP/1.1 200 OK\r\nContent-Length: 5000\r\n\r\n" + body, 0)
+    try:
+        m = eh.scrape(url, timeout=5.0)
+        assert not m.ok and "larger than 1000 bytes" in (m.error or "")
+    finally:
+        stop.set()
