@@ -17,6 +17,8 @@ import os
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import BinaryIO, Callable, Iterable, Protocol
 
@@ -113,6 +115,7 @@ class Supervisor:
         self._output = output if output is not None else getattr(sys.stdout, "buffer", None)
         self._environ = dict(os.environ if environ is None else environ)
         self._probe = probe or _probe
+        self._probe_pool: ThreadPoolExecutor | None = None
         self._budget = budget or Budget(config.policy)
         self._gpu_pids = gpu_pids
         self._store = StateStore(config.state_dir, config.name)
@@ -361,7 +364,10 @@ class Supervisor:
             if rc is not None:
                 return _Outcome("exit", f"exited with code {rc}", rc, served=ready_since is not None)
             if now >= next_probe:
-                ok = self._probe(url, probe_timeout, ready_since is None)
+                probed = self._probe_unless_interrupted(url, probe_timeout, ready_since is None)
+                if probed is None:
+                    continue   # a stop request or the engine's exit came first: handled at the top
+                ok = probed
                 self._refresh_tree()  # before a transition, so its status carries the current pids
                 now = self._clock.now()
                 # While starting, look every second: a refused connection costs nothing, and READY
@@ -395,6 +401,25 @@ class Supervisor:
             self._notifier.watchdog(self._clock.now())
             self._clock.wait(self._wake, tick)  # wakes at once on a stop request or the engine's exit
             self._wake.clear()
+
+    def _probe_unless_interrupted(self, url: str, timeout: float, starting: bool) -> bool | None:
+        """The probe's answer, or None when a stop request or the engine's exit comes first: a slow
+        or dripping engine (each exchange has its deadline) never holds the watchdog's own stop,
+        its timers or the systemd watchdog ping."""
+        if self._probe_pool is None:
+            self._probe_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvwatch-probe")
+        future = self._probe_pool.submit(self._probe, url, timeout, starting)
+        while True:
+            try:
+                return future.result(timeout=0.1)
+            except FutureTimeout:
+                run = self._running
+                if self._stop.is_set() or (run is not None and run.proc.poll() is not None):
+                    return None
+                self._notifier.watchdog(self._clock.now())
+            except Exception as exc:  # a probe never raises; if it does, the engine is not healthy
+                _LOG.warning("probe failed: %r", exc)
+                return False
 
     @staticmethod
     def _died_in_log(lines: list[str]) -> str | None:

@@ -12,7 +12,8 @@ behaves as the real CPU engine did where the tests need it:
   was given) after --ready-after seconds, with one child process in its group (like
   EngineCore); --die-after S: exits 1 with the real engine-died log after S seconds of
   serving (once per --die-once MARKER); --never-ready: never listens;
-- --flood MB: writes MB megabytes of lines as fast as it can, then exits 0.
+- --flood MB: writes MB megabytes of lines as fast as it can, then exits 0;
+- --drip S: every answer is sent one byte each S seconds (a hung or hostile engine's HTTP).
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ def emit(path: Path) -> None:
 
 class Handler(http.server.BaseHTTPRequestHandler):
     block_size = 128
+    drip: float | None = None
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         if self.path == "/health":
@@ -47,6 +49,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
         else:
             self.send_response(404)
             self.end_headers()
+            return
+        if self.drip is not None:
+            reply = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+            for byte in reply:
+                self.wfile.write(bytes([byte]))
+                self.wfile.flush()
+                time.sleep(self.drip)
             return
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
@@ -73,6 +82,7 @@ def main() -> int:
     p.add_argument("--never-ready", action="store_true")
     p.add_argument("--flood", type=float)
     p.add_argument("--env-dump")
+    p.add_argument("--drip", type=float)
     args, _ = p.parse_known_args()
     print(f"(APIServer pid={os.getpid()}) INFO fake engine starting: {' '.join(sys.argv[1:])}", flush=True)
     if args.env_dump:
@@ -104,6 +114,7 @@ def main() -> int:
             time.sleep(1)
     time.sleep(args.ready_after)
     Handler.block_size = args.block_size or 128
+    Handler.drip = args.drip
     server = http.server.ThreadingHTTPServer((args.host, args.port), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     print(f"(EngineCore pid={child.pid}) INFO CPU KV cache size: 1,398,080 tokens, "

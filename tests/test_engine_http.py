@@ -247,3 +247,20 @@ def test_an_endless_body_is_cut_at_the_size_limit(monkeypatch: pytest.MonkeyPatc
         assert not m.ok and "larger than 1000 bytes" in (m.error or "")
     finally:
         stop.set()
+
+
+def test_the_watch_loop_is_not_held_by_a_dripping_engine() -> None:
+    """`kvwatch export`'s tick on an engine whose /health and /metrics drip: it ends within its
+    deadlines and says the engine is down, instead of keeping the last good values."""
+    from kvwatch.engine_status import EngineState, EngineStatus
+    from kvwatch.exporter.watch import EngineTarget, Watch
+    url, stop = _drip_server(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n0123456789", 0.3)
+    try:
+        target = EngineTarget(EngineStatus("x", EngineState.READY), url=url, external=True)
+        watch = Watch(lambda: [target], interval=1.0)          # timeout min(3, interval) = 1 s per exchange
+        t0 = _time.monotonic()
+        snap = watch.tick()
+        assert _time.monotonic() - t0 < 2.5
+        assert snap.engines[0].up is False
+    finally:
+        stop.set()

@@ -764,3 +764,25 @@ def test_gpu_holders_through_nvml_ours_ended_foreign_reported_and_memory_fitted(
         for p in (ours, foreign):
             p.kill()
             p.wait()
+
+
+def test_a_dripping_engine_holds_neither_the_start_timeout_nor_a_stop(tmp_path: Path, model: Path) -> None:
+    """/health that sends a byte every 0.3 s: each probe ends at its deadline, the start timeout
+    fires, and a stop request is honoured at once, even in the middle of a probe."""
+    cfg = config(tmp_path, fake(model, free_port(), "--drip", "0.3"), replace(FAST, max_restarts=0),
+                 start_timeout_seconds=3.0, health_interval_seconds=5.0)
+    rec = Recorder()
+    t0 = time.monotonic()
+    run = Running(supervisor(cfg, rec))
+    assert run.join(timeout=20) == EXIT_GAVE_UP
+    assert time.monotonic() - t0 < 3.0 + 5.0 + 3.0          # start timeout + one probe's deadline + slack
+    assert state_json(cfg)["failures"][0]["evidence"] == "not ready after 3s"
+
+    cfg = config(tmp_path / "2", fake(model, free_port(), "--drip", "0.3"), start_timeout_seconds=60.0,
+                 health_interval_seconds=5.0)
+    run = Running(supervisor(cfg))
+    run.wait_state(EngineState.STARTING)
+    time.sleep(1.5)                                          # inside a probe that would last 5 s
+    t0 = time.monotonic()
+    assert run.stop(timeout=10) == EXIT_OK
+    assert time.monotonic() - t0 < 2.0
