@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from kvwatch.diagnosis import FailureKind, diagnose, diagnose_stream  # noqa: E402
 from kvwatch.diagnosis.diagnose import clean_line  # noqa: E402
-from kvwatch.diagnosis.patterns import PATTERNS  # noqa: E402
+from kvwatch.diagnosis.patterns import PATTERNS, READY_MARKERS  # noqa: E402
 
 LOGS = ROOT / "tests" / "fixtures" / "logs"
 BAR_MB_S = 10.0
@@ -49,7 +49,8 @@ SERVING = [
 def fixture_lines() -> list[str]:
     return [line for p in sorted(LOGS.glob("*.log"))
             for line in p.read_text(encoding="utf-8", errors="replace").splitlines()
-            if "non-default args" not in line]        # no run restarts in the middle
+            if "non-default args" not in line           # no run restarts in the middle
+            and not any(m in line for m in READY_MARKERS)]   # nor a start that served: the root is a start's
 
 
 def build_log(path: Path, size: int, seed: int = 0) -> int:

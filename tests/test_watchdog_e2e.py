@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
@@ -65,11 +66,12 @@ class Kvwatch:
                      "--state-dir", str(self.state_dir), "--listen", f"127.0.0.1:{free_port()}", *flags,
                      "--", *engine]
         self.proc: subprocess.Popen[bytes] | None = None
+        self.env: dict[str, str] = {}            # extra environment (kvwatch's, so the engine's too)
 
     def start(self) -> "Kvwatch":
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=engine_env(1), start_new_session=True)
+                                         env={**engine_env(1), **self.env}, start_new_session=True)
         return self
 
     def state(self) -> dict[str, Any]:
@@ -478,6 +480,42 @@ def test_data_parallel_ranks_planned_equals_actual_and_one_rank_death(tmp_path: 
         assert failure["kind"] == "engine_died"
         assert failure["evidence"].startswith("the engine core of data-parallel rank 1 (EngineCore_DP1")
         assert again["corrections"] == [] and again["argv"] == ready["argv"]
+        kv.proc.send_signal(signal.SIGTERM)
+        assert kv.exit_code() == 0
+    finally:
+        kv.cleanup()
+    assert engine_processes(kv.marker()) == []
+
+
+# -- hostile input: a request cannot steer the watchdog (issue 15) -----------------------------------
+
+def test_a_request_that_quotes_a_failure_does_not_steer_the_watchdog(tmp_path: Path, tiny: Path) -> None:
+    """--enable-log-requests at DEBUG: vLLM logs the request body, here with vLLM's block-size sentence
+    in it. Then the engine core dies: kvwatch restarts the same plan, learns nothing, corrects nothing."""
+    payload = "No common block size for 128 (CPU_ATTN: [MultipleOf(4096)])"
+    port = free_port()
+    kv = Kvwatch(tmp_path, "steer", engine_argv(tiny, port, "--enable-log-requests"))
+    kv.env = {"VLLM_LOGGING_LEVEL": "DEBUG"}
+    try:
+        ready = kv.start().wait_ready()
+        body = json.dumps({"model": str(tiny), "prompt": [1, 2, 3], "max_tokens": 2, "user": payload}).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body, method="POST",
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as resp:
+            assert resp.status == 200
+        deadline = time.monotonic() + 10
+        while payload not in kv.log_path.read_text(errors="replace") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert payload in kv.log_path.read_text(errors="replace"), "the engine did not log the request"
+        core = next(p for p in psutil.process_iter(["pid", "cmdline"])
+                    if p.info["cmdline"] and "EngineCore" in " ".join(p.info["cmdline"])
+                    and p.pid in [q["pid"] for q in ready["pids"]])
+        core.kill()
+        again = kv.wait("serving again", lambda d: d["state"] == "ready" and len(d["failures"]) == 1
+                        and len(d["pids"]) >= 3)
+        assert again["failures"][0]["kind"] == "engine_died"
+        assert again["corrections"] == [] and again["constraints"] == [] and again["argv"] == ready["argv"]
+        assert "MultipleOf(4096)" not in json.dumps(again)
         kv.proc.send_signal(signal.SIGTERM)
         assert kv.exit_code() == 0
     finally:

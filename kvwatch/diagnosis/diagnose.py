@@ -37,6 +37,32 @@ _RAISE_CALL = re.compile(r"\braise \w*\($")
 _EXCEPTION_HEAD = re.compile(r"(?:Error|Exception|Resources): $")
 _FLAG_REASONS = ("block_size", "kv_cache_dtype", "kv cache dtype", "FP8 KV cache", "fp8")
 
+# Where a root cause may be written: vLLM's exception and error records, never its INFO/DEBUG
+# records (a logged request, a generated output, a config dump, uvicorn's access log), whose text
+# can be anyone's. A line's record: the vLLM/uvicorn level after the optional docker-compose and
+# process prefixes; a line with no level continues the record above it unless it starts a
+# traceback, an exception line or a process's own output.
+_OUTER = r"^(?:[\w.-]+\s+\|\s)?\s*(?:\[rank\d+\]:\s*)?"
+_RECORD_LEVEL = re.compile(_OUTER + r"(?:\([A-Za-z_][\w.-]*(?: rank=\d+)? pid=\d+\)\s+)*"
+                           r"(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)(?::\s|\s+\d\d-\d\d\s)")
+_RECORD_START = re.compile(_OUTER + r"(?:\([A-Za-z_][\w.-]*(?: rank=\d+)? pid=\d+\)|Traceback \(most recent|"
+                           r"(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Interrupt|Resources|Warning)\b)")
+_QUIET_LEVELS = frozenset({"DEBUG", "INFO"})
+_LOOK_BACK_LINES = 400
+# Classes that only a start can have: an engine that served with this plan is not refused it later.
+_START_ONLY = frozenset({FailureKind.BLOCK_SIZE_UNSUPPORTED, FailureKind.KV_DTYPE_UNSUPPORTED,
+                         FailureKind.KERNEL_OUT_OF_RESOURCES, FailureKind.KV_CACHE_TOO_SMALL,
+                         FailureKind.NO_KV_CACHE_MEMORY, FailureKind.GPU_MEMORY_BUSY,
+                         FailureKind.NO_ATTENTION_BACKEND, FailureKind.CONFIG_REFUSED})
+
+
+def _record_quiet(line: str) -> bool | None:
+    """True/False when `line` starts a record (quiet: INFO/DEBUG); None when it continues one."""
+    m = _RECORD_LEVEL.match(line)
+    if m is not None:
+        return m["level"] in _QUIET_LEVELS
+    return False if _RECORD_START.match(line) else None
+
 # The keywords the prefilter tests: one pass of `in` per keyword over a whole batch of lines.
 _ALL_KEYWORDS: tuple[str, ...] = tuple(dict.fromkeys(
     ROOT_KEYWORDS + tuple(w for w, _ in WRAPPERS) + READY_MARKERS + RUN_START_MARKERS
@@ -106,6 +132,7 @@ class LogScanner:
         self.served = served
         self.lines = 0
         self._tail = ""                            # the last line of the previous text fed
+        self._tail_quiet = False                   # the previous text ended inside a quiet record
         self._reset_run()
 
     def _reset_run(self) -> None:
@@ -174,6 +201,8 @@ class LogScanner:
             text = _ANSI.sub("", text)
         present = [k for k in _ALL_KEYWORDS if k in text]
         previous_tail, self._tail = self._tail, text[text.rfind("\n") + 1:][:MAX_LINE_CHARS]
+        tail_quiet = self._tail_quiet
+        self._tail_quiet = self._quiet_at(text, len(text), tail_quiet)
         if not present:
             return
         starts: set[int] = set()
@@ -192,13 +221,32 @@ class LogScanner:
             hits = [k for k in present if k in line]
             if not hits:
                 continue
+            quiet = _record_quiet(line)
+            if quiet is None:
+                quiet = self._quiet_at(text, start, tail_quiet)
             if "[type=" in hits:   # a pydantic field error names its field on the line before
                 before = text[text.rfind("\n", 0, start - 1) + 1:start - 1] if start else previous_tail
-                self._process(line, hits, before.rstrip("\r"))
+                self._process(line, hits, before.rstrip("\r"), quiet=quiet)
             else:
-                self._process(line, hits)
+                self._process(line, hits, quiet=quiet)
 
-    def _process(self, line: str, hits: list[str], previous: str = "") -> None:
+    @staticmethod
+    def _quiet_at(text: str, end: int, before_text: bool) -> bool:
+        """Whether the record that the text before `end` was in is quiet (INFO/DEBUG)."""
+        at = end
+        for _ in range(_LOOK_BACK_LINES):
+            if at <= 0:
+                return before_text
+            start = text.rfind("\n", 0, at - 1) + 1 if at > 0 else 0
+            quiet = _record_quiet(text[start:min(at, start + 300)])
+            if quiet is not None:
+                return quiet
+            at = start - 1 if start > 0 else 0
+            if start == 0:
+                return before_text
+        return False
+
+    def _process(self, line: str, hits: list[str], previous: str = "", quiet: bool = False) -> None:
         if any(k in RUN_START_MARKERS for k in hits):
             self._reset_run()
         if any(k in READY_MARKERS for k in hits):
@@ -209,6 +257,8 @@ class LogScanner:
                     self._context[name] = convert(m[1])
                 except ValueError:
                     pass
+        if quiet:
+            return   # an INFO/DEBUG record (or a line of one): anyone's text, never a root cause
         wrapped = False
         for text, name in WRAPPERS:
             if text in hits:
@@ -283,7 +333,16 @@ class LogScanner:
         if root:
             best = max(root, key=lambda c: c.score[0])
             kind = next(k for k, c in self._best.items() if c is best)
-            return self._diagnosis(kind, best, served)
+            if not (served and kind in _START_ONLY):
+                return self._diagnosis(kind, best, served)
+            # The engine served with this plan, so this start-up refusal is not its failure now
+            # (e.g. the words came from a request): it died, and the plan stays.
+            died = self._best.get(FailureKind.ENGINE_DIED)
+            facts = {"after_ready": True, "ignored": {"kind": kind.value, "evidence": best.line[:300]}}
+            if self._context:
+                facts["context"] = dict(self._context)
+            return Diagnosis(FailureKind.ENGINE_DIED, died.line if died else self._first_in_chain or self._last_exception,
+                             facts, fatal=False)
         died = self._best.get(FailureKind.ENGINE_DIED)
         if died is not None or self.served:
             facts: Facts = dict(died.merged) if died else {}
