@@ -23,6 +23,11 @@ VALUE_FLAGS = (
 )
 ALIASES = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-q": "--quantization",
            "-dp": "--data-parallel-size"}
+# Flags whose value is a count or a size: vLLM wants them positive (0 or less is a typo).
+_COUNT_FLAGS = ("--tensor-parallel-size", "--pipeline-parallel-size", "--data-parallel-size", "--max-num-seqs",
+                "--max-num-batched-tokens", "--num-gpu-blocks-override", "--max-model-len", "--kv-cache-memory-bytes")
+_HUMAN_FLAGS = frozenset({"--max-num-batched-tokens", "--max-model-len", "--kv-cache-memory-bytes"})
+_MAX_COUNT = 1 << 60
 _API_SERVER_MODULES = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.api_server")
 
 
@@ -131,6 +136,13 @@ class EngineCommand:
         raise CommandError("the engine command names no model (`vllm serve MODEL` or `--model MODEL`)")
 
     def settings(self) -> EngineSettings:
+        auto_len = (self.get("--max-model-len") or "").strip().lower() in ("auto", "-1")
+        for flag in _COUNT_FLAGS:
+            if flag == "--max-model-len" and auto_len:
+                continue   # vLLM fits the longest length the KV cache holds
+            value = self._int(flag, human=flag in _HUMAN_FLAGS)
+            if value is not None and not 0 < value <= _MAX_COUNT:
+                raise CommandError(f"{flag} {self.get(flag)!r}: expected a positive whole number")
         return EngineSettings(
             model=self.model,
             block_size=self._int("--block-size"),
@@ -138,7 +150,7 @@ class EngineCommand:
             dtype=self.get("--dtype") or "auto",
             gpu_memory_utilization=self._float("--gpu-memory-utilization", 0.92),
             kv_cache_memory_bytes=self._int("--kv-cache-memory-bytes", human=True),
-            max_model_len=self._int("--max-model-len", human=True),
+            max_model_len=None if auto_len else self._int("--max-model-len", human=True),
             max_num_seqs=self._int("--max-num-seqs"),
             max_num_batched_tokens=self._int("--max-num-batched-tokens", human=True),
             enable_chunked_prefill=self._switch("--enable-chunked-prefill"),

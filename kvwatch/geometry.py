@@ -70,6 +70,10 @@ def _text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
     return config
 
 
+# Far above any real model, far below what would exhaust memory or overflow the arithmetic.
+_MAX_FIELD = 1 << 24
+
+
 def _positive_int(cfg: Mapping[str, Any], key: str, required: bool = True) -> int | None:
     value = cfg.get(key)
     if value is None:
@@ -77,7 +81,9 @@ def _positive_int(cfg: Mapping[str, Any], key: str, required: bool = True) -> in
             raise ConfigError(f"config.json: missing field {key!r}")
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"config.json: field {key!r} must be a positive integer, got {value!r}")
+        raise ConfigError(f"config.json: field {key!r} must be a positive integer, got {str(value)[:40]!r}")
+    if value > _MAX_FIELD:
+        raise ConfigError(f"config.json: field {key!r} = {value} is not a model's (at most {_MAX_FIELD})")
     return value
 
 
@@ -193,15 +199,15 @@ def geometry_from_config(config: Mapping[str, Any]) -> ModelGeometry:
             derived_max_model_len=derived, derived_max_model_len_key=derived_key)
 
     kv_heads = next((cfg[k] for k in _KV_HEAD_KEYS if cfg.get(k) is not None), num_heads)
-    if isinstance(kv_heads, bool) or not isinstance(kv_heads, int) or kv_heads <= 0:
-        raise ConfigError(f"config.json: the number of KV heads must be a positive integer, got {kv_heads!r}")
+    if isinstance(kv_heads, bool) or not isinstance(kv_heads, int) or not 0 < kv_heads <= _MAX_FIELD:
+        raise ConfigError(f"config.json: the number of KV heads must be a positive integer, got {str(kv_heads)[:40]!r}")
     head_size = cfg.get("head_dim") or cfg.get("hidden_size_per_head")
     if head_size is None:
         if hidden is None:
             raise ConfigError("config.json: missing field 'head_dim' (or 'hidden_size' to derive it)")
         head_size = hidden // num_heads
-    if not isinstance(head_size, int) or head_size <= 0:
-        raise ConfigError(f"config.json: field 'head_dim' must be a positive integer, got {head_size!r}")
+    if isinstance(head_size, bool) or not isinstance(head_size, int) or not 0 < head_size <= _MAX_FIELD:
+        raise ConfigError(f"config.json: field 'head_dim' must be a positive integer, got {str(head_size)[:40]!r}")
     kinds, window = _layer_kinds(cfg, num_layers)
     return ModelGeometry(
         model_type=model_type, architectures=architectures, num_layers=num_layers,

@@ -46,8 +46,21 @@ def _weights_bytes(directory: Path) -> int | None:
     return sum(p.stat().st_size for p in files)  # stat follows the HF cache's blob links
 
 
+MAX_CONFIG_BYTES = 16 << 20   # a config.json is a few KB; a multimodal one under a MB
+MAX_MODEL_CHARS = 1024
+
+
 def load_model_source(model: str) -> ModelSource:
     """Read MODEL's config.json from a directory, a config.json path, or the local HF cache."""
+    if len(model) > MAX_MODEL_CHARS or "\0" in model:
+        raise ConfigError(f"model {model[:60]!r}...: not a model directory or name")
+    try:
+        return _load(model)
+    except OSError as exc:   # a name too long, a loop of links, a directory we may not read
+        raise ConfigError(f"model {model[:200]!r}: {exc.strerror or exc}") from None
+
+
+def _load(model: str) -> ModelSource:
     candidate = Path(model).expanduser()
     if candidate.is_file() and candidate.name.endswith(".json"):
         directory, config_path = candidate.parent, candidate
@@ -61,11 +74,17 @@ def load_model_source(model: str) -> ModelSource:
     if not config_path.is_file():
         raise ConfigError(f"{directory}: no config.json")
     try:
-        config = json.loads(config_path.read_text())
+        with open(config_path, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{config_path}: larger than {MAX_CONFIG_BYTES >> 20} MiB: not a model config")
+        config = json.loads(raw.decode("utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{config_path}: cannot read: {exc}") from None
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{config_path}: malformed JSON at line {exc.lineno}: {exc.msg}") from None
+    except RecursionError:
+        raise ConfigError(f"{config_path}: nested too deeply to be a model config") from None
     if not isinstance(config, dict):
         raise ConfigError(f"{config_path}: expected a JSON object")
     return ModelSource(path=directory, config=config, weights_bytes=_weights_bytes(directory))

@@ -1,0 +1,99 @@
+"""Any engine command and any config.json: a plan, or one line and exit 2 (3: vLLM will refuse it),
+never a traceback (issue 15, item 5). Property-based over the flags kvwatch reads and the fields
+of config.json it reads, with values of every JSON type and size."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import tempfile
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvwatch.cli import main
+
+FLAGS = ["--block-size", "--kv-cache-dtype", "--dtype", "--gpu-memory-utilization", "--kv-cache-memory-bytes",
+         "--max-model-len", "--max-num-seqs", "--tensor-parallel-size", "--pipeline-parallel-size",
+         "--data-parallel-size", "--num-gpu-blocks-override", "--attention-backend", "--max-num-batched-tokens",
+         "-tp", "-pp", "-dp", "--kv-cache-memory", "--port", "--host"]
+FIELDS = ["num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_size",
+          "max_position_embeddings", "model_type", "sliding_window", "layer_types", "rope_scaling",
+          "torch_dtype", "kv_lora_rank", "qk_rope_head_dim", "model_max_length", "text_config",
+          "use_sliding_window", "max_window_layers", "rope_parameters", "vocab_size", "intermediate_size"]
+NUMBERS = st.one_of(st.integers(min_value=-10, max_value=10), st.integers(min_value=-2**70, max_value=2**70),
+                    st.floats(allow_nan=True, allow_infinity=True),
+                    st.sampled_from([0, 1, 16, 32, 128, 1e40, 10**8, 10**12, 10**40, 2**63]))
+JSON_VALUES = st.recursive(
+    st.one_of(st.none(), st.booleans(), NUMBERS, st.text(max_size=20)),
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.sampled_from(FIELDS), inner, max_size=4)),
+    max_leaves=12)
+FLAG_VALUES = st.one_of(st.integers(min_value=-2**40, max_value=2**40).map(str),
+                        st.sampled_from(["0", "-1", "auto", "nan", "inf", "-inf", "1e400", "7", "0.9", "fp8",
+                                         "auto", "10G", "1Gi", "", "x", "\x00", "1" * 400]),
+                        st.text(max_size=12))
+BASE = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "max_position_embeddings": 4096}
+
+
+def run_plan(config: object, flags: list[str]) -> tuple[int, str]:
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "config.json").write_text(json.dumps(config, allow_nan=True))
+        err = io.StringIO()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            code = main(["plan", "--device", "cpu", "--json", "--", "vllm", "serve", tmp, *flags])
+        return code, err.getvalue()
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.dictionaries(st.sampled_from(FIELDS), JSON_VALUES, max_size=6),
+       st.lists(st.tuples(st.sampled_from(FLAGS), FLAG_VALUES), max_size=4))
+def test_any_config_and_flags_give_a_plan_or_one_line(overrides: dict, flag_pairs: list) -> None:
+    config = {**BASE, **overrides}
+    flags = [token for pair in flag_pairs for token in pair]
+    code, err = run_plan(config, flags)      # an exception other than kvwatch's own fails the test here
+    assert code in (0, 2, 3), (code, err)
+    if code == 2:
+        assert err.count("\n") == 1 and err.startswith("kvwatch: "), err
+    assert "Traceback" not in err
+
+
+@settings(max_examples=100, deadline=None)
+@given(JSON_VALUES)
+def test_any_json_document_as_config(document: object) -> None:
+    code, err = run_plan(document, [])
+    assert code in (0, 2, 3) and "Traceback" not in err
+
+
+# The issue's table of bad values, each one line and exit 2 (or 3 with the fix where vLLM refuses it).
+BAD_FLAGS = [
+    (["--block-size", "0"], 3), (["--block-size", "-16"], 3),
+    (["--gpu-memory-utilization", "nan"], 3), (["--gpu-memory-utilization", "inf"], 3),
+    (["--gpu-memory-utilization", "7"], 3),
+    (["--tensor-parallel-size", "0"], 2), (["--max-model-len", "0"], 2), (["--max-num-seqs", "-1"], 2),
+    (["--kv-cache-memory-bytes", "-5"], 2), (["--data-parallel-size", "0"], 2), (["--tensor-parallel-size", "x"], 2),
+]
+BAD_CONFIGS = [
+    {"num_hidden_layers": 10**12}, {"num_hidden_layers": 10**40}, {"num_hidden_layers": 10**8},
+    {"num_hidden_layers": 1e12}, {"head_dim": True}, {"num_key_value_heads": 10**30}, {"head_dim": -64},
+    {"model_type": 5},
+]
+
+
+def test_the_bad_value_table() -> None:
+    for flags, expected in BAD_FLAGS:
+        code, err = run_plan(BASE, flags)
+        assert code == expected, (flags, code, err)
+        if code == 2:
+            assert err.count("\n") == 1 and err.startswith("kvwatch: "), (flags, err)
+    for override in BAD_CONFIGS:
+        code, err = run_plan({**BASE, **override}, [])
+        assert code == 2 and err.count("\n") == 1, (override, code, err)
+    deep = tempfile.mkdtemp()
+    (Path(deep) / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        assert main(["plan", "--device", "cpu", "--", "vllm", "serve", deep]) == 2
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        assert main(["plan", "--device", "cpu", "--", "vllm", "serve", "/tmp/" + "a" * 5000]) == 2
