@@ -3,9 +3,10 @@ certificates and bcrypt basic auth from an exporter-toolkit web config file."""
 from __future__ import annotations
 
 import base64
+import threading
+import time
 import datetime
 import ssl
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -328,3 +329,78 @@ def test_the_render_cache_is_bounded_whatever_the_accept_headers() -> None:
     assert len(cache._cached) == len(types) <= 5, types
     assert bounded_accept("application/openmetrics-text; version=1.0.77") == "application/openmetrics-text; version=1.0.0"
     assert bounded_accept("x" * 5000) == "x" * 1024
+
+
+# -- hostile clients (issue 15, item 6) ---------------------------------------------------------------
+
+def test_other_methods_check_credentials_first_and_the_server_names_no_runtime(serve) -> None:
+    server = serve(f"basic_auth_users:\n  prometheus: '{PASSWORD_HASH}'\n")
+    for method in ("OPTIONS", "TRACE", "POST", "DELETE"):
+        assert get(server.url + "/metrics", method=method)[0] == 401
+        status, headers, _ = get(server.url + "/metrics", auth=("prometheus", "s3cret"), method=method)
+        assert status == 405 and headers["Allow"] == "GET, HEAD"
+    status, headers, _ = get(server.url + "/metrics", auth=("prometheus", "s3cret"))
+    assert status == 200 and headers["Server"] == "kvwatch" and "Python" not in str(headers)
+
+
+def test_idle_connections_are_bounded_and_scrapes_still_answer(serve) -> None:
+    import socket as socketlib
+
+    from kvwatch.exporter import server as server_module
+    server = serve()
+    threads_before = threading.active_count()
+    idle = []
+    try:
+        for _ in range(server_module.MAX_CONNECTIONS * 3):
+            s = socketlib.create_connection(("127.0.0.1", server.port), timeout=5)
+            idle.append(s)
+        time.sleep(0.5)
+        assert threading.active_count() - threads_before <= server_module.MAX_CONNECTIONS + 2
+    finally:
+        for s in idle:
+            s.close()
+    deadline = time.monotonic() + server_module.CONNECTION_DEADLINE + 5
+    while get(server.url + "/-/healthy")[0] != 200:      # slots free again once the idle ones are gone
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+
+
+def test_a_slowloris_client_is_cut_at_the_connection_deadline(serve, monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket as socketlib
+
+    from kvwatch.exporter import server as server_module
+    monkeypatch.setattr(server_module, "CONNECTION_DEADLINE", 1.5)
+    server = serve()
+    s = socketlib.create_connection(("127.0.0.1", server.port), timeout=10)
+    t0 = time.monotonic()
+    try:
+        request = b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 200
+        closed = False
+        for byte in request:
+            try:
+                s.sendall(bytes([byte]))
+            except OSError:
+                closed = True
+                break
+            time.sleep(0.05)
+            if time.monotonic() - t0 > 5:
+                break
+        if not closed:
+            closed = s.recv(100) == b""
+        assert closed and time.monotonic() - t0 < 4
+    finally:
+        s.close()
+
+
+def test_a_client_reset_prints_no_traceback(serve, capsys: pytest.CaptureFixture[str]) -> None:
+    import socket as socketlib
+    import struct
+    server = serve()
+    for _ in range(20):
+        s = socketlib.create_connection(("127.0.0.1", server.port), timeout=5)
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        s.setsockopt(socketlib.SOL_SOCKET, socketlib.SO_LINGER, struct.pack("ii", 1, 0))  # RST on close
+        s.close()
+    time.sleep(0.5)
+    assert get(server.url + "/-/healthy")[0] == 200
+    assert "Traceback" not in capsys.readouterr().err

@@ -15,6 +15,7 @@ import re
 import socket
 import ssl
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
@@ -28,7 +29,9 @@ from kvwatch.exporter.web_config import WebConfig
 _LOG = logging.getLogger(__name__)
 
 DEFAULT_LISTEN = "127.0.0.1:9400"
-REQUEST_TIMEOUT = 30.0  # seconds a connection may take (handshake, request, response)
+REQUEST_TIMEOUT = 30.0  # seconds one read or write may wait
+CONNECTION_DEADLINE = 15.0  # seconds a whole connection may take (handshake, request, response)
+MAX_CONNECTIONS = 64        # connections served at once; more are closed at once (threads and memory bounded)
 _INDEX = (b"<html><head><title>kvwatch</title></head><body><h1>kvwatch</h1>"
           b'<p><a href="/metrics">Metrics</a></p></body></html>\n')
 
@@ -99,7 +102,53 @@ class _Server(ThreadingHTTPServer):
         if ":" in host:
             self.address_family = socket.AF_INET6
         self.tls = tls
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._open: dict[int, tuple[float, socket.socket]] = {}   # id -> (deadline, socket)
+        self._open_lock = threading.Lock()
+        self._reaper: threading.Thread | None = None
         super().__init__(address, handler)
+
+    def _watch_deadlines(self) -> None:
+        """One thread for every connection's deadline (not a timer thread per connection)."""
+        while True:
+            time.sleep(0.25)
+            now = time.monotonic()
+            with self._open_lock:
+                late = [sock for deadline, sock in self._open.values() if deadline <= now]
+            for sock in late:
+                _cut(sock)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        # One thread per connection, but never more than MAX_CONNECTIONS: a flood of idle
+        # connections is closed at once instead of costing a thread and its memory each.
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        # The whole connection has one deadline: a client that sends its request a byte at a time
+        # (slowloris) or reads the answer as slowly is cut off, whatever each read's timeout.
+        with self._open_lock:
+            self._open[id(request)] = (time.monotonic() + CONNECTION_DEADLINE, request)
+            if self._reaper is None:
+                self._reaper = threading.Thread(target=self._watch_deadlines, name="kvwatch-http-deadlines",
+                                                daemon=True)
+                self._reaper.start()
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._open_lock:
+                self._open.pop(id(request), None)
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that resets or times out is routine: one debug line, no traceback on stderr.
+        _LOG.debug("connection from %s ended with an error", client_address, exc_info=True)
 
     def finish_request(self, request: Any, client_address: Any) -> None:
         # Runs in the connection's own thread: the handshake cannot stall the accept loop.
@@ -139,6 +188,13 @@ def bounded_accept(accept: str | None) -> str | None:
         return m.group(1) + version
 
     return _OPENMETRICS_VERSION.sub(canonical, accept[:MAX_ACCEPT_CHARS])
+
+
+def _cut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
 
 
 class RenderCache:
@@ -240,11 +296,25 @@ def _handler(renderer: RenderCache, auth: BasicAuth,
         server_version = "kvwatch"
         protocol_version = "HTTP/1.1"
 
+        def version_string(self) -> str:
+            return self.server_version   # the Server header names no runtime (no Python version)
+
         def do_GET(self) -> None:  # noqa: N802
             self._serve(body=True)
 
         def do_HEAD(self) -> None:  # noqa: N802
             self._serve(body=False)
+
+        def _not_allowed(self) -> None:
+            # Other methods: the credentials are checked first, as for GET, then 405.
+            if auth and not auth.check(self.headers.get("Authorization")):
+                self._reply(401, b"Unauthorized\n", "text/plain; charset=utf-8", True,
+                            {"WWW-Authenticate": 'Basic realm="kvwatch"'})
+                return
+            self.close_connection = True
+            self._reply(405, b"Method Not Allowed\n", "text/plain; charset=utf-8", True, {"Allow": "GET, HEAD"})
+
+        do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_TRACE = do_CONNECT = _not_allowed  # noqa: N815
 
         def _serve(self, body: bool) -> None:
             if auth and not auth.check(self.headers.get("Authorization")):
