@@ -31,9 +31,8 @@ class CleanupReport:
 
 
 def is_ours(pid: int, refs: Iterable[ProcRef], mark: str) -> bool:
-    for ref in refs:
-        if ref.pid == pid and processes.alive(ref) is not None:
-            return True
+    """Provably ours: it carries our engine's marker (a recorded pid alone proves nothing: the
+    state file may be edited by anyone who can write it)."""
     return processes.environ_value(pid, MARKER_ENV) == mark
 
 
@@ -42,7 +41,13 @@ def clean(refs: list[ProcRef], mark: str, port: int | None, gpu_holders: Callabl
     """Stop recorded processes still alive; then look at who holds the engine's port and GPUs
     (asked only after that, so what was just stopped is not reported)."""
     report = CleanupReport()
-    report.stopped = processes.kill_processes(refs, timeout, sleep)
+    # Recorded pids whose start time matches AND that carry our marker: the state file alone is
+    # no proof (a hand-edited one could name anyone's process).
+    ours = [r for r in refs if processes.alive(r) is not None and is_ours(r.pid, (), mark)]
+    for ref in refs:
+        if ref not in ours and processes.alive(ref) is not None:
+            report.foreign.append(f"{processes.describe(ref.pid)} is recorded as ours but carries no marker")
+    report.stopped = processes.kill_processes(ours, timeout, sleep, marker=(MARKER_ENV, mark))
     if report.stopped:
         _LOG.warning("leftovers: stopped our earlier engine processes %s", report.stopped)
     holders: list[tuple[str, int | None]] = []
@@ -60,7 +65,7 @@ def clean(refs: list[ProcRef], mark: str, port: int | None, gpu_holders: Callabl
             continue  # gone already (NVML may list a process for a moment after it exits)
         ref = processes.ref_of(pid)
         if ref is not None and is_ours(pid, refs, mark):
-            stopped = processes.kill_processes([ref], timeout, sleep)
+            stopped = processes.kill_processes([ref], timeout, sleep, marker=(MARKER_ENV, mark))
             report.stopped += stopped
             _LOG.warning("leftovers: stopped our pid %d holding %s", pid, what)
         else:

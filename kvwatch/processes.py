@@ -383,17 +383,18 @@ def stop_group(pgid: int, timeout: float, *, leader: subprocess.Popen[bytes] | N
 
 
 def kill_processes(refs: Iterable[ProcRef], timeout: float,
-                   sleep: Callable[[float], None] = time.sleep) -> list[int]:
-    """End recorded processes of an earlier engine, with their process groups (the engine's
-    own session: a recorded member still in it proves the group is that engine's).
-    Returns the pids that were alive."""
+                   sleep: Callable[[float], None] = time.sleep, marker: tuple[str, str] | None = None) -> list[int]:
+    """End recorded processes of an earlier engine, with their process groups when the group is
+    provably the engine's: its leader carries the engine's `marker` (variable, value) too (else
+    each process alone, never a stranger's whole group). Returns the pids that were alive."""
     live = [r for r in refs if alive(r) is not None]
     own_group = os.getpgid(0)
     by_group: dict[int, list[ProcRef]] = {}
     loose: list[ProcRef] = []
     for ref in live:
         pgid = _pgid(ref.pid)
-        if pgid is None or pgid == own_group:  # never signal our own group: that would end kvwatch
+        leader_ours = marker is None or environ_value(pgid, marker[0]) == marker[1] if pgid else False
+        if pgid is None or pgid == own_group or not leader_ours:  # never our own group, nor a stranger's
             loose.append(ref)
         else:
             by_group.setdefault(pgid, []).append(ref)
@@ -421,6 +422,19 @@ def _stop_each(refs: list[ProcRef], timeout: float, sleep: Callable[[float], Non
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and any(alive(r) for r in refs):
             sleep(0.1)
+
+
+def marked(key: str, value: str) -> list[ProcRef]:
+    """Every live process whose environment has key=value (an engine's marker, inherited by every
+    descendant, also one that double-forked into a session of its own)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get(key) == value and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(ProcRef(proc.pid, proc.create_time()))
+        except (psutil.Error, OSError):
+            continue
+    return found
 
 
 def environ_value(pid: int, key: str) -> str | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -80,6 +81,7 @@ class EngineRecord:
         """Raises ValueError (or TypeError/KeyError) on anything that is not a record."""
         if not isinstance(data, dict) or data.get("version") != SCHEMA_VERSION:
             raise ValueError(f"not a kvwatch state file of version {SCHEMA_VERSION}")
+        _check_types(data)
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
         record = cls(**values)
@@ -97,6 +99,54 @@ class EngineRecord:
     def trim(self) -> None:
         del self.failures[:-MAX_FAILURES]
         del self.corrections[:-MAX_CORRECTIONS]
+
+
+MAX_STATE_BYTES = 8 << 20   # a state file is a few KB; failures and corrections are trimmed
+
+
+def read_regular(path: Path, max_bytes: int = MAX_STATE_BYTES) -> bytes:
+    """A regular file's bytes, never through a symlink, never blocking on a FIFO, at most
+    `max_bytes` (OSError or ValueError otherwise)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError("not a regular file")
+        if info.st_size > max_bytes:
+            raise ValueError(f"larger than {max_bytes} bytes")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(max_bytes + 1)
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise ValueError(f"larger than {max_bytes} bytes")
+    return data
+
+
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "name": (str,), "state": (str,), "reason": (str,), "updated": (int, float), "argv": (list,),
+    "pids": (list,), "plans_tried": (list,), "failures": (list,), "corrections": (list,), "constraints": (list,),
+    "preflight": (list,), "foreign": (list,), "restarts": (dict,), "failure_counts": (dict,),
+    "correction_counts": (dict,),
+}
+
+
+def _check_types(data: dict) -> None:
+    """The fields `kvwatch status` and `run` read, of the types they are read as."""
+    for key, types in _FIELD_TYPES.items():
+        if key in data and data[key] is not None and not isinstance(data[key], types):
+            raise ValueError(f"field {key!r} is {type(data[key]).__name__}")
+    for pid in data.get("pids") or []:
+        if not (isinstance(pid, dict) and isinstance(pid.get("pid"), int) and isinstance(pid.get("create_time"), (int, float))):
+            raise ValueError("bad pids entry")
+    for item in (data.get("failures") or []) + (data.get("corrections") or []):
+        if not isinstance(item, dict) or not isinstance(item.get("kind"), str):
+            raise ValueError("bad failure or correction")
+    for key in ("restarts", "failure_counts", "correction_counts"):
+        if not all(isinstance(k, str) and isinstance(v, int) for k, v in (data.get(key) or {}).items()):
+            raise ValueError(f"bad {key}")
+    if not all(isinstance(plan, list) and all(isinstance(a, str) for a in plan) for plan in data.get("plans_tried") or []):
+        raise ValueError("bad plans_tried")
 
 
 def _is_constraint(value: Any) -> bool:
@@ -124,15 +174,15 @@ class StateStore:
     def load(self) -> EngineRecord | None:
         """The record, None if there is none; a corrupt file is moved aside (never raises)."""
         try:
-            text = self.path.read_text(encoding="utf-8")
+            text = read_regular(self.path).decode("utf-8")
         except FileNotFoundError:
             return None
-        except (OSError, UnicodeDecodeError) as exc:
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
             self._move_aside(f"unreadable: {exc}")
             return None
         try:
             return EngineRecord.from_json(json.loads(text))
-        except (ValueError, TypeError, KeyError) as exc:
+        except (ValueError, TypeError, KeyError, RecursionError) as exc:
             self._move_aside(f"corrupt: {exc}")
             return None
 
@@ -181,8 +231,8 @@ def load_all(state_dir: str | os.PathLike[str]) -> list[tuple[Path, EngineRecord
         return out
     for path in sorted(directory.glob("*.json")):
         try:
-            out.append((path, EngineRecord.from_json(json.loads(path.read_text(encoding="utf-8")))))
-        except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError):
+            out.append((path, EngineRecord.from_json(json.loads(read_regular(path).decode("utf-8")))))
+        except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError, RecursionError):
             out.append((path, None))
     return out
 
@@ -198,7 +248,13 @@ class EngineLock:
     def acquire(self) -> None:
         import fcntl
 
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o640)
+        try:   # never through a symlink: a NAME.lock linked elsewhere would have us truncate that file
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o640)
+        except OSError as exc:
+            raise KvwatchError(f"lock file {self.path}: {exc.strerror or exc} (a symlink is refused)") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise KvwatchError(f"lock file {self.path}: not a regular file")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -490,6 +490,14 @@ class Supervisor:
         run.ended = True
         processes.stop_group(run.proc.pgid, self.config.engine.stop_timeout_seconds, leader=run.proc.popen,
                              extra=run.refs, clock=self._clock.now, sleep=self._sleep)
+        # A descendant that left the group (double-forked into its own session) still carries
+        # the engine's marker: end it too.
+        mark = leftovers.marker(self.config.state_dir, self.name)
+        escaped = processes.marked(leftovers.MARKER_ENV, mark)
+        if escaped:
+            _LOG.warning("stop: ending %d engine process(es) outside its group: %s", len(escaped),
+                         [r.pid for r in escaped])
+            processes.kill_processes(escaped, 5.0, self._sleep, marker=(leftovers.MARKER_ENV, mark))
         run.proc.release_reaper()
         if run.pump.join(timeout=10):
             run.proc.close()

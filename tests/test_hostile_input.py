@@ -97,3 +97,21 @@ def test_the_bad_value_table() -> None:
         assert main(["plan", "--device", "cpu", "--", "vllm", "serve", deep]) == 2
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
         assert main(["plan", "--device", "cpu", "--", "vllm", "serve", "/tmp/" + "a" * 5000]) == 2
+
+
+def test_diagnose_never_sends_a_logs_control_characters_to_the_terminal(tmp_path: Path) -> None:
+    log = tmp_path / "engine.log"
+    log.write_bytes(b"ValueError: No common block size for 8 \x1b]0;pwned\x07\x1b[2J\r (CPU_ATTN: [MultipleOf(32)])\n")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["diagnose", str(log)]) == 0
+    text = out.getvalue()
+    assert not any(c in text for c in "\x1b\x07\r"), repr(text)
+    assert "block_size_unsupported" in text
+
+
+def test_engine_url_credentials_are_refused_not_logged() -> None:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert main(["export", "--engine-url", "http://admin:hunter2@127.0.0.1:8000", "--no-nvml"]) == 2
+    assert "hunter2" not in err.getvalue() and err.getvalue().count("\n") == 1

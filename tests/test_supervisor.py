@@ -22,7 +22,7 @@ import pytest
 from engine_support import free_port, llama_config, write_model
 from nvml_standin import NvmlStandin
 from nvml_standin import nvml_standin_fixture  # noqa: F401 (registers the fixture)
-from kvwatch import processes
+from kvwatch import leftovers, processes
 from kvwatch.budget import Budget
 from kvwatch.config import Config, EngineConfig, config_from_mapping, load_config
 from kvwatch.devices import Device
@@ -585,11 +585,40 @@ def test_start_timeout_with_injected_clock_then_fatal(tmp_path: Path, model: Pat
     assert marked(cfg) == []
 
 
+def test_a_recorded_pid_without_our_marker_is_never_killed(tmp_path: Path, model: Path) -> None:
+    """A hand-edited state file naming another process (and its group) of the same user: reported,
+    never signalled, nor its process group."""
+    cfg = config(tmp_path, fake(model, free_port()))
+    # the stranger leads its own group, with a sibling in it
+    stranger = subprocess.Popen(["sh", "-c", "sleep 60 & exec sleep 61"], start_new_session=True)
+    deadline = time.monotonic() + 10
+    while not psutil.Process(stranger.pid).children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    sibling = psutil.Process(stranger.pid).children()[0]
+    assert os.getpgid(sibling.pid) == stranger.pid
+    ref = processes.ref_of(stranger.pid)
+    assert ref is not None
+    store = StateStore(cfg.state_dir, cfg.name)
+    store.ensure_dir()
+    store.save(EngineRecord(name="t", original_argv=list(cfg.engine.command), argv=list(cfg.engine.command),
+                            pids=[{"pid": ref.pid, "create_time": ref.create_time, "name": "python"}]))
+    try:
+        run = Running(supervisor(cfg))
+        run.wait_state(EngineState.READY)
+        assert run.stop() == EXIT_OK
+        assert stranger.poll() is None and sibling.is_running() and sibling.status() != psutil.STATUS_ZOMBIE
+        assert any(f"pid {stranger.pid}" in line and "no marker" in line for line in state_json(cfg)["foreign"])
+    finally:
+        os.killpg(stranger.pid, signal.SIGKILL)
+        stranger.wait()
+
+
 def test_leftovers_ours_killed_foreign_reported(tmp_path: Path, model: Path, caplog: pytest.LogCaptureFixture) -> None:
     port = free_port()
     cfg = config(tmp_path, fake(model, port))
-    # An earlier engine of ours that survived (recorded pid + start time), in its own session.
-    ours = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    # An earlier engine of ours that survived (recorded pid + start time, and our marker), in its own session.
+    ours = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True,
+                            env={**os.environ, leftovers.MARKER_ENV: leftovers.marker(cfg.state_dir, cfg.name)})
     ref = processes.ref_of(ours.pid)
     assert ref is not None
     store = StateStore(cfg.state_dir, cfg.name)
@@ -730,7 +759,8 @@ def test_gpu_holders_through_nvml_ours_ended_foreign_reported_and_memory_fitted(
     from nvml_standin import StandinGpu, StandinProcess, StandinState
 
     uuid = "GPU-0f1e2d3c-aaaa-4bbb-8ccc-000000000000"
-    ours = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    ours = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True,
+                            env={**os.environ, leftovers.MARKER_ENV: leftovers.marker(str(tmp_path / "state"), "t")})
     foreign = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     gib = 2**30
     nvml_standin.write(StandinState(gpus=[StandinGpu(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from typing import Any
 
@@ -63,7 +64,19 @@ def _short(value: object, width: int = 120) -> str:
     return text if len(text) <= width else text[:width - 3] + "..."
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """Text from a log, safe for a terminal: escape sequences (OSC, CSI), BEL and CR shown, not obeyed."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
 def render(diagnosis: Diagnosis, command: EngineCommand | None, remedy: Remedy | None) -> str:
+    return printable(_render(diagnosis, command, remedy))
+
+
+def _render(diagnosis: Diagnosis, command: EngineCommand | None, remedy: Remedy | None) -> str:
     facts = {k: v for k, v in diagnosis.facts.items() if k not in ("context", "pattern", "help")}
     rows = [("kind", diagnosis.kind.value),
             ("evidence", _short(diagnosis.evidence or "(none)", 200))]

@@ -61,6 +61,9 @@ def _check_url(url: str) -> str:
     parsed = urllib.parse.urlsplit(url)
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
         raise KvwatchError(f"--engine-url {url!r}: expected http://HOST:PORT")
+    if parsed.username is not None or parsed.password is not None:
+        # never sent (vLLM's /metrics takes no credentials) and they would end up in logs
+        raise KvwatchError("--engine-url: credentials in the URL are not supported; give http://HOST:PORT")
     return url.rstrip("/")
 
 

@@ -90,6 +90,7 @@ class _Candidate:
     facts: Facts
     pattern: str
     merged: Facts = field(default_factory=dict)
+    after_ready: bool = False      # offered after this run's READY marker
 
 
 def _decode(data: bytes) -> str:
@@ -319,10 +320,11 @@ class LogScanner:
         current = self._best.get(pattern.kind)
         if current is None:
             current = self._best[pattern.kind] = _Candidate(score, line[:MAX_EVIDENCE_CHARS], facts,
-                                                            pattern.name)
+                                                            pattern.name, after_ready=self._ready)
         elif score > current.score:
             current.score, current.line, current.facts, current.pattern = (
                 score, line[:MAX_EVIDENCE_CHARS], facts, pattern.name)
+            current.after_ready = self._ready
         for key, value in facts.items():
             current.merged.setdefault(key, value)
 
@@ -333,7 +335,7 @@ class LogScanner:
         if root:
             best = max(root, key=lambda c: c.score[0])
             kind = next(k for k, c in self._best.items() if c is best)
-            if not (served and kind in _START_ONLY):
+            if not ((self.served or best.after_ready) and kind in _START_ONLY):
                 return self._diagnosis(kind, best, served)
             # The engine served with this plan, so this start-up refusal is not its failure now
             # (e.g. the words came from a request): it died, and the plan stays.

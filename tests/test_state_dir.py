@@ -1,0 +1,63 @@
+"""The state directory is not trusted (issue 15, item 4): a symlinked lock, a FIFO or a link to a
+device named like a state file, a state file of the wrong shape: one clear line, no hang, no
+traceback, and nothing outside the directory touched."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kvwatch.errors import KvwatchError
+from kvwatch.state_store import EngineLock, EngineRecord, StateStore, load_all
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def status(state_dir: Path, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kvwatch.cli", "status", "--state-dir", str(state_dir)],
+                          capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+
+def test_a_symlinked_lock_is_refused_and_its_target_untouched(tmp_path: Path) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "e.lock").symlink_to(victim)
+    with pytest.raises(KvwatchError, match="symlink"):
+        EngineLock(str(state), "e").acquire()
+    assert victim.read_text() == "precious\n"
+
+
+def test_a_fifo_or_a_device_link_as_state_file_neither_hangs_nor_eats_memory(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    os.mkfifo(state / "fifo.json")
+    (state / "zero.json").symlink_to("/dev/zero")
+    t0 = time.monotonic()
+    records = dict((p.name, r) for p, r in load_all(state))
+    assert records == {"fifo.json": None, "zero.json": None} and time.monotonic() - t0 < 5
+    out = status(state)
+    assert out.returncode in (0, 1) and "Traceback" not in out.stderr
+    store = StateStore(str(state), "fifo")
+    assert store.load() is None                       # moved aside, not read
+    assert not (state / "fifo.json").exists()
+
+
+@pytest.mark.parametrize("field,value", [("argv", "vllm serve m"), ("pids", [{"pid": "1"}]), ("state", 7),
+                                         ("failures", [{"kind": 5}]), ("restarts", {"x": "y"}),
+                                         ("plans_tried", [[1, 2]]), ("updated", "yesterday")])
+def test_valid_json_of_the_wrong_shape_is_corrupt_not_a_traceback(tmp_path: Path, field: str, value: object) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    data = EngineRecord(name="e", argv=["vllm", "serve", "m"]).to_json()
+    data[field] = value
+    (state / "e.json").write_text(json.dumps(data))
+    out = status(state)
+    assert "Traceback" not in out.stderr, out.stderr
+    assert StateStore(str(state), "e").load() is None
