@@ -170,6 +170,8 @@ def with_overrides(config: Config, *, name: str | None = None, listen: str | Non
         parse_listen(listen)
         changes["listen"] = listen
     if state_dir is not None:
+        if not state_dir.strip() or "\0" in state_dir:
+            raise ConfigError("--state-dir: expected a directory")
         changes["state_dir"] = state_dir
     if command:
         changes["engine"] = dataclasses.replace(config.engine, command=tuple(command))
@@ -212,6 +214,8 @@ class _Validator:
         value = data.get(key.rsplit(".", 1)[-1], [])
         if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
             raise self.error(key, 'expected a list of strings, e.g. ["vllm", "serve", "/models/m"]')
+        if any("\0" in x for x in value):
+            raise self.error(key, "a NUL character cannot be passed to a program")
         return value
 
     def string_map(self, data: Mapping[str, Any], key: str) -> dict[str, str]:
@@ -221,10 +225,12 @@ class _Validator:
         for k, x in value.items():
             if not isinstance(x, str):
                 raise self.error(f"{key}.{k}", "expected a string (quote numbers: \"1\")")
+            if not k or "=" in k or "\0" in k or "\0" in x:
+                raise self.error(f"{key}.{k!r}", "not an environment variable (no '=' or NUL in a name, no NUL in a value)")
         return dict(value)
 
     def positive(self, data: Mapping[str, Any], where: str, default: float, key: str | None = None) -> float:
         value = data.get(key or where.rsplit(".", 1)[-1], default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise self.error(where, "expected a number > 0")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e9:
+            raise self.error(where, "expected a finite number > 0")
         return float(value)

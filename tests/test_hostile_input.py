@@ -9,6 +9,7 @@ import json
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -115,3 +116,67 @@ def test_engine_url_credentials_are_refused_not_logged() -> None:
     with contextlib.redirect_stderr(err):
         assert main(["export", "--engine-url", "http://admin:hunter2@127.0.0.1:8000", "--no-nvml"]) == 2
     assert "hunter2" not in err.getvalue() and err.getvalue().count("\n") == 1
+
+
+# -- the TOML config and the web config (issue 15, item 5) ----------------------------------------------
+
+@pytest.mark.parametrize("toml,message", [
+    ('[engine]\ncommand = ["vllm", "serve", "m"]\nenvironment = { "A=B" = "1" }\n', "environment"),
+    ('[engine]\ncommand = ["vllm", "serve", "m\\u0000x"]\n', "NUL"),
+    ('[engine]\ncommand = ["vllm", "serve", "m"]\nstop_timeout_seconds = inf\n', "finite"),
+    ('[engine]\ncommand = ["vllm", "serve", "m"]\nstart_timeout_seconds = nan\n', "finite"),
+    ('name = "a"\x00\n', "k.toml"),
+])
+def test_bad_toml_values_are_one_line(tmp_path: Path, toml: str, message: str) -> None:
+    from kvwatch.config import load_config
+    from kvwatch.errors import ConfigError
+    path = tmp_path / "k.toml"
+    path.write_text(toml)
+    with pytest.raises(ConfigError, match=message):
+        load_config(path)
+
+
+def test_an_empty_state_dir_is_refused() -> None:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert main(["run", "--state-dir", "", "--", "vllm", "serve", "m"]) == 2
+    assert "--state-dir" in err.getvalue()
+
+
+@pytest.mark.parametrize("content", [
+    b"basic_auth_users:\n  u: '$2y$10$notahash'\n",
+    b"\xff\xfe\x00binary\x00",
+])
+def test_bad_web_configs_are_one_line(tmp_path: Path, content: bytes) -> None:
+    from kvwatch.errors import ConfigError
+    from kvwatch.exporter.web_config import load_web_config
+    path = tmp_path / "web.yml"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError):
+        load_web_config(path)
+
+
+def test_an_encrypted_key_never_asks_for_a_pass_phrase(tmp_path: Path) -> None:
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    from kvwatch.errors import ConfigError
+    from kvwatch.exporter.web_config import load_web_config
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kvwatch")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(1).not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
+            .sign(key, hashes.SHA256()))
+    (tmp_path / "c.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (tmp_path / "k.pem").write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.BestAvailableEncryption(b"secret")))
+    (tmp_path / "web.yml").write_text("tls_server_config:\n  cert_file: c.pem\n  key_file: k.pem\n")
+    config = load_web_config(tmp_path / "web.yml")
+    with pytest.raises(ConfigError, match="TLS certificate or key"):
+        config.tls.context()

@@ -175,7 +175,7 @@ def test_example_config_loads() -> None:
 @pytest.mark.parametrize("data, needle", [
     ({"engine": {"command": ["vllm"], "hang_timeout_second": 5}}, "engine.hang_timeout_second: unknown key"),
     ({"engine": {"command": "vllm serve m"}}, "engine.command: expected a list of strings"),
-    ({"engine": {"command": ["v"], "stop_timeout_seconds": -1}}, "engine.stop_timeout_seconds: expected a number > 0"),
+    ({"engine": {"command": ["v"], "stop_timeout_seconds": -1}}, "engine.stop_timeout_seconds: expected a finite number > 0"),
     ({"engine": {"command": ["v"], "environment": {"X": 1}}}, "engine.environment.X: expected a string"),
     ({"policy": {"max_restarts": "5"}}, "policy.max_restarts: expected a whole number"),
     ({"policy": {"preflight": 1}}, "policy.preflight: expected true or false"),

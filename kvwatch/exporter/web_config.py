@@ -52,7 +52,8 @@ class TlsConfig:
         if self.max_version:
             ctx.maximum_version = TLS_VERSIONS[self.max_version]
         try:
-            ctx.load_cert_chain(self.cert_file, self.key_file)
+            # an encrypted key would make OpenSSL ask for a pass phrase on the terminal: never
+            ctx.load_cert_chain(self.cert_file, self.key_file, password=lambda: b"")
             if self.client_ca_file is not None:
                 ctx.load_verify_locations(cafile=str(self.client_ca_file))
         except (OSError, ssl.SSLError) as exc:
@@ -70,9 +71,15 @@ class WebConfig:
 def load_web_config(path: str | Path) -> WebConfig:
     path = Path(path)
     try:
-        doc = yaml.safe_load(path.read_text())
+        with open(path, "rb") as f:
+            raw = f.read(1 << 20)
+        doc = yaml.safe_load(raw.decode("utf-8"))
     except OSError as exc:
         raise ConfigError(f"web config {path}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"web config {path}: not text (UTF-8 YAML expected)") from None
+    except RecursionError:
+        raise ConfigError(f"web config {path}: nested too deeply") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"web config {path}: not YAML: {str(exc).splitlines()[0]}") from None
     return parse_web_config(doc or {}, path.parent)
@@ -92,6 +99,11 @@ def parse_web_config(doc: Any, base: Path = Path(".")) -> WebConfig:
     for user, hashed in users.items():
         if not isinstance(user, str) or not isinstance(hashed, str) or not hashed.startswith("$2"):
             raise ConfigError(f"web config: basic_auth_users: {user!r}: expected a bcrypt hash ($2a$/$2b$/$2y$)")
+        try:   # a hash bcrypt cannot read would make every request a 401: refuse it now
+            import bcrypt
+            bcrypt.checkpw(b"", hashed.encode())
+        except ValueError:
+            raise ConfigError(f"web config: basic_auth_users: {user!r}: not a valid bcrypt hash") from None
         hashes[user] = hashed.encode()
     return WebConfig(tls=tls, users=hashes)
 
