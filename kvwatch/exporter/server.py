@@ -31,7 +31,7 @@ _LOG = logging.getLogger(__name__)
 DEFAULT_LISTEN = "127.0.0.1:9400"
 REQUEST_TIMEOUT = 30.0  # seconds one read or write may wait
 CONNECTION_DEADLINE = 15.0  # seconds a whole connection may take (handshake, request, response)
-MAX_CONNECTIONS = 64        # connections served at once; more are closed at once (threads and memory bounded)
+MAX_CONNECTIONS = 256       # connections served at once (threads and memory bounded); see _Server.process_request
 _INDEX = (b"<html><head><title>kvwatch</title></head><body><h1>kvwatch</h1>"
           b'<p><a href="/metrics">Metrics</a></p></body></html>\n')
 
@@ -46,14 +46,22 @@ def parse_listen(text: str) -> tuple[str, int]:
 
 
 class BasicAuth:
-    """Checks user:password against bcrypt hashes; remembers successes (and only those)."""
+    """Checks user:password against bcrypt hashes; remembers successes, and failures for a while.
+
+    bcrypt is slow by design, so a flood of wrong passwords would take the CPU: one bcrypt check
+    runs at a time (a credential that finds it busy is refused at once, not queued), and a
+    credential that just failed fails again from memory. A known-good credential never waits:
+    its success is remembered."""
 
     MAX_CACHED = 1024
+    FAILED_FOR = 60.0   # seconds a failed credential is refused without a new bcrypt check
 
     def __init__(self, users: dict[str, bytes]) -> None:
         self._users = dict(users)
         self._ok: set[bytes] = set()
+        self._failed: dict[bytes, float] = {}
         self._lock = threading.Lock()
+        self._bcrypt = threading.Semaphore(1)
         self._dummy: bytes | None = None  # compared against for unknown users: same time as a known one
 
     def __bool__(self) -> bool:
@@ -70,20 +78,30 @@ class BasicAuth:
             return False
         hashed = self._users.get(user)
         key = hashlib.sha256(b"\0".join([user.encode(), password.encode(), hashed or b""])).digest()
+        now = time.monotonic()
         with self._lock:
             if hashed is not None and key in self._ok:
                 return True
+            if self._failed.get(key, 0.0) > now:
+                return False
+        if not self._bcrypt.acquire(blocking=False):
+            return False      # another check runs: a flood does not queue up bcrypt work
         try:
             ok = bcrypt.checkpw(password.encode(), hashed if hashed is not None else self._dummy_hash())
         except ValueError:  # a malformed hash in the config
             _LOG.warning("basic auth: the hash of user %r is not a valid bcrypt hash", user)
             return False
+        finally:
+            self._bcrypt.release()
         ok = ok and hashed is not None
-        if ok:
-            with self._lock:
-                if len(self._ok) >= self.MAX_CACHED:
-                    self._ok.clear()
+        with self._lock:
+            cache = self._ok if ok else self._failed
+            if len(cache) >= self.MAX_CACHED:
+                cache.clear()
+            if ok:
                 self._ok.add(key)
+            else:
+                self._failed[key] = now + self.FAILED_FOR
         return ok
 
     def _dummy_hash(self) -> bytes:
@@ -95,6 +113,8 @@ class BasicAuth:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
+    request_queue_size = 256   # the listen backlog: under a burst of connections (socketserver's 5
+    #                            would drop SYNs, and a dropped SYN costs a client a whole second)
 
     def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
                  tls: ssl.SSLContext | None) -> None:
@@ -104,9 +124,29 @@ class _Server(ThreadingHTTPServer):
         self.tls = tls
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self._open: dict[int, tuple[float, socket.socket]] = {}   # id -> (deadline, socket)
+        self._waiting: dict[int, float] = {}   # id -> since when the connection waits for a request head
         self._open_lock = threading.Lock()
         self._reaper: threading.Thread | None = None
         super().__init__(address, handler)
+
+    def waiting(self, request: Any, yes: bool) -> None:
+        with self._open_lock:
+            if yes:
+                self._waiting[id(request)] = time.monotonic()
+            else:
+                self._waiting.pop(id(request), None)
+
+    def _evict_one(self) -> bool:
+        now = time.monotonic()
+        with self._open_lock:
+            idle = [(since, key) for key, since in self._waiting.items() if now - since > 0.5 and key in self._open]
+            if not idle:
+                return False
+            _, key = min(idle)
+            self._waiting.pop(key, None)
+            sock = self._open[key][1]
+        _cut(sock)
+        return True
 
     def _watch_deadlines(self) -> None:
         """One thread for every connection's deadline (not a timer thread per connection)."""
@@ -119,11 +159,14 @@ class _Server(ThreadingHTTPServer):
                 _cut(sock)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        # One thread per connection, but never more than MAX_CONNECTIONS: a flood of idle
-        # connections is closed at once instead of costing a thread and its memory each.
+        # One thread per connection, but never more than MAX_CONNECTIONS. When all are taken, the
+        # connection that has waited longest without a request in progress (idle, or sending its
+        # request head a byte at a time) gives way: a scraper's request takes milliseconds, so it
+        # gets in, and a flood of idle or slow connections costs no more than MAX_CONNECTIONS threads.
         if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)
-            return
+            if not (self._evict_one() and self._slots.acquire(timeout=0.2)):
+                self.shutdown_request(request)   # at once: the accept queue must not wait on it
+                return
         try:
             super().process_request(request, client_address)
         except BaseException:
@@ -144,6 +187,7 @@ class _Server(ThreadingHTTPServer):
         finally:
             with self._open_lock:
                 self._open.pop(id(request), None)
+                self._waiting.pop(id(request), None)
             self._slots.release()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -298,6 +342,15 @@ def _handler(renderer: RenderCache, auth: BasicAuth,
 
         def version_string(self) -> str:
             return self.server_version   # the Server header names no runtime (no Python version)
+
+        def handle_one_request(self) -> None:
+            self.server.waiting(self.request, True)          # until a request head has arrived
+            super().handle_one_request()
+
+        def parse_request(self) -> bool:
+            ok = super().parse_request()
+            self.server.waiting(self.request, False)
+            return ok
 
         def do_GET(self) -> None:  # noqa: N802
             self._serve(body=True)
