@@ -13,7 +13,9 @@ behaves as the real CPU engine did where the tests need it:
   EngineCore); --die-after S: exits 1 with the real engine-died log after S seconds of
   serving (once per --die-once MARKER); --never-ready: never listens;
 - --flood MB: writes MB megabytes of lines as fast as it can, then exits 0;
-- --drip S: every answer is sent one byte each S seconds (a hung or hostile engine's HTTP).
+- --drip S: every answer is sent one byte each S seconds (a hung or hostile engine's HTTP);
+- --escape FILE: a descendant double-forks into a session of its own, ignores SIGTERM, and
+  writes its pid to FILE (it escapes the engine's process group, but not its environment).
 """
 from __future__ import annotations
 
@@ -83,6 +85,7 @@ def main() -> int:
     p.add_argument("--flood", type=float)
     p.add_argument("--env-dump")
     p.add_argument("--drip", type=float)
+    p.add_argument("--escape")
     args, _ = p.parse_known_args()
     print(f"(APIServer pid={os.getpid()}) INFO fake engine starting: {' '.join(sys.argv[1:])}", flush=True)
     if args.env_dump:
@@ -106,6 +109,15 @@ def main() -> int:
     if args.block_size is not None and args.block_size % 32:
         emit(LOGS / "cpu_block_size_8.log")
         return 1
+    if args.escape:
+        code = ("import os, signal, sys, time\n"
+                "if os.fork(): sys.exit(0)\n"
+                "os.setsid()\n"
+                "if os.fork(): sys.exit(0)\n"
+                "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                f"open({args.escape!r}, 'w').write(str(os.getpid()))\n"
+                "while True: time.sleep(1)\n")
+        subprocess.Popen([sys.executable, "-c", code]).wait()
     # EngineCore stand-in: same process group, outlives nothing on its own.
     child = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(1)"])
     print(f"(EngineCore pid={child.pid}) INFO started", flush=True)

@@ -816,3 +816,20 @@ def test_a_dripping_engine_holds_neither_the_start_timeout_nor_a_stop(tmp_path: 
     t0 = time.monotonic()
     assert run.stop(timeout=10) == EXIT_OK
     assert time.monotonic() - t0 < 2.0
+
+
+def test_a_descendant_that_escaped_the_group_is_ended_at_stop(tmp_path: Path, model: Path) -> None:
+    """A process of the engine that double-forked into a session of its own and ignores SIGTERM: not
+    in the engine's group, but it carries the engine's marker, so the stop ends it too."""
+    pid_file = tmp_path / "escaped.pid"
+    cfg = config(tmp_path, fake(model, free_port(), "--escape", str(pid_file)))
+    run = Running(supervisor(cfg))
+    run.wait_state(EngineState.READY)
+    escaped = int(pid_file.read_text())
+    leader = run.sup.status.pids[0]
+    assert os.getsid(escaped) != os.getsid(leader) and os.getpgid(escaped) != os.getpgid(leader)
+    assert run.stop() == EXIT_OK
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(escaped) and psutil.Process(escaped).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the escaped descendant survived the stop"
+        time.sleep(0.1)
