@@ -393,9 +393,8 @@ def kill_processes(refs: Iterable[ProcRef], timeout: float,
     loose: list[ProcRef] = []
     for ref in live:
         pgid = _pgid(ref.pid)
-        leader_ours = marker is None or environ_value(pgid, marker[0]) == marker[1] if pgid else False
-        if pgid is None or pgid == own_group or not leader_ours:  # never our own group, nor a stranger's
-            loose.append(ref)
+        if pgid is None or pgid == own_group or not _leader_carries(pgid, marker):
+            loose.append(ref)     # never our own group, nor one whose leader is a stranger
         else:
             by_group.setdefault(pgid, []).append(ref)
     for pgid, members in by_group.items():
@@ -403,6 +402,11 @@ def kill_processes(refs: Iterable[ProcRef], timeout: float,
     if loose:
         _stop_each(loose, timeout, sleep)
     return [r.pid for r in live]
+
+
+def _leader_carries(pgid: int, marker: tuple[str, str] | None) -> bool:
+    """Whether the group's leader carries the engine's marker (no marker given: trust the group)."""
+    return marker is None or environ_value(pgid, marker[0]) == marker[1]
 
 
 def _pgid(pid: int) -> int | None:

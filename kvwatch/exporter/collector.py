@@ -145,8 +145,8 @@ def _engine(f: dict[str, Any], engine: EngineSnapshot) -> None:
     metrics = engine.metrics if engine.metrics is not None and engine.metrics.ok else None
     # Every DP rank sizes its cache alone, so the plan is each rank's; ranks as the engine
     # reports them, else as the plan's DP size says (bounded by it).
-    ranks = sorted(set(actual_ranks) | {r.rank for r in metrics.ranks} if metrics else set(actual_ranks),
-                   key=lambda r: (len(r), r))
+    reported = set(actual_ranks) | ({r.rank for r in metrics.ranks} if metrics else set())
+    ranks = sorted(reported, key=lambda r: (len(r), r))
     if not ranks and plan is not None:
         ranks = [str(i) for i in range(plan.data_parallel_size)]
     if plan is not None:
