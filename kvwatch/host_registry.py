@@ -17,11 +17,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import stat
 from collections.abc import Iterable
+from pathlib import Path
 
 from kvwatch import processes
 from kvwatch.processes import ProcRef
+from kvwatch.state_store import read_regular, write_atomic
 
 _LOG = logging.getLogger(__name__)
 
@@ -37,27 +38,25 @@ class HostRegistry:
         self.name = name
         self.path = os.path.join(self.directory, f"{name}.json")
         self._me = processes.ref_of(os.getpid())
-        self._published: list[list[float]] | None = None
+        self._pids: list[int] | None = None          # the pids of the claim last written
         self._warned: set[str] = set()
 
     # -- this instance's engine ----------------------------------------------------
 
     def publish(self, pids: Iterable[int]) -> None:
-        """Claim the engine's processes for this instance (written only when they changed)."""
-        refs = [r for r in (processes.ref_of(p) for p in sorted(set(pids))[:_MAX_PIDS]) if r is not None]
-        claimed = [[r.pid, r.create_time] for r in refs]
-        if claimed == self._published:
+        """Claim the engine's processes for this instance (written only when they changed: the
+        start times are looked up then, not every tick)."""
+        wanted = sorted(set(pids))[:_MAX_PIDS]
+        if wanted == self._pids:
             return
+        refs = [r for r in map(processes.ref_of, wanted) if r is not None]
         me = self._me
-        data = {"name": self.name, "kvwatch": [me.pid, me.create_time] if me else None, "pids": claimed}
+        data = {"name": self.name, "kvwatch": [me.pid, me.create_time] if me else None,
+                "pids": [[r.pid, r.create_time] for r in refs]}
         try:
             os.makedirs(self.directory, mode=0o755, exist_ok=True)
-            tmp = f"{self.path}.{os.getpid()}.tmp"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-            with os.fdopen(fd, "w") as f:
-                json.dump(data, f)
-            os.replace(tmp, self.path)
-            self._published = claimed
+            write_atomic(Path(self.path), json.dumps(data).encode())
+            self._pids = wanted
         except OSError as exc:
             self._warn("publish", f"host registry: cannot write {self.path}: {exc}")
 
@@ -67,7 +66,7 @@ class HostRegistry:
             os.unlink(self.path)
         except OSError:
             pass
-        self._published = None
+        self._pids = None
 
     # -- the other instances' engines ----------------------------------------------
 
@@ -96,19 +95,12 @@ class HostRegistry:
 
     def _read(self, path: str) -> dict | None:
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            raw = read_regular(Path(path), MAX_FILE_BYTES)
+        except ValueError:
+            self._warn(path, f"host registry: {path} is not a small regular file; ignored")
+            return None
         except OSError:
             return None                       # gone meanwhile, or a symlink
-        try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_FILE_BYTES:
-                self._warn(path, f"host registry: {path} is not a small regular file; ignored")
-                return None
-            raw = os.read(fd, MAX_FILE_BYTES + 1)
-        except OSError:
-            return None
-        finally:
-            os.close(fd)
         try:
             data = json.loads(raw)
         except (ValueError, RecursionError):

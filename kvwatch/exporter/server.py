@@ -127,6 +127,7 @@ class _Server(ThreadingHTTPServer):
         self._waiting: dict[int, float] = {}   # id -> since when the connection waits for a request head
         self._open_lock = threading.Lock()
         self._reaper: threading.Thread | None = None
+        self._closed = threading.Event()
         super().__init__(address, handler)
 
     def waiting(self, request: Any, yes: bool) -> None:
@@ -148,10 +149,14 @@ class _Server(ThreadingHTTPServer):
         _cut(sock)
         return True
 
+    def server_close(self) -> None:
+        self._closed.set()
+        super().server_close()
+
     def _watch_deadlines(self) -> None:
-        """One thread for every connection's deadline (not a timer thread per connection)."""
-        while True:
-            time.sleep(0.25)
+        """One thread for every connection's deadline (not a timer thread per connection); it
+        ends with the server."""
+        while not self._closed.wait(0.25):
             now = time.monotonic()
             with self._open_lock:
                 late = [sock for deadline, sock in self._open.values() if deadline <= now]
