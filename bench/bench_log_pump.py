@@ -1,6 +1,6 @@
 """Does kvwatch's log handling slow the engine? A child writes SIZE MB of log lines as fast as
 it can; its own throughput is measured with stdout on /dev/null and under kvwatch's real path
-(kvwatch.processes.spawn: stdout+stderr on one pipe, drained by OutputPump, which splits and
+(kvwatch.boundary.processes.spawn: stdout+stderr on one pipe, drained by OutputPump, which splits and
 decodes the lines, keeps the ring buffer, parses the startup facts and passes every line,
 prefixed, to a sink that writes to /dev/null). A third case, the same pipe drained by `cat` to
 /dev/null, shows what a plain pipe reader costs; a fourth, a 1 MiB pipe drained by a process that
@@ -16,7 +16,7 @@ lines and bytes it was handed and the ring's last line must be the child's: no l
 Each case runs RUNS times interleaved; medians are printed with the ratio to /dev/null.
 
 Run: .venv/bin/python bench/bench_log_pump.py [--size MB] [--runs N] [--mode block|lines|logging|all]
-     [--pump FILE]   also measure OutputPump from FILE (an experimental copy of kvwatch/output_pump.py)
+     [--pump FILE]   also measure OutputPump from FILE (an experimental copy of kvwatch/watchdog/output_pump.py)
 """
 from __future__ import annotations
 
@@ -33,8 +33,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kvwatch import output_pump, processes  # noqa: E402
-from kvwatch.output_pump import OutputPump  # noqa: E402
+from kvwatch.watchdog import output_pump  # noqa: E402
+
+from kvwatch.boundary import processes
+from kvwatch.watchdog.output_pump import OutputPump  # noqa: E402
 
 BAR = 0.9
 MODES = ("block", "lines", "logging")

@@ -12,7 +12,7 @@ Side by side in one run: the default engine config (health_interval_seconds 5, s
 loop ticks every 1 s) and a 0.2 s health interval (tick 0.2 s), both with backoff 0.
 
 Run: .venv/bin/python bench/bench_reaction.py [--runs 20]
-     [--supervisor FILE]   an experimental copy of kvwatch/supervisor.py to measure instead
+     [--supervisor FILE]   an experimental copy of kvwatch/watchdog/supervisor.py to measure instead
 """
 from __future__ import annotations
 
@@ -32,12 +32,12 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from engine_support import free_port, llama_config, write_model  # noqa: E402
-from kvwatch.config import Config, EngineConfig  # noqa: E402
-from kvwatch.devices import Device  # noqa: E402
+from kvwatch.watchdog.config import Config, EngineConfig  # noqa: E402
+from kvwatch.planner.devices import Device  # noqa: E402
 from kvwatch.policy import Policy  # noqa: E402
-from kvwatch.rules import ruleset_for  # noqa: E402
-from kvwatch.sd_notify import SdNotifier  # noqa: E402
-from kvwatch.supervisor import Supervisor  # noqa: E402
+from kvwatch.planner.rules import ruleset_for  # noqa: E402
+from kvwatch.watchdog.sd_notify import SdNotifier  # noqa: E402
+from kvwatch.watchdog.supervisor import Supervisor  # noqa: E402
 
 BAR_S = 0.250
 CPU = Device("cpu", "bench cpu (no AVX-512)", cpu_fp8_kv=False, source="cpu")

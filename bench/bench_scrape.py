@@ -32,7 +32,7 @@ from kvwatch.exporter.actual import actual_kv  # noqa: E402
 from kvwatch.exporter.collector import KvwatchCollector  # noqa: E402
 from kvwatch.exporter.server import MetricsServer, RenderCache  # noqa: E402
 from kvwatch.exporter.snapshot import CollectorResult, EngineSnapshot, WatchSnapshot  # noqa: E402
-from kvwatch.nvml import GpuInfo, GpuProcess, NvmlSnapshot  # noqa: E402
+from kvwatch.boundary.nvml import GpuInfo, GpuProcess, NvmlSnapshot  # noqa: E402
 
 GIB = 1 << 30
 GPUS = ENGINES = 8

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from kvwatch.plan import Plan
+from kvwatch.planner.plan import Plan
 
 
 class EngineState(str, Enum):

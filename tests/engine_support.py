@@ -19,7 +19,7 @@ from typing import Iterator
 
 import pytest
 
-from kvwatch.processes import stop_group
+from kvwatch.boundary.processes import stop_group
 
 ENGINE_MODULE = "vllm.entrypoints.openai.api_server"
 START_TIMEOUT = float(os.environ.get("KVWATCH_TEST_ENGINE_TIMEOUT", "300"))

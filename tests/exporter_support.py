@@ -8,15 +8,15 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvwatch.devices import GiB, Device
-from kvwatch.engine_args import EngineCommand
-from kvwatch.engine_http import EngineMetrics, parse_metrics
+from kvwatch.planner.devices import GiB, Device
+from kvwatch.planner.engine_args import EngineCommand
+from kvwatch.boundary.engine_http import EngineMetrics, parse_metrics
 from kvwatch.exporter.actual import KvContext
 from kvwatch.exporter.collector import KvwatchCollector
 from kvwatch.exporter.snapshot import WatchSnapshot
-from kvwatch.geometry import geometry_from_config
-from kvwatch.plan import MemoryInputs, Plan, make_plan
-from kvwatch.rules import ruleset_for
+from kvwatch.planner.geometry import geometry_from_config
+from kvwatch.planner.plan import MemoryInputs, Plan, make_plan
+from kvwatch.planner.rules import ruleset_for
 
 METRICS = Path(__file__).parent / "fixtures" / "metrics"
 RULES = ruleset_for("0.32.0")

@@ -6,11 +6,11 @@ from dataclasses import replace
 
 from exporter_support import CPU, RULES, fixture_context, fixture_metrics, fixture_plan
 from engine_support import deepseek_v2_config
-from kvwatch.devices import GiB, preset
-from kvwatch.engine_args import EngineCommand
-from kvwatch.engine_http import CacheConfig
+from kvwatch.planner.devices import GiB, preset
+from kvwatch.planner.engine_args import EngineCommand
+from kvwatch.boundary.engine_http import CacheConfig
 from kvwatch.exporter.actual import KvContext, actual_kv, plan_for_reported
-from kvwatch.geometry import geometry_from_config
+from kvwatch.planner.geometry import geometry_from_config
 
 
 def test_real_engine_block64_remainder_and_null_block() -> None:

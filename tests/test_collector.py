@@ -23,7 +23,7 @@ from kvwatch.exporter.actual import actual_kv
 from kvwatch.exporter.collector import ENGINE_STATES, FAILURE_KINDS
 from kvwatch.exporter.snapshot import CollectorResult, EngineSnapshot, WatchSnapshot
 from kvwatch.exporter.watch import EngineTarget, Watch
-from kvwatch.nvml import GpuInfo, GpuProcess, Nvml, NvmlSnapshot
+from kvwatch.boundary.nvml import GpuInfo, GpuProcess, Nvml, NvmlSnapshot
 from nvml_standin import GIB, NvmlStandin, StandinGpu, StandinProcess, StandinState
 from nvml_standin import nvml_standin_fixture  # noqa: F401
 from operator_tools import readme_metric_labels
@@ -286,7 +286,7 @@ def test_process_rss_per_engine_from_the_injected_source() -> None:
                              stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "up"  # running python now
-        def proc_rss(pids: list[int]) -> dict[int, int]:  # what kvwatch.processes provides, from /proc
+        def proc_rss(pids: list[int]) -> dict[int, int]:  # what kvwatch.boundary.processes provides, from /proc
             out = {}
             for pid in pids:
                 try:

@@ -292,7 +292,7 @@ def test_every_pattern_is_exercised():
 
 
 def test_planner_warning_kinds_are_failure_classes():
-    from kvwatch import plan
+    from kvwatch.planner import plan
     for name in ("BLOCK_SIZE_UNSUPPORTED", "KV_DTYPE_UNSUPPORTED", "KERNEL_OUT_OF_RESOURCES", "KV_CACHE_TOO_SMALL",
                  "NO_KV_CACHE_MEMORY", "NO_ATTENTION_BACKEND"):
         assert FailureKind(getattr(plan, name)) is FailureKind[name]

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from kvwatch.engine_args import EngineCommand
+from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.errors import KvwatchError
-from kvwatch.units import parse_size, parse_vllm_int
+from kvwatch.planner.units import parse_size, parse_vllm_int
 
 SERVE = ["vllm", "serve", "/models/m"]
 API = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/models/m"]

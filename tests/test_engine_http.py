@@ -1,4 +1,4 @@
-"""kvwatch.engine_http against /metrics pages captured from the real vLLM CPU engine
+"""kvwatch.boundary.engine_http against /metrics pages captured from the real vLLM CPU engine
 (tests/fixtures/metrics/capture_cpu_metrics.py), served over real HTTP where HTTP matters."""
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine_standin import Route, serve_routes
-from kvwatch import engine_http
-from kvwatch.engine_http import CacheConfig, EngineMetrics, parse_metrics
+from kvwatch.boundary import engine_http
+from kvwatch.boundary.engine_http import CacheConfig, EngineMetrics, parse_metrics
 
 METRICS = Path(__file__).parent / "fixtures" / "metrics"
 DEFAULT_PAGE = (METRICS / "cpu_default.txt").read_text()
@@ -238,7 +238,7 @@ def test_a_redirect_is_not_followed() -> None:
 
 
 def test_an_endless_body_is_cut_at_the_size_limit(monkeypatch: pytest.MonkeyPatch) -> None:
-    import kvwatch.engine_http as eh
+    import kvwatch.boundary.engine_http as eh
     monkeypatch.setattr(eh, "MAX_PAGE_BYTES", 1000)   # the limit, not the function under test
     body = b"x" * 5000
     url, stop = _drip_server(b"HTTP/1.1 200 OK\r\nContent-Length: 5000\r\n\r\n" + body, 0)

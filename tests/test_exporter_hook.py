@@ -8,10 +8,10 @@ import pytest
 
 from engine_support import free_port, http_get
 from exporter_support import fixture_plan, samples, value
-from kvwatch.config import Config
+from kvwatch.watchdog.config import Config
 from kvwatch.engine_status import EngineState, EngineStatus
 from kvwatch.errors import KvwatchError
-from kvwatch.exporter_hook import attach
+from kvwatch.exporter.hook import attach
 from nvml_standin import NvmlStandin
 from nvml_standin import nvml_standin_fixture  # noqa: F401
 

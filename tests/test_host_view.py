@@ -23,7 +23,7 @@ import pytest
 
 from engine_support import free_port, http_get, llama_config, write_model
 from exporter_support import samples, value
-from kvwatch.host_registry import HostRegistry
+from kvwatch.watchdog.host_registry import HostRegistry
 from nvml_standin import GIB, NvmlStandin, StandinGpu, StandinProcess, StandinState
 from nvml_standin import nvml_standin_fixture  # noqa: F401
 

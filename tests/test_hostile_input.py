@@ -128,7 +128,7 @@ def test_engine_url_credentials_are_refused_not_logged() -> None:
     ('name = "a"\x00\n', "k.toml"),
 ])
 def test_bad_toml_values_are_one_line(tmp_path: Path, toml: str, message: str) -> None:
-    from kvwatch.config import load_config
+    from kvwatch.watchdog.config import load_config
     from kvwatch.errors import ConfigError
     path = tmp_path / "k.toml"
     path.write_text(toml)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kvwatch.diagnosis import FailureKind, diagnose, propose_remedy
-from kvwatch.engine_args import EngineCommand
+from kvwatch.planner.engine_args import EngineCommand
 
 LOGS = Path(__file__).resolve().parent / "fixtures" / "logs"
 BLOCK = "No common block size for 128 (CPU_ATTN: [MultipleOf(4096)])"

@@ -124,7 +124,7 @@ def test_monitors_select_the_pods_and_their_port(variant: str) -> None:
 def test_the_kvwatch_pod_probes_and_grace_period_fit_kvwatch() -> None:
     import tomllib
 
-    from kvwatch.config import config_from_mapping, with_overrides
+    from kvwatch.watchdog.config import config_from_mapping, with_overrides
 
     [deployment] = by_kind("Deployment", "kvwatch-run")
     spec = deployment["spec"]["template"]["spec"]

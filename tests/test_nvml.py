@@ -1,4 +1,4 @@
-"""kvwatch.nvml through the real nvidia-ml-py, loading the stand-in libnvidia-ml.so.1.
+"""kvwatch.boundary.nvml through the real nvidia-ml-py, loading the stand-in libnvidia-ml.so.1.
 
 Nothing here is mocked: pynvml calls into the compiled fake driver, whose
 state file each test rewrites (see tests/nvml_standin/).
@@ -16,7 +16,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from kvwatch.nvml import GpuInfo, GpuProcess, Nvml, parse_cuda_visible_devices
+from kvwatch.boundary.nvml import GpuInfo, GpuProcess, Nvml, parse_cuda_visible_devices
 from nvml_standin import GIB, NvmlStandin, StandinGpu, StandinProcess, StandinState
 from nvml_standin import nvml_standin_fixture  # noqa: F401
 
@@ -234,7 +234,7 @@ def test_concurrent_snapshots_are_consistent(nvml: Nvml) -> None:
 
 CHILD = """
 import json, sys
-from kvwatch.nvml import Nvml
+from kvwatch.boundary.nvml import Nvml
 snap = Nvml(*sys.argv[1:]).snapshot()
 print(json.dumps({"available": snap.available, "error": snap.error,
                   "uuids": [g.uuid for g in snap.gpus]}))

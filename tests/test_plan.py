@@ -8,12 +8,12 @@ import pytest
 
 from engine_support import deepseek_v2_config, llama_config, write_model
 from kvwatch.cli import main
-from kvwatch.devices import GiB, Device, preset
-from kvwatch.engine_args import EngineCommand
+from kvwatch.planner.devices import GiB, Device, preset
+from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.errors import ConfigError
-from kvwatch.geometry import geometry_from_config
-from kvwatch.plan import MemoryInputs, make_plan
-from kvwatch.rules import ruleset_for
+from kvwatch.planner.geometry import geometry_from_config
+from kvwatch.planner.plan import MemoryInputs, make_plan
+from kvwatch.planner.rules import ruleset_for
 
 RULES = ruleset_for("0.32.0")
 CPU = Device("cpu", "cpu", cpu_fp8_kv=True)

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine_support import (deepseek_v2_config, engine_env, llama_config, run_engine_to_exit,
                             running_engine, write_model)
-from kvwatch.device_probe import cpu_device
+from kvwatch.boundary.device_probe import cpu_device
 
 pytestmark = pytest.mark.engine
 

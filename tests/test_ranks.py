@@ -11,16 +11,16 @@ from dataclasses import replace
 from pathlib import Path
 
 from engine_support import llama_config
-from kvwatch.devices import GiB, Device
-from kvwatch.engine_args import EngineCommand
-from kvwatch.engine_http import CacheConfig, parse_metrics
+from kvwatch.planner.devices import GiB, Device
+from kvwatch.planner.engine_args import EngineCommand
+from kvwatch.boundary.engine_http import CacheConfig, parse_metrics
 from kvwatch.engine_status import EngineState, EngineStatus
 from kvwatch.exporter.actual import KvContext, actual_per_rank, rank_blocks
 from kvwatch.exporter.collector import KvwatchCollector
 from kvwatch.exporter.snapshot import EngineSnapshot, WatchSnapshot
-from kvwatch.geometry import geometry_from_config
-from kvwatch.plan import MemoryInputs, make_plan
-from kvwatch.rules import ruleset_for
+from kvwatch.planner.geometry import geometry_from_config
+from kvwatch.planner.plan import MemoryInputs, make_plan
+from kvwatch.planner.rules import ruleset_for
 
 PAGE = (Path(__file__).resolve().parent / "fixtures" / "metrics" / "cpu_dp2_excerpt.txt").read_text()
 CPU = Device("cpu", "cpu", source="cpu")
@@ -96,9 +96,9 @@ def test_exported_per_rank_drift_zero_and_usage_per_rank():
     assert 'kvwatch_kv_usage_ratio{engine="dp",rank="1"} 0.25' in page
 
 
-# -- which rank died first (kvwatch.engine_ranks) ------------------------------------------------
+# -- which rank died first (kvwatch.watchdog.engine_ranks) ------------------------------------------------
 
-from kvwatch.engine_ranks import RankWatch, lines_of_rank, rank_of, ranks_of_tree  # noqa: E402
+from kvwatch.watchdog.engine_ranks import RankWatch, lines_of_rank, rank_of, ranks_of_tree  # noqa: E402
 
 
 def test_ranks_of_tree_cores_and_their_workers():

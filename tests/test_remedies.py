@@ -8,13 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvwatch.devices import preset
+from kvwatch.planner.devices import preset
 from kvwatch.diagnosis import (SAME_PLAN_REASON, Diagnosis, FailureKind, GpuContext, Remedy, diagnose,
                                propose_remedy)
-from kvwatch.engine_args import EngineCommand
-from kvwatch.planning import plan_command
+from kvwatch.planner.engine_args import EngineCommand
+from kvwatch.boundary.plan_loader import plan_command
 from kvwatch.policy import Policy
-from kvwatch.rules import ruleset_for
+from kvwatch.planner.rules import ruleset_for
 
 LOGS = Path(__file__).resolve().parent / "fixtures" / "logs"
 KIMI = str(Path(__file__).resolve().parent.parent / "examples" / "kimi-k2")

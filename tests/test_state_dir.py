@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from kvwatch.errors import KvwatchError
-from kvwatch.state_store import EngineLock, EngineRecord, StateStore, load_all
+from kvwatch.watchdog.state_store import EngineLock, EngineRecord, StateStore, load_all
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -22,19 +22,20 @@ import pytest
 from engine_support import free_port, llama_config, write_model
 from nvml_standin import NvmlStandin
 from nvml_standin import nvml_standin_fixture  # noqa: F401 (registers the fixture)
-from kvwatch import leftovers, processes
-from kvwatch.budget import Budget
-from kvwatch.config import Config, EngineConfig, config_from_mapping, load_config
-from kvwatch.devices import Device
+from kvwatch.watchdog import leftovers
+from kvwatch.boundary import processes
+from kvwatch.watchdog.budget import Budget
+from kvwatch.watchdog.config import Config, EngineConfig, config_from_mapping, load_config
+from kvwatch.planner.devices import Device
 from kvwatch.engine_status import EngineState, EngineStatus
 from kvwatch.errors import ConfigError, KvwatchError
 from kvwatch.exitcodes import EXIT_GAVE_UP, EXIT_OK
-from kvwatch.output_pump import LogFacts, OutputPump, parse_fact
+from kvwatch.watchdog.output_pump import LogFacts, OutputPump, parse_fact
 from kvwatch.policy import Policy
-from kvwatch.rules import ruleset_for, with_learned_block_sizes
-from kvwatch.sd_notify import SdNotifier
-from kvwatch.state_store import EngineLock, EngineRecord, StateStore
-from kvwatch.supervisor import Supervisor
+from kvwatch.planner.rules import ruleset_for, with_learned_block_sizes
+from kvwatch.watchdog.sd_notify import SdNotifier
+from kvwatch.watchdog.state_store import EngineLock, EngineRecord, StateStore
+from kvwatch.watchdog.supervisor import Supervisor
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKE = str(Path(__file__).resolve().parent / "fake_engine.py")

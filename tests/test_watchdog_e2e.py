@@ -23,7 +23,7 @@ import pytest
 
 from engine_support import (cpu_runs_fp8_kv, engine_argv, engine_env, free_port, http_get, llama_config,
                             require_engine, write_model)
-from kvwatch.engine_http import parse_metrics
+from kvwatch.boundary.engine_http import parse_metrics
 from kvwatch.exitcodes import EXIT_GAVE_UP
 
 pytestmark = pytest.mark.engine

@@ -18,10 +18,10 @@ import signal
 import threading
 import urllib.parse
 
-from kvwatch import device_probe
+from kvwatch.boundary import device_probe
 from kvwatch.commands.plan import add_device_arguments, device_from_args
-from kvwatch.devices import Device
-from kvwatch.engine_args import EngineCommand
+from kvwatch.planner.devices import Device
+from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.errors import KvwatchError
 from kvwatch.exitcodes import EXIT_OK
 from kvwatch.exporter.actual import KvContext
@@ -95,13 +95,13 @@ def run(args: argparse.Namespace) -> int:
     context = _context(args)
     nvml = None
     if not args.no_nvml:
-        from kvwatch.nvml import Nvml  # only here: --no-nvml never loads the library
+        from kvwatch.boundary.nvml import Nvml  # only here: --no-nvml never loads the library
         nvml = Nvml()
     if any(pid <= 0 for pid in args.engine_pid):
         raise KvwatchError("--engine-pid: expected a positive process id")
-    from kvwatch import processes
-    from kvwatch.config import default_state_dir
-    from kvwatch.host_registry import HostRegistry
+    from kvwatch.boundary import processes
+    from kvwatch.watchdog.config import default_state_dir
+    from kvwatch.watchdog.host_registry import HostRegistry
 
     local = processes.is_local_host(urllib.parse.urlsplit(url).hostname or "")
     engines = external_engine(args.name, url, context, args.engine_pid,

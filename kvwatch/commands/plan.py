@@ -4,14 +4,14 @@ from __future__ import annotations
 import argparse
 import json
 
-from kvwatch import device_probe
-from kvwatch.devices import Device, parse_compute_capability, preset
+from kvwatch.boundary import device_probe
+from kvwatch.planner.devices import Device, parse_compute_capability, preset
 from kvwatch.errors import KvwatchError
 from kvwatch.exitcodes import EXIT_OK, EXIT_PLAN_WILL_FAIL
-from kvwatch.plan import Plan
-from kvwatch.planning import plan_command
-from kvwatch.rules import ruleset_for
-from kvwatch.units import format_bytes, parse_size
+from kvwatch.planner.plan import Plan
+from kvwatch.boundary.plan_loader import plan_command
+from kvwatch.planner.rules import ruleset_for
+from kvwatch.planner.units import format_bytes, parse_size
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -8,9 +8,9 @@ import threading
 from importlib import import_module
 from typing import Any, Callable, Iterable
 
-from kvwatch.config import Config, load_config, with_overrides
+from kvwatch.watchdog.config import Config, load_config, with_overrides
 from kvwatch.errors import KvwatchError
-from kvwatch.supervisor import Observer, Supervisor
+from kvwatch.watchdog.supervisor import Observer, Supervisor
 
 _LOG = logging.getLogger(__name__)
 
@@ -18,7 +18,7 @@ _LOG = logging.getLogger(__name__)
 # where close() stops what attach started. attach may call supervisor.add_observer(fn)
 # with fn(EngineStatus) -> None (called from the supervisor thread after every change)
 # or read supervisor.status (an immutable EngineStatus) whenever it likes.
-EXPORTER_HOOK = "kvwatch.exporter_hook"
+EXPORTER_HOOK = "kvwatch.exporter.hook"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

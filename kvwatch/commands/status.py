@@ -7,12 +7,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvwatch import processes
-from kvwatch.config import default_state_dir
+from kvwatch.boundary import processes
+from kvwatch.watchdog.config import default_state_dir
 from kvwatch.errors import KvwatchError
-from kvwatch.preflight import describe_change
-from kvwatch.processes import ProcRef
-from kvwatch.state_store import EngineRecord, load_all
+from kvwatch.watchdog.preflight import describe_change
+from kvwatch.boundary.processes import ProcRef
+from kvwatch.watchdog.state_store import EngineRecord, load_all
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

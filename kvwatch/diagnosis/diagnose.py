@@ -24,7 +24,7 @@ from kvwatch.diagnosis.patterns import (CHAIN_MARKERS, CONFIG_EXCEPTION, CONFIG_
                                         CONFIG_VALUE_ERROR, CONTEXT_PATTERNS, EXCEPTION_KEYWORDS,
                                         EXCEPTION_LINE, PATTERNS, READY_MARKERS, ROOT_KEYWORDS,
                                         RUN_START_MARKERS, TRACEBACK_START, WRAPPERS, Facts, Pattern)
-from kvwatch.rules import FP8_KV_DTYPES, PACKED_MLA_BYTES
+from kvwatch.planner.rules import FP8_KV_DTYPES, PACKED_MLA_BYTES
 
 MAX_LINE_CHARS = 64 * 1024          # a giant line is cut, so no regex ever sees more
 MAX_EVIDENCE_CHARS = 2000           # evidence reported (the line, trimmed)

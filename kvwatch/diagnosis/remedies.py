@@ -18,10 +18,10 @@ from typing import Any, Collection, Iterator
 
 from kvwatch.diagnosis.classes import FailureKind
 from kvwatch.diagnosis.diagnose import Diagnosis, flag_fixable_backends, is_8bit_kv
-from kvwatch.engine_args import EngineCommand, EngineSettings
-from kvwatch.plan import KV_CACHE_TOO_SMALL, Plan
+from kvwatch.planner.engine_args import EngineCommand, EngineSettings
+from kvwatch.planner.plan import KV_CACHE_TOO_SMALL, Plan
 from kvwatch.policy import Policy
-from kvwatch.rules import BlockSizeRule, MultipleOf, RuleSet, ruleset_for
+from kvwatch.planner.rules import BlockSizeRule, MultipleOf, RuleSet, ruleset_for
 
 GiB = 2**30
 SAME_PLAN_REASON = "restart with the same plan"

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from kvwatch.devices import Device
-from kvwatch.engine_args import EngineSettings
-from kvwatch.engine_http import CacheConfig, RankMetrics
-from kvwatch.geometry import ModelGeometry
-from kvwatch.plan import MemoryInputs, Plan, make_plan
-from kvwatch.rules import RuleSet
+from kvwatch.planner.devices import Device
+from kvwatch.planner.engine_args import EngineSettings
+from kvwatch.boundary.engine_http import CacheConfig, RankMetrics
+from kvwatch.planner.geometry import ModelGeometry
+from kvwatch.planner.plan import MemoryInputs, Plan, make_plan
+from kvwatch.planner.rules import RuleSet
 
 LOG_GIB_ROUNDING = 2**30 // 200  # the log prints GiB rounded to 0.01: +-0.005 GiB
 

@@ -17,7 +17,7 @@ from kvwatch import __version__
 from kvwatch.diagnosis.classes import FailureKind
 from kvwatch.engine_status import EngineState
 from kvwatch.exporter.snapshot import EngineSnapshot, WatchSnapshot
-from kvwatch.nvml import GpuInfo
+from kvwatch.boundary.nvml import GpuInfo
 
 # The diagnosis' failure classes: the known values of the `reason` and `kind` labels,
 # exported at 0 from the start so that increase() sees the first one.

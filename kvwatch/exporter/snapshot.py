@@ -4,11 +4,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from kvwatch.engine_http import EngineMetrics
+from kvwatch.boundary.engine_http import EngineMetrics
 from kvwatch.engine_status import EngineStatus
 from kvwatch.exporter.actual import ActualKv
-from kvwatch.nvml import NvmlSnapshot
-from kvwatch.plan import Plan
+from kvwatch.boundary.nvml import NvmlSnapshot
+from kvwatch.planner.plan import Plan
 
 # Collector names, the values of the `collector` label.
 NVML = "nvml"        # GPUs and their processes, through NVML

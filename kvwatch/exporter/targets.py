@@ -6,17 +6,17 @@ import logging
 import urllib.parse
 from collections.abc import Callable, Sequence
 
-from kvwatch.device_probe import installed_vllm_version
-from kvwatch.devices import Device, parse_compute_capability
-from kvwatch.engine_args import EngineCommand
+from kvwatch.boundary.device_probe import installed_vllm_version
+from kvwatch.planner.devices import Device, parse_compute_capability
+from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.engine_status import EngineState, EngineStatus
 from kvwatch.errors import KvwatchError
 from kvwatch.exporter.actual import KvContext
 from kvwatch.exporter.watch import EngineTarget
-from kvwatch.geometry import geometry_from_config
-from kvwatch.model_source import load_model_source
-from kvwatch.plan import Plan
-from kvwatch.rules import ruleset_for
+from kvwatch.planner.geometry import geometry_from_config
+from kvwatch.boundary.model_source import load_model_source
+from kvwatch.planner.plan import Plan
+from kvwatch.planner.rules import ruleset_for
 
 _LOG = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ def external_engine(name: str, url: str, context: KvContext | None = None,
 
 def _visible_devices(pids: Sequence[int]) -> str | None:
     """The engine's CUDA_VISIBLE_DEVICES, read from its first readable process."""
-    from kvwatch import processes
+    from kvwatch.boundary import processes
 
     for pid in pids:
         value = processes.environ_value(pid, "CUDA_VISIBLE_DEVICES")
@@ -114,7 +114,7 @@ class _ListeningEngine:
         self._said: str | None = None
 
     def __call__(self) -> list[EngineTarget]:
-        from kvwatch import processes
+        from kvwatch.boundary import processes
 
         owners = processes.listening_on(self._port)
         pids: tuple[int, ...] = ()

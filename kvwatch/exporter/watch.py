@@ -3,7 +3,7 @@
 Sources are injected, so tests and both commands (`kvwatch run`, `kvwatch export`) wire
 their own: the engines (a callable returning EngineTargets), NVML (a callable returning
 an NvmlSnapshot, e.g. ``Nvml().snapshot``) and process memory (a callable mapping pids to
-resident bytes; kvwatch.processes provides it). The scrape side only ever reads
+resident bytes; kvwatch.boundary.processes provides it). The scrape side only ever reads
 :attr:`Watch.snapshot`, a reference to an immutable value: no I/O, no lock.
 """
 from __future__ import annotations
@@ -16,14 +16,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Protocol, TypeVar
 
-from kvwatch import engine_http
-from kvwatch.engine_http import EngineMetrics
+from kvwatch.boundary import engine_http
+from kvwatch.boundary.engine_http import EngineMetrics
 from kvwatch.engine_status import EngineState, EngineStatus
 from kvwatch.exporter.actual import ActualKv, KvContext, actual_per_rank, plan_for_reported
 from kvwatch.exporter.snapshot import (ENGINE, HOST, NVML, PROCESS, CollectorResult, EngineSnapshot,
                                        WatchSnapshot)
-from kvwatch.nvml import GpuInfo, NvmlSnapshot, parse_cuda_visible_devices
-from kvwatch.plan import Plan
+from kvwatch.boundary.nvml import GpuInfo, NvmlSnapshot, parse_cuda_visible_devices
+from kvwatch.planner.plan import Plan
 
 _LOG = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ EngineSource = Callable[[], Sequence[EngineTarget]]
 
 
 class HostView(Protocol):
-    """The engines the other kvwatch instances on this host watch (kvwatch.host_registry)."""
+    """The engines the other kvwatch instances on this host watch (kvwatch.watchdog.host_registry)."""
 
     def publish(self, pids: Iterable[int]) -> None: ...
     def others(self) -> frozenset[int]: ...

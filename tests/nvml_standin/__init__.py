@@ -14,7 +14,7 @@ Use from a test module (tests/ is on sys.path; this is a package there)::
 
     def test_x(nvml_standin):
         nvml_standin.write(StandinState(gpus=[StandinGpu(uuid="GPU-1234...")]))
-        ...  # kvwatch.nvml.Nvml() now sees that GPU; subprocesses get nvml_standin.env
+        ...  # kvwatch.boundary.nvml.Nvml() now sees that GPU; subprocesses get nvml_standin.env
 
 The library is built once per source/header/compiler and cached under the
 temp dir, so a session pays for one compile at most. Without a C compiler or
@@ -38,7 +38,7 @@ SOURCE = Path(__file__).with_name("fake_nvml.c")
 SONAME = "libnvidia-ml.so.1"
 STATE_ENV = "NVML_STANDIN_STATE"
 CALLS_ENV = "NVML_STANDIN_CALLS"
-LIBRARY_ENV = "KVWATCH_NVML_LIBRARY"  # read by kvwatch.nvml
+LIBRARY_ENV = "KVWATCH_NVML_LIBRARY"  # read by kvwatch.boundary.nvml
 GIB = 1 << 30
 
 

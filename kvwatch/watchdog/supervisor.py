@@ -22,23 +22,25 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import BinaryIO, Callable, Iterable, Protocol
 
-from kvwatch import engine_http, leftovers, processes
-from kvwatch.budget import Budget
-from kvwatch.config import Config
-from kvwatch.devices import Device
-from kvwatch.engine_args import EngineCommand
-from kvwatch.engine_ranks import RankWatch, lines_of_rank, ranks_of_tree
+from kvwatch.boundary import engine_http, processes
+
+from kvwatch.watchdog import leftovers
+from kvwatch.watchdog.budget import Budget
+from kvwatch.watchdog.config import Config
+from kvwatch.planner.devices import Device
+from kvwatch.planner.engine_args import EngineCommand
+from kvwatch.watchdog.engine_ranks import RankWatch, lines_of_rank, ranks_of_tree
 from kvwatch.engine_status import EngineState, EngineStatus
 from kvwatch.errors import KvwatchError
 from kvwatch.exitcodes import EXIT_GAVE_UP, EXIT_OK
-from kvwatch.gpu_view import GpuView
-from kvwatch.output_pump import OutputPump
-from kvwatch.plan import Plan
-from kvwatch.preflight import choose_device, describe_change, plan_for, preflight
-from kvwatch.processes import EngineProcess, ProcRef
-from kvwatch.rules import RuleSet, ruleset_for, with_learned_block_sizes
-from kvwatch.sd_notify import SdNotifier, scrub_env
-from kvwatch.state_store import CorrectionRecord, EngineLock, EngineRecord, FailureRecord, StateStore
+from kvwatch.watchdog.gpu_view import GpuView
+from kvwatch.watchdog.output_pump import OutputPump
+from kvwatch.planner.plan import Plan
+from kvwatch.watchdog.preflight import choose_device, describe_change, plan_for, preflight
+from kvwatch.boundary.processes import EngineProcess, ProcRef
+from kvwatch.planner.rules import RuleSet, ruleset_for, with_learned_block_sizes
+from kvwatch.watchdog.sd_notify import SdNotifier, scrub_env
+from kvwatch.watchdog.state_store import CorrectionRecord, EngineLock, EngineRecord, FailureRecord, StateStore
 
 _LOG = logging.getLogger(__name__)
 
@@ -259,7 +261,7 @@ class Supervisor:
         if self._device is None:
             self._device = choose_device()
         if self._rules is None:
-            from kvwatch.device_probe import installed_vllm_version
+            from kvwatch.boundary.device_probe import installed_vllm_version
             self._rules = ruleset_for(installed_vllm_version())
         self._rules = self._learned_rules(self._rules)
         env = self._engine_env()

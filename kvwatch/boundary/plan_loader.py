@@ -4,13 +4,13 @@ from __future__ import annotations
 import os
 from typing import Mapping, Sequence
 
-from kvwatch.devices import GiB, Device
-from kvwatch.engine_args import EngineCommand
+from kvwatch.planner.devices import GiB, Device
+from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.errors import ConfigError
-from kvwatch.geometry import geometry_from_config
-from kvwatch.model_source import load_model_source
-from kvwatch.plan import MemoryInputs, Plan, make_plan
-from kvwatch.rules import RuleSet
+from kvwatch.planner.geometry import geometry_from_config
+from kvwatch.boundary.model_source import load_model_source
+from kvwatch.planner.plan import MemoryInputs, Plan, make_plan
+from kvwatch.planner.rules import RuleSet
 
 
 def cpu_kv_space_bytes(env: Mapping[str, str]) -> int | None:

@@ -5,7 +5,7 @@ server, EngineCore, the Workers and the resource tracker. Two guards make sure i
 not outlive kvwatch:
 - a parent-death signal (PR_SET_PDEATHSIG) on the API server, for the instant between
   spawn and the reaper's start;
-- a reaper process per engine (kvwatch/reaper.py) that ends the whole group when
+- a reaper process per engine (kvwatch/watchdog/reaper.py) that ends the whole group when
   kvwatch dies, kill -9 included, because pdeathsig alone leaves EngineCore and the
   Workers running (VLLM_FACTS §9).
 PR_SET_PDEATHSIG fires when the spawning *thread* exits: spawn from a thread that
@@ -121,7 +121,7 @@ class EngineProcess:
         read_end, write_end = os.pipe()  # both non-inheritable: the engine never holds them
         try:
             self._reaper = subprocess.Popen(
-                [sys.executable, "-m", "kvwatch.reaper", str(self.pgid), str(self._reaper_grace)],
+                [sys.executable, "-m", "kvwatch.watchdog.reaper", str(self.pgid), str(self._reaper_grace)],
                 stdin=read_end, stdout=subprocess.DEVNULL, start_new_session=True,
                 env={**os.environ, "PYTHONPATH": _package_root()})
         except OSError as exc:
@@ -169,7 +169,8 @@ class EngineProcess:
 
 def _package_root() -> str:
     """The directory holding the kvwatch package, so the reaper imports this same kvwatch."""
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    import kvwatch
+    here = os.path.dirname(os.path.dirname(os.path.abspath(kvwatch.__file__)))
     existing = os.environ.get("PYTHONPATH")
     return here + (os.pathsep + existing if existing else "")
 

@@ -17,9 +17,9 @@ _LOG = logging.getLogger(__name__)
 
 
 def _process_source() -> Callable[[Sequence[int]], Mapping[int, int]] | None:
-    """pid -> RSS bytes from kvwatch.processes (the only module that imports psutil), if it offers it."""
+    """pid -> RSS bytes from kvwatch.boundary.processes (the only module that imports psutil), if it offers it."""
     try:
-        from kvwatch import processes
+        from kvwatch.boundary import processes
     except ImportError:
         return None
     return getattr(processes, "rss", None)
@@ -36,8 +36,8 @@ def attach(config: Any, supervisor: Any) -> Callable[[], None]:
     snapshotting every ``config.watch.interval_seconds``. KvwatchError when it cannot listen."""
     import os
 
-    from kvwatch.host_registry import HostRegistry
-    from kvwatch.nvml import Nvml
+    from kvwatch.watchdog.host_registry import HostRegistry
+    from kvwatch.boundary.nvml import Nvml
 
     nvml = Nvml()
     # The engine sees the GPUs its environment names (config, else kvwatch's own).

@@ -8,11 +8,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from kvwatch.backends import BackendChoice, choose_backend, kv_dtype_reason
-from kvwatch.devices import GiB, Device
-from kvwatch.engine_args import EngineSettings
-from kvwatch.geometry import ModelGeometry
-from kvwatch.rules import FP8_KV_DTYPES, PACKED_MLA_BYTES, RuleSet
+from kvwatch.planner.backends import BackendChoice, choose_backend, kv_dtype_reason
+from kvwatch.planner.devices import GiB, Device
+from kvwatch.planner.engine_args import EngineSettings
+from kvwatch.planner.geometry import ModelGeometry
+from kvwatch.planner.rules import FP8_KV_DTYPES, PACKED_MLA_BYTES, RuleSet
 
 _DTYPE_BYTES = {"float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4}
 

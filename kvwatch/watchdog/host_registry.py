@@ -20,9 +20,9 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from kvwatch import processes
-from kvwatch.processes import ProcRef
-from kvwatch.state_store import read_regular, write_atomic
+from kvwatch.boundary import processes
+from kvwatch.boundary.processes import ProcRef
+from kvwatch.watchdog.state_store import read_regular, write_atomic
 
 _LOG = logging.getLogger(__name__)
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvwatch.devices import Device
-from kvwatch.geometry import ModelGeometry
-from kvwatch.rules import FP8_KV_DTYPES, PACKED_MLA_BYTES, BackendRule, RuleSet
+from kvwatch.planner.devices import Device
+from kvwatch.planner.geometry import ModelGeometry
+from kvwatch.planner.rules import FP8_KV_DTYPES, PACKED_MLA_BYTES, BackendRule, RuleSet
 
 
 @dataclass(frozen=True)

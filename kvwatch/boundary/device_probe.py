@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from importlib import metadata
 
-from kvwatch.devices import Device, cpu_device_from_flags
+from kvwatch.planner.devices import Device, cpu_device_from_flags
 from kvwatch.errors import KvwatchError
 
 
@@ -27,7 +27,7 @@ def cpu_device(cpuinfo_path: str = "/proc/cpuinfo") -> Device:
 
 def gpu_device(index: int | None = None) -> Device:
     """The GPU at `index`, or the first one CUDA_VISIBLE_DEVICES shows, from NVML."""
-    from kvwatch.nvml import Nvml  # only here: plan on the CPU never loads NVML
+    from kvwatch.boundary.nvml import Nvml  # only here: plan on the CPU never loads NVML
 
     with Nvml() as nvml:
         snapshot = nvml.snapshot()

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvwatch import leftovers, processes
-from kvwatch.devices import Device
+from kvwatch.watchdog import leftovers
+
+from kvwatch.boundary import processes
+from kvwatch.planner.devices import Device
 
 
 class GpuView:
@@ -20,7 +22,7 @@ class GpuView:
         if self._device is None or self._device.platform != "cuda":
             return None
         if self._nvml is None:
-            from kvwatch.nvml import Nvml
+            from kvwatch.boundary.nvml import Nvml
 
             self._nvml = Nvml()
         return self._nvml.snapshot()

@@ -1,4 +1,4 @@
-"""`python -m kvwatch.reaper PGID GRACE`: ends an engine's process group when kvwatch dies.
+"""`python -m kvwatch.watchdog.reaper PGID GRACE`: ends an engine's process group when kvwatch dies.
 
 Why a separate process: PR_SET_PDEATHSIG only reaches the direct child (vLLM's API
 server), and EngineCore and Worker survive the API server's death (VLLM_FACTS §9).
@@ -36,7 +36,7 @@ def _signal_group(pgid: int, sig: int) -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        print("usage: python -m kvwatch.reaper PGID GRACE_SECONDS", file=sys.stderr)
+        print("usage: python -m kvwatch.watchdog.reaper PGID GRACE_SECONDS", file=sys.stderr)
         return 2
     pgid, grace = int(argv[0]), float(argv[1])
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM, signal.SIGPIPE):

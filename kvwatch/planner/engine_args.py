@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from kvwatch.errors import CommandError
-from kvwatch.units import parse_vllm_int
+from kvwatch.planner.units import parse_vllm_int
 
 # Flags whose values kvwatch reads or writes. Short aliases map to the long name.
 VALUE_FLAGS = (

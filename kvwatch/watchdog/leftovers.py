@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 import time
 from typing import Callable, Iterable
 
-from kvwatch import processes
-from kvwatch.processes import ProcRef
+from kvwatch.boundary import processes
+from kvwatch.boundary.processes import ProcRef
 
 _LOG = logging.getLogger(__name__)
 

@@ -13,14 +13,14 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, Mapping
 
-from kvwatch import device_probe
-from kvwatch.devices import Device
-from kvwatch.engine_args import EngineCommand
+from kvwatch.boundary import device_probe
+from kvwatch.planner.devices import Device
+from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.errors import KvwatchError
-from kvwatch.plan import Plan
-from kvwatch.planning import plan_command
+from kvwatch.planner.plan import Plan
+from kvwatch.boundary.plan_loader import plan_command
 from kvwatch.policy import Policy
-from kvwatch.rules import RuleSet
+from kvwatch.planner.rules import RuleSet
 
 _LOG = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""Launch, supervise, diagnose, correct and restart one engine."""
