@@ -521,3 +521,36 @@ def test_a_request_that_quotes_a_failure_does_not_steer_the_watchdog(tmp_path: P
     finally:
         kv.cleanup()
     assert engine_processes(kv.marker()) == []
+
+
+# -- a hybrid model under kvwatch run (issue 11) ------------------------------------------------------
+
+def test_hybrid_gemma3_planned_equals_actual_with_padding_by_cause(tmp_path: Path) -> None:
+    """The shrunk Gemma 3 1B (5 sliding : 1 full, no layer_types in config.json) under kvwatch run:
+    six KV cache groups; planned blocks == the engine's, drift 0, and the plan's tokens equal the
+    tokens the engine logs (a sliding layer holds only its window per request)."""
+    from fixtures.models import corpus
+    model = write_model(tmp_path / "gemma3", corpus.CORPUS["gemma3_text"]["config"])
+    kv = Kvwatch(tmp_path, "gemma3", engine_argv(model, free_port(), "--max-model-len", "2048"))
+    try:
+        ready = kv.start().wait_ready()
+        found: dict = {}
+        key = frozenset({("engine", "gemma3"), ("rank", "0")})
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and ("kvwatch_kv_actual_blocks", key) not in found:
+            found = kvwatch_metrics(kv)
+            time.sleep(0.5)
+        planned = found[("kvwatch_kv_planned_blocks", key)]
+        log(f"gemma3: planned {planned:.0f} blocks, actual {found[('kvwatch_kv_actual_blocks', key)]:.0f}")
+        assert planned == found[("kvwatch_kv_actual_blocks", key)] > 0
+        assert found[("kvwatch_kv_plan_drift_ratio", key)] == 0
+        padding = {dict(labels)["cause"]: v for (name, labels), v in found.items()
+                   if name == "kvwatch_kv_padding_bytes" and ("engine", "gemma3") in labels}
+        assert {"layer_padding", "state_padding", "null_block", "remainder"} <= set(padding)
+        assert ready["plan"]["kv_cache_groups"] == 6
+        logged = kv.wait("the KV size line parsed", lambda d: d.get("log_kv_tokens") is not None)
+        assert ready["plan"]["kv_cache_tokens"] == logged["log_kv_tokens"]
+        kv.proc.send_signal(signal.SIGTERM)
+        assert kv.exit_code() == 0
+    finally:
+        kv.cleanup()

@@ -10,6 +10,7 @@ class FailureKind(str, Enum):
     KERNEL_OUT_OF_RESOURCES = "kernel_out_of_resources"
     KV_CACHE_TOO_SMALL = "kv_cache_too_small"
     NO_KV_CACHE_MEMORY = "no_kv_cache_memory"
+    MAMBA_CACHE_TOO_SMALL = "mamba_cache_too_small"   # max_num_seqs above a hybrid's Mamba cache blocks
     CUDA_OOM = "cuda_oom"
     GPU_MEMORY_BUSY = "gpu_memory_busy"
     NO_ATTENTION_BACKEND = "no_attention_backend"

@@ -53,7 +53,8 @@ _LOOK_BACK_LINES = 400
 _START_ONLY = frozenset({FailureKind.BLOCK_SIZE_UNSUPPORTED, FailureKind.KV_DTYPE_UNSUPPORTED,
                          FailureKind.KERNEL_OUT_OF_RESOURCES, FailureKind.KV_CACHE_TOO_SMALL,
                          FailureKind.NO_KV_CACHE_MEMORY, FailureKind.GPU_MEMORY_BUSY,
-                         FailureKind.NO_ATTENTION_BACKEND, FailureKind.CONFIG_REFUSED})
+                         FailureKind.NO_ATTENTION_BACKEND, FailureKind.CONFIG_REFUSED,
+                         FailureKind.MAMBA_CACHE_TOO_SMALL})
 
 
 def _record_quiet(line: str) -> bool | None:

@@ -310,6 +310,12 @@ PATTERNS: tuple[Pattern, ...] = (
                        r"of tokens that can be stored in KV cache \((?P<tokens>\d+)\)"),
             _kv_too_small_old, "worker/worker.py, v1 kv_cache_utils.py (< 0.9)"),
 
+    Pattern("mamba_cache_too_small", FailureKind.MAMBA_CACHE_TOO_SMALL, 72,
+            ("exceeds available Mamba cache blocks",),
+            re.compile(r"max_num_seqs \((?P<max_num_seqs>\d+)\) exceeds available Mamba cache blocks "
+                       r"\((?P<blocks>\d+)\)"),
+            lambda m: {"max_num_seqs": int(m["max_num_seqs"]), "mamba_blocks": int(m["blocks"])},
+            "config/compilation.py (0.32: full CUDA graphs of a Mamba hybrid)"),
     Pattern("no_cache_blocks", FailureKind.NO_KV_CACHE_MEMORY, 70,
             ("No available memory for the cache blocks",),
             re.compile(r"No available memory for the cache blocks"),

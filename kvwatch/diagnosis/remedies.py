@@ -274,6 +274,15 @@ def _kv_too_small_options(ctx: _Ctx) -> Iterator[Remedy]:
     yield from _raise_utilization(ctx, f"max model len {current} does not fit the KV cache")
 
 
+def _mamba_cache_options(ctx: _Ctx) -> Iterator[Remedy]:
+    blocks = ctx.facts.get("mamba_blocks")
+    if isinstance(blocks, int) and blocks > 0:
+        yield Remedy({"--max-num-seqs": blocks}, (),
+                     f"max num seqs {ctx.facts.get('max_num_seqs')} exceeds the {blocks} Mamba cache blocks "
+                     f"(one per decoding sequence): lower --max-num-seqs to {blocks}")
+    yield from _raise_utilization(ctx, "the Mamba cache has fewer blocks than max num seqs")
+
+
 def _no_memory_options(ctx: _Ctx) -> Iterator[Remedy]:
     yield from _raise_utilization(ctx, "no memory is left for KV cache blocks")
 
@@ -409,6 +418,7 @@ _OPTIONS = {
     FailureKind.KERNEL_OUT_OF_RESOURCES: _kernel_options,
     FailureKind.KV_CACHE_TOO_SMALL: _kv_too_small_options,
     FailureKind.NO_KV_CACHE_MEMORY: _no_memory_options,
+    FailureKind.MAMBA_CACHE_TOO_SMALL: _mamba_cache_options,
     FailureKind.CUDA_OOM: _cuda_oom_options,
     FailureKind.GPU_MEMORY_BUSY: _busy_options,
     FailureKind.NO_ATTENTION_BACKEND: _backend_options,

@@ -92,10 +92,12 @@ def actual_kv(ctx: KvContext, cache: CacheConfig | None, log_kv_tokens: int | No
                             f"gave the KV cache {memory} B ({source})")
     else:
         source = None
+    # vLLM reports tokens as concurrency x max_model_len over its KV cache groups (a sliding
+    # window needs only its window per request), so the planner's arithmetic, not blocks x block size.
     for tokens, where in ((log_kv_tokens, "log"), (cache.kv_cache_size_tokens, "kv_cache_size_tokens")):
-        if tokens is not None and not ctx.geometry.is_hybrid and tokens != blocks * block_size:
-            problems.append(f"{where} says {tokens} KV tokens, {blocks} blocks x {block_size} "
-                            f"make {blocks * block_size}")
+        if tokens is not None and shaped.block_size == block_size and tokens != shaped.kv_cache_tokens:
+            problems.append(f"{where} says {tokens} KV tokens; {blocks} blocks of {block_size} tokens "
+                            f"hold {shaped.kv_cache_tokens} for max model len {shaped.max_model_len}")
     return ActualKv(blocks=blocks, block_size=block_size,
                     kv_cache_dtype=shaped.kv_cache_dtype, bytes_per_block=bytes_per_block,
                     kv_bytes=kv_bytes, kv_memory_bytes=memory, kv_memory_source=source,

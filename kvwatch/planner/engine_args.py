@@ -12,6 +12,7 @@ from typing import Sequence
 
 from kvwatch.errors import CommandError
 from kvwatch.planner.units import parse_vllm_int
+from kvwatch.planner.vllm_flags import SERVE_OPTIONS
 
 # Flags whose values kvwatch reads or writes. Short aliases map to the long name.
 VALUE_FLAGS = (
@@ -32,12 +33,18 @@ _API_SERVER_MODULES = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.a
 
 
 def _canonical(flag: str) -> str:
-    """vLLM accepts --block_size for --block-size; compare in one spelling."""
+    """The option vLLM's parser reads for `flag`: --block_size is --block-size, and (argparse's
+    allow_abbrev) a unique prefix of an option is that option: --kv-cache-memory is
+    --kv-cache-memory-bytes."""
     if flag in ALIASES:
         return ALIASES[flag]
-    if flag.startswith("--"):
-        return "--" + flag[2:].replace("_", "-")
-    return flag
+    if not flag.startswith("--"):
+        return flag
+    flag = "--" + flag[2:].replace("_", "-")
+    if flag in SERVE_OPTIONS or len(flag) < 4:
+        return flag
+    matches = [option for option in SERVE_OPTIONS if option.startswith(flag)]
+    return matches[0] if len(matches) == 1 else flag
 
 
 def _split(token: str) -> tuple[str, str | None]:
@@ -87,6 +94,12 @@ class EngineSettings:
     attention_backend: str | None
     host: str
     port: int
+    max_model_len_auto: bool = False          # --max-model-len auto / -1: vLLM fits it to the KV cache
+    disable_hybrid_kv_cache_manager: bool = False
+    enable_prefix_caching: bool | None = None  # None: vLLM's default
+    mamba_cache_dtype: str = "auto"
+    mamba_ssm_cache_dtype: str = "auto"
+    enforce_eager: bool = False
 
 
 @dataclass(frozen=True)
@@ -161,6 +174,12 @@ class EngineCommand:
             attention_backend=self.get("--attention-backend"),
             host=self.get("--host") or "127.0.0.1",
             port=self._int("--port") or 8000,
+            max_model_len_auto=auto_len,
+            disable_hybrid_kv_cache_manager=bool(self._switch("--disable-hybrid-kv-cache-manager")),
+            enable_prefix_caching=self._switch("--enable-prefix-caching"),
+            mamba_cache_dtype=self.get("--mamba-cache-dtype") or "auto",
+            mamba_ssm_cache_dtype=self.get("--mamba-ssm-cache-dtype") or "auto",
+            enforce_eager=bool(self._switch("--enforce-eager")),
         )
 
     def _int(self, flag: str, human: bool = False) -> int | None:

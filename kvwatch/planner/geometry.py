@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from kvwatch.errors import ConfigError
+from kvwatch.planner.layers import FULL, LayerLayout, layer_layout
 
 # vLLM's is_deepseek_mla list (0.32): these model types store one MLA latent per token.
 MLA_MODEL_TYPES = frozenset({
@@ -41,8 +42,8 @@ class ModelGeometry:
     head_size: int                 # per K (or per latent for MLA)
     head_size_v: int               # 0 for MLA: no separate V
     config_dtype: str | None       # as config.json says, normalised; None when absent
-    sliding_window: int | None
-    layer_kinds: tuple[str, ...]   # "full" or "sliding" per layer
+    sliding_window: int | None     # the window (or attention chunk) of the layers that have one
+    layer_kinds: tuple[str, ...]   # per cache layer: "full", "sliding", "chunked" or "mamba"
     max_position_embeddings: int | None
     kv_lora_rank: int | None = None
     qk_rope_head_dim: int | None = None
@@ -51,6 +52,11 @@ class ModelGeometry:
     weight_params: int | None = None  # rough parameter count, for the GPU memory estimate
     derived_max_model_len: int | None = None   # the longest max_model_len vLLM accepts (None: unknown)
     derived_max_model_len_key: str | None = None
+    layout: LayerLayout = None  # type: ignore[assignment]  # filled from layer_kinds when not given
+
+    def __post_init__(self) -> None:
+        if self.layout is None:   # a geometry written by hand: its kinds and window are the layout
+            object.__setattr__(self, "layout", LayerLayout(tuple(self.layer_kinds), self.sliding_window))
 
     @property
     def default_max_model_len(self) -> int:
@@ -85,24 +91,6 @@ def _positive_int(cfg: Mapping[str, Any], key: str, required: bool = True) -> in
     if value > _MAX_FIELD:
         raise ConfigError(f"config.json: field {key!r} = {value} is not a model's (at most {_MAX_FIELD})")
     return value
-
-
-def _layer_kinds(cfg: Mapping[str, Any], num_layers: int) -> tuple[tuple[str, ...], int | None]:
-    window = cfg.get("sliding_window")
-    window = window if isinstance(window, int) and window > 0 else None
-    layer_types = cfg.get("layer_types")
-    if isinstance(layer_types, list) and len(layer_types) == num_layers and window:
-        kinds = tuple("sliding" if "sliding" in str(t) else "full" for t in layer_types)
-        return kinds, window
-    if window and cfg.get("use_sliding_window") is False:
-        return ("full",) * num_layers, None
-    if window and isinstance(cfg.get("max_window_layers"), int) and cfg.get("use_sliding_window"):
-        # Qwen2: layers below max_window_layers use full attention.
-        cut = cfg["max_window_layers"]
-        return tuple("full" if i < cut else "sliding" for i in range(num_layers)), window
-    if window and cfg.get("use_sliding_window", True):
-        return ("sliding",) * num_layers, window
-    return ("full",) * num_layers, None
 
 
 def _int(cfg: Mapping[str, Any], *keys: str) -> int:
@@ -193,7 +181,8 @@ def geometry_from_config(config: Mapping[str, Any]) -> ModelGeometry:
         return ModelGeometry(
             model_type=model_type, architectures=architectures, num_layers=num_layers,
             attention="mla", num_kv_heads=1, head_size=rank + rope, head_size_v=0,
-            config_dtype=config_dtype, sliding_window=None, layer_kinds=("full",) * num_layers,
+            config_dtype=config_dtype, sliding_window=None, layer_kinds=(FULL,) * num_layers,
+            layout=LayerLayout((FULL,) * num_layers),
             max_position_embeddings=max_len, kv_lora_rank=rank, qk_rope_head_dim=rope,
             num_attention_heads=num_heads, hidden_size=hidden, weight_params=estimate_parameters(cfg),
             derived_max_model_len=derived, derived_max_model_len_key=derived_key)
@@ -208,11 +197,11 @@ def geometry_from_config(config: Mapping[str, Any]) -> ModelGeometry:
         head_size = hidden // num_heads
     if isinstance(head_size, bool) or not isinstance(head_size, int) or not 0 < head_size <= _MAX_FIELD:
         raise ConfigError(f"config.json: field 'head_dim' must be a positive integer, got {str(head_size)[:40]!r}")
-    kinds, window = _layer_kinds(cfg, num_layers)
+    layout = layer_layout(cfg, model_type, num_layers)
     return ModelGeometry(
         model_type=model_type, architectures=architectures, num_layers=num_layers,
         attention="full", num_kv_heads=kv_heads, head_size=head_size, head_size_v=head_size,
-        config_dtype=config_dtype, sliding_window=window, layer_kinds=kinds,
+        config_dtype=config_dtype, sliding_window=layout.window, layer_kinds=layout.kinds, layout=layout,
         max_position_embeddings=max_len, num_attention_heads=num_heads, hidden_size=hidden,
         weight_params=estimate_parameters(cfg), derived_max_model_len=derived,
         derived_max_model_len_key=derived_key)

@@ -12,7 +12,9 @@ from kvwatch.planner.backends import BackendChoice, choose_backend, kv_dtype_rea
 from kvwatch.planner.devices import GiB, Device
 from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.geometry import ModelGeometry
-from kvwatch.planner.rules import FP8_KV_DTYPES, PACKED_MLA_BYTES, RuleSet
+from kvwatch.planner.kv_groups import Demand, KvGroups, LayerSpec, kv_groups, promote_local_layers
+from kvwatch.planner.layers import CHUNKED, MAMBA, SLIDING
+from kvwatch.planner.rules import FP8_KV_DTYPES, PACKED_MLA_BYTES, BackendRule, MultipleOf, RuleSet
 
 _DTYPE_BYTES = {"float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4}
 
@@ -24,6 +26,7 @@ KV_CACHE_TOO_SMALL = "kv_cache_too_small"
 NO_KV_CACHE_MEMORY = "no_kv_cache_memory"
 NO_ATTENTION_BACKEND = "no_attention_backend"
 CONFIG_REFUSED = "config_refused"
+MAMBA_CACHE_TOO_SMALL = "mamba_cache_too_small"   # the names are FailureKind values
 _DEFAULT_GPU_MEMORY_UTILIZATION = 0.92   # vLLM 0.32 config/cache.py
 
 
@@ -78,6 +81,10 @@ class Plan:
     # number of blocks over its workers). An engine with N DP ranks holds N such caches.
     data_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    kv_cache_groups: int = 1              # vLLM's KV cache groups (hybrid models: several)
+    padding_layers: int = 0               # empty layer slots vLLM adds to the last group of a kind
+    blocks_per_request: int = 0           # blocks one request of max_model_len takes, over all groups
+    recurrent_state_bytes: int = 0        # one Mamba/linear-attention layer's state, before padding
 
     @property
     def engine_num_blocks(self) -> int:
@@ -129,15 +136,6 @@ def kv_dtype_bytes(kv_cache_dtype: str, model_dtype: str, config_dtype: str | No
         return _DTYPE_BYTES.get(model_dtype, 2)
     # vLLM's auto dtype downcasts float32 (and a missing dtype) to the platform's first: bf16.
     return 2 if config_dtype in (None, "float32") else _DTYPE_BYTES.get(config_dtype, 2)
-
-
-def _hybrid_group_size(layer_kinds: tuple[str, ...]) -> int:
-    """vLLM's _get_kv_cache_groups_uniform_page_size: layers per KV cache group."""
-    counts = [layer_kinds.count(k) for k in sorted(set(layer_kinds))]
-    if len(counts) == 1:
-        return counts[0]
-    low, high = min(counts), max(counts)
-    return high if high < low * 1.5 else low
 
 
 def _estimate_gpu_kv_memory(device: Device, settings: EngineSettings, geometry: ModelGeometry,
@@ -231,7 +229,7 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
         block_source = "backend default"
     warnings.extend(_legality_warnings(choice, rules, device, geometry, settings))
 
-    # -- bytes: one token of one layer, one page, one block (all layers of one group).
+    # -- bytes: one token of one attention layer, one page.
     dtype_bytes = kv_dtype_bytes(kv_dtype, settings.dtype, geometry.config_dtype)
     if geometry.attention == "mla":
         kv_heads = 1  # every TP rank holds the whole latent cache
@@ -241,13 +239,17 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
         kv_heads = max(1, geometry.num_kv_heads // settings.tensor_parallel_size)
         per_token_layer = kv_heads * (geometry.head_size + geometry.head_size_v) * dtype_bytes
         packed_extra = 0
+    model_bytes = kv_dtype_bytes("auto", settings.dtype, geometry.config_dtype)
+    state_bytes = _recurrent_state_bytes(geometry, settings, model_bytes, device)
+    if state_bytes and shape is not None:
+        aligned = _block_size_for_state(shape, block_size, per_token_layer, state_bytes, geometry.attention == "mla")
+        if aligned > block_size:
+            block_size, block_source = aligned, "raised so a page holds the recurrent state"
     page = block_size * per_token_layer
-    layer_kinds = geometry.layer_kinds
-    if settings.pipeline_parallel_size > 1:
-        per_stage = -(-geometry.num_layers // settings.pipeline_parallel_size)
-        layer_kinds = layer_kinds[:per_stage]
-    layers_per_block = _hybrid_group_size(layer_kinds)
-    bytes_per_block = layers_per_block * page
+
+    # -- the layers of one worker (the fullest pipeline stage), grouped as vLLM groups them.
+    groups = _kv_groups(geometry, settings, block_size, page, state_bytes)
+    bytes_per_block = groups.bytes_per_block
 
     # -- memory for the KV cache, and blocks.
     estimated = False
@@ -264,28 +266,46 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     if settings.num_gpu_blocks_override is not None:
         num_blocks, kv_source = settings.num_gpu_blocks_override, "--num-gpu-blocks-override"
         estimated = False
-    tokens = num_blocks * block_size
+    # vLLM plans one request against the blocks the null block leaves (get_kv_cache_configs).
+    check_memory = num_blocks * bytes_per_block - bytes_per_block \
+        if settings.num_gpu_blocks_override is not None else kv_memory - bytes_per_block
 
-    max_len = settings.max_model_len or geometry.default_max_model_len
-    usable_tokens = max(0, num_blocks - 1) * block_size  # the null block serves no request
-    if num_blocks <= 1:
+    derived_len = geometry.default_max_model_len
+    max_len = settings.max_model_len or derived_len
+    demand = _demand(geometry, settings, device, max_len)
+    if settings.max_model_len_auto and settings.max_model_len is None:
+        fitted = groups.auto_fit_max_model_len(check_memory, demand, derived_len) if check_memory > 0 else 0
+        max_len = min(derived_len, fitted) if fitted > 0 else derived_len
+        demand = _demand(geometry, settings, device, max_len)
+    tokens, concurrency = groups.capacity(num_blocks, demand) if num_blocks else (0, 0.0)
+
+    if num_blocks <= 1 or check_memory <= 0:
         warnings.append(_no_memory_warning(device, settings, geometry, memory, dtype_bytes,
                                            kv_memory, bytes_per_block, estimated))
-    elif max_len is not None and -(-max_len // block_size) > num_blocks - 1:
-        fit = usable_tokens
+    elif groups.memory_for(demand, max_len) > check_memory:
+        fit = groups.auto_fit_max_model_len(check_memory, demand, max_len)
+        needed = groups.blocks_per_request(demand)
         warnings.append(Warning_(
             KV_CACHE_TOO_SMALL,
-            f"max model len {max_len} needs {-(-max_len // block_size)} blocks; "
-            f"the KV cache holds {num_blocks - 1} usable blocks ({fit} tokens)",
-            {"--max-model-len": fit}, certain=not estimated))
-    concurrency = tokens / max_len if max_len else None
+            f"max model len {max_len} needs {needed} blocks per request; "
+            f"the KV cache holds {num_blocks - 1} usable blocks (max model len {fit} fits)",
+            {"--max-model-len": fit} if fit > 0 else {}, certain=not estimated))
+    if (state_bytes and device.platform == "cuda" and not settings.enforce_eager and num_blocks > 1
+            and (settings.max_num_seqs or _default_max_num_seqs(device, settings)) > num_blocks):
+        seqs = settings.max_num_seqs or _default_max_num_seqs(device, settings)
+        warnings.append(Warning_(
+            MAMBA_CACHE_TOO_SMALL,
+            f"max num seqs {seqs} exceeds the {num_blocks} Mamba cache blocks: vLLM refuses to capture "
+            f"CUDA graphs (each decoding sequence needs one block)", {"--max-num-seqs": num_blocks},
+            certain=not estimated))
 
+    by_cause = groups.padding_bytes(num_blocks, demand)
     padding = {
-        "packed_layout": packed_extra * block_size * layers_per_block * num_blocks,
-        "page_padding": 0,
+        "packed_layout": packed_extra * block_size * groups.group_size * num_blocks,
+        "page_padding": by_cause["page_padding"],
+        "state_padding": by_cause["state_padding"],
         "alignment": 0,
-        "layer_padding": _layer_padding(geometry.layer_kinds, layers_per_block) * page * num_blocks
-        if geometry.is_hybrid else 0,
+        "layer_padding": by_cause["layer_padding"],
         "remainder": max(0, kv_memory - num_blocks * bytes_per_block)
         if settings.num_gpu_blocks_override is None else 0,
         "null_block": bytes_per_block if num_blocks else 0,
@@ -295,13 +315,16 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
         attention=geometry.attention, backend=backend.name if backend else None,
         block_size=block_size, block_size_source=block_source, kv_cache_dtype=kv_dtype,
         dtype_bytes=dtype_bytes, kv_bytes_per_token_per_layer=per_token_layer,
-        kv_bytes_per_token=per_token_layer * len(layer_kinds), page_size_bytes=page,
-        layers_per_block=layers_per_block, bytes_per_block=bytes_per_block,
+        kv_bytes_per_token=per_token_layer * geometry.layout.attention_layers, page_size_bytes=page,
+        layers_per_block=groups.group_size, bytes_per_block=bytes_per_block,
         kv_memory_bytes=kv_memory, kv_memory_source=kv_source, num_blocks=num_blocks,
         kv_cache_tokens=tokens, max_model_len=max_len, max_concurrency=concurrency,
         estimated=estimated, padding_bytes=padding, warnings=tuple(warnings),
         backend_reasons=choice.reasons, data_parallel_size=max(1, settings.data_parallel_size),
-        pipeline_parallel_size=max(1, settings.pipeline_parallel_size))
+        pipeline_parallel_size=max(1, settings.pipeline_parallel_size),
+        kv_cache_groups=len(groups.groups), padding_layers=groups.padding_layers,
+        blocks_per_request=groups.blocks_per_request(demand) if groups.groups else 0,
+        recurrent_state_bytes=state_bytes)
 
 
 def _no_memory_warning(device: Device, settings: EngineSettings, geometry: ModelGeometry,
@@ -315,11 +338,6 @@ def _no_memory_warning(device: Device, settings: EngineSettings, geometry: Model
     return Warning_(NO_KV_CACHE_MEMORY, message + "; no flag frees enough: more GPUs "
                     "(--tensor-parallel-size), a quantized checkpoint or a smaller model", {},
                     certain=not estimated)
-
-
-def _layer_padding(layer_kinds: tuple[str, ...], group_size: int) -> int:
-    """Padding layers vLLM adds so every KV cache group has group_size layers."""
-    return sum((-layer_kinds.count(k)) % group_size for k in set(layer_kinds))
 
 
 def _legality_warnings(choice: BackendChoice, rules: RuleSet, device: Device, geometry: ModelGeometry,
@@ -356,3 +374,93 @@ def _legality_warnings(choice: BackendChoice, rules: RuleSet, device: Device, ge
     return [Warning_(NO_ATTENTION_BACKEND,
                      f"no attention backend of vLLM runs this model on {device.name} "
                      f"(compute capability {device.sm}): {summary}", {})]
+
+
+def _recurrent_state_bytes(geometry: ModelGeometry, settings: EngineSettings, model_bytes: int,
+                           device: Device) -> int:
+    """One Mamba/linear-attention layer's state on one TP rank (MambaSpec.page_size_bytes before
+    padding): conv state in --mamba-cache-dtype, SSM state in --mamba-ssm-cache-dtype, each
+    "auto" meaning the model's dtype (the SSM state: the model's own choice where it has one)."""
+    state = geometry.layout.state
+    if state is None:
+        return 0
+    conv, ssm = state.element_counts(max(1, settings.tensor_parallel_size))
+    conv_bytes = _DTYPE_BYTES.get(settings.mamba_cache_dtype, model_bytes)
+    ssm_name = settings.mamba_ssm_cache_dtype if settings.mamba_ssm_cache_dtype != "auto" else state.ssm_dtype
+    if device.platform == "cpu" and device.cpu_avx512_bf16 and ssm_name != "float32" and not (
+            state.family == "gated_delta_net" and ssm_name in ("float16", "bfloat16")):
+        # platforms/cpu.py: the accelerated CPU state kernels keep SSM states in float32
+        # (16-bit kept only when asked for, by the gated-delta-net kernel)
+        ssm_name = "float32"
+    ssm_bytes = _DTYPE_BYTES.get(ssm_name or "", conv_bytes)
+    return conv * conv_bytes + ssm * ssm_bytes
+
+
+def _smallest_kernel_block(shape: BackendRule) -> int:
+    return min(r.base if isinstance(r, MultipleOf) else r for r in shape.block_sizes)
+
+
+def _block_size_for_state(shape: BackendRule, block_size: int, per_token_layer: int, state_bytes: int,
+                          mla: bool) -> int:
+    """Platform._align_hybrid_block_size (platforms/interface.py): the smallest attention block
+    size, a multiple of the kernel's block (and of the block size in force), whose page holds
+    one recurrent state."""
+    alignment = max(_smallest_kernel_block(shape), block_size)
+    if mla:
+        alignment = max(alignment, 128)
+    size = alignment * -(-state_bytes // (alignment * per_token_layer))
+    smallest = _smallest_kernel_block(shape)
+    return smallest * -(-size // smallest)
+
+
+def _kv_groups(geometry: ModelGeometry, settings: EngineSettings, block_size: int, page: int,
+               state_bytes: int) -> KvGroups:
+    kinds = list(geometry.layout.kinds)
+    if settings.pipeline_parallel_size > 1:   # the first stage holds the most layers
+        per_stage = -(-len(kinds) // settings.pipeline_parallel_size)
+        kinds = kinds[:per_stage]
+    if settings.disable_hybrid_kv_cache_manager:
+        kinds = promote_local_layers(kinds)
+    window = geometry.layout.window
+    # A state page is padded up to the attention page; with no attention layer it is its own size.
+    state_page = page if any(kind != MAMBA for kind in kinds) else state_bytes
+    specs = [LayerSpec(MAMBA, block_size, state_page, state_bytes) if kind == MAMBA
+             else LayerSpec(kind, block_size, page, page, window if kind in (SLIDING, CHUNKED) else None)
+             for kind in kinds]
+    return kv_groups(specs)
+
+
+def _default_max_num_seqs(device: Device, settings: EngineSettings) -> int:
+    """vLLM's default for the API server (engine/arg_utils.py get_batch_defaults)."""
+    world = settings.tensor_parallel_size * settings.pipeline_parallel_size
+    return 128 * world if device.platform == "cpu" else 256 if (device.total_memory_bytes or 0) < 160 * GiB else 1024
+
+
+def _default_max_num_batched_tokens(device: Device, settings: EngineSettings) -> int:
+    """vLLM's default for the API server (engine/arg_utils.py get_batch_defaults)."""
+    world = settings.tensor_parallel_size * settings.pipeline_parallel_size
+    if device.platform == "cpu":
+        return 2048 * world
+    total = device.total_memory_bytes or 0
+    if total >= 160 * GiB:
+        return 16384
+    if total >= 70 * GiB and "a100" not in device.name.lower():
+        return 8192
+    return 2048
+
+
+def _demand(geometry: ModelGeometry, settings: EngineSettings, device: Device, max_model_len: int) -> Demand:
+    """What one request may hold: max_model_len, and the tokens in flight that sliding-window and
+    chunked layers keep on top of their window (VllmConfig.max_in_flight_tokens)."""
+    batched = settings.max_num_batched_tokens or _default_max_num_batched_tokens(device, settings)
+    chunked_prefill = settings.enable_chunked_prefill
+    if device.platform == "cpu" and geometry.attention == "mla":
+        chunked_prefill = False            # platforms/cpu.py: MLA on CPU turns chunked prefill off
+        batched = max(max_model_len, 2048) if settings.max_num_batched_tokens is None else batched
+    elif chunked_prefill is False and settings.max_num_batched_tokens is None:
+        batched = max(max_model_len, batched)
+    pp = max(1, settings.pipeline_parallel_size)
+    # Async scheduling (on by default on GPUs, always off on the CPU platform) overlaps two batches.
+    concurrent_batches = 2 if pp == 1 and device.platform != "cpu" else pp
+    return Demand(max_model_len=max_model_len, max_in_flight_tokens=concurrent_batches * batched,
+                  mamba_align=bool(settings.enable_prefix_caching) and geometry.layout.state is not None)

@@ -1,0 +1,161 @@
+"""vLLM's KV cache groups, blocks and capacity for any mix of layer kinds (pure).
+
+Follows vLLM 0.32's v1/core/kv_cache_utils.py: `get_kv_cache_groups` (one group when every
+layer has the same spec or the same type; otherwise pages unified, layers bucketed by spec and
+split into groups of one size, the last group of a bucket padded), `_get_kv_cache_bytes_per_block`
+(the fullest group's pages), `get_kv_cache_config_from_groups` (num_blocks = memory // that),
+`get_max_concurrency_for_kv_cache_config` and `get_kv_cache_capacity` (tokens = concurrency x
+max_model_len, where a request needs per group what its spec's `max_memory_usage_bytes` says:
+v1/kv_cache_interface.py), and `_estimate_max_model_len_from_groups` (`--max-model-len auto`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from kvwatch.planner.layers import CHUNKED, FULL, MAMBA, SLIDING
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    kind: str                 # full | sliding | chunked | mamba
+    block_size: int           # tokens per block (mamba: the attention block size it is aligned to)
+    page_bytes: int           # one block of this layer, padding included
+    real_page_bytes: int      # without padding
+    window: int | None = None  # sliding window / attention chunk size
+
+
+@dataclass(frozen=True)
+class Demand:
+    """What one request needs: vLLM's scheduler limits."""
+
+    max_model_len: int
+    max_in_flight_tokens: int     # max_concurrent_batches x max_num_batched_tokens (config/vllm.py)
+    mamba_align: bool = False     # mamba_cache_mode "align" (prefix caching on a hybrid): 2 states per request
+
+
+def blocks_per_request(spec: LayerSpec, demand: Demand, max_model_len: int | None = None) -> int:
+    """cdiv(spec.max_memory_usage_bytes, page) for one layer's spec."""
+    length = demand.max_model_len if max_model_len is None else max_model_len
+    if spec.kind == SLIDING:
+        assert spec.window is not None
+        return cdiv(min(spec.window - 1 + demand.max_in_flight_tokens, length), spec.block_size) + 1
+    if spec.kind == CHUNKED:
+        assert spec.window is not None
+        return cdiv(min(spec.window + demand.max_in_flight_tokens, length), spec.block_size)
+    if spec.kind == MAMBA:
+        return 2 if demand.mamba_align else 1
+    return cdiv(length, spec.block_size)
+
+
+@dataclass(frozen=True)
+class KvGroups:
+    specs: tuple[LayerSpec, ...]          # one per cache layer, after page unification
+    groups: tuple[tuple[int, ...], ...]   # layer indices of each group
+    group_size: int                       # layers per group (the fullest group)
+    padding_layers: int                   # empty slots in groups short of group_size
+
+    @property
+    def bytes_per_block(self) -> int:
+        return max(sum(self.specs[i].page_bytes for i in group) for group in self.groups)
+
+    def blocks_per_request(self, demand: Demand, max_model_len: int | None = None) -> int:
+        return sum(blocks_per_request(self.specs[group[0]], demand, max_model_len) for group in self.groups)
+
+    def memory_for(self, demand: Demand, max_model_len: int) -> int:
+        """_max_memory_usage_bytes_from_groups: one request of max_model_len, in bytes."""
+        return self.bytes_per_block * self.blocks_per_request(demand, max_model_len)
+
+    def capacity(self, num_blocks: int, demand: Demand) -> tuple[int, float]:
+        """(KV cache size in tokens, maximum concurrency) as vLLM logs them."""
+        concurrency = num_blocks / self.blocks_per_request(demand)
+        return int(concurrency * demand.max_model_len), concurrency
+
+    def auto_fit_max_model_len(self, available_bytes: int, demand: Demand, derived_max: int) -> int:
+        """_estimate_max_model_len_from_groups: the longest length one request fits in (0: none)."""
+        def fits(length: int) -> bool:
+            return self.memory_for(demand, length) <= available_bytes
+        if not fits(1):
+            return 0
+        left, right, best = 1, derived_max, 1
+        while left <= right:
+            mid = (left + right) // 2
+            if fits(mid):
+                best, left = mid, mid + 1
+            else:
+                right = mid - 1
+        return best
+
+    def padding_bytes(self, num_blocks: int, demand: Demand) -> dict[str, int]:
+        """Bytes of the pool that hold no KV, by cause. Every group's tensors alias one pool of
+        bytes_per_block x num_blocks, and a block belongs to one group at a time; a group with
+        fewer layers than the fullest (vLLM's "padding layers") leaves the rest of its blocks
+        unused, and a padded page (a Mamba state padded up to the attention page) wastes its tail.
+        Blocks are counted as one request of max_model_len spreads them over the groups."""
+        if not self.groups or not num_blocks:
+            return {"layer_padding": 0, "state_padding": 0, "page_padding": 0}
+        weights = [blocks_per_request(self.specs[g[0]], demand) for g in self.groups]
+        total = sum(weights)
+        per_block = {"layer_padding": 0.0, "state_padding": 0.0, "page_padding": 0.0}
+        for group, weight in zip(self.groups, weights):
+            share = weight / total
+            per_block["layer_padding"] += share * (self.bytes_per_block - sum(self.specs[i].page_bytes for i in group))
+            for i in group:
+                cause = "state_padding" if self.specs[i].kind == MAMBA else "page_padding"
+                per_block[cause] += share * (self.specs[i].page_bytes - self.specs[i].real_page_bytes)
+        return {cause: int(value * num_blocks) for cause, value in per_block.items()}
+
+
+def _unify_pages(specs: list[LayerSpec]) -> list[LayerSpec]:
+    """unify_kv_cache_spec_page_size: smaller attention pages take a larger block, or are padded."""
+    largest = max(s.page_bytes for s in specs)
+    out = []
+    for s in specs:
+        if s.page_bytes == largest:
+            out.append(s)
+        elif s.kind == MAMBA:
+            out.append(replace(s, page_bytes=largest))
+        elif largest % s.page_bytes == 0:
+            ratio = largest // s.page_bytes
+            out.append(replace(s, block_size=s.block_size * ratio, page_bytes=largest,
+                               real_page_bytes=s.real_page_bytes * ratio))
+        else:
+            out.append(replace(s, page_bytes=largest))
+    return out
+
+
+def kv_groups(specs: list[LayerSpec]) -> KvGroups:
+    """get_kv_cache_groups for the layers of one worker (specs already promoted when the hybrid
+    manager is off)."""
+    if not specs:
+        return KvGroups((), (), 0, 0)
+    everything = tuple(range(len(specs)))
+    same_type = len({(s.kind, s.window, s.block_size) for s in specs}) == 1
+    if same_type:   # is_kv_cache_spec_uniform or UniformTypeKVCacheSpecs: one group of every layer
+        return KvGroups(tuple(specs), (everything,), len(specs), 0)
+    unified = _unify_pages(specs)
+    buckets: dict[LayerSpec, list[int]] = {}
+    for i, s in enumerate(unified):
+        buckets.setdefault(s, []).append(i)
+    counts = [len(layers) for layers in buckets.values()]
+    group_size = min(counts)
+    if max(counts) < min(counts) * 1.5:
+        group_size = max(counts)
+    groups: list[tuple[int, ...]] = []
+    padding = 0
+    for layers in buckets.values():
+        num_groups = cdiv(len(layers), group_size)
+        padding += num_groups * group_size - len(layers)
+        groups.extend(tuple(layers[i::num_groups]) for i in range(num_groups))
+    return KvGroups(tuple(unified), tuple(groups), group_size, padding)
+
+
+def promote_local_layers(kinds: list[str]) -> list[str]:
+    """--disable-hybrid-kv-cache-manager: with full attention present, sliding and chunked layers
+    are kept as full attention (`_promote_local_kv_cache_specs`)."""
+    if FULL in kinds and (SLIDING in kinds or CHUNKED in kinds):
+        return [FULL if k in (SLIDING, CHUNKED) else k for k in kinds]
+    return kinds

@@ -1,0 +1,200 @@
+"""Which layers hold which cache, as vLLM builds them from a config.json (pure).
+
+Many config.json files do not list their layer kinds: transformers fills `layer_types` from
+per-architecture defaults when it loads the config, and vLLM's model files read that (or their
+own rule). The rules below are those defaults, kept as data; neither transformers nor vLLM is
+imported. Sources: transformers' configuration_gemma2/gemma3/llama4/qwen3_next/jamba/
+nemotron_h/falcon_h1 files, and vLLM 0.32's model_executor/models/{gemma2,gemma3,gpt_oss,
+llama,llama4,qwen3_next,granitemoehybrid,nemotron_h,jamba}.py.
+
+A cache layer is one of:
+- "full":    full attention, every token of the request
+- "sliding": sliding-window attention (`window` tokens)
+- "chunked": chunked local attention (Llama 4; `window` = attention_chunk_size)
+- "mamba":   a recurrent state of fixed size per sequence (Mamba 1/2, gated delta net)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from kvwatch.errors import ConfigError
+
+FULL, SLIDING, CHUNKED, MAMBA = "full", "sliding", "chunked", "mamba"
+
+# layer_types values seen in config.json files, by the cache they hold.
+_LAYER_TYPE_KINDS = {
+    "full_attention": FULL, "attention": FULL, "global_attention": FULL, "full": FULL,
+    "sliding_attention": SLIDING, "sliding_window_attention": SLIDING, "local_attention": SLIDING,
+    "chunked_attention": CHUNKED,
+    "linear_attention": MAMBA, "mamba": MAMBA, "mamba2": MAMBA, "gated_delta_net": MAMBA,
+}
+
+
+@dataclass(frozen=True)
+class RecurrentState:
+    """The per-sequence state of a Mamba-like layer, before tensor parallelism.
+
+    family "mamba2":          conv (intermediate + 2 x groups x state, kernel - 1), ssm (heads, head_dim, state)
+    family "gated_delta_net": conv (2 x k_heads x k_dim + v_heads x v_dim, kernel - 1), ssm (v_heads, v_dim, k_dim)
+    family "mamba1":          conv (intermediate, kernel - 1), ssm (intermediate, state)
+    (model_executor/layers/mamba/mamba_utils.py MambaStateShapeCalculator)
+    """
+
+    family: str
+    conv_kernel: int
+    intermediate_size: int = 0     # mamba1/mamba2
+    n_groups: int = 1              # mamba2
+    num_heads: int = 0             # mamba2 heads; gated delta net value heads
+    head_dim: int = 0              # mamba2 head dim; gated delta net value head dim
+    state_size: int = 0            # mamba1/2 state; gated delta net key head dim
+    num_k_heads: int = 0           # gated delta net
+    ssm_dtype: str | None = None   # the model's own SSM state dtype (None: vLLM's "auto")
+
+    def element_counts(self, tp: int) -> tuple[int, int]:
+        """(conv elements, ssm elements) on one tensor-parallel rank."""
+        if self.family == "mamba2":
+            groups = self.n_groups + (0 if self.n_groups % tp == 0 else tp - self.n_groups)
+            conv = (self.intermediate_size + 2 * groups * self.state_size) // tp * (self.conv_kernel - 1)
+            return conv, self.num_heads // tp * self.head_dim * self.state_size
+        if self.family == "gated_delta_net":
+            conv_dim = self.state_size * self.num_k_heads * 2 + self.head_dim * self.num_heads
+            return conv_dim // tp * (self.conv_kernel - 1), self.num_heads // tp * self.head_dim * self.state_size
+        conv = self.intermediate_size // tp * (self.conv_kernel - 1)
+        return conv, self.intermediate_size // tp * self.state_size
+
+
+@dataclass(frozen=True)
+class LayerLayout:
+    kinds: tuple[str, ...]              # one per cache layer, in model order
+    window: int | None = None           # sliding window or attention chunk, for those layers
+    state: RecurrentState | None = None
+
+    @property
+    def attention_layers(self) -> int:
+        return sum(k != MAMBA for k in self.kinds)
+
+
+def _int(cfg: Mapping[str, Any], key: str, default: int | None = None) -> int:
+    value = cfg.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        if default is not None and key not in cfg:
+            return default
+        raise ConfigError(f"config.json: field {key!r} must be a positive integer, got {str(value)[:40]!r}")
+    return value
+
+
+def _window(cfg: Mapping[str, Any]) -> int | None:
+    window = cfg.get("sliding_window")
+    return window if isinstance(window, int) and not isinstance(window, bool) and window > 0 else None
+
+
+def _from_layer_types(cfg: Mapping[str, Any], num_layers: int) -> list[str] | None:
+    types = cfg.get("layer_types") or cfg.get("layers_block_type")
+    if not isinstance(types, list) or len(types) != num_layers:
+        return None
+    kinds = []
+    for t in types:
+        kind = _LAYER_TYPE_KINDS.get(str(t).lower())
+        if kind is None:
+            raise ConfigError(f"config.json: layer type {str(t)[:40]!r} is not one kvwatch knows")
+        kinds.append(kind)
+    return kinds
+
+
+def _attention_kinds(cfg: Mapping[str, Any], model_type: str, num_layers: int) -> tuple[list[str], int | None]:
+    window = _window(cfg)
+    if model_type == "gpt_oss":                      # vLLM: even layers slide, whatever layer_types says
+        return [SLIDING if i % 2 == 0 else FULL for i in range(num_layers)], window
+    listed = _from_layer_types(cfg, num_layers)
+    if listed is not None:
+        if CHUNKED in listed:
+            return listed, _int(cfg, "attention_chunk_size")
+        if SLIDING in listed and window is None:    # a sliding layer without a window attends fully
+            listed = [FULL if k == SLIDING else k for k in listed]
+        return listed, window
+    if model_type == "gemma2":                       # transformers: (i + 1) % 2 -> sliding
+        return [SLIDING if (i + 1) % 2 else FULL for i in range(num_layers)], window
+    if model_type in ("gemma3", "gemma3_text", "cohere2"):
+        pattern = _int(cfg, "sliding_window_pattern", 6 if model_type != "cohere2" else 4)
+        return [SLIDING if (i + 1) % pattern else FULL for i in range(num_layers)], window
+    if model_type in ("llama4", "llama4_text") and cfg.get("attention_chunk_size"):
+        chunk = _int(cfg, "attention_chunk_size")
+        no_rope = cfg.get("no_rope_layers")
+        if not (isinstance(no_rope, list) and len(no_rope) == num_layers):
+            interval = _int(cfg, "no_rope_layer_interval", 4)
+            no_rope = [int((i + 1) % interval != 0) for i in range(num_layers)]
+        # vLLM llama4.py: a layer with RoPE (no_rope_layers[i] != 0) uses chunked local attention.
+        return [CHUNKED if flag else FULL for flag in no_rope], chunk
+    if window and cfg.get("use_sliding_window") is False:
+        return [FULL] * num_layers, None
+    if window and isinstance(cfg.get("max_window_layers"), int) and cfg.get("use_sliding_window"):
+        cut = cfg["max_window_layers"]                # Qwen2: layers below max_window_layers attend fully
+        return [FULL if i < cut else SLIDING for i in range(num_layers)], window
+    if window:                                       # Mistral v0.1, Phi-3: a window on every layer
+        return [SLIDING] * num_layers, window
+    return [FULL] * num_layers, None
+
+
+def _hybrid_kinds(cfg: Mapping[str, Any], model_type: str, num_layers: int) -> list[str] | None:
+    """Layer kinds of attention + recurrent hybrids; None for attention-only models."""
+    if model_type == "qwen3_next" and not isinstance(cfg.get("layer_types"), list):
+        interval = _int(cfg, "full_attention_interval", 4)
+        return [FULL if (i + 1) % interval == 0 else MAMBA for i in range(num_layers)]
+    if model_type == "nemotron_h":
+        pattern = cfg.get("hybrid_override_pattern")
+        if not isinstance(pattern, str) or len(pattern) != num_layers:
+            raise ConfigError("config.json: nemotron_h needs hybrid_override_pattern with one character per layer")
+        kinds = {"M": MAMBA, "*": FULL}
+        return [kinds[c] for c in pattern if c in kinds]
+    if model_type == "jamba" and not isinstance(cfg.get("layers_block_type"), list):
+        period, offset = _int(cfg, "attn_layer_period", 8), cfg.get("attn_layer_offset", 4)
+        return [FULL if i % period == offset else MAMBA for i in range(num_layers)]
+    if model_type == "falcon_h1":                    # every layer: attention and a Mamba2 mixer side by side
+        return [FULL, MAMBA] * num_layers
+    return None
+
+
+def _recurrent_state(cfg: Mapping[str, Any], model_type: str) -> RecurrentState:
+    if model_type == "qwen3_next" or "linear_num_value_heads" in cfg:
+        return RecurrentState("gated_delta_net", conv_kernel=_int(cfg, "linear_conv_kernel_dim", 4),
+                              num_heads=_int(cfg, "linear_num_value_heads"), head_dim=_int(cfg, "linear_value_head_dim"),
+                              num_k_heads=_int(cfg, "linear_num_key_heads"), state_size=_int(cfg, "linear_key_head_dim"),
+                              ssm_dtype=_ssm_dtype(cfg, None))
+    if model_type == "jamba":
+        hidden = _int(cfg, "hidden_size")
+        return RecurrentState("mamba1", conv_kernel=_int(cfg, "mamba_d_conv", 4),
+                              intermediate_size=_int(cfg, "mamba_expand", 2) * hidden,
+                              state_size=_int(cfg, "mamba_d_state", 16), ssm_dtype=_ssm_dtype(cfg, None))
+    if model_type == "nemotron_h":
+        heads, head_dim = _int(cfg, "mamba_num_heads"), _int(cfg, "mamba_head_dim")
+        return RecurrentState("mamba2", conv_kernel=_int(cfg, "conv_kernel", 4), intermediate_size=heads * head_dim,
+                              n_groups=_int(cfg, "n_groups", 1), num_heads=heads, head_dim=head_dim,
+                              state_size=_int(cfg, "ssm_state_size", 128),
+                              # vLLM NemotronHForCausalLMConfig: float32 unless the config names one
+                              ssm_dtype=_ssm_dtype(cfg, "float32"))
+    # Mamba2 with the mamba_* names: Granite-4.0-H (granitemoehybrid), Falcon-H1, Bamba
+    hidden = _int(cfg, "hidden_size")
+    intermediate = cfg.get("mamba_d_ssm") or _int(cfg, "mamba_expand", 2) * hidden
+    return RecurrentState("mamba2", conv_kernel=_int(cfg, "mamba_d_conv", 4), intermediate_size=intermediate,
+                          n_groups=_int(cfg, "mamba_n_groups", 1), num_heads=_int(cfg, "mamba_n_heads"),
+                          head_dim=_int(cfg, "mamba_d_head"), state_size=_int(cfg, "mamba_d_state", 128),
+                          ssm_dtype=_ssm_dtype(cfg, None))
+
+
+def _ssm_dtype(cfg: Mapping[str, Any], default: str | None) -> str | None:
+    value = cfg.get("mamba_ssm_cache_dtype") or cfg.get("mamba_ssm_dtype")
+    return value if isinstance(value, str) else default
+
+
+def layer_layout(cfg: Mapping[str, Any], model_type: str, num_layers: int) -> LayerLayout:
+    """The cache layers of this (text) config, in order."""
+    hybrid = _hybrid_kinds(cfg, model_type, num_layers)
+    listed = _from_layer_types(cfg, num_layers) if hybrid is None else None
+    if hybrid is None and listed is not None and MAMBA in listed:
+        hybrid = listed
+    if hybrid is not None:
+        window = _window(cfg) if SLIDING in hybrid else None
+        return LayerLayout(tuple(hybrid), window, _recurrent_state(cfg, model_type))
+    kinds, window = _attention_kinds(cfg, model_type, num_layers)
+    return LayerLayout(tuple(kinds), window if set(kinds) & {SLIDING, CHUNKED} else None)

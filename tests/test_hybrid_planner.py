@@ -1,0 +1,193 @@
+"""The hybrid planner's parts: layer kinds from config.json, vLLM's grouping, tokens, auto-fit, flags."""
+from __future__ import annotations
+
+import pytest
+
+from kvwatch.diagnosis import diagnose
+from kvwatch.diagnosis.classes import FailureKind
+from kvwatch.planner.devices import GiB, Device, preset
+from kvwatch.planner.engine_args import EngineCommand
+from kvwatch.planner.geometry import geometry_from_config
+from kvwatch.planner.kv_groups import Demand, LayerSpec, kv_groups
+from kvwatch.planner.layers import layer_layout
+from kvwatch.planner.plan import MemoryInputs, make_plan
+from kvwatch.planner.rules import ruleset_for
+
+CPU = Device("cpu", "cpu", cpu_avx512_bf16=False)
+RULES = ruleset_for(None)
+
+
+def kinds(cfg: dict, model_type: str, layers: int) -> str:
+    return "".join(k[0] for k in layer_layout(cfg, model_type, layers).kinds)
+
+
+# -- layer kinds, as transformers and vLLM derive them --------------------------------------------
+
+@pytest.mark.parametrize("cfg,model_type,layers,expected", [
+    ({"sliding_window": 4096}, "gemma2", 4, "sfsf"),
+    ({"sliding_window": 512}, "gemma3_text", 12, "sssssfsssssf"),
+    ({"sliding_window": 512, "sliding_window_pattern": 2}, "gemma3_text", 4, "sfsf"),
+    ({"sliding_window": 128, "layer_types": ["full_attention"] * 4}, "gpt_oss", 4, "sfsf"),   # vLLM: even slide
+    ({"attention_chunk_size": 8192}, "llama4_text", 8, "cccfcccf"),
+    ({"attention_chunk_size": 8192, "no_rope_layers": [1, 0, 1, 0]}, "llama4_text", 4, "cfcf"),
+    ({"sliding_window": 4096}, "mistral", 3, "sss"),
+    ({"sliding_window": 4096, "use_sliding_window": False}, "qwen3", 3, "fff"),
+    ({"sliding_window": 4096, "use_sliding_window": True, "max_window_layers": 2}, "qwen2", 4, "ffss"),
+    ({"full_attention_interval": 4}, "qwen3_next", 8, "mmmfmmmf"),
+    ({"layer_types": ["mamba", "attention", "mamba"]}, "granitemoehybrid", 3, "mfm"),
+    ({"attn_layer_period": 4, "attn_layer_offset": 2}, "jamba", 8, "mmfmmmfm"),
+])
+def test_layer_kinds(cfg: dict, model_type: str, layers: int, expected: str) -> None:
+    base = {"hidden_size": 64, "mamba_n_heads": 2, "mamba_d_head": 64, "linear_num_value_heads": 2,
+            "linear_value_head_dim": 16, "linear_num_key_heads": 2, "linear_key_head_dim": 16}
+    assert kinds({**base, **cfg}, model_type, layers) == expected
+
+
+def test_nemotron_h_pattern_and_float32_state() -> None:
+    cfg = {"hybrid_override_pattern": "M-M*-E", "mamba_num_heads": 8, "mamba_head_dim": 16, "ssm_state_size": 32,
+           "n_groups": 2, "conv_kernel": 4, "hidden_size": 64}
+    layout = layer_layout(cfg, "nemotron_h", 6)
+    assert "".join(k[0] for k in layout.kinds) == "mmf"          # '-' and 'E' hold no cache
+    assert layout.state is not None and layout.state.ssm_dtype == "float32"
+    # conv: (8*16 + 2*2*32) x 3; ssm: 8 x 16 x 32 (mamba_utils.mamba2_state_shape)
+    assert layout.state.element_counts(1) == ((128 + 128) * 3, 8 * 16 * 32)
+    # TP 4 does not divide 2 groups: vLLM extends them to 4
+    assert layout.state.element_counts(4) == ((128 + 2 * 4 * 32) // 4 * 3, 2 * 16 * 32)
+
+
+def test_falcon_h1_has_attention_and_mamba_in_every_layer() -> None:
+    cfg = {"hidden_size": 64, "mamba_d_ssm": 128, "mamba_n_heads": 4, "mamba_d_head": 32}
+    assert kinds(cfg, "falcon_h1", 3) == "fmfmfm"
+
+
+def test_a_layer_type_kvwatch_does_not_know_is_one_clear_error() -> None:
+    from kvwatch.errors import ConfigError
+    with pytest.raises(ConfigError, match="layer type 'quantum_attention'"):
+        layer_layout({"layer_types": ["quantum_attention"]}, "x", 1)
+
+
+# -- vLLM's grouping (worked examples of v1/core/kv_cache_utils.py) --------------------------------
+
+def spec(kind: str, page: int = 100, window: int | None = None, real: int | None = None) -> LayerSpec:
+    return LayerSpec(kind, 16, page, page if real is None else real, window)
+
+
+def test_groups_follow_the_smallest_bucket_with_padding_layers() -> None:
+    # 10 full + 20 sliding -> 3 groups of 10 (vLLM's docstring example)
+    groups = kv_groups([spec("full")] * 10 + [spec("sliding", window=64)] * 20)
+    assert (len(groups.groups), groups.group_size, groups.padding_layers) == (3, 10, 0)
+    # 2 full + 5 sliding: 2-layer groups, the last sliding group short by one layer
+    groups = kv_groups([spec("full")] * 2 + [spec("sliding", window=64)] * 5)
+    assert (len(groups.groups), groups.group_size, groups.padding_layers) == (4, 2, 1)
+    assert groups.bytes_per_block == 200
+
+
+def test_nearly_equal_buckets_take_the_largest_as_group_size() -> None:
+    # 12 sliding + 13 full (gpt-oss-20b + eagle): one group each of 13, not 12 + 24
+    groups = kv_groups([spec("sliding", window=64)] * 12 + [spec("full")] * 13)
+    assert (len(groups.groups), groups.group_size, groups.padding_layers) == (2, 13, 1)
+
+
+def test_tokens_count_a_window_not_the_whole_request() -> None:
+    demand = Demand(max_model_len=2048, max_in_flight_tokens=2048)
+    groups = kv_groups([spec("full")] * 2 + [spec("sliding", window=512)] * 10)
+    # full: 2048/16 = 128 blocks; sliding: ceil(min(511 + 2048, 2048)/16) + 1 = 129, x 5 groups
+    assert groups.blocks_per_request(demand) == 128 + 5 * 129
+    tokens, concurrency = groups.capacity(10_000, demand)
+    assert concurrency == 10_000 / 773 and tokens == int(10_000 / 773 * 2048)
+
+
+def test_state_pages_are_padded_and_counted_as_state_padding() -> None:
+    groups = kv_groups([spec("mamba", page=100, real=60)] * 3 + [spec("full")])
+    demand = Demand(max_model_len=160, max_in_flight_tokens=0)
+    padding = groups.padding_bytes(num_blocks=1000, demand=demand)
+    assert padding["state_padding"] > 0 and padding["page_padding"] == 0
+
+
+# -- plans: auto-fit, hybrids on a GPU, the Mamba cache check -------------------------------------
+
+def gemma3(layers: int = 12) -> dict:
+    return {"model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"], "num_hidden_layers": layers,
+            "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256, "hidden_size": 1152,
+            "sliding_window": 512, "max_position_embeddings": 32768, "torch_dtype": "bfloat16"}
+
+
+def plan(cfg: dict, *flags: str, device: Device = CPU, kv_gib: int | None = 1):
+    settings = EngineCommand.parse(["vllm", "serve", "m", *flags]).settings()
+    memory = MemoryInputs(cpu_kv_space_bytes=kv_gib * GiB if kv_gib else None)
+    return make_plan(geometry_from_config(cfg), settings, device, RULES, memory)
+
+
+def test_max_model_len_auto_fits_the_longest_request_the_cache_holds() -> None:
+    p = plan(gemma3(), "--max-model-len", "auto", kv_gib=None, device=preset("h100"))
+    assert p.max_model_len is not None and p.max_model_len <= 32768
+    small = plan(gemma3(), "--max-model-len", "auto", "--kv-cache-memory-bytes", "64M", kv_gib=None)
+    # the fitted length fits: one request of it within the memory less the null block
+    assert small.max_model_len < 32768
+    longer = plan(gemma3(), "--max-model-len", str(small.max_model_len + 1), "--kv-cache-memory-bytes", "64M", kv_gib=None)
+    assert any(w.kind == "kv_cache_too_small" for w in longer.warnings)
+    exact = plan(gemma3(), "--max-model-len", str(small.max_model_len), "--kv-cache-memory-bytes", "64M", kv_gib=None)
+    assert not any(w.kind == "kv_cache_too_small" for w in exact.warnings)
+
+
+def test_a_flag_prefix_is_read_as_vllm_reads_it() -> None:
+    by_prefix = EngineCommand.parse(["vllm", "serve", "m", "--kv-cache-memory", "10G"]).settings()
+    assert by_prefix.kv_cache_memory_bytes == 10 * 2**30
+    assert EngineCommand.parse(["vllm", "serve", "m", "--kv-cache-memory=1G"]).settings().kv_cache_memory_bytes == 2**30
+    # an ambiguous prefix is not guessed
+    assert EngineCommand.parse(["vllm", "serve", "m", "--max-num", "5"]).settings().max_num_seqs is None
+    p = plan(gemma3(), "--max-model-len", "2048", "--kv-cache-memory", "1G", kv_gib=None)
+    assert p.kv_memory_source == "--kv-cache-memory-bytes" and p.kv_memory_bytes == GiB
+
+
+def test_disable_hybrid_manager_makes_one_group() -> None:
+    hybrid = plan(gemma3(), "--max-model-len", "2048")
+    flat = plan(gemma3(), "--max-model-len", "2048", "--disable-hybrid-kv-cache-manager")
+    assert (hybrid.kv_cache_groups, flat.kv_cache_groups) == (6, 1)
+    assert flat.num_blocks * flat.block_size == flat.kv_cache_tokens
+
+
+def granite(max_num_seqs: str = "256") -> tuple[dict, list[str]]:
+    cfg = {"model_type": "granitemoehybrid", "architectures": ["GraniteMoeHybridForCausalLM"],
+           "num_hidden_layers": 4, "layer_types": ["mamba", "mamba", "mamba", "attention"],
+           "num_attention_heads": 12, "num_key_value_heads": 4, "hidden_size": 1536, "mamba_n_heads": 48,
+           "mamba_d_head": 64, "mamba_d_state": 128, "mamba_n_groups": 1, "mamba_d_conv": 4, "mamba_expand": 2,
+           "max_position_embeddings": 131072, "torch_dtype": "bfloat16"}
+    return cfg, ["--max-model-len", "2048", "--max-num-seqs", max_num_seqs, "--kv-cache-memory-bytes", "256M"]
+
+
+def test_mamba_block_size_is_raised_until_a_page_holds_the_state() -> None:
+    cfg, flags = granite()
+    h100 = plan(cfg, *flags, device=preset("h100"), kv_gib=None)
+    # state: conv (3072 + 2*128) x 3 + ssm 48 x 64 x 128, bf16 = 806,400 B; page per token 4 x 128 x 2 x 2 = 2 KiB
+    assert h100.recurrent_state_bytes == ((3072 + 256) * 3 + 48 * 64 * 128) * 2
+    assert h100.block_size * 2048 >= h100.recurrent_state_bytes > (h100.block_size - 16) * 2048
+    assert h100.padding_bytes["state_padding"] > 0
+
+
+def test_max_num_seqs_above_the_mamba_blocks_is_warned_and_diagnosed() -> None:
+    cfg, flags = granite("4096")
+    p = plan(cfg, *flags, device=preset("h100"), kv_gib=None)
+    [warning] = [w for w in p.warnings if w.kind == "mamba_cache_too_small"]
+    assert warning.fix == {"--max-num-seqs": p.num_blocks} and warning.certain
+    log = ("(EngineCore pid=1) ERROR 11-30 10:00:00 [core.py:1] ValueError: max_num_seqs (4096) exceeds available "
+           f"Mamba cache blocks ({p.num_blocks}). Each decode sequence requires one Mamba cache block, so CUDA "
+           "graph capture cannot proceed. Please lower max_num_seqs to at most "
+           f"{p.num_blocks} or increase gpu_memory_utilization.\n")
+    found = diagnose(log.splitlines(keepends=True))
+    assert found.kind == FailureKind.MAMBA_CACHE_TOO_SMALL
+    assert found.facts["mamba_blocks"] == p.num_blocks
+    eager = plan(cfg, *flags, "--enforce-eager", device=preset("h100"), kv_gib=None)
+    assert not any(w.kind == "mamba_cache_too_small" for w in eager.warnings)   # no CUDA graphs, no check
+
+
+def test_the_mamba_cache_remedy_lowers_max_num_seqs_to_the_blocks() -> None:
+    from kvwatch.diagnosis import propose_remedy
+    log = ["(EngineCore_DP0 pid=7) ERROR 11-30 10:00:00 [core.py:1] ValueError: max_num_seqs (1024) exceeds "
+           "available Mamba cache blocks (300). Each decode sequence requires one Mamba cache block, so CUDA "
+           "graph capture cannot proceed. Please lower max_num_seqs to at most 300 or increase "
+           "gpu_memory_utilization.\n"]
+    found = diagnose(log)
+    command = EngineCommand.parse(["vllm", "serve", "m", "--max-num-seqs", "1024"])
+    remedy = propose_remedy(found, command)
+    assert remedy is not None and remedy.set == {"--max-num-seqs": 300}
