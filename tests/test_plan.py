@@ -5,12 +5,12 @@ import json
 from pathlib import Path
 
 import pytest
-
 from engine_support import deepseek_v2_config, llama_config, write_model
+
 from kvwatch.cli import main
-from kvwatch.planner.devices import GiB, Device, preset
-from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.errors import ConfigError
+from kvwatch.planner.devices import Device, GiB, preset
+from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.geometry import geometry_from_config
 from kvwatch.planner.plan import MemoryInputs, make_plan
 from kvwatch.planner.rules import ruleset_for

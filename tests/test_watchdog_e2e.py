@@ -15,14 +15,23 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import psutil
 import pytest
+from engine_support import (
+    cpu_runs_fp8_kv,
+    engine_argv,
+    engine_env,
+    free_port,
+    http_get,
+    llama_config,
+    require_engine,
+    write_model,
+)
 
-from engine_support import (cpu_runs_fp8_kv, engine_argv, engine_env, free_port, http_get, llama_config,
-                            require_engine, write_model)
 from kvwatch.boundary.engine_http import parse_metrics
 from kvwatch.exitcodes import EXIT_GAVE_UP
 
@@ -68,7 +77,7 @@ class Kvwatch:
         self.proc: subprocess.Popen[bytes] | None = None
         self.env: dict[str, str] = {}            # extra environment (kvwatch's, so the engine's too)
 
-    def start(self) -> "Kvwatch":
+    def start(self) -> Kvwatch:
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          env={**engine_env(1), **self.env}, start_new_session=True)

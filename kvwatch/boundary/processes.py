@@ -22,8 +22,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Sequence
 
 import psutil
 
@@ -55,7 +55,7 @@ class ProcRef:
     create_time: float
 
     @staticmethod
-    def from_json(data: Mapping[str, object]) -> "ProcRef":
+    def from_json(data: Mapping[str, object]) -> ProcRef:
         return ProcRef(int(data["pid"]), float(data["create_time"]))  # type: ignore[arg-type]
 
 

@@ -15,15 +15,30 @@ died with no other root cause is ENGINE_DIED.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import IO, Any, Iterable
+from typing import IO, Any
 
-from kvwatch.diagnosis.classes import FailureKind
 from kvwatch.diagnosis import refusals
-from kvwatch.diagnosis.patterns import (CHAIN_MARKERS, CONFIG_EXCEPTION, CONFIG_FIELD_ERROR, CONFIG_KEYWORDS,
-                                        CONFIG_VALUE_ERROR, CONTEXT_PATTERNS, EXCEPTION_KEYWORDS,
-                                        EXCEPTION_LINE, PATTERNS, READY_MARKERS, ROOT_KEYWORDS,
-                                        RUN_START_MARKERS, TRACEBACK_START, WRAPPERS, Facts, Pattern)
+from kvwatch.diagnosis.classes import FailureKind
+from kvwatch.diagnosis.patterns import (
+    CHAIN_MARKERS,
+    CONFIG_EXCEPTION,
+    CONFIG_FIELD_ERROR,
+    CONFIG_KEYWORDS,
+    CONFIG_VALUE_ERROR,
+    CONTEXT_PATTERNS,
+    EXCEPTION_KEYWORDS,
+    EXCEPTION_LINE,
+    PATTERNS,
+    READY_MARKERS,
+    ROOT_KEYWORDS,
+    RUN_START_MARKERS,
+    TRACEBACK_START,
+    WRAPPERS,
+    Facts,
+    Pattern,
+)
 from kvwatch.planner.rules import FP8_KV_DTYPES, PACKED_MLA_BYTES
 
 MAX_LINE_CHARS = 64 * 1024          # a giant line is cut, so no regex ever sees more
@@ -153,7 +168,7 @@ class LogScanner:
             line = _decode(line[:MAX_LINE_BYTES])
         self._feed_text(line.rstrip("\r\n"))
 
-    def feed_all(self, lines: Iterable[str | bytes]) -> "LogScanner":
+    def feed_all(self, lines: Iterable[str | bytes]) -> LogScanner:
         """feed() for many lines, in batches of about a megabyte (the prefilter runs per batch)."""
         batch: list[str] = []
         size = 0
@@ -170,7 +185,7 @@ class LogScanner:
             self._feed_text("\n".join(batch))
         return self
 
-    def feed_stream(self, stream: IO[bytes], block_bytes: int = _BLOCK_BYTES) -> "LogScanner":
+    def feed_stream(self, stream: IO[bytes], block_bytes: int = _BLOCK_BYTES) -> LogScanner:
         """A byte stream (a file, stdin), read in blocks: what `kvwatch diagnose` uses. A line
         longer than MAX_LINE_BYTES is cut there and the rest of it skipped, unread into memory."""
         carry = b""
@@ -311,7 +326,7 @@ class LogScanner:
             return True
         return False
 
-    def _offer(self, pattern: Pattern, m: "re.Match[str]", line: str, facts: Facts | None = None) -> None:
+    def _offer(self, pattern: Pattern, m: re.Match[str], line: str, facts: Facts | None = None) -> None:
         try:
             facts = pattern.extract(m) if facts is None else facts
         except (ValueError, IndexError, TypeError):   # a mangled number: keep the class, drop the facts

@@ -13,15 +13,16 @@ freed since the failure. The watchdog bounds them with policy.max_restarts.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
-from typing import Any, Collection, Iterator
+from typing import Any
 
 from kvwatch.diagnosis.classes import FailureKind
 from kvwatch.diagnosis.diagnose import Diagnosis, flag_fixable_backends, is_8bit_kv
 from kvwatch.planner.engine_args import EngineCommand, EngineSettings
 from kvwatch.planner.plan import KV_CACHE_TOO_SMALL, Plan
-from kvwatch.policy import Policy
 from kvwatch.planner.rules import BlockSizeRule, MultipleOf, RuleSet, ruleset_for
+from kvwatch.policy import Policy
 
 GiB = 2**30
 SAME_PLAN_REASON = "restart with the same plan"

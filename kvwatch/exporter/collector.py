@@ -14,10 +14,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from kvwatch import __version__
+from kvwatch.boundary.nvml import GpuInfo
 from kvwatch.diagnosis.classes import FailureKind
 from kvwatch.engine_status import EngineState
 from kvwatch.exporter.snapshot import EngineSnapshot, WatchSnapshot
-from kvwatch.boundary.nvml import GpuInfo
 
 # The diagnosis' failure classes: the known values of the `reason` and `kind` labels,
 # exported at 0 from the start so that increase() sees the first one.

@@ -16,8 +16,9 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any
 
 import bcrypt
 from prometheus_client import CollectorRegistry
@@ -231,7 +232,7 @@ def bounded_accept(accept: str | None) -> str | None:
     if not accept:
         return accept
 
-    def canonical(m: "re.Match[str]") -> str:
+    def canonical(m: re.Match[str]) -> str:
         major = m.group(2).split(".", 1)[0]
         version = "2.0.0" if major.isdigit() and int(major) >= 2 else "1.0.0" if major == "1" else "0.0.1"
         return m.group(1) + version

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field
 import time
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 from kvwatch.boundary import processes
 from kvwatch.boundary.processes import ProcRef

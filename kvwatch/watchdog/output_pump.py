@@ -104,7 +104,7 @@ class OutputPump:
         self.bytes_seen = 0
         self._thread = threading.Thread(target=self._run, name=f"pump-{name}", daemon=True)
 
-    def start(self) -> "OutputPump":
+    def start(self) -> OutputPump:
         self._thread.start()
         return self
 
