@@ -56,7 +56,10 @@ class ProcRef:
 
     @staticmethod
     def from_json(data: Mapping[str, object]) -> ProcRef:
-        return ProcRef(int(data["pid"]), float(data["create_time"]))  # type: ignore[arg-type]
+        pid, create_time = data["pid"], data["create_time"]
+        if not isinstance(pid, int) or not isinstance(create_time, (int, float)):   # the state file's types
+            raise TypeError(f"not a process reference: pid {pid!r}, create_time {create_time!r}")
+        return ProcRef(pid, float(create_time))
 
 
 def _load_prctl() -> Callable[..., int] | None:

@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"no engines in {state_dir}")
         return 0
     if args.json:
-        out = []
+        out: list[dict[str, object]] = []
         for path, record in found:
             if record is None:
                 out.append({"name": path.stem, "error": f"{path}: unreadable or corrupt"})

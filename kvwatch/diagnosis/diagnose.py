@@ -90,7 +90,7 @@ _PATTERNS_BY_PRIORITY: tuple[Pattern, ...] = tuple(sorted(PATTERNS, key=lambda p
 class Diagnosis:
     kind: FailureKind
     evidence: str | None          # the root-cause line as the engine printed it (ANSI stripped)
-    facts: dict                   # what the message says, as plain JSON values
+    facts: Facts                  # what the message says, as plain JSON values
     fatal: bool                   # no flag change can fix it
 
     def to_json(self) -> dict[str, Any]:
@@ -355,14 +355,14 @@ class LogScanner:
             # The engine served with this plan, so this start-up refusal is not its failure now
             # (e.g. the words came from a request): it died, and the plan stays.
             died = self._best.get(FailureKind.ENGINE_DIED)
-            facts = {"after_ready": True, "ignored": {"kind": kind.value, "evidence": best.line[:300]}}
+            facts: Facts = {"after_ready": True, "ignored": {"kind": kind.value, "evidence": best.line[:300]}}
             if self._context:
                 facts["context"] = dict(self._context)
             return Diagnosis(FailureKind.ENGINE_DIED, died.line if died else self._first_in_chain or self._last_exception,
                              facts, fatal=False)
         died = self._best.get(FailureKind.ENGINE_DIED)
         if died is not None or self.served:
-            facts: Facts = dict(died.merged) if died else {}
+            facts = dict(died.merged) if died else {}
             facts.update(died.facts if died else {})
             if died:
                 facts["pattern"] = died.pattern
@@ -426,8 +426,10 @@ def process_of(line: str) -> Facts:
 
 
 def is_8bit_kv(kv_cache_dtype: str | None) -> bool:
-    return bool(kv_cache_dtype) and (kv_cache_dtype in FP8_KV_DTYPES or kv_cache_dtype in PACKED_MLA_BYTES
-                                     or kv_cache_dtype.startswith(("fp8", "int8", "nvfp4")))
+    if not kv_cache_dtype:
+        return False
+    return (kv_cache_dtype in FP8_KV_DTYPES or kv_cache_dtype in PACKED_MLA_BYTES
+            or kv_cache_dtype.startswith(("fp8", "int8", "nvfp4")))
 
 
 def is_flag_reason(reason: str) -> bool:

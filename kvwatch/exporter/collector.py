@@ -168,8 +168,8 @@ def _engine(f: dict[str, Any], engine: EngineSnapshot) -> None:
         usage = [(r.rank, r.kv_cache_usage_ratio) for r in metrics.ranks if r.kv_cache_usage_ratio is not None]
         if not usage and metrics.kv_cache_usage_ratio is not None:
             usage = [("0", metrics.kv_cache_usage_ratio)]
-        for rank, value in usage:
-            f["usage"].add_metric([name, rank], value)
+        for rank, ratio in usage:
+            f["usage"].add_metric([name, rank], ratio)
 
 
 def _gpus(f: dict[str, Any], snap: WatchSnapshot) -> None:

@@ -114,6 +114,7 @@ class BasicAuth:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
+    server_address: tuple[str, int] | tuple[str, int, int, int]   # getsockname() of an AF_INET(6) socket
     request_queue_size = 256   # the listen backlog: under a burst of connections (socketserver's 5
     #                            would drop SYNs, and a dropped SYN costs a client a whole second)
 
@@ -260,7 +261,7 @@ class RenderCache:
         self._cached: dict[str, tuple[Callable[[CollectorRegistry], bytes], object, bytes]] = {}
 
     def render(self, accept: str | None) -> tuple[bytes, str]:
-        encoder, content_type = choose_encoder(bounded_accept(accept))
+        encoder, content_type = choose_encoder(bounded_accept(accept) or "")
         if self._version is None:
             return encoder(self._registry), content_type
         current = self._version()
@@ -343,6 +344,7 @@ class MetricsServer:
 def _handler(renderer: RenderCache, auth: BasicAuth,
              readiness: Callable[[], tuple[bool, str]] | None = None) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        server: _Server
         server_version = "kvwatch"
         protocol_version = "HTTP/1.1"
 

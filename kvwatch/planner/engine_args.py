@@ -7,7 +7,7 @@ Works on argv exactly as the user runs it: `vllm serve MODEL ...` or
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from kvwatch.errors import CommandError
@@ -48,7 +48,7 @@ def _split(token: str) -> tuple[str, str | None]:
     return _canonical(token), None
 
 
-def _occurrences(argv: Sequence[str], flag: str):
+def _occurrences(argv: Sequence[str], flag: str) -> Iterator[tuple[int, int, str]]:
     """(start, end, value) of every occurrence of `flag` in argv; end is exclusive."""
     i = 0
     while i < len(argv):

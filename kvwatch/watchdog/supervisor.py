@@ -281,12 +281,12 @@ class Supervisor:
         self._save()
         self._publish()
 
-    def _learned_rules(self, rules: RuleSet | None) -> RuleSet | None:
+    def _learned_rules(self, rules: RuleSet) -> RuleSet:
         """The rule table, with the block sizes earlier failures on this host reported."""
         learned: dict[str, list[object]] = {}
         for constraint in self._record.constraints:
             learned.update(constraint.get("backend_block_sizes") or {})
-        return with_learned_block_sizes(rules, learned) if rules is not None and learned else rules
+        return with_learned_block_sizes(rules, learned) if learned else rules
 
     def _engine_env(self) -> dict[str, str]:
         env = scrub_env(self._environ)
@@ -569,7 +569,8 @@ class Supervisor:
             if diagnosis.facts.get("backend_block_sizes"):
                 learned["backend_block_sizes"] = diagnosis.facts["backend_block_sizes"]
             self._record.constraints.append(learned)
-            self._rules = self._learned_rules(self._rules)
+            if self._rules is not None:
+                self._rules = self._learned_rules(self._rules)
             _LOG.warning("corrected: %s: %s (%s)", kind, change, remedy.reason)
             self._set_command(command)
             reason = f"{kind}: corrected {change}"
