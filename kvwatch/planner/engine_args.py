@@ -6,7 +6,7 @@ Works on argv exactly as the user runs it: `vllm serve MODEL ...` or
 """
 from __future__ import annotations
 
-import os
+import posixpath
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -105,7 +105,7 @@ class EngineCommand:
     def _model_position(self) -> int | None:
         """Index of the positional MODEL of `vllm serve MODEL`, if any."""
         for i, token in enumerate(self.argv):
-            if token == "serve" and (i == 0 or os.path.basename(self.argv[i - 1]) in ("vllm", "main")
+            if token == "serve" and (i == 0 or posixpath.basename(self.argv[i - 1]) in ("vllm", "main")
                                      or self.argv[i - 1].endswith("vllm.entrypoints.cli.main")):
                 nxt = i + 1
                 if nxt < len(self.argv) and not self.argv[nxt].startswith("-"):
