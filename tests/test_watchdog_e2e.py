@@ -205,7 +205,7 @@ def tiny(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def wide(tmp_path: Path) -> Path:
-    """VLLM_FACTS §9: 4 layers, 8 KV heads, head 64, bf16, 262144 positions; 1 GiB holds 130,944 tokens."""
+    """docs/vllm-facts.md §9: 4 layers, 8 KV heads, head 64, bf16, 262144 positions; 1 GiB holds 130,944 tokens."""
     return write_model(tmp_path / "wide", llama_config(layers=4, kv_heads=8, heads=8, head_dim=64, max_len=262144))
 
 

@@ -7,7 +7,7 @@ not outlive kvwatch:
   spawn and the reaper's start;
 - a reaper process per engine (kvwatch/watchdog/reaper.py) that ends the whole group when
   kvwatch dies, kill -9 included, because pdeathsig alone leaves EngineCore and the
-  Workers running (VLLM_FACTS §9).
+  Workers running (docs/vllm-facts.md §9).
 PR_SET_PDEATHSIG fires when the spawning *thread* exits: spawn from a thread that
 lives as long as the engine (the supervisor's loop).
 """
