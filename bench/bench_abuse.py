@@ -16,8 +16,8 @@ Run: .venv/bin/python bench/bench_abuse.py [--seconds 15]
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import base64
+import multiprocessing
 import os
 import shutil
 import socket
@@ -37,8 +37,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from engine_support import free_port  # noqa: E402
 from bench_overhead import Engine  # noqa: E402
+from engine_support import free_port  # noqa: E402
 
 METRICS = ROOT / "tests" / "fixtures" / "metrics"
 BAR_P99 = 0.050

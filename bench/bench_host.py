@@ -35,9 +35,9 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+from bench_overhead import Engine, get  # noqa: E402  (the same engine stand-in and scraper)
 from engine_support import free_port  # noqa: E402
 from nvml_standin import GIB, StandinGpu, StandinProcess, StandinState, standin_library  # noqa: E402
-from bench_overhead import Engine, get  # noqa: E402  (the same engine stand-in and scraper)
 
 METRICS = ROOT / "tests" / "fixtures" / "metrics"
 BAR_CPU = 0.02

@@ -33,9 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from kvwatch.boundary import processes  # noqa: E402
 from kvwatch.watchdog import output_pump  # noqa: E402
-
-from kvwatch.boundary import processes
 from kvwatch.watchdog.output_pump import OutputPump  # noqa: E402
 
 BAR = 0.9

@@ -32,10 +32,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from engine_support import free_port, llama_config, write_model  # noqa: E402
-from kvwatch.watchdog.config import Config, EngineConfig  # noqa: E402
+
 from kvwatch.planner.devices import Device  # noqa: E402
-from kvwatch.policy import Policy  # noqa: E402
 from kvwatch.planner.rules import ruleset_for  # noqa: E402
+from kvwatch.policy import Policy  # noqa: E402
+from kvwatch.watchdog.config import Config, EngineConfig  # noqa: E402
 from kvwatch.watchdog.sd_notify import SdNotifier  # noqa: E402
 from kvwatch.watchdog.supervisor import Supervisor  # noqa: E402
 

@@ -23,16 +23,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from exporter_support import fixture_context, fixture_metrics, fixture_plan  # noqa: E402
 from prometheus_client import CollectorRegistry, Gauge, generate_latest  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from exporter_support import fixture_context, fixture_metrics, fixture_plan  # noqa: E402
+from kvwatch.boundary.nvml import GpuInfo, GpuProcess, NvmlSnapshot  # noqa: E402
 from kvwatch.engine_status import EngineState, EngineStatus  # noqa: E402
 from kvwatch.exporter.actual import actual_kv  # noqa: E402
 from kvwatch.exporter.collector import KvwatchCollector  # noqa: E402
 from kvwatch.exporter.server import MetricsServer, RenderCache  # noqa: E402
 from kvwatch.exporter.snapshot import CollectorResult, EngineSnapshot, WatchSnapshot  # noqa: E402
-from kvwatch.boundary.nvml import GpuInfo, GpuProcess, NvmlSnapshot  # noqa: E402
 
 GIB = 1 << 30
 GPUS = ENGINES = 8

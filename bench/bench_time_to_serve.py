@@ -27,8 +27,16 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from engine_support import (engine_argv, engine_env, free_port, http_get, kill_tree, llama_config,  # noqa: E402
-                            require_engine, write_model)
+from engine_support import (  # noqa: E402
+    engine_argv,
+    engine_env,
+    free_port,
+    http_get,
+    kill_tree,
+    llama_config,
+    require_engine,
+    write_model,
+)
 
 TIMEOUT = 300.0
 
@@ -113,7 +121,7 @@ def main() -> None:
             print(f"  {label:<34} serving after {took if took is not None else float('nan'):6.1f} s, "
                   f"{launches} launch(es)", flush=True)
         loop_s, loop_n = restart_loop(model, args.loop_launches)
-        rows.append((f"plain restart loop (bounded)", None, loop_n))
+        rows.append(("plain restart loop (bounded)", None, loop_n))
         print(f"  {'plain restart loop (bounded)':<34} not serving after {loop_s:6.1f} s, {loop_n} launches "
               f"({loop_s / loop_n:.1f} s each)", flush=True)
     (_, pre, pre_n), (_, nopre, nopre_n), _ = rows

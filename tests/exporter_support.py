@@ -8,12 +8,12 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvwatch.planner.devices import GiB, Device
-from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.boundary.engine_http import EngineMetrics, parse_metrics
 from kvwatch.exporter.actual import KvContext
 from kvwatch.exporter.collector import KvwatchCollector
 from kvwatch.exporter.snapshot import WatchSnapshot
+from kvwatch.planner.devices import Device, GiB
+from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.geometry import geometry_from_config
 from kvwatch.planner.plan import MemoryInputs, Plan, make_plan
 from kvwatch.planner.rules import ruleset_for

@@ -7,10 +7,10 @@ import subprocess
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from engine_support import free_port, http_get
 from operator_tools import RULES_FILE, find_tool

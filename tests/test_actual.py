@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from exporter_support import CPU, RULES, fixture_context, fixture_metrics, fixture_plan
 from engine_support import deepseek_v2_config
-from kvwatch.planner.devices import GiB, preset
-from kvwatch.planner.engine_args import EngineCommand
+from exporter_support import CPU, RULES, fixture_context, fixture_metrics, fixture_plan
+
 from kvwatch.boundary.engine_http import CacheConfig
 from kvwatch.exporter.actual import KvContext, actual_kv, plan_for_reported
+from kvwatch.planner.devices import GiB, preset
+from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.geometry import geometry_from_config
 
 

@@ -7,7 +7,6 @@ import subprocess
 
 import pytest
 import yaml
-
 from operator_tools import (
     REPO,
     RULES_FILE,

@@ -15,18 +15,23 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from exporter_support import fixture_context, fixture_metrics, fixture_plan, render, samples, series, value
+from nvml_standin import (
+    GIB,
+    NvmlStandin,
+    StandinGpu,
+    StandinProcess,
+    StandinState,
+    nvml_standin_fixture,  # noqa: F401
+)
+from operator_tools import readme_metric_labels
 
-from exporter_support import (fixture_context, fixture_metrics, fixture_plan, render, samples, series,
-                              value)
+from kvwatch.boundary.nvml import GpuInfo, GpuProcess, Nvml, NvmlSnapshot
 from kvwatch.engine_status import EngineState, EngineStatus
 from kvwatch.exporter.actual import actual_kv
 from kvwatch.exporter.collector import ENGINE_STATES, FAILURE_KINDS
 from kvwatch.exporter.snapshot import CollectorResult, EngineSnapshot, WatchSnapshot
 from kvwatch.exporter.watch import EngineTarget, Watch
-from kvwatch.boundary.nvml import GpuInfo, GpuProcess, Nvml, NvmlSnapshot
-from nvml_standin import GIB, NvmlStandin, StandinGpu, StandinProcess, StandinState
-from nvml_standin import nvml_standin_fixture  # noqa: F401
-from operator_tools import readme_metric_labels
 
 GOLDEN = Path(__file__).parent / "fixtures" / "golden" / "metrics.txt"
 H200_A = "GPU-7c2e4d1a-0000-4000-8000-00000000000a"

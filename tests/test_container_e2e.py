@@ -8,17 +8,16 @@ handler for are ignored, and when it exits the kernel ends the namespace. The re
 from __future__ import annotations
 
 import signal
-import subprocess
 import threading
 import time
 from pathlib import Path
 
 import psutil
 import pytest
-
 from engine_support import engine_argv, free_port, http_get, llama_config, write_model
-from kvwatch.exitcodes import EXIT_GAVE_UP
 from test_watchdog_e2e import START, Kvwatch, engine_processes, log
+
+from kvwatch.exitcodes import EXIT_GAVE_UP
 
 pytestmark = pytest.mark.engine
 UNSHARE = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child=SIGTERM"]

@@ -10,14 +10,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from operator_tools import (
     DASHBOARD_FILE,
     REPO,
+    RULES_FILE,
     find_tool,
     grafana_expr_to_promql,
     promql_metric_names,
-    RULES_FILE,
     readme_metric_labels,
     readme_metrics,
     recording_rules,

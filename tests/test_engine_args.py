@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.errors import KvwatchError
+from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.units import parse_size, parse_vllm_int
 
 SERVE = ["vllm", "serve", "/models/m"]

@@ -8,10 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from engine_standin import Route, serve_routes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine_standin import Route, serve_routes
 from kvwatch.boundary import engine_http
 from kvwatch.boundary.engine_http import CacheConfig, EngineMetrics, parse_metrics
 

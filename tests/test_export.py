@@ -13,10 +13,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from engine_standin import Route, serve_routes
 from engine_support import free_port, http_get
 from exporter_support import METRICS, fixture_plan, render, samples, value
+
 from kvwatch.engine_status import EngineState, EngineStatus
 from kvwatch.exporter.targets import SupervisedEngines
 from kvwatch.exporter.watch import Watch

@@ -11,12 +11,18 @@ import time
 from pathlib import Path
 
 import pytest
-
 from engine_support import free_port, http_get, llama_config, running_engine, write_model
 from exporter_support import samples, series, value
+from nvml_standin import (
+    GIB,
+    NvmlStandin,
+    StandinGpu,
+    StandinProcess,
+    StandinState,
+    nvml_standin_fixture,  # noqa: F401
+)
+
 from kvwatch import __version__
-from nvml_standin import GIB, NvmlStandin, StandinGpu, StandinProcess, StandinState
-from nvml_standin import nvml_standin_fixture  # noqa: F401
 
 pytestmark = pytest.mark.engine
 REPO = Path(__file__).resolve().parents[1]

@@ -5,15 +5,17 @@ import time
 from dataclasses import replace
 
 import pytest
-
 from engine_support import free_port, http_get
 from exporter_support import fixture_plan, samples, value
-from kvwatch.watchdog.config import Config
+from nvml_standin import (
+    NvmlStandin,
+    nvml_standin_fixture,  # noqa: F401
+)
+
 from kvwatch.engine_status import EngineState, EngineStatus
 from kvwatch.errors import KvwatchError
 from kvwatch.exporter.hook import attach
-from nvml_standin import NvmlStandin
-from nvml_standin import nvml_standin_fixture  # noqa: F401
+from kvwatch.watchdog.config import Config
 
 
 class _Supervisor:

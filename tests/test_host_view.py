@@ -20,12 +20,18 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from engine_support import free_port, http_get, llama_config, write_model
 from exporter_support import samples, value
+from nvml_standin import (
+    GIB,
+    NvmlStandin,
+    StandinGpu,
+    StandinProcess,
+    StandinState,
+    nvml_standin_fixture,  # noqa: F401
+)
+
 from kvwatch.watchdog.host_registry import HostRegistry
-from nvml_standin import GIB, NvmlStandin, StandinGpu, StandinProcess, StandinState
-from nvml_standin import nvml_standin_fixture  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
 FAKE = str(REPO / "tests" / "fake_engine.py")
@@ -310,7 +316,7 @@ def test_prometheus_two_instances_one_series_per_gpu_and_the_foreign_alert(tmp_p
                     result = prom.query(grafana_expr_to_promql(target["expr"]))
                     keys = [(r["metric"].get("gpu"), r["metric"].get("engine")) for r in result]
                     assert keys and len(keys) == len(set(keys)), (target["expr"], keys)   # once per GPU (and engine)
-                total = prom.query('kvwatch:gpu_memory_engine_bytes{gpu="%s"}' % GPU0)
+                total = prom.query(f'kvwatch:gpu_memory_engine_bytes{{gpu="{GPU0}"}}')
                 assert [float(r["value"][1]) for r in total] == [45 * GIB]
 
                 nvml_standin.write(host_state({GPU0: [(a.worker, 20 * GIB), (b.worker, 25 * GIB),

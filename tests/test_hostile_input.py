@@ -128,8 +128,8 @@ def test_engine_url_credentials_are_refused_not_logged() -> None:
     ('name = "a"\x00\n', "k.toml"),
 ])
 def test_bad_toml_values_are_one_line(tmp_path: Path, toml: str, message: str) -> None:
-    from kvwatch.watchdog.config import load_config
     from kvwatch.errors import ConfigError
+    from kvwatch.watchdog.config import load_config
     path = tmp_path / "k.toml"
     path.write_text(toml)
     with pytest.raises(ConfigError, match=message):
@@ -168,7 +168,7 @@ def test_an_encrypted_key_never_asks_for_a_pass_phrase(tmp_path: Path) -> None:
     from kvwatch.exporter.web_config import load_web_config
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kvwatch")])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
             .serial_number(1).not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
             .sign(key, hashes.SHA256()))

@@ -16,7 +16,6 @@ import kubernetes_validate
 import pytest
 import yaml
 from cloudcoil.models.prometheus_operator.v1 import PodMonitor, PrometheusRule, ServiceMonitor
-
 from operator_tools import find_tool
 
 REPO = Path(__file__).resolve().parents[1]

@@ -15,10 +15,16 @@ from pathlib import Path
 
 import pynvml
 import pytest
+from nvml_standin import (
+    GIB,
+    NvmlStandin,
+    StandinGpu,
+    StandinProcess,
+    StandinState,
+    nvml_standin_fixture,  # noqa: F401
+)
 
 from kvwatch.boundary.nvml import GpuInfo, GpuProcess, Nvml, parse_cuda_visible_devices
-from nvml_standin import GIB, NvmlStandin, StandinGpu, StandinProcess, StandinState
-from nvml_standin import nvml_standin_fixture  # noqa: F401
 
 A100 = "GPU-0f1e2d3c-aaaa-4bbb-8ccc-000000000000"
 L40S = "GPU-9a8b7c6d-dddd-4eee-8fff-111111111111"

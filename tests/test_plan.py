@@ -1,16 +1,16 @@
-"""The planner against vLLM's own formulas and the figures measured on the real engine (VLLM_FACTS)."""
+"""The planner against vLLM's own formulas and the figures measured on the real engine (docs/vllm-facts.md §1-§3)."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
 import pytest
-
 from engine_support import deepseek_v2_config, llama_config, write_model
+
 from kvwatch.cli import main
-from kvwatch.planner.devices import GiB, Device, preset
-from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.errors import ConfigError
+from kvwatch.planner.devices import Device, GiB, preset
+from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.geometry import geometry_from_config
 from kvwatch.planner.plan import MemoryInputs, make_plan
 from kvwatch.planner.rules import ruleset_for
@@ -28,7 +28,7 @@ def plan_for(config, *flags, device=CPU, kv_gib=1):
 
 
 @pytest.mark.parametrize("config,flags,blocks", [
-    # Measured on the real CPU engine with 1 GiB of KV (VLLM_FACTS §2).
+    # Measured on the real CPU engine with 1 GiB of KV (docs/vllm-facts.md §2).
     (llama_config(layers=2, kv_heads=2, head_dim=16), ["--block-size", "128"], 32768),
     (llama_config(layers=3, kv_heads=1, head_dim=64), ["--block-size", "64"], 21845),
 ])

@@ -8,10 +8,9 @@ import subprocess
 import sys
 
 import pytest
+from engine_support import deepseek_v2_config, engine_env, llama_config, run_engine_to_exit, running_engine, write_model
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine_support import (deepseek_v2_config, engine_env, llama_config, run_engine_to_exit,
-                            running_engine, write_model)
 from kvwatch.boundary.device_probe import cpu_device
 
 pytestmark = pytest.mark.engine

@@ -18,13 +18,13 @@ import time
 from pathlib import Path
 
 import pytest
-
 from engine_support import engine_argv, engine_env, free_port, http_get, llama_config, write_model
 from exporter_support import samples, value
-from kvwatch import __version__
 from nvml_standin import GIB, StandinGpu, StandinProcess, StandinState, StandinUnavailable, standin_library
 from operator_tools import DASHBOARD_FILE
 from prometheus_support import prometheus_server, rules_with_short_for
+
+from kvwatch import __version__
 
 pytestmark = pytest.mark.engine
 REPO = Path(__file__).resolve().parents[1]
@@ -44,8 +44,8 @@ def panel_expressions() -> list[tuple[str, str]]:
     for panel in walk(json.loads(DASHBOARD_FILE.read_text())["panels"]):
         for target in panel.get("targets", []):
             expr = target.get("expr", "")
-            for name, value in VARIABLES.items():
-                expr = expr.replace("${" + name[1:] + "}", value).replace(name, value)
+            for name, replacement in VARIABLES.items():
+                expr = expr.replace("${" + name[1:] + "}", replacement).replace(name, replacement)
             if expr:
                 found.append((panel.get("title", "?"), expr))
     return found
@@ -171,7 +171,7 @@ def test_dashboard_queries_and_alerts_through_real_prometheus(tmp_path: Path) ->
         with prometheus_server(tmp_path / "prometheus", targets, rules) as prom:
             # Every panel query returns series (counters need two samples for increase()).
             for title, expr in panel_expressions():
-                wait_for(lambda: prom.query(expr), 60, f"panel {title!r}: {expr}")
+                wait_for(lambda expr=expr: prom.query(expr), 60, f"panel {title!r}: {expr}")
             engine_bytes = prom.query(f'kvwatch_engine_gpu_memory_bytes{{engine="e2e",gpu="{GPU0}"}}')
             assert float(engine_bytes[0]["value"][1]) == 4 * GIB * len(engine_pids)
             foreign = prom.query(f'kvwatch_gpu_foreign_memory_bytes{{gpu="{GPU0}"}}')

@@ -11,13 +11,14 @@ from dataclasses import replace
 from pathlib import Path
 
 from engine_support import llama_config
-from kvwatch.planner.devices import GiB, Device
-from kvwatch.planner.engine_args import EngineCommand
+
 from kvwatch.boundary.engine_http import CacheConfig, parse_metrics
 from kvwatch.engine_status import EngineState, EngineStatus
 from kvwatch.exporter.actual import KvContext, actual_per_rank, rank_blocks
 from kvwatch.exporter.collector import KvwatchCollector
 from kvwatch.exporter.snapshot import EngineSnapshot, WatchSnapshot
+from kvwatch.planner.devices import Device, GiB
+from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.geometry import geometry_from_config
 from kvwatch.planner.plan import MemoryInputs, make_plan
 from kvwatch.planner.rules import ruleset_for

@@ -5,16 +5,16 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-
 from engine_support import llama_config
-from kvwatch.planner.devices import GiB, Device
+
 from kvwatch.diagnosis import FailureKind, diagnose, propose_remedy
+from kvwatch.planner.devices import Device, GiB
 from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.geometry import derive_max_model_len, geometry_from_config
 from kvwatch.planner.plan import MemoryInputs, make_plan
+from kvwatch.planner.rules import ruleset_for
 from kvwatch.policy import Policy
 from kvwatch.watchdog.preflight import preflight
-from kvwatch.planner.rules import ruleset_for
 
 LOGS = Path(__file__).resolve().parent / "fixtures" / "logs"
 CPU = Device("cpu", "cpu", source="cpu")

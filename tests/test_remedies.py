@@ -8,13 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvwatch.planner.devices import preset
-from kvwatch.diagnosis import (SAME_PLAN_REASON, Diagnosis, FailureKind, GpuContext, Remedy, diagnose,
-                               propose_remedy)
-from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.boundary.plan_loader import plan_command
-from kvwatch.policy import Policy
+from kvwatch.diagnosis import SAME_PLAN_REASON, Diagnosis, FailureKind, GpuContext, Remedy, diagnose, propose_remedy
+from kvwatch.planner.devices import preset
+from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.rules import ruleset_for
+from kvwatch.policy import Policy
 
 LOGS = Path(__file__).resolve().parent / "fixtures" / "logs"
 KIMI = str(Path(__file__).resolve().parent.parent / "examples" / "kimi-k2")

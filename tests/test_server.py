@@ -3,10 +3,10 @@ certificates and bcrypt basic auth from an exporter-toolkit web config file."""
 from __future__ import annotations
 
 import base64
-import threading
-import time
 import datetime
 import ssl
+import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -33,7 +33,7 @@ PASSWORD_HASH = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
 def _cert(tmp: Path, name: str, issuer: tuple | None = None, ca: bool = False, client: bool = False):
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     builder = (x509.CertificateBuilder().subject_name(subject)
                .issuer_name(issuer[0].subject if issuer else subject)
                .public_key(key.public_key()).serial_number(x509.random_serial_number())

@@ -18,21 +18,23 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from engine_support import free_port, llama_config, write_model
-from nvml_standin import NvmlStandin
-from nvml_standin import nvml_standin_fixture  # noqa: F401 (registers the fixture)
-from kvwatch.watchdog import leftovers
+from nvml_standin import (
+    NvmlStandin,
+    nvml_standin_fixture,  # noqa: F401 (registers the fixture)
+)
+
 from kvwatch.boundary import processes
-from kvwatch.watchdog.budget import Budget
-from kvwatch.watchdog.config import Config, EngineConfig, config_from_mapping, load_config
-from kvwatch.planner.devices import Device
 from kvwatch.engine_status import EngineState, EngineStatus
 from kvwatch.errors import ConfigError, KvwatchError
 from kvwatch.exitcodes import EXIT_GAVE_UP, EXIT_OK
-from kvwatch.watchdog.output_pump import LogFacts, OutputPump, parse_fact
-from kvwatch.policy import Policy
+from kvwatch.planner.devices import Device
 from kvwatch.planner.rules import ruleset_for, with_learned_block_sizes
+from kvwatch.policy import Policy
+from kvwatch.watchdog import leftovers
+from kvwatch.watchdog.budget import Budget
+from kvwatch.watchdog.config import Config, EngineConfig, config_from_mapping, load_config
+from kvwatch.watchdog.output_pump import LogFacts, OutputPump, parse_fact
 from kvwatch.watchdog.sd_notify import SdNotifier
 from kvwatch.watchdog.state_store import EngineLock, EngineRecord, StateStore
 from kvwatch.watchdog.supervisor import Supervisor
@@ -667,7 +669,7 @@ def test_sd_notify_ready_status_and_engine_env(tmp_path: Path, model: Path) -> N
     try:
         while True:
             messages.append(sock.recv(4096).decode())
-    except socket.timeout:
+    except TimeoutError:
         pass
     sock.close()
     ready = [m for m in messages if m.startswith("READY=1")]

@@ -10,9 +10,9 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from operator_tools import REPO, UNIT_FILE, find_tool, in_ci
 
 from kvwatch.exitcodes import EXIT_GAVE_UP
-from operator_tools import REPO, UNIT_FILE, find_tool, in_ci
 
 SYSUSERS_FILE = REPO / "systemd" / "kvwatch.sysusers"
 EXAMPLE_CONFIG = REPO / "systemd" / "kvwatch-example.toml"
@@ -129,7 +129,7 @@ def test_restart_prevent_exit_status_is_gave_up() -> None:
 def test_exec_start_uses_the_documented_cli() -> None:
     argv = exec_start_argv()
     assert argv[:2] == ["/usr/local/bin/kvwatch", "run"], argv
-    flags = dict(zip(argv[2::2], argv[3::2]))
+    flags = dict(zip(argv[2::2], argv[3::2], strict=False))
     assert len(argv[2:]) == 2 * len(flags), f"flags come in pairs: {argv}"
     assert flags == {"--config": "/etc/kvwatch/%i.toml", "--name": "%i", "--state-dir": "/var/lib/kvwatch"}
     doc = CONFIG_DOC.read_text()
@@ -221,4 +221,4 @@ def test_example_config_follows_the_schema() -> None:
     assert all(isinstance(a, str) for a in example["engine"]["command"])
     # Installed as /etc/kvwatch/<name>.toml for kvwatch@<name>; --name overrides, keep them equal.
     assert example["name"] == "kimi"
-    assert example["state_dir"] == dict(zip(exec_start_argv()[2::2], exec_start_argv()[3::2]))["--state-dir"]
+    assert example["state_dir"] == dict(zip(exec_start_argv()[2::2], exec_start_argv()[3::2], strict=False))["--state-dir"]

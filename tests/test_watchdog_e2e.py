@@ -15,14 +15,23 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import psutil
 import pytest
+from engine_support import (
+    cpu_runs_fp8_kv,
+    engine_argv,
+    engine_env,
+    free_port,
+    http_get,
+    llama_config,
+    require_engine,
+    write_model,
+)
 
-from engine_support import (cpu_runs_fp8_kv, engine_argv, engine_env, free_port, http_get, llama_config,
-                            require_engine, write_model)
 from kvwatch.boundary.engine_http import parse_metrics
 from kvwatch.exitcodes import EXIT_GAVE_UP
 
@@ -68,7 +77,7 @@ class Kvwatch:
         self.proc: subprocess.Popen[bytes] | None = None
         self.env: dict[str, str] = {}            # extra environment (kvwatch's, so the engine's too)
 
-    def start(self) -> "Kvwatch":
+    def start(self) -> Kvwatch:
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          env={**engine_env(1), **self.env}, start_new_session=True)
@@ -196,7 +205,7 @@ def tiny(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def wide(tmp_path: Path) -> Path:
-    """VLLM_FACTS §9: 4 layers, 8 KV heads, head 64, bf16, 262144 positions; 1 GiB holds 130,944 tokens."""
+    """docs/vllm-facts.md §9: 4 layers, 8 KV heads, head 64, bf16, 262144 positions; 1 GiB holds 130,944 tokens."""
     return write_model(tmp_path / "wide", llama_config(layers=4, kv_heads=8, heads=8, head_dim=64, max_len=262144))
 
 

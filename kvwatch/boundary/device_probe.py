@@ -4,8 +4,8 @@ from __future__ import annotations
 import os
 from importlib import metadata
 
-from kvwatch.planner.devices import Device, cpu_device_from_flags
 from kvwatch.errors import KvwatchError
+from kvwatch.planner.devices import Device, cpu_device_from_flags
 
 
 def cpu_device(cpuinfo_path: str = "/proc/cpuinfo") -> Device:

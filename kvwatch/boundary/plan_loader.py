@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import os
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
-from kvwatch.planner.devices import GiB, Device
-from kvwatch.planner.engine_args import EngineCommand
-from kvwatch.errors import ConfigError
-from kvwatch.planner.geometry import geometry_from_config
 from kvwatch.boundary.model_source import load_model_source
+from kvwatch.errors import ConfigError
+from kvwatch.planner.devices import Device, GiB
+from kvwatch.planner.engine_args import EngineCommand
+from kvwatch.planner.geometry import geometry_from_config
 from kvwatch.planner.plan import MemoryInputs, Plan, make_plan
 from kvwatch.planner.rules import RuleSet
 

@@ -7,7 +7,7 @@ not outlive kvwatch:
   spawn and the reaper's start;
 - a reaper process per engine (kvwatch/watchdog/reaper.py) that ends the whole group when
   kvwatch dies, kill -9 included, because pdeathsig alone leaves EngineCore and the
-  Workers running (VLLM_FACTS §9).
+  Workers running (docs/vllm-facts.md §9).
 PR_SET_PDEATHSIG fires when the spawning *thread* exits: spawn from a thread that
 lives as long as the engine (the supervisor's loop).
 """
@@ -22,8 +22,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Sequence
 
 import psutil
 
@@ -55,8 +55,11 @@ class ProcRef:
     create_time: float
 
     @staticmethod
-    def from_json(data: Mapping[str, object]) -> "ProcRef":
-        return ProcRef(int(data["pid"]), float(data["create_time"]))  # type: ignore[arg-type]
+    def from_json(data: Mapping[str, object]) -> ProcRef:
+        pid, create_time = data["pid"], data["create_time"]
+        if not isinstance(pid, int) or not isinstance(create_time, (int, float)):   # the state file's types
+            raise TypeError(f"not a process reference: pid {pid!r}, create_time {create_time!r}")
+        return ProcRef(pid, float(create_time))
 
 
 def _load_prctl() -> Callable[..., int] | None:

@@ -15,9 +15,9 @@ from typing import Any
 
 from kvwatch.diagnosis import Diagnosis, FailureKind, Remedy, propose_remedy
 from kvwatch.diagnosis.diagnose import diagnose_stream
-from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.errors import KvwatchError
 from kvwatch.exitcodes import EXIT_OK, EXIT_UNKNOWN_FAILURE
+from kvwatch.planner.engine_args import EngineCommand
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -20,8 +20,6 @@ import urllib.parse
 
 from kvwatch.boundary import device_probe
 from kvwatch.commands.plan import add_device_arguments, device_from_args
-from kvwatch.planner.devices import Device
-from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.errors import KvwatchError
 from kvwatch.exitcodes import EXIT_OK
 from kvwatch.exporter.actual import KvContext
@@ -29,6 +27,8 @@ from kvwatch.exporter.server import DEFAULT_LISTEN
 from kvwatch.exporter.service import Exporter
 from kvwatch.exporter.targets import external_engine, kv_context
 from kvwatch.exporter.watch import DEFAULT_INTERVAL
+from kvwatch.planner.devices import Device
+from kvwatch.planner.engine_args import EngineCommand
 
 _LOG = logging.getLogger(__name__)
 

@@ -5,11 +5,11 @@ import argparse
 import json
 
 from kvwatch.boundary import device_probe
-from kvwatch.planner.devices import Device, parse_compute_capability, preset
+from kvwatch.boundary.plan_loader import plan_command
 from kvwatch.errors import KvwatchError
 from kvwatch.exitcodes import EXIT_OK, EXIT_PLAN_WILL_FAIL
+from kvwatch.planner.devices import Device, parse_compute_capability, preset
 from kvwatch.planner.plan import Plan
-from kvwatch.boundary.plan_loader import plan_command
 from kvwatch.planner.rules import ruleset_for
 from kvwatch.planner.units import format_bytes, parse_size
 

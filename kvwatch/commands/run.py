@@ -5,11 +5,12 @@ import argparse
 import logging
 import signal
 import threading
+from collections.abc import Callable, Iterable
 from importlib import import_module
-from typing import Any, Callable, Iterable
+from typing import Any
 
-from kvwatch.watchdog.config import Config, load_config, with_overrides
 from kvwatch.errors import KvwatchError
+from kvwatch.watchdog.config import Config, load_config, with_overrides
 from kvwatch.watchdog.supervisor import Observer, Supervisor
 
 _LOG = logging.getLogger(__name__)

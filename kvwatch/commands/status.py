@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from kvwatch.boundary import processes
-from kvwatch.watchdog.config import default_state_dir
-from kvwatch.errors import KvwatchError
-from kvwatch.watchdog.preflight import describe_change
 from kvwatch.boundary.processes import ProcRef
+from kvwatch.errors import KvwatchError
+from kvwatch.watchdog.config import default_state_dir
+from kvwatch.watchdog.preflight import describe_change
 from kvwatch.watchdog.state_store import EngineRecord, load_all
 
 
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"no engines in {state_dir}")
         return 0
     if args.json:
-        out = []
+        out: list[dict[str, object]] = []
         for path, record in found:
             if record is None:
                 out.append({"name": path.stem, "error": f"{path}: unreadable or corrupt"})

@@ -15,15 +15,30 @@ died with no other root cause is ENGINE_DIED.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import IO, Any, Iterable
+from typing import IO, Any
 
-from kvwatch.diagnosis.classes import FailureKind
 from kvwatch.diagnosis import refusals
-from kvwatch.diagnosis.patterns import (CHAIN_MARKERS, CONFIG_EXCEPTION, CONFIG_FIELD_ERROR, CONFIG_KEYWORDS,
-                                        CONFIG_VALUE_ERROR, CONTEXT_PATTERNS, EXCEPTION_KEYWORDS,
-                                        EXCEPTION_LINE, PATTERNS, READY_MARKERS, ROOT_KEYWORDS,
-                                        RUN_START_MARKERS, TRACEBACK_START, WRAPPERS, Facts, Pattern)
+from kvwatch.diagnosis.classes import FailureKind
+from kvwatch.diagnosis.patterns import (
+    CHAIN_MARKERS,
+    CONFIG_EXCEPTION,
+    CONFIG_FIELD_ERROR,
+    CONFIG_KEYWORDS,
+    CONFIG_VALUE_ERROR,
+    CONTEXT_PATTERNS,
+    EXCEPTION_KEYWORDS,
+    EXCEPTION_LINE,
+    PATTERNS,
+    READY_MARKERS,
+    ROOT_KEYWORDS,
+    RUN_START_MARKERS,
+    TRACEBACK_START,
+    WRAPPERS,
+    Facts,
+    Pattern,
+)
 from kvwatch.planner.rules import FP8_KV_DTYPES, PACKED_MLA_BYTES
 
 MAX_LINE_CHARS = 64 * 1024          # a giant line is cut, so no regex ever sees more
@@ -76,7 +91,7 @@ _PATTERNS_BY_PRIORITY: tuple[Pattern, ...] = tuple(sorted(PATTERNS, key=lambda p
 class Diagnosis:
     kind: FailureKind
     evidence: str | None          # the root-cause line as the engine printed it (ANSI stripped)
-    facts: dict                   # what the message says, as plain JSON values
+    facts: Facts                  # what the message says, as plain JSON values
     fatal: bool                   # no flag change can fix it
 
     def to_json(self) -> dict[str, Any]:
@@ -154,7 +169,7 @@ class LogScanner:
             line = _decode(line[:MAX_LINE_BYTES])
         self._feed_text(line.rstrip("\r\n"))
 
-    def feed_all(self, lines: Iterable[str | bytes]) -> "LogScanner":
+    def feed_all(self, lines: Iterable[str | bytes]) -> LogScanner:
         """feed() for many lines, in batches of about a megabyte (the prefilter runs per batch)."""
         batch: list[str] = []
         size = 0
@@ -171,7 +186,7 @@ class LogScanner:
             self._feed_text("\n".join(batch))
         return self
 
-    def feed_stream(self, stream: IO[bytes], block_bytes: int = _BLOCK_BYTES) -> "LogScanner":
+    def feed_stream(self, stream: IO[bytes], block_bytes: int = _BLOCK_BYTES) -> LogScanner:
         """A byte stream (a file, stdin), read in blocks: what `kvwatch diagnose` uses. A line
         longer than MAX_LINE_BYTES is cut there and the rest of it skipped, unread into memory."""
         carry = b""
@@ -312,7 +327,7 @@ class LogScanner:
             return True
         return False
 
-    def _offer(self, pattern: Pattern, m: "re.Match[str]", line: str, facts: Facts | None = None) -> None:
+    def _offer(self, pattern: Pattern, m: re.Match[str], line: str, facts: Facts | None = None) -> None:
         try:
             facts = pattern.extract(m) if facts is None else facts
         except (ValueError, IndexError, TypeError):   # a mangled number: keep the class, drop the facts
@@ -341,14 +356,14 @@ class LogScanner:
             # The engine served with this plan, so this start-up refusal is not its failure now
             # (e.g. the words came from a request): it died, and the plan stays.
             died = self._best.get(FailureKind.ENGINE_DIED)
-            facts = {"after_ready": True, "ignored": {"kind": kind.value, "evidence": best.line[:300]}}
+            facts: Facts = {"after_ready": True, "ignored": {"kind": kind.value, "evidence": best.line[:300]}}
             if self._context:
                 facts["context"] = dict(self._context)
             return Diagnosis(FailureKind.ENGINE_DIED, died.line if died else self._first_in_chain or self._last_exception,
                              facts, fatal=False)
         died = self._best.get(FailureKind.ENGINE_DIED)
         if died is not None or self.served:
-            facts: Facts = dict(died.merged) if died else {}
+            facts = dict(died.merged) if died else {}
             facts.update(died.facts if died else {})
             if died:
                 facts["pattern"] = died.pattern
@@ -412,8 +427,10 @@ def process_of(line: str) -> Facts:
 
 
 def is_8bit_kv(kv_cache_dtype: str | None) -> bool:
-    return bool(kv_cache_dtype) and (kv_cache_dtype in FP8_KV_DTYPES or kv_cache_dtype in PACKED_MLA_BYTES
-                                     or kv_cache_dtype.startswith(("fp8", "int8", "nvfp4")))
+    if not kv_cache_dtype:
+        return False
+    return (kv_cache_dtype in FP8_KV_DTYPES or kv_cache_dtype in PACKED_MLA_BYTES
+            or kv_cache_dtype.startswith(("fp8", "int8", "nvfp4")))
 
 
 def is_flag_reason(reason: str) -> bool:

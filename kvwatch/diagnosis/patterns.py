@@ -12,8 +12,9 @@ Facts are plain JSON values: ints, floats (GiB as vLLM prints them), strings, li
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from kvwatch.diagnosis import refusals
 from kvwatch.diagnosis.classes import FailureKind
@@ -28,7 +29,7 @@ def _gib(number: str, unit: str) -> float:
     return round(float(number) * _UNIT_GIB.get(unit, 1.0), 4)
 
 
-def _no_facts(m: "re.Match[str]") -> Facts:
+def _no_facts(m: re.Match[str]) -> Facts:
     return {}
 
 
@@ -38,7 +39,7 @@ class Pattern:
     kind: FailureKind
     priority: int
     keywords: tuple[str, ...]       # the line must contain one of these (case-sensitive)
-    regex: "re.Pattern[str]"
+    regex: re.Pattern[str]
     extract: Extractor = field(default=_no_facts)
     source: str = ""                # where the text comes from (vLLM file or version)
 
@@ -59,7 +60,7 @@ def block_rules(text: str) -> list[int | str]:
 _BACKEND_SIZES = re.compile(r"(\w+): \[([^\]]*)\]")
 
 
-def _no_common_block_size(m: "re.Match[str]") -> Facts:
+def _no_common_block_size(m: re.Match[str]) -> Facts:
     facts: Facts = {"block_size": int(m["block_size"])}
     if m["spec"]:
         facts["backend_block_sizes"] = {name: block_rules(sizes)
@@ -67,34 +68,34 @@ def _no_common_block_size(m: "re.Match[str]") -> Facts:
     return facts
 
 
-def _aligned_block_size(m: "re.Match[str]") -> Facts:
+def _aligned_block_size(m: re.Match[str]) -> Facts:
     return {"block_size": int(m["block_size"]),
             "backends": [b.strip() for b in m["backends"].split(",") if b.strip()]}
 
 
-def _multiple_of(m: "re.Match[str]") -> Facts:
+def _multiple_of(m: re.Match[str]) -> Facts:
     return {"backend_block_sizes": {m["backend"] or "(unnamed)": [f"MultipleOf({m['multiple']})"]}}
 
 
-def _unsupported_block_size(m: "re.Match[str]") -> Facts:
+def _unsupported_block_size(m: re.Match[str]) -> Facts:
     # vLLM < 0.7 paged-attention kernels (csrc/attention/paged_attention_v*.cu): 8, 16, 32 only.
     return {"block_size": int(m["block_size"]), "backend_block_sizes": {"PAGED_ATTENTION": [8, 16, 32]}}
 
 
-def _block_size_choices(m: "re.Match[str]") -> Facts:
+def _block_size_choices(m: re.Match[str]) -> Facts:
     return {"block_size": int(m["block_size"]),
             "backend_block_sizes": {"(argparse choices)": block_rules(m["choices"])}}
 
 
-def _fp8_head_size(m: "re.Match[str]") -> Facts:
+def _fp8_head_size(m: re.Match[str]) -> Facts:
     return {"kv_cache_dtype": "fp8", "head_size_multiple": int(m["multiple"]), "platform": "cpu"}
 
 
-def _fp8_cpu_isa(m: "re.Match[str]") -> Facts:
+def _fp8_cpu_isa(m: re.Match[str]) -> Facts:
     return {"kv_cache_dtype": "fp8", "requires": "AVX-512 or AMX", "platform": "cpu"}
 
 
-def _fp8_triton(m: "re.Match[str]") -> Facts:
+def _fp8_triton(m: re.Match[str]) -> Facts:
     facts: Facts = {"kv_cache_dtype": "fp8", "requires": "SM89+"}
     if m.groupdict().get("backend"):
         facts["backend"] = m["backend"]
@@ -105,11 +106,11 @@ def _fp8_triton(m: "re.Match[str]") -> Facts:
     return facts
 
 
-def _kv_dtype_choice(m: "re.Match[str]") -> Facts:
+def _kv_dtype_choice(m: re.Match[str]) -> Facts:
     return {"kv_cache_dtype": m["value"]}
 
 
-def _out_of_resource(m: "re.Match[str]") -> Facts:
+def _out_of_resource(m: re.Match[str]) -> Facts:
     facts: Facts = {"resource": m["resource"].strip()}
     if m["required"]:
         facts["required_bytes"] = int(m["required"])
@@ -117,7 +118,7 @@ def _out_of_resource(m: "re.Match[str]") -> Facts:
     return facts
 
 
-def _kv_too_small_new(m: "re.Match[str]") -> Facts:
+def _kv_too_small_new(m: re.Match[str]) -> Facts:
     facts: Facts = {"max_model_len": int(m["max_model_len"]), "needed_gib": float(m["needed"]),
                     "available_gib": float(m["available"]), "wording": "new"}
     if m["estimated"]:
@@ -125,7 +126,7 @@ def _kv_too_small_new(m: "re.Match[str]") -> Facts:
     return facts
 
 
-def _kv_too_small_old(m: "re.Match[str]") -> Facts:
+def _kv_too_small_old(m: re.Match[str]) -> Facts:
     tokens = int(m["tokens"])
     return {"max_model_len": int(m["max_model_len"]), "kv_cache_tokens": tokens,
             "estimated_max_model_len": tokens, "wording": "old"}
@@ -157,19 +158,19 @@ def torch_oom_details(line: str) -> Facts:
     return facts
 
 
-def _sampler_oom(m: "re.Match[str]") -> Facts:
+def _sampler_oom(m: re.Match[str]) -> Facts:
     return {"phase": "sampler_warmup", "dummy_requests": int(m["num"]), **torch_oom_details(m.string)}
 
 
-def _load_oom(m: "re.Match[str]") -> Facts:
+def _load_oom(m: re.Match[str]) -> Facts:
     return {"phase": "model_load", **torch_oom_details(m.string)}
 
 
-def _torch_oom(m: "re.Match[str]") -> Facts:
+def _torch_oom(m: re.Match[str]) -> Facts:
     return torch_oom_details(m.string)
 
 
-def _memory_busy(m: "re.Match[str]") -> Facts:
+def _memory_busy(m: re.Match[str]) -> Facts:
     facts: Facts = {"free_gib": float(m["free"]), "total_gib": float(m["total"]),
                     "utilization": float(m["util"]), "requested_gib": float(m["requested"])}
     if m["device"]:
@@ -197,19 +198,19 @@ def _config_fields(text: str) -> Facts:
     return out
 
 
-def _no_backend(m: "re.Match[str]") -> Facts:
+def _no_backend(m: re.Match[str]) -> Facts:
     return {"device": m["device"], "selector_config": _config_fields(m["config"]),
             "reasons": parse_backend_reasons(m["reasons"])}
 
 
-def _selected_backend(m: "re.Match[str]") -> Facts:
+def _selected_backend(m: re.Match[str]) -> Facts:
     backend = m["backend"].rsplit(".", 1)[-1]
     quoted = re.findall(r"'([^']*)'", m["reasons"])
     reasons = quoted or [r.strip(" []") for r in m["reasons"].split(",") if r.strip(" []")]
     return {"selected_backend": backend, "reasons": {backend: reasons}}
 
 
-def _died(m: "re.Match[str]") -> Facts:
+def _died(m: re.Match[str]) -> Facts:
     return {"marker": m[0][:120]}
 
 
@@ -352,7 +353,7 @@ PATTERNS: tuple[Pattern, ...] = (
 CONFIG_PRIORITY = 87
 
 
-def _value_error(m: "re.Match[str]") -> Facts:
+def _value_error(m: re.Match[str]) -> Facts:
     return {"sentence": m["sentence"], **refusals.classify(m["sentence"])}
 
 
@@ -387,7 +388,7 @@ READY_MARKERS: tuple[str, ...] = ("Application startup complete", "Starting vLLM
 RUN_START_MARKERS: tuple[str, ...] = ("non-default args:", "vLLM API server version")
 
 # Context: the engine's own account of its settings (facts["context"]).
-CONTEXT_PATTERNS: tuple[tuple[str, "re.Pattern[str]", str, Callable[[str], Any]], ...] = (
+CONTEXT_PATTERNS: tuple[tuple[str, re.Pattern[str], str, Callable[[str], Any]], ...] = (
     ("kv_cache_dtype=", re.compile(r"\bkv_cache_dtype=(\w+)"), "kv_cache_dtype", str),
     ("'kv_cache_dtype': ", re.compile(r"'kv_cache_dtype': '(\w+)'"), "kv_cache_dtype", str),
     ("'block_size': ", re.compile(r"'block_size': (\d+)"), "block_size", int),

@@ -20,8 +20,9 @@ other one ends the watchdog at once (no flag kvwatch may change fixes it).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 Facts = dict[str, Any]
 
@@ -46,13 +47,13 @@ def _num(text: str) -> int | float:
 @dataclass(frozen=True)
 class Refusal:
     name: str
-    regex: "re.Pattern[str]"
-    extract: Callable[["re.Match[str]"], Facts]
+    regex: re.Pattern[str]
+    extract: Callable[[re.Match[str]], Facts]
     source: str
     help: str = ""           # what the operator can do when kvwatch may not
 
 
-def _max_model_len(m: "re.Match[str]") -> Facts:
+def _max_model_len(m: re.Match[str]) -> Facts:
     facts: Facts = {"max_model_len": int(m["max_model_len"]), "derived_key": m["key"],
                     "derived_max_model_len": int(float(m["derived"]))}
     if m["model_max_length"] not in (None, "None"):
@@ -128,7 +129,7 @@ def classify(sentence: str) -> Facts:
     return {"refusal": "other"}
 
 
-def field_error_facts(field: str | None, m: "re.Match[str]") -> Facts:
+def field_error_facts(field: str | None, m: re.Match[str]) -> Facts:
     """Facts of a pydantic field error ("gpu_memory_utilization" / "Input should be ... [type=...]")."""
     facts: Facts = {"refusal": f"field:{field}" if field else "field", "sentence": m["sentence"]}
     if field:

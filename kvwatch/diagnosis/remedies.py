@@ -13,15 +13,17 @@ freed since the failure. The watchdog bounds them with policy.max_restarts.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
-from typing import Any, Collection, Iterator
+from typing import Any
 
 from kvwatch.diagnosis.classes import FailureKind
 from kvwatch.diagnosis.diagnose import Diagnosis, flag_fixable_backends, is_8bit_kv
+from kvwatch.diagnosis.patterns import Facts
 from kvwatch.planner.engine_args import EngineCommand, EngineSettings
 from kvwatch.planner.plan import KV_CACHE_TOO_SMALL, Plan
-from kvwatch.policy import Policy
 from kvwatch.planner.rules import BlockSizeRule, MultipleOf, RuleSet, ruleset_for
+from kvwatch.policy import Policy
 
 GiB = 2**30
 SAME_PLAN_REASON = "restart with the same plan"
@@ -74,12 +76,13 @@ class _Ctx:
     rules: RuleSet
 
     @property
-    def facts(self) -> dict:
+    def facts(self) -> Facts:
         return self.d.facts
 
     @property
-    def context(self) -> dict:
-        return self.d.facts.get("context") or {}
+    def context(self) -> Facts:
+        context: Facts = self.d.facts.get("context") or {}
+        return context
 
 
 def propose_remedy(diagnosis: Diagnosis, command: EngineCommand, *, policy: Policy = Policy(),
@@ -393,15 +396,15 @@ def _config_refused_options(ctx: _Ctx) -> Iterator[Remedy]:
                      f"max num batched tokens {f['max_num_batched_tokens']} is below max num seqs {value}: "
                      f"raise it to {value}")
     elif refusal == "field:gpu_memory_utilization" and ctx.policy.allow_gpu_memory_utilization_change:
-        value = f.get("value")
-        if isinstance(value, (int, float)) and value > 1:
+        given = f.get("value")
+        if isinstance(given, (int, float)) and given > 1:
             cap = ctx.policy.max_gpu_memory_utilization
             yield Remedy({"--gpu-memory-utilization": cap}, (),
-                         f"GPU memory utilization is a fraction of the GPU (at most 1), {value} was given: "
+                         f"GPU memory utilization is a fraction of the GPU (at most 1), {given} was given: "
                          f"{cap} (policy cap)")
         elif ctx.command.has("--gpu-memory-utilization"):
             yield Remedy({}, ("--gpu-memory-utilization",),
-                         f"GPU memory utilization {value} is not a fraction in (0, 1]: vLLM's default")
+                         f"GPU memory utilization {given} is not a fraction in (0, 1]: vLLM's default")
     elif refusal == "field:block_size" and ctx.policy.allow_block_size_change and ctx.command.has("--block-size"):
         yield Remedy({}, ("--block-size",),
                      f"block size {f.get('value')} is refused ({f.get('sentence')}): let vLLM pick the "

@@ -14,10 +14,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from kvwatch import __version__
+from kvwatch.boundary.nvml import GpuInfo
 from kvwatch.diagnosis.classes import FailureKind
 from kvwatch.engine_status import EngineState
 from kvwatch.exporter.snapshot import EngineSnapshot, WatchSnapshot
-from kvwatch.boundary.nvml import GpuInfo
 
 # The diagnosis' failure classes: the known values of the `reason` and `kind` labels,
 # exported at 0 from the start so that increase() sees the first one.
@@ -168,8 +168,8 @@ def _engine(f: dict[str, Any], engine: EngineSnapshot) -> None:
         usage = [(r.rank, r.kv_cache_usage_ratio) for r in metrics.ranks if r.kv_cache_usage_ratio is not None]
         if not usage and metrics.kv_cache_usage_ratio is not None:
             usage = [("0", metrics.kv_cache_usage_ratio)]
-        for rank, value in usage:
-            f["usage"].add_metric([name, rank], value)
+        for rank, ratio in usage:
+            f["usage"].add_metric([name, rank], ratio)
 
 
 def _gpus(f: dict[str, Any], snap: WatchSnapshot) -> None:

@@ -36,8 +36,8 @@ def attach(config: Any, supervisor: Any) -> Callable[[], None]:
     snapshotting every ``config.watch.interval_seconds``. KvwatchError when it cannot listen."""
     import os
 
-    from kvwatch.watchdog.host_registry import HostRegistry
     from kvwatch.boundary.nvml import Nvml
+    from kvwatch.watchdog.host_registry import HostRegistry
 
     nvml = Nvml()
     # The engine sees the GPUs its environment names (config, else kvwatch's own).

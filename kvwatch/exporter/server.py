@@ -16,8 +16,9 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any
 
 import bcrypt
 from prometheus_client import CollectorRegistry
@@ -113,6 +114,7 @@ class BasicAuth:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
+    server_address: tuple[str, int] | tuple[str, int, int, int]   # getsockname() of an AF_INET(6) socket
     request_queue_size = 256   # the listen backlog: under a burst of connections (socketserver's 5
     #                            would drop SYNs, and a dropped SYN costs a client a whole second)
 
@@ -231,7 +233,7 @@ def bounded_accept(accept: str | None) -> str | None:
     if not accept:
         return accept
 
-    def canonical(m: "re.Match[str]") -> str:
+    def canonical(m: re.Match[str]) -> str:
         major = m.group(2).split(".", 1)[0]
         version = "2.0.0" if major.isdigit() and int(major) >= 2 else "1.0.0" if major == "1" else "0.0.1"
         return m.group(1) + version
@@ -259,7 +261,7 @@ class RenderCache:
         self._cached: dict[str, tuple[Callable[[CollectorRegistry], bytes], object, bytes]] = {}
 
     def render(self, accept: str | None) -> tuple[bytes, str]:
-        encoder, content_type = choose_encoder(bounded_accept(accept))
+        encoder, content_type = choose_encoder(bounded_accept(accept) or "")
         if self._version is None:
             return encoder(self._registry), content_type
         current = self._version()
@@ -342,6 +344,7 @@ class MetricsServer:
 def _handler(renderer: RenderCache, auth: BasicAuth,
              readiness: Callable[[], tuple[bool, str]] | None = None) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        server: _Server
         server_version = "kvwatch"
         protocol_version = "HTTP/1.1"
 

@@ -7,14 +7,14 @@ import urllib.parse
 from collections.abc import Callable, Sequence
 
 from kvwatch.boundary.device_probe import installed_vllm_version
-from kvwatch.planner.devices import Device, parse_compute_capability
-from kvwatch.planner.engine_args import EngineCommand
+from kvwatch.boundary.model_source import load_model_source
 from kvwatch.engine_status import EngineState, EngineStatus
 from kvwatch.errors import KvwatchError
 from kvwatch.exporter.actual import KvContext
 from kvwatch.exporter.watch import EngineTarget
+from kvwatch.planner.devices import Device, parse_compute_capability
+from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.geometry import geometry_from_config
-from kvwatch.boundary.model_source import load_model_source
 from kvwatch.planner.plan import Plan
 from kvwatch.planner.rules import ruleset_for
 

@@ -18,11 +18,10 @@ from typing import Protocol, TypeVar
 
 from kvwatch.boundary import engine_http
 from kvwatch.boundary.engine_http import EngineMetrics
+from kvwatch.boundary.nvml import GpuInfo, NvmlSnapshot, parse_cuda_visible_devices
 from kvwatch.engine_status import EngineState, EngineStatus
 from kvwatch.exporter.actual import ActualKv, KvContext, actual_per_rank, plan_for_reported
-from kvwatch.exporter.snapshot import (ENGINE, HOST, NVML, PROCESS, CollectorResult, EngineSnapshot,
-                                       WatchSnapshot)
-from kvwatch.boundary.nvml import GpuInfo, NvmlSnapshot, parse_cuda_visible_devices
+from kvwatch.exporter.snapshot import ENGINE, HOST, NVML, PROCESS, CollectorResult, EngineSnapshot, WatchSnapshot
 from kvwatch.planner.plan import Plan
 
 _LOG = logging.getLogger(__name__)
@@ -160,7 +159,7 @@ class Watch:
         if nvml_snapshot is not None and nvml_snapshot.available and not self._all_gpus:
             nvml_snapshot = replace(nvml_snapshot, gpus=_gpus_of(targets, nvml_snapshot))
 
-        engines = tuple(self._engine_snapshot(t, up, metrics, rss) for t, (up, metrics) in zip(targets, polled))
+        engines = tuple(self._engine_snapshot(t, up, metrics, rss) for t, (up, metrics) in zip(targets, polled, strict=True))
         snap = WatchSnapshot(taken_at=taken_at, engines=engines, nvml=nvml_snapshot,
                              collectors=tuple(collectors), other_engine_pids=other_pids)
         self._snapshot = snap
@@ -193,7 +192,7 @@ class Watch:
         polled = list(self._pool.map(self._poll_one, targets))
         # The collector fails when an engine that answers /health serves no usable /metrics;
         # an engine that is down is kvwatch_engine_up 0, not a collector failure.
-        errors = [f"{t.status.name}: {m.error}" for t, (up, m) in zip(targets, polled)
+        errors = [f"{t.status.name}: {m.error}" for t, (up, m) in zip(targets, polled, strict=True)
                   if up and m is not None and not m.ok]
         return polled, "; ".join(errors) or None
 

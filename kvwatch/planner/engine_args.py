@@ -6,9 +6,9 @@ Works on argv exactly as the user runs it: `vllm serve MODEL ...` or
 """
 from __future__ import annotations
 
-import os
+import posixpath
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from kvwatch.errors import CommandError
 from kvwatch.planner.units import parse_vllm_int
@@ -55,7 +55,7 @@ def _split(token: str) -> tuple[str, str | None]:
     return _canonical(token), None
 
 
-def _occurrences(argv: Sequence[str], flag: str):
+def _occurrences(argv: Sequence[str], flag: str) -> Iterator[tuple[int, int, str]]:
     """(start, end, value) of every occurrence of `flag` in argv; end is exclusive."""
     i = 0
     while i < len(argv):
@@ -107,18 +107,18 @@ class EngineCommand:
     argv: tuple[str, ...]
 
     @classmethod
-    def parse(cls, argv: Sequence[str]) -> "EngineCommand":
+    def parse(cls, argv: Sequence[str]) -> EngineCommand:
         if not argv:
             raise CommandError("no engine command given (expected e.g. `-- vllm serve MODEL ...`)")
         command = cls(tuple(argv))
-        command.model  # fail early, with one clear line, when no model is named
+        _ = command.model  # fail early, with one clear line, when no model is named
         return command
 
     # -- reading -----------------------------------------------------------
     def _model_position(self) -> int | None:
         """Index of the positional MODEL of `vllm serve MODEL`, if any."""
         for i, token in enumerate(self.argv):
-            if token == "serve" and (i == 0 or os.path.basename(self.argv[i - 1]) in ("vllm", "main")
+            if token == "serve" and (i == 0 or posixpath.basename(self.argv[i - 1]) in ("vllm", "main")
                                      or self.argv[i - 1].endswith("vllm.entrypoints.cli.main")):
                 nxt = i + 1
                 if nxt < len(self.argv) and not self.argv[nxt].startswith("-"):
@@ -215,7 +215,7 @@ class EngineCommand:
             raise CommandError(f"{flag} {value!r}: not a number") from None
 
     # -- writing -----------------------------------------------------------
-    def with_flag(self, flag: str, value: object) -> "EngineCommand":
+    def with_flag(self, flag: str, value: object) -> EngineCommand:
         """Set `flag` to `value`: the first occurrence is replaced in place, later ones dropped."""
         flag = _canonical(flag)
         spans = list(_occurrences(self.argv, flag))
@@ -227,13 +227,13 @@ class EngineCommand:
         out = [*self.argv[:start], *replacement, *self.argv[end:]]
         return EngineCommand(tuple(out)).without_flag(flag, keep_first=True)
 
-    def without_flag(self, flag: str, keep_first: bool = False) -> "EngineCommand":
+    def without_flag(self, flag: str, keep_first: bool = False) -> EngineCommand:
         flag = _canonical(flag)
         spans = list(_occurrences(self.argv, flag))[1 if keep_first else 0:]
         drop = {i for start, end, _ in spans for i in range(start, end)}
         return EngineCommand(tuple(t for i, t in enumerate(self.argv) if i not in drop))
 
-    def apply(self, set_flags: dict[str, object], remove: Sequence[str] = ()) -> "EngineCommand":
+    def apply(self, set_flags: dict[str, object], remove: Sequence[str] = ()) -> EngineCommand:
         command = self
         for flag in remove:
             command = command.without_flag(flag)

@@ -6,8 +6,8 @@ code never branches on versions.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Mapping, Sequence
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,9 @@ wait with jitter) and starts over once the engine has been READY for stable_seco
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from tenacity import wait_exponential_jitter
 

@@ -10,9 +10,10 @@ import dataclasses
 import os
 import re
 import tomllib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from kvwatch.errors import ConfigError
 from kvwatch.policy import Policy
@@ -132,7 +133,7 @@ def config_from_mapping(data: Mapping[str, Any], source: str = "<config>") -> Co
                   policy=policy, watch=watch, source=source)
 
 
-def _policy(v: "_Validator", data: Mapping[str, Any]) -> Policy:
+def _policy(v: _Validator, data: Mapping[str, Any]) -> Policy:
     defaults = Policy()
     fields = {f.name: f for f in dataclasses.fields(Policy)}
     v.no_unknown(data, "policy.", fields)

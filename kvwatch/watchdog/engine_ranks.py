@@ -10,8 +10,8 @@ another rank's still runs is the one that died.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 _CORE = re.compile(r"EngineCore_DP(\d+)\b")
 

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvwatch.watchdog import leftovers
-
 from kvwatch.boundary import processes
 from kvwatch.planner.devices import Device
+from kvwatch.watchdog import leftovers
 
 
 class GpuView:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field
 import time
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 from kvwatch.boundary import processes
 from kvwatch.boundary.processes import ProcRef
@@ -63,9 +63,9 @@ def clean(refs: list[ProcRef], mark: str, port: int | None, gpu_holders: Callabl
             continue
         if not processes.running(pid):
             continue  # gone already (NVML may list a process for a moment after it exits)
-        ref = processes.ref_of(pid)
-        if ref is not None and is_ours(pid, refs, mark):
-            stopped = processes.kill_processes([ref], timeout, sleep, marker=(MARKER_ENV, mark))
+        held = processes.ref_of(pid)
+        if held is not None and is_ours(pid, refs, mark):
+            stopped = processes.kill_processes([held], timeout, sleep, marker=(MARKER_ENV, mark))
             report.stopped += stopped
             _LOG.warning("leftovers: stopped our pid %d holding %s", pid, what)
         else:

@@ -2,7 +2,7 @@
 
 One thread per engine reads the pipe (stdout and stderr share it) in large binary chunks.
 Every line goes to kvwatch's own output prefixed with the engine name; the raw tail (the
-last `ring_bytes`) is kept for diagnosis and the startup-line parser (VLLM_FACTS §5) reads
+last `ring_bytes`) is kept for diagnosis and the startup-line parser (docs/vllm-facts.md §5) reads
 the lines that carry a fact. A line without a newline is cut after `max_line` bytes rather
 than buffered without bound. The tail becomes text lines only when someone asks for them
 (a failure): invalid UTF-8 is replaced, carriage returns dropped, giant lines cut.
@@ -104,7 +104,7 @@ class OutputPump:
         self.bytes_seen = 0
         self._thread = threading.Thread(target=self._run, name=f"pump-{name}", daemon=True)
 
-    def start(self) -> "OutputPump":
+    def start(self) -> OutputPump:
         self._thread.start()
         return self
 

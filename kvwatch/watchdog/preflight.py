@@ -9,18 +9,19 @@ honoured. Planning errors never stop kvwatch: the engine is then launched as giv
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any, Mapping
+from typing import Any
 
 from kvwatch.boundary import device_probe
+from kvwatch.boundary.plan_loader import plan_command
+from kvwatch.errors import KvwatchError
 from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineCommand
-from kvwatch.errors import KvwatchError
 from kvwatch.planner.plan import Plan
-from kvwatch.boundary.plan_loader import plan_command
-from kvwatch.policy import Policy
 from kvwatch.planner.rules import RuleSet
+from kvwatch.policy import Policy
 
 _LOG = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """`python -m kvwatch.watchdog.reaper PGID GRACE`: ends an engine's process group when kvwatch dies.
 
 Why a separate process: PR_SET_PDEATHSIG only reaches the direct child (vLLM's API
-server), and EngineCore and Worker survive the API server's death (VLLM_FACTS §9).
+server), and EngineCore and Worker survive the API server's death (docs/vllm-facts.md §9).
 kvwatch starts one reaper per engine, in its own session (so neither a terminal's
 Ctrl-C nor a signal to the engine's group reaches it), with the read end of a pipe as
 stdin. kvwatch holds the only write end. When kvwatch exits for any reason, kill -9

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from typing import Mapping
+from collections.abc import Mapping
 
 _LOG = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ class SdNotifier:
         self._warned = False
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> "SdNotifier":
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> SdNotifier:
         env = os.environ if environ is None else environ
         address = env.get("NOTIFY_SOCKET") or None
         usec: int | None = None

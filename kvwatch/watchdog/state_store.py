@@ -77,7 +77,7 @@ class EngineRecord:
         return out
 
     @classmethod
-    def from_json(cls, data: Any) -> "EngineRecord":
+    def from_json(cls, data: Any) -> EngineRecord:
         """Raises ValueError (or TypeError/KeyError) on anything that is not a record."""
         if not isinstance(data, dict) or data.get("version") != SCHEMA_VERSION:
             raise ValueError(f"not a kvwatch state file of version {SCHEMA_VERSION}")

@@ -17,30 +17,33 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import BinaryIO, Callable, Iterable, Protocol
+from typing import TYPE_CHECKING, BinaryIO, Protocol
 
 from kvwatch.boundary import engine_http, processes
-
-from kvwatch.watchdog import leftovers
-from kvwatch.watchdog.budget import Budget
-from kvwatch.watchdog.config import Config
-from kvwatch.planner.devices import Device
-from kvwatch.planner.engine_args import EngineCommand
-from kvwatch.watchdog.engine_ranks import RankWatch, lines_of_rank, ranks_of_tree
+from kvwatch.boundary.processes import EngineProcess, ProcRef
 from kvwatch.engine_status import EngineState, EngineStatus
 from kvwatch.errors import KvwatchError
 from kvwatch.exitcodes import EXIT_GAVE_UP, EXIT_OK
+from kvwatch.planner.devices import Device
+from kvwatch.planner.engine_args import EngineCommand
+from kvwatch.planner.plan import Plan
+from kvwatch.planner.rules import RuleSet, ruleset_for, with_learned_block_sizes
+from kvwatch.watchdog import leftovers
+from kvwatch.watchdog.budget import Budget
+from kvwatch.watchdog.config import Config
+from kvwatch.watchdog.engine_ranks import RankWatch, lines_of_rank, ranks_of_tree
 from kvwatch.watchdog.gpu_view import GpuView
 from kvwatch.watchdog.output_pump import OutputPump
-from kvwatch.planner.plan import Plan
 from kvwatch.watchdog.preflight import choose_device, describe_change, plan_for, preflight
-from kvwatch.boundary.processes import EngineProcess, ProcRef
-from kvwatch.planner.rules import RuleSet, ruleset_for, with_learned_block_sizes
 from kvwatch.watchdog.sd_notify import SdNotifier, scrub_env
 from kvwatch.watchdog.state_store import CorrectionRecord, EngineLock, EngineRecord, FailureRecord, StateStore
+
+if TYPE_CHECKING:  # imported where used: the diagnosis is loaded only when an engine fails
+    from kvwatch.diagnosis import Diagnosis
 
 _LOG = logging.getLogger(__name__)
 
@@ -278,12 +281,12 @@ class Supervisor:
         self._save()
         self._publish()
 
-    def _learned_rules(self, rules: RuleSet | None) -> RuleSet | None:
+    def _learned_rules(self, rules: RuleSet) -> RuleSet:
         """The rule table, with the block sizes earlier failures on this host reported."""
         learned: dict[str, list[object]] = {}
         for constraint in self._record.constraints:
             learned.update(constraint.get("backend_block_sizes") or {})
-        return with_learned_block_sizes(rules, learned) if rules is not None and learned else rules
+        return with_learned_block_sizes(rules, learned) if learned else rules
 
     def _engine_env(self) -> dict[str, str]:
         env = scrub_env(self._environ)
@@ -566,7 +569,8 @@ class Supervisor:
             if diagnosis.facts.get("backend_block_sizes"):
                 learned["backend_block_sizes"] = diagnosis.facts["backend_block_sizes"]
             self._record.constraints.append(learned)
-            self._rules = self._learned_rules(self._rules)
+            if self._rules is not None:
+                self._rules = self._learned_rules(self._rules)
             _LOG.warning("corrected: %s: %s (%s)", kind, change, remedy.reason)
             self._set_command(command)
             reason = f"{kind}: corrected {change}"
@@ -620,7 +624,7 @@ def _probe(url: str, timeout: float, starting: bool) -> bool:
     return engine_http.scrape(url, timeout).ok if starting else True
 
 
-def _with_rank(diagnosis: "Diagnosis", rank: int, pid: int) -> "Diagnosis":
+def _with_rank(diagnosis: Diagnosis, rank: int, pid: int) -> Diagnosis:
     """The diagnosis of an engine one of whose DP engine cores died first: named for that rank."""
     from kvwatch.diagnosis import Diagnosis, FailureKind
 

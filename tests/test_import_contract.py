@@ -1,0 +1,164 @@
+"""The import contract (docs/architecture.md): the planner and the diagnosis are pure.
+
+They compute from values they are given; they never touch processes, sockets, files, threads, the
+GPU or the engine. Everything that does lives in kvwatch.boundary (and is driven by
+kvwatch.watchdog, kvwatch.exporter and kvwatch.commands). The check reads the source with `ast`, so
+an import inside a function counts as much as one at the top, and nothing is imported to check it.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "kvwatch"
+
+# The pure modules: every module of these packages, and these top-level ones.
+PURE_PACKAGES = ("planner", "diagnosis")
+PURE_MODULES = ("errors.py", "policy.py", "exitcodes.py", "engine_status.py")
+
+# What a pure module must not import (a name here covers its submodules: "http" covers "http.client").
+FORBIDDEN = {
+    # processes, signals and the process environment (os.system, os.kill, os.environ, ...)
+    "os": "processes and the environment (os.path's string functions are posixpath)",
+    "subprocess": "processes",
+    "signal": "processes",
+    "multiprocessing": "processes",
+    "psutil": "processes",
+    "ctypes": "native calls (prctl, ...)",
+    # the GPU
+    "pynvml": "the GPU (NVML)",
+    # the network
+    "socket": "the network",
+    "socketserver": "the network",
+    "ssl": "the network",
+    "select": "the network",
+    "selectors": "the network",
+    "urllib": "the network",
+    "http": "the network",
+    "asyncio": "the network and concurrency",
+    # threads
+    "threading": "threads",
+    "_thread": "threads",
+    "concurrent": "threads",
+    # files
+    "pathlib": "files",
+    "shutil": "files",
+    "tempfile": "files",
+    # imports chosen at run time would hide from this check
+    "importlib": "hidden imports",
+    # the engine and its stack (the planner reasons about vLLM; it never loads it)
+    "vllm": "the engine",
+    "torch": "the engine",
+    "transformers": "the engine",
+    # kvwatch's own impure layers
+    "kvwatch.boundary": "kvwatch's I/O boundary",
+    "kvwatch.watchdog": "kvwatch's supervisor",
+    "kvwatch.exporter": "kvwatch's exporter",
+    "kvwatch.commands": "kvwatch's commands",
+    "kvwatch.cli": "kvwatch's commands",
+}
+
+# Third-party boundaries that one module alone may import, anywhere in kvwatch.
+SOLE_IMPORTERS = {
+    "pynvml": "kvwatch/boundary/nvml.py",
+    "psutil": "kvwatch/boundary/processes.py",
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imported_modules(source: str, module: str, is_package: bool = False) -> set[str]:
+    """Every module `source` imports, anywhere in it (functions and classes included): for
+    `from a import b` both a and a.b, since b may be a module."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:   # relative: resolved against the importing module's package
+                package = module.split(".") if is_package else module.split(".")[:-1]
+                anchor = package[: len(package) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            if base:
+                found.add(base)
+            found.update(f"{base}.{alias.name}" if base else alias.name for alias in node.names if alias.name != "*")
+    return found
+
+
+def forbidden_in(modules: set[str]) -> dict[str, str]:
+    hits = {}
+    for name in modules:
+        for banned, why in FORBIDDEN.items():
+            if name == banned or name.startswith(banned + "."):
+                hits[name] = why
+    return hits
+
+
+def pure_files() -> list[Path]:
+    files = [p for pkg in PURE_PACKAGES for p in sorted((PACKAGE / pkg).rglob("*.py"))]
+    return files + [PACKAGE / name for name in PURE_MODULES]
+
+
+def all_files() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def imports_of(path: Path) -> set[str]:
+    return imported_modules(path.read_text(encoding="utf-8"), module_name(path), path.name == "__init__.py")
+
+
+def rel(path: Path) -> str:
+    return path.relative_to(PACKAGE.parent).as_posix()
+
+
+def test_the_pure_modules_are_there() -> None:
+    files = pure_files()
+    assert all(p.is_file() for p in files), [rel(p) for p in files if not p.is_file()]
+    names = {rel(p) for p in files}
+    for expected in ("kvwatch/planner/geometry.py", "kvwatch/planner/plan.py", "kvwatch/planner/rules.py",
+                     "kvwatch/diagnosis/diagnose.py", "kvwatch/diagnosis/remedies.py"):
+        assert expected in names
+
+
+@pytest.mark.parametrize("path", pure_files(), ids=rel)
+def test_pure_module_imports_no_boundary(path: Path) -> None:
+    hits = forbidden_in(imports_of(path))
+    assert not hits, f"{rel(path)} is pure but imports " + ", ".join(f"{m} ({why})" for m, why in sorted(hits.items()))
+
+
+@pytest.mark.parametrize("library,owner", sorted(SOLE_IMPORTERS.items()))
+def test_one_module_imports_each_native_boundary(library: str, owner: str) -> None:
+    importers = sorted(rel(p) for p in all_files()
+                       if any(m == library or m.startswith(library + ".") for m in imports_of(p)))
+    assert importers == [owner]
+
+
+# The checker itself: it must see what it is there to see.
+@pytest.mark.parametrize("source,module,expected", [
+    ("import subprocess", "kvwatch.planner.x", {"subprocess"}),
+    ("import os.path", "kvwatch.planner.x", {"os.path"}),
+    ("from os import system", "kvwatch.planner.x", {"os", "os.system"}),
+    ("def f():\n    import socket\n", "kvwatch.planner.x", {"socket"}),
+    ("class C:\n    def m(self):\n        from http.client import HTTPConnection\n", "kvwatch.diagnosis.x",
+     {"http.client", "http.client.HTTPConnection"}),
+    ("from kvwatch import watchdog", "kvwatch.planner.x", {"kvwatch", "kvwatch.watchdog"}),
+    ("from ..boundary import nvml", "kvwatch.planner.x", {"kvwatch.boundary", "kvwatch.boundary.nvml"}),
+    ("from . import rules", "kvwatch.planner", {"kvwatch.planner", "kvwatch.planner.rules"}),
+])
+def test_the_checker_sees_every_kind_of_import(source: str, module: str, expected: set[str]) -> None:
+    is_package = module == "kvwatch.planner"
+    assert imported_modules(source, module, is_package) == expected
+
+
+def test_the_checker_flags_submodules_but_not_lookalikes() -> None:
+    assert set(forbidden_in({"http.server", "kvwatch.boundary.nvml", "os"})) == {"http.server",
+                                                                                 "kvwatch.boundary.nvml", "os"}
+    assert forbidden_in({"httpx_like", "kvwatch.boundaryless", "posixpath", "osmosis", "kvwatch.policy"}) == {}
