@@ -1,63 +1,87 @@
 """Plan accuracy on the real vLLM CPU engine: kvwatch's plan vs a fudge-factor sizing rule.
 
-For every geometry the tests run (tests/test_plan_engine.py), with an explicit block size and with the
-engine's default: the blocks vLLM allocated (vllm:cache_config_info, or its logged KV size when this CPU
-refuses fp8), kvwatch's planned blocks, and the estimate of the rule small sizing tools use
-(KV bytes/token = 2 x layers x kv_heads x hidden/heads x dtype bytes; memory = weights + KV x 1.15).
+Every case of the architecture corpus (tests/fixtures/models: shrunk public config.json files of
+Gemma 2/3, gpt-oss, Llama 3/4, Mistral, Phi-3, Qwen3 dense/MoE/Next, Granite-4.0-H, DeepSeek-V3)
+with its default block size, an explicit one and the extra flags tests/record_kv_truth.py lists
+(fp8, --disable-hybrid-kv-cache-manager, --max-model-len auto). Side by side per case: the blocks and KV tokens the engine reports
+(its `num_gpu_blocks` and its "KV cache size: N tokens" line), kvwatch's plan, and the rule small
+sizing tools use (KV bytes/token = 2 x layers x kv_heads x head_dim x dtype bytes, every layer
+full attention; memory = weights + KV x 1.15).
 
-Run: .venv/bin/python bench/bench_plan_accuracy.py     (starts 8 engines: ~10 minutes on 2 cores)
+Run:  .venv/bin/python bench/bench_plan_accuracy.py            (starts ~30 engines, 2 at a time: ~15-25 min)
+      .venv/bin/python bench/bench_plan_accuracy.py --recorded (the engine figures recorded in kv_truth.json)
 """
 from __future__ import annotations
 
+import argparse
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from engine_support import run_engine_to_exit, running_engine, write_model  # noqa: E402
-from test_plan_engine import GEOMETRIES, cache_config_info, kvwatch_plan, logged_kv_tokens  # noqa: E402
+from fixtures.models import corpus  # noqa: E402
+from test_plan_corpus import SIZED, TRUTH, plan_case  # noqa: E402
 
 GiB = 2**30
 
 
-def fudge_blocks(config: dict, flags: list[str], block_size: int, kv_memory: int) -> int:
-    """What a weights + KV x 1.15 sizing rule predicts for this KV memory."""
-    heads = config["num_attention_heads"]
-    head_dim = config["hidden_size"] // heads
+def fudge(config: dict, flags: list[str], block_size: int, kv_memory: int, max_model_len: int) -> tuple[int, int]:
+    """Blocks and tokens a weights + KV x 1.15 rule predicts: every layer full attention."""
+    cfg = config.get("text_config", config)
+    heads = cfg["num_attention_heads"]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    if cfg.get("kv_lora_rank"):
+        head_dim = (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]) // 2   # 2 x this = the latent
+    kv_heads = 1 if cfg.get("kv_lora_rank") else cfg.get("num_key_value_heads", heads)
     dtype_bytes = 4 if "float32" in flags else 1 if "fp8" in flags else 2
-    per_token = 2 * config["num_hidden_layers"] * config.get("num_key_value_heads", heads) * head_dim * dtype_bytes
-    return int(kv_memory / (per_token * 1.15)) // block_size
+    per_token = 2 * cfg["num_hidden_layers"] * kv_heads * head_dim * dtype_bytes
+    blocks = int(kv_memory / (per_token * 1.15)) // block_size
+    return blocks, blocks * block_size
 
 
-def engine_blocks(model: Path, extra: list[str], log_path: Path) -> int:
-    with running_engine(model, log_path, *extra) as engine:
-        return int(cache_config_info(engine.metrics())["num_gpu_blocks"])
+def engine_cases(recorded: bool) -> list[dict]:
+    if recorded:
+        return SIZED
+    from kv_probe import probe
+    with tempfile.TemporaryDirectory() as tmp:
+        def run(index: int) -> dict:
+            case = SIZED[index]
+            live = probe(corpus.CORPUS[case["model"]]["config"], case["flags"], Path(tmp) / str(index))
+            return {**live, "model": case["model"], "flags": case["flags"]}
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            return list(pool.map(run, range(len(SIZED))))
 
 
 def main() -> None:
-    print(f"{'geometry':<18}{'block':<10}{'engine':>9}{'kvwatch':>9}{'|diff|':>8}{'fudge':>9}{'|diff|':>8}")
-    worst_kvwatch = worst_fudge = 0
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--recorded", action="store_true", help="use tests/fixtures/models/kv_truth.json")
+    args = parser.parse_args()
+    cases = engine_cases(args.recorded)
+    source = "recorded (kv_truth.json)" if args.recorded else "live engines"
+    print(f"engine figures: {source}; KV memory {TRUTH['kv_space_gib']} GiB (VLLM_CPU_KVCACHE_SPACE)")
+    print(f"{'case':<44}{'block':>6}{'engine blk':>11}{'kvwatch':>9}{'fudge':>9}"
+          f"{'engine tok':>12}{'kvwatch':>10}{'fudge':>10}")
+    worst = {"kvwatch_blocks": 0, "kvwatch_tokens": 0, "fudge_blocks": 0, "fudge_tokens": 0}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, (config, flags, block) in GEOMETRIES.items():
-            for mode in ("explicit", "default"):
-                model = write_model(Path(tmp) / f"{name}-{mode}", config)
-                extra = [*flags, *(["--block-size", block] if mode == "explicit" else [])]
-                plan = kvwatch_plan(["vllm", "serve", str(model), *extra])
-                log_path = Path(tmp) / f"{name}-{mode}.log"
-                if any(w["kind"] == "kv_dtype_unsupported" for w in plan["warnings"]):
-                    _, log = run_engine_to_exit(model, log_path, *extra)
-                    actual = logged_kv_tokens(log) // plan["block_size"]
-                else:
-                    actual = engine_blocks(model, extra, log_path)
-                fudge = fudge_blocks(config, flags, plan["block_size"], GiB)
-                d_k, d_f = abs(plan["num_blocks"] - actual), abs(fudge - actual)
-                worst_kvwatch, worst_fudge = max(worst_kvwatch, d_k), max(worst_fudge, d_f)
-                print(f"{name:<18}{mode + ' ' + str(plan['block_size']):<10}{actual:>9}{plan['num_blocks']:>9}"
-                      f"{d_k:>8}{fudge:>9}{d_f:>8}", flush=True)
-    print(f"worst |planned - actual| blocks: kvwatch {worst_kvwatch}, fudge rule {worst_fudge} "
-          f"(bar: kvwatch 0 on every fixed-KV-memory case)")
+        for i, case in enumerate(cases):
+            name = f"{case['model']} {' '.join(case['flags'])}".strip()
+            if case.get("kv_cache_tokens") is None:
+                print(f"{name:<44} engine did not size its cache: {case.get('error')}")
+                continue
+            plan = plan_case(case["model"], case["flags"], Path(tmp) / str(i))
+            f_blocks, f_tokens = fudge(corpus.CORPUS[case["model"]]["config"], case["flags"], case["block_size"],
+                                       TRUTH["kv_space_gib"] * GiB, case["max_model_len"])
+            worst["kvwatch_blocks"] = max(worst["kvwatch_blocks"], abs(plan.num_blocks - case["num_blocks"]))
+            worst["kvwatch_tokens"] = max(worst["kvwatch_tokens"], abs(plan.kv_cache_tokens - case["kv_cache_tokens"]))
+            worst["fudge_blocks"] = max(worst["fudge_blocks"], abs(f_blocks - case["num_blocks"]))
+            worst["fudge_tokens"] = max(worst["fudge_tokens"], abs(f_tokens - case["kv_cache_tokens"]))
+            print(f"{name:<44}{case['block_size']:>6}{case['num_blocks']:>11}{plan.num_blocks:>9}{f_blocks:>9}"
+                  f"{case['kv_cache_tokens']:>12,}{plan.kv_cache_tokens:>10,}{f_tokens:>10,}", flush=True)
+    print(f"worst |planned - actual|: kvwatch {worst['kvwatch_blocks']} blocks, {worst['kvwatch_tokens']} tokens; "
+          f"fudge rule {worst['fudge_blocks']} blocks, {worst['fudge_tokens']:,} tokens (goal: kvwatch 0 and 0)")
 
 
 if __name__ == "__main__":

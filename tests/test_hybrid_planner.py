@@ -5,7 +5,7 @@ import pytest
 
 from kvwatch.diagnosis import diagnose
 from kvwatch.diagnosis.classes import FailureKind
-from kvwatch.planner.devices import GiB, Device, preset
+from kvwatch.planner.devices import Device, GiB, preset
 from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.geometry import geometry_from_config
 from kvwatch.planner.kv_groups import Demand, LayerSpec, kv_groups

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from kvwatch.boundary.engine_http import CacheConfig, RankMetrics
 from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineSettings
-from kvwatch.boundary.engine_http import CacheConfig, RankMetrics
 from kvwatch.planner.geometry import ModelGeometry
-from kvwatch.planner.plan import MemoryInputs, Plan, make_plan
+from kvwatch.planner.plan import NO_MEMORY_INPUTS, MemoryInputs, Plan, make_plan
 from kvwatch.planner.rules import RuleSet
 
 LOG_GIB_ROUNDING = 2**30 // 200  # the log prints GiB rounded to 0.01: +-0.005 GiB
@@ -76,7 +76,8 @@ def actual_kv(ctx: KvContext, cache: CacheConfig | None, log_kv_tokens: int | No
     padding["null_block"] = bytes_per_block if blocks else 0
     problems: list[str] = []
 
-    memory, source = cache.kv_cache_memory_bytes, "kv_cache_memory_bytes"
+    memory = cache.kv_cache_memory_bytes
+    source: str | None = "kv_cache_memory_bytes"
     if memory is None and log_available_kv_bytes is not None:
         memory, source = log_available_kv_bytes, "log"
     slack = LOG_GIB_ROUNDING if source == "log" else 0
@@ -148,7 +149,7 @@ def actual_per_rank(ctx: KvContext, ranks: tuple[RankMetrics, ...], log_kv_token
 
 
 def plan_for_reported(ctx: KvContext, cache: CacheConfig | None,
-                      memory: MemoryInputs = MemoryInputs()) -> Plan:
+                      memory: MemoryInputs = NO_MEMORY_INPUTS) -> Plan:
     """The plan for an engine kvwatch did not start: its flags as far as they are known
     (``ctx.settings``), with the block size, KV dtype, memory utilization and KV memory the
     engine reports in place of the flags'. Blocks are predicted, never copied."""

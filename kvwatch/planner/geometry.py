@@ -5,8 +5,9 @@ the same attribute fallbacks for kv heads and head size, the same MLA model-type
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from kvwatch.errors import ConfigError
 from kvwatch.planner.layers import FULL, LayerLayout, layer_layout
@@ -78,6 +79,12 @@ def _text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
 
 # Far above any real model, far below what would exhaust memory or overflow the arithmetic.
 _MAX_FIELD = 1 << 24
+
+
+def _required_int(cfg: Mapping[str, Any], key: str) -> int:
+    value = _positive_int(cfg, key)
+    assert value is not None   # _positive_int raises for a missing required field
+    return value
 
 
 def _positive_int(cfg: Mapping[str, Any], key: str, required: bool = True) -> int | None:
@@ -167,8 +174,8 @@ def geometry_from_config(config: Mapping[str, Any]) -> ModelGeometry:
     if not isinstance(model_type, str) or not model_type:
         raise ConfigError("config.json: missing field 'model_type'")
     architectures = tuple(config.get("architectures") or ())
-    num_layers = _positive_int(cfg, "num_hidden_layers")
-    num_heads = _positive_int(cfg, "num_attention_heads")
+    num_layers = _required_int(cfg, "num_hidden_layers")
+    num_heads = _required_int(cfg, "num_attention_heads")
     hidden = _positive_int(cfg, "hidden_size", required=False)
     raw_dtype = cfg.get("torch_dtype") or cfg.get("dtype") or config.get("torch_dtype") or config.get("dtype")
     config_dtype = _DTYPE_NAMES.get(str(raw_dtype)) if raw_dtype else None
@@ -176,8 +183,8 @@ def geometry_from_config(config: Mapping[str, Any]) -> ModelGeometry:
     derived, derived_key = derive_max_model_len(cfg, model_type)
 
     if model_type in MLA_MODEL_TYPES and cfg.get("kv_lora_rank") is not None:
-        rank = _positive_int(cfg, "kv_lora_rank")
-        rope = _positive_int(cfg, "qk_rope_head_dim")
+        rank = _required_int(cfg, "kv_lora_rank")
+        rope = _required_int(cfg, "qk_rope_head_dim")
         return ModelGeometry(
             model_type=model_type, architectures=architectures, num_layers=num_layers,
             attention="mla", num_kv_heads=1, head_size=rank + rope, head_size_v=0,

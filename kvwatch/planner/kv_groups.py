@@ -100,7 +100,7 @@ class KvGroups:
         weights = [blocks_per_request(self.specs[g[0]], demand) for g in self.groups]
         total = sum(weights)
         per_block = {"layer_padding": 0.0, "state_padding": 0.0, "page_padding": 0.0}
-        for group, weight in zip(self.groups, weights):
+        for group, weight in zip(self.groups, weights, strict=True):
             share = weight / total
             per_block["layer_padding"] += share * (self.bytes_per_block - sum(self.specs[i].page_bytes for i in group))
             for i in group:

@@ -15,8 +15,9 @@ A cache layer is one of:
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from kvwatch.errors import ConfigError
 

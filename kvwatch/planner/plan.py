@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from kvwatch.planner.backends import BackendChoice, choose_backend, kv_dtype_reason
-from kvwatch.planner.devices import GiB, Device
+from kvwatch.planner.devices import Device, GiB
 from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.geometry import ModelGeometry
 from kvwatch.planner.kv_groups import Demand, KvGroups, LayerSpec, kv_groups, promote_local_layers
@@ -48,6 +48,9 @@ class MemoryInputs:
     cpu_kv_space_bytes: int | None = None    # VLLM_CPU_KVCACHE_SPACE, in bytes
     weights_bytes: int | None = None         # weight files on disk
     non_kv_bytes: int | None = None          # measured on an earlier run of this engine
+
+
+NO_MEMORY_INPUTS = MemoryInputs()   # nothing measured: the planner's own defaults
 
 
 @dataclass(frozen=True)
@@ -203,7 +206,7 @@ def config_refusals(geometry: ModelGeometry, settings: EngineSettings,
 
 
 def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device, rules: RuleSet,
-              memory: MemoryInputs = MemoryInputs(), allow_long_max_model_len: bool = False) -> Plan:
+              memory: MemoryInputs = NO_MEMORY_INPUTS, allow_long_max_model_len: bool = False) -> Plan:
     refusals = config_refusals(geometry, settings, allow_long_max_model_len)
     # Plan the rest as vLLM would once the refused values are fixed (no division by a zero block).
     if settings.block_size is not None and settings.block_size <= 0:
@@ -349,8 +352,8 @@ def _legality_warnings(choice: BackendChoice, rules: RuleSet, device: Device, ge
                 if limit.backend == choice.backend.name and kv_dtype in limit.kv_dtypes
                 and device.compute_capability and device.compute_capability[0] in limit.capability_majors]
     # No backend: say which single flag change would make one valid, in priority order.
-    candidates = [rules.backend(n) for n in choice.candidates]
-    candidates = [b for b in candidates if b and b.supports_capability(device.compute_capability)
+    candidates = [b for n in choice.candidates if (b := rules.backend(n)) is not None
+                  and b.supports_capability(device.compute_capability)
                   and (b.head_sizes is None or geometry.head_size in b.head_sizes)
                   and b.attention == geometry.attention and b.platform == device.platform]
     summary = "; ".join(f"{k}: {', '.join(v)}" for k, v in choice.reasons.items())
