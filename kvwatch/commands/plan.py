@@ -55,6 +55,18 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_PLAN_WILL_FAIL if plan.will_fail else EXIT_OK
 
 
+def _hybrid_rows(plan: Plan) -> list[tuple[str, str]]:
+    """What only models with several layer kinds have: groups, padding layers, recurrent state."""
+    rows = []
+    if plan.kv_cache_groups > 1:
+        pad = f", {plan.padding_layers} padding layer(s) in the last groups" if plan.padding_layers else ""
+        rows.append(("KV cache groups", f"{plan.kv_cache_groups} of {plan.layers_per_block} layers{pad}"))
+    if plan.recurrent_state_bytes:
+        rows.append(("recurrent state", f"{plan.recurrent_state_bytes:,} B per layer and sequence, padded to the "
+                                        f"{plan.page_size_bytes:,} B page"))
+    return rows
+
+
 def render(plan: Plan) -> str:
     est = " (estimate)" if plan.estimated else ""
     rows = [
@@ -66,6 +78,7 @@ def render(plan: Plan) -> str:
         ("KV per token", f"{plan.kv_bytes_per_token:,} B ({plan.kv_bytes_per_token_per_layer:,} B per layer)"),
         ("page (1 layer)", f"{plan.page_size_bytes:,} B"),
         ("bytes per block", f"{plan.bytes_per_block:,} B ({plan.layers_per_block} layers)"),
+        *_hybrid_rows(plan),
         ("KV memory", f"{format_bytes(plan.kv_memory_bytes)} from {plan.kv_memory_source}"),
         ("blocks", f"{plan.num_blocks:,}{est}"),
         ("KV tokens", f"{plan.kv_cache_tokens:,}{est}"),
@@ -77,7 +90,9 @@ def render(plan: Plan) -> str:
         rows.append(("ranks", f"{per}; {plan.data_parallel_size} data-parallel engine core(s): "
                               f"{plan.engine_num_blocks:,} blocks, {format_bytes(plan.engine_kv_bytes)} in all"))
     if plan.max_model_len:
-        rows.append(("max model len", f"{plan.max_model_len:,} (concurrency {plan.max_concurrency:.2f}x)"))
+        fitted = " (fitted to the KV cache: --max-model-len auto)" if plan.max_model_len_fitted else ""
+        rows.append(("max model len", f"{plan.max_model_len:,}{fitted}, {plan.blocks_per_request:,} blocks per "
+                                      f"request (concurrency {plan.max_concurrency:.2f}x)"))
     padding = ", ".join(f"{k} {format_bytes(v)}" for k, v in plan.padding_bytes.items() if v)
     rows.append(("padding", f"{padding or 'none'} ({plan.padding_ratio:.2%} of the KV cache)"))
     width = max(len(k) for k, _ in rows)

@@ -88,6 +88,7 @@ class Plan:
     padding_layers: int = 0               # empty layer slots vLLM adds to the last group of a kind
     blocks_per_request: int = 0           # blocks one request of max_model_len takes, over all groups
     recurrent_state_bytes: int = 0        # one Mamba/linear-attention layer's state, before padding
+    max_model_len_fitted: bool = False    # --max-model-len auto: the length vLLM fits to the KV cache
 
     @property
     def engine_num_blocks(self) -> int:
@@ -327,7 +328,7 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
         pipeline_parallel_size=max(1, settings.pipeline_parallel_size),
         kv_cache_groups=len(groups.groups), padding_layers=groups.padding_layers,
         blocks_per_request=groups.blocks_per_request(demand) if groups.groups else 0,
-        recurrent_state_bytes=state_bytes)
+        recurrent_state_bytes=state_bytes, max_model_len_fitted=settings.max_model_len_auto)
 
 
 def _no_memory_warning(device: Device, settings: EngineSettings, geometry: ModelGeometry,
