@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from kvwatch.diagnosis import diagnose
-from kvwatch.diagnosis.classes import FailureKind
+from kvwatch.failure_kinds import FailureKind
 from kvwatch.planner.devices import Device, GiB, preset
 from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.geometry import geometry_from_config

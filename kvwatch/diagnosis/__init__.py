@@ -9,9 +9,9 @@ a LogScanner; `kvwatch diagnose` reads a file.
 """
 from __future__ import annotations
 
-from kvwatch.diagnosis.classes import FailureKind
 from kvwatch.diagnosis.diagnose import Diagnosis, LogScanner, diagnose, diagnose_stream
 from kvwatch.diagnosis.remedies import SAME_PLAN_REASON, GpuContext, Remedy, propose_remedy
+from kvwatch.failure_kinds import FailureKind
 
 __all__ = ["FailureKind", "Diagnosis", "LogScanner", "diagnose", "diagnose_stream", "Remedy", "GpuContext",
            "propose_remedy", "SAME_PLAN_REASON"]

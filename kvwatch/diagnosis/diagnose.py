@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from kvwatch.diagnosis import refusals
-from kvwatch.diagnosis.classes import FailureKind
 from kvwatch.diagnosis.patterns import (
     CHAIN_MARKERS,
     CONFIG_EXCEPTION,
@@ -39,6 +38,7 @@ from kvwatch.diagnosis.patterns import (
     Facts,
     Pattern,
 )
+from kvwatch.failure_kinds import FailureKind
 from kvwatch.planner.rules import FP8_KV_DTYPES, PACKED_MLA_BYTES
 
 MAX_LINE_CHARS = 64 * 1024          # a giant line is cut, so no regex ever sees more

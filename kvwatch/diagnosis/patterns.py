@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvwatch.diagnosis import refusals
-from kvwatch.diagnosis.classes import FailureKind
+from kvwatch.failure_kinds import FailureKind
 
 Facts = dict[str, Any]
 Extractor = Callable[["re.Match[str]"], Facts]

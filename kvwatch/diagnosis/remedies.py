@@ -17,9 +17,9 @@ from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from kvwatch.diagnosis.classes import FailureKind
 from kvwatch.diagnosis.diagnose import Diagnosis, flag_fixable_backends, is_8bit_kv
 from kvwatch.diagnosis.patterns import Facts
+from kvwatch.failure_kinds import FailureKind
 from kvwatch.planner.engine_args import EngineCommand, EngineSettings
 from kvwatch.planner.plan import KV_CACHE_TOO_SMALL, Plan
 from kvwatch.planner.rules import BlockSizeRule, MultipleOf, RuleSet, ruleset_for

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from kvwatch.failure_kinds import FailureKind
 from kvwatch.planner.backends import BackendChoice, choose_backend, kv_dtype_reason
 from kvwatch.planner.devices import Device, GiB
 from kvwatch.planner.engine_args import EngineSettings
@@ -18,27 +19,27 @@ from kvwatch.planner.rules import FP8_KV_DTYPES, PACKED_MLA_BYTES, BackendRule, 
 
 _DTYPE_BYTES = {"float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4}
 
-# Kinds of warning; the same names are the diagnosis classes of issue #3.
-BLOCK_SIZE_UNSUPPORTED = "block_size_unsupported"
-KV_DTYPE_UNSUPPORTED = "kv_dtype_unsupported"
-KERNEL_OUT_OF_RESOURCES = "kernel_out_of_resources"
-KV_CACHE_TOO_SMALL = "kv_cache_too_small"
-NO_KV_CACHE_MEMORY = "no_kv_cache_memory"
-NO_ATTENTION_BACKEND = "no_attention_backend"
-CONFIG_REFUSED = "config_refused"
-MAMBA_CACHE_TOO_SMALL = "mamba_cache_too_small"   # the names are FailureKind values
+# Kinds of warning: the failure classes vLLM's refusal would be diagnosed as.
+BLOCK_SIZE_UNSUPPORTED = FailureKind.BLOCK_SIZE_UNSUPPORTED
+KV_DTYPE_UNSUPPORTED = FailureKind.KV_DTYPE_UNSUPPORTED
+KERNEL_OUT_OF_RESOURCES = FailureKind.KERNEL_OUT_OF_RESOURCES
+KV_CACHE_TOO_SMALL = FailureKind.KV_CACHE_TOO_SMALL
+NO_KV_CACHE_MEMORY = FailureKind.NO_KV_CACHE_MEMORY
+NO_ATTENTION_BACKEND = FailureKind.NO_ATTENTION_BACKEND
+CONFIG_REFUSED = FailureKind.CONFIG_REFUSED
+MAMBA_CACHE_TOO_SMALL = FailureKind.MAMBA_CACHE_TOO_SMALL
 _DEFAULT_GPU_MEMORY_UTILIZATION = 0.92   # vLLM 0.32 config/cache.py
 
 
 @dataclass(frozen=True)
 class Warning_:
-    kind: str
+    kind: FailureKind
     message: str
     fix: dict[str, Any]          # flag -> new value; None removes the flag
     certain: bool = True         # vLLM will fail for sure (not only "likely")
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "message": self.message, "fix": self.fix, "certain": self.certain}
+        return {"kind": self.kind.value, "message": self.message, "fix": self.fix, "certain": self.certain}
 
 
 @dataclass(frozen=True)

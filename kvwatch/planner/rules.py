@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from kvwatch.failure_kinds import FailureKind
+
 
 @dataclass(frozen=True)
 class MultipleOf:
@@ -79,7 +81,7 @@ class BackendRule:
 class KernelLimit:
     """A kernel that dies at run time under known conditions, and the flag change that avoids it."""
 
-    kind: str                      # failure class it produces
+    kind: FailureKind              # failure class it produces
     backend: str
     capability_majors: frozenset[int]
     kv_dtypes: frozenset[str]
@@ -144,7 +146,7 @@ VLLM_0_1X_TO_0_3X = RuleSet(
         # TRITON_MLA decode with fp8 KV and 2 stages needs 102,400 B of shared memory per block;
         # SM12x allows 101,376 B. Tile sizes are not --block-size: only bf16 KV avoids it.
         KernelLimit(
-            kind="kernel_out_of_resources", backend="TRITON_MLA",
+            kind=FailureKind.KERNEL_OUT_OF_RESOURCES, backend="TRITON_MLA",
             capability_majors=frozenset({12}), kv_dtypes=FP8_KV_DTYPES,
             message=("TRITON_MLA's fp8 decode kernel needs 102,400 B of shared memory; SM12x allows "
                      "101,376 B per block: the worker dies with 'out of resource: shared memory'. "
