@@ -105,7 +105,7 @@ def test_export_without_a_model_has_no_kv_figures(engine) -> None:
 @pytest.mark.parametrize("args,message", [
     (["--engine-url", "localhost:8000"], "expected http://HOST:PORT"),
     (["--engine-url", "http://127.0.0.1:1", "--interval", "0"], "--interval"),
-    (["--engine-url", "http://127.0.0.1:1", "--listen", "nowhere"], "listen address"),
+    (["--engine-url", "http://127.0.0.1:1", "--listen", "nowhere"], "listen 'nowhere': expected HOST:PORT"),
     (["--engine-url", "http://127.0.0.1:1", "--web-config", "/nonexistent/web.yml"], "cannot read"),
     (["--engine-url", "http://127.0.0.1:1", "--model", "/nonexistent/model", "--device", "cpu"], "model"),
     ([], "--engine-url"),

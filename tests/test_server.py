@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from kvwatch.errors import ConfigError, KvwatchError
 from kvwatch.exporter.collector import KvwatchCollector
-from kvwatch.exporter.server import BasicAuth, MetricsServer, parse_listen
+from kvwatch.exporter.server import BasicAuth, MetricsServer
 from kvwatch.exporter.snapshot import WatchSnapshot
 from kvwatch.exporter.web_config import load_web_config
 
@@ -217,15 +217,6 @@ def test_unusable_certificate_files_are_config_errors(tmp_path: Path) -> None:
         MetricsServer(_registry(), "127.0.0.1:0", load_web_config(path))
     with pytest.raises(ConfigError, match="cannot read"):
         load_web_config(tmp_path / "absent.yml")
-
-
-def test_listen_addresses() -> None:
-    assert parse_listen("127.0.0.1:9400") == ("127.0.0.1", 9400)
-    assert parse_listen(":9400") == ("0.0.0.0", 9400)
-    assert parse_listen("[::1]:9400") == ("::1", 9400)
-    for bad in ("9400", "host:", "host:port", "h:99999"):
-        with pytest.raises(ConfigError):
-            parse_listen(bad)
 
 
 def test_a_busy_port_is_one_clear_error(serve) -> None:

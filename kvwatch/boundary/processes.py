@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import psutil
 
+from kvwatch.boundary.escalation import escalate
+
 _LOG = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1
@@ -360,30 +362,19 @@ def stop_group(pgid: int, timeout: float, *, leader: subprocess.Popen[bytes] | N
         left += [r.pid for r in extra if alive(r) is not None and r.pid not in left]
         return left
 
-    if not remaining():
-        return True
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+    def send(sig: int) -> None:
         _signal_group(pgid, sig)
         for ref in extra:
             if alive(ref) is not None:
                 _signal_pid(ref.pid, sig)
-        if sig == signal.SIGTERM:
-            _signal_group(pgid, signal.SIGCONT)
-            for ref in extra:
-                if alive(ref) is not None:
-                    _signal_pid(ref.pid, signal.SIGCONT)
-        deadline = clock() + (timeout if sig == signal.SIGTERM else 10.0)
-        while clock() < deadline:
-            left = remaining()
-            if not left:
-                return True
-            sleep(poll)
-        if sig == signal.SIGTERM:
-            _LOG.warning("stop: group %d still has %s after %.0fs: SIGKILL", pgid, remaining(), timeout)
-    left = remaining()
-    if left:
-        _LOG.error("stop: group %d: %s survived SIGKILL", pgid, left)
-    return not left
+
+    def before_kill() -> None:
+        _LOG.warning("stop: group %d still has %s after %.0fs: SIGKILL", pgid, remaining(), timeout)
+
+    if escalate(send, remaining, timeout, poll=poll, clock=clock, sleep=sleep, before_kill=before_kill):
+        return True
+    _LOG.error("stop: group %d: %s survived SIGKILL", pgid, remaining())
+    return False
 
 
 def kill_processes(refs: Iterable[ProcRef], timeout: float,
@@ -421,15 +412,12 @@ def _pgid(pid: int) -> int | None:
 
 
 def _stop_each(refs: list[ProcRef], timeout: float, sleep: Callable[[float], None] = time.sleep) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+    def send(sig: int) -> None:
         for ref in refs:
             if alive(ref) is not None:
                 _signal_pid(ref.pid, sig)
-                if sig == signal.SIGTERM:
-                    _signal_pid(ref.pid, signal.SIGCONT)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and any(alive(r) for r in refs):
-            sleep(0.1)
+
+    escalate(send, lambda: [r for r in refs if alive(r) is not None], timeout, kill_wait=timeout, sleep=sleep)
 
 
 def marked(key: str, value: str) -> list[ProcRef]:

@@ -23,10 +23,10 @@ from kvwatch.commands.plan import add_device_arguments, device_from_args
 from kvwatch.errors import KvwatchError
 from kvwatch.exitcodes import EXIT_OK
 from kvwatch.exporter.actual import KvContext
-from kvwatch.exporter.server import DEFAULT_LISTEN
 from kvwatch.exporter.service import Exporter
 from kvwatch.exporter.targets import external_engine, kv_context
 from kvwatch.exporter.watch import DEFAULT_INTERVAL
+from kvwatch.listen import DEFAULT_LISTEN
 from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineCommand
 

@@ -24,26 +24,17 @@ import bcrypt
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-from kvwatch.errors import ConfigError, KvwatchError
+from kvwatch.errors import KvwatchError
 from kvwatch.exporter.web_config import WebConfig
+from kvwatch.listen import DEFAULT_LISTEN, parse_listen
 
 _LOG = logging.getLogger(__name__)
 
-DEFAULT_LISTEN = "127.0.0.1:9400"
 REQUEST_TIMEOUT = 30.0  # seconds one read or write may wait
 CONNECTION_DEADLINE = 15.0  # seconds a whole connection may take (handshake, request, response)
 MAX_CONNECTIONS = 256       # connections served at once (threads and memory bounded); see _Server.process_request
 _INDEX = (b"<html><head><title>kvwatch</title></head><body><h1>kvwatch</h1>"
           b'<p><a href="/metrics">Metrics</a></p></body></html>\n')
-
-
-def parse_listen(text: str) -> tuple[str, int]:
-    """'HOST:PORT', '[v6]:PORT' or ':PORT' (all interfaces) -> (host, port)."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ConfigError(f"listen address {text!r}: expected HOST:PORT, e.g. {DEFAULT_LISTEN}")
-    host = host.strip("[]")
-    return host or "0.0.0.0", int(port)
 
 
 class BasicAuth:

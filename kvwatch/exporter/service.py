@@ -17,10 +17,11 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from kvwatch.exporter.collector import KvwatchCollector
-from kvwatch.exporter.server import DEFAULT_LISTEN, MetricsServer
+from kvwatch.exporter.server import MetricsServer
 from kvwatch.exporter.snapshot import WatchSnapshot
 from kvwatch.exporter.watch import DEFAULT_INTERVAL, EngineSource, HostView, NvmlSource, ProcessSource, Watch
 from kvwatch.exporter.web_config import load_web_config
+from kvwatch.listen import DEFAULT_LISTEN
 
 _LOG = logging.getLogger(__name__)
 

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from kvwatch.errors import ConfigError
+from kvwatch.listen import DEFAULT_LISTEN, parse_listen
 from kvwatch.policy import Policy
 
 DEFAULT_NAME = "vllm"
-DEFAULT_LISTEN = "127.0.0.1:9400"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,99}$")  # the state file name: no slashes
 
 
@@ -64,15 +64,6 @@ def default_state_dir(environ: Mapping[str, str] | None = None) -> str:
         return "/var/lib/kvwatch"
     base = env.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
     return os.path.join(base, "kvwatch")
-
-
-def parse_listen(text: str) -> tuple[str, int]:
-    """'HOST:PORT', '[::1]:PORT' or ':PORT' (all interfaces)."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"listen {text!r}: expected HOST:PORT, e.g. 127.0.0.1:9400")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    return host or "0.0.0.0", int(port)
 
 
 def validate_name(name: str, where: str = "name") -> str:

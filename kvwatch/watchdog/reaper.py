@@ -14,7 +14,8 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
+
+from kvwatch.boundary.escalation import escalate  # light: signal and time only (no psutil)
 
 
 def _group_alive(pgid: int) -> bool:
@@ -55,13 +56,7 @@ def main(argv: list[str]) -> int:
         if b"done" in message:
             return 0
     # kvwatch is gone: its engine must not outlive it.
-    _signal_group(pgid, signal.SIGTERM)
-    _signal_group(pgid, signal.SIGCONT)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and _group_alive(pgid):
-        time.sleep(0.1)
-    if _group_alive(pgid):
-        _signal_group(pgid, signal.SIGKILL)
+    escalate(lambda sig: _signal_group(pgid, sig), lambda: _group_alive(pgid), grace, kill_wait=0.0)
     print(f"kvwatch reaper: kvwatch died; ended engine process group {pgid}", file=sys.stderr)
     return 0
 
