@@ -556,9 +556,12 @@ def test_hybrid_gemma3_planned_equals_actual_with_padding_by_cause(tmp_path: Pat
         padding = {dict(labels)["cause"]: v for (name, labels), v in found.items()
                    if name == "kvwatch_kv_padding_bytes" and ("engine", "gemma3") in labels}
         assert {"layer_padding", "state_padding", "null_block", "remainder"} <= set(padding)
-        assert ready["plan"]["kv_cache_groups"] == 6
+        plan = json.loads(subprocess.run(
+            [sys.executable, "-m", "kvwatch.cli", "plan", "--device", "cpu", "--json", "--", *ready["argv"]],
+            capture_output=True, text=True, env=engine_env(1), timeout=60, check=True).stdout)
+        assert plan["kv_cache_groups"] == 6 and plan["num_blocks"] == planned
         logged = kv.wait("the KV size line parsed", lambda d: d.get("log_kv_tokens") is not None)
-        assert ready["plan"]["kv_cache_tokens"] == logged["log_kv_tokens"]
+        assert plan["kv_cache_tokens"] == logged["log_kv_tokens"]
         kv.proc.send_signal(signal.SIGTERM)
         assert kv.exit_code() == 0
     finally:
