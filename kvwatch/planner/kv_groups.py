@@ -26,6 +26,7 @@ class LayerSpec:
     page_bytes: int           # one block of this layer, padding included
     real_page_bytes: int      # without padding
     window: int | None = None  # sliding window / attention chunk size
+    checkpoint_blocks: int = 0    # mamba: prefill checkpoint states kept in align mode (MambaMixer2: 1)
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,7 @@ class Demand:
 
     max_model_len: int
     max_in_flight_tokens: int     # max_concurrent_batches x max_num_batched_tokens (config/vllm.py)
-    mamba_align: bool = False     # mamba_cache_mode "align" (prefix caching on a hybrid): 2 states per request
+    mamba_align: bool = False     # mamba_cache_mode "align" (prefix caching on a hybrid, vLLM's default)
 
 
 def blocks_per_request(spec: LayerSpec, demand: Demand, max_model_len: int | None = None) -> int:
@@ -46,8 +47,8 @@ def blocks_per_request(spec: LayerSpec, demand: Demand, max_model_len: int | Non
     if spec.kind == CHUNKED:
         assert spec.window is not None
         return cdiv(min(spec.window + demand.max_in_flight_tokens, length), spec.block_size)
-    if spec.kind == MAMBA:
-        return 2 if demand.mamba_align else 1
+    if spec.kind == MAMBA:   # MambaSpec.max_memory_usage_bytes: 2 (+ checkpoints) in align mode, else 1
+        return 2 + spec.checkpoint_blocks if demand.mamba_align else 1
     return cdiv(length, spec.block_size)
 
 

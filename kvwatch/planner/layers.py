@@ -52,6 +52,12 @@ class RecurrentState:
     num_k_heads: int = 0           # gated delta net
     ssm_dtype: str | None = None   # the model's own SSM state dtype (None: vLLM's "auto")
 
+    @property
+    def checkpoint_blocks(self) -> int:
+        """Prefill checkpoint states a request keeps with prefix caching: MambaMixer2 layers keep one
+        (layers/mamba/mamba_mixer2.py get_kv_cache_spec), others none."""
+        return 1 if self.family == "mamba2" else 0
+
     def element_counts(self, tp: int) -> tuple[int, int]:
         """(conv elements, ssm elements) on one tensor-parallel rank."""
         if self.family == "mamba2":

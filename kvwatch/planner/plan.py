@@ -429,7 +429,8 @@ def _kv_groups(geometry: ModelGeometry, settings: EngineSettings, block_size: in
     window = geometry.layout.window
     # A state page is padded up to the attention page; with no attention layer it is its own size.
     state_page = page if any(kind != MAMBA for kind in kinds) else state_bytes
-    specs = [LayerSpec(MAMBA, block_size, state_page, state_bytes) if kind == MAMBA
+    checkpoints = geometry.layout.state.checkpoint_blocks if geometry.layout.state else 0
+    specs = [LayerSpec(MAMBA, block_size, state_page, state_bytes, checkpoint_blocks=checkpoints) if kind == MAMBA
              else LayerSpec(kind, block_size, page, page, window if kind in (SLIDING, CHUNKED) else None)
              for kind in kinds]
     return kv_groups(specs)
@@ -468,4 +469,5 @@ def _demand(geometry: ModelGeometry, settings: EngineSettings, device: Device, m
     # Async scheduling (on by default on GPUs, always off on the CPU platform) overlaps two batches.
     concurrent_batches = 2 if pp == 1 and device.platform != "cpu" else pp
     return Demand(max_model_len=max_model_len, max_in_flight_tokens=concurrent_batches * batched,
-                  mamba_align=bool(settings.enable_prefix_caching) and geometry.layout.state is not None)
+                  # prefix caching is on by default (off on CPU for MLA); on a hybrid it keeps states aligned
+                  mamba_align=settings.enable_prefix_caching is not False and geometry.layout.state is not None)
