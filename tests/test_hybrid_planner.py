@@ -191,3 +191,17 @@ def test_the_mamba_cache_remedy_lowers_max_num_seqs_to_the_blocks() -> None:
     command = EngineCommand.parse(["vllm", "serve", "m", "--max-num-seqs", "1024"])
     remedy = propose_remedy(found, command)
     assert remedy is not None and remedy.set == {"--max-num-seqs": 300}
+
+
+def test_preflight_lowers_max_num_seqs_to_the_mamba_blocks(tmp_path) -> None:
+    import json
+
+    from kvwatch.policy import Policy
+    from kvwatch.watchdog.preflight import preflight
+    cfg, flags = granite("4096")
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    command = EngineCommand.parse(["vllm", "serve", str(tmp_path), *flags])
+    fixed, fixes, final = preflight(command, preset("h100"), RULES, {}, Policy())
+    assert [f.kind for f in fixes] == ["mamba_cache_too_small"]
+    assert final is not None and fixed.get("--max-num-seqs") == str(final.num_blocks)
+    assert not final.will_fail
