@@ -11,6 +11,7 @@ from typing import Any
 
 from kvwatch.errors import ConfigError
 from kvwatch.planner.layers import FULL, LayerLayout, layer_layout
+from kvwatch.planner.weights import WeightCount, count_weights
 
 # vLLM's is_deepseek_mla list (0.32): these model types store one MLA latent per token.
 MLA_MODEL_TYPES = frozenset({
@@ -50,7 +51,8 @@ class ModelGeometry:
     qk_rope_head_dim: int | None = None
     num_attention_heads: int | None = None
     hidden_size: int | None = None
-    weight_params: int | None = None  # rough parameter count, for the GPU memory estimate
+    weight_count: WeightCount | None = None   # parameters by kind, for the GPU memory estimate
+    quantization: Mapping[str, Any] | None = None   # config.json's quantization_config
     derived_max_model_len: int | None = None   # the longest max_model_len vLLM accepts (None: unknown)
     derived_max_model_len_key: str | None = None
     layout: LayerLayout = None  # type: ignore[assignment]  # filled from layer_kinds when not given
@@ -104,20 +106,13 @@ def _int(cfg: Mapping[str, Any], *keys: str) -> int:
     return next((cfg[k] for k in keys if isinstance(cfg.get(k), int) and not isinstance(cfg.get(k), bool)), 0)
 
 
-def estimate_parameters(cfg: Mapping[str, Any]) -> int | None:
-    """Embeddings + attention + MLP (experts included): enough to size weights to ~10%."""
-    hidden, layers = _int(cfg, "hidden_size"), _int(cfg, "num_hidden_layers")
-    if not hidden or not layers:
-        return None
-    vocab = _int(cfg, "vocab_size")
-    experts = _int(cfg, "n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts")
-    shared = _int(cfg, "n_shared_experts")
-    moe_width = _int(cfg, "moe_intermediate_size") or _int(cfg, "intermediate_size")
-    dense_width = _int(cfg, "intermediate_size") or 4 * hidden
-    dense_layers = _int(cfg, "first_k_dense_replace") if experts else layers
-    mlp = (dense_layers * 3 * hidden * dense_width
-           + (layers - dense_layers) * (experts + shared) * 3 * hidden * moe_width)
-    return 2 * vocab * hidden + layers * 4 * hidden * hidden + mlp
+def _quantization(config: Mapping[str, Any], text: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """quantization_config: the text model's, else the top level's (multimodal checkpoints)."""
+    for source in (text, config):
+        value = source.get("quantization_config")
+        if isinstance(value, Mapping):
+            return value
+    return None
 
 
 def _rope_parameter_sets(cfg: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -191,7 +186,7 @@ def geometry_from_config(config: Mapping[str, Any]) -> ModelGeometry:
             config_dtype=config_dtype, sliding_window=None, layer_kinds=(FULL,) * num_layers,
             layout=LayerLayout((FULL,) * num_layers),
             max_position_embeddings=max_len, kv_lora_rank=rank, qk_rope_head_dim=rope,
-            num_attention_heads=num_heads, hidden_size=hidden, weight_params=estimate_parameters(cfg),
+            num_attention_heads=num_heads, hidden_size=hidden, weight_count=count_weights(cfg), quantization=_quantization(config, cfg),
             derived_max_model_len=derived, derived_max_model_len_key=derived_key)
 
     kv_heads = next((cfg[k] for k in _KV_HEAD_KEYS if cfg.get(k) is not None), num_heads)
@@ -210,5 +205,5 @@ def geometry_from_config(config: Mapping[str, Any]) -> ModelGeometry:
         attention="full", num_kv_heads=kv_heads, head_size=head_size, head_size_v=head_size,
         config_dtype=config_dtype, sliding_window=layout.window, layer_kinds=layout.kinds, layout=layout,
         max_position_embeddings=max_len, num_attention_heads=num_heads, hidden_size=hidden,
-        weight_params=estimate_parameters(cfg), derived_max_model_len=derived,
+        weight_count=count_weights(cfg), quantization=_quantization(config, cfg), derived_max_model_len=derived,
         derived_max_model_len_key=derived_key)

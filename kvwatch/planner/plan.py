@@ -16,6 +16,7 @@ from kvwatch.planner.geometry import ModelGeometry
 from kvwatch.planner.kv_groups import Demand, KvGroups, LayerSpec, kv_groups, promote_local_layers
 from kvwatch.planner.layers import CHUNKED, MAMBA, SLIDING
 from kvwatch.planner.rules import FP8_KV_DTYPES, PACKED_MLA_BYTES, BackendRule, MultipleOf, RuleSet
+from kvwatch.planner.weights import linear_bytes_per_param
 
 _DTYPE_BYTES = {"float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4}
 
@@ -154,15 +155,19 @@ def _estimate_gpu_kv_memory(device: Device, settings: EngineSettings, geometry: 
     if memory.weights_bytes is not None:
         weights = memory.weights_bytes // ranks
     else:
-        weights = _weights_from_geometry(geometry, dtype_bytes) // ranks
+        weights = _weights_from_geometry(geometry, kv_dtype_bytes("auto", settings.dtype, geometry.config_dtype)) // ranks
     # Activation peak, CUDA graphs and the non-torch allocations: ~1.5 GiB + 2% of the card.
     overhead = int(1.5 * GiB + 0.02 * device.total_memory_bytes)
     return max(0, requested - weights - overhead)
 
 
 def _weights_from_geometry(geometry: ModelGeometry, dtype_bytes: int) -> int:
-    # Parameters x 2 bytes: quantized checkpoints are smaller; their files, when present, win.
-    return (geometry.weight_params or 0) * 2
+    """The weights from config.json's shapes and quantization_config (weights.py); their files, when
+    present, win (MemoryInputs.weights_bytes)."""
+    if geometry.weight_count is None:
+        return 0
+    per_param = linear_bytes_per_param(geometry.quantization, dtype_bytes)
+    return int(geometry.weight_count.linear_params * per_param) + geometry.weight_count.embedding_params * dtype_bytes
 
 
 def config_refusals(geometry: ModelGeometry, settings: EngineSettings,
