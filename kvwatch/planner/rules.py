@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from kvwatch.failure_kinds import FailureKind
+from kvwatch.planner.flag_change import FlagChange
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ class KernelLimit:
     capability_majors: frozenset[int]
     kv_dtypes: frozenset[str]
     message: str
-    fix: dict[str, object]
+    fix: FlagChange
 
 
 @dataclass(frozen=True)
@@ -151,7 +152,7 @@ VLLM_0_1X_TO_0_3X = RuleSet(
             message=("TRITON_MLA's fp8 decode kernel needs 102,400 B of shared memory; SM12x allows "
                      "101,376 B per block: the worker dies with 'out of resource: shared memory'. "
                      "--block-size does not change the kernel's tiles."),
-            fix={"--kv-cache-dtype": "auto"}),
+            fix=FlagChange({"--kv-cache-dtype": "auto"})),
     ),
 )
 

@@ -38,7 +38,8 @@ from kvwatch.watchdog.config import Config
 from kvwatch.watchdog.engine_ranks import RankWatch, lines_of_rank, ranks_of_tree
 from kvwatch.watchdog.gpu_view import GpuView
 from kvwatch.watchdog.output_pump import OutputPump
-from kvwatch.watchdog.preflight import choose_device, describe_change, plan_for, preflight
+from kvwatch.watchdog.preflight import choose_device, plan_for, preflight
+from kvwatch.watchdog.records import FAILURE, PREFLIGHT, Constraint
 from kvwatch.watchdog.sd_notify import SdNotifier, scrub_env
 from kvwatch.watchdog.state_store import CorrectionRecord, EngineLock, EngineRecord, FailureRecord, StateStore
 
@@ -272,9 +273,8 @@ class Supervisor:
             command, fixes, self._plan = preflight(self._command, self._device, self._rules, env,
                                                    self.config.policy, self._record.non_kv_bytes)
             if fixes:
-                self._record.preflight = [f.to_json() for f in fixes]
-                self._record.constraints += [{"kind": f.kind, "text": f.message, "fix": f.set,
-                                              "source": "preflight"} for f in fixes]
+                self._record.preflight = list(fixes)
+                self._record.constraints += [Constraint(f.kind, f.message, f.change, PREFLIGHT) for f in fixes]
                 self._set_command(command)
         else:
             self._plan = plan_for(self._command, self._device, self._rules, env, self._record.non_kv_bytes)
@@ -285,7 +285,7 @@ class Supervisor:
         """The rule table, with the block sizes earlier failures on this host reported."""
         learned: dict[str, list[object]] = {}
         for constraint in self._record.constraints:
-            learned.update(constraint.get("backend_block_sizes") or {})
+            learned.update(constraint.backend_block_sizes)
         return with_learned_block_sizes(rules, learned) if learned else rules
 
     def _engine_env(self) -> dict[str, str]:
@@ -560,15 +560,11 @@ class Supervisor:
             if why is not None:
                 return self._give_up(f"{kind}: {why}; last: {evidence}")
             self._corrections[kind] = self._corrections.get(kind, 0) + 1
-            change = describe_change(dict(remedy.set), tuple(remedy.remove))
+            change = remedy.change.describe()
             self._record.corrections.append(CorrectionRecord(
-                kind, dict(remedy.set), list(remedy.remove), remedy.reason, time.time(),
-                list(self._command.argv), list(command.argv)))
-            learned = {"kind": kind, "text": evidence, "fix": dict(remedy.set),
-                       "remove": list(remedy.remove), "source": "failure"}
-            if diagnosis.facts.get("backend_block_sizes"):
-                learned["backend_block_sizes"] = diagnosis.facts["backend_block_sizes"]
-            self._record.constraints.append(learned)
+                kind, remedy.change, remedy.reason, time.time(), list(self._command.argv), list(command.argv)))
+            self._record.constraints.append(Constraint(kind, evidence, remedy.change, FAILURE,
+                                                       dict(diagnosis.facts.get("backend_block_sizes") or {})))
             if self._rules is not None:
                 self._rules = self._learned_rules(self._rules)
             _LOG.warning("corrected: %s: %s (%s)", kind, change, remedy.reason)
