@@ -23,7 +23,7 @@ from kvwatch.failure_kinds import FailureKind
 from kvwatch.planner.engine_args import EngineCommand, EngineSettings
 from kvwatch.planner.flag_change import NO_CHANGE, FlagChange
 from kvwatch.planner.plan import KV_CACHE_TOO_SMALL, Plan
-from kvwatch.planner.rules import BlockSizeRule, MultipleOf, RuleSet, ruleset_for
+from kvwatch.planner.rules import RuleSet, parse_block_rule, ruleset_for, smallest_common_block_size
 from kvwatch.policy import Policy
 
 GiB = 2**30
@@ -115,31 +115,6 @@ def propose_remedy(diagnosis: Diagnosis, command: EngineCommand, *, policy: Poli
 
 
 # -- block size --------------------------------------------------------------------------
-
-def parse_block_rule(value: object) -> BlockSizeRule | None:
-    if isinstance(value, int):
-        return value
-    text = str(value)
-    if text.startswith("MultipleOf(") and text.endswith(")") and text[11:-1].isdigit():
-        return MultipleOf(int(text[11:-1]))
-    return int(text) if text.isdigit() else None
-
-
-def _legal(size: int, rules: list[BlockSizeRule]) -> bool:
-    return any(size % r.base == 0 if isinstance(r, MultipleOf) else size == r for r in rules)
-
-
-def smallest_common_block_size(per_backend: list[list[BlockSizeRule]], at_least: int) -> int | None:
-    """The smallest size >= at_least that every backend accepts (None when none does)."""
-    per_backend = [rules for rules in per_backend if rules]
-    if not per_backend:
-        return None
-    start = max(1, at_least)
-    for size in range(start, start + 4096):
-        if all(_legal(size, rules) for rules in per_backend):
-            return size
-    return None
-
 
 def _current_block_size(ctx: _Ctx) -> int | None:
     selector = (ctx.facts.get("selector_config") or {}).get("block_size")
