@@ -25,6 +25,7 @@ from nvml_standin import (
     nvml_standin_fixture,  # noqa: F401
 )
 from operator_tools import readme_metric_labels
+from waiting import eventually
 
 from kvwatch.boundary.nvml import GpuInfo, GpuProcess, Nvml, NvmlSnapshot
 from kvwatch.engine_status import EngineState, EngineStatus
@@ -262,9 +263,7 @@ def test_a_scrape_never_waits_for_a_slow_source() -> None:
     watch = Watch(two_engines, nvml=slow_nvml, interval=0.05, all_gpus=True)  # a GPU no engine uses
     watch.start()
     try:
-        deadline = time.monotonic() + 5
-        while len(calls) < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        eventually(lambda: len(calls) >= 2, 5, 0.01)
         assert len(calls) >= 2  # the second tick is stuck in NVML now
         start = time.perf_counter()
         for _ in range(20):

@@ -30,6 +30,7 @@ from nvml_standin import (
     StandinState,
     nvml_standin_fixture,  # noqa: F401
 )
+from waiting import eventually
 
 from kvwatch.watchdog.host_registry import HostRegistry
 
@@ -304,9 +305,7 @@ def test_prometheus_two_instances_one_series_per_gpu_and_the_foreign_alert(tmp_p
             targets = [u.removeprefix("http://") for u in urls.values()]
             rules = rules_with_short_for(tmp_path / "rules.yml", 2)
             with prometheus_server(tmp_path / "prometheus", targets, rules) as prom:
-                deadline = time.monotonic() + 60
-                while len(prom.query("kvwatch_gpu_memory_total_bytes")) < 2 and time.monotonic() < deadline:
-                    time.sleep(0.5)
+                eventually(lambda: len(prom.query("kvwatch_gpu_memory_total_bytes")) >= 2, 60, 0.5)
                 assert len(prom.query("kvwatch_gpu_memory_total_bytes")) == 2    # both instances export GPU 0
                 time.sleep(5)   # rules evaluated a few times, past the short `for:`
                 assert not [x for x in prom.firing_alerts() if x["labels"]["alertname"] == "KvwatchForeignGpuMemory"]
@@ -321,11 +320,8 @@ def test_prometheus_two_instances_one_series_per_gpu_and_the_foreign_alert(tmp_p
 
                 nvml_standin.write(host_state({GPU0: [(a.worker, 20 * GIB), (b.worker, 25 * GIB),
                                                       (unrelated.pid, 8 * GIB)]}))
-                deadline = time.monotonic() + 60
-                firing: list = []
-                while not firing and time.monotonic() < deadline:
-                    firing = [x for x in prom.firing_alerts() if x["labels"]["alertname"] == "KvwatchForeignGpuMemory"]
-                    time.sleep(0.5)
+                firing = eventually(lambda: [x for x in prom.firing_alerts()
+                                             if x["labels"]["alertname"] == "KvwatchForeignGpuMemory"], 60, 0.5)
                 assert [x["labels"]["gpu"] for x in firing] == [GPU0]
                 assert "instance" not in firing[0]["labels"]       # one alert per GPU, not per instance
     finally:

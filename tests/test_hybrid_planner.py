@@ -7,6 +7,7 @@ from kvwatch.diagnosis import diagnose
 from kvwatch.failure_kinds import FailureKind
 from kvwatch.planner.devices import Device, GiB, preset
 from kvwatch.planner.engine_args import EngineCommand
+from kvwatch.planner.flag_change import FlagChange
 from kvwatch.planner.geometry import geometry_from_config
 from kvwatch.planner.kv_groups import Demand, LayerSpec, kv_groups
 from kvwatch.planner.layers import layer_layout
@@ -169,7 +170,7 @@ def test_max_num_seqs_above_the_mamba_blocks_is_warned_and_diagnosed() -> None:
     cfg, flags = granite("4096")
     p = plan(cfg, *flags, device=preset("h100"), kv_gib=None)
     [warning] = [w for w in p.warnings if w.kind == "mamba_cache_too_small"]
-    assert warning.fix == {"--max-num-seqs": p.num_blocks} and warning.certain
+    assert warning.fix == FlagChange({"--max-num-seqs": p.num_blocks}) and warning.certain
     log = ("(EngineCore pid=1) ERROR 11-30 10:00:00 [core.py:1] ValueError: max_num_seqs (4096) exceeds available "
            f"Mamba cache blocks ({p.num_blocks}). Each decode sequence requires one Mamba cache block, so CUDA "
            "graph capture cannot proceed. Please lower max_num_seqs to at most "

@@ -11,6 +11,7 @@ from kvwatch.cli import main
 from kvwatch.errors import ConfigError
 from kvwatch.planner.devices import Device, GiB, preset
 from kvwatch.planner.engine_args import EngineCommand
+from kvwatch.planner.flag_change import FlagChange
 from kvwatch.planner.geometry import geometry_from_config
 from kvwatch.planner.plan import MemoryInputs, make_plan
 from kvwatch.planner.rules import ruleset_for
@@ -65,7 +66,7 @@ def test_sm120_fp8_mla_warns_kernel_shared_memory_and_proposes_auto():
     plan = plan_for(KIMI, "--kv-cache-dtype", "fp8", "--kv-cache-memory-bytes", "40G", device=preset("rtx-pro-6000"))
     assert plan.backend == "TRITON_MLA"
     kinds = {w.kind: w for w in plan.warnings}
-    assert kinds["kernel_out_of_resources"].fix == {"--kv-cache-dtype": "auto"}
+    assert kinds["kernel_out_of_resources"].fix == FlagChange({"--kv-cache-dtype": "auto"})
     assert "--block-size" not in plan.fixes()
     assert plan.will_fail
 
@@ -85,18 +86,18 @@ def test_mla_backend_and_default_block_size_by_gpu(device, backend, block):
 def test_illegal_gpu_block_size_gets_smallest_legal_fix():
     plan = plan_for(llama_config(), "--block-size", "20", "--kv-cache-memory-bytes", "1G", device=preset("h100"))
     assert plan.warnings[0].kind == "block_size_unsupported"
-    assert plan.fixes() == {"--block-size": 32}
+    assert plan.fixes() == FlagChange({"--block-size": 32})
 
 
 def test_cpu_block_size_8_needs_multiple_of_32():
     plan = plan_for(llama_config(), "--block-size", "8")
-    assert plan.fixes() == {"--block-size": 32}
+    assert plan.fixes() == FlagChange({"--block-size": 32})
 
 
 def test_cpu_fp8_without_avx512_is_refused():
     plan = plan_for(llama_config(head_dim=32), "--kv-cache-dtype", "fp8", device=CPU_NO_AVX512)
     assert [w.kind for w in plan.warnings] == ["kv_dtype_unsupported"]
-    assert plan.fixes() == {"--kv-cache-dtype": "auto"}
+    assert plan.fixes() == FlagChange({"--kv-cache-dtype": "auto"})
     # vLLM still sizes the cache with CPU_ATTN's 128-token blocks before the kernel refuses fp8.
     assert plan.block_size == 128 and plan.num_blocks == GiB // (128 * 2 * 2 * 32 * 2)
 
@@ -119,7 +120,7 @@ def test_max_model_len_beyond_kv_space_matches_engine_estimate():
                     "--max-model-len", "262144")
     warning = plan.warnings[0]
     assert warning.kind == "kv_cache_too_small"
-    assert warning.fix == {"--max-model-len": 130944}
+    assert warning.fix == FlagChange({"--max-model-len": 130944})
 
 
 def test_cpu_mla_block_size_is_forced_to_16():

@@ -23,6 +23,7 @@ from exporter_support import samples, value
 from nvml_standin import GIB, StandinGpu, StandinProcess, StandinState, StandinUnavailable, standin_library
 from operator_tools import DASHBOARD_FILE
 from prometheus_support import prometheus_server, rules_with_short_for
+from waiting import eventually
 
 from kvwatch import __version__
 
@@ -73,13 +74,10 @@ class _StandInHandler(http.server.BaseHTTPRequestHandler):
 
 
 def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = predicate()
-        if result:
-            return result
-        time.sleep(1)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+    result = eventually(predicate, timeout, 1)
+    if not result:
+        raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+    return result
 
 
 def firing(prom, alertname: str, engine: str) -> bool:

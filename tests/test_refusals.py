@@ -10,6 +10,7 @@ from engine_support import llama_config
 from kvwatch.diagnosis import FailureKind, diagnose, propose_remedy
 from kvwatch.planner.devices import Device, GiB
 from kvwatch.planner.engine_args import EngineCommand
+from kvwatch.planner.flag_change import FlagChange
 from kvwatch.planner.geometry import derive_max_model_len, geometry_from_config
 from kvwatch.planner.plan import MemoryInputs, make_plan
 from kvwatch.planner.rules import ruleset_for
@@ -144,7 +145,7 @@ def test_max_model_len_remedy_never_sets_the_dangerous_override():
 def test_plan_refuses_max_model_len_above_the_model():
     plan = plan_for(llama_config(max_len=1024), "--max-model-len", "300000")
     [w] = refusals(plan)
-    assert w.certain and w.fix == {"--max-model-len": 1024} and plan.will_fail
+    assert w.certain and w.fix == FlagChange({"--max-model-len": 1024}) and plan.will_fail
     assert "max_position_embeddings=1,024" in w.message
 
 
@@ -180,7 +181,7 @@ def test_default_max_model_len_is_the_derived_one():
 def test_plan_refuses_tensor_parallel_not_dividing_heads_without_a_fix():
     plan = plan_for(llama_config(heads=4), "-tp", "3")
     [w] = refusals(plan)
-    assert w.certain and w.fix == {} and plan.will_fail
+    assert w.certain and w.fix == FlagChange() and plan.will_fail
 
 
 @pytest.mark.parametrize("flags,fix", [
@@ -196,7 +197,7 @@ def test_plan_refuses_tensor_parallel_not_dividing_heads_without_a_fix():
 def test_plan_refusals_with_their_fix(flags, fix):
     plan = plan_for(llama_config(), *flags)
     [w] = refusals(plan)
-    assert w.fix == fix and plan.will_fail
+    assert w.fix == FlagChange.from_flags(fix) and plan.will_fail
     assert plan.num_blocks > 0 and plan.block_size > 0   # the rest is planned as vLLM would after the fix
 
 

@@ -12,6 +12,7 @@ from kvwatch.boundary.plan_loader import plan_command
 from kvwatch.diagnosis import SAME_PLAN_REASON, Diagnosis, FailureKind, GpuContext, Remedy, diagnose, propose_remedy
 from kvwatch.planner.devices import preset
 from kvwatch.planner.engine_args import EngineCommand
+from kvwatch.planner.flag_change import FlagChange
 from kvwatch.planner.rules import ruleset_for
 from kvwatch.policy import Policy
 
@@ -86,7 +87,7 @@ def test_fatal_has_no_remedy(name):
 def test_engine_died_restarts_with_the_same_plan_even_when_tried():
     command = cmd("--max-model-len", "4096")
     remedy = propose_remedy(diag("cpu_engine_died.log"), command, tried=(command.argv,))
-    assert remedy == Remedy(set={}, remove=(), reason=SAME_PLAN_REASON)
+    assert remedy == Remedy(FlagChange(), SAME_PLAN_REASON)
     assert remedy.same_plan and remedy.apply(command) == command
 
 

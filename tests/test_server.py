@@ -15,6 +15,7 @@ from pathlib import Path
 import bcrypt
 import pytest
 from prometheus_client import CollectorRegistry
+from waiting import eventually
 
 from kvwatch.errors import ConfigError, KvwatchError
 from kvwatch.exporter.collector import KvwatchCollector
@@ -295,9 +296,7 @@ def test_the_exporter_renders_in_the_watch_loop_not_on_the_scrape() -> None:
         before = Renders.count
         urllib.request.urlopen(url, timeout=5).read()  # the first scrape in this format renders it
         assert Renders.count == before + 1
-        deadline = time.monotonic() + 10
-        while Renders.count == before + 1 and time.monotonic() < deadline:  # the next tick renders
-            time.sleep(0.02)
+        eventually(lambda: Renders.count != before + 1, 10, 0.02)  # the next tick renders
         assert Renders.count == before + 2
         page = urllib.request.urlopen(url, timeout=5).read()  # well inside the 2 s interval: a lookup
         assert Renders.count == before + 2 and b"kvwatch_test_renders %d.0" % (before + 2) in page
@@ -350,10 +349,8 @@ def test_idle_connections_are_bounded_and_scrapes_still_answer(serve) -> None:
     finally:
         for s in idle:
             s.close()
-    deadline = time.monotonic() + server_module.CONNECTION_DEADLINE + 5
-    while get(server.url + "/-/healthy")[0] != 200:      # slots free again once the idle ones are gone
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
+    # slots free again once the idle ones are gone
+    assert eventually(lambda: get(server.url + "/-/healthy")[0] == 200, server_module.CONNECTION_DEADLINE + 5, 0.2)
 
 
 def test_a_slowloris_client_is_cut_at_the_connection_deadline(serve, monkeypatch: pytest.MonkeyPatch) -> None:

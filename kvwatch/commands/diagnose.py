@@ -91,8 +91,7 @@ def _render(diagnosis: Diagnosis, command: EngineCommand | None, remedy: Remedy 
         elif remedy.same_plan:
             rows.append(("remedy", remedy.reason))
         else:
-            change = " ".join([f"{k} {v}" for k, v in remedy.set.items()] + [f"remove {r}" for r in remedy.remove])
-            rows.append(("remedy", f"{change} ({remedy.reason})"))
+            rows.append(("remedy", f"{remedy.change.describe()} ({remedy.reason})"))
             rows.append(("command", " ".join(remedy.apply(command).argv)))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

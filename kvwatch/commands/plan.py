@@ -98,7 +98,7 @@ def render(plan: Plan) -> str:
     width = max(len(k) for k, _ in rows)
     lines = [f"{k:<{width}}  {v}" for k, v in rows]
     for w in plan.warnings:
-        fix = " ".join(f"{flag} {value}" if value is not None else f"remove {flag}" for flag, value in w.fix.items())
+        fix = "" if w.fix.empty else w.fix.describe()
         level = "FAILS" if w.certain else "RISK"
         lines.append(f"{level}: [{w.kind}] {w.message}")
         lines.append(f"  fix: {fix or 'no flag change can fix this'}")

@@ -11,7 +11,6 @@ from kvwatch.boundary import processes
 from kvwatch.boundary.processes import ProcRef
 from kvwatch.errors import KvwatchError
 from kvwatch.watchdog.config import default_state_dir
-from kvwatch.watchdog.preflight import describe_change
 from kvwatch.watchdog.state_store import EngineRecord, load_all
 
 
@@ -76,9 +75,9 @@ def render(path: Path, record: EngineRecord | None) -> str:
     if record.argv != record.original_argv:
         rows.append(("configured", " ".join(record.original_argv)))
     for fix in record.preflight:
-        rows.append(("preflight", f"{fix['kind']}: {describe_change(fix.get('set', {}), fix.get('remove', []))}"))
+        rows.append(("preflight", f"{fix.kind}: {fix.change.describe()}"))
     for c in record.corrections:
-        rows.append(("correction", f"{_when(c.time)} {c.kind}: {describe_change(c.set, c.remove)} ({c.reason})"))
+        rows.append(("correction", f"{_when(c.time)} {c.kind}: {c.change.describe()} ({c.reason})"))
     last = record.last_failure()
     if last is not None:
         rows.append(("last failure", f"{_when(last.time)} {last.kind}: {last.evidence or last.reason}"))

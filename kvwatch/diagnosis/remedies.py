@@ -4,7 +4,7 @@ propose_remedy() walks the options for the class in order and returns the first 
 policy allows and whose resulting argv has not been tried; None when nothing is left
 (a fatal failure, a switched-off remedy, or every option tried).
 
-Same-plan remedies (set={}, remove=()) mean "restart with the same argv". They are the only
+Same-plan remedies (an empty FlagChange) mean "restart with the same argv". They are the only
 remedies exempt from the `tried` check, and are returned in two cases, both handled by the
 watchdog: ENGINE_DIED (the engine was serving and crashed: restart it), and GPU_MEMORY_BUSY
 when the memory is held by the watchdog's own processes (it ends them first) or has been
@@ -13,7 +13,7 @@ freed since the failure. The watchdog bounds them with policy.max_restarts.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,8 +21,9 @@ from kvwatch.diagnosis.diagnose import Diagnosis, flag_fixable_backends, is_8bit
 from kvwatch.diagnosis.patterns import Facts
 from kvwatch.failure_kinds import FailureKind
 from kvwatch.planner.engine_args import EngineCommand, EngineSettings
+from kvwatch.planner.flag_change import NO_CHANGE, FlagChange
 from kvwatch.planner.plan import KV_CACHE_TOO_SMALL, Plan
-from kvwatch.planner.rules import BlockSizeRule, MultipleOf, RuleSet, ruleset_for
+from kvwatch.planner.rules import RuleSet, parse_block_rule, ruleset_for, smallest_common_block_size
 from kvwatch.policy import Policy
 
 GiB = 2**30
@@ -35,19 +36,26 @@ _FIT_MARGIN_RATIO, _FIT_MARGIN_BYTES = 0.02, 1 * GiB   # headroom left when fitt
 
 @dataclass(frozen=True)
 class Remedy:
-    set: dict[str, object]
-    remove: tuple[str, ...]
+    change: FlagChange          # empty: restart with the same plan
     reason: str
 
+    @property
+    def set(self) -> Mapping[str, object]:
+        return self.change.set
+
+    @property
+    def remove(self) -> tuple[str, ...]:
+        return self.change.remove
+
     def apply(self, command: EngineCommand) -> EngineCommand:
-        return command.apply(dict(self.set), self.remove)
+        return self.change.apply(command)
 
     @property
     def same_plan(self) -> bool:
-        return not self.set and not self.remove
+        return self.change.empty
 
     def to_json(self) -> dict[str, Any]:
-        return {"set": dict(self.set), "remove": list(self.remove), "reason": self.reason}
+        return {**self.change.to_json(), "reason": self.reason}
 
 
 @dataclass(frozen=True)
@@ -108,31 +116,6 @@ def propose_remedy(diagnosis: Diagnosis, command: EngineCommand, *, policy: Poli
 
 # -- block size --------------------------------------------------------------------------
 
-def parse_block_rule(value: object) -> BlockSizeRule | None:
-    if isinstance(value, int):
-        return value
-    text = str(value)
-    if text.startswith("MultipleOf(") and text.endswith(")") and text[11:-1].isdigit():
-        return MultipleOf(int(text[11:-1]))
-    return int(text) if text.isdigit() else None
-
-
-def _legal(size: int, rules: list[BlockSizeRule]) -> bool:
-    return any(size % r.base == 0 if isinstance(r, MultipleOf) else size == r for r in rules)
-
-
-def smallest_common_block_size(per_backend: list[list[BlockSizeRule]], at_least: int) -> int | None:
-    """The smallest size >= at_least that every backend accepts (None when none does)."""
-    per_backend = [rules for rules in per_backend if rules]
-    if not per_backend:
-        return None
-    start = max(1, at_least)
-    for size in range(start, start + 4096):
-        if all(_legal(size, rules) for rules in per_backend):
-            return size
-    return None
-
-
 def _current_block_size(ctx: _Ctx) -> int | None:
     selector = (ctx.facts.get("selector_config") or {}).get("block_size")
     for value in (ctx.facts.get("block_size"), selector, ctx.s.block_size,
@@ -161,7 +144,7 @@ def _block_size_options(ctx: _Ctx) -> Iterator[Remedy]:
         size = smallest_common_block_size(per_backend, current)
         if size is not None and size != current:
             accepted = "; ".join(f"{name}: [{', '.join(map(str, rules))}]" for name, rules in spec.items())
-            yield Remedy({"--block-size": size}, (),
+            yield Remedy(FlagChange({"--block-size": size}),
                          f"block size {current} is not accepted ({accepted}); {size} is the smallest "
                          f"legal size >= {current}")
     if current is not None:
@@ -173,11 +156,11 @@ def _block_size_options(ctx: _Ctx) -> Iterator[Remedy]:
             size = rule.smallest_block_size_at_least(current)
             if size != current and rule.supports_block_size(size):
                 sizes = ", ".join(map(str, rule.block_sizes))
-                yield Remedy({"--block-size": size}, (),
+                yield Remedy(FlagChange({"--block-size": size}),
                              f"block size {current} is not accepted by {name} ([{sizes}], kvwatch's rule "
                              f"table); {size} is the smallest legal size >= {current}")
     if ctx.command.has("--block-size"):
-        yield Remedy({}, ("--block-size",), "no legal block size is known: let vLLM pick the backend's own")
+        yield Remedy(FlagChange(remove=("--block-size",)), "no legal block size is known: let vLLM pick the backend's own")
 
 
 # -- KV cache dtype ----------------------------------------------------------------------
@@ -196,12 +179,12 @@ def _kv_dtype_fix(ctx: _Ctx, why: str) -> Iterator[Remedy]:
     if not ctx.policy.allow_kv_dtype_change:
         return
     if ctx.s.kv_cache_dtype != "auto":
-        yield Remedy({"--kv-cache-dtype": "auto"}, (), f"{why}: store the KV cache in the model's dtype")
+        yield Remedy(FlagChange({"--kv-cache-dtype": "auto"}), f"{why}: store the KV cache in the model's dtype")
         return
     effective = _effective_kv_dtype(ctx)
     if effective and is_8bit_kv(effective):
         half = ctx.s.dtype if ctx.s.dtype in ("float16", "half", "bfloat16") else "bfloat16"
-        yield Remedy({"--kv-cache-dtype": half}, (),
+        yield Remedy(FlagChange({"--kv-cache-dtype": half}),
                      f"{why}: the engine chose a {effective} KV cache by itself (from the checkpoint); "
                      f"ask for {half} explicitly")
 
@@ -235,7 +218,7 @@ def _raise_utilization(ctx: _Ctx, why: str) -> Iterator[Remedy]:
             return
         if ctx.gpu is not None and ctx.gpu.has_room_for(value) is False:
             return
-        yield Remedy({"--gpu-memory-utilization": value}, (),
+        yield Remedy(FlagChange({"--gpu-memory-utilization": value}),
                      f"{why}: raise GPU memory utilization {current} -> {value} (policy cap {cap})")
         if value >= cap:
             return
@@ -251,7 +234,7 @@ def _lower_utilization(ctx: _Ctx, why: str) -> Iterator[Remedy]:
         value = round(max(value - step, floor_), 2)
         if value >= current - 1e-9:
             return
-        yield Remedy({"--gpu-memory-utilization": value}, (),
+        yield Remedy(FlagChange({"--gpu-memory-utilization": value}),
                      f"{why}: lower GPU memory utilization {current} -> {value} (policy floor {floor_})")
         if value <= floor_:
             return
@@ -266,21 +249,21 @@ def _kv_too_small_options(ctx: _Ctx) -> Iterator[Remedy]:
             value = estimate // block * block if block else estimate
             if value > 0 and (current is None or value < current):
                 rounded = f", rounded down to block size {block}" if block and value != estimate else ""
-                yield Remedy({"--max-model-len": value}, (),
+                yield Remedy(FlagChange({"--max-model-len": value}),
                              f"max model len {current} does not fit the KV cache; the engine's estimate of "
                              f"what fits is {estimate}{rounded}")
         if ctx.plan is not None:
             for w in ctx.plan.warnings:
-                fit = w.fix.get("--max-model-len") if w.kind == KV_CACHE_TOO_SMALL else None
+                fit = w.fix.set.get("--max-model-len") if w.kind == KV_CACHE_TOO_SMALL else None
                 if isinstance(fit, int) and fit > 0 and (current is None or fit < current):
-                    yield Remedy({"--max-model-len": fit}, (), f"from the plan: {w.message}")
+                    yield Remedy(FlagChange({"--max-model-len": fit}), f"from the plan: {w.message}")
     yield from _raise_utilization(ctx, f"max model len {current} does not fit the KV cache")
 
 
 def _mamba_cache_options(ctx: _Ctx) -> Iterator[Remedy]:
     blocks = ctx.facts.get("mamba_blocks")
     if isinstance(blocks, int) and blocks > 0:
-        yield Remedy({"--max-num-seqs": blocks}, (),
+        yield Remedy(FlagChange({"--max-num-seqs": blocks}),
                      f"max num seqs {ctx.facts.get('max_num_seqs')} exceeds the {blocks} Mamba cache blocks "
                      f"(one per decoding sequence): lower --max-num-seqs to {blocks}")
     yield from _raise_utilization(ctx, "the Mamba cache has fewer blocks than max num seqs")
@@ -301,7 +284,7 @@ def _cuda_oom_options(ctx: _Ctx) -> Iterator[Remedy]:
         current = ctx.s.max_num_seqs or ctx.facts.get("dummy_requests") or _default_max_num_seqs(ctx)
         value = max(1, int(current) // 2)
         if value < current:
-            yield Remedy({"--max-num-seqs": value}, (),
+            yield Remedy(FlagChange({"--max-num-seqs": value}),
                          f"CUDA ran out of memory warming up the sampler with {current} requests: "
                          f"halve --max-num-seqs {current} -> {value}")
     where = {"sampler_warmup": "in the sampler warm-up", "model_load": "loading the model"}.get(
@@ -314,7 +297,7 @@ def _busy_options(ctx: _Ctx) -> Iterator[Remedy]:
     ours = [h for h in holders if h[2]]
     if ours:
         names = ", ".join(f"{pid} ({name})" for pid, name, _ in ours)
-        yield Remedy({}, (), f"our own processes hold the GPU: {names}; end them, then {SAME_PLAN_REASON}")
+        yield Remedy(NO_CHANGE, f"our own processes hold the GPU: {names}; end them, then {SAME_PLAN_REASON}")
         return
     if ctx.gpu is not None and ctx.gpu.free_bytes and ctx.gpu.total_bytes:
         free, total = ctx.gpu.free_bytes, ctx.gpu.total_bytes
@@ -327,7 +310,7 @@ def _busy_options(ctx: _Ctx) -> Iterator[Remedy]:
     fitted = math.floor((free / total - margin) * 100 + 1e-9) / 100
     others = ", ".join(f"{pid} ({name})" for pid, name, _ in holders) or "unknown processes"
     if fitted >= current:
-        yield Remedy({}, (), f"the GPU has room again ({free / GiB:.2f}/{total / GiB:.2f} GiB free): "
+        yield Remedy(NO_CHANGE, f"the GPU has room again ({free / GiB:.2f}/{total / GiB:.2f} GiB free): "
                              f"{SAME_PLAN_REASON}")
         return
     if not ctx.policy.allow_gpu_memory_utilization_change:
@@ -335,7 +318,7 @@ def _busy_options(ctx: _Ctx) -> Iterator[Remedy]:
     fitted = min(fitted, ctx.policy.max_gpu_memory_utilization)
     if fitted < ctx.policy.min_gpu_memory_utilization:
         return
-    yield Remedy({"--gpu-memory-utilization": fitted}, (),
+    yield Remedy(FlagChange({"--gpu-memory-utilization": fitted}),
                  f"{others} hold the GPU; {free / GiB:.2f} of {total / GiB:.2f} GiB is free: fit GPU memory "
                  f"utilization {current} -> {fitted}")
 
@@ -364,12 +347,11 @@ def _backend_options(ctx: _Ctx) -> Iterator[Remedy]:
                 remove.append("--block-size")
             else:
                 continue
-        if change or remove:
-            what = ", ".join([f"{k} {v}" for k, v in change.items()] + [f"remove {r}" for r in remove])
-            yield Remedy(change, tuple(remove),
-                         f"{name} was rejected only for {', '.join(reasons[name])}: {what}")
+        combined = FlagChange(change, tuple(remove))
+        if not combined.empty:
+            yield Remedy(combined, f"{name} was rejected only for {', '.join(reasons[name])}: {combined.describe()}")
     if ctx.facts.get("pattern") == "selected_backend_invalid" and ctx.command.has("--attention-backend"):
-        yield Remedy({}, ("--attention-backend",),
+        yield Remedy(FlagChange(remove=("--attention-backend",)),
                      f"the forced backend {ctx.s.attention_backend} is not valid here: let vLLM choose")
 
 
@@ -382,37 +364,37 @@ def _config_refused_options(ctx: _Ctx) -> Iterator[Remedy]:
         # VLLM_ALLOW_LONG_MAX_MODEL_LEN: vLLM itself warns that positions past it give NaN or worse.
         limit = max(int(f.get("derived_max_model_len") or 0), int(f.get("model_max_length") or 0))
         if limit > 0:
-            yield Remedy({"--max-model-len": limit}, (),
+            yield Remedy(FlagChange({"--max-model-len": limit}),
                          f"max model len {f.get('max_model_len')} is above the model's maximum "
                          f"({f.get('derived_key', 'config.json')}={limit}): set it to {limit}")
     elif refusal == "max_num_batched_tokens_below_max_model_len" and ctx.policy.allow_max_num_batched_tokens_change:
         value = int(f["max_model_len"])
-        yield Remedy({"--max-num-batched-tokens": value}, (),
+        yield Remedy(FlagChange({"--max-num-batched-tokens": value}),
                      f"with chunked prefill off, one step must hold a whole prompt: raise max num batched "
                      f"tokens {f['max_num_batched_tokens']} -> {value} (the max model len)")
     elif refusal == "max_num_batched_tokens_below_max_num_seqs" and ctx.policy.allow_max_num_batched_tokens_change:
         value = int(f["max_num_seqs"])
-        yield Remedy({"--max-num-batched-tokens": value}, (),
+        yield Remedy(FlagChange({"--max-num-batched-tokens": value}),
                      f"max num batched tokens {f['max_num_batched_tokens']} is below max num seqs {value}: "
                      f"raise it to {value}")
     elif refusal == "field:gpu_memory_utilization" and ctx.policy.allow_gpu_memory_utilization_change:
         given = f.get("value")
         if isinstance(given, (int, float)) and given > 1:
             cap = ctx.policy.max_gpu_memory_utilization
-            yield Remedy({"--gpu-memory-utilization": cap}, (),
+            yield Remedy(FlagChange({"--gpu-memory-utilization": cap}),
                          f"GPU memory utilization is a fraction of the GPU (at most 1), {given} was given: "
                          f"{cap} (policy cap)")
         elif ctx.command.has("--gpu-memory-utilization"):
-            yield Remedy({}, ("--gpu-memory-utilization",),
+            yield Remedy(FlagChange(remove=("--gpu-memory-utilization",)),
                          f"GPU memory utilization {given} is not a fraction in (0, 1]: vLLM's default")
     elif refusal == "field:block_size" and ctx.policy.allow_block_size_change and ctx.command.has("--block-size"):
-        yield Remedy({}, ("--block-size",),
+        yield Remedy(FlagChange(remove=("--block-size",)),
                      f"block size {f.get('value')} is refused ({f.get('sentence')}): let vLLM pick the "
                      f"attention backend's own")
 
 
 def _engine_died_options(ctx: _Ctx) -> Iterator[Remedy]:
-    yield Remedy({}, (), SAME_PLAN_REASON)
+    yield Remedy(NO_CHANGE, SAME_PLAN_REASON)
 
 
 _OPTIONS = {

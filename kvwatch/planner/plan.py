@@ -12,6 +12,7 @@ from kvwatch.failure_kinds import FailureKind
 from kvwatch.planner.backends import BackendChoice, choose_backend, kv_dtype_reason
 from kvwatch.planner.devices import Device, GiB
 from kvwatch.planner.engine_args import EngineSettings
+from kvwatch.planner.flag_change import NO_CHANGE, FlagChange
 from kvwatch.planner.geometry import ModelGeometry
 from kvwatch.planner.kv_groups import Demand, KvGroups, LayerSpec, kv_groups, promote_local_layers
 from kvwatch.planner.layers import CHUNKED, MAMBA, SLIDING
@@ -36,11 +37,11 @@ _DEFAULT_GPU_MEMORY_UTILIZATION = 0.92   # vLLM 0.32 config/cache.py
 class Warning_:
     kind: FailureKind
     message: str
-    fix: dict[str, Any]          # flag -> new value; None removes the flag
+    fix: FlagChange              # the flag change that avoids it (empty: no flag change does)
     certain: bool = True         # vLLM will fail for sure (not only "likely")
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind.value, "message": self.message, "fix": self.fix, "certain": self.certain}
+        return {"kind": self.kind.value, "message": self.message, "fix": self.fix.as_flags(), "certain": self.certain}
 
 
 @dataclass(frozen=True)
@@ -113,11 +114,12 @@ class Plan:
         allocated = self.planned_kv_bytes
         return sum(self.padding_bytes.values()) / allocated if allocated else 0.0
 
-    def fixes(self, certain_only: bool = True) -> dict[str, Any]:
-        merged: dict[str, Any] = {}
+    def fixes(self, certain_only: bool = True) -> FlagChange:
+        """Every warning's fix in turn (certain ones only, by default), a later one deciding a flag."""
+        merged = NO_CHANGE
         for w in self.warnings:
             if w.certain or not certain_only:
-                merged.update(w.fix)
+                merged = merged.then(w.fix)
         return merged
 
     def to_json(self) -> dict[str, Any]:
@@ -181,34 +183,35 @@ def config_refusals(geometry: ModelGeometry, settings: EngineSettings,
         out.append(Warning_(
             CONFIG_REFUSED,
             f"max model len {given:,} is above the model's maximum ({geometry.derived_max_model_len_key}="
-            f"{limit:,} in config.json): vLLM refuses it", {"--max-model-len": limit}))
+            f"{limit:,} in config.json): vLLM refuses it", FlagChange({"--max-model-len": limit})))
     heads = geometry.num_attention_heads
     tp = settings.tensor_parallel_size
     if heads and tp > 0 and heads % tp:
         out.append(Warning_(
             CONFIG_REFUSED,
             f"tensor parallel size {tp} does not divide the model's {heads} attention heads: vLLM refuses it; "
-            f"choose a --tensor-parallel-size that divides {heads}", {}))
+            f"choose a --tensor-parallel-size that divides {heads}", NO_CHANGE))
     if settings.block_size is not None and settings.block_size <= 0:
         out.append(Warning_(CONFIG_REFUSED, f"block size {settings.block_size} is not a positive number of tokens",
-                            {"--block-size": None}))
+                            FlagChange(remove=("--block-size",))))
     util = settings.gpu_memory_utilization
     if not 0 < util <= 1:   # NaN included
         out.append(Warning_(
             CONFIG_REFUSED, f"GPU memory utilization {util} is not a fraction in (0, 1]",
-            {"--gpu-memory-utilization": 0.95} if util > 1 else {"--gpu-memory-utilization": None}))
+            FlagChange({"--gpu-memory-utilization": 0.95}) if util > 1
+            else FlagChange(remove=("--gpu-memory-utilization",))))
     batched = settings.max_num_batched_tokens
     max_len = given if given is not None else geometry.default_max_model_len
     if batched is not None and settings.enable_chunked_prefill is False and batched < max_len:
         out.append(Warning_(
             CONFIG_REFUSED,
             f"max num batched tokens {batched:,} is below max model len {max_len:,} with chunked prefill off: "
-            f"vLLM refuses it", {"--max-num-batched-tokens": max_len}))
+            f"vLLM refuses it", FlagChange({"--max-num-batched-tokens": max_len})))
     elif batched is not None and settings.max_num_seqs is not None and batched < settings.max_num_seqs:
         out.append(Warning_(
             CONFIG_REFUSED,
             f"max num batched tokens {batched:,} is below max num seqs {settings.max_num_seqs:,}: vLLM refuses it",
-            {"--max-num-batched-tokens": settings.max_num_seqs}))
+            FlagChange({"--max-num-batched-tokens": settings.max_num_seqs})))
     return out
 
 
@@ -299,14 +302,14 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
             KV_CACHE_TOO_SMALL,
             f"max model len {max_len} needs {needed} blocks per request; "
             f"the KV cache holds {num_blocks - 1} usable blocks (max model len {fit} fits)",
-            {"--max-model-len": fit} if fit > 0 else {}, certain=not estimated))
+            FlagChange({"--max-model-len": fit}) if fit > 0 else NO_CHANGE, certain=not estimated))
     if (state_bytes and device.platform == "cuda" and not settings.enforce_eager and num_blocks > 1
             and (settings.max_num_seqs or _default_max_num_seqs(device, settings)) > num_blocks):
         seqs = settings.max_num_seqs or _default_max_num_seqs(device, settings)
         warnings.append(Warning_(
             MAMBA_CACHE_TOO_SMALL,
             f"max num seqs {seqs} exceeds the {num_blocks} Mamba cache blocks: vLLM refuses to capture "
-            f"CUDA graphs (each decoding sequence needs one block)", {"--max-num-seqs": num_blocks},
+            f"CUDA graphs (each decoding sequence needs one block)", FlagChange({"--max-num-seqs": num_blocks}),
             certain=not estimated))
 
     by_cause = groups.padding_bytes(num_blocks, demand)
@@ -344,9 +347,10 @@ def _no_memory_warning(device: Device, settings: EngineSettings, geometry: Model
     if device.platform == "cuda" and device.total_memory_bytes and settings.gpu_memory_utilization < 0.95:
         higher = replace(settings, gpu_memory_utilization=0.95)
         if _estimate_gpu_kv_memory(device, higher, geometry, memory, dtype_bytes) >= 2 * bytes_per_block:
-            return Warning_(NO_KV_CACHE_MEMORY, message, {"--gpu-memory-utilization": 0.95}, certain=not estimated)
+            return Warning_(NO_KV_CACHE_MEMORY, message, FlagChange({"--gpu-memory-utilization": 0.95}),
+                            certain=not estimated)
     return Warning_(NO_KV_CACHE_MEMORY, message + "; no flag frees enough: more GPUs "
-                    "(--tensor-parallel-size), a quantized checkpoint or a smaller model", {},
+                    "(--tensor-parallel-size), a quantized checkpoint or a smaller model", NO_CHANGE,
                     certain=not estimated)
 
 
@@ -354,7 +358,7 @@ def _legality_warnings(choice: BackendChoice, rules: RuleSet, device: Device, ge
                        settings: EngineSettings) -> list[Warning_]:
     kv_dtype = settings.kv_cache_dtype
     if choice.backend is not None:
-        return [Warning_(limit.kind, limit.message, dict(limit.fix))
+        return [Warning_(limit.kind, limit.message, limit.fix)
                 for limit in rules.kernel_limits
                 if limit.backend == choice.backend.name and kv_dtype in limit.kv_dtypes
                 and device.compute_capability and device.compute_capability[0] in limit.capability_majors]
@@ -367,12 +371,12 @@ def _legality_warnings(choice: BackendChoice, rules: RuleSet, device: Device, ge
     if settings.attention_backend and not candidates:
         return [Warning_(NO_ATTENTION_BACKEND,
                          f"--attention-backend {settings.attention_backend} is not valid here ({summary})",
-                         {"--attention-backend": None})]
+                         FlagChange(remove=("--attention-backend",)))]
     dtype_ok = [b for b in candidates if kv_dtype_reason(b, kv_dtype, device, geometry) is None]
     if candidates and not dtype_ok:
         return [Warning_(KV_DTYPE_UNSUPPORTED,
                          f"no attention backend on {device.name} stores a {kv_dtype} KV cache for this "
-                         f"model ({summary})", {"--kv-cache-dtype": "auto"})]
+                         f"model ({summary})", FlagChange({"--kv-cache-dtype": "auto"}))]
     if dtype_ok and settings.block_size is not None:
         best = dtype_ok[0]
         legal = best.smallest_block_size_at_least(settings.block_size)
@@ -380,10 +384,10 @@ def _legality_warnings(choice: BackendChoice, rules: RuleSet, device: Device, ge
         return [Warning_(BLOCK_SIZE_UNSUPPORTED,
                          f"block size {settings.block_size} is not supported by {best.name} ([{sizes}]); "
                          f"the smallest legal size at least as large is {legal}",
-                         {"--block-size": legal})]
+                         FlagChange({"--block-size": legal}))]
     return [Warning_(NO_ATTENTION_BACKEND,
                      f"no attention backend of vLLM runs this model on {device.name} "
-                     f"(compute capability {device.sm}): {summary}", {})]
+                     f"(compute capability {device.sm}): {summary}", NO_CHANGE)]
 
 
 def _recurrent_state_bytes(geometry: ModelGeometry, settings: EngineSettings, model_bytes: int,

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from kvwatch.failure_kinds import FailureKind
+from kvwatch.planner.flag_change import FlagChange
 
 
 @dataclass(frozen=True)
@@ -63,8 +64,7 @@ class BackendRule:
         return True
 
     def supports_block_size(self, block_size: int) -> bool:
-        return any(block_size % r.base == 0 if isinstance(r, MultipleOf) else block_size == r
-                   for r in self.block_sizes)
+        return accepts_block_size(self.block_sizes, block_size)
 
     def smallest_block_size_at_least(self, block_size: int) -> int:
         """The smallest legal block size >= block_size."""
@@ -77,6 +77,23 @@ class BackendRule:
         return min(options) if options else max(r for r in self.block_sizes if isinstance(r, int))
 
 
+def accepts_block_size(rules: Sequence[BlockSizeRule], block_size: int) -> bool:
+    """Whether block size rules (a backend's, or those an engine's message listed) accept a size."""
+    return any(block_size % r.base == 0 if isinstance(r, MultipleOf) else block_size == r for r in rules)
+
+
+def smallest_common_block_size(per_backend: Sequence[Sequence[BlockSizeRule]], at_least: int) -> int | None:
+    """The smallest size >= at_least that every backend's rules accept (None when none does)."""
+    per_backend = [rules for rules in per_backend if rules]
+    if not per_backend:
+        return None
+    start = max(1, at_least)
+    for size in range(start, start + 4096):
+        if all(accepts_block_size(rules, size) for rules in per_backend):
+            return size
+    return None
+
+
 @dataclass(frozen=True)
 class KernelLimit:
     """A kernel that dies at run time under known conditions, and the flag change that avoids it."""
@@ -86,7 +103,7 @@ class KernelLimit:
     capability_majors: frozenset[int]
     kv_dtypes: frozenset[str]
     message: str
-    fix: dict[str, object]
+    fix: FlagChange
 
 
 @dataclass(frozen=True)
@@ -151,7 +168,7 @@ VLLM_0_1X_TO_0_3X = RuleSet(
             message=("TRITON_MLA's fp8 decode kernel needs 102,400 B of shared memory; SM12x allows "
                      "101,376 B per block: the worker dies with 'out of resource: shared memory'. "
                      "--block-size does not change the kernel's tiles."),
-            fix={"--kv-cache-dtype": "auto"}),
+            fix=FlagChange({"--kv-cache-dtype": "auto"})),
     ),
 )
 
@@ -178,7 +195,8 @@ def ruleset_for(vllm_version: str | None) -> RuleSet:
     return RULESETS[-1]
 
 
-def _block_rule(value: object) -> BlockSizeRule | None:
+def parse_block_rule(value: object) -> BlockSizeRule | None:
+    """A block size rule as vLLM prints it: 16, "16" or "MultipleOf(16)"; None for anything else."""
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     text = str(value)
@@ -194,7 +212,7 @@ def with_learned_block_sizes(rules: RuleSet, learned: Mapping[str, Sequence[obje
     message beats the table: it is what the installed vLLM really accepts)."""
     backends = list(rules.backends)
     for name, sizes in learned.items():
-        parsed = tuple(r for r in (_block_rule(s) for s in sizes) if r is not None)
+        parsed = tuple(r for r in (parse_block_rule(s) for s in sizes) if r is not None)
         for i, backend in enumerate(backends):
             if backend.name == name.upper() and parsed:
                 backends[i] = replace(backend, block_sizes=parsed)

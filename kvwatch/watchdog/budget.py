@@ -43,23 +43,35 @@ class Budget:
     def stable(self) -> None:
         self.consecutive = 0
 
-    def take_restart(self, now: float) -> str | None:
-        """Count a restart with the same plan; a reason to give up when the window is full."""
+    def restart_refusal(self, now: float) -> str | None:
+        """Why a restart with the same plan would be refused now (the window is full); None if not."""
         window = self.policy.restart_window_seconds
         while self._restarts and now - self._restarts[0] > window:
             self._restarts.popleft()
         if len(self._restarts) >= self.policy.max_restarts:
             return f"{len(self._restarts)} restarts within {window:.0f}s (policy.max_restarts)"
-        self._restarts.append(now)
-        self.consecutive += 1
         return None
 
-    def take_correction(self) -> str | None:
+    def correction_refusal(self) -> str | None:
+        """Why a corrected plan would be refused now (too many already); None if not."""
         if self.corrections >= self.policy.max_corrections:
             return f"{self.corrections} corrections already (policy.max_corrections)"
-        self.corrections += 1
-        self.consecutive += 1
         return None
+
+    def take_restart(self, now: float) -> str | None:
+        """Count a restart with the same plan; a reason to give up when the window is full."""
+        why = self.restart_refusal(now)
+        if why is None:
+            self._restarts.append(now)
+            self.consecutive += 1
+        return why
+
+    def take_correction(self) -> str | None:
+        why = self.correction_refusal()
+        if why is None:
+            self.corrections += 1
+            self.consecutive += 1
+        return why
 
     def backoff(self) -> float:
         return float(self._wait(_Attempt(max(1, self.consecutive))))

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
 from importlib import metadata
-from typing import Any
 
 from kvwatch.boundary import device_probe
 from kvwatch.boundary.plan_loader import plan_command
@@ -22,6 +20,7 @@ from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.plan import Plan
 from kvwatch.planner.rules import RuleSet
 from kvwatch.policy import Policy
+from kvwatch.watchdog.records import PreflightFix
 
 _LOG = logging.getLogger(__name__)
 
@@ -34,17 +33,6 @@ POLICY_FLAGS = {
     "--max-num-batched-tokens": "allow_max_num_batched_tokens_change",
 }
 MAX_ROUNDS = 6
-
-
-@dataclass(frozen=True)
-class PreflightFix:
-    kind: str
-    message: str
-    set: dict[str, Any]
-    remove: tuple[str, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "message": self.message, "set": self.set, "remove": list(self.remove)}
 
 
 def choose_device() -> Device:
@@ -84,17 +72,14 @@ def preflight(command: EngineCommand, device: Device, rules: RuleSet, env: Mappi
         if plan is None:
             break
         warning = next((w for w in plan.warnings
-                        if w.certain and w.fix and all(allowed(f, policy) for f in w.fix)), None)
+                        if w.certain and not w.fix.empty and all(allowed(f, policy) for f in w.fix.flags)), None)
         if warning is None:
             break
-        set_flags = {k: v for k, v in warning.fix.items() if v is not None}
-        remove = tuple(k for k, v in warning.fix.items() if v is None)
-        fixed = command.apply(set_flags, remove)
+        fixed = warning.fix.apply(command)
         if fixed.argv == command.argv:
             break
-        fix = PreflightFix(warning.kind, warning.message, set_flags, remove)
-        _LOG.info("preflight: %s: %s; changed %s", warning.kind, warning.message, describe_change(set_flags, remove))
-        fixes.append(fix)
+        _LOG.info("preflight: %s: %s; changed %s", warning.kind, warning.message, warning.fix.describe())
+        fixes.append(PreflightFix(warning.kind.value, warning.message, warning.fix))
         command = fixed
         plan = plan_for(command, device, rules, env, non_kv_bytes)
     if plan is not None:
@@ -102,8 +87,3 @@ def preflight(command: EngineCommand, device: Device, rules: RuleSet, env: Mappi
             level = "will fail, no allowed fix" if w.certain else "risk"
             _LOG.warning("preflight: %s: [%s] %s", level, w.kind, w.message)
     return command, fixes, plan
-
-
-def describe_change(set_flags: Mapping[str, Any], remove: tuple[str, ...] | list[str] = ()) -> str:
-    parts = [f"{k} {v}" for k, v in set_flags.items()] + [f"removed {k}" for k in remove]
-    return ", ".join(parts) or "nothing"

@@ -18,32 +18,16 @@ from pathlib import Path
 from typing import Any
 
 from kvwatch.errors import KvwatchError
+from kvwatch.watchdog.records import Constraint, CorrectionRecord, FailureRecord, PreflightFix
+
+__all__ = ["Constraint", "CorrectionRecord", "EngineLock", "EngineRecord", "FailureRecord", "PreflightFix",
+           "StateStore", "load_all", "read_regular", "write_atomic"]
 
 _LOG = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 MAX_FAILURES = 100      # kept in the file; older ones are dropped
 MAX_CORRECTIONS = 100
-
-
-@dataclass
-class FailureRecord:
-    kind: str
-    evidence: str | None
-    time: float                     # wall clock (time.time()), for people
-    argv: list[str]
-    reason: str = ""                # what kvwatch made of it
-
-
-@dataclass
-class CorrectionRecord:
-    kind: str
-    set: dict[str, Any]
-    remove: list[str]
-    reason: str
-    time: float
-    from_argv: list[str]
-    to_argv: list[str]
 
 
 @dataclass
@@ -61,8 +45,8 @@ class EngineRecord:
     plans_tried: list[list[str]] = field(default_factory=list)
     failures: list[FailureRecord] = field(default_factory=list)
     corrections: list[CorrectionRecord] = field(default_factory=list)
-    constraints: list[dict[str, Any]] = field(default_factory=list)
-    preflight: list[dict[str, Any]] = field(default_factory=list)      # fixes applied before launching
+    constraints: list[Constraint] = field(default_factory=list)
+    preflight: list[PreflightFix] = field(default_factory=list)        # fixes applied before launching
     foreign: list[str] = field(default_factory=list)                   # others holding our port or GPUs
     non_kv_bytes: int | None = None
     log_kv_tokens: int | None = None
@@ -73,6 +57,9 @@ class EngineRecord:
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
+        out["corrections"] = [c.to_json() for c in self.corrections]
+        out["constraints"] = [c.to_json() for c in self.constraints]
+        out["preflight"] = [p.to_json() for p in self.preflight]
         out["version"] = SCHEMA_VERSION
         return out
 
@@ -86,11 +73,11 @@ class EngineRecord:
         values = {k: v for k, v in data.items() if k in known}
         record = cls(**values)
         record.failures = [FailureRecord(**f) for f in data.get("failures", [])]
-        record.corrections = [CorrectionRecord(**c) for c in data.get("corrections", [])]
+        record.corrections = [CorrectionRecord.from_json(c) for c in data.get("corrections", [])]
+        record.constraints = [Constraint.from_json(c) for c in data.get("constraints") or []]
+        record.preflight = [PreflightFix.from_json(p) for p in data.get("preflight") or []]
         if not isinstance(record.name, str) or not all(isinstance(a, str) for a in record.argv):
             raise ValueError("bad name or argv")
-        if not all(_is_constraint(c) for c in record.constraints):
-            raise ValueError("bad constraints")
         return record
 
     def last_failure(self) -> FailureRecord | None:
@@ -147,14 +134,6 @@ def _check_types(data: dict) -> None:
             raise ValueError(f"bad {key}")
     if not all(isinstance(plan, list) and all(isinstance(a, str) for a in plan) for plan in data.get("plans_tried") or []):
         raise ValueError("bad plans_tried")
-
-
-def _is_constraint(value: Any) -> bool:
-    """A learned constraint; its backend block sizes (fed to the next plan) map a name to a list."""
-    if not isinstance(value, dict):
-        return False
-    sizes = value.get("backend_block_sizes", {})
-    return isinstance(sizes, dict) and all(isinstance(k, str) and isinstance(v, list) for k, v in sizes.items())
 
 
 class StateStore:

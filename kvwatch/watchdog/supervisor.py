@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, BinaryIO, Protocol
+from typing import BinaryIO, Protocol
 
 from kvwatch.boundary import engine_http, processes
 from kvwatch.boundary.processes import EngineProcess, ProcRef
@@ -38,12 +38,10 @@ from kvwatch.watchdog.config import Config
 from kvwatch.watchdog.engine_ranks import RankWatch, lines_of_rank, ranks_of_tree
 from kvwatch.watchdog.gpu_view import GpuView
 from kvwatch.watchdog.output_pump import OutputPump
-from kvwatch.watchdog.preflight import choose_device, describe_change, plan_for, preflight
+from kvwatch.watchdog.preflight import choose_device, plan_for, preflight
+from kvwatch.watchdog.records import PREFLIGHT, Constraint
 from kvwatch.watchdog.sd_notify import SdNotifier, scrub_env
-from kvwatch.watchdog.state_store import CorrectionRecord, EngineLock, EngineRecord, FailureRecord, StateStore
-
-if TYPE_CHECKING:  # imported where used: the diagnosis is loaded only when an engine fails
-    from kvwatch.diagnosis import Diagnosis
+from kvwatch.watchdog.state_store import EngineLock, EngineRecord, StateStore
 
 _LOG = logging.getLogger(__name__)
 
@@ -272,9 +270,8 @@ class Supervisor:
             command, fixes, self._plan = preflight(self._command, self._device, self._rules, env,
                                                    self.config.policy, self._record.non_kv_bytes)
             if fixes:
-                self._record.preflight = [f.to_json() for f in fixes]
-                self._record.constraints += [{"kind": f.kind, "text": f.message, "fix": f.set,
-                                              "source": "preflight"} for f in fixes]
+                self._record.preflight = list(fixes)
+                self._record.constraints += [Constraint(f.kind, f.message, f.change, PREFLIGHT) for f in fixes]
                 self._set_command(command)
         else:
             self._plan = plan_for(self._command, self._device, self._rules, env, self._record.non_kv_bytes)
@@ -285,7 +282,7 @@ class Supervisor:
         """The rule table, with the block sizes earlier failures on this host reported."""
         learned: dict[str, list[object]] = {}
         for constraint in self._record.constraints:
-            learned.update(constraint.get("backend_block_sizes") or {})
+            learned.update(constraint.backend_block_sizes)
         return with_learned_block_sizes(rules, learned) if learned else rules
 
     def _engine_env(self) -> dict[str, str]:
@@ -517,63 +514,45 @@ class Supervisor:
 
     def _after_failure(self, outcome: _Outcome) -> float | None:
         """Diagnose, pick the remedy, count it: the backoff delay, or None after going FATAL."""
-        from kvwatch.diagnosis import Diagnosis, FailureKind, diagnose, propose_remedy
+        from kvwatch.watchdog import recovery  # here: the diagnosis is loaded only when an engine fails
 
         run, self._running = self._running, None
         lines = run.pump.lines() if run is not None else []
         lost_rank = next(iter(run.ranks.lost), None) if run is not None else None
         if lost_rank is not None:   # one DP rank's core died first: diagnose by its lines
             lines = lines_of_rank(lines, lost_rank)
-        if outcome.kind in ("exit", "start_timeout"):
-            diagnosis = diagnose(lines, served=outcome.served)
-            if outcome.kind == "start_timeout" and diagnosis.kind == FailureKind.UNKNOWN:
-                diagnosis = Diagnosis(kind=FailureKind.ENGINE_DIED, evidence=outcome.detail, facts={}, fatal=False)
-        elif outcome.kind == "hang":
-            diagnosis = Diagnosis(kind=FailureKind.ENGINE_DIED, evidence=outcome.detail, facts={}, fatal=False)
-        else:  # spawn_failed: nothing ran, nothing to diagnose
-            diagnosis = Diagnosis(kind=FailureKind.UNKNOWN, evidence=outcome.detail, facts={}, fatal=True)
+        diagnosis = recovery.diagnosis_of(outcome.kind, outcome.detail, lines, outcome.served)
         if lost_rank is not None and run is not None:
-            diagnosis = _with_rank(diagnosis, lost_rank, run.ranks.lost[lost_rank])
-        kind = str(getattr(diagnosis.kind, "value", diagnosis.kind))
-        evidence = diagnosis.evidence or outcome.detail
-        _LOG.warning("failed: %s (%s): %s", kind, outcome.detail, evidence)
+            diagnosis = recovery.with_rank(diagnosis, lost_rank, run.ranks.lost[lost_rank])
+        failure = recovery.failure_record(diagnosis, outcome.detail, self._command, time.time())
+        kind = failure.kind
+        _LOG.warning("failed: %s (%s): %s", kind, outcome.detail, failure.evidence)
         self._failures[kind] = self._failures.get(kind, 0) + 1
-        failure = FailureRecord(kind, evidence, time.time(), list(self._command.argv), outcome.detail)
         self._record.failures.append(failure)
 
-        tried = {tuple(f.argv) for f in self._record.failures if f.kind != FailureKind.ENGINE_DIED.value}
-        remedy = None
-        if outcome.kind != "spawn_failed":
-            remedy = propose_remedy(diagnosis, self._command, policy=self.config.policy, tried=tried,
-                                    plan=self._plan, gpu=self._gpu_view().context(), rules=self._rules)
-        if remedy is None:
-            return self._give_up(f"{kind}: {evidence} (no remedy)")
-        command = remedy.apply(self._command)
-        if command.argv == self._command.argv:
-            why = self._budget.take_restart(self._clock.now())
-            if why is not None:
-                return self._give_up(f"{kind}: {why}; last: {evidence}")
+        now = self._clock.now()
+        budget = recovery.BudgetState(self._budget.restart_refusal(now), self._budget.correction_refusal())
+        decision = recovery.decide(
+            diagnosis, self._command, detail=outcome.detail, tried=recovery.tried_plans(self._record.failures),
+            budget=budget, policy=self.config.policy, plan=self._plan, gpu=self._gpu_view().context(),
+            rules=self._rules, now=time.time())
+        if decision.action is recovery.Action.GIVE_UP:
+            return self._give_up(decision.reason)
+        if decision.action is recovery.Action.RESTART:
+            self._budget.take_restart(now)
             self._restarts[kind] = self._restarts.get(kind, 0) + 1
-            reason = f"{kind}: {remedy.reason}"
         else:
-            why = self._budget.take_correction()
-            if why is not None:
-                return self._give_up(f"{kind}: {why}; last: {evidence}")
+            assert decision.command is not None and decision.correction is not None
+            assert decision.constraint is not None
+            self._budget.take_correction()
             self._corrections[kind] = self._corrections.get(kind, 0) + 1
-            change = describe_change(dict(remedy.set), tuple(remedy.remove))
-            self._record.corrections.append(CorrectionRecord(
-                kind, dict(remedy.set), list(remedy.remove), remedy.reason, time.time(),
-                list(self._command.argv), list(command.argv)))
-            learned = {"kind": kind, "text": evidence, "fix": dict(remedy.set),
-                       "remove": list(remedy.remove), "source": "failure"}
-            if diagnosis.facts.get("backend_block_sizes"):
-                learned["backend_block_sizes"] = diagnosis.facts["backend_block_sizes"]
-            self._record.constraints.append(learned)
+            self._record.corrections.append(decision.correction)
+            self._record.constraints.append(decision.constraint)
             if self._rules is not None:
                 self._rules = self._learned_rules(self._rules)
-            _LOG.warning("corrected: %s: %s (%s)", kind, change, remedy.reason)
-            self._set_command(command)
-            reason = f"{kind}: corrected {change}"
+            _LOG.warning("corrected: %s: %s (%s)", kind, decision.change.describe(), decision.remedy_reason)
+            self._set_command(decision.command)
+        reason = decision.reason
         self._sync_counts()
         delay = self._budget.backoff()
         self._transition(EngineState.BACKOFF, f"{reason}; relaunch in {delay:.1f}s")
@@ -622,15 +601,3 @@ def _probe(url: str, timeout: float, starting: bool) -> bool:
     if not engine_http.health(url, timeout):
         return False
     return engine_http.scrape(url, timeout).ok if starting else True
-
-
-def _with_rank(diagnosis: Diagnosis, rank: int, pid: int) -> Diagnosis:
-    """The diagnosis of an engine one of whose DP engine cores died first: named for that rank."""
-    from kvwatch.diagnosis import Diagnosis, FailureKind
-
-    died = f"the engine core of data-parallel rank {rank} (EngineCore_DP{rank}, pid {pid}) died first"
-    kind = diagnosis.kind
-    if kind is FailureKind.UNKNOWN:
-        kind = FailureKind.ENGINE_DIED
-    evidence = f"{died}: {diagnosis.evidence}" if diagnosis.evidence else died
-    return Diagnosis(kind, evidence, {**diagnosis.facts, "rank": rank, "rank_pid": pid}, diagnosis.fatal)

@@ -1,0 +1,114 @@
+"""After a failed launch: what was it, and what now (pure; the supervisor acts on the answer).
+
+diagnosis_of() names the failure from how the launch ended and the engine's output; decide()
+chooses, from the diagnosis, the command, the plans already tried, the budget and the policy,
+whether to give up, restart the same plan or correct it (with which FlagChange), and returns
+the records the state file keeps of it. Nothing here waits, spawns or writes: the supervisor's
+state machine does, and takes the budget it was told is there.
+"""
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from kvwatch.diagnosis import Diagnosis, FailureKind, GpuContext, diagnose, propose_remedy
+from kvwatch.planner.engine_args import EngineCommand
+from kvwatch.planner.flag_change import NO_CHANGE, FlagChange
+from kvwatch.planner.plan import Plan
+from kvwatch.planner.rules import RuleSet
+from kvwatch.policy import Policy
+from kvwatch.watchdog.records import FAILURE, Constraint, CorrectionRecord, FailureRecord
+
+# How one launch ended (the supervisor's watch loop says which).
+EXIT, HANG, START_TIMEOUT, SPAWN_FAILED, STOP = "exit", "hang", "start_timeout", "spawn_failed", "stop"
+
+
+class Action(enum.Enum):
+    GIVE_UP = "give_up"       # FATAL, exit 78
+    RESTART = "restart"       # the same plan again
+    CORRECT = "correct"       # the corrected plan
+
+
+@dataclass(frozen=True)
+class BudgetState:
+    """What the budget would refuse now: the reason, or None when there is room."""
+
+    restart_refused: str | None = None
+    correction_refused: str | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    kind: str                              # the failure class
+    reason: str                            # for the state transition (FATAL's without "gave up: ")
+    change: FlagChange = NO_CHANGE
+    command: EngineCommand | None = None   # the command to launch next (None when giving up)
+    remedy_reason: str = ""                # why this change (the remedy's own words)
+    correction: CorrectionRecord | None = None
+    constraint: Constraint | None = None   # what this host's engine taught
+
+
+def diagnosis_of(outcome: str, detail: str, lines: Sequence[str], served: bool) -> Diagnosis:
+    """The failure of one launch: the engine's output names it; a hang or a silent start timeout
+    is an engine that died; a spawn that failed ran nothing (fatal: nothing to correct)."""
+    if outcome in (EXIT, START_TIMEOUT):
+        diagnosis = diagnose(list(lines), served=served)
+        if outcome == START_TIMEOUT and diagnosis.kind == FailureKind.UNKNOWN:
+            return Diagnosis(kind=FailureKind.ENGINE_DIED, evidence=detail, facts={}, fatal=False)
+        return diagnosis
+    if outcome == HANG:
+        return Diagnosis(kind=FailureKind.ENGINE_DIED, evidence=detail, facts={}, fatal=False)
+    return Diagnosis(kind=FailureKind.UNKNOWN, evidence=detail, facts={}, fatal=True)
+
+
+def with_rank(diagnosis: Diagnosis, rank: int, pid: int) -> Diagnosis:
+    """The diagnosis of an engine one of whose DP engine cores died first: named for that rank."""
+    died = f"the engine core of data-parallel rank {rank} (EngineCore_DP{rank}, pid {pid}) died first"
+    kind = diagnosis.kind
+    if kind is FailureKind.UNKNOWN:
+        kind = FailureKind.ENGINE_DIED
+    evidence = f"{died}: {diagnosis.evidence}" if diagnosis.evidence else died
+    return Diagnosis(kind, evidence, {**diagnosis.facts, "rank": rank, "rank_pid": pid}, diagnosis.fatal)
+
+
+def kind_of(diagnosis: Diagnosis) -> str:
+    return str(getattr(diagnosis.kind, "value", diagnosis.kind))
+
+
+def failure_record(diagnosis: Diagnosis, detail: str, command: EngineCommand, now: float) -> FailureRecord:
+    return FailureRecord(kind_of(diagnosis), diagnosis.evidence or detail, now, list(command.argv), detail)
+
+
+def tried_plans(failures: Iterable[FailureRecord]) -> set[tuple[str, ...]]:
+    """The commands that failed: never proposed again. A crash of a serving engine (ENGINE_DIED)
+    does not condemn its plan: that one is restarted, within the restart budget."""
+    return {tuple(f.argv) for f in failures if f.kind != FailureKind.ENGINE_DIED.value}
+
+
+def decide(diagnosis: Diagnosis, command: EngineCommand, *, detail: str = "",
+           tried: Iterable[tuple[str, ...]] = (), budget: BudgetState = BudgetState(),
+           policy: Policy = Policy(), plan: Plan | None = None, gpu: GpuContext | None = None,
+           rules: RuleSet | None = None, now: float = 0.0) -> Decision:
+    """Give up, restart or correct; `now` (wall clock) stamps the correction record."""
+    kind = kind_of(diagnosis)
+    evidence = diagnosis.evidence or detail
+    remedy = propose_remedy(diagnosis, command, policy=policy, tried=set(tried), plan=plan, gpu=gpu, rules=rules)
+    if remedy is None:
+        return Decision(Action.GIVE_UP, kind, f"{kind}: {evidence} (no remedy)")
+    corrected = remedy.apply(command)
+    if corrected.argv == command.argv:
+        if budget.restart_refused is not None:
+            return Decision(Action.GIVE_UP, kind, f"{kind}: {budget.restart_refused}; last: {evidence}")
+        return Decision(Action.RESTART, kind, f"{kind}: {remedy.reason}", command=command,
+                        remedy_reason=remedy.reason)
+    if budget.correction_refused is not None:
+        return Decision(Action.GIVE_UP, kind, f"{kind}: {budget.correction_refused}; last: {evidence}")
+    change = remedy.change
+    return Decision(
+        Action.CORRECT, kind, f"{kind}: corrected {change.describe()}", change=change, command=corrected,
+        remedy_reason=remedy.reason,
+        correction=CorrectionRecord(kind, change, remedy.reason, now, list(command.argv), list(corrected.argv)),
+        constraint=Constraint(kind, evidence or "", change, FAILURE,
+                              dict(diagnosis.facts.get("backend_block_sizes") or {})))

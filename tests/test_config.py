@@ -1,0 +1,58 @@
+"""The TOML config of `kvwatch run` (kvwatch/watchdog/config.py): its example, its errors."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvwatch.errors import ConfigError
+from kvwatch.watchdog.config import config_from_mapping, load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_example_config_loads() -> None:
+    cfg = load_config(ROOT / "systemd" / "kvwatch-example.toml")
+    assert cfg.name == "kimi" and cfg.listen_address == ("0.0.0.0", 9400)
+    assert cfg.engine.command[:3] == ("vllm", "serve", "/models/Kimi-K2")
+    assert cfg.engine.start_timeout_seconds == 2400 and cfg.engine.environment == {"HF_HUB_OFFLINE": "1"}
+    assert cfg.policy.max_corrections == 5 and cfg.policy.preflight is True
+    assert cfg.watch.interval_seconds == 5
+
+
+@pytest.mark.parametrize("data, needle", [
+    ({"engine": {"command": ["vllm"], "hang_timeout_second": 5}}, "engine.hang_timeout_second: unknown key"),
+    ({"engine": {"command": "vllm serve m"}}, "engine.command: expected a list of strings"),
+    ({"engine": {"command": ["v"], "stop_timeout_seconds": -1}}, "engine.stop_timeout_seconds: expected a finite number > 0"),
+    ({"engine": {"command": ["v"], "environment": {"X": 1}}}, "engine.environment.X: expected a string"),
+    ({"policy": {"max_restarts": "5"}}, "policy.max_restarts: expected a whole number"),
+    ({"policy": {"preflight": 1}}, "policy.preflight: expected true or false"),
+    ({"policy": {"backoff_initial_seconds": 100}}, "policy.backoff_initial_seconds: larger than"),
+    ({"listen": "9400"}, "listen '9400': expected HOST:PORT"),
+    ({"name": "../etc"}, "name '../etc'"),
+    ({"surprise": 1}, "surprise: unknown key"),
+    ({"watch": []}, "watch: expected a table"),
+])
+def test_config_errors_are_one_clear_line(data: dict, needle: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        config_from_mapping(data, "k.toml")
+    message = str(info.value)
+    assert needle in message and "\n" not in message and message.startswith("config k.toml: ")
+
+
+def test_config_cli_errors(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[engine\ncommand = 1\n")
+    empty = tmp_path / "empty.toml"
+    empty.write_text("name = 'x'\n")
+    for args, needle in [(["--config", str(bad)], "not valid TOML"),
+                         (["--config", str(tmp_path / "missing.toml")], "cannot read"),
+                         (["--config", str(empty)], "no engine command"),
+                         (["--name", "a/b", "--", "vllm", "serve", "m"], "--name 'a/b'")]:
+        proc = subprocess.run([sys.executable, "-m", "kvwatch.cli", "run", *args], capture_output=True,
+                              text=True, timeout=60)
+        assert proc.returncode == 2, proc.stderr
+        assert needle in proc.stderr and "Traceback" not in proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

@@ -1,0 +1,108 @@
+"""The engine's output pump (kvwatch/watchdog/output_pump.py) and the pipe it reads."""
+from __future__ import annotations
+
+import fcntl
+import io
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from waiting import eventually
+
+from kvwatch.boundary import processes
+from kvwatch.watchdog.output_pump import LogFacts, OutputPump, parse_fact
+
+FAKE = str(Path(__file__).resolve().parent / "fake_engine.py")
+LOGS = Path(__file__).resolve().parent / "fixtures" / "logs"
+
+
+def test_pump_never_blocks_the_engine_on_50_mb() -> None:
+    proc = subprocess.Popen([sys.executable, FAKE, "--flood", "50"], stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    sink = io.BytesIO()
+    pump = OutputPump("flood", proc.stdout.fileno(), sink, ring_lines=1000).start()
+    started = time.monotonic()
+    assert proc.wait(timeout=60) == 0
+    assert pump.join(timeout=30)
+    elapsed = time.monotonic() - started
+    proc.stdout.close()
+    assert pump.bytes_seen > 50 * 2**20
+    lines = pump.lines()
+    assert len(lines) == 1000 and lines[-1] == "flood done"
+    assert sink.getvalue().endswith(b"[flood] flood done\n")
+    assert elapsed < 30, elapsed
+
+
+def test_pump_handles_bad_utf8_giant_lines_and_parses_startup_facts() -> None:
+    read_end, write_end = os.pipe()
+    pump = OutputPump("e", read_end, None, max_line=1000).start()
+    log = (LOGS / "cpu_engine_died.log").read_bytes()
+    os.write(write_end, b"bad \xff\xfe bytes\r\n" + b"y" * 2500 + b"\n" + log + b"no newline at end")
+    os.close(write_end)
+    assert pump.join(timeout=10)
+    os.close(read_end)
+    lines = pump.lines()
+    assert lines[0] == "bad \ufffd\ufffd bytes"
+    assert lines[1:4] == ["y" * 1000, "y" * 1000, "y" * 500]
+    assert lines[-1] == "no newline at end"
+    facts = pump.facts
+    assert facts.kv_tokens is not None and facts.kv_tokens > 0
+
+
+def test_pump_passes_the_engine_log_through_but_not_kvwatchs_own_probes() -> None:
+    read_fd, write_fd = os.pipe()
+    sink = io.BytesIO()
+    pump = OutputPump("e", read_fd, sink).start()
+    os.write(write_fd, b'(APIServer pid=1) INFO:     127.0.0.1:5000 - "GET /health HTTP/1.1" 200 OK\n'
+                       b'(APIServer pid=1) INFO:     127.0.0.1:5000 - "POST /v1/completions HTTP/1.1" 200 OK\n'
+                       b'(APIServer pid=1) INFO:     127.0.0.1:5000 - "GET /health HTTP/1.1" 503 Service Unavailable\n'
+                       b'(APIServer pid=1) INFO:     10.1.2.3:41000 - "GET /metrics HTTP/1.1" 200 OK\n')
+    os.close(write_fd)
+    assert pump.join(5)
+    out = sink.getvalue().decode()
+    assert "POST /v1/completions" in out and "503" in out and '"GET /health HTTP/1.1" 200' not in out
+    assert "10.1.2.3:41000" in out  # another host's scrape is the operator's business: shown
+    assert len(pump.lines()) == 4  # the diagnosis still sees every line
+
+
+def test_pump_counts_lines_and_keeps_a_bounded_tail_for_lines_since() -> None:
+    read_fd, write_fd = os.pipe()
+    pump = OutputPump("e", read_fd, None, ring_lines=100_000, ring_bytes=64 * 1024).start()
+    stats = b"(APIServer pid=1) INFO [loggers.py:259] Engine 000: GPU KV cache usage: 4.2%, Running: 1 reqs\n"
+    os.write(write_fd, b"".join(b"line %d\n" % i for i in range(10)))
+    eventually(lambda: pump.lines_seen >= 10, 5, 0.01)  # let the pump take these first, as while the engine starts
+    seen = pump.lines_seen
+    assert seen == 10
+    with os.fdopen(write_fd, "wb") as writer:  # then a flood, far past the tail's 64 KiB
+        for _ in range(4000):
+            writer.write(stats)
+        writer.write(b"(EngineCore pid=2) INFO [kv_cache_utils.py:1] GPU KV cache size: 1,024 tokens\n"
+                     b"engine died\n")
+    assert pump.join(5)
+    os.close(read_fd)
+    assert pump.lines_seen == 10 + 4000 + 2
+    newer = pump.lines_since(seen)
+    assert newer[-1] == "engine died" and len(newer) < 4002  # the tail is bounded by bytes ...
+    assert 64 * 1024 <= sum(len(line) + 1 for line in newer) <= 64 * 1024 + 2**20  # ... not emptied
+    assert pump.lines_since(pump.lines_seen) == []
+    assert pump.lines()[-2:] == newer[-2:]
+    # the serving stats say "KV cache" on every line; only the fact line counts
+    assert pump.facts == LogFacts(kv_tokens=1024)
+
+
+def test_spawn_gives_the_engine_a_one_mib_pipe() -> None:
+    proc = processes.spawn([sys.executable, "-c", "pass"], dict(os.environ))
+    try:
+        assert fcntl.fcntl(proc.stdout, fcntl.F_GETPIPE_SZ) == 1 << 20
+    finally:
+        proc.popen.wait()
+        proc.close()
+
+
+def test_parse_fact_startup_lines() -> None:
+    facts = parse_fact("(Worker pid=1) INFO [gpu_worker.py:760] Available KV cache memory: 61.23 GiB", LogFacts())
+    facts = parse_fact("(EngineCore pid=2) INFO GPU KV cache size: 1,398,080 tokens, Maximum concurrency ...", facts)
+    assert facts.kv_tokens == 1_398_080 and facts.available_kv_bytes == int(61.23 * 2**30)
+    assert parse_fact("unrelated", facts) is facts

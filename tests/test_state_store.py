@@ -1,0 +1,49 @@
+"""The state file (kvwatch/watchdog/state_store.py): atomic, corrupt files moved aside, one lock."""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pytest
+
+from kvwatch.errors import KvwatchError
+from kvwatch.watchdog.state_store import EngineLock, EngineRecord, StateStore
+
+
+def test_state_file_atomic_round_trip(tmp_path: Path) -> None:
+    store = StateStore(tmp_path, "e")
+    store.ensure_dir()
+    record = EngineRecord(name="e", original_argv=["a"], argv=["a", "--block-size", "32"],
+                          non_kv_bytes=123, pids=[{"pid": 1, "create_time": 2.0, "name": "x"}])
+    store.save(record)
+    store.save(record)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e.json"]  # no temp file left behind
+    loaded = store.load()
+    assert loaded is not None and loaded.argv == record.argv and loaded.non_kv_bytes == 123
+    assert oct(os.stat(tmp_path / "e.json").st_mode & 0o777) == "0o640"
+
+
+@pytest.mark.parametrize("content", [b"{not json", b'{"version": 99}', b"\xff\xfe", b'{"version": 1, "name": 5}',
+                                     b'{"version": 1, "name": "e", "constraints": [7]}',
+                                     b'{"version": 1, "name": "e", "constraints": [{"backend_block_sizes": ["32"]}]}'])
+def test_corrupt_state_file_is_moved_aside(tmp_path: Path, content: bytes, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "e.json").write_bytes(content)
+    store = StateStore(tmp_path, "e")
+    with caplog.at_level(logging.WARNING):
+        assert store.load() is None
+    aside = [p.name for p in tmp_path.iterdir() if p.name.startswith("e.json.corrupt-")]
+    assert len(aside) == 1 and not (tmp_path / "e.json").exists()
+    assert "moved aside" in caplog.text
+    store.save(EngineRecord(name="e"))
+    assert store.load() is not None
+
+
+def test_engine_lock_is_exclusive(tmp_path: Path) -> None:
+    first, second = EngineLock(tmp_path, "e"), EngineLock(tmp_path, "e")
+    first.acquire()
+    with pytest.raises(KvwatchError, match=f"pid {os.getpid()}"):
+        second.acquire()
+    first.release()
+    second.acquire()
+    second.release()
