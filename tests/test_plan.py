@@ -225,3 +225,19 @@ def test_cli_malformed_json_config(tmp_path, capsys):
     (bad / "config.json").write_text('{"model_type": "llama", ')
     assert main(["plan", "--device", "cpu", "--", "vllm", "serve", str(bad)]) == 2
     assert "malformed JSON" in capsys.readouterr().err
+
+
+def test_the_plan_says_how_its_kv_memory_is_known() -> None:
+    geometry = geometry_from_config(llama_config())
+    h100 = preset("h100")
+
+    def source(*flags: str, memory: MemoryInputs = MemoryInputs()) -> tuple[str, bool]:
+        settings = EngineCommand.parse(["vllm", "serve", "m", *flags]).settings()
+        plan = make_plan(geometry, settings, h100, RULES, memory)
+        assert plan.to_json()["source"] == plan.source
+        return plan.source, plan.estimated
+
+    assert source() == ("estimated", True)
+    assert source("--kv-cache-memory-bytes", "8G") == ("exact", False)
+    assert source("--num-gpu-blocks-override", "100") == ("exact", False)
+    assert source(memory=MemoryInputs(non_kv_bytes=20 * GiB)) == ("learned", False)

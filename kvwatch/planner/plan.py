@@ -102,6 +102,14 @@ class Plan:
         return self.planned_kv_bytes * self.data_parallel_size
 
     @property
+    def source(self) -> str:
+        """How the KV memory is known: "exact" (a flag or the environment fixes it), "learned" (from
+        the engine's own profile on an earlier launch) or "estimated" (from config.json and the card)."""
+        if self.estimated:
+            return "estimated"
+        return "learned" if self.kv_memory_source.startswith("learned") else "exact"
+
+    @property
     def will_fail(self) -> bool:
         return any(w.certain for w in self.warnings)
 
@@ -131,6 +139,7 @@ class Plan:
         out["will_fail"] = self.will_fail
         out["engine_num_blocks"] = self.engine_num_blocks
         out["engine_kv_bytes"] = self.engine_kv_bytes
+        out["source"] = self.source
         return out
 
 
@@ -270,6 +279,9 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
         kv_memory, kv_source = memory.cpu_kv_space_bytes, "VLLM_CPU_KVCACHE_SPACE"
     elif settings.kv_cache_memory_bytes is not None:
         kv_memory, kv_source = settings.kv_cache_memory_bytes, "--kv-cache-memory-bytes"
+    elif device.platform == "cuda" and device.total_memory_bytes and memory.non_kv_bytes is not None:
+        kv_memory = _estimate_gpu_kv_memory(device, settings, geometry, memory, dtype_bytes)
+        kv_source = "learned: total x utilization - the non-KV memory of an earlier launch"
     elif device.platform == "cuda" and device.total_memory_bytes:
         kv_memory = _estimate_gpu_kv_memory(device, settings, geometry, memory, dtype_bytes)
         kv_source, estimated = "estimate: total x utilization - weights - overhead", True
