@@ -241,3 +241,14 @@ def test_the_plan_says_how_its_kv_memory_is_known() -> None:
     assert source("--kv-cache-memory-bytes", "8G") == ("exact", False)
     assert source("--num-gpu-blocks-override", "100") == ("exact", False)
     assert source(memory=MemoryInputs(non_kv_bytes=20 * GiB)) == ("learned", False)
+
+
+def test_mla_on_a_cpu_with_amx_keeps_the_cpus_block_size() -> None:
+    """platforms/cpu.py: the reference MLA kernel forces 16-token blocks; with AMX tiles vLLM runs the
+    AMX MLA kernel, which does not, so CI on an AMX machine plans what vLLM does there."""
+    geometry = geometry_from_config(deepseek_v2_config())
+    amx = Device("cpu", "cpu", cpu_fp8_kv=True, cpu_amx=True)
+    for flags, expected in (((), 128), (("--block-size", "64"), 64)):
+        settings = EngineCommand.parse(["vllm", "serve", "m", *flags]).settings()
+        assert make_plan(geometry, settings, amx, RULES, MemoryInputs(cpu_kv_space_bytes=GiB)).block_size == expected
+        assert make_plan(geometry, settings, CPU, RULES, MemoryInputs(cpu_kv_space_bytes=GiB)).block_size == 16

@@ -242,8 +242,13 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     # With no valid backend, the first in vLLM's order stands in: vLLM sizes the cache with it
     # before a kernel refuses (seen: CPU fp8 without AVX-512 sizes 128-token blocks, then fails).
     shape = backend or next((b for b in map(rules.backend, choice.candidates) if b is not None), None)
-    if shape is not None and shape.forced_block_size is not None:
+    # platforms/cpu.py: with AMX tiles MLA runs on the AMX kernel, which forces no block size
+    # (the CPU's 128 by default, the flag otherwise); without them the reference kernel forces 16.
+    amx_mla = device.platform == "cpu" and device.cpu_amx and geometry.attention == "mla"
+    if shape is not None and shape.forced_block_size is not None and not amx_mla:
         block_size, block_source = shape.forced_block_size, "platform override"
+    elif amx_mla and settings.block_size is None:
+        block_size, block_source = 128, "platform default (AMX MLA kernel)"
     elif settings.block_size is not None:
         block_size, block_source = settings.block_size, "flag"
     else:
@@ -481,8 +486,8 @@ def _demand(geometry: ModelGeometry, settings: EngineSettings, device: Device, m
     chunked layers keep on top of their window (VllmConfig.max_in_flight_tokens)."""
     batched = settings.max_num_batched_tokens or _default_max_num_batched_tokens(device, settings)
     chunked_prefill = settings.enable_chunked_prefill
-    if device.platform == "cpu" and geometry.attention == "mla":
-        chunked_prefill = False            # platforms/cpu.py: MLA on CPU turns chunked prefill off
+    if device.platform == "cpu" and geometry.attention == "mla" and not device.cpu_amx:
+        chunked_prefill = False            # platforms/cpu.py: the reference MLA kernel turns chunked prefill off
         batched = max(max_model_len, 2048) if settings.max_num_batched_tokens is None else batched
     elif chunked_prefill is False and settings.max_num_batched_tokens is None:
         batched = max(max_model_len, batched)
