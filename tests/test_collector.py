@@ -286,29 +286,33 @@ def test_a_failing_process_source_fails_its_collector_only() -> None:
     assert [e.process_rss for e in snap.engines] == [None, None]
 
 
-def test_process_rss_per_engine_from_the_injected_source() -> None:
+def test_process_rss_per_engine_through_the_psutil_reader() -> None:
+    from kvwatch.boundary import processes
+
     child = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(30)"],
                              stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "up"  # running python now
-        def proc_rss(pids: list[int]) -> dict[int, int]:  # what kvwatch.boundary.processes provides, from /proc
-            out = {}
-            for pid in pids:
-                try:
-                    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                        if line.startswith("VmRSS:"):
-                            out[pid] = int(line.split()[1]) * 1024
-                except OSError:
-                    continue
-            return out
-
-        engines = [EngineTarget(EngineStatus("a", EngineState.READY, pids=(child.pid, 999_999_999)), url=None)]
-        watch = Watch(lambda: engines, process_source=proc_rss)
+        status = EngineStatus("a", EngineState.READY, pids=(child.pid, 999_999_999))
+        watch = Watch(lambda: [EngineTarget(status, url=None)], process_source=processes.rss)
         rss = watch.tick().engines[0].process_rss
         assert rss is not None and list(rss) == [child.pid] and rss[child.pid] > 1 << 20
+        found = samples(render(watch))
+        assert value(found, "kvwatch_engine_process_resident_bytes", engine="a", rank="0") == rss[child.pid]
+        assert value(found, "kvwatch_collector_success", collector="process") == 1
         child.kill()
         child.wait()
         assert watch.tick().engines[0].process_rss == {}  # exited: gone from the next snapshot
+        assert series(samples(render(watch)), "kvwatch_engine_process_resident_bytes") == []
     finally:
         child.kill()
         child.wait()
+
+
+def test_process_rss_is_summed_by_data_parallel_rank() -> None:
+    status = EngineStatus("a", EngineState.READY, pids=(10, 11, 12, 13), pid_ranks={11: 0, 12: 1, 13: 1})
+    snap = WatchSnapshot(taken_at=1.0, engines=(EngineSnapshot(status, up=True,
+                                                              process_rss={10: 100, 11: 1000, 12: 5, 13: 7}),))
+    found = samples(render(snap))
+    assert {(d["rank"], value(found, "kvwatch_engine_process_resident_bytes", **d))
+            for d in series(found, "kvwatch_engine_process_resident_bytes")} == {("", 100), ("0", 1000), ("1", 12)}

@@ -26,8 +26,7 @@ def test_parses_the_real_cpu_engine_page() -> None:
     assert m.cache == CacheConfig(num_gpu_blocks=16384, block_size=128, cache_dtype="auto",
                                   gpu_memory_utilization=0.92, kv_cache_memory_bytes=1 << 30,
                                   kv_cache_size_tokens=2_097_152)
-    assert (m.kv_cache_usage_ratio, m.num_requests_running, m.num_requests_waiting,
-            m.num_preemptions_total) == (0.0, 0.0, 0.0, 0.0)
+    assert m.kv_cache_usage_ratio == 0.0
 
 
 def test_parses_the_page_after_a_request() -> None:
@@ -42,15 +41,16 @@ def test_parses_the_block_size_the_engine_was_given() -> None:
     assert (m.cache.block_size, m.cache.cache_dtype, m.cache.num_gpu_blocks) == (64, "auto", 21845)
 
 
-def test_data_parallel_engines_are_summed_and_the_fullest_usage_wins() -> None:
+def test_data_parallel_engines_the_fullest_usage_wins() -> None:
     lines = []
     for line in DEFAULT_PAGE.splitlines():
         lines.append(line)
-        if line.startswith(("vllm:num_requests_running{", "vllm:kv_cache_usage_perc{", "vllm:num_preemptions_total{")):
+        if line.startswith("vllm:kv_cache_usage_perc{"):
             lines.append(line.replace('engine="0"', 'engine="1"').replace(" 0.0", " 0.75"))
     m = parse_metrics("\n".join(lines) + "\n")
     assert m.ok
-    assert (m.num_requests_running, m.kv_cache_usage_ratio, m.num_preemptions_total) == (0.75, 0.75, 0.75)
+    assert m.kv_cache_usage_ratio == 0.75
+    assert [(r.rank, r.kv_cache_usage_ratio) for r in m.ranks] == [("0", 0.0), ("1", 0.75)]
     assert m.cache is not None and m.cache.num_gpu_blocks == 16384
 
 
@@ -73,7 +73,7 @@ def test_missing_and_none_labels_are_not_available() -> None:
             'gpu_memory_utilization="0.9",kv_cache_memory_bytes="None"} 1.0\n')
     m = parse_metrics(page)
     assert m.ok and m.cache == CacheConfig(None, 16, "fp8", 0.9, None, None)
-    assert m.kv_cache_usage_ratio is None and m.num_requests_running is None
+    assert m.kv_cache_usage_ratio is None
 
 
 @settings(max_examples=200, deadline=None)

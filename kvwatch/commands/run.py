@@ -6,7 +6,6 @@ import logging
 import signal
 import threading
 from collections.abc import Callable, Iterable
-from importlib import import_module
 from typing import Any
 
 from kvwatch.errors import KvwatchError
@@ -14,12 +13,6 @@ from kvwatch.watchdog.config import Config, load_config, with_overrides
 from kvwatch.watchdog.supervisor import Observer, Supervisor
 
 _LOG = logging.getLogger(__name__)
-
-# The exporter plugs in here: a module with `attach(config, supervisor) -> close | None`,
-# where close() stops what attach started. attach may call supervisor.add_observer(fn)
-# with fn(EngineStatus) -> None (called from the supervisor thread after every change)
-# or read supervisor.status (an immutable EngineStatus) whenever it likes.
-EXPORTER_HOOK = "kvwatch.exporter.hook"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -77,19 +70,15 @@ def serve(config: Config, observers: Iterable[Observer] = ()) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        if close is not None:
-            close()
+        close()
     if "error" in result:
         raise result["error"]
     return int(result.get("code", 1))
 
 
-def _attach_exporter(config: Config, supervisor: Supervisor) -> Callable[[], None] | None:
-    try:
-        hook = import_module(EXPORTER_HOOK)
-    except ModuleNotFoundError as exc:
-        if exc.name != EXPORTER_HOOK:
-            raise
-        _LOG.debug("exporter: %s not installed; listen %s unused", EXPORTER_HOOK, config.listen)
-        return None
+def _attach_exporter(config: Config, supervisor: Supervisor) -> Callable[[], None]:
+    """The exporter (kvwatch.exporter.hook) reads supervisor.status once per tick; close() stops it.
+    Imported here, not at the top: `kvwatch --help` stays light."""
+    from kvwatch.exporter import hook
+
     return hook.attach(config, supervisor)

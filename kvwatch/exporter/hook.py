@@ -1,4 +1,4 @@
-"""The exporter of `kvwatch run` (kvwatch.commands.run imports this module by name).
+"""The exporter of `kvwatch run` (kvwatch.commands.run calls attach).
 
 attach() starts the watch loop and the HTTP server for the supervised engine and returns
 the function that stops them. It reads ``supervisor.status`` (an immutable EngineStatus)
@@ -7,22 +7,13 @@ once per tick; it never calls into the supervisor otherwise.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from kvwatch.exporter.service import Exporter
 from kvwatch.exporter.targets import SupervisedEngines
 
 _LOG = logging.getLogger(__name__)
-
-
-def _process_source() -> Callable[[Sequence[int]], Mapping[int, int]] | None:
-    """pid -> RSS bytes from kvwatch.boundary.processes (the only module that imports psutil), if it offers it."""
-    try:
-        from kvwatch.boundary import processes
-    except ImportError:
-        return None
-    return getattr(processes, "rss", None)
 
 
 def _readiness(supervisor: Any) -> tuple[bool, str]:
@@ -36,6 +27,7 @@ def attach(config: Any, supervisor: Any) -> Callable[[], None]:
     snapshotting every ``config.watch.interval_seconds``. KvwatchError when it cannot listen."""
     import os
 
+    from kvwatch.boundary import processes
     from kvwatch.boundary.nvml import Nvml
     from kvwatch.watchdog.host_registry import HostRegistry
 
@@ -45,7 +37,7 @@ def attach(config: Any, supervisor: Any) -> Callable[[], None]:
     exporter = Exporter(SupervisedEngines(lambda: [supervisor.status], visible_devices=visible),
                         listen=config.listen, web_config=config.web_config,
                         interval=config.watch.interval_seconds, nvml=nvml.snapshot,
-                        process_source=_process_source(), host=HostRegistry(config.state_dir, config.name),
+                        process_source=processes.rss, host=HostRegistry(config.state_dir, config.name),
                         all_gpus=config.watch.all_gpus, readiness=lambda: _readiness(supervisor))
     exporter.start(first_tick_inline=False)  # the supervisor starts at once; the first tick follows
 

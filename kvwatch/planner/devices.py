@@ -16,7 +16,6 @@ class Device:
     total_memory_bytes: int | None = None
     uuid: str | None = None
     cpu_fp8_kv: bool = True                    # CPU: AVX-512 or AMX present (fp8 KV kernels)
-    cpu_amx: bool = False                      # CPU: AMX tiles (AMX MLA kernel, no block-16 rule)
     cpu_avx512_bf16: bool = False              # CPU: AVX-512 BF16 (vLLM then keeps SSM states in float32)
     source: str = "given"                      # "nvml", "preset", "given", "cpu"
 
@@ -55,6 +54,5 @@ def parse_compute_capability(text: str) -> tuple[int, int]:
 
 def cpu_device_from_flags(flags: set[str], name: str = "cpu") -> Device:
     """The CPU backend's device, from /proc/cpuinfo flags (parsed by the caller)."""
-    amx = "amx_tile" in flags
-    return Device("cpu", name, cpu_fp8_kv=amx or "avx512f" in flags, cpu_amx=amx,
+    return Device("cpu", name, cpu_fp8_kv="amx_tile" in flags or "avx512f" in flags,
                   cpu_avx512_bf16="avx512_bf16" in flags, source="cpu")

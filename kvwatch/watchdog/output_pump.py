@@ -23,7 +23,6 @@ _LOG = logging.getLogger(__name__)
 
 _KV_TOKENS = re.compile(r"KV cache size: ([\d,]+) tokens")
 _KV_AVAILABLE = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
-_MODEL_LOADING = re.compile(r"Model loading took ([\d.]+) GiB memory")
 _GiB = 2**30
 
 # A reader blocked on the pipe costs the engine a wake-up of that reader for each line it writes:
@@ -41,12 +40,11 @@ class LogFacts:
 
     kv_tokens: int | None = None
     available_kv_bytes: int | None = None
-    model_loading_bytes: int | None = None
 
 
 # Words that only the fact lines carry: the serving stats line says "GPU KV cache usage" every
 # few seconds and must not send every block through the line-by-line parser.
-_FACT_MARKERS = ("KV cache size:", "Available KV cache memory:", "Model loading took")
+_FACT_MARKERS = ("KV cache size:", "Available KV cache memory:")
 _FACT_MARKERS_RAW = tuple(marker.encode() for marker in _FACT_MARKERS)
 
 
@@ -55,11 +53,9 @@ def parse_fact(line: str, facts: LogFacts) -> LogFacts:
     if not any(marker in line for marker in _FACT_MARKERS):
         return facts
     if m := _KV_TOKENS.search(line):
-        return LogFacts(int(m.group(1).replace(",", "")), facts.available_kv_bytes, facts.model_loading_bytes)
+        return LogFacts(int(m.group(1).replace(",", "")), facts.available_kv_bytes)
     if m := _KV_AVAILABLE.search(line):
-        return LogFacts(facts.kv_tokens, int(float(m.group(1)) * _GiB), facts.model_loading_bytes)
-    if m := _MODEL_LOADING.search(line):
-        return LogFacts(facts.kv_tokens, facts.available_kv_bytes, int(float(m.group(1)) * _GiB))
+        return LogFacts(facts.kv_tokens, int(float(m.group(1)) * _GiB))
     return facts
 
 
