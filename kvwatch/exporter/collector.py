@@ -14,10 +14,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from kvwatch import __version__
-from kvwatch.boundary.nvml import GpuInfo
 from kvwatch.engine_status import EngineState
 from kvwatch.exporter.snapshot import EngineSnapshot, WatchSnapshot
 from kvwatch.failure_kinds import FailureKind
+from kvwatch.gpu_types import GpuInfo
 
 # The diagnosis' failure classes: the known values of the `reason` and `kind` labels,
 # exported at 0 from the start so that increase() sees the first one.

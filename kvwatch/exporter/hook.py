@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvwatch.exporter.service import Exporter
 from kvwatch.exporter.targets import SupervisedEngines
+
+if TYPE_CHECKING:
+    from kvwatch.boundary.nvml import Nvml
 
 _LOG = logging.getLogger(__name__)
 
@@ -22,16 +25,21 @@ def _readiness(supervisor: Any) -> tuple[bool, str]:
     return state == "ready", state
 
 
-def attach(config: Any, supervisor: Any) -> Callable[[], None]:
+def attach(config: Any, supervisor: Any, nvml: Nvml | None = None) -> Callable[[], None]:
     """Serve kvwatch's metrics on ``config.listen`` (TLS/auth from ``config.web_config``),
-    snapshotting every ``config.watch.interval_seconds``. KvwatchError when it cannot listen."""
+    snapshotting every ``config.watch.interval_seconds``. KvwatchError when it cannot listen.
+    ``nvml``: the process's Nvml, which its owner shuts down (`kvwatch run` passes its one); without
+    it the hook opens its own and close() shuts that down."""
     import os
 
     from kvwatch.boundary import processes
-    from kvwatch.boundary.nvml import Nvml
     from kvwatch.watchdog.host_registry import HostRegistry
 
-    nvml = Nvml()
+    own = None
+    if nvml is None:
+        from kvwatch.boundary.nvml import Nvml as OwnNvml
+
+        nvml = own = OwnNvml()
     # The engine sees the GPUs its environment names (config, else kvwatch's own).
     visible = config.engine.environment.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
     exporter = Exporter(SupervisedEngines(lambda: [supervisor.status], visible_devices=visible),
@@ -43,6 +51,7 @@ def attach(config: Any, supervisor: Any) -> Callable[[], None]:
 
     def close() -> None:
         exporter.stop()
-        nvml.shutdown()
+        if own is not None:
+            own.shutdown()
 
     return close

@@ -18,10 +18,10 @@ from typing import Protocol, TypeVar
 
 from kvwatch.boundary import engine_http
 from kvwatch.boundary.engine_http import EngineMetrics
-from kvwatch.boundary.nvml import GpuInfo, NvmlSnapshot, parse_cuda_visible_devices
 from kvwatch.engine_status import EngineState, EngineStatus
 from kvwatch.exporter.actual import ActualKv, KvContext, actual_per_rank, plan_for_reported
 from kvwatch.exporter.snapshot import ENGINE, HOST, NVML, PROCESS, CollectorResult, EngineSnapshot, WatchSnapshot
+from kvwatch.gpu_types import GpuInfo, NvmlSnapshot, parse_cuda_visible_devices
 from kvwatch.planner.plan import Plan
 
 _LOG = logging.getLogger(__name__)
