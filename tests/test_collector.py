@@ -288,14 +288,14 @@ def test_a_failing_process_source_fails_its_collector_only() -> None:
 
 
 def test_process_rss_per_engine_through_the_psutil_reader() -> None:
-    from kvwatch.boundary import processes
+    from kvwatch.boundary import proc_inspect
 
     child = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(30)"],
                              stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "up"  # running python now
         status = EngineStatus("a", EngineState.READY, pids=(child.pid, 999_999_999))
-        watch = Watch(lambda: [EngineTarget(status, url=None)], process_source=processes.rss)
+        watch = Watch(lambda: [EngineTarget(status, url=None)], process_source=proc_inspect.rss)
         rss = watch.tick().engines[0].process_rss
         assert rss is not None and list(rss) == [child.pid] and rss[child.pid] > 1 << 20
         found = samples(render(watch))

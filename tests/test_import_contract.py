@@ -64,7 +64,7 @@ FORBIDDEN = {
 # Third-party boundaries that one module alone may import, anywhere in kvwatch.
 SOLE_IMPORTERS = {
     "pynvml": "kvwatch/boundary/nvml.py",
-    "psutil": "kvwatch/boundary/processes.py",
+    "psutil": "kvwatch/boundary/proc_inspect.py",
 }
 
 
@@ -163,3 +163,10 @@ def test_the_checker_flags_submodules_but_not_lookalikes() -> None:
     assert set(forbidden_in({"http.server", "kvwatch.boundary.nvml", "os"})) == {"http.server",
                                                                                  "kvwatch.boundary.nvml", "os"}
     assert forbidden_in({"httpx_like", "kvwatch.boundaryless", "posixpath", "osmosis", "kvwatch.policy"}) == {}
+
+
+def test_the_transitional_processes_module_does_not_spread() -> None:
+    """kvwatch/boundary/processes.py only re-exports spawn.py and proc_inspect.py for the supervisor."""
+    importers = sorted(rel(p) for p in all_files()
+                       if any(m == "kvwatch.boundary.processes" for m in imports_of(p)))
+    assert importers == ["kvwatch/watchdog/supervisor.py"]

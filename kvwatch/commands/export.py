@@ -88,11 +88,11 @@ def run(args: argparse.Namespace) -> int:
         nvml = shared()  # the one the device chooser reads too
     if any(pid <= 0 for pid in args.engine_pid):
         raise KvwatchError("--engine-pid: expected a positive process id")
-    from kvwatch.boundary import processes
+    from kvwatch.boundary import proc_inspect
     from kvwatch.watchdog.config import default_state_dir
     from kvwatch.watchdog.host_registry import HostRegistry
 
-    local = processes.is_local_host(urllib.parse.urlsplit(url).hostname or "")
+    local = proc_inspect.is_local_host(urllib.parse.urlsplit(url).hostname or "")
     engines = external_engine(args.name, url, context, args.engine_pid,
                               find_processes=not args.engine_pid and local)
     if not args.engine_pid and not local:

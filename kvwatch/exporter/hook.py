@@ -32,7 +32,7 @@ def attach(config: Any, supervisor: Any, nvml: Nvml | None = None) -> Callable[[
     it the hook opens its own and close() shuts that down."""
     import os
 
-    from kvwatch.boundary import processes
+    from kvwatch.boundary import proc_inspect
     from kvwatch.watchdog.host_registry import HostRegistry
 
     own = None
@@ -45,7 +45,7 @@ def attach(config: Any, supervisor: Any, nvml: Nvml | None = None) -> Callable[[
     exporter = Exporter(SupervisedEngines(lambda: [supervisor.status], visible_devices=visible),
                         listen=config.listen, web_config=config.web_config,
                         interval=config.watch.interval_seconds, nvml=nvml.snapshot,
-                        process_source=processes.rss, host=HostRegistry(config.state_dir, config.name),
+                        process_source=proc_inspect.rss, host=HostRegistry(config.state_dir, config.name),
                         all_gpus=config.watch.all_gpus, readiness=lambda: _readiness(supervisor))
     exporter.start(first_tick_inline=False)  # the supervisor starts at once; the first tick follows
 

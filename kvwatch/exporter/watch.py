@@ -2,8 +2,8 @@
 
 Sources are injected, so tests and both commands (`kvwatch run`, `kvwatch export`) wire
 their own: the engines (a callable returning EngineTargets), NVML (a callable returning
-an NvmlSnapshot, e.g. ``Nvml().snapshot``) and process memory (a callable mapping pids to
-resident bytes; kvwatch.boundary.processes provides it). The scrape side only ever reads
+an NvmlSnapshot, e.g. ``shared().snapshot``) and process memory (a callable mapping pids to
+resident bytes; kvwatch.boundary.proc_inspect.rss provides it). The scrape side only ever reads
 :attr:`Watch.snapshot`, a reference to an immutable value: no I/O, no lock.
 """
 from __future__ import annotations

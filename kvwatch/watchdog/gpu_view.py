@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kvwatch.boundary import processes
+from kvwatch.boundary import proc_inspect
 from kvwatch.diagnosis import GpuContext
 from kvwatch.gpu_types import NvmlSnapshot
 from kvwatch.planner.devices import Device
@@ -49,6 +49,6 @@ class GpuView:
         free = None
         if gpu.memory_total_bytes is not None and gpu.memory_used_bytes is not None:
             free = gpu.memory_total_bytes - gpu.memory_used_bytes
-        holders = tuple((p.pid, processes.name_of(p.pid), leftovers.is_ours(p.pid, [], self._marker))
+        holders = tuple((p.pid, proc_inspect.name_of(p.pid), leftovers.is_ours(p.pid, [], self._marker))
                         for p in gpu.processes or ())
         return GpuContext(free_bytes=free, total_bytes=gpu.memory_total_bytes, holders=holders)

@@ -24,7 +24,7 @@ _LOG = logging.getLogger(__name__)
 # A reader blocked on the pipe costs the engine a wake-up of that reader for each line it writes:
 # on a small host that halves a fast logger's throughput (bench/bench_log_pump.py). So after a
 # read that took less than half the pipe the pump sleeps a moment instead of waiting on it; the
-# pipe (1 MiB, enlarged by processes.spawn) takes the lines meanwhile without waking anyone, and
+# pipe (1 MiB, enlarged by spawn.spawn) takes the lines meanwhile without waking anyone, and
 # the next read takes them all at once. Longer pauses measured worse: the pipe's pages go cold.
 # A line reaches the tail at most ~1 ms later; nothing kvwatch does is that time-critical.
 _BATCH_PAUSE_S = 0.001
