@@ -250,14 +250,15 @@ def test_an_engine_gone_from_the_source_disappears() -> None:
 
 
 def test_a_scrape_never_waits_for_a_slow_source() -> None:
-    """While a tick hangs in NVML, scrapes render the previous snapshot at once."""
-    release = threading.Event()
+    """While a tick hangs in NVML, scrapes render the previous snapshot (how fast: bench/bench_deadlines.py)."""
+    release, finished = threading.Event(), threading.Event()
     calls = []
 
     def slow_nvml() -> NvmlSnapshot:
         calls.append(1)
         if len(calls) > 1:
-            release.wait(10)
+            release.wait(60)
+            finished.set()
         return NvmlSnapshot(True, None, "x", (GpuInfo(0, H200_A, "n", 1, 1, None, ()),), ())
 
     watch = Watch(two_engines, nvml=slow_nvml, interval=0.05, all_gpus=True)  # a GPU no engine uses
@@ -267,10 +268,9 @@ def test_a_scrape_never_waits_for_a_slow_source() -> None:
         while len(calls) < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert len(calls) >= 2  # the second tick is stuck in NVML now
-        start = time.perf_counter()
         for _ in range(20):
             found = samples(render(watch))
-        assert time.perf_counter() - start < 1.0
+        assert not finished.is_set()  # every render returned while the tick was still stuck
         assert value(found, "kvwatch_gpu_memory_total_bytes", gpu=H200_A) == 1
     finally:
         release.set()

