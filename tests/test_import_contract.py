@@ -16,7 +16,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "kvwatch"
 
 # The pure modules: every module of these packages, and these top-level ones.
 PURE_PACKAGES = ("planner", "diagnosis")
-PURE_MODULES = ("errors.py", "policy.py", "exitcodes.py", "engine_status.py", "failure_kinds.py", "listen.py")
+PURE_MODULES = ("errors.py", "policy.py", "exitcodes.py", "engine_status.py", "failure_kinds.py", "listen.py",
+                "gpu_types.py")
 
 # What a pure module must not import (a name here covers its submodules: "http" covers "http.client").
 FORBIDDEN = {
@@ -63,7 +64,7 @@ FORBIDDEN = {
 # Third-party boundaries that one module alone may import, anywhere in kvwatch.
 SOLE_IMPORTERS = {
     "pynvml": "kvwatch/boundary/nvml.py",
-    "psutil": "kvwatch/boundary/processes.py",
+    "psutil": "kvwatch/boundary/proc_inspect.py",
 }
 
 
@@ -162,3 +163,10 @@ def test_the_checker_flags_submodules_but_not_lookalikes() -> None:
     assert set(forbidden_in({"http.server", "kvwatch.boundary.nvml", "os"})) == {"http.server",
                                                                                  "kvwatch.boundary.nvml", "os"}
     assert forbidden_in({"httpx_like", "kvwatch.boundaryless", "posixpath", "osmosis", "kvwatch.policy"}) == {}
+
+
+def test_the_transitional_processes_module_does_not_spread() -> None:
+    """kvwatch/boundary/processes.py only re-exports spawn.py and proc_inspect.py for the supervisor."""
+    importers = sorted(rel(p) for p in all_files()
+                       if any(m == "kvwatch.boundary.processes" for m in imports_of(p)))
+    assert importers == ["kvwatch/watchdog/supervisor.py"]

@@ -24,7 +24,8 @@ from nvml_standin import (
     nvml_standin_fixture,  # noqa: F401
 )
 
-from kvwatch.boundary.nvml import GpuInfo, GpuProcess, Nvml, parse_cuda_visible_devices
+from kvwatch.boundary.nvml import Nvml
+from kvwatch.gpu_types import GpuInfo, GpuProcess, parse_cuda_visible_devices
 
 A100 = "GPU-0f1e2d3c-aaaa-4bbb-8ccc-000000000000"
 L40S = "GPU-9a8b7c6d-dddd-4eee-8fff-111111111111"

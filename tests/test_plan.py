@@ -13,7 +13,7 @@ from kvwatch.planner.devices import Device, GiB, preset
 from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.flag_change import FlagChange
 from kvwatch.planner.geometry import geometry_from_config
-from kvwatch.planner.plan import MemoryInputs, make_plan
+from kvwatch.planner.plan import NO_MEMORY_INPUTS, MemoryInputs, make_plan
 from kvwatch.planner.rules import ruleset_for
 
 RULES = ruleset_for("0.32.0")
@@ -231,7 +231,7 @@ def test_the_plan_says_how_its_kv_memory_is_known() -> None:
     geometry = geometry_from_config(llama_config())
     h100 = preset("h100")
 
-    def source(*flags: str, memory: MemoryInputs = MemoryInputs()) -> tuple[str, bool]:
+    def source(*flags: str, memory: MemoryInputs = NO_MEMORY_INPUTS) -> tuple[str, bool]:
         settings = EngineCommand.parse(["vllm", "serve", "m", *flags]).settings()
         plan = make_plan(geometry, settings, h100, RULES, memory)
         assert plan.to_json()["source"] == plan.source

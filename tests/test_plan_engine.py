@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 
@@ -12,6 +11,7 @@ from engine_support import deepseek_v2_config, engine_env, llama_config, run_eng
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvwatch.boundary.device_probe import cpu_device
+from kvwatch.diagnosis.startup_lines import kv_tokens
 
 pytestmark = pytest.mark.engine
 
@@ -38,9 +38,9 @@ def cache_config_info(metrics_text: str) -> dict[str, str]:
 
 
 def logged_kv_tokens(log: str) -> int:
-    match = re.search(r"(?:GPU|CPU) KV cache size: ([\d,]+) tokens", log)
-    assert match, "the engine logged no KV cache size"
-    return int(match.group(1).replace(",", ""))
+    logged = [tokens for line in log.splitlines() if (tokens := kv_tokens(line)) is not None]
+    assert logged, "the engine logged no KV cache size"
+    return logged[0]
 
 
 @pytest.mark.parametrize("block_flag", ["explicit", "default"])

@@ -226,16 +226,19 @@ def test_a_busy_port_is_one_clear_error(serve) -> None:
         MetricsServer(_registry(), f"127.0.0.1:{server.port}")
 
 
-def test_a_stalled_client_does_not_block_other_scrapes(serve, pki: dict[str, Path]) -> None:
-    """A connection that never sends its TLS hello holds its own thread, not the accept loop."""
+def test_a_stalled_client_does_not_block_other_scrapes(serve, pki: dict[str, Path],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connection that never sends its TLS hello holds its own thread, not the accept loop: the
+    scrape is answered (within get's 5 s), though no stalled connection ends for an hour. How fast:
+    bench/bench_deadlines.py."""
     import socket
 
+    from kvwatch.exporter import server as server_module
+    monkeypatch.setattr(server_module, "CONNECTION_DEADLINE", 3600.0)
     server = serve(f"tls_server_config:\n  cert_file: {pki['server_crt']}\n  key_file: {pki['server_key']}\n")
     stalled = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(3)]
     try:
-        start = time.monotonic()
         assert get(server.url + "/metrics", context=client_context(pki))[0] == 200
-        assert time.monotonic() - start < 2
     finally:
         for s in stalled:
             s.close()
@@ -375,7 +378,7 @@ def test_a_slowloris_client_is_cut_at_the_connection_deadline(serve, monkeypatch
                 break
         if not closed:
             closed = s.recv(100) == b""
-        assert closed and time.monotonic() - t0 < 4
+        assert closed   # before the request was all sent (5 s); how soon: bench/bench_deadlines.py
     finally:
         s.close()
 

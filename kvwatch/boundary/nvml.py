@@ -12,47 +12,18 @@ import ctypes
 import logging
 import os
 import threading
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import pynvml
+
+from kvwatch.gpu_types import GpuInfo, GpuProcess, NvmlSnapshot, parse_cuda_visible_devices
 
 _LOG = logging.getLogger(__name__)
 
 LIBRARY_ENV = "KVWATCH_NVML_LIBRARY"
 _NOT_AVAILABLE = 2**64 - 1  # NVML_VALUE_NOT_AVAILABLE as an unsigned long long
 _T = TypeVar("_T")
-
-
-@dataclass(frozen=True)
-class GpuProcess:
-    pid: int
-    used_bytes: int | None  # None: the driver does not report it (e.g. WDDM, some vGPUs)
-
-
-@dataclass(frozen=True)
-class GpuInfo:
-    index: int  # NVML enumeration index (nvidia-smi's numbering)
-    uuid: str
-    name: str | None
-    memory_total_bytes: int | None
-    memory_used_bytes: int | None
-    compute_capability: tuple[int, int] | None
-    processes: tuple[GpuProcess, ...] | None  # compute processes by pid; None: not available
-
-
-@dataclass(frozen=True)
-class NvmlSnapshot:
-    available: bool
-    error: str | None  # why NVML is not available
-    driver_version: str | None
-    gpus: tuple[GpuInfo, ...]
-    lost_gpus: tuple[int, ...]  # indices that reported GPU_IS_LOST
-
-    @staticmethod
-    def unavailable(error: str) -> NvmlSnapshot:
-        return NvmlSnapshot(False, error, None, (), ())
 
 
 class _GpuLost(Exception):
@@ -301,34 +272,15 @@ def _bytes(value: int | None) -> int | None:
     return None if value is None or value == _NOT_AVAILABLE else int(value)
 
 
-def parse_cuda_visible_devices(value: str | None, devices: Mapping[int, str | None]) -> list[int]:
-    """NVML indices a CUDA process would see, in its order, as CUDA parses
-    CUDA_VISIBLE_DEVICES: unset = all; comma-separated entries, each an index
-    (read like strtoul, so "1gpu" is 1) or a unique prefix of a "GPU-" UUID;
-    the first invalid, unknown or ambiguous entry ends the list; a repeated
-    device empties it. ``devices`` maps each NVML index to its UUID (None if
-    unknown, e.g. lost). MIG UUIDs are not resolved (they end the list).
+_shared: dict[str | None, Nvml] = {}
+_shared_lock = threading.Lock()
 
-    Indices are in CUDA's order, which is NVML's (nvidia-smi's) order under
-    CUDA_DEVICE_ORDER=PCI_BUS_ID but not always otherwise (CUDA's default
-    puts the fastest GPU first); UUIDs are exact.
-    """
-    if value is None:
-        return sorted(devices)
-    result: list[int] = []
-    for entry in value.split(","):
-        entry = entry.strip()
-        if entry.startswith("GPU-"):
-            matches = [i for i, uuid in devices.items() if uuid and uuid.startswith(entry)]
-            if len(matches) != 1:
-                break
-            index = matches[0]
-        else:
-            digits = entry[: len(entry) - len(entry.lstrip("0123456789"))]
-            if not digits or int(digits) not in devices:
-                break
-            index = int(digits)
-        if index in result:
-            return []
-        result.append(index)
-    return result
+
+def shared() -> Nvml:
+    """The process's one Nvml (`kvwatch run`: the preflight's device, the watchdog's GPU view and the
+    exporter all read it). One per library path, which in a kvwatch process never changes."""
+    path = os.environ.get(LIBRARY_ENV) or None
+    with _shared_lock:
+        if path not in _shared:
+            _shared[path] = Nvml(path)
+        return _shared[path]

@@ -18,7 +18,6 @@ import signal
 import threading
 import urllib.parse
 
-from kvwatch.boundary import device_probe
 from kvwatch.commands.plan import add_device_arguments, device_from_args
 from kvwatch.errors import KvwatchError
 from kvwatch.exitcodes import EXIT_OK
@@ -27,7 +26,6 @@ from kvwatch.exporter.service import Exporter
 from kvwatch.exporter.targets import external_engine, kv_context
 from kvwatch.exporter.watch import DEFAULT_INTERVAL
 from kvwatch.listen import DEFAULT_LISTEN
-from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineCommand
 
 _LOG = logging.getLogger(__name__)
@@ -67,15 +65,6 @@ def _check_url(url: str) -> str:
     return url.rstrip("/")
 
 
-def _device(args: argparse.Namespace) -> Device:
-    if args.device or args.gpu is not None or args.preset or args.compute_capability or args.gpu_memory:
-        return device_from_args(args)
-    try:
-        return device_probe.gpu_device(None)
-    except KvwatchError:
-        return device_probe.cpu_device()
-
-
 def _context(args: argparse.Namespace) -> KvContext | None:
     if args.engine_command:
         command = EngineCommand.parse(args.engine_command)
@@ -85,7 +74,7 @@ def _context(args: argparse.Namespace) -> KvContext | None:
         command = EngineCommand.parse(["vllm", "serve", args.model])
     else:
         return None
-    return kv_context(command, _device(args))
+    return kv_context(command, device_from_args(args))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -95,15 +84,15 @@ def run(args: argparse.Namespace) -> int:
     context = _context(args)
     nvml = None
     if not args.no_nvml:
-        from kvwatch.boundary.nvml import Nvml  # only here: --no-nvml never loads the library
-        nvml = Nvml()
+        from kvwatch.boundary.nvml import shared  # only here: --no-nvml never loads the library
+        nvml = shared()  # the one the device chooser reads too
     if any(pid <= 0 for pid in args.engine_pid):
         raise KvwatchError("--engine-pid: expected a positive process id")
-    from kvwatch.boundary import processes
+    from kvwatch.boundary import proc_inspect
     from kvwatch.watchdog.config import default_state_dir
     from kvwatch.watchdog.host_registry import HostRegistry
 
-    local = processes.is_local_host(urllib.parse.urlsplit(url).hostname or "")
+    local = proc_inspect.is_local_host(urllib.parse.urlsplit(url).hostname or "")
     engines = external_engine(args.name, url, context, args.engine_pid,
                               find_processes=not args.engine_pid and local)
     if not args.engine_pid and not local:

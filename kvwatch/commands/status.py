@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvwatch.boundary import processes
-from kvwatch.boundary.processes import ProcRef
+from kvwatch.boundary import proc_inspect
+from kvwatch.boundary.proc_inspect import ProcRef
 from kvwatch.errors import KvwatchError
 from kvwatch.watchdog.config import default_state_dir
 from kvwatch.watchdog.state_store import EngineRecord, load_all
@@ -26,7 +26,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def daemon_running(record: EngineRecord) -> bool:
     if not record.kvwatch_pid or record.kvwatch_create_time is None:
         return False
-    return processes.alive(ProcRef(record.kvwatch_pid, record.kvwatch_create_time)) is not None
+    return proc_inspect.alive(ProcRef(record.kvwatch_pid, record.kvwatch_create_time)) is not None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvwatch.diagnosis import refusals
+from kvwatch.diagnosis.startup_lines import KV_TOKENS, KV_TOKENS_MARKER, kv_tokens_of
 from kvwatch.failure_kinds import FailureKind
 
 Facts = dict[str, Any]
@@ -399,8 +400,7 @@ CONTEXT_PATTERNS: tuple[tuple[str, re.Pattern[str], str, Callable[[str], Any]], 
     ("Using max model len", re.compile(r"Using max model len (\d+)"), "max_model_len", int),
     ("attention backend out of potential", re.compile(r"Using (\w+) attention backend out of potential"),
      "attention_backend", str),
-    ("KV cache size:", re.compile(r"(?:GPU|CPU) KV cache size: ([\d,]+) tokens"), "kv_cache_tokens",
-     lambda s: int(s.replace(",", ""))),
+    (KV_TOKENS_MARKER, KV_TOKENS, "kv_cache_tokens", kv_tokens_of),
 )
 
 # A line that looks like an exception: kept as the evidence of an unknown failure.

@@ -14,10 +14,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from kvwatch import __version__
-from kvwatch.boundary.nvml import GpuInfo
 from kvwatch.engine_status import EngineState
 from kvwatch.exporter.snapshot import EngineSnapshot, WatchSnapshot
 from kvwatch.failure_kinds import FailureKind
+from kvwatch.gpu_types import GpuInfo
 
 # The diagnosis' failure classes: the known values of the `reason` and `kind` labels,
 # exported at 0 from the start so that increase() sees the first one.
@@ -58,6 +58,9 @@ HELP = {
     "kvwatch_engine_gpu_memory_bytes": "GPU memory NVML attributes to the engine's process tree, by data-parallel "
                                        "rank (the rank's engine core and its workers; empty for the engine's "
                                        "processes under no core, such as the API server).",
+    "kvwatch_engine_process_resident_bytes": "Resident memory (RSS) of the engine's processes, by data-parallel "
+                                             "rank (as kvwatch_engine_gpu_memory_bytes; empty for processes "
+                                             "under no core).",
     "kvwatch_gpu_foreign_memory_bytes": "GPU memory held by processes that are in no supervised engine's "
                                         "process tree.",
     "kvwatch_collector_success": "1 when the collector's last snapshot succeeded, else 0.",
@@ -109,6 +112,7 @@ class KvwatchCollector(Collector):
             "gpu_total": _gauge("kvwatch_gpu_memory_total_bytes", ["gpu"]),
             "gpu_used": _gauge("kvwatch_gpu_memory_used_bytes", ["gpu"]),
             "engine_gpu": _gauge("kvwatch_engine_gpu_memory_bytes", _R + ["gpu"]),
+            "engine_rss": _gauge("kvwatch_engine_process_resident_bytes", _R),
             "foreign": _gauge("kvwatch_gpu_foreign_memory_bytes", ["gpu"]),
             "success": _gauge("kvwatch_collector_success", ["collector"]),
             "duration": _gauge("kvwatch_collector_duration_seconds", ["collector"]),
@@ -164,12 +168,25 @@ def _engine(f: dict[str, Any], engine: EngineSnapshot) -> None:
         f["padding_ratio"].add_metric([name, rank], actual.padding_ratio)
         if plan is not None and plan.planned_kv_bytes > 0:
             f["drift"].add_metric([name, rank], (actual.kv_bytes - plan.planned_kv_bytes) / plan.planned_kv_bytes)
+    if engine.process_rss:
+        for rank, rss in sorted(_by_rank(engine.process_rss.items(), status.pid_ranks).items()):
+            f["engine_rss"].add_metric([name, rank], rss)
     if metrics is not None:
         usage = [(r.rank, r.kv_cache_usage_ratio) for r in metrics.ranks if r.kv_cache_usage_ratio is not None]
         if not usage and metrics.kv_cache_usage_ratio is not None:
             usage = [("0", metrics.kv_cache_usage_ratio)]
         for rank, ratio in usage:
             f["usage"].add_metric([name, rank], ratio)
+
+
+def _by_rank(pid_bytes: Iterable[tuple[int, int]], pid_ranks: Mapping[int, int]) -> dict[str, int]:
+    """Bytes summed by the data-parallel rank of each pid: without data parallelism every process
+    is rank 0's; with it, a process under no engine core (the API server) is rank ""."""
+    out: dict[str, int] = {}
+    for pid, value in pid_bytes:
+        rank = str(pid_ranks[pid]) if pid in pid_ranks else ("" if pid_ranks else "0")
+        out[rank] = out.get(rank, 0) + value
+    return out
 
 
 def _gpus(f: dict[str, Any], snap: WatchSnapshot) -> None:
@@ -183,12 +200,8 @@ def _gpus(f: dict[str, Any], snap: WatchSnapshot) -> None:
         if gpu.processes is None:  # NVML does not say who holds memory on this GPU
             continue
         for name, pids, pid_ranks in owners:
-            held: dict[str, int] = {}
-            for p in gpu.processes:
-                if p.pid in pids and p.used_bytes is not None:
-                    # without data parallelism every process is rank 0's
-                    rank = str(pid_ranks[p.pid]) if p.pid in pid_ranks else ("" if pid_ranks else "0")
-                    held[rank] = held.get(rank, 0) + p.used_bytes
+            held = _by_rank(((p.pid, p.used_bytes) for p in gpu.processes
+                             if p.pid in pids and p.used_bytes is not None), pid_ranks)
             for rank, used in sorted(held.items()):
                 f["engine_gpu"].add_metric([name, rank, gpu.uuid], used)
         if all_known:

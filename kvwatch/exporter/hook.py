@@ -1,4 +1,4 @@
-"""The exporter of `kvwatch run` (kvwatch.commands.run imports this module by name).
+"""The exporter of `kvwatch run` (kvwatch.commands.run calls attach).
 
 attach() starts the watch loop and the HTTP server for the supervised engine and returns
 the function that stops them. It reads ``supervisor.status`` (an immutable EngineStatus)
@@ -7,22 +7,16 @@ once per tick; it never calls into the supervisor otherwise.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from kvwatch.exporter.service import Exporter
 from kvwatch.exporter.targets import SupervisedEngines
 
+if TYPE_CHECKING:
+    from kvwatch.boundary.nvml import Nvml
+
 _LOG = logging.getLogger(__name__)
-
-
-def _process_source() -> Callable[[Sequence[int]], Mapping[int, int]] | None:
-    """pid -> RSS bytes from kvwatch.boundary.processes (the only module that imports psutil), if it offers it."""
-    try:
-        from kvwatch.boundary import processes
-    except ImportError:
-        return None
-    return getattr(processes, "rss", None)
 
 
 def _readiness(supervisor: Any) -> tuple[bool, str]:
@@ -31,26 +25,33 @@ def _readiness(supervisor: Any) -> tuple[bool, str]:
     return state == "ready", state
 
 
-def attach(config: Any, supervisor: Any) -> Callable[[], None]:
+def attach(config: Any, supervisor: Any, nvml: Nvml | None = None) -> Callable[[], None]:
     """Serve kvwatch's metrics on ``config.listen`` (TLS/auth from ``config.web_config``),
-    snapshotting every ``config.watch.interval_seconds``. KvwatchError when it cannot listen."""
+    snapshotting every ``config.watch.interval_seconds``. KvwatchError when it cannot listen.
+    ``nvml``: the process's Nvml, which its owner shuts down (`kvwatch run` passes its one); without
+    it the hook opens its own and close() shuts that down."""
     import os
 
-    from kvwatch.boundary.nvml import Nvml
+    from kvwatch.boundary import proc_inspect
     from kvwatch.watchdog.host_registry import HostRegistry
 
-    nvml = Nvml()
+    own = None
+    if nvml is None:
+        from kvwatch.boundary.nvml import Nvml as OwnNvml
+
+        nvml = own = OwnNvml()
     # The engine sees the GPUs its environment names (config, else kvwatch's own).
     visible = config.engine.environment.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
     exporter = Exporter(SupervisedEngines(lambda: [supervisor.status], visible_devices=visible),
                         listen=config.listen, web_config=config.web_config,
                         interval=config.watch.interval_seconds, nvml=nvml.snapshot,
-                        process_source=_process_source(), host=HostRegistry(config.state_dir, config.name),
+                        process_source=proc_inspect.rss, host=HostRegistry(config.state_dir, config.name),
                         all_gpus=config.watch.all_gpus, readiness=lambda: _readiness(supervisor))
     exporter.start(first_tick_inline=False)  # the supervisor starts at once; the first tick follows
 
     def close() -> None:
         exporter.stop()
-        nvml.shutdown()
+        if own is not None:
+            own.shutdown()
 
     return close

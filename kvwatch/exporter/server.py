@@ -410,11 +410,3 @@ def _handler(renderer: RenderCache, auth: BasicAuth,
 
     return Handler
 
-
-def serve(registry: CollectorRegistry, listen: str = DEFAULT_LISTEN,
-          web_config: WebConfig | None = None) -> MetricsServer:
-    """Start serving now; the caller stops it with ``.stop()``."""
-    server = MetricsServer(registry, listen, web_config)
-    server.start()
-    return server
-

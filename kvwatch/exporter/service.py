@@ -2,8 +2,8 @@
 `kvwatch run` (supervised engines) and `kvwatch export` (one external engine).
 
     exporter = Exporter(SupervisedEngines(supervisor.statuses), listen="127.0.0.1:9400",
-                        web_config="/etc/kvwatch/web.yml", nvml=Nvml().snapshot,
-                        process_source=processes.rss)
+                        web_config="/etc/kvwatch/web.yml", nvml=shared().snapshot,
+                        process_source=proc_inspect.rss)
     exporter.start()   # binds (KvwatchError if it cannot), first snapshot, then serves
     ...
     exporter.stop()

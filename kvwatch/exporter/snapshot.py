@@ -5,9 +5,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from kvwatch.boundary.engine_http import EngineMetrics
-from kvwatch.boundary.nvml import NvmlSnapshot
 from kvwatch.engine_status import EngineStatus
 from kvwatch.exporter.actual import ActualKv
+from kvwatch.gpu_types import NvmlSnapshot
 from kvwatch.planner.plan import Plan
 
 # Collector names, the values of the `collector` label.

@@ -96,10 +96,10 @@ def external_engine(name: str, url: str, context: KvContext | None = None,
 
 def _visible_devices(pids: Sequence[int]) -> str | None:
     """The engine's CUDA_VISIBLE_DEVICES, read from its first readable process."""
-    from kvwatch.boundary import processes
+    from kvwatch.boundary import proc_inspect
 
     for pid in pids:
-        value = processes.environ_value(pid, "CUDA_VISIBLE_DEVICES")
+        value = proc_inspect.environ_value(pid, "CUDA_VISIBLE_DEVICES")
         if value is not None:
             return value
     return None
@@ -114,12 +114,12 @@ class _ListeningEngine:
         self._said: str | None = None
 
     def __call__(self) -> list[EngineTarget]:
-        from kvwatch.boundary import processes
+        from kvwatch.boundary import proc_inspect
 
-        owners = processes.listening_on(self._port)
+        owners = proc_inspect.listening_on(self._port)
         pids: tuple[int, ...] = ()
         if len(owners) == 1 and owners[0] is not None:
-            pids = tuple(p.pid for p in processes.tree(owners[0]))
+            pids = tuple(p.pid for p in proc_inspect.tree(owners[0]))
         self._say(None if pids else
                   f"engine {self._name}: cannot tell which processes are the engine (listening on port "
                   f"{self._port}: {owners or 'nobody'}); pass --engine-pid to split GPU memory")

@@ -2,8 +2,8 @@
 
 Sources are injected, so tests and both commands (`kvwatch run`, `kvwatch export`) wire
 their own: the engines (a callable returning EngineTargets), NVML (a callable returning
-an NvmlSnapshot, e.g. ``Nvml().snapshot``) and process memory (a callable mapping pids to
-resident bytes; kvwatch.boundary.processes provides it). The scrape side only ever reads
+an NvmlSnapshot, e.g. ``shared().snapshot``) and process memory (a callable mapping pids to
+resident bytes; kvwatch.boundary.proc_inspect.rss provides it). The scrape side only ever reads
 :attr:`Watch.snapshot`, a reference to an immutable value: no I/O, no lock.
 """
 from __future__ import annotations
@@ -18,10 +18,10 @@ from typing import Protocol, TypeVar
 
 from kvwatch.boundary import engine_http
 from kvwatch.boundary.engine_http import EngineMetrics
-from kvwatch.boundary.nvml import GpuInfo, NvmlSnapshot, parse_cuda_visible_devices
 from kvwatch.engine_status import EngineState, EngineStatus
 from kvwatch.exporter.actual import ActualKv, KvContext, actual_per_rank, plan_for_reported
 from kvwatch.exporter.snapshot import ENGINE, HOST, NVML, PROCESS, CollectorResult, EngineSnapshot, WatchSnapshot
+from kvwatch.gpu_types import GpuInfo, NvmlSnapshot, parse_cuda_visible_devices
 from kvwatch.planner.plan import Plan
 
 _LOG = logging.getLogger(__name__)

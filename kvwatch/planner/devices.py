@@ -16,7 +16,7 @@ class Device:
     total_memory_bytes: int | None = None
     uuid: str | None = None
     cpu_fp8_kv: bool = True                    # CPU: AVX-512 or AMX present (fp8 KV kernels)
-    cpu_amx: bool = False                      # CPU: AMX tiles (AMX MLA kernel, no block-16 rule)
+    cpu_amx: bool = False                      # CPU: AMX tiles (vLLM's AMX MLA kernel: no 16-token blocks)
     cpu_avx512_bf16: bool = False              # CPU: AVX-512 BF16 (vLLM then keeps SSM states in float32)
     source: str = "given"                      # "nvml", "preset", "given", "cpu"
 

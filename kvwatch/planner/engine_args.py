@@ -14,14 +14,7 @@ from kvwatch.errors import CommandError
 from kvwatch.planner.units import parse_vllm_int
 from kvwatch.planner.vllm_flags import SERVE_OPTIONS
 
-# Flags whose values kvwatch reads or writes. Short aliases map to the long name.
-VALUE_FLAGS = (
-    "--model", "--block-size", "--kv-cache-dtype", "--dtype", "--gpu-memory-utilization",
-    "--kv-cache-memory-bytes", "--max-model-len", "--max-num-seqs", "--tensor-parallel-size",
-    "--pipeline-parallel-size", "--num-gpu-blocks-override", "--attention-backend", "--host",
-    "--port", "--served-model-name", "--quantization", "--max-num-batched-tokens",
-    "--data-parallel-size",
-)
+# Short aliases of the flags kvwatch reads or writes, to their long name.
 ALIASES = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-q": "--quantization",
            "-dp": "--data-parallel-size"}
 # Flags whose value is a count or a size: vLLM wants them positive (0 or less is a typo).

@@ -4,26 +4,31 @@ Off CUDA (the CPU backend) both are empty; NVML is only loaded on a GPU host.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-from kvwatch.boundary import processes
+from kvwatch.boundary import proc_inspect
+from kvwatch.diagnosis import GpuContext
+from kvwatch.gpu_types import NvmlSnapshot
 from kvwatch.planner.devices import Device
 from kvwatch.watchdog import leftovers
 
+if TYPE_CHECKING:
+    from kvwatch.boundary.nvml import Nvml
+
 
 class GpuView:
-    def __init__(self, device: Device | None, marker: str) -> None:
+    def __init__(self, device: Device | None, marker: str, nvml: Nvml | None = None) -> None:
         self._device = device
         self._marker = marker
-        self._nvml: Any = None
+        self._nvml = nvml   # None: the process's one, loaded on first use on a GPU host
 
-    def _snapshot(self) -> Any:
+    def _snapshot(self) -> NvmlSnapshot | None:
         if self._device is None or self._device.platform != "cuda":
             return None
         if self._nvml is None:
-            from kvwatch.boundary.nvml import Nvml
+            from kvwatch.boundary.nvml import shared
 
-            self._nvml = Nvml()
+            self._nvml = shared()
         return self._nvml.snapshot()
 
     def holders(self) -> list[tuple[str, int]]:
@@ -33,19 +38,17 @@ class GpuView:
             return []
         return [(gpu.uuid, p.pid) for gpu in snapshot.gpus for p in gpu.processes or ()]
 
-    def context(self) -> Any:
+    def context(self) -> GpuContext | None:
         """The engine's GPU now (free memory, holders and whether each is ours); None off CUDA."""
         snapshot = self._snapshot()
         if snapshot is None or self._device is None:
             return None
-        from kvwatch.diagnosis import GpuContext
-
         gpu = next((g for g in snapshot.gpus if g.uuid == self._device.uuid), None)
         if gpu is None:
             return None
         free = None
         if gpu.memory_total_bytes is not None and gpu.memory_used_bytes is not None:
             free = gpu.memory_total_bytes - gpu.memory_used_bytes
-        holders = tuple((p.pid, processes.name_of(p.pid), leftovers.is_ours(p.pid, [], self._marker))
+        holders = tuple((p.pid, proc_inspect.name_of(p.pid), leftovers.is_ours(p.pid, [], self._marker))
                         for p in gpu.processes or ())
         return GpuContext(free_bytes=free, total_bytes=gpu.memory_total_bytes, holders=holders)

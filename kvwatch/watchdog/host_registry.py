@@ -20,8 +20,8 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from kvwatch.boundary import processes
-from kvwatch.boundary.processes import ProcRef
+from kvwatch.boundary import proc_inspect
+from kvwatch.boundary.proc_inspect import ProcRef
 from kvwatch.watchdog.state_store import read_regular, write_atomic
 
 _LOG = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ class HostRegistry:
         self.directory = os.path.join(state_dir, REGISTRY_DIR)
         self.name = name
         self.path = os.path.join(self.directory, f"{name}.json")
-        self._me = processes.ref_of(os.getpid())
+        self._me = proc_inspect.ref_of(os.getpid())
         self._pids: list[int] | None = None          # the pids of the claim last written
         self._warned: set[str] = set()
 
@@ -49,7 +49,7 @@ class HostRegistry:
         wanted = sorted(set(pids))[:_MAX_PIDS]
         if wanted == self._pids:
             return
-        refs = [r for r in map(processes.ref_of, wanted) if r is not None]
+        refs = [r for r in map(proc_inspect.ref_of, wanted) if r is not None]
         me = self._me
         data = {"name": self.name, "kvwatch": [me.pid, me.create_time] if me else None,
                 "pids": [[r.pid, r.create_time] for r in refs]}
@@ -85,11 +85,11 @@ class HostRegistry:
             if data is None:
                 continue
             owner = _ref(data.get("kvwatch"))
-            if owner is None or not processes.is_same(owner):
+            if owner is None or not proc_inspect.is_same(owner):
                 continue                      # that kvwatch is gone: its claim lapsed
             for item in data.get("pids", [])[:_MAX_PIDS]:
                 ref = _ref(item)
-                if ref is not None and processes.is_same(ref):
+                if ref is not None and proc_inspect.is_same(ref):
                     out.add(ref.pid)
         return frozenset(out)
 

@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from kvwatch.boundary import processes
-from kvwatch.boundary.processes import ProcRef
+from kvwatch.boundary import proc_inspect, spawn
+from kvwatch.boundary.proc_inspect import ProcRef
 
 _LOG = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ class CleanupReport:
 def is_ours(pid: int, refs: Iterable[ProcRef], mark: str) -> bool:
     """Provably ours: it carries our engine's marker (a recorded pid alone proves nothing: the
     state file may be edited by anyone who can write it)."""
-    return processes.environ_value(pid, MARKER_ENV) == mark
+    return proc_inspect.environ_value(pid, MARKER_ENV) == mark
 
 
 def clean(refs: list[ProcRef], mark: str, port: int | None, gpu_holders: Callable[[], Iterable[tuple[str, int]]],
@@ -43,16 +43,16 @@ def clean(refs: list[ProcRef], mark: str, port: int | None, gpu_holders: Callabl
     report = CleanupReport()
     # Recorded pids whose start time matches AND that carry our marker: the state file alone is
     # no proof (a hand-edited one could name anyone's process).
-    ours = [r for r in refs if processes.alive(r) is not None and is_ours(r.pid, (), mark)]
+    ours = [r for r in refs if proc_inspect.alive(r) is not None and is_ours(r.pid, (), mark)]
     for ref in refs:
-        if ref not in ours and processes.alive(ref) is not None:
-            report.foreign.append(f"{processes.describe(ref.pid)} is recorded as ours but carries no marker")
-    report.stopped = processes.kill_processes(ours, timeout, sleep, marker=(MARKER_ENV, mark))
+        if ref not in ours and proc_inspect.alive(ref) is not None:
+            report.foreign.append(f"{proc_inspect.describe(ref.pid)} is recorded as ours but carries no marker")
+    report.stopped = spawn.kill_processes(ours, timeout, sleep, marker=(MARKER_ENV, mark))
     if report.stopped:
         _LOG.warning("leftovers: stopped our earlier engine processes %s", report.stopped)
     holders: list[tuple[str, int | None]] = []
     if port is not None:
-        holders += [(f"port {port}", pid) for pid in processes.listening_on(port)]
+        holders += [(f"port {port}", pid) for pid in proc_inspect.listening_on(port)]
     holders += [(f"GPU {gpu}", pid) for gpu, pid in gpu_holders()]
     me = os.getpid()
     for what, pid in holders:
@@ -61,15 +61,15 @@ def clean(refs: list[ProcRef], mark: str, port: int | None, gpu_holders: Callabl
             continue
         if pid == me:
             continue
-        if not processes.running(pid):
+        if not proc_inspect.running(pid):
             continue  # gone already (NVML may list a process for a moment after it exits)
-        held = processes.ref_of(pid)
+        held = proc_inspect.ref_of(pid)
         if held is not None and is_ours(pid, refs, mark):
-            stopped = processes.kill_processes([held], timeout, sleep, marker=(MARKER_ENV, mark))
+            stopped = spawn.kill_processes([held], timeout, sleep, marker=(MARKER_ENV, mark))
             report.stopped += stopped
             _LOG.warning("leftovers: stopped our pid %d holding %s", pid, what)
         else:
-            report.foreign.append(f"{processes.describe(pid)} holds {what}")
+            report.foreign.append(f"{proc_inspect.describe(pid)} holds {what}")
     for line in report.foreign:
         _LOG.warning("foreign: %s; not ours, left alone", line)
     return report

@@ -2,8 +2,8 @@
 
 One thread per engine reads the pipe (stdout and stderr share it) in large binary chunks.
 Every line goes to kvwatch's own output prefixed with the engine name; the raw tail (the
-last `ring_bytes`) is kept for diagnosis and the startup-line parser (docs/vllm-facts.md §5) reads
-the lines that carry a fact. A line without a newline is cut after `max_line` bytes rather
+last `ring_bytes`) is kept for diagnosis and kvwatch.diagnosis.startup_lines reads the
+lines that carry a fact (docs/vllm-facts.md §5). A line without a newline is cut after `max_line` bytes rather
 than buffered without bound. The tail becomes text lines only when someone asks for them
 (a failure): invalid UTF-8 is replaced, carriage returns dropped, giant lines cut.
 """
@@ -12,55 +12,24 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import re
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
 from typing import BinaryIO
 
-_LOG = logging.getLogger(__name__)
+from kvwatch.diagnosis.startup_lines import FACT_MARKERS, LogFacts, parse_fact
 
-_KV_TOKENS = re.compile(r"KV cache size: ([\d,]+) tokens")
-_KV_AVAILABLE = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
-_MODEL_LOADING = re.compile(r"Model loading took ([\d.]+) GiB memory")
-_GiB = 2**30
+_LOG = logging.getLogger(__name__)
 
 # A reader blocked on the pipe costs the engine a wake-up of that reader for each line it writes:
 # on a small host that halves a fast logger's throughput (bench/bench_log_pump.py). So after a
 # read that took less than half the pipe the pump sleeps a moment instead of waiting on it; the
-# pipe (1 MiB, enlarged by processes.spawn) takes the lines meanwhile without waking anyone, and
+# pipe (1 MiB, enlarged by spawn.spawn) takes the lines meanwhile without waking anyone, and
 # the next read takes them all at once. Longer pauses measured worse: the pipe's pages go cold.
 # A line reaches the tail at most ~1 ms later; nothing kvwatch does is that time-critical.
 _BATCH_PAUSE_S = 0.001
 
-
-@dataclass(frozen=True)
-class LogFacts:
-    """What the engine told about its KV cache at startup; None until it said so."""
-
-    kv_tokens: int | None = None
-    available_kv_bytes: int | None = None
-    model_loading_bytes: int | None = None
-
-
-# Words that only the fact lines carry: the serving stats line says "GPU KV cache usage" every
-# few seconds and must not send every block through the line-by-line parser.
-_FACT_MARKERS = ("KV cache size:", "Available KV cache memory:", "Model loading took")
-_FACT_MARKERS_RAW = tuple(marker.encode() for marker in _FACT_MARKERS)
-
-
-def parse_fact(line: str, facts: LogFacts) -> LogFacts:
-    """The facts after one more line (pure)."""
-    if not any(marker in line for marker in _FACT_MARKERS):
-        return facts
-    if m := _KV_TOKENS.search(line):
-        return LogFacts(int(m.group(1).replace(",", "")), facts.available_kv_bytes, facts.model_loading_bytes)
-    if m := _KV_AVAILABLE.search(line):
-        return LogFacts(facts.kv_tokens, int(float(m.group(1)) * _GiB), facts.model_loading_bytes)
-    if m := _MODEL_LOADING.search(line):
-        return LogFacts(facts.kv_tokens, facts.available_kv_bytes, int(float(m.group(1)) * _GiB))
-    return facts
+_FACT_MARKERS_RAW = tuple(marker.encode() for marker in FACT_MARKERS)
 
 
 # The access-log lines of kvwatch's own /health and /metrics probes (one a second while starting)

