@@ -16,12 +16,22 @@ import pytest
 from engine_standin import Route, serve_routes
 from engine_support import free_port, http_get
 from exporter_support import METRICS, fixture_plan, render, samples, value
+from nvml_standin import (
+    GIB,
+    NvmlStandin,
+    StandinGpu,
+    StandinProcess,
+    StandinState,
+    nvml_standin_fixture,  # noqa: F401
+)
+from operator_tools import readme_metric_labels
 
 from kvwatch.engine_status import EngineState, EngineStatus
 from kvwatch.exporter.targets import SupervisedEngines
 from kvwatch.exporter.watch import Watch
 
 REPO = Path(__file__).resolve().parents[1]
+PIPELINE_GOLDEN = REPO / "tests" / "fixtures" / "golden" / "export_pipeline.txt"
 
 
 @pytest.fixture
@@ -171,3 +181,59 @@ def test_export_an_external_data_parallel_engine(tmp_path: Path) -> None:
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)
+
+
+# Values that change from run to run: the version, how long each collector took, a live process's RSS.
+_VOLATILE_VALUES = ("kvwatch_collector_duration_seconds{", "kvwatch_engine_process_resident_bytes{")
+
+
+def normalised(page: str) -> str:
+    out = []
+    for line in page.splitlines():
+        if line.startswith(_VOLATILE_VALUES):
+            line = line.rsplit(" ", 1)[0] + " <volatile>"
+        elif line.startswith("kvwatch_build_info{"):
+            line = 'kvwatch_build_info{version="<version>"} 1.0'
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def test_golden_page_of_the_real_pipeline(engine, nvml_standin: NvmlStandin) -> None:
+    """`kvwatch export` end to end -- engine stand-in (the real CPU engine's page), NVML stand-in (the
+    engine's process on one GPU beside a foreign one, a GPU it does not use), the engine's real
+    process (its RSS) -- against a golden page with the volatile values normalised. The hand-built
+    snapshot's golden (test_collector.py) pins the renderer; this one pins what the sources make of it."""
+    url, _, model = engine
+    child = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"],
+                             stdout=subprocess.PIPE, text=True, env={k: v for k, v in os.environ.items()
+                                                                     if k != "CUDA_VISIBLE_DEVICES"})
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "up"
+        nvml_standin.write(StandinState(gpus=[
+            StandinGpu(uuid="GPU-11111111-0000-4000-8000-000000000001", name="NVIDIA H200", compute_capability=(9, 0),
+                       memory_total_bytes=141 * GIB, memory_used_bytes=60 * GIB,
+                       processes=[StandinProcess(child.pid, 50 * GIB), StandinProcess(7777777, 9 * GIB)]),
+            StandinGpu(uuid="GPU-22222222-0000-4000-8000-000000000002", name="NVIDIA H200", compute_capability=(9, 0),
+                       memory_total_bytes=141 * GIB, memory_used_bytes=1 * GIB,
+                       processes=[StandinProcess(7777778, 1 * GIB)]),
+        ]))
+        port = free_port()
+        proc = kvwatch("export", "--engine-url", url, "--name", "ext", "--model", str(model), "--device", "cpu",
+                       "--engine-pid", str(child.pid), "--listen", f"127.0.0.1:{port}", "--interval", "60",
+                       env=nvml_standin.env)
+        try:
+            page = normalised(scrape_when_ready(f"http://127.0.0.1:{port}", proc))
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=15)
+    finally:
+        child.kill()
+        child.wait()
+    if os.environ.get("KVWATCH_UPDATE_GOLDEN"):
+        PIPELINE_GOLDEN.write_text(page)
+    assert page == PIPELINE_GOLDEN.read_text(), "the exported page changed: check it, then KVWATCH_UPDATE_GOLDEN=1"
+    readme = readme_metric_labels()
+    found = samples(page.replace("<volatile>", "0"))
+    assert {name for name, _ in found} <= set(readme)
+    assert value(found, "kvwatch_engine_gpu_memory_bytes", engine="ext", rank="0",
+                 gpu="GPU-11111111-0000-4000-8000-000000000001") == 50 * GIB

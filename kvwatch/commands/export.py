@@ -99,7 +99,9 @@ def run(args: argparse.Namespace) -> int:
         _LOG.warning("engine %s is not on this host: its GPU memory is not split (no --engine-pid)", args.name)
     host = HostRegistry(args.state_dir or default_state_dir(), args.name)
     exporter = Exporter(engines, listen=args.listen, web_config=args.web_config, interval=args.interval,
-                        nvml=nvml.snapshot if nvml is not None else None, host=host, all_gpus=args.all_gpus)
+                        nvml=nvml.snapshot if nvml is not None else None, host=host, all_gpus=args.all_gpus,
+                        # the engine's processes are on this host: their resident memory too
+                        process_source=proc_inspect.rss if args.engine_pid or local else None)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
