@@ -165,8 +165,7 @@ def test_the_checker_flags_submodules_but_not_lookalikes() -> None:
     assert forbidden_in({"httpx_like", "kvwatch.boundaryless", "posixpath", "osmosis", "kvwatch.policy"}) == {}
 
 
-def test_the_transitional_processes_module_does_not_spread() -> None:
-    """kvwatch/boundary/processes.py only re-exports spawn.py and proc_inspect.py for the supervisor."""
-    importers = sorted(rel(p) for p in all_files()
-                       if any(m == "kvwatch.boundary.processes" for m in imports_of(p)))
-    assert importers == ["kvwatch/watchdog/supervisor.py"]
+def test_the_process_boundary_is_spawn_and_inspect() -> None:
+    """kvwatch/boundary/processes.py was split: spawn.py starts and stops, proc_inspect.py reads."""
+    assert not (PACKAGE / "boundary" / "processes.py").exists()
+    assert not [rel(p) for p in all_files() if "kvwatch.boundary.processes" in imports_of(p)]

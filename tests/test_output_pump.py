@@ -11,7 +11,7 @@ from pathlib import Path
 
 from waiting import eventually
 
-from kvwatch.boundary import processes
+from kvwatch.boundary import spawn
 from kvwatch.watchdog.output_pump import LogFacts, OutputPump, parse_fact
 
 FAKE = str(Path(__file__).resolve().parent / "fake_engine.py")
@@ -93,7 +93,7 @@ def test_pump_counts_lines_and_keeps_a_bounded_tail_for_lines_since() -> None:
 
 
 def test_spawn_gives_the_engine_a_one_mib_pipe() -> None:
-    proc = processes.spawn([sys.executable, "-c", "pass"], dict(os.environ))
+    proc = spawn.spawn([sys.executable, "-c", "pass"], dict(os.environ))
     try:
         assert fcntl.fcntl(proc.stdout, fcntl.F_GETPIPE_SZ) == 1 << 20
     finally:

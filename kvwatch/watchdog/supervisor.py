@@ -23,8 +23,9 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import BinaryIO, Protocol
 
-from kvwatch.boundary import engine_http, processes
-from kvwatch.boundary.processes import EngineProcess, ProcRef
+from kvwatch.boundary import engine_http, proc_inspect, spawn
+from kvwatch.boundary.proc_inspect import ProcRef
+from kvwatch.boundary.spawn import EngineProcess
 from kvwatch.engine_status import EngineState, EngineStatus
 from kvwatch.errors import KvwatchError
 from kvwatch.exitcodes import EXIT_GAVE_UP, EXIT_OK
@@ -154,9 +155,6 @@ class Supervisor:
     def command(self) -> EngineCommand:
         return self._command
 
-    def add_observer(self, observer: Observer) -> None:
-        self._observers.append(observer)
-
     def request_stop(self, reason: str = "stop requested") -> None:
         """Thread-safe; call it from the thread that handles SIGTERM/SIGINT."""
         if not self._stop.is_set():
@@ -258,7 +256,7 @@ class Supervisor:
         # What an earlier kvwatch left in the file is history now: this one has launched nothing yet.
         self._record.state, self._record.reason = EngineState.STOPPED.value, "kvwatch started"
         self._record.kvwatch_pid = os.getpid()
-        self._record.kvwatch_create_time = (processes.ref_of(os.getpid()) or ProcRef(0, 0.0)).create_time
+        self._record.kvwatch_create_time = (proc_inspect.ref_of(os.getpid()) or ProcRef(0, 0.0)).create_time
         if self._device is None:
             self._device = choose_device()
         if self._rules is None:
@@ -304,7 +302,7 @@ class Supervisor:
             self._record.plans_tried.append(argv)
         self._transition(EngineState.STARTING, f"launching: {' '.join(argv)}")
         try:
-            proc = processes.spawn(argv, self._engine_env(), reaper_grace=min(10.0, self.config.engine.stop_timeout_seconds))
+            proc = spawn.spawn(argv, self._engine_env(), reaper_grace=min(10.0, self.config.engine.stop_timeout_seconds))
         except OSError as exc:
             self._running = None
             self._spawn_error = f"cannot start {argv[0]}: {exc.strerror or exc}"
@@ -440,14 +438,14 @@ class Supervisor:
         if os.getpid() != 1:
             return
         keep = self._running.proc.own_pids if self._running is not None else frozenset()
-        for pid in processes.reap_orphans(keep):
+        for pid in proc_inspect.reap_orphans(keep):
             _LOG.info("reaped: orphan pid %d", pid)
 
     def _refresh_tree(self, force: bool = False) -> None:
         run = self._running
         if run is None:
             return
-        infos = processes.tree(run.proc.pid, run.proc.pgid)
+        infos = proc_inspect.tree(run.proc.pid, run.proc.pgid)
         for rank in run.ranks.update((p.pid, " ".join(p.cmdline) or p.name) for p in infos):
             _LOG.warning("engine core of data-parallel rank %d (pid %d) is gone while the others run",
                          rank, run.ranks.lost[rank])
@@ -490,16 +488,16 @@ class Supervisor:
         if run is None or run.ended:
             return
         run.ended = True
-        processes.stop_group(run.proc.pgid, self.config.engine.stop_timeout_seconds, leader=run.proc.popen,
+        spawn.stop_group(run.proc.pgid, self.config.engine.stop_timeout_seconds, leader=run.proc.popen,
                              extra=run.refs, clock=self._clock.now, sleep=self._sleep)
         # A descendant that left the group (double-forked into its own session) still carries
         # the engine's marker: end it too.
         mark = leftovers.marker(self.config.state_dir, self.name)
-        escaped = processes.marked(leftovers.MARKER_ENV, mark)
+        escaped = proc_inspect.marked(leftovers.MARKER_ENV, mark)
         if escaped:
             _LOG.warning("stop: ending %d engine process(es) outside its group: %s", len(escaped),
                          [r.pid for r in escaped])
-            processes.kill_processes(escaped, 5.0, self._sleep, marker=(leftovers.MARKER_ENV, mark))
+            spawn.kill_processes(escaped, 5.0, self._sleep, marker=(leftovers.MARKER_ENV, mark))
         run.proc.release_reaper()
         if run.pump.join(timeout=10):
             run.proc.close()
