@@ -11,7 +11,6 @@ from nvml_standin import (
     NvmlStandin,
     StandinGpu,
     StandinState,
-    nvml_standin_fixture,  # noqa: F401
 )
 
 from kvwatch.boundary import device_probe

@@ -22,7 +22,6 @@ from nvml_standin import (
     StandinGpu,
     StandinProcess,
     StandinState,
-    nvml_standin_fixture,  # noqa: F401
 )
 from operator_tools import readme_metric_labels
 

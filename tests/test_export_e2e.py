@@ -18,7 +18,6 @@ from nvml_standin import (
     StandinGpu,
     StandinProcess,
     StandinState,
-    nvml_standin_fixture,  # noqa: F401
 )
 
 from kvwatch import __version__

@@ -9,7 +9,6 @@ from engine_support import free_port, http_get
 from exporter_support import fixture_plan, samples, value
 from nvml_standin import (
     NvmlStandin,
-    nvml_standin_fixture,  # noqa: F401
 )
 
 from kvwatch.engine_status import EngineState, EngineStatus

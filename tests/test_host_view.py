@@ -28,7 +28,6 @@ from nvml_standin import (
     StandinGpu,
     StandinProcess,
     StandinState,
-    nvml_standin_fixture,  # noqa: F401
 )
 from waiting import eventually
 

@@ -21,7 +21,6 @@ from nvml_standin import (
     StandinGpu,
     StandinProcess,
     StandinState,
-    nvml_standin_fixture,  # noqa: F401
 )
 
 from kvwatch.boundary.nvml import Nvml

@@ -18,10 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 from engine_support import free_port, llama_config, write_model
-from nvml_standin import (
-    NvmlStandin,
-    nvml_standin_fixture,  # noqa: F401 (registers the fixture)
-)
+from nvml_standin import NvmlStandin
 
 from kvwatch.boundary import proc_inspect
 from kvwatch.engine_status import EngineState, EngineStatus
