@@ -44,7 +44,8 @@ HELP = {
     "kvwatch_kv_actual_blocks": "KV cache blocks the engine reports: num_gpu_blocks of vllm:cache_config_info "
                                 "(the null block included).",
     "kvwatch_kv_padding_bytes": "KV bytes the plan predicts are padding, by cause: the remainder of the KV "
-                                "memory below one block, the null block, packed layouts, layer padding.",
+                                "memory below one block, the null block, packed layouts, a hybrid's empty layer slots "
+                                "(layer_padding) and recurrent states padded to the attention page (state_padding).",
     "kvwatch_kv_padding_ratio": "Padding over allocated KV bytes from the engine's figures: the remainder of "
                                 "the KV memory it reports below one block, its null block, and the layout "
                                 "padding of the block size and KV dtype it reports.",
