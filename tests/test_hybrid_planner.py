@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kvwatch.diagnosis import diagnose
 from kvwatch.failure_kinds import FailureKind
@@ -206,3 +208,32 @@ def test_preflight_lowers_max_num_seqs_to_the_mamba_blocks(tmp_path) -> None:
     assert [f.kind for f in fixes] == ["mamba_cache_too_small"]
     assert final is not None and fixed.get("--max-num-seqs") == str(final.num_blocks)
     assert not final.will_fail
+
+
+_ODD_VALUES = [None, 0, -1, 1, 3, 1.5, "x", True, [], {}, [1, 2], 10**9, "mamba", ["attention"]]
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_any_corpus_config_with_odd_values_gives_a_plan_or_one_clear_error(data: st.DataObject) -> None:
+    """The hybrid fields (windows, layer types, Mamba shapes, architectures) of every corpus config
+    with wrong types or values: a plan, or a ConfigError naming the field, never a traceback."""
+    import copy
+
+    from fixtures.models import corpus
+
+    from kvwatch.errors import KvwatchError
+    name = data.draw(st.sampled_from(sorted(corpus.CORPUS)))
+    cfg = copy.deepcopy(corpus.CORPUS[name]["config"])
+    target = cfg.get("text_config", cfg)
+    for key in data.draw(st.lists(st.sampled_from(sorted(target)), min_size=1, max_size=3)):
+        target[key] = data.draw(st.sampled_from(_ODD_VALUES))
+    flags = data.draw(st.sampled_from([[], ["--max-model-len", "auto"], ["-tp", "2"], ["--block-size", "64"],
+                                       ["--disable-hybrid-kv-cache-manager"]]))
+    try:
+        geometry = geometry_from_config(cfg)
+        settings_ = EngineCommand.parse(["vllm", "serve", "m", *flags]).settings()
+        for device in (CPU, preset("h100")):
+            make_plan(geometry, settings_, device, RULES, MemoryInputs(cpu_kv_space_bytes=GiB))
+    except KvwatchError as exc:
+        assert str(exc) and "\n" not in str(exc)

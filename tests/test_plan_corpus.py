@@ -53,10 +53,10 @@ def plan_figures(plan: Plan) -> tuple:
             plan.max_model_len)
 
 
-def test_the_corpus_covers_the_architectures_people_serve() -> None:
+def test_the_corpus_covers_the_architectures_people_serve(tmp_path: Path) -> None:
     names = {c["model"] for c in SIZED}
     assert len(names) >= 12
-    kinds = {k for name in names for k in plan_case(name, [], Path("/tmp/kvwatch-corpus") / name).padding_bytes}
+    kinds = {k for name in names for k in plan_case(name, [], tmp_path / name).padding_bytes}
     assert {"layer_padding", "state_padding"} <= kinds
     for entry in corpus.CORPUS.values():
         assert entry["source"], "every corpus config names the public config.json it shrinks"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from kvwatch.errors import CommandError
 from kvwatch.planner.units import parse_vllm_int
@@ -25,6 +26,7 @@ _MAX_COUNT = 1 << 60
 _API_SERVER_MODULES = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.api_server")
 
 
+@lru_cache(maxsize=1024)   # every lookup canonicalises every token; a prefix search scans vLLM's 406 options
 def _canonical(flag: str) -> str:
     """The option vLLM's parser reads for `flag`: --block_size is --block-size, and (argparse's
     allow_abbrev) a unique prefix of an option is that option: --kv-cache-memory is

@@ -168,7 +168,10 @@ def geometry_from_config(config: Mapping[str, Any]) -> ModelGeometry:
     model_type = cfg.get("model_type") or config.get("model_type")
     if not isinstance(model_type, str) or not model_type:
         raise ConfigError("config.json: missing field 'model_type'")
-    architectures = tuple(config.get("architectures") or ())
+    architectures = config.get("architectures") or ()
+    if not isinstance(architectures, (list, tuple)) or not all(isinstance(a, str) for a in architectures):
+        raise ConfigError(f"config.json: field 'architectures' must be a list of names, got {str(architectures)[:40]!r}")
+    architectures = tuple(architectures)
     num_layers = _required_int(cfg, "num_hidden_layers")
     num_heads = _required_int(cfg, "num_attention_heads")
     hidden = _positive_int(cfg, "hidden_size", required=False)

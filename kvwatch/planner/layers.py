@@ -111,14 +111,12 @@ def _from_layer_types(cfg: Mapping[str, Any], num_layers: int) -> list[str] | No
 
 def _attention_kinds(cfg: Mapping[str, Any], model_type: str, num_layers: int) -> tuple[list[str], int | None]:
     window = _window(cfg)
-    if model_type == "gpt_oss":                      # vLLM: even layers slide, whatever layer_types says
+    if model_type == "gpt_oss" and window:           # vLLM: even layers slide, whatever layer_types says
         return [SLIDING if i % 2 == 0 else FULL for i in range(num_layers)], window
     listed = _from_layer_types(cfg, num_layers)
     if listed is not None:
         if CHUNKED in listed:
             return listed, _int(cfg, "attention_chunk_size")
-        if SLIDING in listed and window is None:    # a sliding layer without a window attends fully
-            listed = [FULL if k == SLIDING else k for k in listed]
         return listed, window
     if model_type == "gemma2":                       # transformers: (i + 1) % 2 -> sliding
         return [SLIDING if (i + 1) % 2 else FULL for i in range(num_layers)], window
@@ -182,7 +180,8 @@ def _recurrent_state(cfg: Mapping[str, Any], model_type: str) -> RecurrentState:
                               ssm_dtype=_ssm_dtype(cfg, "float32"))
     # Mamba2 with the mamba_* names: Granite-4.0-H (granitemoehybrid), Falcon-H1, Bamba
     hidden = _int(cfg, "hidden_size")
-    intermediate = cfg.get("mamba_d_ssm") or _int(cfg, "mamba_expand", 2) * hidden
+    # Falcon-H1 names the Mamba width; the others give it as an expansion of the hidden size
+    intermediate = _int(cfg, "mamba_d_ssm") if "mamba_d_ssm" in cfg else _int(cfg, "mamba_expand", 2) * hidden
     return RecurrentState("mamba2", conv_kernel=_int(cfg, "mamba_d_conv", 4), intermediate_size=intermediate,
                           n_groups=_int(cfg, "mamba_n_groups", 1), num_heads=_int(cfg, "mamba_n_heads"),
                           head_dim=_int(cfg, "mamba_d_head"), state_size=_int(cfg, "mamba_d_state", 128),
@@ -201,7 +200,15 @@ def layer_layout(cfg: Mapping[str, Any], model_type: str, num_layers: int) -> La
     if hybrid is None and listed is not None and MAMBA in listed:
         hybrid = listed
     if hybrid is not None:
-        window = _window(cfg) if SLIDING in hybrid else None
-        return LayerLayout(tuple(hybrid), window, _recurrent_state(cfg, model_type))
-    kinds, window = _attention_kinds(cfg, model_type, num_layers)
-    return LayerLayout(tuple(kinds), window if set(kinds) & {SLIDING, CHUNKED} else None)
+        window = _window(cfg)
+        kinds = _without_windowless_sliding(hybrid, window)
+        return LayerLayout(kinds, window if SLIDING in kinds else None, _recurrent_state(cfg, model_type))
+    listed_kinds, window = _attention_kinds(cfg, model_type, num_layers)
+    kinds = _without_windowless_sliding(listed_kinds, window)
+    return LayerLayout(kinds, window if set(kinds) & {SLIDING, CHUNKED} else None)
+
+
+def _without_windowless_sliding(kinds: list[str], window: int | None) -> tuple[str, ...]:
+    """A sliding layer with no (valid) window attends to every token: vLLM's attention layer then
+    has no sliding_window and its spec is full attention."""
+    return tuple(FULL if k == SLIDING and window is None else k for k in kinds)

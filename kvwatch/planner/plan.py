@@ -17,7 +17,7 @@ from kvwatch.planner.geometry import ModelGeometry
 from kvwatch.planner.kv_groups import Demand, KvGroups, LayerSpec, kv_groups, promote_local_layers
 from kvwatch.planner.layers import CHUNKED, MAMBA, SLIDING
 from kvwatch.planner.rules import FP8_KV_DTYPES, PACKED_MLA_BYTES, BackendRule, MultipleOf, RuleSet
-from kvwatch.planner.weights import linear_bytes_per_param
+from kvwatch.planner.weights import bytes_of
 
 _DTYPE_BYTES = {"float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4}
 
@@ -156,7 +156,7 @@ def kv_dtype_bytes(kv_cache_dtype: str, model_dtype: str, config_dtype: str | No
 
 
 def _estimate_gpu_kv_memory(device: Device, settings: EngineSettings, geometry: ModelGeometry,
-                            memory: MemoryInputs, dtype_bytes: int) -> int:
+                            memory: MemoryInputs, model_bytes: int) -> int:
     """GPU: total x utilization, minus weights and vLLM's other non-KV memory (an estimate)."""
     assert device.total_memory_bytes is not None
     requested = int(device.total_memory_bytes * settings.gpu_memory_utilization)
@@ -166,19 +166,16 @@ def _estimate_gpu_kv_memory(device: Device, settings: EngineSettings, geometry: 
     if memory.weights_bytes is not None:
         weights = memory.weights_bytes // ranks
     else:
-        weights = _weights_from_geometry(geometry, kv_dtype_bytes("auto", settings.dtype, geometry.config_dtype)) // ranks
+        weights = _weights_from_geometry(geometry, model_bytes) // ranks
     # Activation peak, CUDA graphs and the non-torch allocations: ~1.5 GiB + 2% of the card.
     overhead = int(1.5 * GiB + 0.02 * device.total_memory_bytes)
     return max(0, requested - weights - overhead)
 
 
-def _weights_from_geometry(geometry: ModelGeometry, dtype_bytes: int) -> int:
-    """The weights from config.json's shapes and quantization_config (weights.py); their files, when
-    present, win (MemoryInputs.weights_bytes)."""
-    if geometry.weight_count is None:
-        return 0
-    per_param = linear_bytes_per_param(geometry.quantization, dtype_bytes)
-    return int(geometry.weight_count.linear_params * per_param) + geometry.weight_count.embedding_params * dtype_bytes
+def _weights_from_geometry(geometry: ModelGeometry, model_bytes: int) -> int:
+    """The weights from config.json's shapes and quantization_config; their files, when present,
+    win (MemoryInputs.weights_bytes)."""
+    return 0 if geometry.weight_count is None else bytes_of(geometry.weight_count, geometry.quantization, model_bytes)
 
 
 def config_refusals(geometry: ModelGeometry, settings: EngineSettings,
@@ -258,15 +255,14 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
 
     # -- bytes: one token of one attention layer, one page.
     dtype_bytes = kv_dtype_bytes(kv_dtype, settings.dtype, geometry.config_dtype)
-    if geometry.attention == "mla":
-        kv_heads = 1  # every TP rank holds the whole latent cache
+    model_bytes = kv_dtype_bytes("auto", settings.dtype, geometry.config_dtype)   # the weights' and states' dtype
+    if geometry.attention == "mla":   # one latent per token; every TP rank holds all of it
         per_token_layer = PACKED_MLA_BYTES.get(kv_dtype, geometry.head_size * dtype_bytes)
         packed_extra = max(0, per_token_layer - geometry.head_size * dtype_bytes)
     else:
         kv_heads = max(1, geometry.num_kv_heads // settings.tensor_parallel_size)
         per_token_layer = kv_heads * (geometry.head_size + geometry.head_size_v) * dtype_bytes
         packed_extra = 0
-    model_bytes = kv_dtype_bytes("auto", settings.dtype, geometry.config_dtype)
     state_bytes = _recurrent_state_bytes(geometry, settings, model_bytes, device)
     if state_bytes and shape is not None:
         aligned = _block_size_for_state(shape, block_size, per_token_layer, state_bytes, geometry.attention == "mla")
@@ -285,10 +281,10 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     elif settings.kv_cache_memory_bytes is not None:
         kv_memory, kv_source = settings.kv_cache_memory_bytes, "--kv-cache-memory-bytes"
     elif device.platform == "cuda" and device.total_memory_bytes and memory.non_kv_bytes is not None:
-        kv_memory = _estimate_gpu_kv_memory(device, settings, geometry, memory, dtype_bytes)
+        kv_memory = _estimate_gpu_kv_memory(device, settings, geometry, memory, model_bytes)
         kv_source = "learned: total x utilization - the non-KV memory of an earlier launch"
     elif device.platform == "cuda" and device.total_memory_bytes:
-        kv_memory = _estimate_gpu_kv_memory(device, settings, geometry, memory, dtype_bytes)
+        kv_memory = _estimate_gpu_kv_memory(device, settings, geometry, memory, model_bytes)
         kv_source, estimated = "estimate: total x utilization - weights - overhead", True
     else:
         kv_memory, kv_source, estimated = 4 * GiB, "estimate: unknown device memory", True
@@ -310,7 +306,7 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     tokens, concurrency = groups.capacity(num_blocks, demand) if num_blocks else (0, 0.0)
 
     if num_blocks <= 1 or check_memory <= 0:
-        warnings.append(_no_memory_warning(device, settings, geometry, memory, dtype_bytes,
+        warnings.append(_no_memory_warning(device, settings, geometry, memory, model_bytes,
                                            kv_memory, bytes_per_block, estimated))
     elif groups.memory_for(demand, max_len) > check_memory:
         fit = groups.auto_fit_max_model_len(check_memory, demand, max_len)
@@ -320,9 +316,8 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
             f"max model len {max_len} needs {needed} blocks per request; "
             f"the KV cache holds {num_blocks - 1} usable blocks (max model len {fit} fits)",
             FlagChange({"--max-model-len": fit}) if fit > 0 else NO_CHANGE, certain=not estimated))
-    if (state_bytes and device.platform == "cuda" and not settings.enforce_eager and num_blocks > 1
-            and (settings.max_num_seqs or _default_max_num_seqs(device, settings)) > num_blocks):
-        seqs = settings.max_num_seqs or _default_max_num_seqs(device, settings)
+    seqs = settings.max_num_seqs or _default_max_num_seqs(device, settings)
+    if state_bytes and device.platform == "cuda" and not settings.enforce_eager and 1 < num_blocks < seqs:
         warnings.append(Warning_(
             MAMBA_CACHE_TOO_SMALL,
             f"max num seqs {seqs} exceeds the {num_blocks} Mamba cache blocks: vLLM refuses to capture "
@@ -353,17 +348,17 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
         backend_reasons=choice.reasons, data_parallel_size=max(1, settings.data_parallel_size),
         pipeline_parallel_size=max(1, settings.pipeline_parallel_size),
         kv_cache_groups=len(groups.groups), padding_layers=groups.padding_layers,
-        blocks_per_request=groups.blocks_per_request(demand) if groups.groups else 0,
+        blocks_per_request=groups.blocks_per_request(demand),
         recurrent_state_bytes=state_bytes, max_model_len_fitted=settings.max_model_len_auto)
 
 
 def _no_memory_warning(device: Device, settings: EngineSettings, geometry: ModelGeometry,
-                       memory: MemoryInputs, dtype_bytes: int, kv_memory: int, bytes_per_block: int,
+                       memory: MemoryInputs, model_bytes: int, kv_memory: int, bytes_per_block: int,
                        estimated: bool) -> Warning_:
     message = f"no memory is left for KV cache blocks ({kv_memory:,} B for {bytes_per_block:,} B per block)"
     if device.platform == "cuda" and device.total_memory_bytes and settings.gpu_memory_utilization < 0.95:
         higher = replace(settings, gpu_memory_utilization=0.95)
-        if _estimate_gpu_kv_memory(device, higher, geometry, memory, dtype_bytes) >= 2 * bytes_per_block:
+        if _estimate_gpu_kv_memory(device, higher, geometry, memory, model_bytes) >= 2 * bytes_per_block:
             return Warning_(NO_KV_CACHE_MEMORY, message, FlagChange({"--gpu-memory-utilization": 0.95}),
                             certain=not estimated)
     return Warning_(NO_KV_CACHE_MEMORY, message + "; no flag frees enough: more GPUs "

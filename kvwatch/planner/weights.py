@@ -97,11 +97,17 @@ def linear_bytes_per_param(quantization: Mapping[str, Any] | None, dtype_bytes: 
     return float(dtype_bytes)
 
 
+def bytes_of(count: WeightCount, quantization: Mapping[str, Any] | None, dtype_bytes: int) -> int:
+    """The bytes of these parameters on the GPU: linear layers as `quantization_config` stores them,
+    embeddings in the model dtype."""
+    per_param = linear_bytes_per_param(quantization, dtype_bytes)
+    return int(count.linear_params * per_param) + count.embedding_params * dtype_bytes
+
+
 def weights_bytes(cfg: Mapping[str, Any], dtype_bytes: int) -> int | None:
     """The weights' bytes on the GPU (all ranks together), or None when the config lacks shapes."""
     count = count_weights(cfg)
     if count is None:
         return None
     quantization = cfg.get("quantization_config")
-    per_param = linear_bytes_per_param(quantization if isinstance(quantization, Mapping) else None, dtype_bytes)
-    return int(count.linear_params * per_param) + count.embedding_params * dtype_bytes
+    return bytes_of(count, quantization if isinstance(quantization, Mapping) else None, dtype_bytes)
