@@ -6,6 +6,7 @@ import io
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -106,3 +107,29 @@ def test_parse_fact_startup_lines() -> None:
     facts = parse_fact("(EngineCore pid=2) INFO GPU KV cache size: 1,398,080 tokens, Maximum concurrency ...", facts)
     assert facts.kv_tokens == 1_398_080 and facts.available_kv_bytes == int(61.23 * 2**30)
     assert parse_fact("unrelated", facts) is facts
+
+
+def test_a_line_that_only_looks_like_a_startup_fact_does_not_stop_the_pump() -> None:
+    """'Available KV cache memory: 1.2.3 GiB' (or 400 digits) once ended the pump's thread: nobody
+    read the pipe after it and the engine blocked on its next write. The pump reads on."""
+    read_end, write_end = os.pipe()
+    pump = OutputPump("odd", read_end, None).start()
+    odd = (b"INFO Available KV cache memory: 1.2.3 GiB\n"
+           b"INFO Available KV cache memory: " + b"9" * 400 + b" GiB\n"
+           b"INFO CPU KV cache size: , tokens\n")
+
+    def engine() -> None:
+        os.write(write_end, odd)
+        for i in range(2000):   # ~260 KiB after the odd lines: more than a pipe holds unread
+            os.write(write_end, b"line %d %s\n" % (i, b"x" * 120))
+        os.write(write_end, b"INFO CPU KV cache size: 63,550 tokens\n")
+        os.close(write_end)
+
+    writer = threading.Thread(target=engine, daemon=True)
+    writer.start()
+    writer.join(timeout=20)
+    assert not writer.is_alive(), "the engine blocked on its pipe: the pump stopped reading"
+    assert pump.join(timeout=10)
+    os.close(read_end)
+    assert pump.lines()[-1] == "INFO CPU KV cache size: 63,550 tokens"
+    assert pump.facts == LogFacts(kv_tokens=63550, available_kv_bytes=None)

@@ -17,13 +17,14 @@ from dataclasses import dataclass, replace
 
 GiB = 2**30
 
-_NUMBER = r"(-?[\d.]+)\s*GiB"
+_DIGITS = r"(-?\d{1,9}(?:\.\d{1,6})?)"   # bounded: never "1.2.3" or 400 digits
+_NUMBER = _DIGITS + r"\s*GiB"
 # Each figure has its own pattern: V0 printed them on one line ("x take A GiB; y takes B GiB; ..."),
 # 0.6.5 one per line ("model weights take   14.96GiB"), 0.7 "Loading model weights took 13.9 GB"
 # (vLLM's GB there is 2**30 bytes).
 _PATTERNS = {
-    "weights_bytes": re.compile(r"(?:Model loading took|model weights take|Loading model weights took)\s+"
-                                r"(-?[\d.]+)\s*Gi?B"),
+    "weights_bytes": re.compile(r"(?:Model loading took|model weights take|Loading model weights took)\s+" +
+                                _DIGITS + r"\s*Gi?B"),
     "kv_cache_bytes": re.compile(r"(?:Available KV cache memory:|available_kv_cache_memory|"
                                  r"the rest of the memory reserved for KV Cache is)\s+" + _NUMBER),
     "cuda_graph_bytes": re.compile(r"Graph capturing finished in [\d.]+ secs?, took " + _NUMBER),

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 
 KV_TOKENS_MARKER = "KV cache size:"
 KV_AVAILABLE_MARKER = "Available KV cache memory:"
-KV_TOKENS = re.compile(r"KV cache size: ([\d,]+) tokens")
-_KV_AVAILABLE = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
+# Numbers as vLLM prints them, bounded: "1,398,080", "24.83" (never ",", "1.2.3" or 400 digits).
+KV_TOKENS = re.compile(r"KV cache size: (\d{1,3}(?:,?\d{3}){0,5}) tokens")
+_KV_AVAILABLE = re.compile(r"Available KV cache memory: (\d{1,9}(?:\.\d{1,6})?) GiB")
 _GiB = 2**30
 
 # Words that only the fact lines carry: the serving stats line says "GPU KV cache usage" every

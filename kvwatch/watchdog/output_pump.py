@@ -154,7 +154,10 @@ class OutputPump:
             facts = self._facts
             for raw in block.split(b"\n"):
                 if any(marker in raw for marker in _FACT_MARKERS_RAW):
-                    facts = parse_fact(raw.decode("utf-8", "replace"), facts)
+                    try:
+                        facts = parse_fact(raw.decode("utf-8", "replace"), facts)
+                    except (ValueError, OverflowError):   # a line that only looks like one: keep draining
+                        _LOG.debug("pump %s: unreadable fact line %r", self.name, raw[:200])
             self._facts = facts
         with self._lock:
             self._tail.append(block)
