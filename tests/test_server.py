@@ -147,6 +147,21 @@ def test_tls(serve, pki: dict[str, Path]) -> None:
     assert get(server.url + "/-/healthy", context=client_context(pki))[0] == 200
 
 
+def test_tls_connections_leave_no_waiting_entry_behind(serve, pki: dict[str, Path]) -> None:
+    """The slot table and the waiting table are keyed alike under TLS too (the handler sees the wrapped
+    socket): 20 finished scrapes leave nothing waiting, so eviction can find idle connections."""
+    server = serve(f"tls_server_config:\n  cert_file: {pki['server_crt']}\n  key_file: {pki['server_key']}\n")
+    import http.client
+    for _ in range(10):   # kept-alive connections: the handler waits for a next request head, then the client leaves
+        conn = http.client.HTTPSConnection("127.0.0.1", server.port, context=client_context(pki), timeout=5)
+        for _ in range(2):
+            conn.request("GET", "/metrics")
+            response = conn.getresponse()
+            assert response.status == 200 and b"kvwatch_build_info" in response.read()
+        conn.close()
+    assert eventually(lambda: not server._server._waiting and not server._server._open, timeout=10)
+
+
 def test_tls_and_basic_auth_together(serve, pki: dict[str, Path]) -> None:
     server = serve(f"tls_server_config:\n  cert_file: {pki['server_crt']}\n  key_file: {pki['server_key']}\n"
                    f"basic_auth_users:\n  prometheus: '{PASSWORD_HASH}'\n")
@@ -202,6 +217,8 @@ def test_successful_checks_are_cached() -> None:
     ("tls_server_config: {cert_file: a, key_file: b, min_version: SSL3}\n", "min_version"),
     ("tls_server_config: [\n", "not YAML"),
     ("- a\n", "expected a mapping"),
+    # once read as its first MiB: the comment, and the TLS section after it silently dropped
+    ("#" + "x" * (1 << 20) + "\ntls_server_config: {cert_file: a.crt, key_file: a.key}\n", "larger than 1 MiB"),
 ])
 def test_bad_web_configs_are_one_line_errors(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "web.yml"

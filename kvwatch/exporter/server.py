@@ -117,18 +117,21 @@ class _Server(ThreadingHTTPServer):
         self.tls = tls
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self._open: dict[int, tuple[float, socket.socket]] = {}   # id -> (deadline, socket)
-        self._waiting: dict[int, float] = {}   # id -> since when the connection waits for a request head
+        # Both tables are keyed by the connection's own thread: under TLS the handler sees the
+        # wrapped socket, not the one accepted, so a socket's id would not match across them.
+        self._waiting: dict[int, float] = {}   # thread -> since when the connection waits for a request head
         self._open_lock = threading.Lock()
         self._reaper: threading.Thread | None = None
         self._closed = threading.Event()
         super().__init__(address, handler)
 
-    def waiting(self, request: Any, yes: bool) -> None:
+    def waiting(self, yes: bool) -> None:
+        """Called from the connection's thread: it waits for a request head (or no longer)."""
         with self._open_lock:
             if yes:
-                self._waiting[id(request)] = time.monotonic()
+                self._waiting[threading.get_ident()] = time.monotonic()
             else:
-                self._waiting.pop(id(request), None)
+                self._waiting.pop(threading.get_ident(), None)
 
     def _evict_one(self) -> bool:
         now = time.monotonic()
@@ -175,7 +178,7 @@ class _Server(ThreadingHTTPServer):
         # The whole connection has one deadline: a client that sends its request a byte at a time
         # (slowloris) or reads the answer as slowly is cut off, whatever each read's timeout.
         with self._open_lock:
-            self._open[id(request)] = (time.monotonic() + CONNECTION_DEADLINE, request)
+            self._open[threading.get_ident()] = (time.monotonic() + CONNECTION_DEADLINE, request)
             if self._reaper is None:
                 self._reaper = threading.Thread(target=self._watch_deadlines, name="kvwatch-http-deadlines",
                                                 daemon=True)
@@ -184,8 +187,8 @@ class _Server(ThreadingHTTPServer):
             super().process_request_thread(request, client_address)
         finally:
             with self._open_lock:
-                self._open.pop(id(request), None)
-                self._waiting.pop(id(request), None)
+                self._open.pop(threading.get_ident(), None)
+                self._waiting.pop(threading.get_ident(), None)
             self._slots.release()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -343,12 +346,12 @@ def _handler(renderer: RenderCache, auth: BasicAuth,
             return self.server_version   # the Server header names no runtime (no Python version)
 
         def handle_one_request(self) -> None:
-            self.server.waiting(self.request, True)          # until a request head has arrived
+            self.server.waiting(True)          # until a request head has arrived
             super().handle_one_request()
 
         def parse_request(self) -> bool:
             ok = super().parse_request()
-            self.server.waiting(self.request, False)
+            self.server.waiting(False)
             return ok
 
         def do_GET(self) -> None:  # noqa: N802

@@ -68,11 +68,16 @@ class WebConfig:
     users: dict[str, bytes] = field(default_factory=dict)  # user -> bcrypt hash
 
 
+MAX_WEB_CONFIG_BYTES = 1 << 20   # a web config is a few lines; a user list of thousands still fits
+
+
 def load_web_config(path: str | Path) -> WebConfig:
     path = Path(path)
     try:
         with open(path, "rb") as f:
-            raw = f.read(1 << 20)
+            raw = f.read(MAX_WEB_CONFIG_BYTES + 1)
+        if len(raw) > MAX_WEB_CONFIG_BYTES:   # never a truncated read: it would drop the TLS and auth sections
+            raise ConfigError(f"web config {path}: larger than {MAX_WEB_CONFIG_BYTES >> 20} MiB: not a web config")
         doc = yaml.safe_load(raw.decode("utf-8"))
     except OSError as exc:
         raise ConfigError(f"web config {path}: cannot read: {exc.strerror or exc}") from None
