@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvwatch.errors import ConfigError
-from kvwatch.watchdog.config import config_from_mapping, load_config
+from kvwatch.watchdog.config import config_from_mapping, load_config, with_overrides
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -56,3 +56,25 @@ def test_config_cli_errors(tmp_path: Path) -> None:
         assert proc.returncode == 2, proc.stderr
         assert needle in proc.stderr and "Traceback" not in proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+@pytest.mark.parametrize("data, flag, needle", [
+    ({"state_dir": "/var/lib/kv\0watch"}, None, "config k.toml: state_dir: expected a directory"),
+    ({"state_dir": "   "}, None, "config k.toml: state_dir: expected a directory"),
+    ({"web_config": "/etc/web\0.yml"}, None, "config k.toml: web_config: expected a file"),
+    ({"web_config": " "}, None, "config k.toml: web_config: expected a file"),
+    ({}, "/tmp/a\0b", "--state-dir: expected a directory"),
+    ({}, "", "--state-dir: expected a directory"),
+    ({"state_dir": "/var/lib/kvwatch"}, " ", "--state-dir: expected a directory"),
+])
+def test_a_nul_or_blank_path_is_refused_from_the_file_or_the_flag(data: dict, flag: str | None, needle: str) -> None:
+    """Checked once, on the final paths: a NUL from the file used to pass and crash later in os.replace."""
+    config = config_from_mapping({**data, "engine": {"command": ["vllm", "serve", "m"]}}, "k.toml")
+    with pytest.raises(ConfigError) as info:
+        with_overrides(config, state_dir=flag)
+    assert str(info.value).startswith(needle) and "\n" not in str(info.value)
+
+
+def test_the_flag_replaces_a_bad_state_dir_from_the_file() -> None:
+    config = config_from_mapping({"state_dir": "/a\0b", "engine": {"command": ["vllm"]}}, "k.toml")
+    assert with_overrides(config, state_dir="/srv/kvwatch").state_dir == "/srv/kvwatch"

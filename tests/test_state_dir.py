@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from kvwatch.errors import KvwatchError
-from kvwatch.watchdog.state_store import EngineLock, EngineRecord, StateStore, load_all
+from kvwatch.planner.flag_change import NO_CHANGE
+from kvwatch.watchdog.state_store import CorrectionRecord, EngineLock, EngineRecord, StateStore, load_all
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -47,10 +48,30 @@ def test_a_fifo_or_a_device_link_as_state_file_neither_hangs_nor_eats_memory(tmp
     assert not (state / "fifo.json").exists()
 
 
-@pytest.mark.parametrize("field,value", [("argv", "vllm serve m"), ("pids", [{"pid": "1"}]), ("state", 7),
-                                         ("failures", [{"kind": 5}]), ("restarts", {"x": "y"}),
-                                         ("plans_tried", [[1, 2]]), ("updated", "yesterday")])
-def test_valid_json_of_the_wrong_shape_is_corrupt_not_a_traceback(tmp_path: Path, field: str, value: object) -> None:
+_FAILURE = {"kind": "oom", "evidence": None, "time": 1.0, "argv": ["vllm"]}
+_CORRECTION = CorrectionRecord("oom", NO_CHANGE, "r", 1.0, ["vllm"], ["vllm"]).to_json()
+
+
+# (field, value, corrupt): a corrupt file is moved aside; the others load, and `status` shows them
+@pytest.mark.parametrize("field,value,corrupt", [
+    ("argv", "vllm serve m", True), ("pids", [{"pid": "1"}], True), ("state", 7, True),
+    ("failures", [{"kind": 5}], True), ("restarts", {"x": "y"}, True),
+    ("plans_tried", [[1, 2]], True), ("updated", "yesterday", True),
+    ("kvwatch_pid", "12", True), ("kvwatch_pid", -1, True), ("kvwatch_pid", 10**30, True),
+    ("pgid", "7", True), ("pids", [{"pid": 0, "create_time": 1.0}], True),
+    ("kvwatch_create_time", "x", True), ("original_argv", 5, True), ("original_argv", None, False),
+    ("original_argv", [1], True), ("foreign", [5], True), ("name", None, True),
+    ("log_kv_tokens", "lots", True), ("log_available_kv_bytes", "lots", True), ("non_kv_bytes", [], True),
+    ("log_kv_tokens", True, True), ("state", None, False),
+    ("failures", [{**_FAILURE, "time": "yesterday"}], True), ("failures", [{**_FAILURE, "argv": "vllm"}], True),
+    ("failures", [{**_FAILURE, "evidence": 5}], True), ("failures", [{**_FAILURE, "reason": 5}], True),
+    ("corrections", [{**_CORRECTION, "time": "yesterday"}], True),
+    ("corrections", [{**_CORRECTION, "to_argv": [1]}], True),
+    ("updated", 1e300, False), ("corrections", [{**_CORRECTION, "time": 1e300}], False),
+    ("failures", [{**_FAILURE, "time": 1e300}], False), ("updated", float("nan"), False),
+])
+def test_valid_json_of_the_wrong_shape_is_corrupt_not_a_traceback(tmp_path: Path, field: str, value: object,
+                                                                   corrupt: bool) -> None:
     state = tmp_path / "state"
     state.mkdir()
     data = EngineRecord(name="e", argv=["vllm", "serve", "m"]).to_json()
@@ -58,4 +79,9 @@ def test_valid_json_of_the_wrong_shape_is_corrupt_not_a_traceback(tmp_path: Path
     (state / "e.json").write_text(json.dumps(data))
     out = status(state)
     assert "Traceback" not in out.stderr, out.stderr
-    assert StateStore(str(state), "e").load() is None
+    if corrupt:
+        assert "unreadable or corrupt" in out.stdout, out.stdout
+        assert StateStore(str(state), "e").load() is None
+    else:
+        assert out.returncode == 0 and out.stdout.split()[:2] == ["engine", "e"], out.stdout
+        assert StateStore(str(state), "e").load() is not None

@@ -53,7 +53,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _when(ts: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "?"
+    """The local time of a wall-clock stamp, "?" for none or one no calendar holds (1e300, NaN)."""
+    if not ts:
+        return "?"
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+    except (OverflowError, ValueError, OSError):
+        return "?"
 
 
 def render(path: Path, record: EngineRecord | None) -> str:

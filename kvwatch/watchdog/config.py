@@ -162,20 +162,29 @@ def with_overrides(config: Config, *, name: str | None = None, listen: str | Non
         parse_listen(listen)
         changes["listen"] = listen
     if state_dir is not None:
-        if not state_dir.strip() or "\0" in state_dir:
-            raise ConfigError("--state-dir: expected a directory")
         changes["state_dir"] = state_dir
     if command:
         changes["engine"] = dataclasses.replace(config.engine, command=tuple(command))
     if preflight is not None:
         changes["policy"] = dataclasses.replace(config.policy, preflight=preflight)
     out = dataclasses.replace(config, **changes)
+    # The final paths, wherever they came from: a NUL or blank one would fail only later, in os.replace.
+    where = "--state-dir" if state_dir is not None else f"config {config.source}: state_dir"
+    if state_dir is not None or out.state_dir:
+        _check_path(out.state_dir, where, "a directory")
+    if out.web_config is not None:
+        _check_path(out.web_config, f"config {config.source}: web_config", "a file")
     if not out.state_dir:
         out = dataclasses.replace(out, state_dir=default_state_dir())
     if not out.engine.command:
         raise ConfigError(f"no engine command: set engine.command in {config.source} "
                           "or give it after `--` (kvwatch run -- vllm serve MODEL ...)")
     return out
+
+
+def _check_path(path: str, where: str, what: str) -> None:
+    if not path.strip() or "\0" in path:
+        raise ConfigError(f"{where}: expected {what} (not blank, no NUL character)")
 
 
 class _Validator:

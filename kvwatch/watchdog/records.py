@@ -23,6 +23,14 @@ class FailureRecord:
     argv: list[str]
     reason: str = ""                # what kvwatch made of it
 
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> FailureRecord:
+        evidence = data["evidence"]
+        if evidence is not None and not isinstance(evidence, str):
+            raise ValueError("'evidence' is not a string")
+        return cls(_str(data, "kind"), evidence, _number(data, "time"), _str_list(data, "argv"),
+                   _str(data, "reason") if "reason" in data else "")
+
 
 @dataclass(frozen=True)
 class PreflightFix:
@@ -57,8 +65,8 @@ class CorrectionRecord:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> CorrectionRecord:
-        return cls(_str(data, "kind"), FlagChange.from_json(data), str(data["reason"]), float(data["time"]),
-                   list(data["from_argv"]), list(data["to_argv"]))
+        return cls(_str(data, "kind"), FlagChange.from_json(data), str(data["reason"]), _number(data, "time"),
+                   _str_list(data, "from_argv"), _str_list(data, "to_argv"))
 
 
 @dataclass
@@ -97,3 +105,17 @@ def _str(data: Mapping[str, Any], key: str) -> str:
     if not isinstance(value, str):
         raise ValueError(f"{key!r} is not a string")
     return value
+
+
+def _number(data: Mapping[str, Any], key: str) -> float:
+    value = data[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{key!r} is not a number")
+    return float(value)
+
+
+def _str_list(data: Mapping[str, Any], key: str) -> list[str]:
+    value = data[key]
+    if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+        raise ValueError(f"{key!r} is not a list of strings")
+    return list(value)

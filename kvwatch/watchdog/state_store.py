@@ -13,9 +13,11 @@ import os
 import stat
 import tempfile
 import time
+import types
+import typing
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 from kvwatch.errors import KvwatchError
 from kvwatch.watchdog.records import Constraint, CorrectionRecord, FailureRecord, PreflightFix
@@ -70,10 +72,10 @@ class EngineRecord:
             raise ValueError(f"not a kvwatch state file of version {SCHEMA_VERSION}")
         _check_types(data)
         known = {f.name for f in fields(cls)}
-        values = {k: v for k, v in data.items() if k in known}
+        values = {k: v for k, v in data.items() if k in known and (v is not None or k in _OPTIONAL)}
         record = cls(**values)
-        record.failures = [FailureRecord(**f) for f in data.get("failures", [])]
-        record.corrections = [CorrectionRecord.from_json(c) for c in data.get("corrections", [])]
+        record.failures = [FailureRecord.from_json(f) for f in data.get("failures") or []]
+        record.corrections = [CorrectionRecord.from_json(c) for c in data.get("corrections") or []]
         record.constraints = [Constraint.from_json(c) for c in data.get("constraints") or []]
         record.preflight = [PreflightFix.from_json(p) for p in data.get("preflight") or []]
         if not isinstance(record.name, str) or not all(isinstance(a, str) for a in record.argv):
@@ -110,30 +112,62 @@ def read_regular(path: Path, max_bytes: int = MAX_STATE_BYTES) -> bytes:
     return data
 
 
-_FIELD_TYPES: dict[str, tuple[type, ...]] = {
-    "name": (str,), "state": (str,), "reason": (str,), "updated": (int, float), "argv": (list,),
-    "pids": (list,), "plans_tried": (list,), "failures": (list,), "corrections": (list,), "constraints": (list,),
-    "preflight": (list,), "foreign": (list,), "restarts": (dict,), "failure_counts": (dict,),
-    "correction_counts": (dict,),
-}
+_MAX_PID = 1 << 31   # above any pid_max; psutil and os.kill raise (not return) beyond it
+
+
+def _is_pid(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value < _MAX_PID
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    """Whether a JSON value has the type a field's annotation names (records in lists are left
+    to their own from_json; a bool is not a number)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return True
+    if origin in (Union, types.UnionType):
+        return any(_matches(value, a) for a in args)
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint in (int, str, bool):
+        return isinstance(value, hint) and (hint is bool or not isinstance(value, bool))
+    if origin is list:
+        return isinstance(value, list) and all(_matches(x, args[0]) for x in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(_matches(k, args[0]) and _matches(v, args[1])
+                                               for k, v in value.items())
+    return True   # a record (FailureRecord, ...): checked by its own from_json
+
+
+def _field_types() -> dict[str, Any]:
+    hints = typing.get_type_hints(EngineRecord)
+    return {f.name: hints[f.name] for f in fields(EngineRecord)}
+
+
+_FIELD_TYPES: dict[str, Any] = _field_types()
+_OPTIONAL = frozenset(k for k, hint in _FIELD_TYPES.items() if _matches(None, hint))
+_PID_FIELDS = ("kvwatch_pid", "pgid")
 
 
 def _check_types(data: dict) -> None:
-    """The fields `kvwatch status` and `run` read, of the types they are read as."""
-    for key, types in _FIELD_TYPES.items():
-        if key in data and data[key] is not None and not isinstance(data[key], types):
-            raise ValueError(f"field {key!r} is {type(data[key]).__name__}")
+    """Every field of the record, of the type it is declared (and read) as; a null stands for an
+    absent field (its default)."""
+    for key, hint in _FIELD_TYPES.items():
+        value = data.get(key)
+        if value is not None and not _matches(value, hint):
+            raise ValueError(f"field {key!r} is {type(value).__name__}, not {hint}")
+    for key in _PID_FIELDS:
+        if data.get(key) is not None and not _is_pid(data[key]):
+            raise ValueError(f"field {key!r} is not a pid")
     for pid in data.get("pids") or []:
-        if not (isinstance(pid, dict) and isinstance(pid.get("pid"), int) and isinstance(pid.get("create_time"), (int, float))):
+        if not (isinstance(pid, dict) and _is_pid(pid.get("pid"))
+                and _matches(pid.get("create_time"), float)):
             raise ValueError("bad pids entry")
     for item in (data.get("failures") or []) + (data.get("corrections") or []):
         if not isinstance(item, dict) or not isinstance(item.get("kind"), str):
             raise ValueError("bad failure or correction")
-    for key in ("restarts", "failure_counts", "correction_counts"):
-        if not all(isinstance(k, str) and isinstance(v, int) for k, v in (data.get(key) or {}).items()):
-            raise ValueError(f"bad {key}")
-    if not all(isinstance(plan, list) and all(isinstance(a, str) for a in plan) for plan in data.get("plans_tried") or []):
-        raise ValueError("bad plans_tried")
 
 
 class StateStore:
