@@ -20,7 +20,15 @@ def parse_listen(text: str) -> tuple[str, int]:
         inner = host[1:-1]
         if not (host.startswith("[") and host.endswith("]")) or ":" not in inner or "[" in inner or "]" in inner:
             raise ConfigError(f"listen {text!r}: brackets hold an IPv6 address, e.g. [::1]:9400")
+        _check_host(text, inner)
         return inner, int(port)
     if ":" in host:
         raise ConfigError(f"listen {text!r}: write an IPv6 address in brackets, e.g. [::1]:9400")
+    _check_host(text, host)
     return host or "0.0.0.0", int(port)
+
+
+def _check_host(text: str, host: str) -> None:
+    # the socket layer raises TypeError for a NUL or a name IDNA cannot encode: say it here, in one line
+    if not (host.isascii() and host.isprintable()) or ".." in host or any(c.isspace() for c in host):
+        raise ConfigError(f"listen {text!r}: the host must be an address or a plain host name")

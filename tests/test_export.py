@@ -113,6 +113,9 @@ def test_export_without_a_model_has_no_kv_figures(engine) -> None:
 
 @pytest.mark.parametrize("args,message", [
     (["--engine-url", "localhost:8000"], "expected http://HOST:PORT"),
+    (["--engine-url", "http://127.0.0.1:99999"], "expected http://HOST:PORT"),   # was a ValueError traceback
+    (["--engine-url", "http://127.0.0.1:abc"], "expected http://HOST:PORT"),
+    (["--engine-url", "http://:8000"], "expected http://HOST:PORT"),              # was accepted, never scraped
     (["--engine-url", "http://127.0.0.1:1", "--interval", "0"], "--interval"),
     (["--engine-url", "http://127.0.0.1:1", "--listen", "nowhere"], "listen 'nowhere': expected HOST:PORT"),
     (["--engine-url", "http://127.0.0.1:1", "--web-config", "/nonexistent/web.yml"], "cannot read"),

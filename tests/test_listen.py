@@ -28,6 +28,7 @@ def test_accepted(text: str, expected: tuple[str, int]) -> None:
 
 
 @pytest.mark.parametrize("text", [
+    "\x00:9400", "h\u00e9llo..:9400", "a b:9400", "[::1\x00]:9400",   # the socket layer raised TypeError for these
     "", "9400", ":", "host:", "host:port", "h:99999", "h:65536", "h:-1", "h: 9400", "h:9400 ",
     "h:٩٤٠٠",                     # Unicode digits are digits to str.isdigit(), not to a port
     "::1:9400",                   # an IPv6 address without brackets is ambiguous

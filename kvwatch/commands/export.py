@@ -56,9 +56,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _check_url(url: str) -> str:
-    parsed = urllib.parse.urlsplit(url)
-    if parsed.scheme not in ("http", "https") or not parsed.netloc:
-        raise KvwatchError(f"--engine-url {url!r}: expected http://HOST:PORT")
+    try:
+        parsed = urllib.parse.urlsplit(url)
+        _ = parsed.port   # raises on a port that is not a number of 0-65535
+    except ValueError:
+        raise KvwatchError(f"--engine-url {url[:200]!r}: expected http://HOST:PORT") from None
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise KvwatchError(f"--engine-url {url[:200]!r}: expected http://HOST:PORT")
     if parsed.username is not None or parsed.password is not None:
         # never sent (vLLM's /metrics takes no credentials) and they would end up in logs
         raise KvwatchError("--engine-url: credentials in the URL are not supported; give http://HOST:PORT")
