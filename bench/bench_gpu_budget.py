@@ -1,9 +1,10 @@
 """The GPU memory budget before launch: kvwatch's KV memory vs what vLLM gave itself, on real GPU logs.
 
 Every successful start-up of tests/fixtures/gpu_logs/corpus.json (public logs: vLLM 0.6-0.19, A100,
-H100, RTX 3090, ...): kvwatch's plan for the model's config.json, the flags and a GPU of the
-logged total, its KV memory per rank beside the "Available KV cache memory" the engine logged,
-and two rules of thumb beside it:
+H100, RTX 3090, ...): kvwatch's plan for the model's config.json, the flags, the environment and
+the vLLM version of the run (`planned_for_vllm_version` where the log names none exactly, with its
+reason in the corpus), on a GPU of the logged CUDA total (else the card's name), its KV memory per
+rank beside the "Available KV cache memory" the engine logged, and two rules of thumb beside it:
 - fixed overhead (kvwatch before issue 16): total x util - weights - (1.5 GiB + 2 % of the card);
 - weights + KV x 1.15: KV = (total x util - weights) / 1.15.
 Weights come from config.json (the planner's estimate; the logged "Model loading took" is shown).
@@ -12,8 +13,6 @@ Run: .venv/bin/python bench/bench_gpu_budget.py
 """
 from __future__ import annotations
 
-import json
-import shlex
 import statistics
 import sys
 import tempfile
@@ -22,43 +21,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kvwatch.boundary.plan_loader import plan_command  # noqa: E402
-from kvwatch.planner.devices import Device  # noqa: E402
-from kvwatch.planner.rules import ruleset_for  # noqa: E402
+sys.path.insert(0, str(ROOT / "tests"))
+
+from gpu_log_corpus import plan_run, started_runs  # noqa: E402
+
 from kvwatch.planner.weights import weights_bytes  # noqa: E402
 
 GiB = 2**30
-CORPUS = ROOT / "tests" / "fixtures" / "gpu_logs" / "corpus.json"
-CAPABILITY = {"A100": (8, 0), "H100": (9, 0), "H200": (9, 0), "3090": (8, 6), "4090": (8, 9), "4060": (8, 9),
-              "L40S": (8, 9), "6000 Ada": (8, 9)}
-
-
-def capability(gpu: str) -> tuple[int, int]:
-    return next((cc for name, cc in CAPABILITY.items() if name in gpu), (8, 0))
-
-
-def flags_of(run: dict) -> list[str]:
-    out: list[str] = []
-    for flag in run["flags"]:
-        out += shlex.split(flag)
-    keep, i = [], 0
-    while i < len(out):   # serving-only flags the planner does not read are dropped
-        if out[i] in ("--port", "--host", "--served-model-name"):
-            i += 2
-            continue
-        keep.append(out[i])
-        i += 1
-    if "--tensor-parallel-size" not in keep and "-tp" not in keep and run.get("tensor_parallel_size", 1) > 1:
-        keep += ["--tensor-parallel-size", str(run["tensor_parallel_size"])]
-    if "--gpu-memory-utilization" not in keep:
-        keep += ["--gpu-memory-utilization", str(run["gpu_memory_utilization"])]
-    return keep
 
 
 def main() -> None:
-    runs = [r for r in json.loads(CORPUS.read_text())
-            if r.get("status") == "ok" and (r["logged"].get("available_kv_cache_gib") or 0) > 0
-            and r["model_config"].get("num_hidden_layers")]
+    runs = started_runs()
     print(f"{'run':<44}{'logged':>8}{'kvwatch':>9}{'err':>8}{'fixed':>8}{'err':>8}{'x1.15':>8}{'err':>8}"
           f"{'weights logged/est':>20}")
     errors: dict[str, list[float]] = {"kvwatch": [], "fixed": [], "x1.15": []}
@@ -66,15 +39,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for run in runs:
             cfg = {k: v for k, v in run["model_config"].items() if v is not None}
-            model = Path(tmp) / run["name"]
-            model.mkdir()
-            (model / "config.json").write_text(json.dumps(cfg))
-            device = Device("cuda", run["gpu"], capability(run["gpu"]), int(run["total_gpu_memory_gib"] * GiB))
             try:
-                plan = plan_command(["vllm", "serve", str(model), *flags_of(run)], device, ruleset_for(None), env={})
+                plan = plan_run(run, Path(tmp) / run["name"])
             except Exception as exc:   # a config the planner refuses: say so, do not hide the run
                 print(f"{run['name']:<44} planner refused: {exc}")
                 continue
+            budget = plan.gpu_budget
+            assert budget is not None
+            version = budget.version
             logged = run["logged"]["available_kv_cache_gib"]
             ours = plan.kv_memory_bytes / GiB
             tp = run.get("tensor_parallel_size", 1)
@@ -90,7 +62,11 @@ def main() -> None:
                 errors[key].append(abs(value - logged) / logged)
             print(f"{run['name']:<44}{logged:>8.2f}{ours:>9.2f}{(ours - logged) / logged:>+8.1%}"
                   f"{fixed:>8.2f}{(fixed - logged) / logged:>+8.1%}{rule:>8.2f}{(rule - logged) / logged:>+8.1%}"
-                  f"{weights:>10.2f}/{est_weights:<8.2f} tp{tp}")
+                  f"{weights:>10.2f}/{est_weights:<8.2f} tp{tp} v{version}")
+            if "-v" in sys.argv[1:]:
+                print("    " + ", ".join(f"{k} {v / GiB:.2f}" for k, v in budget.parts().items())
+                      + f"; total {budget.cuda_total_bytes / GiB:.2f} x {budget.utilization}; "
+                      f"{budget.max_num_batched_tokens} tokens, {budget.max_num_seqs} seqs; {budget.release}")
     print(f"{len(errors['kvwatch'])} runs; median |error| of the KV memory: "
           + ", ".join(f"{k} {statistics.median(v):.1%}" for k, v in errors.items())
           + f"; plans of zero KV where vLLM started: {zero_plans} (goal: kvwatch <= 3 % median, 0 zero plans)")

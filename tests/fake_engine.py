@@ -86,6 +86,7 @@ def main() -> int:
     p.add_argument("--env-dump")
     p.add_argument("--drip", type=float)
     p.add_argument("--escape")
+    p.add_argument("--startup-log", help="a real start-up log to replay before serving (e.g. a GPU run's)")
     args, _ = p.parse_known_args()
     print(f"(APIServer pid={os.getpid()}) INFO fake engine starting: {' '.join(sys.argv[1:])}", flush=True)
     if args.env_dump:
@@ -125,6 +126,8 @@ def main() -> int:
         while True:
             time.sleep(1)
     time.sleep(args.ready_after)
+    if args.startup_log:
+        emit(Path(args.startup_log))
     Handler.block_size = args.block_size or 128
     Handler.drip = args.drip
     server = http.server.ThreadingHTTPServer((args.host, args.port), Handler)

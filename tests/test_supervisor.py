@@ -19,6 +19,7 @@ import psutil
 import pytest
 from engine_support import free_port, llama_config, write_model
 from nvml_standin import NvmlStandin
+from waiting import eventually
 
 from kvwatch.boundary import proc_inspect
 from kvwatch.engine_status import EngineState, EngineStatus
@@ -630,3 +631,46 @@ def test_a_descendant_that_escaped_the_group_is_ended_at_stop(tmp_path: Path, mo
     while psutil.pid_exists(escaped) and psutil.Process(escaped).status() != psutil.STATUS_ZOMBIE:
         assert time.monotonic() < deadline, "the escaped descendant survived the stop"
         time.sleep(0.1)
+
+
+def test_the_plan_converges_on_the_engines_own_profile(tmp_path: Path) -> None:
+    """A GPU engine (the fake one replaying a real A100 log of vLLM 0.10.1) says "Available KV cache
+    memory: 24.83 GiB": the estimated plan in force becomes a learned one with exactly that memory at
+    once, the state file keeps the non-KV memory under the profile's key, and the next kvwatch plans
+    the same command learned before its first launch. Another batch size is another profile."""
+    run_entry = next(r for r in json.loads((ROOT / "tests/fixtures/gpu_logs/corpus.json").read_text())
+                     if r["name"] == "dl_qwen2_7b_a100_80g_u05")
+    qwen = write_model(tmp_path / "qwen2-7b", {k: v for k, v in run_entry["model_config"].items() if v is not None})
+    log = ROOT / "tests/fixtures/gpu_logs" / run_entry["log_file"]
+    gpu = Device("cuda", "NVIDIA A100-SXM4-80GB", (8, 0), 80 * 2**30, source="given")
+    argv = fake(qwen, free_port(), "--startup-log", str(log), "--max-model-len", "16384",
+                "--gpu-memory-utilization", "0.5")
+    cfg = config(tmp_path, argv)
+    rec = Recorder()
+    run = Running(supervisor(cfg, rec, device=gpu))
+    run.wait_state(EngineState.READY)
+    first = rec.statuses[0].plan
+    assert first is not None and first.source == "estimated"
+    kv_logged = int(24.83 * 2**30)   # the figure as the output pump reads it
+    assert eventually(lambda: rec.statuses[-1].plan is not None and rec.statuses[-1].plan.source == "learned", 10)
+    refined = rec.statuses[-1].plan
+    assert refined is not None and refined.kv_memory_bytes == kv_logged
+    assert refined.num_blocks == kv_logged // refined.bytes_per_block
+    assert run.stop() == EXIT_OK
+    learned = state_json(cfg)["learned_non_kv"]
+    assert len(learned) == 1
+
+    rec2 = Recorder()
+    run = Running(supervisor(cfg, rec2, device=gpu))
+    run.wait_state(EngineState.READY)
+    again = rec2.statuses[0].plan
+    assert again is not None and again.source == "learned" and again.kv_memory_bytes == kv_logged
+    assert run.stop() == EXIT_OK
+
+    other = replace(cfg, engine=replace(cfg.engine, command=(*argv, "--max-num-seqs", "64")))
+    rec3 = Recorder()
+    run = Running(supervisor(other, rec3, device=gpu))
+    run.wait_state(EngineState.READY)
+    fresh = rec3.statuses[0].plan
+    assert fresh is not None and fresh.source == "estimated"
+    assert run.stop() == EXIT_OK

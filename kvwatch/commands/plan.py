@@ -9,6 +9,7 @@ from kvwatch.boundary.plan_loader import plan_command
 from kvwatch.errors import KvwatchError
 from kvwatch.exitcodes import EXIT_OK, EXIT_PLAN_WILL_FAIL
 from kvwatch.planner.devices import Device, parse_compute_capability, preset
+from kvwatch.planner.gpu_budget import GpuBudget, parse_version
 from kvwatch.planner.plan import Plan
 from kvwatch.planner.rules import ruleset_for
 from kvwatch.planner.units import format_bytes, parse_size
@@ -19,6 +20,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description="Plan vLLM's KV cache: kvwatch plan [DEVICE] [--json] -- ENGINE_COMMAND...")
     add_device_arguments(p)
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--vllm-version", metavar="X.Y.Z",
+                   help="plan for this vLLM release (its memory profile, defaults and rules); "
+                        "default: the installed vLLM")
     p.set_defaults(func=run)
 
 
@@ -48,7 +52,10 @@ def run(args: argparse.Namespace) -> int:
     if not args.engine_command:
         raise KvwatchError("no engine command: kvwatch plan [options] -- vllm serve MODEL ...")
     device = device_from_args(args)
-    plan = plan_command(args.engine_command, device, ruleset_for(device_probe.installed_vllm_version()))
+    version = args.vllm_version or device_probe.installed_vllm_version()
+    if args.vllm_version:
+        parse_version(args.vllm_version)   # one clear line for a version that is none
+    plan = plan_command(args.engine_command, device, ruleset_for(version), vllm_version=version)
     print(json.dumps(plan.to_json(), indent=2) if args.json else render(plan))
     return EXIT_PLAN_WILL_FAIL if plan.will_fail else EXIT_OK
 
@@ -65,6 +72,20 @@ def _hybrid_rows(plan: Plan) -> list[tuple[str, str]]:
     return rows
 
 
+def _budget_rows(budget: GpuBudget | None) -> list[tuple[str, str]]:
+    """An estimated GPU plan: how vLLM of that version will split the card."""
+    if budget is None:
+        return []
+    return [
+        ("GPU budget", f"{format_bytes(budget.cuda_total_bytes)} (CUDA total) x {budget.utilization:g} = "
+                       f"{format_bytes(budget.requested_bytes)}, for vLLM {budget.version}: {budget.release}"),
+        ("non-KV", f"weights {format_bytes(budget.weights_bytes)}, activation peak "
+                   f"{format_bytes(budget.activation_peak_bytes)} ({budget.max_num_batched_tokens:,} tokens, "
+                   f"{budget.max_num_seqs:,} sequences), non-torch {format_bytes(budget.non_torch_bytes)}, "
+                   f"CUDA graphs {format_bytes(budget.cuda_graph_bytes)}"),
+    ]
+
+
 def render(plan: Plan) -> str:
     est = " (estimate)" if plan.estimated else ""
     rows = [
@@ -78,6 +99,7 @@ def render(plan: Plan) -> str:
         ("bytes per block", f"{plan.bytes_per_block:,} B ({plan.layers_per_block} layers)"),
         *_hybrid_rows(plan),
         ("KV memory", f"{format_bytes(plan.kv_memory_bytes)} from {plan.kv_memory_source}"),
+        *_budget_rows(plan.gpu_budget),
         ("blocks", f"{plan.num_blocks:,}{est}"),
         ("KV tokens", f"{plan.kv_cache_tokens:,}{est}"),
     ]

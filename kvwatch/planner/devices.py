@@ -19,6 +19,7 @@ class Device:
     cpu_amx: bool = False                      # CPU: AMX tiles (vLLM's AMX MLA kernel: no 16-token blocks)
     cpu_avx512_bf16: bool = False              # CPU: AVX-512 BF16 (vLLM then keeps SSM states in float32)
     source: str = "given"                      # "nvml", "preset", "given", "cpu"
+    cuda_total_bytes: int | None = None        # the total CUDA reports, when known (a vLLM log says it)
 
     @property
     def sm(self) -> str:
@@ -36,6 +37,30 @@ PRESETS: dict[str, Device] = {
     "rtx-pro-6000": Device("cuda", "NVIDIA RTX PRO 6000 Blackwell", (12, 0), 97_887 * 2**20, source="preset"),
     "rtx-5090": Device("cuda", "NVIDIA GeForce RTX 5090", (12, 0), 32_607 * 2**20, source="preset"),
 }
+
+
+# The total CUDA reports (torch.cuda.mem_get_info; vLLM sizes against it), below NVML's by the
+# driver's reservation. Figures as vLLM logs and CUDA OOM messages print them ("total capacity of").
+_CUDA_TOTAL_GIB = (
+    (("a100", "80g"), 79.15), (("a100", "40g"), 39.39), (("h100", "nvl"), 93.10), (("h100",), 79.18),
+    (("h200",), 139.81), (("l40s",), 44.39), (("4090",), 23.64), (("3090",), 23.69),
+)
+_UNKNOWN_RESERVED = 0.006   # H100: NVML 79.65 GiB, CUDA 79.18 GiB
+
+
+def cuda_total_bytes(device: Device) -> int:
+    """The memory vLLM's budget starts from: what CUDA reports, else NVML's total less a reservation."""
+    if device.cuda_total_bytes:
+        return device.cuda_total_bytes
+    name = device.name.lower().replace(" ", "")
+    for words, gib in _CUDA_TOTAL_GIB:
+        if all(w in name for w in words):
+            known = int(gib * GiB)
+            # a card of the name but another size (a MIG slice, a cut-down board) keeps NVML's figure
+            if device.total_memory_bytes is None or abs(device.total_memory_bytes - known) < 0.03 * known:
+                return known
+    total = device.total_memory_bytes or 0
+    return int(total * (1 - _UNKNOWN_RESERVED))
 
 
 def preset(name: str) -> Device:

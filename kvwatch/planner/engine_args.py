@@ -95,6 +95,7 @@ class EngineSettings:
     mamba_cache_dtype: str = "auto"
     mamba_ssm_cache_dtype: str = "auto"
     enforce_eager: bool = False
+    gpu_memory_utilization_given: bool = False   # False: the value above is a default (the version's decides)
 
 
 @dataclass(frozen=True)
@@ -175,6 +176,7 @@ class EngineCommand:
             mamba_cache_dtype=self.get("--mamba-cache-dtype") or "auto",
             mamba_ssm_cache_dtype=self.get("--mamba-ssm-cache-dtype") or "auto",
             enforce_eager=bool(self._switch("--enforce-eager")),
+            gpu_memory_utilization_given=self.get("--gpu-memory-utilization") is not None,
         )
 
     def _int(self, flag: str, human: bool = False) -> int | None:

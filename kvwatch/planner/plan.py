@@ -14,6 +14,7 @@ from kvwatch.planner.devices import Device, GiB
 from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.flag_change import NO_CHANGE, FlagChange
 from kvwatch.planner.geometry import ModelGeometry
+from kvwatch.planner.gpu_budget import GpuBudget, VllmVersion, estimate_budget
 from kvwatch.planner.kv_groups import Demand, KvGroups, LayerSpec, kv_groups, promote_local_layers
 from kvwatch.planner.layers import CHUNKED, MAMBA, SLIDING
 from kvwatch.planner.rules import FP8_KV_DTYPES, PACKED_MLA_BYTES, BackendRule, MultipleOf, RuleSet
@@ -51,6 +52,8 @@ class MemoryInputs:
     cpu_kv_space_bytes: int | None = None    # VLLM_CPU_KVCACHE_SPACE, in bytes
     weights_bytes: int | None = None         # weight files on disk
     non_kv_bytes: int | None = None          # measured on an earlier run of this engine
+    vllm_version: VllmVersion | None = None  # the vLLM the plan is for (None: the newest kvwatch knows)
+    vllm_env: tuple[tuple[str, str], ...] = ()   # the environment variables its memory profile reads
 
 
 NO_MEMORY_INPUTS = MemoryInputs()   # nothing measured: the planner's own defaults
@@ -92,6 +95,7 @@ class Plan:
     blocks_per_request: int = 0           # blocks one request of max_model_len takes, over all groups
     recurrent_state_bytes: int = 0        # one Mamba/linear-attention layer's state, before padding
     max_model_len_fitted: bool = False    # --max-model-len auto: the length vLLM fits to the KV cache
+    gpu_budget: GpuBudget | None = None   # an estimated GPU plan: vLLM's split of the card, part by part
 
     @property
     def engine_num_blocks(self) -> int:
@@ -140,6 +144,7 @@ class Plan:
         out["engine_num_blocks"] = self.engine_num_blocks
         out["engine_kv_bytes"] = self.engine_kv_bytes
         out["source"] = self.source
+        out["gpu_budget"] = self.gpu_budget.to_json() if self.gpu_budget is not None else None
         return out
 
 
@@ -155,21 +160,27 @@ def kv_dtype_bytes(kv_cache_dtype: str, model_dtype: str, config_dtype: str | No
     return 2 if config_dtype in (None, "float32") else _DTYPE_BYTES.get(config_dtype, 2)
 
 
-def _estimate_gpu_kv_memory(device: Device, settings: EngineSettings, geometry: ModelGeometry,
-                            memory: MemoryInputs, model_bytes: int) -> int:
-    """GPU: total x utilization, minus weights and vLLM's other non-KV memory (an estimate)."""
-    assert device.total_memory_bytes is not None
-    requested = int(device.total_memory_bytes * settings.gpu_memory_utilization)
-    if memory.non_kv_bytes is not None:
-        return max(0, requested - memory.non_kv_bytes)
+def _gpu_budget(device: Device, settings: EngineSettings, geometry: ModelGeometry, memory: MemoryInputs,
+                model_bytes: int, max_model_len: int) -> GpuBudget:
+    """GPU: vLLM's own split of the card (planner/gpu_budget.py): total x utilization, minus the
+    weights, the profile's activation peak, non-torch memory and, from 0.21, CUDA graphs."""
     ranks = settings.tensor_parallel_size * settings.pipeline_parallel_size
     if memory.weights_bytes is not None:
         weights = memory.weights_bytes // ranks
     else:
         weights = _weights_from_geometry(geometry, model_bytes) // ranks
-    # Activation peak, CUDA graphs and the non-torch allocations: ~1.5 GiB + 2% of the card.
-    overhead = int(1.5 * GiB + 0.02 * device.total_memory_bytes)
-    return max(0, requested - weights - overhead)
+    return estimate_budget(settings, device, geometry.weight_count, weights, model_bytes, max_model_len,
+                           memory.vllm_version, dict(memory.vllm_env))
+
+
+def _estimate_gpu_kv_memory(device: Device, settings: EngineSettings, geometry: ModelGeometry,
+                            memory: MemoryInputs, model_bytes: int) -> int:
+    """The KV memory on a GPU: learned from an earlier launch's non-KV memory, else estimated."""
+    budget = _gpu_budget(device, settings, geometry, memory, model_bytes,
+                         settings.max_model_len or geometry.default_max_model_len)
+    if memory.non_kv_bytes is not None:
+        return max(0, budget.requested_bytes - memory.non_kv_bytes)
+    return budget.kv_cache_bytes
 
 
 def _weights_from_geometry(geometry: ModelGeometry, model_bytes: int) -> int:
@@ -228,7 +239,8 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     if settings.block_size is not None and settings.block_size <= 0:
         settings = replace(settings, block_size=None)
     if not 0 < settings.gpu_memory_utilization <= 1:
-        settings = replace(settings, gpu_memory_utilization=_DEFAULT_GPU_MEMORY_UTILIZATION)
+        settings = replace(settings, gpu_memory_utilization=_DEFAULT_GPU_MEMORY_UTILIZATION,
+                           gpu_memory_utilization_given=False)
     kv_dtype = settings.kv_cache_dtype
     choice = choose_backend(rules, device, geometry, kv_dtype, settings.block_size,
                             settings.attention_backend)
@@ -276,6 +288,7 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
 
     # -- memory for the KV cache, and blocks.
     estimated = False
+    budget: GpuBudget | None = None
     if device.platform == "cpu" and memory.cpu_kv_space_bytes:
         kv_memory, kv_source = memory.cpu_kv_space_bytes, "VLLM_CPU_KVCACHE_SPACE"
     elif settings.kv_cache_memory_bytes is not None:
@@ -284,8 +297,10 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
         kv_memory = _estimate_gpu_kv_memory(device, settings, geometry, memory, model_bytes)
         kv_source = "learned: total x utilization - the non-KV memory of an earlier launch"
     elif device.platform == "cuda" and device.total_memory_bytes:
-        kv_memory = _estimate_gpu_kv_memory(device, settings, geometry, memory, model_bytes)
-        kv_source, estimated = "estimate: total x utilization - weights - overhead", True
+        budget = _gpu_budget(device, settings, geometry, memory, model_bytes,
+                             settings.max_model_len or geometry.default_max_model_len)
+        kv_memory = budget.kv_cache_bytes
+        kv_source, estimated = "estimate: total x utilization - weights - activation - non-torch", True
     else:
         kv_memory, kv_source, estimated = 4 * GiB, "estimate: unknown device memory", True
     num_blocks = kv_memory // bytes_per_block
@@ -349,7 +364,7 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
         pipeline_parallel_size=max(1, settings.pipeline_parallel_size),
         kv_cache_groups=len(groups.groups), padding_layers=groups.padding_layers,
         blocks_per_request=groups.blocks_per_request(demand),
-        recurrent_state_bytes=state_bytes, max_model_len_fitted=settings.max_model_len_auto)
+        recurrent_state_bytes=state_bytes, max_model_len_fitted=settings.max_model_len_auto, gpu_budget=budget)
 
 
 def _no_memory_warning(device: Device, settings: EngineSettings, geometry: ModelGeometry,
@@ -357,7 +372,7 @@ def _no_memory_warning(device: Device, settings: EngineSettings, geometry: Model
                        estimated: bool) -> Warning_:
     message = f"no memory is left for KV cache blocks ({kv_memory:,} B for {bytes_per_block:,} B per block)"
     if device.platform == "cuda" and device.total_memory_bytes and settings.gpu_memory_utilization < 0.95:
-        higher = replace(settings, gpu_memory_utilization=0.95)
+        higher = replace(settings, gpu_memory_utilization=0.95, gpu_memory_utilization_given=True)
         if _estimate_gpu_kv_memory(device, higher, geometry, memory, model_bytes) >= 2 * bytes_per_block:
             return Warning_(NO_KV_CACHE_MEMORY, message, FlagChange({"--gpu-memory-utilization": 0.95}),
                             certain=not estimated)

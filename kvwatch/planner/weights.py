@@ -27,6 +27,11 @@ def _int(cfg: Mapping[str, Any], *keys: str) -> int:
 class WeightCount:
     linear_params: int      # attention and MLP projections (what quantization shrinks)
     embedding_params: int   # token embeddings and the LM head
+    attention_params: int = 0   # the attention part of linear_params (some schemes leave it unquantized)
+    # The shapes vLLM's profile run allocates activations by (planner/gpu_budget.py).
+    vocab_size: int = 0
+    hidden_size: int = 0
+    mlp_width_per_token: int = 0   # MLP width one token passes through (MoE: the experts it is routed to)
 
     @property
     def params(self) -> int:
@@ -63,11 +68,17 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
         per_moe = experts * 3 * hidden * moe_width + hidden * experts   # experts + router
         per_moe += shared * 3 * hidden * moe_width + (3 * hidden * shared_width if shared_width else 0)
         mlp = dense_layers * 3 * hidden * dense_width + moe_layers * per_moe
+        routed = _int(cfg, "num_experts_per_tok", "moe_topk", "experts_per_token") or 1
+        width = max(dense_width if dense_layers else 0,
+                    routed * moe_width + shared * moe_width + shared_width)
     else:
         mlp = layers * 3 * hidden * dense_width
+        width = dense_width
     vocab = _int(cfg, "vocab_size")
     embeddings = vocab * hidden * (1 if cfg.get("tie_word_embeddings") else 2)
-    return WeightCount(linear_params=layers * attention + mlp, embedding_params=embeddings)
+    return WeightCount(linear_params=layers * attention + mlp, embedding_params=embeddings,
+                       attention_params=layers * attention,
+                       vocab_size=vocab, hidden_size=hidden, mlp_width_per_token=width)
 
 
 _EIGHT_BIT = ("fp8", "int8", "w8a8", "fbgemm_fp8", "modelopt", "experts_int8")
@@ -90,6 +101,10 @@ def linear_bytes_per_param(quantization: Mapping[str, Any] | None, dtype_bytes: 
         group = quantization.get("group_size") or quantization.get("q_group_size") or 128
         scale = dtype_bytes / group if isinstance(group, int) and group > 0 else 0.0
         return bits / 8 + scale
+    if method == "mxfp4":
+        return 0.5 + 1 / 32          # OCP MX: one 8-bit scale per 32 values
+    if method == "nvfp4" or method == "modelopt_fp4":
+        return 0.5 + 1 / 16          # one fp8 scale per 16 values
     if any(m in method for m in _FOUR_BIT):
         return 0.5 + dtype_bytes / 128
     if any(m in method for m in _EIGHT_BIT):
@@ -97,11 +112,21 @@ def linear_bytes_per_param(quantization: Mapping[str, Any] | None, dtype_bytes: 
     return float(dtype_bytes)
 
 
+def attention_unquantized(quantization: Mapping[str, Any] | None) -> bool:
+    """The scheme leaves the attention projections in the model dtype (gpt-oss's MXFP4 lists
+    `model.layers.*.self_attn` in modules_to_not_convert; compressed-tensors says `ignore`)."""
+    if not quantization:
+        return False
+    skipped = quantization.get("modules_to_not_convert") or quantization.get("ignore") or ()
+    return isinstance(skipped, (list, tuple)) and any(isinstance(m, str) and "attn" in m for m in skipped)
+
+
 def bytes_of(count: WeightCount, quantization: Mapping[str, Any] | None, dtype_bytes: int) -> int:
     """The bytes of these parameters on the GPU: linear layers as `quantization_config` stores them,
-    embeddings in the model dtype."""
+    embeddings (and attention the scheme skips) in the model dtype."""
     per_param = linear_bytes_per_param(quantization, dtype_bytes)
-    return int(count.linear_params * per_param) + count.embedding_params * dtype_bytes
+    plain = count.attention_params if attention_unquantized(quantization) else 0
+    return int((count.linear_params - plain) * per_param) + (count.embedding_params + plain) * dtype_bytes
 
 
 def weights_bytes(cfg: Mapping[str, Any], dtype_bytes: int) -> int | None:

@@ -16,6 +16,7 @@ from kvwatch.boundary.plan_loader import plan_command
 from kvwatch.errors import KvwatchError
 from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineCommand
+from kvwatch.planner.gpu_budget import VllmVersion, parse_version, profile_key
 from kvwatch.planner.plan import Plan
 from kvwatch.planner.rules import RuleSet
 from kvwatch.policy import Policy
@@ -39,10 +40,29 @@ def choose_device() -> Device:
     return device_probe.choose_device()
 
 
-def plan_for(command: EngineCommand, device: Device, rules: RuleSet, env: Mapping[str, str],
-             non_kv_bytes: int | None = None) -> Plan | None:
+def installed_version() -> VllmVersion | None:
+    text = device_probe.installed_vllm_version()
     try:
-        return plan_command(command.argv, device, rules, env=env, non_kv_bytes=non_kv_bytes)
+        return parse_version(text) if text else None
+    except KvwatchError:
+        return None
+
+
+def learned_key(command: EngineCommand, device: Device) -> str | None:
+    """The key of the learned non-KV memory that holds for this command on this card and vLLM."""
+    try:
+        return profile_key(command.settings(), device, installed_version())
+    except KvwatchError:
+        return None
+
+
+def plan_for(command: EngineCommand, device: Device, rules: RuleSet, env: Mapping[str, str],
+             learned: Mapping[str, int] | None = None) -> Plan | None:
+    """The plan, refined by the non-KV memory an earlier launch of the same profile measured."""
+    key = learned_key(command, device) if learned else None
+    try:
+        return plan_command(command.argv, device, rules, env=env,
+                            non_kv_bytes=learned.get(key) if learned and key else None)
     except KvwatchError as exc:
         _LOG.info("plan: not available: %s", exc)
         return None
@@ -54,10 +74,10 @@ def allowed(flag: str, policy: Policy) -> bool:
 
 
 def preflight(command: EngineCommand, device: Device, rules: RuleSet, env: Mapping[str, str], policy: Policy,
-              non_kv_bytes: int | None = None) -> tuple[EngineCommand, list[PreflightFix], Plan | None]:
+              learned: Mapping[str, int] | None = None) -> tuple[EngineCommand, list[PreflightFix], Plan | None]:
     """The command with the certain fixes applied, what was changed, and the final plan."""
     fixes: list[PreflightFix] = []
-    plan = plan_for(command, device, rules, env, non_kv_bytes)
+    plan = plan_for(command, device, rules, env, learned)
     for _ in range(MAX_ROUNDS):
         if plan is None:
             break
@@ -71,7 +91,7 @@ def preflight(command: EngineCommand, device: Device, rules: RuleSet, env: Mappi
         _LOG.info("preflight: %s: %s; changed %s", warning.kind, warning.message, warning.fix.describe())
         fixes.append(PreflightFix(warning.kind.value, warning.message, warning.fix))
         command = fixed
-        plan = plan_for(command, device, rules, env, non_kv_bytes)
+        plan = plan_for(command, device, rules, env, learned)
     if plan is not None:
         for w in plan.warnings:
             level = "will fail, no allowed fix" if w.certain else "risk"

