@@ -475,7 +475,10 @@ def _kv_groups(geometry: ModelGeometry, settings: EngineSettings, block_size: in
 def _default_max_num_seqs(device: Device, settings: EngineSettings) -> int:
     """vLLM's default for the API server (engine/arg_utils.py get_batch_defaults)."""
     world = settings.tensor_parallel_size * settings.pipeline_parallel_size
-    return 128 * world if device.platform == "cpu" else 256 if (device.total_memory_bytes or 0) < 160 * GiB else 1024
+    if device.platform == "cpu":
+        return 128 * world
+    total = device.total_memory_bytes or 0
+    return 1024 if total >= 160 * GiB or (total >= 70 * GiB and "a100" not in device.name.lower()) else 256
 
 
 def _default_max_num_batched_tokens(device: Device, settings: EngineSettings) -> int:
