@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
+from typing import Any
 
 GiB = 2**30
 KV_TOKENS_MARKER = "KV cache size:"
@@ -88,7 +89,7 @@ def parse_fact(line: str, facts: LogFacts) -> LogFacts:
         return replace(facts, kv_tokens=tokens)
     if STARTED_MARKER in line:
         return replace(facts, started=True)
-    found = {name: _bytes(m[1]) for name, regex in _MEMORY.items() if (m := regex.search(line))}
+    found: dict[str, Any] = {name: _bytes(m[1]) for name, regex in _MEMORY.items() if (m := regex.search(line))}
     return replace(facts, **found) if found else facts
 
 
