@@ -53,6 +53,7 @@ class EngineRecord:
     non_kv_bytes: int | None = None
     log_kv_tokens: int | None = None
     log_available_kv_bytes: int | None = None
+    log_memory_parts: dict[str, int] = field(default_factory=dict)   # one GPU's memory by part, as logged
     restarts: dict[str, int] = field(default_factory=dict)      # this run of kvwatch, by class
     failure_counts: dict[str, int] = field(default_factory=dict)
     correction_counts: dict[str, int] = field(default_factory=dict)

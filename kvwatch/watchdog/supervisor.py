@@ -466,21 +466,31 @@ class Supervisor:
         if run is None:
             return
         facts = run.pump.facts
-        if (facts.kv_tokens, facts.available_kv_bytes) == (self._record.log_kv_tokens,
-                                                           self._record.log_available_kv_bytes):
+        parts = facts.memory_parts()
+        record = self._record
+        if (facts.kv_tokens, facts.available_kv_bytes, parts) == (record.log_kv_tokens, record.log_available_kv_bytes,
+                                                                  record.log_memory_parts):
             return
-        self._record.log_kv_tokens = facts.kv_tokens
-        self._record.log_available_kv_bytes = facts.available_kv_bytes
-        device = self._device
-        if facts.available_kv_bytes is not None and device is not None and device.platform == "cuda" \
-                and device.total_memory_bytes:
-            try:
-                util = self._command.settings().gpu_memory_utilization
-                self._record.non_kv_bytes = max(0, int(device.total_memory_bytes * util) - facts.available_kv_bytes)
-            except KvwatchError:
-                pass
+        record.log_kv_tokens = facts.kv_tokens
+        record.log_available_kv_bytes = facts.available_kv_bytes
+        record.log_memory_parts = parts
+        requested = self._requested_bytes()
+        if facts.available_kv_bytes is not None and requested is not None:
+            record.non_kv_bytes = max(0, requested - facts.available_kv_bytes)
         self._save()
         self._publish()
+
+    def _requested_bytes(self) -> int | None:
+        """The budget vLLM sizes its memory against: the card's total x --gpu-memory-utilization, where the
+        plan's device is a CUDA GPU with a known total (None elsewhere, or for a utilization vLLM refuses)."""
+        device = self._device
+        if device is None or device.platform != "cuda" or not device.total_memory_bytes:
+            return None
+        try:
+            util = self._command.settings().gpu_memory_utilization
+        except KvwatchError:
+            return None
+        return int(device.total_memory_bytes * util) if 0 < util <= 1 else None
 
     def _end_engine(self) -> None:
         """Stop the whole group (whatever is left of it), drain the output, forget the pids."""
@@ -583,7 +593,8 @@ class Supervisor:
             pid_ranks=dict(self._running.pid_ranks) if self._running is not None else {},
             restarts=dict(self._restarts), failures=dict(self._failures), corrections=dict(self._corrections),
             last_failure=last.kind if last else None,
-            log_kv_tokens=self._record.log_kv_tokens, log_available_kv_bytes=self._record.log_available_kv_bytes)
+            log_kv_tokens=self._record.log_kv_tokens, log_available_kv_bytes=self._record.log_available_kv_bytes,
+            log_memory_parts=dict(self._record.log_memory_parts), memory_requested_bytes=self._requested_bytes())
 
     def _publish(self) -> None:
         self._status = status = self._make_status()
