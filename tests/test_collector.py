@@ -35,6 +35,7 @@ from operator_tools import readme_metric_labels
 from waiting import eventually
 
 from kvwatch.boundary.nvml import Nvml
+from kvwatch.diagnosis.startup_lines import parse_facts
 from kvwatch.engine_status import EngineState, EngineStatus
 from kvwatch.exporter.actual import ActualKv, actual_kv
 from kvwatch.exporter.collector import ENGINE_STATES, FAILURE_KINDS
@@ -45,6 +46,7 @@ from kvwatch.planner.devices import PRESETS, GiB
 from kvwatch.planner.plan import MemoryInputs, Plan
 
 GOLDEN = Path(__file__).parent / "fixtures" / "golden" / "metrics.txt"
+GPU_LOGS = Path(__file__).parent / "fixtures" / "gpu_logs"
 H200_A = "GPU-7c2e4d1a-0000-4000-8000-00000000000a"
 H200_B = "GPU-7c2e4d1a-0000-4000-8000-00000000000b"
 
@@ -70,7 +72,11 @@ def fixed_snapshot() -> WatchSnapshot:
                            plan=fixture_plan("cpu_default"), failures={"gpu_memory_busy": 3},
                            restarts={"gpu_memory_busy": 3})
     estimated = gpu_plan("cpu_block64", PRESETS["h200"])
-    on_gpu = EngineStatus(name="mistral", state=EngineState.READY, reason="healthy", plan=estimated)
+    # Its memory by part as a real V1 engine logged it (weights, KV cache, CUDA graphs; no V0 profile).
+    logged = parse_facts((GPU_LOGS / "dl_qwen2_7b_a100_80g_u05.log").read_text().splitlines())
+    on_gpu = EngineStatus(name="mistral", state=EngineState.READY, reason="healthy", plan=estimated,
+                          log_memory_parts=logged.memory_parts(),
+                          memory_requested_bytes=int((PRESETS["h200"].total_memory_bytes or 0) * 0.92))
     gpus = (
         GpuInfo(0, H200_A, "NVIDIA H200", 143_771 * 2**20, 90 * GIB, (9, 0),
                 (GpuProcess(777, 3 * GIB), GpuProcess(4242, 80 * GIB), GpuProcess(4243, None))),
@@ -158,6 +164,21 @@ def test_drift_only_for_exact_and_learned_plans_the_estimate_its_own_error() -> 
             assert drift is None and estimate_error == pytest.approx(error)
         else:
             assert estimate_error is None and drift == pytest.approx(error)
+
+
+def test_memory_parts_only_as_stated_and_the_budget_only_where_known() -> None:
+    """An engine that stated no part (a CPU engine, one still loading) has no memory series; one that
+    stated some has those only; no requested budget without a CUDA card's total."""
+    stated = EngineStatus("gpu", EngineState.READY, log_memory_parts={"weights": 7 * GiB, "kv_cache": 31 * GiB},
+                          memory_requested_bytes=40 * GiB)
+    silent = EngineStatus("cpu", EngineState.READY)
+    found = samples(render(WatchSnapshot(taken_at=1.0, engines=(EngineSnapshot(stated, up=True),
+                                                                EngineSnapshot(silent, up=True)))))
+    assert {(s["engine"], s["part"]): value(found, "kvwatch_engine_memory_bytes", **s)
+            for s in series(found, "kvwatch_engine_memory_bytes")} == {("gpu", "weights"): 7 * GiB,
+                                                                      ("gpu", "kv_cache"): 31 * GiB}
+    assert series(found, "kvwatch_engine_memory_requested_bytes") == [{"engine": "gpu"}]
+    assert value(found, "kvwatch_engine_memory_requested_bytes", engine="gpu") == 40 * GiB
 
 
 def test_before_the_first_tick_only_build_info() -> None:

@@ -37,6 +37,8 @@ GPU1 = "GPU-e2e00000-0000-4000-8000-000000000001"
 NOT_ON_THIS_HOST = {
     "kvwatch_kv_plan_estimate_error_ratio": "both plans are exact (VLLM_CPU_KVCACHE_SPACE; the engine's "
                                             "kv_cache_memory_bytes), so they drift and have no estimate error",
+    "kvwatch_engine_memory_bytes": "the CPU engine logs no GPU memory profile",
+    "kvwatch_engine_memory_requested_bytes": "the supervised engine's plan is for the CPU, not a CUDA card",
 }
 # Grafana's variables as "All" and the rate interval Grafana would pick for a 1 s scrape.
 VARIABLES = {"$__rate_interval": "15s", "$instance": ".*", "$engine": ".*", "$gpu": ".*"}

@@ -37,6 +37,8 @@ _MEMORY = {
     "activation_peak_bytes": re.compile(r"PyTorch activation peak memory(?: takes)?\s+" + _GIB),
     "non_torch_bytes": re.compile(r"non_torch_memory(?: takes)?\s+" + _GIB),
 }
+# The parts of one GPU's memory the engine states, by the `part` label of kvwatch_engine_memory_bytes.
+MEMORY_PARTS = ("weights", "activation_peak", "non_torch", "cuda_graphs", "kv_cache")
 # vLLM's last start-up line (V0 and V1, GPU and CPU): every fact above comes before it.
 STARTED_MARKER = "init engine (profile, create kv cache"
 # Words that only the fact lines carry, for a cheap check before any regex: the serving stats line

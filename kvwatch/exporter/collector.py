@@ -14,6 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from kvwatch import __version__
+from kvwatch.diagnosis.startup_lines import MEMORY_PARTS
 from kvwatch.engine_status import EngineState
 from kvwatch.exporter.snapshot import EngineSnapshot, WatchSnapshot
 from kvwatch.failure_kinds import FailureKind
@@ -58,6 +59,12 @@ HELP = {
                                             "(kvwatch_plan_info's source): the estimate's error, for capacity "
                                             "planning, never alerted on.",
     "kvwatch_kv_usage_ratio": "The engine's own vllm:kv_cache_usage_perc (0..1).",
+    "kvwatch_engine_memory_bytes": "One GPU's memory of the engine by part, as the engine's start-up lines state "
+                                   "it (weights, activation_peak, non_torch, cuda_graphs, kv_cache; only the parts "
+                                   "it stated: V1 engines state weights, kv_cache and cuda_graphs).",
+    "kvwatch_engine_memory_requested_bytes": "The GPU memory the engine may use: the card's total x "
+                                             "--gpu-memory-utilization (the budget vLLM sizes its KV cache "
+                                             "against); CUDA GPUs only.",
     "kvwatch_gpu_info": "One per GPU seen by NVML, always 1.",
     "kvwatch_gpu_memory_total_bytes": "Total GPU memory (NVML).",
     "kvwatch_gpu_memory_used_bytes": "Used GPU memory (NVML; without the driver's reservation where the "
@@ -117,6 +124,8 @@ class KvwatchCollector(Collector):
             "drift": _gauge("kvwatch_kv_plan_drift_ratio", _R),
             "estimate_error": _gauge("kvwatch_kv_plan_estimate_error_ratio", _R),
             "usage": _gauge("kvwatch_kv_usage_ratio", _R),
+            "memory": _gauge("kvwatch_engine_memory_bytes", _E + ["part"]),
+            "memory_requested": _gauge("kvwatch_engine_memory_requested_bytes", _E),
             "gpu_info": _gauge("kvwatch_gpu_info", ["gpu", "index", "name"]),
             "gpu_total": _gauge("kvwatch_gpu_memory_total_bytes", ["gpu"]),
             "gpu_used": _gauge("kvwatch_gpu_memory_used_bytes", ["gpu"]),
@@ -179,6 +188,11 @@ def _engine(f: dict[str, Any], engine: EngineSnapshot) -> None:
         f["padding_ratio"].add_metric([name, rank], actual.padding_ratio)
         if plan is not None and plan.planned_kv_bytes > 0:
             f[difference].add_metric([name, rank], (actual.kv_bytes - plan.planned_kv_bytes) / plan.planned_kv_bytes)
+    for part in MEMORY_PARTS:   # the parts the engine stated, from the status: no I/O here
+        if (part_bytes := status.log_memory_parts.get(part)) is not None:
+            f["memory"].add_metric([name, part], part_bytes)
+    if status.memory_requested_bytes is not None:
+        f["memory_requested"].add_metric([name], status.memory_requested_bytes)
     if engine.process_rss:
         for rank, rss in sorted(_by_rank(engine.process_rss.items(), status.pid_ranks).items()):
             f["engine_rss"].add_metric([name, rank], rss)
