@@ -31,3 +31,5 @@ class EngineStatus:
     last_failure: str | None = None
     log_kv_tokens: int | None = None                   # "KV cache size: N tokens" from the log
     log_available_kv_bytes: int | None = None          # "Available KV cache memory: X GiB"
+    log_memory_parts: dict[str, int] = field(default_factory=dict)   # one GPU's memory by part, as logged
+    memory_requested_bytes: int | None = None          # card total x --gpu-memory-utilization (CUDA only)

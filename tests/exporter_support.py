@@ -15,7 +15,7 @@ from kvwatch.exporter.snapshot import WatchSnapshot
 from kvwatch.planner.devices import Device, GiB
 from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.geometry import geometry_from_config
-from kvwatch.planner.plan import MemoryInputs, Plan, make_plan
+from kvwatch.planner.plan import NO_MEMORY_INPUTS, MemoryInputs, Plan, make_plan
 from kvwatch.planner.rules import ruleset_for
 
 METRICS = Path(__file__).parent / "fixtures" / "metrics"
@@ -37,6 +37,13 @@ def fixture_plan(name: str, kv_bytes: int = GiB) -> Plan:
     """The plan kvwatch makes for that run (VLLM_CPU_KVCACHE_SPACE=1)."""
     ctx = fixture_context(name)
     return make_plan(ctx.geometry, ctx.settings, ctx.device, RULES, MemoryInputs(cpu_kv_space_bytes=kv_bytes))
+
+
+def gpu_plan(name: str, device: Device, memory: MemoryInputs = NO_MEMORY_INPUTS) -> Plan:
+    """The plan for that run's model and flags on a GPU: estimated without measured memory,
+    learned with the non-KV memory of an earlier launch (``memory.non_kv_bytes``)."""
+    ctx = fixture_context(name, device)
+    return make_plan(ctx.geometry, ctx.settings, device, RULES, memory)
 
 
 def fixture_metrics(name: str) -> EngineMetrics:

@@ -12,6 +12,7 @@ behaves as the real CPU engine did where the tests need it:
   was given) after --ready-after seconds, with one child process in its group (like
   EngineCore); --die-after S: exits 1 with the real engine-died log after S seconds of
   serving (once per --die-once MARKER); --never-ready: never listens;
+- --startup-log FILE: prints FILE (a real engine's start-up lines) in place of its own KV cache line;
 - --flood MB: writes MB megabytes of lines as fast as it can, then exits 0;
 - --drip S: every answer is sent one byte each S seconds (a hung or hostile engine's HTTP);
 - --escape FILE: a descendant double-forks into a session of its own, ignores SIGTERM, and
@@ -132,8 +133,11 @@ def main() -> int:
     Handler.drip = args.drip
     server = http.server.ThreadingHTTPServer((args.host, args.port), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    print(f"(EngineCore pid={child.pid}) INFO CPU KV cache size: 1,398,080 tokens, "
-          "Maximum concurrency for 4,096 tokens per request: 341.33x", flush=True)
+    if args.startup_log:
+        emit(Path(args.startup_log))
+    else:
+        print(f"(EngineCore pid={child.pid}) INFO CPU KV cache size: 1,398,080 tokens, "
+              "Maximum concurrency for 4,096 tokens per request: 341.33x", flush=True)
     print(f"(APIServer pid={os.getpid()}) INFO Application startup complete.", flush=True)
     if args.die_after is not None and not (args.die_once and Path(args.die_once).exists()):
         if args.die_once:

@@ -14,7 +14,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from exporter_support import fixture_context, fixture_metrics, fixture_plan, render, samples, series, value
+from exporter_support import (
+    fixture_context,
+    fixture_metrics,
+    fixture_plan,
+    gpu_plan,
+    render,
+    samples,
+    series,
+    value,
+)
 from nvml_standin import (
     GIB,
     NvmlStandin,
@@ -26,20 +35,32 @@ from operator_tools import readme_metric_labels
 from waiting import eventually
 
 from kvwatch.boundary.nvml import Nvml
+from kvwatch.diagnosis.startup_lines import parse_facts
 from kvwatch.engine_status import EngineState, EngineStatus
-from kvwatch.exporter.actual import actual_kv
+from kvwatch.exporter.actual import ActualKv, actual_kv
 from kvwatch.exporter.collector import ENGINE_STATES, FAILURE_KINDS
 from kvwatch.exporter.snapshot import CollectorResult, EngineSnapshot, WatchSnapshot
 from kvwatch.exporter.watch import EngineTarget, Watch
 from kvwatch.gpu_types import GpuInfo, GpuProcess, NvmlSnapshot
+from kvwatch.planner.devices import PRESETS, GiB
+from kvwatch.planner.plan import MemoryInputs, Plan
 
 GOLDEN = Path(__file__).parent / "fixtures" / "golden" / "metrics.txt"
+GPU_LOGS = Path(__file__).parent / "fixtures" / "gpu_logs"
 H200_A = "GPU-7c2e4d1a-0000-4000-8000-00000000000a"
 H200_B = "GPU-7c2e4d1a-0000-4000-8000-00000000000b"
 
 
+def allocated(plan: Plan, blocks: int) -> ActualKv:
+    """What an engine allocated, in the plan's own page: `blocks` blocks."""
+    return ActualKv(blocks=blocks, block_size=plan.block_size, kv_cache_dtype=plan.kv_cache_dtype,
+                    bytes_per_block=plan.bytes_per_block, kv_bytes=blocks * plan.bytes_per_block,
+                    kv_memory_bytes=None, kv_memory_source=None, padding_bytes={})
+
+
 def fixed_snapshot() -> WatchSnapshot:
-    """Two engines (one serving, one in backoff) on a 2-GPU host with a foreign process."""
+    """Three engines (one serving, one in backoff, one serving on an estimated GPU plan that got
+    10% fewer blocks than estimated) on a 2-GPU host with a foreign process."""
     metrics = fixture_metrics("cpu_block64")
     actual = actual_kv(fixture_context("cpu_block64"), metrics.cache, log_kv_tokens=1_398_080)
     serving = EngineStatus(
@@ -50,6 +71,12 @@ def fixed_snapshot() -> WatchSnapshot:
     waiting = EngineStatus(name="qwen", state=EngineState.BACKOFF, reason="exited: 1",
                            plan=fixture_plan("cpu_default"), failures={"gpu_memory_busy": 3},
                            restarts={"gpu_memory_busy": 3})
+    estimated = gpu_plan("cpu_block64", PRESETS["h200"])
+    # Its memory by part as a real V1 engine logged it (weights, KV cache, CUDA graphs; no V0 profile).
+    logged = parse_facts((GPU_LOGS / "dl_qwen2_7b_a100_80g_u05.log").read_text().splitlines())
+    on_gpu = EngineStatus(name="mistral", state=EngineState.READY, reason="healthy", plan=estimated,
+                          log_memory_parts=logged.memory_parts(),
+                          memory_requested_bytes=int((PRESETS["h200"].total_memory_bytes or 0) * 0.92))
     gpus = (
         GpuInfo(0, H200_A, "NVIDIA H200", 143_771 * 2**20, 90 * GIB, (9, 0),
                 (GpuProcess(777, 3 * GIB), GpuProcess(4242, 80 * GIB), GpuProcess(4243, None))),
@@ -59,7 +86,9 @@ def fixed_snapshot() -> WatchSnapshot:
         taken_at=1_800_000_000.0,
         engines=(EngineSnapshot(waiting, up=False, planned=waiting.plan),
                  EngineSnapshot(serving, up=True, metrics=metrics, planned=serving.plan, actual=actual,
-                                process_rss={4242: 2 * GIB, 4243: GIB})),
+                                process_rss={4242: 2 * GIB, 4243: GIB}),
+                 EngineSnapshot(on_gpu, up=True, planned=estimated,
+                                actual=allocated(estimated, estimated.num_blocks * 9 // 10))),
         nvml=NvmlSnapshot(True, None, "570.124.06", gpus, ()),
         collectors=(CollectorResult("nvml", True, 0.0125), CollectorResult("engine", True, 0.0421),
                     CollectorResult("process", False, 0.0009, "boom")),
@@ -114,6 +143,42 @@ def test_fixed_snapshot_values() -> None:
     assert value(found, "kvwatch_gpu_memory_used_bytes", gpu=H200_B) is None  # not reported: left out
     assert value(found, "kvwatch_gpu_info", gpu=H200_B, index="1", name="NVIDIA H200") == 1
     assert value(found, "kvwatch_collector_success", collector="process") == 0
+
+
+def test_drift_only_for_exact_and_learned_plans_the_estimate_its_own_error() -> None:
+    """An estimate that misses is no change in the engine: its error is a gauge, not drift."""
+    h100 = PRESETS["h100"]
+    plans = {"exact": fixture_plan("cpu_block64"), "estimated": gpu_plan("cpu_block64", h100),
+             "learned": gpu_plan("cpu_block64", h100, MemoryInputs(non_kv_bytes=20 * GiB))}
+    assert {source: plan.source for source, plan in plans.items()} == {s: s for s in plans}
+    engines = tuple(EngineSnapshot(EngineStatus(source, EngineState.READY, plan=plan), up=True, planned=plan,
+                                   actual=allocated(plan, plan.num_blocks * 9 // 10))
+                    for source, plan in plans.items())
+    found = samples(render(WatchSnapshot(taken_at=1.0, engines=engines)))
+    for source, plan in plans.items():
+        error = (plan.num_blocks * 9 // 10 - plan.num_blocks) / plan.num_blocks
+        assert [s["source"] for s in series(found, "kvwatch_plan_info") if s["engine"] == source] == [source]
+        drift = value(found, "kvwatch_kv_plan_drift_ratio", engine=source, rank="0")
+        estimate_error = value(found, "kvwatch_kv_plan_estimate_error_ratio", engine=source, rank="0")
+        if source == "estimated":
+            assert drift is None and estimate_error == pytest.approx(error)
+        else:
+            assert estimate_error is None and drift == pytest.approx(error)
+
+
+def test_memory_parts_only_as_stated_and_the_budget_only_where_known() -> None:
+    """An engine that stated no part (a CPU engine, one still loading) has no memory series; one that
+    stated some has those only; no requested budget without a CUDA card's total."""
+    stated = EngineStatus("gpu", EngineState.READY, log_memory_parts={"weights": 7 * GiB, "kv_cache": 31 * GiB},
+                          memory_requested_bytes=40 * GiB)
+    silent = EngineStatus("cpu", EngineState.READY)
+    found = samples(render(WatchSnapshot(taken_at=1.0, engines=(EngineSnapshot(stated, up=True),
+                                                                EngineSnapshot(silent, up=True)))))
+    assert {(s["engine"], s["part"]): value(found, "kvwatch_engine_memory_bytes", **s)
+            for s in series(found, "kvwatch_engine_memory_bytes")} == {("gpu", "weights"): 7 * GiB,
+                                                                      ("gpu", "kv_cache"): 31 * GiB}
+    assert series(found, "kvwatch_engine_memory_requested_bytes") == [{"engine": "gpu"}]
+    assert value(found, "kvwatch_engine_memory_requested_bytes", engine="gpu") == 40 * GiB
 
 
 def test_before_the_first_tick_only_build_info() -> None:

@@ -65,7 +65,7 @@ def test_export_the_real_cpu_engine(tmp_path: Path, nvml_standin: NvmlStandin) -
             assert value(found, "kvwatch_engine_up", engine="cpu") == 1
             assert value(found, "kvwatch_engine_state", engine="cpu", state="ready") == 1
             assert value(found, "kvwatch_plan_info", engine="cpu", block_size="64", kv_cache_dtype="auto",
-                         backend="CPU_ATTN", attention="full") == 1
+                         backend="CPU_ATTN", attention="full", source="exact") == 1
             actual_blocks = value(found, "kvwatch_kv_actual_blocks", engine="cpu", rank="0")
             assert actual_blocks == tokens // 64 == 21_845  # the engine's own figure, from its log too
             assert value(found, "kvwatch_kv_planned_blocks", engine="cpu", rank="0") == actual_blocks

@@ -133,3 +133,26 @@ def test_a_line_that_only_looks_like_a_startup_fact_does_not_stop_the_pump() -> 
     os.close(read_end)
     assert pump.lines()[-1] == "INFO CPU KV cache size: 63,550 tokens"
     assert pump.facts == LogFacts(kv_tokens=63550, available_kv_bytes=None)
+
+
+def test_the_memory_lines_after_the_kv_size_are_read_and_nothing_after_the_start() -> None:
+    """vLLM V1 logs its CUDA graph memory after the KV cache size; "init engine ... took" ends its
+    start-up, and a later line that looks like a fact (an echo of the log, a replay) changes nothing."""
+    read_end, write_end = os.pipe()
+    pump = OutputPump("start", read_end, None).start()
+    os.write(write_end, b"(EngineCore_0 pid=2881) INFO [gpu_model_runner.py:2007] Model loading took 14.2488 GiB\n"
+                        b"(EngineCore_0 pid=2881) INFO [gpu_worker.py:276] Available KV cache memory: 24.83 GiB\n"
+                        b"(EngineCore_0 pid=2881) INFO [kv_cache_utils.py:849] GPU KV cache size: 464,848 tokens\n")
+    time.sleep(0.05)   # a block of its own: the pump has seen the KV size before the graph line comes
+    os.write(write_end, b"(EngineCore_0 pid=2881) INFO [gpu_model_runner.py:2708] Graph capturing finished in 3 "
+                        b"secs, took 0.50 GiB\n(EngineCore_0 pid=2881) INFO [core.py:214] init engine (profile, "
+                        b"create kv cache, warmup model) took 23.13 seconds\n")
+    time.sleep(0.05)
+    os.write(write_end, b"INFO Available KV cache memory: 99.00 GiB\n")
+    os.close(write_end)
+    assert pump.join(timeout=10)
+    os.close(read_end)
+    facts = pump.facts
+    assert facts.started and facts.kv_tokens == 464_848
+    assert {part: round(value / 2**30, 4) for part, value in facts.memory_parts().items()} == {
+        "weights": 14.2488, "kv_cache": 24.83, "cuda_graphs": 0.5}

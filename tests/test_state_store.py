@@ -1,6 +1,7 @@
 """The state file (kvwatch/watchdog/state_store.py): atomic, corrupt files moved aside, one lock."""
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -22,6 +23,26 @@ def test_state_file_atomic_round_trip(tmp_path: Path) -> None:
     loaded = store.load()
     assert loaded is not None and loaded.argv == record.argv and loaded.non_kv_bytes == 123
     assert oct(os.stat(tmp_path / "e.json").st_mode & 0o777) == "0o640"
+
+
+def test_the_memory_parts_are_kept_and_a_file_from_before_them_loads(tmp_path: Path) -> None:
+    store = StateStore(tmp_path, "e")
+    store.ensure_dir()
+    parts = {"weights": 15_299_532_501, "kv_cache": 26_661_009_489, "cuda_graphs": 536_870_912}
+    store.save(EngineRecord(name="e", argv=["a"], log_memory_parts=parts))
+    loaded = store.load()
+    assert loaded is not None and loaded.log_memory_parts == parts
+    # A state file written before the field existed: the same record, no parts, nothing moved aside.
+    data = json.loads((tmp_path / "e.json").read_text())
+    del data["log_memory_parts"]
+    (tmp_path / "e.json").write_text(json.dumps(data))
+    older = store.load()
+    assert older is not None and older.argv == ["a"] and older.log_memory_parts == {}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e.json"]
+    # Parts of the wrong type are a corrupt file, as every other field's.
+    data["log_memory_parts"] = {"weights": "14 GiB"}
+    (tmp_path / "e.json").write_text(json.dumps(data))
+    assert store.load() is None
 
 
 @pytest.mark.parametrize("content", [b"{not json", b'{"version": 99}', b"\xff\xfe", b'{"version": 1, "name": 5}',

@@ -1,24 +1,51 @@
-"""The engine's startup lines about its KV cache (docs/vllm-facts.md §5), parsed in one place. Pure.
+"""The engine's startup lines about its KV cache and GPU memory (docs/vllm-facts.md §5), parsed in one place. Pure.
 
-vLLM logs "Available KV cache memory: X GiB" (each worker) and then "GPU KV cache size: N tokens"
-("CPU KV cache size" on the CPU backend). The output pump reads them while the engine starts
-(kvwatch_kv_actual_bytes' cross-check) and the diagnosis reads them from a failed start's log.
+vLLM logs "KV cache size: N tokens" ("GPU" or, on the CPU backend, "CPU"), and where its GPU memory
+went. vLLM 0.32 (v1/worker/gpu_worker.py, gpu_model_runner.py) and the V1 engines before it log at INFO
+  "Model loading took 14.2488 GiB and 4.42 seconds"
+  "Available KV cache memory: 24.83 GiB"
+  "Graph capturing finished in 3 secs, took 0.50 GiB"
+and the V0 workers of 0.6-0.8 (worker/worker.py) one line with the whole profile:
+  "model weights take 19.86GiB; non_torch_memory takes 0.16GiB; PyTorch activation peak memory
+   takes 36.63GiB; the rest of the memory reserved for KV Cache is 14.65GiB."
+(0.6.5: one figure a line, "model weights take   14.96GiB", "available_kv_cache_memory    53.29GiB";
+0.7: "Loading model weights took 13.9 GB", vLLM's GB there being 2**30 bytes). GiB figures are
+printed rounded (0.01 GiB, weights 0.0001 GiB). With tensor parallelism each worker prints its own
+line: the figures are one rank's. The output pump reads these lines while the engine starts
+(kvwatch_kv_actual_bytes' cross-check, kvwatch_engine_memory_bytes) and the diagnosis reads them
+from a failed start's log.
 """
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
+GiB = 2**30
 KV_TOKENS_MARKER = "KV cache size:"
-KV_AVAILABLE_MARKER = "Available KV cache memory:"
 # Numbers as vLLM prints them, bounded: "1,398,080", "24.83" (never ",", "1.2.3" or 400 digits).
 KV_TOKENS = re.compile(r"KV cache size: (\d{1,3}(?:,?\d{3}){0,5}) tokens")
-_KV_AVAILABLE = re.compile(r"Available KV cache memory: (\d{1,9}(?:\.\d{1,6})?) GiB")
-_GiB = 2**30
-
-# Words that only the fact lines carry: the serving stats line says "GPU KV cache usage" every
-# few seconds and must not send every block through the line-by-line parser.
-FACT_MARKERS = (KV_TOKENS_MARKER, KV_AVAILABLE_MARKER)
+_DIGITS = r"(-?\d{1,9}(?:\.\d{1,6})?)"
+_GIB = _DIGITS + r"\s*GiB"
+# One pattern per figure: V0 printed them all on one line, 0.6.5 one per line.
+_MEMORY = {
+    "weights_bytes": re.compile(r"(?:Model loading took|model weights take|Loading model weights took)\s+" +
+                                _DIGITS + r"\s*Gi?B"),
+    "available_kv_bytes": re.compile(r"(?:Available KV cache memory:|available_kv_cache_memory|"
+                                     r"the rest of the memory reserved for KV Cache is)\s+" + _GIB),
+    "cuda_graph_bytes": re.compile(r"Graph capturing finished in [\d.]+ secs?, took " + _GIB),
+    "activation_peak_bytes": re.compile(r"PyTorch activation peak memory(?: takes)?\s+" + _GIB),
+    "non_torch_bytes": re.compile(r"non_torch_memory(?: takes)?\s+" + _GIB),
+}
+# The parts of one GPU's memory the engine states, by the `part` label of kvwatch_engine_memory_bytes.
+MEMORY_PARTS = ("weights", "activation_peak", "non_torch", "cuda_graphs", "kv_cache")
+# vLLM's last start-up line (V0 and V1, GPU and CPU): every fact above comes before it.
+STARTED_MARKER = "init engine (profile, create kv cache"
+# Words that only the fact lines carry, for a cheap check before any regex: the serving stats line
+# says "GPU KV cache usage" every few seconds and must not send every block through the parser.
+FACT_MARKERS = (KV_TOKENS_MARKER, "KV cache memory:", "Model loading took", "model weights take",
+                "Loading model weights took", "available_kv_cache_memory", "reserved for KV Cache",
+                "Graph capturing finished", "activation peak memory", "non_torch_memory", STARTED_MARKER)
 
 
 def kv_tokens_of(text: str) -> int:
@@ -34,10 +61,26 @@ def kv_tokens(line: str) -> int | None:
 
 @dataclass(frozen=True)
 class LogFacts:
-    """What the engine told about its KV cache at startup; None until it said so."""
+    """What the engine told at startup about its KV cache and one GPU's memory; None until it said so."""
 
     kv_tokens: int | None = None
-    available_kv_bytes: int | None = None
+    available_kv_bytes: int | None = None        # the KV cache's memory (0 where V0 logged a negative rest)
+    weights_bytes: int | None = None
+    cuda_graph_bytes: int | None = None
+    activation_peak_bytes: int | None = None     # V0's profile only; V1 logs it at DEBUG
+    non_torch_bytes: int | None = None           # V0's profile only
+    started: bool = False                        # the engine logged the end of its start-up
+
+    def memory_parts(self) -> dict[str, int]:
+        """The GPU memory parts the engine stated, by the `part` label kvwatch exports them under."""
+        named = {"weights": self.weights_bytes, "activation_peak": self.activation_peak_bytes,
+                 "non_torch": self.non_torch_bytes, "cuda_graphs": self.cuda_graph_bytes,
+                 "kv_cache": self.available_kv_bytes}
+        return {part: value for part, value in named.items() if value is not None}
+
+
+def _bytes(text: str) -> int:
+    return max(0, int(float(text) * GiB))
 
 
 def parse_fact(line: str, facts: LogFacts) -> LogFacts:
@@ -45,7 +88,16 @@ def parse_fact(line: str, facts: LogFacts) -> LogFacts:
     if not any(marker in line for marker in FACT_MARKERS):
         return facts
     if (tokens := kv_tokens(line)) is not None:
-        return LogFacts(tokens, facts.available_kv_bytes)
-    if m := _KV_AVAILABLE.search(line):
-        return LogFacts(facts.kv_tokens, int(float(m.group(1)) * _GiB))
+        return replace(facts, kv_tokens=tokens)
+    if STARTED_MARKER in line:
+        return replace(facts, started=True)
+    found: dict[str, Any] = {name: _bytes(m[1]) for name, regex in _MEMORY.items() if (m := regex.search(line))}
+    return replace(facts, **found) if found else facts
+
+
+def parse_facts(lines: list[str]) -> LogFacts:
+    """The facts of a whole log."""
+    facts = LogFacts()
+    for line in lines:
+        facts = parse_fact(line, facts)
     return facts

@@ -14,6 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from kvwatch import __version__
+from kvwatch.diagnosis.startup_lines import MEMORY_PARTS
 from kvwatch.engine_status import EngineState
 from kvwatch.exporter.snapshot import EngineSnapshot, WatchSnapshot
 from kvwatch.failure_kinds import FailureKind
@@ -34,7 +35,9 @@ HELP = {
     "kvwatch_engine_restarts": "Relaunches of the engine by kvwatch, by the failure class that caused them.",
     "kvwatch_engine_failures": "Failures of the engine kvwatch has seen, by diagnosed class.",
     "kvwatch_plan_corrections": "Corrected plans kvwatch applied, by the failure class they answer.",
-    "kvwatch_plan_info": "The KV cache plan in force, always 1.",
+    "kvwatch_plan_info": "The KV cache plan in force, always 1; source: how its KV memory is known (exact: a flag "
+                         "or the environment fixes it; learned: from the engine's own profile on an earlier launch; "
+                         "estimated: from config.json and the card).",
     "kvwatch_kv_planned_bytes": "KV cache bytes the plan predicts: planned blocks x the planner's bytes per block.",
     "kvwatch_kv_actual_bytes": "KV cache bytes the engine allocated: its num_gpu_blocks (vllm:cache_config_info) "
                                "x the planner's bytes per block for the block size and KV dtype the engine "
@@ -50,8 +53,18 @@ HELP = {
                                 "the KV memory it reports below one block, its null block, and the layout "
                                 "padding of the block size and KV dtype it reports.",
     "kvwatch_kv_planned_padding_ratio": "Padding over allocated KV bytes as the plan predicts it.",
-    "kvwatch_kv_plan_drift_ratio": "(actual - planned) / planned KV cache bytes.",
+    "kvwatch_kv_plan_drift_ratio": "(actual - planned) / planned KV cache bytes, for a plan whose KV memory is "
+                                   "exact or learned (kvwatch_plan_info's source).",
+    "kvwatch_kv_plan_estimate_error_ratio": "(actual - planned) / planned KV cache bytes, for an estimated plan "
+                                            "(kvwatch_plan_info's source): the estimate's error, for capacity "
+                                            "planning, never alerted on.",
     "kvwatch_kv_usage_ratio": "The engine's own vllm:kv_cache_usage_perc (0..1).",
+    "kvwatch_engine_memory_bytes": "One GPU's memory of the engine by part, as the engine's start-up lines state "
+                                   "it (weights, activation_peak, non_torch, cuda_graphs, kv_cache; only the parts "
+                                   "it stated: V1 engines state weights, kv_cache and cuda_graphs).",
+    "kvwatch_engine_memory_requested_bytes": "The GPU memory the engine may use: the CUDA total x the "
+                                             "utilization it takes (the flag, else its release's default): the "
+                                             "budget vLLM sizes its KV cache against; CUDA GPUs only.",
     "kvwatch_gpu_info": "One per GPU seen by NVML, always 1.",
     "kvwatch_gpu_memory_total_bytes": "Total GPU memory (NVML).",
     "kvwatch_gpu_memory_used_bytes": "Used GPU memory (NVML; without the driver's reservation where the "
@@ -99,7 +112,8 @@ class KvwatchCollector(Collector):
             "restarts": _counter("kvwatch_engine_restarts", _E + ["reason"]),
             "failures": _counter("kvwatch_engine_failures", _E + ["kind"]),
             "corrections": _counter("kvwatch_plan_corrections", _E + ["kind"]),
-            "plan_info": _gauge("kvwatch_plan_info", _E + ["block_size", "kv_cache_dtype", "backend", "attention"]),
+            "plan_info": _gauge("kvwatch_plan_info", _E + ["block_size", "kv_cache_dtype", "backend", "attention",
+                                                                "source"]),
             "planned_bytes": _gauge("kvwatch_kv_planned_bytes", _R),
             "actual_bytes": _gauge("kvwatch_kv_actual_bytes", _R),
             "planned_blocks": _gauge("kvwatch_kv_planned_blocks", _R),
@@ -108,7 +122,10 @@ class KvwatchCollector(Collector):
             "padding_ratio": _gauge("kvwatch_kv_padding_ratio", _R),
             "planned_padding_ratio": _gauge("kvwatch_kv_planned_padding_ratio", _R),
             "drift": _gauge("kvwatch_kv_plan_drift_ratio", _R),
+            "estimate_error": _gauge("kvwatch_kv_plan_estimate_error_ratio", _R),
             "usage": _gauge("kvwatch_kv_usage_ratio", _R),
+            "memory": _gauge("kvwatch_engine_memory_bytes", _E + ["part"]),
+            "memory_requested": _gauge("kvwatch_engine_memory_requested_bytes", _E),
             "gpu_info": _gauge("kvwatch_gpu_info", ["gpu", "index", "name"]),
             "gpu_total": _gauge("kvwatch_gpu_memory_total_bytes", ["gpu"]),
             "gpu_used": _gauge("kvwatch_gpu_memory_used_bytes", ["gpu"]),
@@ -156,19 +173,26 @@ def _engine(f: dict[str, Any], engine: EngineSnapshot) -> None:
         ranks = [str(i) for i in range(plan.data_parallel_size)]
     if plan is not None:
         f["plan_info"].add_metric([name, str(plan.block_size), plan.kv_cache_dtype, plan.backend or "none",
-                                   plan.attention], 1)
+                                   plan.attention, plan.source], 1)
         for rank in ranks:
             f["planned_bytes"].add_metric([name, rank], plan.planned_kv_bytes)
             f["planned_blocks"].add_metric([name, rank], plan.num_blocks)
             for cause, value in sorted(plan.padding_bytes.items()):
                 f["padding_bytes"].add_metric([name, rank, cause], value)
             f["planned_padding_ratio"].add_metric([name, rank], plan.padding_ratio)
+    # An estimate's miss is not a change in the engine: only exact and learned plans drift.
+    difference = "estimate_error" if plan is not None and plan.source == "estimated" else "drift"
     for rank, actual in sorted(actual_ranks.items(), key=lambda kv: (len(kv[0]), kv[0])):
         f["actual_bytes"].add_metric([name, rank], actual.kv_bytes)
         f["actual_blocks"].add_metric([name, rank], actual.blocks)
         f["padding_ratio"].add_metric([name, rank], actual.padding_ratio)
         if plan is not None and plan.planned_kv_bytes > 0:
-            f["drift"].add_metric([name, rank], (actual.kv_bytes - plan.planned_kv_bytes) / plan.planned_kv_bytes)
+            f[difference].add_metric([name, rank], (actual.kv_bytes - plan.planned_kv_bytes) / plan.planned_kv_bytes)
+    for part in MEMORY_PARTS:   # the parts the engine stated, from the status: no I/O here
+        if (part_bytes := status.log_memory_parts.get(part)) is not None:
+            f["memory"].add_metric([name, part], part_bytes)
+    if status.memory_requested_bytes is not None:
+        f["memory_requested"].add_metric([name], status.memory_requested_bytes)
     if engine.process_rss:
         for rank, rss in sorted(_by_rank(engine.process_rss.items(), status.pid_ranks).items()):
             f["engine_rss"].add_metric([name, rank], rss)

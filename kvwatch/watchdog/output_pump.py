@@ -3,7 +3,7 @@
 One thread per engine reads the pipe (stdout and stderr share it) in large binary chunks.
 Every line goes to kvwatch's own output prefixed with the engine name; the raw tail (the
 last `ring_bytes`) is kept for diagnosis and kvwatch.diagnosis.startup_lines reads the
-lines that carry a fact (docs/vllm-facts.md §5). A line without a newline is cut after `max_line` bytes rather
+lines that carry a fact (docs/vllm-facts.md §5: the KV cache size, where the GPU memory went). A line without a newline is cut after `max_line` bytes rather
 than buffered without bound. The tail becomes text lines only when someone asks for them
 (a failure): invalid UTF-8 is replaced, carriage returns dropped, giant lines cut.
 """
@@ -149,8 +149,10 @@ class OutputPump:
     def _emit(self, block: bytes) -> None:
         """Hand on `block`: whole lines joined by newlines (no final one). Only bytes methods
         run over the whole block; Python loops over its lines only where a line matters."""
-        # The KV cache size is the last fact vLLM logs at startup: after it, no block is searched.
-        if self._facts.kv_tokens is None and any(marker in block for marker in _FACT_MARKERS_RAW):
+        # Every fact comes before vLLM's "init engine ... took" line: after it, no block is searched.
+        # Until then (the CUDA graph line comes after the KV cache size) a block costs a few
+        # substring searches; only a block that holds a marker is split into lines.
+        if not self._facts.started and any(marker in block for marker in _FACT_MARKERS_RAW):
             facts = self._facts
             for raw in block.split(b"\n"):
                 if any(marker in raw for marker in _FACT_MARKERS_RAW):

@@ -8,6 +8,7 @@ honoured. Planning errors never stop kvwatch: the engine is then launched as giv
 """
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Mapping
 
@@ -40,6 +41,7 @@ def choose_device() -> Device:
     return device_probe.choose_device()
 
 
+@functools.lru_cache(maxsize=1)   # package metadata, read once: the engine kvwatch launches is that vLLM
 def installed_version() -> VllmVersion | None:
     text = device_probe.installed_vllm_version()
     try:

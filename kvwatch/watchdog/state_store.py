@@ -54,6 +54,7 @@ class EngineRecord:
     learned_non_kv: dict[str, int] = field(default_factory=dict)   # by gpu_budget.profile_key
     log_kv_tokens: int | None = None
     log_available_kv_bytes: int | None = None
+    log_memory_parts: dict[str, int] = field(default_factory=dict)   # one GPU's memory by part, as logged
     restarts: dict[str, int] = field(default_factory=dict)      # this run of kvwatch, by class
     failure_counts: dict[str, int] = field(default_factory=dict)
     correction_counts: dict[str, int] = field(default_factory=dict)

@@ -468,27 +468,42 @@ class Supervisor:
         if run is None:
             return
         facts = run.pump.facts
-        if (facts.kv_tokens, facts.available_kv_bytes) == (self._record.log_kv_tokens,
-                                                           self._record.log_available_kv_bytes):
+        parts = facts.memory_parts()
+        record = self._record
+        if (facts.kv_tokens, facts.available_kv_bytes, parts) == (record.log_kv_tokens, record.log_available_kv_bytes,
+                                                                  record.log_memory_parts):
             return
-        self._record.log_kv_tokens = facts.kv_tokens
-        self._record.log_available_kv_bytes = facts.available_kv_bytes
+        record.log_kv_tokens = facts.kv_tokens
+        record.log_available_kv_bytes = facts.available_kv_bytes
+        record.log_memory_parts = parts
         self._learn_non_kv(facts.available_kv_bytes)
         self._save()
         self._publish()
 
+    def _requested_bytes(self) -> int | None:
+        """The budget vLLM sizes its memory against: the CUDA total x the utilization it takes (the flag,
+        else its release's default), where the plan's device is a CUDA GPU with a known total (None
+        elsewhere, or for a utilization vLLM refuses)."""
+        device = self._device
+        if device is None or device.platform != "cuda" or not device.total_memory_bytes:
+            return None
+        try:
+            settings = self._command.settings()
+        except KvwatchError:
+            return None
+        if not 0 < settings.gpu_memory_utilization <= 1:
+            return None
+        return requested_bytes(device, settings, installed_version(), self._engine_env())
+
     def _learn_non_kv(self, available_kv_bytes: int | None) -> None:
         """The engine said what its profile left the KV cache: keep the non-KV memory that implies
         for this profile (model, batch flags, card, vLLM), and refine the plan in force at once."""
+        requested = self._requested_bytes()
         device = self._device
-        if available_kv_bytes is None or device is None or device.platform != "cuda" or not device.total_memory_bytes:
+        if available_kv_bytes is None or requested is None or device is None:
             return
         key = learned_key(self._command, device)
         if key is None:
-            return
-        try:
-            requested = requested_bytes(device, self._command.settings(), installed_version(), self._engine_env())
-        except KvwatchError:
             return
         learned = self._record.learned_non_kv
         learned.pop(key, None)   # re-inserted last: the oldest profiles go first
@@ -599,7 +614,8 @@ class Supervisor:
             pid_ranks=dict(self._running.pid_ranks) if self._running is not None else {},
             restarts=dict(self._restarts), failures=dict(self._failures), corrections=dict(self._corrections),
             last_failure=last.kind if last else None,
-            log_kv_tokens=self._record.log_kv_tokens, log_available_kv_bytes=self._record.log_available_kv_bytes)
+            log_kv_tokens=self._record.log_kv_tokens, log_available_kv_bytes=self._record.log_available_kv_bytes,
+            log_memory_parts=dict(self._record.log_memory_parts), memory_requested_bytes=self._requested_bytes())
 
     def _publish(self) -> None:
         self._status = status = self._make_status()
