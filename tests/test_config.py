@@ -29,6 +29,8 @@ def test_example_config_loads() -> None:
     ({"engine": {"command": ["v"], "environment": {"X": 1}}}, "engine.environment.X: expected a string"),
     ({"policy": {"max_restarts": "5"}}, "policy.max_restarts: expected a whole number"),
     ({"policy": {"preflight": 1}}, "policy.preflight: expected true or false"),
+    ({"engine": {"command": ["v"], "pin_kv_cache_memory": "yes"}}, "engine.pin_kv_cache_memory: expected true or false"),
+    ({"watch": {"all_gpus": 1}}, "watch.all_gpus: expected true or false"),
     ({"policy": {"backoff_initial_seconds": 100}}, "policy.backoff_initial_seconds: larger than"),
     ({"listen": "9400"}, "listen '9400': expected HOST:PORT"),
     ({"name": "../etc"}, "name '../etc'"),
@@ -78,3 +80,12 @@ def test_a_nul_or_blank_path_is_refused_from_the_file_or_the_flag(data: dict, fl
 def test_the_flag_replaces_a_bad_state_dir_from_the_file() -> None:
     config = config_from_mapping({"state_dir": "/a\0b", "engine": {"command": ["vllm"]}}, "k.toml")
     assert with_overrides(config, state_dir="/srv/kvwatch").state_dir == "/srv/kvwatch"
+
+
+def test_pinning_from_the_file_or_the_flag() -> None:
+    base = config_from_mapping({"engine": {"command": ["vllm", "serve", "m"]}}, "k.toml")
+    assert base.engine.pin_kv_cache_memory is False
+    pinned = config_from_mapping({"engine": {"command": ["vllm"], "pin_kv_cache_memory": True}}, "k.toml")
+    assert pinned.engine.pin_kv_cache_memory is True
+    flagged = with_overrides(base, command=["vllm", "serve", "other"], pin_kv_cache_memory=True)
+    assert flagged.engine.pin_kv_cache_memory is True and flagged.engine.command == ("vllm", "serve", "other")

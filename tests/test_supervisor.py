@@ -674,3 +674,59 @@ def test_the_plan_converges_on_the_engines_own_profile(tmp_path: Path) -> None:
     fresh = rec3.statuses[0].plan
     assert fresh is not None and fresh.source == "estimated"
     assert run.stop() == EXIT_OK
+
+
+def test_a_pinned_launch_takes_the_learned_kv_memory_less_what_others_hold(
+        tmp_path: Path, nvml_standin: NvmlStandin) -> None:
+    """engine.pin_kv_cache_memory: once a launch of the profile taught kvwatch its KV memory, the next
+    launch passes it as --kv-cache-memory-bytes, lowered by the memory a foreign process holds on the
+    GPU (NVML stand-in); the plan in force is then exact. When others hold more than the cache, vLLM
+    profiles by itself again."""
+    from nvml_standin import StandinGpu, StandinProcess, StandinState
+
+    gib = 2**30
+    uuid = "GPU-0f1e2d3c-aaaa-4bbb-8ccc-000000000001"
+    run_entry = next(r for r in json.loads((ROOT / "tests/fixtures/gpu_logs/corpus.json").read_text())
+                     if r["name"] == "dl_qwen2_7b_a100_80g_u05")
+    qwen = write_model(tmp_path / "qwen2-7b", {k: v for k, v in run_entry["model_config"].items() if v is not None})
+    gpu = Device("cuda", "NVIDIA A100-SXM4-80GB", (8, 0), 80 * gib, uuid=uuid, source="nvml")
+    argv = fake(qwen, free_port(), "--startup-log", str(ROOT / "tests/fixtures/gpu_logs" / run_entry["log_file"]),
+                "--max-model-len", "16384", "--gpu-memory-utilization", "0.5")
+    foreign = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+
+    def holding(held: int) -> None:
+        nvml_standin.write(StandinState(gpus=[StandinGpu(
+            uuid=uuid, name=gpu.name, memory_total_bytes=80 * gib, memory_used_bytes=held,
+            compute_capability=(8, 0), processes=[StandinProcess(foreign.pid, held)])]))
+
+    try:
+        holding(2 * gib)
+        cfg = config(tmp_path, argv)
+        run = Running(supervisor(cfg, device=gpu))   # not pinned: learns
+        run.wait_state(EngineState.READY)
+        assert eventually(lambda: run.sup.status.plan is not None and run.sup.status.plan.source == "learned", 10)
+        assert run.stop() == EXIT_OK
+        assert state_json(cfg)["plans_tried"] == [argv]
+
+        pinned_cfg = replace(cfg, engine=replace(cfg.engine, pin_kv_cache_memory=True))
+        run = Running(supervisor(pinned_cfg, device=gpu))
+        run.wait_state(EngineState.READY)
+        pinned = int(24.83 * gib) - 2 * gib
+        plan = run.sup.status.plan
+        assert plan is not None and plan.source == "exact" and plan.kv_memory_bytes == pinned
+        assert run.stop() == EXIT_OK
+        assert state_json(cfg)["plans_tried"][-1] == [*argv, "--kv-cache-memory-bytes", str(pinned)]
+        assert state_json(cfg)["argv"] == argv            # the operator's command is left as it was
+
+        holding(30 * gib)                                 # more than the learned 24.83 GiB cache
+        out = io.BytesIO()
+        run = Running(supervisor(pinned_cfg, device=gpu, output=out))
+        run.wait_state(EngineState.READY)
+        assert run.stop() == EXIT_OK
+        (started,) = [line for line in out.getvalue().decode().splitlines() if "fake engine starting" in line]
+        assert started.endswith("--gpu-memory-utilization 0.5")    # launched as given: vLLM profiles
+        plan = run.sup.status.plan
+        assert plan is not None and plan.source == "learned"
+    finally:
+        foreign.kill()
+        foreign.wait()

@@ -31,6 +31,9 @@ class EngineConfig:
     health_interval_seconds: float = 5.0
     hang_timeout_seconds: float = 60.0
     stop_timeout_seconds: float = 60.0
+    # Launch with the KV memory an earlier launch of the same profile got (--kv-cache-memory-bytes),
+    # less what other processes hold on the GPU then: a restart gets the same cache or fails fast.
+    pin_kv_cache_memory: bool = False
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,7 @@ def config_from_mapping(data: Mapping[str, Any], source: str = "<config>") -> Co
         health_interval_seconds=v.positive(engine_data, "engine.health_interval_seconds", 5.0),
         hang_timeout_seconds=v.positive(engine_data, "engine.hang_timeout_seconds", 60.0),
         stop_timeout_seconds=v.positive(engine_data, "engine.stop_timeout_seconds", 60.0),
+        pin_kv_cache_memory=v.boolean(engine_data, "engine.pin_kv_cache_memory", False),
     )
 
     policy_data = v.table(data, "policy")
@@ -116,9 +120,7 @@ def config_from_mapping(data: Mapping[str, Any], source: str = "<config>") -> Co
 
     watch_data = v.table(data, "watch")
     v.no_unknown(watch_data, "watch.", ("interval_seconds", "all_gpus"))
-    all_gpus = watch_data.get("all_gpus", False)
-    if not isinstance(all_gpus, bool):
-        raise v.error("watch.all_gpus", "expected true or false")
+    all_gpus = v.boolean(watch_data, "watch.all_gpus", False)
     watch = WatchConfig(interval_seconds=v.positive(watch_data, "watch.interval_seconds", 5.0), all_gpus=all_gpus)
     return Config(name=name, listen=listen, state_dir=state_dir, web_config=web_config, engine=engine,
                   policy=policy, watch=watch, source=source)
@@ -153,7 +155,7 @@ def _policy(v: _Validator, data: Mapping[str, Any]) -> Policy:
 
 def with_overrides(config: Config, *, name: str | None = None, listen: str | None = None,
                    state_dir: str | None = None, command: Sequence[str] | None = None,
-                   preflight: bool | None = None) -> Config:
+                   preflight: bool | None = None, pin_kv_cache_memory: bool | None = None) -> Config:
     """Command-line flags win over the file (docs/config.md)."""
     changes: dict[str, Any] = {}
     if name is not None:
@@ -165,6 +167,9 @@ def with_overrides(config: Config, *, name: str | None = None, listen: str | Non
         changes["state_dir"] = state_dir
     if command:
         changes["engine"] = dataclasses.replace(config.engine, command=tuple(command))
+    if pin_kv_cache_memory is not None:
+        changes["engine"] = dataclasses.replace(changes.get("engine", config.engine),
+                                                pin_kv_cache_memory=pin_kv_cache_memory)
     if preflight is not None:
         changes["policy"] = dataclasses.replace(config.policy, preflight=preflight)
     out = dataclasses.replace(config, **changes)
@@ -229,6 +234,12 @@ class _Validator:
             if not k or "=" in k or "\0" in k or "\0" in x:
                 raise self.error(f"{key}.{k!r}", "not an environment variable (no '=' or NUL in a name, no NUL in a value)")
         return dict(value)
+
+    def boolean(self, data: Mapping[str, Any], where: str, default: bool) -> bool:
+        value = data.get(where.rsplit(".", 1)[-1], default)
+        if not isinstance(value, bool):
+            raise self.error(where, "expected true or false")
+        return value
 
     def positive(self, data: Mapping[str, Any], where: str, default: float, key: str | None = None) -> float:
         value = data.get(key or where.rsplit(".", 1)[-1], default)

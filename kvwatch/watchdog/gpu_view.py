@@ -38,6 +38,24 @@ class GpuView:
             return []
         return [(gpu.uuid, p.pid) for gpu in snapshot.gpus for p in gpu.processes or ()]
 
+    def foreign_bytes(self) -> int | None:
+        """GPU memory held on the engine's GPU by processes that are not this engine's; None when
+        NVML does not say (off CUDA, GPU not found, a driver that reports no per-process memory)."""
+        snapshot = self._snapshot()
+        if snapshot is None or self._device is None:
+            return None
+        gpu = next((g for g in snapshot.gpus if g.uuid == self._device.uuid), None)
+        if gpu is None:
+            return None
+        held = 0
+        for p in gpu.processes or ():
+            if leftovers.is_ours(p.pid, [], self._marker):
+                continue
+            if p.used_bytes is None:
+                return None
+            held += p.used_bytes
+        return held
+
     def context(self) -> GpuContext | None:
         """The engine's GPU now (free memory, holders and whether each is ours); None off CUDA."""
         snapshot = self._snapshot()

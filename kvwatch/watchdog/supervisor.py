@@ -34,6 +34,7 @@ from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.gpu_budget import requested_bytes
 from kvwatch.planner.plan import Plan
 from kvwatch.planner.rules import RuleSet, ruleset_for, with_learned_block_sizes
+from kvwatch.planner.units import format_bytes
 from kvwatch.watchdog import leftovers
 from kvwatch.watchdog.budget import Budget
 from kvwatch.watchdog.config import Config
@@ -138,6 +139,7 @@ class Supervisor:
         self._ready_sent = False
         self._spawn_error: str | None = None
         self._gpus: GpuView | None = None
+        self._pinned: int | None = None   # the KV bytes the running engine was launched pinned to
         self._restarts: dict[str, int] = {}     # this run of kvwatch, by failure class
         self._failures: dict[str, int] = {}
         self._corrections: dict[str, int] = {}
@@ -298,8 +300,36 @@ class Supervisor:
         if self._device is not None and self._rules is not None:
             self._plan = plan_for(command, self._device, self._rules, self._engine_env(), self._record.learned_non_kv)
 
-    def _launch(self) -> None:
+    def _pinned_argv(self) -> list[str]:
+        """The command, with --kv-cache-memory-bytes pinned to what the learned plan gives the KV cache
+        less the memory other processes hold on the GPU now (engine.pin_kv_cache_memory)."""
         argv = list(self._command.argv)
+        self._pinned = None
+        device, rules = self._device, self._rules
+        if not self.config.engine.pin_kv_cache_memory or device is None or rules is None \
+                or self._command.has("--kv-cache-memory-bytes"):
+            return argv
+        learned = plan_for(self._command, device, rules, self._engine_env(), self._record.learned_non_kv)
+        if learned is None or learned.source != "learned":
+            _LOG.info("pin: nothing learned yet for this profile: vLLM profiles the memory itself")
+            return argv
+        foreign = self._gpu_view().foreign_bytes() or 0
+        pinned = learned.kv_memory_bytes - foreign
+        if pinned < 2 * learned.bytes_per_block:
+            _LOG.warning("pin: not pinned: other processes hold %s of the GPU, more than the learned KV cache "
+                         "(%s); vLLM profiles the memory itself", format_bytes(foreign),
+                         format_bytes(learned.kv_memory_bytes))
+            return argv
+        _LOG.info("pin: --kv-cache-memory-bytes %d (learned %s%s)", pinned, format_bytes(learned.kv_memory_bytes),
+                  f", less {format_bytes(foreign)} other processes hold" if foreign else "")
+        self._pinned = pinned
+        return [*argv, "--kv-cache-memory-bytes", str(pinned)]
+
+    def _launch(self) -> None:
+        argv = self._pinned_argv()
+        if self._pinned is not None and self._device is not None and self._rules is not None:
+            # the plan in force is the pinned launch's: exact
+            self._plan = plan_for(EngineCommand(tuple(argv)), self._device, self._rules, self._engine_env())
         if argv not in self._record.plans_tried:
             self._record.plans_tried.append(argv)
         self._transition(EngineState.STARTING, f"launching: {' '.join(argv)}")
@@ -497,7 +527,10 @@ class Supervisor:
 
     def _learn_non_kv(self, available_kv_bytes: int | None) -> None:
         """The engine said what its profile left the KV cache: keep the non-KV memory that implies
-        for this profile (model, batch flags, card, vLLM), and refine the plan in force at once."""
+        for this profile (model, batch flags, card, vLLM), and refine the plan in force at once.
+        A pinned launch profiled nothing: its figure is the pin."""
+        if self._pinned is not None:
+            return
         requested = self._requested_bytes()
         device = self._device
         if available_kv_bytes is None or requested is None or device is None:
