@@ -40,15 +40,23 @@ def emit(path: Path) -> None:
 class Handler(http.server.BaseHTTPRequestHandler):
     block_size = 128
     drip: float | None = None
+    blocks_file: Path | None = None   # "BLOCK_SIZE NUM_GPU_BLOCKS", read on each scrape: a test changes it
+
+    def cache(self) -> tuple[int, int]:
+        if self.blocks_file is not None:
+            size, blocks = self.blocks_file.read_text().split()
+            return int(size), int(blocks)
+        return self.block_size, 8192
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         if self.path == "/health":
             body = b""
         elif self.path == "/metrics":
+            block_size, blocks = self.cache()
             body = ("# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
                     "# TYPE vllm:cache_config_info gauge\n"
-                    f'vllm:cache_config_info{{block_size="{self.block_size}",cache_dtype="auto",'
-                    'engine="0",num_gpu_blocks="8192"} 1.0\n').encode()
+                    f'vllm:cache_config_info{{block_size="{block_size}",cache_dtype="auto",'
+                    f'engine="0",num_gpu_blocks="{blocks}"}} 1.0\n').encode()
         else:
             self.send_response(404)
             self.end_headers()
@@ -88,6 +96,7 @@ def main() -> int:
     p.add_argument("--drip", type=float)
     p.add_argument("--escape")
     p.add_argument("--startup-log", help="a real start-up log to replay before serving (e.g. a GPU run's)")
+    p.add_argument("--blocks-file", help="the cache /metrics reports: 'BLOCK_SIZE NUM_GPU_BLOCKS', read per scrape")
     args, _ = p.parse_known_args()
     print(f"(APIServer pid={os.getpid()}) INFO fake engine starting: {' '.join(sys.argv[1:])}", flush=True)
     if args.env_dump:
@@ -131,6 +140,7 @@ def main() -> int:
         emit(Path(args.startup_log))
     Handler.block_size = args.block_size or 128
     Handler.drip = args.drip
+    Handler.blocks_file = Path(args.blocks_file) if args.blocks_file else None
     server = http.server.ThreadingHTTPServer((args.host, args.port), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     if args.startup_log:

@@ -31,6 +31,8 @@ def test_example_config_loads() -> None:
     ({"policy": {"preflight": 1}}, "policy.preflight: expected true or false"),
     ({"engine": {"command": ["v"], "pin_kv_cache_memory": "yes"}}, "engine.pin_kv_cache_memory: expected true or false"),
     ({"watch": {"all_gpus": 1}}, "watch.all_gpus: expected true or false"),
+    ({"device": "tpu"}, "device 'tpu': expected cpu, gpu or a GPU index"),
+    ({"device": True}, "device 'True': expected cpu, gpu or a GPU index"),
     ({"policy": {"backoff_initial_seconds": 100}}, "policy.backoff_initial_seconds: larger than"),
     ({"listen": "9400"}, "listen '9400': expected HOST:PORT"),
     ({"name": "../etc"}, "name '../etc'"),
@@ -89,3 +91,11 @@ def test_pinning_from_the_file_or_the_flag() -> None:
     assert pinned.engine.pin_kv_cache_memory is True
     flagged = with_overrides(base, command=["vllm", "serve", "other"], pin_kv_cache_memory=True)
     assert flagged.engine.pin_kv_cache_memory is True and flagged.engine.command == ("vllm", "serve", "other")
+
+
+def test_the_device_from_the_file_or_the_flag() -> None:
+    base = config_from_mapping({"engine": {"command": ["vllm"]}, "device": 1}, "k.toml")
+    assert base.device == "1"
+    assert with_overrides(base, device="gpu").device == "gpu"
+    with pytest.raises(ConfigError, match="--device 'x'"):
+        with_overrides(base, device="x")

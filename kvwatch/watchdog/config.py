@@ -52,6 +52,7 @@ class Config:
     policy: Policy = field(default_factory=Policy)
     watch: WatchConfig = field(default_factory=WatchConfig)
     source: str = "<command line>"       # where it came from, for messages
+    device: str = ""                     # "": kvwatch's choice; "cpu", "gpu" or a GPU index (NVML)
 
     @property
     def listen_address(self) -> tuple[str, int]:
@@ -90,7 +91,7 @@ def load_config(path: str | os.PathLike[str]) -> Config:
 
 def config_from_mapping(data: Mapping[str, Any], source: str = "<config>") -> Config:
     v = _Validator(source)
-    v.no_unknown(data, "", ("name", "listen", "state_dir", "web_config", "engine", "policy", "watch"))
+    v.no_unknown(data, "", ("name", "listen", "state_dir", "web_config", "device", "engine", "policy", "watch"))
     name = validate_name(v.string(data, "name", DEFAULT_NAME), f"config {source}: name")
     listen = v.string(data, "listen", DEFAULT_LISTEN)
     try:
@@ -122,8 +123,22 @@ def config_from_mapping(data: Mapping[str, Any], source: str = "<config>") -> Co
     v.no_unknown(watch_data, "watch.", ("interval_seconds", "all_gpus"))
     all_gpus = v.boolean(watch_data, "watch.all_gpus", False)
     watch = WatchConfig(interval_seconds=v.positive(watch_data, "watch.interval_seconds", 5.0), all_gpus=all_gpus)
+    device = data.get("device", "")
+    if isinstance(device, int) and not isinstance(device, bool):
+        device = str(device)
+    try:
+        device = validate_device(device if isinstance(device, str) else repr(device), "device")
+    except ConfigError as exc:
+        raise ConfigError(f"config {source}: {exc}") from None
     return Config(name=name, listen=listen, state_dir=state_dir, web_config=web_config, engine=engine,
-                  policy=policy, watch=watch, source=source)
+                  policy=policy, watch=watch, source=source, device=device)
+
+
+def validate_device(value: str, where: str) -> str:
+    """"", "cpu", "gpu" or a GPU index: what kvwatch plans and watches the engine on."""
+    if value in ("", "cpu", "gpu") or (value.isascii() and value.isdigit() and len(value) <= 4):
+        return value
+    raise ConfigError(f"{where} {value[:40]!r}: expected cpu, gpu or a GPU index")
 
 
 def _policy(v: _Validator, data: Mapping[str, Any]) -> Policy:
@@ -155,9 +170,12 @@ def _policy(v: _Validator, data: Mapping[str, Any]) -> Policy:
 
 def with_overrides(config: Config, *, name: str | None = None, listen: str | None = None,
                    state_dir: str | None = None, command: Sequence[str] | None = None,
-                   preflight: bool | None = None, pin_kv_cache_memory: bool | None = None) -> Config:
+                   preflight: bool | None = None, pin_kv_cache_memory: bool | None = None,
+                   device: str | None = None) -> Config:
     """Command-line flags win over the file (docs/config.md)."""
     changes: dict[str, Any] = {}
+    if device is not None:
+        changes["device"] = validate_device(device, "--device")
     if name is not None:
         changes["name"] = validate_name(name, "--name")
     if listen is not None:

@@ -36,9 +36,12 @@ POLICY_FLAGS = {
 MAX_ROUNDS = 6
 
 
-def choose_device() -> Device:
-    """The device to plan for: kvwatch.boundary.device_probe's one rule, nothing asked for."""
-    return device_probe.choose_device()
+def choose_device(spec: str = "") -> Device:
+    """The device to plan for: "cpu", "gpu" or a GPU index as asked (config `device`, `--device`),
+    else kvwatch.boundary.device_probe's one rule."""
+    if spec.isdigit():
+        return device_probe.choose_device(index=int(spec))
+    return device_probe.choose_device("cpu" if spec == "cpu" else "gpu" if spec == "gpu" else None)
 
 
 @functools.lru_cache(maxsize=1)   # package metadata, read once: the engine kvwatch launches is that vLLM

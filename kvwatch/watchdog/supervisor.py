@@ -262,7 +262,7 @@ class Supervisor:
         self._record.kvwatch_pid = os.getpid()
         self._record.kvwatch_create_time = (proc_inspect.ref_of(os.getpid()) or ProcRef(0, 0.0)).create_time
         if self._device is None:
-            self._device = choose_device()
+            self._device = choose_device(self.config.device)
         if self._rules is None:
             from kvwatch.boundary.device_probe import installed_vllm_version
             self._rules = ruleset_for(installed_vllm_version())
