@@ -193,7 +193,7 @@ def test_the_mamba_cache_remedy_lowers_max_num_seqs_to_the_blocks() -> None:
     found = diagnose(log)
     command = EngineCommand.parse(["vllm", "serve", "m", "--max-num-seqs", "1024"])
     remedy = propose_remedy(found, command)
-    assert remedy is not None and remedy.set == {"--max-num-seqs": 300}
+    assert remedy is not None and remedy.change.set == {"--max-num-seqs": 300}
 
 
 def test_preflight_lowers_max_num_seqs_to_the_mamba_blocks(tmp_path) -> None:

@@ -132,7 +132,7 @@ def test_policy_switch_turns_the_remedy_off(name, flags, switch):
 def test_max_model_len_remedy_never_sets_the_dangerous_override():
     command = EngineCommand.parse(["vllm", "serve", "m", "--max-model-len", "300000"])
     remedy = propose_remedy(diagnose(lines("cpu_refusal_max_model_len.log")), command)
-    assert remedy.set == {"--max-model-len": 1024}
+    assert remedy.change.set == {"--max-model-len": 1024}
     assert "VLLM_ALLOW_LONG_MAX_MODEL_LEN" not in " ".join(remedy.apply(command).argv)
     # tried already: nothing else to offer
     fixed = remedy.apply(command)

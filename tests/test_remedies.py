@@ -68,7 +68,7 @@ def test_fixture_remedy(name, flags, expected_set, expected_remove):
     command = cmd(*flags)
     remedy = propose_remedy(diag(name), command, tried=(command.argv,))
     assert remedy is not None
-    assert remedy.set == expected_set and remedy.remove == expected_remove
+    assert remedy.change.set == expected_set and remedy.change.remove == expected_remove
     assert remedy.reason
     new = remedy.apply(command)
     assert new.argv != command.argv
@@ -103,28 +103,28 @@ def test_block_size_options_in_order_then_none():
     command = cmd("--block-size", "8")
     tried = [command.argv]
     first = propose_remedy(d, command, tried=tried)
-    assert first.set == {"--block-size": 32}
+    assert first.change.set == {"--block-size": 32}
     tried.append(first.apply(command).argv)
     second = propose_remedy(d, command, tried=tried)       # the rule table says 32 too: next is removal
-    assert second.set == {} and second.remove == ("--block-size",)
+    assert second.change.set == {} and second.change.remove == ("--block-size",)
     tried.append(second.apply(command).argv)
     assert propose_remedy(d, command, tried=tried) is None
 
 
 def test_block_size_common_to_every_backend():
     d = diagnose(["ValueError: No common block size for 16 (FLASHINFER: [16, 32, 64]; FLASHMLA: [64])."])
-    assert propose_remedy(d, cmd("--block-size", "16")).set == {"--block-size": 64}
+    assert propose_remedy(d, cmd("--block-size", "16")).change.set == {"--block-size": 64}
 
 
 def test_block_size_from_the_rule_table_when_the_message_names_no_sizes():
     d = diagnose(["ValueError: Aligned KV cache block size 48 is not supported by attention backend(s): FLASHMLA."])
-    assert propose_remedy(d, cmd("--block-size", "48")).set == {"--block-size": 64}
+    assert propose_remedy(d, cmd("--block-size", "48")).change.set == {"--block-size": 64}
 
 
 def test_block_size_removed_when_no_legal_size_is_known():
     d = diagnose(["RuntimeError: Unsupported block size: 128"])
     remedy = propose_remedy(d, cmd("--block-size", "128"))
-    assert remedy.set == {} and remedy.remove == ("--block-size",)
+    assert remedy.change.set == {} and remedy.change.remove == ("--block-size",)
 
 
 def test_block_size_switched_off_by_policy():
@@ -147,7 +147,7 @@ def test_kernel_limit_never_changes_block_size():
     command = cmd("--kv-cache-dtype", "fp8", "--block-size", "64")
     tried = [command.argv]
     while (remedy := propose_remedy(d, command, tried=tried)) is not None:
-        assert "--block-size" not in remedy.set and "--block-size" not in remedy.remove
+        assert "--block-size" not in remedy.change.set and "--block-size" not in remedy.change.remove
         tried.append(remedy.apply(command).argv)
     assert len(tried) == 2
 
@@ -163,7 +163,7 @@ def test_kernel_limit_when_the_checkpoint_chose_fp8():
              "(EngineCore pid=1) INFO 06-25 12:00:00 [core.py:133] Initializing a V1 LLM engine (v0.32.0) with "
              "config: model='moonshotai/Kimi-K2.7', dtype=torch.bfloat16, kv_cache_dtype=fp8, device_config=cuda")
     assert d.kind is FailureKind.KERNEL_OUT_OF_RESOURCES and not d.fatal
-    assert propose_remedy(d, cmd()).set == {"--kv-cache-dtype": "bfloat16"}
+    assert propose_remedy(d, cmd()).change.set == {"--kv-cache-dtype": "bfloat16"}
 
 
 def test_kernel_limit_with_the_planner_plan():
@@ -172,7 +172,7 @@ def test_kernel_limit_with_the_planner_plan():
     assert plan.backend == "TRITON_MLA"
     command = EngineCommand.parse(["vllm", "serve", KIMI, "--kv-cache-dtype", "fp8"])
     remedy = propose_remedy(diag("gpu_kernel_oor_sm120_fp8.log"), command, plan=plan)
-    assert remedy.set == {"--kv-cache-dtype": "auto"}
+    assert remedy.change.set == {"--kv-cache-dtype": "auto"}
 
 
 # -- KV cache sizing ---------------------------------------------------------------------
@@ -181,17 +181,17 @@ def test_max_model_len_rounded_to_the_plan_block_size():
     plan = plan_command(["vllm", "serve", KIMI], preset("h200"), ruleset_for("0.32.0"))
     d = diag("gpu_kv_cache_too_small_old.log")
     command = cmd("--max-model-len", "29000", "--block-size", "16")
-    assert propose_remedy(d, command, plan=replace(plan, block_size=64)).set == {"--max-model-len": 23616}
-    assert propose_remedy(d, command, plan=replace(plan, block_size=16)).set == {"--max-model-len": 23648}
+    assert propose_remedy(d, command, plan=replace(plan, block_size=64)).change.set == {"--max-model-len": 23616}
+    assert propose_remedy(d, command, plan=replace(plan, block_size=16)).change.set == {"--max-model-len": 23648}
 
 
 def test_kv_too_small_falls_back_to_more_memory():
     d = diag("cpu_max_model_len.log")
     command = cmd("--max-model-len", "262144")
     tried = [command.argv, cmd("--max-model-len", "130944").argv]
-    assert propose_remedy(d, command, tried=tried).set == {"--gpu-memory-utilization": 0.95}
+    assert propose_remedy(d, command, tried=tried).change.set == {"--gpu-memory-utilization": 0.95}
     policy = Policy(allow_max_model_len_change=False)
-    assert propose_remedy(d, command, policy=policy).set == {"--gpu-memory-utilization": 0.95}
+    assert propose_remedy(d, command, policy=policy).change.set == {"--gpu-memory-utilization": 0.95}
     policy = Policy(allow_max_model_len_change=False, allow_gpu_memory_utilization_change=False)
     assert propose_remedy(d, command, policy=policy) is None
 
@@ -201,11 +201,11 @@ def test_no_kv_memory_respects_cap_room_and_policy():
     assert "tensor-parallel-size" in d.facts["help"]
     assert propose_remedy(d, cmd("--gpu-memory-utilization", "0.95")) is None            # at the cap
     assert propose_remedy(d, cmd("--gpu-memory-utilization", "0.8"),
-                          policy=Policy(max_gpu_memory_utilization=0.9)).set == {"--gpu-memory-utilization": 0.85}
+                          policy=Policy(max_gpu_memory_utilization=0.9)).change.set == {"--gpu-memory-utilization": 0.85}
     full = GpuContext(free_bytes=70 * GiB, total_bytes=80 * GiB)                          # 0.875 free
     assert propose_remedy(d, cmd("--gpu-memory-utilization", "0.9"), gpu=full) is None
     room = GpuContext(free_bytes=79 * GiB, total_bytes=80 * GiB)
-    assert propose_remedy(d, cmd("--gpu-memory-utilization", "0.9"), gpu=room).set == \
+    assert propose_remedy(d, cmd("--gpu-memory-utilization", "0.9"), gpu=room).change.set == \
         {"--gpu-memory-utilization": 0.95}
     assert propose_remedy(d, cmd(), policy=Policy(allow_gpu_memory_utilization_change=False)) is None
 
@@ -214,7 +214,7 @@ def test_utilization_steps_past_a_tried_value():
     d = diag("gpu_no_kv_cache_memory.log")
     command = cmd("--gpu-memory-utilization", "0.8")
     tried = [command.argv, cmd("--gpu-memory-utilization", "0.85").argv]
-    assert propose_remedy(d, command, tried=tried).set == {"--gpu-memory-utilization": 0.9}
+    assert propose_remedy(d, command, tried=tried).change.set == {"--gpu-memory-utilization": 0.9}
 
 
 # -- CUDA OOM ----------------------------------------------------------------------------
@@ -222,22 +222,22 @@ def test_utilization_steps_past_a_tried_value():
 def test_sampler_oom_then_utilization():
     d = diag("gpu_sampler_warmup_oom.log")
     command = cmd("--max-num-seqs", "256", "--gpu-memory-utilization", "0.9")
-    assert propose_remedy(d, command).set == {"--max-num-seqs": 128}
+    assert propose_remedy(d, command).change.set == {"--max-num-seqs": 128}
     tried = [command.argv, cmd("--max-num-seqs", "128", "--gpu-memory-utilization", "0.9").argv]
-    assert propose_remedy(d, command, tried=tried).set == {"--gpu-memory-utilization": 0.85}
+    assert propose_remedy(d, command, tried=tried).change.set == {"--gpu-memory-utilization": 0.85}
 
 
 def test_sampler_oom_default_max_num_seqs_follows_vllm():
     d = Diagnosis(FailureKind.CUDA_OOM, None, {"phase": "sampler_warmup"}, False)
-    assert propose_remedy(d, cmd()).set == {"--max-num-seqs": 128}                         # 256 default
+    assert propose_remedy(d, cmd()).change.set == {"--max-num-seqs": 128}                         # 256 default
     h200 = GpuContext(free_bytes=140 * GiB, total_bytes=141 * GiB)
-    assert propose_remedy(d, cmd(), gpu=h200).set == {"--max-num-seqs": 512}              # 1024 on >= 70 GiB
+    assert propose_remedy(d, cmd(), gpu=h200).change.set == {"--max-num-seqs": 512}              # 1024 on >= 70 GiB
 
 
 def test_oom_utilization_floor():
     d = diag("gpu_torch_oom.log")
     assert propose_remedy(d, cmd("--gpu-memory-utilization", "0.5")) is None
-    assert propose_remedy(d, cmd("--gpu-memory-utilization", "0.52")).set == {"--gpu-memory-utilization": 0.5}
+    assert propose_remedy(d, cmd("--gpu-memory-utilization", "0.52")).change.set == {"--gpu-memory-utilization": 0.5}
 
 
 # -- GPU busy ----------------------------------------------------------------------------
@@ -253,7 +253,7 @@ def test_busy_gpu_held_by_our_processes_is_the_watchdogs_to_clear():
 def test_busy_gpu_fits_utilization_to_free_memory_now():
     gpu = GpuContext(free_bytes=60 * GiB, total_bytes=80 * GiB, holders=((99, "python", False),))
     remedy = propose_remedy(diag("gpu_memory_busy.log"), cmd("--gpu-memory-utilization", "0.9"), gpu=gpu)
-    assert remedy.set == {"--gpu-memory-utilization": 0.73} and "99 (python)" in remedy.reason
+    assert remedy.change.set == {"--gpu-memory-utilization": 0.73} and "99 (python)" in remedy.reason
 
 
 def test_busy_gpu_freed_since_restarts_the_same_plan():
@@ -278,7 +278,7 @@ def test_backend_rejected_for_kv_dtype_only():
                   "Reasons: {FLASH_ATTN: [kv_cache_dtype not supported], FLASHINFER: [compute capability not "
                   "supported], TRITON_ATTN: [kv_cache_dtype not supported]}."])
     assert d.kind is FailureKind.NO_ATTENTION_BACKEND and not d.fatal
-    assert propose_remedy(d, cmd("--kv-cache-dtype", "fp8")).set == {"--kv-cache-dtype": "auto"}
+    assert propose_remedy(d, cmd("--kv-cache-dtype", "fp8")).change.set == {"--kv-cache-dtype": "auto"}
     assert propose_remedy(d, cmd("--kv-cache-dtype", "fp8"), policy=Policy(allow_kv_dtype_change=False)) is None
 
 
@@ -286,7 +286,7 @@ def test_forced_backend_is_dropped():
     d = diagnose(["ValueError: Selected backend AttentionBackendEnum.FLASHMLA is not valid for this "
                   "configuration. Reason: ['compute capability not supported']"])
     remedy = propose_remedy(d, cmd("--attention-backend", "FLASHMLA"))
-    assert remedy.remove == ("--attention-backend",)
+    assert remedy.change.remove == ("--attention-backend",)
 
 
 # -- never a tried argv ------------------------------------------------------------------
@@ -316,9 +316,9 @@ def test_remedies_never_repeat_a_tried_argv(name, flags, allow_dtype, allow_util
         argv = remedy.apply(command).argv
         assert argv not in tried
         if not allow_dtype:
-            assert "--kv-cache-dtype" not in remedy.set
+            assert "--kv-cache-dtype" not in remedy.change.set
         if not allow_util:
-            assert "--gpu-memory-utilization" not in remedy.set
+            assert "--gpu-memory-utilization" not in remedy.change.set
         tried.append(argv)
     else:
         pytest.fail("remedies never ran out")

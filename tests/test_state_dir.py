@@ -85,3 +85,18 @@ def test_valid_json_of_the_wrong_shape_is_corrupt_not_a_traceback(tmp_path: Path
     else:
         assert out.returncode == 0 and out.stdout.split()[:2] == ["engine", "e"], out.stdout
         assert StateStore(str(state), "e").load() is not None
+
+
+def test_status_shows_engine_text_without_obeying_its_escapes(tmp_path: Path) -> None:
+    """Evidence and reasons in a state file are the engine's text: an OSC title change, a BEL or a
+    CR reach the terminal as \\xNN, not as control codes."""
+    state = tmp_path / "state"
+    store = StateStore(str(state), "e")
+    store.ensure_dir()
+    hostile = "pwned\x1b]0;owned title\x07\rgone"
+    store.save(EngineRecord(name="e", argv=["vllm", "serve", "m"], original_argv=["vllm", "serve", "m"],
+                            state="fatal", reason=hostile))
+    out = status(state)
+    assert out.returncode == 0, out.stderr
+    assert "\x1b" not in out.stdout and "\x07" not in out.stdout and "\r" not in out.stdout
+    assert "pwned\\x1b]0;owned title\\x07\\x0dgone" in out.stdout

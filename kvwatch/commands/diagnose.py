@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from typing import Any
 
@@ -18,6 +17,7 @@ from kvwatch.diagnosis.diagnose import diagnose_stream
 from kvwatch.errors import KvwatchError
 from kvwatch.exitcodes import EXIT_OK, EXIT_UNKNOWN_FAILURE
 from kvwatch.planner.engine_args import EngineCommand
+from kvwatch.terminal import printable
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -62,14 +62,6 @@ def run(args: argparse.Namespace) -> int:
 def _short(value: object, width: int = 120) -> str:
     text = json.dumps(value) if not isinstance(value, str) else value
     return text if len(text) <= width else text[:width - 3] + "..."
-
-
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
-def printable(text: str) -> str:
-    """Text from a log, safe for a terminal: escape sequences (OSC, CSI), BEL and CR shown, not obeyed."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def render(diagnosis: Diagnosis, command: EngineCommand | None, remedy: Remedy | None) -> str:

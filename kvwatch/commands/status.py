@@ -10,6 +10,7 @@ from typing import Any
 from kvwatch.boundary import proc_inspect
 from kvwatch.boundary.proc_inspect import ProcRef
 from kvwatch.errors import KvwatchError
+from kvwatch.terminal import printable
 from kvwatch.watchdog.config import default_state_dir
 from kvwatch.watchdog.state_store import EngineRecord, load_all
 
@@ -64,7 +65,7 @@ def _when(ts: float) -> str:
 
 def render(path: Path, record: EngineRecord | None) -> str:
     if record is None:
-        return f"engine      {path.stem}\nerror       {path}: unreadable or corrupt"
+        return printable(f"engine      {path.stem}\nerror       {path}: unreadable or corrupt")
     running = daemon_running(record)
     if running:
         daemon = f"kvwatch pid {record.kvwatch_pid} running"
@@ -98,4 +99,5 @@ def render(path: Path, record: EngineRecord | None) -> str:
     if record.log_kv_tokens is not None:
         rows.append(("KV tokens", f"{record.log_kv_tokens:,} (engine log)"))
     width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+    # The state file holds engine text (evidence, reasons, the command): shown, never obeyed.
+    return printable("\n".join(f"{k:<{width}}  {v}" for k, v in rows))

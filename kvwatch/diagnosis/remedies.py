@@ -13,7 +13,7 @@ freed since the failure. The watchdog bounds them with policy.max_restarts.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,14 +38,6 @@ _FIT_MARGIN_RATIO, _FIT_MARGIN_BYTES = 0.02, 1 * GiB   # headroom left when fitt
 class Remedy:
     change: FlagChange          # empty: restart with the same plan
     reason: str
-
-    @property
-    def set(self) -> Mapping[str, object]:
-        return self.change.set
-
-    @property
-    def remove(self) -> tuple[str, ...]:
-        return self.change.remove
 
     def apply(self, command: EngineCommand) -> EngineCommand:
         return self.change.apply(command)
@@ -335,7 +327,7 @@ def _backend_options(ctx: _Ctx) -> Iterator[Remedy]:
             fix = next(_kv_dtype_fix(ctx, "x"), None)
             if fix is None:
                 continue
-            change.update(fix.set)
+            change.update(fix.change.set)
         if "block_size" in text:
             if not ctx.policy.allow_block_size_change:
                 continue

@@ -68,9 +68,6 @@ class FlagChange:
         parts = [f"{k} {v}" for k, v in self.set.items()] + [f"remove {k}" for k in self.remove]
         return ", ".join(parts) or NOTHING
 
-    def __str__(self) -> str:
-        return self.describe()
-
     def to_json(self) -> dict[str, Any]:
         return {"set": dict(self.set), "remove": list(self.remove)}
 
