@@ -18,10 +18,8 @@ from kvwatch.planner.flag_change import NO_CHANGE, FlagChange
 from kvwatch.planner.plan import Plan
 from kvwatch.planner.rules import RuleSet
 from kvwatch.policy import Policy
+from kvwatch.watchdog.outcomes import EXIT, HANG, START_TIMEOUT
 from kvwatch.watchdog.records import FAILURE, Constraint, CorrectionRecord, FailureRecord
-
-# How one launch ended (the supervisor's watch loop says which).
-EXIT, HANG, START_TIMEOUT, SPAWN_FAILED, STOP = "exit", "hang", "start_timeout", "spawn_failed", "stop"
 
 
 class Action(enum.Enum):

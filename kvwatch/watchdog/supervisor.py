@@ -40,6 +40,7 @@ from kvwatch.watchdog.budget import Budget
 from kvwatch.watchdog.config import Config
 from kvwatch.watchdog.engine_ranks import RankWatch, lines_of_rank, ranks_of_tree
 from kvwatch.watchdog.gpu_view import GpuView
+from kvwatch.watchdog.outcomes import EXIT, HANG, SPAWN_FAILED, START_TIMEOUT, STOP
 from kvwatch.watchdog.output_pump import OutputPump
 from kvwatch.watchdog.preflight import choose_device, installed_version, learned_key, plan_for, preflight
 from kvwatch.watchdog.records import PREFLIGHT, Constraint
@@ -87,7 +88,7 @@ class MonotonicClock:
 class _Outcome:
     """How one launch ended."""
 
-    kind: str                 # "exit", "hang", "start_timeout", "spawn_failed", "stop"
+    kind: str                 # one of kvwatch.watchdog.outcomes
     detail: str = ""
     returncode: int | None = None
     served: bool = False
@@ -208,7 +209,7 @@ class Supervisor:
                 return EXIT_OK
             self._launch()
             outcome = self._watch()
-            if outcome.kind == "stop":
+            if outcome.kind == STOP:
                 self._transition(EngineState.STOPPING, self._stop_reason)
                 self._end_engine()
                 self._transition(EngineState.STOPPED, f"{self._stop_reason}: engine stopped")
@@ -378,7 +379,7 @@ class Supervisor:
     def _watch(self) -> _Outcome:
         run = self._running
         if run is None:
-            return _Outcome("spawn_failed", self._spawn_error or "spawn failed")
+            return _Outcome(SPAWN_FAILED, self._spawn_error or "spawn failed")
         cfg = self.config.engine
         tick = min(1.0, cfg.health_interval_seconds)
         probe_timeout = max(1.0, min(5.0, cfg.health_interval_seconds))
@@ -391,10 +392,10 @@ class Supervisor:
         while True:
             now = self._clock.now()
             if self._stop.is_set():
-                return _Outcome("stop")
+                return _Outcome(STOP)
             rc = run.proc.poll()
             if rc is not None:
-                return _Outcome("exit", f"exited with code {rc}", rc, served=ready_since is not None)
+                return _Outcome(EXIT, f"exited with code {rc}", rc, served=ready_since is not None)
             if now >= next_probe:
                 probed = self._probe_unless_interrupted(url, probe_timeout, ready_since is None)
                 if probed is None:
@@ -411,7 +412,7 @@ class Supervisor:
                         ready_line = run.pump.lines_seen
                         self._transition(EngineState.READY, f"serving on {url} after {now - run.started:.0f}s")
                     elif now - run.started > cfg.start_timeout_seconds:
-                        return _Outcome("start_timeout", f"not ready after {cfg.start_timeout_seconds:.0f}s")
+                        return _Outcome(START_TIMEOUT, f"not ready after {cfg.start_timeout_seconds:.0f}s")
                 elif ok:
                     last_ok = now
                     if not stable and now - ready_since >= self.config.policy.stable_seconds:
@@ -419,9 +420,9 @@ class Supervisor:
                         self._budget.stable()
                         _LOG.info("stable: READY for %.0fs; backoff reset", now - ready_since)
                 elif (died := self._died_in_log(run.pump.lines_since(ready_line))) is not None:
-                    return _Outcome("exit", died, served=True)  # no need to wait out hang_timeout
+                    return _Outcome(EXIT, died, served=True)  # no need to wait out hang_timeout
                 elif now - last_ok > cfg.hang_timeout_seconds:
-                    return _Outcome("hang", f"/health failed or timed out for {now - last_ok:.0f}s "
+                    return _Outcome(HANG, f"/health failed or timed out for {now - last_ok:.0f}s "
                                             f"(hang_timeout {cfg.hang_timeout_seconds:.0f}s)", served=True)
             elif run.ranks.cores:
                 self._refresh_tree()  # DP engine cores: every tick, to see which one dies first

@@ -1,0 +1,9 @@
+"""How one launch of the engine ended, as the supervisor saw it (kept light: the supervisor imports
+it at start, the recovery decision only when an engine fails)."""
+from __future__ import annotations
+
+EXIT = "exit"                    # the engine exited (code in the outcome)
+HANG = "hang"                    # /health failed for hang_timeout_seconds after READY
+START_TIMEOUT = "start_timeout"  # not READY within start_timeout_seconds
+SPAWN_FAILED = "spawn_failed"    # the command could not be started at all
+STOP = "stop"                    # kvwatch was asked to stop
