@@ -49,7 +49,7 @@ class GpuView:
             return None
         held = 0
         for p in gpu.processes or ():
-            if leftovers.is_ours(p.pid, [], self._marker):
+            if leftovers.is_ours(p.pid, self._marker):
                 continue
             if p.used_bytes is None:
                 return None
@@ -67,6 +67,6 @@ class GpuView:
         free = None
         if gpu.memory_total_bytes is not None and gpu.memory_used_bytes is not None:
             free = gpu.memory_total_bytes - gpu.memory_used_bytes
-        holders = tuple((p.pid, proc_inspect.name_of(p.pid), leftovers.is_ours(p.pid, [], self._marker))
+        holders = tuple((p.pid, proc_inspect.name_of(p.pid), leftovers.is_ours(p.pid, self._marker))
                         for p in gpu.processes or ())
         return GpuContext(free_bytes=free, total_bytes=gpu.memory_total_bytes, holders=holders)

@@ -30,7 +30,7 @@ class CleanupReport:
     foreign: list[str] = field(default_factory=list)   # "pid 123 (python, user x) holds port 8000"
 
 
-def is_ours(pid: int, refs: Iterable[ProcRef], mark: str) -> bool:
+def is_ours(pid: int, mark: str) -> bool:
     """Provably ours: it carries our engine's marker (a recorded pid alone proves nothing: the
     state file may be edited by anyone who can write it)."""
     return proc_inspect.environ_value(pid, MARKER_ENV) == mark
@@ -43,7 +43,7 @@ def clean(refs: list[ProcRef], mark: str, port: int | None, gpu_holders: Callabl
     report = CleanupReport()
     # Recorded pids whose start time matches AND that carry our marker: the state file alone is
     # no proof (a hand-edited one could name anyone's process).
-    ours = [r for r in refs if proc_inspect.alive(r) is not None and is_ours(r.pid, (), mark)]
+    ours = [r for r in refs if proc_inspect.alive(r) is not None and is_ours(r.pid, mark)]
     for ref in refs:
         if ref not in ours and proc_inspect.alive(ref) is not None:
             report.foreign.append(f"{proc_inspect.describe(ref.pid)} is recorded as ours but carries no marker")
@@ -64,7 +64,7 @@ def clean(refs: list[ProcRef], mark: str, port: int | None, gpu_holders: Callabl
         if not proc_inspect.running(pid):
             continue  # gone already (NVML may list a process for a moment after it exits)
         held = proc_inspect.ref_of(pid)
-        if held is not None and is_ours(pid, refs, mark):
+        if held is not None and is_ours(pid, mark):
             stopped = spawn.kill_processes([held], timeout, sleep, marker=(MARKER_ENV, mark))
             report.stopped += stopped
             _LOG.warning("leftovers: stopped our pid %d holding %s", pid, what)
