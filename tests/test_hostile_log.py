@@ -68,3 +68,43 @@ def test_the_real_fixtures_still_name_their_class() -> None:
     assert diagnose((LOGS / "cpu_block_size_8.log").read_text().splitlines()).kind is FailureKind.BLOCK_SIZE_UNSUPPORTED
     assert diagnose((LOGS / "gpu_kernel_oor_sm120_fp8.log").read_text().splitlines()).kind \
         is FailureKind.KERNEL_OUT_OF_RESOURCES
+
+
+# The API server writes an ERROR record that quotes text a client steers (a tool-call parser quoting
+# the model's output, hermes_tool_parser.py-style), then its engine core dies or fails on its own.
+def api_error_quoting(text: str) -> str:
+    return (f"(APIServer pid=11556) ERROR 11-30 01:53:59 [hermes_tool_parser.py:101] Error in extracting tool "
+            f"call from response: {text}")
+
+
+def test_the_api_servers_quote_does_not_name_an_engine_death() -> None:
+    """A real death (cpu_engine_died.log: the core killed, the API server's EngineDeadError) after an
+    API-server error quoting "CUDA out of memory": the core died, so the API server's text is not
+    its root cause: ENGINE_DIED, no memory correction."""
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity"
+    crash = DIED.index(next(line for line in DIED if "AsyncLLM output_handler failed" in line))
+    log = DIED[:crash] + [api_error_quoting(oom)] + DIED[crash:]
+    d = diagnose(log)
+    assert d.kind is FailureKind.ENGINE_DIED, d
+    assert "out of memory" not in (d.evidence or "") and d.evidence.startswith("(APIServer")
+
+
+def test_the_engine_cores_own_error_wins_over_the_api_servers_quote() -> None:
+    """A start-up failure the core reports (cpu_block_size_8.log: its block size refused) with an
+    API-server error quoting a fatal kernel limit before it: the core's failure is the root cause, not
+    the quote (which would have ended kvwatch with exit 78)."""
+    lines = (LOGS / "cpu_block_size_8.log").read_text().splitlines()
+    first_core_error = next(i for i, line in enumerate(lines) if line.startswith("(EngineCore") and " ERROR " in line)
+    log = lines[:first_core_error] + [api_error_quoting(KERNEL)] + lines[first_core_error:]
+    assert diagnose(lines).kind is FailureKind.BLOCK_SIZE_UNSUPPORTED
+    d = diagnose(log)
+    assert d.kind is FailureKind.BLOCK_SIZE_UNSUPPORTED and not d.fatal, d
+    assert d.facts["process"] == "Worker"    # the worker's own record, as in the log without the quote
+
+
+def test_an_api_server_that_fails_alone_still_names_its_failure() -> None:
+    """No engine core ever ran (vLLM refused its configuration in the API server): the API server's
+    own records are the failure."""
+    for name in ("cpu_max_model_len.log",):
+        lines = (LOGS / name).read_text().splitlines()
+        assert diagnose(lines).kind is not FailureKind.UNKNOWN

@@ -48,6 +48,10 @@ _BATCH_CHARS = 1 << 20              # feed_all joins lines into batches of about
 _BLOCK_BYTES = 1 << 20              # feed_stream reads blocks of this size
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 _PREFIX = re.compile(r"\((?P<proc>[A-Za-z_][\w.-]*)(?: rank=\d+)? pid=(?P<pid>\d+)\)")
+_API_SERVER = "APIServer"   # vLLM's front-end process: it serves requests, their text is anyone's
+# The API server's words for a failure of its engine core (patterns.WRAPPERS' names).
+_CORE_WRAPPERS = frozenset({"engine_core_initialization_failed", "engine_core_failed_to_start",
+                            "worker_failed", "worker_exception", "engine_core_exception", "fatal_signal"})
 _RAISE_CALL = re.compile(r"\braise \w*\($")
 _EXCEPTION_HEAD = re.compile(r"(?:Error|Exception|Resources): $")
 _FLAG_REASONS = ("block_size", "kv_cache_dtype", "kv cache dtype", "FP8 KV cache", "fp8")
@@ -70,6 +74,14 @@ _START_ONLY = frozenset({FailureKind.BLOCK_SIZE_UNSUPPORTED, FailureKind.KV_DTYP
                          FailureKind.NO_KV_CACHE_MEMORY, FailureKind.GPU_MEMORY_BUSY,
                          FailureKind.NO_ATTENTION_BACKEND, FailureKind.CONFIG_REFUSED,
                          FailureKind.MAMBA_CACHE_TOO_SMALL})
+
+
+def _is_error_record(line: str) -> bool:
+    """An ERROR/CRITICAL record, or a traceback or exception printed without a level."""
+    m = _RECORD_LEVEL.match(line)
+    if m is not None:
+        return m["level"] in ("ERROR", "CRITICAL")
+    return TRACEBACK_START in line or EXCEPTION_LINE.search(line) is not None
 
 
 def _record_quiet(line: str) -> bool | None:
@@ -153,7 +165,12 @@ class LogScanner:
         self._reset_run()
 
     def _reset_run(self) -> None:
+        # Candidates by the process that wrote them: the API server's records hold text that is
+        # not the engine's own (a request, a model's output quoted in a parser error); they name
+        # the failure only when no engine core or worker reported an error of its own.
         self._best: dict[FailureKind, _Candidate] = {}
+        self._best_api: dict[FailureKind, _Candidate] = {}
+        self._engine_errors = False
         self._context: Facts = {}
         self._wrappers: dict[str, int] = {}
         self._last_exception: str | None = None
@@ -276,6 +293,9 @@ class LogScanner:
                     pass
         if quiet:
             return   # an INFO/DEBUG record (or a line of one): anyone's text, never a root cause
+        if not self._engine_errors and process_of(line).get("process", _API_SERVER) != _API_SERVER \
+                and _is_error_record(line):
+            self._engine_errors = True
         wrapped = False
         for text, name in WRAPPERS:
             if text in hits:
@@ -333,10 +353,11 @@ class LogScanner:
         except (ValueError, IndexError, TypeError):   # a mangled number: keep the class, drop the facts
             facts = {}
         score = (pattern.priority, _placement(line, m.start()))
-        current = self._best.get(pattern.kind)
+        best = self._best_api if process_of(line).get("process") == _API_SERVER else self._best
+        current = best.get(pattern.kind)
         if current is None:
-            current = self._best[pattern.kind] = _Candidate(score, line[:MAX_EVIDENCE_CHARS], facts,
-                                                            pattern.name, after_ready=self._ready)
+            current = best[pattern.kind] = _Candidate(score, line[:MAX_EVIDENCE_CHARS], facts,
+                                                      pattern.name, after_ready=self._ready)
         elif score > current.score:
             current.score, current.line, current.facts, current.pattern = (
                 score, line[:MAX_EVIDENCE_CHARS], facts, pattern.name)
@@ -345,23 +366,42 @@ class LogScanner:
             current.merged.setdefault(key, value)
 
     # -- output ------------------------------------------------------------------------
+    def _candidates(self) -> dict[FailureKind, _Candidate]:
+        """Where the failure is named. When an engine core or worker failed (it wrote an error of its
+        own, or the API server says so: a core that died or did not start), only the engine's own
+        records name it, and the API server's only as that death. Otherwise the API server failed
+        alone (a refused configuration): its records count too, the better placed per class."""
+        core_failed = self._engine_errors or FailureKind.ENGINE_DIED in self._best_api \
+            or any(name in _CORE_WRAPPERS for name in self._wrappers)
+        if core_failed:
+            died = self._best_api.get(FailureKind.ENGINE_DIED)
+            if died is None or FailureKind.ENGINE_DIED in self._best:
+                return self._best
+            return {**self._best, FailureKind.ENGINE_DIED: died}
+        merged = dict(self._best_api)
+        for kind, candidate in self._best.items():
+            if kind not in merged or candidate.score >= merged[kind].score:
+                merged[kind] = candidate
+        return merged
+
     def result(self) -> Diagnosis:
         served = self.served or self._ready
-        root = [c for k, c in self._best.items() if k is not FailureKind.ENGINE_DIED]
+        candidates = self._candidates()
+        root = [c for k, c in candidates.items() if k is not FailureKind.ENGINE_DIED]
         if root:
             best = max(root, key=lambda c: c.score[0])
-            kind = next(k for k, c in self._best.items() if c is best)
+            kind = next(k for k, c in candidates.items() if c is best)
             if not ((self.served or best.after_ready) and kind in _START_ONLY):
                 return self._diagnosis(kind, best, served)
             # The engine served with this plan, so this start-up refusal is not its failure now
             # (e.g. the words came from a request): it died, and the plan stays.
-            died = self._best.get(FailureKind.ENGINE_DIED)
+            died = candidates.get(FailureKind.ENGINE_DIED)
             facts: Facts = {"after_ready": True, "ignored": {"kind": kind.value, "evidence": best.line[:300]}}
             if self._context:
                 facts["context"] = dict(self._context)
             return Diagnosis(FailureKind.ENGINE_DIED, died.line if died else self._first_in_chain or self._last_exception,
                              facts, fatal=False)
-        died = self._best.get(FailureKind.ENGINE_DIED)
+        died = candidates.get(FailureKind.ENGINE_DIED)
         if died is not None or self.served:
             facts = dict(died.merged) if died else {}
             facts.update(died.facts if died else {})
