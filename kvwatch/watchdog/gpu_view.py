@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from kvwatch.boundary import proc_inspect
 from kvwatch.diagnosis import GpuContext
-from kvwatch.gpu_types import NvmlSnapshot
+from kvwatch.gpu_types import GpuInfo, NvmlSnapshot
 from kvwatch.planner.devices import Device
 from kvwatch.watchdog import leftovers
 
@@ -38,13 +38,17 @@ class GpuView:
             return []
         return [(gpu.uuid, p.pid) for gpu in snapshot.gpus for p in gpu.processes or ()]
 
-    def foreign_bytes(self) -> int | None:
-        """GPU memory held on the engine's GPU by processes that are not this engine's; None when
-        NVML does not say (off CUDA, GPU not found, a driver that reports no per-process memory)."""
+    def _engine_gpu(self) -> GpuInfo | None:
+        """The engine's GPU as NVML shows it now; None off CUDA or when NVML does not show it."""
         snapshot = self._snapshot()
         if snapshot is None or self._device is None:
             return None
-        gpu = next((g for g in snapshot.gpus if g.uuid == self._device.uuid), None)
+        return next((g for g in snapshot.gpus if g.uuid == self._device.uuid), None)
+
+    def foreign_bytes(self) -> int | None:
+        """GPU memory held on the engine's GPU by processes that are not this engine's; None when
+        NVML does not say (off CUDA, GPU not found, a driver that reports no per-process memory)."""
+        gpu = self._engine_gpu()
         if gpu is None:
             return None
         held = 0
@@ -58,10 +62,7 @@ class GpuView:
 
     def context(self) -> GpuContext | None:
         """The engine's GPU now (free memory, holders and whether each is ours); None off CUDA."""
-        snapshot = self._snapshot()
-        if snapshot is None or self._device is None:
-            return None
-        gpu = next((g for g in snapshot.gpus if g.uuid == self._device.uuid), None)
+        gpu = self._engine_gpu()
         if gpu is None:
             return None
         free = None
