@@ -11,9 +11,9 @@ from typing import Any
 from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.geometry import geometry_from_config
-from kvwatch.planner.gpu_budget import parse_version
 from kvwatch.planner.plan import MemoryInputs, Plan, make_plan
 from kvwatch.planner.rules import ruleset_for
+from kvwatch.planner.versions import parse_version
 
 GiB = 2**30
 CORPUS = Path(__file__).resolve().parent / "fixtures" / "gpu_logs" / "corpus.json"

@@ -84,3 +84,18 @@ def test_a_gpu_asked_for_and_not_there_is_an_error(nvml_standin: NvmlStandin, no
         device_probe.choose_device(index=7)
     assert plan.device_from_args(args_of("--device", "cpu")).platform == "cpu"
 
+
+
+def test_an_installed_vllm_of_a_version_kvwatch_cannot_read_plans_as_the_newest(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A private build's version string is no error for `kvwatch plan` or `run`: the newest rules and
+    budget apply (an explicit --vllm-version that is none is one error line: tests/test_gpu_budget.py)."""
+    from importlib import metadata
+
+    for text, expected in [("my-fork", None), ("0.10.1.1", (0, 10, 1))]:
+        monkeypatch.setattr(metadata, "version", lambda dist, text=text: text)
+        device_probe.installed_vllm_version.cache_clear()
+        try:
+            version = device_probe.installed_version()
+        finally:
+            device_probe.installed_vllm_version.cache_clear()
+        assert (version.parts if version else None) == expected

@@ -13,15 +13,14 @@ from kvwatch.planner.devices import PRESETS, Device, cuda_total_bytes
 from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.gpu_budget import (
     FUSED_SAMPLER_BYTES,
-    LATEST,
     SORTED_SAMPLER_BYTES,
     V0_ENGINE,
     batch_defaults,
-    parse_version,
     profile_key,
     release_for,
     requested_bytes,
 )
+from kvwatch.planner.versions import LATEST, parse_version
 from kvwatch.planner.weights import count_weights, weights_bytes
 
 A100 = Device("cuda", "NVIDIA A100-SXM4-80GB", (8, 0), 80 * GiB)

@@ -103,8 +103,10 @@ def test_the_engine_cores_own_error_wins_over_the_api_servers_quote() -> None:
 
 
 def test_an_api_server_that_fails_alone_still_names_its_failure() -> None:
-    """No engine core ever ran (vLLM refused its configuration in the API server): the API server's
-    own records are the failure."""
-    for name in ("cpu_max_model_len.log",):
-        lines = (LOGS / name).read_text().splitlines()
-        assert diagnose(lines).kind is not FailureKind.UNKNOWN
+    """No engine core ever ran (cpu_refusal_max_model_len.log: vLLM refused its configuration in the
+    API server, the only process in the log): the API server's own records are the failure."""
+    lines = (LOGS / "cpu_refusal_max_model_len.log").read_text().splitlines()
+    assert not any(line.startswith(("(EngineCore", "(Worker")) for line in lines)
+    d = diagnose(lines)
+    assert d.kind is FailureKind.CONFIG_REFUSED, d
+    assert "User-specified max_model_len (300000)" in (d.evidence or ""), d

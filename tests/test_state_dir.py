@@ -61,7 +61,7 @@ _CORRECTION = CorrectionRecord("oom", NO_CHANGE, "r", 1.0, ["vllm"], ["vllm"]).t
     ("pgid", "7", True), ("pids", [{"pid": 0, "create_time": 1.0}], True),
     ("kvwatch_create_time", "x", True), ("original_argv", 5, True), ("original_argv", None, False),
     ("original_argv", [1], True), ("foreign", [5], True), ("name", None, True),
-    ("log_kv_tokens", "lots", True), ("log_available_kv_bytes", "lots", True), ("non_kv_bytes", [], True),
+    ("log_kv_tokens", "lots", True), ("log_available_kv_bytes", "lots", True), ("learned_non_kv", [], True), ("learned_non_kv", {"k": "x"}, True),
     ("log_kv_tokens", True, True), ("state", None, False),
     ("failures", [{**_FAILURE, "time": "yesterday"}], True), ("failures", [{**_FAILURE, "argv": "vllm"}], True),
     ("failures", [{**_FAILURE, "evidence": 5}], True), ("failures", [{**_FAILURE, "reason": 5}], True),

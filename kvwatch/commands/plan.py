@@ -9,10 +9,11 @@ from kvwatch.boundary.plan_loader import plan_command
 from kvwatch.errors import KvwatchError
 from kvwatch.exitcodes import EXIT_OK, EXIT_PLAN_WILL_FAIL
 from kvwatch.planner.devices import Device, parse_compute_capability, preset
-from kvwatch.planner.gpu_budget import GpuBudget, parse_version
+from kvwatch.planner.gpu_budget import GpuBudget
 from kvwatch.planner.plan import Plan
 from kvwatch.planner.rules import ruleset_for
 from kvwatch.planner.units import format_bytes, parse_size
+from kvwatch.planner.versions import parse_version
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -52,10 +53,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.engine_command:
         raise KvwatchError("no engine command: kvwatch plan [options] -- vllm serve MODEL ...")
     device = device_from_args(args)
-    version = args.vllm_version or device_probe.installed_vllm_version()
-    if args.vllm_version:
-        parse_version(args.vllm_version)   # one clear line for a version that is none
-    plan = plan_command(args.engine_command, device, ruleset_for(version), vllm_version=version)
+    version = parse_version(args.vllm_version) if args.vllm_version else device_probe.installed_version()
+    plan = plan_command(args.engine_command, device, ruleset_for(str(version) if version else None),
+                        vllm_version=version)
     print(json.dumps(plan.to_json(), indent=2) if args.json else render(plan))
     return EXIT_PLAN_WILL_FAIL if plan.will_fail else EXIT_OK
 

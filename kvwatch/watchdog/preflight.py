@@ -8,7 +8,6 @@ honoured. Planning errors never stop kvwatch: the engine is then launched as giv
 """
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Mapping
 
@@ -17,7 +16,7 @@ from kvwatch.boundary.plan_loader import plan_command
 from kvwatch.errors import KvwatchError
 from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineCommand
-from kvwatch.planner.gpu_budget import VllmVersion, parse_version, profile_key
+from kvwatch.planner.gpu_budget import profile_key
 from kvwatch.planner.plan import Plan
 from kvwatch.planner.rules import RuleSet
 from kvwatch.policy import Policy
@@ -44,19 +43,10 @@ def choose_device(spec: str = "") -> Device:
     return device_probe.choose_device("cpu" if spec == "cpu" else "gpu" if spec == "gpu" else None)
 
 
-@functools.lru_cache(maxsize=1)   # package metadata, read once: the engine kvwatch launches is that vLLM
-def installed_version() -> VllmVersion | None:
-    text = device_probe.installed_vllm_version()
-    try:
-        return parse_version(text) if text else None
-    except KvwatchError:
-        return None
-
-
 def learned_key(command: EngineCommand, device: Device) -> str | None:
     """The key of the learned non-KV memory that holds for this command on this card and vLLM."""
     try:
-        return profile_key(command.settings(), device, installed_version())
+        return profile_key(command.settings(), device, device_probe.installed_version())
     except KvwatchError:
         return None
 

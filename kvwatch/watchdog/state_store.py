@@ -50,8 +50,7 @@ class EngineRecord:
     constraints: list[Constraint] = field(default_factory=list)
     preflight: list[PreflightFix] = field(default_factory=list)        # fixes applied before launching
     foreign: list[str] = field(default_factory=list)                   # others holding our port or GPUs
-    non_kv_bytes: int | None = None      # the learned non-KV memory of the plan in force
-    learned_non_kv: dict[str, int] = field(default_factory=dict)   # by gpu_budget.profile_key
+    learned_non_kv: dict[str, int] = field(default_factory=dict)   # non-KV memory by gpu_budget.profile_key
     log_kv_tokens: int | None = None
     log_available_kv_bytes: int | None = None
     log_memory_parts: dict[str, int] = field(default_factory=dict)   # one GPU's memory by part, as logged

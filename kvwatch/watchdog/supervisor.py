@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import BinaryIO, Protocol
 
 from kvwatch.boundary import engine_http, proc_inspect, spawn
+from kvwatch.boundary.device_probe import installed_version, installed_vllm_version
 from kvwatch.boundary.proc_inspect import ProcRef
 from kvwatch.boundary.spawn import EngineProcess
 from kvwatch.engine_status import EngineState, EngineStatus
@@ -42,7 +43,7 @@ from kvwatch.watchdog.engine_ranks import RankWatch, lines_of_rank, ranks_of_tre
 from kvwatch.watchdog.gpu_view import GpuView
 from kvwatch.watchdog.outcomes import EXIT, HANG, SPAWN_FAILED, START_TIMEOUT, STOP
 from kvwatch.watchdog.output_pump import OutputPump
-from kvwatch.watchdog.preflight import choose_device, installed_version, learned_key, plan_for, preflight
+from kvwatch.watchdog.preflight import choose_device, learned_key, plan_for, preflight
 from kvwatch.watchdog.records import PREFLIGHT, Constraint
 from kvwatch.watchdog.sd_notify import SdNotifier, scrub_env
 from kvwatch.watchdog.state_store import EngineLock, EngineRecord, StateStore
@@ -141,6 +142,7 @@ class Supervisor:
         self._spawn_error: str | None = None
         self._gpus: GpuView | None = None
         self._pinned: int | None = None   # the KV bytes the running engine was launched pinned to
+        self._requested: int | None = None   # the running engine's GPU budget (CUDA total x utilization)
         self._restarts: dict[str, int] = {}     # this run of kvwatch, by failure class
         self._failures: dict[str, int] = {}
         self._corrections: dict[str, int] = {}
@@ -265,7 +267,6 @@ class Supervisor:
         if self._device is None:
             self._device = choose_device(self.config.device)
         if self._rules is None:
-            from kvwatch.boundary.device_probe import installed_vllm_version
             self._rules = ruleset_for(installed_vllm_version())
         self._rules = self._learned_rules(self._rules)
         env = self._engine_env()
@@ -328,6 +329,7 @@ class Supervisor:
 
     def _launch(self) -> None:
         argv = self._pinned_argv()
+        self._requested = self._requested_bytes()
         if self._pinned is not None and self._device is not None and self._rules is not None:
             # the plan in force is the pinned launch's: exact
             self._plan = plan_for(EngineCommand(tuple(argv)), self._device, self._rules, self._engine_env())
@@ -530,10 +532,9 @@ class Supervisor:
         """The engine said what its profile left the KV cache: keep the non-KV memory that implies
         for this profile (model, batch flags, card, vLLM), and refine the plan in force at once.
         A pinned launch profiled nothing: its figure is the pin."""
+        requested, device = self._requested, self._device
         if self._pinned is not None:
             return
-        requested = self._requested_bytes()
-        device = self._device
         if available_kv_bytes is None or requested is None or device is None:
             return
         key = learned_key(self._command, device)
@@ -541,7 +542,7 @@ class Supervisor:
             return
         learned = self._record.learned_non_kv
         learned.pop(key, None)   # re-inserted last: the oldest profiles go first
-        learned[key] = self._record.non_kv_bytes = max(0, requested - available_kv_bytes)
+        learned[key] = max(0, requested - available_kv_bytes)
         for old in list(learned)[:-MAX_LEARNED_PROFILES]:
             del learned[old]
         if self._rules is not None:
@@ -649,7 +650,7 @@ class Supervisor:
             restarts=dict(self._restarts), failures=dict(self._failures), corrections=dict(self._corrections),
             last_failure=last.kind if last else None,
             log_kv_tokens=self._record.log_kv_tokens, log_available_kv_bytes=self._record.log_available_kv_bytes,
-            log_memory_parts=dict(self._record.log_memory_parts), memory_requested_bytes=self._requested_bytes())
+            log_memory_parts=dict(self._record.log_memory_parts), memory_requested_bytes=self._requested)
 
     def _publish(self) -> None:
         self._status = status = self._make_status()
