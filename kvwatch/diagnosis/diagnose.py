@@ -49,9 +49,8 @@ _BLOCK_BYTES = 1 << 20              # feed_stream reads blocks of this size
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 _PREFIX = re.compile(r"\((?P<proc>[A-Za-z_][\w.-]*)(?: rank=\d+)? pid=(?P<pid>\d+)\)")
 _API_SERVER = "APIServer"   # vLLM's front-end process: it serves requests, their text is anyone's
-# The API server's words for a failure of its engine core (patterns.WRAPPERS' names).
-_CORE_WRAPPERS = frozenset({"engine_core_initialization_failed", "engine_core_failed_to_start",
-                            "worker_failed", "worker_exception", "engine_core_exception", "fatal_signal"})
+# The wrappers that report a failure of an engine core or worker (all but a bare "original error:").
+_CORE_WRAPPERS = frozenset(name for _, name in WRAPPERS) - {"original_error"}
 _RAISE_CALL = re.compile(r"\braise \w*\($")
 _EXCEPTION_HEAD = re.compile(r"(?:Error|Exception|Resources): $")
 _FLAG_REASONS = ("block_size", "kv_cache_dtype", "kv cache dtype", "FP8 KV cache", "fp8")
