@@ -15,7 +15,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "kvwatch"
 
 # The pure modules: every module of these packages, and these top-level ones.
-PURE_PACKAGES = ("planner", "diagnosis")
+PURE_PACKAGES = ("planner", "diagnosis", "vllm_releases")
 PURE_MODULES = ("errors.py", "policy.py", "exitcodes.py", "engine_status.py", "failure_kinds.py", "listen.py",
                 "gpu_types.py")
 
