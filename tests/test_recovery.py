@@ -88,8 +88,8 @@ def test_constraint_keeps_the_block_sizes_the_engine_reported():
 
 
 def test_tried_plans_spare_a_serving_engine_that_died():
-    failures = [FailureRecord("block_size_unsupported", "e", 0.0, list(BLOCK_16)),
-                FailureRecord("engine_died", "e", 1.0, list(BLOCK_32))]
+    failures = [FailureRecord(FailureKind.BLOCK_SIZE_UNSUPPORTED, "e", 0.0, list(BLOCK_16)),
+                FailureRecord(FailureKind.ENGINE_DIED, "e", 1.0, list(BLOCK_32))]
     assert recovery.tried_plans(failures) == {BLOCK_16}
 
 

@@ -84,7 +84,7 @@ def preflight(command: EngineCommand, device: Device, rules: RuleSet, env: Mappi
         if fixed.argv == command.argv:
             break
         _LOG.info("preflight: %s: %s; changed %s", warning.kind, warning.message, warning.fix.describe())
-        fixes.append(PreflightFix(warning.kind.value, warning.message, warning.fix))
+        fixes.append(PreflightFix(warning.kind, warning.message, warning.fix))
         command = fixed
         plan = plan_for(command, device, rules, env, learned)
     if plan is not None:

@@ -41,7 +41,7 @@ from kvwatch.watchdog.budget import Budget
 from kvwatch.watchdog.config import Config
 from kvwatch.watchdog.engine_ranks import RankWatch, lines_of_rank, ranks_of_tree
 from kvwatch.watchdog.gpu_view import GpuView
-from kvwatch.watchdog.outcomes import EXIT, HANG, SPAWN_FAILED, START_TIMEOUT, STOP
+from kvwatch.watchdog.outcomes import EXIT, HANG, SPAWN_FAILED, START_TIMEOUT, STOP, LaunchOutcome
 from kvwatch.watchdog.output_pump import OutputPump
 from kvwatch.watchdog.preflight import choose_device, learned_key, plan_for, preflight
 from kvwatch.watchdog.records import PREFLIGHT, Constraint
@@ -89,7 +89,7 @@ class MonotonicClock:
 class _Outcome:
     """How one launch ended."""
 
-    kind: str                 # one of kvwatch.watchdog.outcomes
+    kind: LaunchOutcome
     detail: str = ""
     returncode: int | None = None
     served: bool = False
@@ -211,7 +211,7 @@ class Supervisor:
                 return EXIT_OK
             self._launch()
             outcome = self._watch()
-            if outcome.kind == STOP:
+            if outcome.kind is STOP:
                 self._transition(EngineState.STOPPING, self._stop_reason)
                 self._end_engine()
                 self._transition(EngineState.STOPPED, f"{self._stop_reason}: engine stopped")
@@ -589,7 +589,7 @@ class Supervisor:
         if lost_rank is not None and run is not None:
             diagnosis = recovery.with_rank(diagnosis, lost_rank, run.ranks.lost[lost_rank])
         failure = recovery.failure_record(diagnosis, outcome.detail, self._command, time.time())
-        kind = failure.kind
+        kind = failure.kind.value   # the counters' keys: the metrics' label values
         _LOG.warning("failed: %s (%s): %s", kind, outcome.detail, failure.evidence)
         self._failures[kind] = self._failures.get(kind, 0) + 1
         self._record.failures.append(failure)
@@ -648,7 +648,7 @@ class Supervisor:
             pids=tuple(int(p["pid"]) for p in self._record.pids),
             pid_ranks=dict(self._running.pid_ranks) if self._running is not None else {},
             restarts=dict(self._restarts), failures=dict(self._failures), corrections=dict(self._corrections),
-            last_failure=last.kind if last else None,
+            last_failure=last.kind.value if last else None,
             log_kv_tokens=self._record.log_kv_tokens, log_available_kv_bytes=self._record.log_available_kv_bytes,
             log_memory_parts=dict(self._record.log_memory_parts), memory_requested_bytes=self._requested)
 
