@@ -9,9 +9,10 @@ honoured. Planning errors never stop kvwatch: the engine is then launched as giv
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from kvwatch.boundary import device_probe
+from kvwatch.boundary.model_source import ModelSource, load_model_source
 from kvwatch.boundary.plan_loader import plan_command
 from kvwatch.errors import KvwatchError
 from kvwatch.planner.devices import Device
@@ -51,13 +52,15 @@ def learned_key(command: EngineCommand, device: Device) -> str | None:
         return None
 
 
-def plan_for(command: EngineCommand, device: Device, rules: RuleSet, env: Mapping[str, str],
-             learned: Mapping[str, int] | None = None) -> Plan | None:
-    """The plan, refined by the non-KV memory an earlier launch of the same profile measured."""
+def plan_with_learned(command: EngineCommand, device: Device, rules: RuleSet, env: Mapping[str, str],
+                      learned: Mapping[str, int] | None = None,
+                      read_model: Callable[[str], ModelSource] = load_model_source) -> Plan | None:
+    """The plan of the watchdog's layer: kvwatch.boundary.plan_loader.plan_command's, refined by the
+    non-KV memory an earlier launch of the same profile measured; None (logged) where it cannot plan."""
     key = learned_key(command, device) if learned else None
     try:
         return plan_command(command.argv, device, rules, env=env,
-                            non_kv_bytes=learned.get(key) if learned and key else None)
+                            non_kv_bytes=learned.get(key) if learned and key else None, read_model=read_model)
     except KvwatchError as exc:
         _LOG.info("plan: not available: %s", exc)
         return None
@@ -69,10 +72,12 @@ def allowed(flag: str, policy: Policy) -> bool:
 
 
 def preflight(command: EngineCommand, device: Device, rules: RuleSet, env: Mapping[str, str], policy: Policy,
-              learned: Mapping[str, int] | None = None) -> tuple[EngineCommand, list[PreflightFix], Plan | None]:
+              learned: Mapping[str, int] | None = None,
+              read_model: Callable[[str], ModelSource] = load_model_source,
+              ) -> tuple[EngineCommand, list[PreflightFix], Plan | None]:
     """The command with the certain fixes applied, what was changed, and the final plan."""
     fixes: list[PreflightFix] = []
-    plan = plan_for(command, device, rules, env, learned)
+    plan = plan_with_learned(command, device, rules, env, learned, read_model)
     for _ in range(MAX_ROUNDS):
         if plan is None:
             break
@@ -86,7 +91,7 @@ def preflight(command: EngineCommand, device: Device, rules: RuleSet, env: Mappi
         _LOG.info("preflight: %s: %s; changed %s", warning.kind, warning.message, warning.fix.describe())
         fixes.append(PreflightFix(warning.kind, warning.message, warning.fix))
         command = fixed
-        plan = plan_for(command, device, rules, env, learned)
+        plan = plan_with_learned(command, device, rules, env, learned, read_model)
     if plan is not None:
         for w in plan.warnings:
             level = "will fail, no allowed fix" if w.certain else "risk"
