@@ -6,13 +6,13 @@ for, or a driver is there, the collector is present as before (and fails when NV
 """
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 
 import pytest
 from engine_support import free_port, http_get
 from exporter_support import samples, value
 from nvml_standin import NvmlStandin, StandinState
+from waiting import eventually
 
 from kvwatch.boundary.nvml import Nvml
 from kvwatch.engine_status import EngineState, EngineStatus
@@ -60,11 +60,11 @@ def _collectors(config: Config, nvml: Nvml | None = None) -> dict:
     config = replace(config, watch=replace(config.watch, interval_seconds=0.1))
     close = attach(config, type("S", (), {"status": EngineStatus("llm", EngineState.STARTING)})(), nvml)
     try:
-        deadline = time.monotonic() + 10
-        found: dict = {}
-        while value(found, "kvwatch_collector_success", collector="engine") is None and time.monotonic() < deadline:
-            time.sleep(0.1)
+        def page() -> dict:
             found = samples(http_get(f"http://{config.listen}/metrics")[1])
+            return found if value(found, "kvwatch_collector_success", collector="engine") is not None else {}
+        found = eventually(page, 10, 0.1)
+        assert found, "no snapshot served"
         return found
     finally:
         close()
