@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from kvwatch.boundary.device_probe import installed_version
+from kvwatch.boundary.device_probe import installed_vllm
 from kvwatch.boundary.model_source import ModelSource, load_model_source
 from kvwatch.errors import KvwatchError
 from kvwatch.planner.devices import Device
@@ -57,4 +57,4 @@ class PlanInForce:
             return None
         if not 0 < settings.gpu_memory_utilization <= 1:
             return None
-        return requested_bytes(device, settings, installed_version(), self._env())
+        return requested_bytes(device, settings, installed_vllm(), self._env())

@@ -36,9 +36,9 @@ POLICY_FLAGS = {
 MAX_ROUNDS = 6
 
 
-def choose_device(spec: str = "") -> Device:
-    """The device to plan for: "cpu", "gpu" or a GPU index as asked (config `device`, `--device`),
-    else kvwatch.boundary.device_probe's one rule."""
+def device_for_spec(spec: str = "") -> Device:
+    """The device to plan for from the config's `device` string (`--device`): "cpu", "gpu" or a GPU
+    index, or "" for kvwatch.boundary.device_probe.choose_device's own rule (the one chooser)."""
     if spec.isdigit():
         return device_probe.choose_device(index=int(spec))
     return device_probe.choose_device("cpu" if spec == "cpu" else "gpu" if spec == "gpu" else None)
@@ -47,7 +47,7 @@ def choose_device(spec: str = "") -> Device:
 def learned_key(command: EngineCommand, device: Device) -> str | None:
     """The key of the learned non-KV memory that holds for this command on this card and vLLM."""
     try:
-        return profile_key(command.settings(), device, device_probe.installed_version())
+        return profile_key(command.settings(), device, device_probe.installed_vllm())
     except KvwatchError:
         return None
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import BinaryIO, Protocol
 
 from kvwatch.boundary import engine_http
-from kvwatch.boundary.device_probe import installed_vllm_version
+from kvwatch.boundary.device_probe import installed_vllm_text
 from kvwatch.boundary.proc_inspect import ProcRef
 from kvwatch.engine_status import EngineState, EngineStatus
 from kvwatch.errors import KvwatchError
@@ -56,7 +56,7 @@ from kvwatch.watchdog.os_interface import EngineHandle, RealOs, WatchdogOs
 from kvwatch.watchdog.outcomes import SPAWN_FAILED, STOP
 from kvwatch.watchdog.output_pump import OutputPump
 from kvwatch.watchdog.plan_in_force import PlanInForce
-from kvwatch.watchdog.preflight import choose_device, learned_key, preflight
+from kvwatch.watchdog.preflight import device_for_spec, learned_key, preflight
 from kvwatch.watchdog.probe_pool import Probe, ProbePool
 from kvwatch.watchdog.records import PREFLIGHT, Constraint
 from kvwatch.watchdog.sd_notify import SdNotifier, scrub_env
@@ -264,8 +264,8 @@ class Supervisor:
         own = self._os.own_ref()
         self._record.kvwatch_pid, self._record.kvwatch_create_time = own.pid, own.create_time
         if self._device is None:
-            self._device = choose_device(self.config.device)
-        rules = self._rules if self._rules is not None else ruleset_for(installed_vllm_version())
+            self._device = device_for_spec(self.config.device)
+        rules = self._rules if self._rules is not None else ruleset_for(installed_vllm_text())
         planner = self._planner = PlanInForce(self._device, self._learned_rules(rules), self._engine_env)
         if self.config.policy.preflight:
             command, fixes, _ = preflight(self._command, planner.device, planner.rules, self._engine_env(),
