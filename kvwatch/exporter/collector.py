@@ -65,6 +65,10 @@ HELP = {
     "kvwatch_engine_memory_requested_bytes": "The GPU memory the engine may use: the CUDA total x the "
                                              "utilization it takes (the flag, else its release's default): the "
                                              "budget vLLM sizes its KV cache against; CUDA GPUs only.",
+    "kvwatch_engine_release_info": "The engine's vLLM release (version) and the release whose facts kvwatch "
+                                   "plans it with (planned_as: the nearest kvwatch has read), always 1.",
+    "kvwatch_engine_release_changes": "Times the engine's vLLM release differed from the one recorded in the "
+                                      "state file at the last launch (an image upgrade), seen by this kvwatch.",
     "kvwatch_gpu_info": "One per GPU seen by NVML, always 1.",
     "kvwatch_gpu_memory_total_bytes": "Total GPU memory (NVML).",
     "kvwatch_gpu_memory_used_bytes": "Used GPU memory (NVML; without the driver's reservation where the "
@@ -126,6 +130,8 @@ class KvwatchCollector(Collector):
             "usage": _gauge("kvwatch_kv_usage_ratio", _R),
             "memory": _gauge("kvwatch_engine_memory_bytes", _E + ["part"]),
             "memory_requested": _gauge("kvwatch_engine_memory_requested_bytes", _E),
+            "release_info": _gauge("kvwatch_engine_release_info", _E + ["version", "planned_as"]),
+            "release_changes": _counter("kvwatch_engine_release_changes", _E),
             "gpu_info": _gauge("kvwatch_gpu_info", ["gpu", "index", "name"]),
             "gpu_total": _gauge("kvwatch_gpu_memory_total_bytes", ["gpu"]),
             "gpu_used": _gauge("kvwatch_gpu_memory_used_bytes", ["gpu"]),
@@ -193,6 +199,9 @@ def _engine(f: dict[str, Any], engine: EngineSnapshot) -> None:
             f["memory"].add_metric([name, part], part_bytes)
     if status.memory_requested_bytes is not None:
         f["memory_requested"].add_metric([name], status.memory_requested_bytes)
+    if status.vllm_release is not None:
+        f["release_info"].add_metric([name, status.vllm_release, status.vllm_release_planned_as or ""], 1)
+    f["release_changes"].add_metric([name], status.release_changes)
     if engine.process_rss:
         for rank, rss in sorted(_by_rank(engine.process_rss.items(), status.pid_ranks).items()):
             f["engine_rss"].add_metric([name, rank], rss)
