@@ -163,7 +163,7 @@ def kv_dtype_bytes(kv_cache_dtype: str, model_dtype: str, config_dtype: str | No
 def _gpu_budget(device: Device, settings: EngineSettings, geometry: ModelGeometry, memory: MemoryInputs,
                 model_bytes: int, max_model_len: int) -> GpuBudget:
     """GPU: vLLM's own split of the card (planner/gpu_budget.py): total x utilization, minus the
-    weights, the profile's activation peak, non-torch memory and, from 0.21, CUDA graphs."""
+    weights, the profile's activation peak, non-torch memory and, where the release counts them, CUDA graphs."""
     ranks = settings.tensor_parallel_size * settings.pipeline_parallel_size
     if memory.weights_bytes is not None:
         weights = memory.weights_bytes // ranks
