@@ -39,6 +39,7 @@ from typing import Any, NamedTuple
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from kvwatch.planner.geometry import geometry_from_config  # noqa: E402
 from kvwatch.planner.rules import ruleset_for  # noqa: E402
 from kvwatch.vllm_releases import KNOWN  # noqa: E402
 from kvwatch.vllm_releases.defaults import DEFAULTS  # noqa: E402
@@ -273,11 +274,124 @@ def check_backend_priorities(release: str, oracle: Oracle) -> list[dict[str, Any
     return results
 
 
+class _Config:
+    """A config.json as vLLM reads it from transformers' config object: its keys as attributes,
+    `rope_scaling` with rope_type filled from `type` and `rope_parameters` the same (with rope_theta),
+    as transformers and vLLM's patch_rope_parameters normalise them."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.__dict__.update(config)
+        rope = config.get("rope_scaling")
+        if isinstance(rope, dict):
+            rope = {**rope, "rope_type": rope.get("rope_type", rope.get("type", "default"))}
+            if rope["rope_type"] == "su":
+                rope["rope_type"] = "longrope"
+            self.rope_scaling = rope
+            self.rope_parameters = {**rope, "rope_theta": config.get("rope_theta", 10000.0)}
+        else:
+            self.rope_parameters = {"rope_type": "default", "rope_theta": config.get("rope_theta", 10000.0)}
+
+
+class _Logger:
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return lambda *args, **kwargs: None
+
+
+class _Envs:
+    VLLM_ALLOW_LONG_MAX_MODEL_LEN = False
+
+
+class _LenPlatform:
+    """A CUDA platform, as the max-model-len derivation asks it."""
+
+    @staticmethod
+    def check_max_model_len(max_model_len: int) -> int:
+        return max_model_len
+
+    @staticmethod
+    def is_tpu() -> bool:
+        return False
+
+
+ALLOWED_ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "linear_attention")
+_LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}
+MAX_LEN_CONFIGS: dict[str, dict[str, Any]] = {
+    "plain 32768": {**_LLAMA, "max_position_embeddings": 32768},
+    "llama3 rope (prescaled)": {**_LLAMA, "max_position_embeddings": 131072,
+                                "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}},
+    "linear rope x2": {**_LLAMA, "max_position_embeddings": 4096, "rope_scaling": {"type": "linear", "factor": 2.0}},
+    "dynamic rope x4": {**_LLAMA, "max_position_embeddings": 4096, "rope_scaling": {"type": "dynamic", "factor": 4.0}},
+    "yarn x4 on 32768": {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "max_position_embeddings": 32768,
+                         "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}},
+    "gemma3 linear x8": {"model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"],
+                         "max_position_embeddings": 131072, "rope_scaling": {"rope_type": "linear", "factor": 8.0}},
+    "longrope (phi3)": {"model_type": "phi3", "architectures": ["Phi3ForCausalLM"], "max_position_embeddings": 131072,
+                        "original_max_position_embeddings": 4096,
+                        "rope_scaling": {"type": "longrope", "long_factor": [1.0], "short_factor": [1.0]}},
+    "gpt2 n_positions": {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_positions": 1024},
+    "model_max_length wins": {"model_type": "cohere", "architectures": ["CohereForCausalLM"],
+                              "max_position_embeddings": 131072, "model_max_length": 8192},
+    "smallest key": {**_LLAMA, "max_position_embeddings": 8192, "seq_length": 4096},
+    "no length key": {**_LLAMA},
+}
+
+
+def check_max_model_len(release: str, oracle: Oracle) -> list[dict[str, Any]]:
+    """vLLM's default max_model_len for a config.json (config/model.py _get_and_verify_max_len with
+    no --max-model-len; 0.14+: the derived length from the convertor's base class first)."""
+    rel = next((r for r in ("vllm/config/model.py", "vllm/config/__init__.py")
+                if (oracle.tree / r).exists() and "def _get_and_verify_max_len" in (oracle.tree / r).read_text()), None)
+    if rel is None:
+        return []
+    helpers: dict[str, Any] = {"ALLOWED_ATTENTION_LAYER_TYPES": ALLOWED_ATTENTION_LAYER_TYPES,
+                               "ALLOWED_LAYER_TYPES": ALLOWED_ATTENTION_LAYER_TYPES}   # transformers' constant
+    for name in ("is_rope_parameters_nested", "iter_rope_parameters"):
+        fn = oracle.function("vllm/transformers_utils/config.py", name, helpers)
+        if fn is not None:
+            helpers[name] = fn
+            oracle.stubs[name] = fn
+    extra = {**helpers, "logger": _Logger(), "envs": _Envs(), "current_platform": _LenPlatform(),
+             "ALLOWED_LAYER_TYPES": ALLOWED_ATTENTION_LAYER_TYPES}   # transformers' constant
+    verify = oracle.function(rel, "_get_and_verify_max_len", extra)
+    derive = oracle.function("vllm/transformers_utils/model_arch_config_convertor.py",
+                             "derive_max_model_len_and_key", {})
+    assert verify is not None
+    params = list(inspect.signature(verify).parameters)
+    results = []
+    for label, config in MAX_LEN_CONFIGS.items():
+        hf = _Config(config)
+        kwargs: dict[str, Any] = {"hf_config": hf, "tokenizer_config": None, "max_model_len": None,
+                                  "disable_sliding_window": False, "sliding_window": None}
+        if "model_arch_config" in params:
+            assert derive is not None
+            kwargs["model_arch_config"] = types.SimpleNamespace(
+                derived_max_model_len_and_key=derive(types.SimpleNamespace(hf_text_config=hf)))
+        vllm: Any
+        try:
+            vllm = verify(**{k: v for k, v in kwargs.items() if k in params})
+        except (ValueError, NotImplementedError) as exc:   # a refusal is an answer too
+            vllm = f"error: {type(exc).__name__}"
+        results.append({"release": release, "check": "max_model_len", "input": label, "args": {"config": config},
+                        "vllm": vllm, "kvwatch": kvwatch_max_model_len(release, {"config": config})})
+    return results
+
+
+def kvwatch_max_model_len(release: str, args: dict[str, Any]) -> int:
+    """kvwatch's answer for one input of the max_model_len check: the plan's default max_model_len."""
+    return geometry_from_config(args["config"] | _SHAPE).default_max_model_len
+
+
+_SHAPE = {"hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+          "intermediate_size": 512, "vocab_size": 1024, "torch_dtype": "bfloat16"}
+
+
 def _fp8_is_quantized(kv_cache_dtype: str) -> bool:
     return kv_cache_dtype.startswith("fp8")
 
 
-CHECKS = {"batch_defaults": check_batch_defaults, "backend_priorities": check_backend_priorities}
+CHECKS = {"batch_defaults": check_batch_defaults, "backend_priorities": check_backend_priorities,
+          "max_model_len": check_max_model_len}
 
 
 def run(src_root: Path, releases: list[str]) -> list[dict[str, Any]]:
