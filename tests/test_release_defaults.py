@@ -108,3 +108,9 @@ def _int_literals(path: Path) -> set[int]:
 def test_no_second_copy_of_the_batch_defaults(module: str) -> None:
     """The GPU batch defaults live in vllm_releases/defaults.py only."""
     assert not _int_literals(ROOT / module) & {1024, 8192, 16384}
+
+
+def test_an_unknown_release_says_which_release_it_is_planned_as() -> None:
+    assert "vLLM 0.40.1 is newer than any release kvwatch has read: planned as 0.33.0" in release_for(v("0.40.1")).why
+    assert release_for(v("0.40.1")).defaults.release == "0.33.0"
+    assert "planned as" not in release_for(v("0.32.0")).why

@@ -33,6 +33,7 @@ from kvwatch.planner.devices import Device, GiB, cuda_total_bytes
 from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.versions import LATEST, VllmVersion
 from kvwatch.planner.weights import WeightCount
+from kvwatch.vllm_releases import resolve
 from kvwatch.vllm_releases.release_defaults import (
     CUDAGRAPH_ABSENT,
     ReleaseDefaults,
@@ -111,6 +112,8 @@ def release_for(version: VllmVersion | None, env: Mapping[str, str] | None = Non
         sampler = FUSED_SAMPLER_BYTES if flashinfer == "1" else SORTED_SAMPLER_BYTES
         why += f"; VLLM_USE_FLASHINFER_SAMPLER={flashinfer}"
     defaults = defaults_for(version)
+    if (choice := resolve(version)).why:
+        why += f"; {choice.why}"
     graphs_env = env.get(CUDAGRAPH_ENV)
     graphs = defaults.cudagraphs_counted(graphs_env)
     if graphs:
