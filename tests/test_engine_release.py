@@ -169,7 +169,7 @@ def test_an_upgrade_between_launches_is_logged_and_exported(
 
 def test_no_release_metric_without_a_release() -> None:
     text = render(WatchSnapshot(taken_at=0.0, engines=(EngineSnapshot(EngineStatus("e", EngineState.READY), up=True),)))
-    assert "kvwatch_engine_release_info{" not in text and 'kvwatch_engine_release_changes_total{engine="e"} 0.0' in text
+    assert "kvwatch_engine_release_info{" not in text and "kvwatch_engine_release_changes_total{" not in text
 
 
 def test_an_engine_on_its_own_startup_plan_is_learned_and_never_pinned_over(

@@ -199,9 +199,9 @@ def _engine(f: dict[str, Any], engine: EngineSnapshot) -> None:
             f["memory"].add_metric([name, part], part_bytes)
     if status.memory_requested_bytes is not None:
         f["memory_requested"].add_metric([name], status.memory_requested_bytes)
-    if status.vllm_release is not None:
+    if status.vllm_release is not None:   # a supervised engine (kvwatch export knows no release)
         f["release_info"].add_metric([name, status.vllm_release, status.vllm_release_planned_as or ""], 1)
-    f["release_changes"].add_metric([name], status.release_changes)
+        f["release_changes"].add_metric([name], status.release_changes)
     if engine.process_rss:
         for rank, rss in sorted(_by_rank(engine.process_rss.items(), status.pid_ranks).items()):
             f["engine_rss"].add_metric([name, rank], rss)
