@@ -18,7 +18,8 @@ What is read, per release:
 - the CUDA graph memory estimate (envs.py VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS: absent, opt-in or
   on by default) and where gpu_worker.py takes it from the KV budget;
 - the persisted start-up plan (envs.py VLLM_ENABLE_STARTUP_PLAN, v1/worker/startup_plan.py's schema);
-- whether vLLM's Triton top-k/top-p kernel exists (v1/sample/ops/topk_topp_triton.py).
+- whether vLLM's Triton top-k/top-p kernel exists (v1/sample/ops/topk_topp_triton.py);
+- whether the V0 engine can still be asked for (envs.py VLLM_USE_V1).
 """
 from __future__ import annotations
 
@@ -69,6 +70,7 @@ class Facts:
     startup_plan_schema: int = 0
     startup_plan_source: str = ""
     triton_sampler_source: str = ""
+    v0_switch_source: str = ""
 
 
 def _parse(path: Path) -> ast.Module:
@@ -238,6 +240,9 @@ def read_env_switches(tree_root: Path, facts: Facts) -> None:
                 facts.startup_plan_source = _where(plan, node)
         if not facts.startup_plan_schema or _env_default(tree, "VLLM_ENABLE_STARTUP_PLAN") is None:
             raise SourceError(f"{facts.release}: {plan} without its schema or its switch")
+    v0 = _env_default(tree, "VLLM_USE_V1")
+    if v0 is not None:
+        facts.v0_switch_source = _where(rel, v0[1])
     triton = "vllm/v1/sample/ops/topk_topp_triton.py"
     if (tree_root / triton).exists():
         facts.triton_sampler_source = f"{triton}:1"
@@ -281,7 +286,7 @@ def render_module(all_facts: list[Facts]) -> str:
                      f"cudagraph_estimate_source={f.cudagraph_estimate_source!r},")
         lines.append(f"        cudagraph_applied_source={f.cudagraph_applied_source!r},")
         lines.append(f"        startup_plan_schema={f.startup_plan_schema}, startup_plan_source={f.startup_plan_source!r},")
-        lines.append(f"        triton_sampler_source={f.triton_sampler_source!r},")
+        lines.append(f"        triton_sampler_source={f.triton_sampler_source!r}, v0_switch_source={f.v0_switch_source!r},")
         lines.append("    ),")
     lines.append("}")
     return "\n".join(lines) + "\n"
@@ -308,6 +313,8 @@ def _facts_row(f: Facts) -> dict[str, tuple[str, str]]:
         "CUDA graph estimate": (f.cudagraph_estimate, f.cudagraph_estimate_source or "(no such switch in envs.py)"),
         "start-up plan": (f"schema {f.startup_plan_schema}" if f.startup_plan_schema else "absent",
                           f.startup_plan_source or "(no v1/worker/startup_plan.py)"),
+        "V0 engine switch (VLLM_USE_V1)": ("yes" if f.v0_switch_source else "no",
+                                           f.v0_switch_source or "(no VLLM_USE_V1 in envs.py)"),
         "Triton top-k/top-p": ("yes" if f.triton_sampler_source else "no",
                                f.triton_sampler_source or "(no v1/sample/ops/topk_topp_triton.py)"),
     }

@@ -114,3 +114,9 @@ def test_an_unknown_release_says_which_release_it_is_planned_as() -> None:
     assert "vLLM 0.40.1 is newer than any release kvwatch has read: planned as 0.33.0" in release_for(v("0.40.1")).why
     assert release_for(v("0.40.1")).defaults.release == "0.33.0"
     assert "planned as" not in release_for(v("0.32.0")).why
+
+
+@pytest.mark.parametrize("release, engine", [("0.8.5", "v0"), ("0.10.2", "v0"), ("0.11.2", "v1"), ("0.32.0", "v1")])
+def test_vllm_use_v1_0_asks_for_v0_only_while_envs_py_has_it(release: str, engine: str) -> None:
+    # vLLM 0.10.2, vllm/envs.py:746 reads VLLM_USE_V1; 0.11.2's envs.py has no such variable
+    assert release_for(v(release), {"VLLM_USE_V1": "0"}).engine == engine

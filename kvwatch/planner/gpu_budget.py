@@ -103,15 +103,15 @@ def release_for(version: VllmVersion | None, env: Mapping[str, str] | None = Non
     env = env or {}
     line = [r for r in SAMPLER_LINES if r.since <= version.parts][-1]
     why = line.why
-    if line.engine == V1_ENGINE and version.parts < (0, 11, 0) and env.get("VLLM_USE_V1", "").strip() == "0":
-        line, why = SAMPLER_LINES[0], SAMPLER_LINES[0].why   # the V0 engine, asked for
+    defaults = defaults_for(version)
+    if line.engine == V1_ENGINE and defaults.v0_switch_source and env.get("VLLM_USE_V1", "").strip() == "0":
+        line, why = SAMPLER_LINES[0], SAMPLER_LINES[0].why   # the V0 engine, asked for (until 0.11 removed it)
     sampler = line.sampler_bytes
     flashinfer = env.get("VLLM_USE_FLASHINFER_SAMPLER", "").strip()
     if line.engine == V1_ENGINE and flashinfer in ("0", "1") and line.since < (0, 17, 0):
         # before vLLM's Triton kernel the flag chose between FlashInfer and the sort
         sampler = FUSED_SAMPLER_BYTES if flashinfer == "1" else SORTED_SAMPLER_BYTES
         why += f"; VLLM_USE_FLASHINFER_SAMPLER={flashinfer}"
-    defaults = defaults_for(version)
     if (choice := resolve(version)).why:
         why += f"; {choice.why}"
     graphs_env = env.get(CUDAGRAPH_ENV)

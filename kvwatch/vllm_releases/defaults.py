@@ -20,7 +20,7 @@ DEFAULTS: dict[str, ReleaseDefaults] = {
         cudagraph_estimate='absent', cudagraph_estimate_source='',
         cudagraph_applied_source='',
         startup_plan_schema=0, startup_plan_source='',
-        triton_sampler_source='',
+        triton_sampler_source='', v0_switch_source='vllm/envs.py:746',
     ),
     '0.11.2': ReleaseDefaults(
         release='0.11.2',
@@ -36,7 +36,7 @@ DEFAULTS: dict[str, ReleaseDefaults] = {
         cudagraph_estimate='absent', cudagraph_estimate_source='',
         cudagraph_applied_source='',
         startup_plan_schema=0, startup_plan_source='',
-        triton_sampler_source='',
+        triton_sampler_source='', v0_switch_source='',
     ),
     '0.12.0': ReleaseDefaults(
         release='0.12.0',
@@ -52,7 +52,7 @@ DEFAULTS: dict[str, ReleaseDefaults] = {
         cudagraph_estimate='absent', cudagraph_estimate_source='',
         cudagraph_applied_source='',
         startup_plan_schema=0, startup_plan_source='',
-        triton_sampler_source='',
+        triton_sampler_source='', v0_switch_source='',
     ),
     '0.13.0': ReleaseDefaults(
         release='0.13.0',
@@ -68,7 +68,7 @@ DEFAULTS: dict[str, ReleaseDefaults] = {
         cudagraph_estimate='absent', cudagraph_estimate_source='',
         cudagraph_applied_source='',
         startup_plan_schema=0, startup_plan_source='',
-        triton_sampler_source='',
+        triton_sampler_source='', v0_switch_source='',
     ),
     '0.14.1': ReleaseDefaults(
         release='0.14.1',
@@ -84,7 +84,7 @@ DEFAULTS: dict[str, ReleaseDefaults] = {
         cudagraph_estimate='absent', cudagraph_estimate_source='',
         cudagraph_applied_source='',
         startup_plan_schema=0, startup_plan_source='',
-        triton_sampler_source='',
+        triton_sampler_source='', v0_switch_source='',
     ),
     '0.15.1': ReleaseDefaults(
         release='0.15.1',
@@ -100,7 +100,7 @@ DEFAULTS: dict[str, ReleaseDefaults] = {
         cudagraph_estimate='absent', cudagraph_estimate_source='',
         cudagraph_applied_source='',
         startup_plan_schema=0, startup_plan_source='',
-        triton_sampler_source='',
+        triton_sampler_source='', v0_switch_source='',
     ),
     '0.16.0': ReleaseDefaults(
         release='0.16.0',
@@ -116,7 +116,7 @@ DEFAULTS: dict[str, ReleaseDefaults] = {
         cudagraph_estimate='absent', cudagraph_estimate_source='',
         cudagraph_applied_source='',
         startup_plan_schema=0, startup_plan_source='',
-        triton_sampler_source='',
+        triton_sampler_source='', v0_switch_source='',
     ),
     '0.17.1': ReleaseDefaults(
         release='0.17.1',
@@ -132,7 +132,7 @@ DEFAULTS: dict[str, ReleaseDefaults] = {
         cudagraph_estimate='absent', cudagraph_estimate_source='',
         cudagraph_applied_source='',
         startup_plan_schema=0, startup_plan_source='',
-        triton_sampler_source='vllm/v1/sample/ops/topk_topp_triton.py:1',
+        triton_sampler_source='vllm/v1/sample/ops/topk_topp_triton.py:1', v0_switch_source='',
     ),
     '0.18.1': ReleaseDefaults(
         release='0.18.1',
@@ -148,7 +148,7 @@ DEFAULTS: dict[str, ReleaseDefaults] = {
         cudagraph_estimate='opt-in', cudagraph_estimate_source='vllm/envs.py:1636',
         cudagraph_applied_source='vllm/v1/worker/gpu_worker.py:415',
         startup_plan_schema=0, startup_plan_source='',
-        triton_sampler_source='vllm/v1/sample/ops/topk_topp_triton.py:1',
+        triton_sampler_source='vllm/v1/sample/ops/topk_topp_triton.py:1', v0_switch_source='',
     ),
     '0.19.1': ReleaseDefaults(
         release='0.19.1',
@@ -164,7 +164,7 @@ DEFAULTS: dict[str, ReleaseDefaults] = {
         cudagraph_estimate='opt-in', cudagraph_estimate_source='vllm/envs.py:1655',
         cudagraph_applied_source='vllm/v1/worker/gpu_worker.py:397',
         startup_plan_schema=0, startup_plan_source='',
-        triton_sampler_source='vllm/v1/sample/ops/topk_topp_triton.py:1',
+        triton_sampler_source='vllm/v1/sample/ops/topk_topp_triton.py:1', v0_switch_source='',
     ),
     '0.20.2': ReleaseDefaults(
         release='0.20.2',
@@ -180,7 +180,7 @@ DEFAULTS: dict[str, ReleaseDefaults] = {
         cudagraph_estimate='default', cudagraph_estimate_source='vllm/envs.py:1737',
         cudagraph_applied_source='vllm/v1/worker/gpu_worker.py:401',
         startup_plan_schema=0, startup_plan_source='',
-        triton_sampler_source='vllm/v1/sample/ops/topk_topp_triton.py:1',
+        triton_sampler_source='vllm/v1/sample/ops/topk_topp_triton.py:1', v0_switch_source='',
     ),
     '0.21.0': ReleaseDefaults(
         release='0.21.0',
@@ -196,7 +196,7 @@ DEFAULTS: dict[str, ReleaseDefaults] = {
         cudagraph_estimate='default', cudagraph_estimate_source='vllm/envs.py:1769',
         cudagraph_applied_source='vllm/v1/worker/gpu_worker.py:423',
         startup_plan_schema=0, startup_plan_source='',
-        triton_sampler_source='vllm/v1/sample/ops/topk_topp_triton.py:1',
+        triton_sampler_source='vllm/v1/sample/ops/topk_topp_triton.py:1', v0_switch_source='',
     ),
     '0.22.1': ReleaseDefaults(
         release='0.22.1',
@@ -212,7 +212,7 @@ DEFAULTS: dict[str, ReleaseDefaults] = {
         cudagraph_estimate='default', cudagraph_estimate_source='vllm/envs.py:1955',
         cudagraph_applied_source='vllm/v1/worker/gpu_worker.py:427',
         startup_plan_schema=0, startup_plan_source='',
-        triton_sampler_source='vllm/v1/sample/ops/topk_topp_triton.py:1',
+        triton_sampler_source='vllm/v1/sample/ops/topk_topp_triton.py:1', v0_switch_source='',
     ),
     '0.23.0': ReleaseDefaults(
         release='0.23.0',
@@ -228,7 +228,7 @@ DEFAULTS: dict[str, ReleaseDefaults] = {
         cudagraph_estimate='default', cudagraph_estimate_source='vllm/envs.py:1979',
         cudagraph_applied_source='vllm/v1/worker/gpu_worker.py:441',
         startup_plan_schema=0, startup_plan_source='',
-        triton_sampler_source='vllm/v1/sample/ops/topk_topp_triton.py:1',
+        triton_sampler_source='vllm/v1/sample/ops/topk_topp_triton.py:1', v0_switch_source='',
     ),
     '0.24.0': ReleaseDefaults(
         release='0.24.0',
@@ -244,7 +244,7 @@ DEFAULTS: dict[str, ReleaseDefaults] = {
         cudagraph_estimate='default', cudagraph_estimate_source='vllm/envs.py:1895',
         cudagraph_applied_source='vllm/v1/worker/gpu_worker.py:469',
         startup_plan_schema=0, startup_plan_source='',
-        triton_sampler_source='vllm/v1/sample/ops/topk_topp_triton.py:1',
+        triton_sampler_source='vllm/v1/sample/ops/topk_topp_triton.py:1', v0_switch_source='',
     ),
     '0.25.1': ReleaseDefaults(
         release='0.25.1',
@@ -260,7 +260,7 @@ DEFAULTS: dict[str, ReleaseDefaults] = {
         cudagraph_estimate='default', cudagraph_estimate_source='vllm/envs.py:1932',
         cudagraph_applied_source='vllm/v1/worker/gpu_worker.py:499',
         startup_plan_schema=0, startup_plan_source='',
-        triton_sampler_source='vllm/v1/sample/ops/topk_topp_triton.py:1',
+        triton_sampler_source='vllm/v1/sample/ops/topk_topp_triton.py:1', v0_switch_source='',
     ),
     '0.26.0': ReleaseDefaults(
         release='0.26.0',
@@ -276,7 +276,7 @@ DEFAULTS: dict[str, ReleaseDefaults] = {
         cudagraph_estimate='default', cudagraph_estimate_source='vllm/envs.py:1987',
         cudagraph_applied_source='vllm/v1/worker/gpu_worker.py:521',
         startup_plan_schema=1, startup_plan_source='vllm/v1/worker/startup_plan.py:38',
-        triton_sampler_source='vllm/v1/sample/ops/topk_topp_triton.py:1',
+        triton_sampler_source='vllm/v1/sample/ops/topk_topp_triton.py:1', v0_switch_source='',
     ),
     '0.27.1': ReleaseDefaults(
         release='0.27.1',
@@ -292,7 +292,7 @@ DEFAULTS: dict[str, ReleaseDefaults] = {
         cudagraph_estimate='default', cudagraph_estimate_source='vllm/envs.py:2019',
         cudagraph_applied_source='vllm/v1/worker/gpu_worker.py:522',
         startup_plan_schema=1, startup_plan_source='vllm/v1/worker/startup_plan.py:38',
-        triton_sampler_source='vllm/v1/sample/ops/topk_topp_triton.py:1',
+        triton_sampler_source='vllm/v1/sample/ops/topk_topp_triton.py:1', v0_switch_source='',
     ),
     '0.28.0': ReleaseDefaults(
         release='0.28.0',
@@ -310,7 +310,7 @@ DEFAULTS: dict[str, ReleaseDefaults] = {
         cudagraph_estimate='default', cudagraph_estimate_source='vllm/envs.py:2094',
         cudagraph_applied_source='vllm/v1/worker/gpu_worker.py:537',
         startup_plan_schema=1, startup_plan_source='vllm/v1/worker/startup_plan.py:38',
-        triton_sampler_source='vllm/v1/sample/ops/topk_topp_triton.py:1',
+        triton_sampler_source='vllm/v1/sample/ops/topk_topp_triton.py:1', v0_switch_source='',
     ),
     '0.29.0': ReleaseDefaults(
         release='0.29.0',
@@ -328,7 +328,7 @@ DEFAULTS: dict[str, ReleaseDefaults] = {
         cudagraph_estimate='default', cudagraph_estimate_source='vllm/envs.py:2106',
         cudagraph_applied_source='vllm/v1/worker/gpu_worker.py:575',
         startup_plan_schema=1, startup_plan_source='vllm/v1/worker/startup_plan.py:38',
-        triton_sampler_source='vllm/v1/sample/ops/topk_topp_triton.py:1',
+        triton_sampler_source='vllm/v1/sample/ops/topk_topp_triton.py:1', v0_switch_source='',
     ),
     '0.30.0': ReleaseDefaults(
         release='0.30.0',
@@ -346,7 +346,7 @@ DEFAULTS: dict[str, ReleaseDefaults] = {
         cudagraph_estimate='default', cudagraph_estimate_source='vllm/envs.py:2110',
         cudagraph_applied_source='vllm/v1/worker/gpu_worker.py:590',
         startup_plan_schema=1, startup_plan_source='vllm/v1/worker/startup_plan.py:38',
-        triton_sampler_source='vllm/v1/sample/ops/topk_topp_triton.py:1',
+        triton_sampler_source='vllm/v1/sample/ops/topk_topp_triton.py:1', v0_switch_source='',
     ),
     '0.31.0': ReleaseDefaults(
         release='0.31.0',
@@ -364,7 +364,7 @@ DEFAULTS: dict[str, ReleaseDefaults] = {
         cudagraph_estimate='default', cudagraph_estimate_source='vllm/envs.py:2163',
         cudagraph_applied_source='vllm/v1/worker/gpu_worker.py:642',
         startup_plan_schema=1, startup_plan_source='vllm/v1/worker/startup_plan.py:38',
-        triton_sampler_source='vllm/v1/sample/ops/topk_topp_triton.py:1',
+        triton_sampler_source='vllm/v1/sample/ops/topk_topp_triton.py:1', v0_switch_source='',
     ),
     '0.32.0': ReleaseDefaults(
         release='0.32.0',
@@ -382,7 +382,7 @@ DEFAULTS: dict[str, ReleaseDefaults] = {
         cudagraph_estimate='default', cudagraph_estimate_source='vllm/envs.py:2222',
         cudagraph_applied_source='vllm/v1/worker/gpu_worker.py:709',
         startup_plan_schema=1, startup_plan_source='vllm/v1/worker/startup_plan.py:38',
-        triton_sampler_source='vllm/v1/sample/ops/topk_topp_triton.py:1',
+        triton_sampler_source='vllm/v1/sample/ops/topk_topp_triton.py:1', v0_switch_source='',
     ),
     '0.33.0': ReleaseDefaults(
         release='0.33.0',
@@ -400,6 +400,6 @@ DEFAULTS: dict[str, ReleaseDefaults] = {
         cudagraph_estimate='default', cudagraph_estimate_source='vllm/envs.py:2220',
         cudagraph_applied_source='vllm/v1/worker/gpu_worker.py:722',
         startup_plan_schema=1, startup_plan_source='vllm/v1/worker/startup_plan.py:38',
-        triton_sampler_source='vllm/v1/sample/ops/topk_topp_triton.py:1',
+        triton_sampler_source='vllm/v1/sample/ops/topk_topp_triton.py:1', v0_switch_source='',
     ),
 }

@@ -48,6 +48,7 @@ class ReleaseDefaults:
     startup_plan_schema: int               # 0: the release has no persisted start-up plan
     startup_plan_source: str
     triton_sampler_source: str             # "" when the release has no Triton top-k/top-p kernel
+    v0_switch_source: str = ""             # envs.py's VLLM_USE_V1 ("" once the V0 engine is gone)
 
     def cite(self, source: str) -> str:
         return f"vLLM {self.release}, {source}"
