@@ -61,6 +61,14 @@ def test_a_patch_upgrade_that_changes_nothing_tracked_says_so() -> None:
     assert change is not None and "no default or budget switch kvwatch tracks changed" in change.message
 
 
+def test_the_new_releases_capacity_against_the_last() -> None:
+    change = release_change("0.19.1", "0.20.2", 1_000_000, 50 * GIB)
+    assert change is not None
+    assert change.capacity_message(1_020_000, None) == "vLLM 0.19.1 -> 0.20.2: KV tokens 1,000,000 -> 1,020,000 (+2.0%)"
+    assert "KV bytes 53,687,091,200 -> 52,613,349,376 (-2.0%)" in (change.capacity_message(1, 49 * GIB) or "")
+    assert release_change("0.19.1", "0.20.2", None, None).capacity_message(5, 5) is None   # type: ignore[union-attr]
+
+
 def test_planned_as_the_nearest_known_release() -> None:
     assert planned_as("0.40.1") == "0.33.0" and planned_as("0.32.0") == "0.32.0" and planned_as(None) is None
 
@@ -160,6 +168,8 @@ def test_an_upgrade_between_launches_is_logged_and_exported(
     assert run.stop() == EXIT_OK
     assert any("vLLM release changed 0.19.1 -> 0.20.2" in r.getMessage() and "464,848 KV tokens" in r.getMessage()
                for r in caplog.records)
+    assert eventually(lambda: any("vLLM 0.19.1 -> 0.20.2: KV tokens 464,848 -> " in r.getMessage()
+                                  for r in caplog.records), 5)
     assert state_json(cfg)["vllm_release"] == "0.20.2"
     assert (status.vllm_release, status.vllm_release_planned_as, status.release_changes) == ("0.20.2", "0.20.2", 1)
     text = render(WatchSnapshot(taken_at=0.0, engines=(EngineSnapshot(status, up=True),)))

@@ -14,6 +14,18 @@ class ReleaseChange:
     before: str
     after: str
     message: str
+    kv_tokens_before: int | None = None    # the last release's measured KV cache
+    kv_bytes_before: int | None = None
+
+    def capacity_message(self, kv_tokens: int | None, kv_bytes: int | None) -> str | None:
+        """The new release's first measured KV cache against the last release's; None until both
+        releases stated the same figure."""
+        parts = []
+        for unit, old, new in (("KV tokens", self.kv_tokens_before, kv_tokens),
+                               ("KV bytes", self.kv_bytes_before, kv_bytes)):
+            if old and new is not None:
+                parts.append(f"{unit} {old:,} -> {new:,} ({(new - old) / old:+.1%})")
+        return f"vLLM {self.before} -> {self.after}: " + ", ".join(parts) if parts else None
 
 
 def default_changes(a: ReleaseDefaults, b: ReleaseDefaults) -> list[str]:
@@ -63,7 +75,8 @@ def release_change(recorded: str | None, current: str | None, last_kv_tokens: in
     what = "; ".join(changes) if changes else "no default or budget switch kvwatch tracks changed"
     return ReleaseChange(str(before), str(after),
                          f"vLLM release changed {before} -> {after} since the last launch{measured}; "
-                         f"{what}; figures learned under {before} are not reused (the memory is profiled again)")
+                         f"{what}; figures learned under {before} are not reused (the memory is profiled again)",
+                         last_kv_tokens, last_kv_bytes)
 
 
 def planned_as(release: str | None) -> str | None:

@@ -41,7 +41,7 @@ from kvwatch.planner.versions import LATEST
 from kvwatch.vllm_releases.release_defaults import defaults_for
 from kvwatch.vllm_releases.startup_plan import ENABLE_ENV as STARTUP_PLAN_ENV
 from kvwatch.vllm_releases.startup_plan import pin_decision, plan_enabled
-from kvwatch.vllm_releases.upgrade import planned_as, release_change
+from kvwatch.vllm_releases.upgrade import ReleaseChange, planned_as, release_change
 from kvwatch.watchdog import leftovers
 from kvwatch.watchdog.budget import Budget
 from kvwatch.watchdog.config import Config
@@ -153,6 +153,7 @@ class Supervisor:
         self._failures: dict[str, int] = {}
         self._corrections: dict[str, int] = {}
         self._release_changes = 0   # the engine's vLLM release differed from the state file's
+        self._upgrade: ReleaseChange | None = None   # that change, until the new release measured its cache
         self._status = self._make_status()
 
     # -- public ------------------------------------------------------------------------
@@ -298,6 +299,7 @@ class Supervisor:
         if change is not None:
             _LOG.warning("release: %s", change.message)
             self._release_changes += 1
+            self._upgrade = change
         self._record.vllm_release = current or self._record.vllm_release
 
     def _learned_rules(self, rules: RuleSet) -> RuleSet:
@@ -534,6 +536,10 @@ class Supervisor:
         record.log_available_kv_bytes = facts.available_kv_bytes
         record.log_memory_parts = parts
         record.vllm_startup_plan = facts.startup_plan_path or record.vllm_startup_plan
+        if self._upgrade is not None and facts.kv_tokens is not None:   # capacity against the last release's
+            _LOG.warning("release: %s", self._upgrade.capacity_message(facts.kv_tokens, facts.kv_cache_bytes)
+                         or f"vLLM {self._upgrade.after}: {facts.kv_tokens:,} KV tokens")
+            self._upgrade = None
         self._learn_non_kv(facts.kv_cache_bytes)   # a boot on vLLM's own plan logs no profile: its plan is the figure
         self._save()
         self._publish()
