@@ -9,8 +9,9 @@ never foreign to each other.
 
 Files of a kvwatch that is gone (its pid no longer runs with its start time) are ignored, and so
 are pids whose start time no longer matches (a pid reused by another process). The directory is
-read defensively: only regular files (no symlinks followed), each at most MAX_FILE_BYTES, at
-most MAX_FILES of them; a malformed file is skipped with one warning.
+read defensively: only regular files (no symlinks followed) that nobody but this user or root
+could have written, each at most MAX_FILE_BYTES, at most MAX_FILES of them; a malformed or
+untrusted file is skipped with one warning. The directory is created private (state_dir.py).
 """
 from __future__ import annotations
 
@@ -22,7 +23,10 @@ from pathlib import Path
 
 from kvwatch.boundary import proc_inspect
 from kvwatch.boundary.proc_inspect import ProcRef
-from kvwatch.watchdog.state_store import read_regular, write_atomic
+from kvwatch.watchdog import disk_writer
+from kvwatch.watchdog.disk_writer import DiskWriter
+from kvwatch.watchdog.state_dir import ensure_private_dir
+from kvwatch.watchdog.state_store import UntrustedFile, read_regular, remove_stale_temporaries
 
 _LOG = logging.getLogger(__name__)
 
@@ -30,10 +34,12 @@ REGISTRY_DIR = "engines"
 MAX_FILE_BYTES = 64 * 1024
 MAX_FILES = 256
 _MAX_PIDS = 4096
+WITHDRAW_SECONDS = 2.0   # at exit, how long the claim's removal may take (a frozen disk: not longer)
 
 
 class HostRegistry:
-    def __init__(self, state_dir: str, name: str) -> None:
+    def __init__(self, state_dir: str, name: str, writer: DiskWriter | None = None) -> None:
+        self._writer = writer or disk_writer.shared()
         self.directory = os.path.join(state_dir, REGISTRY_DIR)
         self.name = name
         self.path = os.path.join(self.directory, f"{name}.json")
@@ -54,18 +60,26 @@ class HostRegistry:
         data = {"name": self.name, "kvwatch": [me.pid, me.create_time] if me else None,
                 "pids": [[r.pid, r.create_time] for r in refs]}
         try:
-            os.makedirs(self.directory, mode=0o755, exist_ok=True)
-            write_atomic(Path(self.path), json.dumps(data).encode())
-            self._pids = wanted
+            ensure_private_dir(os.path.dirname(self.directory))   # the state dir: kvwatch run may not be here yet
+            ensure_private_dir(self.directory)
         except OSError as exc:
-            self._warn("publish", f"host registry: cannot write {self.path}: {exc}")
+            self._warn("publish", f"host registry: cannot create {self.directory}: {exc}")
+            return
+        if self._pids is None:
+            remove_stale_temporaries(Path(self.path))
+        # Off the watch loop: the writer retries a claim that cannot be written (a full disk) until
+        # it can, the newest claim first, so the claim never keeps the pids of an engine that is gone.
+        self._writer.put(Path(self.path), json.dumps(data).encode())
+        self._pids = wanted
+
+    def flush(self, timeout: float) -> bool:
+        """Wait up to `timeout` for the claim handed to the writer to be on disk: True when it is."""
+        return self._writer.flush(timeout)
 
     def withdraw(self) -> None:
         """Remove this instance's claim (at exit)."""
-        try:
-            os.unlink(self.path)
-        except OSError:
-            pass
+        self._writer.remove(Path(self.path))
+        self._writer.flush(WITHDRAW_SECONDS)
         self._pids = None
 
     # -- the other instances' engines ----------------------------------------------
@@ -95,7 +109,11 @@ class HostRegistry:
 
     def _read(self, path: str) -> dict | None:
         try:
-            raw = read_regular(Path(path), MAX_FILE_BYTES)
+            raw = read_regular(Path(path), MAX_FILE_BYTES, trusted_only=True)
+        except UntrustedFile as exc:
+            # A forged claim would hide a GPU hog from the foreign-memory alert.
+            self._warn(path, f"host registry: {path} could have been written by someone else ({exc}); ignored")
+            return None
         except ValueError:
             self._warn(path, f"host registry: {path} is not a small regular file; ignored")
             return None
