@@ -97,6 +97,12 @@ FAMILIES = (
     Family("memory_requested", "kvwatch_engine_memory_requested_bytes", GAUGE, _E,
            "The GPU memory the engine may use: the CUDA total x the utilization it takes (the flag, else its"
            " release's default): the budget vLLM sizes its KV cache against; CUDA GPUs only."),
+    Family("release_info", "kvwatch_engine_release_info", GAUGE, (*_E, "version", "planned_as"),
+           "The engine's vLLM release (version) and the release whose facts kvwatch plans it with (planned_as: "
+           "the nearest kvwatch has read), always 1."),
+    Family("release_changes", "kvwatch_engine_release_changes", COUNTER, _E,
+           "Times the engine's vLLM release differed from the one recorded in the state file at the last launch "
+           "(an image upgrade), seen by this kvwatch."),
     Family("gpu_info", "kvwatch_gpu_info", GAUGE, ("gpu", "index", "name"),
            "One per GPU seen by NVML, always 1."),
     Family("gpu_total", "kvwatch_gpu_memory_total_bytes", GAUGE, ("gpu",),
@@ -199,6 +205,9 @@ def _engine(f: dict[str, Any], engine: EngineSnapshot) -> None:
             f["memory"].add_metric([name, part], part_bytes)
     if status.memory_requested_bytes is not None:
         f["memory_requested"].add_metric([name], status.memory_requested_bytes)
+    if status.vllm_release is not None:   # a supervised engine (kvwatch export knows no release)
+        f["release_info"].add_metric([name, status.vllm_release, status.vllm_release_planned_as or ""], 1)
+        f["release_changes"].add_metric([name], status.release_changes)
     if engine.process_rss:
         for rank, rss in sorted(_by_rank(engine.process_rss.items(), status.pid_ranks).items()):
             f["engine_rss"].add_metric([name, rank], rss)
