@@ -70,3 +70,24 @@ def test_no_failure_outside_the_vocabulary_gets_a_flag_change():
         d = diagnosis_of(entry)
         remedy = remedy_of(entry, d)
         assert d.kind is FailureKind.UNKNOWN and (remedy is None or remedy.same_plan), entry["file"]
+
+
+@pytest.mark.parametrize("entry", [e for e in INDEX if e["kind"] in {k.value for k in ALWAYS_FATAL}],
+                         ids=lambda e: e["file"])
+def test_the_watchdog_gives_up_at_once_on_a_fatal_class(entry):
+    from kvwatch.watchdog import outcomes, recovery
+    with open(HERE / entry["file"], encoding="utf-8", errors="replace") as f:
+        lines = f.read().splitlines()
+    d = recovery.diagnosis_of(outcomes.EXIT, "exit 1", lines, served=False)
+    decision = recovery.decide(d, EngineCommand.parse(list(BASE)), budget=recovery.BudgetState())
+    assert decision.action is recovery.Action.GIVE_UP and decision.command is None, decision
+    assert entry["evidence"] in decision.reason
+
+
+def test_the_watchdog_corrects_a_lora_rank():
+    from kvwatch.watchdog import outcomes, recovery
+    lines = (HERE / "lora_rank_llamafactory.log").read_text().splitlines()
+    d = recovery.diagnosis_of(outcomes.EXIT, "exit 1", lines, served=False)
+    decision = recovery.decide(d, EngineCommand.parse([*BASE, "--enable-lora"]))
+    assert decision.action is recovery.Action.CORRECT
+    assert decision.command is not None and decision.command.argv[-2:] == ("--max-lora-rank", "32")

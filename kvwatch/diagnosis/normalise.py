@@ -27,10 +27,14 @@ def _prefix(name: str, regex: str, source: str) -> Prefix:
     return Prefix(name, re.compile(r"^" + regex, re.M), source)
 
 
-# Longest first where one could hide another (kubectl's prefix before a timestamp is taken in two steps).
+# The more specific first where one could hide another (TorchServe's before a bare timestamp); kubectl's
+# prefix before a timestamp is taken in two steps.
 PREFIXES: tuple[Prefix, ...] = (
     _prefix("kubectl_prefix", r"\[pod/[^/\]\s]+/[^\]\s]+\] ",
             "kubectl logs --prefix: '[pod/NAME/CONTAINER] ' before each line"),
+    _prefix("torchserve", r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d,\d+ \[\w+ ?\] [\w.-]+ MODEL_LOG - ",
+            "TorchServe's worker log: '2024-11-18T16:43:45,496 [INFO ] W-9000-model_1.0-stdout MODEL_LOG - ' "
+            "(pytorch/serve#3365)"),
     _prefix("iso_timestamp", r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)? ",
             "docker logs -t, kubectl logs --timestamps, cloud log exports (OpenRLHF/OpenRLHF#336)"),
     _prefix("launcher_record", r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[.,]\d+ \[\w+\] \([\w .-]+\) ",
@@ -39,9 +43,6 @@ PREFIXES: tuple[Prefix, ...] = (
     _prefix("python_logging", r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} - [\w.]+ - [A-Z]+ - ",
             "a Python wrapper logging the engine's output: '2025-08-13 04:39:39,838 - __main__ - INFO - ' "
             "(chatdoc-com/OCRFlux#70)"),
-    _prefix("torchserve", r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d,\d+ \[\w+ ?\] [\w.-]+ MODEL_LOG - ",
-            "TorchServe's worker log: '2024-11-18T16:43:45,496 [INFO ] W-9000-model_1.0-stdout MODEL_LOG - ' "
-            "(pytorch/serve#3365)"),
     _prefix("journald", r"[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d [\w.-]+ [\w@.-]+(?:\[\d+\])?: ",
             "journalctl's default (short) output: 'Mon DD HH:MM:SS host unit[pid]: '"),
     _prefix("docker_compose", r"[A-Za-z0-9][\w.-]*(?:-\d+)?\s+\| ",
