@@ -91,3 +91,11 @@ def test_the_watchdog_corrects_a_lora_rank():
     decision = recovery.decide(d, EngineCommand.parse([*BASE, "--enable-lora"]))
     assert decision.action is recovery.Action.CORRECT
     assert decision.command is not None and decision.command.argv[-2:] == ("--max-lora-rank", "32")
+
+
+def test_an_nccl_error_of_a_serving_engine_is_a_death_to_restart():
+    from kvwatch.diagnosis.diagnose import diagnose
+    lines = (HERE / "nccl_system_error_019.log").read_text().splitlines()
+    assert diagnose(lines).kind is FailureKind.NCCL_ERROR
+    served = diagnose(lines, served=True)
+    assert served.kind is FailureKind.ENGINE_DIED and not served.fatal
