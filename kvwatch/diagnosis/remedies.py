@@ -27,6 +27,7 @@ from kvwatch.planner.rules import RuleSet, parse_block_rule, ruleset_for, smalle
 from kvwatch.planner.versions import LATEST
 from kvwatch.policy import Policy
 from kvwatch.vllm_releases.release_defaults import api_batch_defaults, defaults_for
+from kvwatch.vllm_releases.texts import LORA_RANKS
 
 GiB = 2**30
 SAME_PLAN_REASON = "restart with the same plan"
@@ -388,6 +389,24 @@ def _config_refused_options(ctx: _Ctx) -> Iterator[Remedy]:
                      f"attention backend's own")
 
 
+def lora_rank_choices() -> tuple[int, ...]:
+    """The --max-lora-rank values of the newest release kvwatch read (vllm_releases/texts.py)."""
+    newest = max(LORA_RANKS, key=lambda r: tuple(int(p) for p in r.split(".")[:3] if p.isdigit()))
+    return LORA_RANKS[newest][0]
+
+
+def _lora_rank_options(ctx: _Ctx) -> Iterator[Remedy]:
+    rank = ctx.facts.get("lora_rank")
+    if not isinstance(rank, int):
+        return
+    # vLLM takes only listed values for --max-lora-rank: the smallest one that holds the adapter.
+    value = next((r for r in lora_rank_choices() if r >= rank), None)
+    if value is not None:
+        yield Remedy(FlagChange({"--max-lora-rank": value}),
+                     f"an adapter of rank {rank} is above max_lora_rank {ctx.facts.get('max_lora_rank')}: "
+                     f"--max-lora-rank {value}")
+
+
 def _engine_died_options(ctx: _Ctx) -> Iterator[Remedy]:
     yield Remedy(NO_CHANGE, SAME_PLAN_REASON)
 
@@ -404,4 +423,5 @@ _OPTIONS = {
     FailureKind.NO_ATTENTION_BACKEND: _backend_options,
     FailureKind.ENGINE_DIED: _engine_died_options,
     FailureKind.CONFIG_REFUSED: _config_refused_options,
+    FailureKind.LORA_RANK_TOO_LARGE: _lora_rank_options,
 }
