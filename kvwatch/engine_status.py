@@ -33,3 +33,4 @@ class EngineStatus:
     log_available_kv_bytes: int | None = None          # "Available KV cache memory: X GiB"
     log_memory_parts: dict[str, int] = field(default_factory=dict)   # one GPU's memory by part, as logged
     memory_requested_bytes: int | None = None          # card total x --gpu-memory-utilization (CUDA only)
+    log_lines_dropped: int = 0                         # engine lines kvwatch's own stdout could not take

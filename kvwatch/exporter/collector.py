@@ -35,6 +35,8 @@ HELP = {
     "kvwatch_engine_restarts": "Relaunches of the engine by kvwatch, by the failure class that caused them.",
     "kvwatch_engine_failures": "Failures of the engine kvwatch has seen, by diagnosed class.",
     "kvwatch_plan_corrections": "Corrected plans kvwatch applied, by the failure class they answer.",
+    "kvwatch_engine_log_lines_dropped": "Lines of the engine's output that kvwatch's own stdout did not take in "
+                                        "time (its reader stopped reading): dropped so that the engine never waits.",
     "kvwatch_plan_info": "The KV cache plan in force, always 1; source: how its KV memory is known (exact: a flag "
                          "or the environment fixes it; learned: from the engine's own profile on an earlier launch; "
                          "estimated: from config.json and the card).",
@@ -112,6 +114,7 @@ class KvwatchCollector(Collector):
             "restarts": _counter("kvwatch_engine_restarts", _E + ["reason"]),
             "failures": _counter("kvwatch_engine_failures", _E + ["kind"]),
             "corrections": _counter("kvwatch_plan_corrections", _E + ["kind"]),
+            "log_dropped": _counter("kvwatch_engine_log_lines_dropped", _E),
             "plan_info": _gauge("kvwatch_plan_info", _E + ["block_size", "kv_cache_dtype", "backend", "attention",
                                                                 "source"]),
             "planned_bytes": _gauge("kvwatch_kv_planned_bytes", _R),
@@ -161,6 +164,7 @@ def _engine(f: dict[str, Any], engine: EngineSnapshot) -> None:
                         ("corrections", status.corrections)):
         for label, value in _counts(family):
             f[key].add_metric([name, label], value)
+    f["log_dropped"].add_metric([name], status.log_lines_dropped)
 
     plan = engine.planned
     actual_ranks = engine.actual_by_rank()
