@@ -219,6 +219,11 @@ def test_successful_checks_are_cached() -> None:
     ("- a\n", "expected a mapping"),
     # once read as its first MiB: the comment, and the TLS section after it silently dropped
     ("#" + "x" * (1 << 20) + "\ntls_server_config: {cert_file: a.crt, key_file: a.key}\n", "larger than 1 MiB"),
+    # bounded: cost 31 is hours of a core per check (at start, then per request), a user list, the depth
+    (f"basic_auth_users: {{u: '{PASSWORD_HASH.replace('$04$', '$31$')}'}}\n", "bcrypt cost 31 above 14"),
+    ("basic_auth_users: {u: '$2b$04$short'}\n", "not a valid bcrypt hash"),
+    ("basic_auth_users:\n" + "".join(f"  u{i}: '{PASSWORD_HASH}'\n" for i in range(1001)), "more than 1000 users"),
+    ("a: " + "[" * 100_000 + "]" * 100_000 + "\n", "nested too deeply"),
 ])
 def test_bad_web_configs_are_one_line_errors(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "web.yml"

@@ -83,8 +83,8 @@ def _context(args: argparse.Namespace) -> KvContext | None:
 
 def run(args: argparse.Namespace) -> int:
     url = _check_url(args.engine_url)
-    if not args.interval > 0:
-        raise KvwatchError(f"--interval {args.interval}: must be positive")
+    from kvwatch.watchdog.config import bounded_seconds
+    bounded_seconds(args.interval, f"--interval {args.interval:g}", "watch.interval_seconds")  # 1e-300 would spin
     context = _context(args)
     nvml = None
     if not args.no_nvml:
