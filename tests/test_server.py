@@ -417,3 +417,52 @@ def test_a_client_reset_prints_no_traceback(serve, capsys: pytest.CaptureFixture
     time.sleep(0.5)
     assert get(server.url + "/-/healthy")[0] == 200
     assert "Traceback" not in capsys.readouterr().err
+
+
+def _closed_within(sock, seconds: float) -> bool:
+    """Whether the server closes the connection within `seconds` (recv sees EOF or a reset)."""
+    sock.settimeout(seconds)
+    try:
+        return sock.recv(100) == b""
+    except ConnectionError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_tls_connections_are_cut_at_the_deadline_in_the_handshake_and_after_it(
+        serve, pki: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    # The deadline and the eviction used to shut down the raw socket, which the TLS wrapper had
+    # already detached: the error was swallowed and the connection stayed open.
+    import socket as socketlib
+
+    from kvwatch.exporter import server as server_module
+    monkeypatch.setattr(server_module, "CONNECTION_DEADLINE", 1.0)
+    server = serve(f"tls_server_config:\n  cert_file: {pki['server_crt']}\n  key_file: {pki['server_key']}\n")
+    silent = socketlib.create_connection(("127.0.0.1", server.port), timeout=10)   # never sends a ClientHello
+    raw = socketlib.create_connection(("127.0.0.1", server.port), timeout=10)
+    shaken = client_context(pki).wrap_socket(raw, server_hostname="localhost")      # handshakes, then stays silent
+    try:
+        assert _closed_within(silent, 4.0)
+        assert _closed_within(shaken, 4.0)
+    finally:
+        silent.close()
+        shaken.close()
+    assert get(server.url + "/-/healthy", context=client_context(pki))[0] == 200
+
+
+def test_idle_tls_connections_give_way_to_a_scrape(serve, pki: dict[str, Path]) -> None:
+    import socket as socketlib
+
+    from kvwatch.exporter import server as server_module
+    server = serve(f"tls_server_config:\n  cert_file: {pki['server_crt']}\n  key_file: {pki['server_key']}\n")
+    idle = []
+    try:
+        for _ in range(server_module.MAX_CONNECTIONS + 20):   # every slot taken by a silent TLS client
+            idle.append(socketlib.create_connection(("127.0.0.1", server.port), timeout=10))
+        time.sleep(1.0)
+        answered = sum(get(server.url + "/-/healthy", context=client_context(pki))[0] == 200 for _ in range(5))
+        assert answered == 5
+    finally:
+        for s in idle:
+            s.close()

@@ -100,3 +100,92 @@ def test_status_shows_engine_text_without_obeying_its_escapes(tmp_path: Path) ->
     assert out.returncode == 0, out.stderr
     assert "\x1b" not in out.stdout and "\x07" not in out.stdout and "\r" not in out.stdout
     assert "pwned\\x1b]0;owned title\\x07\\x0dgone" in out.stdout
+
+
+# -- who creates the state directory, and who could have written what is in it (issue 30) ----------
+
+def _race_create(state: Path) -> None:
+    """What `kvwatch run` (StateStore.ensure_dir) and `kvwatch export` (HostRegistry.publish) each do
+    first, in two processes at once, under umask 000."""
+    from kvwatch.watchdog.host_registry import HostRegistry
+    children = []
+    for job in ("run", "export"):
+        pid = os.fork()
+        if pid == 0:   # pragma: no cover - the child
+            code = 0
+            try:
+                os.umask(0)
+                if job == "run":
+                    StateStore(str(state), "e").ensure_dir()
+                else:
+                    HostRegistry(str(state), "x").publish([os.getpid()])
+            except BaseException:
+                code = 1
+            os._exit(code)
+        children.append(pid)
+    for pid in children:
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+
+
+def test_the_state_directory_is_0750_whoever_creates_it_under_umask_000(tmp_path: Path) -> None:
+    # The exporter's first claim used to create the directory (os.makedirs: intermediate directories
+    # get 0777 & ~umask) before the supervisor set its mode: 0777 in 2 to 8 of 8 starts.
+    for i in range(100):
+        state = tmp_path / f"run{i}" / "state"
+        _race_create(state)
+        assert (state.stat().st_mode & 0o7777, (state / "engines").stat().st_mode & 0o7777) == (0o750, 0o750), i
+        assert state.parent.stat().st_mode & 0o7777 == 0o755   # a parent kvwatch had to make: never writable by others
+
+
+def _forge(path: Path, text: str, uid: int = 65534) -> None:
+    path.write_text(text)
+    os.chown(path, uid, -1)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a file to another user")
+def test_a_state_file_someone_else_wrote_is_never_launched(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    store = StateStore(str(state), "e")
+    store.ensure_dir()
+    record = EngineRecord(name="e", original_argv=["vllm", "serve", "m"], argv=["sh", "-c", "evil"])
+    _forge(store.path, json.dumps(record.to_json()))                # an unprivileged user's file
+    assert store.load() is None                                      # not read: its command never runs
+    assert not store.path.exists() and list(state.glob("e.json.untrusted-*"))
+    os.chown(state / next(state.glob("e.json.untrusted-*")).name, 0, -1)
+    for mode, links in ((0o666, False), (0o640, True)):               # writable by others; a hard link
+        store.path.write_text(json.dumps(record.to_json()))
+        os.chmod(store.path, mode)
+        if links:
+            os.link(store.path, tmp_path / "elsewhere.json")
+        assert store.load() is None
+        assert not store.path.exists()
+    store.save(record)                                               # kvwatch's own file is read
+    assert store.load() is not None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a file to another user")
+def test_a_claim_someone_else_wrote_hides_no_gpu_process(tmp_path: Path,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    from kvwatch.boundary import proc_inspect
+    from kvwatch.watchdog.host_registry import HostRegistry
+    state = tmp_path / "state"
+    mine = HostRegistry(str(state), "mine")
+    mine.publish([])
+    me = proc_inspect.ref_of(os.getpid())
+    assert me is not None
+    claim = json.dumps({"name": "hog", "kvwatch": [me.pid, me.create_time], "pids": [[me.pid, me.create_time]]})
+    _forge(state / "engines" / "hog.json", claim)
+    assert mine.others() == frozenset()
+    assert "could have been written by someone else" in caplog.text
+    os.chown(state / "engines" / "hog.json", 0, -1)                  # the same claim, by kvwatch's user
+    assert mine.others() == {me.pid}
+
+
+def test_a_state_directory_others_may_write_is_used_with_a_warning(tmp_path: Path,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    os.chmod(state, 0o1777)
+    StateStore(str(state), "e").ensure_dir()
+    assert "writable by anyone (mode 1777)" in caplog.text
+    assert state.stat().st_mode & 0o7777 == 0o1777   # an operator's directory: warned about, not changed

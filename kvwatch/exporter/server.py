@@ -174,11 +174,17 @@ class _Server(ThreadingHTTPServer):
             self._slots.release()
             raise
 
+    def _track(self, sock: socket.socket, deadline: float) -> None:
+        """The socket the deadline and the eviction cut for this connection's thread: the accepted
+        one, then (under TLS) the wrapper, which detaches the accepted one from its descriptor."""
+        with self._open_lock:
+            self._open[threading.get_ident()] = (deadline, sock)
+
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         # The whole connection has one deadline: a client that sends its request a byte at a time
         # (slowloris) or reads the answer as slowly is cut off, whatever each read's timeout.
+        self._track(request, time.monotonic() + CONNECTION_DEADLINE)
         with self._open_lock:
-            self._open[threading.get_ident()] = (time.monotonic() + CONNECTION_DEADLINE, request)
             if self._reaper is None:
                 self._reaper = threading.Thread(target=self._watch_deadlines, name="kvwatch-http-deadlines",
                                                 daemon=True)
@@ -201,10 +207,25 @@ class _Server(ThreadingHTTPServer):
         if self.tls is None:
             super().finish_request(request, client_address)
             return
+        with self._open_lock:
+            deadline = self._open[threading.get_ident()][0]
         try:
-            conn = self.tls.wrap_socket(request, server_side=True)
+            # The handshake waits for the client like a request head does: the deadline and the
+            # eviction must reach it, so the wrapper is tracked before the handshake starts.
+            conn = self.tls.wrap_socket(request, server_side=True, do_handshake_on_connect=False)
+        except (ssl.SSLError, OSError) as exc:
+            _LOG.debug("TLS with %s failed: %s", client_address, exc)
+            return
+        self._track(conn, deadline)
+        try:
+            self.waiting(True)
+            try:
+                conn.do_handshake()
+            finally:
+                self.waiting(False)
         except (ssl.SSLError, OSError) as exc:
             _LOG.debug("TLS handshake with %s failed: %s", client_address, exc)
+            conn.close()
             return
         try:
             super().finish_request(conn, client_address)
@@ -236,8 +257,11 @@ def bounded_accept(accept: str | None) -> str | None:
 
 
 def _cut(sock: socket.socket) -> None:
+    """Shut the connection down under the thread serving it, whose read or write then fails at once.
+    socket.socket's own shutdown, also for a TLS wrapper: SSLSocket.shutdown would first drop the
+    TLS state that the serving thread is using."""
     try:
-        sock.shutdown(socket.SHUT_RDWR)
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
     except OSError:
         pass
 

@@ -9,8 +9,9 @@ never foreign to each other.
 
 Files of a kvwatch that is gone (its pid no longer runs with its start time) are ignored, and so
 are pids whose start time no longer matches (a pid reused by another process). The directory is
-read defensively: only regular files (no symlinks followed), each at most MAX_FILE_BYTES, at
-most MAX_FILES of them; a malformed file is skipped with one warning.
+read defensively: only regular files (no symlinks followed) that nobody but this user or root
+could have written, each at most MAX_FILE_BYTES, at most MAX_FILES of them; a malformed or
+untrusted file is skipped with one warning. The directory is created private (state_dir.py).
 """
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from pathlib import Path
 
 from kvwatch.boundary import proc_inspect
 from kvwatch.boundary.proc_inspect import ProcRef
-from kvwatch.watchdog.state_store import read_regular, write_atomic
+from kvwatch.watchdog.state_dir import ensure_private_dir
+from kvwatch.watchdog.state_store import UntrustedFile, read_regular, write_atomic
 
 _LOG = logging.getLogger(__name__)
 
@@ -54,7 +56,8 @@ class HostRegistry:
         data = {"name": self.name, "kvwatch": [me.pid, me.create_time] if me else None,
                 "pids": [[r.pid, r.create_time] for r in refs]}
         try:
-            os.makedirs(self.directory, mode=0o755, exist_ok=True)
+            ensure_private_dir(os.path.dirname(self.directory))   # the state dir: kvwatch run may not be here yet
+            ensure_private_dir(self.directory)
             write_atomic(Path(self.path), json.dumps(data).encode())
             self._pids = wanted
         except OSError as exc:
@@ -95,7 +98,11 @@ class HostRegistry:
 
     def _read(self, path: str) -> dict | None:
         try:
-            raw = read_regular(Path(path), MAX_FILE_BYTES)
+            raw = read_regular(Path(path), MAX_FILE_BYTES, trusted_only=True)
+        except UntrustedFile as exc:
+            # A forged claim would hide a GPU hog from the foreign-memory alert.
+            self._warn(path, f"host registry: {path} could have been written by someone else ({exc}); ignored")
+            return None
         except ValueError:
             self._warn(path, f"host registry: {path} is not a small regular file; ignored")
             return None

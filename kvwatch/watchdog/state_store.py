@@ -21,9 +21,10 @@ from typing import Any, Union
 
 from kvwatch.errors import KvwatchError
 from kvwatch.watchdog.records import Constraint, CorrectionRecord, FailureRecord, PreflightFix
+from kvwatch.watchdog.state_dir import ensure_private_dir, open_to_others, untrusted_file
 
 __all__ = ["Constraint", "CorrectionRecord", "EngineLock", "EngineRecord", "FailureRecord", "PreflightFix",
-           "StateStore", "load_all", "read_regular", "write_atomic"]
+           "StateStore", "UntrustedFile", "load_all", "read_regular", "write_atomic"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -94,14 +95,22 @@ class EngineRecord:
 MAX_STATE_BYTES = 8 << 20   # a state file is a few KB; failures and corrections are trimmed
 
 
-def read_regular(path: Path, max_bytes: int = MAX_STATE_BYTES) -> bytes:
+class UntrustedFile(ValueError):
+    """A file someone other than kvwatch could have written (state_dir.untrusted_file)."""
+
+
+def read_regular(path: Path, max_bytes: int = MAX_STATE_BYTES, trusted_only: bool = False) -> bytes:
     """A regular file's bytes, never through a symlink, never blocking on a FIFO, at most
-    `max_bytes` (OSError or ValueError otherwise)."""
+    `max_bytes` (OSError or ValueError otherwise); with `trusted_only`, only a file nobody but
+    this user or root could have written (UntrustedFile otherwise)."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise ValueError("not a regular file")
+        why = untrusted_file(info) if trusted_only else None
+        if why:
+            raise UntrustedFile(why)
         if info.st_size > max_bytes:
             raise ValueError(f"larger than {max_bytes} bytes")
         with os.fdopen(os.dup(fd), "rb") as f:
@@ -178,18 +187,28 @@ class StateStore:
         self.path = self.dir / f"{name}.json"
 
     def ensure_dir(self) -> None:
+        """Create the state dir private (state_dir.ensure_private_dir); warn once when others may write it."""
         try:
-            self.dir.mkdir(parents=True, exist_ok=True, mode=0o750)
+            ensure_private_dir(self.dir)
+            open_why = open_to_others(self.dir)
         except OSError as exc:
             raise KvwatchError(f"state dir {self.dir}: cannot create: {exc.strerror or exc}") from None
         if not os.access(self.dir, os.W_OK | os.X_OK):
             raise KvwatchError(f"state dir {self.dir}: not writable")
+        if open_why:
+            _LOG.warning("state dir %s is %s: kvwatch reads only the files in it that nobody else could have "
+                         "written; make it kvwatch's own (chmod 0750)", self.dir, open_why)
 
     def load(self) -> EngineRecord | None:
-        """The record, None if there is none; a corrupt file is moved aside (never raises)."""
+        """The record, None if there is none; a corrupt file, or one someone else could have written
+        (its command would be launched), is moved aside (never raises)."""
         try:
-            text = read_regular(self.path).decode("utf-8")
+            text = read_regular(self.path, trusted_only=True).decode("utf-8")
         except FileNotFoundError:
+            return None
+        except UntrustedFile as exc:
+            self._move_aside(f"could have been written by someone else ({exc}); its command is not launched",
+                             "untrusted")
             return None
         except (OSError, UnicodeDecodeError, ValueError) as exc:
             self._move_aside(f"unreadable: {exc}")
@@ -206,8 +225,8 @@ class StateStore:
         data = json.dumps(record.to_json(), indent=1, sort_keys=True).encode()
         write_atomic(self.path, data)
 
-    def _move_aside(self, why: str) -> None:
-        target = self.path.with_name(f"{self.path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}")
+    def _move_aside(self, why: str, label: str = "corrupt") -> None:
+        target = self.path.with_name(f"{self.path.name}.{label}-{time.strftime('%Y%m%dT%H%M%S')}")
         try:
             os.replace(self.path, target)
             _LOG.warning("state: %s %s; moved aside to %s, starting fresh", self.path, why, target.name)
