@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import datetime
+import socket
 import ssl
 import threading
 import time
@@ -466,3 +467,71 @@ def test_idle_tls_connections_give_way_to_a_scrape(serve, pki: dict[str, Path]) 
     finally:
         for s in idle:
             s.close()
+
+
+# -- issue 30: keep-alive in one write, bodies never read as requests, a bounded head --------------
+
+def _responses(sock: socket.socket, quiet: float = 0.5) -> bytes:
+    """Everything the server sends until it closes or stays quiet for `quiet` seconds."""
+    sock.settimeout(quiet)
+    out = b""
+    try:
+        while chunk := sock.recv(65536):
+            out += chunk
+    except (TimeoutError, ConnectionResetError):
+        pass
+    return out
+
+
+def test_a_kept_alive_answer_comes_in_one_write(serve) -> None:
+    # headers and body in two writes: the second waits on Nagle and the client's delayed ACK
+    # (~40 ms a scrape on a kept-alive connection); in one write the first read holds it all
+    server = serve()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as s:
+        for _ in range(5):
+            s.sendall(b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\n")
+            first = s.recv(65536)
+            assert first.startswith(b"HTTP/1.1 200") and first.endswith(b"\r\n\r\nOK\n"), first
+
+
+@pytest.mark.parametrize("head, closes", [
+    (b"Content-Length: 25\r\n", False),                                  # consumed: keep-alive goes on
+    (b"Content-Length: 25\r\nTransfer-Encoding: chunked\r\n", True),     # CL+TE: never guessed
+    (b"Transfer-Encoding: chunked\r\n", True),
+    (b"Content-Length: 999999999\r\n", True),                            # too long to read: closed
+])
+def test_a_request_body_is_never_answered_as_a_request(serve, head: bytes, closes: bool) -> None:
+    server = serve()
+    smuggled = b"GET /nothere HTTP/1.1\r\n\r\n"    # 25 bytes: a second request if read as one
+    assert len(smuggled) == 25
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as s:
+        s.sendall(b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n" + head + b"\r\n" + smuggled)
+        out = _responses(s)
+        assert out.count(b"HTTP/1.1 ") == 1 and b"404" not in out, out
+        assert (b"Connection: close" in out) == closes
+        if not closes:     # the connection is still good for the next scrape
+            s.sendall(b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert _responses(s).startswith(b"HTTP/1.1 200")
+
+
+@pytest.mark.parametrize("head", [
+    # within http.client's own limits (100 lines of 64 KiB): 3.6 MB a connection, before any credential
+    b"GET /-/healthy HTTP/1.1\r\n" + b"".join(b"X-H%d: %s\r\n" % (i, b"v" * 60_000) for i in range(60)),
+    b"GET /-/healthy HTTP/1.1\r\n" + b"".join(b"X-H%d: v\r\n" % i for i in range(80)),
+    b"GET /" + b"a" * 100_000 + b" HTTP/1.1\r\n",
+])
+def test_a_request_head_is_bounded_before_it_is_buffered(serve, head: bytes) -> None:
+    server = serve()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as s:
+        sender = threading.Thread(target=lambda: _send_quietly(s, head + b"\r\n"), daemon=True)
+        sender.start()
+        out = _responses(s, quiet=2)
+        assert out.startswith(b"HTTP/1.1 431"), out[:200]
+        sender.join(5)
+
+
+def _send_quietly(sock: socket.socket, data: bytes) -> None:
+    try:
+        sock.sendall(data)
+    except OSError:     # the server closed it at its bound: what is tested
+        pass

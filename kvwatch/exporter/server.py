@@ -3,13 +3,22 @@ and basic auth (web config).
 
 A ThreadingHTTPServer: one thread per connection, so a slow client never holds up
 another scrape; the TLS handshake happens in that thread too, never in the accept loop.
-Successful bcrypt checks are cached (bcrypt is slow by design, a scrape is not).
+bcrypt checks are cached, failed ones too (bcrypt is slow by design, a scrape is not).
+
+Bounded before anything is buffered: a request head is at most MAX_HEAD_BYTES in at most
+MAX_HEADER_LINES lines (431 otherwise); a request body (none is expected) is read and dropped
+up to MAX_BODY_BYTES, else the connection is closed after the answer, and so is one that says
+`Transfer-Encoding` (a body of unknown length), so a body is never read as the next request.
+An answer goes out in one write (headers and body together, TCP_NODELAY): on a kept-alive
+connection, as Prometheus scrapes, a second small write would wait on Nagle and the client's
+delayed ACK (~40 ms a scrape).
 """
 from __future__ import annotations
 
 import base64
 import binascii
 import hashlib
+import http.client
 import logging
 import re
 import socket
@@ -33,6 +42,9 @@ _LOG = logging.getLogger(__name__)
 REQUEST_TIMEOUT = 30.0  # seconds one read or write may wait
 CONNECTION_DEADLINE = 15.0  # seconds a whole connection may take (handshake, request, response)
 MAX_CONNECTIONS = 256       # connections served at once (threads and memory bounded); see _Server.process_request
+MAX_HEAD_BYTES = 16 * 1024  # a request line and its headers (Prometheus sends ~300 bytes)
+MAX_HEADER_LINES = 64
+MAX_BODY_BYTES = 64 * 1024  # a body (none is expected) read and dropped; a longer one closes the connection
 _INDEX = (b"<html><head><title>kvwatch</title></head><body><h1>kvwatch</h1>"
           b'<p><a href="/metrics">Metrics</a></p></body></html>\n')
 
@@ -204,6 +216,10 @@ class _Server(ThreadingHTTPServer):
     def finish_request(self, request: Any, client_address: Any) -> None:
         # Runs in the connection's own thread: the handshake cannot stall the accept loop.
         request.settimeout(REQUEST_TIMEOUT)
+        try:
+            request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
         if self.tls is None:
             super().finish_request(request, client_address)
             return
@@ -254,6 +270,35 @@ def bounded_accept(accept: str | None) -> str | None:
         return m.group(1) + version
 
     return _OPENMETRICS_VERSION.sub(canonical, accept[:MAX_ACCEPT_CHARS])
+
+
+class _HeadLimit:
+    """The connection's reader, with a budget for the request head: readline() never returns
+    more than MAX_HEAD_BYTES in all or more than MAX_HEADER_LINES lines (http.client's own limits,
+    64 KiB a line and 100 lines, let 256 connections buffer 1.6 GB before any credential).
+    BaseHTTPRequestHandler answers a head over budget with 431 (http.client.LineTooLong)."""
+
+    def __init__(self, raw: Any) -> None:
+        self._raw = raw
+        self.reset()
+
+    def reset(self) -> None:
+        self._left = MAX_HEAD_BYTES
+        self._lines = MAX_HEADER_LINES + 1   # the request line, then the headers
+
+    def readline(self, limit: int = -1) -> bytes:
+        if self._left <= 0 or self._lines <= 0:
+            raise http.client.LineTooLong("request head over its limit")
+        want = self._left + 1 if limit < 0 else min(limit, self._left + 1)
+        line: bytes = self._raw.readline(want)
+        self._left -= len(line)
+        self._lines -= 1
+        if self._left < 0:
+            raise http.client.LineTooLong("request head over its limit")
+        return line
+
+    def __getattr__(self, name: str) -> Any:      # read(), close(), ... of the connection's file
+        return getattr(self._raw, name)
 
 
 def _cut(sock: socket.socket) -> None:
@@ -369,14 +414,51 @@ def _handler(renderer: RenderCache, auth: BasicAuth,
         def version_string(self) -> str:
             return self.server_version   # the Server header names no runtime (no Python version)
 
+        def setup(self) -> None:
+            super().setup()
+            self.rfile = _HeadLimit(self.rfile)  # type: ignore[assignment]
+
         def handle_one_request(self) -> None:
             self.server.waiting(True)          # until a request head has arrived
-            super().handle_one_request()
+            self.rfile.reset()  # type: ignore[attr-defined]
+            try:
+                super().handle_one_request()
+            except http.client.LineTooLong:    # the request line itself over the budget
+                self.close_connection = True
+                self.requestline, self.request_version, self.command = "", "HTTP/1.1", None  # type: ignore[assignment]
+                self.send_error(431, "Request head too large")
 
         def parse_request(self) -> bool:
             ok = super().parse_request()
             self.server.waiting(False)
+            if ok:
+                ok = self._skip_body()
             return ok
+
+        def _skip_body(self) -> bool:
+            """Read and drop a request's body (none is expected) so that it is never taken for the
+            next request; a body of unknown or large size closes the connection after the answer."""
+            if self.headers.get("Transfer-Encoding") is not None:
+                self.close_connection = True   # chunked or not, CL+TE: never guess where it ends
+                return True
+            length = self.headers.get_all("Content-Length") or []
+            if not length:
+                return True
+            if len(set(length)) != 1 or not length[0].strip().isdigit():
+                self.close_connection = True
+                self.send_error(400, "Bad Content-Length")
+                return False
+            size = int(length[0])
+            if size > MAX_BODY_BYTES:
+                self.close_connection = True
+                return True
+            while size > 0:
+                chunk = self.rfile.read(min(size, 16 * 1024))
+                if not chunk:
+                    self.close_connection = True
+                    break
+                size -= len(chunk)
+            return True
 
         def do_GET(self) -> None:  # noqa: N802
             self._serve(body=True)
@@ -426,11 +508,15 @@ def _handler(renderer: RenderCache, auth: BasicAuth,
             self.send_response(status)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(payload)))
+            if self.close_connection:
+                self.send_header("Connection", "close")
             for name, value in (headers or {}).items():
                 self.send_header(name, value)
-            self.end_headers()
-            if body:
-                self.wfile.write(payload)
+            # One write for the head and the body (see the module's docstring).
+            self._headers_buffer.append(b"\r\n")   # type: ignore[attr-defined]
+            head = b"".join(self._headers_buffer)   # type: ignore[attr-defined]
+            self._headers_buffer = []
+            self.wfile.write(head + payload if body else head)
 
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
             _LOG.debug("%s %s", self.address_string(), format % args)
