@@ -513,9 +513,9 @@ def _handler(renderer: RenderCache, auth: BasicAuth,
             for name, value in (headers or {}).items():
                 self.send_header(name, value)
             # One write for the head and the body (see the module's docstring).
-            self._headers_buffer.append(b"\r\n")   # type: ignore[attr-defined]
-            head = b"".join(self._headers_buffer)   # type: ignore[attr-defined]
-            self._headers_buffer = []
+            buffered: list[bytes] = getattr(self, "_headers_buffer")  # noqa: B009 (send_header's, private)
+            head = b"".join(buffered) + b"\r\n"
+            buffered.clear()
             self.wfile.write(head + payload if body else head)
 
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
