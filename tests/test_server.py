@@ -202,7 +202,7 @@ def test_successful_checks_are_cached() -> None:
     start = time.perf_counter()
     assert all(auth.check(header) for _ in range(50))
     assert time.perf_counter() - start < first  # 50 cached checks cost less than one bcrypt
-    assert not auth.check("Basic " + base64.b64encode(b"u:wrong").decode())  # failures are not cached
+    assert not auth.check("Basic " + base64.b64encode(b"u:wrong").decode())
     assert not auth.check("Basic !!!") and not auth.check("Bearer x") and not auth.check(None)
 
 
@@ -535,3 +535,14 @@ def _send_quietly(sock: socket.socket, data: bytes) -> None:
         sock.sendall(data)
     except OSError:     # the server closed it at its bound: what is tested
         pass
+
+
+def test_a_new_credential_queues_behind_a_running_check() -> None:
+    slow = bcrypt.hashpw(b"pw", bcrypt.gensalt(rounds=12))
+    auth = BasicAuth({"u": slow, "v": bcrypt.hashpw(b"pw2", bcrypt.gensalt(rounds=4))})
+    wrong = "Basic " + base64.b64encode(b"u:wrong").decode()
+    busy = threading.Thread(target=auth.check, args=(wrong,))
+    busy.start()                       # a brute-force check runs...
+    time.sleep(0.02)
+    assert auth.check("Basic " + base64.b64encode(b"v:pw2").decode())   # ...a real credential waits its turn
+    busy.join()

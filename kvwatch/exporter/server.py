@@ -52,20 +52,22 @@ _INDEX = (b"<html><head><title>kvwatch</title></head><body><h1>kvwatch</h1>"
 class BasicAuth:
     """Checks user:password against bcrypt hashes; remembers successes, and failures for a while.
 
-    bcrypt is slow by design, so a flood of wrong passwords would take the CPU: one bcrypt check
-    runs at a time (a credential that finds it busy is refused at once, not queued), and a
-    credential that just failed fails again from memory. A known-good credential never waits:
-    its success is remembered."""
+    bcrypt is slow by design, so a flood of wrong passwords would take the CPU: as Prometheus'
+    exporter-toolkit does, one bcrypt check runs at a time and the others queue for it (at most
+    QUEUE_WAIT seconds: a credential not yet known waits its turn, it is not refused because
+    another check runs), and every result is remembered, failures too, so a credential tried
+    again costs no bcrypt. A known-good credential never waits: its success is remembered."""
 
     MAX_CACHED = 1024
     FAILED_FOR = 60.0   # seconds a failed credential is refused without a new bcrypt check
+    QUEUE_WAIT = 10.0   # seconds a check may wait for the one before it (below the connection deadline)
 
     def __init__(self, users: dict[str, bytes]) -> None:
         self._users = dict(users)
         self._ok: set[bytes] = set()
         self._failed: dict[bytes, float] = {}
         self._lock = threading.Lock()
-        self._bcrypt = threading.Semaphore(1)
+        self._bcrypt = threading.Lock()
         self._dummy: bytes | None = None  # compared against for unknown users: same time as a known one
 
     def __bool__(self) -> bool:
@@ -82,15 +84,15 @@ class BasicAuth:
             return False
         hashed = self._users.get(user)
         key = hashlib.sha256(b"\0".join([user.encode(), password.encode(), hashed or b""])).digest()
-        now = time.monotonic()
-        with self._lock:
-            if hashed is not None and key in self._ok:
-                return True
-            if self._failed.get(key, 0.0) > now:
-                return False
-        if not self._bcrypt.acquire(blocking=False):
-            return False      # another check runs: a flood does not queue up bcrypt work
+        known = self._known(key, hashed is not None)
+        if known is not None:
+            return known
+        if not self._bcrypt.acquire(timeout=self.QUEUE_WAIT):
+            return False      # the queue is that long: a flood of new credentials
         try:
+            known = self._known(key, hashed is not None)   # checked while this one queued
+            if known is not None:
+                return known
             ok = bcrypt.checkpw(password.encode(), hashed if hashed is not None else self._dummy_hash())
         except ValueError:  # a malformed hash in the config
             _LOG.warning("basic auth: the hash of user %r is not a valid bcrypt hash", user)
@@ -105,8 +107,17 @@ class BasicAuth:
             if ok:
                 self._ok.add(key)
             else:
-                self._failed[key] = now + self.FAILED_FOR
+                self._failed[key] = time.monotonic() + self.FAILED_FOR
         return ok
+
+    def _known(self, key: bytes, user_known: bool) -> bool | None:
+        """The remembered result for `key`: True, False, or None when it must be checked."""
+        with self._lock:
+            if user_known and key in self._ok:
+                return True
+            if self._failed.get(key, 0.0) > time.monotonic():
+                return False
+        return None
 
     def _dummy_hash(self) -> bytes:
         if self._dummy is None:
