@@ -9,7 +9,7 @@ deadline for the whole of it (connect, request, headers, body) and a body size l
 engine that drips bytes cannot hold the watch loop or the watchdog.
 
 A page is bounded in what is kept of it too, not only in size: only the lines of the series
-kvwatch reads are decoded and parsed, each at most MAX_LINE_BYTES, at most
+kvwatch reads are decoded and parsed, each at most MAX_LINE_BYTES (4 KiB), at most
 MAX_SERIES_PER_FAMILY of each; a label value that would become one of kvwatch's own (the rank,
 the cache dtype) at most MAX_LABEL_CHARS; at most MAX_RANKS ranks. So 100,000 series or labels
 of 10 KB cost kvwatch a bounded parse, a bounded snapshot and a bounded /metrics page of its own.
@@ -33,7 +33,7 @@ from prometheus_client.parser import text_string_to_metric_families
 _LOG = logging.getLogger(__name__)
 
 MAX_PAGE_BYTES = 16 << 20  # a vLLM page is ~60 KB; anything this large is not one
-MAX_LINE_BYTES = 8 << 10   # vllm:cache_config_info, the longest line kvwatch reads, is ~1 KB
+MAX_LINE_BYTES = 4 << 10   # vllm:cache_config_info, the longest line kvwatch reads, is ~1 KB
 MAX_SERIES_PER_FAMILY = 512   # one series per rank (and model) of each family kvwatch reads
 MAX_LABEL_CHARS = 64       # vLLM's engine label is a rank index, its cache_dtype a dtype name
 MAX_RANKS = 256            # the `rank` label values kvwatch exports (each rank ~20 series of its own)
