@@ -36,7 +36,7 @@ from kvwatch.planner.gpu_budget import requested_bytes
 from kvwatch.planner.plan import Plan
 from kvwatch.planner.rules import RuleSet, ruleset_for, with_learned_block_sizes
 from kvwatch.planner.units import format_bytes
-from kvwatch.watchdog import leftovers
+from kvwatch.watchdog import disk_writer, leftovers
 from kvwatch.watchdog.budget import Budget
 from kvwatch.watchdog.config import Config
 from kvwatch.watchdog.engine_ranks import RankWatch, lines_of_rank, ranks_of_tree
@@ -49,6 +49,8 @@ from kvwatch.watchdog.sd_notify import SdNotifier, scrub_env
 from kvwatch.watchdog.state_store import EngineLock, EngineRecord, StateStore
 
 _LOG = logging.getLogger(__name__)
+
+EXIT_FLUSH_SECONDS = 2.0   # at exit, how long the last state file may take to reach the disk (then lost)
 MAX_LEARNED_PROFILES = 32   # learned non-KV figures kept per engine (one per profile: flags, card, vLLM)
 
 Observer = Callable[[EngineStatus], None]
@@ -127,7 +129,7 @@ class Supervisor:
         self._probe_pool: ThreadPoolExecutor | None = None
         self._budget = budget or Budget(config.policy)
         self._gpu_pids = gpu_pids
-        self._store = StateStore(config.state_dir, config.name)
+        self._store = StateStore(config.state_dir, config.name, writer=disk_writer.shared())  # never waits on disk
         self._lock = EngineLock(config.state_dir, config.name)
         self._stop = threading.Event()
         self._wake = threading.Event()   # the watch loop's alarm: a stop request or the engine's exit
@@ -174,12 +176,15 @@ class Supervisor:
         which must live as long as the engine (PR_SET_PDEATHSIG follows the spawning thread)."""
         self._store.ensure_dir()
         self._lock.acquire()
+        self._store.remove_stale_temporaries()
         try:
             self._startup()
             return self._loop()
         finally:
             if self._running is not None:  # an unexpected error: never leave the engine behind
                 self._end_engine()
+            if not disk_writer.shared().flush(EXIT_FLUSH_SECONDS):
+                _LOG.warning("state: %s not written at exit (the disk does not answer)", self._store.path)
             self._lock.release()
 
     # -- the state machine -------------------------------------------------------------
