@@ -365,6 +365,7 @@ def test_a_flood_of_big_claims_costs_one_look_at_each_running_process(tmp_path: 
     try:
         theirs = HostRegistry(str(tmp_path), "theirs")
         theirs.publish([engine.pid])
+        assert theirs.flush(10)
         me = proc_inspect.ref_of(os.getpid())
         assert me is not None
         d = tmp_path / "engines"
