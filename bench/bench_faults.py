@@ -10,7 +10,7 @@ runs in a process of its own (the scraper's timing is not the attacker's GIL), e
 - idle-2000:      2,000 connections opened and left idle;
 - new-conns:      8 threads opening a connection, sending nothing, closing it, as fast as they can;
 - slowloris:      200 connections sending a request head a byte every 0.5 s;
-- big-headers:    256 connections each sending ~6 MB of header lines;
+- big-headers:    waves of 256 connections each sending ~6 MB of header lines, a wave every 2 s;
 - smuggle:        GETs with a Content-Length body that holds a second request (and CL+TE pairs);
 - silent-tcp:     (TLS) 300 TCP connections that never send a ClientHello;
 - tls-drip:       (TLS) 260 connections that finish the handshake, then send a byte every 20 s;
@@ -194,21 +194,22 @@ def _drippers(port: int, stop: threading.Event, count: int, every: float, first:
 
 
 def big_headers(port: int, stop: threading.Event) -> None:
+    """Waves of 256 connections, each sending ~6 MB of header lines (a wave every 2 s)."""
     line = b"X-Big: " + b"v" * 60_000 + b"\r\n"
 
     def one() -> None:
         while not stop.is_set():
             s = _connect(port)
-            if s is None:
-                continue
-            try:
-                s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
-                for _ in range(100):          # ~6 MB of header lines
-                    s.sendall(line)
-            except OSError:
-                pass
-            finally:
-                s.close()
+            if s is not None:
+                try:
+                    s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+                    for _ in range(100):          # ~6 MB of header lines
+                        s.sendall(line)
+                except OSError:
+                    pass
+                finally:
+                    s.close()
+            stop.wait(2.0)
     _threads(one, 256, stop)
 
 
@@ -436,19 +437,20 @@ def main() -> None:
     ap.add_argument("--stall-seconds", type=float, default=30.0)
     ap.add_argument("--kvwatch-root", default=str(ROOT), help="run the kvwatch package in this directory")
     ap.add_argument("--only", choices=("http", "engine", "stdout"), help="one section only")
+    ap.add_argument("--attack", help="with --only http: the baseline and this attack only")
     args = ap.parse_args()
     global KVWATCH_ROOT
     KVWATCH_ROOT = Path(args.kvwatch_root)
     print(f"kvwatch from {KVWATCH_ROOT}", flush=True)
     if args.only in (None, "http"):
-        http_attacks(args.seconds)
+        http_attacks(args.seconds, args.attack)
     if args.only in (None, "engine"):
         hostile_engines(args.seconds)
     if args.only in (None, "stdout"):
         stalled_stdout(args.stall_seconds)
 
 
-def http_attacks(seconds: float) -> None:
+def http_attacks(seconds: float, only: str | None = None) -> None:
     engine = __import__("http.server").server.ThreadingHTTPServer(("127.0.0.1", 0), Engine)
     threading.Thread(target=engine.serve_forever, daemon=True).start()
     print(f"{'server':<12}{'phase':<15}{'scraper':<11}{'ok':>5}{'failed':>7}{'p50 ms':>8}{'p99 ms':>8}"
@@ -471,6 +473,7 @@ def http_attacks(seconds: float) -> None:
                         ("bad-passwords", partial(bad_passwords, port, tls=True))]
         else:
             attacks += [("smuggle", partial(smuggle, port))]
+        attacks = [(n, a) for n, a in attacks if only is None or n in ("baseline", only)]
         try:
             for name, attack in attacks:
                 kinds = [("fresh", False), ("keep-alive", True)] if attack is None else [("keep-alive", True)]
@@ -491,7 +494,7 @@ def http_attacks(seconds: float) -> None:
     worst_rss = max(r[7] for r in rows)
     fresh = {r[0]: r[5] for r in rows if r[1] == "fresh"}
     kept = {r[0]: r[5] for r in rows if r[1] == "keep-alive" and r[2] == "baseline"}
-    ratio = max(kept[k] / fresh[k] for k in kept)
+    ratio = max((kept[k] / fresh[k] for k in kept), default=0.0)
     held = failed == 0 and worst_p99 < BAR_P99_S and worst_rss * 2**20 < BAR_RSS and ratio <= 1.5
     print("(CPU %: kvwatch's own; the attacker runs on the same CPUs)")
     print(f"bar: no failed scrape ({failed} failed), p99 < 50 ms (worst {worst_p99 * 1000:.1f} ms), "
