@@ -21,8 +21,8 @@ Bar (issue 30): no failed scrape, p99 < 50 ms, kept-alive as fast as fresh, RSS 
 Then two hostile engines, each for --seconds: the stand-in engine's page holds 100,000 series, or
 labels of 10 KB (kvwatch export's peak RSS, the size of its own /metrics, its engine collector's
 duration against the 5 s tick); and kvwatch's stdout stalled (a pipe nobody reads) for
---stall-seconds while an engine logs 2 MB/s through the OutputPump (the engine's longest write,
-the lines dropped and counted).
+--stall-seconds, then read, while an engine logs 2 MB/s through the OutputPump (the engine's
+longest write, the lines dropped and counted).
 
 Run: .venv/bin/python bench/bench_faults.py [--seconds 10]
 """
@@ -411,22 +411,35 @@ os.write(2, f"{longest * 1000:.2f} {written}\n".encode())
 
 
 def stalled_stdout(seconds: float) -> None:
-    from kvwatch.watchdog.output_pump import LogSink, OutputPump
+    """The OutputPump of KVWATCH_ROOT's package (one without a LogSink: the pipe itself), kvwatch's
+    stdout a pipe nobody reads for `seconds`, then read, while an engine logs 2 MB/s."""
+    sys.path.insert(0, str(KVWATCH_ROOT))
+    for name in [n for n in sys.modules if n == "kvwatch" or n.startswith("kvwatch.")]:
+        del sys.modules[name]
+    from kvwatch.watchdog import output_pump
 
     out_read, out_write = os.pipe()        # kvwatch's stdout: nobody reads it for `seconds`
-    sink = LogSink(os.fdopen(out_write, "wb"))
-    proc = subprocess.Popen([sys.executable, "-c", _LOGGER, str(seconds)], stdout=subprocess.PIPE,
+    stdout = os.fdopen(out_write, "wb")
+    sink_class = getattr(output_pump, "LogSink", None)
+    sink = sink_class(stdout) if sink_class is not None else stdout
+    proc = subprocess.Popen([sys.executable, "-c", _LOGGER, str(seconds + 5)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
-    pump = OutputPump("bench", proc.stdout.fileno(), sink).start()
+    pump = output_pump.OutputPump("bench", proc.stdout.fileno(), sink).start()
+    time.sleep(seconds)
+
+    def reader() -> None:                  # the reader wakes up
+        while os.read(out_read, 1 << 20):
+            pass
+    threading.Thread(target=reader, daemon=True).start()
     proc.wait(seconds + 60)
     longest_ms, written = proc.stderr.read().split()
     pump.join(10)
-    sink.close(timeout=0)
-    print(f"stdout stalled {seconds:.0f} s, engine logging 2 MB/s: engine's longest write {float(longest_ms):.2f} ms "
-          f"(bar < 100 ms); {int(written):,} lines written, {pump.lines_seen:,} seen by the pump, "
-          f"{sink.lines_dropped:,} dropped and counted", flush=True)
-    os.close(out_read)
+    dropped = getattr(sink, "lines_dropped", 0)
+    print(f"stdout stalled {seconds:.0f} s (then read), engine logging 2 MB/s for {seconds + 5:.0f} s: engine's longest "
+          f"write {float(longest_ms):.2f} ms (bar < 100 ms); {int(written):,} lines written of "
+          f"{int((seconds + 5) * 10_000):,} at 2 MB/s, {pump.lines_seen:,} seen by the pump, {dropped:,} dropped and "
+          f"counted", flush=True)
     proc.stdout.close()
     proc.stderr.close()
 
