@@ -212,3 +212,22 @@ def _drain_into(fd: int, into: list[bytes]) -> None:
     while chunk := os.read(fd, 1 << 20):
         into.append(chunk)
     os.close(fd)
+
+
+def test_the_lines_kvwatchs_stdout_dropped_reach_kvwatchs_own_metrics() -> None:
+    from types import SimpleNamespace
+
+    from exporter_support import render
+
+    from kvwatch.commands.run import _WithLogDrops
+    from kvwatch.engine_status import EngineState, EngineStatus
+    from kvwatch.exporter.snapshot import EngineSnapshot, WatchSnapshot
+
+    sink = LogSink(io.BytesIO(), max_bytes=10)
+    sink.write(b"a line longer than ten bytes\nand another\n")     # does not fit: dropped, counted
+    supervisor = SimpleNamespace(status=EngineStatus(name="e", state=EngineState.READY))
+    status = _WithLogDrops(supervisor, sink).status   # type: ignore[arg-type]
+    assert status.log_lines_dropped == 2
+    page = render(WatchSnapshot(taken_at=1.0, engines=(EngineSnapshot(status, up=True),)))
+    assert 'kvwatch_engine_log_lines_dropped_total{engine="e"} 2.0' in page
+    sink.close()
