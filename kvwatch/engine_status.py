@@ -36,3 +36,4 @@ class EngineStatus:
     vllm_release: str | None = None                    # the engine's vLLM release (installed)
     vllm_release_planned_as: str | None = None         # the known release its facts come from
     release_changes: int = 0                           # release changes this kvwatch saw (state file)
+    log_lines_dropped: int = 0                         # engine lines kvwatch's own stdout could not take

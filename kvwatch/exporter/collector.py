@@ -57,6 +57,9 @@ FAMILIES = (
            "Failures of the engine kvwatch has seen, by diagnosed class."),
     Family("corrections", "kvwatch_plan_corrections", COUNTER, (*_E, "kind"),
            "Corrected plans kvwatch applied, by the failure class they answer."),
+    Family("log_dropped", "kvwatch_engine_log_lines_dropped", COUNTER, _E,
+           "Lines of the engine's output that kvwatch's own stdout did not take in time (its reader stopped "
+           "reading): dropped so that the engine never waits."),
     Family("plan_info", "kvwatch_plan_info", GAUGE, (*_E, "block_size", "kv_cache_dtype", "backend", "attention", "source"),
            "The KV cache plan in force, always 1; source: how its KV memory is known (exact: a flag or the "
            "environment fixes it; learned: from the engine's own profile on an earlier launch; estimated: "
@@ -173,6 +176,7 @@ def _engine(f: dict[str, Any], engine: EngineSnapshot) -> None:
                         ("corrections", status.corrections)):
         for label, value in _counts(family):
             f[key].add_metric([name, label], value)
+    f["log_dropped"].add_metric([name], status.log_lines_dropped)
 
     plan = engine.planned
     actual_ranks = engine.actual_by_rank()
