@@ -122,6 +122,9 @@ def render(plan: Plan) -> str:
         level = "FAILS" if w.certain else "RISK"
         lines.append(f"{level}: [{w.kind}] {w.message}")
         lines.append(f"  fix: {fix or 'no flag change can fix this'}")
+    if plan.unknown_layer_types:
+        lines.append(f"UNKNOWN: layer type(s) {', '.join(plan.unknown_layer_types)} are not ones kvwatch knows; "
+                     f"they are planned as full attention, so the figures above may be wrong")
     if not plan.warnings:
         lines.append("OK: vLLM should accept this plan")
     return "\n".join(lines)

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvwatch.errors import ConfigError
-from kvwatch.planner.layers import FULL, LayerLayout, layer_layout
+from kvwatch.planner.config_defaults import HEAD_DIM_DEFAULTS
+from kvwatch.planner.layers import FULL, PURE_STATE_SPACE, LayerLayout, layer_layout
 from kvwatch.planner.weights import WeightCount, count_weights
 
 # vLLM's is_deepseek_mla list (0.32): these model types store one MLA latent per token.
@@ -56,6 +57,7 @@ class ModelGeometry:
     derived_max_model_len: int | None = None   # the longest max_model_len vLLM accepts (None: unknown)
     derived_max_model_len_key: str | None = None
     layout: LayerLayout = None  # type: ignore[assignment]  # filled from layer_kinds when not given
+    sparse_attention: bool = False   # MLA with the DeepSeek-V3.2 indexer (index_topk in config.json)
 
     def __post_init__(self) -> None:
         if self.layout is None:   # a geometry written by hand: its kinds and window are the layout
@@ -173,6 +175,8 @@ def geometry_from_config(config: Mapping[str, Any]) -> ModelGeometry:
         raise ConfigError(f"config.json: field 'architectures' must be a list of names, got {str(architectures)[:40]!r}")
     architectures = tuple(architectures)
     num_layers = _required_int(cfg, "num_hidden_layers")
+    if model_type in PURE_STATE_SPACE:   # Mamba / Mamba2 / Falcon-Mamba: no attention, a state per layer
+        return _state_space_geometry(config, cfg, model_type, architectures, num_layers)
     num_heads = _required_int(cfg, "num_attention_heads")
     hidden = _positive_int(cfg, "hidden_size", required=False)
     raw_dtype = cfg.get("torch_dtype") or cfg.get("dtype") or config.get("torch_dtype") or config.get("dtype")
@@ -190,23 +194,40 @@ def geometry_from_config(config: Mapping[str, Any]) -> ModelGeometry:
             layout=LayerLayout((FULL,) * num_layers),
             max_position_embeddings=max_len, kv_lora_rank=rank, qk_rope_head_dim=rope,
             num_attention_heads=num_heads, hidden_size=hidden, weight_count=count_weights(cfg), quantization=_quantization(config, cfg),
-            derived_max_model_len=derived, derived_max_model_len_key=derived_key)
+            derived_max_model_len=derived, derived_max_model_len_key=derived_key,
+            sparse_attention="index_topk" in cfg)
 
     kv_heads = next((cfg[k] for k in _KV_HEAD_KEYS if cfg.get(k) is not None), num_heads)
     if isinstance(kv_heads, bool) or not isinstance(kv_heads, int) or not 0 < kv_heads <= _MAX_FIELD:
         raise ConfigError(f"config.json: the number of KV heads must be a positive integer, got {str(kv_heads)[:40]!r}")
-    head_size = cfg.get("head_dim") or cfg.get("hidden_size_per_head")
+    head_size = cfg.get("head_dim") or cfg.get("hidden_size_per_head") or HEAD_DIM_DEFAULTS.get(model_type)
     if head_size is None:
         if hidden is None:
             raise ConfigError("config.json: missing field 'head_dim' (or 'hidden_size' to derive it)")
         head_size = hidden // num_heads
     if isinstance(head_size, bool) or not isinstance(head_size, int) or not 0 < head_size <= _MAX_FIELD:
         raise ConfigError(f"config.json: field 'head_dim' must be a positive integer, got {str(head_size)[:40]!r}")
-    layout = layer_layout(cfg, model_type, num_layers)
+    layout = layer_layout(cfg, model_type, num_layers, head_size, kv_heads)
     return ModelGeometry(
         model_type=model_type, architectures=architectures, num_layers=num_layers,
         attention="full", num_kv_heads=kv_heads, head_size=head_size, head_size_v=head_size,
         config_dtype=config_dtype, sliding_window=layout.window, layer_kinds=layout.kinds, layout=layout,
         max_position_embeddings=max_len, num_attention_heads=num_heads, hidden_size=hidden,
         weight_count=count_weights(cfg), quantization=_quantization(config, cfg), derived_max_model_len=derived,
+        derived_max_model_len_key=derived_key)
+
+
+def _state_space_geometry(config: Mapping[str, Any], cfg: Mapping[str, Any], model_type: str,
+                          architectures: tuple[str, ...], num_layers: int) -> ModelGeometry:
+    """A pure state-space model: no attention head, every layer one recurrent state per sequence."""
+    raw_dtype = cfg.get("torch_dtype") or cfg.get("dtype")
+    derived, derived_key = derive_max_model_len(cfg, model_type)
+    layout = layer_layout(cfg, model_type, num_layers)
+    return ModelGeometry(
+        model_type=model_type, architectures=architectures, num_layers=num_layers, attention="none",
+        num_kv_heads=0, head_size=0, head_size_v=0,
+        config_dtype=_DTYPE_NAMES.get(str(raw_dtype)) if raw_dtype else None, sliding_window=None,
+        layer_kinds=layout.kinds, layout=layout, max_position_embeddings=None, num_attention_heads=None,
+        hidden_size=_positive_int(cfg, "hidden_size", required=False), weight_count=count_weights(cfg),
+        quantization=_quantization(config, cfg), derived_max_model_len=derived,
         derived_max_model_len_key=derived_key)

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from kvwatch.failure_kinds import FailureKind
+from kvwatch.planner.architectures import refusals as _architecture_refusals
 from kvwatch.planner.backends import BackendChoice, choose_backend, kv_dtype_reason
 from kvwatch.planner.devices import Device, GiB
 from kvwatch.planner.engine_args import EngineSettings
@@ -97,6 +98,8 @@ class Plan:
     recurrent_state_bytes: int = 0        # one Mamba/linear-attention layer's state, before padding
     max_model_len_fitted: bool = False    # --max-model-len auto: the length vLLM fits to the KV cache
     gpu_budget: GpuBudget | None = None   # an estimated GPU plan: vLLM's split of the card, part by part
+    # Layer types kvwatch has no rule for (planned as full attention): the figures are then unsure.
+    unknown_layer_types: tuple[str, ...] = ()
 
     @property
     def engine_num_blocks(self) -> int:
@@ -110,6 +113,8 @@ class Plan:
     def source(self) -> str:
         """How the KV memory is known: "exact" (a flag or the environment fixes it), "learned" (from
         the engine's own profile on an earlier launch) or "estimated" (from config.json and the card)."""
+        if self.unknown_layer_types:
+            return "unknown"
         if self.estimated:
             return "estimated"
         return "learned" if self.kv_memory_source.startswith("learned") else "exact"
@@ -233,6 +238,12 @@ def config_refusals(geometry: ModelGeometry, settings: EngineSettings,
     return out
 
 
+def architecture_refusals(geometry: ModelGeometry, settings: EngineSettings, device: Device) -> list[Warning_]:
+    """vLLM's refusals of this architecture on this platform (planner/architectures.py)."""
+    return [Warning_(FailureKind(r.kind), r.message, FlagChange(r.fix) if r.fix else NO_CHANGE)
+            for r in _architecture_refusals(geometry, settings, device)]
+
+
 def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device, rules: RuleSet,
               memory: MemoryInputs = NO_MEMORY_INPUTS, allow_long_max_model_len: bool = False) -> Plan:
     refusals = config_refusals(geometry, settings, allow_long_max_model_len)
@@ -243,9 +254,11 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
         settings = replace(settings, gpu_memory_utilization=_DEFAULT_GPU_MEMORY_UTILIZATION,
                            gpu_memory_utilization_given=False)
     kv_dtype = settings.kv_cache_dtype
-    choice = choose_backend(rules, device, geometry, kv_dtype, settings.block_size,
-                            settings.attention_backend)
-    warnings: list[Warning_] = list(refusals)
+    attention_free = geometry.attention == "none"
+    # A pure state-space model has no attention layer, so no attention backend to choose.
+    choice = BackendChoice(None, (), {}) if attention_free else choose_backend(
+        rules, device, geometry, kv_dtype, settings.block_size, settings.attention_backend)
+    warnings: list[Warning_] = list(refusals) + architecture_refusals(geometry, settings, device)
     backend = choice.backend
 
     # -- block size: the flag, else the backend's preference; some platforms override both.
@@ -264,7 +277,8 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     else:
         block_size = shape.preferred_block_size if shape else 16
         block_source = "backend default"
-    warnings.extend(_legality_warnings(choice, rules, device, geometry, settings))
+    if not attention_free:
+        warnings.extend(_legality_warnings(choice, rules, device, geometry, settings))
 
     # -- bytes: one token of one attention layer, one page.
     dtype_bytes = kv_dtype_bytes(kv_dtype, settings.dtype, geometry.config_dtype)
@@ -273,18 +287,25 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
         per_token_layer = PACKED_MLA_BYTES.get(kv_dtype, geometry.head_size * dtype_bytes)
         packed_extra = max(0, per_token_layer - geometry.head_size * dtype_bytes)
     else:
-        kv_heads = max(1, geometry.num_kv_heads // settings.tensor_parallel_size)
-        per_token_layer = kv_heads * (geometry.head_size + geometry.head_size_v) * dtype_bytes
+        per_token_layer = _token_bytes(geometry.num_kv_heads, geometry.head_size, settings, dtype_bytes)
         packed_extra = 0
+    # Per cache layer where layers differ (Gemma 4: wider full-attention heads, fewer KV heads).
+    layer_token_bytes = _layer_token_bytes(geometry, settings, dtype_bytes, per_token_layer)
     state_bytes = _recurrent_state_bytes(geometry, settings, model_bytes, device)
     if state_bytes and shape is not None:
         aligned = _block_size_for_state(shape, block_size, per_token_layer, state_bytes, geometry.attention == "mla")
         if aligned > block_size:
             block_size, block_source = aligned, "raised so a page holds the recurrent state"
+    derived_len = geometry.default_max_model_len
+    max_len = settings.max_model_len or derived_len
+    if attention_free and not _prefix_caching(geometry, settings):
+        # model_executor/models/config.py MambaModelConfig: without prefix caching a state block
+        # covers max_model_len, and the engine's block size is its groups' smallest
+        block_size, block_source = max_len, "the max model len: one state block per request"
     page = block_size * per_token_layer
 
     # -- the layers of one worker (the fullest pipeline stage), grouped as vLLM groups them.
-    groups = _kv_groups(geometry, settings, block_size, page, state_bytes)
+    groups = _kv_groups(geometry, settings, block_size, [block_size * b for b in layer_token_bytes], state_bytes)
     bytes_per_block = groups.bytes_per_block
 
     # -- memory for the KV cache, and blocks.
@@ -312,8 +333,6 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     check_memory = num_blocks * bytes_per_block - bytes_per_block \
         if settings.num_gpu_blocks_override is not None else kv_memory - bytes_per_block
 
-    derived_len = geometry.default_max_model_len
-    max_len = settings.max_model_len or derived_len
     demand = _demand(geometry, settings, device, max_len)
     if settings.max_model_len_auto and settings.max_model_len is None:
         fitted = groups.auto_fit_max_model_len(check_memory, demand, derived_len) if check_memory > 0 else 0
@@ -356,7 +375,7 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
         attention=geometry.attention, backend=backend.name if backend else None,
         block_size=block_size, block_size_source=block_source, kv_cache_dtype=kv_dtype,
         dtype_bytes=dtype_bytes, kv_bytes_per_token_per_layer=per_token_layer,
-        kv_bytes_per_token=per_token_layer * geometry.layout.attention_layers, page_size_bytes=page,
+        kv_bytes_per_token=sum(layer_token_bytes), page_size_bytes=page,
         layers_per_block=groups.group_size, bytes_per_block=bytes_per_block,
         kv_memory_bytes=kv_memory, kv_memory_source=kv_source, num_blocks=num_blocks,
         kv_cache_tokens=tokens, max_model_len=max_len, max_concurrency=concurrency,
@@ -365,7 +384,8 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
         pipeline_parallel_size=max(1, settings.pipeline_parallel_size),
         kv_cache_groups=len(groups.groups), padding_layers=groups.padding_layers,
         blocks_per_request=groups.blocks_per_request(demand),
-        recurrent_state_bytes=state_bytes, max_model_len_fitted=settings.max_model_len_auto, gpu_budget=budget)
+        recurrent_state_bytes=state_bytes, max_model_len_fitted=settings.max_model_len_auto, gpu_budget=budget,
+        unknown_layer_types=geometry.layout.unknown_layer_types)
 
 
 def _no_memory_warning(device: Device, settings: EngineSettings, geometry: ModelGeometry,
@@ -455,22 +475,47 @@ def _block_size_for_state(shape: BackendRule, block_size: int, per_token_layer: 
     return smallest * -(-size // smallest)
 
 
-def _kv_groups(geometry: ModelGeometry, settings: EngineSettings, block_size: int, page: int,
+def _token_bytes(kv_heads: int, head_size: int, settings: EngineSettings, dtype_bytes: int) -> int:
+    """One token of one attention layer on one TP rank: K and V of its KV heads (at least one head
+    per rank: vLLM replicates KV heads when TP exceeds them)."""
+    return max(1, kv_heads // settings.tensor_parallel_size) * 2 * head_size * dtype_bytes
+
+
+def _layer_token_bytes(geometry: ModelGeometry, settings: EngineSettings, dtype_bytes: int,
+                       uniform: int) -> list[int]:
+    """Bytes per token of each cache layer (a state layer: 0), in model order."""
+    layout = geometry.layout
+    if layout.head_sizes is None or layout.kv_heads is None or geometry.attention == "mla":
+        return [0 if kind == MAMBA else uniform for kind in layout.kinds]
+    return [0 if kind == MAMBA else _token_bytes(heads, size, settings, dtype_bytes)
+            for kind, size, heads in zip(layout.kinds, layout.head_sizes, layout.kv_heads, strict=True)]
+
+
+def _kv_groups(geometry: ModelGeometry, settings: EngineSettings, block_size: int, pages: list[int],
                state_bytes: int) -> KvGroups:
     kinds = list(geometry.layout.kinds)
     if settings.pipeline_parallel_size > 1:   # the first stage holds the most layers
         per_stage = -(-len(kinds) // settings.pipeline_parallel_size)
-        kinds = kinds[:per_stage]
+        kinds, pages = kinds[:per_stage], pages[:per_stage]
     if settings.disable_hybrid_kv_cache_manager:
         kinds = promote_local_layers(kinds)
     window = geometry.layout.window
     # A state page is padded up to the attention page; with no attention layer it is its own size.
-    state_page = page if any(kind != MAMBA for kind in kinds) else state_bytes
+    attention_pages = [page for kind, page in zip(kinds, pages, strict=True) if kind != MAMBA]
+    state_page = max(attention_pages) if attention_pages else state_bytes
     checkpoints = geometry.layout.state.checkpoint_blocks if geometry.layout.state else 0
     specs = [LayerSpec(MAMBA, block_size, state_page, state_bytes, checkpoint_blocks=checkpoints) if kind == MAMBA
              else LayerSpec(kind, block_size, page, page, window if kind in (SLIDING, CHUNKED) else None)
-             for kind in kinds]
+             for kind, page in zip(kinds, pages, strict=True)]
     return kv_groups(specs)
+
+
+def _prefix_caching(geometry: ModelGeometry, settings: EngineSettings) -> bool:
+    """Whether prefix caching is on: the flag, else vLLM's default (config/model.py
+    is_prefix_caching_supported: on for decoders and hybrids, off for attention-free models)."""
+    if settings.enable_prefix_caching is not None:
+        return settings.enable_prefix_caching
+    return geometry.attention != "none"
 
 
 def _default_max_num_seqs(device: Device, settings: EngineSettings) -> int:
@@ -510,4 +555,4 @@ def _demand(geometry: ModelGeometry, settings: EngineSettings, device: Device, m
     concurrent_batches = 2 if pp == 1 and device.platform != "cpu" else pp
     return Demand(max_model_len=max_model_len, max_in_flight_tokens=concurrent_batches * batched,
                   # prefix caching is on by default (off on CPU for MLA); on a hybrid it keeps states aligned
-                  mamba_align=settings.enable_prefix_caching is not False and geometry.layout.state is not None)
+                  mamba_align=_prefix_caching(geometry, settings) and geometry.layout.state is not None)
