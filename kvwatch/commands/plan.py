@@ -66,6 +66,9 @@ def _hybrid_rows(plan: Plan) -> list[tuple[str, str]]:
     if plan.kv_cache_groups > 1:
         pad = f", {plan.padding_layers} padding layer(s) in the last groups" if plan.padding_layers else ""
         rows.append(("KV cache groups", f"{plan.kv_cache_groups} of {plan.layers_per_block} layers{pad}"))
+    if plan.indexer_bytes_per_token:
+        rows.append(("indexer cache", f"{plan.indexer_bytes_per_token:,} B per token (sparse attention, every "
+                                      f"layer; not in the blocks below)"))
     if plan.recurrent_state_bytes:
         rows.append(("recurrent state", f"{plan.recurrent_state_bytes:,} B per layer and sequence, padded to the "
                                         f"{plan.page_size_bytes:,} B page"))

@@ -11,7 +11,8 @@ from typing import Any
 
 from kvwatch.errors import ConfigError
 from kvwatch.planner.config_defaults import HEAD_DIM_DEFAULTS
-from kvwatch.planner.layers import FULL, PURE_STATE_SPACE, LayerLayout, layer_layout
+from kvwatch.planner.indexer import indexer_bytes_per_token
+from kvwatch.planner.layers import FULL, PURE_STATE_SPACE, LayerLayout, kimi_linear_layout, layer_layout
 from kvwatch.planner.weights import WeightCount, count_weights
 
 # vLLM's is_deepseek_mla list (0.32): these model types store one MLA latent per token.
@@ -58,6 +59,10 @@ class ModelGeometry:
     derived_max_model_len_key: str | None = None
     layout: LayerLayout = None  # type: ignore[assignment]  # filled from layer_kinds when not given
     sparse_attention: bool = False   # MLA with the DeepSeek-V3.2 indexer (index_topk in config.json)
+    indexer_bytes_per_token: int = 0   # that indexer's cache, every layer, one token (planner/indexer.py)
+    # vLLM's max_model_len when none is given (or auto) where it is not the derived one: LongRoPE
+    # models default to original_max_position_embeddings (config/model.py _get_and_verify_max_len).
+    default_len: int | None = None
 
     def __post_init__(self) -> None:
         if self.layout is None:   # a geometry written by hand: its kinds and window are the layout
@@ -65,8 +70,9 @@ class ModelGeometry:
 
     @property
     def default_max_model_len(self) -> int:
-        """vLLM's max_model_len when none is given: the derived one, else its assumed 2048."""
-        return self.derived_max_model_len or _ASSUMED_MAX_LEN
+        """vLLM's max_model_len when none is given (and the ceiling of --max-model-len auto): LongRoPE's
+        original length, else the derived one, else its assumed 2048."""
+        return self.default_len or self.derived_max_model_len or _ASSUMED_MAX_LEN
 
     @property
     def is_hybrid(self) -> bool:
@@ -162,6 +168,18 @@ def derive_max_model_len(cfg: Mapping[str, Any], model_type: str) -> tuple[int |
     return int(derived), key
 
 
+def longrope_default_len(cfg: Mapping[str, Any]) -> int | None:
+    """For LongRoPE, vLLM defaults max_model_len to original_max_position_embeddings "to avoid
+    performance degradation for shorter sequences" (vLLM 0.32, config/model.py:2625)."""
+    types = {p.get("rope_type", p.get("type")) for p in _rope_parameter_sets(cfg)}
+    if not types & {"longrope", "su"}:
+        return None
+    original = cfg.get("original_max_position_embeddings")
+    for p in _rope_parameter_sets(cfg):
+        original = p.get("original_max_position_embeddings", original)
+    return original if isinstance(original, int) and not isinstance(original, bool) and original > 0 else None
+
+
 def geometry_from_config(config: Mapping[str, Any]) -> ModelGeometry:
     """Turn a config.json dict into a ModelGeometry, or raise ConfigError naming the field."""
     if not isinstance(config, Mapping):
@@ -187,15 +205,15 @@ def geometry_from_config(config: Mapping[str, Any]) -> ModelGeometry:
     if model_type in MLA_MODEL_TYPES and cfg.get("kv_lora_rank") is not None:
         rank = _required_int(cfg, "kv_lora_rank")
         rope = _required_int(cfg, "qk_rope_head_dim")
+        mla_layout = kimi_linear_layout(cfg, num_layers) or LayerLayout((FULL,) * num_layers)
         return ModelGeometry(
             model_type=model_type, architectures=architectures, num_layers=num_layers,
             attention="mla", num_kv_heads=1, head_size=rank + rope, head_size_v=0,
-            config_dtype=config_dtype, sliding_window=None, layer_kinds=(FULL,) * num_layers,
-            layout=LayerLayout((FULL,) * num_layers),
+            config_dtype=config_dtype, sliding_window=None, layer_kinds=mla_layout.kinds, layout=mla_layout,
             max_position_embeddings=max_len, kv_lora_rank=rank, qk_rope_head_dim=rope,
             num_attention_heads=num_heads, hidden_size=hidden, weight_count=count_weights(cfg), quantization=_quantization(config, cfg),
             derived_max_model_len=derived, derived_max_model_len_key=derived_key,
-            sparse_attention="index_topk" in cfg)
+            sparse_attention="index_topk" in cfg, indexer_bytes_per_token=indexer_bytes_per_token(cfg))
 
     kv_heads = next((cfg[k] for k in _KV_HEAD_KEYS if cfg.get(k) is not None), num_heads)
     if isinstance(kv_heads, bool) or not isinstance(kv_heads, int) or not 0 < kv_heads <= _MAX_FIELD:
@@ -214,7 +232,7 @@ def geometry_from_config(config: Mapping[str, Any]) -> ModelGeometry:
         config_dtype=config_dtype, sliding_window=layout.window, layer_kinds=layout.kinds, layout=layout,
         max_position_embeddings=max_len, num_attention_heads=num_heads, hidden_size=hidden,
         weight_count=count_weights(cfg), quantization=_quantization(config, cfg), derived_max_model_len=derived,
-        derived_max_model_len_key=derived_key)
+        derived_max_model_len_key=derived_key, default_len=longrope_default_len(cfg))
 
 
 def _state_space_geometry(config: Mapping[str, Any], cfg: Mapping[str, Any], model_type: str,

@@ -53,6 +53,9 @@ class RecurrentState:
     family "gated_delta_net": conv (2 x k_heads x k_dim + v_heads x v_dim, kernel - 1), ssm (v_heads, v_dim, k_dim)
     family "mamba1":          conv (intermediate, kernel - 1), ssm (intermediate, state)
     family "short_conv":      conv (intermediate, kernel - 1), no ssm (LFM2: conv_dim, conv_L_cache)
+    family "kda":             conv (3 x heads x head_dim, kernel - 1), ssm (heads, head_dim, head_dim)
+                              (Kimi Delta Attention; its recurrent state is float32 unless asked:
+                              MambaStateDtypeCalculator.kda_state_dtype)
     (model_executor/layers/mamba/mamba_utils.py MambaStateShapeCalculator)
     """
 
@@ -78,6 +81,9 @@ class RecurrentState:
             groups = self.n_groups + (0 if self.n_groups % tp == 0 else tp - self.n_groups)
             conv = (self.intermediate_size + 2 * groups * self.state_size) // tp * (self.conv_kernel - 1)
             return conv, self.num_heads // tp * self.head_dim * self.state_size
+        if self.family == "kda":
+            conv = 3 * self.num_heads * self.head_dim // tp * (self.conv_kernel - 1)
+            return conv, self.num_heads // tp * self.head_dim * self.head_dim
         if self.family == "gated_delta_net":
             conv_dim = self.state_size * self.num_k_heads * 2 + self.head_dim * self.num_heads
             return conv_dim // tp * (self.conv_kernel - 1), self.num_heads // tp * self.head_dim * self.state_size
@@ -187,6 +193,10 @@ def _hybrid_kinds(cfg: Mapping[str, Any], model_type: str, num_layers: int) -> l
     if model_type == "jamba" and not isinstance(cfg.get("layers_block_type"), list):
         period, offset = _int(cfg, "attn_layer_period", 8), cfg.get("attn_layer_offset", 4)
         return [FULL if i % period == offset else MAMBA for i in range(num_layers)]
+    if model_type == "bamba":                        # transformers BambaConfig: attention at attn_layer_indices
+        indices = cfg.get("attn_layer_indices")
+        attention = set(indices) if isinstance(indices, list) else set()
+        return [FULL if i in attention else MAMBA for i in range(num_layers)]
     if model_type == "falcon_h1":                    # every layer: attention and a Mamba2 mixer side by side
         return [FULL, MAMBA] * num_layers
     return None
@@ -294,3 +304,17 @@ def _without_windowless_sliding(kinds: list[str], window: int | None) -> tuple[s
     """A sliding layer with no (valid) window attends to every token: vLLM's attention layer then
     has no sliding_window and its spec is full attention."""
     return tuple(FULL if k == SLIDING and window is None else k for k in kinds)
+
+
+def kimi_linear_layout(cfg: Mapping[str, Any], num_layers: int) -> LayerLayout | None:
+    """Kimi-Linear: KDA linear-attention layers and MLA layers, numbered from 1 in
+    linear_attn_config (vLLM 0.32 models/kimi_k3, `kda_layers` / `full_attn_layers`)."""
+    linear = cfg.get("linear_attn_config")
+    if not isinstance(linear, Mapping) or not isinstance(linear.get("kda_layers"), list):
+        return None
+    kda = {n for n in linear["kda_layers"] if isinstance(n, int)}
+    kinds = tuple(MAMBA if i + 1 in kda else FULL for i in range(num_layers))
+    state = RecurrentState("kda", conv_kernel=_int(linear, "short_conv_kernel_size", 4),
+                           num_heads=_int(linear, "num_heads"), head_dim=_int(linear, "head_dim"),
+                           ssm_dtype=_ssm_dtype(cfg, "float32"))
+    return LayerLayout(kinds, None, state)

@@ -34,6 +34,7 @@ NO_ATTENTION_BACKEND = FailureKind.NO_ATTENTION_BACKEND
 CONFIG_REFUSED = FailureKind.CONFIG_REFUSED
 MAMBA_CACHE_TOO_SMALL = FailureKind.MAMBA_CACHE_TOO_SMALL
 _DEFAULT_GPU_MEMORY_UTILIZATION = 0.92   # vLLM 0.32 config/cache.py
+_CACHE_CONFIG_DEFAULT_BLOCK_SIZE = 16    # vLLM 0.32 config/cache.py:72 CacheConfig.DEFAULT_BLOCK_SIZE
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,9 @@ class Plan:
     gpu_budget: GpuBudget | None = None   # an estimated GPU plan: vLLM's split of the card, part by part
     # Layer types kvwatch has no rule for (planned as full attention): the figures are then unsure.
     unknown_layer_types: tuple[str, ...] = ()
+    # GPU only: the sparse-attention indexer's cache, every layer, one token (DeepSeek-V3.2, GLM-5);
+    # counted per token, not in the blocks above (its grouping with the latent is not planned).
+    indexer_bytes_per_token: int = 0
 
     @property
     def engine_num_blocks(self) -> int:
@@ -207,6 +211,13 @@ def config_refusals(geometry: ModelGeometry, settings: EngineSettings,
             CONFIG_REFUSED,
             f"max model len {given:,} is above the model's maximum ({geometry.derived_max_model_len_key}="
             f"{limit:,} in config.json): vLLM refuses it", FlagChange({"--max-model-len": limit})))
+    if settings.max_model_len_auto and given is None and limit is None:
+        # config.json names no length: vLLM keeps the -1 it was given (config/model.py
+        # _get_and_verify_max_len "If max_model_len is specified, we use it"), then refuses it
+        out.append(Warning_(
+            CONFIG_REFUSED,
+            "max_model_len must be a positive integer, got int: -1: --max-model-len auto needs a length in "
+            "config.json to fit up to, and this one names none", FlagChange({"--max-model-len": geometry.default_max_model_len})))
     heads = geometry.num_attention_heads
     tp = settings.tensor_parallel_size
     if heads and tp > 0 and heads % tp:
@@ -292,7 +303,7 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     # Per cache layer where layers differ (Gemma 4: wider full-attention heads, fewer KV heads).
     layer_token_bytes = _layer_token_bytes(geometry, settings, dtype_bytes, per_token_layer)
     state_bytes = _recurrent_state_bytes(geometry, settings, model_bytes, device)
-    if state_bytes and shape is not None:
+    if state_bytes and shape is not None and not attention_free:   # a hybrid: attention pages hold a state
         aligned = _block_size_for_state(shape, block_size, per_token_layer, state_bytes, geometry.attention == "mla")
         if aligned > block_size:
             block_size, block_source = aligned, "raised so a page holds the recurrent state"
@@ -302,11 +313,17 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
         # model_executor/models/config.py MambaModelConfig: without prefix caching a state block
         # covers max_model_len, and the engine's block size is its groups' smallest
         block_size, block_source = max_len, "the max model len: one state block per request"
+    elif attention_free:
+        # MambaModelConfig copies the block size in force when it runs, before any platform sets its
+        # own default; with no attention layer nothing aligns it again (recorded on the CPU engine)
+        block_size = settings.block_size or _CACHE_CONFIG_DEFAULT_BLOCK_SIZE
+        block_source = "flag" if settings.block_size else "vLLM's CacheConfig default (no attention backend)"
     page = block_size * per_token_layer
 
     # -- the layers of one worker (the fullest pipeline stage), grouped as vLLM groups them.
     groups = _kv_groups(geometry, settings, block_size, [block_size * b for b in layer_token_bytes], state_bytes)
     bytes_per_block = groups.bytes_per_block
+    warnings.extend(_shared_layer_warnings(geometry, settings, groups))
 
     # -- memory for the KV cache, and blocks.
     estimated = False
@@ -385,7 +402,8 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
         kv_cache_groups=len(groups.groups), padding_layers=groups.padding_layers,
         blocks_per_request=groups.blocks_per_request(demand),
         recurrent_state_bytes=state_bytes, max_model_len_fitted=settings.max_model_len_auto, gpu_budget=budget,
-        unknown_layer_types=geometry.layout.unknown_layer_types)
+        unknown_layer_types=geometry.layout.unknown_layer_types,
+        indexer_bytes_per_token=geometry.indexer_bytes_per_token if device.platform == "cuda" else 0)
 
 
 def _no_memory_warning(device: Device, settings: EngineSettings, geometry: ModelGeometry,
@@ -508,6 +526,25 @@ def _kv_groups(geometry: ModelGeometry, settings: EngineSettings, block_size: in
              else LayerSpec(kind, block_size, page, page, window if kind in (SLIDING, CHUNKED) else None)
              for kind, page in zip(kinds, pages, strict=True)]
     return kv_groups(specs)
+
+
+def _shared_layer_warnings(geometry: ModelGeometry, settings: EngineSettings, groups: KvGroups) -> list[Warning_]:
+    """vLLM 0.32 sizes the cache, then fails to build the attention backends when a KV-shared layer
+    joins a group whose layers differ in page size (Gemma 4 with --disable-hybrid-kv-cache-manager:
+    one group of sliding and wide full layers): the group's per-layer specs
+    (UniformTypeKVCacheSpecs) do not list the shared layer, and gpu_model_runner.py
+    get_attn_backends_for_group raises KeyError on its name (recorded on the CPU engine)."""
+    shared = geometry.layout.kv_shared_layers
+    mixed = any(len({groups.specs[i].page_bytes for i in group}) > 1 for group in groups.groups)
+    if not shared or not mixed:
+        return []
+    first = geometry.num_layers - shared
+    fix = FlagChange(remove=("--disable-hybrid-kv-cache-manager",)) if settings.disable_hybrid_kv_cache_manager \
+        else NO_CHANGE
+    return [Warning_(CONFIG_REFUSED,
+                     f"KeyError: 'model.layers.{first}.self_attn.attn': vLLM sizes this cache, then fails to set up "
+                     f"attention for layer {first}, which reads another layer's cache from a KV cache group whose "
+                     f"layers differ in page size", fix)]
 
 
 def _prefix_caching(geometry: ModelGeometry, settings: EngineSettings) -> bool:
