@@ -81,9 +81,15 @@ def test_plan_equals_the_recorded_engine(case: dict, tmp_path: Path) -> None:
 
 # -- live: the same cases on the real engine ---------------------------------------------------
 
+# CI stays cheap: every case of the first corpus, and of issue 26's only one per new cache kind
+# (KV sharing with wide layers, a pure state-space model, a short convolution); the rest of them
+# are checked against their recorded figures above (tests/record_kv_truth.py re-records them).
+LIVE_BEYOND = {("gemma4_e2b", ()), ("mamba_codestral", ()), ("lfm2", ())}
+LIVE = [i for i, c in enumerate(SIZED) if c["model"] not in BEYOND or (c["model"], tuple(c["flags"])) in LIVE_BEYOND]
+
 @pytest.fixture(scope="module")
 def live_cases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
-    """Probe every recorded case on the real engine, two at a time (each ~30-60 s alone)."""
+    """Probe the LIVE cases on the real engine, two at a time (each ~30-60 s alone)."""
     from engine_support import require_engine
     from kv_probe import probe
     require_engine()
@@ -94,11 +100,11 @@ def live_cases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
         return CASE_IDS[index], probe(corpus.CORPUS[case["model"]]["config"], case["flags"], root / str(index))
 
     with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(pool.map(run, range(len(SIZED))))
+        return dict(pool.map(run, LIVE))
 
 
 @pytest.mark.engine
-@pytest.mark.parametrize("index", range(len(SIZED)), ids=CASE_IDS)
+@pytest.mark.parametrize("index", LIVE, ids=[CASE_IDS[i] for i in LIVE])
 def test_plan_equals_the_live_engine(index: int, live_cases: dict[str, dict], tmp_path: Path) -> None:
     case = SIZED[index]
     live = live_cases[CASE_IDS[index]]
