@@ -69,7 +69,9 @@ def _hybrid_rows(plan: Plan) -> list[tuple[str, str]]:
     if plan.indexer_bytes_per_token:
         rows.append(("indexer cache", f"{plan.indexer_bytes_per_token:,} B per token (sparse attention, every "
                                       f"layer; not in the blocks below)"))
-    if plan.recurrent_state_bytes:
+    if plan.recurrent_state_bytes and not plan.page_size_bytes:   # a state-space model: nothing to pad to
+        rows.append(("recurrent state", f"{plan.recurrent_state_bytes:,} B per layer and sequence"))
+    elif plan.recurrent_state_bytes:
         rows.append(("recurrent state", f"{plan.recurrent_state_bytes:,} B per layer and sequence, padded to the "
                                         f"{plan.page_size_bytes:,} B page"))
     return rows
@@ -94,7 +96,8 @@ def render(plan: Plan) -> str:
     rows = [
         ("model", plan.model),
         ("device", f"{plan.device} (compute capability {plan.compute_capability})"),
-        ("attention", f"{plan.attention}, backend {plan.backend or 'none valid'}"),
+        ("attention", "none: a state-space model, no attention layer" if plan.attention == "none"
+         else f"{plan.attention}, backend {plan.backend or 'none valid'}"),
         ("block size", f"{plan.block_size} tokens ({plan.block_size_source})"),
         ("KV dtype", f"{plan.kv_cache_dtype} ({plan.dtype_bytes} B per element)"),
         ("KV per token", f"{plan.kv_bytes_per_token:,} B ({plan.kv_bytes_per_token_per_layer:,} B per layer)"),
