@@ -1,12 +1,13 @@
 """Record what the real vLLM CPU engine decides for the KV cache of every corpus model.
 
-    .venv/bin/python tests/record_kv_truth.py [--jobs N] [names...]
+    flock /tmp/kvwatch-engine.lock .venv/bin/python tests/record_kv_truth.py [--jobs N] [--missing-only] [names...]
 
 Runs `kv_probe.probe` for each case below and writes tests/fixtures/models/kv_truth.json
 ({"vllm", "kv_space_gib", "cases": [{"model", "flags", ...probe result}]}), replacing the file
 atomically after every case, so partial results survive. Re-running with names replaces only
 those models' cases and keeps the others. Failures are recorded with the engine's error
-sentence, never dropped.
+sentence, never dropped. --missing-only runs only the cases the file lacks or holds as a failure
+(the whole corpus takes ~40 min one engine at a time on 2 cores; issue 26's entries ~25 min).
 """
 from __future__ import annotations
 
