@@ -72,6 +72,15 @@ def test_a_layer_type_kvwatch_does_not_know_is_named_and_planned_as_full_attenti
     assert layout.unknown_layer_types == ("quantum_attention", "hash")
 
 
+def test_state_space_fields_in_a_config_without_a_hybrid_rule_are_said_unknown() -> None:
+    """A hybrid kvwatch has no rule for, whose config lists no layer types (Zamba2-like fields under an
+    unknown model_type): its Mamba layers would be silently planned as attention; the layout says so."""
+    cfg = {"mamba_d_state": 64, "mamba_d_conv": 4, "mamba_expand": 2, "num_attention_heads": 8}
+    layout = layer_layout(cfg, "new_hybrid", 4)
+    assert layout.unknown_layer_types == ("a recurrent mixer (mamba_d_conv, mamba_d_state, mamba_expand in config.json)",)
+    assert layer_layout({"num_attention_heads": 8, "mamba_d_state": None}, "llama", 4).unknown_layer_types == ()
+
+
 # -- vLLM's grouping (worked examples of v1/core/kv_cache_utils.py) --------------------------------
 
 def spec(kind: str, page: int = 100, window: int | None = None, real: int | None = None) -> LayerSpec:

@@ -129,8 +129,8 @@ def render(plan: Plan) -> str:
         lines.append(f"{level}: [{w.kind}] {w.message}")
         lines.append(f"  fix: {fix or 'no flag change can fix this'}")
     if plan.unknown_layer_types:
-        lines.append(f"UNKNOWN: layer type(s) {', '.join(plan.unknown_layer_types)} are not ones kvwatch knows; "
-                     f"they are planned as full attention, so the figures above may be wrong")
+        lines.append(f"UNKNOWN: layer type(s) kvwatch cannot classify: {'; '.join(plan.unknown_layer_types)}; "
+                     f"planned as full attention, so the figures above may be wrong")
     if not plan.warnings:
         lines.append("OK: vLLM should accept this plan")
     return "\n".join(lines)

@@ -248,6 +248,16 @@ def _ssm_dtype(cfg: Mapping[str, Any], default: str | None) -> str | None:
     return value if isinstance(value, str) else default
 
 
+# Fields that describe a recurrent mixer: in a config kvwatch plans as attention only, they mean
+# layers it did not place (a hybrid without a rule here), so the plan must say it is unsure.
+_STATE_FIELD_PREFIXES = ("mamba_", "ssm_", "linear_attn", "linear_num_", "conv_L_cache", "short_conv")
+
+
+def _unplaced_state_fields(cfg: Mapping[str, Any]) -> tuple[str, ...]:
+    fields = sorted(k for k in cfg if k.startswith(_STATE_FIELD_PREFIXES) and cfg[k] not in (None, False))
+    return (f"a recurrent mixer ({', '.join(fields[:3])} in config.json)",) if fields else ()
+
+
 def kv_shared_layers(cfg: Mapping[str, Any], model_type: str, num_layers: int) -> int:
     """How many of the last layers read an earlier layer's cache instead of holding their own."""
     if model_type not in _KV_SHARING_MODEL_TYPES:
@@ -293,6 +303,7 @@ def layer_layout(cfg: Mapping[str, Any], model_type: str, num_layers: int, head_
         return LayerLayout(kinds, window if SLIDING in kinds else None, _recurrent_state(cfg, model_type),
                            unknown_layer_types=unknown)
     listed_kinds, window = _attention_kinds(cfg, model_type, num_layers)
+    unknown += _unplaced_state_fields(cfg)
     shared = kv_shared_layers(cfg, model_type, num_layers)
     kinds = _without_windowless_sliding(listed_kinds[:num_layers - shared], window)
     head_sizes, heads = _per_layer_heads(cfg, model_type, kinds, head_dim, kv_heads)
