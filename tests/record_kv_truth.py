@@ -60,6 +60,7 @@ EXTRA: dict[str, list[list[str]]] = {
     "nemotron_h": [["--no-enable-prefix-caching"]],
     "jamba": [["--block-size", "64"]],
     "falcon_h1": [["--no-enable-prefix-caching"]],
+    "kimi_linear": [["--no-enable-prefix-caching"]],   # what the CPU does once the refusal is avoided
     "gemma3_text": [["--disable-hybrid-kv-cache-manager"], ["--max-model-len", "auto"]],
     "gpt_oss": [["--disable-hybrid-kv-cache-manager"]],
     "llama3": [["--max-model-len", "auto"], ["--kv-cache-dtype", "fp8"]],

@@ -22,6 +22,7 @@ from kvwatch.boundary.plan_loader import plan_command
 from kvwatch.cli import main
 from kvwatch.exitcodes import EXIT_PLAN_WILL_FAIL
 from kvwatch.planner.architectures import (
+    KDA_NEEDS_CUTLASS,
     MAMBA_BLOCK_SIZE_WITHOUT_PREFIX_CACHING,
     QWEN2_SOME_LAYERS_SLIDE,
     SPARSE_ATTENTION_ON_CPU,
@@ -150,6 +151,8 @@ REFUSED = {
 REFUSED_WITH_FLAGS = {
     # Falcon-Mamba's config.json names no length: vLLM keeps the -1 of auto and refuses it
     ("falcon_mamba", ("--max-model-len", "auto")): "max_model_len must be a positive integer, got int: -1",
+    # Kimi-Linear without prefix caching: past the first refusal, KDA is NVIDIA's implementation only
+    ("kimi_linear", ("--no-enable-prefix-caching",)): KDA_NEEDS_CUTLASS,
 }
 
 

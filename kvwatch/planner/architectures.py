@@ -14,8 +14,8 @@ Each rule is one of vLLM 0.32's refusals of a model, before any KV cache is size
   state-space layer ("Layer N ... does not dispatch through the Transformers attention interface");
 - a hybrid MLA model (Kimi-Linear) on a CPU without AMX: its prefix caching is turned off by the
   platform after the Mamba hook aligned the state blocks for it: "--mamba-block-size can only be
-  set with --enable-prefix-caching" (--no-enable-prefix-caching avoids the sentence; the KDA
-  kernels are Triton's, so a GPU is the real fix).
+  set with --enable-prefix-caching"; with --no-enable-prefix-caching (or AMX) Kimi Delta Attention
+  itself: models/kimi_k3 imports NVIDIA's implementation, "No module named 'cutlass'" (a GPU is the fix).
 
 The sentences themselves, as vLLM prints them, are what kvwatch diagnose matches in a log
 (kvwatch/diagnosis/refusals.py); here the planner predicts them.
@@ -68,6 +68,7 @@ QWEN2_SOME_LAYERS_SLIDE = "Sliding window for some but all layers is not support
 TRANSFORMERS_BACKEND_NO_ATTENTION = ("does not dispatch through the Transformers attention interface and vLLM has "
                                      "no other way to handle it.")
 MAMBA_BLOCK_SIZE_WITHOUT_PREFIX_CACHING = "--mamba-block-size can only be set with --enable-prefix-caching"
+KDA_NEEDS_CUTLASS = "No module named 'cutlass'"
 
 
 @dataclass(frozen=True)
@@ -103,16 +104,23 @@ def refusals(geometry: ModelGeometry, settings: EngineSettings, device: Device) 
             "no_attention_backend",
             f"{SPARSE_ATTENTION_ON_CPU} This model's attention is sparse (a DeepSeek-V3.2 indexer): "
             f"serve it on a GPU", {}))
-    if (geometry.attention == "mla" and MAMBA in geometry.layout.kinds and device.platform == "cpu"
+    kda = geometry.layout.state is not None and geometry.layout.state.family == "kda"
+    if kda and device.platform == "cpu" and (device.cpu_amx or settings.enable_prefix_caching is False):
+        # models/kimi_k3/__init__.py imports the NVIDIA implementation on every non-ROCm, non-TPU
+        # platform, and it needs NVIDIA's cutlass package (recorded on the CPU engine)
+        out.append(ArchitectureRefusal(
+            "config_refused", f"{KDA_NEEDS_CUTLASS}: vLLM's Kimi Delta Attention is NVIDIA's (and ROCm's) "
+            f"implementation only: serve it on a GPU", {}))
+    elif (geometry.attention == "mla" and MAMBA in geometry.layout.kinds and device.platform == "cpu"
             and not device.cpu_amx and settings.enable_prefix_caching is not False):
         # A hybrid's Mamba hook aligns its state blocks for prefix caching, then the CPU platform turns
         # prefix caching off for MLA without AMX (platforms/cpu.py:519), and config/vllm.py:3312 refuses.
         out.append(ArchitectureRefusal(
             "config_refused",
             f"{MAMBA_BLOCK_SIZE_WITHOUT_PREFIX_CACHING}: the CPU platform turns prefix caching off for MLA, "
-            f"after the hybrid's state blocks were aligned for it. --no-enable-prefix-caching avoids this "
-            f"refusal, but Kimi Delta Attention runs on Triton kernels (models/kimi_k3), which the CPU build "
-            f"lacks: serve it on a GPU",
+            f"after the hybrid's state blocks were aligned for it" +
+            (f". --no-enable-prefix-caching avoids this sentence, then vLLM fails on '{KDA_NEEDS_CUTLASS}': "
+             f"serve it on a GPU" if kda else "; serve it with --no-enable-prefix-caching"),
             {}))   # a switch, not a valued flag: kvwatch's flag changes set values, so none is proposed
     kinds = set(geometry.layout.kinds)
     if geometry.model_type == "qwen2" and {FULL, SLIDING} <= kinds:
