@@ -24,6 +24,7 @@ and "rc", the engine's exit status (None when the probe stopped it). "seconds" t
 """
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import time
@@ -125,6 +126,13 @@ def probe(config: dict, flags: list[str], workdir: Path, timeout: float = 240,
     port = free_port()
     argv = engine_argv(model, port, *extra)
     env = {**engine_env(1), "VLLM_LOGGING_LEVEL": "DEBUG"}
+    if "--tensor-parallel-size" in flags:
+        # vLLM's CPU workers bind one NUMA node each unless told which cores to take: a one-node
+        # machine refuses TP 2 ("Not enough allowed NUMA nodes"), so give each rank its own core(s).
+        tp = int(flags[flags.index("--tensor-parallel-size") + 1])
+        cores = max(1, (os.cpu_count() or 1) // tp)
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(
+            str(r * cores) if cores == 1 else f"{r * cores}-{r * cores + cores - 1}" for r in range(tp))
     result: dict = {"num_blocks": None, "block_size": None, "kv_cache_tokens": None,
                     "max_concurrency": None, "max_model_len": None, "block_size_source": None,
                     "metrics": None, "log_lines": [], "rc": None, "error": None, "seconds": None,
@@ -197,7 +205,8 @@ def probe(config: dict, flags: list[str], workdir: Path, timeout: float = 240,
             result["block_size"], result["block_size_source"] = implied, "log"
     result["log_lines"] = [line for line in lines
                            if RELEVANT.search(line) and not NOISE.search(line)]
-    if result["kv_cache_tokens"] is None:
+    if result["kv_cache_tokens"] is None or (result["num_blocks"] is None and result["rc"] is not None):
+        # Not sized, or sized and then dead before reporting its blocks (a crash after the sizing)
         errors = error_sentences(lines)
         result["errors"] = errors
         result["error"] = (errors[-1] if errors else None) or result["error"] or \

@@ -63,10 +63,22 @@ def test_falcon_h1_has_attention_and_mamba_in_every_layer() -> None:
     assert kinds(cfg, "falcon_h1", 3) == "fmfmfm"
 
 
-def test_a_layer_type_kvwatch_does_not_know_is_one_clear_error() -> None:
-    from kvwatch.errors import ConfigError
-    with pytest.raises(ConfigError, match="layer type 'quantum_attention'"):
-        layer_layout({"layer_types": ["quantum_attention"]}, "x", 1)
+def test_a_layer_type_kvwatch_does_not_know_is_named_and_planned_as_full_attention() -> None:
+    """Issue 26: never a refusal (exit 2) for a model vLLM may serve; the layout names what it could
+    not classify, each type once, so the plan can say it is unsure."""
+    layout = layer_layout({"layer_types": ["quantum_attention", "full_attention", "quantum_attention", "hash"]},
+                          "x", 4)
+    assert layout.kinds == ("full",) * 4
+    assert layout.unknown_layer_types == ("quantum_attention", "hash")
+
+
+def test_state_space_fields_in_a_config_without_a_hybrid_rule_are_said_unknown() -> None:
+    """A hybrid kvwatch has no rule for, whose config lists no layer types (Zamba2-like fields under an
+    unknown model_type): its Mamba layers would be silently planned as attention; the layout says so."""
+    cfg = {"mamba_d_state": 64, "mamba_d_conv": 4, "mamba_expand": 2, "num_attention_heads": 8}
+    layout = layer_layout(cfg, "new_hybrid", 4)
+    assert layout.unknown_layer_types == ("a recurrent mixer (mamba_d_conv, mamba_d_state, mamba_expand in config.json)",)
+    assert layer_layout({"num_attention_heads": 8, "mamba_d_state": None}, "llama", 4).unknown_layer_types == ()
 
 
 # -- vLLM's grouping (worked examples of v1/core/kv_cache_utils.py) --------------------------------

@@ -565,3 +565,37 @@ def test_hybrid_gemma3_planned_equals_actual_with_padding_by_cause(tmp_path: Pat
         assert kv.exit_code() == 0
     finally:
         kv.cleanup()
+
+
+# -- Gemma 4 under kvwatch run (issue 26) -------------------------------------------------------------
+
+def test_gemma4_kv_sharing_and_wide_full_layers_planned_equals_actual(tmp_path: Path) -> None:
+    """The shrunk Gemma 4 E2B (4 sliding : 1 full, the last 4 of 10 layers reading an earlier layer's
+    cache, full-attention heads twice as wide) under kvwatch run: 6 cache layers in 6 groups, the
+    sliding groups at twice the block size so the pages match; planned blocks == the engine's, drift 0,
+    and the plan's tokens equal the tokens the engine logs."""
+    from fixtures.models import corpus
+    model = write_model(tmp_path / "gemma4", corpus.CORPUS["gemma4_e2b"]["config"])
+    kv = Kvwatch(tmp_path, "gemma4", engine_argv(model, free_port(), "--max-model-len", "2048"))
+    try:
+        ready = kv.start().wait_ready()
+        found: dict = {}
+        key = frozenset({("engine", "gemma4"), ("rank", "0")})
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and ("kvwatch_kv_actual_blocks", key) not in found:
+            found = kvwatch_metrics(kv)
+            time.sleep(0.5)
+        planned = found[("kvwatch_kv_planned_blocks", key)]
+        log(f"gemma4: planned {planned:.0f} blocks, actual {found[('kvwatch_kv_actual_blocks', key)]:.0f}")
+        assert planned == found[("kvwatch_kv_actual_blocks", key)] > 0
+        assert found[("kvwatch_kv_plan_drift_ratio", key)] == 0
+        plan = json.loads(subprocess.run(
+            [sys.executable, "-m", "kvwatch.cli", "plan", "--device", "cpu", "--json", "--", *ready["argv"]],
+            capture_output=True, text=True, env=engine_env(1), timeout=60, check=True).stdout)
+        assert plan["kv_cache_groups"] == 6 and plan["num_blocks"] == planned
+        logged = kv.wait("the KV size line parsed", lambda d: d.get("log_kv_tokens") is not None)
+        assert plan["kv_cache_tokens"] == logged["log_kv_tokens"]
+        kv.proc.send_signal(signal.SIGTERM)
+        assert kv.exit_code() == 0
+    finally:
+        kv.cleanup()

@@ -110,7 +110,12 @@ def _hybrid_rows(plan: Plan) -> list[tuple[str, str]]:
     if plan.kv_cache_groups > 1:
         pad = f", {plan.padding_layers} padding layer(s) in the last groups" if plan.padding_layers else ""
         rows.append(("KV cache groups", f"{plan.kv_cache_groups} of {plan.layers_per_block} layers{pad}"))
-    if plan.recurrent_state_bytes:
+    if plan.indexer_bytes_per_token:
+        rows.append(("indexer cache", f"{plan.indexer_bytes_per_token:,} B per token (sparse attention, every "
+                                      f"layer; not in the blocks below)"))
+    if plan.recurrent_state_bytes and not plan.page_size_bytes:   # a state-space model: nothing to pad to
+        rows.append(("recurrent state", f"{plan.recurrent_state_bytes:,} B per layer and sequence"))
+    elif plan.recurrent_state_bytes:
         rows.append(("recurrent state", f"{plan.recurrent_state_bytes:,} B per layer and sequence, padded to the "
                                         f"{plan.page_size_bytes:,} B page"))
     return rows
@@ -135,7 +140,8 @@ def render(plan: Plan) -> str:
     rows = [
         ("model", plan.model),
         ("device", f"{plan.device} (compute capability {plan.compute_capability})"),
-        ("attention", f"{plan.attention}, backend {plan.backend or 'none valid'}"),
+        ("attention", "none: a state-space model, no attention layer" if plan.attention == "none"
+         else f"{plan.attention}, backend {plan.backend or 'none valid'}"),
         ("block size", f"{plan.block_size} tokens ({plan.block_size_source})"),
         ("KV dtype", f"{plan.kv_cache_dtype} ({plan.dtype_bytes} B per element)"),
         ("KV per token", f"{plan.kv_bytes_per_token:,} B ({plan.kv_bytes_per_token_per_layer:,} B per layer)"),
@@ -166,6 +172,9 @@ def render(plan: Plan) -> str:
         level = "FAILS" if w.certain else "RISK"
         lines.append(f"{level}: [{w.kind}] {w.message}")
         lines.append(f"  fix: {fix or 'no flag change can fix this'}")
+    if plan.unknown_layer_types:
+        lines.append(f"UNKNOWN: layer type(s) kvwatch cannot classify: {'; '.join(plan.unknown_layer_types)}; "
+                     f"planned as full attention, so the figures above may be wrong")
     if not plan.warnings:
         lines.append("OK: vLLM should accept this plan")
     return "\n".join(lines)

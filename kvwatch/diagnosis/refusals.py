@@ -96,6 +96,12 @@ REFUSALS: tuple[Refusal, ...] = (
             lambda m: {"architectures": m["architectures"]}, "model_executor/models/registry.py",
             "this vLLM version has no implementation of the model's architecture: another vLLM version "
             "or a supported checkpoint"),
+    Refusal("architecture_no_longer_supported",
+            re.compile(r"Model architecture (?P<architecture>\w+) was supported in vLLM until "
+                       r"v(?P<last_release>[\w.]+), and is not supported anymore"),
+            lambda m: {"architecture": m["architecture"], "last_release": m["last_release"]},
+            "model_executor/models/registry.py _raise_for_unsupported (_PREVIOUSLY_SUPPORTED_MODELS)",
+            "this vLLM dropped the architecture: serve it with the release the sentence names or older"),
     Refusal("unknown_dtype",
             re.compile(r"Unknown dtype: '?(?P<dtype>[\w.]+)'?"),
             lambda m: {"dtype": m["dtype"]}, "config/model.py _get_and_verify_dtype"),

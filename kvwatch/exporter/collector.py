@@ -196,8 +196,9 @@ def _engine(f: dict[str, Any], engine: EngineSnapshot) -> None:
             for cause, value in sorted(plan.padding_bytes.items()):
                 f["padding_bytes"].add_metric([name, rank, cause], value)
             f["planned_padding_ratio"].add_metric([name, rank], plan.padding_ratio)
-    # An estimate's miss is not a change in the engine: only exact and learned plans drift.
-    difference = "estimate_error" if plan is not None and plan.source == "estimated" else "drift"
+    # An estimate's miss (or a plan with layers kvwatch could not classify) is not a change in the
+    # engine: only exact and learned plans drift.
+    difference = "estimate_error" if plan is not None and plan.source in ("estimated", "unknown") else "drift"
     for rank, actual in sorted(actual_ranks.items(), key=lambda kv: (len(kv[0]), kv[0])):
         f["actual_bytes"].add_metric([name, rank], actual.kv_bytes)
         f["actual_blocks"].add_metric([name, rank], actual.blocks)

@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvwatch.errors import ConfigError
-from kvwatch.planner.layers import FULL, LayerLayout, layer_layout
+from kvwatch.planner.config_defaults import HEAD_DIM_DEFAULTS
+from kvwatch.planner.indexer import indexer_bytes_per_token
+from kvwatch.planner.layers import FULL, PURE_STATE_SPACE, LayerLayout, kimi_linear_layout, layer_layout
 from kvwatch.planner.weights import WeightCount, count_weights
 
 # vLLM's is_deepseek_mla list (0.32): these model types store one MLA latent per token.
@@ -56,6 +58,11 @@ class ModelGeometry:
     derived_max_model_len: int | None = None   # the longest max_model_len vLLM accepts (None: unknown)
     derived_max_model_len_key: str | None = None
     layout: LayerLayout = None  # type: ignore[assignment]  # filled from layer_kinds when not given
+    sparse_attention: bool = False   # MLA with the DeepSeek-V3.2 indexer (index_topk in config.json)
+    indexer_bytes_per_token: int = 0   # that indexer's cache, every layer, one token (planner/indexer.py)
+    # vLLM's max_model_len when none is given (or auto) where it is not the derived one: LongRoPE
+    # models default to original_max_position_embeddings (config/model.py _get_and_verify_max_len).
+    default_len: int | None = None
 
     def __post_init__(self) -> None:
         if self.layout is None:   # a geometry written by hand: its kinds and window are the layout
@@ -63,8 +70,9 @@ class ModelGeometry:
 
     @property
     def default_max_model_len(self) -> int:
-        """vLLM's max_model_len when none is given: the derived one, else its assumed 2048."""
-        return self.derived_max_model_len or _ASSUMED_MAX_LEN
+        """vLLM's max_model_len when none is given (and the ceiling of --max-model-len auto): LongRoPE's
+        original length, else the derived one, else its assumed 2048."""
+        return self.default_len or self.derived_max_model_len or _ASSUMED_MAX_LEN
 
     @property
     def is_hybrid(self) -> bool:
@@ -160,6 +168,18 @@ def derive_max_model_len(cfg: Mapping[str, Any], model_type: str) -> tuple[int |
     return int(derived), key
 
 
+def longrope_default_len(cfg: Mapping[str, Any]) -> int | None:
+    """For LongRoPE, vLLM defaults max_model_len to original_max_position_embeddings "to avoid
+    performance degradation for shorter sequences" (vLLM 0.32, config/model.py:2625)."""
+    types = {p.get("rope_type", p.get("type")) for p in _rope_parameter_sets(cfg)}
+    if not types & {"longrope", "su"}:
+        return None
+    original = cfg.get("original_max_position_embeddings")
+    for p in _rope_parameter_sets(cfg):
+        original = p.get("original_max_position_embeddings", original)
+    return original if isinstance(original, int) and not isinstance(original, bool) and original > 0 else None
+
+
 def geometry_from_config(config: Mapping[str, Any]) -> ModelGeometry:
     """Turn a config.json dict into a ModelGeometry, or raise ConfigError naming the field."""
     if not isinstance(config, Mapping):
@@ -173,6 +193,8 @@ def geometry_from_config(config: Mapping[str, Any]) -> ModelGeometry:
         raise ConfigError(f"config.json: field 'architectures' must be a list of names, got {str(architectures)[:40]!r}")
     architectures = tuple(architectures)
     num_layers = _required_int(cfg, "num_hidden_layers")
+    if model_type in PURE_STATE_SPACE:   # Mamba / Mamba2 / Falcon-Mamba: no attention, a state per layer
+        return _state_space_geometry(config, cfg, model_type, architectures, num_layers)
     num_heads = _required_int(cfg, "num_attention_heads")
     hidden = _positive_int(cfg, "hidden_size", required=False)
     raw_dtype = cfg.get("torch_dtype") or cfg.get("dtype") or config.get("torch_dtype") or config.get("dtype")
@@ -183,30 +205,47 @@ def geometry_from_config(config: Mapping[str, Any]) -> ModelGeometry:
     if model_type in MLA_MODEL_TYPES and cfg.get("kv_lora_rank") is not None:
         rank = _required_int(cfg, "kv_lora_rank")
         rope = _required_int(cfg, "qk_rope_head_dim")
+        mla_layout = kimi_linear_layout(cfg, num_layers) or LayerLayout((FULL,) * num_layers)
         return ModelGeometry(
             model_type=model_type, architectures=architectures, num_layers=num_layers,
             attention="mla", num_kv_heads=1, head_size=rank + rope, head_size_v=0,
-            config_dtype=config_dtype, sliding_window=None, layer_kinds=(FULL,) * num_layers,
-            layout=LayerLayout((FULL,) * num_layers),
+            config_dtype=config_dtype, sliding_window=None, layer_kinds=mla_layout.kinds, layout=mla_layout,
             max_position_embeddings=max_len, kv_lora_rank=rank, qk_rope_head_dim=rope,
             num_attention_heads=num_heads, hidden_size=hidden, weight_count=count_weights(cfg), quantization=_quantization(config, cfg),
-            derived_max_model_len=derived, derived_max_model_len_key=derived_key)
+            derived_max_model_len=derived, derived_max_model_len_key=derived_key,
+            sparse_attention="index_topk" in cfg, indexer_bytes_per_token=indexer_bytes_per_token(cfg))
 
     kv_heads = next((cfg[k] for k in _KV_HEAD_KEYS if cfg.get(k) is not None), num_heads)
     if isinstance(kv_heads, bool) or not isinstance(kv_heads, int) or not 0 < kv_heads <= _MAX_FIELD:
         raise ConfigError(f"config.json: the number of KV heads must be a positive integer, got {str(kv_heads)[:40]!r}")
-    head_size = cfg.get("head_dim") or cfg.get("hidden_size_per_head")
+    head_size = cfg.get("head_dim") or cfg.get("hidden_size_per_head") or HEAD_DIM_DEFAULTS.get(model_type)
     if head_size is None:
         if hidden is None:
             raise ConfigError("config.json: missing field 'head_dim' (or 'hidden_size' to derive it)")
         head_size = hidden // num_heads
     if isinstance(head_size, bool) or not isinstance(head_size, int) or not 0 < head_size <= _MAX_FIELD:
         raise ConfigError(f"config.json: field 'head_dim' must be a positive integer, got {str(head_size)[:40]!r}")
-    layout = layer_layout(cfg, model_type, num_layers)
+    layout = layer_layout(cfg, model_type, num_layers, head_size, kv_heads)
     return ModelGeometry(
         model_type=model_type, architectures=architectures, num_layers=num_layers,
         attention="full", num_kv_heads=kv_heads, head_size=head_size, head_size_v=head_size,
         config_dtype=config_dtype, sliding_window=layout.window, layer_kinds=layout.kinds, layout=layout,
         max_position_embeddings=max_len, num_attention_heads=num_heads, hidden_size=hidden,
         weight_count=count_weights(cfg), quantization=_quantization(config, cfg), derived_max_model_len=derived,
+        derived_max_model_len_key=derived_key, default_len=longrope_default_len(cfg))
+
+
+def _state_space_geometry(config: Mapping[str, Any], cfg: Mapping[str, Any], model_type: str,
+                          architectures: tuple[str, ...], num_layers: int) -> ModelGeometry:
+    """A pure state-space model: no attention head, every layer one recurrent state per sequence."""
+    raw_dtype = cfg.get("torch_dtype") or cfg.get("dtype")
+    derived, derived_key = derive_max_model_len(cfg, model_type)
+    layout = layer_layout(cfg, model_type, num_layers)
+    return ModelGeometry(
+        model_type=model_type, architectures=architectures, num_layers=num_layers, attention="none",
+        num_kv_heads=0, head_size=0, head_size_v=0,
+        config_dtype=_DTYPE_NAMES.get(str(raw_dtype)) if raw_dtype else None, sliding_window=None,
+        layer_kinds=layout.kinds, layout=layout, max_position_embeddings=None, num_attention_heads=None,
+        hidden_size=_positive_int(cfg, "hidden_size", required=False), weight_count=count_weights(cfg),
+        quantization=_quantization(config, cfg), derived_max_model_len=derived,
         derived_max_model_len_key=derived_key)

@@ -11,7 +11,13 @@ A cache layer is one of:
 - "full":    full attention, every token of the request
 - "sliding": sliding-window attention (`window` tokens)
 - "chunked": chunked local attention (Llama 4; `window` = attention_chunk_size)
-- "mamba":   a recurrent state of fixed size per sequence (Mamba 1/2, gated delta net)
+- "mamba":   a recurrent state of fixed size per sequence (Mamba 1/2, gated delta net, LFM2's
+             short convolution)
+
+A layer whose `kv_sharing_target_layer_name` points at another layer (Gemma 3n, Gemma 4: the last
+`num_kv_shared_layers`) reads that layer's cache and holds none: it is not a cache layer. A layer
+type kvwatch cannot classify is kept as full attention and named in `unknown_layer_types`, so a
+plan says it is unsure instead of failing or being silently wrong.
 """
 from __future__ import annotations
 
@@ -29,7 +35,14 @@ _LAYER_TYPE_KINDS = {
     "sliding_attention": SLIDING, "sliding_window_attention": SLIDING, "local_attention": SLIDING,
     "chunked_attention": CHUNKED,
     "linear_attention": MAMBA, "mamba": MAMBA, "mamba2": MAMBA, "gated_delta_net": MAMBA,
+    "conv": MAMBA,   # LFM2's short convolution: a conv state per sequence (MambaSpec)
 }
+# Architectures whose every layer is a state-space mixer: vLLM sizes one state per layer and
+# sequence, no attention (model_executor/models/mamba.py, mamba2.py).
+PURE_STATE_SPACE = {"mamba": "mamba1", "falcon_mamba": "mamba1", "mamba2": "mamba2"}
+# Layers reading another layer's cache: the last num_kv_shared_layers (vLLM 0.32,
+# model_executor/models/gemma3n.py and gemma4.py, `kv_sharing_target_layer_name`).
+_KV_SHARING_MODEL_TYPES = frozenset({"gemma3n", "gemma3n_text", "gemma4", "gemma4_text"})
 
 
 @dataclass(frozen=True)
@@ -39,6 +52,10 @@ class RecurrentState:
     family "mamba2":          conv (intermediate + 2 x groups x state, kernel - 1), ssm (heads, head_dim, state)
     family "gated_delta_net": conv (2 x k_heads x k_dim + v_heads x v_dim, kernel - 1), ssm (v_heads, v_dim, k_dim)
     family "mamba1":          conv (intermediate, kernel - 1), ssm (intermediate, state)
+    family "short_conv":      conv (intermediate, kernel - 1), no ssm (LFM2: conv_dim, conv_L_cache)
+    family "kda":             conv (3 x heads x head_dim, kernel - 1), ssm (heads, head_dim, head_dim)
+                              (Kimi Delta Attention; its recurrent state is float32 unless asked:
+                              MambaStateDtypeCalculator.kda_state_dtype)
     (model_executor/layers/mamba/mamba_utils.py MambaStateShapeCalculator)
     """
 
@@ -64,10 +81,15 @@ class RecurrentState:
             groups = self.n_groups + (0 if self.n_groups % tp == 0 else tp - self.n_groups)
             conv = (self.intermediate_size + 2 * groups * self.state_size) // tp * (self.conv_kernel - 1)
             return conv, self.num_heads // tp * self.head_dim * self.state_size
+        if self.family == "kda":
+            conv = 3 * self.num_heads * self.head_dim // tp * (self.conv_kernel - 1)
+            return conv, self.num_heads // tp * self.head_dim * self.head_dim
         if self.family == "gated_delta_net":
             conv_dim = self.state_size * self.num_k_heads * 2 + self.head_dim * self.num_heads
             return conv_dim // tp * (self.conv_kernel - 1), self.num_heads // tp * self.head_dim * self.state_size
         conv = self.intermediate_size // tp * (self.conv_kernel - 1)
+        if self.family == "short_conv":
+            return conv, 0
         return conv, self.intermediate_size // tp * self.state_size
 
 
@@ -76,6 +98,12 @@ class LayerLayout:
     kinds: tuple[str, ...]              # one per cache layer, in model order
     window: int | None = None           # sliding window or attention chunk, for those layers
     state: RecurrentState | None = None
+    # Per cache layer (None: every attention layer has the model's head_dim and KV heads). Gemma 4's
+    # full-attention layers are wider (global_head_dim) and may have fewer KV heads.
+    head_sizes: tuple[int, ...] | None = None
+    kv_heads: tuple[int, ...] | None = None
+    kv_shared_layers: int = 0           # layers reading another layer's cache (not in kinds)
+    unknown_layer_types: tuple[str, ...] = ()   # layer types kvwatch could not classify (kept as full)
 
     @property
     def attention_layers(self) -> int:
@@ -100,13 +128,16 @@ def _from_layer_types(cfg: Mapping[str, Any], num_layers: int) -> list[str] | No
     types = cfg.get("layer_types") or cfg.get("layers_block_type")
     if not isinstance(types, list) or len(types) != num_layers:
         return None
-    kinds = []
-    for t in types:
-        kind = _LAYER_TYPE_KINDS.get(str(t).lower())
-        if kind is None:
-            raise ConfigError(f"config.json: layer type {str(t)[:40]!r} is not one kvwatch knows")
-        kinds.append(kind)
-    return kinds
+    return [_LAYER_TYPE_KINDS.get(str(t).lower(), FULL) for t in types]
+
+
+def unknown_layer_types(cfg: Mapping[str, Any], num_layers: int) -> tuple[str, ...]:
+    """The listed layer types kvwatch has no rule for, each once, in order."""
+    types = cfg.get("layer_types") or cfg.get("layers_block_type")
+    if not isinstance(types, list) or len(types) != num_layers:
+        return ()
+    unknown = [str(t)[:40] for t in types if str(t).lower() not in _LAYER_TYPE_KINDS]
+    return tuple(dict.fromkeys(unknown))
 
 
 def _attention_kinds(cfg: Mapping[str, Any], model_type: str, num_layers: int) -> tuple[list[str], int | None]:
@@ -115,9 +146,16 @@ def _attention_kinds(cfg: Mapping[str, Any], model_type: str, num_layers: int) -
         return [SLIDING if i % 2 == 0 else FULL for i in range(num_layers)], window
     listed = _from_layer_types(cfg, num_layers)
     if listed is not None:
+        if model_type in ("gemma4", "gemma4_text") and listed:
+            listed[-1] = FULL                         # transformers Gemma4TextConfig forces the last layer full
         if CHUNKED in listed:
             return listed, _int(cfg, "attention_chunk_size")
         return listed, window
+    if model_type in ("gemma4", "gemma4_text"):      # transformers: 5 sliding + 1 full, last layer full
+        kinds = [SLIDING if (i + 1) % 6 else FULL for i in range(num_layers)]
+        return kinds[:-1] + [FULL], window
+    if model_type in ("gemma3n", "gemma3n_text"):    # transformers: every 5th layer full
+        return [FULL if (i + 1) % 5 == 0 else SLIDING for i in range(num_layers)], window
     if model_type == "gemma2":                       # transformers: (i + 1) % 2 -> sliding
         return [SLIDING if (i + 1) % 2 else FULL for i in range(num_layers)], window
     if model_type in ("gemma3", "gemma3_text", "cohere2"):
@@ -155,12 +193,29 @@ def _hybrid_kinds(cfg: Mapping[str, Any], model_type: str, num_layers: int) -> l
     if model_type == "jamba" and not isinstance(cfg.get("layers_block_type"), list):
         period, offset = _int(cfg, "attn_layer_period", 8), cfg.get("attn_layer_offset", 4)
         return [FULL if i % period == offset else MAMBA for i in range(num_layers)]
+    if model_type == "bamba":                        # transformers BambaConfig: attention at attn_layer_indices
+        indices = cfg.get("attn_layer_indices")
+        attention = set(indices) if isinstance(indices, list) else set()
+        return [FULL if i in attention else MAMBA for i in range(num_layers)]
     if model_type == "falcon_h1":                    # every layer: attention and a Mamba2 mixer side by side
         return [FULL, MAMBA] * num_layers
     return None
 
 
 def _recurrent_state(cfg: Mapping[str, Any], model_type: str) -> RecurrentState:
+    if model_type in ("lfm2", "lfm2_moe"):           # ShortConv: conv_dim x (conv_L_cache - 1), model dtype
+        dim = _int(cfg, "conv_dim") if "conv_dim" in cfg else _int(cfg, "hidden_size")
+        return RecurrentState("short_conv", conv_kernel=_int(cfg, "conv_L_cache", 3), intermediate_size=dim)
+    if PURE_STATE_SPACE.get(model_type) == "mamba1":  # Mamba / Falcon-Mamba: intermediate_size as listed
+        return RecurrentState("mamba1", conv_kernel=_int(cfg, "conv_kernel", 4),
+                              intermediate_size=_int(cfg, "intermediate_size"),
+                              state_size=_int(cfg, "state_size", 16), ssm_dtype=_ssm_dtype(cfg, None))
+    if model_type == "mamba2":                        # Mamba2ForCausalLM: intermediate = expand x hidden
+        return RecurrentState("mamba2", conv_kernel=_int(cfg, "conv_kernel", 4),
+                              intermediate_size=_int(cfg, "expand", 2) * _int(cfg, "hidden_size"),
+                              n_groups=_int(cfg, "n_groups", 1), num_heads=_int(cfg, "num_heads"),
+                              head_dim=_int(cfg, "head_dim"), state_size=_int(cfg, "state_size", 128),
+                              ssm_dtype=_ssm_dtype(cfg, None))
     if model_type == "qwen3_next" or "linear_num_value_heads" in cfg:
         return RecurrentState("gated_delta_net", conv_kernel=_int(cfg, "linear_conv_kernel_dim", 4),
                               num_heads=_int(cfg, "linear_num_value_heads"), head_dim=_int(cfg, "linear_value_head_dim"),
@@ -193,8 +248,51 @@ def _ssm_dtype(cfg: Mapping[str, Any], default: str | None) -> str | None:
     return value if isinstance(value, str) else default
 
 
-def layer_layout(cfg: Mapping[str, Any], model_type: str, num_layers: int) -> LayerLayout:
-    """The cache layers of this (text) config, in order."""
+# Fields that describe a recurrent mixer: in a config kvwatch plans as attention only, they mean
+# layers it did not place (a hybrid without a rule here), so the plan must say it is unsure.
+_STATE_FIELD_PREFIXES = ("mamba_", "ssm_", "linear_attn", "linear_num_", "conv_L_cache", "short_conv")
+
+
+def _unplaced_state_fields(cfg: Mapping[str, Any]) -> tuple[str, ...]:
+    fields = sorted(k for k in cfg if k.startswith(_STATE_FIELD_PREFIXES) and cfg[k] not in (None, False))
+    return (f"a recurrent mixer ({', '.join(fields[:3])} in config.json)",) if fields else ()
+
+
+def kv_shared_layers(cfg: Mapping[str, Any], model_type: str, num_layers: int) -> int:
+    """How many of the last layers read an earlier layer's cache instead of holding their own."""
+    if model_type not in _KV_SHARING_MODEL_TYPES:
+        return 0
+    # transformers' class defaults: Gemma3nTextConfig 15, Gemma4TextConfig 0
+    shared = cfg.get("num_kv_shared_layers", 15 if model_type.startswith("gemma3n") else 0)
+    if isinstance(shared, bool) or not isinstance(shared, int) or shared < 0:
+        raise ConfigError(f"config.json: field 'num_kv_shared_layers' must be a non-negative integer, "
+                          f"got {str(shared)[:40]!r}")
+    return min(shared, num_layers - 1)
+
+
+def _per_layer_heads(cfg: Mapping[str, Any], model_type: str, kinds: tuple[str, ...], head_dim: int | None,
+                     kv_heads: int | None) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+    """Gemma 4: full-attention layers take global_head_dim (default 512) and, with attention_k_eq_v,
+    num_global_key_value_heads (transformers Gemma4TextConfig.per_layer_config; vLLM 0.32
+    models/gemma4.py reads per_layer_config[i])."""
+    if model_type not in ("gemma4", "gemma4_text") or head_dim is None or kv_heads is None:
+        return None, None
+    wide = cfg.get("global_head_dim", 512)
+    wide = wide if isinstance(wide, int) and not isinstance(wide, bool) and wide > 0 else head_dim
+    global_kv = cfg.get("num_global_key_value_heads")
+    full_kv = global_kv if cfg.get("attention_k_eq_v") is True and isinstance(global_kv, int) and global_kv > 0 \
+        else kv_heads
+    return (tuple(wide if k == FULL else head_dim for k in kinds),
+            tuple(full_kv if k == FULL else kv_heads for k in kinds))
+
+
+def layer_layout(cfg: Mapping[str, Any], model_type: str, num_layers: int, head_dim: int | None = None,
+                 kv_heads: int | None = None) -> LayerLayout:
+    """The cache layers of this (text) config, in order (head_dim and kv_heads: the model's, for the
+    architectures whose layers differ)."""
+    unknown = unknown_layer_types(cfg, num_layers)
+    if model_type in PURE_STATE_SPACE:
+        return LayerLayout((MAMBA,) * num_layers, None, _recurrent_state(cfg, model_type))
     hybrid = _hybrid_kinds(cfg, model_type, num_layers)
     listed = _from_layer_types(cfg, num_layers) if hybrid is None else None
     if hybrid is None and listed is not None and MAMBA in listed:
@@ -202,13 +300,32 @@ def layer_layout(cfg: Mapping[str, Any], model_type: str, num_layers: int) -> La
     if hybrid is not None:
         window = _window(cfg)
         kinds = _without_windowless_sliding(hybrid, window)
-        return LayerLayout(kinds, window if SLIDING in kinds else None, _recurrent_state(cfg, model_type))
+        return LayerLayout(kinds, window if SLIDING in kinds else None, _recurrent_state(cfg, model_type),
+                           unknown_layer_types=unknown)
     listed_kinds, window = _attention_kinds(cfg, model_type, num_layers)
-    kinds = _without_windowless_sliding(listed_kinds, window)
-    return LayerLayout(kinds, window if set(kinds) & {SLIDING, CHUNKED} else None)
+    unknown += _unplaced_state_fields(cfg)
+    shared = kv_shared_layers(cfg, model_type, num_layers)
+    kinds = _without_windowless_sliding(listed_kinds[:num_layers - shared], window)
+    head_sizes, heads = _per_layer_heads(cfg, model_type, kinds, head_dim, kv_heads)
+    return LayerLayout(kinds, window if set(kinds) & {SLIDING, CHUNKED} else None, head_sizes=head_sizes,
+                       kv_heads=heads, kv_shared_layers=shared, unknown_layer_types=unknown)
 
 
 def _without_windowless_sliding(kinds: list[str], window: int | None) -> tuple[str, ...]:
     """A sliding layer with no (valid) window attends to every token: vLLM's attention layer then
     has no sliding_window and its spec is full attention."""
     return tuple(FULL if k == SLIDING and window is None else k for k in kinds)
+
+
+def kimi_linear_layout(cfg: Mapping[str, Any], num_layers: int) -> LayerLayout | None:
+    """Kimi-Linear: KDA linear-attention layers and MLA layers, numbered from 1 in
+    linear_attn_config (vLLM 0.32 models/kimi_k3, `kda_layers` / `full_attn_layers`)."""
+    linear = cfg.get("linear_attn_config")
+    if not isinstance(linear, Mapping) or not isinstance(linear.get("kda_layers"), list):
+        return None
+    kda = {n for n in linear["kda_layers"] if isinstance(n, int)}
+    kinds = tuple(MAMBA if i + 1 in kda else FULL for i in range(num_layers))
+    state = RecurrentState("kda", conv_kernel=_int(linear, "short_conv_kernel_size", 4),
+                           num_heads=_int(linear, "num_heads"), head_dim=_int(linear, "head_dim"),
+                           ssm_dtype=_ssm_dtype(cfg, "float32"))
+    return LayerLayout(kinds, None, state)

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from kvwatch.failure_kinds import FailureKind
+from kvwatch.planner.architectures import refusals as _architecture_refusals
 from kvwatch.planner.backends import BackendChoice, choose_backend, kv_dtype_reason
 from kvwatch.planner.devices import Device, GiB
 from kvwatch.planner.engine_args import EngineSettings
@@ -32,6 +33,7 @@ NO_KV_CACHE_MEMORY = FailureKind.NO_KV_CACHE_MEMORY
 NO_ATTENTION_BACKEND = FailureKind.NO_ATTENTION_BACKEND
 CONFIG_REFUSED = FailureKind.CONFIG_REFUSED
 MAMBA_CACHE_TOO_SMALL = FailureKind.MAMBA_CACHE_TOO_SMALL
+_CACHE_CONFIG_DEFAULT_BLOCK_SIZE = 16    # vLLM 0.32 config/cache.py:72 CacheConfig.DEFAULT_BLOCK_SIZE
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,11 @@ class Plan:
     recurrent_state_bytes: int = 0        # one Mamba/linear-attention layer's state, before padding
     max_model_len_fitted: bool = False    # --max-model-len auto: the length vLLM fits to the KV cache
     gpu_budget: GpuBudget | None = None   # an estimated GPU plan: vLLM's split of the card, part by part
+    # Layer types kvwatch has no rule for (planned as full attention): the figures are then unsure.
+    unknown_layer_types: tuple[str, ...] = ()
+    # GPU only: the sparse-attention indexer's cache, every layer, one token (DeepSeek-V3.2, GLM-5);
+    # counted per token, not in the blocks above (its grouping with the latent is not planned).
+    indexer_bytes_per_token: int = 0
 
     @property
     def engine_num_blocks(self) -> int:
@@ -109,6 +116,8 @@ class Plan:
     def source(self) -> str:
         """How the KV memory is known: "exact" (a flag or the environment fixes it), "learned" (from
         the engine's own profile on an earlier launch) or "estimated" (from config.json and the card)."""
+        if self.unknown_layer_types:
+            return "unknown"
         if self.estimated:
             return "estimated"
         return "learned" if self.kv_memory_source.startswith("learned") else "exact"
@@ -201,6 +210,13 @@ def config_refusals(geometry: ModelGeometry, settings: EngineSettings,
             CONFIG_REFUSED,
             f"max model len {given:,} is above the model's maximum ({geometry.derived_max_model_len_key}="
             f"{limit:,} in config.json): vLLM refuses it", FlagChange({"--max-model-len": limit})))
+    if settings.max_model_len_auto and given is None and limit is None:
+        # config.json names no length: vLLM keeps the -1 it was given (config/model.py
+        # _get_and_verify_max_len "If max_model_len is specified, we use it"), then refuses it
+        out.append(Warning_(
+            CONFIG_REFUSED,
+            "max_model_len must be a positive integer, got int: -1: --max-model-len auto needs a length in "
+            "config.json to fit up to, and this one names none", FlagChange({"--max-model-len": geometry.default_max_model_len})))
     heads = geometry.num_attention_heads
     tp = settings.tensor_parallel_size
     if heads and tp > 0 and heads % tp:
@@ -232,6 +248,12 @@ def config_refusals(geometry: ModelGeometry, settings: EngineSettings,
     return out
 
 
+def architecture_refusals(geometry: ModelGeometry, settings: EngineSettings, device: Device) -> list[Warning_]:
+    """vLLM's refusals of this architecture on this platform (planner/architectures.py)."""
+    return [Warning_(FailureKind(r.kind), r.message, FlagChange(r.fix) if r.fix else NO_CHANGE)
+            for r in _architecture_refusals(geometry, settings, device)]
+
+
 def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device, rules: RuleSet,
               memory: MemoryInputs = NO_MEMORY_INPUTS, allow_long_max_model_len: bool = False) -> Plan:
     """The planner's one entry point (pure): the KV cache vLLM will build for this model, these
@@ -251,9 +273,11 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
         settings = replace(settings, gpu_memory_utilization=release.default_utilization,
                            gpu_memory_utilization_given=False)
     kv_dtype = settings.kv_cache_dtype
-    choice = choose_backend(rules, device, geometry, kv_dtype, settings.block_size,
-                            settings.attention_backend)
-    warnings: list[Warning_] = list(refusals)
+    attention_free = geometry.attention == "none"
+    # A pure state-space model has no attention layer, so no attention backend to choose.
+    choice = BackendChoice(None, (), {}) if attention_free else choose_backend(
+        rules, device, geometry, kv_dtype, settings.block_size, settings.attention_backend)
+    warnings: list[Warning_] = list(refusals) + architecture_refusals(geometry, settings, device)
     backend = choice.backend
 
     # -- block size: the flag, else the backend's preference; some platforms override both.
@@ -272,7 +296,8 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     else:
         block_size = shape.preferred_block_size if shape else 16
         block_source = "backend default"
-    warnings.extend(_legality_warnings(choice, rules, device, geometry, settings))
+    if not attention_free:
+        warnings.extend(_legality_warnings(choice, rules, device, geometry, settings))
 
     # -- bytes: one token of one attention layer, one page.
     dtype_bytes = kv_dtype_bytes(kv_dtype, settings.dtype, geometry.config_dtype)
@@ -281,19 +306,32 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
         per_token_layer = PACKED_MLA_BYTES.get(kv_dtype, geometry.head_size * dtype_bytes)
         packed_extra = max(0, per_token_layer - geometry.head_size * dtype_bytes)
     else:
-        kv_heads = max(1, geometry.num_kv_heads // settings.tensor_parallel_size)
-        per_token_layer = kv_heads * (geometry.head_size + geometry.head_size_v) * dtype_bytes
+        per_token_layer = _token_bytes(geometry.num_kv_heads, geometry.head_size, settings, dtype_bytes)
         packed_extra = 0
+    # Per cache layer where layers differ (Gemma 4: wider full-attention heads, fewer KV heads).
+    layer_token_bytes = _layer_token_bytes(geometry, settings, dtype_bytes, per_token_layer)
     state_bytes = _recurrent_state_bytes(geometry, settings, model_bytes, device)
-    if state_bytes and shape is not None:
+    if state_bytes and shape is not None and not attention_free:   # a hybrid: attention pages hold a state
         aligned = _block_size_for_state(shape, block_size, per_token_layer, state_bytes, geometry.attention == "mla")
         if aligned > block_size:
             block_size, block_source = aligned, "raised so a page holds the recurrent state"
+    derived_len = geometry.default_max_model_len
+    max_len = settings.max_model_len or derived_len
+    if attention_free and not _prefix_caching(geometry, settings):
+        # model_executor/models/config.py MambaModelConfig: without prefix caching a state block
+        # covers max_model_len, and the engine's block size is its groups' smallest
+        block_size, block_source = max_len, "the max model len: one state block per request"
+    elif attention_free:
+        # MambaModelConfig copies the block size in force when it runs, before any platform sets its
+        # own default; with no attention layer nothing aligns it again (recorded on the CPU engine)
+        block_size = settings.block_size or _CACHE_CONFIG_DEFAULT_BLOCK_SIZE
+        block_source = "flag" if settings.block_size else "vLLM's CacheConfig default (no attention backend)"
     page = block_size * per_token_layer
 
     # -- the layers of one worker (the fullest pipeline stage), grouped as vLLM groups them.
-    groups = _kv_groups(geometry, settings, block_size, page, state_bytes)
+    groups = _kv_groups(geometry, settings, block_size, [block_size * b for b in layer_token_bytes], state_bytes)
     bytes_per_block = groups.bytes_per_block
+    warnings.extend(_shared_layer_warnings(geometry, settings, groups))
 
     # -- memory for the KV cache, and blocks.
     estimated = False
@@ -320,8 +358,6 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     check_memory = num_blocks * bytes_per_block - bytes_per_block \
         if settings.num_gpu_blocks_override is not None else kv_memory - bytes_per_block
 
-    derived_len = geometry.default_max_model_len
-    max_len = settings.max_model_len or derived_len
     demand = _demand(geometry, settings, device, max_len, release)
     if settings.max_model_len_auto and settings.max_model_len is None:
         fitted = groups.auto_fit_max_model_len(check_memory, demand, derived_len) if check_memory > 0 else 0
@@ -364,7 +400,7 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
         attention=geometry.attention, backend=backend.name if backend else None,
         block_size=block_size, block_size_source=block_source, kv_cache_dtype=kv_dtype,
         dtype_bytes=dtype_bytes, kv_bytes_per_token_per_layer=per_token_layer,
-        kv_bytes_per_token=per_token_layer * geometry.layout.attention_layers, page_size_bytes=page,
+        kv_bytes_per_token=sum(layer_token_bytes), page_size_bytes=page,
         layers_per_block=groups.group_size, bytes_per_block=bytes_per_block,
         kv_memory_bytes=kv_memory, kv_memory_source=kv_source, num_blocks=num_blocks,
         kv_cache_tokens=tokens, max_model_len=max_len, max_concurrency=concurrency,
@@ -373,7 +409,9 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
         pipeline_parallel_size=max(1, settings.pipeline_parallel_size),
         kv_cache_groups=len(groups.groups), padding_layers=groups.padding_layers,
         blocks_per_request=groups.blocks_per_request(demand),
-        recurrent_state_bytes=state_bytes, max_model_len_fitted=settings.max_model_len_auto, gpu_budget=budget)
+        recurrent_state_bytes=state_bytes, max_model_len_fitted=settings.max_model_len_auto, gpu_budget=budget,
+        unknown_layer_types=geometry.layout.unknown_layer_types,
+        indexer_bytes_per_token=geometry.indexer_bytes_per_token if device.platform == "cuda" else 0)
 
 
 def _no_memory_warning(device: Device, settings: EngineSettings, geometry: ModelGeometry,
@@ -463,22 +501,66 @@ def _block_size_for_state(shape: BackendRule, block_size: int, per_token_layer: 
     return smallest * -(-size // smallest)
 
 
-def _kv_groups(geometry: ModelGeometry, settings: EngineSettings, block_size: int, page: int,
+def _token_bytes(kv_heads: int, head_size: int, settings: EngineSettings, dtype_bytes: int) -> int:
+    """One token of one attention layer on one TP rank: K and V of its KV heads (at least one head
+    per rank: vLLM replicates KV heads when TP exceeds them)."""
+    return max(1, kv_heads // settings.tensor_parallel_size) * 2 * head_size * dtype_bytes
+
+
+def _layer_token_bytes(geometry: ModelGeometry, settings: EngineSettings, dtype_bytes: int,
+                       uniform: int) -> list[int]:
+    """Bytes per token of each cache layer (a state layer: 0), in model order."""
+    layout = geometry.layout
+    if layout.head_sizes is None or layout.kv_heads is None or geometry.attention == "mla":
+        return [0 if kind == MAMBA else uniform for kind in layout.kinds]
+    return [0 if kind == MAMBA else _token_bytes(heads, size, settings, dtype_bytes)
+            for kind, size, heads in zip(layout.kinds, layout.head_sizes, layout.kv_heads, strict=True)]
+
+
+def _kv_groups(geometry: ModelGeometry, settings: EngineSettings, block_size: int, pages: list[int],
                state_bytes: int) -> KvGroups:
     kinds = list(geometry.layout.kinds)
     if settings.pipeline_parallel_size > 1:   # the first stage holds the most layers
         per_stage = -(-len(kinds) // settings.pipeline_parallel_size)
-        kinds = kinds[:per_stage]
+        kinds, pages = kinds[:per_stage], pages[:per_stage]
     if settings.disable_hybrid_kv_cache_manager:
         kinds = promote_local_layers(kinds)
     window = geometry.layout.window
     # A state page is padded up to the attention page; with no attention layer it is its own size.
-    state_page = page if any(kind != MAMBA for kind in kinds) else state_bytes
+    attention_pages = [page for kind, page in zip(kinds, pages, strict=True) if kind != MAMBA]
+    state_page = max(attention_pages) if attention_pages else state_bytes
     checkpoints = geometry.layout.state.checkpoint_blocks if geometry.layout.state else 0
     specs = [LayerSpec(MAMBA, block_size, state_page, state_bytes, checkpoint_blocks=checkpoints) if kind == MAMBA
              else LayerSpec(kind, block_size, page, page, window if kind in (SLIDING, CHUNKED) else None)
-             for kind in kinds]
+             for kind, page in zip(kinds, pages, strict=True)]
     return kv_groups(specs)
+
+
+def _shared_layer_warnings(geometry: ModelGeometry, settings: EngineSettings, groups: KvGroups) -> list[Warning_]:
+    """vLLM 0.32 sizes the cache, then fails to build the attention backends when a KV-shared layer
+    joins a group whose layers differ in page size (Gemma 4 with --disable-hybrid-kv-cache-manager:
+    one group of sliding and wide full layers): the group's per-layer specs
+    (UniformTypeKVCacheSpecs) do not list the shared layer, and gpu_model_runner.py
+    get_attn_backends_for_group raises KeyError on its name (recorded on the CPU engine)."""
+    shared = geometry.layout.kv_shared_layers
+    mixed = any(len({groups.specs[i].page_bytes for i in group}) > 1 for group in groups.groups)
+    if not shared or not mixed:
+        return []
+    first = geometry.num_layers - shared
+    fix = FlagChange(remove=("--disable-hybrid-kv-cache-manager",)) if settings.disable_hybrid_kv_cache_manager \
+        else NO_CHANGE
+    return [Warning_(CONFIG_REFUSED,
+                     f"KeyError: 'model.layers.{first}.self_attn.attn': vLLM sizes this cache, then fails to set up "
+                     f"attention for layer {first}, which reads another layer's cache from a KV cache group whose "
+                     f"layers differ in page size", fix)]
+
+
+def _prefix_caching(geometry: ModelGeometry, settings: EngineSettings) -> bool:
+    """Whether prefix caching is on: the flag, else vLLM's default (config/model.py
+    is_prefix_caching_supported: on for decoders and hybrids, off for attention-free models)."""
+    if settings.enable_prefix_caching is not None:
+        return settings.enable_prefix_caching
+    return geometry.attention != "none"
 
 
 def _demand(geometry: ModelGeometry, settings: EngineSettings, device: Device, max_model_len: int,
@@ -497,4 +579,4 @@ def _demand(geometry: ModelGeometry, settings: EngineSettings, device: Device, m
     concurrent_batches = 2 if pp == 1 and device.platform != "cpu" else pp
     return Demand(max_model_len=max_model_len, max_in_flight_tokens=concurrent_batches * batched,
                   # prefix caching is on by default (off on CPU for MLA); on a hybrid it keeps states aligned
-                  mamba_align=settings.enable_prefix_caching is not False and geometry.layout.state is not None)
+                  mamba_align=_prefix_caching(geometry, settings) and geometry.layout.state is not None)

