@@ -28,7 +28,8 @@ def all_runs() -> list[dict[str, Any]]:
 def started_runs() -> list[dict[str, Any]]:
     """The runs where vLLM started with a KV cache and whose config.json is known."""
     return [r for r in all_runs() if r.get("status") == "ok" and (r["logged"].get("available_kv_cache_gib") or 0) > 0
-            and r["model_config"].get("num_hidden_layers")]
+            and (r["model_config"].get("num_hidden_layers")
+                 or (r["model_config"].get("text_config") or {}).get("num_hidden_layers"))]
 
 
 def capability(gpu: str) -> tuple[int, int]:
