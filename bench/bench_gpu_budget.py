@@ -101,7 +101,7 @@ def main() -> None:
                       f"{budget.max_num_batched_tokens} tokens, {budget.max_num_seqs} seqs; v{budget.version}; "
                       + ", ".join(f"{k} {v:+.2f}" for k, v in residual_terms(run, budget).items()))
     for title, splits in (("held-out", (HELD_OUT,)), ("fit", (FIT,)), ("all", (FIT, HELD_OUT))):
-        def joined(key: str) -> list[float]:
+        def joined(key: str, splits: tuple[str, ...] = splits) -> list[float]:
             return [e for s in splits for e in rows[s][key]]
         zero = sum(zeros[s] for s in splits)
         print(f"\n{title}: KV memory, median |error| / mean |error| / within 3 % (zero-KV plans where vLLM started)")

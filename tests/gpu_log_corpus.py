@@ -97,6 +97,8 @@ def plan_run(run: dict[str, Any], model_dir: Path, logged_kv: bool = False) -> P
     """kvwatch's plan before launch, for the vLLM the run used (`planned_for_vllm_version` where
     its log names no exact version; the corpus says why). `logged_kv`: the plan given the KV memory
     the engine logged (as a learned profile gives it), so that its tokens show the layout alone."""
+    if run.get("model_file"):   # a single-file checkpoint (GGUF): its name carries the file type
+        model_dir = model_dir / run["model_file"]
     model_dir.mkdir(parents=True, exist_ok=True)
     (model_dir / "config.json").write_text(json.dumps(model_config(run)))
     version = parse_version(version_of(run))

@@ -11,7 +11,7 @@ from typing import Any
 
 from kvwatch.errors import ConfigError
 from kvwatch.planner.layers import FULL, LayerLayout, layer_layout
-from kvwatch.planner.weights import WeightCount, count_weights
+from kvwatch.planner.weights import WeightCount, count_model_weights
 
 # vLLM's is_deepseek_mla list (0.32): these model types store one MLA latent per token.
 MLA_MODEL_TYPES = frozenset({
@@ -189,7 +189,7 @@ def geometry_from_config(config: Mapping[str, Any]) -> ModelGeometry:
             config_dtype=config_dtype, sliding_window=None, layer_kinds=(FULL,) * num_layers,
             layout=LayerLayout((FULL,) * num_layers),
             max_position_embeddings=max_len, kv_lora_rank=rank, qk_rope_head_dim=rope,
-            num_attention_heads=num_heads, hidden_size=hidden, weight_count=count_weights(cfg), quantization=_quantization(config, cfg),
+            num_attention_heads=num_heads, hidden_size=hidden, weight_count=count_model_weights(config, cfg), quantization=_quantization(config, cfg),
             derived_max_model_len=derived, derived_max_model_len_key=derived_key)
 
     kv_heads = next((cfg[k] for k in _KV_HEAD_KEYS if cfg.get(k) is not None), num_heads)
@@ -208,5 +208,5 @@ def geometry_from_config(config: Mapping[str, Any]) -> ModelGeometry:
         attention="full", num_kv_heads=kv_heads, head_size=head_size, head_size_v=head_size,
         config_dtype=config_dtype, sliding_window=layout.window, layer_kinds=layout.kinds, layout=layout,
         max_position_embeddings=max_len, num_attention_heads=num_heads, hidden_size=hidden,
-        weight_count=count_weights(cfg), quantization=_quantization(config, cfg), derived_max_model_len=derived,
+        weight_count=count_model_weights(config, cfg), quantization=_quantization(config, cfg), derived_max_model_len=derived,
         derived_max_model_len_key=derived_key)

@@ -176,6 +176,13 @@ def activation_peak_bytes(count: WeightCount | None, tokens: int, seqs: int, dty
     return max(forward, sampler)
 
 
+def weights_on_gpu(weights_per_rank: int, settings: EngineSettings) -> int:
+    """The weights a rank keeps on its GPU: `--cpu-offload-gb` GiB of them per GPU stay in host
+    memory (config/offload.py: "The space in GiB to offload to CPU, per GPU"; the UVA offloader
+    moves whole parameters until that many bytes are reached, model_executor/offloader/uva.py)."""
+    return max(0, weights_per_rank - int(settings.cpu_offload_gb * GiB))
+
+
 def estimate_budget(settings: EngineSettings, device: Device, count: WeightCount | None, weights_per_rank: int,
                     dtype_bytes: int, max_model_len: int, version: VllmVersion | None,
                     env: Mapping[str, str] | None = None) -> GpuBudget:
@@ -187,7 +194,7 @@ def estimate_budget(settings: EngineSettings, device: Device, count: WeightCount
         sampler = 0.0   # V0 samples on the driver worker only; the others set the budget's minimum
     return GpuBudget(
         version=str(version or LATEST), release=release.why, cuda_total_bytes=cuda_total_bytes(device),
-        utilization=utilization(settings, release), weights_bytes=weights_per_rank,
+        utilization=utilization(settings, release), weights_bytes=weights_on_gpu(weights_per_rank, settings),
         activation_peak_bytes=activation_peak_bytes(count, tokens, seqs, dtype_bytes, tp, sampler),
         non_torch_bytes=NON_TORCH_BYTES + (NON_TORCH_TP_EXTRA_BYTES if tp > 1 else 0),
         cuda_graph_bytes=CUDA_GRAPH_BYTES if release.cuda_graphs_counted and not settings.enforce_eager else 0,

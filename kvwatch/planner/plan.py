@@ -19,7 +19,7 @@ from kvwatch.planner.kv_groups import Demand, KvGroups, LayerSpec, kv_groups, pr
 from kvwatch.planner.layers import CHUNKED, MAMBA, SLIDING
 from kvwatch.planner.rules import FP8_KV_DTYPES, PACKED_MLA_BYTES, BackendRule, MultipleOf, RuleSet
 from kvwatch.planner.versions import VllmVersion
-from kvwatch.planner.weights import bytes_of
+from kvwatch.planner.weights import gpu_weights_bytes
 
 _DTYPE_BYTES = {"float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4}
 
@@ -169,7 +169,7 @@ def _gpu_budget(device: Device, settings: EngineSettings, geometry: ModelGeometr
     if memory.weights_bytes is not None:
         weights = memory.weights_bytes // ranks
     else:
-        weights = _weights_from_geometry(geometry, model_bytes) // ranks
+        weights = _weights_from_geometry(geometry, model_bytes, settings, device) // ranks
     return estimate_budget(settings, device, geometry.weight_count, weights, model_bytes, max_model_len,
                            memory.vllm_version, dict(memory.vllm_env))
 
@@ -184,10 +184,14 @@ def _estimate_gpu_kv_memory(device: Device, settings: EngineSettings, geometry: 
     return budget.kv_cache_bytes
 
 
-def _weights_from_geometry(geometry: ModelGeometry, model_bytes: int) -> int:
-    """The weights from config.json's shapes and quantization_config; their files, when present,
-    win (MemoryInputs.weights_bytes)."""
-    return 0 if geometry.weight_count is None else bytes_of(geometry.weight_count, geometry.quantization, model_bytes)
+def _weights_from_geometry(geometry: ModelGeometry, model_bytes: int, settings: EngineSettings, device: Device) -> int:
+    """The weights from config.json's shapes and quantization_config (or `--quantization`); their
+    files, when present, win (MemoryInputs.weights_bytes)."""
+    if geometry.weight_count is None:
+        return 0
+    return gpu_weights_bytes(geometry.weight_count, geometry.quantization, model_bytes,
+                             settings.quantization, settings.model, settings.tensor_parallel_size,
+                             device.compute_capability)
 
 
 def config_refusals(geometry: ModelGeometry, settings: EngineSettings,
