@@ -9,6 +9,7 @@ by the sha256 of the run's name among the runs added by issue 27, every other on
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import shlex
 import statistics
@@ -169,3 +170,12 @@ class Summary:
             return cls(0, 0.0, 0.0, 0.0, zeros)
         return cls(len(values), statistics.median(values), statistics.fmean(values),
                    sum(v <= WITHIN for v in values) / len(values), zeros)
+
+
+def drawn_split(runs: list[dict[str, Any]]) -> dict[str, str]:
+    """The split as it was drawn: runs tuned to before issue 27 fit; of the others, ordered by the
+    sha256 of their name, every other one (the first included) held out."""
+    drawn = sorted((r["name"] for r in runs if not r["tuned_before_issue_27"]),
+                   key=lambda n: hashlib.sha256(n.encode()).hexdigest())
+    held = set(drawn[::2])
+    return {r["name"]: HELD_OUT if r["name"] in held else FIT for r in runs}

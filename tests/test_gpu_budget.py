@@ -6,16 +6,28 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from gpu_log_corpus import GiB, logged_kv_bytes, plan_run, started_runs
+from gpu_log_corpus import (
+    FIT,
+    HELD_OUT,
+    GiB,
+    Summary,
+    all_runs,
+    drawn_split,
+    logged_kv_bytes,
+    plan_run,
+    residual_terms,
+    started_runs,
+)
 
 from kvwatch.errors import KvwatchError
-from kvwatch.planner.devices import PRESETS, Device, cuda_total_bytes
+from kvwatch.planner.devices import CARDS, PRESETS, Device, card_for, cuda_total_bytes, preset, unified_memory_bytes
 from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.gpu_budget import (
     FUSED_SAMPLER_BYTES,
     SORTED_SAMPLER_BYTES,
     V0_ENGINE,
     batch_defaults,
+    estimate_budget,
     profile_key,
     release_for,
     requested_bytes,
@@ -125,9 +137,81 @@ def test_every_real_start_up_is_planned_with_a_kv_cache(run: dict, tmp_path: Pat
     assert budget.requested_bytes == budget.non_kv_bytes + budget.kv_cache_bytes
 
 
+def _errors(runs: list[dict], tmp_path: Path) -> list[float]:
+    return [(plan_run(r, tmp_path / r["name"]).kv_memory_bytes - logged_kv_bytes(r)) / logged_kv_bytes(r)
+            for r in runs]
+
+
 def test_the_pre_launch_kv_memory_is_within_3_percent_at_the_median(tmp_path: Path) -> None:
     """The issue's measure on the whole corpus (bench/bench_gpu_budget.py prints the table)."""
-    errors = [abs(plan_run(r, tmp_path / r["name"]).kv_memory_bytes - logged_kv_bytes(r)) / logged_kv_bytes(r)
-              for r in RUNS]
-    assert len(errors) >= 12
-    assert statistics.median(errors) <= 0.03
+    errors = _errors(RUNS, tmp_path)
+    assert len(errors) >= 40
+    assert statistics.median(abs(e) for e in errors) <= 0.03
+
+
+def test_the_held_out_third_is_within_3_percent_at_the_median(tmp_path: Path) -> None:
+    """Issue 27: the runs no term was fitted on, apart. The median holds the bar; the share within
+    3 % and the mean hold what was measured when they were drawn (BENCHMARKS.md section 12), so a
+    change that loses them fails here."""
+    held = started_runs(HELD_OUT)
+    summary = Summary.of(_errors(held, tmp_path))
+    assert summary.runs >= 14
+    assert summary.median <= 0.03
+    assert summary.within >= 0.5
+    assert summary.mean <= 0.05
+
+
+def test_the_held_out_kv_tokens_are_within_3_percent_at_the_median(tmp_path: Path) -> None:
+    held = [r for r in started_runs(HELD_OUT) if r["logged"].get("kv_cache_tokens")]
+    errors = [(plan_run(r, tmp_path / r["name"]).kv_cache_tokens - r["logged"]["kv_cache_tokens"])
+              / r["logged"]["kv_cache_tokens"] for r in held]
+    assert len(errors) >= 10
+    assert Summary.of(errors).median <= 0.03
+
+
+def test_the_split_is_the_one_drawn_and_never_holds_out_a_run_tuned_to() -> None:
+    runs = all_runs()
+    assert {r["name"]: r["split"] for r in runs} == drawn_split(runs)
+    assert not any(r["tuned_before_issue_27"] for r in runs if r["split"] == HELD_OUT)
+    started = started_runs()
+    assert len(started_runs(HELD_OUT)) >= len(started) // 4 and len(started_runs(FIT)) > len(started) // 2
+
+
+def test_the_residual_terms_add_up_to_the_error(tmp_path: Path) -> None:
+    for run in RUNS:
+        budget = plan_run(run, tmp_path / run["name"]).gpu_budget
+        assert budget is not None
+        terms = residual_terms(run, budget)
+        assert sum(terms.values()) == pytest.approx(budget.kv_cache_bytes / GiB - run["logged"]["available_kv_cache_gib"])
+
+
+def test_cpu_offload_keeps_its_gib_of_weights_per_gpu_off_the_card() -> None:
+    """--cpu-offload-gb is GiB per GPU (config/offload.py); the KV cache gets what it frees."""
+    kept = estimate_budget(settings("--cpu-offload-gb", "12"), A100, None, 15 * GiB, 2, 8192, LATEST)
+    plain = estimate_budget(settings(), A100, None, 15 * GiB, 2, 8192, LATEST)
+    assert plain.weights_bytes - kept.weights_bytes == 12 * GiB
+    assert kept.kv_cache_bytes - plain.kv_cache_bytes == 12 * GiB
+    assert estimate_budget(settings("--cpu-offload-gb", "40"), A100, None, 15 * GiB, 2, 8192, LATEST).weights_bytes == 0
+    with pytest.raises(KvwatchError, match="cpu-offload-gb"):
+        settings("--cpu-offload-gb", "-1")
+
+
+def test_every_card_of_the_table_says_where_its_totals_are_from() -> None:
+    assert len(CARDS) >= 20 and len({c.key for c in CARDS}) == len(CARDS)
+    for card in CARDS:
+        assert card.source and card.total_bytes > 0
+        assert card_for(card.name) == card, card.key     # a card's own name finds it, not a look-alike
+        assert preset(card.key).compute_capability == card.capability
+    for name, key in (("NVIDIA GH200 480GB", "gh200"), ("NVIDIA H20", "h20"), ("NVIDIA L4", "l4"),
+                      ("NVIDIA L40S", "l40s"), ("NVIDIA H100 NVL", "h100-nvl"), ("NVIDIA H100 PCIe", "h100-pcie"),
+                      ("NVIDIA GB200", "gb200"), ("Tesla T4", "t4"), ("NVIDIA A100-SXM4-40GB", "a100-40g")):
+        card = card_for(name)
+        assert card is not None and card.key == key, name
+    assert card_for("NVIDIA Future GPU") is None
+
+
+def test_a_unified_memory_card_has_its_cuda_total_and_no_nvml_one() -> None:
+    gb10 = card_for("NVIDIA GB10")
+    assert gb10 is not None and gb10.unified_memory and gb10.nvml_mib is None
+    assert unified_memory_bytes("NVIDIA GB10") == int(121.69 * GiB) == cuda_total_bytes(preset("gb10"))
+    assert unified_memory_bytes("NVIDIA H100 80GB HBM3") is None
