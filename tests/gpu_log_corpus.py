@@ -14,7 +14,7 @@ import json
 import shlex
 import statistics
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -105,13 +105,14 @@ def plan_run(run: dict[str, Any], model_dir: Path, logged_kv: bool = False) -> P
     version = parse_version(version_of(run))
     command = EngineCommand.parse(["vllm", "serve", str(model_dir), *flags_of(run)])
     geometry = geometry_from_config(model_config(run))
-    memory = MemoryInputs(vllm_version=version, vllm_env=tuple(env_of(run).items()))
+    memory = MemoryInputs(vllm_version=version, vllm_env=tuple(env_of(run).items()),
+                          flashinfer_installed=run.get("flashinfer_installed"))
     device = device_of(run)
     plan = make_plan(geometry, command.settings(), device, ruleset_for(None), memory)
     if not logged_kv or plan.gpu_budget is None:
         return plan
     non_kv = plan.gpu_budget.requested_bytes - logged_kv_bytes(run)
-    learned = MemoryInputs(vllm_version=version, vllm_env=tuple(env_of(run).items()), non_kv_bytes=non_kv)
+    learned = replace(memory, non_kv_bytes=non_kv)
     return make_plan(geometry, command.settings(), device, ruleset_for(None), learned)
 
 

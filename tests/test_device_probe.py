@@ -115,3 +115,26 @@ def test_a_card_nvml_shows_without_memory_and_not_in_the_table_is_one_error(
     nvml_standin.write(StandinState(gpus=[StandinGpu(uuid=A, name="NVIDIA Future", errors={"memory": "NOT_SUPPORTED"})]))
     with pytest.raises(KvwatchError, match="does not report"):
         device_probe.choose_device("gpu")
+
+
+def test_flashinfer_is_known_only_beside_a_vllm_installed_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    installed = {"vllm": "0.10.1.1"}
+
+    def version(dist: str) -> str:
+        if dist in installed:
+            return installed[dist]
+        raise device_probe.metadata.PackageNotFoundError(dist)
+
+    monkeypatch.setattr(device_probe.metadata, "version", version)
+    for fn in (device_probe.installed_flashinfer, device_probe.installed_vllm_version):
+        fn.cache_clear()
+    assert device_probe.installed_flashinfer() is False
+    installed["flashinfer-python"] = "0.3.0"
+    device_probe.installed_flashinfer.cache_clear()
+    assert device_probe.installed_flashinfer() is True
+    installed.clear()
+    for fn in (device_probe.installed_flashinfer, device_probe.installed_vllm_version):
+        fn.cache_clear()
+    assert device_probe.installed_flashinfer() is None
+    for fn in (device_probe.installed_flashinfer, device_probe.installed_vllm_version):
+        fn.cache_clear()

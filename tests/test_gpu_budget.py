@@ -29,6 +29,7 @@ from kvwatch.planner.gpu_budget import (
     batch_defaults,
     estimate_budget,
     profile_key,
+    profile_sampler_bytes,
     release_for,
     requested_bytes,
 )
@@ -215,3 +216,15 @@ def test_a_unified_memory_card_has_its_cuda_total_and_no_nvml_one() -> None:
     assert gb10 is not None and gb10.unified_memory and gb10.nvml_mib is None
     assert unified_memory_bytes("NVIDIA GB10") == int(121.69 * GiB) == cuda_total_bytes(preset("gb10"))
     assert unified_memory_bytes("NVIDIA H100 80GB HBM3") is None
+
+
+@pytest.mark.parametrize("version,installed,expected", [
+    ("0.10.1", None, FUSED_SAMPLER_BYTES),      # the release line's default: FlashInfer where installed
+    ("0.10.1", True, FUSED_SAMPLER_BYTES),
+    ("0.10.1", False, SORTED_SAMPLER_BYTES),    # a pip install of 0.10 without the flashinfer extra sorts
+    ("0.12.0", True, SORTED_SAMPLER_BYTES),     # FlashInfer sampling off by default from 0.11.1
+    ("0.19.0", False, FUSED_SAMPLER_BYTES),     # vLLM's own Triton kernel needs no FlashInfer
+    ("0.6.5", False, SORTED_SAMPLER_BYTES),     # V0 always sorted
+])
+def test_the_profile_sorts_where_flashinfer_is_missing(version: str, installed: bool | None, expected: float) -> None:
+    assert profile_sampler_bytes(release_for(parse_version(version)), installed) == expected

@@ -102,6 +102,21 @@ def installed_vllm_version() -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=1)
+def installed_flashinfer() -> bool | None:
+    """Whether FlashInfer is installed beside the installed vLLM (package metadata; None when no
+    vLLM is installed here: the plan is for another machine)."""
+    if installed_vllm_version() is None:
+        return None
+    for dist in ("flashinfer-python", "flashinfer"):
+        try:
+            metadata.version(dist)
+            return True
+        except metadata.PackageNotFoundError:
+            continue
+    return False
+
+
 def installed_version() -> VllmVersion | None:
     """installed_vllm_version() parsed; None when none is installed or its version is none kvwatch reads
     (a private build): the newest rules and budget then apply."""

@@ -176,6 +176,18 @@ def activation_peak_bytes(count: WeightCount | None, tokens: int, seqs: int, dty
     return max(forward, sampler)
 
 
+def profile_sampler_bytes(release: Release, flashinfer_installed: bool | None) -> float:
+    """The sampler's peak per request x vocabulary element in the profile run. Before vLLM's Triton
+    top-k/top-p kernel (0.17) the V1 sampler used FlashInfer only where the package is installed
+    (v1/sample/ops/topk_topp_sampler.py: `if is_flashinfer_available: ... else: forward_native`),
+    and the pip wheels of 0.8-0.11.0 list flashinfer-python only as an extra (their METADATA):
+    without it the profile sorts the logits whatever the release line defaults to. Unknown (None):
+    the release line's default."""
+    if flashinfer_installed is False and release.engine == V1_ENGINE and release.since < (0, 17, 0):
+        return SORTED_SAMPLER_BYTES
+    return release.sampler_bytes
+
+
 def weights_on_gpu(weights_per_rank: int, settings: EngineSettings) -> int:
     """The weights a rank keeps on its GPU: `--cpu-offload-gb` GiB of them per GPU stay in host
     memory (config/offload.py: "The space in GiB to offload to CPU, per GPU"; the UVA offloader
@@ -185,11 +197,11 @@ def weights_on_gpu(weights_per_rank: int, settings: EngineSettings) -> int:
 
 def estimate_budget(settings: EngineSettings, device: Device, count: WeightCount | None, weights_per_rank: int,
                     dtype_bytes: int, max_model_len: int, version: VllmVersion | None,
-                    env: Mapping[str, str] | None = None) -> GpuBudget:
+                    env: Mapping[str, str] | None = None, flashinfer_installed: bool | None = None) -> GpuBudget:
     release = release_for(version, env)
     tokens, seqs = batch_defaults(settings, device, release, max_model_len)
     tp = max(1, settings.tensor_parallel_size)
-    sampler = release.sampler_bytes
+    sampler = profile_sampler_bytes(release, flashinfer_installed)
     if release.engine == V0_ENGINE and tp > 1:
         sampler = 0.0   # V0 samples on the driver worker only; the others set the budget's minimum
     return GpuBudget(

@@ -55,6 +55,7 @@ class MemoryInputs:
     non_kv_bytes: int | None = None          # measured on an earlier run of this engine
     vllm_version: VllmVersion | None = None  # the vLLM the plan is for (None: the newest kvwatch knows)
     vllm_env: tuple[tuple[str, str], ...] = ()   # the environment variables its memory profile reads
+    flashinfer_installed: bool | None = None  # FlashInfer beside that vLLM (None: not known)
 
 
 NO_MEMORY_INPUTS = MemoryInputs()   # nothing measured: the planner's own defaults
@@ -171,7 +172,7 @@ def _gpu_budget(device: Device, settings: EngineSettings, geometry: ModelGeometr
     else:
         weights = _weights_from_geometry(geometry, model_bytes, settings, device) // ranks
     return estimate_budget(settings, device, geometry.weight_count, weights, model_bytes, max_model_len,
-                           memory.vllm_version, dict(memory.vllm_env))
+                           memory.vllm_version, dict(memory.vllm_env), memory.flashinfer_installed)
 
 
 def _estimate_gpu_kv_memory(device: Device, settings: EngineSettings, geometry: ModelGeometry,
