@@ -228,3 +228,16 @@ def test_a_unified_memory_card_has_its_cuda_total_and_no_nvml_one() -> None:
 ])
 def test_the_profile_sorts_where_flashinfer_is_missing(version: str, installed: bool | None, expected: float) -> None:
     assert profile_sampler_bytes(release_for(parse_version(version)), installed) == expected
+
+
+def test_a_hybrid_models_tokens_are_reported_as_its_release_logs_them(tmp_path: Path) -> None:
+    """gpt-oss (sliding + full attention, two KV cache groups) on vLLM 0.10.1.1: the log's 2,640,144
+    tokens are num_blocks // groups x block size; the same plan for 0.20+ reports concurrency x
+    max_model_len (kv_cache_utils.py of each release)."""
+    run = next(r for r in all_runs() if r["name"] == "dl_gpt_oss_120b_a100_80g_tp4_u08")
+    old = plan_run(run, tmp_path / "old", logged_kv=True)
+    assert old.kv_cache_groups == 2
+    assert old.kv_cache_tokens == old.num_blocks // 2 * old.block_size
+    assert abs(old.kv_cache_tokens - run["logged"]["kv_cache_tokens"]) / run["logged"]["kv_cache_tokens"] < 0.003
+    new = plan_run({**run, "vllm_version": "0.20.2"}, tmp_path / "new", logged_kv=True)
+    assert new.num_blocks == old.num_blocks and new.kv_cache_tokens > 1.5 * old.kv_cache_tokens
