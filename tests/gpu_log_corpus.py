@@ -174,9 +174,12 @@ class Summary:
 
 
 def drawn_split(runs: list[dict[str, Any]]) -> dict[str, str]:
-    """The split as it was drawn: runs tuned to before issue 27 fit; of the others, ordered by the
-    sha256 of their name, every other one (the first included) held out."""
-    drawn = sorted((r["name"] for r in runs if not r["tuned_before_issue_27"]),
+    """The split as it was drawn: runs tuned to before issue 27 fit; of the others of the first draw
+    (`draw` 1), ordered by the sha256 of their name, every other one (the first included) held out;
+    a run added later (`draw` 2 and on) is held out when the sha256 of its name is even, so that an
+    addition never moves a run already drawn."""
+    first = sorted((r["name"] for r in runs if not r["tuned_before_issue_27"] and r["draw"] == 1),
                    key=lambda n: hashlib.sha256(n.encode()).hexdigest())
-    held = set(drawn[::2])
+    held = set(first[::2]) | {r["name"] for r in runs if r["draw"] > 1
+                              and int(hashlib.sha256(r["name"].encode()).hexdigest(), 16) % 2 == 0}
     return {r["name"]: HELD_OUT if r["name"] in held else FIT for r in runs}

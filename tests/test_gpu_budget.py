@@ -241,3 +241,18 @@ def test_a_hybrid_models_tokens_are_reported_as_its_release_logs_them(tmp_path: 
     assert abs(old.kv_cache_tokens - run["logged"]["kv_cache_tokens"]) / run["logged"]["kv_cache_tokens"] < 0.003
     new = plan_run({**run, "vllm_version": "0.20.2"}, tmp_path / "new", logged_kv=True)
     assert new.num_blocks == old.num_blocks and new.kv_cache_tokens > 1.5 * old.kv_cache_tokens
+
+
+FAILED = [r for r in all_runs() if r["status"].startswith("failed")
+          and (r["model_config"].get("num_hidden_layers") or (r["model_config"].get("text_config") or {}))]
+
+
+@pytest.mark.parametrize("run", FAILED, ids=[r["name"] for r in FAILED])
+def test_a_start_up_that_failed_for_memory_is_planned_to_fail_the_same_way(run: dict, tmp_path: Path) -> None:
+    """A negative KV budget is a plan of no KV memory; a KV cache too small for max_model_len, that."""
+    plan = plan_run(run, tmp_path / "model")
+    kinds = {w.kind.value for w in plan.warnings}
+    if run["logged"]["available_kv_cache_gib"] < 0:
+        assert plan.kv_memory_bytes == 0 and "no_kv_cache_memory" in kinds
+    else:
+        assert "kv_cache_too_small" in kinds
