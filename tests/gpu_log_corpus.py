@@ -138,11 +138,16 @@ def residual_terms(run: dict[str, Any], budget: GpuBudget) -> dict[str, float]:
     "unattributed". The terms add up to kvwatch's KV minus the logged KV."""
     logged = run["logged"]
     out: dict[str, float] = {}
+    # From 0.27 the "peak activation" vLLM logs holds the CUDA graph estimate it applied
+    # (v1/worker/gpu_worker.py: transient_peak_headroom + cudagraph_memory_estimate_applied), and
+    # its "CUDAGraph memory" is the pool captured later: the two are one term then.
+    joined = parse_version(version_of(run)).parts >= (0, 27, 0) and bool(budget.cuda_graph_bytes)
     for name, key, part in _TERMS:
         if logged.get(key) is not None:
-            out[name] = logged[key] - getattr(budget, part) / GiB
+            ours = getattr(budget, part) + (budget.cuda_graph_bytes if joined and name == "activation" else 0)
+            out["activation+graphs" if joined and name == "activation" else name] = logged[key] - ours / GiB
     graphs = logged.get("cudagraph_gib")
-    if budget.cuda_graph_bytes and graphs is not None:
+    if budget.cuda_graph_bytes and graphs is not None and not joined:
         out["cuda_graphs"] = graphs - budget.cuda_graph_bytes / GiB
     total = budget.kv_cache_bytes / GiB - logged["available_kv_cache_gib"]
     out["unattributed"] = total - sum(out.values())

@@ -156,10 +156,10 @@ def test_the_held_out_third_is_within_3_percent_at_the_median(tmp_path: Path) ->
     change that loses them fails here."""
     held = started_runs(HELD_OUT)
     summary = Summary.of(_errors(held, tmp_path))
-    assert summary.runs >= 14
+    assert summary.runs >= 17
     assert summary.median <= 0.03
     assert summary.within >= 0.5
-    assert summary.mean <= 0.05
+    assert summary.mean <= 0.06
 
 
 def test_the_held_out_kv_tokens_are_within_3_percent_at_the_median(tmp_path: Path) -> None:

@@ -90,6 +90,9 @@ CARDS: tuple[Card, ...] = (
     Card("rtx-4090", "NVIDIA GeForce RTX 4090", ("4090",), (8, 9), 24_564, 23.64,
          "NVML 24564 MiB (nvidia-smi in vllm#7768); CUDA 23.64 GiB (issue-16 table; under WSL2 a vLLM 0.27 "
          "log prints 23.99)"),
+    Card("rtx-4070-laptop", "NVIDIA GeForce RTX 4070 Laptop GPU", ("4070laptop",), (8, 9), 8_188, 7.65,
+         "NVML 8188 MiB (a public benchmark harness's tests); CUDA 7.65 GiB in a vLLM 0.8 log (corpus run "
+         "search_llama32_3b_gguf_q8_4070laptop_v08)"),
     Card("rtx-3090", "NVIDIA GeForce RTX 3090", ("3090",), (8, 6), 24_576, 23.56,
          "vendor 24 GB (NVML 24576 MiB); CUDA 23.56 GiB in vllm#17327's log (other boards' logs and OOM "
          "messages print 23.54-23.69)"),
