@@ -256,3 +256,11 @@ def test_a_start_up_that_failed_for_memory_is_planned_to_fail_the_same_way(run: 
         assert plan.kv_memory_bytes == 0 and "no_kv_cache_memory" in kinds
     else:
         assert "kv_cache_too_small" in kinds
+
+
+def test_a_unified_memory_card_gets_the_small_scheduler_defaults() -> None:
+    """vLLM reads the total for its batch defaults from NVML, which has none on a GB10: the small tier
+    (a DGX Spark log shows max_num_batched_tokens=2048 with 121.69 GiB of CUDA memory)."""
+    r = release_for(parse_version("0.13.0"))
+    assert batch_defaults(settings(), preset("gb10"), r, 32768) == (2048, 256)
+    assert batch_defaults(settings(), PRESETS["h200"], r, 32768) == (8192, 1024)

@@ -132,6 +132,16 @@ def cuda_total_bytes(device: Device) -> int:
     return int(total * (1 - _UNKNOWN_RESERVED))
 
 
+def scheduler_memory_bytes(device: Device) -> int:
+    """The total vLLM's scheduler defaults are chosen by (engine/arg_utils.py get_batch_defaults):
+    NVML's (platforms/cuda.py get_device_total_memory reads nvmlDeviceGetMemoryInfo, 0.13-0.33).
+    A unified-memory card has none, the call raises, and the defaults fall back to the small tier."""
+    card = card_for(device.name)
+    if card is not None and card.unified_memory:
+        return 0
+    return cuda_total_bytes(device)
+
+
 def preset(name: str) -> Device:
     key = name.lower().replace("_", "-").replace(" ", "-")
     if key not in PRESETS:

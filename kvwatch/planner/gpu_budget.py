@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from kvwatch.planner.devices import Device, GiB, cuda_total_bytes
+from kvwatch.planner.devices import Device, GiB, cuda_total_bytes, scheduler_memory_bytes
 from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.versions import LATEST, VllmVersion
 from kvwatch.planner.weights import WeightCount
@@ -109,7 +109,7 @@ def utilization(settings: EngineSettings, release: Release) -> float:
 def batch_defaults(settings: EngineSettings, device: Device, release: Release, max_model_len: int) -> tuple[int, int]:
     """(max_num_batched_tokens, max_num_seqs) the scheduler takes for the API server
     (engine/arg_utils.py get_batch_defaults; V0: max(max_model_len, 2048) without chunked prefill)."""
-    total = cuda_total_bytes(device)
+    total = scheduler_memory_bytes(device)   # NVML's total, as get_batch_defaults reads it
     name = device.name.lower()
     tokens, seqs = 2048, 256
     if release.b200_batch_tier and total >= 160 * GiB:

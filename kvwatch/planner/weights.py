@@ -92,7 +92,7 @@ def vision_tower_params(config: Mapping[str, Any]) -> int:
     """Parameters of a multimodal checkpoint's vision encoder and projector from `vision_config`
     (0 without one): each layer's attention (4 x width^2) and MLP (2 matrices, 3 when gated), for
     `depth`/`num_hidden_layers` (+ Mllama's `num_global_layers`), then the projector into the
-    language model: Qwen-VL's patch merger (width x merge^2, twice) or a two-layer MLP."""
+    language model: Qwen-VL's patch merger(s) (width x merge^2, two matrices each) or a two-layer MLP."""
     vision = config.get("vision_config")
     if not isinstance(vision, Mapping):
         return 0
@@ -109,9 +109,13 @@ def vision_tower_params(config: Mapping[str, Any]) -> int:
     text_hidden = _int(text, "hidden_size") or width
     out = _int(vision, "out_hidden_size") or text_hidden
     merge = _int(vision, "spatial_merge_size") or _int(config, "spatial_merge_size")
-    if merge and "embed_dim" in vision:     # Qwen2-VL/2.5-VL/3-VL: merger MLP over merge x merge patches
+    if merge and ("embed_dim" in vision or "out_hidden_size" in vision):
+        # Qwen2-VL/2.5-VL/3-VL: a merger MLP over merge x merge patches, and Qwen3-VL one more for
+        # each deepstack layer (vLLM 0.13 models/qwen3_vl.py: deepstack_merger_list)
         merged = width * merge * merge
-        projector = merged * merged + merged * out
+        deepstack = vision.get("deepstack_visual_indexes")
+        mergers = 1 + (len(deepstack) if isinstance(deepstack, (list, tuple)) else 0)
+        projector = mergers * (merged * merged + merged * out)
     else:
         projector = (_int(vision, "vision_output_dim") or width) * text_hidden + text_hidden * text_hidden
     return layers * per_layer + projector
