@@ -99,3 +99,42 @@ def test_an_installed_vllm_of_a_version_kvwatch_cannot_read_plans_as_the_newest(
         finally:
             device_probe.installed_vllm_text.cache_clear()
         assert (version.parts if version else None) == expected
+
+
+def test_a_unified_memory_card_without_an_nvml_total_plans_from_the_card_table(
+        nvml_standin: NvmlStandin, no_cpu_build: None) -> None:
+    """GB10 (DGX Spark): NVML reports no framebuffer total; the CUDA total of the card table stands in."""
+    nvml_standin.write(StandinState(gpus=[StandinGpu(uuid=A, name="NVIDIA GB10", compute_capability=(12, 1),
+                                                     errors={"memory": "NOT_SUPPORTED"})]))
+    device = device_probe.choose_device("gpu")
+    assert device.total_memory_bytes == int(121.69 * 2**30)
+
+
+def test_a_card_nvml_shows_without_memory_and_not_in_the_table_is_one_error(
+        nvml_standin: NvmlStandin, no_cpu_build: None) -> None:
+    nvml_standin.write(StandinState(gpus=[StandinGpu(uuid=A, name="NVIDIA Future", errors={"memory": "NOT_SUPPORTED"})]))
+    with pytest.raises(KvwatchError, match="does not report"):
+        device_probe.choose_device("gpu")
+
+
+def test_flashinfer_is_known_only_beside_a_vllm_installed_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    installed = {"vllm": "0.10.1.1"}
+
+    def version(dist: str) -> str:
+        if dist in installed:
+            return installed[dist]
+        raise device_probe.metadata.PackageNotFoundError(dist)
+
+    monkeypatch.setattr(device_probe.metadata, "version", version)
+    for fn in (device_probe.installed_flashinfer, device_probe.installed_vllm_text):
+        fn.cache_clear()
+    assert device_probe.installed_flashinfer() is False
+    installed["flashinfer-python"] = "0.3.0"
+    device_probe.installed_flashinfer.cache_clear()
+    assert device_probe.installed_flashinfer() is True
+    installed.clear()
+    for fn in (device_probe.installed_flashinfer, device_probe.installed_vllm_text):
+        fn.cache_clear()
+    assert device_probe.installed_flashinfer() is None
+    for fn in (device_probe.installed_flashinfer, device_probe.installed_vllm_text):
+        fn.cache_clear()

@@ -6,17 +6,30 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from gpu_log_corpus import GiB, logged_kv_bytes, plan_run, started_runs
+from gpu_log_corpus import (
+    FIT,
+    HELD_OUT,
+    GiB,
+    Summary,
+    all_runs,
+    drawn_split,
+    logged_kv_bytes,
+    plan_run,
+    residual_terms,
+    started_runs,
+)
 
 from kvwatch.errors import KvwatchError
-from kvwatch.planner.devices import PRESETS, Device, cuda_total_bytes
+from kvwatch.planner.devices import CARDS, PRESETS, Device, card_for, cuda_total_bytes, preset, unified_memory_bytes
 from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.gpu_budget import (
     FUSED_SAMPLER_BYTES,
     SORTED_SAMPLER_BYTES,
     V0_ENGINE,
     batch_defaults,
+    estimate_budget,
     profile_key,
+    profile_sampler_bytes,
     release_for,
     requested_bytes,
 )
@@ -125,9 +138,131 @@ def test_every_real_start_up_is_planned_with_a_kv_cache(run: dict, tmp_path: Pat
     assert budget.requested_bytes == budget.non_kv_bytes + budget.kv_cache_bytes
 
 
+def _errors(runs: list[dict], tmp_path: Path) -> list[float]:
+    return [(plan_run(r, tmp_path / r["name"]).kv_memory_bytes - logged_kv_bytes(r)) / logged_kv_bytes(r)
+            for r in runs]
+
+
 def test_the_pre_launch_kv_memory_is_within_3_percent_at_the_median(tmp_path: Path) -> None:
     """The issue's measure on the whole corpus (bench/bench_gpu_budget.py prints the table)."""
-    errors = [abs(plan_run(r, tmp_path / r["name"]).kv_memory_bytes - logged_kv_bytes(r)) / logged_kv_bytes(r)
-              for r in RUNS]
-    assert len(errors) >= 12
-    assert statistics.median(errors) <= 0.03
+    errors = _errors(RUNS, tmp_path)
+    assert len(errors) >= 40
+    assert statistics.median(abs(e) for e in errors) <= 0.03
+
+
+def test_the_held_out_third_is_within_3_percent_at_the_median(tmp_path: Path) -> None:
+    """Issue 27: the runs no term was fitted on, apart. The median holds the bar; the share within
+    3 % and the mean hold what was measured when they were drawn (BENCHMARKS.md section 12), so a
+    change that loses them fails here."""
+    held = started_runs(HELD_OUT)
+    summary = Summary.of(_errors(held, tmp_path))
+    assert summary.runs >= 17
+    assert summary.median <= 0.03
+    assert summary.within >= 0.5
+    # 0.11, not lower: one held-out run (Qwen3-VL-30B-A3B with a video encoder budget of 153600
+    # tokens on four 3090s) is off by +123 %, the encoder cache kvwatch does not plan yet (corpus notes)
+    assert summary.mean <= 0.11
+
+
+def test_the_held_out_kv_tokens_are_within_3_percent_at_the_median(tmp_path: Path) -> None:
+    held = [r for r in started_runs(HELD_OUT) if r["logged"].get("kv_cache_tokens")]
+    errors = [(plan_run(r, tmp_path / r["name"]).kv_cache_tokens - r["logged"]["kv_cache_tokens"])
+              / r["logged"]["kv_cache_tokens"] for r in held]
+    assert len(errors) >= 10
+    assert Summary.of(errors).median <= 0.03
+
+
+def test_the_split_is_the_one_drawn_and_never_holds_out_a_run_tuned_to() -> None:
+    runs = all_runs()
+    assert {r["name"]: r["split"] for r in runs} == drawn_split(runs)
+    assert not any(r["tuned_before_issue_27"] for r in runs if r["split"] == HELD_OUT)
+    started = started_runs()
+    assert len(started_runs(HELD_OUT)) >= len(started) // 4 and len(started_runs(FIT)) > len(started) // 2
+
+
+def test_the_residual_terms_add_up_to_the_error(tmp_path: Path) -> None:
+    for run in RUNS:
+        budget = plan_run(run, tmp_path / run["name"]).gpu_budget
+        assert budget is not None
+        terms = residual_terms(run, budget)
+        assert sum(terms.values()) == pytest.approx(budget.kv_cache_bytes / GiB - run["logged"]["available_kv_cache_gib"])
+
+
+def test_cpu_offload_keeps_its_gib_of_weights_per_gpu_off_the_card() -> None:
+    """--cpu-offload-gb is GiB per GPU (config/offload.py); the KV cache gets what it frees."""
+    kept = estimate_budget(settings("--cpu-offload-gb", "12"), A100, None, 15 * GiB, 2, 8192, LATEST)
+    plain = estimate_budget(settings(), A100, None, 15 * GiB, 2, 8192, LATEST)
+    assert plain.weights_bytes - kept.weights_bytes == 12 * GiB
+    assert kept.kv_cache_bytes - plain.kv_cache_bytes == 12 * GiB
+    assert estimate_budget(settings("--cpu-offload-gb", "40"), A100, None, 15 * GiB, 2, 8192, LATEST).weights_bytes == 0
+    with pytest.raises(KvwatchError, match="cpu-offload-gb"):
+        settings("--cpu-offload-gb", "-1")
+
+
+def test_every_card_of_the_table_says_where_its_totals_are_from() -> None:
+    assert len(CARDS) >= 20 and len({c.key for c in CARDS}) == len(CARDS)
+    for card in CARDS:
+        assert card.source and card.total_bytes > 0
+        assert card_for(card.name) == card, card.key     # a card's own name finds it, not a look-alike
+        assert preset(card.key).compute_capability == card.capability
+    for name, key in (("NVIDIA GH200 480GB", "gh200"), ("NVIDIA H20", "h20"), ("NVIDIA L4", "l4"),
+                      ("NVIDIA L40S", "l40s"), ("NVIDIA H100 NVL", "h100-nvl"), ("NVIDIA H100 PCIe", "h100-pcie"),
+                      ("NVIDIA GB200", "gb200"), ("Tesla T4", "t4"), ("NVIDIA A100-SXM4-40GB", "a100-40g")):
+        card = card_for(name)
+        assert card is not None and card.key == key, name
+    assert card_for("NVIDIA Future GPU") is None
+
+
+def test_a_unified_memory_card_has_its_cuda_total_and_no_nvml_one() -> None:
+    gb10 = card_for("NVIDIA GB10")
+    assert gb10 is not None and gb10.unified_memory and gb10.nvml_mib is None
+    assert unified_memory_bytes("NVIDIA GB10") == int(121.69 * GiB) == cuda_total_bytes(preset("gb10"))
+    assert unified_memory_bytes("NVIDIA H100 80GB HBM3") is None
+
+
+@pytest.mark.parametrize("version,installed,expected", [
+    ("0.10.1", None, FUSED_SAMPLER_BYTES),      # the release line's default: FlashInfer where installed
+    ("0.10.1", True, FUSED_SAMPLER_BYTES),
+    ("0.10.1", False, SORTED_SAMPLER_BYTES),    # a pip install of 0.10 without the flashinfer extra sorts
+    ("0.12.0", True, SORTED_SAMPLER_BYTES),     # FlashInfer sampling off by default from 0.11.1
+    ("0.19.0", False, FUSED_SAMPLER_BYTES),     # vLLM's own Triton kernel needs no FlashInfer
+    ("0.6.5", False, SORTED_SAMPLER_BYTES),     # V0 always sorted
+])
+def test_the_profile_sorts_where_flashinfer_is_missing(version: str, installed: bool | None, expected: float) -> None:
+    assert profile_sampler_bytes(release_for(parse_version(version)), installed) == expected
+
+
+def test_a_hybrid_models_tokens_are_reported_as_its_release_logs_them(tmp_path: Path) -> None:
+    """gpt-oss (sliding + full attention, two KV cache groups) on vLLM 0.10.1.1: the log's 2,640,144
+    tokens are num_blocks // groups x block size; the same plan for 0.20+ reports concurrency x
+    max_model_len (kv_cache_utils.py of each release)."""
+    run = next(r for r in all_runs() if r["name"] == "dl_gpt_oss_120b_a100_80g_tp4_u08")
+    old = plan_run(run, tmp_path / "old", logged_kv=True)
+    assert old.kv_cache_groups == 2
+    assert old.kv_cache_tokens == old.num_blocks // 2 * old.block_size
+    assert abs(old.kv_cache_tokens - run["logged"]["kv_cache_tokens"]) / run["logged"]["kv_cache_tokens"] < 0.003
+    new = plan_run({**run, "vllm_version": "0.20.2"}, tmp_path / "new", logged_kv=True)
+    assert new.num_blocks == old.num_blocks and new.kv_cache_tokens > 1.5 * old.kv_cache_tokens
+
+
+FAILED = [r for r in all_runs() if r["status"].startswith("failed")
+          and (r["model_config"].get("num_hidden_layers") or (r["model_config"].get("text_config") or {}))]
+
+
+@pytest.mark.parametrize("run", FAILED, ids=[r["name"] for r in FAILED])
+def test_a_start_up_that_failed_for_memory_is_planned_to_fail_the_same_way(run: dict, tmp_path: Path) -> None:
+    """A negative KV budget is a plan of no KV memory; a KV cache too small for max_model_len, that."""
+    plan = plan_run(run, tmp_path / "model")
+    kinds = {w.kind.value for w in plan.warnings}
+    if run["logged"]["available_kv_cache_gib"] < 0:
+        assert plan.kv_memory_bytes == 0 and "no_kv_cache_memory" in kinds
+    else:
+        assert "kv_cache_too_small" in kinds
+
+
+def test_a_unified_memory_card_gets_the_small_scheduler_defaults() -> None:
+    """vLLM reads the total for its batch defaults from NVML, which has none on a GB10: the small tier
+    (a DGX Spark log shows max_num_batched_tokens=2048 with 121.69 GiB of CUDA memory)."""
+    r = release_for(parse_version("0.13.0"))
+    assert batch_defaults(settings(), preset("gb10"), r, 32768) == (2048, 256)
+    assert batch_defaults(settings(), PRESETS["h200"], r, 32768) == (8192, 1024)

@@ -3,7 +3,16 @@ from __future__ import annotations
 
 import pytest
 
-from kvwatch.planner.weights import count_weights, linear_bytes_per_param, weights_bytes
+from kvwatch.planner.weights import (
+    count_model_weights,
+    count_weights,
+    gguf_bytes_per_param,
+    gpu_weights_bytes,
+    linear_bytes_per_param,
+    mxfp4_expert_padding,
+    vision_tower_params,
+    weights_bytes,
+)
 
 GiB = 2**30
 LLAMA_3_1_8B = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
@@ -53,3 +62,75 @@ def test_quantization_shrinks_the_linear_layers_only() -> None:
 
 def test_a_config_without_shapes_has_no_estimate() -> None:
     assert count_weights({"num_hidden_layers": 2}) is None
+
+
+QWEN2_VL_7B = {**QWEN_2_5_7B, "vision_config": {"depth": 32, "embed_dim": 1280, "mlp_ratio": 4, "num_heads": 16,
+                                               "hidden_size": 3584, "spatial_merge_size": 2}}
+
+
+def test_a_vision_tower_counts_in_the_model_dtype() -> None:
+    """Qwen2-VL-7B: 32 ViT blocks of 1280 wide (MLP ratio 4) and the 2x2 patch merger into 3584: ~0.67 B
+    parameters, the 1.3 GiB a 7B VL checkpoint loads beyond its language model (15.51 vs 14.2 GiB)."""
+    count = count_model_weights(QWEN2_VL_7B, QWEN2_VL_7B)
+    text = count_weights(QWEN2_VL_7B)
+    assert count is not None and text is not None
+    assert count.vision_params == vision_tower_params(QWEN2_VL_7B)
+    assert 0.66e9 < count.vision_params < 0.69e9
+    quantized = {"quant_method": "awq", "bits": 4, "group_size": 128}
+    # the vision tower stays in the model dtype when the language model is quantized
+    assert gpu_weights_bytes(count, quantized, 2) - gpu_weights_bytes(text, quantized, 2) == count.vision_params * 2
+    assert vision_tower_params(QWEN_2_5_7B) == 0
+
+
+@pytest.mark.parametrize("name,per_param", [("Llama-3.2-3B-Instruct-Q8_0.gguf", 34 / 32),
+                                            ("/models/qwen2.5-7b-instruct-q4_k_m.gguf", 144 / 256),
+                                            ("model-F16.gguf", 2.0), ("model.gguf", None)])
+def test_a_gguf_file_is_counted_in_the_type_its_name_carries(name: str, per_param: float | None) -> None:
+    assert gguf_bytes_per_param(name) == per_param
+
+
+def test_the_engine_quantization_flag_counts_like_a_checkpoint_config() -> None:
+    count = count_weights(LLAMA_3_1_8B)
+    assert count is not None
+    bf16 = gpu_weights_bytes(count, None, 2)
+    assert gpu_weights_bytes(count, None, 2, "fp8") == gpu_weights_bytes(count, {"quant_method": "fp8"}, 2) < bf16
+    # GGUF: every tensor, embeddings included, in the file's type (Q8_0: 8.5 bits)
+    assert gpu_weights_bytes(count, None, 2, "gguf", "m-Q8_0.gguf") == int(count.params * 34 / 32)
+    # a checkpoint's own quantization_config wins over an online method
+    awq = {"quant_method": "awq", "bits": 4, "group_size": 128}
+    assert gpu_weights_bytes(count, awq, 2, "fp8") == gpu_weights_bytes(count, awq, 2)
+
+
+@pytest.mark.parametrize("scheme,per_param", [
+    ({"num_bits": 8, "type": "float", "strategy": "channel"}, 1.0),           # FP8 dynamic: per-channel scales
+    ({"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128}, 0.5 + 2 / 128),   # W4A16
+    ({"num_bits": 4, "group_size": 128}, 0.5 + 2 / 128),                     # no strategy named: group
+    ({"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16}, 0.5 + 1 / 16),  # NVFP4
+])
+def test_compressed_tensors_scales_follow_the_weight_scheme(scheme: dict, per_param: float) -> None:
+    config = {"quant_method": "compressed-tensors", "config_groups": {"group_0": {"weights": scheme}}}
+    assert linear_bytes_per_param(config, 2) == pytest.approx(per_param)
+
+
+def test_modelopt_nvfp4_is_four_bit_and_its_fp8_one_byte() -> None:
+    assert linear_bytes_per_param({"quant_method": "modelopt", "quant_algo": "NVFP4"}, 2) == 0.5 + 1 / 16
+    assert linear_bytes_per_param({"quant_method": "modelopt", "quant_algo": "FP8"}, 2) == 1.0
+
+
+GPT_OSS_20B = {"hidden_size": 2880, "num_hidden_layers": 24, "num_attention_heads": 64, "num_key_value_heads": 8,
+               "head_dim": 64, "intermediate_size": 2880, "num_local_experts": 32, "num_experts_per_tok": 4,
+               "vocab_size": 201088}
+
+
+def test_mxfp4_experts_carry_the_marlin_padding_below_hopper() -> None:
+    """Marlin rounds each rank's expert intermediate size up to 128 and the hidden size to 256."""
+    count = count_weights(GPT_OSS_20B)
+    assert count is not None and count.expert_matrices == 24 * 32
+    assert mxfp4_expert_padding(count, 1, (9, 0)) == 0 == mxfp4_expert_padding(count, 1, None)
+    assert mxfp4_expert_padding(count, 1, (8, 0)) == 24 * 32 * 3 * (3072 * 2944 - 2880 * 2880)
+    # TP 4: 720 per rank -> 768
+    assert mxfp4_expert_padding(count, 4, (8, 0)) == 24 * 32 * 3 * (3072 * 768 * 4 - 2880 * 2880)
+    mxfp4 = {"quant_method": "mxfp4"}
+    a100 = gpu_weights_bytes(count, mxfp4, 2, tensor_parallel=1, capability=(8, 0))
+    h100 = gpu_weights_bytes(count, mxfp4, 2, tensor_parallel=1, capability=(9, 0))
+    assert a100 - h100 == int(mxfp4_expert_padding(count, 1, (8, 0)) * (0.5 + 1 / 32))

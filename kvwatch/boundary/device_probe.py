@@ -14,7 +14,7 @@ from importlib import metadata
 from typing import TYPE_CHECKING, Literal
 
 from kvwatch.errors import KvwatchError
-from kvwatch.planner.devices import Device, cpu_device_from_flags
+from kvwatch.planner.devices import Device, cpu_device_from_flags, unified_memory_bytes
 from kvwatch.planner.versions import VllmVersion, parse_version
 
 if TYPE_CHECKING:
@@ -83,9 +83,11 @@ def gpu_device(index: int | None = None, *, nvml: Nvml | None = None,
     gpu = nvml.device(index) if index is not None else nvml.visible_device(env.get("CUDA_VISIBLE_DEVICES"))
     if gpu is None:
         raise KvwatchError(f"GPU {index if index is not None else '(first visible)'} not found through NVML")
-    if gpu.compute_capability is None or gpu.memory_total_bytes is None:
+    # a unified-memory card (GB10) has no framebuffer total in NVML: the card table's CUDA total
+    total = gpu.memory_total_bytes or unified_memory_bytes(gpu.name or "")
+    if gpu.compute_capability is None or total is None:
         raise KvwatchError(f"GPU {gpu.index} ({gpu.name}): NVML does not report its compute capability or memory")
-    return Device("cuda", gpu.name or f"GPU {gpu.index}", gpu.compute_capability, gpu.memory_total_bytes,
+    return Device("cuda", gpu.name or f"GPU {gpu.index}", gpu.compute_capability, total,
                   uuid=gpu.uuid, source="nvml")
 
 
@@ -99,6 +101,21 @@ def installed_vllm_text() -> str | None:
         except metadata.PackageNotFoundError:
             continue
     return None
+
+
+@functools.lru_cache(maxsize=1)
+def installed_flashinfer() -> bool | None:
+    """Whether FlashInfer is installed beside the installed vLLM (package metadata; None when no
+    vLLM is installed here: the plan is for another machine)."""
+    if installed_vllm_text() is None:
+        return None
+    for dist in ("flashinfer-python", "flashinfer"):
+        try:
+            metadata.version(dist)
+            return True
+        except metadata.PackageNotFoundError:
+            continue
+    return False
 
 
 def installed_vllm() -> VllmVersion | None:

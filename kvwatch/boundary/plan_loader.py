@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 
-from kvwatch.boundary.device_probe import installed_vllm
+from kvwatch.boundary.device_probe import installed_flashinfer, installed_vllm
 from kvwatch.boundary.model_source import ModelSource, load_model_source
 from kvwatch.errors import ConfigError
 from kvwatch.planner.devices import Device, GiB
@@ -45,7 +45,9 @@ def plan_command(argv: Sequence[str], device: Device, rules: RuleSet,
     memory = MemoryInputs(cpu_kv_space_bytes=cpu_kv_space_bytes(env),
                           weights_bytes=source.weights_bytes, non_kv_bytes=non_kv_bytes,
                           vllm_version=vllm_version or installed_vllm(),
-                          vllm_env=tuple((k, env[k]) for k in MEMORY_ENV if k in env))
+                          vllm_env=tuple((k, env[k]) for k in MEMORY_ENV if k in env),
+                          # FlashInfer's presence only speaks for the vLLM installed here
+                          flashinfer_installed=None if vllm_version else installed_flashinfer())
     # vLLM's own override of its max_model_len check (envs.py: "1" or "true").
     allow_long = env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "").strip().lower() in ("1", "true")
     return make_plan(geometry, settings, device, rules, memory, allow_long_max_model_len=allow_long)

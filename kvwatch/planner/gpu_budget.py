@@ -29,7 +29,7 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
-from kvwatch.planner.devices import Device, GiB, cuda_total_bytes
+from kvwatch.planner.devices import Device, GiB, cuda_total_bytes, scheduler_memory_bytes
 from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.versions import LATEST, VllmVersion
 from kvwatch.planner.weights import WeightCount
@@ -92,6 +92,7 @@ class Release:
     defaults: ReleaseDefaults
     cuda_graphs_counted: bool      # the CUDA graph estimate is taken from the KV budget
     why: str
+    sampler_since: tuple[int, int, int] = (0, 0, 0)   # the first release of its sampler line
 
     @property
     def default_utilization(self) -> float:
@@ -121,7 +122,7 @@ def release_for(version: VllmVersion | None, env: Mapping[str, str] | None = Non
                 f"({defaults.cite(defaults.cudagraph_applied_source)})")
     if graphs_env is not None and defaults.cudagraph_estimate != CUDAGRAPH_ABSENT:
         why += f"; {CUDAGRAPH_ENV}={graphs_env.strip()}"
-    return Release(line.engine, sampler, defaults, graphs, why)
+    return Release(line.engine, sampler, defaults, graphs, why, line.since)
 
 
 def utilization(settings: EngineSettings, release: Release) -> float:
@@ -134,7 +135,7 @@ def api_defaults(device: Device, settings: EngineSettings, release: Release) -> 
     (vllm_releases/defaults.py), before any flag: the card's total as NVML reports it, which is what
     the CUDA platform's get_device_total_memory returns (vLLM 0.32.0, vllm/platforms/cuda.py:801)."""
     world = settings.tensor_parallel_size * settings.pipeline_parallel_size
-    total = (device.total_memory_bytes or cuda_total_bytes(device)) if device.platform != "cpu" else 0
+    total = scheduler_memory_bytes(device) if device.platform != "cpu" else 0
     return api_batch_defaults(release.defaults, device.platform, total, device.name, device.compute_capability, world)
 
 
@@ -203,18 +204,37 @@ def activation_peak_bytes(count: WeightCount | None, tokens: int, seqs: int, dty
     return max(forward, sampler)
 
 
+def profile_sampler_bytes(release: Release, flashinfer_installed: bool | None) -> float:
+    """The sampler's peak per request x vocabulary element in the profile run. Before vLLM's Triton
+    top-k/top-p kernel (0.17) the V1 sampler used FlashInfer only where the package is installed
+    (v1/sample/ops/topk_topp_sampler.py: `if is_flashinfer_available: ... else: forward_native`),
+    and the pip wheels of 0.8-0.11.0 list flashinfer-python only as an extra (their METADATA):
+    without it the profile sorts the logits whatever the release line defaults to. Unknown (None):
+    the release line's default."""
+    if flashinfer_installed is False and release.engine == V1_ENGINE and release.sampler_since < (0, 17, 0):
+        return SORTED_SAMPLER_BYTES
+    return release.sampler_bytes
+
+
+def weights_on_gpu(weights_per_rank: int, settings: EngineSettings) -> int:
+    """The weights a rank keeps on its GPU: `--cpu-offload-gb` GiB of them per GPU stay in host
+    memory (config/offload.py: "The space in GiB to offload to CPU, per GPU"; the UVA offloader
+    moves whole parameters until that many bytes are reached, model_executor/offloader/uva.py)."""
+    return max(0, weights_per_rank - int(settings.cpu_offload_gb * GiB))
+
+
 def estimate_budget(settings: EngineSettings, device: Device, count: WeightCount | None, weights_per_rank: int,
                     dtype_bytes: int, max_model_len: int, version: VllmVersion | None,
-                    env: Mapping[str, str] | None = None) -> GpuBudget:
+                    env: Mapping[str, str] | None = None, flashinfer_installed: bool | None = None) -> GpuBudget:
     release = release_for(version, env)
     tokens, seqs = batch_defaults(settings, device, release, max_model_len)
     tp = max(1, settings.tensor_parallel_size)
-    sampler = release.sampler_bytes
+    sampler = profile_sampler_bytes(release, flashinfer_installed)
     if release.engine == V0_ENGINE and tp > 1:
         sampler = 0.0   # V0 samples on the driver worker only; the others set the budget's minimum
     return GpuBudget(
         version=str(version or LATEST), release=release.why, cuda_total_bytes=cuda_total_bytes(device),
-        utilization=utilization(settings, release), weights_bytes=weights_per_rank,
+        utilization=utilization(settings, release), weights_bytes=weights_on_gpu(weights_per_rank, settings),
         activation_peak_bytes=activation_peak_bytes(count, tokens, seqs, dtype_bytes, tp, sampler),
         non_torch_bytes=NON_TORCH_BYTES + (NON_TORCH_TP_EXTRA_BYTES if tp > 1 else 0),
         cuda_graph_bytes=CUDA_GRAPH_BYTES if release.cuda_graphs_counted and not settings.enforce_eager else 0,

@@ -20,7 +20,7 @@ from kvwatch.planner.kv_groups import Demand, KvGroups, LayerSpec, kv_groups, pr
 from kvwatch.planner.layers import CHUNKED, MAMBA, SLIDING
 from kvwatch.planner.rules import FP8_KV_DTYPES, PACKED_MLA_BYTES, BackendRule, MultipleOf, RuleSet
 from kvwatch.planner.versions import VllmVersion
-from kvwatch.planner.weights import bytes_of
+from kvwatch.planner.weights import gpu_weights_bytes
 
 _DTYPE_BYTES = {"float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4}
 
@@ -56,6 +56,7 @@ class MemoryInputs:
     non_kv_bytes: int | None = None          # measured on an earlier run of this engine
     vllm_version: VllmVersion | None = None  # the vLLM the plan is for (None: the newest kvwatch knows)
     vllm_env: tuple[tuple[str, str], ...] = ()   # the environment variables its memory profile reads
+    flashinfer_installed: bool | None = None  # FlashInfer beside that vLLM (None: not known)
 
 
 NO_MEMORY_INPUTS = MemoryInputs()   # nothing measured: the planner's own defaults
@@ -177,9 +178,9 @@ def _gpu_budget(device: Device, settings: EngineSettings, geometry: ModelGeometr
     if memory.weights_bytes is not None:
         weights = memory.weights_bytes // ranks
     else:
-        weights = _weights_from_geometry(geometry, model_bytes) // ranks
+        weights = _weights_from_geometry(geometry, model_bytes, settings, device) // ranks
     return estimate_budget(settings, device, geometry.weight_count, weights, model_bytes, max_model_len,
-                           memory.vllm_version, dict(memory.vllm_env))
+                           memory.vllm_version, dict(memory.vllm_env), memory.flashinfer_installed)
 
 
 def _estimate_gpu_kv_memory(device: Device, settings: EngineSettings, geometry: ModelGeometry,
@@ -192,10 +193,26 @@ def _estimate_gpu_kv_memory(device: Device, settings: EngineSettings, geometry: 
     return budget.kv_cache_bytes
 
 
-def _weights_from_geometry(geometry: ModelGeometry, model_bytes: int) -> int:
-    """The weights from config.json's shapes and quantization_config; their files, when present,
-    win (MemoryInputs.weights_bytes)."""
-    return 0 if geometry.weight_count is None else bytes_of(geometry.weight_count, geometry.quantization, model_bytes)
+def _reported_kv_tokens(tokens: int, num_blocks: int, groups: int, block_size: int,
+                        version: VllmVersion | None) -> int:
+    """The "GPU KV cache size" the release logs. Before 0.20 it is the blocks shared out over the KV
+    cache groups (vLLM 0.11.2-0.19.1 v1/core/kv_cache_utils.py: `num_blocks //
+    len(kv_cache_groups) * min_block_size`; 0.10.2 likewise for several groups); from 0.20 it is
+    concurrency x max_model_len (0.20.2 kv_cache_utils.py: `int(max_concurrency * max_model_len)`),
+    the figure kv_groups computes."""
+    if version is None or version.parts >= (0, 20, 0) or not num_blocks:
+        return tokens
+    return num_blocks // max(1, groups) * block_size
+
+
+def _weights_from_geometry(geometry: ModelGeometry, model_bytes: int, settings: EngineSettings, device: Device) -> int:
+    """The weights from config.json's shapes and quantization_config (or `--quantization`); their
+    files, when present, win (MemoryInputs.weights_bytes)."""
+    if geometry.weight_count is None:
+        return 0
+    return gpu_weights_bytes(geometry.weight_count, geometry.quantization, model_bytes,
+                             settings.quantization, settings.model, settings.tensor_parallel_size,
+                             device.compute_capability)
 
 
 def config_refusals(geometry: ModelGeometry, settings: EngineSettings,
@@ -364,6 +381,7 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
         max_len = min(derived_len, fitted) if fitted > 0 else derived_len
         demand = _demand(geometry, settings, device, max_len, release)
     tokens, concurrency = groups.capacity(num_blocks, demand) if num_blocks else (0, 0.0)
+    tokens = _reported_kv_tokens(tokens, num_blocks, len(groups.groups), block_size, memory.vllm_version)
 
     if num_blocks <= 1 or check_memory <= 0:
         warnings.append(_no_memory_warning(device, settings, geometry, memory, model_bytes,

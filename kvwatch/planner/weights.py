@@ -6,12 +6,15 @@ the MLP (gate, up, down) per dense layer and per expert (routed and shared) of M
 embeddings once when `tie_word_embeddings`, twice otherwise; norms are noise and left out.
 Bytes per parameter follow `quantization_config`: 8-bit methods (fp8, int8, compressed-tensors
 8-bit) 1 byte for the linear layers, 4-bit methods (awq, gptq, bitsandbytes 4-bit, mxfp4, nvfp4)
-half a byte plus their group scales; embeddings and norms stay in the model dtype.
+half a byte plus their group scales; embeddings and norms stay in the model dtype. A quantization
+the engine applies itself (`--quantization fp8` or `bitsandbytes` on an unquantized checkpoint)
+counts the same way; a GGUF file stores every tensor, embeddings included, in its file type.
+A multimodal checkpoint's vision tower (`vision_config`) and projector count in the model dtype.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 
@@ -32,10 +35,13 @@ class WeightCount:
     vocab_size: int = 0
     hidden_size: int = 0
     mlp_width_per_token: int = 0   # MLP width one token passes through (MoE: the experts it is routed to)
+    vision_params: int = 0         # a multimodal checkpoint's vision tower and projector (kept unquantized)
+    expert_matrices: int = 0       # MoE: routed experts over all MoE layers (each gate, up and down)
+    moe_width: int = 0             # MoE: one expert's intermediate size
 
     @property
     def params(self) -> int:
-        return self.linear_params + self.embedding_params
+        return self.linear_params + self.embedding_params + self.vision_params
 
 
 def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
@@ -78,7 +84,72 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
     embeddings = vocab * hidden * (1 if cfg.get("tie_word_embeddings") else 2)
     return WeightCount(linear_params=layers * attention + mlp, embedding_params=embeddings,
                        attention_params=layers * attention,
-                       vocab_size=vocab, hidden_size=hidden, mlp_width_per_token=width)
+                       vocab_size=vocab, hidden_size=hidden, mlp_width_per_token=width,
+                       expert_matrices=moe_layers * experts if experts else 0, moe_width=moe_width if experts else 0)
+
+
+def vision_tower_params(config: Mapping[str, Any]) -> int:
+    """Parameters of a multimodal checkpoint's vision encoder and projector from `vision_config`
+    (0 without one): each layer's attention (4 x width^2) and MLP (2 matrices, 3 when gated), for
+    `depth`/`num_hidden_layers` (+ Mllama's `num_global_layers`), then the projector into the
+    language model: Qwen-VL's patch merger(s) (width x merge^2, two matrices each) or a two-layer MLP."""
+    vision = config.get("vision_config")
+    if not isinstance(vision, Mapping):
+        return 0
+    width = _int(vision, "embed_dim", "hidden_size", "width")
+    layers = _int(vision, "depth", "num_hidden_layers", "num_layers") + _int(vision, "num_global_layers")
+    if not width or not layers:
+        return 0
+    ratio = vision.get("mlp_ratio")
+    mlp = _int(vision, "intermediate_size") or int(width * (ratio if isinstance(ratio, (int, float)) else 4))
+    gated = str(vision.get("hidden_act", "")).lower() in ("silu", "swiglu")
+    per_layer = 4 * width * width + (3 if gated else 2) * width * mlp
+    text_config = config.get("text_config")
+    text = text_config if isinstance(text_config, Mapping) else config
+    text_hidden = _int(text, "hidden_size") or width
+    out = _int(vision, "out_hidden_size") or text_hidden
+    merge = _int(vision, "spatial_merge_size") or _int(config, "spatial_merge_size")
+    if merge and ("embed_dim" in vision or "out_hidden_size" in vision):
+        # Qwen2-VL/2.5-VL/3-VL: a merger MLP over merge x merge patches, and Qwen3-VL one more for
+        # each deepstack layer (vLLM 0.13 models/qwen3_vl.py: deepstack_merger_list)
+        merged = width * merge * merge
+        deepstack = vision.get("deepstack_visual_indexes")
+        mergers = 1 + (len(deepstack) if isinstance(deepstack, (list, tuple)) else 0)
+        projector = mergers * (merged * merged + merged * out)
+    else:
+        projector = (_int(vision, "vision_output_dim") or width) * text_hidden + text_hidden * text_hidden
+    return layers * per_layer + projector
+
+
+def count_model_weights(config: Mapping[str, Any], text: Mapping[str, Any]) -> WeightCount | None:
+    """The checkpoint's parameters: the language model from its (text) config, plus the vision
+    tower of a multimodal config."""
+    count = count_weights(text)
+    if count is None:
+        return None
+    vision = vision_tower_params(config)
+    return replace(count, vision_params=vision) if vision else count
+
+
+# GGUF block sizes (ggml's type table: bytes per block / values per block) by the file type in the
+# file name; a K-quant mix (_S/_M/_L) is counted at its base type.
+_GGUF_BITS = {"F32": 32.0, "F16": 16.0, "BF16": 16.0, "Q8_0": 34 * 8 / 32, "Q6_K": 210 * 8 / 256,
+              "Q5_K": 176 * 8 / 256, "Q5_1": 24 * 8 / 32, "Q5_0": 22 * 8 / 32, "Q4_K": 144 * 8 / 256,
+              "Q4_1": 20 * 8 / 32, "Q4_0": 18 * 8 / 32, "Q3_K": 110 * 8 / 256, "Q2_K": 84 * 8 / 256}
+
+
+def gguf_bytes_per_param(model: str) -> float | None:
+    """Bytes per parameter of a GGUF file from the type its name carries (`...-Q4_K_M.gguf`)."""
+    name = model.replace("\\", "/").rsplit("/", 1)[-1].upper()
+    for kind, bits in _GGUF_BITS.items():
+        if kind in name.replace("-", "_"):
+            return bits / 8
+    return None
+
+
+# What `--quantization` asks the engine to do to an unquantized checkpoint, as a quantization_config.
+_ONLINE = {"fp8": {"quant_method": "fp8"}, "ptpc_fp8": {"quant_method": "fp8"}, "fbgemm_fp8": {"quant_method": "fp8"},
+           "bitsandbytes": {"quant_method": "bitsandbytes"}, "experts_int8": {"quant_method": "experts_int8"}}
 
 
 _EIGHT_BIT = ("fp8", "int8", "w8a8", "fbgemm_fp8", "modelopt", "experts_int8")
@@ -93,13 +164,25 @@ def linear_bytes_per_param(quantization: Mapping[str, Any] | None, dtype_bytes: 
     bits = quantization.get("bits") or quantization.get("w_bit")
     if method == "bitsandbytes":
         return 1.0 if quantization.get("load_in_8bit") else 0.5 + 0.5 / 64
+    group = quantization.get("group_size") or quantization.get("q_group_size") or 128
+    scale_bytes = float(dtype_bytes)
     if method == "compressed-tensors":
         groups = quantization.get("config_groups") or {}
         weights = [g.get("weights") or {} for g in groups.values() if isinstance(g, Mapping)]
-        bits = next((w.get("num_bits") for w in weights if isinstance(w, Mapping) and w.get("num_bits")), bits)
+        scheme = next((w for w in weights if isinstance(w, Mapping) and w.get("num_bits")), {})
+        bits = scheme.get("num_bits", bits)
+        # group scales only for the "group" strategy (channel/tensor/block scales are negligible);
+        # NVFP4's are fp8 per 16 values
+        group = scheme.get("group_size") if scheme.get("strategy", "group") in ("group", "tensor_group") else 0
+        if scheme.get("type") == "float" and bits == 4:
+            scale_bytes = 1.0
+    if method == "modelopt":
+        algo = str(quantization.get("quant_algo", "")).upper()
+        if "NVFP4" in algo or "FP4" in algo:
+            return 0.5 + 1 / 16          # fp8 scale per 16 values (modelopt.py NVFP4)
+        return 1.0                       # FP8 variants: one byte, per-tensor/channel/block scales
     if isinstance(bits, int) and not isinstance(bits, bool) and 0 < bits <= 16:
-        group = quantization.get("group_size") or quantization.get("q_group_size") or 128
-        scale = dtype_bytes / group if isinstance(group, int) and group > 0 else 0.0
+        scale = scale_bytes / group if isinstance(group, int) and not isinstance(group, bool) and group > 0 else 0.0
         return bits / 8 + scale
     if method == "mxfp4":
         return 0.5 + 1 / 32          # OCP MX: one 8-bit scale per 32 values
@@ -127,6 +210,46 @@ def bytes_of(count: WeightCount, quantization: Mapping[str, Any] | None, dtype_b
     per_param = linear_bytes_per_param(quantization, dtype_bytes)
     plain = count.attention_params if attention_unquantized(quantization) else 0
     return int((count.linear_params - plain) * per_param) + (count.embedding_params + plain) * dtype_bytes
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def mxfp4_expert_padding(count: WeightCount, tensor_parallel: int, capability: tuple[int, int] | None) -> int:
+    """Parameters MXFP4 MoE layers add by padding their experts for the kernel: the Marlin backend
+    (every CUDA card below compute capability 9.0) rounds each rank's expert intermediate size up to
+    128 and the hidden size to 256 (vLLM 0.10.2 quantization/mxfp4.py; 0.19.1
+    fused_moe/oracle/mxfp4.py mxfp4_round_up_hidden_size_and_intermediate_size). The newer cards'
+    backends pad by 64 or to sizes gpt-oss already has; they are not counted."""
+    if not count.expert_matrices or capability is None or capability >= (9, 0):
+        return 0
+    tp = max(1, tensor_parallel)
+    width = _round_up(-(-count.moe_width // tp), 128) * tp
+    hidden = _round_up(count.hidden_size, 256)
+    return count.expert_matrices * 3 * (hidden * width - count.hidden_size * count.moe_width)
+
+
+def gpu_weights_bytes(count: WeightCount, quantization: Mapping[str, Any] | None, dtype_bytes: int,
+                      engine_quantization: str | None = None, model: str = "", tensor_parallel: int = 1,
+                      capability: tuple[int, int] | None = None) -> int:
+    """The weights' bytes on the GPUs (all ranks together) as the engine loads them: the
+    checkpoint's quantization_config, else what `--quantization` asks of the engine (online FP8,
+    bitsandbytes; a GGUF file in its type), else the model dtype; MXFP4 experts with the padding
+    their kernel needs on this card. The vision tower stays in the model dtype."""
+    method = (engine_quantization or "").strip().lower()
+    if quantization and str(quantization.get("quant_method", "")).lower() == "mxfp4":
+        padding = mxfp4_expert_padding(count, tensor_parallel, capability)
+        return int(bytes_of(count, quantization, dtype_bytes) + padding * linear_bytes_per_param(quantization, dtype_bytes)
+                   + count.vision_params * dtype_bytes)
+    vision = count.vision_params * dtype_bytes
+    if method == "gguf":
+        per_param = gguf_bytes_per_param(model)
+        if per_param is not None:
+            return int((count.linear_params + count.embedding_params) * per_param) + vision
+    if not quantization and method in _ONLINE:
+        quantization = _ONLINE[method]
+    return bytes_of(count, quantization, dtype_bytes) + vision
 
 
 def weights_bytes(cfg: Mapping[str, Any], dtype_bytes: int) -> int | None:
