@@ -47,6 +47,17 @@ class Window:
     max_request_tokens: int | None = None     # the longest finished request (its bucket's upper bound)
     gpu_free_bytes: int | None = None         # NVML, on the engine's GPU
     gpus_unused: int = 0                      # GPUs of the host no engine holds
+    generated_tokens: float | None = None     # new generated tokens in the window (throughput)
+
+    @property
+    def preemptions_per_minute(self) -> float:
+        return self.preemptions * 60.0 / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        if self.generated_tokens is None or self.seconds <= 0:
+            return None
+        return self.generated_tokens / self.seconds
 
 
 @dataclass(frozen=True)
@@ -63,7 +74,7 @@ def pressure(window: Window) -> str | None:
     """Why the window shows KV pressure; None when it does not."""
     if window.seconds <= 0:
         return None
-    per_minute = window.preemptions * 60.0 / window.seconds
+    per_minute = window.preemptions_per_minute
     if per_minute >= PREEMPTIONS_PER_MINUTE:
         return f"{per_minute:.1f} preemptions per minute"
     if window.kv_usage is not None and window.kv_usage >= FULL and (window.waiting or 0) >= 1:

@@ -25,6 +25,7 @@ class LoadSample:
     requests: float | None = None           # finished requests
     prompt_buckets: Buckets = ()
     generation_buckets: Buckets = ()
+    generated_tokens: float | None = None   # vllm:generation_tokens_total
 
 
 def window_of(samples: Sequence[LoadSample], seconds: float, gpu_free_bytes: int | None = None,
@@ -60,11 +61,13 @@ def window_of(samples: Sequence[LoadSample], seconds: float, gpu_free_bytes: int
         max_request_tokens=longest,
         gpu_free_bytes=gpu_free_bytes,
         gpus_unused=gpus_unused,
+        generated_tokens=_delta(first.generated_tokens, newest.generated_tokens),
     )
 
 
 def _dropped(before: LoadSample, after: LoadSample) -> bool:
-    pairs = ((before.preemptions, after.preemptions), (before.requests, after.requests))
+    pairs = ((before.preemptions, after.preemptions), (before.requests, after.requests),
+             (before.generated_tokens, after.generated_tokens))
     return any(b is not None and a is not None and a < b for b, a in pairs)
 
 
