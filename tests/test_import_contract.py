@@ -21,7 +21,8 @@ PURE_MODULES = ("errors.py", "policy.py", "exitcodes.py", "engine_status.py", "f
                 # the watchdog's decisions and values: what the supervisor and the state file act on
                 "watchdog/__init__.py", "watchdog/outcomes.py", "watchdog/records.py", "watchdog/recovery.py",
                 "watchdog/budget.py", "watchdog/engine_ranks.py", "watchdog/launch_watch.py",
-                "watchdog/memory_learning.py", "watchdog/progress.py", "watchdog/pressure_window.py")
+                "watchdog/memory_learning.py", "watchdog/progress.py", "watchdog/pressure_window.py",
+                "watchdog/autopilot.py")
 
 # What a pure module must not import (a name here covers its submodules: "http" covers "http.client").
 FORBIDDEN = {

@@ -10,7 +10,7 @@ from kvwatch.diagnosis import SAME_PLAN_REASON, Diagnosis, FailureKind
 from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.flag_change import FlagChange
 from kvwatch.policy import Policy
-from kvwatch.watchdog import outcomes, recovery
+from kvwatch.watchdog import recovery
 from kvwatch.watchdog.outcomes import LaunchOutcome
 from kvwatch.watchdog.records import FailureRecord
 from kvwatch.watchdog.recovery import Action, BudgetState
@@ -33,7 +33,7 @@ CASES = [
      Action.GIVE_UP, None, "unknown: unknown evidence (no remedy)"),
     ("fatal class exits", failed(FailureKind.BLOCK_SIZE_UNSUPPORTED, {"block_size": 16}, fatal=True), BLOCK_16, {},
      Action.GIVE_UP, None, "(no remedy)"),
-    ("spawn failed: fatal", recovery.diagnosis_of(outcomes.SPAWN_FAILED, "cannot start vllm: No such file", [], False),
+    ("spawn failed: fatal", recovery.diagnosis_of(LaunchOutcome.SPAWN_FAILED, "cannot start vllm: No such file", [], False),
      SERVE, {}, Action.GIVE_UP, None, "unknown: cannot start vllm: No such file (no remedy)"),
     ("block size corrected", BLOCK_FAILURE, BLOCK_16, {},
      Action.CORRECT, BLOCK_32, "block_size_unsupported: corrected --block-size 32"),
@@ -56,10 +56,10 @@ CASES = [
      {"budget": BudgetState(correction_refused="no more")}, Action.RESTART, SERVE, SAME_PLAN_REASON),
     ("a correction ignores the restart budget", BLOCK_FAILURE, BLOCK_16,
      {"budget": BudgetState(restart_refused="no more")}, Action.CORRECT, BLOCK_32, "corrected"),
-    ("a hang is an engine that died", recovery.diagnosis_of(outcomes.HANG, "/health failed for 60s", [], True),
+    ("a hang is an engine that died", recovery.diagnosis_of(LaunchOutcome.HANG, "/health failed for 60s", [], True),
      SERVE, {}, Action.RESTART, SERVE, SAME_PLAN_REASON),
     ("a silent start timeout is an engine that died",
-     recovery.diagnosis_of(outcomes.START_TIMEOUT, "not ready after 600s", ["loading weights"], False),
+     recovery.diagnosis_of(LaunchOutcome.START_TIMEOUT, "not ready after 600s", ["loading weights"], False),
      SERVE, {}, Action.RESTART, SERVE, SAME_PLAN_REASON),
 ]
 

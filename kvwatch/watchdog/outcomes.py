@@ -12,9 +12,3 @@ class LaunchOutcome(enum.Enum):
     SPAWN_FAILED = "spawn_failed"    # the command could not be started at all
     STOP = "stop"                    # kvwatch was asked to stop
 
-
-EXIT = LaunchOutcome.EXIT
-HANG = LaunchOutcome.HANG
-START_TIMEOUT = LaunchOutcome.START_TIMEOUT
-SPAWN_FAILED = LaunchOutcome.SPAWN_FAILED
-STOP = LaunchOutcome.STOP

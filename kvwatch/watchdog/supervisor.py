@@ -59,7 +59,7 @@ from kvwatch.watchdog.launch_watch import (
 )
 from kvwatch.watchdog.memory_learning import MAX_LEARNED_PROFILES, pin_for, remember_non_kv
 from kvwatch.watchdog.os_interface import EngineHandle, RealOs, WatchdogOs
-from kvwatch.watchdog.outcomes import SPAWN_FAILED, STOP
+from kvwatch.watchdog.outcomes import LaunchOutcome
 from kvwatch.watchdog.output_pump import OutputPump
 from kvwatch.watchdog.plan_in_force import PlanInForce
 from kvwatch.watchdog.preflight import device_for_spec, learned_key, preflight
@@ -222,14 +222,14 @@ class Supervisor:
                     self._transition(EngineState.STOPPED, f"{self._stop_reason} during backoff")
                 return EXIT_OK
             self._launch()
-            outcome = self._watch()
-            if outcome.outcome is STOP:
+            end = self._watch()
+            if end.outcome is LaunchOutcome.STOP:
                 self._transition(EngineState.STOPPING, self._stop_reason)
                 self._end_engine()
                 self._transition(EngineState.STOPPED, f"{self._stop_reason}: engine stopped")
                 return EXIT_OK
             self._end_engine()
-            delay = self._after_failure(outcome)
+            delay = self._after_failure(end)
             if delay is None:
                 return EXIT_GAVE_UP
             if self._wait(delay):
@@ -414,7 +414,7 @@ class Supervisor:
         """Watch the running launch until it ends; each tick's decisions are launch_watch's."""
         run = self._running
         if run is None:
-            return LaunchEnd(SPAWN_FAILED, self._spawn_error or "spawn failed")
+            return LaunchEnd(LaunchOutcome.SPAWN_FAILED, self._spawn_error or "spawn failed")
         cfg = self.config.engine
         timing = Timing(cfg.health_interval_seconds, cfg.start_timeout_seconds, cfg.hang_timeout_seconds,
                         self.config.policy.stable_seconds)
