@@ -116,9 +116,10 @@ def _read(argv: tuple[str, ...], start: int, options: ReleaseOptions) -> _Readin
     return _Reading(tuple(found), tuple(refusals))
 
 
-# The parser refusals that leave kvwatch unable to read the command (the others, an option or a
-# choice the table lacks, may be a newer release's: refusal() reports them, the reading goes on).
-_UNREADABLE = ("ambiguous", "expected argument", "ignored explicit argument", "invalid value")
+# The parser refusals that leave kvwatch unable to read the command. The others are reported by
+# refusal() while the reading goes on: an option or a choice the table lacks may be a newer
+# release's, and `--switch=True` (LLM() keywords written as flags) still says what was meant.
+_UNREADABLE = ("ambiguous", "expected argument", "invalid value")
 
 
 @dataclass(frozen=True)
