@@ -25,6 +25,7 @@ from typing import BinaryIO, Protocol
 
 from kvwatch.boundary import engine_http, proc_inspect, spawn
 from kvwatch.boundary.device_probe import installed_version, installed_vllm_version
+from kvwatch.boundary.plan_loader import flags_release
 from kvwatch.boundary.proc_inspect import ProcRef
 from kvwatch.boundary.spawn import EngineProcess
 from kvwatch.engine_status import EngineState, EngineStatus
@@ -135,7 +136,7 @@ class Supervisor:
         self._state = EngineState.STOPPED
         self._reason = "not started"
         self._record = EngineRecord(name=config.name)
-        self._command = EngineCommand.parse(config.engine.command)
+        self._command = EngineCommand.parse(config.engine.command, flags_release(installed_version()))
         self._plan: Plan | None = None
         self._running: _Running | None = None
         self._ready_sent = False
@@ -247,7 +248,7 @@ class Supervisor:
         record = self._store.load()
         if record is not None and record.original_argv == configured and record.argv:
             self._record = record
-            self._command = EngineCommand(tuple(record.argv))
+            self._command = EngineCommand(tuple(record.argv), self._command.release)
             if record.argv != configured:
                 _LOG.info("state: reusing the corrected command from %s: %s", self._store.path,
                           " ".join(record.argv))
@@ -332,7 +333,7 @@ class Supervisor:
         self._requested = self._requested_bytes()
         if self._pinned is not None and self._device is not None and self._rules is not None:
             # the plan in force is the pinned launch's: exact
-            self._plan = plan_for(EngineCommand(tuple(argv)), self._device, self._rules, self._engine_env())
+            self._plan = plan_for(EngineCommand(tuple(argv), self._command.release), self._device, self._rules, self._engine_env())
         if argv not in self._record.plans_tried:
             self._record.plans_tried.append(argv)
         self._transition(EngineState.STARTING, f"launching: {' '.join(argv)}")
