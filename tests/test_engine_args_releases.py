@@ -234,3 +234,39 @@ def test_an_option_the_release_lacks_is_a_predicted_refusal(tmp_path, capsys) ->
     rc, out = _plan(tmp_path, capsys, "--vllm-version", "0.34.0", "--no-such-option")
     assert rc == 0 and "RISK: [vllm_parser] vLLM 0.33.0's `vllm serve` parser refuses the command: " \
                        "unrecognized arguments: --no-such-option" in out
+
+
+# -- argparse's matching, as a table (serve_options.ReleaseOptions.match) -------------------------
+
+@pytest.mark.parametrize("token,spelling,explicit,ambiguous", [
+    ("--block-size", "--block-size", None, False),          # exact
+    ("--block-size=16", "--block-size", "16", False),       # exact with a value
+    ("--kv-cache-memory=1G", "--kv-cache-memory-bytes", "1G", False),   # unique prefix with a value
+    ("-tp", "-tp", None, False),                            # a single-dash alias
+    ("-qfp8", "-q", "fp8", False),                          # argparse's short rule: -q then its value
+    ("-tp4", "-tp4", None, False),                          # ... only for a two-character option: unknown
+    ("--max-num", "--max-num", None, True),                 # ambiguous
+    ("--no-such", "--no-such", None, False),                # unknown
+])
+def test_a_token_is_matched_as_argparse_matches_it(token: str, spelling: str, explicit: str | None,
+                                                   ambiguous: bool) -> None:
+    m = release_options("0.32.0").match(token)
+    assert m is not None and (m.spelling, m.explicit, bool(m.ambiguous)) == (spelling, explicit, ambiguous)
+
+
+@pytest.mark.parametrize("token", ["m", "-1", "-0.5", "-", ""])
+def test_values_and_negative_numbers_are_not_options(token: str) -> None:
+    assert release_options("0.33.0").match(token) is None
+
+
+def test_an_option_consumes_its_nargs_values() -> None:
+    command = EngineCommand.parse(["vllm", "serve", "m", "--cudagraph-capture-sizes", "1", "2", "4",
+                                   "--block-size", "16"], "0.33.0")
+    assert command.refusal() is None and command.settings().block_size == 16
+    assert command.values("--cudagraph-capture-sizes") == ["4"]   # the last value it took
+
+
+def test_a_rewrite_keeps_the_release() -> None:
+    command = EngineCommand.parse(["vllm", "serve", "m", "--disable-prefix-caching"], "0.33.0")
+    fixed = command.with_flag("--block-size", 32)
+    assert fixed.release == "0.33.0" and fixed.settings().enable_prefix_caching is False
