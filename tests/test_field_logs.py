@@ -78,7 +78,7 @@ def test_the_watchdog_gives_up_at_once_on_a_fatal_class(entry):
     from kvwatch.watchdog import outcomes, recovery
     with open(HERE / entry["file"], encoding="utf-8", errors="replace") as f:
         lines = f.read().splitlines()
-    d = recovery.diagnosis_of(outcomes.EXIT, "exit 1", lines, served=False)
+    d = recovery.diagnosis_of(outcomes.LaunchOutcome.EXIT, "exit 1", lines, served=False)
     decision = recovery.decide(d, EngineCommand.parse(list(BASE)), budget=recovery.BudgetState())
     assert decision.action is recovery.Action.GIVE_UP and decision.command is None, decision
     assert entry["evidence"] in decision.reason
@@ -87,7 +87,7 @@ def test_the_watchdog_gives_up_at_once_on_a_fatal_class(entry):
 def test_the_watchdog_corrects_a_lora_rank():
     from kvwatch.watchdog import outcomes, recovery
     lines = (HERE / "lora_rank_llamafactory.log").read_text().splitlines()
-    d = recovery.diagnosis_of(outcomes.EXIT, "exit 1", lines, served=False)
+    d = recovery.diagnosis_of(outcomes.LaunchOutcome.EXIT, "exit 1", lines, served=False)
     decision = recovery.decide(d, EngineCommand.parse([*BASE, "--enable-lora"]))
     assert decision.action is recovery.Action.CORRECT
     assert decision.command is not None and decision.command.argv[-2:] == ("--max-lora-rank", "32")

@@ -6,6 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvwatch.diagnosis import diagnose
+from kvwatch.errors import CommandError
 from kvwatch.failure_kinds import FailureKind
 from kvwatch.planner.devices import Device, GiB, preset
 from kvwatch.planner.engine_args import EngineCommand
@@ -149,8 +150,9 @@ def test_a_flag_prefix_is_read_as_vllm_reads_it() -> None:
     by_prefix = EngineCommand.parse(["vllm", "serve", "m", "--kv-cache-memory", "10G"]).settings()
     assert by_prefix.kv_cache_memory_bytes == 10 * 2**30
     assert EngineCommand.parse(["vllm", "serve", "m", "--kv-cache-memory=1G"]).settings().kv_cache_memory_bytes == 2**30
-    # an ambiguous prefix is not guessed
-    assert EngineCommand.parse(["vllm", "serve", "m", "--max-num", "5"]).settings().max_num_seqs is None
+    # an ambiguous prefix is not guessed: vLLM refuses it, and so does kvwatch
+    with pytest.raises(CommandError, match="ambiguous option: --max-num could match"):
+        EngineCommand.parse(["vllm", "serve", "m", "--max-num", "5"]).settings()
     p = plan(gemma3(), "--max-model-len", "2048", "--kv-cache-memory", "1G", kv_gib=None)
     assert p.kv_memory_source == "--kv-cache-memory-bytes" and p.kv_memory_bytes == GiB
 

@@ -203,7 +203,7 @@ def test_cli_json_fields(tmp_path, capsys):
     (["plan", "--device", "cpu", "--", "vllm", "serve", "/nonexistent/model"], "no such directory"),
     (["plan", "--device", "cpu"], "no engine command"),
     (["plan", "--preset", "tpu9", "--", "vllm", "serve", "x"], "unknown GPU preset"),
-    (["plan", "--device", "cpu", "--", "vllm", "serve", "M", "--block-size", "big"], "not an integer"),
+    (["plan", "--device", "cpu", "--", "vllm", "serve", "M", "--block-size", "big"], "invalid int value: 'big'"),
     (["plan", "--bogus"], "unrecognized arguments"),
 ])
 def test_cli_bad_input_is_one_line_exit_2(args, needle, tmp_path, capsys):

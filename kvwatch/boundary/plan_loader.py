@@ -13,6 +13,12 @@ from kvwatch.planner.geometry import geometry_from_config
 from kvwatch.planner.plan import MemoryInputs, Plan, make_plan
 from kvwatch.planner.rules import RuleSet
 from kvwatch.planner.versions import VllmVersion
+from kvwatch.vllm_releases import resolve
+
+
+def flags_release(version: VllmVersion | None) -> str:
+    """The release whose `vllm serve` parser reads the command (the nearest kvwatch knows)."""
+    return str(resolve(version).used)
 
 
 def cpu_kv_space_bytes(env: Mapping[str, str]) -> int | None:
@@ -37,7 +43,7 @@ def plan_command(argv: Sequence[str], device: Device, rules: RuleSet,
     """The plan for an engine command: its model's config.json read (by `read_model`: the watchdog
     reads it once per launch), the environment, then the pure planner (kvwatch.planner.plan.make_plan).
     `vllm_version` None means the installed vLLM's."""
-    command = EngineCommand.parse(argv)
+    command = EngineCommand.parse(argv, flags_release(vllm_version or installed_vllm()))
     settings = command.settings()
     source = read_model(settings.model)
     geometry = geometry_from_config(source.config)

@@ -5,15 +5,17 @@ import argparse
 import json
 
 from kvwatch.boundary import device_probe
-from kvwatch.boundary.plan_loader import plan_command
+from kvwatch.boundary.plan_loader import flags_release, plan_command
 from kvwatch.errors import KvwatchError
 from kvwatch.exitcodes import EXIT_OK, EXIT_PLAN_WILL_FAIL
 from kvwatch.planner.devices import Device, parse_compute_capability, preset
+from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.gpu_budget import GpuBudget
 from kvwatch.planner.plan import Plan
 from kvwatch.planner.rules import ruleset_for
 from kvwatch.planner.units import format_bytes, parse_size
 from kvwatch.planner.versions import LATEST, VllmVersion, parse_version
+from kvwatch.vllm_releases import ReleaseChoice, resolve
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -61,8 +63,33 @@ def run(args: argparse.Namespace) -> int:
                         vllm_version=version)
     if args.compare_version:
         return _compare(args, device, version or LATEST, plan)
-    print(json.dumps(plan.to_json(), indent=2) if args.json else render(plan))
-    return EXIT_PLAN_WILL_FAIL if plan.will_fail else EXIT_OK
+    choice = resolve(version)
+    # What the parser refuses without making the command unreadable (an unknown option, a choice it
+    # lacks): certain for a release kvwatch read, a risk for one it reads as its nearest.
+    refusal = EngineCommand.parse(args.engine_command, flags_release(version)).refusal()
+    if args.json:
+        print(json.dumps({**plan.to_json(), "vllm_release": release_json(choice),
+                          "parser_refusal": None if refusal is None else
+                          {"kind": refusal.kind, "message": refusal.message, "certain": choice.exact}}, indent=2))
+    else:
+        lines = [render(plan), release_line(choice)]
+        if refusal is not None:
+            lines.append(f"{'FAILS' if choice.exact else 'RISK'}: [vllm_parser] vLLM {choice.used}'s `vllm serve` "
+                         f"parser refuses the command: {refusal.message}")
+        print("\n".join(lines))
+    return EXIT_PLAN_WILL_FAIL if plan.will_fail or (refusal is not None and choice.exact) else EXIT_OK
+
+
+def release_json(choice: ReleaseChoice) -> dict[str, object]:
+    """Which release's facts the plan used for the one asked for, and why when it is another."""
+    return {"asked": str(choice.asked) if choice.asked else None, "used": str(choice.used), "exact": choice.exact,
+            "why": choice.why or None}
+
+
+def release_line(choice: ReleaseChoice) -> str:
+    if choice.exact:
+        return f"vLLM release: planned as {choice.used} (the flags as its `vllm serve` parser reads them)"
+    return f"vLLM release: {choice.why}"
 
 
 def _compare(args: argparse.Namespace, device: Device, version: VllmVersion, plan: Plan) -> int:

@@ -3,21 +3,31 @@
 Works on argv exactly as the user runs it: `vllm serve MODEL ...` or
 `python -m vllm.entrypoints.openai.api_server --model MODEL ...`, with
 `--flag value` and `--flag=value`. Rewrites keep every other token untouched.
+
+The command is read as one release's `vllm serve` parser reads it (serve_options.py, from that
+release's generated option table): its options and their spellings (from 0.33 `--disable-X` turns
+`--enable-X` off), how many values each takes, its choices and value types, and its unique and
+ambiguous prefixes. What that parser refuses is `refusal()`; a refusal that leaves the command
+unreadable (an ambiguous prefix, a missing or invalid value) is one CommandError.
 """
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from functools import lru_cache
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 from kvwatch.errors import CommandError
+from kvwatch.planner.serve_options import (
+    ReleaseOptions,
+    ServeOption,
+    invalid_value,
+    release_options,
+    vllm_spelling,
+)
 from kvwatch.planner.units import parse_vllm_int
-from kvwatch.planner.vllm_flags import SERVE_OPTIONS
+from kvwatch.planner.versions import LATEST
 
-# Short aliases of the flags kvwatch reads or writes, to their long name.
-ALIASES = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-q": "--quantization",
-           "-dp": "--data-parallel-size"}
 # Flags whose value is a count or a size: vLLM wants them positive (0 or less is a typo).
 _COUNT_FLAGS = ("--tensor-parallel-size", "--pipeline-parallel-size", "--data-parallel-size", "--max-num-seqs",
                 "--max-num-batched-tokens", "--num-gpu-blocks-override", "--max-model-len", "--kv-cache-memory-bytes")
@@ -26,46 +36,90 @@ _MAX_COUNT = 1 << 60
 _API_SERVER_MODULES = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.api_server")
 
 
-@lru_cache(maxsize=1024)   # every lookup canonicalises every token; a prefix search scans vLLM's 406 options
-def _canonical(flag: str) -> str:
-    """The option vLLM's parser reads for `flag`: --block_size is --block-size, and (argparse's
-    allow_abbrev) a unique prefix of an option is that option: --kv-cache-memory is
-    --kv-cache-memory-bytes."""
-    if flag in ALIASES:
-        return ALIASES[flag]
-    if not flag.startswith("--"):
-        return flag
-    flag = "--" + flag[2:].replace("_", "-")
-    if flag in SERVE_OPTIONS or len(flag) < 4:
-        return flag
-    matches = [option for option in SERVE_OPTIONS if option.startswith(flag)]
-    return matches[0] if len(matches) == 1 else flag
+@dataclass(frozen=True)
+class ParserRefusal:
+    """Why the release's `vllm serve` parser refuses the command, in argparse's words."""
+    kind: str        # 'ambiguous', 'expected argument', 'ignored explicit argument', 'invalid value',
+    #                  'invalid choice', 'unrecognized'
+    token: str
+    message: str
 
 
-def _split(token: str) -> tuple[str, str | None]:
-    """'--flag=value' -> ('--flag', 'value'); '--flag' -> ('--flag', None)."""
-    if token.startswith("-") and "=" in token:
-        flag, value = token.split("=", 1)
-        return _canonical(flag), value
-    return _canonical(token), None
+@dataclass(frozen=True)
+class _Occurrence:
+    start: int
+    end: int                      # exclusive
+    option: ServeOption
+    spelling: str
+    values: tuple[str, ...]       # what the option consumed (empty for a switch)
 
 
-def _occurrences(argv: Sequence[str], flag: str) -> Iterator[tuple[int, int, str]]:
-    """(start, end, value) of every occurrence of `flag` in argv; end is exclusive."""
-    i = 0
-    while i < len(argv):
-        name, inline = _split(argv[i])
-        if name == flag:
-            if inline is not None:
-                yield i, i + 1, inline
+@dataclass(frozen=True)
+class _Reading:
+    occurrences: tuple[_Occurrence, ...]
+    refusals: tuple[ParserRefusal, ...]   # in the order the parser meets them
+
+
+def _read(argv: tuple[str, ...], start: int, options: ReleaseOptions) -> _Reading:
+    """argv from `start` as argparse reads it: first every token classified (an ambiguous prefix is
+    refused there, wherever it stands), then each option consuming its values by nargs."""
+    tokens = [vllm_spelling(t) for t in argv]
+    matches = [options.match(t) if i >= start else None for i, t in enumerate(tokens)]
+    refusals: list[ParserRefusal] = []
+    for m in matches:
+        if m is not None and m.ambiguous:
+            refusals.append(ParserRefusal("ambiguous", m.spelling, f"ambiguous option: {m.spelling} could match "
+                                                                    f"{', '.join(m.ambiguous)}"))
+            break
+    found: list[_Occurrence] = []
+    unknown: list[str] = []
+    i = start
+    while i < len(tokens):
+        m = matches[i]
+        if m is None or m.ambiguous:
+            i += 1
+            continue
+        if m.option is None:
+            unknown.append(tokens[i])
+            i += 1
+            continue
+        option, label = m.option, f"argument {m.spelling}"
+        if not option.takes_value:
+            if m.explicit is not None:
+                refusals.append(ParserRefusal("ignored explicit argument", tokens[i],
+                                              f"{label}: ignored explicit argument {m.explicit!r}"))
+            found.append(_Occurrence(i, i + 1, option, m.spelling, ()))
+            i += 1
+            continue
+        values: tuple[str, ...]
+        if m.explicit is not None:
+            values, end = (m.explicit,), i + 1
+        else:
+            free = 0
+            while i + 1 + free < len(tokens) and matches[i + 1 + free] is None:
+                free += 1
+            want = {None: 1, "?": min(free, 1), "+": max(free, 1), "*": free}.get(option.nargs, option.nargs)
+            if free < want:
+                refusals.append(ParserRefusal("expected argument", tokens[i], f"{label}: expected "
+                                              f"{'one argument' if want == 1 else 'at least one argument'}"))
                 i += 1
                 continue
-            if i + 1 >= len(argv):
-                raise CommandError(f"{flag} needs a value")
-            yield i, i + 2, argv[i + 1]
-            i += 2
-            continue
-        i += 1
+            values, end = tuple(tokens[i + 1:i + 1 + want]), i + 1 + want
+        complaint = next(filter(None, (invalid_value(option, v) for v in values)), None)
+        if complaint is not None:
+            kind = "invalid choice" if complaint.startswith("invalid choice") else "invalid value"
+            refusals.append(ParserRefusal(kind, tokens[i], f"{label}: {complaint}"))
+        found.append(_Occurrence(i, end, option, m.spelling, values))
+        i = end
+    if unknown:
+        refusals.append(ParserRefusal("unrecognized", unknown[0], f"unrecognized arguments: {' '.join(unknown)}"))
+    return _Reading(tuple(found), tuple(refusals))
+
+
+# The parser refusals that leave kvwatch unable to read the command. The others are reported by
+# refusal() while the reading goes on: an option or a choice the table lacks may be a newer
+# release's, and `--switch=True` (LLM() keywords written as flags) still says what was meant.
+_UNREADABLE = ("ambiguous", "expected argument", "invalid value")
 
 
 @dataclass(frozen=True)
@@ -103,38 +157,78 @@ class EngineSettings:
 @dataclass(frozen=True)
 class EngineCommand:
     argv: tuple[str, ...]
+    # The release whose parser reads argv: a release of kvwatch's option table (vllm_releases.resolve
+    # picks it for the release asked for); by default the one kvwatch's other facts were read from.
+    release: str = field(default=str(LATEST))
 
     @classmethod
-    def parse(cls, argv: Sequence[str]) -> EngineCommand:
+    def parse(cls, argv: Sequence[str], release: str | None = None) -> EngineCommand:
         if not argv:
             raise CommandError("no engine command given (expected e.g. `-- vllm serve MODEL ...`)")
-        command = cls(tuple(argv))
+        command = cls(tuple(argv), release or str(LATEST))
         _ = command.model  # fail early, with one clear line, when no model is named
         return command
 
     # -- reading -----------------------------------------------------------
-    def _model_position(self) -> int | None:
-        """Index of the positional MODEL of `vllm serve MODEL`, if any."""
+    @property
+    def options(self) -> ReleaseOptions:
+        return release_options(self.release)
+
+    def _serve_position(self) -> int | None:
+        """Index of `serve` in `vllm serve ...` (or of the API server module after `-m`), if any."""
         for i, token in enumerate(self.argv):
             if token == "serve" and (i == 0 or posixpath.basename(self.argv[i - 1]) in ("vllm", "main")
                                      or self.argv[i - 1].endswith("vllm.entrypoints.cli.main")):
-                nxt = i + 1
-                if nxt < len(self.argv) and not self.argv[nxt].startswith("-"):
-                    return nxt
-                return None
+                return i
+            if token in _API_SERVER_MODULES and i > 0 and self.argv[i - 1] == "-m":
+                return i
         return None
+
+    def _model_position(self) -> int | None:
+        """Index of the positional MODEL of `vllm serve MODEL`, if any."""
+        serve = self._serve_position()
+        if serve is None or self.argv[serve] != "serve":
+            return None
+        nxt = serve + 1
+        return nxt if nxt < len(self.argv) and not self.argv[nxt].startswith("-") else None
+
+    @cached_property
+    def _reading(self) -> _Reading:
+        serve = self._serve_position()
+        reading = _read(self.argv, 0 if serve is None else serve + 1, self.options)
+        if serve is None:   # an unknown launcher: its own words are not vLLM's unknown options
+            reading = _Reading(reading.occurrences, tuple(r for r in reading.refusals if r.kind != "unrecognized"))
+        return reading
+
+    def refusal(self) -> ParserRefusal | None:
+        """The first reason the release's parser refuses argv (argparse exits on it), if any."""
+        return self._reading.refusals[0] if self._reading.refusals else None
+
+    def _readable(self) -> _Reading:
+        refusal = next((r for r in self._reading.refusals if r.kind in _UNREADABLE), None)
+        if refusal is not None:
+            raise CommandError(f"vLLM {self.release} refuses this command line: {refusal.message}")
+        return self._reading
+
+    def _spans(self, flag: str) -> list[_Occurrence]:
+        name = self.options.name_of(flag)
+        return [o for o in self._readable().occurrences if o.option.name == name]
 
     def values(self, flag: str) -> list[str]:
         """Every value given for `flag`, in order (argparse keeps the last)."""
-        return [value for _, _, value in _occurrences(self.argv, _canonical(flag))]
+        out = []
+        for o in self._spans(flag):
+            if not o.values:
+                raise CommandError(f"{o.spelling} needs a value")
+            out.append(o.values[-1])
+        return out
 
     def get(self, flag: str) -> str | None:
         values = self.values(flag)
         return values[-1] if values else None
 
     def has(self, flag: str) -> bool:
-        flag = _canonical(flag)
-        return any(_split(t)[0] == flag for t in self.argv)
+        return bool(self._spans(flag))
 
     @property
     def model(self) -> str:
@@ -195,16 +289,15 @@ class EngineCommand:
             raise CommandError(f"{flag} {value!r}: not an integer") from None
 
     def _switch(self, flag: str) -> bool | None:
-        """A boolean flag as argparse's BooleanOptionalAction reads it: the last of --X / --no-X."""
-        negative = "--no-" + _canonical(flag)[2:]
-        last = None
-        for token in self.argv:
-            name = _split(token)[0]
-            if name == _canonical(flag):
-                last = True
-            elif name == negative:
-                last = False
-        return last
+        """A switch as the release's parser reads it: the last of its spellings wins, and a negative
+        one (--no-X; from 0.33 --disable-X for --enable-X and the reverse) turns it off."""
+        spans = self._spans(flag)
+        if not spans:
+            return None
+        last = spans[-1]
+        if last.option.kind == "switch":
+            return bool(last.option.const)
+        return last.spelling not in last.option.negative
 
     def _float(self, flag: str, default: float) -> float:
         value = self.get(flag)
@@ -224,21 +317,20 @@ class EngineCommand:
     # -- writing -----------------------------------------------------------
     def with_flag(self, flag: str, value: object) -> EngineCommand:
         """Set `flag` to `value`: the first occurrence is replaced in place, later ones dropped."""
-        flag = _canonical(flag)
-        spans = list(_occurrences(self.argv, flag))
+        flag = self.options.name_of(flag)
+        spans = self._spans(flag)
         if not spans:
-            return EngineCommand((*self.argv, flag, str(value)))
-        start, end, _ = spans[0]
+            return replace(self, argv=(*self.argv, flag, str(value)))
+        start, end = spans[0].start, spans[0].end
         token = self.argv[start]
         replacement = [f"{token.split('=', 1)[0]}={value}"] if end == start + 1 else [token, str(value)]
         out = [*self.argv[:start], *replacement, *self.argv[end:]]
-        return EngineCommand(tuple(out)).without_flag(flag, keep_first=True)
+        return replace(self, argv=tuple(out)).without_flag(flag, keep_first=True)
 
     def without_flag(self, flag: str, keep_first: bool = False) -> EngineCommand:
-        flag = _canonical(flag)
-        spans = list(_occurrences(self.argv, flag))[1 if keep_first else 0:]
-        drop = {i for start, end, _ in spans for i in range(start, end)}
-        return EngineCommand(tuple(t for i, t in enumerate(self.argv) if i not in drop))
+        spans = self._spans(flag)[1 if keep_first else 0:]
+        drop = {i for o in spans for i in range(o.start, o.end)}
+        return replace(self, argv=tuple(t for i, t in enumerate(self.argv) if i not in drop))
 
     def apply(self, set_flags: dict[str, object], remove: Sequence[str] = ()) -> EngineCommand:
         command = self

@@ -27,6 +27,7 @@ from typing import BinaryIO, Protocol
 
 from kvwatch.boundary import engine_http
 from kvwatch.boundary.device_probe import installed_vllm, installed_vllm_text
+from kvwatch.boundary.plan_loader import flags_release
 from kvwatch.boundary.proc_inspect import ProcRef
 from kvwatch.boundary.startup_plan_file import read_persisted_plan
 from kvwatch.engine_status import EngineState, EngineStatus
@@ -145,7 +146,7 @@ class Supervisor:
         self._state = EngineState.STOPPED
         self._reason = "not started"
         self._record = EngineRecord(name=config.name)
-        self._command = EngineCommand.parse(config.engine.command)
+        self._command = EngineCommand.parse(config.engine.command, flags_release(installed_vllm()))
         self._planner: PlanInForce | None = None   # from the start on: the plan in force
         self._running: _Running | None = None
         self._ready_sent = False
@@ -259,7 +260,7 @@ class Supervisor:
         record = self._store.load()
         if record is not None and record.original_argv == configured and record.argv:
             self._record = record
-            self._command = EngineCommand(tuple(record.argv))
+            self._command = EngineCommand(tuple(record.argv), self._command.release)
             if record.argv != configured:
                 _LOG.info("state: reusing the corrected command from %s: %s", self._store.path,
                           " ".join(record.argv))
@@ -363,7 +364,7 @@ class Supervisor:
         argv = self._pinned_argv(planner)
         self._requested = planner.requested_bytes(self._command)
         if self._pinned is not None:
-            planner.compute(EngineCommand(tuple(argv)))   # the plan in force is the pinned launch's: exact
+            planner.compute(EngineCommand(tuple(argv), self._command.release))   # the plan in force is the pinned launch's: exact
         if argv not in self._record.plans_tried:
             self._record.plans_tried.append(argv)
         self._transition(EngineState.STARTING, f"launching: {' '.join(argv)}")
