@@ -17,6 +17,7 @@ from typing import Any
 
 from kvwatch.errors import ConfigError
 from kvwatch.listen import DEFAULT_LISTEN, parse_listen
+from kvwatch.planner.vllm_flags import SERVE_OPTIONS
 from kvwatch.policy import Policy
 
 DEFAULT_NAME = "vllm"
@@ -149,7 +150,9 @@ def _policy(v: _Validator, data: Mapping[str, Any]) -> Policy:
     for key, raw in data.items():
         default = getattr(defaults, key)
         where = f"policy.{key}"
-        if isinstance(default, bool):
+        if key == "fixed_flags":
+            values[key] = _fixed_flags(v, data, where)
+        elif isinstance(default, bool):
             if not isinstance(raw, bool):
                 raise v.error(where, "expected true or false")
             values[key] = raw
@@ -166,6 +169,15 @@ def _policy(v: _Validator, data: Mapping[str, Any]) -> Policy:
         raise v.error("policy.max_gpu_memory_utilization",
                       "need 0 < min_gpu_memory_utilization <= max_gpu_memory_utilization <= 1")
     return policy
+
+
+def _fixed_flags(v: _Validator, data: Mapping[str, Any], where: str) -> tuple[str, ...]:
+    """policy.fixed_flags as vLLM's option names (--block_size is --block-size); a typo is an error."""
+    flags = tuple("--" + f[2:].replace("_", "-") if f.startswith("--") else f for f in v.string_list(data, where))
+    unknown = [f for f in flags if f not in SERVE_OPTIONS]
+    if unknown:
+        raise v.error(where, f"{unknown[0]!r} is not an option of vllm serve (e.g. \"--block-size\")")
+    return flags
 
 
 def with_overrides(config: Config, *, name: str | None = None, listen: str | None = None,
