@@ -54,6 +54,7 @@ class Config:
     watch: WatchConfig = field(default_factory=WatchConfig)
     source: str = "<command line>"       # where it came from, for messages
     device: str = ""                     # "": kvwatch's choice; "cpu", "gpu" or a GPU index (NVML)
+    learned_dir: str = ""                # "": none; a directory hosts share for learned profiles
 
     @property
     def listen_address(self) -> tuple[str, int]:
@@ -92,7 +93,8 @@ def load_config(path: str | os.PathLike[str]) -> Config:
 
 def config_from_mapping(data: Mapping[str, Any], source: str = "<config>") -> Config:
     v = _Validator(source)
-    v.no_unknown(data, "", ("name", "listen", "state_dir", "web_config", "device", "engine", "policy", "watch"))
+    v.no_unknown(data, "", ("name", "listen", "state_dir", "web_config", "device", "learned_dir", "engine", "policy",
+                            "watch"))
     name = validate_name(v.string(data, "name", DEFAULT_NAME), f"config {source}: name")
     listen = v.string(data, "listen", DEFAULT_LISTEN)
     try:
@@ -100,6 +102,7 @@ def config_from_mapping(data: Mapping[str, Any], source: str = "<config>") -> Co
     except ConfigError as exc:
         raise ConfigError(f"config {source}: {exc}") from None
     state_dir = v.string(data, "state_dir", "")
+    learned_dir = v.string(data, "learned_dir", "")
     web_config = data.get("web_config")
     if web_config is not None:
         web_config = v.string(data, "web_config", "")
@@ -132,7 +135,7 @@ def config_from_mapping(data: Mapping[str, Any], source: str = "<config>") -> Co
     except ConfigError as exc:
         raise ConfigError(f"config {source}: {exc}") from None
     return Config(name=name, listen=listen, state_dir=state_dir, web_config=web_config, engine=engine,
-                  policy=policy, watch=watch, source=source, device=device)
+                  policy=policy, watch=watch, source=source, device=device, learned_dir=learned_dir)
 
 
 def validate_device(value: str, where: str) -> str:
@@ -183,7 +186,7 @@ def _fixed_flags(v: _Validator, data: Mapping[str, Any], where: str) -> tuple[st
 def with_overrides(config: Config, *, name: str | None = None, listen: str | None = None,
                    state_dir: str | None = None, command: Sequence[str] | None = None,
                    preflight: bool | None = None, pin_kv_cache_memory: bool | None = None,
-                   device: str | None = None) -> Config:
+                   device: str | None = None, learned_dir: str | None = None) -> Config:
     """Command-line flags win over the file (docs/config.md)."""
     changes: dict[str, Any] = {}
     if device is not None:
@@ -195,6 +198,9 @@ def with_overrides(config: Config, *, name: str | None = None, listen: str | Non
         changes["listen"] = listen
     if state_dir is not None:
         changes["state_dir"] = state_dir
+    if learned_dir is not None:
+        _check_path(learned_dir, "--learned-dir", "a directory")
+        changes["learned_dir"] = learned_dir
     if command:
         changes["engine"] = dataclasses.replace(config.engine, command=tuple(command))
     if pin_kv_cache_memory is not None:

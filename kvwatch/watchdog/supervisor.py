@@ -36,7 +36,7 @@ from kvwatch.planner.gpu_budget import requested_bytes
 from kvwatch.planner.plan import Plan
 from kvwatch.planner.rules import RuleSet, ruleset_for, with_learned_block_sizes
 from kvwatch.planner.units import format_bytes
-from kvwatch.watchdog import leftovers
+from kvwatch.watchdog import learned_store, leftovers
 from kvwatch.watchdog.budget import Budget
 from kvwatch.watchdog.config import Config
 from kvwatch.watchdog.engine_ranks import RankWatch, lines_of_rank, ranks_of_tree
@@ -270,6 +270,9 @@ class Supervisor:
             self._rules = ruleset_for(installed_vllm_version())
         self._rules = self._learned_rules(self._rules)
         env = self._engine_env()
+        if self.config.learned_dir:   # what another host measured for this profile, unless this host knows
+            learned_store.adopt_into(self._record.learned_non_kv, self.config.learned_dir, self._command,
+                                     self._device, self._gpu_view().context())
         if self.config.policy.preflight:
             command, fixes, self._plan = preflight(self._command, self._device, self._rules, env,
                                                    self.config.policy, self._record.learned_non_kv)
@@ -543,6 +546,7 @@ class Supervisor:
         learned = self._record.learned_non_kv
         learned.pop(key, None)   # re-inserted last: the oldest profiles go first
         learned[key] = max(0, requested - available_kv_bytes)
+        learned_store.publish(self.config.learned_dir, self._command, device, requested, available_kv_bytes)
         for old in list(learned)[:-MAX_LEARNED_PROFILES]:
             del learned[old]
         if self._rules is not None:
