@@ -255,3 +255,22 @@ def test_the_watch_loop_is_not_held_by_a_dripping_engine() -> None:
         assert snap.engines[0].up is False
     finally:
         stop.set()
+
+
+def test_the_engine_load_is_summed_over_its_ranks() -> None:
+    from kvwatch.boundary.engine_http import EngineLoad, parse_metrics
+    page = (
+        "# TYPE vllm:num_requests_running gauge\n"
+        'vllm:num_requests_running{engine="0",model_name="m"} 2.0\n'
+        'vllm:num_requests_running{engine="1",model_name="m"} 1.0\n'
+        'vllm:num_requests_waiting{engine="0",model_name="m"} 4.0\n'
+        "# TYPE vllm:prompt_tokens counter\n"
+        'vllm:prompt_tokens_total{engine="0",model_name="m"} 100.0\n'
+        'vllm:prompt_tokens_created{engine="0",model_name="m"} 1.7e9\n'
+        'vllm:prompt_tokens_cached_total{engine="0",model_name="m"} 99.0\n'
+        "# TYPE vllm:generation_tokens counter\n"
+        'vllm:generation_tokens_total{engine="0",model_name="m"} 30.0\n'
+        'vllm:generation_tokens_total{engine="1",model_name="m"} 12.0\n'
+    )
+    assert parse_metrics(page).load == EngineLoad(running=3, waiting=4, prompt_tokens=100, generation_tokens=42)
+    assert parse_metrics('vllm:kv_cache_usage_perc{engine="0"} 0.5\n').load == EngineLoad()

@@ -17,6 +17,7 @@ import math
 import socket
 import time
 import urllib.parse
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,9 +30,16 @@ HEALTH_MAX_BYTES = 64 << 10
 
 CACHE_CONFIG = "vllm:cache_config_info"
 KV_USAGE = "vllm:kv_cache_usage_perc"
-# Only the series kvwatch turns into its own. The engine's request and preemption series
-# (vllm:num_requests_running, ...) are on its /metrics for Prometheus to scrape as they are.
-_WANTED = (CACHE_CONFIG, KV_USAGE)
+# The engine's load: summed over its ranks, read for progress (watchdog/progress.py); Prometheus
+# scrapes these series from the engine as they are, kvwatch does not re-export them.
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+PROMPT_TOKENS = "vllm:prompt_tokens_total"
+GENERATION_TOKENS = "vllm:generation_tokens_total"
+PREEMPTIONS = "vllm:num_preemptions_total"
+_LOAD = (RUNNING, WAITING, PROMPT_TOKENS, GENERATION_TOKENS, PREEMPTIONS)
+# Only the series kvwatch reads.
+_WANTED = (CACHE_CONFIG, KV_USAGE, *_LOAD)
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,17 @@ class RankMetrics:
 
 
 @dataclass(frozen=True)
+class EngineLoad:
+    """The engine's request and token series, summed over its ranks; None where it has none."""
+
+    running: float | None = None
+    waiting: float | None = None
+    prompt_tokens: float | None = None
+    generation_tokens: float | None = None
+    preemptions: float | None = None
+
+
+@dataclass(frozen=True)
 class EngineMetrics:
     """One scrape of an engine's /metrics. ``ok`` False: ``error`` says why and the rest is None."""
 
@@ -64,6 +83,7 @@ class EngineMetrics:
     cache: CacheConfig | None = None
     kv_cache_usage_ratio: float | None = None   # vllm:kv_cache_usage_perc (already 0..1)
     ranks: tuple[RankMetrics, ...] = ()         # per engine core (DP rank), in rank order
+    load: EngineLoad = EngineLoad()
 
     @staticmethod
     def failed(error: str) -> EngineMetrics:
@@ -193,7 +213,13 @@ def parse_metrics(text: str) -> EngineMetrics:
         ok=True,
         cache=_cache_config(samples.get(CACHE_CONFIG, [])),
         kv_cache_usage_ratio=max(usage) if usage else None,
+        load=EngineLoad(*(_summed(samples.get(name, ())) for name in _LOAD)),
     )
+
+
+def _summed(series: Iterable[tuple[dict[str, str], float]]) -> float | None:
+    values = [v for _, v in series if math.isfinite(v)]
+    return sum(values) if values else None
 
 
 _MAX_RANKS = 1024   # a bound on the `rank` label values kvwatch exports
