@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from engine_support import free_port, http_get, write_model
-from exporter_support import samples, series, value
+from exporter_support import samples, value
 from nvml_standin import NvmlStandin, StandinGpu, StandinState
 from test_gpu_convergence_e2e import GPU_LOGS, LOGGED_BLOCKS, UUID, plan_sources, wait_for
 

@@ -14,8 +14,9 @@ plans every identical host's first launch exactly.
 
 A profile is used (usable(), pure) only for the same key, card (name and memory), vLLM release
 and rank, and only when the GPU has free at least the budget the profile was measured under: vLLM
-refuses to start with less free memory than that (vLLM 0.32.0, vllm/v1/worker/utils.py:761), and a
-fuller GPU is not the start-up the figures describe. Otherwise the host profiles as before.
+refuses to start with less free memory than that (docs/vllm-facts.md §6; vLLM 0.32.0,
+vllm/v1/worker/utils.py:761), and a fuller GPU is not the start-up the figures describe. Otherwise the
+host profiles as before.
 """
 from __future__ import annotations
 
