@@ -52,7 +52,7 @@ def test_nothing_asked_the_first_visible_gpu_everywhere(nvml_standin: NvmlStandi
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     two_gpus(nvml_standin)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", B)
-    chosen = [preflight.choose_device(), plan.device_from_args(args_of()), device_probe.choose_device()]
+    chosen = [preflight.device_for_spec(), plan.device_from_args(args_of()), device_probe.choose_device()]
     assert [(d.platform, d.uuid) for d in chosen] == [("cuda", B)] * 3
     with Nvml() as nvml:  # an injected Nvml gives the same answer
         assert device_probe.choose_device(nvml=nvml).uuid == B
@@ -61,7 +61,7 @@ def test_nothing_asked_the_first_visible_gpu_everywhere(nvml_standin: NvmlStandi
 
 def test_nothing_asked_and_no_gpu_is_the_cpu_everywhere(nvml_standin: NvmlStandin, no_cpu_build: None) -> None:
     nvml_standin.write(StandinState(init_error="DRIVER_NOT_LOADED"))
-    chosen = [preflight.choose_device(), plan.device_from_args(args_of()), device_probe.choose_device()]
+    chosen = [preflight.device_for_spec(), plan.device_from_args(args_of()), device_probe.choose_device()]
     assert [d.platform for d in chosen] == ["cpu"] * 3
 
 
@@ -93,9 +93,9 @@ def test_an_installed_vllm_of_a_version_kvwatch_cannot_read_plans_as_the_newest(
 
     for text, expected in [("my-fork", None), ("0.10.1.1", (0, 10, 1))]:
         monkeypatch.setattr(metadata, "version", lambda dist, text=text: text)
-        device_probe.installed_vllm_version.cache_clear()
+        device_probe.installed_vllm_text.cache_clear()
         try:
-            version = device_probe.installed_version()
+            version = device_probe.installed_vllm()
         finally:
-            device_probe.installed_vllm_version.cache_clear()
+            device_probe.installed_vllm_text.cache_clear()
         assert (version.parts if version else None) == expected

@@ -274,3 +274,18 @@ def test_the_engine_load_is_summed_over_its_ranks() -> None:
     )
     assert parse_metrics(page).load == EngineLoad(running=3, waiting=4, prompt_tokens=100, generation_tokens=42)
     assert parse_metrics('vllm:kv_cache_usage_perc{engine="0"} 0.5\n').load == EngineLoad()
+
+
+def test_finished_request_lengths_are_read_from_the_histograms() -> None:
+    from kvwatch.boundary.engine_http import parse_metrics
+    page = "".join(
+        f'vllm:request_{h}_tokens_bucket{{engine="{e}",le="{le}"}} {n}\n'
+        for h, rows in (("prompt", ((10.0, 1), (100.0, 3), ("+Inf", 3))), ("generation", ((10.0, 2), (100.0, 3), ("+Inf", 3))))
+        for e in ("0", "1") for le, n in rows) + (
+        'vllm:request_prompt_tokens_sum{engine="0"} 150\nvllm:request_prompt_tokens_count{engine="0"} 3\n'
+        'vllm:request_prompt_tokens_sum{engine="1"} 150\nvllm:request_prompt_tokens_count{engine="1"} 3\n'
+        'vllm:request_generation_tokens_sum{engine="0"} 40\nvllm:request_generation_tokens_sum{engine="1"} 40\n'
+        'vllm:kv_cache_usage_perc{engine="0"} 0.5\n')
+    load = parse_metrics(page).load
+    assert (load.request_tokens, load.requests) == (380, 6)
+    assert load.prompt_buckets == ((10.0, 2.0), (100.0, 6.0)) and load.generation_buckets == ((10.0, 4.0), (100.0, 6.0))

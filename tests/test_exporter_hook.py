@@ -1,15 +1,14 @@
 """`kvwatch run`'s exporter hook: attach() serves the supervisor's engine, close() stops it."""
 from __future__ import annotations
 
-import time
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
 from engine_support import free_port, http_get
 from exporter_support import fixture_plan, samples, value
-from nvml_standin import (
-    NvmlStandin,
-)
+from nvml_standin import NvmlStandin
+from waiting import eventually
 
 from kvwatch.engine_status import EngineState, EngineStatus
 from kvwatch.errors import KvwatchError
@@ -33,11 +32,11 @@ def test_attach_serves_the_supervised_engine_and_close_stops(nvml_standin: NvmlS
                                           failures={"cuda_oom": 1}))
     close = attach(config, supervisor)
     try:
-        deadline = time.monotonic() + 10
-        found: dict = {}
-        while value(found, "kvwatch_engine_up", engine="llm") is None and time.monotonic() < deadline:
-            time.sleep(0.1)
+        def page_when(ready: Callable[[dict], bool]) -> dict:
             found = samples(http_get(f"http://127.0.0.1:{port}/metrics")[1])
+            return found if ready(found) else {}
+
+        found = eventually(lambda: page_when(lambda f: value(f, "kvwatch_engine_up", engine="llm") is not None), 10, 0.1)
         assert value(found, "kvwatch_engine_state", engine="llm", state="starting") == 1
         assert value(found, "kvwatch_engine_failures_total", engine="llm", kind="cuda_oom") == 1
         assert value(found, "kvwatch_kv_planned_blocks", engine="llm", rank="0") == 16_384
@@ -49,10 +48,8 @@ def test_attach_serves_the_supervised_engine_and_close_stops(nvml_standin: NvmlS
             assert http_get(f"http://127.0.0.1:{port}/-/ready") == (code, f"{state.value}\n")
         assert http_get(f"http://127.0.0.1:{port}/-/healthy") == (200, "OK\n")   # liveness: kvwatch itself
         supervisor.status = replace(supervisor.status, state=EngineState.FATAL)
-        deadline = time.monotonic() + 10
-        while value(found, "kvwatch_engine_state", engine="llm", state="fatal") != 1 and time.monotonic() < deadline:
-            time.sleep(0.1)
-            found = samples(http_get(f"http://127.0.0.1:{port}/metrics")[1])
+        found = eventually(lambda: page_when(lambda f: value(f, "kvwatch_engine_state", engine="llm",
+                                                             state="fatal") == 1), 10, 0.1)
         assert value(found, "kvwatch_engine_state", engine="llm", state="fatal") == 1
     finally:
         close()

@@ -86,7 +86,7 @@ def test_what_one_host_learns_plans_the_next_hosts_first_launch(tmp_path: Path, 
 
     # Host A: nothing shared yet, so the estimate; the engine's profile lines make it learned, and shared.
     with Host(tmp_path, "host-a", model, blocks, learned, H100, nvml_standin) as a:
-        assert a.first_plan() == {"estimated"}
+        a.first_plan()
         wait_for(lambda: plan_sources(a.metrics) == {"learned"}, 30, "host A's learned plan")
         files = wait_for(lambda: list(learned.glob("*.json")), 30, "host A's shared profile")
     [shared] = files
@@ -110,7 +110,7 @@ def test_what_one_host_learns_plans_the_next_hosts_first_launch(tmp_path: Path, 
     pcie = StandinGpu(uuid=UUID, name="NVIDIA H100 PCIe", memory_total_bytes=81_559 * 2**20 - 2**30,
                       compute_capability=(9, 0))
     with Host(tmp_path, "host-c", model, blocks, learned, pcie, nvml_standin) as c:
-        assert c.first_plan() == {"estimated"}
+        c.first_plan()
 
     # Another vLLM release: the installed version kvwatch reads from package metadata says 0.31.0.
     site = tmp_path / "other-release"
@@ -118,6 +118,9 @@ def test_what_one_host_learns_plans_the_next_hosts_first_launch(tmp_path: Path, 
     (site / "vllm-0.31.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.31.0\n")
     with Host(tmp_path, "host-d", model, blocks, learned, H100, nvml_standin,
               {"PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}) as d:
-        assert d.first_plan() == {"estimated"}
-    for host in (c, d):
+        d.first_plan()
+    # (their first plans are estimates; by the time a scrape sees one the engine's own lines may already
+    # have made it learned on a loaded machine, so the kvwatch log is the witness)
+    for host in (a, c, d):
         assert "learned_dir: no profile" in host.kvwatch_log()
+        assert "learned_dir: planning with profile" not in host.kvwatch_log()

@@ -257,6 +257,7 @@ def test_registry_claims_lapse_with_their_kvwatch(tmp_path: Path) -> None:
     try:
         mine, theirs = HostRegistry(str(tmp_path), "mine"), HostRegistry(str(tmp_path), "theirs")
         theirs.publish([engine.pid])
+        assert theirs.flush(5)                        # the claim is written off the caller's thread
         assert mine.others() == {engine.pid} and theirs.others() == frozenset()
         # a claim written by a kvwatch that is gone (a pid that does not run with that start time)
         path = tmp_path / "engines" / "theirs.json"
@@ -265,6 +266,7 @@ def test_registry_claims_lapse_with_their_kvwatch(tmp_path: Path) -> None:
         path.write_text(json.dumps(data))
         assert mine.others() == frozenset()
         theirs.publish([engine.pid, engine.pid])      # unchanged claim: not rewritten
+        assert theirs.flush(5)
         assert json.loads(path.read_text())["kvwatch"] == data["kvwatch"]
         theirs.withdraw()
         assert not path.exists()

@@ -2,6 +2,8 @@
 processes, no clock, no files."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from kvwatch.diagnosis import SAME_PLAN_REASON, Diagnosis, FailureKind
@@ -9,6 +11,7 @@ from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.flag_change import FlagChange
 from kvwatch.policy import Policy
 from kvwatch.watchdog import outcomes, recovery
+from kvwatch.watchdog.outcomes import LaunchOutcome
 from kvwatch.watchdog.records import FailureRecord
 from kvwatch.watchdog.recovery import Action, BudgetState
 
@@ -88,8 +91,8 @@ def test_constraint_keeps_the_block_sizes_the_engine_reported():
 
 
 def test_tried_plans_spare_a_serving_engine_that_died():
-    failures = [FailureRecord("block_size_unsupported", "e", 0.0, list(BLOCK_16)),
-                FailureRecord("engine_died", "e", 1.0, list(BLOCK_32))]
+    failures = [FailureRecord(FailureKind.BLOCK_SIZE_UNSUPPORTED, "e", 0.0, list(BLOCK_16)),
+                FailureRecord(FailureKind.ENGINE_DIED, "e", 1.0, list(BLOCK_32))]
     assert recovery.tried_plans(failures) == {BLOCK_16}
 
 
@@ -104,3 +107,30 @@ def test_rank_names_the_failure():
     diagnosis = recovery.with_rank(failed(FailureKind.UNKNOWN), 1, 4242)
     assert diagnosis.kind is FailureKind.ENGINE_DIED and diagnosis.facts["rank"] == 1
     assert diagnosis.evidence.startswith("the engine core of data-parallel rank 1 (EngineCore_DP1, pid 4242)")
+
+
+BLOCK_8_LOG = (Path(__file__).resolve().parent / "fixtures" / "logs" / "cpu_block_size_8.log").read_text().splitlines()
+
+
+@pytest.mark.parametrize("outcome,lines,served,kind,fatal", [
+    (LaunchOutcome.EXIT, BLOCK_8_LOG, False, FailureKind.BLOCK_SIZE_UNSUPPORTED, False),   # its log names it
+    (LaunchOutcome.EXIT, ["bye"], False, FailureKind.UNKNOWN, False),
+    (LaunchOutcome.START_TIMEOUT, BLOCK_8_LOG, False, FailureKind.BLOCK_SIZE_UNSUPPORTED, False),
+    (LaunchOutcome.START_TIMEOUT, ["loading weights"], False, FailureKind.ENGINE_DIED, False),
+    (LaunchOutcome.HANG, BLOCK_8_LOG, True, FailureKind.ENGINE_DIED, False),   # a hang: whatever it logged before
+    (LaunchOutcome.SPAWN_FAILED, [], False, FailureKind.UNKNOWN, True),        # nothing ran: nothing to correct
+])
+def test_the_diagnosis_of_every_way_a_launch_ends(outcome: LaunchOutcome, lines: list[str], served: bool,
+                                                  kind: FailureKind, fatal: bool) -> None:
+    diagnosis = recovery.diagnosis_of(outcome, "detail", lines, served)
+    assert (diagnosis.kind, diagnosis.fatal) == (kind, fatal)
+
+
+def test_a_dp_rank_that_died_first_names_the_diagnosis() -> None:
+    ranked = recovery.with_rank(failed(FailureKind.UNKNOWN), 2, 4321)
+    assert ranked.kind is FailureKind.ENGINE_DIED
+    assert ranked.evidence is not None and ranked.evidence.startswith("the engine core of data-parallel rank 2")
+    assert (ranked.facts["rank"], ranked.facts["rank_pid"]) == (2, 4321)
+    record = recovery.failure_record(ranked, "exited with code 1", EngineCommand(SERVE), 5.0)
+    assert (record.kind, record.time, record.argv, record.reason) == (FailureKind.ENGINE_DIED, 5.0, list(SERVE),
+                                                                      "exited with code 1")

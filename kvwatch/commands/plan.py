@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.engine_command:
         raise KvwatchError("no engine command: kvwatch plan [options] -- vllm serve MODEL ...")
     device = device_from_args(args)
-    version = parse_version(args.vllm_version) if args.vllm_version else device_probe.installed_version()
+    version = parse_version(args.vllm_version) if args.vllm_version else device_probe.installed_vllm()
     plan = plan_command(args.engine_command, device, ruleset_for(str(version) if version else None),
                         vllm_version=version)
     print(json.dumps(plan.to_json(), indent=2) if args.json else render(plan))

@@ -8,6 +8,7 @@ source did not report are left out, never NaN. Every metric is in the README's t
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -25,69 +26,103 @@ from kvwatch.gpu_types import GpuInfo
 FAILURE_KINDS = tuple(kind.value for kind in FailureKind)
 ENGINE_STATES = tuple(state.value for state in EngineState)
 
-_E = ["engine"]
-_R = ["engine", "rank"]   # rank: the data-parallel engine core (vLLM's `engine` label), "0" without DP
-HELP = {
-    "kvwatch_build_info": "kvwatch's version, always 1.",
-    "kvwatch_engine_up": "1 when the engine answered /health at the last snapshot, else 0.",
-    "kvwatch_engine_state": "1 for the engine's current state, 0 for the others "
-                            "(starting, ready, backoff, stopping, stopped, fatal).",
-    "kvwatch_engine_restarts": "Relaunches of the engine by kvwatch, by the failure class that caused them.",
-    "kvwatch_engine_failures": "Failures of the engine kvwatch has seen, by diagnosed class.",
-    "kvwatch_plan_corrections": "Corrected plans kvwatch applied, by the failure class they answer.",
-    "kvwatch_plan_info": "The KV cache plan in force, always 1; source: how its KV memory is known (exact: a flag "
-                         "or the environment fixes it; learned: from the engine's own profile on an earlier launch; "
-                         "estimated: from config.json and the card).",
-    "kvwatch_kv_planned_bytes": "KV cache bytes the plan predicts: planned blocks x the planner's bytes per block.",
-    "kvwatch_kv_actual_bytes": "KV cache bytes the engine allocated: its num_gpu_blocks (vllm:cache_config_info) "
-                               "x the planner's bytes per block for the block size and KV dtype the engine "
-                               "reports; cross-checked (logged) against the KV tokens of its startup log and "
-                               "its KV memory.",
-    "kvwatch_kv_planned_blocks": "KV cache blocks the plan predicts (the null block included).",
-    "kvwatch_kv_actual_blocks": "KV cache blocks the engine reports: num_gpu_blocks of vllm:cache_config_info "
-                                "(the null block included).",
-    "kvwatch_kv_padding_bytes": "KV bytes the plan predicts are padding, by cause: the remainder of the KV "
-                                "memory below one block, the null block, packed layouts, a hybrid's empty layer slots "
-                                "(layer_padding) and recurrent states padded to the attention page (state_padding).",
-    "kvwatch_kv_padding_ratio": "Padding over allocated KV bytes from the engine's figures: the remainder of "
-                                "the KV memory it reports below one block, its null block, and the layout "
-                                "padding of the block size and KV dtype it reports.",
-    "kvwatch_kv_planned_padding_ratio": "Padding over allocated KV bytes as the plan predicts it.",
-    "kvwatch_kv_plan_drift_ratio": "(actual - planned) / planned KV cache bytes, for a plan whose KV memory is "
-                                   "exact or learned (kvwatch_plan_info's source).",
-    "kvwatch_kv_plan_estimate_error_ratio": "(actual - planned) / planned KV cache bytes, for an estimated plan "
-                                            "(kvwatch_plan_info's source): the estimate's error, for capacity "
-                                            "planning, never alerted on.",
-    "kvwatch_kv_usage_ratio": "The engine's own vllm:kv_cache_usage_perc (0..1).",
-    "kvwatch_engine_memory_bytes": "One GPU's memory of the engine by part, as the engine's start-up lines state "
-                                   "it (weights, activation_peak, non_torch, cuda_graphs, kv_cache; only the parts "
-                                   "it stated: V1 engines state weights, kv_cache and cuda_graphs).",
-    "kvwatch_engine_memory_requested_bytes": "The GPU memory the engine may use: the CUDA total x the "
-                                             "utilization it takes (the flag, else its release's default): the "
-                                             "budget vLLM sizes its KV cache against; CUDA GPUs only.",
-    "kvwatch_gpu_info": "One per GPU seen by NVML, always 1.",
-    "kvwatch_gpu_memory_total_bytes": "Total GPU memory (NVML).",
-    "kvwatch_gpu_memory_used_bytes": "Used GPU memory (NVML; without the driver's reservation where the "
-                                     "driver reports it apart).",
-    "kvwatch_engine_gpu_memory_bytes": "GPU memory NVML attributes to the engine's process tree, by data-parallel "
-                                       "rank (the rank's engine core and its workers; empty for the engine's "
-                                       "processes under no core, such as the API server).",
-    "kvwatch_engine_process_resident_bytes": "Resident memory (RSS) of the engine's processes, by data-parallel "
-                                             "rank (as kvwatch_engine_gpu_memory_bytes; empty for processes "
-                                             "under no core).",
-    "kvwatch_gpu_foreign_memory_bytes": "GPU memory held by processes that are in no supervised engine's "
-                                        "process tree.",
-    "kvwatch_collector_success": "1 when the collector's last snapshot succeeded, else 0.",
-    "kvwatch_collector_duration_seconds": "Time the collector's last snapshot took.",
-}
+_E = ("engine",)
+_R = ("engine", "rank")   # rank: the data-parallel engine core (vLLM's `engine` label), "0" without DP
+GAUGE, COUNTER = "gauge", "counter"
 
 
-def _gauge(name: str, labels: list[str]) -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, HELP[name], labels=labels)
+@dataclass(frozen=True)
+class Family:
+    """One metric family: the key its renderer adds samples under, its name (a counter's without
+    `_total`), its type, its labels and its HELP. FAMILIES is the one table of them."""
+
+    key: str
+    name: str
+    type: str                 # GAUGE or COUNTER
+    labels: tuple[str, ...]
+    help: str
 
 
-def _counter(name: str, labels: list[str]) -> CounterMetricFamily:
-    return CounterMetricFamily(name, HELP[name], labels=labels)
+FAMILIES = (
+    Family("build_info", "kvwatch_build_info", GAUGE, ("version",),
+           "kvwatch's version, always 1."),
+    Family("up", "kvwatch_engine_up", GAUGE, _E,
+           "1 when the engine answered /health at the last snapshot, else 0."),
+    Family("state", "kvwatch_engine_state", GAUGE, (*_E, "state"),
+           "1 for the engine's current state, 0 for the others (starting, ready, backoff, stopping, stopped,"
+           " fatal)."),
+    Family("restarts", "kvwatch_engine_restarts", COUNTER, (*_E, "reason"),
+           "Relaunches of the engine by kvwatch, by the failure class that caused them."),
+    Family("failures", "kvwatch_engine_failures", COUNTER, (*_E, "kind"),
+           "Failures of the engine kvwatch has seen, by diagnosed class."),
+    Family("corrections", "kvwatch_plan_corrections", COUNTER, (*_E, "kind"),
+           "Corrected plans kvwatch applied, by the failure class they answer."),
+    Family("plan_info", "kvwatch_plan_info", GAUGE, (*_E, "block_size", "kv_cache_dtype", "backend", "attention", "source"),
+           "The KV cache plan in force, always 1; source: how its KV memory is known (exact: a flag or the "
+           "environment fixes it; learned: from the engine's own profile on an earlier launch; estimated: "
+           "from config.json and the card)."),
+    Family("planned_bytes", "kvwatch_kv_planned_bytes", GAUGE, _R,
+           "KV cache bytes the plan predicts: planned blocks x the planner's bytes per block."),
+    Family("actual_bytes", "kvwatch_kv_actual_bytes", GAUGE, _R,
+           "KV cache bytes the engine allocated: its num_gpu_blocks (vllm:cache_config_info) x the planner's"
+           " bytes per block for the block size and KV dtype the engine reports; cross-checked (logged) "
+           "against the KV tokens of its startup log and its KV memory."),
+    Family("planned_blocks", "kvwatch_kv_planned_blocks", GAUGE, _R,
+           "KV cache blocks the plan predicts (the null block included)."),
+    Family("actual_blocks", "kvwatch_kv_actual_blocks", GAUGE, _R,
+           "KV cache blocks the engine reports: num_gpu_blocks of vllm:cache_config_info (the null block "
+           "included)."),
+    Family("padding_bytes", "kvwatch_kv_padding_bytes", GAUGE, (*_R, "cause"),
+           "KV bytes the plan predicts are padding, by cause: the remainder of the KV memory below one "
+           "block, the null block, packed layouts, a hybrid's empty layer slots (layer_padding) and "
+           "recurrent states padded to the attention page (state_padding)."),
+    Family("padding_ratio", "kvwatch_kv_padding_ratio", GAUGE, _R,
+           "Padding over allocated KV bytes from the engine's figures: the remainder of the KV memory it "
+           "reports below one block, its null block, and the layout padding of the block size and KV dtype "
+           "it reports."),
+    Family("planned_padding_ratio", "kvwatch_kv_planned_padding_ratio", GAUGE, _R,
+           "Padding over allocated KV bytes as the plan predicts it."),
+    Family("drift", "kvwatch_kv_plan_drift_ratio", GAUGE, _R,
+           "(actual - planned) / planned KV cache bytes, for a plan whose KV memory is exact or learned "
+           "(kvwatch_plan_info's source)."),
+    Family("estimate_error", "kvwatch_kv_plan_estimate_error_ratio", GAUGE, _R,
+           "(actual - planned) / planned KV cache bytes, for an estimated plan (kvwatch_plan_info's source):"
+           " the estimate's error, for capacity planning, never alerted on."),
+    Family("usage", "kvwatch_kv_usage_ratio", GAUGE, _R,
+           "The engine's own vllm:kv_cache_usage_perc (0..1)."),
+    Family("memory", "kvwatch_engine_memory_bytes", GAUGE, (*_E, "part"),
+           "One GPU's memory of the engine by part, as the engine's start-up lines state it (weights, "
+           "activation_peak, non_torch, cuda_graphs, kv_cache; only the parts it stated: V1 engines state "
+           "weights, kv_cache and cuda_graphs)."),
+    Family("memory_requested", "kvwatch_engine_memory_requested_bytes", GAUGE, _E,
+           "The GPU memory the engine may use: the CUDA total x the utilization it takes (the flag, else its"
+           " release's default): the budget vLLM sizes its KV cache against; CUDA GPUs only."),
+    Family("gpu_info", "kvwatch_gpu_info", GAUGE, ("gpu", "index", "name"),
+           "One per GPU seen by NVML, always 1."),
+    Family("gpu_total", "kvwatch_gpu_memory_total_bytes", GAUGE, ("gpu",),
+           "Total GPU memory (NVML)."),
+    Family("gpu_used", "kvwatch_gpu_memory_used_bytes", GAUGE, ("gpu",),
+           "Used GPU memory (NVML; without the driver's reservation where the driver reports it apart)."),
+    Family("engine_gpu", "kvwatch_engine_gpu_memory_bytes", GAUGE, (*_R, "gpu"),
+           "GPU memory NVML attributes to the engine's process tree, by data-parallel rank (the rank's "
+           "engine core and its workers; empty for the engine's processes under no core, such as the API "
+           "server)."),
+    Family("engine_rss", "kvwatch_engine_process_resident_bytes", GAUGE, _R,
+           "Resident memory (RSS) of the engine's processes, by data-parallel rank (as "
+           "kvwatch_engine_gpu_memory_bytes; empty for processes under no core)."),
+    Family("foreign", "kvwatch_gpu_foreign_memory_bytes", GAUGE, ("gpu",),
+           "GPU memory held by processes that are in no supervised engine's process tree."),
+    Family("success", "kvwatch_collector_success", GAUGE, ("collector",),
+           "1 when the collector's last snapshot succeeded, else 0."),
+    Family("duration", "kvwatch_collector_duration_seconds", GAUGE, ("collector",),
+           "Time the collector's last snapshot took."),
+)
+HELP = {family.name: family.help for family in FAMILIES}
+
+
+def _family(family: Family) -> Metric:
+    make = GaugeMetricFamily if family.type == GAUGE else CounterMetricFamily
+    return make(family.name, family.help, labels=list(family.labels))
 
 
 class KvwatchCollector(Collector):
@@ -105,36 +140,7 @@ class KvwatchCollector(Collector):
         yield from (family for family in self._families(self._snapshot()).values() if family.samples)
 
     def _families(self, snap: WatchSnapshot) -> dict[str, Metric]:
-        f: dict[str, Any] = {
-            "build_info": _gauge("kvwatch_build_info", ["version"]),
-            "up": _gauge("kvwatch_engine_up", _E),
-            "state": _gauge("kvwatch_engine_state", _E + ["state"]),
-            "restarts": _counter("kvwatch_engine_restarts", _E + ["reason"]),
-            "failures": _counter("kvwatch_engine_failures", _E + ["kind"]),
-            "corrections": _counter("kvwatch_plan_corrections", _E + ["kind"]),
-            "plan_info": _gauge("kvwatch_plan_info", _E + ["block_size", "kv_cache_dtype", "backend", "attention",
-                                                                "source"]),
-            "planned_bytes": _gauge("kvwatch_kv_planned_bytes", _R),
-            "actual_bytes": _gauge("kvwatch_kv_actual_bytes", _R),
-            "planned_blocks": _gauge("kvwatch_kv_planned_blocks", _R),
-            "actual_blocks": _gauge("kvwatch_kv_actual_blocks", _R),
-            "padding_bytes": _gauge("kvwatch_kv_padding_bytes", _R + ["cause"]),
-            "padding_ratio": _gauge("kvwatch_kv_padding_ratio", _R),
-            "planned_padding_ratio": _gauge("kvwatch_kv_planned_padding_ratio", _R),
-            "drift": _gauge("kvwatch_kv_plan_drift_ratio", _R),
-            "estimate_error": _gauge("kvwatch_kv_plan_estimate_error_ratio", _R),
-            "usage": _gauge("kvwatch_kv_usage_ratio", _R),
-            "memory": _gauge("kvwatch_engine_memory_bytes", _E + ["part"]),
-            "memory_requested": _gauge("kvwatch_engine_memory_requested_bytes", _E),
-            "gpu_info": _gauge("kvwatch_gpu_info", ["gpu", "index", "name"]),
-            "gpu_total": _gauge("kvwatch_gpu_memory_total_bytes", ["gpu"]),
-            "gpu_used": _gauge("kvwatch_gpu_memory_used_bytes", ["gpu"]),
-            "engine_gpu": _gauge("kvwatch_engine_gpu_memory_bytes", _R + ["gpu"]),
-            "engine_rss": _gauge("kvwatch_engine_process_resident_bytes", _R),
-            "foreign": _gauge("kvwatch_gpu_foreign_memory_bytes", ["gpu"]),
-            "success": _gauge("kvwatch_collector_success", ["collector"]),
-            "duration": _gauge("kvwatch_collector_duration_seconds", ["collector"]),
-        }
+        f: dict[str, Any] = {family.key: _family(family) for family in FAMILIES}
         f["build_info"].add_metric([self._version], 1)
         for engine in sorted(snap.engines, key=lambda e: e.name):
             _engine(f, engine)

@@ -29,10 +29,12 @@ def attach(config: Any, supervisor: Any, nvml: Nvml | None = None) -> Callable[[
     """Serve kvwatch's metrics on ``config.listen`` (TLS/auth from ``config.web_config``),
     snapshotting every ``config.watch.interval_seconds``. KvwatchError when it cannot listen.
     ``nvml``: the process's Nvml, which its owner shuts down (`kvwatch run` passes its one); without
-    it the hook opens its own and close() shuts that down."""
+    it the hook opens its own and close() shuts that down. NVML is a source only where it fits the
+    host (kvwatch.exporter.sources.nvml_fits)."""
     import os
 
     from kvwatch.boundary import proc_inspect
+    from kvwatch.exporter.sources import nvml_fits
     from kvwatch.watchdog.host_registry import HostRegistry
 
     own = None
@@ -40,11 +42,15 @@ def attach(config: Any, supervisor: Any, nvml: Nvml | None = None) -> Callable[[
         from kvwatch.boundary.nvml import Nvml as OwnNvml
 
         nvml = own = OwnNvml()
+    # NVML only where it can work: a GPU asked for, or a driver on this host (not on a CPU host).
+    nvml_source = nvml.snapshot if nvml_fits(config.device, nvml.driver_present) else None
+    if nvml_source is None:
+        _LOG.info("exporter: no NVML driver on this host: no nvml collector")
     # The engine sees the GPUs its environment names (config, else kvwatch's own).
     visible = config.engine.environment.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
     exporter = Exporter(SupervisedEngines(lambda: [supervisor.status], visible_devices=visible),
                         listen=config.listen, web_config=config.web_config,
-                        interval=config.watch.interval_seconds, nvml=nvml.snapshot,
+                        interval=config.watch.interval_seconds, nvml=nvml_source,
                         process_source=proc_inspect.rss, host=HostRegistry(config.state_dir, config.name),
                         all_gpus=config.watch.all_gpus, readiness=lambda: _readiness(supervisor))
     exporter.start(first_tick_inline=False)  # the supervisor starts at once; the first tick follows

@@ -6,7 +6,7 @@ import logging
 import urllib.parse
 from collections.abc import Callable, Sequence
 
-from kvwatch.boundary.device_probe import installed_vllm_version
+from kvwatch.boundary.device_probe import installed_vllm_text
 from kvwatch.boundary.model_source import load_model_source
 from kvwatch.engine_status import EngineState, EngineStatus
 from kvwatch.errors import KvwatchError
@@ -35,7 +35,7 @@ def kv_context(command: EngineCommand, device: Device) -> KvContext:
     """The model's geometry (its config.json) and the command's flags; KvwatchError if unreadable."""
     settings = command.settings()
     geometry = geometry_from_config(load_model_source(settings.model).config)
-    return KvContext(geometry, settings, device, ruleset_for(installed_vllm_version()))
+    return KvContext(geometry, settings, device, ruleset_for(installed_vllm_text()))
 
 
 class SupervisedEngines:

@@ -8,13 +8,14 @@ resident bytes; kvwatch.boundary.proc_inspect.rss provides it). The scrape side 
 """
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 from kvwatch.boundary import engine_http
 from kvwatch.boundary.engine_http import EngineMetrics
@@ -51,6 +52,16 @@ class EngineTarget:
 EngineSource = Callable[[], Sequence[EngineTarget]]
 
 
+@dataclass(frozen=True)
+class Source:
+    """One source of the watch loop: its name (the `collector` label) and what it reads each tick,
+    given the engines to watch: its value and an error (None when it succeeded)."""
+
+    name: str
+    read: Callable[[Sequence[EngineTarget]], tuple[Any, str | None]]
+    reads_engines: bool = True   # False: read before the engines' statuses are (NVML)
+
+
 class HostView(Protocol):
     """The engines the other kvwatch instances on this host watch (kvwatch.watchdog.host_registry)."""
 
@@ -81,6 +92,12 @@ class Watch:
         self._thread: threading.Thread | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._warned: set[str] = set()
+        # The sources, each only where it was given (the wiring enables a source only where it can
+        # work: kvwatch.exporter.sources); each is one `collector` of kvwatch_collector_success.
+        candidates = ((NVML, nvml, self._nvml_once, False), (ENGINE, engines, self._poll_engines, True),
+                      (PROCESS, process_source, self._processes_once, True), (HOST, host, self._host_once, True))
+        self.sources: tuple[Source, ...] = tuple(Source(name, read, reads_engines)
+                                                 for name, given, read, reads_engines in candidates if given is not None)
 
     @property
     def snapshot(self) -> WatchSnapshot:
@@ -132,30 +149,22 @@ class Watch:
     def tick(self) -> WatchSnapshot:
         """Read every source once and publish the new snapshot; returns it."""
         taken_at = self._clock()
+        targets: list[EngineTarget] | None = None
+        read: dict[str, object] = {}
         collectors: list[CollectorResult] = []
-        nvml_snapshot = None
-        if self._nvml is not None:
-            nvml_snapshot, result = _timed(NVML, self._nvml_once)
+        for source in self.sources:
+            if source.reads_engines and targets is None:
+                targets = list(self._engines())   # after NVML: every pid NVML shows is in a status by now
+            read[source.name], result = _timed(source.name, functools.partial(source.read, targets or []))
             collectors.append(result)
-
-        targets = list(self._engines())
-        polled, result = _timed(ENGINE, lambda: self._poll_engines(targets))
-        collectors.append(result)
+        if targets is None:
+            targets = list(self._engines())
+        nvml_snapshot = cast("NvmlSnapshot | None", read.get(NVML))
+        polled = cast("list[tuple[bool, EngineMetrics | None]] | None", read.get(ENGINE))
         if polled is None:
             polled = [(False, None)] * len(targets)
-
-        rss: Mapping[int, int] | None = None
-        if self._process_source is not None:
-            pids = sorted({pid for t in targets for pid in t.status.pids})
-            rss, result = _timed(PROCESS, lambda: self._processes_once(pids))
-            collectors.append(result)
-
-        other_pids: frozenset[int] = frozenset()
-        if self._host is not None:
-            own = sorted({pid for t in targets for pid in t.status.pids})
-            found, result = _timed(HOST, lambda: self._host_once(own))
-            collectors.append(result)
-            other_pids = found or frozenset()
+        rss = cast("Mapping[int, int] | None", read.get(PROCESS))
+        other_pids = cast("frozenset[int] | None", read.get(HOST)) or frozenset()
         if nvml_snapshot is not None and nvml_snapshot.available and not self._all_gpus:
             nvml_snapshot = replace(nvml_snapshot, gpus=_gpus_of(targets, nvml_snapshot))
 
@@ -170,12 +179,12 @@ class Watch:
                 _LOG.exception("on_snapshot failed")
         return snap
 
-    def _host_once(self, own: Sequence[int]) -> tuple[frozenset[int], str | None]:
+    def _host_once(self, targets: Sequence[EngineTarget]) -> tuple[frozenset[int], str | None]:
         assert self._host is not None
-        self._host.publish(own)
+        self._host.publish(sorted({pid for t in targets for pid in t.status.pids}))
         return self._host.others(), None
 
-    def _nvml_once(self) -> tuple[NvmlSnapshot, str | None]:
+    def _nvml_once(self, _targets: Sequence[EngineTarget]) -> tuple[NvmlSnapshot, str | None]:
         assert self._nvml is not None
         snap = self._nvml()
         if not snap.available:
@@ -202,9 +211,9 @@ class Watch:
         up = engine_http.health(target.url, self.timeout)
         return up, engine_http.scrape(target.url, self.timeout) if up else None
 
-    def _processes_once(self, pids: Sequence[int]) -> tuple[Mapping[int, int], str | None]:
+    def _processes_once(self, targets: Sequence[EngineTarget]) -> tuple[Mapping[int, int], str | None]:
         assert self._process_source is not None
-        return dict(self._process_source(pids)), None
+        return dict(self._process_source(sorted({pid for t in targets for pid in t.status.pids}))), None
 
     def _engine_snapshot(self, target: EngineTarget, up: bool, metrics: EngineMetrics | None,
                          rss: Mapping[int, int] | None) -> EngineSnapshot:

@@ -235,6 +235,14 @@ def config_refusals(geometry: ModelGeometry, settings: EngineSettings,
 
 def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device, rules: RuleSet,
               memory: MemoryInputs = NO_MEMORY_INPUTS, allow_long_max_model_len: bool = False) -> Plan:
+    """The planner's one entry point (pure): the KV cache vLLM will build for this model, these
+    flags and this device, and what it will refuse. In order: the refusals of the configuration
+    (config_refusals), the block size and backend vLLM will pick, the bytes per token and per block,
+    the layers of one worker in vLLM's KV cache groups, the KV memory (a flag or the environment
+    fixes it, else the learned non-KV memory, else vLLM's own profile estimated) and the blocks it
+    holds, the padding by cause, and the predicted failures, each with the flag change that avoids it.
+    The watchdog's entry is kvwatch.watchdog.preflight.plan_with_learned, the boundary's
+    kvwatch.boundary.plan_loader.plan_command (they read config.json and the environment)."""
     refusals = config_refusals(geometry, settings, allow_long_max_model_len)
     # Plan the rest as vLLM would once the refused values are fixed (no division by a zero block).
     if settings.block_size is not None and settings.block_size <= 0:

@@ -23,8 +23,10 @@ from pathlib import Path
 
 from kvwatch.boundary import proc_inspect
 from kvwatch.boundary.proc_inspect import ProcRef
+from kvwatch.watchdog import disk_writer
+from kvwatch.watchdog.disk_writer import DiskWriter
 from kvwatch.watchdog.state_dir import ensure_private_dir
-from kvwatch.watchdog.state_store import UntrustedFile, read_regular, write_atomic
+from kvwatch.watchdog.state_store import UntrustedFile, read_regular, remove_stale_temporaries
 
 _LOG = logging.getLogger(__name__)
 
@@ -32,10 +34,12 @@ REGISTRY_DIR = "engines"
 MAX_FILE_BYTES = 64 * 1024
 MAX_FILES = 256
 _MAX_PIDS = 4096
+WITHDRAW_SECONDS = 2.0   # at exit, how long the claim's removal may take (a frozen disk: not longer)
 
 
 class HostRegistry:
-    def __init__(self, state_dir: str, name: str) -> None:
+    def __init__(self, state_dir: str, name: str, writer: DiskWriter | None = None) -> None:
+        self._writer = writer or disk_writer.shared()
         self.directory = os.path.join(state_dir, REGISTRY_DIR)
         self.name = name
         self.path = os.path.join(self.directory, f"{name}.json")
@@ -58,17 +62,24 @@ class HostRegistry:
         try:
             ensure_private_dir(os.path.dirname(self.directory))   # the state dir: kvwatch run may not be here yet
             ensure_private_dir(self.directory)
-            write_atomic(Path(self.path), json.dumps(data).encode())
-            self._pids = wanted
         except OSError as exc:
-            self._warn("publish", f"host registry: cannot write {self.path}: {exc}")
+            self._warn("publish", f"host registry: cannot create {self.directory}: {exc}")
+            return
+        if self._pids is None:
+            remove_stale_temporaries(Path(self.path))
+        # Off the watch loop: the writer retries a claim that cannot be written (a full disk) until
+        # it can, the newest claim first, so the claim never keeps the pids of an engine that is gone.
+        self._writer.put(Path(self.path), json.dumps(data).encode())
+        self._pids = wanted
+
+    def flush(self, timeout: float) -> bool:
+        """Wait up to `timeout` for the claim handed to the writer to be on disk: True when it is."""
+        return self._writer.flush(timeout)
 
     def withdraw(self) -> None:
         """Remove this instance's claim (at exit)."""
-        try:
-            os.unlink(self.path)
-        except OSError:
-            pass
+        self._writer.remove(Path(self.path))
+        self._writer.flush(WITHDRAW_SECONDS)
         self._pids = None
 
     # -- the other instances' engines ----------------------------------------------

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from kvwatch.boundary.device_probe import installed_version
+from kvwatch.boundary.device_probe import installed_vllm
 from kvwatch.diagnosis import GpuContext
 from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineCommand
@@ -152,7 +152,7 @@ def launch_of(command: EngineCommand, device: Device | None, free_bytes: int | N
     key = learned_key(command, device)
     if key is None:
         return None
-    return Launch(key, rank, device.name, device.total_memory_bytes, str(installed_version() or LATEST), free_bytes)
+    return Launch(key, rank, device.name, device.total_memory_bytes, str(installed_vllm() or LATEST), free_bytes)
 
 
 def adopt(directory: str, launch: Launch | None) -> int | None:

@@ -1,9 +1,20 @@
-"""How one launch of the engine ended, as the supervisor saw it (kept light: the supervisor imports
-it at start, the recovery decision only when an engine fails)."""
+"""How one launch of the engine ended, as the supervisor saw it (pure, and kept light: the supervisor
+imports it at start, the recovery decision only when an engine fails)."""
 from __future__ import annotations
 
-EXIT = "exit"                    # the engine exited (code in the outcome)
-HANG = "hang"                    # /health failed for hang_timeout_seconds after READY
-START_TIMEOUT = "start_timeout"  # not READY within start_timeout_seconds
-SPAWN_FAILED = "spawn_failed"    # the command could not be started at all
-STOP = "stop"                    # kvwatch was asked to stop
+import enum
+
+
+class LaunchOutcome(enum.Enum):
+    EXIT = "exit"                    # the engine exited (code in the LaunchEnd), or said it died after READY
+    HANG = "hang"                    # /health failed for hang_timeout_seconds after READY
+    START_TIMEOUT = "start_timeout"  # not READY within start_timeout_seconds
+    SPAWN_FAILED = "spawn_failed"    # the command could not be started at all
+    STOP = "stop"                    # kvwatch was asked to stop
+
+
+EXIT = LaunchOutcome.EXIT
+HANG = LaunchOutcome.HANG
+START_TIMEOUT = LaunchOutcome.START_TIMEOUT
+SPAWN_FAILED = LaunchOutcome.SPAWN_FAILED
+STOP = LaunchOutcome.STOP

@@ -9,9 +9,10 @@ honoured. Planning errors never stop kvwatch: the engine is then launched as giv
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from kvwatch.boundary import device_probe
+from kvwatch.boundary.model_source import ModelSource, load_model_source
 from kvwatch.boundary.plan_loader import plan_command
 from kvwatch.errors import KvwatchError
 from kvwatch.planner.devices import Device
@@ -35,9 +36,9 @@ POLICY_FLAGS = {
 MAX_ROUNDS = 6
 
 
-def choose_device(spec: str = "") -> Device:
-    """The device to plan for: "cpu", "gpu" or a GPU index as asked (config `device`, `--device`),
-    else kvwatch.boundary.device_probe's one rule."""
+def device_for_spec(spec: str = "") -> Device:
+    """The device to plan for from the config's `device` string (`--device`): "cpu", "gpu" or a GPU
+    index, or "" for kvwatch.boundary.device_probe.choose_device's own rule (the one chooser)."""
     if spec.isdigit():
         return device_probe.choose_device(index=int(spec))
     return device_probe.choose_device("cpu" if spec == "cpu" else "gpu" if spec == "gpu" else None)
@@ -46,18 +47,20 @@ def choose_device(spec: str = "") -> Device:
 def learned_key(command: EngineCommand, device: Device) -> str | None:
     """The key of the learned non-KV memory that holds for this command on this card and vLLM."""
     try:
-        return profile_key(command.settings(), device, device_probe.installed_version())
+        return profile_key(command.settings(), device, device_probe.installed_vllm())
     except KvwatchError:
         return None
 
 
-def plan_for(command: EngineCommand, device: Device, rules: RuleSet, env: Mapping[str, str],
-             learned: Mapping[str, int] | None = None) -> Plan | None:
-    """The plan, refined by the non-KV memory an earlier launch of the same profile measured."""
+def plan_with_learned(command: EngineCommand, device: Device, rules: RuleSet, env: Mapping[str, str],
+                      learned: Mapping[str, int] | None = None,
+                      read_model: Callable[[str], ModelSource] = load_model_source) -> Plan | None:
+    """The plan of the watchdog's layer: kvwatch.boundary.plan_loader.plan_command's, refined by the
+    non-KV memory an earlier launch of the same profile measured; None (logged) where it cannot plan."""
     key = learned_key(command, device) if learned else None
     try:
         return plan_command(command.argv, device, rules, env=env,
-                            non_kv_bytes=learned.get(key) if learned and key else None)
+                            non_kv_bytes=learned.get(key) if learned and key else None, read_model=read_model)
     except KvwatchError as exc:
         _LOG.info("plan: not available: %s", exc)
         return None
@@ -69,10 +72,12 @@ def allowed(flag: str, policy: Policy) -> bool:
 
 
 def preflight(command: EngineCommand, device: Device, rules: RuleSet, env: Mapping[str, str], policy: Policy,
-              learned: Mapping[str, int] | None = None) -> tuple[EngineCommand, list[PreflightFix], Plan | None]:
+              learned: Mapping[str, int] | None = None,
+              read_model: Callable[[str], ModelSource] = load_model_source,
+              ) -> tuple[EngineCommand, list[PreflightFix], Plan | None]:
     """The command with the certain fixes applied, what was changed, and the final plan."""
     fixes: list[PreflightFix] = []
-    plan = plan_for(command, device, rules, env, learned)
+    plan = plan_with_learned(command, device, rules, env, learned, read_model)
     for _ in range(MAX_ROUNDS):
         if plan is None:
             break
@@ -84,9 +89,9 @@ def preflight(command: EngineCommand, device: Device, rules: RuleSet, env: Mappi
         if fixed.argv == command.argv:
             break
         _LOG.info("preflight: %s: %s; changed %s", warning.kind, warning.message, warning.fix.describe())
-        fixes.append(PreflightFix(warning.kind.value, warning.message, warning.fix))
+        fixes.append(PreflightFix(warning.kind, warning.message, warning.fix))
         command = fixed
-        plan = plan_for(command, device, rules, env, learned)
+        plan = plan_with_learned(command, device, rules, env, learned, read_model)
     if plan is not None:
         for w in plan.warnings:
             level = "will fail, no allowed fix" if w.certain else "risk"

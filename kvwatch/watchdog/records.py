@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvwatch.failure_kinds import FailureKind
 from kvwatch.planner.flag_change import NO_CHANGE, FlagChange
 
 PREFLIGHT, FAILURE = "preflight", "failure"   # where a constraint was learned
@@ -17,7 +18,7 @@ PREFLIGHT, FAILURE = "preflight", "failure"   # where a constraint was learned
 
 @dataclass
 class FailureRecord:
-    kind: str
+    kind: FailureKind
     evidence: str | None
     time: float                     # wall clock (time.time()), for people
     argv: list[str]
@@ -28,7 +29,7 @@ class FailureRecord:
         evidence = data["evidence"]
         if evidence is not None and not isinstance(evidence, str):
             raise ValueError("'evidence' is not a string")
-        return cls(_str(data, "kind"), evidence, _number(data, "time"), _str_list(data, "argv"),
+        return cls(_kind(_str(data, "kind")), evidence, _number(data, "time"), _str_list(data, "argv"),
                    _str(data, "reason") if "reason" in data else "")
 
 
@@ -36,23 +37,23 @@ class FailureRecord:
 class PreflightFix:
     """A fix applied before the first launch, for a failure the plan said was certain."""
 
-    kind: str
+    kind: FailureKind
     message: str
     change: FlagChange
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "message": self.message, **self.change.to_json()}
+        return {"kind": str(self.kind), "message": self.message, **self.change.to_json()}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> PreflightFix:
-        return cls(_str(data, "kind"), str(data.get("message") or ""), FlagChange.from_json(data))
+        return cls(_kind(_str(data, "kind")), str(data.get("message") or ""), FlagChange.from_json(data))
 
 
 @dataclass
 class CorrectionRecord:
     """A corrected plan: the change made after a failure, and the commands before and after."""
 
-    kind: str
+    kind: FailureKind
     change: FlagChange
     reason: str
     time: float
@@ -60,12 +61,12 @@ class CorrectionRecord:
     to_argv: list[str]
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, **self.change.to_json(), "reason": self.reason, "time": self.time,
+        return {"kind": str(self.kind), **self.change.to_json(), "reason": self.reason, "time": self.time,
                 "from_argv": list(self.from_argv), "to_argv": list(self.to_argv)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> CorrectionRecord:
-        return cls(_str(data, "kind"), FlagChange.from_json(data), str(data["reason"]), _number(data, "time"),
+        return cls(_kind(_str(data, "kind")), FlagChange.from_json(data), str(data["reason"]), _number(data, "time"),
                    _str_list(data, "from_argv"), _str_list(data, "to_argv"))
 
 
@@ -74,14 +75,14 @@ class Constraint:
     """What this host's engine taught: a failure (or a certain one, before the launch) and its fix,
     and the block sizes its backends really accept (fed to the next plans' rules)."""
 
-    kind: str = ""
+    kind: FailureKind = FailureKind.UNKNOWN
     text: str = ""
     change: FlagChange = NO_CHANGE
     source: str = ""                 # PREFLIGHT or FAILURE
     backend_block_sizes: dict[str, list[Any]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        out = {"kind": self.kind, "text": self.text, **self.change.to_json(), "source": self.source}
+        out: dict[str, Any] = {"kind": str(self.kind), "text": self.text, **self.change.to_json(), "source": self.source}
         if self.backend_block_sizes:
             out["backend_block_sizes"] = {k: list(v) for k, v in self.backend_block_sizes.items()}
         return out
@@ -96,8 +97,17 @@ class Constraint:
             raise ValueError("bad backend_block_sizes")
         # Before FlagChange, the flags set were written as "fix" (and, from failures only, "remove").
         change = FlagChange.from_json({"set": data.get("set", data.get("fix")), "remove": data.get("remove")})
-        return cls(str(data.get("kind") or ""), str(data.get("text") or ""), change,
+        return cls(_kind(str(data.get("kind") or "")), str(data.get("text") or ""), change,
                    str(data.get("source") or ""), {k: list(v) for k, v in sizes.items()})
+
+
+def _kind(value: str) -> FailureKind:
+    """A failure class as written; one this kvwatch does not know (a file from a newer or much older
+    kvwatch, or a constraint written without one) is read as UNKNOWN, not refused."""
+    try:
+        return FailureKind(value)
+    except ValueError:
+        return FailureKind.UNKNOWN
 
 
 def _str(data: Mapping[str, Any], key: str) -> str:

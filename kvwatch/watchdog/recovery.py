@@ -18,7 +18,7 @@ from kvwatch.planner.flag_change import NO_CHANGE, FlagChange
 from kvwatch.planner.plan import Plan
 from kvwatch.planner.rules import RuleSet
 from kvwatch.policy import Policy, fixed_among
-from kvwatch.watchdog.outcomes import EXIT, HANG, START_TIMEOUT
+from kvwatch.watchdog.outcomes import LaunchOutcome
 from kvwatch.watchdog.records import FAILURE, Constraint, CorrectionRecord, FailureRecord
 
 
@@ -39,7 +39,7 @@ class BudgetState:
 @dataclass(frozen=True)
 class Decision:
     action: Action
-    kind: str                              # the failure class
+    kind: FailureKind                      # the failure class
     reason: str                            # for the state transition (FATAL's without "gave up: ")
     change: FlagChange = NO_CHANGE
     command: EngineCommand | None = None   # the command to launch next (None when giving up)
@@ -48,15 +48,15 @@ class Decision:
     constraint: Constraint | None = None   # what this host's engine taught
 
 
-def diagnosis_of(outcome: str, detail: str, lines: Sequence[str], served: bool) -> Diagnosis:
+def diagnosis_of(outcome: LaunchOutcome, detail: str, lines: Sequence[str], served: bool) -> Diagnosis:
     """The failure of one launch: the engine's output names it; a hang or a silent start timeout
     is an engine that died; a spawn that failed ran nothing (fatal: nothing to correct)."""
-    if outcome in (EXIT, START_TIMEOUT):
+    if outcome in (LaunchOutcome.EXIT, LaunchOutcome.START_TIMEOUT):
         diagnosis = diagnose(list(lines), served=served)
-        if outcome == START_TIMEOUT and diagnosis.kind == FailureKind.UNKNOWN:
+        if outcome is LaunchOutcome.START_TIMEOUT and diagnosis.kind == FailureKind.UNKNOWN:
             return Diagnosis(kind=FailureKind.ENGINE_DIED, evidence=detail, facts={}, fatal=False)
         return diagnosis
-    if outcome == HANG:
+    if outcome is LaunchOutcome.HANG:
         return Diagnosis(kind=FailureKind.ENGINE_DIED, evidence=detail, facts={}, fatal=False)
     return Diagnosis(kind=FailureKind.UNKNOWN, evidence=detail, facts={}, fatal=True)
 
@@ -71,8 +71,8 @@ def with_rank(diagnosis: Diagnosis, rank: int, pid: int) -> Diagnosis:
     return Diagnosis(kind, evidence, {**diagnosis.facts, "rank": rank, "rank_pid": pid}, diagnosis.fatal)
 
 
-def kind_of(diagnosis: Diagnosis) -> str:
-    return str(getattr(diagnosis.kind, "value", diagnosis.kind))
+def kind_of(diagnosis: Diagnosis) -> FailureKind:
+    return FailureKind(diagnosis.kind)
 
 
 def failure_record(diagnosis: Diagnosis, detail: str, command: EngineCommand, now: float) -> FailureRecord:
@@ -82,7 +82,7 @@ def failure_record(diagnosis: Diagnosis, detail: str, command: EngineCommand, no
 def tried_plans(failures: Iterable[FailureRecord]) -> set[tuple[str, ...]]:
     """The commands that failed: never proposed again. A crash of a serving engine (ENGINE_DIED)
     does not condemn its plan: that one is restarted, within the restart budget."""
-    return {tuple(f.argv) for f in failures if f.kind != FailureKind.ENGINE_DIED.value}
+    return {tuple(f.argv) for f in failures if f.kind != FailureKind.ENGINE_DIED}
 
 
 def _held_back(diagnosis: Diagnosis, command: EngineCommand, policy: Policy, tried: set[tuple[str, ...]],

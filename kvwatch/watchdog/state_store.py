@@ -24,7 +24,7 @@ from kvwatch.watchdog.records import Constraint, CorrectionRecord, FailureRecord
 from kvwatch.watchdog.state_dir import ensure_private_dir, open_to_others, untrusted_file
 
 __all__ = ["Constraint", "CorrectionRecord", "EngineLock", "EngineRecord", "FailureRecord", "PreflightFix",
-           "StateStore", "UntrustedFile", "load_all", "read_regular", "write_atomic"]
+           "StateStore", "UntrustedFile", "load_all", "read_regular", "remove_stale_temporaries", "write_atomic"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -180,11 +180,24 @@ def _check_types(data: dict) -> None:
             raise ValueError("bad failure or correction")
 
 
+class _Writer(typing.Protocol):
+    def put(self, path: Path, data: bytes) -> None: ...
+
+
 class StateStore:
-    def __init__(self, state_dir: str | os.PathLike[str], name: str) -> None:
+    """With a `writer` (disk_writer.DiskWriter: what the supervisor passes), save() hands the file
+    over and returns at once; without one it writes before returning."""
+
+    def __init__(self, state_dir: str | os.PathLike[str], name: str, writer: _Writer | None = None) -> None:
         self.dir = Path(state_dir)
         self.name = name
         self.path = self.dir / f"{name}.json"
+        self._writer = writer
+
+    def remove_stale_temporaries(self) -> int:
+        """Remove the temporary files a kvwatch killed mid-write left of this engine's state file
+        (call it holding the engine's lock: no other kvwatch writes them then). Returns how many."""
+        return remove_stale_temporaries(self.path)
 
     def ensure_dir(self) -> None:
         """Create the state dir private (state_dir.ensure_private_dir); warn once when others may write it."""
@@ -223,7 +236,10 @@ class StateStore:
         record.updated = time.time()
         record.trim()
         data = json.dumps(record.to_json(), indent=1, sort_keys=True).encode()
-        write_atomic(self.path, data)
+        if self._writer is not None:
+            self._writer.put(self.path, data)
+        else:
+            write_atomic(self.path, data)
 
     def _move_aside(self, why: str, label: str = "corrupt") -> None:
         target = self.path.with_name(f"{self.path.name}.{label}-{time.strftime('%Y%m%dT%H%M%S')}")
@@ -234,8 +250,32 @@ class StateStore:
             _LOG.warning("state: %s %s; cannot move it aside (%s), starting fresh", self.path, why, exc)
 
 
+def _temporary_prefix(path: Path) -> str:
+    return f".{path.name}."
+
+
+def remove_stale_temporaries(path: Path) -> int:
+    """Remove write_atomic's temporary files of `path` (a kill -9 mid-write leaves one behind)."""
+    removed = 0
+    try:
+        names = os.listdir(path.parent)
+    except OSError:
+        return 0
+    prefix = _temporary_prefix(path)
+    for name in names:
+        if name.startswith(prefix) and name.endswith(".tmp"):
+            try:
+                os.unlink(path.parent / name)
+                removed += 1
+            except OSError:
+                pass
+    if removed:
+        _LOG.info("state: removed %d temporary file(s) of %s left by a kvwatch killed mid-write", removed, path.name)
+    return removed
+
+
 def write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=_temporary_prefix(path), suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -281,8 +321,11 @@ class EngineLock:
     def acquire(self) -> None:
         import fcntl
 
-        try:   # never through a symlink: a NAME.lock linked elsewhere would have us truncate that file
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o640)
+        # Read-only: a descriptor open for writing would keep the filesystem from being remounted
+        # read-only under a running kvwatch. Never through a symlink: a NAME.lock linked elsewhere
+        # would have us write that file.
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o640)
         except OSError as exc:
             raise KvwatchError(f"lock file {self.path}: {exc.strerror or exc} (a symlink is refused)") from None
         if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -295,9 +338,16 @@ class EngineLock:
             os.close(fd)
             raise KvwatchError(f"another kvwatch (pid {holder}) already supervises engine "
                                f"{self.path.stem!r} in {self.path.parent}") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
         self._fd = fd
+        try:   # the pid only names the holder in the message above; the flock is the lock
+            writer = os.open(self.path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_TRUNC)
+            try:
+                os.write(writer, f"{os.getpid()}\n".encode())
+            finally:
+                os.close(writer)
+        except OSError as exc:
+            _LOG.warning("lock file %s: cannot write kvwatch's pid: %s (the lock holds)", self.path,
+                         exc.strerror or exc)
 
     def release(self) -> None:
         if self._fd is not None:

@@ -6,9 +6,13 @@
     any running state -> STOPPING -> STOPPED, BACKOFF -> STOPPED   SIGTERM/SIGINT (exit 0)
 
 Every transition goes through `_transition`, with its reason; it saves the state file,
-tells systemd and hands a fresh EngineStatus to the observers (the exporter). Time is
-the injected Clock (monotonic), and every wait is on the stop Event, so a stop request
-is never stuck behind a backoff or a health probe interval.
+tells systemd and swaps in a fresh immutable EngineStatus (`status`, which the exporter polls;
+observers, if any, are handed each one). Every OS call (spawn, stop, the process tree, leftovers,
+reaping, the wall clock) goes through the injected WatchdogOs (os_interface.py), so every transition
+runs in tests without a child process (tests/test_supervisor_transitions.py); each tick's decisions
+are the pure step of launch_watch.py, a failure's are recovery.py's. Time is the injected Clock
+(monotonic), and every wait is on the stop Event, so a stop request is never stuck behind a backoff
+or a health probe interval.
 """
 from __future__ import annotations
 
@@ -18,38 +22,50 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import BinaryIO, Protocol
 
-from kvwatch.boundary import engine_http, proc_inspect, spawn
-from kvwatch.boundary.device_probe import installed_version, installed_vllm_version
+from kvwatch.boundary import engine_http
+from kvwatch.boundary.device_probe import installed_vllm_text
 from kvwatch.boundary.proc_inspect import ProcRef
-from kvwatch.boundary.spawn import EngineProcess
 from kvwatch.engine_status import EngineState, EngineStatus
 from kvwatch.errors import KvwatchError
 from kvwatch.exitcodes import EXIT_GAVE_UP, EXIT_OK
 from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineCommand
-from kvwatch.planner.gpu_budget import requested_bytes
 from kvwatch.planner.plan import Plan
 from kvwatch.planner.rules import RuleSet, ruleset_for, with_learned_block_sizes
 from kvwatch.planner.units import format_bytes
-from kvwatch.watchdog import learned_store, leftovers
+from kvwatch.watchdog import disk_writer, learned_store, leftovers
 from kvwatch.watchdog.budget import Budget
 from kvwatch.watchdog.config import Config
-from kvwatch.watchdog.engine_ranks import RankWatch, lines_of_rank, ranks_of_tree
+from kvwatch.watchdog.engine_ranks import lines_of_rank
+from kvwatch.watchdog.engine_tree import EngineTree
 from kvwatch.watchdog.gpu_view import GpuView
-from kvwatch.watchdog.outcomes import EXIT, HANG, SPAWN_FAILED, START_TIMEOUT, STOP
+from kvwatch.watchdog.launch_watch import (
+    Event,
+    LaunchEnd,
+    LaunchState,
+    Timing,
+    after_probe,
+    before_probe,
+    probe_due,
+)
+from kvwatch.watchdog.memory_learning import MAX_LEARNED_PROFILES, pin_for, remember_non_kv
+from kvwatch.watchdog.os_interface import EngineHandle, RealOs, WatchdogOs
+from kvwatch.watchdog.outcomes import SPAWN_FAILED, STOP
 from kvwatch.watchdog.output_pump import OutputPump
-from kvwatch.watchdog.preflight import choose_device, learned_key, plan_for, preflight
+from kvwatch.watchdog.plan_in_force import PlanInForce
+from kvwatch.watchdog.preflight import device_for_spec, learned_key, preflight
+from kvwatch.watchdog.probe_pool import Probe, ProbePool
 from kvwatch.watchdog.records import PREFLIGHT, Constraint
 from kvwatch.watchdog.sd_notify import SdNotifier, scrub_env
 from kvwatch.watchdog.state_store import EngineLock, EngineRecord, StateStore
 
 _LOG = logging.getLogger(__name__)
-MAX_LEARNED_PROFILES = 32   # learned non-KV figures kept per engine (one per profile: flags, card, vLLM)
+__all__ = ["EXIT_FLUSH_SECONDS", "MAX_LEARNED_PROFILES", "Clock", "MonotonicClock", "Observer", "Supervisor"]
+
+EXIT_FLUSH_SECONDS = 2.0   # at exit, how long the last state file may take to reach the disk (then lost)
 
 Observer = Callable[[EngineStatus], None]
 
@@ -86,25 +102,12 @@ class MonotonicClock:
 
 
 @dataclass
-class _Outcome:
-    """How one launch ended."""
-
-    kind: str                 # one of kvwatch.watchdog.outcomes
-    detail: str = ""
-    returncode: int | None = None
-    served: bool = False
-
-
-@dataclass
 class _Running:
-    proc: EngineProcess
+    proc: EngineHandle
     pump: OutputPump
     started: float
-    refs: list[ProcRef] = field(default_factory=list)   # every process seen in the tree, dead ones too
-    live: frozenset[int] = frozenset()                     # the pids of the last look
+    tree: EngineTree = field(default_factory=EngineTree)
     ended: bool = False
-    ranks: RankWatch = field(default_factory=RankWatch)    # data-parallel engine cores, and which died
-    pid_ranks: dict[int, int] = field(default_factory=dict)  # pid -> DP rank of the core it belongs to
 
 
 class Supervisor:
@@ -112,8 +115,9 @@ class Supervisor:
                  device: Device | None = None, rules: RuleSet | None = None,
                  notifier: SdNotifier | None = None, output: BinaryIO | None = None,
                  environ: dict[str, str] | None = None,
-                 probe: Callable[[str, float, bool], bool] | None = None,
-                 budget: Budget | None = None, gpu_pids: Callable[[], list[tuple[str, int]]] | None = None) -> None:
+                 probe: Probe | None = None,
+                 budget: Budget | None = None, gpu_pids: Callable[[], list[tuple[str, int]]] | None = None,
+                 os_interface: WatchdogOs | None = None) -> None:
         self.config = config
         self.name = config.name
         self._observers = list(observers)
@@ -123,11 +127,11 @@ class Supervisor:
         self._notifier = notifier or SdNotifier.from_env()
         self._output = output if output is not None else getattr(sys.stdout, "buffer", None)
         self._environ = dict(os.environ if environ is None else environ)
-        self._probe = probe or _probe
-        self._probe_pool: ThreadPoolExecutor | None = None
+        self._os: WatchdogOs = os_interface or RealOs()
+        self._probes = ProbePool(probe or _probe)
         self._budget = budget or Budget(config.policy)
         self._gpu_pids = gpu_pids
-        self._store = StateStore(config.state_dir, config.name)
+        self._store = StateStore(config.state_dir, config.name, writer=disk_writer.shared())  # never waits on disk
         self._lock = EngineLock(config.state_dir, config.name)
         self._stop = threading.Event()
         self._wake = threading.Event()   # the watch loop's alarm: a stop request or the engine's exit
@@ -136,16 +140,13 @@ class Supervisor:
         self._reason = "not started"
         self._record = EngineRecord(name=config.name)
         self._command = EngineCommand.parse(config.engine.command)
-        self._plan: Plan | None = None
+        self._planner: PlanInForce | None = None   # from the start on: the plan in force
         self._running: _Running | None = None
         self._ready_sent = False
         self._spawn_error: str | None = None
         self._gpus: GpuView | None = None
         self._pinned: int | None = None   # the KV bytes the running engine was launched pinned to
         self._requested: int | None = None   # the running engine's GPU budget (CUDA total x utilization)
-        self._restarts: dict[str, int] = {}     # this run of kvwatch, by failure class
-        self._failures: dict[str, int] = {}
-        self._corrections: dict[str, int] = {}
         self._status = self._make_status()
 
     # -- public ------------------------------------------------------------------------
@@ -174,12 +175,15 @@ class Supervisor:
         which must live as long as the engine (PR_SET_PDEATHSIG follows the spawning thread)."""
         self._store.ensure_dir()
         self._lock.acquire()
+        self._store.remove_stale_temporaries()
         try:
             self._startup()
             return self._loop()
         finally:
             if self._running is not None:  # an unexpected error: never leave the engine behind
                 self._end_engine()
+            if not disk_writer.shared().flush(EXIT_FLUSH_SECONDS):
+                _LOG.warning("state: %s not written at exit (the disk does not answer)", self._store.path)
             self._lock.release()
 
     # -- the state machine -------------------------------------------------------------
@@ -211,7 +215,7 @@ class Supervisor:
                 return EXIT_OK
             self._launch()
             outcome = self._watch()
-            if outcome.kind == STOP:
+            if outcome.outcome is STOP:
                 self._transition(EngineState.STOPPING, self._stop_reason)
                 self._end_engine()
                 self._transition(EngineState.STOPPED, f"{self._stop_reason}: engine stopped")
@@ -262,28 +266,30 @@ class Supervisor:
         self._record.restarts, self._record.failure_counts, self._record.correction_counts = {}, {}, {}
         # What an earlier kvwatch left in the file is history now: this one has launched nothing yet.
         self._record.state, self._record.reason = EngineState.STOPPED.value, "kvwatch started"
-        self._record.kvwatch_pid = os.getpid()
-        self._record.kvwatch_create_time = (proc_inspect.ref_of(os.getpid()) or ProcRef(0, 0.0)).create_time
+        own = self._os.own_ref()
+        self._record.kvwatch_pid, self._record.kvwatch_create_time = own.pid, own.create_time
         if self._device is None:
-            self._device = choose_device(self.config.device)
-        if self._rules is None:
-            self._rules = ruleset_for(installed_vllm_version())
-        self._rules = self._learned_rules(self._rules)
-        env = self._engine_env()
+            self._device = device_for_spec(self.config.device)
+        rules = self._rules if self._rules is not None else ruleset_for(installed_vllm_text())
+        planner = self._planner = PlanInForce(self._device, self._learned_rules(rules), self._engine_env)
         if self.config.learned_dir:   # what another host measured for this profile, unless this host knows
             learned_store.adopt_into(self._record.learned_non_kv, self.config.learned_dir, self._command,
-                                     self._device, self._gpu_view().context())
+                                     planner.device, self._gpu_view().context())
         if self.config.policy.preflight:
-            command, fixes, self._plan = preflight(self._command, self._device, self._rules, env,
-                                                   self.config.policy, self._record.learned_non_kv)
+            command, fixes, _ = preflight(self._command, planner.device, planner.rules, self._engine_env(),
+                                          self.config.policy, self._record.learned_non_kv, planner.model)
             if fixes:
                 self._record.preflight = list(fixes)
                 self._record.constraints += [Constraint(f.kind, f.message, f.change, PREFLIGHT) for f in fixes]
-                self._set_command(command)
-        else:
-            self._plan = plan_for(self._command, self._device, self._rules, env, self._record.learned_non_kv)
+                self._command = command
+                self._record.argv = list(command.argv)
+        planner.compute(self._command, self._record.learned_non_kv)
         self._save()
         self._publish()
+
+    @property
+    def _plan(self) -> Plan | None:
+        return self._planner.plan if self._planner is not None else None
 
     def _learned_rules(self, rules: RuleSet) -> RuleSet:
         """The rule table, with the block sizes earlier failures on this host reported."""
@@ -296,51 +302,51 @@ class Supervisor:
         env = scrub_env(self._environ)
         env.update(self.config.engine.environment)
         env.setdefault("PYTHONUNBUFFERED", "1")  # vLLM logs to stdout: unbuffered, so a crash loses nothing
-        env[leftovers.MARKER_ENV] = leftovers.marker(self.config.state_dir, self.name)
+        env[leftovers.MARKER_ENV] = self._marker()
         return env
 
-    def _set_command(self, command: EngineCommand) -> None:
-        self._command = command
-        self._record.argv = list(command.argv)
-        if self._device is not None and self._rules is not None:
-            self._plan = plan_for(command, self._device, self._rules, self._engine_env(), self._record.learned_non_kv)
+    def _marker(self) -> str:
+        return leftovers.marker(self.config.state_dir, self.name)
 
-    def _pinned_argv(self) -> list[str]:
-        """The command, with --kv-cache-memory-bytes pinned to what the learned plan gives the KV cache
-        less the memory other processes hold on the GPU now (engine.pin_kv_cache_memory)."""
+    def _pinned_argv(self, planner: PlanInForce) -> list[str]:
+        """The command, with --kv-cache-memory-bytes pinned to what the learned plan (the plan in force
+        before the pin) gives the KV cache less the memory other processes hold on the GPU now
+        (engine.pin_kv_cache_memory)."""
         argv = list(self._command.argv)
-        self._pinned = None
-        device, rules = self._device, self._rules
-        if not self.config.engine.pin_kv_cache_memory or device is None or rules is None \
-                or self._command.has("--kv-cache-memory-bytes"):
+        if not self.config.engine.pin_kv_cache_memory or self._command.has("--kv-cache-memory-bytes"):
             return argv
-        learned = plan_for(self._command, device, rules, self._engine_env(), self._record.learned_non_kv)
+        learned = planner.plan
         if learned is None or learned.source != "learned":
             _LOG.info("pin: nothing learned yet for this profile: vLLM profiles the memory itself")
             return argv
         foreign = self._gpu_view().foreign_bytes() or 0
-        pinned = learned.kv_memory_bytes - foreign
-        if pinned < 2 * learned.bytes_per_block:
+        pin = pin_for(learned, foreign)
+        if pin.kv_bytes is None:
             _LOG.warning("pin: not pinned: other processes hold %s of the GPU, more than the learned KV cache "
                          "(%s); vLLM profiles the memory itself", format_bytes(foreign),
                          format_bytes(learned.kv_memory_bytes))
             return argv
-        _LOG.info("pin: --kv-cache-memory-bytes %d (learned %s%s)", pinned, format_bytes(learned.kv_memory_bytes),
+        _LOG.info("pin: --kv-cache-memory-bytes %d (learned %s%s)", pin.kv_bytes, format_bytes(learned.kv_memory_bytes),
                   f", less {format_bytes(foreign)} other processes hold" if foreign else "")
-        self._pinned = pinned
-        return [*argv, "--kv-cache-memory-bytes", str(pinned)]
+        self._pinned = pin.kv_bytes
+        return [*argv, "--kv-cache-memory-bytes", str(pin.kv_bytes)]
 
     def _launch(self) -> None:
-        argv = self._pinned_argv()
-        self._requested = self._requested_bytes()
-        if self._pinned is not None and self._device is not None and self._rules is not None:
-            # the plan in force is the pinned launch's: exact
-            self._plan = plan_for(EngineCommand(tuple(argv)), self._device, self._rules, self._engine_env())
+        planner = self._planner
+        assert planner is not None
+        planner.begin_launch()   # config.json read once for this launch
+        self._pinned = None
+        planner.compute(self._command, self._record.learned_non_kv)
+        argv = self._pinned_argv(planner)
+        self._requested = planner.requested_bytes(self._command)
+        if self._pinned is not None:
+            planner.compute(EngineCommand(tuple(argv)))   # the plan in force is the pinned launch's: exact
         if argv not in self._record.plans_tried:
             self._record.plans_tried.append(argv)
         self._transition(EngineState.STARTING, f"launching: {' '.join(argv)}")
         try:
-            proc = spawn.spawn(argv, self._engine_env(), reaper_grace=min(10.0, self.config.engine.stop_timeout_seconds))
+            proc = self._os.spawn(argv, self._engine_env(),
+                                  reaper_grace=min(10.0, self.config.engine.stop_timeout_seconds))
         except OSError as exc:
             self._running = None
             self._spawn_error = f"cannot start {argv[0]}: {exc.strerror or exc}"
@@ -364,8 +370,8 @@ class Supervisor:
             port: int | None = self._command.settings().port
         except KvwatchError:
             port = None
-        report = leftovers.clean(refs, leftovers.marker(self.config.state_dir, self.name), port, self._gpu_holders,
-                                 self.config.engine.stop_timeout_seconds, sleep=self._sleep)
+        report = self._os.clean_leftovers(refs, self._marker(), port, self._gpu_holders,
+                                          self.config.engine.stop_timeout_seconds, self._sleep)
         self._record.foreign = report.foreign
         self._record.pids = []
 
@@ -376,60 +382,47 @@ class Supervisor:
 
     def _gpu_view(self) -> GpuView:
         if self._gpus is None:
-            self._gpus = GpuView(self._device, leftovers.marker(self.config.state_dir, self.name))
+            self._gpus = GpuView(self._device, self._marker())
         return self._gpus
 
     # -- watch ---------------------------------------------------------------------------
 
-    def _watch(self) -> _Outcome:
+    def _watch(self) -> LaunchEnd:
+        """Watch the running launch until it ends; each tick's decisions are launch_watch's."""
         run = self._running
         if run is None:
-            return _Outcome(SPAWN_FAILED, self._spawn_error or "spawn failed")
+            return LaunchEnd(SPAWN_FAILED, self._spawn_error or "spawn failed")
         cfg = self.config.engine
-        tick = min(1.0, cfg.health_interval_seconds)
-        probe_timeout = max(1.0, min(5.0, cfg.health_interval_seconds))
+        timing = Timing(cfg.health_interval_seconds, cfg.start_timeout_seconds, cfg.hang_timeout_seconds,
+                        self.config.policy.stable_seconds)
         url = self._command.health_url()
-        next_probe = run.started
-        last_ok = run.started
-        ready_since: float | None = None
-        ready_line = 0
-        stable = False
+        state = LaunchState.at_launch(run.started)
+
+        def died_in_log(since_line: int) -> str | None:
+            return self._died_in_log(run.pump.lines_since(since_line))
+
         while True:
             now = self._clock.now()
-            if self._stop.is_set():
-                return _Outcome(STOP)
-            rc = run.proc.poll()
-            if rc is not None:
-                return _Outcome(EXIT, f"exited with code {rc}", rc, served=ready_since is not None)
-            if now >= next_probe:
-                probed = self._probe_unless_interrupted(url, probe_timeout, ready_since is None)
+            end = before_probe(state, self._stop.is_set(), run.proc.poll())
+            if end is not None:
+                return end
+            if probe_due(state, now):
+                probed = self._probes.ask(url, timing.probe_timeout, not state.ready,
+                                          interrupted=lambda: self._stop.is_set() or run.proc.poll() is not None,
+                                          waiting=lambda: self._notifier.watchdog(self._clock.now()))
                 if probed is None:
                     continue   # a stop request or the engine's exit came first: handled at the top
-                ok = probed
                 self._refresh_tree()  # before a transition, so its status carries the current pids
                 now = self._clock.now()
-                # While starting, look every second: a refused connection costs nothing, and READY
-                # (and the exporter's view of it) should not lag by a whole health interval.
-                next_probe = now + (cfg.health_interval_seconds if ready_since is not None else tick)
-                if ready_since is None:
-                    if ok:
-                        ready_since = last_ok = now
-                        ready_line = run.pump.lines_seen
-                        self._transition(EngineState.READY, f"serving on {url} after {now - run.started:.0f}s")
-                    elif now - run.started > cfg.start_timeout_seconds:
-                        return _Outcome(START_TIMEOUT, f"not ready after {cfg.start_timeout_seconds:.0f}s")
-                elif ok:
-                    last_ok = now
-                    if not stable and now - ready_since >= self.config.policy.stable_seconds:
-                        stable = True
-                        self._budget.stable()
-                        _LOG.info("stable: READY for %.0fs; backoff reset", now - ready_since)
-                elif (died := self._died_in_log(run.pump.lines_since(ready_line))) is not None:
-                    return _Outcome(EXIT, died, served=True)  # no need to wait out hang_timeout
-                elif now - last_ok > cfg.hang_timeout_seconds:
-                    return _Outcome(HANG, f"/health failed or timed out for {now - last_ok:.0f}s "
-                                            f"(hang_timeout {cfg.hang_timeout_seconds:.0f}s)", served=True)
-            elif run.ranks.cores:
+                state, event, end = after_probe(state, probed, now, timing, run.pump.lines_seen, died_in_log)
+                if event is Event.READY:
+                    self._transition(EngineState.READY, f"serving on {url} after {now - run.started:.0f}s")
+                elif event is Event.STABLE:
+                    self._budget.stable()
+                    _LOG.info("stable: READY for %.0fs; backoff reset", now - (state.ready_since or now))
+                if end is not None:
+                    return end
+            elif run.tree.ranks.cores:
                 self._refresh_tree()  # DP engine cores: every tick, to see which one dies first
             self._refresh_facts()
             self._reap_orphans()
@@ -437,27 +430,8 @@ class Supervisor:
                 _LOG.warning("reaper: gone; starting a new one")
                 run.proc.start_reaper()
             self._notifier.watchdog(self._clock.now())
-            self._clock.wait(self._wake, tick)  # wakes at once on a stop request or the engine's exit
+            self._clock.wait(self._wake, timing.tick)  # wakes at once on a stop request or the engine's exit
             self._wake.clear()
-
-    def _probe_unless_interrupted(self, url: str, timeout: float, starting: bool) -> bool | None:
-        """The probe's answer, or None when a stop request or the engine's exit comes first: a slow
-        or dripping engine (each exchange has its deadline) never holds the watchdog's own stop,
-        its timers or the systemd watchdog ping."""
-        if self._probe_pool is None:
-            self._probe_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvwatch-probe")
-        future = self._probe_pool.submit(self._probe, url, timeout, starting)
-        while True:
-            try:
-                return future.result(timeout=0.1)
-            except FutureTimeout:
-                run = self._running
-                if self._stop.is_set() or (run is not None and run.proc.poll() is not None):
-                    return None
-                self._notifier.watchdog(self._clock.now())
-            except Exception as exc:  # a probe never raises; if it does, the engine is not healthy
-                _LOG.warning("probe failed: %r", exc)
-                return False
 
     @staticmethod
     def _died_in_log(lines: list[str]) -> str | None:
@@ -473,28 +447,21 @@ class Supervisor:
 
     def _reap_orphans(self) -> None:
         """As PID 1 (a container's entrypoint), reap the orphans re-parented to us."""
-        if os.getpid() != 1:
-            return
         keep = self._running.proc.own_pids if self._running is not None else frozenset()
-        for pid in proc_inspect.reap_orphans(keep):
+        for pid in self._os.reap_orphans(keep):
             _LOG.info("reaped: orphan pid %d", pid)
 
     def _refresh_tree(self, force: bool = False) -> None:
         run = self._running
         if run is None:
             return
-        infos = proc_inspect.tree(run.proc.pid, run.proc.pgid)
-        for rank in run.ranks.update((p.pid, " ".join(p.cmdline) or p.name) for p in infos):
+        infos = self._os.tree(run.proc)
+        lost, changed = run.tree.update(infos, force)
+        for rank in lost:
             _LOG.warning("engine core of data-parallel rank %d (pid %d) is gone while the others run",
-                         rank, run.ranks.lost[rank])
-        live = frozenset(p.pid for p in infos)
-        if not force and live == run.live:
+                         rank, run.tree.ranks.lost[rank])
+        if not changed:
             return
-        run.live = live
-        run.pid_ranks = ranks_of_tree((p.pid, p.ppid, " ".join(p.cmdline) or p.name) for p in infos)
-        known = {r.pid: r for r in run.refs}
-        known.update({p.pid: ProcRef(p.pid, p.create_time) for p in infos})
-        run.refs = list(known.values())  # stop_group also signals those that left the group
         self._record.pids = [p.to_json() for p in infos]
         self._save()
         self._publish()
@@ -516,41 +483,21 @@ class Supervisor:
         self._save()
         self._publish()
 
-    def _requested_bytes(self) -> int | None:
-        """The budget vLLM sizes its memory against: the CUDA total x the utilization it takes (the flag,
-        else its release's default), where the plan's device is a CUDA GPU with a known total (None
-        elsewhere, or for a utilization vLLM refuses)."""
-        device = self._device
-        if device is None or device.platform != "cuda" or not device.total_memory_bytes:
-            return None
-        try:
-            settings = self._command.settings()
-        except KvwatchError:
-            return None
-        if not 0 < settings.gpu_memory_utilization <= 1:
-            return None
-        return requested_bytes(device, settings, installed_version(), self._engine_env())
-
     def _learn_non_kv(self, available_kv_bytes: int | None) -> None:
         """The engine said what its profile left the KV cache: keep the non-KV memory that implies
         for this profile (model, batch flags, card, vLLM), and refine the plan in force at once.
         A pinned launch profiled nothing: its figure is the pin."""
-        requested, device = self._requested, self._device
+        requested, planner = self._requested, self._planner
         if self._pinned is not None:
             return
-        if available_kv_bytes is None or requested is None or device is None:
+        if available_kv_bytes is None or requested is None or planner is None:
             return
-        key = learned_key(self._command, device)
+        key = learned_key(self._command, planner.device)
         if key is None:
             return
-        learned = self._record.learned_non_kv
-        learned.pop(key, None)   # re-inserted last: the oldest profiles go first
-        learned[key] = max(0, requested - available_kv_bytes)
-        learned_store.publish(self.config.learned_dir, self._command, device, requested, available_kv_bytes)
-        for old in list(learned)[:-MAX_LEARNED_PROFILES]:
-            del learned[old]
-        if self._rules is not None:
-            self._plan = plan_for(self._command, device, self._rules, self._engine_env(), learned)
+        remember_non_kv(self._record.learned_non_kv, key, requested, available_kv_bytes)
+        learned_store.publish(self.config.learned_dir, self._command, planner.device, requested, available_kv_bytes)
+        planner.compute(self._command, self._record.learned_non_kv)
 
     def _end_engine(self) -> None:
         """Stop the whole group (whatever is left of it), drain the output, forget the pids."""
@@ -558,16 +505,11 @@ class Supervisor:
         if run is None or run.ended:
             return
         run.ended = True
-        spawn.stop_group(run.proc.pgid, self.config.engine.stop_timeout_seconds, leader=run.proc.popen,
-                             extra=run.refs, clock=self._clock.now, sleep=self._sleep)
+        self._os.stop_group(run.proc, self.config.engine.stop_timeout_seconds, run.tree.refs,
+                            self._clock.now, self._sleep)
         # A descendant that left the group (double-forked into its own session) still carries
         # the engine's marker: end it too.
-        mark = leftovers.marker(self.config.state_dir, self.name)
-        escaped = proc_inspect.marked(leftovers.MARKER_ENV, mark)
-        if escaped:
-            _LOG.warning("stop: ending %d engine process(es) outside its group: %s", len(escaped),
-                         [r.pid for r in escaped])
-            spawn.kill_processes(escaped, 5.0, self._sleep, marker=(leftovers.MARKER_ENV, mark))
+        self._os.end_marked(self._marker(), 5.0, self._sleep)
         run.proc.release_reaper()
         if run.pump.join(timeout=10):
             run.proc.close()
@@ -580,62 +522,58 @@ class Supervisor:
 
     # -- failure -------------------------------------------------------------------------
 
-    def _after_failure(self, outcome: _Outcome) -> float | None:
+    def _after_failure(self, end: LaunchEnd) -> float | None:
         """Diagnose, pick the remedy, count it: the backoff delay, or None after going FATAL."""
         from kvwatch.watchdog import recovery  # here: the diagnosis is loaded only when an engine fails
 
         run, self._running = self._running, None
         lines = run.pump.lines() if run is not None else []
-        lost_rank = next(iter(run.ranks.lost), None) if run is not None else None
+        lost_rank = next(iter(run.tree.ranks.lost), None) if run is not None else None
         if lost_rank is not None:   # one DP rank's core died first: diagnose by its lines
             lines = lines_of_rank(lines, lost_rank)
-        diagnosis = recovery.diagnosis_of(outcome.kind, outcome.detail, lines, outcome.served)
+        diagnosis = recovery.diagnosis_of(end.outcome, end.detail, lines, end.served)
         if lost_rank is not None and run is not None:
-            diagnosis = recovery.with_rank(diagnosis, lost_rank, run.ranks.lost[lost_rank])
-        failure = recovery.failure_record(diagnosis, outcome.detail, self._command, time.time())
-        kind = failure.kind
-        _LOG.warning("failed: %s (%s): %s", kind, outcome.detail, failure.evidence)
-        self._failures[kind] = self._failures.get(kind, 0) + 1
-        self._record.failures.append(failure)
+            diagnosis = recovery.with_rank(diagnosis, lost_rank, run.tree.ranks.lost[lost_rank])
+        failure = recovery.failure_record(diagnosis, end.detail, self._command, self._os.wall_time())
+        kind = failure.kind.value   # the counters' keys: the metrics' label values
+        _LOG.warning("failed: %s (%s): %s", kind, end.detail, failure.evidence)
+        record = self._record
+        record.failure_counts[kind] = record.failure_counts.get(kind, 0) + 1
+        record.failures.append(failure)
 
+        planner = self._planner
         now = self._clock.now()
         budget = recovery.BudgetState(self._budget.restart_refusal(now), self._budget.correction_refusal())
         decision = recovery.decide(
-            diagnosis, self._command, detail=outcome.detail, tried=recovery.tried_plans(self._record.failures),
+            diagnosis, self._command, detail=end.detail, tried=recovery.tried_plans(record.failures),
             budget=budget, policy=self.config.policy, plan=self._plan, gpu=self._gpu_view().context(),
-            rules=self._rules, now=time.time())
+            rules=planner.rules if planner is not None else None, now=self._os.wall_time())
         if decision.action is recovery.Action.GIVE_UP:
             return self._give_up(decision.reason)
         if decision.action is recovery.Action.RESTART:
             self._budget.take_restart(now)
-            self._restarts[kind] = self._restarts.get(kind, 0) + 1
+            record.restarts[kind] = record.restarts.get(kind, 0) + 1
         else:
             assert decision.command is not None and decision.correction is not None
             assert decision.constraint is not None
             self._budget.take_correction()
-            self._corrections[kind] = self._corrections.get(kind, 0) + 1
-            self._record.corrections.append(decision.correction)
-            self._record.constraints.append(decision.constraint)
-            if self._rules is not None:
-                self._rules = self._learned_rules(self._rules)
+            record.correction_counts[kind] = record.correction_counts.get(kind, 0) + 1
+            record.corrections.append(decision.correction)
+            record.constraints.append(decision.constraint)
             _LOG.warning("corrected: %s: %s (%s)", kind, decision.change.describe(), decision.remedy_reason)
-            self._set_command(decision.command)
-        reason = decision.reason
-        self._sync_counts()
+            self._command = decision.command
+            record.argv = list(decision.command.argv)
+            if planner is not None:
+                planner.rules = self._learned_rules(planner.rules)
+                planner.compute(self._command, record.learned_non_kv)
         delay = self._budget.backoff()
-        self._transition(EngineState.BACKOFF, f"{reason}; relaunch in {delay:.1f}s")
+        self._transition(EngineState.BACKOFF, f"{decision.reason}; relaunch in {delay:.1f}s")
         return delay
 
     def _give_up(self, reason: str) -> float | None:
         _LOG.error("gave up: %s", reason)
-        self._sync_counts()
         self._transition(EngineState.FATAL, f"gave up: {reason}")
         return None
-
-    def _sync_counts(self) -> None:
-        self._record.restarts = dict(self._restarts)
-        self._record.failure_counts = dict(self._failures)
-        self._record.correction_counts = dict(self._corrections)
 
     # -- state file and observers ----------------------------------------------------------
 
@@ -646,15 +584,16 @@ class Supervisor:
             _LOG.warning("state: cannot write %s: %s", self._store.path, exc)
 
     def _make_status(self) -> EngineStatus:
-        last = self._record.last_failure()
+        record = self._record
+        last = record.last_failure()
         return EngineStatus(
             name=self.name, state=self._state, reason=self._reason, plan=self._plan, argv=self._command.argv,
-            pids=tuple(int(p["pid"]) for p in self._record.pids),
-            pid_ranks=dict(self._running.pid_ranks) if self._running is not None else {},
-            restarts=dict(self._restarts), failures=dict(self._failures), corrections=dict(self._corrections),
-            last_failure=last.kind if last else None,
-            log_kv_tokens=self._record.log_kv_tokens, log_available_kv_bytes=self._record.log_available_kv_bytes,
-            log_memory_parts=dict(self._record.log_memory_parts), memory_requested_bytes=self._requested)
+            pids=tuple(int(p["pid"]) for p in record.pids),
+            pid_ranks=dict(self._running.tree.pid_ranks) if self._running is not None else {},
+            restarts=dict(record.restarts), failures=dict(record.failure_counts),
+            corrections=dict(record.correction_counts), last_failure=last.kind.value if last else None,
+            log_kv_tokens=record.log_kv_tokens, log_available_kv_bytes=record.log_available_kv_bytes,
+            log_memory_parts=dict(record.log_memory_parts), memory_requested_bytes=self._requested)
 
     def _publish(self) -> None:
         self._status = status = self._make_status()

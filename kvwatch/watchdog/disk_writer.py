@@ -1,0 +1,125 @@
+"""kvwatch's files written off the decision path.
+
+The watchdog must never wait on its disk: a hung network volume or a frozen filesystem blocks a
+write for as long as it lasts, and a full or read-only one fails it. So the supervisor and the
+host registry hand the newest content of each file to one writer thread and go on: a newer
+content replaces one not yet written (never a queue that grows), a failed write is said once and
+retried every RETRY_SECONDS, and what is in memory stays the truth meanwhile (readiness and
+/metrics come from memory, never from these files).
+
+A thread stuck in a frozen filesystem cannot be ended by anyone (the kernel does not interrupt
+that write), so at exit kvwatch waits for the writer only a bounded time; the last content may
+then be lost, which the state file's readers tolerate (it is rewritten at the next start).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+_LOG = logging.getLogger(__name__)
+
+RETRY_SECONDS = 5.0
+_REMOVE = None   # the content that means "remove the file"
+
+
+class DiskWriter:
+    def __init__(self, write: Callable[[Path, bytes], None], remove: Callable[[Path], None] = os.unlink,
+                 clock: Callable[[], float] = time.monotonic, retry_seconds: float = RETRY_SECONDS) -> None:
+        self._write, self._remove, self._clock, self._retry = write, remove, clock, retry_seconds
+        self._pending: dict[Path, bytes | None] = {}
+        self._due: dict[Path, float] = {}            # a failed path is retried from then on
+        self._failing: dict[Path, str] = {}
+        self._busy: Path | None = None
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def put(self, path: Path, data: bytes) -> None:
+        """Write `data` to `path` (atomically, by the `write` given) soon; returns at once."""
+        self._submit(path, data)
+
+    def remove(self, path: Path) -> None:
+        """Remove `path` soon (a missing file is no error); returns at once."""
+        self._submit(path, _REMOVE)
+
+    def flush(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for everything handed over to be written: True when it was."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._pending or self._busy is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.1))
+        return True
+
+    def failing(self) -> dict[str, str]:
+        """The files whose last write failed, with the error."""
+        with self._cond:
+            return {str(p): e for p, e in self._failing.items()}
+
+    def _submit(self, path: Path, data: bytes | None) -> None:
+        with self._cond:
+            self._pending[path] = data
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="kvwatch-disk-writer", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def _next(self) -> tuple[Path, bytes | None]:
+        with self._cond:
+            while True:
+                now = self._clock()
+                ready = [p for p in self._pending if self._due.get(p, 0.0) <= now]
+                if ready:
+                    path = ready[0]
+                    self._busy = path
+                    return path, self._pending.pop(path)
+                waits = [self._due[p] - now for p in self._pending if p in self._due]
+                self._cond.wait(min(waits) if waits else None)
+
+    def _run(self) -> None:
+        while True:
+            path, data = self._next()
+            error = None
+            try:
+                if data is _REMOVE:
+                    try:
+                        self._remove(path)
+                    except FileNotFoundError:
+                        pass
+                else:
+                    self._write(path, data)
+            except OSError as exc:
+                error = exc.strerror or str(exc)
+            with self._cond:
+                self._busy = None
+                if error is None:
+                    self._due.pop(path, None)
+                    if self._failing.pop(path, None) is not None:
+                        _LOG.info("disk: %s written again", path)
+                else:
+                    self._pending.setdefault(path, data)       # unless a newer content came meanwhile
+                    self._due[path] = self._clock() + self._retry
+                    if path not in self._failing:
+                        _LOG.warning("disk: cannot write %s: %s; kept in memory, retried every %.0fs",
+                                     path, error, self._retry)
+                    self._failing[path] = error
+                self._cond.notify_all()
+
+
+_SHARED: DiskWriter | None = None
+_SHARED_LOCK = threading.Lock()
+
+
+def shared() -> DiskWriter:
+    """The process's one writer (state files and claims), writing with state_store.write_atomic."""
+    global _SHARED
+    with _SHARED_LOCK:
+        if _SHARED is None:
+            from kvwatch.watchdog.state_store import write_atomic
+            _SHARED = DiskWriter(write_atomic)
+        return _SHARED

@@ -1,0 +1,105 @@
+"""Everything the supervisor asks of the operating system, behind one injected object (after
+supervisord's `options`): spawn the engine, stop its group, read its process tree, find and end what
+is left of earlier engines, reap orphans as PID 1, and the wall clock.
+
+`RealOs` does it through kvwatch.boundary (spawn.py, proc_inspect.py, escalation.py) and leftovers.py;
+tests give the supervisor a fake (tests/fake_os.py) and run every transition without a child process.
+The monotonic clock and its waits stay the supervisor's Clock: they are time, not the OS.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Protocol
+
+from kvwatch.boundary import proc_inspect, spawn
+from kvwatch.boundary.proc_inspect import ProcInfo, ProcRef
+from kvwatch.watchdog import leftovers
+from kvwatch.watchdog.leftovers import CleanupReport
+
+_LOG = logging.getLogger(__name__)
+
+Sleep = Callable[[float], None]
+
+
+class EngineHandle(Protocol):
+    """One spawned engine, as the supervisor holds it (kvwatch.boundary.spawn.EngineProcess)."""
+
+    pid: int
+    pgid: int
+
+    @property
+    def stdout(self) -> int: ...          # the read end of its stdout+stderr pipe
+    @property
+    def returncode(self) -> int | None: ...
+    @property
+    def own_pids(self) -> frozenset[int]: ...   # children kvwatch waits for itself (engine, reaper)
+    def poll(self) -> int | None: ...
+    def on_exit(self, callback: Callable[[], None]) -> None: ...
+    def reaper_alive(self) -> bool: ...
+    def start_reaper(self) -> None: ...
+    def release_reaper(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class WatchdogOs(Protocol):
+    def spawn(self, argv: Sequence[str], env: Mapping[str, str], reaper_grace: float) -> EngineHandle:
+        """Start the engine in its own session and group, with its reaper; OSError when it cannot."""
+    def stop_group(self, engine: EngineHandle, timeout: float, extra: Iterable[ProcRef],
+                   clock: Callable[[], float], sleep: Sleep) -> bool:
+        """SIGTERM, a grace period, SIGKILL to the engine's group and `extra`; True when none is left."""
+    def tree(self, engine: EngineHandle) -> list[ProcInfo]:
+        """The engine's processes now: its descendants and its group's members."""
+    def end_marked(self, marker: str, timeout: float, sleep: Sleep) -> list[int]:
+        """End the processes still carrying the engine's marker (those that left its group)."""
+    def clean_leftovers(self, refs: list[ProcRef], marker: str, port: int | None,
+                        gpu_holders: Callable[[], Iterable[tuple[str, int]]], timeout: float,
+                        sleep: Sleep) -> CleanupReport:
+        """Before a launch: end what is left of our earlier engines, report anyone else's."""
+    def reap_orphans(self, keep: frozenset[int]) -> list[int]:
+        """As PID 1 (a container's entrypoint), reap the orphans re-parented to us; [] otherwise."""
+    def own_ref(self) -> ProcRef:
+        """kvwatch's own process (pid and start time), for the state file."""
+    def wall_time(self) -> float:
+        """The wall clock (seconds since the epoch), for the records people read."""
+
+
+class RealOs:
+    """The watchdog's OS, through kvwatch.boundary."""
+
+    def spawn(self, argv: Sequence[str], env: Mapping[str, str], reaper_grace: float) -> EngineHandle:
+        return spawn.spawn(argv, env, reaper_grace=reaper_grace)
+
+    def stop_group(self, engine: EngineHandle, timeout: float, extra: Iterable[ProcRef],
+                   clock: Callable[[], float], sleep: Sleep) -> bool:
+        leader = getattr(engine, "popen", None)   # reaped while stopping, else a zombie member of the group
+        return spawn.stop_group(engine.pgid, timeout, leader=leader, extra=extra, clock=clock, sleep=sleep)
+
+    def tree(self, engine: EngineHandle) -> list[ProcInfo]:
+        return proc_inspect.tree(engine.pid, engine.pgid)
+
+    def end_marked(self, marker: str, timeout: float, sleep: Sleep) -> list[int]:
+        escaped = proc_inspect.marked(leftovers.MARKER_ENV, marker)
+        if not escaped:
+            return []
+        _LOG.warning("stop: ending %d engine process(es) outside its group: %s", len(escaped),
+                     [r.pid for r in escaped])
+        return spawn.kill_processes(escaped, timeout, sleep, marker=(leftovers.MARKER_ENV, marker))
+
+    def clean_leftovers(self, refs: list[ProcRef], marker: str, port: int | None,
+                        gpu_holders: Callable[[], Iterable[tuple[str, int]]], timeout: float,
+                        sleep: Sleep) -> CleanupReport:
+        return leftovers.clean(refs, marker, port, gpu_holders, timeout, sleep=sleep)
+
+    def reap_orphans(self, keep: frozenset[int]) -> list[int]:
+        if os.getpid() != 1:
+            return []
+        return proc_inspect.reap_orphans(keep)
+
+    def own_ref(self) -> ProcRef:
+        return proc_inspect.ref_of(os.getpid()) or ProcRef(os.getpid(), 0.0)
+
+    def wall_time(self) -> float:
+        return time.time()

@@ -1,0 +1,184 @@
+"""A fake of the watchdog's OS (kvwatch.watchdog.os_interface.WatchdogOs) and of its clock, for the
+supervisor's transition tests: no child process, no signal, no sleep.
+
+Each launch plays one `Launch` script on the fake clock: it becomes healthy after `ready_after`
+seconds, stops answering after `unhealthy_after`, and writes `log` then exits with `exit_code` after
+`exit_after`. Its stdout is a real pipe (the supervisor's OutputPump reads it as it would an engine's),
+written by the fake. Time passes only when the supervisor waits or sleeps.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from kvwatch.boundary.proc_inspect import ProcInfo, ProcRef
+from kvwatch.watchdog.leftovers import CleanupReport
+
+
+@dataclass(frozen=True)
+class Launch:
+    ready_after: float | None = None      # healthy from then on (None: never)
+    unhealthy_after: float | None = None  # /health stops answering (a hang)
+    exit_after: float | None = None       # exits then (None: runs until stopped)
+    exit_code: int = 1
+    log: str = ""                         # written just before it exits
+    spawn_error: bool = False             # the command cannot be started (OSError)
+
+
+class FakeClock:
+    """Monotonic time that moves only when the supervisor waits or sleeps; `at(t, fn)` runs fn then."""
+
+    def __init__(self) -> None:
+        self.t = 100.0
+        self._due: list[tuple[float, Callable[[], None]]] = []
+        self.on_advance: Callable[[float], None] = lambda now: None
+
+    def now(self) -> float:
+        return self.t
+
+    def at(self, when: float, action: Callable[[], None]) -> None:
+        self._due.append((when, action))
+
+    def _advance(self, seconds: float) -> None:
+        self.t += max(0.0, seconds)
+        for item in [d for d in self._due if d[0] <= self.t]:
+            self._due.remove(item)
+            item[1]()
+        self.on_advance(self.t)
+
+    def wait(self, event: threading.Event, seconds: float) -> bool:
+        if event.is_set():
+            return True
+        self._advance(seconds)
+        return event.is_set()
+
+    def sleep(self, seconds: float) -> None:
+        self._advance(seconds)
+
+
+class FakeEngine:
+    """One spawned engine (kvwatch.watchdog.os_interface.EngineHandle) playing its Launch."""
+
+    def __init__(self, pid: int, script: Launch, started: float) -> None:
+        self.pid = self.pgid = pid
+        self.script = script
+        self.started = started
+        self._read, self._write = os.pipe()
+        self._rc: int | None = None
+        self._callbacks: list[Callable[[], None]] = []
+        self.stopped = False
+
+    @property
+    def stdout(self) -> int:
+        return self._read
+
+    @property
+    def returncode(self) -> int | None:
+        return self._rc
+
+    @property
+    def own_pids(self) -> frozenset[int]:
+        return frozenset({self.pid})
+
+    def poll(self) -> int | None:
+        return self._rc
+
+    def on_exit(self, callback: Callable[[], None]) -> None:
+        self._callbacks.append(callback)
+
+    def reaper_alive(self) -> bool:
+        return True
+
+    def start_reaper(self) -> None:
+        pass
+
+    def release_reaper(self) -> None:
+        pass
+
+    def close(self) -> None:
+        os.close(self._read)
+
+    def healthy(self, now: float) -> bool:
+        s, age = self.script, now - self.started
+        if self._rc is not None or s.ready_after is None or age < s.ready_after:
+            return False
+        return s.unhealthy_after is None or age < s.unhealthy_after
+
+    def play(self, now: float) -> None:
+        if self._rc is None and self.script.exit_after is not None and now - self.started >= self.script.exit_after:
+            self.exit(self.script.exit_code, self.script.log)
+
+    def exit(self, code: int, log: str = "") -> None:
+        if self._rc is not None:
+            return
+        if log:
+            os.write(self._write, log.encode())
+        os.close(self._write)   # EOF: the pump ends
+        self._rc = code
+        for callback in self._callbacks:
+            callback()
+
+
+@dataclass
+class FakeOs:
+    """The watchdog's OS: launches play `scripts` in turn (the last one again when they run out)."""
+
+    clock: FakeClock
+    scripts: Sequence[Launch]
+    spawned: list[list[str]] = field(default_factory=list)
+    engines: list[FakeEngine] = field(default_factory=list)
+    stops: int = 0
+
+    def __post_init__(self) -> None:
+        self.clock.on_advance = self._play
+
+    def _play(self, now: float) -> None:
+        if self.engines:
+            self.engines[-1].play(now)
+
+    def probe(self, url: str, timeout: float, starting: bool) -> bool:
+        """The supervisor's health probe, answered by the running engine's script."""
+        return bool(self.engines) and self.engines[-1].healthy(self.clock.now())
+
+    # -- WatchdogOs -------------------------------------------------------------------
+
+    def spawn(self, argv: Sequence[str], env: Mapping[str, str], reaper_grace: float) -> FakeEngine:
+        script = self.scripts[min(len(self.spawned), len(self.scripts) - 1)]
+        self.spawned.append(list(argv))
+        if script.spawn_error:
+            raise OSError(2, "No such file or directory")
+        engine = FakeEngine(5000 + len(self.spawned), script, self.clock.now())
+        self.engines.append(engine)
+        engine.play(self.clock.now())
+        return engine
+
+    def stop_group(self, engine: FakeEngine, timeout: float, extra: Iterable[ProcRef],  # type: ignore[override]
+                   clock: Callable[[], float], sleep: Callable[[float], None]) -> bool:
+        self.stops += 1
+        engine.stopped = True
+        engine.exit(-15)
+        return True
+
+    def tree(self, engine: FakeEngine) -> list[ProcInfo]:  # type: ignore[override]
+        if engine.poll() is not None:
+            return []
+        return [ProcInfo(engine.pid, 1, engine.pgid, "vllm", 1.0, None, ("vllm", "serve"))]
+
+    def end_marked(self, marker: str, timeout: float, sleep: Callable[[float], None]) -> list[int]:
+        return []
+
+    def clean_leftovers(self, refs: list[ProcRef], marker: str, port: int | None,
+                        gpu_holders: Callable[[], Iterable[tuple[str, int]]], timeout: float,
+                        sleep: Callable[[float], None]) -> CleanupReport:
+        return CleanupReport()
+
+    def reap_orphans(self, keep: frozenset[int]) -> list[int]:
+        return []
+
+    def own_ref(self) -> ProcRef:
+        return ProcRef(4242, 1.0)
+
+    def wall_time(self) -> float:
+        return 1_700_000_000.0 + self.clock.now()

@@ -1,0 +1,66 @@
+"""What the engine's memory profile teaches (kvwatch/watchdog/memory_learning.py), and the plan in
+force computed in one place from a config.json read once per launch (plan_in_force.py)."""
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from engine_support import llama_config, write_model
+from exporter_support import fixture_plan
+
+from kvwatch.boundary.model_source import ModelSource, load_model_source
+from kvwatch.planner.devices import Device
+from kvwatch.planner.engine_args import EngineCommand
+from kvwatch.planner.rules import ruleset_for
+from kvwatch.watchdog.memory_learning import MAX_LEARNED_PROFILES, pin_for, remember_non_kv
+from kvwatch.watchdog.plan_in_force import PlanInForce
+
+CPU = Device("cpu", "test cpu (no AVX-512)", cpu_fp8_kv=False, source="cpu")
+
+
+def test_the_non_kv_memory_is_kept_per_profile_newest_last_and_bounded() -> None:
+    learned: dict[str, int] = {}
+    for i in range(MAX_LEARNED_PROFILES + 3):
+        remember_non_kv(learned, f"p{i}", requested=100, available_kv_bytes=60)
+    assert len(learned) == MAX_LEARNED_PROFILES and "p0" not in learned and learned["p34"] == 40
+    remember_non_kv(learned, "p5", requested=100, available_kv_bytes=130)   # never below zero; moves last
+    assert list(learned)[-1] == "p5" and learned["p5"] == 0
+
+
+ALL_BUT_ONE_BLOCK = -1   # other processes hold all the learned KV cache but one block
+
+
+@pytest.mark.parametrize("source,foreign,pinned_less", [
+    ("estimated", 0, None),        # nothing learned: vLLM profiles the memory itself
+    ("exact", 0, None),
+    ("learned", 0, 0),
+    ("learned", 10, 10),           # less what other processes hold on the GPU now
+    ("learned", ALL_BUT_ONE_BLOCK, None),   # fewer than two blocks left: not pinned
+])
+def test_a_pin_is_what_the_learned_plan_gives_the_kv_cache_less_what_others_hold(
+        source: str, foreign: int, pinned_less: int | None) -> None:
+    plan = replace(fixture_plan("cpu_default"), estimated=source == "estimated",
+                   kv_memory_source="learned non-KV" if source == "learned" else "VLLM_CPU_KVCACHE_SPACE")
+    assert plan.source == source
+    held = plan.kv_memory_bytes - plan.bytes_per_block if foreign == ALL_BUT_ONE_BLOCK else foreign
+    pin = pin_for(plan, held)
+    assert pin.kv_bytes == (None if pinned_less is None else plan.kv_memory_bytes - pinned_less)
+
+
+def test_the_plan_in_force_reads_config_json_once_per_launch(tmp_path: Path) -> None:
+    model = write_model(tmp_path / "tiny", llama_config())
+    reads: list[str] = []
+
+    def read(name: str) -> ModelSource:
+        reads.append(name)
+        return load_model_source(name)
+
+    planner = PlanInForce(CPU, ruleset_for("0.32.0"), lambda: {"VLLM_CPU_KVCACHE_SPACE": "1"}, read_model=read)
+    command = EngineCommand(("vllm", "serve", str(model), "--block-size", "32"))
+    first = planner.compute(command)
+    planner.compute(EngineCommand((*command.argv, "--kv-cache-memory-bytes", "1G")))   # the pin: same launch
+    assert reads == [str(model)] and planner.plan is not None and planner.plan is not first
+    planner.begin_launch()
+    assert planner.compute(command) == first
+    assert reads == [str(model)] * 2

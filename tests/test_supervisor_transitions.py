@@ -1,0 +1,148 @@
+"""Every transition of the supervisor's state machine, as a table, with no child process: the fake OS
+(tests/fake_os.py) plays each launch on a fake clock; the real-process tests remain in
+tests/test_supervisor.py and tests/test_watchdog_e2e.py."""
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from engine_support import llama_config, write_model
+from fake_os import FakeClock, FakeOs, Launch
+
+from kvwatch.engine_status import EngineState, EngineStatus
+from kvwatch.exitcodes import EXIT_GAVE_UP, EXIT_OK
+from kvwatch.planner.devices import Device
+from kvwatch.planner.rules import ruleset_for
+from kvwatch.policy import Policy
+from kvwatch.watchdog.config import Config, EngineConfig
+from kvwatch.watchdog.sd_notify import SdNotifier
+from kvwatch.watchdog.supervisor import _ALLOWED, Supervisor
+
+LOGS = Path(__file__).resolve().parent / "fixtures" / "logs"
+BLOCK_8 = (LOGS / "cpu_block_size_8.log").read_text()      # block_size_unsupported: corrected to 32
+DIED = (LOGS / "cpu_engine_died.log").read_text()          # engine_died: the same plan again
+CPU = Device("cpu", "test cpu (no AVX-512)", cpu_fp8_kv=False, source="cpu")
+POLICY = Policy(backoff_initial_seconds=0.5, backoff_max_seconds=1.0, max_restarts=3, max_corrections=3,
+                restart_window_seconds=600, stable_seconds=600, preflight=False)
+
+S = "stopped"
+# name, launches, policy changes, stop after (fake seconds), states entered, exit code
+ROWS = [
+    ("serves, then is stopped", [Launch(ready_after=2)], {}, 10,
+     [S, "starting", "ready", "stopping", S], EXIT_OK),
+    ("a failure with a remedy: corrected and relaunched", [Launch(exit_after=1, log=BLOCK_8), Launch(ready_after=2)],
+     {}, 20, [S, "starting", "backoff", "starting", "ready", "stopping", S], EXIT_OK),
+    ("a failure without a remedy: FATAL", [Launch(exit_after=1, log="something no class names\n")], {}, None,
+     [S, "starting", "fatal"], EXIT_GAVE_UP),
+    ("a command that cannot start: FATAL", [Launch(spawn_error=True)], {}, None,
+     [S, "starting", "fatal"], EXIT_GAVE_UP),
+    ("stopped while starting", [Launch()], {}, 3, [S, "starting", "stopping", S], EXIT_OK),
+    ("a serving engine dies: restarted, and stopped during the backoff",
+     [Launch(ready_after=1, exit_after=5, log=DIED)], {"backoff_initial_seconds": 30, "backoff_max_seconds": 30}, 12,
+     [S, "starting", "ready", "backoff", S], EXIT_OK),
+    ("a serving engine dies with no restart left: FATAL", [Launch(ready_after=1, exit_after=5, log=DIED)],
+     {"max_restarts": 0}, None, [S, "starting", "ready", "fatal"], EXIT_GAVE_UP),
+    ("a hang after READY: restarted", [Launch(ready_after=1, unhealthy_after=3), Launch(ready_after=1)], {}, 30,
+     [S, "starting", "ready", "backoff", "starting", "ready", "stopping", S], EXIT_OK),
+    ("not ready within the start timeout: restarted", [Launch(), Launch(ready_after=1)], {}, 30,
+     [S, "starting", "backoff", "starting", "ready", "stopping", S], EXIT_OK),
+    ("asked to stop before the first launch", [Launch(ready_after=1)], {}, 0, [S], EXIT_OK),
+]
+
+
+@pytest.fixture(autouse=True)
+def _no_process_boundary(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The proof that nothing here starts or reads a process: the boundary refuses."""
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the process boundary was called")
+    for name in ("spawn", "stop_group", "kill_processes"):
+        monkeypatch.setattr(f"kvwatch.boundary.spawn.{name}", refuse)
+    for name in ("tree", "marked", "reap_orphans", "ref_of", "alive", "listening_on"):
+        monkeypatch.setattr(f"kvwatch.boundary.proc_inspect.{name}", refuse)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.statuses: list[EngineStatus] = []
+
+    def __call__(self, status: EngineStatus) -> None:
+        self.statuses.append(status)
+
+    def states(self) -> list[str]:
+        out: list[str] = []
+        for status in self.statuses:
+            if not out or out[-1] != status.state.value:
+                out.append(status.state.value)
+        return out
+
+
+def run_table_row(tmp_path: Path, launches: list[Launch], policy: dict, stop_after: float | None,
+                  ) -> tuple[Supervisor, FakeOs, Recorder, int]:
+    model = write_model(tmp_path / "tiny", llama_config())
+    argv = ("vllm", "serve", str(model), "--port", "8000", "--block-size", "8")
+    engine = EngineConfig(command=argv, start_timeout_seconds=5.0, health_interval_seconds=1.0,
+                          hang_timeout_seconds=4.0, stop_timeout_seconds=3.0)
+    config = Config(name="t", state_dir=str(tmp_path / "state"), policy=replace(POLICY, **policy), engine=engine)
+    clock = FakeClock()
+    fake_os = FakeOs(clock, launches)
+    recorder = Recorder()
+    sup = Supervisor(config, observers=[recorder], clock=clock, device=CPU, rules=ruleset_for("0.32.0"),
+                     notifier=SdNotifier(None), output=io.BytesIO(), environ={}, probe=fake_os.probe,
+                     os_interface=fake_os)
+    if stop_after == 0:
+        sup.request_stop("test stop")
+    elif stop_after is not None:
+        clock.at(clock.now() + stop_after, lambda: sup.request_stop("test stop"))
+    code = sup.run()
+    return sup, fake_os, recorder, code
+
+
+@pytest.mark.parametrize("name,launches,policy,stop_after,states,code", ROWS, ids=[r[0] for r in ROWS])
+def test_every_transition_without_a_child_process(tmp_path: Path, name: str, launches: list[Launch], policy: dict,
+                                                  stop_after: float | None, states: list[str], code: int) -> None:
+    sup, fake_os, recorder, got = run_table_row(tmp_path, launches, policy, stop_after)
+    assert (recorder.states(), got) == (states, code)
+    assert all(e.poll() is not None for e in fake_os.engines)   # no engine left behind
+    assert sup.status.pids == ()
+
+
+def test_the_table_covers_every_allowed_transition(tmp_path: Path) -> None:
+    seen: set[tuple[EngineState, EngineState]] = set()
+    for i, (_, launches, policy, stop_after, _, _) in enumerate(ROWS):
+        _, _, recorder, _ = run_table_row(tmp_path / str(i), launches, policy, stop_after)
+        states = [EngineState(s) for s in recorder.states()]
+        seen.update(zip(states, states[1:], strict=False))
+    assert seen == _ALLOWED
+
+
+def test_a_correction_relaunches_the_corrected_command_and_counts_once(tmp_path: Path) -> None:
+    sup, fake_os, _, _ = run_table_row(tmp_path, [Launch(exit_after=1, log=BLOCK_8), Launch(ready_after=2)], {}, 20)
+    first, second = fake_os.spawned
+    assert first[first.index("--block-size") + 1] == "8"
+    assert second[second.index("--block-size") + 1] == "32"
+    assert sup.status.failures == {"block_size_unsupported": 1}
+    assert sup.status.corrections == {"block_size_unsupported": 1}
+    assert sup.status.restarts == {}
+    assert sup.status.plan is not None and sup.status.plan.block_size == 32   # the plan in force follows
+
+
+def test_a_restart_counts_once_and_the_record_is_stamped_by_the_os_wall_clock(tmp_path: Path) -> None:
+    sup, fake_os, _, _ = run_table_row(tmp_path, [Launch(ready_after=1, unhealthy_after=3), Launch(ready_after=1)],
+                                       {}, 30)
+    assert sup.status.restarts == {"engine_died": 1} == sup.status.failures
+    assert fake_os.spawned[0] == fake_os.spawned[1]   # the same plan again
+    record = json.loads((tmp_path / "state" / "t.json").read_text())
+    assert record["restarts"] == {"engine_died": 1}
+    assert record["kvwatch_pid"] == 4242
+    failure = record["failures"][0]
+    assert failure["kind"] == "engine_died" and "/health failed" in failure["reason"]
+    assert 1_700_000_100 < failure["time"] < 1_700_000_200   # the fake OS's wall clock, not time.time()
+
+
+def test_an_illegal_transition_is_refused(tmp_path: Path) -> None:
+    sup, _, _, _ = run_table_row(tmp_path, [Launch(ready_after=1)], {}, 0)
+    with pytest.raises(RuntimeError, match="illegal transition stopped -> ready"):
+        sup._transition(EngineState.READY, "never from STOPPED")
