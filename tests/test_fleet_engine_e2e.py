@@ -92,11 +92,11 @@ def test_a_pods_vllm_serve_runs_supervised_through_the_shim(tmp_path: Path, tiny
         assert cache_config(state).block_size == 32                      # the engine says so itself
         def serving_page() -> dict | None:   # kvwatch's own metrics, at its next snapshot
             page = samples(http_get(metrics)[1])
-            return page if value(page, "kvwatch_engine_up", engine="pod") == 1 else None
+            up = value(page, "kvwatch_engine_up", engine="pod") == 1
+            return page if up and value(page, "kvwatch_engine_state", engine="pod", state="ready") == 1 else None
 
         page = eventually(serving_page, 30, 0.5)
-        assert page, "kvwatch_engine_up never 1"
-        assert value(page, "kvwatch_engine_state", engine="pod", state="ready") == 1
+        assert page, "kvwatch's /metrics never showed the engine up and ready"
         assert value(page, "kvwatch_kv_actual_blocks", engine="pod", rank="0")
         pod.send_signal(signal.SIGTERM)
         assert pod.wait(timeout=90) == 0
