@@ -33,3 +33,7 @@ class EngineStatus:
     log_available_kv_bytes: int | None = None          # "Available KV cache memory: X GiB"
     log_memory_parts: dict[str, int] = field(default_factory=dict)   # one GPU's memory by part, as logged
     memory_requested_bytes: int | None = None          # card total x --gpu-memory-utilization (CUDA only)
+    vllm_release: str | None = None                    # the engine's vLLM release (installed)
+    vllm_release_planned_as: str | None = None         # the known release its facts come from
+    release_changes: int = 0                           # release changes this kvwatch saw (state file)
+    log_lines_dropped: int = 0                         # engine lines kvwatch's own stdout could not take

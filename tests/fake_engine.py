@@ -95,6 +95,7 @@ def main() -> int:
     p.add_argument("--env-dump")
     p.add_argument("--drip", type=float)
     p.add_argument("--escape")
+    p.add_argument("--gate", help="a file whose existence lets the engine go on past --ready-after")
     p.add_argument("--startup-log", help="a real start-up log to replay before serving (e.g. a GPU run's)")
     p.add_argument("--blocks-file", help="the cache /metrics reports: 'BLOCK_SIZE NUM_GPU_BLOCKS', read per scrape")
     args, _ = p.parse_known_args()
@@ -136,6 +137,8 @@ def main() -> int:
         while True:
             time.sleep(1)
     time.sleep(args.ready_after)
+    while args.gate and not Path(args.gate).exists():   # the test says when the engine may go on
+        time.sleep(0.1)
     if args.startup_log:
         emit(Path(args.startup_log))
     Handler.block_size = args.block_size or 128

@@ -75,6 +75,7 @@ def fixed_snapshot() -> WatchSnapshot:
     # Its memory by part as a real V1 engine logged it (weights, KV cache, CUDA graphs; no V0 profile).
     logged = parse_facts((GPU_LOGS / "dl_qwen2_7b_a100_80g_u05.log").read_text().splitlines())
     on_gpu = EngineStatus(name="mistral", state=EngineState.READY, reason="healthy", plan=estimated,
+                          vllm_release="0.33.1", vllm_release_planned_as="0.33.0", release_changes=1,
                           log_memory_parts=logged.memory_parts(),
                           memory_requested_bytes=int((PRESETS["h200"].total_memory_bytes or 0) * 0.92))
     gpus = (

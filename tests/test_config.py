@@ -25,7 +25,18 @@ def test_example_config_loads() -> None:
 @pytest.mark.parametrize("data, needle", [
     ({"engine": {"command": ["vllm"], "hang_timeout_second": 5}}, "engine.hang_timeout_second: unknown key"),
     ({"engine": {"command": "vllm serve m"}}, "engine.command: expected a list of strings"),
-    ({"engine": {"command": ["v"], "stop_timeout_seconds": -1}}, "engine.stop_timeout_seconds: expected a finite number > 0"),
+    ({"engine": {"command": ["v"], "stop_timeout_seconds": -1}},
+     "engine.stop_timeout_seconds: expected a finite number of seconds from 1 to 3600, got -1"),
+    ({"engine": {"command": ["v"], "health_interval_seconds": 1e-300}},
+     "engine.health_interval_seconds: expected a finite number of seconds from 0.1 to 3600"),
+    ({"engine": {"command": ["v"], "start_timeout_seconds": 1e300}}, "engine.start_timeout_seconds: expected"),
+    ({"watch": {"interval_seconds": 0.001}}, "watch.interval_seconds: expected a finite number of seconds from 0.1"),
+    ({"policy": {"backoff_max_seconds": 1e-300}}, "policy.backoff_max_seconds: expected a finite number of seconds"),
+    ({"policy": {"max_restarts": 10**12}}, "policy.max_restarts: expected a whole number from 0 to 1000"),
+    ({"policy": {"gpu_memory_utilization_step": 1e-300}}, "policy.gpu_memory_utilization_step: expected a step"),
+    ({"engine": {"command": ["v"] * 5000}}, "engine.command: more than 4096 entries"),
+    ({"engine": {"command": ["v" * 200_000]}}, "engine.command: an entry longer than 128 KiB"),
+    ({"engine": {"command": ["v"], "environment": {"X": "y" * 200_000}}}, "engine.environment: an entry longer"),
     ({"engine": {"command": ["v"], "environment": {"X": 1}}}, "engine.environment.X: expected a string"),
     ({"policy": {"max_restarts": "5"}}, "policy.max_restarts: expected a whole number"),
     ({"policy": {"preflight": 1}}, "policy.preflight: expected true or false"),
@@ -60,6 +71,28 @@ def test_config_cli_errors(tmp_path: Path) -> None:
         assert proc.returncode == 2, proc.stderr
         assert needle in proc.stderr and "Traceback" not in proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("x = " + "[" * 100_000 + "]" * 100_000 + "\n", "nested too deeply"),
+    ("x = " + "{a = " * 100_000 + "1" + "}" * 100_000 + "\n", "nested too deeply"),
+])
+def test_a_deeply_nested_config_is_one_clear_line(tmp_path: Path, text: str, needle: str) -> None:
+    path = tmp_path / "deep.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == f"config {path}: {needle}"
+
+
+def test_a_giant_config_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "giant.toml"
+    with open(path, "wb") as f:       # 200 MB of comment lines (sparse: the disk is not filled)
+        f.write(b"# x\n" * 1024)
+        f.truncate(200 * 10**6)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == f"config {path}: larger than 1 MiB: not a kvwatch config"
 
 
 @pytest.mark.parametrize("data, flag, needle", [

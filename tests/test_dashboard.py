@@ -156,7 +156,7 @@ _LABEL_VALUES = {
     "engine": "kimi", "gpu": "GPU-8d3c0f5e", "reason": "engine_died", "kind": "kernel_smem",
     "cause": "block_alignment", "collector": "nvml", "version": "0.1.0", "index": "0",
     "name": "NVIDIA H200", "block_size": "64", "kv_cache_dtype": "fp8", "backend": "FLASHMLA",
-    "attention": "mla", "rank": "0", "source": "exact", "part": "weights",
+    "attention": "mla", "rank": "0", "source": "exact", "part": "weights", "planned_as": "0.33.0",
 }
 _TARGET = 'job="kvwatch",instance="gpu1:9400"'
 

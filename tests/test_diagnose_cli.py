@@ -92,7 +92,7 @@ def test_stdin_and_exit_codes_in_a_real_process():
 
 @pytest.mark.parametrize("argv,needle", [
     (["/nonexistent/engine.log"], "cannot read /nonexistent/engine.log"),
-    ([str(LOGS)], "cannot read"),                                        # a directory
+    ([str(LOGS / "*.nomatch")], "no log matches"),                       # a glob of nothing (a directory is many logs)
     ([str(LOGS / "cpu_block_size_8.log"), "--", "vllm", "serve"], "names no model"),
     ([], "required"),
 ])
@@ -121,3 +121,33 @@ def test_diagnose_never_imports_vllm_or_torch():
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=60,
                          check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+FIELD = Path(__file__).resolve().parent / "fixtures" / "field_logs"
+
+
+def test_a_directory_gives_one_line_per_log(capsys, tmp_path):
+    for name in ("lora_rank_swift_pasted.log", "port_errno98_pasted.log"):
+        (tmp_path / name).write_bytes((FIELD / name).read_bytes())
+    code = main(["diagnose", str(tmp_path), "--", "vllm", "serve", "m"])
+    lines = capsys.readouterr().out.splitlines()
+    assert code == EXIT_OK and len(lines) == 2
+    assert "lora_rank_too_large" in lines[0] and "fix: --max-lora-rank 32" in lines[0]
+    assert "port_in_use" in lines[1] and "FATAL" in lines[1] and "fix: none" in lines[1]
+
+
+def test_a_glob_and_its_exit_code(capsys):
+    code = main(["diagnose", str(FIELD / "unknown_*.log")])
+    lines = capsys.readouterr().out.splitlines()
+    assert code == EXIT_UNKNOWN_FAILURE and len(lines) == 3 and all("  unknown  " in line for line in lines)
+
+
+def test_a_glob_as_json(capsys):
+    code = main(["diagnose", "--json", str(FIELD / "nccl_*.log")])
+    out = json.loads(capsys.readouterr().out)
+    assert code == EXIT_OK and [o["kind"] for o in out] == ["nccl_error"] * 3 and all(o["fatal"] for o in out)
+
+
+def test_a_glob_that_matches_nothing(capsys, tmp_path):
+    assert main(["diagnose", str(tmp_path / "*.log")]) == EXIT_BAD_INPUT
+    assert "no log matches" in capsys.readouterr().err

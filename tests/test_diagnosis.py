@@ -136,9 +136,15 @@ def test_fixture_is_recognised(name, kind, fatal, facts, evidence):
     assert d.evidence is not None and evidence in d.evidence
 
 
+def _field_logs():
+    import json
+    here = Path(__file__).resolve().parent / "fixtures" / "field_logs"
+    return [(here / e["file"], e["kind"]) for e in json.loads((here / "index.json").read_text())["logs"]]
+
+
 def test_every_class_has_a_fixture():
-    covered = {kind for _, kind, *_ in CASES}
-    assert covered == set(FailureKind) - {FailureKind.UNKNOWN}
+    covered = {kind for _, kind, *_ in CASES} | {FailureKind(kind) for _, kind in _field_logs()}
+    assert covered == set(FailureKind)
 
 
 @pytest.mark.parametrize("name", [c[0] for c in CASES])
@@ -290,7 +296,8 @@ def test_selected_backend_is_not_fatal_a_forced_backend_can_be_dropped():
 
 
 def test_every_pattern_is_exercised():
-    seen = {d.facts.get("pattern") for d in [fixture(c[0]) for c in CASES] + [diagnose([i[0]]) for i in INLINE]}
+    field = [diagnose(path.read_text().splitlines()) for path, _ in _field_logs()]
+    seen = {d.facts.get("pattern") for d in [fixture(c[0]) for c in CASES] + [diagnose([i[0]]) for i in INLINE] + field}
     assert {p.name for p in PATTERNS} <= seen
 
 

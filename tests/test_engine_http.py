@@ -289,3 +289,63 @@ def test_finished_request_lengths_are_read_from_the_histograms() -> None:
     load = parse_metrics(page).load
     assert (load.request_tokens, load.requests) == (380, 6)
     assert load.prompt_buckets == ((10.0, 2.0), (100.0, 6.0)) and load.generation_buckets == ((10.0, 4.0), (100.0, 6.0))
+
+
+# -- a hostile page: many series, long labels (issue 30) ---------------------------------------------
+
+def _cache_line(engine: str, **extra: str) -> str:
+    labels = {"block_size": "128", "cache_dtype": "auto", "engine": engine, "num_gpu_blocks": "16384",
+              "gpu_memory_utilization": "0.92", "kv_cache_memory_bytes": str(1 << 30),
+              "kv_cache_size_tokens": "2097152", **extra}
+    return "vllm:cache_config_info{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "} 1.0"
+
+
+def hostile_page(series: int, label_bytes: int) -> str:
+    """`series` ranks of the families kvwatch reads, each with labels of `label_bytes`."""
+    pad = "x" * label_bytes
+    lines = ["# TYPE vllm:kv_cache_usage_perc gauge"]
+    for i in range(series // 2):
+        rank = f"{i}{pad}" if label_bytes else str(i)
+        lines.append(_cache_line(rank, model_name=pad))
+        lines.append(f'vllm:kv_cache_usage_perc{{engine="{rank}",model_name="{pad}"}} 0.5')
+    return "\n".join(lines) + "\n"
+
+
+def _kvwatch_page(metrics: EngineMetrics) -> str:
+    from exporter_support import fixture_context, render
+
+    from kvwatch.engine_status import EngineState, EngineStatus
+    from kvwatch.exporter.actual import actual_per_rank, plan_for_reported
+    from kvwatch.exporter.snapshot import EngineSnapshot, WatchSnapshot
+
+    ctx = fixture_context("cpu_default")
+    ranks = actual_per_rank(ctx, metrics.ranks)
+    planned = plan_for_reported(ctx, metrics.cache) if metrics.cache is not None else None
+    status = EngineStatus(name="e", state=EngineState.READY, plan=planned)
+    engine = EngineSnapshot(status, up=True, metrics=metrics, planned=planned, actual=ranks.get("0"),
+                            actual_ranks=ranks or None)
+    return render(WatchSnapshot(taken_at=1.0, engines=(engine,)))
+
+
+@pytest.mark.parametrize("series, label_bytes", [(100_000, 0), (600, 10_000), (2_000, 2_000), (2_000, 60)])
+def test_many_series_or_long_labels_keep_kvwatchs_own_page_small(series: int, label_bytes: int) -> None:
+    page = hostile_page(series, label_bytes)
+    metrics = parse_metrics(page)
+    assert metrics.ok, metrics.error
+    assert len(metrics.ranks) <= engine_http.MAX_RANKS
+    assert all(len(r.rank) <= engine_http.MAX_LABEL_CHARS for r in metrics.ranks)
+    own = _kvwatch_page(metrics)
+    assert len(own.encode()) < 1 << 20, len(own)       # kvwatch's own /metrics stays under 1 MB
+    assert "x" * 100 not in own                         # no long label value of the engine's in it
+
+
+def test_a_long_cache_dtype_never_becomes_a_label() -> None:
+    m = parse_metrics(_cache_line("0", cache_dtype="fp8" + "y" * 5000) + "\n")
+    assert m.ok and m.cache is not None and m.cache.cache_dtype is None and m.cache.num_gpu_blocks == 16384
+
+
+def test_a_page_of_other_series_is_checked_by_its_head_only() -> None:
+    # a million series kvwatch does not read: no parse of them all (the 12 s ticks of issue 30)
+    page = "".join(f'other_series{{i="{i}"}} 1\n' for i in range(200_000)) + "garbage{{{\n"
+    m = parse_metrics(page)
+    assert not m.ok and m.error == "no vllm: metrics on the page"

@@ -66,8 +66,9 @@ def test_the_plan_converges_on_the_engines_profile_and_drift_alerts_mean_somethi
     model = write_model(tmp_path / "llama3-8b", {k: v for k, v in run_entry["model_config"].items() if v is not None})
     blocks = tmp_path / "engine-cache.txt"
     blocks.write_text(f"16 {LOGGED_BLOCKS}")
-    engine = [sys.executable, FAKE, "--model", str(model), "--port", str(free_port()), "--ready-after", "4",
-              "--startup-log", str(GPU_LOGS / run_entry["log_file"]), "--blocks-file", str(blocks)]
+    gate = tmp_path / "engine-may-go-on"
+    engine = [sys.executable, FAKE, "--model", str(model), "--port", str(free_port()), "--ready-after", "1",
+              "--gate", str(gate), "--startup-log", str(GPU_LOGS / run_entry["log_file"]), "--blocks-file", str(blocks)]
     port = free_port()
     metrics = f"http://127.0.0.1:{port}/metrics"
 
@@ -84,6 +85,7 @@ def test_the_plan_converges_on_the_engines_profile_and_drift_alerts_mean_somethi
                                rules_with_short_for(tmp_path / "rules.yml", 3)) as prom:
             # First launch: nothing learned yet, so the plan is the estimate (while the engine starts).
             assert wait_for(lambda: plan_sources(metrics), 30, "kvwatch's first plan") == {"estimated"}
+            gate.touch()   # the engine goes on: its profile lines come
             # The profile lines arrive: the plan in force is refined at once, and planned == actual.
             wait_for(lambda: plan_sources(metrics) == {"learned"}, 30, "the learned plan")
             found = samples(http_get(metrics)[1])

@@ -353,3 +353,41 @@ def test_export_finds_the_engine_by_its_port(tmp_path: Path, model: Path) -> Non
         assert target.pids_known and target.visible_devices == "3"
     finally:
         engine.stop()
+
+
+def test_a_flood_of_big_claims_costs_one_look_at_each_running_process(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """256 claims of 4,095 pids each (26 s a tick before): every running pid's start time is read
+    at most once a tick, a pid that does not run costs no lookup, an unchanged claim no parse."""
+    from kvwatch.boundary import proc_inspect
+
+    engine = subprocess.Popen(["sleep", "300"])
+    try:
+        theirs = HostRegistry(str(tmp_path), "theirs")
+        theirs.publish([engine.pid])
+        assert theirs.flush(10)
+        me = proc_inspect.ref_of(os.getpid())
+        assert me is not None
+        d = tmp_path / "engines"
+        for i in range(255):          # forged claims, each naming a live "kvwatch" (this process)
+            pids = [[pid, 1] for pid in range(2, 4097)]
+            (d / f"flood{i:03}.json").write_text(json.dumps({"kvwatch": [me.pid, me.create_time], "pids": pids},
+                                                            separators=(",", ":")))
+        lookups = {"n": 0}
+        for name in ("create_time", "is_same"):
+            real = getattr(proc_inspect, name)
+
+            def counted(*args: object, _real=real) -> object:
+                lookups["n"] += 1
+                return _real(*args)
+            monkeypatch.setattr(proc_inspect, name, counted)
+        mine = HostRegistry(str(tmp_path), "mine")
+        running = len(psutil.pids())
+        assert mine.others() == {engine.pid}
+        assert lookups["n"] <= running + 10, lookups
+        parsed = dict(mine._claims)
+        assert mine.others() == {engine.pid}
+        assert all(mine._claims[p][1] is parsed[p][1] for p in parsed)     # unchanged: not parsed again
+    finally:
+        engine.kill()
+        engine.wait()

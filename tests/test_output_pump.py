@@ -13,7 +13,7 @@ from pathlib import Path
 from waiting import eventually
 
 from kvwatch.boundary import spawn
-from kvwatch.watchdog.output_pump import LogFacts, OutputPump, parse_fact
+from kvwatch.watchdog.output_pump import LogFacts, LogSink, OutputPump, parse_fact
 
 FAKE = str(Path(__file__).resolve().parent / "fake_engine.py")
 LOGS = Path(__file__).resolve().parent / "fixtures" / "logs"
@@ -156,3 +156,78 @@ def test_the_memory_lines_after_the_kv_size_are_read_and_nothing_after_the_start
     assert facts.started and facts.kv_tokens == 464_848
     assert {part: round(value / 2**30, 4) for part, value in facts.memory_parts().items()} == {
         "weights": 14.2488, "kv_cache": 24.83, "cuda_graphs": 0.5}
+
+
+# An engine that logs ~2 MB/s in 200-byte lines for `seconds` and prints its longest write (ms).
+_LOGGER = r"""
+import os, sys, time
+seconds = float(sys.argv[1])
+line = b"x" * 199 + b"\n"
+block = line * 100                     # 20 kB, 100 times a second
+longest, lines = 0.0, 0
+end = time.monotonic() + seconds
+while time.monotonic() < end:
+    start = time.monotonic()
+    os.write(1, block)
+    longest = max(longest, time.monotonic() - start)
+    lines += 100
+    time.sleep(0.01)
+os.write(2, f"{longest * 1000:.1f} {lines}\n".encode())
+"""
+
+
+def test_a_stalled_reader_of_kvwatchs_output_never_makes_the_engine_wait() -> None:
+    # kvwatch's stdout is a pipe nobody reads (a stuck journald, a paused container runtime):
+    # the engine must go on writing without waiting, what did not fit is dropped and counted.
+    out_read, out_write = os.pipe()
+    stdout = os.fdopen(out_write, "wb")
+    sink = LogSink(stdout, max_bytes=1 << 20)
+    proc = subprocess.Popen([sys.executable, "-c", _LOGGER, "4"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    pump = OutputPump("e", proc.stdout.fileno(), sink).start()
+    try:
+        assert proc.wait(timeout=30) == 0
+        err = proc.stderr.read()
+        longest_ms, written = float(err.split()[0]), int(err.split()[1])
+        assert longest_ms < 100, longest_ms            # the engine never waited on kvwatch's reader
+        assert written > 20_000
+        assert eventually(lambda: pump.lines_seen == written, 10)     # the diagnosis saw every line
+        assert sink.lines_dropped > written // 2       # ~6 MB offered, ~1 MiB held: the rest counted
+        reader = threading.Thread(target=lambda: _drain_into(out_read, received), daemon=True)
+        received: list[bytes] = []
+        reader.start()                                  # the reader wakes up: the stream says what it missed
+        assert pump.join(timeout=10)
+        sink.close(timeout=10)
+        stdout.close()
+        reader.join(timeout=10)
+        text = b"".join(received)
+        assert f"[kvwatch] {sink.lines_dropped} engine log lines dropped".encode() in text
+    finally:
+        proc.kill()
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+def _drain_into(fd: int, into: list[bytes]) -> None:
+    while chunk := os.read(fd, 1 << 20):
+        into.append(chunk)
+    os.close(fd)
+
+
+def test_the_lines_kvwatchs_stdout_dropped_reach_kvwatchs_own_metrics() -> None:
+    from types import SimpleNamespace
+
+    from exporter_support import render
+
+    from kvwatch.commands.run import _WithLogDrops
+    from kvwatch.engine_status import EngineState, EngineStatus
+    from kvwatch.exporter.snapshot import EngineSnapshot, WatchSnapshot
+
+    sink = LogSink(io.BytesIO(), max_bytes=10)
+    sink.write(b"a line longer than ten bytes\nand another\n")     # does not fit: dropped, counted
+    supervisor = SimpleNamespace(status=EngineStatus(name="e", state=EngineState.READY))
+    status = _WithLogDrops(supervisor, sink).status   # type: ignore[arg-type]
+    assert status.log_lines_dropped == 2
+    page = render(WatchSnapshot(taken_at=1.0, engines=(EngineSnapshot(status, up=True),)))
+    assert 'kvwatch_engine_log_lines_dropped_total{engine="e"} 2.0' in page
+    sink.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import datetime
+import socket
 import ssl
 import threading
 import time
@@ -201,7 +202,7 @@ def test_successful_checks_are_cached() -> None:
     start = time.perf_counter()
     assert all(auth.check(header) for _ in range(50))
     assert time.perf_counter() - start < first  # 50 cached checks cost less than one bcrypt
-    assert not auth.check("Basic " + base64.b64encode(b"u:wrong").decode())  # failures are not cached
+    assert not auth.check("Basic " + base64.b64encode(b"u:wrong").decode())
     assert not auth.check("Basic !!!") and not auth.check("Bearer x") and not auth.check(None)
 
 
@@ -219,6 +220,11 @@ def test_successful_checks_are_cached() -> None:
     ("- a\n", "expected a mapping"),
     # once read as its first MiB: the comment, and the TLS section after it silently dropped
     ("#" + "x" * (1 << 20) + "\ntls_server_config: {cert_file: a.crt, key_file: a.key}\n", "larger than 1 MiB"),
+    # bounded: cost 31 is hours of a core per check (at start, then per request), a user list, the depth
+    (f"basic_auth_users: {{u: '{PASSWORD_HASH.replace('$04$', '$31$')}'}}\n", "bcrypt cost 31 above 14"),
+    ("basic_auth_users: {u: '$2b$04$short'}\n", "not a valid bcrypt hash"),
+    ("basic_auth_users:\n" + "".join(f"  u{i}: '{PASSWORD_HASH}'\n" for i in range(1001)), "more than 1000 users"),
+    ("a: " + "[" * 100_000 + "]" * 100_000 + "\n", "nested too deeply"),
 ])
 def test_bad_web_configs_are_one_line_errors(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "web.yml"
@@ -461,3 +467,82 @@ def test_idle_tls_connections_give_way_to_a_scrape(serve, pki: dict[str, Path]) 
     finally:
         for s in idle:
             s.close()
+
+
+# -- issue 30: keep-alive in one write, bodies never read as requests, a bounded head --------------
+
+def _responses(sock: socket.socket, quiet: float = 0.5) -> bytes:
+    """Everything the server sends until it closes or stays quiet for `quiet` seconds."""
+    sock.settimeout(quiet)
+    out = b""
+    try:
+        while chunk := sock.recv(65536):
+            out += chunk
+    except (TimeoutError, ConnectionResetError):
+        pass
+    return out
+
+
+def test_a_kept_alive_answer_comes_in_one_write(serve) -> None:
+    # headers and body in two writes: the second waits on Nagle and the client's delayed ACK
+    # (~40 ms a scrape on a kept-alive connection); in one write the first read holds it all
+    server = serve()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as s:
+        for _ in range(5):
+            s.sendall(b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\n")
+            first = s.recv(65536)
+            assert first.startswith(b"HTTP/1.1 200") and first.endswith(b"\r\n\r\nOK\n"), first
+
+
+@pytest.mark.parametrize("head, closes", [
+    (b"Content-Length: 25\r\n", False),                                  # consumed: keep-alive goes on
+    (b"Content-Length: 25\r\nTransfer-Encoding: chunked\r\n", True),     # CL+TE: never guessed
+    (b"Transfer-Encoding: chunked\r\n", True),
+    (b"Content-Length: 999999999\r\n", True),                            # too long to read: closed
+])
+def test_a_request_body_is_never_answered_as_a_request(serve, head: bytes, closes: bool) -> None:
+    server = serve()
+    smuggled = b"GET /nothere HTTP/1.1\r\n\r\n"    # 25 bytes: a second request if read as one
+    assert len(smuggled) == 25
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as s:
+        s.sendall(b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n" + head + b"\r\n" + smuggled)
+        out = _responses(s)
+        assert out.count(b"HTTP/1.1 ") == 1 and b"404" not in out, out
+        assert (b"Connection: close" in out) == closes
+        if not closes:     # the connection is still good for the next scrape
+            s.sendall(b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert _responses(s).startswith(b"HTTP/1.1 200")
+
+
+@pytest.mark.parametrize("head", [
+    # within http.client's own limits (100 lines of 64 KiB): 3.6 MB a connection, before any credential
+    b"GET /-/healthy HTTP/1.1\r\n" + b"".join(b"X-H%d: %s\r\n" % (i, b"v" * 60_000) for i in range(60)),
+    b"GET /-/healthy HTTP/1.1\r\n" + b"".join(b"X-H%d: v\r\n" % i for i in range(80)),
+    b"GET /" + b"a" * 100_000 + b" HTTP/1.1\r\n",
+])
+def test_a_request_head_is_bounded_before_it_is_buffered(serve, head: bytes) -> None:
+    server = serve()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as s:
+        sender = threading.Thread(target=lambda: _send_quietly(s, head + b"\r\n"), daemon=True)
+        sender.start()
+        out = _responses(s, quiet=2)
+        assert out.startswith(b"HTTP/1.1 431"), out[:200]
+        sender.join(5)
+
+
+def _send_quietly(sock: socket.socket, data: bytes) -> None:
+    try:
+        sock.sendall(data)
+    except OSError:     # the server closed it at its bound: what is tested
+        pass
+
+
+def test_a_new_credential_queues_behind_a_running_check() -> None:
+    slow = bcrypt.hashpw(b"pw", bcrypt.gensalt(rounds=12))
+    auth = BasicAuth({"u": slow, "v": bcrypt.hashpw(b"pw2", bcrypt.gensalt(rounds=4))})
+    wrong = "Basic " + base64.b64encode(b"u:wrong").decode()
+    busy = threading.Thread(target=auth.check, args=(wrong,))
+    busy.start()                       # a brute-force check runs...
+    time.sleep(0.02)
+    assert auth.check("Basic " + base64.b64encode(b"v:pw2").decode())   # ...a real credential waits its turn
+    busy.join()

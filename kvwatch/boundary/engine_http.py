@@ -7,6 +7,12 @@ Requests go straight to the engine: proxy variables in the environment are ignor
 redirects are not followed (a redirect is not the engine's page), and every exchange has one
 deadline for the whole of it (connect, request, headers, body) and a body size limit, so an
 engine that drips bytes cannot hold the watch loop or the watchdog.
+
+A page is bounded in what is kept of it too, not only in size: only the lines of the series
+kvwatch reads are decoded and parsed, each at most MAX_LINE_BYTES (4 KiB), at most
+MAX_SERIES_PER_FAMILY of each; a label value that would become one of kvwatch's own (the rank,
+the cache dtype) at most MAX_LABEL_CHARS; at most MAX_RANKS ranks. So 100,000 series or labels
+of 10 KB cost kvwatch a bounded parse, a bounded snapshot and a bounded /metrics page of its own.
 """
 from __future__ import annotations
 
@@ -14,6 +20,7 @@ import http.client
 import io
 import logging
 import math
+import re
 import socket
 import time
 import urllib.parse
@@ -25,7 +32,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 _LOG = logging.getLogger(__name__)
 
-MAX_PAGE_BYTES = 32 << 20  # a vLLM page is ~60 KB; anything this large is not one
+MAX_PAGE_BYTES = 16 << 20  # a vLLM page is ~60 KB; anything this large is not one
+MAX_LINE_BYTES = 4 << 10   # vllm:cache_config_info, the longest line kvwatch reads, is ~1 KB
+MAX_SERIES_PER_FAMILY = 512   # one series per rank (and model) of each family kvwatch reads
+MAX_LABEL_CHARS = 64       # vLLM's engine label is a rank index, its cache_dtype a dtype name
+MAX_RANKS = 256            # the `rank` label values kvwatch exports (each rank ~20 series of its own)
+_MAX_HEAD_LINES = 2000     # a page without the series kvwatch reads is checked this far (vLLM's: ~600)
 HEALTH_MAX_BYTES = 64 << 10
 
 CACHE_CONFIG = "vllm:cache_config_info"
@@ -45,6 +57,8 @@ REQUEST_GENERATION = "vllm:request_generation_tokens"
 _LENGTHS = tuple(f"{h}_{part}" for h in (REQUEST_PROMPT, REQUEST_GENERATION) for part in ("sum", "count", "bucket"))
 # Only the series kvwatch reads.
 _WANTED = (CACHE_CONFIG, KV_USAGE, *_LOAD, *_LENGTHS)
+# A line of one of them, found without splitting the page: group 1 says which.
+_WANTED_LINE = re.compile(rb"^(" + b"|".join(re.escape(name.encode()) for name in _WANTED) + rb")[^\n]*", re.M)
 
 
 @dataclass(frozen=True)
@@ -183,15 +197,41 @@ def scrape(base_url: str, timeout: float = 3.0) -> EngineMetrics:
         return EngineMetrics.failed(f"{url}: {type(exc).__name__}: {exc}"[:300])
     if status != 200:
         return EngineMetrics.failed(f"{url}: HTTP {status}")
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError:
-        return EngineMetrics.failed(f"{url}: page is not UTF-8")
-    return parse_metrics(text)
+    return parse_page(body)
 
 
 def parse_metrics(text: str) -> EngineMetrics:
-    """Parse a vLLM /metrics page (Prometheus text format). Pure.
+    """parse_page of a page given as text. Pure."""
+    return parse_page(text.encode("utf-8", "surrogatepass"))
+
+
+def _kept_lines(page: bytes) -> bytes:
+    """The lines of the series kvwatch reads (a page is ~600 lines, mostly histograms: 20x faster
+    to parse), bounded in length and in number per family; b"" when there is none."""
+    kept: list[bytes] = []
+    counts: dict[bytes, int] = {}
+    for match in _WANTED_LINE.finditer(page):
+        if match.end() - match.start() > MAX_LINE_BYTES:
+            continue
+        name = match.group(1)
+        if counts.get(name, 0) < MAX_SERIES_PER_FAMILY:
+            counts[name] = counts.get(name, 0) + 1
+            kept.append(match.group(0))
+    return b"\n".join(kept) + b"\n" if kept else b""
+
+
+def _head(page: bytes) -> bytes:
+    """The page's first _MAX_HEAD_LINES lines (the whole page when it is shorter)."""
+    end = -1
+    for _ in range(_MAX_HEAD_LINES):
+        end = page.find(b"\n", end + 1)
+        if end < 0:
+            return page
+    return page[:end + 1]
+
+
+def parse_page(page: bytes) -> EngineMetrics:
+    """Parse a vLLM /metrics page (Prometheus text format, UTF-8). Pure.
 
     With data parallelism vLLM exports one series per engine index (label ``engine``):
     usage is the fullest engine's, and the cache
@@ -200,12 +240,14 @@ def parse_metrics(text: str) -> EngineMetrics:
     """
     samples: dict[str, list[tuple[dict[str, str], float]]] = {}
     vllm_seen = False
-    # Parse only the lines of the series kvwatch reads (a page is ~600 lines, mostly
-    # histograms: 20x faster). The whole page when none is there or it does not end in a
-    # newline (a cut page), so such a page still gets the parser's error.
-    kept = [line for line in text.split("\n") if line.startswith(_WANTED)] if text.endswith("\n") else []
-    if kept:
-        text = "\n".join(kept) + "\n"
+    # Only the lines kvwatch reads are parsed. A page without them, or one that does not end in a
+    # newline (a cut page), is parsed from its head instead, so that it still gets the parser's
+    # error (a page of a million other series costs no more than its first lines).
+    kept = _kept_lines(page) if page.endswith(b"\n") else b""
+    try:
+        text = (kept or _head(page)).decode("utf-8")
+    except UnicodeDecodeError:
+        return EngineMetrics.failed("page is not UTF-8")
     try:
         for family in text_string_to_metric_families(text):
             vllm_seen = vllm_seen or family.name.startswith("vllm:")
@@ -256,9 +298,6 @@ def _summed(series: Iterable[tuple[dict[str, str], float]]) -> float | None:
     return sum(values) if values else None
 
 
-_MAX_RANKS = 1024   # a bound on the `rank` label values kvwatch exports
-
-
 def _rank_key(rank: str) -> tuple[int, str]:
     return (len(rank), rank)
 
@@ -266,13 +305,15 @@ def _rank_key(rank: str) -> tuple[int, str]:
 def _ranks(samples: dict[str, list[tuple[dict[str, str], float]]]) -> tuple[RankMetrics, ...]:
     caches: dict[str, CacheConfig | None] = {}
     for labels, _ in samples.get(CACHE_CONFIG, ()):
-        caches.setdefault(labels.get("engine", "0"), _cache_config([(labels, 1.0)]))
+        rank = labels.get("engine", "0")
+        if len(rank) <= MAX_LABEL_CHARS:   # it becomes kvwatch's own `rank` label
+            caches.setdefault(rank, _cache_config([(labels, 1.0)]))
     usage: dict[str, float] = {}
     for labels, value in samples.get(KV_USAGE, ()):
-        if math.isfinite(value):
-            rank = labels.get("engine", "0")
+        rank = labels.get("engine", "0")
+        if math.isfinite(value) and len(rank) <= MAX_LABEL_CHARS:
             usage[rank] = max(value, usage.get(rank, value))
-    ranks = sorted(set(caches) | set(usage), key=_rank_key)[:_MAX_RANKS]
+    ranks = sorted(set(caches) | set(usage), key=_rank_key)[:MAX_RANKS]
     return tuple(RankMetrics(r, caches.get(r), usage.get(r)) for r in ranks)
 
 
@@ -285,11 +326,16 @@ def _cache_config(series: list[tuple[dict[str, str], float]]) -> CacheConfig | N
     return CacheConfig(
         num_gpu_blocks=_int(labels.get("num_gpu_blocks")),
         block_size=_int(labels.get("block_size")),
-        cache_dtype=labels.get("cache_dtype") or None,
+        cache_dtype=_short(labels.get("cache_dtype")),
         gpu_memory_utilization=_float(labels.get("gpu_memory_utilization")),
         kv_cache_memory_bytes=_int(labels.get("kv_cache_memory_bytes")),
         kv_cache_size_tokens=_int(labels.get("kv_cache_size_tokens")),
     )
+
+
+def _short(text: str | None) -> str | None:
+    """A label value kvwatch may take into a label of its own: None when empty or too long."""
+    return text if text and len(text) <= MAX_LABEL_CHARS else None
 
 
 def _int(text: str | None) -> int | None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import psutil
 
 _CT_TOLERANCE = 0.05  # seconds: psutil's create_time of one process is stable to the tick
+CT_TOLERANCE = _CT_TOLERANCE
 
 
 @dataclass(frozen=True)
@@ -219,6 +220,14 @@ def reap_orphans(keep: Iterable[int] = ()) -> list[int]:
         if pid:
             reaped.append(pid)
     return reaped
+
+
+def running_pids() -> frozenset[int]:
+    """Every pid on the host now (one listing of /proc): checking a pid against it costs nothing."""
+    try:
+        return frozenset(psutil.pids())
+    except (psutil.Error, OSError):
+        return frozenset()
 
 
 def is_same(ref: ProcRef) -> bool:

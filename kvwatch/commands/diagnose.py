@@ -2,20 +2,24 @@
 
     kvwatch diagnose [--json] [--served] LOG [-- ENGINE_COMMAND...]
 
-LOG is a file, or `-` for stdin. Exit 0 when the failure is a known class, 1 when it is
-unknown (kvwatch.exitcodes.EXIT_UNKNOWN_FAILURE), 2 on bad input.
+LOG is a file, `-` for stdin, or a directory or a glob (quoted: 'logs/*.log') for many logs at once:
+then one line per log (path, class, FATAL, the evidence; the correction when a command is given), for
+an operator triaging many pods. Exit 0 when every failure is a known class, 1 when one is unknown
+(kvwatch.exitcodes.EXIT_UNKNOWN_FAILURE), 2 on bad input (nothing matched, a log unreadable).
 """
 from __future__ import annotations
 
 import argparse
+import glob
 import json
+import os
 import sys
 from typing import Any
 
 from kvwatch.diagnosis import Diagnosis, FailureKind, Remedy, propose_remedy
 from kvwatch.diagnosis.diagnose import diagnose_stream
 from kvwatch.errors import KvwatchError
-from kvwatch.exitcodes import EXIT_OK, EXIT_UNKNOWN_FAILURE
+from kvwatch.exitcodes import EXIT_BAD_INPUT, EXIT_OK, EXIT_UNKNOWN_FAILURE
 from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.terminal import printable
 
@@ -24,7 +28,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("diagnose", help="name the root cause of an engine failure from its log",
                        description="Diagnose a vLLM failure: kvwatch diagnose [--json] LOG "
                                    "[-- ENGINE_COMMAND...]. Exit 0: a known class; 1: unknown; 2: bad input.")
-    p.add_argument("log", metavar="LOG", help="the engine's output (stdout and stderr): a file, or - for stdin")
+    p.add_argument("log", metavar="LOG", help="the engine's output (stdout and stderr): a file, - for stdin, "
+                                              "or a directory or glob of logs (one line per log)")
     p.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
     p.add_argument("--served", action="store_true",
                    help="the engine had been serving: a crash with no other cause is engine_died")
@@ -41,8 +46,64 @@ def _diagnose_source(path: str, served: bool) -> Diagnosis:
         raise KvwatchError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
+def logs_named(spec: str) -> list[str] | None:
+    """The logs a directory or a glob names, sorted; None when `spec` is one file (or stdin)."""
+    if spec == "-" or os.path.isfile(spec):
+        return None
+    if os.path.isdir(spec):
+        return sorted(os.path.join(spec, name) for name in os.listdir(spec)
+                      if os.path.isfile(os.path.join(spec, name)))
+    if glob.has_magic(spec):
+        return sorted(path for path in glob.glob(spec) if os.path.isfile(path))
+    return None
+
+
+def _one_line(path: str, diagnosis: Diagnosis, command: EngineCommand | None, remedy: Remedy | None) -> str:
+    parts = [path, diagnosis.kind.value]
+    if diagnosis.fatal:
+        parts.append("FATAL")
+    if command is not None:
+        parts.append(f"fix: {remedy.change.describe()}" if remedy and not remedy.same_plan
+                     else "fix: restart" if remedy else "fix: none")
+    parts.append(_short(diagnosis.evidence or "(no evidence)", 160))
+    return printable("  ".join(parts))
+
+
+def _run_many(paths: list[str], args: argparse.Namespace, command: EngineCommand | None) -> int:
+    if not paths:
+        raise KvwatchError(f"no log matches {args.log}")
+    unknown = unreadable = 0
+    results: list[dict[str, Any]] = []
+    for path in paths:
+        try:
+            diagnosis = _diagnose_source(path, args.served)
+        except KvwatchError as exc:
+            unreadable += 1
+            results.append({"log": path, "error": str(exc)})
+            if not args.json:
+                print(printable(f"{path}  error: {exc}"))
+            continue
+        remedy = propose_remedy(diagnosis, command, tried=(command.argv,)) if command is not None else None
+        unknown += diagnosis.kind is FailureKind.UNKNOWN
+        if args.json:
+            out: dict[str, Any] = {"log": path, **diagnosis.to_json()}
+            if command is not None:
+                out["remedy"] = remedy.to_json() if remedy else None
+            results.append(out)
+        else:
+            print(_one_line(path, diagnosis, command, remedy))
+    if args.json:
+        print(json.dumps(results, indent=2))
+    if unreadable:
+        return EXIT_BAD_INPUT
+    return EXIT_UNKNOWN_FAILURE if unknown else EXIT_OK
+
+
 def run(args: argparse.Namespace) -> int:
     command = EngineCommand.parse(args.engine_command) if args.engine_command else None
+    many = logs_named(args.log)
+    if many is not None:
+        return _run_many(many, args, command)
     diagnosis = _diagnose_source(args.log, args.served)
     remedy = None
     if command is not None:

@@ -83,8 +83,8 @@ def _context(args: argparse.Namespace) -> KvContext | None:
 
 def run(args: argparse.Namespace) -> int:
     url = _check_url(args.engine_url)
-    if not args.interval > 0:
-        raise KvwatchError(f"--interval {args.interval}: must be positive")
+    from kvwatch.watchdog.config import bounded_seconds
+    bounded_seconds(args.interval, f"--interval {args.interval:g}", "watch.interval_seconds")  # 1e-300 would spin
     context = _context(args)
     nvml = None
     if not args.no_nvml:
@@ -107,8 +107,12 @@ def run(args: argparse.Namespace) -> int:
                         # the engine's processes are on this host: their resident memory too
                         process_source=proc_inspect.rss if args.engine_pid or local else None)
     stop = threading.Event()
+    # SIGTERM/SIGINT stop cleanly (the claim withdrawn; more of them while stopping change nothing).
+    # SIGHUP (a closed terminal, an operator's "reload") is ignored with a line: nothing is re-read.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    signal.signal(signal.SIGHUP, lambda *_: _LOG.info(
+        "signal: SIGHUP ignored: kvwatch export reads its flags at start only (restart it to change them)"))
     exporter.start()
     _LOG.info("exporting engine %s at %s on %s/metrics%s", args.name, url, exporter.url,
               "" if context else " (no --model: no planned/actual KV figures)")
@@ -118,4 +122,8 @@ def run(args: argparse.Namespace) -> int:
         exporter.stop()
         if nvml is not None:
             nvml.shutdown()
+        # On the way out: Python's finalization puts a Python handler back to the default, and a
+        # SIGTERM then would end the process by the signal (exit -15) instead of this clean exit.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
     return EXIT_OK

@@ -13,7 +13,7 @@ from kvwatch.planner.gpu_budget import GpuBudget
 from kvwatch.planner.plan import Plan
 from kvwatch.planner.rules import ruleset_for
 from kvwatch.planner.units import format_bytes, parse_size
-from kvwatch.planner.versions import parse_version
+from kvwatch.planner.versions import LATEST, VllmVersion, parse_version
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -24,6 +24,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--vllm-version", metavar="X.Y.Z",
                    help="plan for this vLLM release (its memory profile, defaults and rules); "
                         "default: the installed vLLM")
+    p.add_argument("--compare-version", metavar="X.Y.Z",
+                   help="also plan for this vLLM release and show both side by side, each difference "
+                        "with its reason and source (an upgrade check)")
     p.set_defaults(func=run)
 
 
@@ -56,8 +59,49 @@ def run(args: argparse.Namespace) -> int:
     version = parse_version(args.vllm_version) if args.vllm_version else device_probe.installed_vllm()
     plan = plan_command(args.engine_command, device, ruleset_for(str(version) if version else None),
                         vllm_version=version)
+    if args.compare_version:
+        return _compare(args, device, version or LATEST, plan)
     print(json.dumps(plan.to_json(), indent=2) if args.json else render(plan))
     return EXIT_PLAN_WILL_FAIL if plan.will_fail else EXIT_OK
+
+
+def _compare(args: argparse.Namespace, device: Device, version: VllmVersion, plan: Plan) -> int:
+    """The upgrade check: the plan for the release in use and for --compare-version, side by side."""
+    from kvwatch.planner.release_compare import compare_releases, render_comparison  # only when asked
+    other = parse_version(args.compare_version)
+    plan_b = plan_command(args.engine_command, device, ruleset_for(str(other)), vllm_version=other)
+    comparison = compare_releases(plan, plan_b, version, other, device)
+    if args.json:
+        print(json.dumps({"a": plan.to_json(), "b": plan_b.to_json(), "comparison": comparison.to_json()}, indent=2))
+    else:
+        print(render_side_by_side(plan, plan_b, str(version), str(other)))
+        print()
+        print(render_comparison(comparison))
+    return EXIT_PLAN_WILL_FAIL if plan.will_fail or plan_b.will_fail else EXIT_OK
+
+
+def _summary_rows(plan: Plan) -> list[tuple[str, str]]:
+    rows = [("backend", plan.backend or "none valid"), ("block size", f"{plan.block_size} ({plan.block_size_source})"),
+            ("KV memory", format_bytes(plan.kv_memory_bytes)), ("blocks", f"{plan.num_blocks:,}"),
+            ("KV tokens", f"{plan.kv_cache_tokens:,}"), ("max model len", f"{plan.max_model_len:,}"),
+            ("concurrency", f"{plan.max_concurrency:.2f}x")]
+    b = plan.gpu_budget
+    if b is not None:
+        rows += [("utilization", f"{b.utilization:g} of {format_bytes(b.cuda_total_bytes)}"),
+                 ("weights", format_bytes(b.weights_bytes)), ("activation peak", format_bytes(b.activation_peak_bytes)),
+                 ("non-torch", format_bytes(b.non_torch_bytes)), ("CUDA graphs", format_bytes(b.cuda_graph_bytes)),
+                 ("batch", f"{b.max_num_batched_tokens:,} tokens, {b.max_num_seqs:,} seqs")]
+    rows.append(("refusals", ", ".join(sorted({str(w.kind) for w in plan.warnings})) or "none"))
+    return rows
+
+
+def render_side_by_side(a: Plan, b: Plan, version_a: str, version_b: str) -> str:
+    left, right = _summary_rows(a), _summary_rows(b)
+    width = max(len(k) for k, _ in left + right)
+    wa = max([len(v) for _, v in left] + [len(version_a) + 5])
+    lines = [f"{'':<{width}}  {'vLLM ' + version_a:<{wa}}  vLLM {version_b}"]
+    lines += [f"{k:<{width}}  {va:<{wa}}  {vb}" for (k, va), (_, vb) in zip(left, right, strict=True)]
+    return "\n".join(lines)
 
 
 def _hybrid_rows(plan: Plan) -> list[tuple[str, str]]:

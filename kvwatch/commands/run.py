@@ -2,14 +2,18 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
+from kvwatch.engine_status import EngineStatus
 from kvwatch.errors import KvwatchError
 from kvwatch.watchdog.config import Config, load_config, with_overrides
+from kvwatch.watchdog.output_pump import LogSink
 from kvwatch.watchdog.supervisor import Observer, Supervisor
 
 if TYPE_CHECKING:
@@ -53,16 +57,26 @@ def run(args: argparse.Namespace) -> int:
     return serve(build_config(args))
 
 
+# Signals (README "Signals"): SIGTERM and SIGINT stop the engine and kvwatch cleanly; a second
+# one while that stop runs is logged, never cuts it short. SIGHUP (a closed terminal, or an
+# operator's "reload") is ignored with one log line: the config is read at start only.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
 def serve(config: Config, observers: Iterable[Observer] = ()) -> int:
     """Run the supervisor in its own thread; this (main) thread only handles SIGTERM/SIGINT,
     so a signal never interrupts the supervisor while it holds a lock. One Nvml for the process
     (kvwatch.boundary.nvml.shared()): the preflight's device, the supervisor's GPU view and the
-    exporter all read it; it is shut down here, last."""
+    exporter all read it; it is shut down here, last. The engine's output reaches kvwatch's
+    stdout through one LogSink: a reader that stops reading never makes the engine wait."""
     from kvwatch.boundary.nvml import shared  # here: `kvwatch --help` never loads NVML
 
     nvml = shared()
-    supervisor = Supervisor(config, observers=observers)
-    close = _attach_exporter(config, supervisor, nvml)
+    stdout = getattr(sys.stdout, "buffer", None)
+    sink = LogSink(stdout) if stdout is not None else None
+    # The supervisor hands its output to each launch's OutputPump, which takes a LogSink as it is.
+    supervisor = Supervisor(config, observers=observers, output=cast(BinaryIO, sink))
+    close = _attach_exporter(config, _WithLogDrops(supervisor, sink), nvml)
     result: dict[str, Any] = {}
 
     def target() -> None:
@@ -74,28 +88,64 @@ def serve(config: Config, observers: Iterable[Observer] = ()) -> int:
             _LOG.exception("supervisor: crashed")
             result["code"] = 1
 
+    stopping: list[str] = []
+
     def on_signal(signum: int, _frame: object) -> None:
         name = signal.Signals(signum).name
+        if stopping:
+            _LOG.info("signal: %s: already stopping (%s)", name, stopping[0])
+            return
+        stopping.append(f"{name} received")
         _LOG.info("signal: %s: stopping", name)
-        supervisor.request_stop(f"{name} received")
+        supervisor.request_stop(stopping[0])
 
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    def on_hangup(_signum: int, _frame: object) -> None:
+        _LOG.info("signal: SIGHUP ignored: kvwatch reads its config at start only (restart it to reload)")
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
+    previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, on_hangup)
     thread = threading.Thread(target=target, name="supervisor")
     try:
         thread.start()
         while thread.is_alive():
             thread.join(0.5)
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
         close()
         nvml.shutdown()
+        if sink is not None:
+            sink.close(timeout=2.0)
+        _restore(previous, stopped=bool(stopping))
     if "error" in result:
         raise result["error"]
     return int(result.get("code", 1))
 
 
-def _attach_exporter(config: Config, supervisor: Supervisor, nvml: Nvml) -> Callable[[], None]:
+def _restore(previous: dict[signal.Signals, Any], *, stopped: bool) -> None:
+    """Give the signals back to the caller. After a stop signal the process is on its way out:
+    the stop signals stay ignored, so a storm of them cannot end it by the signal (exit -15)
+    between here and its clean exit (Python's finalization puts a Python handler back to the
+    default, never SIG_IGN)."""
+    for sig, handler in previous.items():
+        signal.signal(sig, signal.SIG_IGN if stopped and sig in STOP_SIGNALS else handler)
+
+
+class _WithLogDrops:
+    """The supervisor as the exporter reads it (only `.status`), with the engine's log lines that
+    kvwatch's own output dropped: the sink outlives each launch, so the count only grows."""
+
+    def __init__(self, supervisor: Supervisor, sink: LogSink | None) -> None:
+        self._supervisor = supervisor
+        self._sink = sink
+
+    @property
+    def status(self) -> EngineStatus:
+        status = self._supervisor.status
+        if self._sink is None or not self._sink.lines_dropped:
+            return status
+        return dataclasses.replace(status, log_lines_dropped=self._sink.lines_dropped)
+
+
+def _attach_exporter(config: Config, supervisor: Supervisor | _WithLogDrops, nvml: Nvml) -> Callable[[], None]:
     """The exporter (kvwatch.exporter.hook) reads supervisor.status once per tick; close() stops it.
     Imported here, not at the top: `kvwatch --help` stays light."""
     from kvwatch.exporter import hook

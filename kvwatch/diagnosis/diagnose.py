@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from kvwatch.diagnosis import refusals
+from kvwatch.diagnosis import normalise, refusals
 from kvwatch.diagnosis.patterns import (
     CHAIN_MARKERS,
     CONFIG_EXCEPTION,
@@ -29,6 +29,8 @@ from kvwatch.diagnosis.patterns import (
     CONTEXT_PATTERNS,
     EXCEPTION_KEYWORDS,
     EXCEPTION_LINE,
+    NEGATIVE_KV,
+    NEGATIVE_KV_KEYWORDS,
     PATTERNS,
     READY_MARKERS,
     ROOT_KEYWORDS,
@@ -38,7 +40,7 @@ from kvwatch.diagnosis.patterns import (
     Facts,
     Pattern,
 )
-from kvwatch.failure_kinds import FailureKind
+from kvwatch.failure_kinds import ALWAYS_FATAL, HELP, FailureKind
 from kvwatch.planner.rules import FP8_KV_DTYPES, PACKED_MLA_BYTES
 
 MAX_LINE_CHARS = 64 * 1024          # a giant line is cut, so no regex ever sees more
@@ -72,7 +74,11 @@ _START_ONLY = frozenset({FailureKind.BLOCK_SIZE_UNSUPPORTED, FailureKind.KV_DTYP
                          FailureKind.KERNEL_OUT_OF_RESOURCES, FailureKind.KV_CACHE_TOO_SMALL,
                          FailureKind.NO_KV_CACHE_MEMORY, FailureKind.GPU_MEMORY_BUSY,
                          FailureKind.NO_ATTENTION_BACKEND, FailureKind.CONFIG_REFUSED,
-                         FailureKind.MAMBA_CACHE_TOO_SMALL})
+                         FailureKind.MAMBA_CACHE_TOO_SMALL, FailureKind.COMPILE_FAILED,
+                         FailureKind.TOOL_PARSER_UNKNOWN, FailureKind.PLACEMENT_GROUP_UNAVAILABLE,
+                         FailureKind.PORT_IN_USE, FailureKind.MODEL_UNAVAILABLE,
+                         # NCCL fails a start for good; a serving engine's NCCL error may pass: restart it
+                         FailureKind.NCCL_ERROR})
 
 
 def _is_error_record(line: str) -> bool:
@@ -94,7 +100,7 @@ def _record_quiet(line: str) -> bool | None:
 _ALL_KEYWORDS: tuple[str, ...] = tuple(dict.fromkeys(
     ROOT_KEYWORDS + tuple(w for w, _ in WRAPPERS) + READY_MARKERS + RUN_START_MARKERS
     + tuple(k for k, *_ in CONTEXT_PATTERNS) + EXCEPTION_KEYWORDS + CONFIG_KEYWORDS
-    + (TRACEBACK_START,) + CHAIN_MARKERS))
+    + (TRACEBACK_START,) + CHAIN_MARKERS + NEGATIVE_KV_KEYWORDS))
 _PATTERNS_BY_PRIORITY: tuple[Pattern, ...] = tuple(sorted(PATTERNS, key=lambda p: -p.priority))
 
 
@@ -177,6 +183,7 @@ class LogScanner:
         self._chained = False
         self._config_frame = False                 # the last traceback frame is vLLM's config code
         self._ready = False
+        self._negative_kv: tuple[str, float] | None = None   # the profile left less than nothing for the cache
 
     # -- input -------------------------------------------------------------------------
     def feed(self, line: str | bytes) -> None:
@@ -232,6 +239,7 @@ class LogScanner:
         self.lines += text.count("\n") + 1
         if "\x1b" in text:
             text = _ANSI.sub("", text)
+        text = normalise.normalise(text)
         present = [k for k in _ALL_KEYWORDS if k in text]
         previous_tail, self._tail = self._tail, text[text.rfind("\n") + 1:][:MAX_LINE_CHARS]
         tail_quiet = self._tail_quiet
@@ -250,18 +258,22 @@ class LogScanner:
         for start in sorted(starts):
             end = text.find("\n", start)
             end = len(text) if end == -1 else end
-            line = text[start:min(end, start + MAX_LINE_CHARS)].rstrip("\r")
-            hits = [k for k in present if k in line]
-            if not hits:
-                continue
-            quiet = _record_quiet(line)
-            if quiet is None:
-                quiet = self._quiet_at(text, start, tail_quiet)
-            if "[type=" in hits:   # a pydantic field error names its field on the line before
-                before = text[text.rfind("\n", 0, start - 1) + 1:start - 1] if start else previous_tail
-                self._process(line, hits, before.rstrip("\r"), quiet=quiet)
-            else:
-                self._process(line, hits, quiet=quiet)
+            whole = text[start:min(end, start + MAX_LINE_CHARS)].rstrip("\r")
+            context_quiet: bool | None = None
+            for line in normalise.split_pasted(whole):
+                hits = [k for k in present if k in line]
+                if not hits:
+                    continue
+                quiet = _record_quiet(line)
+                if quiet is None:
+                    if context_quiet is None:
+                        context_quiet = self._quiet_at(text, start, tail_quiet)
+                    quiet = context_quiet
+                if "[type=" in hits:   # a pydantic field error names its field on the line before
+                    before = text[text.rfind("\n", 0, start - 1) + 1:start - 1] if start else previous_tail
+                    self._process(line, hits, before.rstrip("\r"), quiet=quiet)
+                else:
+                    self._process(line, hits, quiet=quiet)
 
     @staticmethod
     def _quiet_at(text: str, end: int, before_text: bool) -> bool:
@@ -290,6 +302,9 @@ class LogScanner:
                     self._context[name] = convert(m[1])
                 except ValueError:
                     pass
+        if any(k in NEGATIVE_KV_KEYWORDS for k in hits) and (m := NEGATIVE_KV.search(line)) is not None:
+            # vLLM's own profile, at INFO: a start whose raise was cut off still says this much.
+            self._negative_kv = (line[:MAX_EVIDENCE_CHARS], float(m[1]))
         if quiet:
             return   # an INFO/DEBUG record (or a line of one): anyone's text, never a root cause
         if not self._engine_errors and process_of(line).get("process", _API_SERVER) != _API_SERVER \
@@ -411,6 +426,13 @@ class LogScanner:
                 facts["context"] = dict(self._context)
             return Diagnosis(FailureKind.ENGINE_DIED, died.line if died else self._last_exception,
                              facts, fatal=False)
+        if self._negative_kv is not None:
+            line, gib = self._negative_kv
+            facts = {"available_kv_gib": gib, "pattern": "negative_available_kv", **process_of(line)}
+            if self._context:
+                facts["context"] = dict(self._context)
+            facts["help"] = _NO_KV_HELP
+            return Diagnosis(FailureKind.NO_KV_CACHE_MEMORY, line, facts, fatal=False)
         facts = {}
         if self._wrappers:
             facts["wrappers"] = dict(self._wrappers)
@@ -451,9 +473,15 @@ class LogScanner:
                 evidence = f"{facts['field']}: {sentence}{given}"
             return Diagnosis(kind, (evidence or best.line)[:MAX_EVIDENCE_CHARS], facts, fatal)
         elif kind is FailureKind.NO_KV_CACHE_MEMORY:
-            facts["help"] = ("more --gpu-memory-utilization if the GPU has room; else more GPUs "
-                             "(--tensor-parallel-size), a quantized checkpoint or a smaller model")
+            facts["help"] = _NO_KV_HELP
+        elif kind in ALWAYS_FATAL:
+            fatal = True
+            facts["help"] = HELP[kind]
         return Diagnosis(kind, best.line, facts, fatal)
+
+
+_NO_KV_HELP = ("more --gpu-memory-utilization if the GPU has room; else more GPUs "
+               "(--tensor-parallel-size), a quantized checkpoint or a smaller model")
 
 
 def process_of(line: str) -> Facts:

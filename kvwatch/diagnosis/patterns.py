@@ -205,10 +205,23 @@ def _no_backend(m: re.Match[str]) -> Facts:
 
 
 def _selected_backend(m: re.Match[str]) -> Facts:
-    backend = m["backend"].rsplit(".", 1)[-1]
+    backend = (m["backend"] or m["platform_backend"]).rsplit(".", 1)[-1]
     quoted = re.findall(r"'([^']*)'", m["reasons"])
     reasons = quoted or [r.strip(" []") for r in m["reasons"].split(",") if r.strip(" []")]
     return {"selected_backend": backend, "reasons": {backend: reasons}}
+
+
+_HF_REPO = re.compile(r"huggingface\.co/(?!api/)([\w.-]+/[\w.-]+)")
+
+
+def _model_facts(m: re.Match[str]) -> Facts:
+    what = m["what"]
+    reason = ("gated" if "ated" in what or m["status"] == "401" else
+              "offline" if "Offline" in what or "LocalEntry" in what else "not_found")
+    facts: Facts = {"reason": reason}
+    if (repo := _HF_REPO.search(m.string)) is not None:
+        facts["repo"] = repo[1]
+    return facts
 
 
 def _died(m: re.Match[str]) -> Facts:
@@ -233,8 +246,8 @@ PATTERNS: tuple[Pattern, ...] = (
             _no_backend, "platforms/cuda.py, platforms/rocm.py (>= 0.11)"),
     Pattern("selected_backend_invalid", FailureKind.NO_ATTENTION_BACKEND, 85,
             ("is not valid for this configuration",),
-            re.compile(r"Selected backend (?P<backend>\S+) is not valid for this configuration\. "
-                       r"Reason: (?P<reasons>.*)"),
+            re.compile(r"(?:Selected (?:[\w ]+ )?backend (?P<backend>\S+)|(?P<platform_backend>\w+) on \w+) is not valid "
+                       r"for this configuration(?:\. Reason:|:) (?P<reasons>.*)"),
             _selected_backend, "platforms/cuda.py (--attention-backend given)"),
 
     Pattern("cpu_fp8_head_size", FailureKind.KV_DTYPE_UNSUPPORTED, 85,
@@ -255,9 +268,10 @@ PATTERNS: tuple[Pattern, ...] = (
             ("FP8 KV cache needs native fp8e4nv",),
             re.compile(r"an FP8 KV cache needs native fp8e4nv \(SM89\+\)"),
             _fp8_triton, "v1/attention/ops/triton_reshape_and_cache_flash.py"),
-    Pattern("fp8e4nv_arch", FailureKind.KV_DTYPE_UNSUPPORTED, 85,
-            ("fp8e4nv not supported",),
-            re.compile(r"type fp8e4nv not supported in this architecture"),
+    Pattern("fp8e4nv_arch", FailureKind.KV_DTYPE_UNSUPPORTED, 85,   # (second wording: triton, vllm#8641)
+            ("fp8e4nv not supported", "fp8e4nv data type is not supported"),
+            re.compile(r"type fp8e4nv not supported in this architecture"
+                       r"|fp8e4nv data type is not supported on CUDA arch < 89"),
             _fp8_triton, "triton compiler on < SM89"),
     Pattern("fp8_kv_not_supported", FailureKind.KV_DTYPE_UNSUPPORTED, 84,
             ("FP8 KV cache not", "FP8 KV cache requires FA", "FP8 KV cache is not yet supported"),
@@ -293,15 +307,16 @@ PATTERNS: tuple[Pattern, ...] = (
             _block_size_choices, "argparse (<= 0.6, --block-size had choices)"),
 
     Pattern("free_memory_on_startup", FailureKind.GPU_MEMORY_BUSY, 75,
-            ("on startup is less than desired",),
+            ("on startup is less than desired", "on startup is less than the engine's budget"),
             re.compile(r"Free memory on device(?: (?P<device>\S+))? \((?P<free>[\d.]+)/(?P<total>[\d.]+) GiB\) "
-                       r"on startup is less than desired GPU memory utilization "
+                       r"on startup is less than (?:desired GPU memory utilization|the engine's budget after excluding "
+                       r"external process's weights) "
                        r"\((?P<util>[\d.]+), (?P<requested>[\d.]+) GiB\)"),
             _memory_busy, "v1/worker/utils.py"),
 
     Pattern("kv_cache_too_small", FailureKind.KV_CACHE_TOO_SMALL, 70,
             ("To serve at least one request",),
-            re.compile(r"To serve at least one request with the model's max seq len \((?P<max_model_len>\d+)\), "
+            re.compile(r"To serve at least one request with the models?'s max seq len \((?P<max_model_len>\d+)\), "
                        r"\((?P<needed>[\d.]+) GiB KV cache is needed, which is larger than the available KV "
                        r"cache memory \((?P<available>[\d.]+) GiB\)\.(?: Based on the available memory, the "
                        r"estimated maximum model length is (?P<estimated>\d+)\.)?"),
@@ -339,6 +354,88 @@ PATTERNS: tuple[Pattern, ...] = (
             ("CUDA out of memory", "OutOfMemoryError", "CUDA error: out of memory"),
             re.compile(r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory"),
             _torch_oom, "torch"),
+    # The same exhaustion in other words: the CUDA driver (a custom op repacking weights, e.g.
+    # gptq_marlin_repack), ROCm's HIP and Intel's XPU builds.
+    Pattern("device_oom_other", FailureKind.CUDA_OOM, 60,
+            ("driver error: out of memory", "HIP out of memory", "HIP error: out of memory",
+             "XPU out of memory", "OUT_OF_DEVICE_MEMORY", "hipErrorOutOfMemory"),
+            re.compile(r"(?:CUDA|cuda) driver error: out of memory|HIP (?:error: )?out of memory"
+                       r"|XPU out of memory|UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY|hipErrorOutOfMemory"),
+            _torch_oom, "CUDA driver (c10 CUDA_DRIVER_CHECK), torch HIP/XPU allocators"),
+
+    # -- failures no flag fixes (failure_kinds.ALWAYS_FATAL), and the LoRA rank (--max-lora-rank) --
+    Pattern("lora_rank_above_max", FailureKind.LORA_RANK_TOO_LARGE, 86,
+            ("is greater than max_lora_rank",),
+            re.compile(r"LoRA rank (?P<rank>\d+) is greater than max_lora_rank (?P<max>\d+)"),
+            lambda m: {"lora_rank": int(m["rank"]), "max_lora_rank": int(m["max"])},
+            "lora/peft_helper.py validate_legal (all releases)"),
+    Pattern("no_kernel_image", FailureKind.NO_KERNEL_IMAGE, 88,
+            ("no kernel image is available", "invalid device function", "is not compatible with the current PyTorch"),
+            re.compile(r"no kernel image is available for execution on the device|HIP error: invalid device function"
+                       r"|with CUDA capability (?P<sm>sm_\d+a?) is not compatible with the current PyTorch"),
+            lambda m: {"capability": m["sm"]} if m["sm"] else {},
+            "CUDA runtime (cudaErrorNoKernelImageForDevice) via torch; torch/cuda/__init__.py's warning"),
+    Pattern("jit_toolchain_missing", FailureKind.JIT_TOOLCHAIN_MISSING, 86,
+            ("nvcc", "inja"),
+            re.compile(r"Could not find nvcc|nvcc: not found|No such file or directory: '(?:[^']*/)?(?P<tool>nvcc|ninja)'"
+                       r"|Ninja is required to load C\+\+ extensions|ninja: not found|nvcc not found"),
+            lambda m: {"tool": m["tool"] or ("ninja" if "inja" in m[0] else "nvcc")},
+            "flashinfer/jit (cpp_ext.py, env.py), torch.utils.cpp_extension"),
+    Pattern("compile_failed", FailureKind.COMPILE_FAILED, 55,
+            ("LoweringException", "InductorError", "BackendCompilerFailed", "CompilationError"),
+            re.compile(r"(?:torch\._inductor\.exc\.)?(?P<error>LoweringException|InductorError"
+                       r"|BackendCompilerFailed|(?:triton\.compiler\.errors\.)?CompilationError): "),   # the exception, not its raise
+            lambda m: {"error": m["error"].rsplit(".", 1)[-1]},
+            "torch._inductor.exc, torch._dynamo.exc, triton.compiler.errors"),
+    Pattern("tool_parser_unknown", FailureKind.TOOL_PARSER_UNKNOWN, 89,
+            ("invalid tool call parser", "--tool-call-parser: invalid choice"),
+            re.compile(r"invalid tool call parser: '?(?P<parser>[^\s']+)'? \(cho(?:o)?se from (?P<choices>[^)]*)\)"
+                       r"|--tool-call-parser: invalid choice: '(?P<choice>[^']+)'(?: \(choose from (?P<choices2>[^)]*)\))?"),
+            lambda m: {"tool_call_parser": m["parser"] or m["choice"]},
+            "entrypoints/openai/api_server.py, entrypoints/common/cli_args.py validate_parsed_serve_args; "
+            "argparse choices (< 0.8)"),
+    Pattern("placement_group_unavailable", FailureKind.PLACEMENT_GROUP_UNAVAILABLE, 86,
+            ("Cannot provide a placement group", "Ray does not allocate any GPUs",
+             "exceeds the total number of available GPUs in the placement group"),
+            re.compile(r"Cannot provide a placement group (?:requiring (?P<gpus>[\d.]+) GPUs|of )"
+                       r"|Ray does not allocate any GPUs on the driver node"
+                       r"|The number of required GPUs exceeds the total number of available GPUs in the placement group"),
+            lambda m: {"gpus": float(m["gpus"])} if m["gpus"] else {},
+            "executor/ray_utils.py, v1/executor/ray_utils.py _wait_until_pg_ready / initialize_ray_cluster"),
+    Pattern("nccl_error", FailureKind.NCCL_ERROR, 50,
+            ("NCCL error", "ncclInternalError", "ncclUnhandledCudaError", "ncclSystemError", "ncclRemoteError"),
+            re.compile(r"NCCL error:? (?P<what>[\w ]+?)(?: \(|[.,]|$)|(?P<code>nccl(?:Internal|UnhandledCuda|System|Remote)Error)"),
+            lambda m: {"nccl": (m["what"] or m["code"] or "").strip()},
+            "distributed/device_communicators/pynccl_wrapper.py NCCL_CHECK; torch ProcessGroupNCCL"),
+    Pattern("port_in_use", FailureKind.PORT_IN_USE, 86,
+            ("ddress already in use", "EADDRINUSE"),
+            re.compile(r"(?:error while attempting to bind on address \('(?P<host>[^']*)', (?P<port>\d+)\): )?"
+                       r"\[?(?:Errno 98\]? )?[Aa]ddress already in use|EADDRINUSE"),
+            lambda m: {"port": int(m["port"]), "host": m["host"]} if m["port"] else {},
+            "uvicorn / asyncio create_server, entrypoints/openai/api_server.py create_server_socket, "
+            "torch TCPStore"),
+    Pattern("model_unavailable", FailureKind.MODEL_UNAVAILABLE, 86,
+            ("GatedRepoError", "gated repo", "401 Client Error", "RepositoryNotFoundError", "Repository Not Found",
+             "404 Client Error", "Invalid repository ID or local directory", "LocalEntryNotFoundError",
+             "OfflineModeIsEnabled", "is not a valid model identifier"),
+            re.compile(r"(?P<what>GatedRepoError|Cannot access gated repo|You are trying to access a gated repo"
+                       r"|(?P<status>401|404) Client Error|RepositoryNotFoundError|Repository Not Found"
+                       r"|Invalid repository ID or local directory|LocalEntryNotFoundError|OfflineModeIsEnabled"
+                       r"|is not a local folder and is not a valid model identifier)"),
+            lambda m: _model_facts(m),
+            "huggingface_hub.errors via transformers/vllm transformers_utils/config.py; "
+            "vllm transformers_utils/config.py (Invalid repository ID)"),
+    Pattern("architecture_unsupported", FailureKind.CONFIG_REFUSED, 87,
+            ("are not supported for now", "is not supported for now"),
+            re.compile(r"(?P<sentence>Model architectures? \[.*?\] (?:are|is) not supported for now\.?)"),
+            lambda m: {"sentence": m["sentence"], **refusals.classify(m["sentence"])},
+            "model_executor/models/registry.py _raise_for_unsupported (all releases)"),
+    Pattern("flashinfer_page_size", FailureKind.BLOCK_SIZE_UNSUPPORTED, 80,
+            ("numTokensPerPage <= 128", "failed to dispatch page size"),
+            re.compile(r"numTokensPerPage <= (?P<max>\d+)|failed to dispatch page size (?P<page>\d+)"),
+            lambda m: {"backend": "FLASHINFER", **({"max_page_size": int(m["max"])} if m["max"] else {}),
+                       **({"block_size": int(m["page"])} if m["page"] else {})},
+            "flashinfer csrc/trtllm_fmha_kernel_launcher.cu, prefill dispatch (a kernel's own page-size limit)"),
 
     Pattern("engine_dead", FailureKind.ENGINE_DIED, 10,
             ("EngineDeadError", "EngineCore encountered an issue", "died unexpectedly",
@@ -403,9 +500,15 @@ CONTEXT_PATTERNS: tuple[tuple[str, re.Pattern[str], str, Callable[[str], Any]], 
     (KV_TOKENS_MARKER, KV_TOKENS, "kv_cache_tokens", kv_tokens_of),
 )
 
+# The profile's figure for the KV cache, when it is below zero (V1 0.x and V0 wordings): a log cut off
+# before vLLM's raise still names the failure by it.
+NEGATIVE_KV_KEYWORDS: tuple[str, ...] = ("Available KV cache memory:", "reserved for KV Cache is")
+NEGATIVE_KV = re.compile(r"(?:Available KV cache memory:|the rest of the memory reserved for KV Cache is)\s*"
+                         r"(-\d+(?:\.\d+)?)\s*GiB")
+
 # A line that looks like an exception: kept as the evidence of an unknown failure.
-EXCEPTION_LINE = re.compile(r"\b[A-Z]\w*(?:Error|Exception|Interrupt): \S")
-EXCEPTION_KEYWORDS: tuple[str, ...] = ("Error: ", "Exception: ")
+EXCEPTION_LINE = re.compile(r"\b[A-Z]\w*(?:Error|Exception|Interrupt): \S|\bAssertionError\s*$")
+EXCEPTION_KEYWORDS: tuple[str, ...] = ("Error: ", "Exception: ", "AssertionError")
 
 # Everything the prefilter looks for, each keyword -> what may match behind it.
 ROOT_KEYWORDS: tuple[str, ...] = tuple(dict.fromkeys(k for p in PATTERNS for k in p.keywords))

@@ -28,14 +28,14 @@ Facts = dict[str, Any]
 
 # Lines as pydantic prints them, after an optional vLLM process prefix "(EngineCore pid=N) ".
 _PREFIX = r"^(?:\([A-Za-z_][\w.-]*(?: rank=\d+)? pid=\d+\) )*"
-VALUE_ERROR_LINE = re.compile(_PREFIX + r"\s+Value error, (?P<sentence>.+?)(?: \[type=\w+.*\])?\s*$")
+VALUE_ERROR_LINE = re.compile(_PREFIX + r"\s*Value error, (?P<sentence>.+?)(?: \[type=\w+.*\])?\s*$")
 FIELD_ERROR_LINE = re.compile(_PREFIX + r"\s+(?P<sentence>(?:Input|Value|Extra inputs|Field required)\b.*?)"
                               r"(?: \[type=(?P<type>\w+)(?:, input_value=(?P<value>.*?))?"
                               r"(?:, input_type=\w+)?\])?\s*$")
 FIELD_NAME_LINE = re.compile(_PREFIX + r"(?P<field>[A-Za-z_][\w.]*)\s*$")
 VALIDATION_HEADER = re.compile(r"ValidationError: \d+ validation errors? for (?P<config>\w+)")
 # A frame of vLLM's configuration code: an exception raised there is a refusal of the configuration.
-CONFIG_FRAME = re.compile(r'File "[^"]*/vllm/(?:config/\w+|engine/arg_utils)\.py", line \d+')
+CONFIG_FRAME = re.compile(r'File "[^"]*/vllm/(?:config(?:/\w+)?|engine/arg_utils)\.py", line \d+')
 CONFIG_EXCEPTION = re.compile(_PREFIX + r"(?:\w+\.)*(?:ValueError|NotImplementedError|TypeError): (?P<sentence>.+)$")
 
 

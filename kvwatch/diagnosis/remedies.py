@@ -24,13 +24,13 @@ from kvwatch.planner.engine_args import EngineCommand, EngineSettings
 from kvwatch.planner.flag_change import NO_CHANGE, FlagChange
 from kvwatch.planner.plan import KV_CACHE_TOO_SMALL, Plan
 from kvwatch.planner.rules import RuleSet, parse_block_rule, ruleset_for, smallest_common_block_size
+from kvwatch.planner.versions import LATEST
 from kvwatch.policy import Policy, fixed_among
+from kvwatch.vllm_releases.release_defaults import api_batch_defaults, defaults_for
+from kvwatch.vllm_releases.texts import LORA_RANKS
 
 GiB = 2**30
 SAME_PLAN_REASON = "restart with the same plan"
-# vLLM 0.32 engine/arg_utils.py get_batch_defaults: max_num_seqs 1024 on GPUs with >= 70 GiB
-# (except A100), 256 on smaller ones; the sampler warm-up message names the real count anyway.
-_MAX_NUM_SEQS_LARGE_GPU, _MAX_NUM_SEQS_DEFAULT = 1024, 256
 _FIT_MARGIN_RATIO, _FIT_MARGIN_BYTES = 0.02, 1 * GiB   # headroom left when fitting to free memory
 
 
@@ -268,9 +268,13 @@ def _no_memory_options(ctx: _Ctx) -> Iterator[Remedy]:
 
 
 def _default_max_num_seqs(ctx: _Ctx) -> int:
-    if ctx.gpu is not None and ctx.gpu.total_bytes and ctx.gpu.total_bytes >= 70 * GiB:
-        return _MAX_NUM_SEQS_LARGE_GPU
-    return _MAX_NUM_SEQS_DEFAULT
+    """vLLM's default max_num_seqs: the plan's (its release, its card), else the newest release's
+    tier for the card's memory (vllm_releases/defaults.py); the sampler warm-up message names the
+    real count anyway."""
+    if ctx.plan is not None and ctx.plan.gpu_budget is not None:
+        return ctx.plan.gpu_budget.max_num_seqs
+    total = ctx.gpu.total_bytes if ctx.gpu is not None and ctx.gpu.total_bytes else 0
+    return api_batch_defaults(defaults_for(LATEST), "cuda", total, "", None, 1)[1]
 
 
 def _cuda_oom_options(ctx: _Ctx) -> Iterator[Remedy]:
@@ -387,6 +391,24 @@ def _config_refused_options(ctx: _Ctx) -> Iterator[Remedy]:
                      f"attention backend's own")
 
 
+def lora_rank_choices() -> tuple[int, ...]:
+    """The --max-lora-rank values of the newest release kvwatch read (vllm_releases/texts.py)."""
+    newest = max(LORA_RANKS, key=lambda r: tuple(int(p) for p in r.split(".")[:3] if p.isdigit()))
+    return LORA_RANKS[newest][0]
+
+
+def _lora_rank_options(ctx: _Ctx) -> Iterator[Remedy]:
+    rank = ctx.facts.get("lora_rank")
+    if not isinstance(rank, int):
+        return
+    # vLLM takes only listed values for --max-lora-rank: the smallest one that holds the adapter.
+    value = next((r for r in lora_rank_choices() if r >= rank), None)
+    if value is not None:
+        yield Remedy(FlagChange({"--max-lora-rank": value}),
+                     f"an adapter of rank {rank} is above max_lora_rank {ctx.facts.get('max_lora_rank')}: "
+                     f"--max-lora-rank {value}")
+
+
 def _engine_died_options(ctx: _Ctx) -> Iterator[Remedy]:
     yield Remedy(NO_CHANGE, SAME_PLAN_REASON)
 
@@ -403,4 +425,5 @@ _OPTIONS = {
     FailureKind.NO_ATTENTION_BACKEND: _backend_options,
     FailureKind.ENGINE_DIED: _engine_died_options,
     FailureKind.CONFIG_REFUSED: _config_refused_options,
+    FailureKind.LORA_RANK_TOO_LARGE: _lora_rank_options,
 }

@@ -21,6 +21,9 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
+from kvwatch.vllm_releases.startup_plan import MARKERS as STARTUP_PLAN_MARKERS
+from kvwatch.vllm_releases.startup_plan import parse_plan_line
+
 GiB = 2**30
 KV_TOKENS_MARKER = "KV cache size:"
 # Numbers as vLLM prints them, bounded: "1,398,080", "24.83" (never ",", "1.2.3" or 400 digits).
@@ -45,7 +48,8 @@ STARTED_MARKER = "init engine (profile, create kv cache"
 # says "GPU KV cache usage" every few seconds and must not send every block through the parser.
 FACT_MARKERS = (KV_TOKENS_MARKER, "KV cache memory:", "Model loading took", "model weights take",
                 "Loading model weights took", "available_kv_cache_memory", "reserved for KV Cache",
-                "Graph capturing finished", "activation peak memory", "non_torch_memory", STARTED_MARKER)
+                "Graph capturing finished", "activation peak memory", "non_torch_memory", STARTED_MARKER,
+                *STARTUP_PLAN_MARKERS)
 
 
 def kv_tokens_of(text: str) -> int:
@@ -70,12 +74,19 @@ class LogFacts:
     activation_peak_bytes: int | None = None     # V0's profile only; V1 logs it at DEBUG
     non_torch_bytes: int | None = None           # V0's profile only
     started: bool = False                        # the engine logged the end of its start-up
+    startup_plan_kv_bytes: int | None = None     # vLLM applied its persisted start-up plan: no profile ran
+    startup_plan_path: str | None = None         # where vLLM saved its start-up plan
+
+    @property
+    def kv_cache_bytes(self) -> int | None:
+        """The KV cache's memory: as the profile left it, else as vLLM's own start-up plan set it."""
+        return self.available_kv_bytes if self.available_kv_bytes is not None else self.startup_plan_kv_bytes
 
     def memory_parts(self) -> dict[str, int]:
         """The GPU memory parts the engine stated, by the `part` label kvwatch exports them under."""
         named = {"weights": self.weights_bytes, "activation_peak": self.activation_peak_bytes,
                  "non_torch": self.non_torch_bytes, "cuda_graphs": self.cuda_graph_bytes,
-                 "kv_cache": self.available_kv_bytes}
+                 "kv_cache": self.kv_cache_bytes}
         return {part: value for part, value in named.items() if value is not None}
 
 
@@ -91,6 +102,9 @@ def parse_fact(line: str, facts: LogFacts) -> LogFacts:
         return replace(facts, kv_tokens=tokens)
     if STARTED_MARKER in line:
         return replace(facts, started=True)
+    if (plan := parse_plan_line(line)) is not None:
+        return replace(facts, startup_plan_kv_bytes=plan.applied_kv_bytes or facts.startup_plan_kv_bytes,
+                       startup_plan_path=plan.saved_path or facts.startup_plan_path)
     found: dict[str, Any] = {name: _bytes(m[1]) for name, regex in _MEMORY.items() if (m := regex.search(line))}
     return replace(facts, **found) if found else facts
 

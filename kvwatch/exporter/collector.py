@@ -57,6 +57,9 @@ FAMILIES = (
            "Failures of the engine kvwatch has seen, by diagnosed class."),
     Family("corrections", "kvwatch_plan_corrections", COUNTER, (*_E, "kind"),
            "Corrected plans kvwatch applied, by the failure class they answer."),
+    Family("log_dropped", "kvwatch_engine_log_lines_dropped", COUNTER, _E,
+           "Lines of the engine's output that kvwatch's own stdout did not take in time (its reader stopped "
+           "reading): dropped so that the engine never waits."),
     Family("plan_info", "kvwatch_plan_info", GAUGE, (*_E, "block_size", "kv_cache_dtype", "backend", "attention", "source"),
            "The KV cache plan in force, always 1; source: how its KV memory is known (exact: a flag or the "
            "environment fixes it; learned: from the engine's own profile on an earlier launch; estimated: "
@@ -97,6 +100,12 @@ FAMILIES = (
     Family("memory_requested", "kvwatch_engine_memory_requested_bytes", GAUGE, _E,
            "The GPU memory the engine may use: the CUDA total x the utilization it takes (the flag, else its"
            " release's default): the budget vLLM sizes its KV cache against; CUDA GPUs only."),
+    Family("release_info", "kvwatch_engine_release_info", GAUGE, (*_E, "version", "planned_as"),
+           "The engine's vLLM release (version) and the release whose facts kvwatch plans it with (planned_as: "
+           "the nearest kvwatch has read), always 1."),
+    Family("release_changes", "kvwatch_engine_release_changes", COUNTER, _E,
+           "Times the engine's vLLM release differed from the one recorded in the state file at the last launch "
+           "(an image upgrade), seen by this kvwatch."),
     Family("gpu_info", "kvwatch_gpu_info", GAUGE, ("gpu", "index", "name"),
            "One per GPU seen by NVML, always 1."),
     Family("gpu_total", "kvwatch_gpu_memory_total_bytes", GAUGE, ("gpu",),
@@ -167,6 +176,7 @@ def _engine(f: dict[str, Any], engine: EngineSnapshot) -> None:
                         ("corrections", status.corrections)):
         for label, value in _counts(family):
             f[key].add_metric([name, label], value)
+    f["log_dropped"].add_metric([name], status.log_lines_dropped)
 
     plan = engine.planned
     actual_ranks = engine.actual_by_rank()
@@ -199,6 +209,9 @@ def _engine(f: dict[str, Any], engine: EngineSnapshot) -> None:
             f["memory"].add_metric([name, part], part_bytes)
     if status.memory_requested_bytes is not None:
         f["memory_requested"].add_metric([name], status.memory_requested_bytes)
+    if status.vllm_release is not None:   # a supervised engine (kvwatch export knows no release)
+        f["release_info"].add_metric([name, status.vllm_release, status.vllm_release_planned_as or ""], 1)
+        f["release_changes"].add_metric([name], status.release_changes)
     if engine.process_rss:
         for rank, rss in sorted(_by_rank(engine.process_rss.items(), status.pid_ranks).items()):
             f["engine_rss"].add_metric([name, rank], rss)

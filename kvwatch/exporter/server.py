@@ -3,13 +3,22 @@ and basic auth (web config).
 
 A ThreadingHTTPServer: one thread per connection, so a slow client never holds up
 another scrape; the TLS handshake happens in that thread too, never in the accept loop.
-Successful bcrypt checks are cached (bcrypt is slow by design, a scrape is not).
+bcrypt checks are cached, failed ones too (bcrypt is slow by design, a scrape is not).
+
+Bounded before anything is buffered: a request head is at most MAX_HEAD_BYTES in at most
+MAX_HEADER_LINES lines (431 otherwise); a request body (none is expected) is read and dropped
+up to MAX_BODY_BYTES, else the connection is closed after the answer, and so is one that says
+`Transfer-Encoding` (a body of unknown length), so a body is never read as the next request.
+An answer goes out in one write (headers and body together, TCP_NODELAY): on a kept-alive
+connection, as Prometheus scrapes, a second small write would wait on Nagle and the client's
+delayed ACK (~40 ms a scrape).
 """
 from __future__ import annotations
 
 import base64
 import binascii
 import hashlib
+import http.client
 import logging
 import re
 import socket
@@ -33,6 +42,9 @@ _LOG = logging.getLogger(__name__)
 REQUEST_TIMEOUT = 30.0  # seconds one read or write may wait
 CONNECTION_DEADLINE = 15.0  # seconds a whole connection may take (handshake, request, response)
 MAX_CONNECTIONS = 256       # connections served at once (threads and memory bounded); see _Server.process_request
+MAX_HEAD_BYTES = 16 * 1024  # a request line and its headers (Prometheus sends ~300 bytes)
+MAX_HEADER_LINES = 64
+MAX_BODY_BYTES = 64 * 1024  # a body (none is expected) read and dropped; a longer one closes the connection
 _INDEX = (b"<html><head><title>kvwatch</title></head><body><h1>kvwatch</h1>"
           b'<p><a href="/metrics">Metrics</a></p></body></html>\n')
 
@@ -40,20 +52,22 @@ _INDEX = (b"<html><head><title>kvwatch</title></head><body><h1>kvwatch</h1>"
 class BasicAuth:
     """Checks user:password against bcrypt hashes; remembers successes, and failures for a while.
 
-    bcrypt is slow by design, so a flood of wrong passwords would take the CPU: one bcrypt check
-    runs at a time (a credential that finds it busy is refused at once, not queued), and a
-    credential that just failed fails again from memory. A known-good credential never waits:
-    its success is remembered."""
+    bcrypt is slow by design, so a flood of wrong passwords would take the CPU: as Prometheus'
+    exporter-toolkit does, one bcrypt check runs at a time and the others queue for it (at most
+    QUEUE_WAIT seconds: a credential not yet known waits its turn, it is not refused because
+    another check runs), and every result is remembered, failures too, so a credential tried
+    again costs no bcrypt. A known-good credential never waits: its success is remembered."""
 
     MAX_CACHED = 1024
     FAILED_FOR = 60.0   # seconds a failed credential is refused without a new bcrypt check
+    QUEUE_WAIT = 10.0   # seconds a check may wait for the one before it (below the connection deadline)
 
     def __init__(self, users: dict[str, bytes]) -> None:
         self._users = dict(users)
         self._ok: set[bytes] = set()
         self._failed: dict[bytes, float] = {}
         self._lock = threading.Lock()
-        self._bcrypt = threading.Semaphore(1)
+        self._bcrypt = threading.Lock()
         self._dummy: bytes | None = None  # compared against for unknown users: same time as a known one
 
     def __bool__(self) -> bool:
@@ -70,15 +84,15 @@ class BasicAuth:
             return False
         hashed = self._users.get(user)
         key = hashlib.sha256(b"\0".join([user.encode(), password.encode(), hashed or b""])).digest()
-        now = time.monotonic()
-        with self._lock:
-            if hashed is not None and key in self._ok:
-                return True
-            if self._failed.get(key, 0.0) > now:
-                return False
-        if not self._bcrypt.acquire(blocking=False):
-            return False      # another check runs: a flood does not queue up bcrypt work
+        known = self._known(key, hashed is not None)
+        if known is not None:
+            return known
+        if not self._bcrypt.acquire(timeout=self.QUEUE_WAIT):
+            return False      # the queue is that long: a flood of new credentials
         try:
+            known = self._known(key, hashed is not None)   # checked while this one queued
+            if known is not None:
+                return known
             ok = bcrypt.checkpw(password.encode(), hashed if hashed is not None else self._dummy_hash())
         except ValueError:  # a malformed hash in the config
             _LOG.warning("basic auth: the hash of user %r is not a valid bcrypt hash", user)
@@ -93,8 +107,17 @@ class BasicAuth:
             if ok:
                 self._ok.add(key)
             else:
-                self._failed[key] = now + self.FAILED_FOR
+                self._failed[key] = time.monotonic() + self.FAILED_FOR
         return ok
+
+    def _known(self, key: bytes, user_known: bool) -> bool | None:
+        """The remembered result for `key`: True, False, or None when it must be checked."""
+        with self._lock:
+            if user_known and key in self._ok:
+                return True
+            if self._failed.get(key, 0.0) > time.monotonic():
+                return False
+        return None
 
     def _dummy_hash(self) -> bytes:
         if self._dummy is None:
@@ -204,6 +227,10 @@ class _Server(ThreadingHTTPServer):
     def finish_request(self, request: Any, client_address: Any) -> None:
         # Runs in the connection's own thread: the handshake cannot stall the accept loop.
         request.settimeout(REQUEST_TIMEOUT)
+        try:
+            request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
         if self.tls is None:
             super().finish_request(request, client_address)
             return
@@ -254,6 +281,35 @@ def bounded_accept(accept: str | None) -> str | None:
         return m.group(1) + version
 
     return _OPENMETRICS_VERSION.sub(canonical, accept[:MAX_ACCEPT_CHARS])
+
+
+class _HeadLimit:
+    """The connection's reader, with a budget for the request head: readline() never returns
+    more than MAX_HEAD_BYTES in all or more than MAX_HEADER_LINES lines (http.client's own limits,
+    64 KiB a line and 100 lines, let 256 connections buffer 1.6 GB before any credential).
+    BaseHTTPRequestHandler answers a head over budget with 431 (http.client.LineTooLong)."""
+
+    def __init__(self, raw: Any) -> None:
+        self._raw = raw
+        self.reset()
+
+    def reset(self) -> None:
+        self._left = MAX_HEAD_BYTES
+        self._lines = MAX_HEADER_LINES + 1   # the request line, then the headers
+
+    def readline(self, limit: int = -1) -> bytes:
+        if self._left <= 0 or self._lines <= 0:
+            raise http.client.LineTooLong("request head over its limit")
+        want = self._left + 1 if limit < 0 else min(limit, self._left + 1)
+        line: bytes = self._raw.readline(want)
+        self._left -= len(line)
+        self._lines -= 1
+        if self._left < 0:
+            raise http.client.LineTooLong("request head over its limit")
+        return line
+
+    def __getattr__(self, name: str) -> Any:      # read(), close(), ... of the connection's file
+        return getattr(self._raw, name)
 
 
 def _cut(sock: socket.socket) -> None:
@@ -369,14 +425,51 @@ def _handler(renderer: RenderCache, auth: BasicAuth,
         def version_string(self) -> str:
             return self.server_version   # the Server header names no runtime (no Python version)
 
+        def setup(self) -> None:
+            super().setup()
+            self.rfile = _HeadLimit(self.rfile)  # type: ignore[assignment]
+
         def handle_one_request(self) -> None:
             self.server.waiting(True)          # until a request head has arrived
-            super().handle_one_request()
+            self.rfile.reset()  # type: ignore[attr-defined]
+            try:
+                super().handle_one_request()
+            except http.client.LineTooLong:    # the request line itself over the budget
+                self.close_connection = True
+                self.requestline, self.request_version, self.command = "", "HTTP/1.1", None  # type: ignore[assignment]
+                self.send_error(431, "Request head too large")
 
         def parse_request(self) -> bool:
             ok = super().parse_request()
             self.server.waiting(False)
+            if ok:
+                ok = self._skip_body()
             return ok
+
+        def _skip_body(self) -> bool:
+            """Read and drop a request's body (none is expected) so that it is never taken for the
+            next request; a body of unknown or large size closes the connection after the answer."""
+            if self.headers.get("Transfer-Encoding") is not None:
+                self.close_connection = True   # chunked or not, CL+TE: never guess where it ends
+                return True
+            length = self.headers.get_all("Content-Length") or []
+            if not length:
+                return True
+            if len(set(length)) != 1 or not length[0].strip().isdigit():
+                self.close_connection = True
+                self.send_error(400, "Bad Content-Length")
+                return False
+            size = int(length[0])
+            if size > MAX_BODY_BYTES:
+                self.close_connection = True
+                return True
+            while size > 0:
+                chunk = self.rfile.read(min(size, 16 * 1024))
+                if not chunk:
+                    self.close_connection = True
+                    break
+                size -= len(chunk)
+            return True
 
         def do_GET(self) -> None:  # noqa: N802
             self._serve(body=True)
@@ -426,11 +519,15 @@ def _handler(renderer: RenderCache, auth: BasicAuth,
             self.send_response(status)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(payload)))
+            if self.close_connection:
+                self.send_header("Connection", "close")
             for name, value in (headers or {}).items():
                 self.send_header(name, value)
-            self.end_headers()
-            if body:
-                self.wfile.write(payload)
+            # One write for the head and the body (see the module's docstring).
+            buffered: list[bytes] = getattr(self, "_headers_buffer")  # noqa: B009 (send_header's, private)
+            head = b"".join(buffered) + b"\r\n"
+            buffered.clear()
+            self.wfile.write(head + payload if body else head)
 
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
             _LOG.debug("%s %s", self.address_string(), format % args)

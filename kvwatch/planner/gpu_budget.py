@@ -14,11 +14,12 @@ determine_available_memory; worker/worker.py determine_num_available_blocks in t
   sorted values, int64 indices, masks, softmax, cumulative sum, the sampling noise); FlashInfer's or
   vLLM's Triton kernel keeps ~3. The forward pass holds the hidden states and one layer's MLP.
 - **Non-torch**: cuBLAS/NCCL workspaces allocated during the profile; more with tensor parallelism.
-- **CUDA graphs**: captured after the KV cache is sized, so not taken from it, until 0.21 made the
-  graph estimate (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS) part of the budget by default.
+- **CUDA graphs**: captured after the KV cache is sized, so not taken from it, until the graph
+  estimate (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS: opt-in from 0.18, on by default from 0.20,
+  whatever 0.20's log says) became part of the budget.
 
-The release table says which sampler the profile runs, the default utilization, whether graphs
-count and the scheduler defaults. The per-element sampler bytes, the non-torch and graph figures
+The sampler lines say which sampler the profile runs; the default utilization, whether graphs count
+and the scheduler defaults are the release's own (vllm_releases/defaults.py, read from its source). The per-element sampler bytes, the non-torch and graph figures
 are measured from public start-up logs of real GPUs (tests/fixtures/gpu_logs); everything else is
 read from vLLM's code. A launch replaces the estimate with the engine's own figures (learned).
 """
@@ -26,13 +27,19 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, replace
-from typing import Any
+from dataclasses import asdict, dataclass
 
 from kvwatch.planner.devices import Device, GiB, cuda_total_bytes
 from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.versions import LATEST, VllmVersion
 from kvwatch.planner.weights import WeightCount
+from kvwatch.vllm_releases import resolve
+from kvwatch.vllm_releases.release_defaults import (
+    CUDAGRAPH_ABSENT,
+    ReleaseDefaults,
+    api_batch_defaults,
+    defaults_for,
+)
 
 # Sampler peak per (request x vocabulary) element. Sort-based top-k/top-p: 4.76, 5.56, 5.64 and
 # 7.38 GiB on four H100 logs (1,024 requests; vocabularies 128,256-201,088) and 0.94-1.42 GiB on
@@ -44,61 +51,77 @@ NON_TORCH_BYTES = int(0.125 * GiB)            # one GPU: 0.10-0.14 GiB in V1 log
 NON_TORCH_TP_EXTRA_BYTES = int(0.0625 * GiB)  # tensor parallel: NCCL and custom all-reduce buffers
 CUDA_GRAPH_BYTES = int(0.5 * GiB)             # a graph pool as logged: 0.27-0.65 GiB on one GPU
 V0_ENGINE, V1_ENGINE = "v0", "v1"
+CUDAGRAPH_ENV = "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS"
 
 
 @dataclass(frozen=True)
-class Release:
-    """What a line of vLLM releases does when it profiles memory."""
+class SamplerLine:
+    """The sampler a line of vLLM releases runs in its memory profile (a memory term, measured)."""
 
     since: tuple[int, int, int]
     engine: str                    # "v0" or "v1" (the default engine of the line)
     sampler_bytes: float           # the profile's sampler peak per request x vocab element
-    default_utilization: float
-    cuda_graphs_counted: bool      # the CUDA graph estimate is taken from the KV budget
-    h100_batch_tier: bool          # API server on >= 70 GiB non-A100 cards: 8192 tokens, 1024 seqs
-    b200_batch_tier: bool          # >= 160 GiB cards: 16384 tokens
     why: str
 
 
-# Oldest first, PR numbers in `why`. Known releases: 0.8 (V1 by default), 0.11.1 (#26859), 0.21 (its
-# log says "default since v0.21.0"). Placed from the PRs' dates, not a release note: the H100 tier
-# at 0.9, the Triton kernel at 0.17, the 0.92 default and the >= 160 GiB tier at 0.21.
-RELEASES = (
-    Release((0, 0, 0), V0_ENGINE, SORTED_SAMPLER_BYTES, 0.9, False, False, False,
-            "V0 engine: the profile samples 256 dummy sequences with top-k/top-p by sorting"),
-    Release((0, 8, 0), V1_ENGINE, FUSED_SAMPLER_BYTES, 0.9, False, False, False,
-            "V1 engine by default; FlashInfer top-k/top-p sampling where installed (#11394)"),
-    Release((0, 9, 0), V1_ENGINE, FUSED_SAMPLER_BYTES, 0.9, False, True, False,
-            "larger scheduler defaults on H100-class cards, not A100 (#17885)"),
-    Release((0, 11, 1), V1_ENGINE, SORTED_SAMPLER_BYTES, 0.9, False, True, False,
-            "FlashInfer sampling off by default (#26859): the profile sorts the logits"),
-    Release((0, 17, 0), V1_ENGINE, FUSED_SAMPLER_BYTES, 0.9, False, True, False,
-            "vLLM's Triton top-k/top-p kernel replaces the sort (#33538)"),
-    Release((0, 21, 0), V1_ENGINE, FUSED_SAMPLER_BYTES, 0.92, True, True, True,
-            "CUDA graph memory estimated and taken from the KV budget by default (#30515)"),
+# Oldest first, PR numbers in `why`: 0.8 (V1 by default), 0.11.1 (#26859); the Triton kernel from 0.17
+# (vLLM 0.17.1, vllm/v1/sample/ops/topk_topp_triton.py, absent from 0.16.0).
+SAMPLER_LINES = (
+    SamplerLine((0, 0, 0), V0_ENGINE, SORTED_SAMPLER_BYTES,
+                "V0 engine: the profile samples 256 dummy sequences with top-k/top-p by sorting"),
+    SamplerLine((0, 8, 0), V1_ENGINE, FUSED_SAMPLER_BYTES,
+                "V1 engine by default; FlashInfer top-k/top-p sampling where installed (#11394)"),
+    SamplerLine((0, 11, 1), V1_ENGINE, SORTED_SAMPLER_BYTES,
+                "FlashInfer sampling off by default (#26859): the profile sorts the logits"),
+    SamplerLine((0, 17, 0), V1_ENGINE, FUSED_SAMPLER_BYTES,
+                "vLLM's Triton top-k/top-p kernel replaces the sort (#33538)"),
 )
+# V0's scheduler defaults, every card: vLLM 0.8.5, vllm/engine/arg_utils.py:1563 (256 sequences) and
+# vllm/config.py:68 (_DEFAULT_MAX_NUM_BATCHED_TOKENS).
+V0_MAX_NUM_SEQS = 256
+V0_MIN_BATCHED_TOKENS = 2048
+
+
+@dataclass(frozen=True)
+class Release:
+    """What a vLLM release does when it profiles memory: its sampler line, and the defaults and
+    switches read from its source (vllm_releases/defaults.py), as the engine's environment sets them."""
+
+    engine: str
+    sampler_bytes: float
+    defaults: ReleaseDefaults
+    cuda_graphs_counted: bool      # the CUDA graph estimate is taken from the KV budget
+    why: str
+
+    @property
+    def default_utilization(self) -> float:
+        return self.defaults.gpu_memory_utilization
 
 
 def release_for(version: VllmVersion | None, env: Mapping[str, str] | None = None) -> Release:
     version = version or LATEST
-    release = [r for r in RELEASES if r.since <= version.parts][-1]
     env = env or {}
-    if release.engine == V1_ENGINE and version.parts < (0, 11, 0) and env.get("VLLM_USE_V1", "").strip() == "0":
-        release = RELEASES[0]   # the V0 engine, asked for
+    line = [r for r in SAMPLER_LINES if r.since <= version.parts][-1]
+    why = line.why
+    defaults = defaults_for(version)
+    if line.engine == V1_ENGINE and defaults.v0_switch_source and env.get("VLLM_USE_V1", "").strip() == "0":
+        line, why = SAMPLER_LINES[0], SAMPLER_LINES[0].why   # the V0 engine, asked for (until 0.11 removed it)
+    sampler = line.sampler_bytes
     flashinfer = env.get("VLLM_USE_FLASHINFER_SAMPLER", "").strip()
-    if release.engine == V1_ENGINE and flashinfer in ("0", "1") and release.since < (0, 17, 0):
+    if line.engine == V1_ENGINE and flashinfer in ("0", "1") and line.since < (0, 17, 0):
         # before vLLM's Triton kernel the flag chose between FlashInfer and the sort
-        release = _told(release, "VLLM_USE_FLASHINFER_SAMPLER", flashinfer,
-                        sampler_bytes=FUSED_SAMPLER_BYTES if flashinfer == "1" else SORTED_SAMPLER_BYTES)
-    graphs = env.get("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", "").strip()
-    if graphs in ("0", "1") and version.parts >= (0, 14, 0):   # the opt-in flag of #30515
-        release = _told(release, "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", graphs, cuda_graphs_counted=graphs == "1")
-    return release
-
-
-def _told(release: Release, name: str, value: str, **changes: Any) -> Release:
-    """The release as an environment variable of the engine changes it, saying so."""
-    return replace(release, **changes, why=f"{release.why}; {name}={value}")
+        sampler = FUSED_SAMPLER_BYTES if flashinfer == "1" else SORTED_SAMPLER_BYTES
+        why += f"; VLLM_USE_FLASHINFER_SAMPLER={flashinfer}"
+    if (choice := resolve(version)).why:
+        why += f"; {choice.why}"
+    graphs_env = env.get(CUDAGRAPH_ENV)
+    graphs = defaults.cudagraphs_counted(graphs_env)
+    if graphs:
+        why += (f"; CUDA graph memory estimated and taken from the KV budget "
+                f"({defaults.cite(defaults.cudagraph_applied_source)})")
+    if graphs_env is not None and defaults.cudagraph_estimate != CUDAGRAPH_ABSENT:
+        why += f"; {CUDAGRAPH_ENV}={graphs_env.strip()}"
+    return Release(line.engine, sampler, defaults, graphs, why)
 
 
 def utilization(settings: EngineSettings, release: Release) -> float:
@@ -106,21 +129,25 @@ def utilization(settings: EngineSettings, release: Release) -> float:
     return settings.gpu_memory_utilization if settings.gpu_memory_utilization_given else release.default_utilization
 
 
+def api_defaults(device: Device, settings: EngineSettings, release: Release) -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) of the release's get_batch_defaults for the API server
+    (vllm_releases/defaults.py), before any flag: the card's total as NVML reports it, which is what
+    the CUDA platform's get_device_total_memory returns (vLLM 0.32.0, vllm/platforms/cuda.py:801)."""
+    world = settings.tensor_parallel_size * settings.pipeline_parallel_size
+    total = (device.total_memory_bytes or cuda_total_bytes(device)) if device.platform != "cpu" else 0
+    return api_batch_defaults(release.defaults, device.platform, total, device.name, device.compute_capability, world)
+
+
 def batch_defaults(settings: EngineSettings, device: Device, release: Release, max_model_len: int) -> tuple[int, int]:
-    """(max_num_batched_tokens, max_num_seqs) the scheduler takes for the API server
-    (engine/arg_utils.py get_batch_defaults; V0: max(max_model_len, 2048) without chunked prefill)."""
-    total = cuda_total_bytes(device)
-    name = device.name.lower()
-    tokens, seqs = 2048, 256
-    if release.b200_batch_tier and total >= 160 * GiB:
-        tokens, seqs = 16384, 1024
-    elif release.h100_batch_tier and total >= 70 * GiB and "a100" not in name:
-        tokens, seqs = 8192, 1024
+    """(max_num_batched_tokens, max_num_seqs) the scheduler takes for the API server: the release's
+    defaults (api_defaults), the V0 engine's own, the flags over them."""
+    tokens, seqs = api_defaults(device, settings, release)
     if release.engine == V0_ENGINE:
         # V0 turned chunked prefill on by default only for contexts above 32K (arg_utils.py)
         chunked = settings.enable_chunked_prefill if settings.enable_chunked_prefill is not None \
             else max_model_len > 32768
-        tokens = 2048 if chunked else max(max_model_len, 2048)
+        tokens = V0_MIN_BATCHED_TOKENS if chunked else max(max_model_len, V0_MIN_BATCHED_TOKENS)
+        seqs = V0_MAX_NUM_SEQS
     elif settings.enable_chunked_prefill is False:
         tokens = max(max_model_len, tokens)
     tokens = settings.max_num_batched_tokens or tokens
@@ -139,7 +166,7 @@ class GpuBudget:
     weights_bytes: int
     activation_peak_bytes: int
     non_torch_bytes: int
-    cuda_graph_bytes: int          # counted in the budget only from 0.21 (0 otherwise)
+    cuda_graph_bytes: int          # counted only where the release takes the graph estimate (0 otherwise)
     max_num_batched_tokens: int
     max_num_seqs: int
 

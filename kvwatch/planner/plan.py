@@ -14,7 +14,7 @@ from kvwatch.planner.devices import Device, GiB
 from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.flag_change import NO_CHANGE, FlagChange
 from kvwatch.planner.geometry import ModelGeometry
-from kvwatch.planner.gpu_budget import GpuBudget, estimate_budget
+from kvwatch.planner.gpu_budget import GpuBudget, Release, api_defaults, estimate_budget, release_for
 from kvwatch.planner.kv_groups import Demand, KvGroups, LayerSpec, kv_groups, promote_local_layers
 from kvwatch.planner.layers import CHUNKED, MAMBA, SLIDING
 from kvwatch.planner.rules import FP8_KV_DTYPES, PACKED_MLA_BYTES, BackendRule, MultipleOf, RuleSet
@@ -32,7 +32,6 @@ NO_KV_CACHE_MEMORY = FailureKind.NO_KV_CACHE_MEMORY
 NO_ATTENTION_BACKEND = FailureKind.NO_ATTENTION_BACKEND
 CONFIG_REFUSED = FailureKind.CONFIG_REFUSED
 MAMBA_CACHE_TOO_SMALL = FailureKind.MAMBA_CACHE_TOO_SMALL
-_DEFAULT_GPU_MEMORY_UTILIZATION = 0.92   # vLLM 0.32 config/cache.py
 
 
 @dataclass(frozen=True)
@@ -164,7 +163,7 @@ def kv_dtype_bytes(kv_cache_dtype: str, model_dtype: str, config_dtype: str | No
 def _gpu_budget(device: Device, settings: EngineSettings, geometry: ModelGeometry, memory: MemoryInputs,
                 model_bytes: int, max_model_len: int) -> GpuBudget:
     """GPU: vLLM's own split of the card (planner/gpu_budget.py): total x utilization, minus the
-    weights, the profile's activation peak, non-torch memory and, from 0.21, CUDA graphs."""
+    weights, the profile's activation peak, non-torch memory and, where the release counts them, CUDA graphs."""
     ranks = settings.tensor_parallel_size * settings.pipeline_parallel_size
     if memory.weights_bytes is not None:
         weights = memory.weights_bytes // ranks
@@ -247,8 +246,9 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     # Plan the rest as vLLM would once the refused values are fixed (no division by a zero block).
     if settings.block_size is not None and settings.block_size <= 0:
         settings = replace(settings, block_size=None)
+    release = release_for(memory.vllm_version, dict(memory.vllm_env))
     if not 0 < settings.gpu_memory_utilization <= 1:
-        settings = replace(settings, gpu_memory_utilization=_DEFAULT_GPU_MEMORY_UTILIZATION,
+        settings = replace(settings, gpu_memory_utilization=release.default_utilization,
                            gpu_memory_utilization_given=False)
     kv_dtype = settings.kv_cache_dtype
     choice = choose_backend(rules, device, geometry, kv_dtype, settings.block_size,
@@ -322,11 +322,11 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
 
     derived_len = geometry.default_max_model_len
     max_len = settings.max_model_len or derived_len
-    demand = _demand(geometry, settings, device, max_len)
+    demand = _demand(geometry, settings, device, max_len, release)
     if settings.max_model_len_auto and settings.max_model_len is None:
         fitted = groups.auto_fit_max_model_len(check_memory, demand, derived_len) if check_memory > 0 else 0
         max_len = min(derived_len, fitted) if fitted > 0 else derived_len
-        demand = _demand(geometry, settings, device, max_len)
+        demand = _demand(geometry, settings, device, max_len, release)
     tokens, concurrency = groups.capacity(num_blocks, demand) if num_blocks else (0, 0.0)
 
     if num_blocks <= 1 or check_memory <= 0:
@@ -340,7 +340,7 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
             f"max model len {max_len} needs {needed} blocks per request; "
             f"the KV cache holds {num_blocks - 1} usable blocks (max model len {fit} fits)",
             FlagChange({"--max-model-len": fit}) if fit > 0 else NO_CHANGE, certain=not estimated))
-    seqs = settings.max_num_seqs or _default_max_num_seqs(device, settings)
+    seqs = settings.max_num_seqs or api_defaults(device, settings, release)[1]
     if state_bytes and device.platform == "cuda" and not settings.enforce_eager and 1 < num_blocks < seqs:
         warnings.append(Warning_(
             MAMBA_CACHE_TOO_SMALL,
@@ -481,32 +481,11 @@ def _kv_groups(geometry: ModelGeometry, settings: EngineSettings, block_size: in
     return kv_groups(specs)
 
 
-def _default_max_num_seqs(device: Device, settings: EngineSettings) -> int:
-    """vLLM's default for the API server (engine/arg_utils.py get_batch_defaults)."""
-    world = settings.tensor_parallel_size * settings.pipeline_parallel_size
-    if device.platform == "cpu":
-        return 128 * world
-    total = device.total_memory_bytes or 0
-    return 1024 if total >= 160 * GiB or (total >= 70 * GiB and "a100" not in device.name.lower()) else 256
-
-
-def _default_max_num_batched_tokens(device: Device, settings: EngineSettings) -> int:
-    """vLLM's default for the API server (engine/arg_utils.py get_batch_defaults)."""
-    world = settings.tensor_parallel_size * settings.pipeline_parallel_size
-    if device.platform == "cpu":
-        return 2048 * world
-    total = device.total_memory_bytes or 0
-    if total >= 160 * GiB:
-        return 16384
-    if total >= 70 * GiB and "a100" not in device.name.lower():
-        return 8192
-    return 2048
-
-
-def _demand(geometry: ModelGeometry, settings: EngineSettings, device: Device, max_model_len: int) -> Demand:
+def _demand(geometry: ModelGeometry, settings: EngineSettings, device: Device, max_model_len: int,
+            release: Release) -> Demand:
     """What one request may hold: max_model_len, and the tokens in flight that sliding-window and
     chunked layers keep on top of their window (VllmConfig.max_in_flight_tokens)."""
-    batched = settings.max_num_batched_tokens or _default_max_num_batched_tokens(device, settings)
+    batched = settings.max_num_batched_tokens or api_defaults(device, settings, release)[0]
     chunked_prefill = settings.enable_chunked_prefill
     if device.platform == "cpu" and geometry.attention == "mla" and not device.cpu_amx:
         chunked_prefill = False            # platforms/cpu.py: the reference MLA kernel turns chunked prefill off

@@ -2,7 +2,9 @@
 
 Every error is one line naming the file and the key, raised as ConfigError (exit 2).
 Unknown keys are errors: a misspelt `hang_timeout_second` silently keeping the default
-would be worse than refusing to start.
+would be worse than refusing to start. Every value is bounded (docs/config.md "Bounds"): the
+file's size and nesting, each duration (an interval of 1e-300 s would spin a core), each count
+and list.
 """
 from __future__ import annotations
 
@@ -22,6 +24,34 @@ from kvwatch.policy import Policy
 
 DEFAULT_NAME = "vllm"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,99}$")  # the state file name: no slashes
+
+MAX_CONFIG_BYTES = 1 << 20        # a config is a page; a 200 MB file is refused before it is parsed
+MAX_LIST_ITEMS = 4096             # engine.command's words, engine.environment's variables
+MAX_STRING_BYTES = 128 * 1024     # one word or value (Linux's MAX_ARG_STRLEN)
+_MINUTE, _DAY = 60.0, 86400.0
+# The range of each duration (seconds), where a value outside it can only be a mistake: below,
+# a loop that spins (health checks every 1e-300 s) or a stop that never waits; above, a timer
+# that never fires. The one table the file, the flags and docs/config.md "Bounds" follow.
+SECONDS_BOUNDS: dict[str, tuple[float, float]] = {
+    "engine.start_timeout_seconds": (1.0, 7 * _DAY),
+    "engine.health_interval_seconds": (0.1, 60 * _MINUTE),
+    "engine.hang_timeout_seconds": (1.0, _DAY),
+    "engine.stop_timeout_seconds": (1.0, 60 * _MINUTE),
+    "policy.restart_window_seconds": (1.0, 7 * _DAY),
+    "policy.backoff_initial_seconds": (0.05, _DAY),
+    "policy.backoff_max_seconds": (0.05, _DAY),
+    "policy.stable_seconds": (1.0, 7 * _DAY),
+    "watch.interval_seconds": (0.1, 60 * _MINUTE),
+}
+MAX_COUNT = 1000                  # policy.max_corrections, policy.max_restarts
+
+
+def bounded_seconds(value: float, where: str, key: str) -> float:
+    """`value` if it lies within SECONDS_BOUNDS[key], else one ConfigError naming `where`."""
+    low, high = SECONDS_BOUNDS[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise ConfigError(f"{where}: expected a finite number of seconds from {low:g} to {high:g}, got {value!r:.40}")
+    return float(value)
 
 
 @dataclass(frozen=True)
@@ -81,11 +111,17 @@ def validate_name(name: str, where: str = "name") -> str:
 def load_config(path: str | os.PathLike[str]) -> Config:
     p = Path(path)
     try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
+        with open(p, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)   # never the whole of a giant file
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"config {p}: larger than {MAX_CONFIG_BYTES >> 20} MiB: not a kvwatch config")
+        data = tomllib.loads(raw.decode("utf-8"))
     except OSError as exc:
         raise ConfigError(f"config {p}: cannot read: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"config {p}: not UTF-8 text") from None
+    except RecursionError:   # tomllib parses nested arrays and inline tables by recursion
+        raise ConfigError(f"config {p}: nested too deeply") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config {p}: not valid TOML: {exc}") from None
     return config_from_mapping(data, str(p))
@@ -113,10 +149,10 @@ def config_from_mapping(data: Mapping[str, Any], source: str = "<config>") -> Co
     environment = v.string_map(engine_data, "engine.environment")
     engine = EngineConfig(
         command=tuple(command), environment=environment,
-        start_timeout_seconds=v.positive(engine_data, "engine.start_timeout_seconds", 1800.0),
-        health_interval_seconds=v.positive(engine_data, "engine.health_interval_seconds", 5.0),
-        hang_timeout_seconds=v.positive(engine_data, "engine.hang_timeout_seconds", 60.0),
-        stop_timeout_seconds=v.positive(engine_data, "engine.stop_timeout_seconds", 60.0),
+        start_timeout_seconds=v.seconds(engine_data, "engine.start_timeout_seconds", 1800.0),
+        health_interval_seconds=v.seconds(engine_data, "engine.health_interval_seconds", 5.0),
+        hang_timeout_seconds=v.seconds(engine_data, "engine.hang_timeout_seconds", 60.0),
+        stop_timeout_seconds=v.seconds(engine_data, "engine.stop_timeout_seconds", 60.0),
         pin_kv_cache_memory=v.boolean(engine_data, "engine.pin_kv_cache_memory", False),
     )
 
@@ -126,7 +162,7 @@ def config_from_mapping(data: Mapping[str, Any], source: str = "<config>") -> Co
     watch_data = v.table(data, "watch")
     v.no_unknown(watch_data, "watch.", ("interval_seconds", "all_gpus"))
     all_gpus = v.boolean(watch_data, "watch.all_gpus", False)
-    watch = WatchConfig(interval_seconds=v.positive(watch_data, "watch.interval_seconds", 5.0), all_gpus=all_gpus)
+    watch = WatchConfig(interval_seconds=v.seconds(watch_data, "watch.interval_seconds", 5.0), all_gpus=all_gpus)
     device = data.get("device", "")
     if isinstance(device, int) and not isinstance(device, bool):
         device = str(device)
@@ -160,9 +196,11 @@ def _policy(v: _Validator, data: Mapping[str, Any]) -> Policy:
                 raise v.error(where, "expected true or false")
             values[key] = raw
         elif isinstance(default, int):
-            if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
-                raise v.error(where, "expected a whole number >= 0")
+            if isinstance(raw, bool) or not isinstance(raw, int) or not 0 <= raw <= MAX_COUNT:
+                raise v.error(where, f"expected a whole number from 0 to {MAX_COUNT}")
             values[key] = raw
+        elif where in SECONDS_BOUNDS:
+            values[key] = v.seconds(data, where, float(default), key=key)
         else:
             values[key] = v.positive(data, where, float(default), key=key)
     policy = dataclasses.replace(defaults, **values)
@@ -171,6 +209,8 @@ def _policy(v: _Validator, data: Mapping[str, Any]) -> Policy:
     if not 0 < policy.min_gpu_memory_utilization <= policy.max_gpu_memory_utilization <= 1:
         raise v.error("policy.max_gpu_memory_utilization",
                       "need 0 < min_gpu_memory_utilization <= max_gpu_memory_utilization <= 1")
+    if not 0.001 <= policy.gpu_memory_utilization_step <= 0.5:
+        raise v.error("policy.gpu_memory_utilization_step", "expected a step from 0.001 to 0.5")
     return policy
 
 
@@ -258,7 +298,14 @@ class _Validator:
             raise self.error(key, 'expected a list of strings, e.g. ["vllm", "serve", "/models/m"]')
         if any("\0" in x for x in value):
             raise self.error(key, "a NUL character cannot be passed to a program")
+        self._sizes(key, value)
         return value
+
+    def _sizes(self, key: str, words: Sequence[str]) -> None:
+        if len(words) > MAX_LIST_ITEMS:
+            raise self.error(key, f"more than {MAX_LIST_ITEMS} entries")
+        if any(len(w) > MAX_STRING_BYTES for w in words):
+            raise self.error(key, f"an entry longer than {MAX_STRING_BYTES >> 10} KiB")
 
     def string_map(self, data: Mapping[str, Any], key: str) -> dict[str, str]:
         value = data.get(key.rsplit(".", 1)[-1], {})
@@ -269,6 +316,7 @@ class _Validator:
                 raise self.error(f"{key}.{k}", "expected a string (quote numbers: \"1\")")
             if not k or "=" in k or "\0" in k or "\0" in x:
                 raise self.error(f"{key}.{k!r}", "not an environment variable (no '=' or NUL in a name, no NUL in a value)")
+        self._sizes(key, [*value, *value.values()])
         return dict(value)
 
     def boolean(self, data: Mapping[str, Any], where: str, default: bool) -> bool:
@@ -276,6 +324,13 @@ class _Validator:
         if not isinstance(value, bool):
             raise self.error(where, "expected true or false")
         return value
+
+    def seconds(self, data: Mapping[str, Any], where: str, default: float, key: str | None = None) -> float:
+        value = data.get(key or where.rsplit(".", 1)[-1], default)
+        try:
+            return bounded_seconds(value, where, where)
+        except ConfigError as exc:
+            raise ConfigError(f"config {self.source}: {exc}") from None
 
     def positive(self, data: Mapping[str, Any], where: str, default: float, key: str | None = None) -> float:
         value = data.get(key or where.rsplit(".", 1)[-1], default)

@@ -6,6 +6,11 @@ last `ring_bytes`) is kept for diagnosis and kvwatch.diagnosis.startup_lines rea
 lines that carry a fact (docs/vllm-facts.md §5: the KV cache size, where the GPU memory went). A line without a newline is cut after `max_line` bytes rather
 than buffered without bound. The tail becomes text lines only when someone asks for them
 (a failure): invalid UTF-8 is replaced, carriage returns dropped, giant lines cut.
+
+Passing the lines on never makes the engine wait on whoever reads kvwatch's own output (journald,
+a container runtime, a pipe that stopped being read): a LogSink holds what is to be written, at
+most `max_bytes`, and its own thread writes it; what does not fit is dropped and counted
+(`kvwatch_engine_log_lines_dropped_total`). The tail for diagnosis keeps every line regardless.
 """
 from __future__ import annotations
 
@@ -46,17 +51,109 @@ def _pipe_capacity(fd: int) -> int:
         return 64 * 1024
 
 
+class LogSink:
+    """A writer that never blocks its caller: blocks queue (at most `max_bytes`) for a thread of
+    its own that writes them to `target`. A block that does not fit is dropped whole and its
+    lines counted; kvwatch says once on its own log that it is dropping, and in the stream how
+    many lines went missing once the reader catches up. One per kvwatch process (every relaunch
+    of the engine writes through it), so `lines_dropped` only grows."""
+
+    def __init__(self, target: BinaryIO, *, max_bytes: int = 8 << 20) -> None:
+        self._target: BinaryIO | None = target
+        self._max_bytes = max_bytes
+        self._queue: deque[bytes] = deque()
+        self._queued = 0
+        self._cond = threading.Condition()
+        self._closed = False
+        self._writing = False
+        self._unreported = 0            # lines dropped since the stream last said so
+        self.lines_dropped = 0
+        self.bytes_dropped = 0
+        self._thread = threading.Thread(target=self._run, name="log-sink", daemon=True)
+        self._thread.start()
+
+    def write(self, block: bytes) -> None:
+        """Queue `block` (whole lines, each ending in a newline); never waits on the target."""
+        with self._cond:
+            if self._target is None or self._closed:
+                return
+            if self._queued + len(block) > self._max_bytes:
+                lines = block.count(b"\n") or 1
+                if not self.lines_dropped:
+                    _LOG.warning("kvwatch's output is not being read: dropping the engine's lines "
+                                 "(counted in kvwatch_engine_log_lines_dropped_total); the engine does not wait")
+                self.lines_dropped += lines
+                self.bytes_dropped += len(block)
+                self._unreported += lines
+                return
+            self._queue.append(block)
+            self._queued += len(block)
+            self._cond.notify()
+
+    def flush(self) -> None:
+        """Nothing to do at once: the thread flushes after each write (kept for BinaryIO's shape)."""
+
+    def drain(self, timeout: float) -> bool:
+        """Wait at most `timeout` seconds for what is queued to be written. True when it was."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while (self._queue or self._writing) and self._target is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Write what is queued (for at most `timeout` seconds), then stop the thread."""
+        self.drain(timeout)
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                blocks = list(self._queue)
+                self._queue.clear()
+                self._queued = 0
+                note = self._unreported
+                self._unreported = 0
+                self._writing = True
+            if note:
+                blocks.insert(0, f"[kvwatch] {note} engine log lines dropped: kvwatch's output "
+                                 f"was not being read\n".encode())
+            try:
+                target = self._target
+                if target is not None:
+                    target.write(b"".join(blocks))
+                    target.flush()
+            except (OSError, ValueError) as exc:  # kvwatch's stdout closed: the engine goes on
+                _LOG.warning("log sink: passthrough off: %s", exc)
+                self._target = None
+            finally:
+                with self._cond:
+                    self._writing = False
+                    self._cond.notify_all()
+
+
 def _own_probe(raw: bytes) -> bool:
     return (b'"GET /' in raw and any(marker in raw for marker in _PROBE_MARKERS)
             and any(source in raw for source in _LOOPBACK))
 
 
 class OutputPump:
-    def __init__(self, name: str, fd: int, sink: BinaryIO | None, *, ring_lines: int = 5000,
+    def __init__(self, name: str, fd: int, sink: BinaryIO | LogSink | None, *, ring_lines: int = 5000,
                  ring_bytes: int = 4 << 20, max_line: int = 64 * 1024, chunk: int = 1 << 20) -> None:
         self.name = name
         self._fd = fd
-        self._sink = sink
+        # A plain file gets a LogSink of the pump's own (written out at EOF): no sink blocks the pump.
+        self._own_sink = sink is not None and not isinstance(sink, LogSink)
+        self._sink: LogSink | None = LogSink(sink) if sink is not None and not isinstance(sink, LogSink) else sink
         self._prefix = f"[{name}] ".encode()
         self._newline_prefix = b"\n" + self._prefix
         # The tail as the blocks read (whole lines each): a busy engine writes ~6k lines per MB,
@@ -143,6 +240,8 @@ class OutputPump:
                     time.sleep(_BATCH_PAUSE_S)
             if pending:
                 self._emit(pending)
+            if self._own_sink and self._sink is not None:
+                self._sink.close(timeout=5.0)
         except Exception:  # the pump must never die silently: the engine would block on its pipe
             _LOG.exception("pump %s: failed", self.name)
 
@@ -168,17 +267,12 @@ class OutputPump:
                 self._tail_bytes -= len(self._tail.popleft())
             self.lines_seen += block.count(b"\n") + 1
         if self._sink is not None:
-            self._pass_through(block)
+            self._pass_through(self._sink, block)
 
-    def _pass_through(self, block: bytes) -> None:
+    def _pass_through(self, sink: LogSink, block: bytes) -> None:
         if b"\r" in block or b'"GET /' in block:  # rare: progress bars, HTTP access lines
             raw_lines = [raw.rstrip(b"\r") for raw in block.split(b"\n") if not _own_probe(raw)]
             if not raw_lines:
                 return
             block = b"\n".join(raw_lines)
-        try:
-            self._sink.write(self._prefix + block.replace(b"\n", self._newline_prefix) + b"\n")  # type: ignore[union-attr]
-            self._sink.flush()  # type: ignore[union-attr]
-        except (OSError, ValueError) as exc:  # kvwatch's stdout closed: keep draining
-            _LOG.warning("pump %s: passthrough off: %s", self.name, exc)
-            self._sink = None
+        sink.write(self._prefix + block.replace(b"\n", self._newline_prefix) + b"\n")

@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 from typing import BinaryIO, Protocol
 
 from kvwatch.boundary import engine_http
-from kvwatch.boundary.device_probe import installed_vllm_text
+from kvwatch.boundary.device_probe import installed_vllm, installed_vllm_text
 from kvwatch.boundary.proc_inspect import ProcRef
+from kvwatch.boundary.startup_plan_file import read_persisted_plan
 from kvwatch.engine_status import EngineState, EngineStatus
 from kvwatch.errors import KvwatchError
 from kvwatch.exitcodes import EXIT_GAVE_UP, EXIT_OK
@@ -36,6 +37,11 @@ from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.plan import Plan
 from kvwatch.planner.rules import RuleSet, ruleset_for, with_learned_block_sizes
 from kvwatch.planner.units import format_bytes
+from kvwatch.planner.versions import LATEST
+from kvwatch.vllm_releases.release_defaults import defaults_for
+from kvwatch.vllm_releases.startup_plan import ENABLE_ENV as STARTUP_PLAN_ENV
+from kvwatch.vllm_releases.startup_plan import pin_decision, plan_enabled
+from kvwatch.vllm_releases.upgrade import ReleaseChange, planned_as, release_change
 from kvwatch.watchdog import disk_writer, learned_store, leftovers
 from kvwatch.watchdog.budget import Budget
 from kvwatch.watchdog.config import Config
@@ -147,6 +153,8 @@ class Supervisor:
         self._gpus: GpuView | None = None
         self._pinned: int | None = None   # the KV bytes the running engine was launched pinned to
         self._requested: int | None = None   # the running engine's GPU budget (CUDA total x utilization)
+        self._release_changes = 0   # the engine's vLLM release differed from the state file's
+        self._upgrade: ReleaseChange | None = None   # that change, until the new release measured its cache
         self._status = self._make_status()
 
     # -- public ------------------------------------------------------------------------
@@ -263,6 +271,7 @@ class Supervisor:
                                             constraints=record.constraints)
             self._record.original_argv = configured
             self._record.argv = configured
+        self._note_release(record)
         self._record.restarts, self._record.failure_counts, self._record.correction_counts = {}, {}, {}
         # What an earlier kvwatch left in the file is history now: this one has launched nothing yet.
         self._record.state, self._record.reason = EngineState.STOPPED.value, "kvwatch started"
@@ -291,6 +300,17 @@ class Supervisor:
     def _plan(self) -> Plan | None:
         return self._planner.plan if self._planner is not None else None
 
+    def _note_release(self, last: EngineRecord | None) -> None:
+        """An image upgrade: the release recorded at the last launch is not the one installed now."""
+        current = installed_vllm_text()
+        change = release_change(last.vllm_release if last else None, current,
+                                last.log_kv_tokens if last else None, last.log_available_kv_bytes if last else None)
+        if change is not None:
+            _LOG.warning("release: %s", change.message)
+            self._release_changes += 1
+            self._upgrade = change
+        self._record.vllm_release = current or self._record.vllm_release
+
     def _learned_rules(self, rules: RuleSet) -> RuleSet:
         """The rule table, with the block sizes earlier failures on this host reported."""
         learned: dict[str, list[object]] = {}
@@ -318,6 +338,12 @@ class Supervisor:
         learned = planner.plan
         if learned is None or learned.source != "learned":
             _LOG.info("pin: nothing learned yet for this profile: vLLM profiles the memory itself")
+            return argv
+        decision = pin_decision(plan_enabled(defaults_for(installed_vllm() or LATEST),
+                                             self._engine_env().get(STARTUP_PLAN_ENV)),
+                                learned.kv_memory_bytes, read_persisted_plan(self._record.vllm_startup_plan))
+        if not decision.pin:
+            _LOG.info("pin: %s", decision.reason)
             return argv
         foreign = self._gpu_view().foreign_bytes() or 0
         pin = pin_for(learned, foreign)
@@ -479,7 +505,12 @@ class Supervisor:
         record.log_kv_tokens = facts.kv_tokens
         record.log_available_kv_bytes = facts.available_kv_bytes
         record.log_memory_parts = parts
-        self._learn_non_kv(facts.available_kv_bytes)
+        record.vllm_startup_plan = facts.startup_plan_path or record.vllm_startup_plan
+        if self._upgrade is not None and facts.kv_tokens is not None:   # capacity against the last release's
+            _LOG.warning("release: %s", self._upgrade.capacity_message(facts.kv_tokens, facts.kv_cache_bytes)
+                         or f"vLLM {self._upgrade.after}: {facts.kv_tokens:,} KV tokens")
+            self._upgrade = None
+        self._learn_non_kv(facts.kv_cache_bytes)   # a boot on vLLM's own plan logs no profile: its plan is the figure
         self._save()
         self._publish()
 
@@ -593,7 +624,9 @@ class Supervisor:
             restarts=dict(record.restarts), failures=dict(record.failure_counts),
             corrections=dict(record.correction_counts), last_failure=last.kind.value if last else None,
             log_kv_tokens=record.log_kv_tokens, log_available_kv_bytes=record.log_available_kv_bytes,
-            log_memory_parts=dict(record.log_memory_parts), memory_requested_bytes=self._requested)
+            log_memory_parts=dict(record.log_memory_parts), memory_requested_bytes=self._requested,
+            vllm_release=record.vllm_release, release_changes=self._release_changes,
+            vllm_release_planned_as=planned_as(record.vllm_release))
 
     def _publish(self) -> None:
         self._status = status = self._make_status()

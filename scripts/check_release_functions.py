@@ -1,0 +1,445 @@
+#!/usr/bin/env python3
+"""Oracles from vLLM's own code: run each unpacked release's pure functions on this CPU and compare
+them with kvwatch's data on a table of inputs.
+
+    python scripts/check_release_functions.py [SRC_ROOT] [--write FIXTURE]
+
+SRC_ROOT holds one unpacked wheel per release, SRC_ROOT/<version>/vllm/... (default: the
+KVWATCH_VLLM_SRC environment variable). Nothing of vLLM is installed or copied: each function is
+compiled from the release's file and run with stubs for what it reaches outside itself (the current
+platform: the card asked about; the enums: their member names; imports of vllm modules: those stubs).
+
+Checks, per release where the function exists:
+- batch_defaults: engine/arg_utils.py get_batch_defaults (0.10: the same code inline in the V1
+  default-setting method) for the API server, against vllm_releases.release_defaults.api_batch_defaults,
+  on every card of CARDS and CPU world sizes;
+- backend_priorities: platforms/cuda.py _get_backend_priorities (0.11+), the backends kvwatch models
+  in vLLM's order, against the priorities of kvwatch's rule set for that release.
+
+Any difference is printed naming the release, the check, the input and both answers, and the exit
+status is 1. `--write` records every result (tests/fixtures/release_oracles.json) for the test that
+CI runs without the sources.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import builtins
+import enum
+import inspect
+import json
+import os
+import sys
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from kvwatch.planner.geometry import geometry_from_config  # noqa: E402
+from kvwatch.planner.rules import ruleset_for  # noqa: E402
+from kvwatch.vllm_releases import KNOWN  # noqa: E402
+from kvwatch.vllm_releases.defaults import DEFAULTS  # noqa: E402
+from kvwatch.vllm_releases.release_defaults import api_batch_defaults  # noqa: E402
+
+GiB = 1 << 30
+FIXTURE = ROOT / "tests" / "fixtures" / "release_oracles.json"
+
+
+@dataclass(frozen=True)
+class Card:
+    """A device as vLLM's current platform reports it (NVML's total, the name, the capability)."""
+    name: str
+    memory_bytes: int
+    capability: tuple[int, int]
+
+
+CARDS = (
+    Card("NVIDIA A100-SXM4-40GB", 40_960 * 2**20, (8, 0)),
+    Card("NVIDIA A100-SXM4-80GB", 81_920 * 2**20, (8, 0)),
+    Card("NVIDIA L40S", 46_068 * 2**20, (8, 9)),
+    Card("NVIDIA H100 80GB HBM3", 81_559 * 2**20, (9, 0)),
+    Card("NVIDIA H100 NVL", 95_830 * 2**20, (9, 0)),
+    Card("NVIDIA H200", 143_771 * 2**20, (9, 0)),
+    Card("NVIDIA GH200 480GB", 97_871 * 2**20, (9, 0)),
+    Card("NVIDIA B200", 183_359 * 2**20, (10, 0)),
+    Card("NVIDIA B300", 275_040 * 2**20, (10, 3)),
+    Card("NVIDIA GB10", 122_502 * 2**20, (12, 1)),
+    Card("NVIDIA RTX PRO 6000 Blackwell", 97_887 * 2**20, (12, 0)),
+    Card("NVIDIA GeForce RTX 5090", 32_607 * 2**20, (12, 0)),
+    Card("AMD Instinct MI300X", 196_592 * 2**20, (9, 4)),
+    Card("a card at the 70 GiB floor", 70 * GiB, (9, 0)),
+    Card("a card just under 160 GiB", 160 * GiB - 1, (10, 0)),
+    Card("a card at 160 GiB", 160 * GiB, (10, 0)),
+)
+CPU_WORLDS = (1, 2, 4)
+CAPABILITIES = ((8, 0), (8, 9), (9, 0), (10, 0), (10, 3), (12, 0), (12, 1))
+
+
+class _Members(type):
+    """An enum stand-in: any member is its own name (AttentionBackendEnum.FLASH_ATTN -> 'FLASH_ATTN')."""
+
+    def __getattr__(cls, name: str) -> str:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return name
+
+
+class AttentionBackendEnum(metaclass=_Members):
+    pass
+
+
+class UsageContext(enum.Enum):
+    UNKNOWN_CONTEXT = "UNKNOWN_CONTEXT"
+    LLM_CLASS = "LLM_CLASS"
+    API_SERVER = "API_SERVER"
+    OPENAI_API_SERVER = "OPENAI_API_SERVER"
+    OPENAI_BATCH_RUNNER = "OPENAI_BATCH_RUNNER"
+    ENGINE_CONTEXT = "ENGINE_CONTEXT"
+
+
+class DeviceCapability(NamedTuple):
+    major: int
+    minor: int
+
+
+class Platform:
+    """The current platform as vLLM's functions ask it; anything else they ask is an error."""
+
+    def __init__(self, card: Card | None) -> None:
+        self.card = card
+
+    def get_device_total_memory(self, device_id: int = 0) -> int:
+        assert self.card is not None
+        return self.card.memory_bytes
+
+    def get_device_name(self, device_id: int = 0) -> str:
+        assert self.card is not None
+        return self.card.name
+
+    def is_tpu(self) -> bool:
+        return False
+
+    def is_cpu(self) -> bool:
+        return self.card is None
+
+    def is_device_capability(self, capability: Any, device_id: int = 0) -> bool:
+        assert self.card is not None
+        if isinstance(capability, tuple):
+            return self.card.capability == capability
+        return self.card.capability[0] * 10 + self.card.capability[1] == capability
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(f"the oracle's platform stub has no {name!r}: extend it")
+
+
+class Oracle:
+    """Compiles single functions out of one release's files and runs them with stubs."""
+
+    def __init__(self, tree: Path) -> None:
+        self.tree = tree
+        self.stubs: dict[str, Any] = {"AttentionBackendEnum": AttentionBackendEnum, "UsageContext": UsageContext}
+
+    def _import(self, name: str, globals_: Any = None, locals_: Any = None, fromlist: Any = (), level: int = 0) -> Any:
+        if name == "vllm" or name.startswith("vllm."):
+            module = types.ModuleType(name)
+            for item in fromlist or ():
+                if item not in self.stubs:
+                    raise ImportError(f"the oracle has no stub for {name}.{item}")
+                setattr(module, item, self.stubs[item])
+            return module
+        return builtins.__import__(name, globals_, locals_, fromlist, level)
+
+    def function(self, rel: str, name: str, extra: dict[str, Any]) -> Callable[..., Any] | None:
+        path = self.tree / rel
+        if not path.exists():
+            return None
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        fn = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name), None)
+        if fn is None:
+            return None
+        fn.decorator_list = []
+        return self._compile(path, ast.Module(body=[fn], type_ignores=[]), name, extra)
+
+    def _compile(self, path: Path, module: ast.Module, name: str, extra: dict[str, Any]) -> Callable[..., Any]:
+        ast.fix_missing_locations(module)
+        scope = {"__builtins__": {**vars(builtins), "__import__": self._import}, "__name__": f"oracle.{name}", **extra}
+        exec(compile(module, str(path), "exec"), scope)
+        return scope[name]   # type: ignore[no-any-return]
+
+    def inline_batch_defaults(self, extra: dict[str, Any]) -> Callable[..., Any] | None:
+        """0.10: the batch defaults are inline in a method that sets them on self; run the same
+        statements (from the device query to the CPU values) and return the two tables."""
+        rel = "vllm/engine/arg_utils.py"
+        path = self.tree / rel
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for fn in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):
+            body = fn.body
+            start = next((i for i, s in enumerate(body) if isinstance(s, ast.Try)
+                          and "get_device_total_memory" in ast.unparse(s)), None)
+            end = next((i for i, s in enumerate(body) if isinstance(s, ast.If)
+                        and ast.unparse(s.test) == "current_platform.is_cpu()"), None)
+            if start is not None and end is not None and end > start:
+                ret = ast.parse("return default_max_num_batched_tokens, default_max_num_seqs").body
+                args = ast.parse("def f(self, world_size): pass").body[0].args   # type: ignore[attr-defined]
+                new = ast.FunctionDef(name="batch_defaults", args=args, body=body[start:end + 1] + ret,
+                                      decorator_list=[], returns=None, type_params=[])
+                return self._compile(path, ast.Module(body=[new], type_ignores=[]), "batch_defaults", extra)
+        return None
+
+
+class _Self:
+    """What the 0.10 inline code reads of the engine arguments."""
+
+    def __init__(self, world: int) -> None:
+        self.pipeline_parallel_size, self.tensor_parallel_size = 1, world
+
+
+def check_batch_defaults(release: str, oracle: Oracle) -> list[dict[str, Any]]:
+    results = []
+    inputs: list[tuple[str, Card | None, int]] = [("cuda", c, 1) for c in CARDS] + [("cpu", None, w) for w in CPU_WORLDS]
+    extra = {"current_platform": Platform(None), "GiB_bytes": GiB}
+    fn = oracle.function("vllm/engine/arg_utils.py", "get_batch_defaults", extra)
+    inline = oracle.inline_batch_defaults(extra) if fn is None else None
+    if fn is None and inline is None:
+        raise SystemExit(f"{release}: no batch defaults found to run")
+    for platform, card, world in inputs:
+        target = fn or inline
+        target.__globals__["current_platform"] = Platform(card)   # type: ignore[union-attr]
+        tokens, seqs = fn(None, world) if fn is not None else inline(_Self(world), world)   # type: ignore[misc]
+        vllm = [tokens[UsageContext.OPENAI_API_SERVER], seqs[UsageContext.OPENAI_API_SERVER]]
+        args = {"platform": platform, "memory_bytes": card.memory_bytes if card else 0,
+                "name": card.name if card else "cpu", "capability": list(card.capability) if card else None,
+                "world": world}
+        label = f"{card.name} ({card.memory_bytes / GiB:.2f} GiB, sm {card.capability[0]}.{card.capability[1]})" \
+            if card else f"cpu, world size {world}"
+        results.append({"release": release, "check": "batch_defaults", "input": label, "args": args,
+                        "vllm": vllm, "kvwatch": kvwatch_batch_defaults(release, args)})
+    return results
+
+
+def kvwatch_batch_defaults(release: str, args: dict[str, Any]) -> list[int]:
+    """kvwatch's answer for one input of the batch_defaults check."""
+    cap = tuple(args["capability"]) if args["capability"] else None
+    return list(api_batch_defaults(DEFAULTS[release], args["platform"], args["memory_bytes"], args["name"],
+                                   cap, args["world"]))   # type: ignore[arg-type]
+
+
+def kvwatch_backend_priorities(release: str, args: dict[str, Any]) -> list[str]:
+    """kvwatch's answer for one input of the backend_priorities check."""
+    rules = ruleset_for(release)
+    attention = "mla" if args["mla"] else "full"
+    return list(rules.priorities.get(("cuda", attention, args["capability"][0]))
+                or rules.priorities[("cuda", attention, None)])
+
+
+def check_backend_priorities(release: str, oracle: Oracle) -> list[dict[str, Any]]:
+    # the release's own is_quantized_kv_cache, wherever that release keeps it
+    quantized = next((q for rel in ("vllm/v1/kv_cache_interface.py", "vllm/utils/torch_utils.py",
+                                    "vllm/v1/attention/backend.py",
+                                    "vllm/attention/backends/abstract.py")
+                      if (q := oracle.function(rel, "is_quantized_kv_cache", {})) is not None), None)
+    try:
+        assert quantized is not None and quantized("fp8") and not quantized("auto")
+    except (AssertionError, NameError):
+        # 0.33's reaches further into kv_cache_interface (get_kv_quant_mode): for the two dtypes
+        # asked about here, fp8 is quantized and auto is not, in every release
+        quantized = _fp8_is_quantized
+    oracle.stubs["is_quantized_kv_cache"] = quantized
+    fn = oracle.function("vllm/platforms/cuda.py", "_get_backend_priorities",
+                         {"AttentionBackendEnum": AttentionBackendEnum, "DeviceCapability": DeviceCapability,
+                          "is_quantized_kv_cache": quantized})
+    if fn is None:
+        return []
+    rules = ruleset_for(release)
+    modelled = {b.name for b in rules.backends if b.platform == "cuda"}
+    accepted = set(inspect.signature(fn).parameters)
+    results = []
+    for mla in (False, True):
+        attention = "mla" if mla else "full"
+        for cap in CAPABILITIES:
+            for kv in ("auto", "fp8"):
+                kwargs: dict[str, Any] = {"num_heads": 128, "kv_cache_dtype": kv, "use_non_causal": False,
+                                          "head_size": 576 if mla else 128, "use_mm_prefix": False}
+                kwargs = {k: val for k, val in kwargs.items() if k in accepted}
+                order = fn(mla, DeviceCapability(*cap), **kwargs)
+                vllm = [str(b) for b in order if str(b) in modelled]
+                args = {"mla": mla, "capability": list(cap), "kv_cache_dtype": kv}
+                label = f"{attention} attention, sm {cap[0]}.{cap[1]}, kv {kv}"
+                results.append({"release": release, "check": "backend_priorities", "input": label, "args": args,
+                                "vllm": vllm, "kvwatch": kvwatch_backend_priorities(release, args)})
+    return results
+
+
+class _Config:
+    """A config.json as vLLM reads it from transformers' config object: its keys as attributes,
+    `rope_scaling` with rope_type filled from `type` and `rope_parameters` the same (with rope_theta),
+    as transformers and vLLM's patch_rope_parameters normalise them."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.__dict__.update(config)
+        rope = config.get("rope_scaling")
+        if isinstance(rope, dict):
+            rope = {**rope, "rope_type": rope.get("rope_type", rope.get("type", "default"))}
+            if rope["rope_type"] == "su":
+                rope["rope_type"] = "longrope"
+            self.rope_scaling = rope
+            self.rope_parameters = {**rope, "rope_theta": config.get("rope_theta", 10000.0)}
+        else:
+            self.rope_parameters = {"rope_type": "default", "rope_theta": config.get("rope_theta", 10000.0)}
+
+
+class _Logger:
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return lambda *args, **kwargs: None
+
+
+class _Envs:
+    VLLM_ALLOW_LONG_MAX_MODEL_LEN = False
+
+
+class _LenPlatform:
+    """A CUDA platform, as the max-model-len derivation asks it."""
+
+    @staticmethod
+    def check_max_model_len(max_model_len: int) -> int:
+        return max_model_len
+
+    @staticmethod
+    def is_tpu() -> bool:
+        return False
+
+
+ALLOWED_ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "linear_attention")
+_LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}
+MAX_LEN_CONFIGS: dict[str, dict[str, Any]] = {
+    "plain 32768": {**_LLAMA, "max_position_embeddings": 32768},
+    "llama3 rope (prescaled)": {**_LLAMA, "max_position_embeddings": 131072,
+                                "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}},
+    "linear rope x2": {**_LLAMA, "max_position_embeddings": 4096, "rope_scaling": {"type": "linear", "factor": 2.0}},
+    "dynamic rope x4": {**_LLAMA, "max_position_embeddings": 4096, "rope_scaling": {"type": "dynamic", "factor": 4.0}},
+    "yarn x4 on 32768": {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "max_position_embeddings": 32768,
+                         "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}},
+    "gemma3 linear x8": {"model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"],
+                         "max_position_embeddings": 131072, "rope_scaling": {"rope_type": "linear", "factor": 8.0}},
+    "longrope (phi3)": {"model_type": "phi3", "architectures": ["Phi3ForCausalLM"], "max_position_embeddings": 131072,
+                        "original_max_position_embeddings": 4096,
+                        "rope_scaling": {"type": "longrope", "long_factor": [1.0], "short_factor": [1.0]}},
+    "gpt2 n_positions": {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_positions": 1024},
+    "model_max_length wins": {"model_type": "cohere", "architectures": ["CohereForCausalLM"],
+                              "max_position_embeddings": 131072, "model_max_length": 8192},
+    "smallest key": {**_LLAMA, "max_position_embeddings": 8192, "seq_length": 4096},
+    "no length key": {**_LLAMA},
+}
+
+
+def check_max_model_len(release: str, oracle: Oracle) -> list[dict[str, Any]]:
+    """vLLM's default max_model_len for a config.json (config/model.py _get_and_verify_max_len with
+    no --max-model-len; 0.14+: the derived length from the convertor's base class first)."""
+    rel = next((r for r in ("vllm/config/model.py", "vllm/config/__init__.py")
+                if (oracle.tree / r).exists() and "def _get_and_verify_max_len" in (oracle.tree / r).read_text()), None)
+    if rel is None:
+        return []
+    helpers: dict[str, Any] = {"ALLOWED_ATTENTION_LAYER_TYPES": ALLOWED_ATTENTION_LAYER_TYPES,
+                               "ALLOWED_LAYER_TYPES": ALLOWED_ATTENTION_LAYER_TYPES}   # transformers' constant
+    for name in ("is_rope_parameters_nested", "iter_rope_parameters"):
+        fn = oracle.function("vllm/transformers_utils/config.py", name, helpers)
+        if fn is not None:
+            helpers[name] = fn
+            oracle.stubs[name] = fn
+    extra = {**helpers, "logger": _Logger(), "envs": _Envs(), "current_platform": _LenPlatform(),
+             "ALLOWED_LAYER_TYPES": ALLOWED_ATTENTION_LAYER_TYPES}   # transformers' constant
+    verify = oracle.function(rel, "_get_and_verify_max_len", extra)
+    derive = oracle.function("vllm/transformers_utils/model_arch_config_convertor.py",
+                             "derive_max_model_len_and_key", {})
+    assert verify is not None
+    params = list(inspect.signature(verify).parameters)
+    results = []
+    for label, config in MAX_LEN_CONFIGS.items():
+        hf = _Config(config)
+        kwargs: dict[str, Any] = {"hf_config": hf, "tokenizer_config": None, "max_model_len": None,
+                                  "disable_sliding_window": False, "sliding_window": None}
+        if "model_arch_config" in params:
+            assert derive is not None
+            kwargs["model_arch_config"] = types.SimpleNamespace(
+                derived_max_model_len_and_key=derive(types.SimpleNamespace(hf_text_config=hf)))
+        vllm: Any
+        try:
+            vllm = verify(**{k: v for k, v in kwargs.items() if k in params})
+        except (ValueError, NotImplementedError) as exc:   # a refusal is an answer too
+            vllm = f"error: {type(exc).__name__}"
+        results.append({"release": release, "check": "max_model_len", "input": label, "args": {"config": config},
+                        "vllm": vllm, "kvwatch": kvwatch_max_model_len(release, {"config": config})})
+    return results
+
+
+def kvwatch_max_model_len(release: str, args: dict[str, Any]) -> int:
+    """kvwatch's answer for one input of the max_model_len check: the plan's default max_model_len."""
+    return geometry_from_config(args["config"] | _SHAPE).default_max_model_len
+
+
+_SHAPE = {"hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+          "intermediate_size": 512, "vocab_size": 1024, "torch_dtype": "bfloat16"}
+
+
+def _fp8_is_quantized(kv_cache_dtype: str) -> bool:
+    return kv_cache_dtype.startswith("fp8")
+
+
+CHECKS = {"batch_defaults": check_batch_defaults, "backend_priorities": check_backend_priorities,
+          "max_model_len": check_max_model_len}
+
+
+def run(src_root: Path, releases: list[str]) -> list[dict[str, Any]]:
+    results: list[dict[str, Any]] = []
+    for release in releases:
+        oracle = Oracle(src_root / release)
+        for check in CHECKS.values():
+            results.extend(check(release, oracle))
+    return results
+
+
+def differences(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in results if r["vllm"] != r["kvwatch"]]
+
+
+def render_fixture(releases: list[str], results: list[dict[str, Any]]) -> str:
+    """One result a line: vLLM's answers are the recorded truth; kvwatch's are recomputed by the test."""
+    lines = ",\n  ".join(json.dumps({k: v for k, v in r.items() if k != "kvwatch"}, sort_keys=True)
+                          for r in results)
+    return ('{"source": "vLLM\'s own functions, run from each release\'s wheel by scripts/check_release_functions.py",\n'
+            f' "releases": {json.dumps(releases)},\n "results": [\n  {lines}\n ]}}\n')
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("src_root", nargs="?", default=os.environ.get("KVWATCH_VLLM_SRC"))
+    ap.add_argument("--write", nargs="?", const=str(FIXTURE), help=f"record the results (default {FIXTURE.name})")
+    args = ap.parse_args(argv)
+    if not args.src_root:
+        ap.error("give SRC_ROOT or set KVWATCH_VLLM_SRC")
+    src_root = Path(args.src_root)
+    releases = [str(v) for v in KNOWN if (src_root / str(v) / "vllm").is_dir()]
+    if not releases:
+        print(f"error: no known release unpacked under {src_root}", file=sys.stderr)
+        return 2
+    results = run(src_root, releases)
+    diffs = differences(results)
+    for d in diffs:
+        print(f"DIFF vLLM {d['release']} {d['check']} [{d['input']}]: vLLM {d['vllm']} kvwatch {d['kvwatch']}")
+    counts: dict[str, int] = {}
+    for r in results:
+        counts[r["check"]] = counts.get(r["check"], 0) + 1
+    print(f"{len(releases)} releases, " + ", ".join(f"{k}: {n} inputs" for k, n in counts.items())
+          + f"; {len(diffs)} differences")
+    if args.write:
+        Path(args.write).write_text(render_fixture(releases, results), encoding="utf-8")
+    return 1 if diffs else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""Logs as they arrive (kvwatch/diagnosis/normalise.py): the prefixes of the tools that run vLLM, lines a
+terminal wrapped, a log pasted as one line; and the root-cause rule still holds behind them."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvwatch.diagnosis import FailureKind, LogScanner, diagnose
+from kvwatch.diagnosis.normalise import PREFIXES, normalise, prefixes_in, split_pasted, wrap_width
+
+LOGS = Path(__file__).resolve().parent / "fixtures" / "logs"
+ROOT_CAUSE = ("(EngineCore_DP0 pid=7) ERROR 06-09 14:01:52 [core.py:1136] ValueError: No available memory for the "
+              "cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.")
+# One sample of each tool's prefix (kvwatch/diagnosis/normalise.py PREFIXES says where each comes from).
+SAMPLES = {
+    "kubectl_prefix": "[pod/vllm-0/vllm] ",
+    "iso_timestamp": "2024-06-28T06:11:52.685300953Z ",
+    "launcher_record": "2026-06-09 14:01:52.982 [Error] (Process) ",
+    "python_logging": "2025-08-13 04:39:39,838 - __main__ - INFO - ",
+    "torchserve": "2024-11-18T16:43:45,496 [INFO ] W-9000-model_1.0-stdout MODEL_LOG - ",
+    "journald": "Jun 09 14:01:52 gpu-host-3 vllm.service[4242]: ",
+    "docker_compose": "vllm-1  | ",
+    "ci_runner": "  | ",
+}
+
+
+def test_every_prefix_has_a_sample_and_a_source():
+    assert set(SAMPLES) == {p.name for p in PREFIXES}
+    assert all(p.source for p in PREFIXES)
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_prefix_is_taken_off_every_line(name):
+    log = [SAMPLES[name] + line for line in ["(APIServer pid=1) INFO 06-09 14:01:50 [api_server.py:1] vLLM API "
+                                             "server version 0.20.2", ROOT_CAUSE, "Process EngineCore_DP0:"]]
+    assert [p.name for p in prefixes_in(log)][:1] == [name]
+    assert normalise("\n".join(log)).splitlines()[1] == ROOT_CAUSE
+    d = diagnose(log)
+    assert d.kind is FailureKind.NO_KV_CACHE_MEMORY and d.evidence == ROOT_CAUSE
+    assert d.facts["process"] == "EngineCore_DP0"
+
+
+def test_kubectl_prefix_with_timestamps_comes_off_in_two_steps():
+    line = "[pod/vllm-0/vllm] 2024-06-28T06:11:52.685Z " + ROOT_CAUSE
+    assert normalise(line) == ROOT_CAUSE
+
+
+def test_a_plain_vllm_log_is_left_as_it_is():
+    text = (LOGS / "cpu_block_size_8.log").read_text()
+    assert normalise(text) == text
+
+
+def test_a_prefix_on_one_line_in_many_is_left_alone():
+    lines = [f"INFO 01-01 00:00:{i:02d} [x.py:1] line {i}" for i in range(40)] + ["vllm-1  | not a prefix here"]
+    assert normalise("\n".join(lines)).endswith("vllm-1  | not a prefix here")
+
+
+def test_lines_a_terminal_wrapped_are_joined():
+    text = "\n".join([ROOT_CAUSE] * 6)
+    wrapped = "\n".join(text[i:i + 80] for line in text.splitlines() for i in range(0, len(line), 80)
+                        for text in [line])
+    assert wrap_width(wrapped.splitlines()) == 80
+    assert normalise(wrapped).splitlines() == [ROOT_CAUSE] * 6
+    d = diagnose(wrapped.splitlines())
+    assert d.kind is FailureKind.NO_KV_CACHE_MEMORY and d.evidence == ROOT_CAUSE
+
+
+def test_a_wrapped_line_never_swallows_the_next_record():
+    full = "x" * 80
+    lines = [full] * 6 + ["(EngineCore_DP0 pid=7) ERROR 06-09 14:01:52 [core.py:1] next record"]
+    assert normalise("\n".join(lines)).splitlines()[-1] == lines[-1]
+
+
+def test_a_log_pasted_as_one_line_is_cut_at_its_records():
+    pasted = (" ".join(["(EngineCore_DP0 pid=7) ERROR 06-09 14:01:52 [core.py:1136]   File \"x.py\", line 1, in f"] * 6)
+              + " " + ROOT_CAUSE + " (EngineCore_DP0 pid=7) Process EngineCore_DP0:")
+    parts = split_pasted(pasted)
+    assert ROOT_CAUSE in parts
+    d = diagnose([pasted])
+    assert d.kind is FailureKind.NO_KV_CACHE_MEMORY and d.evidence == ROOT_CAUSE
+
+
+def test_the_root_cause_rule_holds_behind_a_prefix():
+    # The API server quotes a model's output at ERROR (a parser error) before an engine core fails on its own:
+    # only the engine's record names the failure, prefix or not (diagnose.py's process rule).
+    quoted = ("(APIServer pid=1) ERROR 06-09 14:01:51 [serving_chat.py:1] Error in tool parser: CUDA out of memory. "
+              "Tried to allocate 2.00 GiB")
+    log = ["vllm-1  | " + line for line in (quoted, ROOT_CAUSE)]
+    d = diagnose(log)
+    assert d.kind is FailureKind.NO_KV_CACHE_MEMORY and d.facts["process"] == "EngineCore_DP0"
+
+
+def test_the_scanner_fed_line_by_line_agrees_behind_a_prefix():
+    scanner = LogScanner()
+    for line in ("vllm-1  | " + ROOT_CAUSE, "vllm-1  | Process EngineCore_DP0:"):
+        scanner.feed(line)
+    assert scanner.result().evidence == ROOT_CAUSE
+
+
+def test_a_log_cut_off_after_a_negative_kv_figure():
+    log = ["(EngineCore_DP0 pid=7) INFO 06-09 14:01:50 [gpu_worker.py:298] Available KV cache memory: -2.14 GiB",
+           "(EngineCore_DP0 pid=7) ERROR 06-09 14:01:50 [core.py:708] EngineCore failed to start."]
+    d = diagnose(log)
+    assert d.kind is FailureKind.NO_KV_CACHE_MEMORY and d.facts["available_kv_gib"] == -2.14
+    assert "Available KV cache memory: -2.14 GiB" in (d.evidence or "")
+    assert diagnose(log[1:]).kind is FailureKind.UNKNOWN          # without the figure nothing names it
+
+
+def test_a_pasted_refusal_line_alone():
+    d = diagnose(["Value error, Total number of attention heads (64) must be divisible by tensor parallel size (3)."])
+    assert d.kind is FailureKind.CONFIG_REFUSED and d.fatal
+    assert d.facts["num_attention_heads"] == 64 and d.facts["tensor_parallel_size"] == 3

@@ -1,0 +1,80 @@
+"""The upgrade check (`kvwatch plan --compare-version`): two releases' plans, each difference with
+its reason and source (kvwatch/planner/release_compare.py, kvwatch/commands/plan.py)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvwatch.boundary.plan_loader import plan_command
+from kvwatch.cli import main
+from kvwatch.planner.devices import PRESETS
+from kvwatch.planner.release_compare import compare_releases, render_comparison
+from kvwatch.planner.rules import ruleset_for
+from kvwatch.planner.versions import parse_version
+
+QWEN = str(Path(__file__).resolve().parent.parent / "examples" / "qwen2-7b")
+
+
+def compare(device_name: str, a: str, b: str, *flags: str):  # type: ignore[no-untyped-def]
+    device = PRESETS[device_name]
+    argv = ["vllm", "serve", QWEN, *flags]
+    va, vb = parse_version(a), parse_version(b)
+    plan_a = plan_command(argv, device, ruleset_for(a), env={}, vllm_version=va)
+    plan_b = plan_command(argv, device, ruleset_for(b), env={}, vllm_version=vb)
+    return plan_a, plan_b, compare_releases(plan_a, plan_b, va, vb, device)
+
+
+def by_field(comparison):  # type: ignore[no-untyped-def]
+    return {d.field: d for d in comparison.differences}
+
+
+def test_0_19_to_0_20_on_h100_utilization_and_cuda_graphs() -> None:
+    a, b, c = compare("h100", "0.19.1", "0.20.2")
+    rows = by_field(c)
+    assert (rows["utilization"].a, rows["utilization"].b) == (0.9, 0.92)
+    assert "vLLM 0.20.2, vllm/config/cache.py:66" in rows["utilization"].source
+    assert rows["cuda_graphs"].a == 0 and rows["cuda_graphs"].b > 0
+    assert "vLLM 0.20.2, vllm/envs.py:1737" in rows["cuda_graphs"].source
+    assert rows["num_blocks"].a == a.num_blocks and rows["num_blocks"].b == b.num_blocks != a.num_blocks
+    assert rows["num_blocks"].reason == "follows from utilization, cuda_graphs"
+
+
+def test_0_27_to_0_28_on_b200_batch_tier() -> None:
+    _, _, c = compare("b200", "0.27.1", "0.28.0")
+    rows = by_field(c)
+    assert (rows["max_num_batched_tokens"].a, rows["max_num_batched_tokens"].b) == (8192, 16384)
+    assert "vLLM 0.28.0, vllm/engine/arg_utils.py:2582" in rows["max_num_batched_tokens"].source
+    assert rows["activation_peak"].b > rows["activation_peak"].a
+    assert "utilization" not in rows and "cuda_graphs" not in rows
+
+
+def test_a_flag_given_hides_the_default_change() -> None:
+    _, _, c = compare("b200", "0.27.1", "0.28.0", "--max-num-batched-tokens", "8192")
+    assert c.differences == ()
+    assert "no difference" in render_comparison(c)
+
+
+def test_an_unknown_release_is_planned_as_the_nearest_and_says_so() -> None:
+    _, _, c = compare("h100", "0.32.0", "0.40.1")
+    assert c.used_b == "0.33.0" and "planned as 0.33.0" in c.notes[0]
+
+
+def test_cli_side_by_side_and_json(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["plan", "--preset", "h100", "--vllm-version", "0.19.1", "--compare-version", "0.20.2",
+                 "--", "vllm", "serve", QWEN])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "vLLM 0.19.1" in out and "vLLM 0.20.2" in out and "vLLM 0.20.2, vllm/config/cache.py:66" in out
+    main(["plan", "--preset", "h100", "--vllm-version", "0.19.1", "--compare-version", "0.20.2", "--json",
+          "--", "vllm", "serve", QWEN])
+    data = json.loads(capsys.readouterr().out)
+    assert data["a"]["gpu_budget"]["utilization"] == 0.9 and data["b"]["gpu_budget"]["utilization"] == 0.92
+    assert {d["field"] for d in data["comparison"]["differences"]} >= {"utilization", "cuda_graphs", "num_blocks"}
+
+
+def test_cli_bad_compare_version_is_one_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["plan", "--preset", "h100", "--compare-version", "banana", "--", "vllm", "serve", QWEN])
+    err = capsys.readouterr().err
+    assert code != 0 and "banana" in err and "Traceback" not in err

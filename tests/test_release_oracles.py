@@ -1,0 +1,116 @@
+"""kvwatch's release data against vLLM's own functions (scripts/check_release_functions.py).
+
+vLLM's answers are recorded in tests/fixtures/release_oracles.json, run from each release's wheel;
+kvwatch's are recomputed here, so a change to kvwatch's data is checked without the sources. Where
+the unpacked releases are present (KVWATCH_VLLM_SRC=<root>/<version>/vllm/...), the oracles are run
+again and the generated defaults checked against the sources.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from kvwatch.vllm_releases import KNOWN
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURE = json.loads((ROOT / "tests" / "fixtures" / "release_oracles.json").read_text())
+
+
+def _script(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+ORACLES = _script("check_release_functions")
+
+
+def _source_root() -> Path | None:
+    root = os.environ.get("KVWATCH_VLLM_SRC")
+    if not root or not any((Path(root) / str(v) / "vllm").is_dir() for v in KNOWN):
+        return None
+    return Path(root)
+
+
+def _kvwatch(result: dict[str, Any]) -> list[Any]:
+    answer = {"batch_defaults": ORACLES.kvwatch_batch_defaults,
+              "backend_priorities": ORACLES.kvwatch_backend_priorities,
+              "max_model_len": ORACLES.kvwatch_max_model_len}[result["check"]]
+    return answer(result["release"], result["args"])   # type: ignore[no-any-return]
+
+
+def _differences(check: str) -> list[str]:
+    return [f"vLLM {r['release']} [{r['input']}]: vLLM {r['vllm']} kvwatch {_kvwatch(r)}"
+            for r in FIXTURE["results"] if r["check"] == check and r["vllm"] != _kvwatch(r)]
+
+
+def test_the_fixture_covers_every_known_release() -> None:
+    assert FIXTURE["releases"] == [str(v) for v in KNOWN]
+    batch = {r["release"] for r in FIXTURE["results"] if r["check"] == "batch_defaults"}
+    assert batch == set(FIXTURE["releases"])
+
+
+def test_batch_defaults_equal_vllms_get_batch_defaults() -> None:
+    """Every card and CPU world size, every release 0.10 to 0.33: 0 differences."""
+    assert _differences("batch_defaults") == []
+
+
+def _open_backend_finding(result: dict[str, Any]) -> bool:
+    """kvwatch's rule set has one priority table for 0.10+; vLLM's differs for MLA before 0.15 on
+    SM10x (CUTLASS_MLA first) and before 0.24 on SM12x (no list of its own). Open, for the owner of
+    the backend rules (kvwatch/planner/rules.py)."""
+    release = tuple(int(p) for p in result["release"].split("."))
+    major = result["args"]["capability"][0]
+    return result["args"]["mla"] and ((major == 10 and release < (0, 15)) or (major == 12 and release < (0, 24)))
+
+
+def test_backend_priorities_differ_only_where_known() -> None:
+    found = [r for r in FIXTURE["results"] if r["check"] == "backend_priorities" and r["vllm"] != _kvwatch(r)]
+    assert found, "the open findings are fixed: drop _open_backend_finding"
+    assert [r["input"] for r in found if not _open_backend_finding(r)] == []
+    known = [r for r in FIXTURE["results"] if r["check"] == "backend_priorities" and _open_backend_finding(r)]
+    assert len(found) == len(known)
+
+
+def _open_max_len_finding(result: dict[str, Any]) -> bool:
+    """kvwatch derives max_model_len as vLLM 0.30+ does, for every release: before 0.30 vLLM multiplied
+    a yarn max_position_embeddings by the factor (vLLM 0.29.0, vllm/config/model.py
+    _get_and_verify_max_len). And from 0.11 vLLM's default for a longrope model is its
+    original_max_position_embeddings, kvwatch takes the derived limit. Open, for the owner of
+    kvwatch/planner/geometry.py."""
+    release = tuple(int(p) for p in result["release"].split("."))
+    return (result["input"].startswith("yarn") and release < (0, 30)) or result["input"].startswith("longrope")
+
+
+def test_max_model_len_differs_only_where_known() -> None:
+    found = [r for r in FIXTURE["results"] if r["check"] == "max_model_len" and r["vllm"] != _kvwatch(r)]
+    assert found, "the open findings are fixed: drop _open_max_len_finding"
+    assert [f"{r['release']} {r['input']}" for r in found if not _open_max_len_finding(r)] == []
+
+
+def test_live_oracles_reproduce_the_fixture() -> None:
+    root = _source_root()
+    if root is None:
+        pytest.skip("no unpacked vLLM releases (set KVWATCH_VLLM_SRC to <root>/<version>/vllm/...)")
+    releases = [r for r in FIXTURE["releases"] if (root / r / "vllm").is_dir()]
+    live = ORACLES.run(root, releases)
+    recorded = [r for r in FIXTURE["results"] if r["release"] in releases]
+    assert [(r["release"], r["check"], r["input"], r["vllm"]) for r in live] == \
+        [(r["release"], r["check"], r["input"], r["vllm"]) for r in recorded]
+
+
+def test_generated_defaults_are_current() -> None:
+    root = _source_root()
+    if root is None or not all((root / str(v) / "vllm").is_dir() for v in KNOWN):
+        pytest.skip("not every known vLLM release is unpacked (set KVWATCH_VLLM_SRC)")
+    assert _script("gen_release_defaults").main([str(root), "--check"]) == 0
