@@ -1,6 +1,7 @@
 """Bounds and switches for the watchdog's remedies (the [policy] section of the config)."""
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -21,3 +22,11 @@ class Policy:
     max_gpu_memory_utilization: float = 0.95
     min_gpu_memory_utilization: float = 0.5
     gpu_memory_utilization_step: float = 0.05
+    # Fleet invariants: flags kvwatch never changes, whatever the remedy (llm-d's prefix-aware
+    # scheduler and a NIXL prefill/decode pair need every pod's --block-size to stay as deployed).
+    fixed_flags: tuple[str, ...] = ()
+
+
+def fixed_among(policy: Policy, flags: Iterable[str]) -> tuple[str, ...]:
+    """The flags of `flags` that policy.fixed_flags holds: a change touching one is not applied."""
+    return tuple(f for f in flags if f in policy.fixed_flags)

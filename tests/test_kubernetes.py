@@ -7,6 +7,7 @@ No cluster here: what a cluster would add (admission, the operator's own reconci
 """
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -140,3 +141,86 @@ def test_the_kvwatch_pod_probes_and_grace_period_fit_kvwatch() -> None:
     assert config.listen == "0.0.0.0:9400"
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
     assert config.state_dir in mounts and "/etc/kvwatch" in mounts
+
+
+# --- what CI ships: every kustomization rendered by kubectl kustomize ----------------------------------
+
+KUBECTL_BIN = REPO / ".tools" / "kubectl" / "bin" / "kubectl"   # scripts/install-tools.sh
+
+
+BASES = {"monitoring", "service"}   # parts of the overlays, with no Prometheus' label of their own
+
+
+def overlays() -> list[Path]:
+    """Every kustomization that builds on its own (components only build inside one)."""
+    return sorted(p.parent for p in DEPLOY.rglob("kustomization.yaml")
+                  if yaml.safe_load(p.read_text()).get("kind", "Kustomization") == "Kustomization")
+
+
+def kubectl() -> str:
+    if KUBECTL_BIN.is_file():
+        return str(KUBECTL_BIN)
+    return find_tool("kubectl")
+
+
+@functools.cache
+def rendered(directory: Path) -> tuple[dict, ...]:
+    out = subprocess.run([kubectl(), "kustomize", str(directory)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, f"kubectl kustomize {directory.relative_to(REPO)}: {out.stderr}"
+    return tuple(doc for doc in yaml.safe_load_all(out.stdout) if doc)
+
+
+@pytest.mark.parametrize("directory", overlays(), ids=lambda p: str(p.relative_to(DEPLOY)))
+def test_every_overlay_renders_and_its_output_is_valid(directory: Path) -> None:
+    docs = rendered(directory)
+    assert docs
+    for doc in docs:
+        test_manifest_is_valid(directory, doc)
+        if doc["kind"] in CRD_MODELS and directory.name not in BASES:
+            # the label kube-prometheus-stack's Prometheus selects by, from components/kube-prometheus-stack
+            assert doc["metadata"]["labels"]["release"] == "kube-prometheus-stack", doc["metadata"]["name"]
+
+
+def test_rendered_overlays_select_their_own_pods() -> None:
+    for directory in overlays():
+        docs = rendered(directory)
+        pods = [d["spec"]["template"] for d in docs if d["kind"] == "Deployment"]
+        monitors = [d for d in docs if d["kind"] in ("PodMonitor", "ServiceMonitor")]
+        if pods:   # an overlay with its own engine: its monitor finds that pod and its port
+            assert len(monitors) == 1, directory
+            [monitor] = monitors
+            [pod] = pods
+            if monitor["kind"] == "PodMonitor":
+                assert monitor["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+                ports = {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
+                assert all(e["port"] in ports for e in monitor["spec"]["podMetricsEndpoints"])
+
+
+def test_the_validators_refuse_a_broken_render(tmp_path: Path) -> None:
+    """A kustomization kubectl cannot build (a file outside its root: what export-sidecar did before)
+    fails the render, so the test above does test something."""
+    (tmp_path / "outside.yaml").write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n")
+    (tmp_path / "o").mkdir()
+    (tmp_path / "o" / "kustomization.yaml").write_text("resources:\n  - ../outside.yaml\n")
+    out = subprocess.run([kubectl(), "kustomize", str(tmp_path / "o")], capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "not in or below" in out.stderr
+
+
+# The per-stack values in docs/kubernetes.md: the pod labels and port each stack's PodMonitor expects.
+STACK_PODS = {
+    "production-stack": ({"helm-release-name": "vllm", "model": "llama3"}, {}),
+    "llm-d": ({"llm-d.ai/inferenceServing": "true", "llm-d.ai/role": "decode"}, {"metrics": 8200, "kvwatch-metrics": 9400}),
+    "kserve": ({"serving.kserve.io/inferenceservice": "llama3", "app.kubernetes.io/name": "vllm"}, {"http1": 8080}),
+}
+
+
+@pytest.mark.parametrize("stack", sorted(STACK_PODS))
+def test_stack_monitors_select_the_stacks_pods(stack: str) -> None:
+    labels, ports = STACK_PODS[stack]
+    [monitor] = [d for d in rendered(DEPLOY / "stacks" / stack) if d["kind"] == "PodMonitor"]
+    selector = monitor["spec"]["selector"]
+    assert selector.get("matchLabels", {}).items() <= labels.items()
+    assert all(e["key"] in labels for e in selector.get("matchExpressions", []) if e["operator"] == "Exists")
+    for endpoint in monitor["spec"]["podMetricsEndpoints"]:
+        assert endpoint.get("port") in ports or endpoint.get("targetPort") == 9400   # kvwatch's port, never vLLM's
+        assert endpoint.get("port") != "metrics"

@@ -26,11 +26,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "run", help="supervise a vLLM engine: plan, launch, watch, correct, restart",
         description="kvwatch run [--config FILE] [--name NAME] [--listen HOST:PORT] [--state-dir DIR] "
-                    "[--no-preflight] [--device cpu|gpu|INDEX] [--pin-kv-cache-memory] -- ENGINE_COMMAND...  Exit 0 when stopped, 78 when it gave up.")
+                    "[--learned-dir DIR] [--no-preflight] [--device cpu|gpu|INDEX] [--pin-kv-cache-memory] -- ENGINE_COMMAND...  Exit 0 when stopped, 78 when it gave up.")
     p.add_argument("--config", metavar="FILE", help="TOML config (docs/config.md)")
     p.add_argument("--name", help="engine name: the state file name and the `engine` label")
     p.add_argument("--listen", metavar="HOST:PORT", help="kvwatch's own /metrics address")
     p.add_argument("--state-dir", metavar="DIR", help="where the state file lives")
+    p.add_argument("--learned-dir", metavar="DIR",
+                   help="a directory hosts share: learned memory profiles, one file each (docs/config.md)")
     p.add_argument("--no-preflight", action="store_true",
                    help="launch the command as given, without applying the plan's certain fixes first")
     p.add_argument("--device", metavar="cpu|gpu|INDEX",
@@ -48,7 +50,7 @@ def build_config(args: argparse.Namespace) -> Config:
                           command=args.engine_command or None,
                           preflight=False if args.no_preflight else None,
                           pin_kv_cache_memory=True if args.pin_kv_cache_memory else None,
-                          device=args.device)
+                          device=args.device, learned_dir=args.learned_dir)
 
 
 def run(args: argparse.Namespace) -> int:

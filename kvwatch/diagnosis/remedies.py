@@ -25,7 +25,7 @@ from kvwatch.planner.flag_change import NO_CHANGE, FlagChange
 from kvwatch.planner.plan import KV_CACHE_TOO_SMALL, Plan
 from kvwatch.planner.rules import RuleSet, parse_block_rule, ruleset_for, smallest_common_block_size
 from kvwatch.planner.versions import LATEST
-from kvwatch.policy import Policy
+from kvwatch.policy import Policy, fixed_among
 from kvwatch.vllm_releases.release_defaults import api_batch_defaults, defaults_for
 from kvwatch.vllm_releases.texts import LORA_RANKS
 
@@ -97,6 +97,8 @@ def propose_remedy(diagnosis: Diagnosis, command: EngineCommand, *, policy: Poli
     ctx = _Ctx(diagnosis, command, command.settings(), policy, plan, gpu, rules or ruleset_for(None))
     seen = {tuple(t) for t in tried}
     for remedy in options(ctx):
+        if fixed_among(policy, remedy.change.flags):
+            continue   # a fleet invariant (policy.fixed_flags): the next option that keeps it
         if remedy.same_plan:
             return remedy
         argv = remedy.apply(command).argv

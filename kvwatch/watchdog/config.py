@@ -19,6 +19,7 @@ from typing import Any
 
 from kvwatch.errors import ConfigError
 from kvwatch.listen import DEFAULT_LISTEN, parse_listen
+from kvwatch.planner.vllm_flags import SERVE_OPTIONS
 from kvwatch.policy import Policy
 
 DEFAULT_NAME = "vllm"
@@ -83,6 +84,7 @@ class Config:
     watch: WatchConfig = field(default_factory=WatchConfig)
     source: str = "<command line>"       # where it came from, for messages
     device: str = ""                     # "": kvwatch's choice; "cpu", "gpu" or a GPU index (NVML)
+    learned_dir: str = ""                # "": none; a directory hosts share for learned profiles
 
     @property
     def listen_address(self) -> tuple[str, int]:
@@ -127,7 +129,8 @@ def load_config(path: str | os.PathLike[str]) -> Config:
 
 def config_from_mapping(data: Mapping[str, Any], source: str = "<config>") -> Config:
     v = _Validator(source)
-    v.no_unknown(data, "", ("name", "listen", "state_dir", "web_config", "device", "engine", "policy", "watch"))
+    v.no_unknown(data, "", ("name", "listen", "state_dir", "web_config", "device", "learned_dir", "engine", "policy",
+                            "watch"))
     name = validate_name(v.string(data, "name", DEFAULT_NAME), f"config {source}: name")
     listen = v.string(data, "listen", DEFAULT_LISTEN)
     try:
@@ -135,6 +138,7 @@ def config_from_mapping(data: Mapping[str, Any], source: str = "<config>") -> Co
     except ConfigError as exc:
         raise ConfigError(f"config {source}: {exc}") from None
     state_dir = v.string(data, "state_dir", "")
+    learned_dir = v.string(data, "learned_dir", "")
     web_config = data.get("web_config")
     if web_config is not None:
         web_config = v.string(data, "web_config", "")
@@ -167,7 +171,7 @@ def config_from_mapping(data: Mapping[str, Any], source: str = "<config>") -> Co
     except ConfigError as exc:
         raise ConfigError(f"config {source}: {exc}") from None
     return Config(name=name, listen=listen, state_dir=state_dir, web_config=web_config, engine=engine,
-                  policy=policy, watch=watch, source=source, device=device)
+                  policy=policy, watch=watch, source=source, device=device, learned_dir=learned_dir)
 
 
 def validate_device(value: str, where: str) -> str:
@@ -185,7 +189,9 @@ def _policy(v: _Validator, data: Mapping[str, Any]) -> Policy:
     for key, raw in data.items():
         default = getattr(defaults, key)
         where = f"policy.{key}"
-        if isinstance(default, bool):
+        if key == "fixed_flags":
+            values[key] = _fixed_flags(v, data, where)
+        elif isinstance(default, bool):
             if not isinstance(raw, bool):
                 raise v.error(where, "expected true or false")
             values[key] = raw
@@ -208,10 +214,19 @@ def _policy(v: _Validator, data: Mapping[str, Any]) -> Policy:
     return policy
 
 
+def _fixed_flags(v: _Validator, data: Mapping[str, Any], where: str) -> tuple[str, ...]:
+    """policy.fixed_flags as vLLM's option names (--block_size is --block-size); a typo is an error."""
+    flags = tuple("--" + f[2:].replace("_", "-") if f.startswith("--") else f for f in v.string_list(data, where))
+    unknown = [f for f in flags if f not in SERVE_OPTIONS]
+    if unknown:
+        raise v.error(where, f"{unknown[0]!r} is not an option of vllm serve (e.g. \"--block-size\")")
+    return flags
+
+
 def with_overrides(config: Config, *, name: str | None = None, listen: str | None = None,
                    state_dir: str | None = None, command: Sequence[str] | None = None,
                    preflight: bool | None = None, pin_kv_cache_memory: bool | None = None,
-                   device: str | None = None) -> Config:
+                   device: str | None = None, learned_dir: str | None = None) -> Config:
     """Command-line flags win over the file (docs/config.md)."""
     changes: dict[str, Any] = {}
     if device is not None:
@@ -223,6 +238,9 @@ def with_overrides(config: Config, *, name: str | None = None, listen: str | Non
         changes["listen"] = listen
     if state_dir is not None:
         changes["state_dir"] = state_dir
+    if learned_dir is not None:
+        _check_path(learned_dir, "--learned-dir", "a directory")
+        changes["learned_dir"] = learned_dir
     if command:
         changes["engine"] = dataclasses.replace(config.engine, command=tuple(command))
     if pin_kv_cache_memory is not None:

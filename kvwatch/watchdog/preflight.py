@@ -68,7 +68,7 @@ def plan_with_learned(command: EngineCommand, device: Device, rules: RuleSet, en
 
 def allowed(flag: str, policy: Policy) -> bool:
     switch = POLICY_FLAGS.get(flag)
-    return switch is None or bool(getattr(policy, switch))
+    return flag not in policy.fixed_flags and (switch is None or bool(getattr(policy, switch)))
 
 
 def preflight(command: EngineCommand, device: Device, rules: RuleSet, env: Mapping[str, str], policy: Policy,

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvwatch.diagnosis import Diagnosis, FailureKind, GpuContext, diagnose, propose_remedy
 from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.flag_change import NO_CHANGE, FlagChange
 from kvwatch.planner.plan import Plan
 from kvwatch.planner.rules import RuleSet
-from kvwatch.policy import Policy
+from kvwatch.policy import Policy, fixed_among
 from kvwatch.watchdog.outcomes import LaunchOutcome
 from kvwatch.watchdog.records import FAILURE, Constraint, CorrectionRecord, FailureRecord
 
@@ -85,6 +85,22 @@ def tried_plans(failures: Iterable[FailureRecord]) -> set[tuple[str, ...]]:
     return {tuple(f.argv) for f in failures if f.kind != FailureKind.ENGINE_DIED}
 
 
+def _held_back(diagnosis: Diagnosis, command: EngineCommand, policy: Policy, tried: set[tuple[str, ...]],
+               plan: Plan | None, gpu: GpuContext | None, rules: RuleSet | None, chosen: object) -> str:
+    """What policy.fixed_flags kept from being applied, in words ("" when nothing): the remedy
+    kvwatch would have chosen without them."""
+    if not policy.fixed_flags:
+        return ""
+    free = propose_remedy(diagnosis, command, policy=replace(policy, fixed_flags=()), tried=tried, plan=plan,
+                          gpu=gpu, rules=rules)
+    flags = fixed_among(policy, free.change.flags) if free is not None else ()
+    if free is None or not flags:
+        return ""
+    what = "no remedy keeps" if chosen is None else "the next remedy that keeps"
+    return (f"{what} policy.fixed_flags {', '.join(flags)}: {free.change.describe()} not applied "
+            f"({free.reason})")
+
+
 def decide(diagnosis: Diagnosis, command: EngineCommand, *, detail: str = "",
            tried: Iterable[tuple[str, ...]] = (), budget: BudgetState = BudgetState(),
            policy: Policy = Policy(), plan: Plan | None = None, gpu: GpuContext | None = None,
@@ -93,8 +109,9 @@ def decide(diagnosis: Diagnosis, command: EngineCommand, *, detail: str = "",
     kind = kind_of(diagnosis)
     evidence = diagnosis.evidence or detail
     remedy = propose_remedy(diagnosis, command, policy=policy, tried=set(tried), plan=plan, gpu=gpu, rules=rules)
+    held = _held_back(diagnosis, command, policy, set(tried), plan, gpu, rules, remedy)
     if remedy is None:
-        return Decision(Action.GIVE_UP, kind, f"{kind}: {evidence} (no remedy)")
+        return Decision(Action.GIVE_UP, kind, f"{kind}: {evidence} ({held or 'no remedy'})")
     corrected = remedy.apply(command)
     if corrected.argv == command.argv:
         if budget.restart_refused is not None:
@@ -104,6 +121,8 @@ def decide(diagnosis: Diagnosis, command: EngineCommand, *, detail: str = "",
     if budget.correction_refused is not None:
         return Decision(Action.GIVE_UP, kind, f"{kind}: {budget.correction_refused}; last: {evidence}")
     change = remedy.change
+    if held:
+        remedy = replace(remedy, reason=f"{remedy.reason} ({held})")
     return Decision(
         Action.CORRECT, kind, f"{kind}: corrected {change.describe()}", change=change, command=corrected,
         remedy_reason=remedy.reason,

@@ -43,7 +43,7 @@ from kvwatch.vllm_releases.release_defaults import defaults_for
 from kvwatch.vllm_releases.startup_plan import ENABLE_ENV as STARTUP_PLAN_ENV
 from kvwatch.vllm_releases.startup_plan import pin_decision, plan_enabled
 from kvwatch.vllm_releases.upgrade import ReleaseChange, planned_as, release_change
-from kvwatch.watchdog import disk_writer, leftovers
+from kvwatch.watchdog import disk_writer, learned_store, leftovers
 from kvwatch.watchdog.budget import Budget
 from kvwatch.watchdog.config import Config
 from kvwatch.watchdog.engine_ranks import lines_of_rank
@@ -282,6 +282,9 @@ class Supervisor:
             self._device = device_for_spec(self.config.device)
         rules = self._rules if self._rules is not None else ruleset_for(installed_vllm_text())
         planner = self._planner = PlanInForce(self._device, self._learned_rules(rules), self._engine_env)
+        if self.config.learned_dir:   # what another host measured for this profile, unless this host knows
+            learned_store.adopt_into(self._record.learned_non_kv, self.config.learned_dir, self._command,
+                                     planner.device, self._gpu_view().context())
         if self.config.policy.preflight:
             command, fixes, _ = preflight(self._command, planner.device, planner.rules, self._engine_env(),
                                           self.config.policy, self._record.learned_non_kv, planner.model)
@@ -525,6 +528,7 @@ class Supervisor:
         if key is None:
             return
         remember_non_kv(self._record.learned_non_kv, key, requested, available_kv_bytes)
+        learned_store.publish(self.config.learned_dir, self._command, planner.device, requested, available_kv_bytes)
         planner.compute(self._command, self._record.learned_non_kv)
 
     def _end_engine(self) -> None:

@@ -35,8 +35,8 @@ def _dump(doc: dict) -> str:
 def prometheus_rule() -> str:
     groups = yaml.safe_load((DASHBOARDS / "kvwatch-alerts.yml").read_text())["groups"]
     doc = {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
-           "metadata": {"name": "kvwatch", "labels": {"app.kubernetes.io/name": "kvwatch",
-                                                      "release": "kube-prometheus-stack"}},
+           # the label a Prometheus selects rules by comes from a component (components/kube-prometheus-stack)
+           "metadata": {"name": "kvwatch", "labels": {"app.kubernetes.io/name": "kvwatch"}},
            "spec": {"groups": groups}}
     return HEADER.format(source="kvwatch-alerts.yml") + _dump(doc)
 
