@@ -19,8 +19,9 @@ from typing import Any
 
 from kvwatch.errors import ConfigError
 from kvwatch.listen import DEFAULT_LISTEN, parse_listen
-from kvwatch.planner.vllm_flags import SERVE_OPTIONS
+from kvwatch.planner.serve_options import release_options
 from kvwatch.policy import Policy
+from kvwatch.vllm_releases import KNOWN
 
 DEFAULT_NAME = "vllm"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,99}$")  # the state file name: no slashes
@@ -217,7 +218,8 @@ def _policy(v: _Validator, data: Mapping[str, Any]) -> Policy:
 def _fixed_flags(v: _Validator, data: Mapping[str, Any], where: str) -> tuple[str, ...]:
     """policy.fixed_flags as vLLM's option names (--block_size is --block-size); a typo is an error."""
     flags = tuple("--" + f[2:].replace("_", "-") if f.startswith("--") else f for f in v.string_list(data, where))
-    unknown = [f for f in flags if f not in SERVE_OPTIONS]
+    newest = release_options(str(max(KNOWN))).by_spelling   # the newest parser kvwatch has read
+    unknown = [f for f in flags if f not in newest]
     if unknown:
         raise v.error(where, f"{unknown[0]!r} is not an option of vllm serve (e.g. \"--block-size\")")
     return flags
