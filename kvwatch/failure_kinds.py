@@ -1,6 +1,6 @@
 """The failure classes: stable names, used as the `kind` label of kvwatch's metrics.
 
-Each class is fixed by a flag change (diagnosis/remedies.py), restarted as it is (ENGINE_DIED),
+Each class is fixed by a flag change (diagnosis/remedies.py), restarted as it is (ENGINE_DIED, STALLED),
 or FATAL: nothing kvwatch may change fixes it, so the watchdog gives up at once (exit 78) with
 vLLM's sentence and HELP's line of what a person must do.
 """
@@ -30,6 +30,7 @@ class FailureKind(str, Enum):
     PORT_IN_USE = "port_in_use"
     MODEL_UNAVAILABLE = "model_unavailable"      # gated (401), missing (404) or not cached offline
     ENGINE_DIED = "engine_died"
+    STALLED = "stalled"                          # answered /health, no token with requests running
     UNKNOWN = "unknown"
 
     def __str__(self) -> str:

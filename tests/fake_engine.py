@@ -41,6 +41,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
     block_size = 128
     drip: float | None = None
     blocks_file: Path | None = None   # "BLOCK_SIZE NUM_GPU_BLOCKS", read on each scrape: a test changes it
+    load_file: Path | None = None     # "RUNNING PROMPT_TOKENS GENERATION_TOKENS", read on each scrape
 
     def cache(self) -> tuple[int, int]:
         if self.blocks_file is not None:
@@ -56,7 +57,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
             body = ("# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
                     "# TYPE vllm:cache_config_info gauge\n"
                     f'vllm:cache_config_info{{block_size="{block_size}",cache_dtype="auto",'
-                    f'engine="0",num_gpu_blocks="{blocks}"}} 1.0\n').encode()
+                    f'engine="0",num_gpu_blocks="{blocks}"}} 1.0\n')
+            if self.load_file is not None:
+                running, prompt, generated = self.load_file.read_text().split()
+                body += (f'vllm:num_requests_running{{engine="0"}} {running}\n'
+                         f'vllm:prompt_tokens_total{{engine="0"}} {prompt}\n'
+                         f'vllm:generation_tokens_total{{engine="0"}} {generated}\n')
+            body = body.encode()
         else:
             self.send_response(404)
             self.end_headers()
@@ -95,6 +102,7 @@ def main() -> int:
     p.add_argument("--env-dump")
     p.add_argument("--drip", type=float)
     p.add_argument("--escape")
+    p.add_argument("--load-file", help="the load /metrics reports: 'RUNNING PROMPT_TOKENS GENERATION_TOKENS'")
     p.add_argument("--gate", help="a file whose existence lets the engine go on past --ready-after")
     p.add_argument("--startup-log", help="a real start-up log to replay before serving (e.g. a GPU run's)")
     p.add_argument("--blocks-file", help="the cache /metrics reports: 'BLOCK_SIZE NUM_GPU_BLOCKS', read per scrape")
@@ -144,6 +152,7 @@ def main() -> int:
     Handler.block_size = args.block_size or 128
     Handler.drip = args.drip
     Handler.blocks_file = Path(args.blocks_file) if args.blocks_file else None
+    Handler.load_file = Path(args.load_file) if args.load_file else None
     server = http.server.ThreadingHTTPServer((args.host, args.port), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     if args.startup_log:

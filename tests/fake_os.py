@@ -177,6 +177,9 @@ class FakeOs:
     def reap_orphans(self, keep: frozenset[int]) -> list[int]:
         return []
 
+    def cpu_seconds(self, pids: Iterable[int]) -> float | None:
+        return None
+
     def own_ref(self) -> ProcRef:
         return ProcRef(4242, 1.0)
 

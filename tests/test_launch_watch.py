@@ -92,3 +92,41 @@ def test_the_tick_and_the_probe_timeout_follow_the_health_interval(health: float
 
 def test_a_probe_is_due_from_its_time_on() -> None:
     assert probe_due(START, 0.0) and not probe_due(READY, 39.9) and probe_due(READY, 40.0)
+
+
+# -- stalls: good probes, requests running, no token (progress.py reads the counters) ----------------
+
+STALLING = Timing(health_interval=5.0, start_timeout=60.0, hang_timeout=20.0, stable_after=300.0, stall_timeout=30.0)
+
+
+def _serve(timing: Timing, readings: list) -> tuple[LaunchState, list[LaunchEnd | None]]:
+    state, ends = READY, []
+    for i, reading in enumerate(readings):
+        state, _, end = after_probe(state, True, 40.0 + 5 * i, timing, 12, never_died, reading)
+        ends.append(end)
+    return state, ends
+
+
+def test_a_stall_ends_the_launch_as_stalled_with_the_counters_as_evidence() -> None:
+    from kvwatch.watchdog.progress import Reading
+    readings = [Reading(40.0 + 5 * i, 1, 100, 50) for i in range(8)]
+    _, ends = _serve(STALLING, readings)
+    first = next(i for i, e in enumerate(ends) if e is not None)
+    assert first == 6   # the window opened at 40 s; 30 s later
+    end = ends[first]
+    assert end is not None and end.outcome is LaunchOutcome.STALLED and end.served
+    assert "1 requests running and no token for 30s" in end.detail and "/health still answers" in end.detail
+
+
+@pytest.mark.parametrize("name,timing,readings", [
+    ("tokens come", STALLING, "moving"),
+    ("the detector is off (stall_timeout 0)", T, "still"),
+    ("no counters read (the engine's /metrics gave none)", STALLING, "none"),
+])
+def test_no_stall(name: str, timing: Timing, readings: str) -> None:
+    from kvwatch.watchdog.progress import Reading
+    rows = {"moving": [Reading(40.0 + 5 * i, 1, 100, 50 + i) for i in range(20)],
+            "still": [Reading(40.0 + 5 * i, 1, 100, 50) for i in range(20)],
+            "none": [None] * 20}[readings]
+    _, ends = _serve(timing, rows)
+    assert ends == [None] * 20, name

@@ -308,6 +308,40 @@ def test_died_after_ready_restarts_same_plan(tmp_path: Path, model: Path) -> Non
     assert run.stop() == EXIT_OK
 
 
+def test_a_stall_while_serving_is_caught_and_the_same_plan_restarted(tmp_path: Path, model: Path) -> None:
+    """/health answers all along; a request runs and no token comes (the counters the fake engine
+    reports, as a wedged worker leaves them): within stall_timeout plus one health interval the launch
+    ends as stalled, readiness drops, and the same plan serves again. While tokens come, nothing."""
+    load = tmp_path / "load"
+    load.write_text("1 100 50")
+    argv = fake(model, free_port(), "--load-file", str(load))
+    cfg = config(tmp_path, argv, stall_timeout_seconds=2.0)
+    rec = Recorder()
+    run = Running(supervisor(cfg, rec))
+    run.wait_state(EngineState.READY)
+    for generated in range(51, 71):          # a long generation: tokens keep coming for 4 s
+        load.write_text(f"1 100 {generated}")
+        time.sleep(0.2)
+    assert rec.states().count("ready") == 1 and "backoff" not in rec.states()
+    stalled_at = time.monotonic()             # the worker wedges: the counters stop
+    deadline = stalled_at + 15
+    while time.monotonic() < deadline and "backoff" not in rec.states():
+        time.sleep(0.02)
+    detected = time.monotonic() - stalled_at
+    backoff = next(s for s in rec.statuses if s.state is EngineState.BACKOFF)
+    assert detected <= 2.0 + cfg.engine.health_interval_seconds + 1.0, detected
+    assert backoff.reason.startswith("stalled: restart with the same plan"), backoff.reason
+    assert backoff.last_failure == "stalled"
+    load.write_text("0 100 70")               # the new engine is idle: never a stall
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and rec.states().count("ready") < 2:
+        time.sleep(0.05)
+    assert rec.states().count("ready") == 2 and run.sup.command.argv == tuple(argv)
+    time.sleep(3.0)
+    assert rec.states().count("backoff") == 1 and rec.last.failures == {"stalled": 1}
+    assert run.stop() == EXIT_OK
+
+
 def test_hang_detected_killed_and_restarted(tmp_path: Path, model: Path) -> None:
     cfg = config(tmp_path, fake(model, free_port()))
     rec = Recorder()

@@ -247,6 +247,18 @@ def ref_of(pid: int) -> ProcRef | None:
     return ProcRef(info.pid, info.create_time) if info is not None else None
 
 
+def cpu_seconds(pids: Iterable[int]) -> float | None:
+    """The CPU time (user + system) the pids still running have used; None when none could be read."""
+    total, seen = 0.0, False
+    for pid in pids:
+        try:
+            times = psutil.Process(pid).cpu_times()
+        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+            continue
+        total, seen = total + times.user + times.system, True
+    return total if seen else None
+
+
 def rss(pids: Iterable[int]) -> dict[int, int]:
     """pid -> resident bytes for the pids still running (the exporter's per-process series)."""
     out: dict[int, int] = {}

@@ -6,7 +6,8 @@ policy allows and whose resulting argv has not been tried; None when nothing is 
 
 Same-plan remedies (an empty FlagChange) mean "restart with the same argv". They are the only
 remedies exempt from the `tried` check, and are returned in two cases, both handled by the
-watchdog: ENGINE_DIED (the engine was serving and crashed: restart it), and GPU_MEMORY_BUSY
+watchdog: ENGINE_DIED and STALLED (the engine was serving and crashed or stopped making progress:
+restart it), and GPU_MEMORY_BUSY
 when the memory is held by the watchdog's own processes (it ends them first) or has been
 freed since the failure. The watchdog bounds them with policy.max_restarts.
 """
@@ -424,6 +425,7 @@ _OPTIONS = {
     FailureKind.GPU_MEMORY_BUSY: _busy_options,
     FailureKind.NO_ATTENTION_BACKEND: _backend_options,
     FailureKind.ENGINE_DIED: _engine_died_options,
+    FailureKind.STALLED: _engine_died_options,      # a wedged kernel or worker: restarted as it is
     FailureKind.CONFIG_REFUSED: _config_refused_options,
     FailureKind.LORA_RANK_TOO_LARGE: _lora_rank_options,
 }

@@ -4,7 +4,8 @@ request, the engine's exit code, a health probe's answer, the time), the next st
     STARTING: probe every tick; a good probe -> READY; past start_timeout -> START_TIMEOUT
     READY:    probe every health interval; stable_seconds of good probes -> STABLE (backoff reset);
               a failed probe after the engine logged its death -> EXIT (served); failed probes for
-              hang_timeout -> HANG
+              hang_timeout -> HANG; good probes while requests run and no token comes for
+              stall_timeout -> STALLED (served; progress.py reads the counters)
     any:      a stop request -> STOP; the engine's exit -> EXIT (served when it had been READY)
 
 Nothing here waits, probes or spawns: the supervisor does, and acts on the answer
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from kvwatch.watchdog.outcomes import LaunchOutcome
+from kvwatch.watchdog.progress import Reading, Watch, observe
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,7 @@ class Timing:
     start_timeout: float
     hang_timeout: float
     stable_after: float
+    stall_timeout: float = 0.0    # 0: no stall detection
 
     @property
     def tick(self) -> float:
@@ -58,6 +61,7 @@ class LaunchState:
     ready_since: float | None = None
     ready_line: int = 0          # the engine's output lines seen when it became READY
     stable: bool = False
+    progress: Watch = Watch()    # the stall detector's memory (READY only)
 
     @classmethod
     def at_launch(cls, now: float) -> LaunchState:
@@ -88,10 +92,12 @@ def probe_due(state: LaunchState, now: float) -> bool:
 
 
 def after_probe(state: LaunchState, ok: bool, now: float, timing: Timing, lines_seen: int,
-                died_in_log: Callable[[int], str | None]) -> tuple[LaunchState, Event, LaunchEnd | None]:
+                died_in_log: Callable[[int], str | None],
+                reading: Reading | None = None) -> tuple[LaunchState, Event, LaunchEnd | None]:
     """One probe's answer at `now`: the next state, the event, and the end of the launch if it ended.
     `died_in_log(since_line)` says whether the engine logged its death since READY (asked only when a
-    probe of a READY engine failed: it diagnoses the output)."""
+    probe of a READY engine failed: it diagnoses the output). `reading`: the engine's counters read
+    with a good probe of a READY engine, for the stall detector (None: not read)."""
     if not state.ready:
         # While starting, look every tick: a refused connection costs nothing, and READY (and the
         # exporter's view of it) should not lag by a whole health interval.
@@ -105,8 +111,14 @@ def after_probe(state: LaunchState, ok: bool, now: float, timing: Timing, lines_
     state = replace(state, next_probe=now + timing.health_interval)
     if ok:
         state = replace(state, last_ok=now)
-        assert state.ready_since is not None
-        if not state.stable and now - state.ready_since >= timing.stable_after:
+        ready_since = state.ready_since
+        assert ready_since is not None
+        if reading is not None and timing.stall_timeout > 0:
+            progress, stall = observe(state.progress, reading, timing.stall_timeout)
+            state = replace(state, progress=progress)
+            if stall is not None:
+                return state, Event.NONE, LaunchEnd(LaunchOutcome.STALLED, stall.evidence, served=True)
+        if not state.stable and now - ready_since >= timing.stable_after:
             return replace(state, stable=True), Event.STABLE, None
         return state, Event.NONE, None
     if (died := died_in_log(state.ready_line)) is not None:

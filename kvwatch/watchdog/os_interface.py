@@ -60,6 +60,8 @@ class WatchdogOs(Protocol):
         """Before a launch: end what is left of our earlier engines, report anyone else's."""
     def reap_orphans(self, keep: frozenset[int]) -> list[int]:
         """As PID 1 (a container's entrypoint), reap the orphans re-parented to us; [] otherwise."""
+    def cpu_seconds(self, pids: Iterable[int]) -> float | None:
+        """The CPU time the pids have used (the stall detector's sign of compute on a CPU backend)."""
     def own_ref(self) -> ProcRef:
         """kvwatch's own process (pid and start time), for the state file."""
     def wall_time(self) -> float:
@@ -97,6 +99,9 @@ class RealOs:
         if os.getpid() != 1:
             return []
         return proc_inspect.reap_orphans(keep)
+
+    def cpu_seconds(self, pids: Iterable[int]) -> float | None:
+        return proc_inspect.cpu_seconds(pids)
 
     def own_ref(self) -> ProcRef:
         return proc_inspect.ref_of(os.getpid()) or ProcRef(os.getpid(), 0.0)

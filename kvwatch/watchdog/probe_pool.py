@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, TypeVar
 
 _LOG = logging.getLogger(__name__)
 
 Probe = Callable[[str, float, bool], bool]   # (url, timeout, starting) -> healthy
+T = TypeVar("T")
 
 
 class ProbePool:
@@ -28,7 +30,17 @@ class ProbePool:
         at each slice (the systemd watchdog ping). A probe that raises is an unhealthy engine."""
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvwatch-probe")
-        future = self._pool.submit(self._probe, url, timeout, starting)
+        return self._wait(self._pool.submit(self._probe, url, timeout, starting), interrupted, waiting, False)
+
+    def read(self, call: Callable[[], T], interrupted: Callable[[], bool], waiting: Callable[[], object]) -> T | None:
+        """`call()` on a pool thread (reading the engine's counters, with its own deadline), or None
+        when `interrupted()` turns true first or it raises."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvwatch-probe")
+        return self._wait(self._pool.submit(call), interrupted, waiting, None)
+
+    def _wait(self, future: Future[Any], interrupted: Callable[[], bool], waiting: Callable[[], object],
+              failed: Any) -> Any:
         while True:
             try:
                 return future.result(timeout=self._slice)
@@ -38,4 +50,4 @@ class ProbePool:
                 waiting()
             except Exception as exc:  # a probe never raises; if it does, the engine is not healthy
                 _LOG.warning("probe failed: %r", exc)
-                return False
+                return failed

@@ -58,6 +58,8 @@ def diagnosis_of(outcome: LaunchOutcome, detail: str, lines: Sequence[str], serv
         return diagnosis
     if outcome is LaunchOutcome.HANG:
         return Diagnosis(kind=FailureKind.ENGINE_DIED, evidence=detail, facts={}, fatal=False)
+    if outcome is LaunchOutcome.STALLED:   # no fault of the plan: restarted as it is
+        return Diagnosis(kind=FailureKind.STALLED, evidence=detail, facts={}, fatal=False)
     return Diagnosis(kind=FailureKind.UNKNOWN, evidence=detail, facts={}, fatal=True)
 
 
@@ -80,9 +82,9 @@ def failure_record(diagnosis: Diagnosis, detail: str, command: EngineCommand, no
 
 
 def tried_plans(failures: Iterable[FailureRecord]) -> set[tuple[str, ...]]:
-    """The commands that failed: never proposed again. A crash of a serving engine (ENGINE_DIED)
-    does not condemn its plan: that one is restarted, within the restart budget."""
-    return {tuple(f.argv) for f in failures if f.kind != FailureKind.ENGINE_DIED}
+    """The commands that failed: never proposed again. A crash or a stall of a serving engine
+    (ENGINE_DIED, STALLED) does not condemn its plan: that one is restarted, within the restart budget."""
+    return {tuple(f.argv) for f in failures if f.kind not in (FailureKind.ENGINE_DIED, FailureKind.STALLED)}
 
 
 def _held_back(diagnosis: Diagnosis, command: EngineCommand, policy: Policy, tried: set[tuple[str, ...]],

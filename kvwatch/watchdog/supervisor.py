@@ -65,6 +65,7 @@ from kvwatch.watchdog.output_pump import OutputPump
 from kvwatch.watchdog.plan_in_force import PlanInForce
 from kvwatch.watchdog.preflight import device_for_spec, learned_key, preflight
 from kvwatch.watchdog.probe_pool import Probe, ProbePool
+from kvwatch.watchdog.progress import Reading
 from kvwatch.watchdog.records import PREFLIGHT, Constraint
 from kvwatch.watchdog.sd_notify import SdNotifier, scrub_env
 from kvwatch.watchdog.state_store import EngineLock, EngineRecord, StateStore
@@ -421,7 +422,7 @@ class Supervisor:
             return LaunchEnd(LaunchOutcome.SPAWN_FAILED, self._spawn_error or "spawn failed")
         cfg = self.config.engine
         timing = Timing(cfg.health_interval_seconds, cfg.start_timeout_seconds, cfg.hang_timeout_seconds,
-                        self.config.policy.stable_seconds)
+                        self.config.policy.stable_seconds, cfg.stall_timeout_seconds)
         url = self._command.health_url()
         state = LaunchState.at_launch(run.started)
 
@@ -440,8 +441,11 @@ class Supervisor:
                 if probed is None:
                     continue   # a stop request or the engine's exit came first: handled at the top
                 self._refresh_tree()  # before a transition, so its status carries the current pids
+                reading = self._read_progress(url, timing.probe_timeout, run) \
+                    if probed and state.ready and timing.stall_timeout > 0 else None
                 now = self._clock.now()
-                state, event, end = after_probe(state, probed, now, timing, run.pump.lines_seen, died_in_log)
+                state, event, end = after_probe(state, probed, now, timing, run.pump.lines_seen, died_in_log,
+                                                reading)
                 if event is Event.READY:
                     self._transition(EngineState.READY, f"serving on {url} after {now - run.started:.0f}s")
                 elif event is Event.STABLE:
@@ -459,6 +463,20 @@ class Supervisor:
             self._notifier.watchdog(self._clock.now())
             self._clock.wait(self._wake, timing.tick)  # wakes at once on a stop request or the engine's exit
             self._wake.clear()
+
+    def _read_progress(self, url: str, timeout: float, run: _Running) -> Reading | None:
+        """The engine's counters for the stall detector (None when its /metrics gives none). On a CPU
+        backend the CPU time of its engine cores and workers (not the API server) is progress too."""
+        metrics = self._probes.read(lambda: engine_http.scrape(url, timeout),
+                                    interrupted=lambda: self._stop.is_set() or run.proc.poll() is not None,
+                                    waiting=lambda: self._notifier.watchdog(self._clock.now()))
+        if metrics is None or not metrics.ok:
+            return None
+        cpu = None
+        if self._device is not None and self._device.platform == "cpu":
+            cpu = self._os.cpu_seconds(run.tree.live - {run.proc.pid})
+        load = metrics.load
+        return Reading(self._clock.now(), load.running, load.prompt_tokens, load.generation_tokens, cpu)
 
     @staticmethod
     def _died_in_log(lines: list[str]) -> str | None:
