@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from kvwatch.planner.plan import Plan
+from kvwatch.planner.pressure import Recommendation
 
 
 class EngineState(str, Enum):
@@ -37,3 +38,4 @@ class EngineStatus:
     vllm_release_planned_as: str | None = None         # the known release its facts come from
     release_changes: int = 0                           # release changes this kvwatch saw (state file)
     log_lines_dropped: int = 0                         # engine lines kvwatch's own stdout could not take
+    recommendation: Recommendation | None = None       # one flag change for KV pressure (planner/pressure.py)

@@ -72,3 +72,7 @@ HELP: dict[FailureKind, str] = {
         "the model cannot be fetched: a gated model needs an accepted licence and a token (HF_TOKEN); "
         "check the repository id or local path; offline (HF_HUB_OFFLINE=1) it must be in the cache"),
 }
+
+
+# Classes the watchdog names from what it measures, not from the engine's output: no log shows them.
+MEASURED: frozenset[FailureKind] = frozenset({FailureKind.STALLED})

@@ -59,10 +59,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
                     f'vllm:cache_config_info{{block_size="{block_size}",cache_dtype="auto",'
                     f'engine="0",num_gpu_blocks="{blocks}"}} 1.0\n')
             if self.load_file is not None:
-                running, prompt, generated = self.load_file.read_text().split()
+                running, prompt, generated, *more = self.load_file.read_text().split()
                 body += (f'vllm:num_requests_running{{engine="0"}} {running}\n'
                          f'vllm:prompt_tokens_total{{engine="0"}} {prompt}\n'
                          f'vllm:generation_tokens_total{{engine="0"}} {generated}\n')
+                if more:   # PREEMPTIONS WAITING
+                    body += (f'vllm:num_preemptions_total{{engine="0"}} {more[0]}\n'
+                             f'vllm:num_requests_waiting{{engine="0"}} {more[1]}\n')
             body = body.encode()
         else:
             self.send_response(404)
@@ -102,7 +105,8 @@ def main() -> int:
     p.add_argument("--env-dump")
     p.add_argument("--drip", type=float)
     p.add_argument("--escape")
-    p.add_argument("--load-file", help="the load /metrics reports: 'RUNNING PROMPT_TOKENS GENERATION_TOKENS'")
+    p.add_argument("--load-file", help="the load /metrics reports: 'RUNNING PROMPT_TOKENS GENERATION_TOKENS "
+                                       "[PREEMPTIONS WAITING]', read per scrape")
     p.add_argument("--gate", help="a file whose existence lets the engine go on past --ready-after")
     p.add_argument("--startup-log", help="a real start-up log to replay before serving (e.g. a GPU run's)")
     p.add_argument("--blocks-file", help="the cache /metrics reports: 'BLOCK_SIZE NUM_GPU_BLOCKS', read per scrape")

@@ -59,6 +59,8 @@ def allocated(plan: Plan, blocks: int) -> ActualKv:
 
 
 def fixed_snapshot() -> WatchSnapshot:
+    from kvwatch.planner.flag_change import FlagChange
+    from kvwatch.planner.pressure import Recommendation
     """Three engines (one serving, one in backoff, one serving on an estimated GPU plan that got
     10% fewer blocks than estimated) on a 2-GPU host with a foreign process."""
     metrics = fixture_metrics("cpu_block64")
@@ -67,7 +69,9 @@ def fixed_snapshot() -> WatchSnapshot:
         name="llama", state=EngineState.READY, reason="healthy", plan=fixture_plan("cpu_block64"),
         pids=(4242, 4243), restarts={"engine_died": 1},
         failures={"engine_died": 1, "block_size_unsupported": 2}, corrections={"block_size_unsupported": 1},
-        log_kv_tokens=1_398_080)
+        log_kv_tokens=1_398_080, recommendation=Recommendation(
+            FlagChange({"--max-num-seqs": "64"}), "4.0 preemptions per minute: the cache holds 64 requests of the "
+            "21845 tokens they take on average", 1_398_080, 1_398_080, 341.33, 341.33))
     waiting = EngineStatus(name="qwen", state=EngineState.BACKOFF, reason="exited: 1",
                            plan=fixture_plan("cpu_default"), failures={"gpu_memory_busy": 3},
                            restarts={"gpu_memory_busy": 3})
@@ -180,6 +184,22 @@ def test_memory_parts_only_as_stated_and_the_budget_only_where_known() -> None:
                                                                       ("gpu", "kv_cache"): 31 * GiB}
     assert series(found, "kvwatch_engine_memory_requested_bytes") == [{"engine": "gpu"}]
     assert value(found, "kvwatch_engine_memory_requested_bytes", engine="gpu") == 40 * GiB
+
+
+def test_a_recommendation_is_exported_with_its_change_reason_and_expected_figures() -> None:
+    from kvwatch.planner.flag_change import FlagChange
+    from kvwatch.planner.pressure import Recommendation
+    found_rec = Recommendation(FlagChange({"--kv-cache-dtype": "fp8"}), "12.0 preemptions per minute: an fp8 KV "
+                               "cache holds twice the tokens", 100_000, 200_000, 24.4, 48.8)
+    pressed = EngineStatus("kimi", EngineState.READY, recommendation=found_rec)
+    calm = EngineStatus("glm", EngineState.READY)
+    found = samples(render(WatchSnapshot(taken_at=1.0, engines=(EngineSnapshot(pressed, up=True),
+                                                                EngineSnapshot(calm, up=True)))))
+    assert series(found, "kvwatch_recommendation_info") == [
+        {"engine": "kimi", "change": "--kv-cache-dtype fp8", "reason": found_rec.reason}]
+    assert {s["plan"]: value(found, "kvwatch_recommendation_kv_tokens", **s)
+            for s in series(found, "kvwatch_recommendation_kv_tokens")} == {"current": 100_000, "recommended": 200_000}
+    assert value(found, "kvwatch_recommendation_concurrency", engine="kimi", plan="recommended") == 48.8
 
 
 def test_before_the_first_tick_only_build_info() -> None:

@@ -342,6 +342,35 @@ def test_a_stall_while_serving_is_caught_and_the_same_plan_restarted(tmp_path: P
     assert run.stop() == EXIT_OK
 
 
+def test_kv_pressure_becomes_a_recommendation_with_its_expected_effect(tmp_path: Path, model: Path) -> None:
+    """Preemptions while serving: within a window the status, the state file and kvwatch status carry
+    the planner's one change (fp8 KV on a CPU that runs it) with the tokens before and after."""
+    from kvwatch.commands.status import render
+    load = tmp_path / "load"
+    load.write_text("2 100 50 0 0")
+    cfg = config(tmp_path, fake(model, free_port(), "--load-file", str(load)), pressure_window_seconds=10.0)
+    fp8_cpu = Device("cpu", "test cpu (AVX-512)", cpu_fp8_kv=True, source="cpu")
+    run = Running(supervisor(cfg, device=fp8_cpu))
+    run.wait_state(EngineState.READY)
+    assert run.sup.status.recommendation is None
+    start = time.monotonic()
+    step = 0
+    while time.monotonic() - start < 25 and run.sup.status.recommendation is None:
+        step += 1
+        load.write_text(f"2 {100 + step} {50 + 10 * step} {step} 3")   # serving, and preempting
+        time.sleep(0.25)
+    found = run.sup.status.recommendation
+    assert found is not None, run.sup.status
+    assert found.change.describe() == "--kv-cache-dtype fp8" and "preemptions per minute" in found.reason
+    assert found.tokens_after > found.tokens_before
+    assert eventually(lambda: state_json(cfg).get("recommendation", {}).get("describe") == "--kv-cache-dtype fp8", 5)
+    import re
+    shown = render(Path(cfg.state_dir) / "t.json", StateStore(cfg.state_dir, "t").load())
+    assert re.search(r"^recommends +--kv-cache-dtype fp8: .*preemptions per minute.*; KV tokens [\d,]+ -> [\d,]+$",
+                     shown, re.M), shown
+    assert run.stop() == EXIT_OK
+
+
 def test_hang_detected_killed_and_restarted(tmp_path: Path, model: Path) -> None:
     cfg = config(tmp_path, fake(model, free_port()))
     rec = Recorder()

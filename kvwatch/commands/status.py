@@ -63,6 +63,10 @@ def _when(ts: float) -> str:
         return "?"
 
 
+def _count(value: object) -> str:
+    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else "?"
+
+
 def render(path: Path, record: EngineRecord | None) -> str:
     if record is None:
         return printable(f"engine      {path.stem}\nerror       {path}: unreadable or corrupt")
@@ -98,6 +102,9 @@ def render(path: Path, record: EngineRecord | None) -> str:
         rows.append(("foreign", line))
     if record.log_kv_tokens is not None:
         rows.append(("KV tokens", f"{record.log_kv_tokens:,} (engine log)"))
+    if (found := record.recommendation):
+        rows.append(("recommends", f"{found.get('describe', '?')}: {found.get('reason', '')}; KV tokens "
+                                   f"{_count(found.get('tokens_before'))} -> {_count(found.get('tokens_after'))}"))
     width = max(len(k) for k, _ in rows)
     # The state file holds engine text (evidence, reasons, the command): shown, never obeyed.
     return printable("\n".join(f"{k:<{width}}  {v}" for k, v in rows))

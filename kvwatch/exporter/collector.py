@@ -103,6 +103,14 @@ FAMILIES = (
     Family("release_info", "kvwatch_engine_release_info", GAUGE, (*_E, "version", "planned_as"),
            "The engine's vLLM release (version) and the release whose facts kvwatch plans it with (planned_as: "
            "the nearest kvwatch has read), always 1."),
+    Family("recommendation", "kvwatch_recommendation_info", GAUGE, (*_E, "change", "reason"),
+           "1 while kvwatch recommends this one flag change for KV pressure (preemptions, or a full cache with "
+           "requests waiting), reason saying why; chosen by the planner, legal for the GPU, backend and release."),
+    Family("recommendation_tokens", "kvwatch_recommendation_kv_tokens", GAUGE, (*_E, "plan"),
+           "KV tokens per rank of the plan in force (plan=current) and with the recommended change "
+           "(plan=recommended), as the planner computes them."),
+    Family("recommendation_concurrency", "kvwatch_recommendation_concurrency", GAUGE, (*_E, "plan"),
+           "Requests of max-model-len the KV cache holds, in the plan in force and with the recommended change."),
     Family("release_changes", "kvwatch_engine_release_changes", COUNTER, _E,
            "Times the engine's vLLM release differed from the one recorded in the state file at the last launch "
            "(an image upgrade), seen by this kvwatch."),
@@ -210,6 +218,13 @@ def _engine(f: dict[str, Any], engine: EngineSnapshot) -> None:
             f["memory"].add_metric([name, part], part_bytes)
     if status.memory_requested_bytes is not None:
         f["memory_requested"].add_metric([name], status.memory_requested_bytes)
+    if (found := status.recommendation) is not None:
+        f["recommendation"].add_metric([name, found.change.describe(), found.reason], 1)
+        f["recommendation_tokens"].add_metric([name, "current"], found.tokens_before)
+        f["recommendation_tokens"].add_metric([name, "recommended"], found.tokens_after)
+        for which, concurrency in (("current", found.concurrency_before), ("recommended", found.concurrency_after)):
+            if concurrency is not None:
+                f["recommendation_concurrency"].add_metric([name, which], concurrency)
     if status.vllm_release is not None:   # a supervised engine (kvwatch export knows no release)
         f["release_info"].add_metric([name, status.vllm_release, status.vllm_release_planned_as or ""], 1)
         f["release_changes"].add_metric([name], status.release_changes)

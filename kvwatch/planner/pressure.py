@@ -69,6 +69,11 @@ class Recommendation:
     concurrency_before: float | None
     concurrency_after: float | None
 
+    def to_json(self) -> dict[str, object]:
+        return {"change": self.change.to_json(), "describe": self.change.describe(), "reason": self.reason,
+                "tokens_before": self.tokens_before, "tokens_after": self.tokens_after,
+                "concurrency_before": self.concurrency_before, "concurrency_after": self.concurrency_after}
+
 
 def pressure(window: Window) -> str | None:
     """Why the window shows KV pressure; None when it does not."""

@@ -38,6 +38,7 @@ SECONDS_BOUNDS: dict[str, tuple[float, float]] = {
     "engine.health_interval_seconds": (0.1, 60 * _MINUTE),
     "engine.hang_timeout_seconds": (1.0, _DAY),
     "engine.stall_timeout_seconds": (0.0, _DAY),   # 0: no stall detection
+    "engine.pressure_window_seconds": (10.0, _DAY),
     "engine.stop_timeout_seconds": (1.0, 60 * _MINUTE),
     "policy.restart_window_seconds": (1.0, 7 * _DAY),
     "policy.backoff_initial_seconds": (0.05, _DAY),
@@ -67,6 +68,8 @@ class EngineConfig:
     # Requests running and no token for this long, /health answering all the while: a stall
     # (watchdog/progress.py; docs/serving.md). Longer than the longest prefill on the card; 0: off.
     stall_timeout_seconds: float = 120.0
+    # The window of the engine's own series a KV-pressure recommendation is judged on (docs/serving.md).
+    pressure_window_seconds: float = 300.0
     # Launch with the KV memory an earlier launch of the same profile got (--kv-cache-memory-bytes),
     # less what other processes hold on the GPU then: a restart gets the same cache or fails fast.
     pin_kv_cache_memory: bool = False
@@ -160,6 +163,8 @@ def config_from_mapping(data: Mapping[str, Any], source: str = "<config>") -> Co
         stop_timeout_seconds=v.seconds(engine_data, "engine.stop_timeout_seconds", 60.0),
         stall_timeout_seconds=v.seconds(engine_data, "engine.stall_timeout_seconds",
                                         EngineConfig.stall_timeout_seconds),
+        pressure_window_seconds=v.seconds(engine_data, "engine.pressure_window_seconds",
+                                          EngineConfig.pressure_window_seconds),
         pin_kv_cache_memory=v.boolean(engine_data, "engine.pin_kv_cache_memory", False),
     )
 

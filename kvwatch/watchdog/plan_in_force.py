@@ -44,6 +44,10 @@ class PlanInForce:
         self.plan = plan_with_learned(command, self.device, self.rules, self._env(), learned, self.model)
         return self.plan
 
+    def what_if(self, command: EngineCommand, learned: Mapping[str, int] | None = None) -> Plan | None:
+        """The plan `command` would have (a recommended change), leaving the plan in force as it is."""
+        return plan_with_learned(command, self.device, self.rules, self._env(), learned, self.model)
+
     def requested_bytes(self, command: EngineCommand) -> int | None:
         """The budget vLLM sizes its memory against: the CUDA total x the utilization it takes (the flag,
         else its release's default), where the device is a CUDA GPU with a known total (None elsewhere,

@@ -55,6 +55,7 @@ class EngineRecord:
     log_kv_tokens: int | None = None
     log_available_kv_bytes: int | None = None
     log_memory_parts: dict[str, int] = field(default_factory=dict)   # one GPU's memory by part, as logged
+    recommendation: dict[str, Any] = field(default_factory=dict)     # KV pressure: the change, why, its effect
     vllm_release: str | None = None                 # the engine's vLLM release at the last launch
     vllm_startup_plan: str | None = None            # the file of vLLM's own start-up plan, as it logged it
     restarts: dict[str, int] = field(default_factory=dict)      # this run of kvwatch, by class

@@ -27,6 +27,7 @@ from typing import BinaryIO, Protocol
 
 from kvwatch.boundary import engine_http
 from kvwatch.boundary.device_probe import installed_vllm, installed_vllm_text
+from kvwatch.boundary.engine_http import EngineMetrics
 from kvwatch.boundary.plan_loader import flags_release
 from kvwatch.boundary.proc_inspect import ProcRef
 from kvwatch.boundary.startup_plan_file import read_persisted_plan
@@ -35,6 +36,7 @@ from kvwatch.errors import KvwatchError
 from kvwatch.exitcodes import EXIT_GAVE_UP, EXIT_OK
 from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineCommand
+from kvwatch.planner.flag_change import FlagChange
 from kvwatch.planner.plan import Plan
 from kvwatch.planner.rules import RuleSet, ruleset_for, with_learned_block_sizes
 from kvwatch.planner.units import format_bytes
@@ -64,6 +66,8 @@ from kvwatch.watchdog.outcomes import LaunchOutcome
 from kvwatch.watchdog.output_pump import OutputPump
 from kvwatch.watchdog.plan_in_force import PlanInForce
 from kvwatch.watchdog.preflight import device_for_spec, learned_key, preflight
+from kvwatch.watchdog.pressure_watch import PressureWatch
+from kvwatch.watchdog.pressure_window import LoadSample
 from kvwatch.watchdog.probe_pool import Probe, ProbePool
 from kvwatch.watchdog.progress import Reading
 from kvwatch.watchdog.records import PREFLIGHT, Constraint
@@ -137,6 +141,7 @@ class Supervisor:
         self._environ = dict(os.environ if environ is None else environ)
         self._os: WatchdogOs = os_interface or RealOs()
         self._probes = ProbePool(probe or _probe)
+        self._pressure = PressureWatch(config.engine.pressure_window_seconds)   # KV pressure while serving
         self._budget = budget or Budget(config.policy)
         self._gpu_pids = gpu_pids
         self._store = StateStore(config.state_dir, config.name, writer=disk_writer.shared())  # never waits on disk
@@ -364,6 +369,7 @@ class Supervisor:
         assert planner is not None
         planner.begin_launch()   # config.json read once for this launch
         self._pinned = None
+        self._pressure.reset()
         planner.compute(self._command, self._record.learned_non_kv)
         argv = self._pinned_argv(planner)
         self._requested = planner.requested_bytes(self._command)
@@ -441,11 +447,13 @@ class Supervisor:
                 if probed is None:
                     continue   # a stop request or the engine's exit came first: handled at the top
                 self._refresh_tree()  # before a transition, so its status carries the current pids
-                reading = self._read_progress(url, timing.probe_timeout, run) \
-                    if probed and state.ready and timing.stall_timeout > 0 else None
+                metrics = self._read_engine(url, timing.probe_timeout, run) if probed and state.ready else None
+                reading = self._progress_reading(metrics, run) if metrics is not None else None
                 now = self._clock.now()
                 state, event, end = after_probe(state, probed, now, timing, run.pump.lines_seen, died_in_log,
                                                 reading)
+                if metrics is not None and end is None:
+                    self._watch_pressure(metrics)
                 if event is Event.READY:
                     self._transition(EngineState.READY, f"serving on {url} after {now - run.started:.0f}s")
                 elif event is Event.STABLE:
@@ -464,19 +472,53 @@ class Supervisor:
             self._clock.wait(self._wake, timing.tick)  # wakes at once on a stop request or the engine's exit
             self._wake.clear()
 
-    def _read_progress(self, url: str, timeout: float, run: _Running) -> Reading | None:
-        """The engine's counters for the stall detector (None when its /metrics gives none). On a CPU
-        backend the CPU time of its engine cores and workers (not the API server) is progress too."""
+    def _read_engine(self, url: str, timeout: float, run: _Running) -> EngineMetrics | None:
+        """The engine's /metrics, read on the probe pool with the probe's deadline (None: none usable)."""
         metrics = self._probes.read(lambda: engine_http.scrape(url, timeout),
                                     interrupted=lambda: self._stop.is_set() or run.proc.poll() is not None,
                                     waiting=lambda: self._notifier.watchdog(self._clock.now()))
-        if metrics is None or not metrics.ok:
-            return None
+        return metrics if metrics is not None and metrics.ok else None
+
+    def _progress_reading(self, metrics: EngineMetrics, run: _Running) -> Reading:
+        """The engine's counters for the stall detector. On a CPU backend the CPU time of its engine
+        cores and workers (not the API server) is progress too."""
         cpu = None
         if self._device is not None and self._device.platform == "cpu":
             cpu = self._os.cpu_seconds(run.tree.live - {run.proc.pid})
         load = metrics.load
         return Reading(self._clock.now(), load.running, load.prompt_tokens, load.generation_tokens, cpu)
+
+    def _watch_pressure(self, metrics: EngineMetrics) -> None:
+        """The engine's load into the pressure window; when the recommendation changes, say so (log,
+        status, state file). Re-plans happen only under pressure, at most every EVERY_SECONDS."""
+        load, now, planner = metrics.load, self._clock.now(), self._planner
+        self._pressure.observe(LoadSample(now, load.preemptions, metrics.kv_cache_usage_ratio, load.waiting,
+                                          load.request_tokens, load.requests, load.prompt_buckets,
+                                          load.generation_buckets, load.generation_tokens))
+        if planner is None:
+            return
+        try:
+            settings = self._command.settings()
+        except KvwatchError:
+            return
+        gpu = self._gpu_view().context() if planner.device.platform == "cuda" else None
+        command = self._command
+
+        def replan(change: FlagChange) -> Plan | None:
+            return planner.what_if(change.apply(command), self._record.learned_non_kv)
+
+        if not self._pressure.judge(now, planner.plan, settings, gpu.free_bytes if gpu else None, replan,
+                                    self.config.policy.fixed_flags):
+            return
+        found = self._pressure.recommendation
+        if found is not None:
+            _LOG.warning("pressure: %s: recommend %s (KV tokens %s -> %s)", found.reason, found.change.describe(),
+                         f"{found.tokens_before:,}", f"{found.tokens_after:,}")
+        else:
+            _LOG.info("pressure: no KV pressure now; no recommendation")
+        self._record.recommendation = found.to_json() if found is not None else {}
+        self._save()
+        self._publish()
 
     @staticmethod
     def _died_in_log(lines: list[str]) -> str | None:
@@ -645,7 +687,8 @@ class Supervisor:
             log_kv_tokens=record.log_kv_tokens, log_available_kv_bytes=record.log_available_kv_bytes,
             log_memory_parts=dict(record.log_memory_parts), memory_requested_bytes=self._requested,
             vllm_release=record.vllm_release, release_changes=self._release_changes,
-            vllm_release_planned_as=planned_as(record.vllm_release))
+            vllm_release_planned_as=planned_as(record.vllm_release),
+            recommendation=self._pressure.recommendation)
 
     def _publish(self) -> None:
         self._status = status = self._make_status()
