@@ -39,3 +39,5 @@ class EngineStatus:
     release_changes: int = 0                           # release changes this kvwatch saw (state file)
     log_lines_dropped: int = 0                         # engine lines kvwatch's own stdout could not take
     recommendation: Recommendation | None = None       # one flag change for KV pressure (planner/pressure.py)
+    ending: str | None = None                          # the launch ended (a hang, a stall): its engine is being
+    #                                                    stopped and serves nothing, whatever the state says

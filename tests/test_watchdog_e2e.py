@@ -599,3 +599,69 @@ def test_gemma4_kv_sharing_and_wide_full_layers_planned_equals_actual(tmp_path: 
         assert kv.exit_code() == 0
     finally:
         kv.cleanup()
+
+
+# -- while it serves: a stall (issue 28) ---------------------------------------------------------------
+
+STALL_TIMEOUT = 8.0
+
+
+def _generate(url: str, model: Path, tokens: int) -> None:
+    body = json.dumps({"model": str(model), "prompt": [1, 2, 3, 4] * 50, "max_tokens": tokens,
+                       "ignore_eos": True}).encode()
+    request = urllib.request.Request(f"{url}/v1/completions", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as resp:
+            resp.read()
+    except OSError:
+        pass   # the stalled engine's request is cut when kvwatch ends it
+
+
+def test_a_stopped_worker_while_a_request_runs_is_a_stall_the_idle_and_the_busy_are_not(
+        tmp_path: Path, tiny: Path) -> None:
+    """SIGSTOP on the engine core and worker while a request runs, the way a wedged kernel looks from
+    outside: /health keeps answering 200, no token comes. kvwatch ends the launch as `stalled` within
+    stall_timeout plus one health interval (and the load of this box), and the same plan serves
+    again. Before that, an idle engine and a stream of long generations are never flagged."""
+    import threading
+    port = free_port()
+    kv = Kvwatch(tmp_path, "stall", engine_argv(tiny, port))
+    kv.config.write_text(CONFIG.replace("[engine]\n", f"[engine]\nstall_timeout_seconds = {STALL_TIMEOUT:.0f}\n"))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        ready = kv.start().wait_ready()
+        time.sleep(STALL_TIMEOUT + 4)                                       # idle: nothing runs
+        busy_until = time.monotonic() + STALL_TIMEOUT + 4                   # long generations, back to back
+        while time.monotonic() < busy_until:
+            _generate(url, tiny, 1500)
+        assert kv.state()["failures"] == [] and kv.state()["state"] == "ready"
+        request = threading.Thread(target=_generate, args=(url, tiny, 3500), daemon=True)
+        request.start()
+        time.sleep(0.5)
+        cores = [p for p in psutil.Process(ready["pids"][0]["pid"]).children(recursive=True)
+                 if p.name().startswith(("VLLM::EngineCore", "VLLM::Worker"))]
+        assert cores, "no engine core or worker found"
+        stopped_at = time.monotonic()
+        for p in cores:
+            p.send_signal(signal.SIGSTOP)
+        assert http_get(f"{url}/health")[0] == 200                          # the engine looks alive
+        ready_url = f"http://{kv.argv[kv.argv.index('--listen') + 1]}/-/ready"
+        assert http_get(ready_url)[0] == 200
+        deadline = stopped_at + 60
+        while http_get(ready_url)[0] == 200 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        took = time.monotonic() - stopped_at
+        log(f"readiness 503 after {took:.1f}s (stall timeout {STALL_TIMEOUT:.0f}s + 1 s interval)")
+        assert took <= STALL_TIMEOUT + 1 + 4, took                          # + the probe's scrape on a loaded box
+        stalled = kv.wait("the stall", lambda d: any(f["kind"] == "stalled" for f in d["failures"]), timeout=60)
+        assert "requests running and no token" in stalled["failures"][0]["evidence"]
+        again = kv.wait("serving again", lambda d: d["state"] == "ready" and len(d["pids"]) >= 3
+                        and d["restarts"].get("stalled") == 1)
+        assert again["argv"] == ready["argv"] and again["corrections"] == []
+        _generate(url, tiny, 8)
+        kv.proc.send_signal(signal.SIGTERM)
+        assert kv.exit_code() == 0
+    finally:
+        kv.cleanup()
+    assert engine_processes(kv.marker()) == []

@@ -21,7 +21,10 @@ _LOG = logging.getLogger(__name__)
 
 def _readiness(supervisor: Any) -> tuple[bool, str]:
     """The supervisor's own state, read at request time (an immutable status: no I/O, no lock)."""
-    state = supervisor.status.state.value
+    status = supervisor.status
+    state = status.state.value
+    if status.ending:   # a hung or stalled engine being stopped: no traffic to it meanwhile
+        return False, f"{state}, ending: {status.ending}"
     return state == "ready", state
 
 

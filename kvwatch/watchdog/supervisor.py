@@ -141,6 +141,7 @@ class Supervisor:
         self._environ = dict(os.environ if environ is None else environ)
         self._os: WatchdogOs = os_interface or RealOs()
         self._probes = ProbePool(probe or _probe)
+        self._ending: str | None = None   # why a served launch ended while its engine is being stopped
         self._pressure = PressureWatch(config.engine.pressure_window_seconds)   # KV pressure while serving
         self._budget = budget or Budget(config.policy)
         self._gpu_pids = gpu_pids
@@ -235,6 +236,11 @@ class Supervisor:
                 self._end_engine()
                 self._transition(EngineState.STOPPED, f"{self._stop_reason}: engine stopped")
                 return EXIT_OK
+            if end.served and end.outcome in (LaunchOutcome.HANG, LaunchOutcome.STALLED):
+                # the engine still runs but serves nothing: readiness says so now, not after its stop
+                _LOG.warning("launch ended: %s: %s", end.outcome.value, end.detail)
+                self._ending = f"{end.outcome.value}: {end.detail}"
+                self._publish()
             self._end_engine()
             delay = self._after_failure(end)
             if delay is None:
@@ -369,6 +375,7 @@ class Supervisor:
         assert planner is not None
         planner.begin_launch()   # config.json read once for this launch
         self._pinned = None
+        self._ending = None
         self._pressure.reset()
         planner.compute(self._command, self._record.learned_non_kv)
         argv = self._pinned_argv(planner)
@@ -688,7 +695,7 @@ class Supervisor:
             log_memory_parts=dict(record.log_memory_parts), memory_requested_bytes=self._requested,
             vllm_release=record.vllm_release, release_changes=self._release_changes,
             vllm_release_planned_as=planned_as(record.vllm_release),
-            recommendation=self._pressure.recommendation)
+            recommendation=self._pressure.recommendation, ending=self._ending)
 
     def _publish(self) -> None:
         self._status = status = self._make_status()
