@@ -84,3 +84,30 @@ def test_with_the_nvml_standin_the_collector_is_present_as_before(tmp_path: Path
         _stop(proc)
     assert [float(r["value"][1]) for r in nvml] == [1.0]
     assert "KvwatchCollectorFailing" not in firing, firing
+
+
+@pytest.mark.parametrize("standin", [False, True])
+def test_kvwatch_export_wires_nvml_only_where_it_fits(tmp_path: Path, standin: bool, request) -> None:
+    """`kvwatch export` follows the same rule as `kvwatch run`: no nvml collector on a host without an
+    NVML driver, the collector as before with one (the stand-in)."""
+    env = {k: v for k, v in os.environ.items() if k not in (LIBRARY_ENV, STATE_ENV)}
+    if standin:
+        env.update(request.getfixturevalue("nvml_standin").env)
+    elif Nvml().driver_present():
+        pytest.skip("this host has an NVML driver")
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvwatch.cli", "export", "--engine-url", f"http://127.0.0.1:{free_port()}",
+         "--name", "ext", "--listen", f"127.0.0.1:{port}", "--state-dir", str(tmp_path / "state"),
+         "--interval", "0.5"], cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True)
+    try:
+        def page() -> str:
+            try:
+                return http_get(f"http://127.0.0.1:{port}/metrics")[1]
+            except OSError:
+                return ""
+        assert eventually(lambda: 'kvwatch_collector_success{collector="engine"}' in page(), 30, 0.2)
+        assert ('kvwatch_collector_success{collector="nvml"}' in page()) is standin
+    finally:
+        _stop(proc)

@@ -87,9 +87,17 @@ def run(args: argparse.Namespace) -> int:
     bounded_seconds(args.interval, f"--interval {args.interval:g}", "watch.interval_seconds")  # 1e-300 would spin
     context = _context(args)
     nvml = None
+    nvml_source = None
     if not args.no_nvml:
         from kvwatch.boundary.nvml import shared  # only here: --no-nvml never loads the library
+        from kvwatch.exporter.sources import nvml_fits
         nvml = shared()  # the one the device chooser reads too
+        # NVML only where it can work (as for kvwatch run): a GPU asked for, or a driver on this host
+        asked = "gpu" if args.device == "gpu" or args.gpu is not None else (args.device or "")
+        if nvml_fits(asked, nvml.driver_present):
+            nvml_source = nvml.snapshot
+        else:
+            _LOG.info("exporter: no NVML driver on this host: no nvml collector")
     if any(pid <= 0 for pid in args.engine_pid):
         raise KvwatchError("--engine-pid: expected a positive process id")
     from kvwatch.boundary import proc_inspect
@@ -103,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
         _LOG.warning("engine %s is not on this host: its GPU memory is not split (no --engine-pid)", args.name)
     host = HostRegistry(args.state_dir or default_state_dir(), args.name)
     exporter = Exporter(engines, listen=args.listen, web_config=args.web_config, interval=args.interval,
-                        nvml=nvml.snapshot if nvml is not None else None, host=host, all_gpus=args.all_gpus,
+                        nvml=nvml_source, host=host, all_gpus=args.all_gpus,
                         # the engine's processes are on this host: their resident memory too
                         process_source=proc_inspect.rss if args.engine_pid or local else None)
     stop = threading.Event()
