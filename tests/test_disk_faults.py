@@ -222,3 +222,17 @@ def test_kill_9_during_writes_leaves_a_valid_file_and_the_next_start_cleans_up(t
             assert StateStore(str(state), "t").load() is not None     # never a half file
     StateStore(str(state), "t").remove_stale_temporaries()
     assert not [n for n in os.listdir(state) if n.endswith(".tmp")]
+
+
+def test_a_state_directory_removed_while_running_is_made_again_private(tmp_path: Path) -> None:
+    from kvwatch.watchdog.disk_writer import shared
+    from kvwatch.watchdog.state_store import EngineRecord
+    state = tmp_path / "state"
+    store = StateStore(str(state), "t", writer=shared())
+    store.ensure_dir()
+    store.save(EngineRecord(name="t"))
+    assert shared().flush(5)
+    shutil.rmtree(state)                                 # an operator's cleanup, a volume remounted empty
+    store.save(EngineRecord(name="t", argv=["vllm", "serve", "m"]))
+    assert shared().flush(5)
+    assert state.stat().st_mode & 0o7777 == 0o750 and store.load() is not None

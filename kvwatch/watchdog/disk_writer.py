@@ -115,11 +115,18 @@ _SHARED: DiskWriter | None = None
 _SHARED_LOCK = threading.Lock()
 
 
+def _write_in_private_dir(path: Path, data: bytes) -> None:
+    """state_store.write_atomic, the directory made again (private) first if someone removed it."""
+    from kvwatch.watchdog.state_dir import ensure_private_dir
+    from kvwatch.watchdog.state_store import write_atomic
+    ensure_private_dir(path.parent)
+    write_atomic(path, data)
+
+
 def shared() -> DiskWriter:
-    """The process's one writer (state files and claims), writing with state_store.write_atomic."""
+    """The process's one writer (state files and claims)."""
     global _SHARED
     with _SHARED_LOCK:
         if _SHARED is None:
-            from kvwatch.watchdog.state_store import write_atomic
-            _SHARED = DiskWriter(write_atomic)
+            _SHARED = DiskWriter(_write_in_private_dir)
         return _SHARED
