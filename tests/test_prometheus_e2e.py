@@ -39,6 +39,9 @@ NOT_ON_THIS_HOST = {
                                             "kv_cache_memory_bytes), so they drift and have no estimate error",
     "kvwatch_engine_memory_bytes": "the CPU engine logs no GPU memory profile",
     "kvwatch_engine_memory_requested_bytes": "the supervised engine's plan is for the CPU, not a CUDA card",
+    "kvwatch_recommendation_info": "the engine is under no KV pressure (no preemptions): nothing to recommend",
+    "kvwatch_recommendation_kv_tokens": "no recommendation, so no expected figures",
+    "kvwatch_recommendation_concurrency": "no recommendation, so no expected figures",
 }
 # Grafana's variables as "All" and the rate interval Grafana would pick for a 1 s scrape.
 VARIABLES = {"$__rate_interval": "15s", "$instance": ".*", "$engine": ".*", "$gpu": ".*"}
