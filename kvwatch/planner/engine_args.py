@@ -26,7 +26,8 @@ from kvwatch.planner.serve_options import (
     vllm_spelling,
 )
 from kvwatch.planner.units import parse_vllm_int
-from kvwatch.planner.versions import LATEST
+from kvwatch.planner.versions import LATEST, parse_version
+from kvwatch.vllm_releases.release_defaults import defaults_for
 
 # Flags whose value is a count or a size: vLLM wants them positive (0 or less is a typo).
 _COUNT_FLAGS = ("--tensor-parallel-size", "--pipeline-parallel-size", "--data-parallel-size", "--max-num-seqs",
@@ -253,7 +254,9 @@ class EngineCommand:
             block_size=self._int("--block-size"),
             kv_cache_dtype=self.get("--kv-cache-dtype") or "auto",
             dtype=self.get("--dtype") or "auto",
-            gpu_memory_utilization=self._float("--gpu-memory-utilization", 0.92),
+            # without the flag: the default of the release that reads the command (one source: its table)
+            gpu_memory_utilization=self._float("--gpu-memory-utilization",
+                                               defaults_for(parse_version(self.release)).gpu_memory_utilization),
             kv_cache_memory_bytes=self._int("--kv-cache-memory-bytes", human=True),
             max_model_len=None if auto_len else self._int("--max-model-len", human=True),
             max_num_seqs=self._int("--max-num-seqs"),

@@ -157,10 +157,10 @@ def config_from_mapping(data: Mapping[str, Any], source: str = "<config>") -> Co
     environment = v.string_map(engine_data, "engine.environment")
     engine = EngineConfig(
         command=tuple(command), environment=environment,
-        start_timeout_seconds=v.seconds(engine_data, "engine.start_timeout_seconds", 1800.0),
-        health_interval_seconds=v.seconds(engine_data, "engine.health_interval_seconds", 5.0),
-        hang_timeout_seconds=v.seconds(engine_data, "engine.hang_timeout_seconds", 60.0),
-        stop_timeout_seconds=v.seconds(engine_data, "engine.stop_timeout_seconds", 60.0),
+        start_timeout_seconds=v.seconds(engine_data, "engine.start_timeout_seconds", EngineConfig.start_timeout_seconds),
+        health_interval_seconds=v.seconds(engine_data, "engine.health_interval_seconds", EngineConfig.health_interval_seconds),
+        hang_timeout_seconds=v.seconds(engine_data, "engine.hang_timeout_seconds", EngineConfig.hang_timeout_seconds),
+        stop_timeout_seconds=v.seconds(engine_data, "engine.stop_timeout_seconds", EngineConfig.stop_timeout_seconds),
         stall_timeout_seconds=v.seconds(engine_data, "engine.stall_timeout_seconds",
                                         EngineConfig.stall_timeout_seconds),
         pressure_window_seconds=v.seconds(engine_data, "engine.pressure_window_seconds",
@@ -174,7 +174,7 @@ def config_from_mapping(data: Mapping[str, Any], source: str = "<config>") -> Co
     watch_data = v.table(data, "watch")
     v.no_unknown(watch_data, "watch.", ("interval_seconds", "all_gpus"))
     all_gpus = v.boolean(watch_data, "watch.all_gpus", False)
-    watch = WatchConfig(interval_seconds=v.seconds(watch_data, "watch.interval_seconds", 5.0), all_gpus=all_gpus)
+    watch = WatchConfig(interval_seconds=v.seconds(watch_data, "watch.interval_seconds", WatchConfig.interval_seconds), all_gpus=all_gpus)
     device = data.get("device", "")
     if isinstance(device, int) and not isinstance(device, bool):
         device = str(device)
