@@ -28,16 +28,17 @@ class ProbePool:
             waiting: Callable[[], object]) -> bool | None:
         """The probe's answer, or None when `interrupted()` turns true first; `waiting()` is called
         at each slice (the systemd watchdog ping). A probe that raises is an unhealthy engine."""
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvwatch-probe")
-        return self._wait(self._pool.submit(self._probe, url, timeout, starting), interrupted, waiting, False)
+        return self._wait(self._submit(self._probe, url, timeout, starting), interrupted, waiting, False)
 
     def read(self, call: Callable[[], T], interrupted: Callable[[], bool], waiting: Callable[[], object]) -> T | None:
         """`call()` on a pool thread (reading the engine's counters, with its own deadline), or None
         when `interrupted()` turns true first or it raises."""
+        return self._wait(self._submit(call), interrupted, waiting, None)
+
+    def _submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvwatch-probe")
-        return self._wait(self._pool.submit(call), interrupted, waiting, None)
+        return self._pool.submit(fn, *args)
 
     def _wait(self, future: Future[Any], interrupted: Callable[[], bool], waiting: Callable[[], object],
               failed: Any) -> Any:
