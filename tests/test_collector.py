@@ -400,3 +400,13 @@ def test_process_rss_is_summed_by_data_parallel_rank() -> None:
     found = samples(render(snap))
     assert {(d["rank"], value(found, "kvwatch_engine_process_resident_bytes", **d))
             for d in series(found, "kvwatch_engine_process_resident_bytes")} == {("", 100), ("0", 1000), ("1", 12)}
+
+
+def test_the_watch_loops_said_once_memory_stays_bounded() -> None:
+    """An engine whose figures disagree differently every tick: each new disagreement is said, and the
+    loop's memory of what it said never grows past its bound (it leaked one string per tick)."""
+    from kvwatch.exporter import watch as watch_module
+    loop = watch_module.Watch(lambda: [])
+    for tick in range(watch_module._MAX_WARNED * 3):
+        loop._warn_once(f"e:0:blocks {tick} != {tick + 1}", "x")
+    assert len(loop._warned) <= watch_module._MAX_WARNED

@@ -30,6 +30,7 @@ _LOG = logging.getLogger(__name__)
 ProcessSource = Callable[[Sequence[int]], Mapping[int, int]]
 NvmlSource = Callable[[], NvmlSnapshot]
 DEFAULT_INTERVAL = 5.0
+_MAX_WARNED = 1024   # distinct warnings remembered (each said once until then)
 _T = TypeVar("_T")
 
 
@@ -250,6 +251,8 @@ class Watch:
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
+            if len(self._warned) >= _MAX_WARNED:   # keys carry an engine's changing figures: stay bounded
+                self._warned.clear()
             self._warned.add(key)
             _LOG.warning("%s", message)
 
