@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.flag_change import FlagChange
 from kvwatch.planner.plan import Plan
-from kvwatch.planner.pressure import Recommendation, recommend
+from kvwatch.planner.pressure import Recommendation, Window, recommend
 from kvwatch.watchdog.pressure_window import LoadSample, window_of
 
 MAX_SAMPLES = 4096
@@ -35,6 +35,10 @@ class PressureWatch:
 
     def observe(self, sample: LoadSample) -> None:
         self._samples.append(sample)
+
+    def window(self, seconds: float) -> Window | None:
+        """The engine's load over the last `seconds` of this launch (the autopilot's before and after)."""
+        return window_of(list(self._samples), seconds)
 
     def judge(self, now: float, plan: Plan | None, settings: EngineSettings, gpu_free_bytes: int | None,
               replan: Callable[[FlagChange], Plan | None], fixed: Sequence[str] = (),
