@@ -527,8 +527,9 @@ class Supervisor:
         def replan(change: FlagChange) -> Plan | None:
             return planner.what_if(change.apply(command), self._record.learned_non_kv)
 
+        # A change to a fixed flag is recommended like any other; the autopilot never applies it.
         if not self._pressure.judge(now, planner.plan, settings, gpu.free_bytes if gpu else None, replan,
-                                    self.config.policy.fixed_flags, self._rolled_back(self._profile())):
+                                    (), self._rolled_back(self._profile())):
             return
         found = self._pressure.recommendation
         if found is not None:
