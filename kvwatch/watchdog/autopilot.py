@@ -11,7 +11,9 @@ One change at a time, at most ``max_changes_per_day`` in any 24 hours. After a c
 signals are read over the next ``measure_seconds`` of serving and compared with the window before
 it: the change is kept when preemptions per minute fell and generated tokens per second did not
 fall by more than KEEP_THROUGHPUT; otherwise it is rolled back (the engine relaunched without it)
-and never tried again for that profile.
+and never tried again for that profile. A failure of the engine on trial rolls it back at that restart.
+Never a flag of policy.fixed_flags: those changes are only recommended. The supervisor acts on these
+decisions (drain, relaunch, state file; docs/serving.md "The autopilot").
 """
 from __future__ import annotations
 
