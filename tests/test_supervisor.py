@@ -371,6 +371,44 @@ def test_kv_pressure_becomes_a_recommendation_with_its_expected_effect(tmp_path:
     assert run.stop() == EXIT_OK
 
 
+def test_the_autopilot_drains_applies_over_real_metrics_and_keeps_the_change(tmp_path: Path, model: Path) -> None:
+    """[autopilot] apply = "window", open now, against the stand-in's real /metrics: preemptions, a
+    recommendation, a drain (readiness 503 until the running requests are done), a relaunch with
+    --kv-cache-dtype fp8, no preemption with it: kept, in the state file and the counts."""
+    from kvwatch.watchdog.autopilot import Apply, AutopilotConfig
+    load = tmp_path / "load"
+    load.write_text("2 100 50 0 1")
+    cfg = config(tmp_path, fake(model, free_port(), "--load-file", str(load)), pressure_window_seconds=4.0,
+                 stall_timeout_seconds=0.0)
+    now = time.gmtime()
+    start = (now.tm_hour * 60 + now.tm_min - 1) % 1440
+    window = f"{start // 60:02d}:{start % 60:02d}-{(start + 60) // 60 % 24:02d}:{(start + 60) % 60:02d}"
+    cfg = replace(cfg, autopilot=AutopilotConfig(Apply.WINDOW, window, drain_timeout_seconds=20.0,
+                                                 measure_seconds=3.0))
+    run = Running(supervisor(cfg, device=Device("cpu", "test cpu (AVX-512)", cpu_fp8_kv=True, source="cpu")))
+    run.wait_state(EngineState.READY)
+    step, drained_at, deadline = 0, None, time.monotonic() + 40
+    while time.monotonic() < deadline and run.sup.status.autopilot.get("kept", 0) == 0:
+        step += 1
+        status = run.sup.status
+        if status.ending and drained_at is None:    # draining: the requests finish, nothing new comes
+            drained_at = time.monotonic()
+            load.write_text(f"0 {100 + step} {50 + 10 * step} {step} 0")
+        elif "--kv-cache-dtype" in status.argv:      # with the change: tokens, no preemption
+            load.write_text(f"2 {100 + step} {50 + 10 * step} 0 0")
+        elif drained_at is None:                     # the plan before: preempting
+            load.write_text(f"2 {100 + step} {50 + 10 * step} {step} 1")
+        time.sleep(0.2)
+    assert drained_at is not None, run.sup.status
+    assert run.sup.status.autopilot == {"applied": 1, "kept": 1}, run.sup.status
+    assert run.sup.command.argv[-2:] == ("--kv-cache-dtype", "fp8")
+    changes = state_json(cfg)["autopilot_changes"]
+    assert [(c["describe"], c["result"]) for c in changes] == [("--kv-cache-dtype fp8", "kept")]
+    assert changes[0]["before"]["preemptions_per_minute"] > 0 == changes[0]["after"]["preemptions_per_minute"]
+    assert run.sup.status.failures == {} and run.sup.status.restarts == {}
+    assert run.stop() == EXIT_OK
+
+
 def test_hang_detected_killed_and_restarted(tmp_path: Path, model: Path) -> None:
     cfg = config(tmp_path, fake(model, free_port()))
     rec = Recorder()
