@@ -89,8 +89,10 @@ ROWS = [
 
 def run_row(tmp_path: Path, apply: Apply, window: str | None, launches: list[Launch], fp8_helps: bool,
             fixed: tuple[str, ...], stop_after: float = 200.0,
-            per_day: int = 1) -> tuple[Supervisor, FakeOs, list[EngineStatus], Config]:
-    model = write_model(tmp_path / "tiny", llama_config())
+            per_day: int = 1, stop_on_drain: bool = False) -> tuple[Supervisor, FakeOs, list[EngineStatus], Config]:
+    model = tmp_path / "tiny"
+    if not model.exists():
+        write_model(model, llama_config())
     argv = ("vllm", "serve", str(model), "--port", "8000")
     engine = EngineConfig(command=argv, start_timeout_seconds=10.0, health_interval_seconds=1.0,
                           hang_timeout_seconds=4.0, stop_timeout_seconds=3.0, stall_timeout_seconds=0.0,
@@ -102,7 +104,11 @@ def run_row(tmp_path: Path, apply: Apply, window: str | None, launches: list[Lau
     load = Pressure(fp8_helps, clock=clock)
     fake_os = FakeOs(clock, launches, load=load, wall_base=WALL)
     statuses: list[EngineStatus] = []
-    sup = Supervisor(config, observers=[statuses.append, load.observe], clock=clock, device=FP8_CPU,
+
+    def stop_when_draining(status: EngineStatus) -> None:
+        if stop_on_drain and status.ending and status.ending.startswith("autopilot: draining"):
+            sup.request_stop("test stop while draining")
+    sup = Supervisor(config, observers=[statuses.append, load.observe, stop_when_draining], clock=clock, device=FP8_CPU,
                      rules=ruleset_for("0.32.0"), notifier=SdNotifier(None), output=io.BytesIO(), environ={},
                      probe=fake_os.probe, os_interface=fake_os)
     clock.at(clock.now() + stop_after, lambda: sup.request_stop("test stop"))
@@ -160,3 +166,17 @@ def test_the_daily_bound_holds_a_second_change(tmp_path: Path) -> None:
     sup, fake_os, _, config = run_row(tmp_path, Apply.WINDOW, OPEN, [SERVES], False, (), stop_after=400.0)
     record = json.loads((Path(config.state_dir) / "t.json").read_text())
     assert len(record["autopilot_changes"]) == 1 and len(fake_os.spawned) == 3
+
+
+def test_a_stop_while_draining_leaves_the_change_to_the_next_kvwatch(tmp_path: Path) -> None:
+    """Stopped in the middle of the drain: the state file has the new command and its trial, so the next
+    kvwatch launches the change and measures it (here: kept)."""
+    sup, fake_os, statuses, config = run_row(tmp_path, Apply.WINDOW, OPEN, [SERVES], True, (), stop_on_drain=True)
+    record = json.loads((Path(config.state_dir) / "t.json").read_text())
+    assert [fp8(argv) for argv in fake_os.spawned] == [False]
+    assert fp8(record["argv"]) and record["autopilot_trial"]["change"] == {"set": {"--kv-cache-dtype": "fp8"},
+                                                                           "remove": []}
+    sup, fake_os, statuses, config = run_row(tmp_path, Apply.WINDOW, OPEN, [SERVES], True, ())
+    assert [fp8(argv) for argv in fake_os.spawned] == [True]
+    record = json.loads((Path(config.state_dir) / "t.json").read_text())
+    assert [c["result"] for c in record["autopilot_changes"]] == ["kept"] and record["autopilot_trial"] == {}

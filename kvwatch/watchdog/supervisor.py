@@ -678,7 +678,8 @@ class Supervisor:
         command, why = self._take_relaunch()
         self._ending = f"autopilot: draining to {why}"
         self._publish()   # readiness 503 from now on
-        if self._drain():
+        if self._drain():   # asked to stop: the next kvwatch launches the new command (and resumes its trial)
+            self._switch_to(command, why)
             return True
         self._end_engine()
         self._running = None
