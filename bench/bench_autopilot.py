@@ -63,13 +63,14 @@ class Load:
     ready: str
     model: str
     max_tokens: int
+    prompt_tokens: int
     stop: threading.Event = field(default_factory=threading.Event)
     done: list[tuple[float, int]] = field(default_factory=list)   # (finished at, tokens generated)
     failed: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def client(self, n: int) -> None:
-        body = json.dumps({"model": self.model, "prompt": [1 + n, 2, 3, 4] * 8, "max_tokens": self.max_tokens,
+        body = json.dumps({"model": self.model, "prompt": [1 + n] + [2, 3, 4, 5] * (self.prompt_tokens // 4), "max_tokens": self.max_tokens,
                            "ignore_eos": True, "temperature": 0}).encode()
         while not self.stop.is_set():
             if get(self.ready, 2.0)[0] != 200:
@@ -128,7 +129,9 @@ def main() -> int:
     p.add_argument("--measure", type=float, default=60.0, help="autopilot.measure_seconds")
     p.add_argument("--window", type=float, default=30.0, help="engine.pressure_window_seconds")
     p.add_argument("--clients", type=int, default=8)
-    p.add_argument("--max-tokens", type=int, default=800)
+    p.add_argument("--max-tokens", type=int, default=600)
+    p.add_argument("--prompt-tokens", type=int, default=384)
+    p.add_argument("--after", type=float, default=30.0, help="seconds sampled of the plan before, rolled back to")
     p.add_argument("--kv-tokens", type=int, default=4096, help="the KV cache, in tokens of the model's dtype")
     p.add_argument("--duration", type=float, default=600.0, help="the bench ends by then whatever happened")
     args = p.parse_args()
@@ -156,7 +159,8 @@ drain_timeout_seconds = 120
 measure_seconds = {args.measure}
 max_changes_per_day = 1
 """)
-    env = {**engine_env(1), "VLLM_CPU_KVCACHE_SPACE": ""}   # it would override --kv-cache-memory-bytes
+    env = engine_env(1)
+    del env["VLLM_CPU_KVCACHE_SPACE"]   # it would override --kv-cache-memory-bytes
     log_path = tmp / "kvwatch.log"
     print(f"kvwatch run, engine {' '.join(command[2:])}; log {log_path}", flush=True)
     with open(log_path, "wb") as out:
@@ -171,7 +175,7 @@ max_changes_per_day = 1
         except (OSError, ValueError):
             return {}
 
-    load = Load(engine, ready, str(model), args.max_tokens)
+    load = Load(engine, ready, str(model), args.max_tokens, args.prompt_tokens)
     threads = [threading.Thread(target=load.client, args=(n,), daemon=True) for n in range(args.clients)]
     launches: list[list[Sample]] = []   # the engine's samples, one list per launch (its pid)
     argvs: list[list[str]] = []
@@ -201,8 +205,10 @@ max_changes_per_day = 1
                 verdict_at = time.monotonic()
                 print(f"[{verdict_at - started:5.0f}s] autopilot: {changes[-1]['describe']}: "
                       f"{changes[-1]['result']}", flush=True)
-            if verdict_at is not None and (changes[-1]["result"] == "kept" or len(pids) >= 3):
-                break   # kept: measured; rolled back: the plan before serves again
+            if verdict_at is not None and changes[-1]["result"] == "kept":
+                break   # kept: measured
+            if len(pids) >= 3 and len(launches[-1]) >= 2 and launches[-1][-1].at - launches[-1][0].at >= args.after:
+                break   # rolled back: the plan before serves again, sampled for --after seconds
             time.sleep(1.0)
     finally:
         load.stop.set()
@@ -221,7 +227,7 @@ max_changes_per_day = 1
              if ("pressure:" in line or "autopilot:" in line) and not line.startswith("[bench]")]
     print("--- kvwatch log (pressure, autopilot) ---\n" + "\n".join(lines[-12:]) + "\n")
     if not changes:
-        print(f"no change was applied in {args.duration:.0f}s: bench failed")
+        print(f"no change was applied in {time.monotonic() - started:.0f}s: bench failed")
         return 1
     change = changes[-1]
     names = ["before", f"with {change['describe']}"] + (["rolled back"] if len(launches) >= 3 else [])
@@ -240,11 +246,11 @@ max_changes_per_day = 1
           f"{figure(after, 'preemptions_per_minute'):>26}")
     print(f"{'kvwatch: generated tokens per second':34}{figure(before, 'tokens_per_second'):>26}"
           f"{figure(after, 'tokens_per_second'):>26}")
-    if measured[0][2] and len(measured) > 1 and measured[1][2] == measured[1][2]:
+    if len(measured) > 1 and measured[0][1] > 0 and measured[0][2] > 0:
         print(f"ratio with/before (bench): preemptions/min {measured[1][1] / measured[0][1]:.2f}, "
-              f"tokens/s {measured[1][2] / measured[0][2]:.2f}" if measured[0][1] else "")
+              f"tokens/s {measured[1][2] / measured[0][2]:.2f}")
     print(f"verdict: {change['result']} ({change.get('detail', '')}); requests done {len(load.done)}, "
-          f"failed or cut {load.failed}; {time.monotonic() - started:.0f}s in all")
+          f"failed or cut (the last ones at the stop) {load.failed}; {time.monotonic() - started:.0f}s in all")
     return 0 if change["result"] in ("kept", "rolled_back") else 1
 
 

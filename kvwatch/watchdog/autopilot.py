@@ -102,6 +102,11 @@ def applicable(change: FlagChange, fixed: Sequence[str], rolled_back: Sequence[F
     return not any(flag in change for flag in fixed) and change not in rolled_back
 
 
+def comparable(before: Window | None, window_seconds: float) -> bool:
+    """A window to compare a change with: nearly the whole pressure window (a short one is mostly noise)."""
+    return before is not None and before.seconds >= 0.8 * window_seconds
+
+
 def measured(trial: Trial, now: float, measure_seconds: float, after: Window | None) -> Verdict | None:
     """The trial's verdict once the engine served `measure_seconds` with the change (None: not yet)."""
     if trial.serving_since is None or after is None or now - trial.serving_since < measure_seconds:

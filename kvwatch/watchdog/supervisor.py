@@ -612,9 +612,10 @@ class Supervisor:
         be (a fixed flag, rolled back before for this profile, no window to compare with)."""
         profile = self._profile()
         before = self._pressure.window(self.config.engine.pressure_window_seconds)
-        if before is None or not autopilot.applicable(found.change, self.config.policy.fixed_flags,
-                                                      self._rolled_back(profile)):
+        if not autopilot.comparable(before, self.config.engine.pressure_window_seconds) or \
+                not autopilot.applicable(found.change, self.config.policy.fixed_flags, self._rolled_back(profile)):
             return False
+        assert before is not None
         wall, record = self._os.wall_time(), self._record
         trial = Trial(found.change, wall, None, before, self._command.argv, profile, found.reason)
         self._trial = trial
