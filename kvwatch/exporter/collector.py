@@ -229,11 +229,11 @@ def _engine(f: dict[str, Any], engine: EngineSnapshot) -> None:
         for which, concurrency in (("current", found.concurrency_before), ("recommended", found.concurrency_after)):
             if concurrency is not None:
                 f["recommendation_concurrency"].add_metric([name, which], concurrency)
-    for result in AUTOPILOT_RESULTS:   # at 0 from the start, as the restarts: increase() sees the first
-        f["autopilot"].add_metric([name, result], status.autopilot.get(result, 0))
     if status.vllm_release is not None:   # a supervised engine (kvwatch export knows no release)
         f["release_info"].add_metric([name, status.vllm_release, status.vllm_release_planned_as or ""], 1)
         f["release_changes"].add_metric([name], status.release_changes)
+        for result in AUTOPILOT_RESULTS:   # at 0 from the start, as the restarts: increase() sees the first
+            f["autopilot"].add_metric([name, result], status.autopilot.get(result, 0))
     if engine.process_rss:
         for rank, rss in sorted(_by_rank(engine.process_rss.items(), status.pid_ranks).items()):
             f["engine_rss"].add_metric([name, rank], rss)
