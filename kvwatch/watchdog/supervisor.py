@@ -79,6 +79,7 @@ from kvwatch.watchdog.state_store import EngineLock, EngineRecord, StateStore
 _LOG = logging.getLogger(__name__)
 __all__ = ["EXIT_FLUSH_SECONDS", "MAX_LEARNED_PROFILES", "Clock", "MonotonicClock", "Observer", "Supervisor"]
 
+MAX_ROLLED_BACK = 32       # rolled-back changes remembered per profile (the decision table has five kinds)
 EXIT_FLUSH_SECONDS = 2.0   # at exit, how long the last state file may take to reach the disk (then lost)
 
 Observer = Callable[[EngineStatus], None]
@@ -654,7 +655,11 @@ class Supervisor:
             _LOG.warning("autopilot: kept %s: %s", trial.change.describe(), detail)
         else:
             _LOG.warning("autopilot: rolling back %s: %s", trial.change.describe(), detail)
-            record.autopilot_rolled_back.setdefault(trial.profile, []).append(trial.change.to_json())
+            rolled = record.autopilot_rolled_back
+            rolled.setdefault(trial.profile, []).append(trial.change.to_json())
+            del rolled[trial.profile][:-MAX_ROLLED_BACK]
+            for profile in list(rolled)[:-MAX_LEARNED_PROFILES]:   # bounded as the learned profiles are
+                del rolled[profile]
             self._relaunch = (EngineCommand(trial.before_argv, self._command.release),
                               f"roll back {trial.change.describe()}")
         self._save()
