@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 
 import pytest
 
-from kvwatch.exporter.eviction import Connection, to_evict
+from kvwatch.exporter.eviction import to_evict
 from kvwatch.exporter.fair_turns import FairTurns, next_ticket, rest_after
 
 A1, A2, B1, C1 = object(), object(), object(), object()
@@ -33,33 +33,38 @@ def test_rest_after(took: float, share: float, rest: float) -> None:
     assert rest_after(took, share) == pytest.approx(rest)
 
 
-def _conn(key: int | str, peer: str, started: float, waiting: float | None) -> Connection:
-    return Connection(key, peer, started, waiting)
+# A connection: (name, its client's address, accepted when, waiting for a request head since or None).
+def _evict(connections: list[tuple[str, str, float, float | None]], slots: int) -> str | None:
+    keys = {name: i for i, (name, *_rest) in enumerate(connections)}
+    waiting = {keys[n]: since for n, _, _, since in connections if since is not None}
+    peers = {keys[n]: (peer, started) for n, peer, started, _ in connections}
+    per_peer = Counter(peer for _, peer, _, _ in connections)
+    key = to_evict(waiting, peers, per_peer, now=10.0, slots=slots)
+    return None if key is None else connections[key][0]
 
 
 @pytest.mark.parametrize("connections, slots, expected", [
     ([], 4, None),
     # serving connections only, no address holding over half: nobody gives way
-    ([_conn("x", "1", 0, None), _conn("y", "2", 0, None)], 4, None),
+    ([("x", "1", 0, None), ("y", "2", 0, None)], 4, None),
     # an idle one that just came in (within the grace) is about to send its request
-    ([_conn("x", "1", 9.8, 9.8)], 4, None),
-    ([_conn("x", "1", 9.8, 9.8), _conn("y", "2", 9.8, 9.8)], 4, None),
-    # ...unless its address holds the most: a young one of the flood goes before an old idle scraper
-    ([_conn("s", "1", 0, 1.0), _conn("f1", "2", 9.7, 9.7), _conn("f2", "2", 9.8, 9.8)], 4, "f1"),
-    # the same address: those past the grace first
-    ([_conn("f1", "2", 9.7, 9.7), _conn("f2", "2", 1, 2.0)], 4, "f2"),
+    ([("x", "1", 9.8, 9.8)], 4, None),
+    ([("x", "1", 9.8, 9.8), ("y", "2", 9.8, 9.8)], 4, None),
     # idle ones: the address holding most gives way first, whatever the waiting times
-    ([_conn("scraper", "1", 0, 1.0), _conn("f1", "2", 5, 5.0), _conn("f2", "2", 6, 6.0)], 4, "f1"),
+    ([("scraper", "1", 0, 1.0), ("f1", "2", 5, 5.0), ("f2", "2", 6, 6.0)], 4, "f1"),
     # the same address: the longest waiting
-    ([_conn("f1", "2", 5, 7.0), _conn("f2", "2", 6, 6.0)], 4, "f2"),
+    ([("f1", "2", 5, 7.0), ("f2", "2", 6, 6.0)], 4, "f2"),
+    # a young one of a flood goes in place of a neighbour's old idle one (the neighbour holds fewer)
+    ([("s", "1", 0, 1.0), ("f1", "2", 9.7, 9.7), ("f2", "2", 9.8, 9.8)], 4, "f1"),
+    # the same address: the one past the grace, never a young one (a scraper's kept-alive connection)
+    ([("f1", "2", 9.7, 9.7), ("f2", "2", 1, 2.0), ("s", "2", 0, 9.9)], 4, "f2"),
     # none idle, one address over half the slots: its oldest, though it is serving
-    ([_conn("s", "1", 0, None), _conn("f1", "2", 3, None), _conn("f2", "2", 2, None),
-      _conn("f3", "2", 4, None)], 4, "f2"),
+    ([("s", "1", 0, None), ("f1", "2", 3, None), ("f2", "2", 2, None), ("f3", "2", 4, None)], 4, "f2"),
     # exactly half is not over half
-    ([_conn("s", "1", 0, None), _conn("f1", "2", 3, None), _conn("f2", "2", 2, None)], 4, None),
+    ([("s", "1", 0, None), ("f1", "2", 3, None), ("f2", "2", 2, None)], 4, None),
 ])
 def test_to_evict(connections, slots, expected) -> None:
-    assert to_evict(connections, now=10.0, slots=slots) == expected
+    assert _evict(connections, slots) == expected
 
 
 def test_a_second_address_goes_before_a_flood_from_the_first() -> None:

@@ -25,6 +25,7 @@ import socket
 import ssl
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -34,7 +35,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from kvwatch.errors import KvwatchError
-from kvwatch.exporter.eviction import Connection, to_evict
+from kvwatch.exporter.eviction import to_evict
 from kvwatch.exporter.fair_turns import FairTurns
 from kvwatch.exporter.web_config import WebConfig
 from kvwatch.listen import DEFAULT_LISTEN, parse_listen
@@ -154,6 +155,7 @@ class _Server(ThreadingHTTPServer):
         self._waiting: dict[int, float] = {}   # thread -> since when the connection waits for a request head
         self._peers: dict[int, tuple[str, float]] = {}   # thread -> (client address, accepted when)
         self._cut_keys: set[int] = set()                  # threads whose connection was cut
+        self._per_peer: Counter[str] = Counter()          # client address -> connections it holds
         self._open_lock = threading.Lock()
         self._reaper: threading.Thread | None = None
         self._closed = threading.Event()
@@ -170,9 +172,7 @@ class _Server(ThreadingHTTPServer):
     def _evict_one(self) -> bool:
         now = time.monotonic()
         with self._open_lock:
-            table = [Connection(key, peer, started, self._waiting.get(key))
-                     for key, (peer, started) in self._peers.items() if key in self._open]
-            key = to_evict(table, now, MAX_CONNECTIONS)
+            key = to_evict(self._waiting, self._peers, self._per_peer, now, MAX_CONNECTIONS)
             if key is None:
                 return False
             self._waiting.pop(key, None)
@@ -226,6 +226,7 @@ class _Server(ThreadingHTTPServer):
         self._track(request, time.monotonic() + CONNECTION_DEADLINE)
         with self._open_lock:
             self._peers[threading.get_ident()] = (str(client_address[0]), time.monotonic())
+            self._per_peer[str(client_address[0])] += 1
         with self._open_lock:
             if self._reaper is None:
                 self._reaper = threading.Thread(target=self._watch_deadlines, name="kvwatch-http-deadlines",
@@ -237,7 +238,11 @@ class _Server(ThreadingHTTPServer):
             with self._open_lock:
                 self._open.pop(threading.get_ident(), None)
                 self._waiting.pop(threading.get_ident(), None)
-                self._peers.pop(threading.get_ident(), None)
+                peer = self._peers.pop(threading.get_ident(), None)
+                if peer is not None:
+                    self._per_peer[peer[0]] -= 1
+                    if self._per_peer[peer[0]] <= 0:
+                        del self._per_peer[peer[0]]
                 self._cut_keys.discard(threading.get_ident())
             self._slots.release()
 
