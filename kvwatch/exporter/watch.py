@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar, cast
 
 from kvwatch.boundary import engine_http
-from kvwatch.boundary.engine_http import EngineMetrics
+from kvwatch.boundary.engine_http import EngineMetrics, EnginePage
 from kvwatch.engine_status import EngineState, EngineStatus
 from kvwatch.exporter.actual import (
     ActualKv,
@@ -52,6 +52,8 @@ class EngineTarget:
     external: bool = False               # not started by kvwatch (`kvwatch export`), see below
     pids_known: bool = True              # False: its pids are unknown, GPU memory cannot be split
     visible_devices: str | None = None   # the engine's CUDA_VISIBLE_DEVICES; None: unset or unknown
+    read_by_owner: bool = False          # True: the supervisor reads the engine, `page` is its last read
+    page: EnginePage | None = None       # (None: no engine runs); the watch does not read it again
 
     # An external engine's state is derived: STARTING until /health first answers, READY from
     # then on (nobody restarts it, so a dead one stays READY with engine_up 0, which is what
@@ -219,6 +221,8 @@ class Watch:
         return polled, "; ".join(errors) or None
 
     def _poll_one(self, target: EngineTarget) -> tuple[bool, EngineMetrics | None]:
+        if target.read_by_owner:   # kvwatch run: the supervisor's read, one per interval (no I/O here)
+            return (target.page.up, target.page.metrics) if target.page is not None else (False, None)
         if target.url is None:
             return False, None
         up = engine_http.health(target.url, self.timeout)
