@@ -7,6 +7,8 @@ the exporter feeds them the engine's own series and exports what they find.
 """
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -30,8 +32,10 @@ def exported(tmp_path: Path, load: str, *flags: str) -> Iterator[tuple[str, Path
     load_file = tmp_path / "load"
     load_file.write_text(load)
     port = free_port()
+    # in a group of its own: its EngineCore stand-in child goes with it at the end
     engine = subprocess.Popen([sys.executable, FAKE, "--model", str(model), "--port", str(port),
-                               "--load-file", str(load_file)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+                               "--load-file", str(load_file)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                              start_new_session=True)
     listen = free_port()
     proc = kvwatch("export", "--engine-url", f"http://127.0.0.1:{port}", "--name", "ext", "--model", str(model),
                    "--preset", "h100", "--no-nvml", "--listen", f"127.0.0.1:{listen}", "--interval", "0.2", *flags)
@@ -41,9 +45,10 @@ def exported(tmp_path: Path, load: str, *flags: str) -> Iterator[tuple[str, Path
         assert eventually(lambda: value(scrape(url), "kvwatch_engine_up", engine="ext") == 1, 20)
         yield url, load_file, proc
     finally:
-        for p in (proc, engine):
-            p.kill()
-            p.wait()
+        proc.kill()
+        proc.wait()
+        os.killpg(engine.pid, signal.SIGKILL)
+        engine.wait()
 
 
 def scrape(url: str) -> dict:
