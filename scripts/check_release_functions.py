@@ -379,7 +379,7 @@ def check_max_model_len(release: str, oracle: Oracle) -> list[dict[str, Any]]:
 
 def kvwatch_max_model_len(release: str, args: dict[str, Any]) -> int:
     """kvwatch's answer for one input of the max_model_len check: the plan's default max_model_len."""
-    return geometry_from_config(args["config"] | _SHAPE).default_max_model_len
+    return geometry_from_config(args["config"] | _SHAPE, release).default_max_model_len
 
 
 _SHAPE = {"hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
