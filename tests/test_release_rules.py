@@ -65,3 +65,20 @@ _PHI = {**_QWEN, "model_type": "phi3", "architectures": ["Phi3ForCausalLM"], "ma
 def test_default_max_model_len_is_the_releases(config: dict, release: str | None, length: int) -> None:
     assert geometry_from_config(config, release).default_max_model_len == length
 
+
+def test_with_no_release_given_or_installed_every_part_plans_as_one_release(tmp_path, monkeypatch) -> None:
+    """The flags, the rules and the memory budget all take vllm_releases.DEFAULT_RELEASE (the plan
+    used to say "planned as 0.33.0" while its budget took 0.32's figures)."""
+    from engine_support import llama_config, write_model
+
+    from kvwatch.boundary import plan_loader
+    from kvwatch.planner.engine_args import EngineCommand
+    from kvwatch.vllm_releases import DEFAULT_RELEASE, resolve
+
+    monkeypatch.setattr(plan_loader, "installed_vllm", lambda: None)
+    model = write_model(tmp_path / "m", llama_config())
+    argv = ["vllm", "serve", str(model)]
+    plan = plan_loader.plan_command(argv, preset("h100"), ruleset_for(None), env={})
+    assert resolve(None).used == DEFAULT_RELEASE
+    assert plan.gpu_budget is not None and plan.gpu_budget.version == str(DEFAULT_RELEASE)
+    assert EngineCommand.parse(argv).release == plan_loader.flags_release(None) == str(DEFAULT_RELEASE)

@@ -14,8 +14,8 @@ from kvwatch.planner.gpu_budget import GpuBudget
 from kvwatch.planner.plan import Plan
 from kvwatch.planner.rules import ruleset_for
 from kvwatch.planner.units import format_bytes, parse_size
-from kvwatch.planner.versions import LATEST, VllmVersion, parse_version
-from kvwatch.vllm_releases import ReleaseChoice, resolve
+from kvwatch.planner.versions import VllmVersion, parse_version
+from kvwatch.vllm_releases import DEFAULT_RELEASE, ReleaseChoice, resolve
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     plan = plan_command(args.engine_command, device, ruleset_for(str(version) if version else None),
                         vllm_version=version)
     if args.compare_version:
-        return _compare(args, device, version or LATEST, plan)
+        return _compare(args, device, version or DEFAULT_RELEASE, plan)
     choice = resolve(version)
     # What the parser refuses without making the command unreadable (an unknown option, a choice it
     # lacks): certain for a release kvwatch read, a risk for one it reads as its nearest.
