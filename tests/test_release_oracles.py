@@ -45,7 +45,8 @@ def _source_root() -> Path | None:
 def _kvwatch(result: dict[str, Any]) -> list[Any]:
     answer = {"batch_defaults": ORACLES.kvwatch_batch_defaults,
               "backend_priorities": ORACLES.kvwatch_backend_priorities,
-              "max_model_len": ORACLES.kvwatch_max_model_len}[result["check"]]
+              "max_model_len": ORACLES.kvwatch_max_model_len,
+              "hybrid_block_size": ORACLES.kvwatch_hybrid_block_size}[result["check"]]
     return answer(result["release"], result["args"])   # type: ignore[no-any-return]
 
 
@@ -77,6 +78,16 @@ def test_max_model_len_equals_vllms_derivation_per_release() -> None:
     dynamic, gemma3, the length keys): 0 differences."""
     assert [r for r in FIXTURE["results"] if r["check"] == "max_model_len"]
     assert _differences("max_model_len") == []
+
+
+def test_hybrid_block_size_equals_vllms_alignment_per_release() -> None:
+    """vLLM's own hybrid alignment of each release 0.10 to 0.33 (Platform._align_hybrid_block_size
+    from 0.20, HybridAttentionMambaModelConfig before): every backend kvwatch models, MLA and not,
+    real hybrids' page and state sizes, block sizes in force and mamba cache modes: 0 differences in
+    the block size and the padded state page."""
+    hybrid = [r for r in FIXTURE["results"] if r["check"] == "hybrid_block_size"]
+    assert {r["release"] for r in hybrid} == set(FIXTURE["releases"])
+    assert _differences("hybrid_block_size") == []
 
 
 def test_live_oracles_reproduce_the_fixture() -> None:

@@ -82,3 +82,25 @@ def test_with_no_release_given_or_installed_every_part_plans_as_one_release(tmp_
     assert resolve(None).used == DEFAULT_RELEASE
     assert plan.gpu_budget is not None and plan.gpu_budget.version == str(DEFAULT_RELEASE)
     assert EngineCommand.parse(argv).release == plan_loader.flags_release(None) == str(DEFAULT_RELEASE)
+
+
+@pytest.mark.parametrize(("release", "block_size"), [
+    # before 0.20 the hybrid alignment is a fixed 16 tokens, whatever the block size asked for
+    # (vLLM 0.19.1, vllm/model_executor/models/config.py:218): 16 x ceil(806,400 / (16 x 2,048))
+    ("0.19.1", 400),
+    # from 0.20 the platform aligns to the block size in force (vLLM 0.20.2, vllm/platforms/interface.py:577)
+    ("0.20.2", 448),
+    ("0.32.0", 448),
+])
+def test_hybrid_block_size_is_aligned_as_the_release_does(release: str, block_size: int) -> None:
+    from test_hybrid_planner import granite
+
+    from kvwatch.planner.engine_args import EngineCommand
+    from kvwatch.planner.plan import MemoryInputs, make_plan
+    from kvwatch.planner.versions import parse_version
+
+    cfg, flags = granite()
+    settings = EngineCommand.parse(["vllm", "serve", "m", *flags, "--block-size", "64"], release).settings()
+    plan = make_plan(geometry_from_config(cfg, release), settings, preset("h100"), ruleset_for(release),
+                     MemoryInputs(vllm_version=parse_version(release)))
+    assert plan.block_size == block_size
