@@ -5,7 +5,9 @@ and line of the release it was read from:
 
 - ``flags``: the ``vllm serve`` options and their action kinds (scripts/gen_vllm_flags.py);
 - ``defaults``: utilization, batch defaults by card, block sizes, what the profile counts;
-- ``arithmetic``: switches of the KV arithmetic (hybrid block-size alignment, Mamba blocks);
+- ``backend_priorities``: the CUDA attention backend order (scripts/gen_backend_priorities.py);
+- ``max_len_rules``: the default max_model_len's RoPE rules (scripts/gen_max_len_rules.py);
+- ``hybrid_alignment``: the hybrid block-size alignment (by hand, one row per change);
 - ``texts``: the failure and start-up wordings the diagnosis matches.
 
 A release is known when kvwatch has read its source (``KNOWN``, one per minor release: the
