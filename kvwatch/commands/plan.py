@@ -6,7 +6,7 @@ import json
 
 from kvwatch.boundary import device_probe
 from kvwatch.boundary.plan_loader import flags_release, plan_command
-from kvwatch.errors import KvwatchError
+from kvwatch.errors import CommandError, KvwatchError
 from kvwatch.exitcodes import EXIT_OK, EXIT_PLAN_WILL_FAIL
 from kvwatch.planner.devices import Device, parse_compute_capability, preset
 from kvwatch.planner.engine_args import EngineCommand
@@ -94,17 +94,34 @@ def release_line(choice: ReleaseChoice) -> str:
 
 def _compare(args: argparse.Namespace, device: Device, version: VllmVersion, plan: Plan) -> int:
     """The upgrade check: the plan for the release in use and for --compare-version, side by side."""
-    from kvwatch.planner.release_compare import compare_releases, render_comparison  # only when asked
+    from kvwatch.planner.release_compare import compare_releases, refused_comparison, render_comparison
     other = parse_version(args.compare_version)
-    plan_b = plan_command(args.engine_command, device, ruleset_for(str(other)), vllm_version=other)
-    comparison = compare_releases(plan, plan_b, version, other, device)
+    try:
+        plan_b = plan_command(args.engine_command, device, ruleset_for(str(other)), vllm_version=other)
+    except CommandError as exc:   # B's parser refuses the command: say which flags changed meaning
+        refused = refused_comparison(version, other, args.engine_command, str(exc))
+        if args.json:
+            print(json.dumps({"a": plan.to_json(), "b": None, "comparison": refused.to_json()}, indent=2))
+        else:
+            print(render_comparison(refused))
+        return EXIT_PLAN_WILL_FAIL
+    comparison = compare_releases(plan, plan_b, version, other, device, args.engine_command)
+    # what either parser refuses without making the command unreadable (an unknown option, a choice)
+    refusals = [(resolve(v), r) for v in (version, other)
+                if (r := EngineCommand.parse(args.engine_command, flags_release(v)).refusal()) is not None]
     if args.json:
-        print(json.dumps({"a": plan.to_json(), "b": plan_b.to_json(), "comparison": comparison.to_json()}, indent=2))
+        print(json.dumps({"a": plan.to_json(), "b": plan_b.to_json(), "comparison": comparison.to_json(),
+                          "parser_refusals": [{"release": str(c.used), "kind": r.kind, "message": r.message,
+                                               "certain": c.exact} for c, r in refusals]}, indent=2))
     else:
         print(render_side_by_side(plan, plan_b, str(version), str(other)))
         print()
         print(render_comparison(comparison))
-    return EXIT_PLAN_WILL_FAIL if plan.will_fail or plan_b.will_fail else EXIT_OK
+        for choice, refusal in refusals:
+            print(f"{'FAILS' if choice.exact else 'RISK'}: [vllm_parser] vLLM {choice.used}'s `vllm serve` "
+                  f"parser refuses the command: {refusal.message}")
+    certain = any(c.exact for c, _ in refusals)
+    return EXIT_PLAN_WILL_FAIL if plan.will_fail or plan_b.will_fail or certain else EXIT_OK
 
 
 def _summary_rows(plan: Plan) -> list[tuple[str, str]]:
