@@ -35,8 +35,9 @@ ALIGNMENTS: tuple[HybridAlignment, ...] = (
     HybridAlignment("0.20.2", f"vLLM 0.20.2, {_PLATFORM}:577", kernel_alignment=True),
     HybridAlignment("0.27.1", f"vLLM 0.27.1, {_PLATFORM}:876", kernel_alignment=True,
                     mla_at_least=128, mla_at_least_source=f"vLLM 0.27.1, {_PLATFORM}:888"),
-    # 0.33 also aligns to the model's prefill checkpoint in align mode (vLLM 0.33.0,
-    # vllm/platforms/interface.py:1093): MambaMixer2 and GDN models return None there (no change).
+    # 0.33 also aligns to the Mamba layers' prefill checkpoint in align mode (vLLM 0.33.0,
+    # vllm/platforms/interface.py:1093): None (no change) for most layers, 64 for a GDN layer on
+    # FlashInfer's prefill; not modelled (docs/vllm-releases.md, "What the oracles do not cover").
     HybridAlignment("0.32.0", f"vLLM 0.32.0, {_PLATFORM}:1062", kernel_alignment=True,
                     mla_at_least=128, mla_at_least_source=f"vLLM 0.32.0, {_PLATFORM}:1082",
                     backend_lcm_source=f"vLLM 0.32.0, {_PLATFORM}:1070"),
