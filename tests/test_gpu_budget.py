@@ -33,11 +33,14 @@ from kvwatch.planner.gpu_budget import (
     release_for,
     requested_bytes,
 )
-from kvwatch.planner.versions import LATEST, parse_version
+from kvwatch.planner.versions import parse_version
 from kvwatch.planner.weights import count_weights, weights_bytes
+from kvwatch.vllm_releases import DEFAULT_RELEASE, resolve
 
 A100 = Device("cuda", "NVIDIA A100-SXM4-80GB", (8, 0), 80 * GiB)
 H100 = PRESETS["h100"]
+
+V0_32 = parse_version("0.32.0")   # the figures below are 0.32's
 
 
 def settings(*flags: str):  # type: ignore[no-untyped-def]
@@ -64,9 +67,10 @@ def test_each_release_line_profiles_as_its_code_did() -> None:
     assert release_for(v("0.19.0")).sampler_bytes == FUSED_SAMPLER_BYTES          # Triton top-k/top-p
     assert not release_for(v("0.19.0")).cuda_graphs_counted
     assert release_for(v("0.21.0")).cuda_graphs_counted
-    assert release_for(None) == release_for(LATEST)
+    assert release_for(None) == release_for(DEFAULT_RELEASE)   # one default release (vllm_releases)
+    assert release_for(None).defaults.release == str(DEFAULT_RELEASE) == str(resolve(None).used)
     assert release_for(v("0.10.1")).default_utilization == 0.9
-    assert release_for(LATEST).default_utilization == 0.92                          # config/cache.py of 0.32
+    assert release_for(V0_32).default_utilization == 0.92                          # config/cache.py of 0.32
     # the environment the engine gets decides as vLLM's envs.py does
     assert release_for(v("0.8.5"), {"VLLM_USE_V1": "0"}).engine == V0_ENGINE
     assert release_for(v("0.12.0"), {"VLLM_USE_FLASHINFER_SAMPLER": "1"}).sampler_bytes == FUSED_SAMPLER_BYTES
@@ -74,7 +78,7 @@ def test_each_release_line_profiles_as_its_code_did() -> None:
 
 
 def test_scheduler_defaults_by_card_as_get_batch_defaults() -> None:
-    r = release_for(LATEST)
+    r = release_for(V0_32)
     assert batch_defaults(settings(), A100, r, 8192) == (2048, 256)       # A100s keep the small defaults
     assert batch_defaults(settings(), H100, r, 8192) == (8192, 1024)
     assert batch_defaults(settings(), PRESETS["b200"], r, 8192) == (16384, 1024)
@@ -96,7 +100,7 @@ def test_the_cuda_total_is_below_nvmls() -> None:
 
 
 def test_the_utilization_vllm_defaults_to_is_the_versions() -> None:
-    old, new = parse_version("0.10.1"), LATEST
+    old, new = parse_version("0.10.1"), V0_32
     total = int(79.15 * GiB)
     assert requested_bytes(A100, settings(), old) == int(total * 0.9)
     assert requested_bytes(A100, settings(), new) == int(total * 0.92)
@@ -118,10 +122,10 @@ def test_gpt_oss_keeps_its_attention_in_bf16() -> None:
 
 
 def test_a_learned_profile_is_keyed_by_what_changes_the_profile_run() -> None:
-    base = profile_key(settings("--port", "1"), H100, LATEST)
-    assert profile_key(settings("--port", "2", "--gpu-memory-utilization", "0.5"), H100, LATEST) == base
-    assert profile_key(settings("--max-num-seqs", "64"), H100, LATEST) != base
-    assert profile_key(settings(), A100, LATEST) != base
+    base = profile_key(settings("--port", "1"), H100, V0_32)
+    assert profile_key(settings("--port", "2", "--gpu-memory-utilization", "0.5"), H100, V0_32) == base
+    assert profile_key(settings("--max-num-seqs", "64"), H100, V0_32) != base
+    assert profile_key(settings(), A100, V0_32) != base
     assert profile_key(settings(), H100, parse_version("0.10.1")) != base
 
 
@@ -190,11 +194,11 @@ def test_the_residual_terms_add_up_to_the_error(tmp_path: Path) -> None:
 
 def test_cpu_offload_keeps_its_gib_of_weights_per_gpu_off_the_card() -> None:
     """--cpu-offload-gb is GiB per GPU (config/offload.py); the KV cache gets what it frees."""
-    kept = estimate_budget(settings("--cpu-offload-gb", "12"), A100, None, 15 * GiB, 2, 8192, LATEST)
-    plain = estimate_budget(settings(), A100, None, 15 * GiB, 2, 8192, LATEST)
+    kept = estimate_budget(settings("--cpu-offload-gb", "12"), A100, None, 15 * GiB, 2, 8192, V0_32)
+    plain = estimate_budget(settings(), A100, None, 15 * GiB, 2, 8192, V0_32)
     assert plain.weights_bytes - kept.weights_bytes == 12 * GiB
     assert kept.kv_cache_bytes - plain.kv_cache_bytes == 12 * GiB
-    assert estimate_budget(settings("--cpu-offload-gb", "40"), A100, None, 15 * GiB, 2, 8192, LATEST).weights_bytes == 0
+    assert estimate_budget(settings("--cpu-offload-gb", "40"), A100, None, 15 * GiB, 2, 8192, V0_32).weights_bytes == 0
     with pytest.raises(KvwatchError, match="cpu-offload-gb"):
         settings("--cpu-offload-gb", "-1")
 

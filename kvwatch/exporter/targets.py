@@ -35,7 +35,7 @@ def device_of_plan(plan: Plan) -> Device:
 def kv_context(command: EngineCommand, device: Device) -> KvContext:
     """The model's geometry (its config.json) and the command's flags; KvwatchError if unreadable."""
     settings = command.settings()
-    geometry = geometry_from_config(load_model_source(settings.model).config)
+    geometry = geometry_from_config(load_model_source(settings.model).config, command.release)
     return KvContext(geometry, settings, device, ruleset_for(installed_vllm_text()), command)
 
 

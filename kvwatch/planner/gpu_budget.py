@@ -31,9 +31,9 @@ from dataclasses import asdict, dataclass
 
 from kvwatch.planner.devices import Device, GiB, cuda_total_bytes, scheduler_memory_bytes
 from kvwatch.planner.engine_args import EngineSettings
-from kvwatch.planner.versions import LATEST, VllmVersion
+from kvwatch.planner.versions import VllmVersion
 from kvwatch.planner.weights import WeightCount
-from kvwatch.vllm_releases import resolve
+from kvwatch.vllm_releases import DEFAULT_RELEASE, resolve
 from kvwatch.vllm_releases.release_defaults import (
     CUDAGRAPH_ABSENT,
     ReleaseDefaults,
@@ -100,7 +100,7 @@ class Release:
 
 
 def release_for(version: VllmVersion | None, env: Mapping[str, str] | None = None) -> Release:
-    version = version or LATEST
+    version = version or DEFAULT_RELEASE
     env = env or {}
     line = [r for r in SAMPLER_LINES if r.since <= version.parts][-1]
     why = line.why
@@ -233,7 +233,7 @@ def estimate_budget(settings: EngineSettings, device: Device, count: WeightCount
     if release.engine == V0_ENGINE and tp > 1:
         sampler = 0.0   # V0 samples on the driver worker only; the others set the budget's minimum
     return GpuBudget(
-        version=str(version or LATEST), release=release.why, cuda_total_bytes=cuda_total_bytes(device),
+        version=str(version or DEFAULT_RELEASE), release=release.why, cuda_total_bytes=cuda_total_bytes(device),
         utilization=utilization(settings, release), weights_bytes=weights_on_gpu(weights_per_rank, settings),
         activation_peak_bytes=activation_peak_bytes(count, tokens, seqs, dtype_bytes, tp, sampler),
         non_torch_bytes=NON_TORCH_BYTES + (NON_TORCH_TP_EXTRA_BYTES if tp > 1 else 0),
@@ -253,5 +253,5 @@ def profile_key(settings: EngineSettings, device: Device, version: VllmVersion |
     parts = (settings.model, settings.dtype, settings.tensor_parallel_size, settings.pipeline_parallel_size,
              settings.max_model_len, settings.max_num_seqs, settings.max_num_batched_tokens,
              settings.enable_chunked_prefill, settings.enforce_eager, device.name, device.total_memory_bytes,
-             str(version or LATEST))
+             str(version or DEFAULT_RELEASE))
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]

@@ -40,7 +40,7 @@ from kvwatch.planner.flag_change import FlagChange
 from kvwatch.planner.plan import Plan
 from kvwatch.planner.rules import RuleSet, ruleset_for, with_learned_block_sizes
 from kvwatch.planner.units import format_bytes
-from kvwatch.planner.versions import LATEST
+from kvwatch.vllm_releases import DEFAULT_RELEASE
 from kvwatch.vllm_releases.release_defaults import defaults_for
 from kvwatch.vllm_releases.startup_plan import ENABLE_ENV as STARTUP_PLAN_ENV
 from kvwatch.vllm_releases.startup_plan import pin_decision, plan_enabled
@@ -359,7 +359,7 @@ class Supervisor:
         if learned is None or learned.source != "learned":
             _LOG.info("pin: nothing learned yet for this profile: vLLM profiles the memory itself")
             return argv
-        decision = pin_decision(plan_enabled(defaults_for(installed_vllm() or LATEST),
+        decision = pin_decision(plan_enabled(defaults_for(installed_vllm() or DEFAULT_RELEASE),
                                              self._engine_env().get(STARTUP_PLAN_ENV)),
                                 learned.kv_memory_bytes, read_persisted_plan(self._record.vllm_startup_plan))
         if not decision.pin:
