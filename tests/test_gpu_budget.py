@@ -221,7 +221,8 @@ def test_a_unified_memory_card_has_its_cuda_total_and_no_nvml_one() -> None:
 
 
 @pytest.mark.parametrize("version,installed,expected", [
-    ("0.10.1", None, FUSED_SAMPLER_BYTES),      # the release line's default: FlashInfer where installed
+    ("0.10.1", None, SORTED_SAMPLER_BYTES),     # unknown: pip's default, the wheel names FlashInfer only as an extra
+    ("0.12.0", None, SORTED_SAMPLER_BYTES),     # unknown, FlashInfer required by the wheel: off by default anyway
     ("0.10.1", True, FUSED_SAMPLER_BYTES),
     ("0.10.1", False, SORTED_SAMPLER_BYTES),    # a pip install of 0.10 without the flashinfer extra sorts
     ("0.12.0", True, SORTED_SAMPLER_BYTES),     # FlashInfer sampling off by default from 0.11.1

@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 from kvwatch.planner.devices import Device, GiB, cuda_total_bytes, scheduler_memory_bytes
+from kvwatch.planner.encoder_cache import encoder_cache_bytes
 from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.versions import LATEST, VllmVersion
 from kvwatch.planner.weights import WeightCount
@@ -51,6 +52,10 @@ NON_TORCH_BYTES = int(0.125 * GiB)            # one GPU: 0.10-0.14 GiB in V1 log
 NON_TORCH_TP_EXTRA_BYTES = int(0.0625 * GiB)  # tensor parallel: NCCL and custom all-reduce buffers
 CUDA_GRAPH_BYTES = int(0.5 * GiB)             # a graph pool as logged: 0.27-0.65 GiB on one GPU
 V0_ENGINE, V1_ENGINE = "v0", "v1"
+# The wheels of vLLM 0.8.5.post1 and 0.9.2 do not name flashinfer-python, those of 0.10.2 and 0.11.0 only
+# as an extra (`extra == "flashinfer"`), that of 0.11.2 requires it (their METADATA, Requires-Dist);
+# 0.11.1 starts the sampler line where the default no longer uses it (#26859).
+FLASHINFER_IN_WHEEL_SINCE = (0, 11, 1)
 CUDAGRAPH_ENV = "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS"
 
 
@@ -193,25 +198,28 @@ class GpuBudget:
 
 
 def activation_peak_bytes(count: WeightCount | None, tokens: int, seqs: int, dtype_bytes: int,
-                          tensor_parallel: int, sampler_bytes: float) -> int:
+                          tensor_parallel: int, sampler_bytes: float, encoder_cached_bytes: int = 0) -> int:
     """The profile run's peak: the larger of the forward pass (hidden states plus one layer's MLP
     on this rank) and the sampler over min(seqs, tokens) requests x the whole vocabulary (V1 gathers
-    the logits on every rank)."""
+    the logits on every rank), plus the multimodal encoder's dummy outputs the profile keeps cached
+    through both (planner/encoder_cache.py; every rank holds them whole)."""
     if count is None:
         return 0
     forward = tokens * dtype_bytes * (4 * count.hidden_size + 3 * count.mlp_width_per_token // max(1, tensor_parallel))
     sampler = int(min(seqs, tokens) * count.vocab_size * sampler_bytes)
-    return max(forward, sampler)
+    return max(forward, sampler) + encoder_cached_bytes
 
 
 def profile_sampler_bytes(release: Release, flashinfer_installed: bool | None) -> float:
     """The sampler's peak per request x vocabulary element in the profile run. Before vLLM's Triton
     top-k/top-p kernel (0.17) the V1 sampler used FlashInfer only where the package is installed
-    (v1/sample/ops/topk_topp_sampler.py: `if is_flashinfer_available: ... else: forward_native`),
-    and the pip wheels of 0.8-0.11.0 list flashinfer-python only as an extra (their METADATA):
+    (v1/sample/ops/topk_topp_sampler.py: `if is_flashinfer_available: ... else: forward_native`):
     without it the profile sorts the logits whatever the release line defaults to. Unknown (None):
-    the release line's default."""
-    if flashinfer_installed is False and release.engine == V1_ENGINE and release.sampler_since < (0, 17, 0):
+    what `pip install vllm` gives, FlashInfer only from the wheels that require it (FLASHINFER_IN_WHEEL_SINCE)."""
+    installed = flashinfer_installed
+    if installed is None:
+        installed = release.sampler_since >= FLASHINFER_IN_WHEEL_SINCE
+    if not installed and release.engine == V1_ENGINE and release.sampler_since < (0, 17, 0):
         return SORTED_SAMPLER_BYTES
     return release.sampler_bytes
 
@@ -232,10 +240,13 @@ def estimate_budget(settings: EngineSettings, device: Device, count: WeightCount
     sampler = profile_sampler_bytes(release, flashinfer_installed)
     if release.engine == V0_ENGINE and tp > 1:
         sampler = 0.0   # V0 samples on the driver worker only; the others set the budget's minimum
+    encoder = 0
+    if release.engine == V1_ENGINE and count is not None and version is not None:
+        encoder = encoder_cache_bytes(count.encoder, version.parts, tokens, seqs, dtype_bytes)
     return GpuBudget(
         version=str(version or LATEST), release=release.why, cuda_total_bytes=cuda_total_bytes(device),
         utilization=utilization(settings, release), weights_bytes=weights_on_gpu(weights_per_rank, settings),
-        activation_peak_bytes=activation_peak_bytes(count, tokens, seqs, dtype_bytes, tp, sampler),
+        activation_peak_bytes=activation_peak_bytes(count, tokens, seqs, dtype_bytes, tp, sampler, encoder),
         non_torch_bytes=NON_TORCH_BYTES + (NON_TORCH_TP_EXTRA_BYTES if tp > 1 else 0),
         cuda_graph_bytes=CUDA_GRAPH_BYTES if release.cuda_graphs_counted and not settings.enforce_eager else 0,
         max_num_batched_tokens=tokens, max_num_seqs=seqs)

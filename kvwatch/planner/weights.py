@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from kvwatch.planner.encoder_cache import EncoderShape, encoder_shape
+
 
 def _int(cfg: Mapping[str, Any], *keys: str) -> int:
     for key in keys:
@@ -38,6 +40,7 @@ class WeightCount:
     vision_params: int = 0         # a multimodal checkpoint's vision tower and projector (kept unquantized)
     expert_matrices: int = 0       # MoE: routed experts over all MoE layers (each gate, up and down)
     moe_width: int = 0             # MoE: one expert's intermediate size
+    encoder: EncoderShape | None = None   # a multimodal checkpoint's encoder outputs (planner/encoder_cache.py)
 
     @property
     def params(self) -> int:
@@ -128,7 +131,7 @@ def count_model_weights(config: Mapping[str, Any], text: Mapping[str, Any]) -> W
     if count is None:
         return None
     vision = vision_tower_params(config)
-    return replace(count, vision_params=vision) if vision else count
+    return replace(count, vision_params=vision, encoder=encoder_shape(config)) if vision else count
 
 
 # GGUF block sizes (ggml's type table: bytes per block / values per block) by the file type in the
