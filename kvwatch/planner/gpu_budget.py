@@ -48,8 +48,16 @@ from kvwatch.vllm_releases.release_defaults import (
 # 0.10 logs, less the non-torch memory: 12 B.
 SORTED_SAMPLER_BYTES = 38.7
 FUSED_SAMPLER_BYTES = 12.0
+# vLLM's Triton top-k/top-p kernel (0.17 on): 14.9-16.1 B on the twenty 0.19.0 H100 fit runs of the llm-d
+# sweep with 1,024 requests (vocabularies 128,256-256,000; "torch peak memory increase" over requests x vocab).
+TRITON_SAMPLER_BYTES = 15.3
 NON_TORCH_BYTES = int(0.125 * GiB)            # one GPU: 0.10-0.14 GiB in V1 logs
 NON_TORCH_TP_EXTRA_BYTES = int(0.0625 * GiB)  # tensor parallel: NCCL and custom all-reduce buffers
+# Tensor parallel on Hopper (compute capability 9.x): 2.07-2.21 GiB of "non-torch forward increase memory"
+# on the six 0.19.0 H100 fit runs at TP 2-4 (0.24-0.26 GiB at TP 1 in the same sweep): what NCCL allocates at
+# the profile's first collectives on NVLink. Measured on 0.19.0 only; earlier releases keep the small figure.
+NON_TORCH_HOPPER_TP_BYTES = int(2.1 * GiB)
+NON_TORCH_HOPPER_TP_SINCE = (0, 19, 0)
 CUDA_GRAPH_BYTES = int(0.5 * GiB)             # a graph pool as logged: 0.27-0.65 GiB on one GPU
 V0_ENGINE, V1_ENGINE = "v0", "v1"
 # The wheels of vLLM 0.8.5.post1 and 0.9.2 do not name flashinfer-python, those of 0.10.2 and 0.11.0 only
@@ -78,7 +86,7 @@ SAMPLER_LINES = (
                 "V1 engine by default; FlashInfer top-k/top-p sampling where installed (#11394)"),
     SamplerLine((0, 11, 1), V1_ENGINE, SORTED_SAMPLER_BYTES,
                 "FlashInfer sampling off by default (#26859): the profile sorts the logits"),
-    SamplerLine((0, 17, 0), V1_ENGINE, FUSED_SAMPLER_BYTES,
+    SamplerLine((0, 17, 0), V1_ENGINE, TRITON_SAMPLER_BYTES,
                 "vLLM's Triton top-k/top-p kernel replaces the sort (#33538)"),
 )
 # V0's scheduler defaults, every card: vLLM 0.8.5, vllm/engine/arg_utils.py:1563 (256 sequences) and
@@ -224,6 +232,17 @@ def profile_sampler_bytes(release: Release, flashinfer_installed: bool | None) -
     return release.sampler_bytes
 
 
+def non_torch_bytes(device: Device, tensor_parallel: int, version: VllmVersion | None) -> int:
+    """Memory outside torch's allocator that the profile charges: cuBLAS/NCCL workspaces; NCCL's
+    NVLink buffers on Hopper cards at tensor parallel from 0.19 (measured, NON_TORCH_HOPPER_TP_BYTES)."""
+    if tensor_parallel <= 1:
+        return NON_TORCH_BYTES
+    hopper = device.platform == "cuda" and (device.compute_capability or (0, 0))[0] == 9
+    if hopper and (version or LATEST).parts >= NON_TORCH_HOPPER_TP_SINCE:
+        return NON_TORCH_HOPPER_TP_BYTES
+    return NON_TORCH_BYTES + NON_TORCH_TP_EXTRA_BYTES
+
+
 def weights_on_gpu(weights_per_rank: int, settings: EngineSettings) -> int:
     """The weights a rank keeps on its GPU: `--cpu-offload-gb` GiB of them per GPU stay in host
     memory (config/offload.py: "The space in GiB to offload to CPU, per GPU"; the UVA offloader
@@ -247,7 +266,7 @@ def estimate_budget(settings: EngineSettings, device: Device, count: WeightCount
         version=str(version or LATEST), release=release.why, cuda_total_bytes=cuda_total_bytes(device),
         utilization=utilization(settings, release), weights_bytes=weights_on_gpu(weights_per_rank, settings),
         activation_peak_bytes=activation_peak_bytes(count, tokens, seqs, dtype_bytes, tp, sampler, encoder),
-        non_torch_bytes=NON_TORCH_BYTES + (NON_TORCH_TP_EXTRA_BYTES if tp > 1 else 0),
+        non_torch_bytes=non_torch_bytes(device, tp, version),
         cuda_graph_bytes=CUDA_GRAPH_BYTES if release.cuda_graphs_counted and not settings.enforce_eager else 0,
         max_num_batched_tokens=tokens, max_num_seqs=seqs)
 
