@@ -1,11 +1,11 @@
 """The GPU memory budget before launch: kvwatch's KV memory and tokens vs what vLLM gave itself, on
 real GPU start-ups, the held-out third apart from the runs the terms were fitted on.
 
-Every successful start-up of tests/fixtures/gpu_logs/corpus.json (public logs: vLLM 0.6-0.27,
-A100, H100, L40S, A40, RTX 3090/4090/4070/6000 Ada/PRO 6000, T4; TP 1-4; dense, MoE, multimodal,
-quantized; sources in its README): kvwatch's plan for the model's config.json, the flags, the
-environment and the vLLM version of the run, on a GPU of the logged CUDA total (else the card's
-name), beside the "Available KV cache memory" the engine logged, and two rules of thumb:
+Every successful start-up of tests/fixtures/gpu_logs/corpus.json (public logs: vLLM 0.6-0.31,
+A100, H100, H200, L40S, A40, GB10, RTX 3090/4090/4070/6000 Ada/PRO 6000, T4; TP 1-8, PP 2-4; dense, MoE,
+MLA, sliding window, multimodal, quantized; sources in its README): kvwatch's plan for the model's
+config.json, the flags, the environment and the vLLM version of the run, on a GPU of the logged CUDA
+total (else the card's name), beside the "Available KV cache memory" the engine logged, and two rules of thumb:
 - fixed overhead (kvwatch before issue 16): total x util - weights - (1.5 GiB + 2 % of the card);
 - weights + KV x 1.15: KV = (total x util - weights) / 1.15.
 Weights for the rules come from config.json (the planner's estimate).
@@ -14,7 +14,9 @@ Per run: the relative error of the KV memory, the term that explains most of it 
 the log states: weights, activation, non-torch, CUDA graphs; "unattributed" is what no logged line
 explains) and its size in GiB; the KV tokens against the logged "GPU KV cache size", both as
 planned and given the logged KV memory (the layout alone: block size, groups, hybrid padding).
-llm-d's planner publishes 6.7 % mean absolute error of the KV memory on its 57 runs.
+llm-d's planner publishes 6.7 % mean absolute error of the KV memory on its 57 runs. The 37 runs of
+llm-d-planner's 0.19.0 H100 sweep (one lab, one card, one release) are also left out in a second set of
+summaries, since they are not independent of each other.
 
 Run: .venv/bin/python bench/bench_gpu_budget.py [-v]
 """

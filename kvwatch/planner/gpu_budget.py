@@ -11,9 +11,11 @@ determine_available_memory; worker/worker.py determine_num_available_blocks in t
   one sampler pass over `min(max_num_seqs, max_num_batched_tokens)` requests with top-k and top-p
   set. The sampler's float32 buffers over requests x vocabulary dominate whenever the vocabulary is
   large: a sort-based top-k/top-p keeps ~9.7 logits-sized float32 copies live (the fp32 logits,
-  sorted values, int64 indices, masks, softmax, cumulative sum, the sampling noise); FlashInfer's or
-  vLLM's Triton kernel keeps ~3. The forward pass holds the hidden states and one layer's MLP.
-- **Non-torch**: cuBLAS/NCCL workspaces allocated during the profile; more with tensor parallelism.
+  sorted values, int64 indices, masks, softmax, cumulative sum, the sampling noise); FlashInfer's
+  keeps ~3, vLLM's Triton kernel ~3.8. The forward pass holds the hidden states and one layer's MLP;
+  a multimodal model's dummy encoder outputs stay cached through both (planner/encoder_cache.py).
+- **Non-torch**: cuBLAS/NCCL workspaces allocated during the profile; more with tensor parallelism
+  (2.1 GiB per rank on Hopper from 0.19, NCCL on NVLink).
 - **CUDA graphs**: captured after the KV cache is sized, so not taken from it, until the graph
   estimate (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS: opt-in from 0.18, on by default from 0.20,
   whatever 0.20's log says) became part of the budget.
