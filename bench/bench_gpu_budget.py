@@ -80,6 +80,8 @@ def main() -> None:
             fixed, rule = _rules(run, est_weights)
             figures = {"kvwatch": err, "fixed": (fixed - logged) / logged, "x1.15": (rule - logged) / logged,
                        "zero": float(ours <= 0)}
+            if run.get("llm_d_predicted_kv_gib") is not None:   # llm-d's planner on the same run, as it published
+                figures["llm-d"] = (run["llm_d_predicted_kv_gib"] - logged) / logged
             tokens = run["logged"].get("kv_cache_tokens")
             tok, tok_exact = "", ""
             if tokens:
@@ -111,6 +113,12 @@ def main() -> None:
                           ("hybrid_tokens", "hybrid models' tokens")):
             summary = Summary.of([f[key] for f in chosen if key in f])
             print(f"  {what:<22}{summary.runs:>3} runs  {summary.median:>6.1%} / {summary.mean:>6.1%} / {summary.within:>5.0%}")
+    both = [f for s, w, f in records if "llm-d" in f]
+    print(f"\nthe {len(both)} sweep runs llm-d's planner predicted (its results_predicted.csv): KV memory,"
+          " median |error| / mean |error| / within 3 %")
+    for key in ("kvwatch", "llm-d"):
+        summary = Summary.of([f[key] for f in both])
+        print(f"  {key:<22}{summary.runs:>3} runs  {summary.median:>6.1%} / {summary.mean:>6.1%} / {summary.within:>5.0%}")
     print(f"\nllm-d's planner (published): {LLM_D_MAE:.1%} mean |error| of the KV memory on 57 runs. "
           "Goal: kvwatch <= 3 % median and >= 70 % of runs within 3 % on the held-out third, 0 zero plans.")
 
