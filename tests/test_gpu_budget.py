@@ -32,6 +32,7 @@ from kvwatch.planner.gpu_budget import (
     V0_ENGINE,
     batch_defaults,
     estimate_budget,
+    moe_workspace_bytes,
     non_torch_bytes,
     profile_key,
     profile_sampler_bytes,
@@ -289,3 +290,36 @@ def test_the_non_torch_memory_follows_the_card_and_tensor_parallel(gpu: str, cc:
                                                                     version: str, expected: int) -> None:
     device = Device("cuda", gpu, cc, 80 * GiB)
     assert non_torch_bytes(device, tp, parse_version(version)) == expected
+
+
+@pytest.mark.parametrize("config,tp,expected_elements", [
+    # Qwen3-30B-A3B: top-8 of 768-wide experts, hidden 2048: (max(768, 2048) + max(1536, 2048)) per routed token
+    ({"hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4,
+      "head_dim": 128, "vocab_size": 151936, "intermediate_size": 6144, "moe_intermediate_size": 768,
+      "num_experts": 128, "num_experts_per_tok": 8}, 1, 8192 * 8 * (2048 + 2048)),
+    # Mixtral 8x7B at TP 2: each rank holds half of every expert's 14336 width
+    ({"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+      "vocab_size": 32000, "intermediate_size": 14336, "num_local_experts": 8, "num_experts_per_tok": 2}, 2,
+     8192 * 2 * (7168 + 14336)),
+    # a dense model keeps none
+    ({"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "vocab_size": 128256,
+      "intermediate_size": 14336}, 1, 0),
+])
+def test_the_fused_moe_workspaces_follow_the_experts_shapes(config: dict, tp: int, expected_elements: int) -> None:
+    assert moe_workspace_bytes(count_weights(config), 8192, 2, tp) == expected_elements * 2
+
+
+def test_the_moe_workspaces_count_from_014_and_not_for_quantized_experts() -> None:
+    config = {"hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4,
+              "head_dim": 128, "vocab_size": 151936, "intermediate_size": 6144, "moe_intermediate_size": 768,
+              "num_experts": 128, "num_experts_per_tok": 8}
+    count = count_weights(config)
+    settings = EngineCommand.parse(["vllm", "serve", "m", "--max-num-batched-tokens", "8192"]).settings()
+    h100 = Device("cuda", "NVIDIA H100 80GB HBM3", (9, 0), 80 * GiB)
+
+    def activation(version: str, quantized: bool = False) -> int:
+        return estimate_budget(settings, h100, count, 0, 2, 8192, parse_version(version),
+                               quantized_experts=quantized).activation_peak_bytes
+    workspace = moe_workspace_bytes(count, 8192, 2, 1)
+    assert activation("0.19.0") - activation("0.19.0", quantized=True) == workspace
+    assert activation("0.13.0", quantized=True) == activation("0.13.0")

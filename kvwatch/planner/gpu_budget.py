@@ -60,7 +60,16 @@ NON_TORCH_TP_EXTRA_BYTES = int(0.0625 * GiB)  # tensor parallel: NCCL and custom
 # the profile's first collectives on NVLink. Measured on 0.19.0 only; earlier releases keep the small figure.
 NON_TORCH_HOPPER_TP_BYTES = int(2.1 * GiB)
 NON_TORCH_HOPPER_TP_SINCE = (0, 19, 0)
-CUDA_GRAPH_BYTES = int(0.5 * GiB)             # a graph pool as logged: 0.27-0.65 GiB on one GPU
+CUDA_GRAPH_BYTES = int(0.5 * GiB)
+# From 0.14 unquantized MoE layers run vLLM's modular fused-MoE kernel (vLLM 0.14.1,
+# model_executor/layers/fused_moe/unquantized_fused_moe_method.py: self.kernel), whose two workspaces
+# come from one global workspace manager that keeps them allocated (vLLM 0.19.1,
+# model_executor/layers/fused_moe/modular_kernel.py:1063 get_simultaneous; v1/worker/workspace.py): they
+# stay live through the profile's sampler pass. Triton experts' shapes (fused_moe.py:1976-1991):
+# (M, top-k, max(N/2, K)) and (M, top-k, max(N, K)), N = 2 x the rank's expert width, K = hidden,
+# M = min(batched tokens, VLLM_FUSED_MOE_CHUNK_SIZE = 16384, envs.py).
+MOE_WORKSPACE_SINCE = (0, 14, 0)
+MOE_CHUNK_TOKENS = 16 * 1024             # a graph pool as logged: 0.27-0.65 GiB on one GPU
 V0_ENGINE, V1_ENGINE = "v0", "v1"
 # The wheels of vLLM 0.8.5.post1 and 0.9.2 do not name flashinfer-python, those of 0.10.2 and 0.11.0 only
 # as an extra (`extra == "flashinfer"`), that of 0.11.2 requires it (their METADATA, Requires-Dist);
@@ -220,6 +229,16 @@ def activation_peak_bytes(count: WeightCount | None, tokens: int, seqs: int, dty
     return max(forward, sampler) + encoder_cached_bytes
 
 
+def moe_workspace_bytes(count: WeightCount | None, tokens: int, dtype_bytes: int, expert_width_shards: int) -> int:
+    """The fused-MoE workspaces one rank keeps (MOE_WORKSPACE_SINCE); 0 for a dense model."""
+    if count is None or not count.experts_per_token or not count.moe_width:
+        return 0
+    width = -(-count.moe_width // max(1, expert_width_shards))   # the rank's share of each expert's width
+    m = min(tokens, MOE_CHUNK_TOKENS)
+    hidden = count.hidden_size
+    return m * count.experts_per_token * (max(width, hidden) + max(2 * width, hidden)) * dtype_bytes
+
+
 def profile_sampler_bytes(release: Release, flashinfer_installed: bool | None) -> float:
     """The sampler's peak per request x vocabulary element in the profile run. Before vLLM's Triton
     top-k/top-p kernel (0.17) the V1 sampler used FlashInfer only where the package is installed
@@ -254,20 +273,23 @@ def weights_on_gpu(weights_per_rank: int, settings: EngineSettings) -> int:
 
 def estimate_budget(settings: EngineSettings, device: Device, count: WeightCount | None, weights_per_rank: int,
                     dtype_bytes: int, max_model_len: int, version: VllmVersion | None,
-                    env: Mapping[str, str] | None = None, flashinfer_installed: bool | None = None) -> GpuBudget:
+                    env: Mapping[str, str] | None = None, flashinfer_installed: bool | None = None,
+                    quantized_experts: bool = False) -> GpuBudget:
     release = release_for(version, env)
     tokens, seqs = batch_defaults(settings, device, release, max_model_len)
     tp = max(1, settings.tensor_parallel_size)
     sampler = profile_sampler_bytes(release, flashinfer_installed)
     if release.engine == V0_ENGINE and tp > 1:
         sampler = 0.0   # V0 samples on the driver worker only; the others set the budget's minimum
-    encoder = 0
+    extra = 0   # live through the sampler's pass: the encoder cache, the MoE workspaces
     if release.engine == V1_ENGINE and count is not None and version is not None:
-        encoder = encoder_cache_bytes(count.encoder, version.parts, tokens, seqs, dtype_bytes)
+        extra = encoder_cache_bytes(count.encoder, version.parts, tokens, seqs, dtype_bytes)
+        if version.parts >= MOE_WORKSPACE_SINCE and not quantized_experts:
+            extra += moe_workspace_bytes(count, tokens, dtype_bytes, tp)   # expert parallel not told apart
     return GpuBudget(
         version=str(version or LATEST), release=release.why, cuda_total_bytes=cuda_total_bytes(device),
         utilization=utilization(settings, release), weights_bytes=weights_on_gpu(weights_per_rank, settings),
-        activation_peak_bytes=activation_peak_bytes(count, tokens, seqs, dtype_bytes, tp, sampler, encoder),
+        activation_peak_bytes=activation_peak_bytes(count, tokens, seqs, dtype_bytes, tp, sampler, extra),
         non_torch_bytes=non_torch_bytes(device, tp, version),
         cuda_graph_bytes=CUDA_GRAPH_BYTES if release.cuda_graphs_counted and not settings.enforce_eager else 0,
         max_num_batched_tokens=tokens, max_num_seqs=seqs)

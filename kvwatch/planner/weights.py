@@ -40,6 +40,7 @@ class WeightCount:
     vision_params: int = 0         # a multimodal checkpoint's vision tower and projector (kept unquantized)
     expert_matrices: int = 0       # MoE: routed experts over all MoE layers (each gate, up and down)
     moe_width: int = 0             # MoE: one expert's intermediate size
+    experts_per_token: int = 0     # MoE: routed experts per token (top-k)
     encoder: EncoderShape | None = None   # a multimodal checkpoint's encoder outputs (planner/encoder_cache.py)
 
     @property
@@ -88,7 +89,8 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
     return WeightCount(linear_params=layers * attention + mlp, embedding_params=embeddings,
                        attention_params=layers * attention,
                        vocab_size=vocab, hidden_size=hidden, mlp_width_per_token=width,
-                       expert_matrices=moe_layers * experts if experts else 0, moe_width=moe_width if experts else 0)
+                       expert_matrices=moe_layers * experts if experts else 0, moe_width=moe_width if experts else 0,
+                       experts_per_token=routed if experts else 0)
 
 
 def vision_tower_params(config: Mapping[str, Any]) -> int:
