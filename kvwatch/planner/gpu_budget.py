@@ -67,9 +67,8 @@ CUDA_GRAPH_BYTES = int(0.5 * GiB)
 # model_executor/layers/fused_moe/modular_kernel.py:1063 get_simultaneous; v1/worker/workspace.py): they
 # stay live through the profile's sampler pass. Triton experts' shapes (fused_moe.py:1976-1991):
 # (M, top-k, max(N/2, K)) and (M, top-k, max(N, K)), N = 2 x the rank's expert width, K = hidden,
-# M = min(batched tokens, VLLM_FUSED_MOE_CHUNK_SIZE = 16384, envs.py).
-MOE_WORKSPACE_SINCE = (0, 14, 0)
-MOE_CHUNK_TOKENS = 16 * 1024             # a graph pool as logged: 0.27-0.65 GiB on one GPU
+# M = the pass's tokens (one chunk: modular_kernel.py:1189-1193 passes M_full for M_chunk).
+MOE_WORKSPACE_SINCE = (0, 14, 0)             # a graph pool as logged: 0.27-0.65 GiB on one GPU
 V0_ENGINE, V1_ENGINE = "v0", "v1"
 # The wheels of vLLM 0.8.5.post1 and 0.9.2 do not name flashinfer-python, those of 0.10.2 and 0.11.0 only
 # as an extra (`extra == "flashinfer"`), that of 0.11.2 requires it (their METADATA, Requires-Dist);
@@ -234,9 +233,8 @@ def moe_workspace_bytes(count: WeightCount | None, tokens: int, dtype_bytes: int
     if count is None or not count.experts_per_token or not count.moe_width:
         return 0
     width = -(-count.moe_width // max(1, expert_width_shards))   # the rank's share of each expert's width
-    m = min(tokens, MOE_CHUNK_TOKENS)
     hidden = count.hidden_size
-    return m * count.experts_per_token * (max(width, hidden) + max(2 * width, hidden)) * dtype_bytes
+    return tokens * count.experts_per_token * (max(width, hidden) + max(2 * width, hidden)) * dtype_bytes
 
 
 def profile_sampler_bytes(release: Release, flashinfer_installed: bool | None) -> float:
