@@ -15,7 +15,7 @@ determine_available_memory; worker/worker.py determine_num_available_blocks in t
   keeps ~3, vLLM's Triton kernel ~3.8. The forward pass holds the hidden states and one layer's MLP;
   a multimodal model's dummy encoder outputs stay cached through both (planner/encoder_cache.py).
 - **Non-torch**: cuBLAS/NCCL workspaces allocated during the profile; more with tensor parallelism
-  (2.1 GiB per rank on Hopper from 0.19, NCCL on NVLink).
+  (about 2 GiB per rank from 0.19: NCCL's buffers).
 - **CUDA graphs**: captured after the KV cache is sized, so not taken from it, until the graph
   estimate (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS: opt-in from 0.18, on by default from 0.20,
   whatever 0.20's log says) became part of the budget.
@@ -55,11 +55,12 @@ FUSED_SAMPLER_BYTES = 12.0
 TRITON_SAMPLER_BYTES = 15.3
 NON_TORCH_BYTES = int(0.125 * GiB)            # one GPU: 0.10-0.14 GiB in V1 logs
 NON_TORCH_TP_EXTRA_BYTES = int(0.0625 * GiB)  # tensor parallel: NCCL and custom all-reduce buffers
-# Tensor parallel on Hopper (compute capability 9.x): 2.07-2.21 GiB of "non-torch forward increase memory"
-# on the six 0.19.0 H100 fit runs at TP 2-4 (0.24-0.26 GiB at TP 1 in the same sweep): what NCCL allocates at
-# the profile's first collectives on NVLink. Measured on 0.19.0 only; earlier releases keep the small figure.
-NON_TORCH_HOPPER_TP_BYTES = int(2.1 * GiB)
-NON_TORCH_HOPPER_TP_SINCE = (0, 19, 0)
+# Tensor parallel from 0.19: 1.70-2.21 GiB of non-torch memory per rank on the seven fit runs that log it at
+# TP 2-4 (six 0.19.0 H100 runs of the llm-d sweep, 0.25 GiB at TP 1 there; one 0.27.1 run on four PCIe RTX PRO
+# 6000 cards): what NCCL allocates at the profile's first collectives. Measured from 0.19 only; earlier
+# releases keep the small figure (their fit runs at TP 2-8 on A100, L40S and 3090 log 0.2 GiB or less).
+NON_TORCH_TP_BYTES = int(2.0 * GiB)
+NON_TORCH_TP_SINCE = (0, 19, 0)
 CUDA_GRAPH_BYTES = int(0.5 * GiB)
 # From 0.14 unquantized MoE layers run vLLM's modular fused-MoE kernel (vLLM 0.14.1,
 # model_executor/layers/fused_moe/unquantized_fused_moe_method.py: self.kernel), whose two workspaces
@@ -253,12 +254,11 @@ def profile_sampler_bytes(release: Release, flashinfer_installed: bool | None) -
 
 def non_torch_bytes(device: Device, tensor_parallel: int, version: VllmVersion | None) -> int:
     """Memory outside torch's allocator that the profile charges: cuBLAS/NCCL workspaces; NCCL's
-    NVLink buffers on Hopper cards at tensor parallel from 0.19 (measured, NON_TORCH_HOPPER_TP_BYTES)."""
+    buffers at tensor parallel from 0.19 (measured, NON_TORCH_TP_BYTES)."""
     if tensor_parallel <= 1:
         return NON_TORCH_BYTES
-    hopper = device.platform == "cuda" and (device.compute_capability or (0, 0))[0] == 9
-    if hopper and (version or LATEST).parts >= NON_TORCH_HOPPER_TP_SINCE:
-        return NON_TORCH_HOPPER_TP_BYTES
+    if device.platform == "cuda" and (version or LATEST).parts >= NON_TORCH_TP_SINCE:
+        return NON_TORCH_TP_BYTES
     return NON_TORCH_BYTES + NON_TORCH_TP_EXTRA_BYTES
 
 
