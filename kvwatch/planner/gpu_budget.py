@@ -61,7 +61,7 @@ NON_TORCH_TP_EXTRA_BYTES = int(0.0625 * GiB)  # tensor parallel: NCCL and custom
 # releases keep the small figure (their fit runs at TP 2-8 on A100, L40S and 3090 log 0.2 GiB or less).
 NON_TORCH_TP_BYTES = int(2.0 * GiB)
 NON_TORCH_TP_SINCE = (0, 19, 0)
-CUDA_GRAPH_BYTES = int(0.5 * GiB)
+CUDA_GRAPH_BYTES = int(0.5 * GiB)             # a graph pool as logged: 0.27-0.65 GiB on one GPU
 # From 0.14 unquantized MoE layers run vLLM's modular fused-MoE kernel (vLLM 0.14.1,
 # model_executor/layers/fused_moe/unquantized_fused_moe_method.py: self.kernel), whose two workspaces
 # come from one global workspace manager that keeps them allocated (vLLM 0.19.1,
@@ -69,7 +69,7 @@ CUDA_GRAPH_BYTES = int(0.5 * GiB)
 # stay live through the profile's sampler pass. Triton experts' shapes (fused_moe.py:1976-1991):
 # (M, top-k, max(N/2, K)) and (M, top-k, max(N, K)), N = 2 x the rank's expert width, K = hidden,
 # M = the pass's tokens (one chunk: modular_kernel.py:1189-1193 passes M_full for M_chunk).
-MOE_WORKSPACE_SINCE = (0, 14, 0)             # a graph pool as logged: 0.27-0.65 GiB on one GPU
+MOE_WORKSPACE_SINCE = (0, 14, 0)
 V0_ENGINE, V1_ENGINE = "v0", "v1"
 # The wheels of vLLM 0.8.5.post1 and 0.9.2 do not name flashinfer-python, those of 0.10.2 and 0.11.0 only
 # as an extra (`extra == "flashinfer"`), that of 0.11.2 requires it (their METADATA, Requires-Dist);
@@ -217,16 +217,17 @@ class GpuBudget:
 
 
 def activation_peak_bytes(count: WeightCount | None, tokens: int, seqs: int, dtype_bytes: int,
-                          tensor_parallel: int, sampler_bytes: float, encoder_cached_bytes: int = 0) -> int:
+                          tensor_parallel: int, sampler_bytes: float, held_bytes: int = 0) -> int:
     """The profile run's peak: the larger of the forward pass (hidden states plus one layer's MLP
     on this rank) and the sampler over min(seqs, tokens) requests x the whole vocabulary (V1 gathers
-    the logits on every rank), plus the multimodal encoder's dummy outputs the profile keeps cached
-    through both (planner/encoder_cache.py; every rank holds them whole)."""
+    the logits on every rank), plus what stays allocated through both: a multimodal model's cached
+    dummy encoder outputs (planner/encoder_cache.py; every rank holds them whole) and the fused-MoE
+    workspaces (moe_workspace_bytes)."""
     if count is None:
         return 0
     forward = tokens * dtype_bytes * (4 * count.hidden_size + 3 * count.mlp_width_per_token // max(1, tensor_parallel))
     sampler = int(min(seqs, tokens) * count.vocab_size * sampler_bytes)
-    return max(forward, sampler) + encoder_cached_bytes
+    return max(forward, sampler) + held_bytes
 
 
 def moe_workspace_bytes(count: WeightCount | None, tokens: int, dtype_bytes: int, expert_width_shards: int) -> int:
