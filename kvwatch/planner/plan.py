@@ -181,7 +181,8 @@ def _gpu_budget(device: Device, settings: EngineSettings, geometry: ModelGeometr
     else:
         weights = _weights_from_geometry(geometry, model_bytes, settings, device) // ranks
     return estimate_budget(settings, device, geometry.weight_count, weights, model_bytes, max_model_len,
-                           memory.vllm_version, dict(memory.vllm_env), memory.flashinfer_installed)
+                           memory.vllm_version, dict(memory.vllm_env), memory.flashinfer_installed,
+                           quantized_experts=geometry.quantization is not None or settings.quantization is not None)
 
 
 def _estimate_gpu_kv_memory(device: Device, settings: EngineSettings, geometry: ModelGeometry,
