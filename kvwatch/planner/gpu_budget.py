@@ -258,7 +258,7 @@ def non_torch_bytes(device: Device, tensor_parallel: int, version: VllmVersion |
     buffers at tensor parallel from 0.19 (measured, NON_TORCH_TP_BYTES)."""
     if tensor_parallel <= 1:
         return NON_TORCH_BYTES
-    if device.platform == "cuda" and (version or LATEST).parts >= NON_TORCH_TP_SINCE:
+    if device.platform == "cuda" and (version or DEFAULT_RELEASE).parts >= NON_TORCH_TP_SINCE:
         return NON_TORCH_TP_BYTES
     return NON_TORCH_BYTES + NON_TORCH_TP_EXTRA_BYTES
 
