@@ -17,7 +17,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from engine_support import free_port, llama_config, write_model
+from engine_support import free_port, http_get, llama_config, write_model
+from exporter_support import samples, value
 from nvml_standin import NvmlStandin
 from waiting import eventually
 
@@ -831,3 +832,41 @@ def test_a_pinned_launch_takes_the_learned_kv_memory_less_what_others_hold(
     finally:
         foreign.kill()
         foreign.wait()
+
+
+def test_kvwatch_run_reads_the_engine_metrics_once_per_interval(tmp_path: Path, model: Path) -> None:
+    """Under `kvwatch run` the supervisor (stalls, pressure) and the exporter both want the engine's
+    /metrics each interval: the supervisor reads it, the exporter exports that read. The engine
+    stand-in counts the reads; with health and watch intervals equal, one a tick, not two."""
+    reads, load = tmp_path / "reads", tmp_path / "load"
+    load.write_text("1 100 50")
+    interval, port = 0.25, free_port()
+    argv = fake(model, free_port(), "--count-file", str(reads), "--load-file", str(load))
+    (tmp_path / "kvwatch.toml").write_text(
+        f'name = "t"\nlisten = "127.0.0.1:{port}"\nstate_dir = "{tmp_path / "state"}"\ndevice = "cpu"\n'
+        f"[engine]\ncommand = {json.dumps(argv)}\nhealth_interval_seconds = {interval}\n"
+        f"[watch]\ninterval_seconds = {interval}\n")
+    proc = subprocess.Popen([sys.executable, "-m", "kvwatch.cli", "run", "--config", str(tmp_path / "kvwatch.toml")],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def exported() -> dict:
+        return samples(http_get(f"http://127.0.0.1:{port}/metrics")[1])
+
+    try:
+        assert eventually(lambda: value(exported(), "kvwatch_kv_actual_blocks", engine="t", rank="0") == 8192, 30)
+        before, start = reads.stat().st_size, time.monotonic()
+        time.sleep(4.0)
+        count, seconds = reads.stat().st_size - before, time.monotonic() - start
+        ticks = seconds / interval
+        assert 0 < count <= 1.25 * ticks + 2, (count, ticks)   # both reading: ~2 per tick
+        found = exported()   # the exporter still shows the engine's page: the supervisor's read
+        assert value(found, "kvwatch_engine_up", engine="t") == 1
+        assert value(found, "kvwatch_collector_success", collector="engine") == 1
+        assert value(found, "kvwatch_kv_actual_blocks", engine="t", rank="0") == 8192
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == EXIT_OK
+        assert "Traceback" not in proc.stderr.read()   # type: ignore[union-attr]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -27,7 +27,7 @@ from typing import BinaryIO, Protocol
 
 from kvwatch.boundary import engine_http
 from kvwatch.boundary.device_probe import installed_vllm, installed_vllm_text
-from kvwatch.boundary.engine_http import EngineMetrics
+from kvwatch.boundary.engine_http import EngineMetrics, EnginePage
 from kvwatch.boundary.plan_loader import flags_release
 from kvwatch.boundary.proc_inspect import ProcRef
 from kvwatch.boundary.startup_plan_file import read_persisted_plan
@@ -41,7 +41,7 @@ from kvwatch.planner.plan import Plan
 from kvwatch.planner.pressure import Recommendation, Window
 from kvwatch.planner.rules import RuleSet, ruleset_for, with_learned_block_sizes
 from kvwatch.planner.units import format_bytes
-from kvwatch.planner.versions import LATEST
+from kvwatch.vllm_releases import DEFAULT_RELEASE
 from kvwatch.vllm_releases.release_defaults import defaults_for
 from kvwatch.vllm_releases.startup_plan import ENABLE_ENV as STARTUP_PLAN_ENV
 from kvwatch.vllm_releases.startup_plan import pin_decision, plan_enabled
@@ -168,6 +168,7 @@ class Supervisor:
         self._upgrade: ReleaseChange | None = None   # that change, until the new release measured its cache
         self._trial: Trial | None = None   # [autopilot] the change being measured
         self._relaunch: tuple[EngineCommand, str] | None = None   # [autopilot] the command to relaunch with, and why
+        self._page: EnginePage | None = None   # the last look at the running engine (the exporter's too)
         self._status = self._make_status()
 
     # -- public ------------------------------------------------------------------------
@@ -179,6 +180,12 @@ class Supervisor:
     @property
     def status(self) -> EngineStatus:
         return self._status
+
+    @property
+    def engine_page(self) -> EnginePage | None:
+        """The last look at the running engine (/health, and /metrics while READY); None while none runs.
+        One reference, an immutable value: the exporter reads it instead of reading the engine again."""
+        return self._page
 
     @property
     def command(self) -> EngineCommand:
@@ -365,7 +372,7 @@ class Supervisor:
         if learned is None or learned.source != "learned":
             _LOG.info("pin: nothing learned yet for this profile: vLLM profiles the memory itself")
             return argv
-        decision = pin_decision(plan_enabled(defaults_for(installed_vllm() or LATEST),
+        decision = pin_decision(plan_enabled(defaults_for(installed_vllm() or DEFAULT_RELEASE),
                                              self._engine_env().get(STARTUP_PLAN_ENV)),
                                 learned.kv_memory_bytes, read_persisted_plan(self._record.vllm_startup_plan))
         if not decision.pin:
@@ -467,7 +474,9 @@ class Supervisor:
                 if probed is None:
                     continue   # a stop request or the engine's exit came first: handled at the top
                 self._refresh_tree()  # before a transition, so its status carries the current pids
-                metrics = self._read_engine(url, timing.probe_timeout, run) if probed and state.ready else None
+                page = self._read_engine(url, timing.probe_timeout, run) if probed and state.ready else None
+                self._page = EnginePage(probed, page)
+                metrics = page if page is not None and page.ok else None
                 reading = self._progress_reading(metrics, run) if metrics is not None else None
                 now = self._clock.now()
                 state, event, end = after_probe(state, probed, now, timing, run.pump.lines_seen, died_in_log,
@@ -494,11 +503,10 @@ class Supervisor:
             self._wake.clear()
 
     def _read_engine(self, url: str, timeout: float, run: _Running) -> EngineMetrics | None:
-        """The engine's /metrics, read on the probe pool with the probe's deadline (None: none usable)."""
-        metrics = self._probes.read(lambda: engine_http.scrape(url, timeout),
-                                    interrupted=lambda: self._stop.is_set() or run.proc.poll() is not None,
-                                    waiting=lambda: self._notifier.watchdog(self._clock.now()))
-        return metrics if metrics is not None and metrics.ok else None
+        """The engine's /metrics, read on the probe pool with the probe's deadline (None: not read)."""
+        return self._probes.read(lambda: engine_http.scrape(url, timeout),
+                                 interrupted=lambda: self._stop.is_set() or run.proc.poll() is not None,
+                                 waiting=lambda: self._notifier.watchdog(self._clock.now()))
 
     def _progress_reading(self, metrics: EngineMetrics, run: _Running) -> Reading:
         """The engine's counters for the stall detector. On a CPU backend the CPU time of its engine
@@ -797,6 +805,7 @@ class Supervisor:
         if run is None or run.ended:
             return
         run.ended = True
+        self._page = None
         self._os.stop_group(run.proc, self.config.engine.stop_timeout_seconds, run.tree.refs,
                             self._clock.now, self._sleep)
         # A descendant that left the group (double-forked into its own session) still carries
