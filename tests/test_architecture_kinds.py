@@ -20,14 +20,17 @@ from kvwatch.planner.architecture_kinds import (
     PLANNED_KINDS,
     REFUSED,
     UNKNOWN,
+    delegates,
     table_release,
     unknown_reasons,
     verdict,
 )
 from kvwatch.planner.architectures import IN_TRANSFORMERS, PREVIOUSLY_SUPPORTED, refusals
+from kvwatch.planner.config_defaults import HEAD_DIM_DEFAULTS
 from kvwatch.planner.devices import cpu_device_from_flags
 from kvwatch.planner.engine_args import EngineCommand
-from kvwatch.planner.geometry import geometry_from_config
+from kvwatch.planner.geometry import MLA_MODEL_TYPES, geometry_from_config
+from kvwatch.planner.layers import PURE_STATE_SPACE
 from kvwatch.planner.plan import architecture_unknowns
 from kvwatch.planner.rules import ruleset_for
 from kvwatch.planner.versions import parse_version
@@ -175,3 +178,24 @@ def test_vllm_serves_the_first_listed_architecture_it_registers() -> None:
     """registry.py inspect_model_cls: an unregistered name before a registered one is passed over."""
     assert unknown_reasons(("NeverSeenForCausalLM", "LlamaForCausalLM"), {}, False, "0.32.0") == ()
     assert "NeverSeenForCausalLM" in unknown_reasons(("NeverSeenForCausalLM",), {}, False, "0.32.0")[0]
+
+
+def test_the_head_dim_defaults_kvwatch_keeps_are_those_of_the_config_classes_vllm_reads() -> None:
+    """kvwatch/planner/config_defaults.py against the table: for every planned attention architecture
+    whose classes read head_dim, the default transformers' config class gives it (when config.json has
+    none) is the one kvwatch plans with. MLA models (head_dim unused) and multimodal wrappers (their
+    text model is checked under its own name) are left out."""
+    disagree = {}
+    for arch, entry in ARCHITECTURES["0.32.0"].items():
+        details = DETAILS["0.32.0"].get(arch, {})
+        default = details.get("config_defaults", {}).get("head_dim")
+        if default is None or verdict(arch, "0.32.0").handling != PLANNED or delegates(entry):
+            continue
+        for model_type in details.get("model_types", ()):
+            # a composite beside its text config (llama4, llama4_text): kvwatch reads the text config
+            if model_type in MLA_MODEL_TYPES or model_type in PURE_STATE_SPACE \
+                    or f"{model_type}_text" in details["model_types"]:
+                continue
+            if HEAD_DIM_DEFAULTS.get(model_type) != default:
+                disagree[model_type] = (default, HEAD_DIM_DEFAULTS.get(model_type))
+    assert disagree == {}
