@@ -114,7 +114,8 @@ def test_an_architecture_the_release_does_not_register_is_marked_unknown(tmp_pat
     exit 0, and says plainly that the architecture is unknown (before the table: planned silently)."""
     rc, out = _plan(_llama_like("NeverSeenForCausalLM", "never_seen"), tmp_path, capsys, "--vllm-version", "0.32.0")
     assert rc == 0
-    assert "UNKNOWN: kvwatch cannot classify: architecture NeverSeenForCausalLM is not registered by vLLM 0.32.0" in out
+    assert ("UNKNOWN: kvwatch cannot classify: architecture NeverSeenForCausalLM, which vLLM 0.32.0 does not "
+            "register") in out
     plan = plan_command(["vllm", "serve", str(tmp_path / "m")], CPU, ruleset_for(None),
                         env={"VLLM_CPU_KVCACHE_SPACE": "1"})
     assert plan.source == "unknown"

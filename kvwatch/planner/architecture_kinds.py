@@ -72,9 +72,8 @@ def verdict(architecture: str, release: str, config: Mapping[str, Any] | None = 
     if found is None:
         # registry.py inspect_model_cls: vLLM then tries its Transformers backend, when transformers
         # (or the checkpoint's own code) has the class, and refuses the model otherwise
-        return Verdict(UNKNOWN, f"architecture {architecture} is not registered by vLLM {release} (vLLM may "
-                                f"still run it on its Transformers backend): kvwatch cannot tell which layers it "
-                                f"builds")
+        return Verdict(UNKNOWN, f"architecture {architecture}, which vLLM {release} does not register (it may "
+                                f"still run it on its Transformers backend)")
     if found.group == "previously_supported":
         if architecture in in_transformers:   # transformers has the class: vLLM's Transformers backend runs
             return Verdict(PLANNED, "")       # it (architectures.refusals predicts its refusal of state layers)
