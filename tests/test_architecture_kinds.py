@@ -200,3 +200,31 @@ def test_the_head_dim_defaults_kvwatch_keeps_are_those_of_the_config_classes_vll
             if HEAD_DIM_DEFAULTS.get(model_type) != default:
                 disagree[model_type] = (default, HEAD_DIM_DEFAULTS.get(model_type))
     assert disagree == {}
+
+
+def _qwen3_5_text(**extra: object) -> dict:
+    """Qwen3.5's text model as transformers' Qwen3_5TextConfig defaults it, shrunk to 8 layers."""
+    return _llama_like("Qwen3_5ForCausalLM", "qwen3_5_text", num_hidden_layers=8, num_attention_heads=16,
+                       num_key_value_heads=4, head_dim=256, linear_conv_kernel_dim=4, linear_key_head_dim=128,
+                       linear_value_head_dim=128, linear_num_key_heads=16, linear_num_value_heads=32, **extra)
+
+
+def test_qwen3_5_without_layer_types_takes_the_config_class_interval() -> None:
+    """transformers' Qwen3_5TextConfig: no layer_types means every 4th layer full, the rest gated
+    delta nets (configuration_qwen3_5.py __post_init__); kvwatch planned all 8 as full attention."""
+    geometry = geometry_from_config(_qwen3_5_text())
+    assert geometry.layer_kinds == ("mamba", "mamba", "mamba", "full") * 2
+    assert geometry.layout.state is not None and geometry.layout.state.family == "gated_delta_net"
+    assert architecture_unknowns(geometry, parse_version("0.32.0")) == ()
+
+
+def test_a_hybrid_class_without_state_layers_or_a_layer_list_is_marked_unknown() -> None:
+    """vLLM builds the architecture as a hybrid (IsHybrid) but kvwatch found no recurrent layer and
+    config.json lists no layer kinds: the plan would be attention-only by default, so it says so."""
+    geometry = geometry_from_config(_llama_like("Qwen3_5ForCausalLM", "qwen3_5_unseen_text"))
+    (reason,) = architecture_unknowns(geometry, parse_version("0.32.0"))
+    assert "Qwen3_5ForCausalLM is a hybrid in vLLM 0.32.0" in reason
+    # listed all-attention layers (a dense variant of a hybrid class) are taken as they are
+    dense = geometry_from_config(_llama_like("GraniteMoeHybridForCausalLM", "granitemoehybrid",
+                                             layer_types=["attention"] * 4))
+    assert architecture_unknowns(dense, parse_version("0.32.0")) == ()

@@ -41,6 +41,10 @@ KNOWN_SPEC_CLASSES = frozenset({"MambaMixer2", "KimiK3DeltaAttention"})
 # Layers that hold no cache: a model of these alone (BERT-like encoders) gets no KV cache from vLLM,
 # which kvwatch does not plan (it plans attention blocks).
 _NO_CACHE = frozenset({"EncoderOnlyAttention"})
+# Fields that list a model's layer kinds: with one, a hybrid class may well hold attention layers only
+# (Granite 4.0's dense variants are GraniteMoeHybridForCausalLM with every layer attention).
+_LAYER_LISTS = ("layer_types", "layers_block_type", "hybrid_override_pattern", "attn_layer_indices",
+                "linear_attn_config", "full_attention_interval")
 # Recurrent kinds: a config kvwatch plans with state layers must have one of these in vLLM's model.
 _RECURRENT = frozenset({"MAMBA1", "MAMBA2", "SHORT_CONV", "GDN_ATTN", "KimiK3DeltaAttention", "LINEAR"})
 
@@ -121,6 +125,10 @@ def unknown_reasons(architectures: tuple[str, ...], config: Mapping[str, Any], h
     if v.handling == UNKNOWN:
         return (v.reason,)
     found = entry(arch, release)
+    if v.handling == PLANNED and found is not None and not has_state_layers and "hybrid" in found.features \
+            and not any(f in config for f in _LAYER_LISTS):
+        return (f"{arch} is a hybrid in vLLM {release} (IsHybrid, {found.source}), but kvwatch placed no "
+                f"recurrent-state layers: config.json lists none and kvwatch has no rule for this model type",)
     if v.handling == PLANNED and found is not None and has_state_layers and found.backend != "transformers" \
             and found.group != "previously_supported" and not delegates(found) \
             and not _RECURRENT & set(found.kinds):
