@@ -205,7 +205,7 @@ def test_an_unknown_layer_type_is_planned_and_said_not_refused(tmp_path: Path, c
     rc = main(["plan", "--device", "cpu", "--", "vllm", "serve", str(tmp_path / "m")])
     out = capsys.readouterr().out
     assert rc == 0
-    assert "UNKNOWN: layer type(s) kvwatch cannot classify: lightning_attention" in out
+    assert "UNKNOWN: kvwatch cannot classify: lightning_attention" in out
     plan = plan_command(["vllm", "serve", str(tmp_path / "m")], RECORDED_CPU, ruleset_for(None),
                         env={"VLLM_CPU_KVCACHE_SPACE": "1"})
     assert plan.source == "unknown" and plan.unknown_layer_types == ("lightning_attention",)

@@ -217,8 +217,9 @@ def render(plan: Plan) -> str:
         lines.append(f"{level}: [{w.kind}] {w.message}")
         lines.append(f"  fix: {fix or 'no flag change can fix this'}")
     if plan.unknown_layer_types:
-        lines.append(f"UNKNOWN: layer type(s) kvwatch cannot classify: {'; '.join(plan.unknown_layer_types)}; "
-                     f"planned as full attention, so the figures above may be wrong")
+        lines.append(f"UNKNOWN: kvwatch cannot classify: {'; '.join(plan.unknown_layer_types)}; "
+                     f"planned with the layers kvwatch knows (full attention where unsure), so the figures above may "
+                     f"be wrong")
     if not plan.warnings:
         lines.append("OK: vLLM should accept this plan")
     return "\n".join(lines)

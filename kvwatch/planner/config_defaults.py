@@ -18,4 +18,9 @@ HEAD_DIM_DEFAULTS: dict[str, int] = {
     **dict.fromkeys(("qwen3", "qwen3_vl_text", "llama4_text", "glm", "glm4", "ernie4_5", "seed_oss",
                      "minimax_m2", "nemotron_h", "step3p5", "helium", "cohere2_moe", "ministral3",
                      "mistral4", "afmoe", "cwm", "hy_v3", "solar_open"), 128),
+    # Found by tests/test_architecture_kinds.py against the generated table's config-class defaults:
+    # 64 equals hidden 512 / 8 heads, so the instantiation above could not tell it from a derivation.
+    **dict.fromkeys(("gpt_oss", "openai_privacy_filter"), 64),
+    **dict.fromkeys(("laguna", "mellum", "muse_glimmer_assistant"), 128),
+    "mimo_v2_flash": 192,   # the K head; its V head (v_head_dim, 128) differs
 }

@@ -63,6 +63,8 @@ class ModelGeometry:
     # vLLM's max_model_len when none is given (or auto) where it is not the derived one: LongRoPE
     # models default to original_max_position_embeddings (config/model.py _get_and_verify_max_len).
     default_len: int | None = None
+    # The (text) config.json's fields that are set: some layer kinds vLLM builds only when one is.
+    present_fields: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if self.layout is None:   # a geometry written by hand: its kinds and window are the layout
@@ -233,7 +235,8 @@ def geometry_from_config(config: Mapping[str, Any], release: str | None = None) 
             max_position_embeddings=max_len, kv_lora_rank=rank, qk_rope_head_dim=rope,
             num_attention_heads=num_heads, hidden_size=hidden, weight_count=count_model_weights(config, cfg), quantization=_quantization(config, cfg),
             derived_max_model_len=derived, derived_max_model_len_key=derived_key,
-            sparse_attention="index_topk" in cfg, indexer_bytes_per_token=indexer_bytes_per_token(cfg))
+            sparse_attention="index_topk" in cfg, indexer_bytes_per_token=indexer_bytes_per_token(cfg),
+            present_fields=_present(cfg))
 
     kv_heads = next((cfg[k] for k in _KV_HEAD_KEYS if cfg.get(k) is not None), num_heads)
     if isinstance(kv_heads, bool) or not isinstance(kv_heads, int) or not 0 < kv_heads <= _MAX_FIELD:
@@ -252,7 +255,7 @@ def geometry_from_config(config: Mapping[str, Any], release: str | None = None) 
         config_dtype=config_dtype, sliding_window=layout.window, layer_kinds=layout.kinds, layout=layout,
         max_position_embeddings=max_len, num_attention_heads=num_heads, hidden_size=hidden,
         weight_count=count_model_weights(config, cfg), quantization=_quantization(config, cfg), derived_max_model_len=derived,
-        derived_max_model_len_key=derived_key, default_len=longrope_default_len(cfg, rules))
+        derived_max_model_len_key=derived_key, default_len=longrope_default_len(cfg, rules), present_fields=_present(cfg))
 
 
 def _state_space_geometry(config: Mapping[str, Any], cfg: Mapping[str, Any], model_type: str,
@@ -268,4 +271,8 @@ def _state_space_geometry(config: Mapping[str, Any], cfg: Mapping[str, Any], mod
         layer_kinds=layout.kinds, layout=layout, max_position_embeddings=None, num_attention_heads=None,
         hidden_size=_positive_int(cfg, "hidden_size", required=False), weight_count=count_model_weights(config, cfg),
         quantization=_quantization(config, cfg), derived_max_model_len=derived,
-        derived_max_model_len_key=derived_key)
+        derived_max_model_len_key=derived_key, present_fields=_present(cfg))
+
+
+def _present(cfg: Mapping[str, Any]) -> frozenset[str]:
+    return frozenset(k for k, v in cfg.items() if v is not None)

@@ -40,6 +40,7 @@ _LAYER_TYPE_KINDS = {
 # Architectures whose every layer is a state-space mixer: vLLM sizes one state per layer and
 # sequence, no attention (model_executor/models/mamba.py, mamba2.py).
 PURE_STATE_SPACE = {"mamba": "mamba1", "falcon_mamba": "mamba1", "mamba2": "mamba2"}
+_GDN_INTERVAL_MODEL_TYPES = frozenset({"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"})
 # Layers reading another layer's cache: the last num_kv_shared_layers (vLLM 0.32,
 # model_executor/models/gemma3n.py and gemma4.py, `kv_sharing_target_layer_name`).
 _KV_SHARING_MODEL_TYPES = frozenset({"gemma3n", "gemma3n_text", "gemma4", "gemma4_text"})
@@ -181,7 +182,9 @@ def _attention_kinds(cfg: Mapping[str, Any], model_type: str, num_layers: int) -
 
 def _hybrid_kinds(cfg: Mapping[str, Any], model_type: str, num_layers: int) -> list[str] | None:
     """Layer kinds of attention + recurrent hybrids; None for attention-only models."""
-    if model_type == "qwen3_next" and not isinstance(cfg.get("layer_types"), list):
+    # transformers Qwen3NextConfig, Qwen3_5TextConfig, Qwen3_5MoeTextConfig: without layer_types,
+    # every full_attention_interval-th layer (default 4) attends, the others are gated delta nets
+    if model_type in _GDN_INTERVAL_MODEL_TYPES and not isinstance(cfg.get("layer_types"), list):
         interval = _int(cfg, "full_attention_interval", 4)
         return [FULL if (i + 1) % interval == 0 else MAMBA for i in range(num_layers)]
     if model_type == "nemotron_h":

@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from kvwatch.failure_kinds import FailureKind
+from kvwatch.planner.architecture_kinds import unknown_reasons
+from kvwatch.planner.architectures import IN_TRANSFORMERS
 from kvwatch.planner.architectures import refusals as _architecture_refusals
 from kvwatch.planner.backends import BackendChoice, choose_backend, kv_dtype_reason
 from kvwatch.planner.devices import Device, GiB
@@ -431,8 +433,14 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
         kv_cache_groups=len(groups.groups), padding_layers=groups.padding_layers,
         blocks_per_request=groups.blocks_per_request(demand),
         recurrent_state_bytes=state_bytes, max_model_len_fitted=settings.max_model_len_auto, gpu_budget=budget,
-        unknown_layer_types=geometry.layout.unknown_layer_types,
+        unknown_layer_types=geometry.layout.unknown_layer_types + architecture_unknowns(geometry, memory.vllm_version),
         indexer_bytes_per_token=geometry.indexer_bytes_per_token if device.platform == "cuda" else 0)
+
+
+def architecture_unknowns(geometry: ModelGeometry, version: VllmVersion | None) -> tuple[str, ...]:
+    """What the release's architecture table says kvwatch cannot classify about this model."""
+    return unknown_reasons(geometry.architectures, dict.fromkeys(geometry.present_fields, True),
+                           MAMBA in geometry.layout.kinds, str(version) if version else None, IN_TRANSFORMERS)
 
 
 def _no_memory_warning(device: Device, settings: EngineSettings, geometry: ModelGeometry,

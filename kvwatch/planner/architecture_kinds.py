@@ -1,0 +1,139 @@
+"""How kvwatch handles each architecture vLLM registers, from the generated table (pure).
+
+kvwatch/vllm_releases/architectures.py lists, per release and architecture, the cache layer kinds
+vLLM's model classes can build (scripts/gen_vllm_architectures.py reads them from the release).
+Every architecture gets one of three verdicts, never a silent default:
+
+- "planned": kvwatch plans every layer kind the architecture can build (kvwatch/planner/layers.py
+  places them from config.json);
+- "refused": vLLM refuses it before sizing a cache (architectures.refusals predicts the sentence);
+- "unknown": it can build a layer kind kvwatch has no rule for, or the release does not register it;
+  the plan is then marked unknown, naming what kvwatch could not classify (exit 0).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvwatch.vllm_releases import DEFAULT_RELEASE
+from kvwatch.vllm_releases.architecture_entry import ArchitectureEntry
+from kvwatch.vllm_releases.architectures import ARCHITECTURES
+
+PLANNED, REFUSED, UNKNOWN = "planned", "refused", "unknown"
+
+# The cache kinds kvwatch plans, by the class (or Mamba backend) vLLM builds them with.
+PLANNED_KINDS: dict[str, str] = {
+    "Attention": "full or sliding-window attention",
+    "ChunkedLocalAttention": "chunked local attention",
+    "EncoderOnlyAttention": "encoder-only attention (no cache)",
+    "MLAAttention": "MLA latent", "MultiHeadLatentAttention": "MLA latent",
+    "DeepseekV32IndexerCache": "sparse-attention indexer",
+    "MAMBA1": "Mamba state", "MAMBA2": "Mamba2 state", "SHORT_CONV": "short-convolution state",
+    "GDN_ATTN": "gated delta net (or KDA) state", "KimiK3DeltaAttention": "Kimi delta attention state",
+}
+# Kinds kvwatch does not plan that vLLM builds only when config.json has the field (the file
+# otherwise builds a planned kind): vLLM 0.32, model_executor/models/deepseek_v2.py:209 (rswa_window).
+GATED_KINDS: dict[str, str] = {"RSWAAttention": "rswa_window"}
+# Mamba-backend classes that redefine get_kv_cache_spec in a way kvwatch plans: MambaMixer2's prefill
+# checkpoint block (RecurrentState.checkpoint_blocks), Kimi delta attention's float32 state. Another
+# class reshaping its spec (vLLM 0.33's QwenGatedDeltaNetAttention adds checkpoint blocks) is unknown.
+KNOWN_SPEC_CLASSES = frozenset({"MambaMixer2", "KimiK3DeltaAttention"})
+# Layers that hold no cache: a model of these alone (BERT-like encoders) gets no KV cache from vLLM,
+# which kvwatch does not plan (it plans attention blocks).
+_NO_CACHE = frozenset({"EncoderOnlyAttention"})
+# Fields that list a model's layer kinds: with one, a hybrid class may well hold attention layers only
+# (Granite 4.0's dense variants are GraniteMoeHybridForCausalLM with every layer attention).
+_LAYER_LISTS = ("layer_types", "layers_block_type", "hybrid_override_pattern", "attn_layer_indices",
+                "linear_attn_config", "full_attention_interval")
+# Recurrent kinds: a config kvwatch plans with state layers must have one of these in vLLM's model.
+_RECURRENT = frozenset({"MAMBA1", "MAMBA2", "SHORT_CONV", "GDN_ATTN", "KimiK3DeltaAttention", "LINEAR"})
+
+
+@dataclass(frozen=True)
+class Verdict:
+    handling: str                 # PLANNED, REFUSED or UNKNOWN
+    reason: str                   # one line for the plan ("" when planned)
+    unclassified: tuple[str, ...] = ()   # the layer kinds kvwatch cannot classify
+
+
+def table_release(version: str | None) -> str | None:
+    """The table's release for a vLLM version: the same minor release; for None, the release planned
+    when none is given (DEFAULT_RELEASE)."""
+    if version is None:
+        version = str(DEFAULT_RELEASE)
+    minor = ".".join(version.split(".")[:2])
+    return next((r for r in ARCHITECTURES if ".".join(r.split(".")[:2]) == minor), None)
+
+
+def entry(architecture: str, release: str) -> ArchitectureEntry | None:
+    return ARCHITECTURES.get(release, {}).get(architecture)
+
+
+def verdict(architecture: str, release: str, config: Mapping[str, Any] | None = None,
+            in_transformers: frozenset[str] = frozenset()) -> Verdict:
+    """kvwatch's handling of one architecture for one release (config: its text config.json, which
+    decides the gated kinds; None: the verdict for the architecture as the table has it)."""
+    found = entry(architecture, release)
+    if found is None:
+        # registry.py inspect_model_cls: vLLM then tries its Transformers backend, when transformers
+        # (or the checkpoint's own code) has the class, and refuses the model otherwise
+        return Verdict(UNKNOWN, f"architecture {architecture}, which vLLM {release} does not register (it may "
+                                f"still run it on its Transformers backend)")
+    if found.group == "previously_supported":
+        if architecture in in_transformers:   # transformers has the class: vLLM's Transformers backend runs
+            return Verdict(PLANNED, "")       # it (architectures.refusals predicts its refusal of state layers)
+        return Verdict(REFUSED, f"vLLM {release} no longer serves {architecture} (since v{found.last_release})")
+    if "class_not_found" in found.features:
+        return Verdict(UNKNOWN, f"{architecture}: its class {found.cls} was not found in {found.source}",
+                       (found.cls,))
+    kinds = tuple(k for k in found.kinds if not _gated_off(k, config))
+    if not kinds and not delegates(found):
+        return Verdict(UNKNOWN, f"{architecture} (vLLM {release}, {found.source}): no cache layer found in its "
+                                f"source (a draft head or a non-language model): kvwatch cannot plan it",
+                       (found.cls,))
+    if kinds and set(kinds) <= _NO_CACHE and not delegates(found):   # a multimodal encoder: see text_config
+        return Verdict(UNKNOWN, f"{architecture} (vLLM {release}, {found.source}) builds EncoderOnlyAttention "
+                                f"layers only, which hold no KV cache: kvwatch plans one vLLM does not allocate",
+                       ("EncoderOnlyAttention",))
+    unclassified = tuple(k for k in kinds if k not in PLANNED_KINDS)
+    unclassified += tuple(f"{c.split(':')[1]} (its own get_kv_cache_spec)" for c in found.spec_classes
+                          if c.split(":")[1] not in KNOWN_SPEC_CLASSES)
+    if unclassified:
+        return Verdict(UNKNOWN, f"{architecture} (vLLM {release}, {found.source}) builds layers kvwatch has no "
+                                f"rule for: {', '.join(unclassified)}", unclassified)
+    return Verdict(PLANNED, "")
+
+
+def _gated_off(kind: str, config: Mapping[str, Any] | None) -> bool:
+    gate = GATED_KINDS.get(kind)
+    return gate is not None and (config is None or config.get(gate) is None)
+
+
+def delegates(found: ArchitectureEntry) -> bool:
+    """A wrapper whose language model vLLM builds from text_config's own architecture."""
+    return "delegates_to_language_model" in found.features or "multimodal" in found.features
+
+
+def unknown_reasons(architectures: tuple[str, ...], config: Mapping[str, Any], has_state_layers: bool,
+                    version: str | None, in_transformers: frozenset[str] = frozenset()) -> tuple[str, ...]:
+    """Why a plan of this config.json must be marked unknown, from the table (empty: planned or refused)."""
+    release = table_release(version)
+    if release is None or not architectures:
+        return ()
+    # vLLM serves the first listed architecture it registers (registry.py inspect_model_cls); none: the first
+    arch = next((a for a in architectures if entry(a, release) is not None), architectures[0])
+    v = verdict(arch, release, config, in_transformers)
+    if v.handling == UNKNOWN:
+        return (v.reason,)
+    found = entry(arch, release)
+    if v.handling == PLANNED and found is not None and not has_state_layers and "hybrid" in found.features \
+            and not any(f in config for f in _LAYER_LISTS):
+        return (f"{arch} is a hybrid in vLLM {release} (IsHybrid, {found.source}), but kvwatch placed no "
+                f"recurrent-state layers: config.json lists none and kvwatch has no rule for this model type",)
+    if v.handling == PLANNED and found is not None and has_state_layers and found.backend != "transformers" \
+            and found.group != "previously_supported" and not delegates(found) \
+            and not _RECURRENT & set(found.kinds):
+        return (f"config.json places recurrent-state layers, but {arch} (vLLM {release}, {found.source}) "
+                f"builds none",)
+    return ()
