@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**plan.to_json(), "vllm_release": release_json(choice),
                           "parser_refusal": None if refusal is None else
-                          {"kind": refusal.kind, "message": refusal.message, "certain": choice.exact}}, indent=2))
+                          {"kind": refusal.complaint, "message": refusal.message, "certain": choice.exact}}, indent=2))
     else:
         lines = [render(plan), release_line(choice)]
         if refusal is not None:

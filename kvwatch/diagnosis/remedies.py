@@ -68,9 +68,11 @@ class GpuContext:
 
 @dataclass(frozen=True)
 class _Ctx:
-    d: Diagnosis
+    """What one remedy search works from: the diagnosis, the command and the settings it reads as."""
+
+    diagnosis: Diagnosis
     command: EngineCommand
-    s: EngineSettings
+    settings: EngineSettings
     policy: Policy
     plan: Plan | None
     gpu: GpuContext | None
@@ -78,11 +80,11 @@ class _Ctx:
 
     @property
     def facts(self) -> Facts:
-        return self.d.facts
+        return self.diagnosis.facts
 
     @property
     def context(self) -> Facts:
-        context: Facts = self.d.facts.get("context") or {}
+        context: Facts = self.diagnosis.facts.get("context") or {}
         return context
 
 
@@ -113,7 +115,7 @@ def propose_remedy(diagnosis: Diagnosis, command: EngineCommand, *, policy: Poli
 
 def _current_block_size(ctx: _Ctx) -> int | None:
     selector = (ctx.facts.get("selector_config") or {}).get("block_size")
-    for value in (ctx.facts.get("block_size"), selector, ctx.s.block_size,
+    for value in (ctx.facts.get("block_size"), selector, ctx.settings.block_size,
                   ctx.plan.block_size if ctx.plan else None, ctx.context.get("block_size")):
         if isinstance(value, int):
             return value
@@ -123,7 +125,7 @@ def _current_block_size(ctx: _Ctx) -> int | None:
 def _backend_names(ctx: _Ctx) -> list[str]:
     names = list((ctx.facts.get("backend_block_sizes") or {}).keys()) + list(ctx.facts.get("backends") or [])
     for extra in (ctx.plan.backend if ctx.plan else None, ctx.context.get("attention_backend"),
-                  ctx.s.attention_backend):
+                  ctx.settings.attention_backend):
         if extra:
             names.append(extra)
     return [n for n in dict.fromkeys(names) if ctx.rules.backend(n) is not None]
@@ -161,8 +163,8 @@ def _block_size_options(ctx: _Ctx) -> Iterator[Remedy]:
 # -- KV cache dtype ----------------------------------------------------------------------
 
 def _effective_kv_dtype(ctx: _Ctx) -> str | None:
-    if ctx.s.kv_cache_dtype != "auto":
-        return ctx.s.kv_cache_dtype
+    if ctx.settings.kv_cache_dtype != "auto":
+        return ctx.settings.kv_cache_dtype
     for value in (ctx.context.get("kv_cache_dtype"), ctx.facts.get("kv_cache_dtype"),
                   ctx.plan.kv_cache_dtype if ctx.plan else None):
         if value and value != "auto":
@@ -173,12 +175,12 @@ def _effective_kv_dtype(ctx: _Ctx) -> str | None:
 def _kv_dtype_fix(ctx: _Ctx, why: str) -> Iterator[Remedy]:
     if not ctx.policy.allow_kv_dtype_change:
         return
-    if ctx.s.kv_cache_dtype != "auto":
+    if ctx.settings.kv_cache_dtype != "auto":
         yield Remedy(FlagChange({"--kv-cache-dtype": "auto"}), f"{why}: store the KV cache in the model's dtype")
         return
     effective = _effective_kv_dtype(ctx)
     if effective and is_8bit_kv(effective):
-        half = ctx.s.dtype if ctx.s.dtype in ("float16", "half", "bfloat16") else "bfloat16"
+        half = ctx.settings.dtype if ctx.settings.dtype in ("float16", "half", "bfloat16") else "bfloat16"
         yield Remedy(FlagChange({"--kv-cache-dtype": half}),
                      f"{why}: the engine chose a {effective} KV cache by itself (from the checkpoint); "
                      f"ask for {half} explicitly")
@@ -204,7 +206,7 @@ def _kernel_options(ctx: _Ctx) -> Iterator[Remedy]:
 def _raise_utilization(ctx: _Ctx, why: str) -> Iterator[Remedy]:
     if not ctx.policy.allow_gpu_memory_utilization_change:
         return
-    current = ctx.s.gpu_memory_utilization
+    current = ctx.settings.gpu_memory_utilization
     step, cap = ctx.policy.gpu_memory_utilization_step, ctx.policy.max_gpu_memory_utilization
     value = current
     while True:
@@ -222,7 +224,7 @@ def _raise_utilization(ctx: _Ctx, why: str) -> Iterator[Remedy]:
 def _lower_utilization(ctx: _Ctx, why: str) -> Iterator[Remedy]:
     if not ctx.policy.allow_gpu_memory_utilization_change:
         return
-    current = ctx.s.gpu_memory_utilization
+    current = ctx.settings.gpu_memory_utilization
     step, floor_ = ctx.policy.gpu_memory_utilization_step, ctx.policy.min_gpu_memory_utilization
     value = current
     while True:
@@ -236,10 +238,10 @@ def _lower_utilization(ctx: _Ctx, why: str) -> Iterator[Remedy]:
 
 
 def _kv_too_small_options(ctx: _Ctx) -> Iterator[Remedy]:
-    current = ctx.facts.get("max_model_len") or ctx.s.max_model_len
+    current = ctx.facts.get("max_model_len") or ctx.settings.max_model_len
     if ctx.policy.allow_max_model_len_change:
         estimate = ctx.facts.get("estimated_max_model_len")
-        block = ctx.plan.block_size if ctx.plan else ctx.s.block_size
+        block = ctx.plan.block_size if ctx.plan else ctx.settings.block_size
         if isinstance(estimate, int) and estimate > 0:
             value = estimate // block * block if block else estimate
             if value > 0 and (current is None or value < current):
@@ -280,7 +282,7 @@ def _default_max_num_seqs(ctx: _Ctx) -> int:
 
 def _cuda_oom_options(ctx: _Ctx) -> Iterator[Remedy]:
     if ctx.facts.get("phase") == "sampler_warmup":
-        current = ctx.s.max_num_seqs or ctx.facts.get("dummy_requests") or _default_max_num_seqs(ctx)
+        current = ctx.settings.max_num_seqs or ctx.facts.get("dummy_requests") or _default_max_num_seqs(ctx)
         value = max(1, int(current) // 2)
         if value < current:
             yield Remedy(FlagChange({"--max-num-seqs": value}),
@@ -304,7 +306,7 @@ def _busy_options(ctx: _Ctx) -> Iterator[Remedy]:
         free, total = int(ctx.facts["free_gib"] * GiB), int(ctx.facts["total_gib"] * GiB)
     else:
         return
-    current = ctx.s.gpu_memory_utilization
+    current = ctx.settings.gpu_memory_utilization
     margin = max(_FIT_MARGIN_RATIO, _FIT_MARGIN_BYTES / total)
     fitted = math.floor((free / total - margin) * 100 + 1e-9) / 100
     others = ", ".join(f"{pid} ({name})" for pid, name, _ in holders) or "unknown processes"
@@ -351,7 +353,7 @@ def _backend_options(ctx: _Ctx) -> Iterator[Remedy]:
             yield Remedy(combined, f"{name} was rejected only for {', '.join(reasons[name])}: {combined.describe()}")
     if ctx.facts.get("pattern") == "selected_backend_invalid" and ctx.command.has("--attention-backend"):
         yield Remedy(FlagChange(remove=("--attention-backend",)),
-                     f"the forced backend {ctx.s.attention_backend} is not valid here: let vLLM choose")
+                     f"the forced backend {ctx.settings.attention_backend} is not valid here: let vLLM choose")
 
 
 # -- vLLM's refusals of its configuration (diagnosis/refusals.py) ----------------------------

@@ -24,7 +24,7 @@ from kvwatch.planner.weights import gpu_weights_bytes
 
 _DTYPE_BYTES = {"float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4}
 
-# Kinds of warning: the failure classes vLLM's refusal would be diagnosed as.
+# Kinds of predicted refusal: the failure classes vLLM's refusal would be diagnosed as.
 BLOCK_SIZE_UNSUPPORTED = FailureKind.BLOCK_SIZE_UNSUPPORTED
 KV_DTYPE_UNSUPPORTED = FailureKind.KV_DTYPE_UNSUPPORTED
 KERNEL_OUT_OF_RESOURCES = FailureKind.KERNEL_OUT_OF_RESOURCES
@@ -37,7 +37,9 @@ _CACHE_CONFIG_DEFAULT_BLOCK_SIZE = 16    # vLLM 0.32 config/cache.py:72 CacheCon
 
 
 @dataclass(frozen=True)
-class Warning_:
+class PredictedRefusal:
+    """A failure vLLM will (or likely will) meet with this plan, and the flag change that avoids it."""
+
     kind: FailureKind
     message: str
     fix: FlagChange              # the flag change that avoids it (empty: no flag change does)
@@ -86,7 +88,7 @@ class Plan:
     max_concurrency: float | None
     estimated: bool
     padding_bytes: dict[str, int]
-    warnings: tuple[Warning_, ...] = field(default=())
+    warnings: tuple[PredictedRefusal, ...] = field(default=())
     backend_reasons: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # The figures above are one rank's: one data-parallel engine core (each sizes its own KV
     # cache alone), and of it the pipeline stage with the most layers (vLLM takes the minimum
@@ -216,58 +218,58 @@ def _weights_from_geometry(geometry: ModelGeometry, model_bytes: int, settings: 
 
 
 def config_refusals(geometry: ModelGeometry, settings: EngineSettings,
-                    allow_long_max_model_len: bool = False) -> list[Warning_]:
+                    allow_long_max_model_len: bool = False) -> list[PredictedRefusal]:
     """What vLLM's validation of its configuration will refuse, decided from config.json and the
     flags alone (config/model.py, config/cache.py, config/scheduler.py of vLLM 0.32)."""
-    out: list[Warning_] = []
+    out: list[PredictedRefusal] = []
     limit = geometry.derived_max_model_len
     given = settings.max_model_len
     if given is not None and limit is not None and given > limit and not allow_long_max_model_len:
-        out.append(Warning_(
+        out.append(PredictedRefusal(
             CONFIG_REFUSED,
             f"max model len {given:,} is above the model's maximum ({geometry.derived_max_model_len_key}="
             f"{limit:,} in config.json): vLLM refuses it", FlagChange({"--max-model-len": limit})))
     if settings.max_model_len_auto and given is None and limit is None:
         # config.json names no length: vLLM keeps the -1 it was given (config/model.py
         # _get_and_verify_max_len "If max_model_len is specified, we use it"), then refuses it
-        out.append(Warning_(
+        out.append(PredictedRefusal(
             CONFIG_REFUSED,
             "max_model_len must be a positive integer, got int: -1: --max-model-len auto needs a length in "
             "config.json to fit up to, and this one names none", FlagChange({"--max-model-len": geometry.default_max_model_len})))
     heads = geometry.num_attention_heads
     tp = settings.tensor_parallel_size
     if heads and tp > 0 and heads % tp:
-        out.append(Warning_(
+        out.append(PredictedRefusal(
             CONFIG_REFUSED,
             f"tensor parallel size {tp} does not divide the model's {heads} attention heads: vLLM refuses it; "
             f"choose a --tensor-parallel-size that divides {heads}", NO_CHANGE))
     if settings.block_size is not None and settings.block_size <= 0:
-        out.append(Warning_(CONFIG_REFUSED, f"block size {settings.block_size} is not a positive number of tokens",
+        out.append(PredictedRefusal(CONFIG_REFUSED, f"block size {settings.block_size} is not a positive number of tokens",
                             FlagChange(remove=("--block-size",))))
     util = settings.gpu_memory_utilization
     if not 0 < util <= 1:   # NaN included
-        out.append(Warning_(
+        out.append(PredictedRefusal(
             CONFIG_REFUSED, f"GPU memory utilization {util} is not a fraction in (0, 1]",
             FlagChange({"--gpu-memory-utilization": 0.95}) if util > 1
             else FlagChange(remove=("--gpu-memory-utilization",))))
     batched = settings.max_num_batched_tokens
     max_len = given if given is not None else geometry.default_max_model_len
     if batched is not None and settings.enable_chunked_prefill is False and batched < max_len:
-        out.append(Warning_(
+        out.append(PredictedRefusal(
             CONFIG_REFUSED,
             f"max num batched tokens {batched:,} is below max model len {max_len:,} with chunked prefill off: "
             f"vLLM refuses it", FlagChange({"--max-num-batched-tokens": max_len})))
     elif batched is not None and settings.max_num_seqs is not None and batched < settings.max_num_seqs:
-        out.append(Warning_(
+        out.append(PredictedRefusal(
             CONFIG_REFUSED,
             f"max num batched tokens {batched:,} is below max num seqs {settings.max_num_seqs:,}: vLLM refuses it",
             FlagChange({"--max-num-batched-tokens": settings.max_num_seqs})))
     return out
 
 
-def architecture_refusals(geometry: ModelGeometry, settings: EngineSettings, device: Device) -> list[Warning_]:
+def architecture_refusals(geometry: ModelGeometry, settings: EngineSettings, device: Device) -> list[PredictedRefusal]:
     """vLLM's refusals of this architecture on this platform (planner/architectures.py)."""
-    return [Warning_(FailureKind(r.kind), r.message, FlagChange(r.fix) if r.fix else NO_CHANGE)
+    return [PredictedRefusal(FailureKind(r.kind), r.message, FlagChange(r.fix) if r.fix else NO_CHANGE)
             for r in _architecture_refusals(geometry, settings, device)]
 
 
@@ -294,7 +296,7 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     # A pure state-space model has no attention layer, so no attention backend to choose.
     choice = BackendChoice(None, (), {}) if attention_free else choose_backend(
         rules, device, geometry, kv_dtype, settings.block_size, settings.attention_backend)
-    warnings: list[Warning_] = list(refusals) + architecture_refusals(geometry, settings, device)
+    warnings: list[PredictedRefusal] = list(refusals) + architecture_refusals(geometry, settings, device)
     backend = choice.backend
 
     # -- block size: the flag, else the backend's preference; some platforms override both.
@@ -389,14 +391,14 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     elif groups.memory_for(demand, max_len) > check_memory:
         fit = groups.auto_fit_max_model_len(check_memory, demand, max_len)
         needed = groups.blocks_per_request(demand)
-        warnings.append(Warning_(
+        warnings.append(PredictedRefusal(
             KV_CACHE_TOO_SMALL,
             f"max model len {max_len} needs {needed} blocks per request; "
             f"the KV cache holds {num_blocks - 1} usable blocks (max model len {fit} fits)",
             FlagChange({"--max-model-len": fit}) if fit > 0 else NO_CHANGE, certain=not estimated))
     seqs = settings.max_num_seqs or api_defaults(device, settings, release)[1]
     if state_bytes and device.platform == "cuda" and not settings.enforce_eager and 1 < num_blocks < seqs:
-        warnings.append(Warning_(
+        warnings.append(PredictedRefusal(
             MAMBA_CACHE_TOO_SMALL,
             f"max num seqs {seqs} exceeds the {num_blocks} Mamba cache blocks: vLLM refuses to capture "
             f"CUDA graphs (each decoding sequence needs one block)", FlagChange({"--max-num-seqs": num_blocks}),
@@ -434,23 +436,23 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
 
 def _no_memory_warning(device: Device, settings: EngineSettings, geometry: ModelGeometry,
                        memory: MemoryInputs, model_bytes: int, kv_memory: int, bytes_per_block: int,
-                       estimated: bool) -> Warning_:
+                       estimated: bool) -> PredictedRefusal:
     message = f"no memory is left for KV cache blocks ({kv_memory:,} B for {bytes_per_block:,} B per block)"
     if device.platform == "cuda" and device.total_memory_bytes and settings.gpu_memory_utilization < 0.95:
         higher = replace(settings, gpu_memory_utilization=0.95, gpu_memory_utilization_given=True)
         if _estimate_gpu_kv_memory(device, higher, geometry, memory, model_bytes) >= 2 * bytes_per_block:
-            return Warning_(NO_KV_CACHE_MEMORY, message, FlagChange({"--gpu-memory-utilization": 0.95}),
+            return PredictedRefusal(NO_KV_CACHE_MEMORY, message, FlagChange({"--gpu-memory-utilization": 0.95}),
                             certain=not estimated)
-    return Warning_(NO_KV_CACHE_MEMORY, message + "; no flag frees enough: more GPUs "
+    return PredictedRefusal(NO_KV_CACHE_MEMORY, message + "; no flag frees enough: more GPUs "
                     "(--tensor-parallel-size), a quantized checkpoint or a smaller model", NO_CHANGE,
                     certain=not estimated)
 
 
 def _legality_warnings(choice: BackendChoice, rules: RuleSet, device: Device, geometry: ModelGeometry,
-                       settings: EngineSettings) -> list[Warning_]:
+                       settings: EngineSettings) -> list[PredictedRefusal]:
     kv_dtype = settings.kv_cache_dtype
     if choice.backend is not None:
-        return [Warning_(limit.kind, limit.message, limit.fix)
+        return [PredictedRefusal(limit.kind, limit.message, limit.fix)
                 for limit in rules.kernel_limits
                 if limit.backend == choice.backend.name and kv_dtype in limit.kv_dtypes
                 and device.compute_capability and device.compute_capability[0] in limit.capability_majors]
@@ -461,23 +463,23 @@ def _legality_warnings(choice: BackendChoice, rules: RuleSet, device: Device, ge
                   and b.attention == geometry.attention and b.platform == device.platform]
     summary = "; ".join(f"{k}: {', '.join(v)}" for k, v in choice.reasons.items())
     if settings.attention_backend and not candidates:
-        return [Warning_(NO_ATTENTION_BACKEND,
+        return [PredictedRefusal(NO_ATTENTION_BACKEND,
                          f"--attention-backend {settings.attention_backend} is not valid here ({summary})",
                          FlagChange(remove=("--attention-backend",)))]
     dtype_ok = [b for b in candidates if kv_dtype_reason(b, kv_dtype, device, geometry) is None]
     if candidates and not dtype_ok:
-        return [Warning_(KV_DTYPE_UNSUPPORTED,
+        return [PredictedRefusal(KV_DTYPE_UNSUPPORTED,
                          f"no attention backend on {device.name} stores a {kv_dtype} KV cache for this "
                          f"model ({summary})", FlagChange({"--kv-cache-dtype": "auto"}))]
     if dtype_ok and settings.block_size is not None:
         best = dtype_ok[0]
         legal = best.smallest_block_size_at_least(settings.block_size)
         sizes = ", ".join(str(s) for s in best.block_sizes)
-        return [Warning_(BLOCK_SIZE_UNSUPPORTED,
+        return [PredictedRefusal(BLOCK_SIZE_UNSUPPORTED,
                          f"block size {settings.block_size} is not supported by {best.name} ([{sizes}]); "
                          f"the smallest legal size at least as large is {legal}",
                          FlagChange({"--block-size": legal}))]
-    return [Warning_(NO_ATTENTION_BACKEND,
+    return [PredictedRefusal(NO_ATTENTION_BACKEND,
                      f"no attention backend of vLLM runs this model on {device.name} "
                      f"(compute capability {device.sm}): {summary}", NO_CHANGE)]
 
@@ -530,9 +532,9 @@ def _layer_token_bytes(geometry: ModelGeometry, settings: EngineSettings, dtype_
     """Bytes per token of each cache layer (a state layer: 0), in model order."""
     layout = geometry.layout
     if layout.head_sizes is None or layout.kv_heads is None or geometry.attention == "mla":
-        return [0 if kind == MAMBA else uniform for kind in layout.kinds]
-    return [0 if kind == MAMBA else _token_bytes(heads, size, settings, dtype_bytes)
-            for kind, size, heads in zip(layout.kinds, layout.head_sizes, layout.kv_heads, strict=True)]
+        return [0 if layer_kind == MAMBA else uniform for layer_kind in layout.kinds]
+    return [0 if layer_kind == MAMBA else _token_bytes(heads, size, settings, dtype_bytes)
+            for layer_kind, size, heads in zip(layout.kinds, layout.head_sizes, layout.kv_heads, strict=True)]
 
 
 def _kv_groups(geometry: ModelGeometry, settings: EngineSettings, block_size: int, pages: list[int],
@@ -545,16 +547,16 @@ def _kv_groups(geometry: ModelGeometry, settings: EngineSettings, block_size: in
         kinds = promote_local_layers(kinds)
     window = geometry.layout.window
     # A state page is padded up to the attention page; with no attention layer it is its own size.
-    attention_pages = [page for kind, page in zip(kinds, pages, strict=True) if kind != MAMBA]
+    attention_pages = [page for layer_kind, page in zip(kinds, pages, strict=True) if layer_kind != MAMBA]
     state_page = max(attention_pages) if attention_pages else state_bytes
     checkpoints = geometry.layout.state.checkpoint_blocks if geometry.layout.state else 0
-    specs = [LayerSpec(MAMBA, block_size, state_page, state_bytes, checkpoint_blocks=checkpoints) if kind == MAMBA
-             else LayerSpec(kind, block_size, page, page, window if kind in (SLIDING, CHUNKED) else None)
-             for kind, page in zip(kinds, pages, strict=True)]
+    specs = [LayerSpec(MAMBA, block_size, state_page, state_bytes, checkpoint_blocks=checkpoints) if layer_kind == MAMBA
+             else LayerSpec(layer_kind, block_size, page, page, window if layer_kind in (SLIDING, CHUNKED) else None)
+             for layer_kind, page in zip(kinds, pages, strict=True)]
     return kv_groups(specs)
 
 
-def _shared_layer_warnings(geometry: ModelGeometry, settings: EngineSettings, groups: KvGroups) -> list[Warning_]:
+def _shared_layer_warnings(geometry: ModelGeometry, settings: EngineSettings, groups: KvGroups) -> list[PredictedRefusal]:
     """vLLM 0.32 sizes the cache, then fails to build the attention backends when a KV-shared layer
     joins a group whose layers differ in page size (Gemma 4 with --disable-hybrid-kv-cache-manager:
     one group of sliding and wide full layers): the group's per-layer specs
@@ -567,7 +569,7 @@ def _shared_layer_warnings(geometry: ModelGeometry, settings: EngineSettings, gr
     first = geometry.num_layers - shared
     fix = FlagChange(remove=("--disable-hybrid-kv-cache-manager",)) if settings.disable_hybrid_kv_cache_manager \
         else NO_CHANGE
-    return [Warning_(CONFIG_REFUSED,
+    return [PredictedRefusal(CONFIG_REFUSED,
                      f"KeyError: 'model.layers.{first}.self_attn.attn': vLLM sizes this cache, then fails to set up "
                      f"attention for layer {first}, which reads another layer's cache from a KV cache group whose "
                      f"layers differ in page size", fix)]
