@@ -38,7 +38,8 @@ from kvwatch.diagnosis.facts import (
 from kvwatch.failure_kinds import FailureKind
 from kvwatch.planner.engine_args import EngineCommand, EngineSettings
 from kvwatch.planner.flag_change import NO_CHANGE, FlagChange
-from kvwatch.planner.plan import KV_CACHE_TOO_SMALL, Plan
+from kvwatch.planner.plan import Plan
+from kvwatch.planner.predicted_refusal import KV_CACHE_TOO_SMALL
 from kvwatch.planner.rules import RuleSet, parse_block_rule, ruleset_for, smallest_common_block_size
 from kvwatch.planner.versions import LATEST
 from kvwatch.policy import Policy, fixed_among
