@@ -83,7 +83,7 @@ def kvwatch_answer(words: list[str], release: str) -> dict[str, Any]:
     command = EngineCommand(("vllm", "serve", *words), release)
     refusal = command.refusal()
     if refusal is not None:
-        out: dict[str, Any] = {"refused": refusal.kind}
+        out: dict[str, Any] = {"refused": refusal.complaint}
         found = re.search(r"could match (.*)$", refusal.message)
         if found:
             out["candidates"] = sorted(s.strip() for s in found[1].split(","))

@@ -10,7 +10,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from waiting import eventually
 
 from kvwatch.boundary.spawn import stop_group
 
@@ -159,15 +159,12 @@ def running_engine(model: Path, log_path: Path, *extra: str, kv_space_gib: int =
                                 env={**engine_env(kv_space_gib), **(env or {})}, start_new_session=True)
     engine = RunningEngine(f"http://127.0.0.1:{port}", proc, log_path, model, argv)
     try:
-        deadline = time.monotonic() + START_TIMEOUT
-        while True:
+        def healthy() -> bool:
             if proc.poll() is not None:
                 raise RuntimeError(f"engine exited with {proc.returncode}:\n{engine.log()[-4000:]}")
-            if http_get(engine.url + "/health", timeout=2)[0] == 200:
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"engine not healthy after {START_TIMEOUT}s:\n{engine.log()[-4000:]}")
-            time.sleep(1)
+            return http_get(engine.url + "/health", timeout=2)[0] == 200
+        if not eventually(healthy, START_TIMEOUT, interval=1):
+            raise RuntimeError(f"engine not healthy after {START_TIMEOUT}s:\n{engine.log()[-4000:]}")
         yield engine
     finally:
         kill_tree(proc)

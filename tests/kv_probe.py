@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from engine_support import engine_argv, engine_env, free_port, http_get, kill_tree, write_model
+from waiting import eventually
 
 SIZE_RE = re.compile(r"KV cache size: ([\d,]+) tokens, Maximum concurrency for ([\d,]+) tokens "
                      r"per request: ([\d.]+)x")
@@ -93,14 +94,11 @@ def error_sentences(lines: list[str]) -> list[str]:
 
 
 def _metrics_info(url: str, deadline: float) -> dict | None:
-    while time.monotonic() < deadline:
+    def info() -> dict | None:
         status, body = http_get(url + "/metrics", timeout=2)
-        if status == 200:
-            m = INFO_RE.search(body)
-            if m:
-                return dict(LABEL_RE.findall(m.group(1)))
-        time.sleep(0.5)
-    return None
+        m = INFO_RE.search(body) if status == 200 else None
+        return dict(LABEL_RE.findall(m.group(1))) if m else None
+    return eventually(info, deadline - time.monotonic(), interval=0.5)
 
 
 def _implied_block_size(flags: list[str], lines: list[str]) -> int | None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -14,6 +13,7 @@ from pathlib import Path
 
 from engine_support import free_port, http_get
 from operator_tools import RULES_FILE, find_tool
+from waiting import eventually
 
 
 def rules_with_short_for(target: Path, seconds: int) -> Path:
@@ -68,11 +68,12 @@ def prometheus_server(workdir: Path, targets: list[str], rules: Path | None = No
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     server = Prometheus(f"http://127.0.0.1:{port}", proc, log_path)
     try:
-        deadline = time.monotonic() + 60
-        while http_get(server.url + "/-/ready")[0] != 200:
-            if proc.poll() is not None or time.monotonic() > deadline:
+        def ready() -> bool:
+            if proc.poll() is not None:
                 raise RuntimeError(f"prometheus did not start:\n{log_path.read_text()[-3000:]}")
-            time.sleep(0.3)
+            return http_get(server.url + "/-/ready")[0] == 200
+        if not eventually(ready, 60, interval=0.3):
+            raise RuntimeError(f"prometheus did not start:\n{log_path.read_text()[-3000:]}")
         yield server
     finally:
         proc.terminate()

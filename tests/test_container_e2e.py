@@ -16,6 +16,7 @@ import psutil
 import pytest
 from engine_support import engine_argv, free_port, http_get, llama_config, write_model
 from test_watchdog_e2e import START, Kvwatch, engine_processes, log
+from waiting import eventually
 
 from kvwatch.exitcodes import EXIT_GAVE_UP
 
@@ -34,13 +35,10 @@ class Pid1(Kvwatch):
     def kvwatch(self) -> psutil.Process:
         """kvwatch itself, seen from outside: unshare's child, PID 1 inside."""
         assert self.proc is not None
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            children = psutil.Process(self.proc.pid).children()
-            if children:
-                return children[0]
-            time.sleep(0.1)
-        raise AssertionError("unshare started no child")
+        children = eventually(lambda: psutil.Process(self.proc.pid).children(), 30, interval=0.1)
+        if not children:
+            raise AssertionError("unshare started no child")
+        return children[0]
 
     def wait_serving(self, failures: int) -> dict:
         return self.wait(f"ready with {failures} failure(s)",

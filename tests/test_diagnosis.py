@@ -302,11 +302,11 @@ def test_every_pattern_is_exercised():
     assert {p.name for p in PATTERNS} <= seen
 
 
-def test_planner_warning_kinds_are_failure_classes():
-    from kvwatch.planner import plan
+def test_planner_refusal_kinds_are_failure_classes():
+    from kvwatch.planner import predicted_refusal
     for name in ("BLOCK_SIZE_UNSUPPORTED", "KV_DTYPE_UNSUPPORTED", "KERNEL_OUT_OF_RESOURCES", "KV_CACHE_TOO_SMALL",
-                 "NO_KV_CACHE_MEMORY", "NO_ATTENTION_BACKEND"):
-        assert FailureKind(getattr(plan, name)) is FailureKind[name]
+                 "NO_KV_CACHE_MEMORY", "NO_ATTENTION_BACKEND", "CONFIG_REFUSED", "MAMBA_CACHE_TOO_SMALL"):
+        assert FailureKind(getattr(predicted_refusal, name)) is FailureKind[name]
 
 
 # -- robustness ----------------------------------------------------------------------------

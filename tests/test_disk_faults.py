@@ -175,10 +175,13 @@ def test_a_frozen_state_directory_never_holds_the_watchdog(tmp_path: Path) -> No
         subprocess.run(["fsfreeze", "-f", str(mnt)], check=True)
         thaw.start()
         seen: list[EngineState] = []
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and not (run.sup.status.restarts and run.sup.state is EngineState.READY):
+
+        def relaunched() -> bool:
+            if run.sup.status.restarts and run.sup.state is EngineState.READY:
+                return True
             seen.append(run.sup.state)
-            time.sleep(0.05)
+            return False
+        eventually(relaunched, 20)
         assert run.sup.status.restarts, f"no relaunch while the disk was frozen: {run.sup.status}"
         assert run.sup.state is EngineState.READY and {EngineState.BACKOFF, EngineState.STARTING} & set(seen)
         start = time.monotonic()

@@ -95,7 +95,7 @@ def test_033_gives_every_enable_switch_a_disable_inverse(enable: str, disable: s
     assert getattr(_settings("0.33.0", disable), field) is False
     assert getattr(_settings("0.33.0", disable, enable), field) is True
     assert getattr(_settings("0.33.0", enable, disable), field) is False
-    assert EngineCommand.parse(["vllm", "serve", "m", disable], "0.32.0").refusal().kind == "unrecognized"
+    assert EngineCommand.parse(["vllm", "serve", "m", disable], "0.32.0").refusal().complaint == "unrecognized"
 
 
 def test_033_gives_every_disable_switch_an_enable_inverse() -> None:
@@ -103,13 +103,13 @@ def test_033_gives_every_disable_switch_an_enable_inverse() -> None:
                      ).disable_hybrid_kv_cache_manager is False
     assert _settings("0.33.0", "--disable-hybrid-kv-cache-manager").disable_hybrid_kv_cache_manager is True
     refusal = EngineCommand.parse(["vllm", "serve", "m", "--enable-hybrid-kv-cache-manager"], "0.32.0").refusal()
-    assert refusal is not None and refusal.kind == "unrecognized"
+    assert refusal is not None and refusal.complaint == "unrecognized"
 
 
 def test_the_033_inverses_are_every_enable_and_disable_switch() -> None:
     """Each bool switch of 0.33 spelled --enable-X is turned off by --disable-X, and the reverse."""
     options = release_options("0.33.0").by_name.values()
-    pairs = [(o.name, o.negative) for o in options if o.kind == "bool" and o.name.startswith(("--enable-", "--disable-"))]
+    pairs = [(o.name, o.negative) for o in options if o.form == "bool" and o.name.startswith(("--enable-", "--disable-"))]
     assert len(pairs) >= 50
     for name, negative in pairs:
         inverse = name.replace("--enable-", "--disable-", 1) if name.startswith("--enable-") else \
@@ -157,7 +157,7 @@ def test_033_reads_a_disable_prefix_as_its_enable_switch_off() -> None:
 def test_033_leaves_the_kv_cache_dtype_to_the_config_not_the_parser() -> None:
     """0.32's parser refuses an unknown --kv-cache-dtype; 0.33's takes any string (CacheConfig checks it)."""
     refused = EngineCommand.parse(["vllm", "serve", "m", "--kv-cache-dtype", "fp9"], "0.32.0").refusal()
-    assert refused is not None and refused.kind == "invalid choice"
+    assert refused is not None and refused.complaint == "invalid choice"
     assert EngineCommand.parse(["vllm", "serve", "m", "--kv-cache-dtype", "fp9"], "0.33.0").refusal() is None
     assert release_options("0.32.0").by_name["--kv-cache-dtype"].choices is not None
     assert release_options("0.33.0").by_name["--kv-cache-dtype"].choices is None
@@ -181,7 +181,7 @@ def test_choices_that_changed_in_033(option: str, value: str, in_032: bool, in_0
         refusal = EngineCommand.parse(["vllm", "serve", "m", option, value], release).refusal()
         assert (refusal is None) == accepted, (release, refusal)
         if not accepted:
-            assert refusal is not None and refusal.kind == "invalid choice"
+            assert refusal is not None and refusal.complaint == "invalid choice"
 
 
 def test_033s_parser_moved_to_entrypoints_common() -> None:

@@ -8,8 +8,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ from nvml_standin import (
     StandinState,
 )
 from operator_tools import readme_metric_labels
+from waiting import eventually
 
 from kvwatch.engine_status import EngineState, EngineStatus
 from kvwatch.exporter.targets import SupervisedEngines
@@ -55,15 +55,29 @@ def kvwatch(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
 
 
 def scrape_when_ready(url: str, proc: subprocess.Popen, timeout: float = 30) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def served() -> str | None:
         status, body = http_get(url + "/metrics", timeout=2)
         if status == 200:
             return body
         if proc.poll() is not None:
             raise AssertionError(f"kvwatch export exited {proc.returncode}: {proc.stdout.read()}")  # type: ignore[union-attr]
-        time.sleep(0.2)
-    raise AssertionError("kvwatch export never served /metrics")
+        return None
+    body = eventually(served, timeout, interval=0.2)
+    if body is None:
+        raise AssertionError("kvwatch export never served /metrics")
+    return body
+
+
+def scrape_until(url: str, done: Callable[[dict], bool], timeout: float = 10) -> dict:
+    """The samples of kvwatch's first page for which `done` holds; the last page read otherwise."""
+    last: dict = {}
+
+    def read() -> bool:
+        nonlocal last
+        last = samples(http_get(url + "/metrics")[1])
+        return done(last)
+    eventually(read, timeout, interval=0.2)
+    return last
 
 
 def test_export_an_external_engine(engine) -> None:
@@ -81,10 +95,7 @@ def test_export_an_external_engine(engine) -> None:
         assert value(found, "kvwatch_kv_padding_bytes", engine="ext", rank="0", cause="remainder") == 16_384
         assert value(found, "kvwatch_collector_success", collector="nvml") is None  # --no-nvml
         routes["/health"] = (503, b"", 0.0)  # the engine dies: kvwatch does not restart it, so it stays "ready"
-        deadline = time.monotonic() + 10
-        while value(found, "kvwatch_engine_up", engine="ext") != 0 and time.monotonic() < deadline:
-            time.sleep(0.2)
-            found = samples(http_get(f"http://127.0.0.1:{port}/metrics")[1])
+        found = scrape_until(f"http://127.0.0.1:{port}", lambda f: value(f, "kvwatch_engine_up", engine="ext") == 0)
         assert value(found, "kvwatch_engine_up", engine="ext") == 0
         assert value(found, "kvwatch_engine_state", engine="ext", state="ready") == 1
         assert value(found, "kvwatch_kv_actual_blocks", engine="ext", rank="0") is None  # gone with the engine
@@ -171,10 +182,9 @@ def test_export_an_external_data_parallel_engine(tmp_path: Path) -> None:
                        "--listen", f"127.0.0.1:{port}", "--interval", "0.2", "--no-nvml")
         try:
             found = samples(scrape_when_ready(f"http://127.0.0.1:{port}", proc))
-            deadline = time.monotonic() + 10
-            while value(found, "kvwatch_kv_actual_blocks", engine="dp", rank="1") is None and time.monotonic() < deadline:
-                time.sleep(0.2)
-                found = samples(http_get(f"http://127.0.0.1:{port}/metrics")[1])
+            if value(found, "kvwatch_kv_actual_blocks", engine="dp", rank="1") is None:
+                found = scrape_until(f"http://127.0.0.1:{port}",
+                                     lambda f: value(f, "kvwatch_kv_actual_blocks", engine="dp", rank="1") is not None)
             for rank in ("0", "1"):
                 assert value(found, "kvwatch_kv_actual_blocks", engine="dp", rank=rank) == 16_384
                 assert value(found, "kvwatch_kv_planned_blocks", engine="dp", rank=rank) == 16_384

@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from nvml_standin import (
     StandinProcess,
     StandinState,
 )
+from waiting import eventually
 
 from kvwatch import __version__
 from kvwatch.diagnosis.startup_lines import kv_tokens
@@ -52,14 +52,16 @@ def test_export_the_real_cpu_engine(tmp_path: Path, nvml_standin: NvmlStandin) -
             env={**os.environ, **nvml_standin.env})
         try:
             found: dict = {}
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
+
+            def has_actual() -> bool:
+                nonlocal found
                 status, body = http_get(f"http://127.0.0.1:{port}/metrics")
                 found = samples(body) if status == 200 else {}
                 if value(found, "kvwatch_kv_actual_blocks", engine="cpu", rank="0") is not None:
-                    break
+                    return True
                 assert proc.poll() is None, proc.stdout.read()  # type: ignore[union-attr]
-                time.sleep(0.5)
+                return False
+            eventually(has_actual, 60, interval=0.5)
             tokens = logged_kv_tokens(engine.log())
 
             assert value(found, "kvwatch_engine_up", engine="cpu") == 1

@@ -57,10 +57,10 @@ class Engine:
                                      env={**os.environ, "CUDA_VISIBLE_DEVICES": visible},
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         self.url = f"http://127.0.0.1:{self.port}"
-        deadline = time.monotonic() + 30
-        while http_get(self.url + "/health", timeout=1)[0] != 200:
-            assert time.monotonic() < deadline and self.proc.poll() is None, "fake engine did not start"
-            time.sleep(0.1)
+        def up() -> bool:
+            assert self.proc.poll() is None, "fake engine did not start"
+            return http_get(self.url + "/health", timeout=1)[0] == 200
+        assert eventually(up, 30, interval=0.1), "fake engine did not start"
 
     @property
     def worker(self) -> int:
@@ -98,16 +98,17 @@ def exporters(nvml_standin: NvmlStandin, state_dir: Path, engines: dict[str, Eng
 
 def settled(urls: dict[str, str], check, timeout: float = 30.0) -> dict[str, dict]:
     """Scrape every instance until `check(found_by_instance)` holds (each instance ticks on its own)."""
-    deadline = time.monotonic() + timeout
     found: dict[str, dict] = {}
-    while time.monotonic() < deadline:
+
+    def holds() -> bool:
+        nonlocal found
         found = {name: samples(http_get(url + "/metrics", timeout=2)[1]) for name, url in urls.items()}
         try:
-            if check(found):
-                return found
+            return bool(check(found))
         except (KeyError, TypeError):
-            pass
-        time.sleep(0.2)
+            return False
+    if eventually(holds, timeout, interval=0.2):
+        return found
     raise AssertionError(f"not settled after {timeout}s: { {n: sorted(k[0] for k in f if 'gpu' in k[0]) for n, f in found.items()} }")
 
 
@@ -223,8 +224,8 @@ def test_two_kvwatch_runs_sharing_a_state_directory(tmp_path: Path, nvml_standin
                 stderr=subprocess.DEVNULL, start_new_session=True)
             urls[name] = f"http://127.0.0.1:{port}"
         workers = {}
-        deadline = time.monotonic() + 60
-        while len(workers) < 2 and time.monotonic() < deadline:
+
+        def both_ready() -> bool:
             for name in ("a", "b"):
                 try:
                     data = json.loads((state / f"{name}.json").read_text())
@@ -232,7 +233,8 @@ def test_two_kvwatch_runs_sharing_a_state_directory(tmp_path: Path, nvml_standin
                     continue
                 if data.get("state") == "ready" and len(data["pids"]) >= 2:
                     workers[name] = data["pids"][-1]["pid"]
-            time.sleep(0.2)
+            return len(workers) >= 2
+        eventually(both_ready, 60, interval=0.2)
         assert len(workers) == 2, "the two supervised fake engines did not get ready"
         nvml_standin.write(host_state({GPU0: [(workers["a"], 30 * GIB)],
                                        GPU1: [(workers["b"], 40 * GIB), (unrelated.pid, 1 * GIB)]}))

@@ -84,8 +84,8 @@ def test_state_space_fields_in_a_config_without_a_hybrid_rule_are_said_unknown()
 
 # -- vLLM's grouping (worked examples of v1/core/kv_cache_utils.py) --------------------------------
 
-def spec(kind: str, page: int = 100, window: int | None = None, real: int | None = None) -> LayerSpec:
-    return LayerSpec(kind, 16, page, page if real is None else real, window)
+def spec(layer_kind: str, page: int = 100, window: int | None = None, real: int | None = None) -> LayerSpec:
+    return LayerSpec(layer_kind, 16, page, page if real is None else real, window)
 
 
 def test_groups_follow_the_smallest_bucket_with_padding_layers() -> None:

@@ -102,15 +102,15 @@ class Running:
             self.error = exc
 
     def wait_state(self, state: EngineState, timeout: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def reached() -> bool:
             if self.sup.state is state:
-                return
+                return True
             if not self.thread.is_alive():
                 raise AssertionError(f"supervisor ended ({self.code}, {self.error}) before {state.value}; "
                                      f"status {self.sup.status}")
-            time.sleep(0.02)
-        raise AssertionError(f"not {state.value} after {timeout}s: {self.sup.status}")
+            return False
+        if not eventually(reached, timeout, interval=0.02):
+            raise AssertionError(f"not {state.value} after {timeout}s: {self.sup.status}")
 
     def stop(self, timeout: float = 15.0) -> int | None:
         self.sup.request_stop("test stop")
@@ -137,13 +137,10 @@ def state_json(cfg: Config) -> dict:
 
 
 def assert_gone(pids: list[int], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-        if not alive:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"still running: {alive}")
+    def alive() -> list[int]:
+        return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    if not eventually(lambda: not alive(), timeout, interval=0.1):
+        raise AssertionError(f"still running: {alive()}")
 
 
 def marked(cfg: Config) -> list[int]:
@@ -298,9 +295,7 @@ def test_died_after_ready_restarts_same_plan(tmp_path: Path, model: Path) -> Non
     run = Running(supervisor(cfg, rec))
     run.wait_state(EngineState.READY)
     first_pids = list(run.sup.status.pids)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and rec.states().count("ready") < 2:
-        time.sleep(0.05)
+    eventually(lambda: rec.states().count("ready") >= 2, 20)
     assert rec.states()[:5] == ["stopped", "starting", "ready", "backoff", "starting"]
     assert rec.states().count("ready") == 2
     assert run.sup.command.argv == tuple(argv)  # the same plan
@@ -325,18 +320,14 @@ def test_a_stall_while_serving_is_caught_and_the_same_plan_restarted(tmp_path: P
         time.sleep(0.2)
     assert rec.states().count("ready") == 1 and "backoff" not in rec.states()
     stalled_at = time.monotonic()             # the worker wedges: the counters stop
-    deadline = stalled_at + 15
-    while time.monotonic() < deadline and "backoff" not in rec.states():
-        time.sleep(0.02)
+    eventually(lambda: "backoff" in rec.states(), 15, interval=0.02)
     detected = time.monotonic() - stalled_at
     backoff = next(s for s in rec.statuses if s.state is EngineState.BACKOFF)
     assert detected <= 2.0 + cfg.engine.health_interval_seconds + 1.0, detected
     assert backoff.reason.startswith("stalled: restart with the same plan"), backoff.reason
     assert backoff.last_failure == "stalled"
     load.write_text("0 100 70")               # the new engine is idle: never a stall
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and rec.states().count("ready") < 2:
-        time.sleep(0.05)
+    eventually(lambda: rec.states().count("ready") >= 2, 20)
     assert rec.states().count("ready") == 2 and run.sup.command.argv == tuple(argv)
     time.sleep(3.0)
     assert rec.states().count("backoff") == 1 and rec.last.failures == {"stalled": 1}
@@ -354,12 +345,13 @@ def test_kv_pressure_becomes_a_recommendation_with_its_expected_effect(tmp_path:
     run = Running(supervisor(cfg, device=fp8_cpu))
     run.wait_state(EngineState.READY)
     assert run.sup.status.recommendation is None
-    start = time.monotonic()
-    step = 0
-    while time.monotonic() - start < 25 and run.sup.status.recommendation is None:
-        step += 1
+    steps = iter(range(1, 1 << 30))
+
+    def preempting() -> object:
+        step = next(steps)
         load.write_text(f"2 {100 + step} {50 + 10 * step} {step} 3")   # serving, and preempting
-        time.sleep(0.25)
+        return run.sup.status.recommendation
+    eventually(preempting, 25, interval=0.25)
     found = run.sup.status.recommendation
     assert found is not None, run.sup.status
     assert found.change.describe() == "--kv-cache-dtype fp8" and "preemptions per minute" in found.reason
@@ -418,9 +410,7 @@ def test_hang_detected_killed_and_restarted(tmp_path: Path, model: Path) -> None
     pgid = os.getpgid(run.sup.status.pids[0])
     old = list(run.sup.status.pids)
     os.killpg(pgid, signal.SIGSTOP)
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and "backoff" not in rec.states():
-        time.sleep(0.01)
+    eventually(lambda: "backoff" in rec.states(), 15, interval=0.01)
     backoff = next(s for s in rec.statuses if s.state is EngineState.BACKOFF)
     assert backoff.reason.startswith("engine_died: restart with the same plan"), backoff.reason
     run.wait_state(EngineState.READY)
@@ -486,9 +476,7 @@ def test_a_recorded_pid_without_our_marker_is_never_killed(tmp_path: Path, model
     cfg = config(tmp_path, fake(model, free_port()))
     # the stranger leads its own group, with a sibling in it
     stranger = subprocess.Popen(["sh", "-c", "sleep 60 & exec sleep 61"], start_new_session=True)
-    deadline = time.monotonic() + 10
-    while not psutil.Process(stranger.pid).children() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    eventually(lambda: psutil.Process(stranger.pid).children(), 10)
     sibling = psutil.Process(stranger.pid).children()[0]
     assert os.getpgid(sibling.pid) == stranger.pid
     ref = proc_inspect.ref_of(stranger.pid)
@@ -556,12 +544,14 @@ def test_sd_notify_ready_status_and_engine_env(tmp_path: Path, model: Path) -> N
     run = Running(supervisor(cfg, notifier=SdNotifier.from_env(environ), environ=environ))
     run.wait_state(EngineState.READY)
     messages = []
-    deadline = time.monotonic() + 10   # pings every 0.2 s (half of 0.4 s): wait for two while the loop runs
-    while messages.count("WATCHDOG=1") < 2 and time.monotonic() < deadline:
+
+    def two_pings() -> bool:   # pings every 0.2 s (half of 0.4 s): wait for two while the loop runs
         try:
             messages.append(sock.recv(4096).decode())
         except TimeoutError:
             pass
+        return messages.count("WATCHDOG=1") >= 2
+    eventually(two_pings, 10, interval=0)
     assert run.stop() == EXIT_OK
     try:
         while True:
@@ -589,16 +579,14 @@ def test_kill_9_of_kvwatch_ends_the_engine_group(tmp_path: Path, model: Path) ->
     log = open(tmp_path / "kvwatch.log", "wb")
     kv = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        deadline = time.monotonic() + 30
-        data: dict = {}
-        while time.monotonic() < deadline:
+        def read_state() -> dict:
             try:
-                data = json.loads((state / "k9.json").read_text())
+                return json.loads((state / "k9.json").read_text())
             except (OSError, ValueError):
-                data = {}
-            if data.get("state") == "ready" and len(data.get("pids", [])) >= 2:
-                break
-            time.sleep(0.1)
+                return {}
+        eventually(lambda: read_state().get("state") == "ready" and len(read_state().get("pids", [])) >= 2, 30,
+                   interval=0.1)
+        data = read_state()
         assert data.get("state") == "ready", data
         pids = [p["pid"] for p in data["pids"]]
         kv.kill()
@@ -608,12 +596,9 @@ def test_kill_9_of_kvwatch_ends_the_engine_group(tmp_path: Path, model: Path) ->
         assert time.monotonic() - killed_at < 10
         # The next run starts clean: nothing of ours left, the engine serves again.
         again = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            data = json.loads((state / "k9.json").read_text())
-            if data.get("state") == "ready" and data.get("kvwatch_pid") == again.pid:
-                break
-            time.sleep(0.1)
+        eventually(lambda: read_state().get("state") == "ready" and read_state().get("kvwatch_pid") == again.pid, 30,
+                   interval=0.1)
+        data = read_state()
         assert data["state"] == "ready" and data["failures"] == []
         new_pids = [p["pid"] for p in data["pids"]]
         again.send_signal(signal.SIGTERM)
@@ -729,10 +714,8 @@ def test_a_descendant_that_escaped_the_group_is_ended_at_stop(tmp_path: Path, mo
     leader = run.sup.status.pids[0]
     assert os.getsid(escaped) != os.getsid(leader) and os.getpgid(escaped) != os.getpgid(leader)
     assert run.stop() == EXIT_OK
-    deadline = time.monotonic() + 10
-    while psutil.pid_exists(escaped) and psutil.Process(escaped).status() != psutil.STATUS_ZOMBIE:
-        assert time.monotonic() < deadline, "the escaped descendant survived the stop"
-        time.sleep(0.1)
+    assert eventually(lambda: not psutil.pid_exists(escaped) or psutil.Process(escaped).status() == psutil.STATUS_ZOMBIE,
+                      10, interval=0.1), "the escaped descendant survived the stop"
 
 
 def test_the_plan_converges_on_the_engines_own_profile(tmp_path: Path) -> None:

@@ -31,6 +31,7 @@ from engine_support import (
     require_engine,
     write_model,
 )
+from waiting import eventually
 
 from kvwatch.boundary.engine_http import parse_metrics
 from kvwatch.exitcodes import EXIT_GAVE_UP
@@ -91,15 +92,19 @@ class Kvwatch:
 
     def wait(self, what: str, check: Callable[[dict[str, Any]], bool], timeout: float = START) -> dict[str, Any]:
         assert self.proc is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            data = self.state()
-            if data and check(data):
-                return data
-            if self.proc.poll() is not None:
-                raise AssertionError(f"kvwatch exited {self.proc.returncode} waiting for {what}; "
-                                     f"state {data.get('state')}: {data.get('reason')}\n{self.tail()}")
-            time.sleep(0.25)
+        proc, last = self.proc, {}
+
+        def reached() -> bool:
+            nonlocal last
+            last = self.state()
+            if last and check(last):
+                return True
+            if proc.poll() is not None:
+                raise AssertionError(f"kvwatch exited {proc.returncode} waiting for {what}; "
+                                     f"state {last.get('state')}: {last.get('reason')}\n{self.tail()}")
+            return False
+        if eventually(reached, timeout, interval=0.25):
+            return last
         raise AssertionError(f"no {what} after {timeout:.0f}s; state {self.state().get('state')}\n{self.tail()}")
 
     def wait_ready(self) -> dict[str, Any]:
@@ -168,10 +173,8 @@ def alive(pids: list[int]) -> list[int]:
 
 def wait_gone(pids: list[int], timeout: float) -> float:
     started = time.monotonic()
-    while alive(pids):
-        if time.monotonic() - started > timeout:
-            raise AssertionError(f"still running after {timeout}s: {alive(pids)}")
-        time.sleep(0.1)
+    if not eventually(lambda: not alive(pids), timeout, interval=0.1):
+        raise AssertionError(f"still running after {timeout}s: {alive(pids)}")
     return time.monotonic() - started
 
 
@@ -456,6 +459,19 @@ def kvwatch_metrics(kv: Kvwatch) -> dict[tuple[str, frozenset], float]:
             for family in text_string_to_metric_families(body) for s in family.samples}
 
 
+def metrics_with(kv: Kvwatch, *series: tuple[str, frozenset], timeout: float = 60) -> dict[tuple[str, frozenset], float]:
+    """kvwatch's /metrics once it holds every one of `series` (the exporter's next tick after READY);
+    the last page read when it never did (the caller's assertions then say what is missing)."""
+    last: dict[tuple[str, frozenset], float] = {}
+
+    def has_them() -> bool:
+        nonlocal last
+        last = kvwatch_metrics(kv)
+        return all(s in last for s in series)
+    eventually(has_them, timeout, interval=0.5)
+    return last
+
+
 def test_data_parallel_ranks_planned_equals_actual_and_one_rank_death(tmp_path: Path, tiny: Path) -> None:
     """--data-parallel-size 2: two engine cores of 1 GiB each. Per rank: planned == actual, drift 0, usage;
     then kill -9 of rank 1's core: diagnosed as rank 1's death, restarted, serving again."""
@@ -464,13 +480,8 @@ def test_data_parallel_ranks_planned_equals_actual_and_one_rank_death(tmp_path: 
         t0 = time.monotonic()
         ready = kv.start().wait_ready()
         log(f"DP 2: ready after {time.monotonic() - t0:.0f}s")
-        found: dict = {}
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:   # the exporter's next tick after READY
-            found = kvwatch_metrics(kv)
-            if all(("kvwatch_kv_actual_blocks", frozenset({("engine", "dp"), ("rank", r)})) in found for r in "01"):
-                break
-            time.sleep(0.5)
+        found = metrics_with(kv, *(("kvwatch_kv_actual_blocks", frozenset({("engine", "dp"), ("rank", r)}))
+                                   for r in "01"))
         for rank in ("0", "1"):
             key = frozenset({("engine", "dp"), ("rank", rank)})
             assert found[("kvwatch_kv_planned_blocks", key)] == found[("kvwatch_kv_actual_blocks", key)] == 16_384
@@ -511,9 +522,7 @@ def test_a_request_that_quotes_a_failure_does_not_steer_the_watchdog(tmp_path: P
                                          headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=60) as resp:
             assert resp.status == 200
-        deadline = time.monotonic() + 10
-        while payload not in kv.log_path.read_text(errors="replace") and time.monotonic() < deadline:
-            time.sleep(0.2)
+        eventually(lambda: payload in kv.log_path.read_text(errors="replace"), 10, interval=0.2)
         assert payload in kv.log_path.read_text(errors="replace"), "the engine did not log the request"
         core = next(p for p in psutil.process_iter(["pid", "cmdline"])
                     if p.info["cmdline"] and "EngineCore" in " ".join(p.info["cmdline"])
@@ -542,12 +551,8 @@ def test_hybrid_gemma3_planned_equals_actual_with_padding_by_cause(tmp_path: Pat
     kv = Kvwatch(tmp_path, "gemma3", engine_argv(model, free_port(), "--max-model-len", "2048"))
     try:
         ready = kv.start().wait_ready()
-        found: dict = {}
         key = frozenset({("engine", "gemma3"), ("rank", "0")})
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and ("kvwatch_kv_actual_blocks", key) not in found:
-            found = kvwatch_metrics(kv)
-            time.sleep(0.5)
+        found = metrics_with(kv, ("kvwatch_kv_actual_blocks", key))
         planned = found[("kvwatch_kv_planned_blocks", key)]
         log(f"gemma3: planned {planned:.0f} blocks, actual {found[('kvwatch_kv_actual_blocks', key)]:.0f}")
         assert planned == found[("kvwatch_kv_actual_blocks", key)] > 0
@@ -579,12 +584,8 @@ def test_gemma4_kv_sharing_and_wide_full_layers_planned_equals_actual(tmp_path: 
     kv = Kvwatch(tmp_path, "gemma4", engine_argv(model, free_port(), "--max-model-len", "2048"))
     try:
         ready = kv.start().wait_ready()
-        found: dict = {}
         key = frozenset({("engine", "gemma4"), ("rank", "0")})
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and ("kvwatch_kv_actual_blocks", key) not in found:
-            found = kvwatch_metrics(kv)
-            time.sleep(0.5)
+        found = metrics_with(kv, ("kvwatch_kv_actual_blocks", key))
         planned = found[("kvwatch_kv_planned_blocks", key)]
         log(f"gemma4: planned {planned:.0f} blocks, actual {found[('kvwatch_kv_actual_blocks', key)]:.0f}")
         assert planned == found[("kvwatch_kv_actual_blocks", key)] > 0
@@ -648,9 +649,7 @@ def test_a_stopped_worker_while_a_request_runs_is_a_stall_the_idle_and_the_busy_
         assert http_get(f"{url}/health")[0] == 200                          # the engine looks alive
         ready_url = f"http://{kv.argv[kv.argv.index('--listen') + 1]}/-/ready"
         assert http_get(ready_url)[0] == 200
-        deadline = stopped_at + 60
-        while http_get(ready_url)[0] == 200 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        eventually(lambda: http_get(ready_url)[0] != 200, 60 - (time.monotonic() - stopped_at), interval=0.1)
         took = time.monotonic() - stopped_at
         log(f"readiness 503 after {took:.1f}s (stall timeout {STALL_TIMEOUT:.0f}s + 1 s interval)")
         assert took <= STALL_TIMEOUT + 1 + 4, took                          # + the probe's scrape on a loaded box

@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**plan.to_json(), "vllm_release": release_json(choice),
                           "parser_refusal": None if refusal is None else
-                          {"kind": refusal.kind, "message": refusal.message, "certain": choice.exact}}, indent=2))
+                          {"kind": refusal.complaint, "message": refusal.message, "certain": choice.exact}}, indent=2))
     else:
         lines = [render(plan), release_line(choice)]
         if refusal is not None:
@@ -111,7 +111,7 @@ def _compare(args: argparse.Namespace, device: Device, version: VllmVersion, pla
                 if (r := EngineCommand.parse(args.engine_command, flags_release(v)).refusal()) is not None]
     if args.json:
         print(json.dumps({"a": plan.to_json(), "b": plan_b.to_json(), "comparison": comparison.to_json(),
-                          "parser_refusals": [{"release": str(c.used), "kind": r.kind, "message": r.message,
+                          "parser_refusals": [{"release": str(c.used), "kind": r.complaint, "message": r.message,
                                                "certain": c.exact} for c, r in refusals]}, indent=2))
     else:
         print(render_side_by_side(plan, plan_b, str(version), str(other)))

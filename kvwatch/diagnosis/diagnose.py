@@ -15,11 +15,12 @@ died with no other root cause is ENGINE_DIED.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
 from kvwatch.diagnosis import normalise, refusals
+from kvwatch.diagnosis.facts import FailureFacts, JsonFacts, facts_of
 from kvwatch.diagnosis.patterns import (
     CHAIN_MARKERS,
     CONFIG_EXCEPTION,
@@ -37,7 +38,6 @@ from kvwatch.diagnosis.patterns import (
     RUN_START_MARKERS,
     TRACEBACK_START,
     WRAPPERS,
-    Facts,
     Pattern,
 )
 from kvwatch.failure_kinds import ALWAYS_FATAL, HELP, FailureKind
@@ -108,8 +108,13 @@ _PATTERNS_BY_PRIORITY: tuple[Pattern, ...] = tuple(sorted(PATTERNS, key=lambda p
 class Diagnosis:
     kind: FailureKind
     evidence: str | None          # the root-cause line as the engine printed it (ANSI stripped)
-    facts: Facts                  # what the message says, as plain JSON values
+    facts: JsonFacts              # what the message says, as plain JSON values (the report's form)
     fatal: bool                   # no flag change can fix it
+
+    @property
+    def typed_facts(self) -> FailureFacts:
+        """The facts typed for this class (diagnosis/facts.py): what the remedies and the watchdog read."""
+        return facts_of(self.kind, self.facts)
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind.value, "evidence": self.evidence, "facts": self.facts,
@@ -120,9 +125,9 @@ class Diagnosis:
 class _Candidate:
     score: tuple[int, int]         # (priority, placement quality)
     line: str
-    facts: Facts
+    facts: JsonFacts
     pattern: str
-    merged: Facts = field(default_factory=dict)
+    merged: JsonFacts = field(default_factory=dict)
     after_ready: bool = False      # offered after this run's READY marker
 
 
@@ -176,7 +181,7 @@ class LogScanner:
         self._best: dict[FailureKind, _Candidate] = {}
         self._best_api: dict[FailureKind, _Candidate] = {}
         self._engine_errors = False
-        self._context: Facts = {}
+        self._context: JsonFacts = {}
         self._wrappers: dict[str, int] = {}
         self._last_exception: str | None = None
         self._first_in_chain: str | None = None   # the exception closest to the raise, last traceback
@@ -361,7 +366,7 @@ class LogScanner:
             return True
         return False
 
-    def _offer(self, pattern: Pattern, m: re.Match[str], line: str, facts: Facts | None = None) -> None:
+    def _offer(self, pattern: Pattern, m: re.Match[str], line: str, facts: JsonFacts | None = None) -> None:
         try:
             facts = pattern.extract(m) if facts is None else facts
         except (ValueError, IndexError, TypeError):   # a mangled number: keep the class, drop the facts
@@ -410,7 +415,7 @@ class LogScanner:
             # The engine served with this plan, so this start-up refusal is not its failure now
             # (e.g. the words came from a request): it died, and the plan stays.
             died = candidates.get(FailureKind.ENGINE_DIED)
-            facts: Facts = {"after_ready": True, "ignored": {"kind": kind.value, "evidence": best.line[:300]}}
+            facts: JsonFacts = {"after_ready": True, "ignored": {"kind": kind.value, "evidence": best.line[:300]}}
             if self._context:
                 facts["context"] = dict(self._context)
             return Diagnosis(FailureKind.ENGINE_DIED, died.line if died else self._first_in_chain or self._last_exception,
@@ -441,7 +446,7 @@ class LogScanner:
         return Diagnosis(FailureKind.UNKNOWN, self._first_in_chain or self._last_exception, facts, fatal=False)
 
     def _diagnosis(self, kind: FailureKind, best: _Candidate, served: bool) -> Diagnosis:
-        facts: Facts = {**best.merged, **best.facts, "pattern": best.pattern, **process_of(best.line)}
+        facts: JsonFacts = {**best.merged, **best.facts, "pattern": best.pattern, **process_of(best.line)}
         if served:
             facts["after_ready"] = True
         if self._context:
@@ -484,7 +489,7 @@ _NO_KV_HELP = ("more --gpu-memory-utilization if the GPU has room; else more GPU
                "(--tensor-parallel-size), a quantized checkpoint or a smaller model")
 
 
-def process_of(line: str) -> Facts:
+def process_of(line: str) -> JsonFacts:
     """The vLLM process that printed a line: `(Worker_TP0 pid=N)` -> process, pid (innermost)."""
     found = _PREFIX.findall(line[:300])
     if not found:
@@ -506,7 +511,7 @@ def is_flag_reason(reason: str) -> bool:
     return any(r.lower() in lowered for r in _FLAG_REASONS)
 
 
-def flag_fixable_backends(reasons: dict[str, list[str]]) -> list[str]:
+def flag_fixable_backends(reasons: Mapping[str, Sequence[str]]) -> list[str]:
     """Backends (in vLLM's order) rejected only for reasons a flag can lift."""
     return [name for name, rs in reasons.items() if rs and all(is_flag_reason(r) for r in rs)]
 

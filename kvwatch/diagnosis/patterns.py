@@ -7,7 +7,7 @@ prefilter), the regex, and a function that turns the match into facts.
 
 Texts are from the vLLM 0.32 source (file noted per pattern) and, for wordings that 0.32
 no longer prints, from real logs in vLLM's GitHub issues (tests/fixtures/logs/README.md).
-Facts are plain JSON values: ints, floats (GiB as vLLM prints them), strings, lists, dicts.
+JsonFacts are plain JSON values: ints, floats (GiB as vLLM prints them), strings, lists, dicts.
 """
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvwatch.diagnosis import refusals
+from kvwatch.diagnosis.facts import JsonFacts
 from kvwatch.diagnosis.startup_lines import KV_TOKENS, KV_TOKENS_MARKER, kv_tokens_of
 from kvwatch.failure_kinds import FailureKind
 
-Facts = dict[str, Any]
-Extractor = Callable[["re.Match[str]"], Facts]
+Extractor = Callable[["re.Match[str]"], JsonFacts]
 
 _UNIT_GIB = {"B": 1 / 2**30, "KiB": 1 / 2**20, "MiB": 1 / 2**10, "GiB": 1.0, "TiB": 1024.0}
 
@@ -30,7 +30,7 @@ def _gib(number: str, unit: str) -> float:
     return round(float(number) * _UNIT_GIB.get(unit, 1.0), 4)
 
 
-def _no_facts(m: re.Match[str]) -> Facts:
+def _no_facts(m: re.Match[str]) -> JsonFacts:
     return {}
 
 
@@ -61,43 +61,43 @@ def block_rules(text: str) -> list[int | str]:
 _BACKEND_SIZES = re.compile(r"(\w+): \[([^\]]*)\]")
 
 
-def _no_common_block_size(m: re.Match[str]) -> Facts:
-    facts: Facts = {"block_size": int(m["block_size"])}
+def _no_common_block_size(m: re.Match[str]) -> JsonFacts:
+    facts: JsonFacts = {"block_size": int(m["block_size"])}
     if m["spec"]:
         facts["backend_block_sizes"] = {name: block_rules(sizes)
                                         for name, sizes in _BACKEND_SIZES.findall(m["spec"])}
     return facts
 
 
-def _aligned_block_size(m: re.Match[str]) -> Facts:
+def _aligned_block_size(m: re.Match[str]) -> JsonFacts:
     return {"block_size": int(m["block_size"]),
             "backends": [b.strip() for b in m["backends"].split(",") if b.strip()]}
 
 
-def _multiple_of(m: re.Match[str]) -> Facts:
+def _multiple_of(m: re.Match[str]) -> JsonFacts:
     return {"backend_block_sizes": {m["backend"] or "(unnamed)": [f"MultipleOf({m['multiple']})"]}}
 
 
-def _unsupported_block_size(m: re.Match[str]) -> Facts:
+def _unsupported_block_size(m: re.Match[str]) -> JsonFacts:
     # vLLM < 0.7 paged-attention kernels (csrc/attention/paged_attention_v*.cu): 8, 16, 32 only.
     return {"block_size": int(m["block_size"]), "backend_block_sizes": {"PAGED_ATTENTION": [8, 16, 32]}}
 
 
-def _block_size_choices(m: re.Match[str]) -> Facts:
+def _block_size_choices(m: re.Match[str]) -> JsonFacts:
     return {"block_size": int(m["block_size"]),
             "backend_block_sizes": {"(argparse choices)": block_rules(m["choices"])}}
 
 
-def _fp8_head_size(m: re.Match[str]) -> Facts:
+def _fp8_head_size(m: re.Match[str]) -> JsonFacts:
     return {"kv_cache_dtype": "fp8", "head_size_multiple": int(m["multiple"]), "platform": "cpu"}
 
 
-def _fp8_cpu_isa(m: re.Match[str]) -> Facts:
+def _fp8_cpu_isa(m: re.Match[str]) -> JsonFacts:
     return {"kv_cache_dtype": "fp8", "requires": "AVX-512 or AMX", "platform": "cpu"}
 
 
-def _fp8_triton(m: re.Match[str]) -> Facts:
-    facts: Facts = {"kv_cache_dtype": "fp8", "requires": "SM89+"}
+def _fp8_triton(m: re.Match[str]) -> JsonFacts:
+    facts: JsonFacts = {"kv_cache_dtype": "fp8", "requires": "SM89+"}
     if m.groupdict().get("backend"):
         facts["backend"] = m["backend"]
     if m.groupdict().get("cc"):
@@ -107,27 +107,27 @@ def _fp8_triton(m: re.Match[str]) -> Facts:
     return facts
 
 
-def _kv_dtype_choice(m: re.Match[str]) -> Facts:
+def _kv_dtype_choice(m: re.Match[str]) -> JsonFacts:
     return {"kv_cache_dtype": m["value"]}
 
 
-def _out_of_resource(m: re.Match[str]) -> Facts:
-    facts: Facts = {"resource": m["resource"].strip()}
+def _out_of_resource(m: re.Match[str]) -> JsonFacts:
+    facts: JsonFacts = {"resource": m["resource"].strip()}
     if m["required"]:
         facts["required_bytes"] = int(m["required"])
         facts["hardware_limit_bytes"] = int(m["limit"])
     return facts
 
 
-def _kv_too_small_new(m: re.Match[str]) -> Facts:
-    facts: Facts = {"max_model_len": int(m["max_model_len"]), "needed_gib": float(m["needed"]),
+def _kv_too_small_new(m: re.Match[str]) -> JsonFacts:
+    facts: JsonFacts = {"max_model_len": int(m["max_model_len"]), "needed_gib": float(m["needed"]),
                     "available_gib": float(m["available"]), "wording": "new"}
     if m["estimated"]:
         facts["estimated_max_model_len"] = int(m["estimated"])
     return facts
 
 
-def _kv_too_small_old(m: re.Match[str]) -> Facts:
+def _kv_too_small_old(m: re.Match[str]) -> JsonFacts:
     tokens = int(m["tokens"])
     return {"max_model_len": int(m["max_model_len"]), "kv_cache_tokens": tokens,
             "estimated_max_model_len": tokens, "wording": "old"}
@@ -141,9 +141,9 @@ _THIS_PROCESS = re.compile(r"this process has ([\d.]+) ([KMGT]?i?B) memory in us
 _MAX_PROCESSES = 16
 
 
-def torch_oom_details(line: str) -> Facts:
+def torch_oom_details(line: str) -> JsonFacts:
     """The numbers of torch's CUDA OOM message, wherever it is embedded."""
-    facts: Facts = {}
+    facts: JsonFacts = {}
     if (a := _ALLOC.search(line)):
         facts["tried_to_allocate_gib"] = _gib(a[1], a[2])
     if (c := _CAPACITY.search(line)):
@@ -159,20 +159,20 @@ def torch_oom_details(line: str) -> Facts:
     return facts
 
 
-def _sampler_oom(m: re.Match[str]) -> Facts:
+def _sampler_oom(m: re.Match[str]) -> JsonFacts:
     return {"phase": "sampler_warmup", "dummy_requests": int(m["num"]), **torch_oom_details(m.string)}
 
 
-def _load_oom(m: re.Match[str]) -> Facts:
+def _load_oom(m: re.Match[str]) -> JsonFacts:
     return {"phase": "model_load", **torch_oom_details(m.string)}
 
 
-def _torch_oom(m: re.Match[str]) -> Facts:
+def _torch_oom(m: re.Match[str]) -> JsonFacts:
     return torch_oom_details(m.string)
 
 
-def _memory_busy(m: re.Match[str]) -> Facts:
-    facts: Facts = {"free_gib": float(m["free"]), "total_gib": float(m["total"]),
+def _memory_busy(m: re.Match[str]) -> JsonFacts:
+    facts: JsonFacts = {"free_gib": float(m["free"]), "total_gib": float(m["total"]),
                     "utilization": float(m["util"]), "requested_gib": float(m["requested"])}
     if m["device"]:
         facts["device"] = m["device"]
@@ -192,19 +192,19 @@ def parse_backend_reasons(text: str) -> dict[str, list[str]]:
 _LITERALS = {"None": None, "True": True, "False": False}
 
 
-def _config_fields(text: str) -> Facts:
-    out: Facts = {}
+def _config_fields(text: str) -> JsonFacts:
+    out: JsonFacts = {}
     for key, value in _CONFIG_FIELD.findall(text):
         out[key] = int(value) if value.isdigit() else _LITERALS.get(value, value)
     return out
 
 
-def _no_backend(m: re.Match[str]) -> Facts:
+def _no_backend(m: re.Match[str]) -> JsonFacts:
     return {"device": m["device"], "selector_config": _config_fields(m["config"]),
             "reasons": parse_backend_reasons(m["reasons"])}
 
 
-def _selected_backend(m: re.Match[str]) -> Facts:
+def _selected_backend(m: re.Match[str]) -> JsonFacts:
     backend = (m["backend"] or m["platform_backend"]).rsplit(".", 1)[-1]
     quoted = re.findall(r"'([^']*)'", m["reasons"])
     reasons = quoted or [r.strip(" []") for r in m["reasons"].split(",") if r.strip(" []")]
@@ -214,17 +214,17 @@ def _selected_backend(m: re.Match[str]) -> Facts:
 _HF_REPO = re.compile(r"huggingface\.co/(?!api/)([\w.-]+/[\w.-]+)")
 
 
-def _model_facts(m: re.Match[str]) -> Facts:
+def _model_facts(m: re.Match[str]) -> JsonFacts:
     what = m["what"]
     reason = ("gated" if "ated" in what or m["status"] == "401" else
               "offline" if "Offline" in what or "LocalEntry" in what else "not_found")
-    facts: Facts = {"reason": reason}
+    facts: JsonFacts = {"reason": reason}
     if (repo := _HF_REPO.search(m.string)) is not None:
         facts["repo"] = repo[1]
     return facts
 
 
-def _died(m: re.Match[str]) -> Facts:
+def _died(m: re.Match[str]) -> JsonFacts:
     return {"marker": m[0][:120]}
 
 
@@ -451,7 +451,7 @@ PATTERNS: tuple[Pattern, ...] = (
 CONFIG_PRIORITY = 87
 
 
-def _value_error(m: re.Match[str]) -> Facts:
+def _value_error(m: re.Match[str]) -> JsonFacts:
     return {"sentence": m["sentence"], **refusals.classify(m["sentence"])}
 
 

@@ -22,9 +22,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
-Facts = dict[str, Any]
+from kvwatch.diagnosis.facts import JsonFacts
 
 # Lines as pydantic prints them, after an optional vLLM process prefix "(EngineCore pid=N) ".
 _PREFIX = r"^(?:\([A-Za-z_][\w.-]*(?: rank=\d+)? pid=\d+\) )*"
@@ -48,13 +47,13 @@ def _num(text: str) -> int | float:
 class Refusal:
     name: str
     regex: re.Pattern[str]
-    extract: Callable[[re.Match[str]], Facts]
+    extract: Callable[[re.Match[str]], JsonFacts]
     source: str
     help: str = ""           # what the operator can do when kvwatch may not
 
 
-def _max_model_len(m: re.Match[str]) -> Facts:
-    facts: Facts = {"max_model_len": int(m["max_model_len"]), "derived_key": m["key"],
+def _max_model_len(m: re.Match[str]) -> JsonFacts:
+    facts: JsonFacts = {"max_model_len": int(m["max_model_len"]), "derived_key": m["key"],
                     "derived_max_model_len": int(float(m["derived"]))}
     if m["model_max_length"] not in (None, "None"):
         try:
@@ -122,7 +121,7 @@ FIXABLE = frozenset({
 _GENERIC_HELP = "a setting vLLM refuses that kvwatch has no remedy for: change the command as the sentence says"
 
 
-def classify(sentence: str) -> Facts:
+def classify(sentence: str) -> JsonFacts:
     """The refusal a sentence of vLLM's validation is, with the numbers it names."""
     for refusal in REFUSALS:
         m = refusal.regex.search(sentence)
@@ -135,9 +134,9 @@ def classify(sentence: str) -> Facts:
     return {"refusal": "other"}
 
 
-def field_error_facts(field: str | None, m: re.Match[str]) -> Facts:
-    """Facts of a pydantic field error ("gpu_memory_utilization" / "Input should be ... [type=...]")."""
-    facts: Facts = {"refusal": f"field:{field}" if field else "field", "sentence": m["sentence"]}
+def field_error_facts(field: str | None, m: re.Match[str]) -> JsonFacts:
+    """JsonFacts of a pydantic field error ("gpu_memory_utilization" / "Input should be ... [type=...]")."""
+    facts: JsonFacts = {"refusal": f"field:{field}" if field else "field", "sentence": m["sentence"]}
     if field:
         facts["field"] = field
     if m["type"]:

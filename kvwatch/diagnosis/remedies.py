@@ -19,11 +19,27 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvwatch.diagnosis.diagnose import Diagnosis, flag_fixable_backends, is_8bit_kv
-from kvwatch.diagnosis.patterns import Facts
+from kvwatch.diagnosis.facts import (
+    BackendFacts,
+    BlockSizeFacts,
+    ConfigRefusedFacts,
+    CudaOomFacts,
+    EngineContext,
+    F,
+    FailureFacts,
+    GpuBusyFacts,
+    KernelFacts,
+    KvDtypeFacts,
+    KvTooSmallFacts,
+    LoraRankFacts,
+    MambaCacheFacts,
+    facts_as,
+)
 from kvwatch.failure_kinds import FailureKind
 from kvwatch.planner.engine_args import EngineCommand, EngineSettings
 from kvwatch.planner.flag_change import NO_CHANGE, FlagChange
-from kvwatch.planner.plan import KV_CACHE_TOO_SMALL, Plan
+from kvwatch.planner.plan import Plan
+from kvwatch.planner.predicted_refusal import KV_CACHE_TOO_SMALL
 from kvwatch.planner.rules import RuleSet, parse_block_rule, ruleset_for, smallest_common_block_size
 from kvwatch.policy import Policy, fixed_among
 from kvwatch.vllm_releases import DEFAULT_RELEASE
@@ -68,22 +84,23 @@ class GpuContext:
 
 @dataclass(frozen=True)
 class _Ctx:
-    d: Diagnosis
+    """What one remedy search works from: the diagnosis, the command and the settings it reads as."""
+
+    diagnosis: Diagnosis
     command: EngineCommand
-    s: EngineSettings
+    settings: EngineSettings
     policy: Policy
     plan: Plan | None
     gpu: GpuContext | None
     rules: RuleSet
+    facts: FailureFacts          # the diagnosis' facts, typed for its class (diagnosis/facts.py)
 
     @property
-    def facts(self) -> Facts:
-        return self.d.facts
+    def context(self) -> EngineContext:
+        return self.facts.context
 
-    @property
-    def context(self) -> Facts:
-        context: Facts = self.d.facts.get("context") or {}
-        return context
+    def facts_as(self, cls: type[F]) -> F:
+        return facts_as(self.facts, cls)
 
 
 def propose_remedy(diagnosis: Diagnosis, command: EngineCommand, *, policy: Policy = Policy(),
@@ -95,7 +112,8 @@ def propose_remedy(diagnosis: Diagnosis, command: EngineCommand, *, policy: Poli
     options = _OPTIONS.get(diagnosis.kind)
     if options is None:
         return None
-    ctx = _Ctx(diagnosis, command, command.settings(), policy, plan, gpu, rules or ruleset_for(None))
+    ctx = _Ctx(diagnosis, command, command.settings(), policy, plan, gpu, rules or ruleset_for(None),
+               diagnosis.typed_facts)
     seen = {tuple(t) for t in tried}
     for remedy in options(ctx):
         if fixed_among(policy, remedy.change.flags):
@@ -112,18 +130,18 @@ def propose_remedy(diagnosis: Diagnosis, command: EngineCommand, *, policy: Poli
 # -- block size --------------------------------------------------------------------------
 
 def _current_block_size(ctx: _Ctx) -> int | None:
-    selector = (ctx.facts.get("selector_config") or {}).get("block_size")
-    for value in (ctx.facts.get("block_size"), selector, ctx.s.block_size,
-                  ctx.plan.block_size if ctx.plan else None, ctx.context.get("block_size")):
+    for value in (ctx.facts_as(BlockSizeFacts).block_size, ctx.facts_as(BackendFacts).selector_block_size,
+                  ctx.settings.block_size, ctx.plan.block_size if ctx.plan else None, ctx.context.block_size):
         if isinstance(value, int):
             return value
     return None
 
 
 def _backend_names(ctx: _Ctx) -> list[str]:
-    names = list((ctx.facts.get("backend_block_sizes") or {}).keys()) + list(ctx.facts.get("backends") or [])
-    for extra in (ctx.plan.backend if ctx.plan else None, ctx.context.get("attention_backend"),
-                  ctx.s.attention_backend):
+    facts = ctx.facts_as(BlockSizeFacts)
+    names = list(facts.backend_block_sizes) + list(facts.backends)
+    for extra in (ctx.plan.backend if ctx.plan else None, ctx.context.attention_backend,
+                  ctx.settings.attention_backend):
         if extra:
             names.append(extra)
     return [n for n in dict.fromkeys(names) if ctx.rules.backend(n) is not None]
@@ -133,7 +151,7 @@ def _block_size_options(ctx: _Ctx) -> Iterator[Remedy]:
     if not ctx.policy.allow_block_size_change:
         return
     current = _current_block_size(ctx)
-    spec = ctx.facts.get("backend_block_sizes") or {}
+    spec = ctx.facts_as(BlockSizeFacts).backend_block_sizes
     if current is not None and spec:
         per_backend = [[r for r in map(parse_block_rule, rules) if r is not None] for rules in spec.values()]
         size = smallest_common_block_size(per_backend, current)
@@ -161,9 +179,9 @@ def _block_size_options(ctx: _Ctx) -> Iterator[Remedy]:
 # -- KV cache dtype ----------------------------------------------------------------------
 
 def _effective_kv_dtype(ctx: _Ctx) -> str | None:
-    if ctx.s.kv_cache_dtype != "auto":
-        return ctx.s.kv_cache_dtype
-    for value in (ctx.context.get("kv_cache_dtype"), ctx.facts.get("kv_cache_dtype"),
+    if ctx.settings.kv_cache_dtype != "auto":
+        return ctx.settings.kv_cache_dtype
+    for value in (ctx.context.kv_cache_dtype, ctx.facts_as(KvDtypeFacts).kv_cache_dtype,
                   ctx.plan.kv_cache_dtype if ctx.plan else None):
         if value and value != "auto":
             return str(value)
@@ -173,12 +191,12 @@ def _effective_kv_dtype(ctx: _Ctx) -> str | None:
 def _kv_dtype_fix(ctx: _Ctx, why: str) -> Iterator[Remedy]:
     if not ctx.policy.allow_kv_dtype_change:
         return
-    if ctx.s.kv_cache_dtype != "auto":
+    if ctx.settings.kv_cache_dtype != "auto":
         yield Remedy(FlagChange({"--kv-cache-dtype": "auto"}), f"{why}: store the KV cache in the model's dtype")
         return
     effective = _effective_kv_dtype(ctx)
     if effective and is_8bit_kv(effective):
-        half = ctx.s.dtype if ctx.s.dtype in ("float16", "half", "bfloat16") else "bfloat16"
+        half = ctx.settings.dtype if ctx.settings.dtype in ("float16", "half", "bfloat16") else "bfloat16"
         yield Remedy(FlagChange({"--kv-cache-dtype": half}),
                      f"{why}: the engine chose a {effective} KV cache by itself (from the checkpoint); "
                      f"ask for {half} explicitly")
@@ -192,10 +210,10 @@ def _kernel_options(ctx: _Ctx) -> Iterator[Remedy]:
     # A kernel's shared-memory limit: the tiles are not --block-size. Only a bf16/fp16 KV cache
     # (smaller tiles with 2 stages) gets under it; nothing else is proposed.
     if is_8bit_kv(_effective_kv_dtype(ctx)):
-        required = ctx.facts.get("required_bytes")
-        limit = ctx.facts.get("hardware_limit_bytes")
+        facts = ctx.facts_as(KernelFacts)
+        required, limit = facts.required_bytes, facts.hardware_limit_bytes
         numbers = f" ({required:,} B needed, {limit:,} B available)" if required and limit else ""
-        yield from _kv_dtype_fix(ctx, f"a kernel ran out of {ctx.facts.get('resource', 'resources')}"
+        yield from _kv_dtype_fix(ctx, f"a kernel ran out of {facts.resource or 'resources'}"
                                       f"{numbers} with an 8-bit KV cache")
 
 
@@ -204,7 +222,7 @@ def _kernel_options(ctx: _Ctx) -> Iterator[Remedy]:
 def _raise_utilization(ctx: _Ctx, why: str) -> Iterator[Remedy]:
     if not ctx.policy.allow_gpu_memory_utilization_change:
         return
-    current = ctx.s.gpu_memory_utilization
+    current = ctx.settings.gpu_memory_utilization
     step, cap = ctx.policy.gpu_memory_utilization_step, ctx.policy.max_gpu_memory_utilization
     value = current
     while True:
@@ -222,7 +240,7 @@ def _raise_utilization(ctx: _Ctx, why: str) -> Iterator[Remedy]:
 def _lower_utilization(ctx: _Ctx, why: str) -> Iterator[Remedy]:
     if not ctx.policy.allow_gpu_memory_utilization_change:
         return
-    current = ctx.s.gpu_memory_utilization
+    current = ctx.settings.gpu_memory_utilization
     step, floor_ = ctx.policy.gpu_memory_utilization_step, ctx.policy.min_gpu_memory_utilization
     value = current
     while True:
@@ -236,10 +254,11 @@ def _lower_utilization(ctx: _Ctx, why: str) -> Iterator[Remedy]:
 
 
 def _kv_too_small_options(ctx: _Ctx) -> Iterator[Remedy]:
-    current = ctx.facts.get("max_model_len") or ctx.s.max_model_len
+    facts = ctx.facts_as(KvTooSmallFacts)
+    current = facts.max_model_len or ctx.settings.max_model_len
     if ctx.policy.allow_max_model_len_change:
-        estimate = ctx.facts.get("estimated_max_model_len")
-        block = ctx.plan.block_size if ctx.plan else ctx.s.block_size
+        estimate = facts.estimated_max_model_len
+        block = ctx.plan.block_size if ctx.plan else ctx.settings.block_size
         if isinstance(estimate, int) and estimate > 0:
             value = estimate // block * block if block else estimate
             if value > 0 and (current is None or value < current):
@@ -256,10 +275,11 @@ def _kv_too_small_options(ctx: _Ctx) -> Iterator[Remedy]:
 
 
 def _mamba_cache_options(ctx: _Ctx) -> Iterator[Remedy]:
-    blocks = ctx.facts.get("mamba_blocks")
+    facts = ctx.facts_as(MambaCacheFacts)
+    blocks = facts.mamba_blocks
     if isinstance(blocks, int) and blocks > 0:
         yield Remedy(FlagChange({"--max-num-seqs": blocks}),
-                     f"max num seqs {ctx.facts.get('max_num_seqs')} exceeds the {blocks} Mamba cache blocks "
+                     f"max num seqs {facts.max_num_seqs} exceeds the {blocks} Mamba cache blocks "
                      f"(one per decoding sequence): lower --max-num-seqs to {blocks}")
     yield from _raise_utilization(ctx, "the Mamba cache has fewer blocks than max num seqs")
 
@@ -279,15 +299,16 @@ def _default_max_num_seqs(ctx: _Ctx) -> int:
 
 
 def _cuda_oom_options(ctx: _Ctx) -> Iterator[Remedy]:
-    if ctx.facts.get("phase") == "sampler_warmup":
-        current = ctx.s.max_num_seqs or ctx.facts.get("dummy_requests") or _default_max_num_seqs(ctx)
+    facts = ctx.facts_as(CudaOomFacts)
+    if facts.phase == "sampler_warmup":
+        current = ctx.settings.max_num_seqs or facts.dummy_requests or _default_max_num_seqs(ctx)
         value = max(1, int(current) // 2)
         if value < current:
             yield Remedy(FlagChange({"--max-num-seqs": value}),
                          f"CUDA ran out of memory warming up the sampler with {current} requests: "
                          f"halve --max-num-seqs {current} -> {value}")
     where = {"sampler_warmup": "in the sampler warm-up", "model_load": "loading the model"}.get(
-        ctx.facts.get("phase", ""), "")
+        facts.phase or "", "")
     yield from _lower_utilization(ctx, f"CUDA ran out of memory {where}".rstrip())
 
 
@@ -300,11 +321,11 @@ def _busy_options(ctx: _Ctx) -> Iterator[Remedy]:
         return
     if ctx.gpu is not None and ctx.gpu.free_bytes and ctx.gpu.total_bytes:
         free, total = ctx.gpu.free_bytes, ctx.gpu.total_bytes
-    elif ctx.facts.get("free_gib") and ctx.facts.get("total_gib"):
-        free, total = int(ctx.facts["free_gib"] * GiB), int(ctx.facts["total_gib"] * GiB)
+    elif (said := ctx.facts_as(GpuBusyFacts)).free_gib and said.total_gib:
+        free, total = int(said.free_gib * GiB), int(said.total_gib * GiB)
     else:
         return
-    current = ctx.s.gpu_memory_utilization
+    current = ctx.settings.gpu_memory_utilization
     margin = max(_FIT_MARGIN_RATIO, _FIT_MARGIN_BYTES / total)
     fitted = math.floor((free / total - margin) * 100 + 1e-9) / 100
     others = ", ".join(f"{pid} ({name})" for pid, name, _ in holders) or "unknown processes"
@@ -325,7 +346,8 @@ def _busy_options(ctx: _Ctx) -> Iterator[Remedy]:
 # -- attention backend -------------------------------------------------------------------
 
 def _backend_options(ctx: _Ctx) -> Iterator[Remedy]:
-    reasons: dict[str, list[str]] = ctx.facts.get("reasons") or {}
+    facts = ctx.facts_as(BackendFacts)
+    reasons = facts.reasons
     for name in flag_fixable_backends(reasons):
         change: dict[str, object] = {}
         remove: list[str] = []
@@ -349,35 +371,38 @@ def _backend_options(ctx: _Ctx) -> Iterator[Remedy]:
         combined = FlagChange(change, tuple(remove))
         if not combined.empty:
             yield Remedy(combined, f"{name} was rejected only for {', '.join(reasons[name])}: {combined.describe()}")
-    if ctx.facts.get("pattern") == "selected_backend_invalid" and ctx.command.has("--attention-backend"):
+    if facts.pattern == "selected_backend_invalid" and ctx.command.has("--attention-backend"):
         yield Remedy(FlagChange(remove=("--attention-backend",)),
-                     f"the forced backend {ctx.s.attention_backend} is not valid here: let vLLM choose")
+                     f"the forced backend {ctx.settings.attention_backend} is not valid here: let vLLM choose")
 
 
 # -- vLLM's refusals of its configuration (diagnosis/refusals.py) ----------------------------
 
 def _config_refused_options(ctx: _Ctx) -> Iterator[Remedy]:
-    refusal, f = ctx.facts.get("refusal"), ctx.facts
+    f = ctx.facts_as(ConfigRefusedFacts)
+    refusal = f.refusal
     if refusal == "max_model_len_above_derived" and ctx.policy.allow_max_model_len_change:
         # vLLM accepts up to the larger of the derived length and model_max_length. Never
         # VLLM_ALLOW_LONG_MAX_MODEL_LEN: vLLM itself warns that positions past it give NaN or worse.
-        limit = max(int(f.get("derived_max_model_len") or 0), int(f.get("model_max_length") or 0))
+        limit = max(f.derived_max_model_len or 0, f.model_max_length or 0)
         if limit > 0:
             yield Remedy(FlagChange({"--max-model-len": limit}),
-                         f"max model len {f.get('max_model_len')} is above the model's maximum "
-                         f"({f.get('derived_key', 'config.json')}={limit}): set it to {limit}")
+                         f"max model len {f.max_model_len} is above the model's maximum "
+                         f"({f.derived_key or 'config.json'}={limit}): set it to {limit}")
     elif refusal == "max_num_batched_tokens_below_max_model_len" and ctx.policy.allow_max_num_batched_tokens_change:
-        value = int(f["max_model_len"])
-        yield Remedy(FlagChange({"--max-num-batched-tokens": value}),
-                     f"with chunked prefill off, one step must hold a whole prompt: raise max num batched "
-                     f"tokens {f['max_num_batched_tokens']} -> {value} (the max model len)")
+        if f.max_model_len is not None:
+            value = f.max_model_len
+            yield Remedy(FlagChange({"--max-num-batched-tokens": value}),
+                         f"with chunked prefill off, one step must hold a whole prompt: raise max num batched "
+                         f"tokens {f.max_num_batched_tokens} -> {value} (the max model len)")
     elif refusal == "max_num_batched_tokens_below_max_num_seqs" and ctx.policy.allow_max_num_batched_tokens_change:
-        value = int(f["max_num_seqs"])
-        yield Remedy(FlagChange({"--max-num-batched-tokens": value}),
-                     f"max num batched tokens {f['max_num_batched_tokens']} is below max num seqs {value}: "
-                     f"raise it to {value}")
+        if f.max_num_seqs is not None:
+            value = f.max_num_seqs
+            yield Remedy(FlagChange({"--max-num-batched-tokens": value}),
+                         f"max num batched tokens {f.max_num_batched_tokens} is below max num seqs {value}: "
+                         f"raise it to {value}")
     elif refusal == "field:gpu_memory_utilization" and ctx.policy.allow_gpu_memory_utilization_change:
-        given = f.get("value")
+        given = f.value
         if isinstance(given, (int, float)) and given > 1:
             cap = ctx.policy.max_gpu_memory_utilization
             yield Remedy(FlagChange({"--gpu-memory-utilization": cap}),
@@ -388,7 +413,7 @@ def _config_refused_options(ctx: _Ctx) -> Iterator[Remedy]:
                          f"GPU memory utilization {given} is not a fraction in (0, 1]: vLLM's default")
     elif refusal == "field:block_size" and ctx.policy.allow_block_size_change and ctx.command.has("--block-size"):
         yield Remedy(FlagChange(remove=("--block-size",)),
-                     f"block size {f.get('value')} is refused ({f.get('sentence')}): let vLLM pick the "
+                     f"block size {f.value} is refused ({f.sentence}): let vLLM pick the "
                      f"attention backend's own")
 
 
@@ -399,14 +424,15 @@ def lora_rank_choices() -> tuple[int, ...]:
 
 
 def _lora_rank_options(ctx: _Ctx) -> Iterator[Remedy]:
-    rank = ctx.facts.get("lora_rank")
+    facts = ctx.facts_as(LoraRankFacts)
+    rank = facts.lora_rank
     if not isinstance(rank, int):
         return
     # vLLM takes only listed values for --max-lora-rank: the smallest one that holds the adapter.
     value = next((r for r in lora_rank_choices() if r >= rank), None)
     if value is not None:
         yield Remedy(FlagChange({"--max-lora-rank": value}),
-                     f"an adapter of rank {rank} is above max_lora_rank {ctx.facts.get('max_lora_rank')}: "
+                     f"an adapter of rank {rank} is above max_lora_rank {facts.max_lora_rank}: "
                      f"--max-lora-rank {value}")
 
 

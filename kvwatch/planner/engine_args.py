@@ -41,7 +41,7 @@ _API_SERVER_MODULES = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.a
 @dataclass(frozen=True)
 class ParserRefusal:
     """Why the release's `vllm serve` parser refuses the command, in argparse's words."""
-    kind: str        # 'ambiguous', 'expected argument', 'ignored explicit argument', 'invalid value',
+    complaint: str   # 'ambiguous', 'expected argument', 'ignored explicit argument', 'invalid value',
     #                  'invalid choice', 'unrecognized'
     token: str
     message: str
@@ -109,8 +109,8 @@ def _read(argv: tuple[str, ...], start: int, options: ReleaseOptions) -> _Readin
             values, end = tuple(tokens[i + 1:i + 1 + want]), i + 1 + want
         complaint = next(filter(None, (invalid_value(option, v) for v in values)), None)
         if complaint is not None:
-            kind = "invalid choice" if complaint.startswith("invalid choice") else "invalid value"
-            refusals.append(ParserRefusal(kind, tokens[i], f"{label}: {complaint}"))
+            said = "invalid choice" if complaint.startswith("invalid choice") else "invalid value"
+            refusals.append(ParserRefusal(said, tokens[i], f"{label}: {complaint}"))
         found.append(_Occurrence(i, end, option, m.spelling, values))
         i = end
     if unknown:
@@ -199,7 +199,7 @@ class EngineCommand:
         serve = self._serve_position()
         reading = _read(self.argv, 0 if serve is None else serve + 1, self.options)
         if serve is None:   # an unknown launcher: its own words are not vLLM's unknown options
-            reading = _Reading(reading.occurrences, tuple(r for r in reading.refusals if r.kind != "unrecognized"))
+            reading = _Reading(reading.occurrences, tuple(r for r in reading.refusals if r.complaint != "unrecognized"))
         return reading
 
     def refusal(self) -> ParserRefusal | None:
@@ -207,7 +207,7 @@ class EngineCommand:
         return self._reading.refusals[0] if self._reading.refusals else None
 
     def _readable(self) -> _Reading:
-        refusal = next((r for r in self._reading.refusals if r.kind in _UNREADABLE), None)
+        refusal = next((r for r in self._reading.refusals if r.complaint in _UNREADABLE), None)
         if refusal is not None:
             raise CommandError(f"vLLM {self.release} refuses this command line: {refusal.message}")
         return self._reading
@@ -299,7 +299,7 @@ class EngineCommand:
         if not spans:
             return None
         last = spans[-1]
-        if last.option.kind == "switch":
+        if last.option.form == "switch":
             return bool(last.option.const)
         return last.spelling not in last.option.negative
 

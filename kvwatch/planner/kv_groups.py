@@ -23,7 +23,7 @@ def cdiv(a: int, b: int) -> int:
 
 @dataclass(frozen=True)
 class LayerSpec:
-    kind: str                 # full | sliding | chunked | mamba
+    layer_kind: str           # full | sliding | chunked | mamba
     block_size: int           # tokens per block (mamba: the attention block size it is aligned to)
     page_bytes: int           # one block of this layer, padding included
     real_page_bytes: int      # without padding
@@ -43,13 +43,13 @@ class Demand:
 def blocks_per_request(spec: LayerSpec, demand: Demand, max_model_len: int | None = None) -> int:
     """cdiv(spec.max_memory_usage_bytes, page) for one layer's spec."""
     length = demand.max_model_len if max_model_len is None else max_model_len
-    if spec.kind == SLIDING:
+    if spec.layer_kind == SLIDING:
         assert spec.window is not None
         return cdiv(min(spec.window - 1 + demand.max_in_flight_tokens, length), spec.block_size) + 1
-    if spec.kind == CHUNKED:
+    if spec.layer_kind == CHUNKED:
         assert spec.window is not None
         return cdiv(min(spec.window + demand.max_in_flight_tokens, length), spec.block_size)
-    if spec.kind == MAMBA:   # MambaSpec.max_memory_usage_bytes: 2 (+ checkpoints) in align mode, else 1
+    if spec.layer_kind == MAMBA:   # MambaSpec.max_memory_usage_bytes: 2 (+ checkpoints) in align mode, else 1
         return 2 + spec.checkpoint_blocks if demand.mamba_align else 1
     return cdiv(length, spec.block_size)
 
@@ -107,7 +107,7 @@ class KvGroups:
             share = weight / total
             per_block["layer_padding"] += share * (self.bytes_per_block - sum(self.specs[i].page_bytes for i in group))
             for i in group:
-                cause = "state_padding" if self.specs[i].kind == MAMBA else "page_padding"
+                cause = "state_padding" if self.specs[i].layer_kind == MAMBA else "page_padding"
                 per_block[cause] += share * (self.specs[i].page_bytes - self.specs[i].real_page_bytes)
         return {cause: int(value * num_blocks) for cause, value in per_block.items()}
 
@@ -119,7 +119,7 @@ def _unify_pages(specs: list[LayerSpec]) -> list[LayerSpec]:
     for s in specs:
         if s.page_bytes == largest:
             out.append(s)
-        elif s.kind == MAMBA:
+        elif s.layer_kind == MAMBA:
             out.append(replace(s, page_bytes=largest))
         elif largest % s.page_bytes == 0:
             ratio = largest // s.page_bytes
@@ -136,7 +136,7 @@ def kv_groups(specs: list[LayerSpec]) -> KvGroups:
     if not specs:
         return KvGroups((), (), 0, 0)
     everything = tuple(range(len(specs)))
-    same_type = len({(s.kind, s.window, s.block_size) for s in specs}) == 1
+    same_type = len({(s.layer_kind, s.window, s.block_size) for s in specs}) == 1
     if same_type:   # is_kv_cache_spec_uniform or UniformTypeKVCacheSpecs: one group of every layer
         return KvGroups(tuple(specs), (everything,), len(specs), 0)
     unified = _unify_pages(specs)

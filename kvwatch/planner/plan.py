@@ -12,42 +12,32 @@ from kvwatch.failure_kinds import FailureKind
 from kvwatch.planner.architecture_kinds import unknown_reasons
 from kvwatch.planner.architectures import IN_TRANSFORMERS
 from kvwatch.planner.architectures import refusals as _architecture_refusals
-from kvwatch.planner.backends import BackendChoice, choose_backend, kv_dtype_reason
+from kvwatch.planner.backend_legality import backend_refusals
+from kvwatch.planner.backends import BackendChoice, choose_backend
+from kvwatch.planner.config_refusals import config_refusals
 from kvwatch.planner.devices import Device, GiB
 from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.flag_change import NO_CHANGE, FlagChange
 from kvwatch.planner.geometry import ModelGeometry
-from kvwatch.planner.gpu_budget import GpuBudget, Release, api_defaults, estimate_budget, release_for
-from kvwatch.planner.kv_groups import Demand, KvGroups, LayerSpec, hybrid_block_size, kv_groups, promote_local_layers
+from kvwatch.planner.gpu_budget import GpuBudget, api_defaults, estimate_budget, release_for
+from kvwatch.planner.kv_groups import KvGroups, LayerSpec, hybrid_block_size, kv_groups, promote_local_layers
 from kvwatch.planner.layers import CHUNKED, MAMBA, SLIDING
-from kvwatch.planner.rules import FP8_KV_DTYPES, PACKED_MLA_BYTES, RuleSet
+from kvwatch.planner.predicted_refusal import (
+    CONFIG_REFUSED,
+    KV_CACHE_TOO_SMALL,
+    MAMBA_CACHE_TOO_SMALL,
+    NO_KV_CACHE_MEMORY,
+    PredictedRefusal,
+)
+from kvwatch.planner.rules import FP8_KV_DTYPES, PACKED_MLA_BYTES, BackendRule, RuleSet
+from kvwatch.planner.scheduler import prefix_caching_on, request_demand
 from kvwatch.planner.versions import VllmVersion
 from kvwatch.planner.weights import gpu_weights_bytes
 from kvwatch.vllm_releases.hybrid_alignment import hybrid_alignment_for
 
 _DTYPE_BYTES = {"float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4}
 
-# Kinds of warning: the failure classes vLLM's refusal would be diagnosed as.
-BLOCK_SIZE_UNSUPPORTED = FailureKind.BLOCK_SIZE_UNSUPPORTED
-KV_DTYPE_UNSUPPORTED = FailureKind.KV_DTYPE_UNSUPPORTED
-KERNEL_OUT_OF_RESOURCES = FailureKind.KERNEL_OUT_OF_RESOURCES
-KV_CACHE_TOO_SMALL = FailureKind.KV_CACHE_TOO_SMALL
-NO_KV_CACHE_MEMORY = FailureKind.NO_KV_CACHE_MEMORY
-NO_ATTENTION_BACKEND = FailureKind.NO_ATTENTION_BACKEND
-CONFIG_REFUSED = FailureKind.CONFIG_REFUSED
-MAMBA_CACHE_TOO_SMALL = FailureKind.MAMBA_CACHE_TOO_SMALL
 _CACHE_CONFIG_DEFAULT_BLOCK_SIZE = 16    # vLLM 0.32 config/cache.py:72 CacheConfig.DEFAULT_BLOCK_SIZE
-
-
-@dataclass(frozen=True)
-class Warning_:
-    kind: FailureKind
-    message: str
-    fix: FlagChange              # the flag change that avoids it (empty: no flag change does)
-    certain: bool = True         # vLLM will fail for sure (not only "likely")
-
-    def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind.value, "message": self.message, "fix": self.fix.as_flags(), "certain": self.certain}
 
 
 @dataclass(frozen=True)
@@ -89,7 +79,7 @@ class Plan:
     max_concurrency: float | None
     estimated: bool
     padding_bytes: dict[str, int]
-    warnings: tuple[Warning_, ...] = field(default=())
+    warnings: tuple[PredictedRefusal, ...] = field(default=())
     backend_reasons: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # The figures above are one rank's: one data-parallel engine core (each sizes its own KV
     # cache alone), and of it the pipeline stage with the most layers (vLLM takes the minimum
@@ -219,59 +209,9 @@ def _weights_from_geometry(geometry: ModelGeometry, model_bytes: int, settings: 
                              device.compute_capability)
 
 
-def config_refusals(geometry: ModelGeometry, settings: EngineSettings,
-                    allow_long_max_model_len: bool = False) -> list[Warning_]:
-    """What vLLM's validation of its configuration will refuse, decided from config.json and the
-    flags alone (config/model.py, config/cache.py, config/scheduler.py of vLLM 0.32)."""
-    out: list[Warning_] = []
-    limit = geometry.derived_max_model_len
-    given = settings.max_model_len
-    if given is not None and limit is not None and given > limit and not allow_long_max_model_len:
-        out.append(Warning_(
-            CONFIG_REFUSED,
-            f"max model len {given:,} is above the model's maximum ({geometry.derived_max_model_len_key}="
-            f"{limit:,} in config.json): vLLM refuses it", FlagChange({"--max-model-len": limit})))
-    if settings.max_model_len_auto and given is None and limit is None:
-        # config.json names no length: vLLM keeps the -1 it was given (config/model.py
-        # _get_and_verify_max_len "If max_model_len is specified, we use it"), then refuses it
-        out.append(Warning_(
-            CONFIG_REFUSED,
-            "max_model_len must be a positive integer, got int: -1: --max-model-len auto needs a length in "
-            "config.json to fit up to, and this one names none", FlagChange({"--max-model-len": geometry.default_max_model_len})))
-    heads = geometry.num_attention_heads
-    tp = settings.tensor_parallel_size
-    if heads and tp > 0 and heads % tp:
-        out.append(Warning_(
-            CONFIG_REFUSED,
-            f"tensor parallel size {tp} does not divide the model's {heads} attention heads: vLLM refuses it; "
-            f"choose a --tensor-parallel-size that divides {heads}", NO_CHANGE))
-    if settings.block_size is not None and settings.block_size <= 0:
-        out.append(Warning_(CONFIG_REFUSED, f"block size {settings.block_size} is not a positive number of tokens",
-                            FlagChange(remove=("--block-size",))))
-    util = settings.gpu_memory_utilization
-    if not 0 < util <= 1:   # NaN included
-        out.append(Warning_(
-            CONFIG_REFUSED, f"GPU memory utilization {util} is not a fraction in (0, 1]",
-            FlagChange({"--gpu-memory-utilization": 0.95}) if util > 1
-            else FlagChange(remove=("--gpu-memory-utilization",))))
-    batched = settings.max_num_batched_tokens
-    max_len = given if given is not None else geometry.default_max_model_len
-    if batched is not None and settings.enable_chunked_prefill is False and batched < max_len:
-        out.append(Warning_(
-            CONFIG_REFUSED,
-            f"max num batched tokens {batched:,} is below max model len {max_len:,} with chunked prefill off: "
-            f"vLLM refuses it", FlagChange({"--max-num-batched-tokens": max_len})))
-    elif batched is not None and settings.max_num_seqs is not None and batched < settings.max_num_seqs:
-        out.append(Warning_(
-            CONFIG_REFUSED,
-            f"max num batched tokens {batched:,} is below max num seqs {settings.max_num_seqs:,}: vLLM refuses it",
-            FlagChange({"--max-num-batched-tokens": settings.max_num_seqs})))
-    return out
-
-
-def architecture_refusals(geometry: ModelGeometry, settings: EngineSettings, device: Device) -> list[Warning_]:
+def architecture_refusals(geometry: ModelGeometry, settings: EngineSettings, device: Device) -> list[PredictedRefusal]:
     """vLLM's refusals of this architecture on this platform (planner/architectures.py)."""
-    return [Warning_(FailureKind(r.kind), r.message, FlagChange(r.fix) if r.fix else NO_CHANGE)
+    return [PredictedRefusal(FailureKind(r.kind), r.message, FlagChange(r.fix) if r.fix else NO_CHANGE)
             for r in _architecture_refusals(geometry, settings, device)]
 
 
@@ -298,27 +238,16 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     # A pure state-space model has no attention layer, so no attention backend to choose.
     choice = BackendChoice(None, (), {}) if attention_free else choose_backend(
         rules, device, geometry, kv_dtype, settings.block_size, settings.attention_backend)
-    warnings: list[Warning_] = list(refusals) + architecture_refusals(geometry, settings, device)
+    warnings: list[PredictedRefusal] = list(refusals) + architecture_refusals(geometry, settings, device)
     backend = choice.backend
 
     # -- block size: the flag, else the backend's preference; some platforms override both.
     # With no valid backend, the first in vLLM's order stands in: vLLM sizes the cache with it
     # before a kernel refuses (seen: CPU fp8 without AVX-512 sizes 128-token blocks, then fails).
     shape = backend or next((b for b in map(rules.backend, choice.candidates) if b is not None), None)
-    # platforms/cpu.py: with AMX tiles MLA runs on the AMX kernel, which forces no block size
-    # (the CPU's 128 by default, the flag otherwise); without them the reference kernel forces 16.
-    amx_mla = device.platform == "cpu" and device.cpu_amx and geometry.attention == "mla"
-    if shape is not None and shape.forced_block_size is not None and not amx_mla:
-        block_size, block_source = shape.forced_block_size, "platform override"
-    elif amx_mla and settings.block_size is None:
-        block_size, block_source = 128, "platform default (AMX MLA kernel)"
-    elif settings.block_size is not None:
-        block_size, block_source = settings.block_size, "flag"
-    else:
-        block_size = shape.preferred_block_size if shape else 16
-        block_source = "backend default"
+    block_size, block_source = _attention_block_size(shape, device, geometry, settings)
     if not attention_free:
-        warnings.extend(_legality_warnings(choice, rules, device, geometry, settings))
+        warnings.extend(backend_refusals(choice, rules, device, geometry, settings))
 
     # -- bytes: one token of one attention layer, one page.
     dtype_bytes = kv_dtype_bytes(kv_dtype, settings.dtype, geometry.config_dtype)
@@ -339,7 +268,7 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
             block_size, block_source = aligned, "raised so a page holds the recurrent state"
     derived_len = geometry.default_max_model_len
     max_len = settings.max_model_len or derived_len
-    if attention_free and not _prefix_caching(geometry, settings):
+    if attention_free and not prefix_caching_on(geometry, settings):
         # model_executor/models/config.py MambaModelConfig: without prefix caching a state block
         # covers max_model_len, and the engine's block size is its groups' smallest
         block_size, block_source = max_len, "the max model len: one state block per request"
@@ -356,22 +285,7 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     warnings.extend(_shared_layer_warnings(geometry, settings, groups))
 
     # -- memory for the KV cache, and blocks.
-    estimated = False
-    budget: GpuBudget | None = None
-    if device.platform == "cpu" and memory.cpu_kv_space_bytes:
-        kv_memory, kv_source = memory.cpu_kv_space_bytes, "VLLM_CPU_KVCACHE_SPACE"
-    elif settings.kv_cache_memory_bytes is not None:
-        kv_memory, kv_source = settings.kv_cache_memory_bytes, "--kv-cache-memory-bytes"
-    elif device.platform == "cuda" and device.total_memory_bytes and memory.non_kv_bytes is not None:
-        kv_memory = _estimate_gpu_kv_memory(device, settings, geometry, memory, model_bytes)
-        kv_source = "learned: total x utilization - the non-KV memory of an earlier launch"
-    elif device.platform == "cuda" and device.total_memory_bytes:
-        budget = _gpu_budget(device, settings, geometry, memory, model_bytes,
-                             settings.max_model_len or geometry.default_max_model_len)
-        kv_memory = budget.kv_cache_bytes
-        kv_source, estimated = "estimate: total x utilization - weights - activation - non-torch", True
-    else:
-        kv_memory, kv_source, estimated = 4 * GiB, "estimate: unknown device memory", True
+    kv_memory, kv_source, estimated, budget = _kv_memory(device, settings, geometry, memory, model_bytes)
     num_blocks = kv_memory // bytes_per_block
     if settings.num_gpu_blocks_override is not None:
         num_blocks, kv_source = settings.num_gpu_blocks_override, "--num-gpu-blocks-override"
@@ -380,11 +294,11 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     check_memory = num_blocks * bytes_per_block - bytes_per_block \
         if settings.num_gpu_blocks_override is not None else kv_memory - bytes_per_block
 
-    demand = _demand(geometry, settings, device, max_len, release)
+    demand = request_demand(geometry, settings, device, max_len, release)
     if settings.max_model_len_auto and settings.max_model_len is None:
         fitted = groups.auto_fit_max_model_len(check_memory, demand, derived_len) if check_memory > 0 else 0
         max_len = min(derived_len, fitted) if fitted > 0 else derived_len
-        demand = _demand(geometry, settings, device, max_len, release)
+        demand = request_demand(geometry, settings, device, max_len, release)
     tokens, concurrency = groups.capacity(num_blocks, demand) if num_blocks else (0, 0.0)
     tokens = _reported_kv_tokens(tokens, num_blocks, len(groups.groups), block_size, memory.vllm_version)
 
@@ -394,14 +308,14 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     elif groups.memory_for(demand, max_len) > check_memory:
         fit = groups.auto_fit_max_model_len(check_memory, demand, max_len)
         needed = groups.blocks_per_request(demand)
-        warnings.append(Warning_(
+        warnings.append(PredictedRefusal(
             KV_CACHE_TOO_SMALL,
             f"max model len {max_len} needs {needed} blocks per request; "
             f"the KV cache holds {num_blocks - 1} usable blocks (max model len {fit} fits)",
             FlagChange({"--max-model-len": fit}) if fit > 0 else NO_CHANGE, certain=not estimated))
     seqs = settings.max_num_seqs or api_defaults(device, settings, release)[1]
     if state_bytes and device.platform == "cuda" and not settings.enforce_eager and 1 < num_blocks < seqs:
-        warnings.append(Warning_(
+        warnings.append(PredictedRefusal(
             MAMBA_CACHE_TOO_SMALL,
             f"max num seqs {seqs} exceeds the {num_blocks} Mamba cache blocks: vLLM refuses to capture "
             f"CUDA graphs (each decoding sequence needs one block)", FlagChange({"--max-num-seqs": num_blocks}),
@@ -437,6 +351,42 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
         indexer_bytes_per_token=geometry.indexer_bytes_per_token if device.platform == "cuda" else 0)
 
 
+def _attention_block_size(shape: BackendRule | None, device: Device, geometry: ModelGeometry,
+                          settings: EngineSettings) -> tuple[int, str]:
+    """The block size of the attention layers and where it comes from: the flag, else the backend's
+    preference; some platforms override both."""
+    # platforms/cpu.py: with AMX tiles MLA runs on the AMX kernel, which forces no block size
+    # (the CPU's 128 by default, the flag otherwise); without them the reference kernel forces 16.
+    amx_mla = device.platform == "cpu" and device.cpu_amx and geometry.attention == "mla"
+    if shape is not None and shape.forced_block_size is not None and not amx_mla:
+        return shape.forced_block_size, "platform override"
+    if amx_mla and settings.block_size is None:
+        return 128, "platform default (AMX MLA kernel)"
+    if settings.block_size is not None:
+        return settings.block_size, "flag"
+    return (shape.preferred_block_size if shape else 16), "backend default"
+
+
+def _kv_memory(device: Device, settings: EngineSettings, geometry: ModelGeometry, memory: MemoryInputs,
+               model_bytes: int) -> tuple[int, str, bool, GpuBudget | None]:
+    """The memory given to the KV cache, where it comes from, whether it is estimated, and the GPU
+    budget it was estimated from: a flag or the environment fixes it, else the learned non-KV
+    memory, else vLLM's own profile estimated."""
+    if device.platform == "cpu" and memory.cpu_kv_space_bytes:
+        return memory.cpu_kv_space_bytes, "VLLM_CPU_KVCACHE_SPACE", False, None
+    if settings.kv_cache_memory_bytes is not None:
+        return settings.kv_cache_memory_bytes, "--kv-cache-memory-bytes", False, None
+    if device.platform == "cuda" and device.total_memory_bytes and memory.non_kv_bytes is not None:
+        return (_estimate_gpu_kv_memory(device, settings, geometry, memory, model_bytes),
+                "learned: total x utilization - the non-KV memory of an earlier launch", False, None)
+    if device.platform == "cuda" and device.total_memory_bytes:
+        budget = _gpu_budget(device, settings, geometry, memory, model_bytes,
+                             settings.max_model_len or geometry.default_max_model_len)
+        return (budget.kv_cache_bytes, "estimate: total x utilization - weights - activation - non-torch",
+                True, budget)
+    return 4 * GiB, "estimate: unknown device memory", True, None
+
+
 def architecture_unknowns(geometry: ModelGeometry, version: VllmVersion | None) -> tuple[str, ...]:
     """What the release's architecture table says kvwatch cannot classify about this model."""
     return unknown_reasons(geometry.architectures, dict.fromkeys(geometry.present_fields, True),
@@ -445,52 +395,16 @@ def architecture_unknowns(geometry: ModelGeometry, version: VllmVersion | None) 
 
 def _no_memory_warning(device: Device, settings: EngineSettings, geometry: ModelGeometry,
                        memory: MemoryInputs, model_bytes: int, kv_memory: int, bytes_per_block: int,
-                       estimated: bool) -> Warning_:
+                       estimated: bool) -> PredictedRefusal:
     message = f"no memory is left for KV cache blocks ({kv_memory:,} B for {bytes_per_block:,} B per block)"
     if device.platform == "cuda" and device.total_memory_bytes and settings.gpu_memory_utilization < 0.95:
         higher = replace(settings, gpu_memory_utilization=0.95, gpu_memory_utilization_given=True)
         if _estimate_gpu_kv_memory(device, higher, geometry, memory, model_bytes) >= 2 * bytes_per_block:
-            return Warning_(NO_KV_CACHE_MEMORY, message, FlagChange({"--gpu-memory-utilization": 0.95}),
+            return PredictedRefusal(NO_KV_CACHE_MEMORY, message, FlagChange({"--gpu-memory-utilization": 0.95}),
                             certain=not estimated)
-    return Warning_(NO_KV_CACHE_MEMORY, message + "; no flag frees enough: more GPUs "
+    return PredictedRefusal(NO_KV_CACHE_MEMORY, message + "; no flag frees enough: more GPUs "
                     "(--tensor-parallel-size), a quantized checkpoint or a smaller model", NO_CHANGE,
                     certain=not estimated)
-
-
-def _legality_warnings(choice: BackendChoice, rules: RuleSet, device: Device, geometry: ModelGeometry,
-                       settings: EngineSettings) -> list[Warning_]:
-    kv_dtype = settings.kv_cache_dtype
-    if choice.backend is not None:
-        return [Warning_(limit.kind, limit.message, limit.fix)
-                for limit in rules.kernel_limits
-                if limit.backend == choice.backend.name and kv_dtype in limit.kv_dtypes
-                and device.compute_capability and device.compute_capability[0] in limit.capability_majors]
-    # No backend: say which single flag change would make one valid, in priority order.
-    candidates = [b for n in choice.candidates if (b := rules.backend(n)) is not None
-                  and b.supports_capability(device.compute_capability)
-                  and (b.head_sizes is None or geometry.head_size in b.head_sizes)
-                  and b.attention == geometry.attention and b.platform == device.platform]
-    summary = "; ".join(f"{k}: {', '.join(v)}" for k, v in choice.reasons.items())
-    if settings.attention_backend and not candidates:
-        return [Warning_(NO_ATTENTION_BACKEND,
-                         f"--attention-backend {settings.attention_backend} is not valid here ({summary})",
-                         FlagChange(remove=("--attention-backend",)))]
-    dtype_ok = [b for b in candidates if kv_dtype_reason(b, kv_dtype, device, geometry) is None]
-    if candidates and not dtype_ok:
-        return [Warning_(KV_DTYPE_UNSUPPORTED,
-                         f"no attention backend on {device.name} stores a {kv_dtype} KV cache for this "
-                         f"model ({summary})", FlagChange({"--kv-cache-dtype": "auto"}))]
-    if dtype_ok and settings.block_size is not None:
-        best = dtype_ok[0]
-        legal = best.smallest_block_size_at_least(settings.block_size)
-        sizes = ", ".join(str(s) for s in best.block_sizes)
-        return [Warning_(BLOCK_SIZE_UNSUPPORTED,
-                         f"block size {settings.block_size} is not supported by {best.name} ([{sizes}]); "
-                         f"the smallest legal size at least as large is {legal}",
-                         FlagChange({"--block-size": legal}))]
-    return [Warning_(NO_ATTENTION_BACKEND,
-                     f"no attention backend of vLLM runs this model on {device.name} "
-                     f"(compute capability {device.sm}): {summary}", NO_CHANGE)]
 
 
 def _recurrent_state_bytes(geometry: ModelGeometry, settings: EngineSettings, model_bytes: int,
@@ -524,9 +438,9 @@ def _layer_token_bytes(geometry: ModelGeometry, settings: EngineSettings, dtype_
     """Bytes per token of each cache layer (a state layer: 0), in model order."""
     layout = geometry.layout
     if layout.head_sizes is None or layout.kv_heads is None or geometry.attention == "mla":
-        return [0 if kind == MAMBA else uniform for kind in layout.kinds]
-    return [0 if kind == MAMBA else _token_bytes(heads, size, settings, dtype_bytes)
-            for kind, size, heads in zip(layout.kinds, layout.head_sizes, layout.kv_heads, strict=True)]
+        return [0 if layer_kind == MAMBA else uniform for layer_kind in layout.kinds]
+    return [0 if layer_kind == MAMBA else _token_bytes(heads, size, settings, dtype_bytes)
+            for layer_kind, size, heads in zip(layout.kinds, layout.head_sizes, layout.kv_heads, strict=True)]
 
 
 def _kv_groups(geometry: ModelGeometry, settings: EngineSettings, block_size: int, pages: list[int],
@@ -539,16 +453,16 @@ def _kv_groups(geometry: ModelGeometry, settings: EngineSettings, block_size: in
         kinds = promote_local_layers(kinds)
     window = geometry.layout.window
     # A state page is padded up to the attention page; with no attention layer it is its own size.
-    attention_pages = [page for kind, page in zip(kinds, pages, strict=True) if kind != MAMBA]
+    attention_pages = [page for layer_kind, page in zip(kinds, pages, strict=True) if layer_kind != MAMBA]
     state_page = max(attention_pages) if attention_pages else state_bytes
     checkpoints = geometry.layout.state.checkpoint_blocks if geometry.layout.state else 0
-    specs = [LayerSpec(MAMBA, block_size, state_page, state_bytes, checkpoint_blocks=checkpoints) if kind == MAMBA
-             else LayerSpec(kind, block_size, page, page, window if kind in (SLIDING, CHUNKED) else None)
-             for kind, page in zip(kinds, pages, strict=True)]
+    specs = [LayerSpec(MAMBA, block_size, state_page, state_bytes, checkpoint_blocks=checkpoints) if layer_kind == MAMBA
+             else LayerSpec(layer_kind, block_size, page, page, window if layer_kind in (SLIDING, CHUNKED) else None)
+             for layer_kind, page in zip(kinds, pages, strict=True)]
     return kv_groups(specs)
 
 
-def _shared_layer_warnings(geometry: ModelGeometry, settings: EngineSettings, groups: KvGroups) -> list[Warning_]:
+def _shared_layer_warnings(geometry: ModelGeometry, settings: EngineSettings, groups: KvGroups) -> list[PredictedRefusal]:
     """vLLM 0.32 sizes the cache, then fails to build the attention backends when a KV-shared layer
     joins a group whose layers differ in page size (Gemma 4 with --disable-hybrid-kv-cache-manager:
     one group of sliding and wide full layers): the group's per-layer specs
@@ -561,34 +475,9 @@ def _shared_layer_warnings(geometry: ModelGeometry, settings: EngineSettings, gr
     first = geometry.num_layers - shared
     fix = FlagChange(remove=("--disable-hybrid-kv-cache-manager",)) if settings.disable_hybrid_kv_cache_manager \
         else NO_CHANGE
-    return [Warning_(CONFIG_REFUSED,
+    return [PredictedRefusal(CONFIG_REFUSED,
                      f"KeyError: 'model.layers.{first}.self_attn.attn': vLLM sizes this cache, then fails to set up "
                      f"attention for layer {first}, which reads another layer's cache from a KV cache group whose "
                      f"layers differ in page size", fix)]
 
 
-def _prefix_caching(geometry: ModelGeometry, settings: EngineSettings) -> bool:
-    """Whether prefix caching is on: the flag, else vLLM's default (config/model.py
-    is_prefix_caching_supported: on for decoders and hybrids, off for attention-free models)."""
-    if settings.enable_prefix_caching is not None:
-        return settings.enable_prefix_caching
-    return geometry.attention != "none"
-
-
-def _demand(geometry: ModelGeometry, settings: EngineSettings, device: Device, max_model_len: int,
-            release: Release) -> Demand:
-    """What one request may hold: max_model_len, and the tokens in flight that sliding-window and
-    chunked layers keep on top of their window (VllmConfig.max_in_flight_tokens)."""
-    batched = settings.max_num_batched_tokens or api_defaults(device, settings, release)[0]
-    chunked_prefill = settings.enable_chunked_prefill
-    if device.platform == "cpu" and geometry.attention == "mla" and not device.cpu_amx:
-        chunked_prefill = False            # platforms/cpu.py: the reference MLA kernel turns chunked prefill off
-        batched = max(max_model_len, 2048) if settings.max_num_batched_tokens is None else batched
-    elif chunked_prefill is False and settings.max_num_batched_tokens is None:
-        batched = max(max_model_len, batched)
-    pp = max(1, settings.pipeline_parallel_size)
-    # Async scheduling (on by default on GPUs, always off on the CPU platform) overlaps two batches.
-    concurrent_batches = 2 if pp == 1 and device.platform != "cpu" else pp
-    return Demand(max_model_len=max_model_len, max_in_flight_tokens=concurrent_batches * batched,
-                  # prefix caching is on by default (off on CPU for MLA); on a hybrid it keeps states aligned
-                  mamba_align=_prefix_caching(geometry, settings) and geometry.layout.state is not None)

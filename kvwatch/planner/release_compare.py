@@ -146,7 +146,7 @@ def _polarity(found: Match) -> str:
 def _meaning(found: Match) -> str:
     """What a matched token sets: the option, with `off` for a switch's inverse."""
     assert found.option is not None
-    return f"{found.option.name} off" if found.option.kind == "bool" and _polarity(found) == "off" \
+    return f"{found.option.name} off" if found.option.form == "bool" and _polarity(found) == "off" \
         else found.option.name
 
 
@@ -174,8 +174,8 @@ def _meaning_row(token: str, value: str | None, ra: str, rb: str, ma: Match, mb:
     assert oa is not None and ob is not None
     if oa.dest != ob.dest:
         return Difference(field, _meaning(ma), _meaning(mb), f"the prefix now means {ob.name}", _cite(rb, ob))
-    pa = _polarity(ma) if oa.kind == "bool" else "on"
-    pb = _polarity(mb) if ob.kind == "bool" else "on"
+    pa = _polarity(ma) if oa.form == "bool" else "on"
+    pb = _polarity(mb) if ob.form == "bool" else "on"
     if pa != pb:
         return Difference(field, f"{oa.name} {pa}", f"{ob.name} {pb}", f"turns {ob.name} {pb} in vLLM {rb}",
                           _cite(rb, ob))
@@ -190,8 +190,8 @@ def _meaning_row(token: str, value: str | None, ra: str, rb: str, ma: Match, mb:
             why = "choices " + "; ".join(p for p in (f"lost {', '.join(lost)}" if lost else "",
                                                       f"gained {', '.join(gained)}" if gained else "") if p)
         return Difference(field, value, value, why, _cite(rb, ob))
-    if oa.nargs != ob.nargs or (oa.kind == "value") != (ob.kind == "value"):
-        return Difference(field, f"{oa.kind} {oa.nargs}", f"{ob.kind} {ob.nargs}",
+    if oa.nargs != ob.nargs or (oa.form == "value") != (ob.form == "value"):
+        return Difference(field, f"{oa.form} {oa.nargs}", f"{ob.form} {ob.nargs}",
                           f"takes {'no value' if not ob.takes_value else 'a value'} in vLLM {rb}", _cite(rb, ob))
     gained_inverse = sorted(ob.negative - oa.negative)
     if gained_inverse:

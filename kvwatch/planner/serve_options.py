@@ -26,7 +26,7 @@ class ServeOption:
     spellings: tuple[str, ...]      # every spelling that sets it (aliases such as -tp included)
     negative: frozenset[str]        # spellings that unset a 'bool' (--no-X; from 0.33 --disable-X too)
     dest: str
-    kind: str                       # 'value', 'switch' or 'bool'
+    form: str                       # 'value' (takes values), 'switch' (sets a constant) or 'bool'
     nargs: Any                      # None (one value), '?', '+', '*' or a count
     choices: tuple[str, ...] | None
     const: Any
@@ -35,7 +35,7 @@ class ServeOption:
 
     @property
     def takes_value(self) -> bool:
-        return self.kind == "value" and self.nargs != 0
+        return self.form == "value" and self.nargs != 0
 
 
 @dataclass(frozen=True)
@@ -66,8 +66,8 @@ class ReleaseOptions:
         self.release = release
         self.by_name: dict[str, ServeOption] = {}
         self.by_spelling: dict[str, ServeOption] = {}
-        for name, (spellings, negative, dest, kind, nargs, choices, const, convert, source) in table.items():
-            option = ServeOption(name, spellings, frozenset(negative), dest, kind, nargs, choices, const, convert,
+        for name, (spellings, negative, dest, form, nargs, choices, const, convert, source) in table.items():
+            option = ServeOption(name, spellings, frozenset(negative), dest, form, nargs, choices, const, convert,
                                  source)
             self.by_name[name] = option
             for spelling in (*spellings, *negative):

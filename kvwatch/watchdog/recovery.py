@@ -11,8 +11,10 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from kvwatch.diagnosis import Diagnosis, FailureKind, GpuContext, diagnose, propose_remedy
+from kvwatch.diagnosis.facts import BlockSizeFacts, facts_as
 from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.flag_change import NO_CHANGE, FlagChange
 from kvwatch.planner.plan import Plan
@@ -130,4 +132,10 @@ def decide(diagnosis: Diagnosis, command: EngineCommand, *, detail: str = "",
         remedy_reason=remedy.reason,
         correction=CorrectionRecord(kind, change, remedy.reason, now, list(command.argv), list(corrected.argv)),
         constraint=Constraint(kind, evidence or "", change, FAILURE,
-                              dict(diagnosis.facts.get("backend_block_sizes") or {})))
+                              _backend_block_sizes(diagnosis)))
+
+
+def _backend_block_sizes(diagnosis: Diagnosis) -> dict[str, list[Any]]:
+    """The block sizes the engine's backends said they accept (kept as a constraint for the next plans)."""
+    facts = facts_as(diagnosis.typed_facts, BlockSizeFacts)
+    return {name: list(rules) for name, rules in facts.backend_block_sizes.items()}

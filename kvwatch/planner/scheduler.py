@@ -1,0 +1,35 @@
+"""vLLM's scheduler limits as the KV cache sees them: prefix caching, and what one request may hold (pure)."""
+from __future__ import annotations
+
+from kvwatch.planner.devices import Device
+from kvwatch.planner.engine_args import EngineSettings
+from kvwatch.planner.geometry import ModelGeometry
+from kvwatch.planner.gpu_budget import Release, api_defaults
+from kvwatch.planner.kv_groups import Demand
+
+
+def prefix_caching_on(geometry: ModelGeometry, settings: EngineSettings) -> bool:
+    """Whether prefix caching is on: the flag, else vLLM's default (config/model.py
+    is_prefix_caching_supported: on for decoders and hybrids, off for attention-free models)."""
+    if settings.enable_prefix_caching is not None:
+        return settings.enable_prefix_caching
+    return geometry.attention != "none"
+
+
+def request_demand(geometry: ModelGeometry, settings: EngineSettings, device: Device, max_model_len: int,
+            release: Release) -> Demand:
+    """What one request may hold: max_model_len, and the tokens in flight that sliding-window and
+    chunked layers keep on top of their window (VllmConfig.max_in_flight_tokens)."""
+    batched = settings.max_num_batched_tokens or api_defaults(device, settings, release)[0]
+    chunked_prefill = settings.enable_chunked_prefill
+    if device.platform == "cpu" and geometry.attention == "mla" and not device.cpu_amx:
+        chunked_prefill = False            # platforms/cpu.py: the reference MLA kernel turns chunked prefill off
+        batched = max(max_model_len, 2048) if settings.max_num_batched_tokens is None else batched
+    elif chunked_prefill is False and settings.max_num_batched_tokens is None:
+        batched = max(max_model_len, batched)
+    pp = max(1, settings.pipeline_parallel_size)
+    # Async scheduling (on by default on GPUs, always off on the CPU platform) overlaps two batches.
+    concurrent_batches = 2 if pp == 1 and device.platform != "cpu" else pp
+    return Demand(max_model_len=max_model_len, max_in_flight_tokens=concurrent_batches * batched,
+                  # prefix caching is on by default (off on CPU for MLA); on a hybrid it keeps states aligned
+                  mamba_align=prefix_caching_on(geometry, settings) and geometry.layout.state is not None)
