@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from kvwatch.boundary.proc_inspect import ProcInfo, ProcRef
 from kvwatch.watchdog.leftovers import CleanupReport
+from kvwatch.watchdog.ownership import EngineProof
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,7 @@ class FakeEngine:
 
     def __init__(self, pid: int, script: Launch, started: float) -> None:
         self.pid = self.pgid = pid
+        self.create_time = 1.0
         self.script = script
         self.started = started
         self._read, self._write = os.pipe()
@@ -166,10 +168,18 @@ class FakeOs:
             return []
         return [ProcInfo(engine.pid, 1, engine.pgid, "vllm", 1.0, None, ("vllm", "serve"))]
 
-    def end_marked(self, marker: str, timeout: float, sleep: Callable[[float], None]) -> list[int]:
+    def proof(self, engine: FakeEngine) -> EngineProof | None:  # type: ignore[override]
+        return EngineProof(engine.pid, engine.create_time, engine.pgid, engine.pid, 1000)
+
+    def owned(self, proof: EngineProof | None, recorded: Iterable[ProcRef],
+              skip: Iterable[int]) -> list[tuple[ProcRef, str]]:
         return []
 
-    def clean_leftovers(self, refs: list[ProcRef], marker: str, port: int | None,
+    def end_owned(self, proof: EngineProof | None, recorded: Iterable[ProcRef], timeout: float,
+                  sleep: Callable[[float], None], skip: Iterable[int]) -> tuple[list[int], list[str]]:
+        return [], []
+
+    def clean_leftovers(self, refs: list[ProcRef], proof: EngineProof | None, port: int | None,
                         gpu_holders: Callable[[], Iterable[tuple[str, int]]], timeout: float,
                         sleep: Callable[[float], None]) -> CleanupReport:
         return CleanupReport()
