@@ -176,12 +176,13 @@ class FakeOs:
         return []
 
     def end_owned(self, proof: EngineProof | None, recorded: Iterable[ProcRef], timeout: float,
-                  sleep: Callable[[float], None], skip: Iterable[int]) -> tuple[list[int], list[str]]:
+                  sleep: Callable[[float], None], skip: Iterable[int],
+                  others: Callable[[], frozenset[int]] = frozenset) -> tuple[list[int], list[str]]:
         return [], []
 
     def clean_leftovers(self, refs: list[ProcRef], proof: EngineProof | None, port: int | None,
                         gpu_holders: Callable[[], Iterable[tuple[str, int]]], timeout: float,
-                        sleep: Callable[[float], None]) -> CleanupReport:
+                        sleep: Callable[[float], None], others: Callable[[], frozenset[int]] = frozenset) -> CleanupReport:
         return CleanupReport()
 
     def reap_orphans(self, keep: frozenset[int]) -> list[int]:

@@ -161,7 +161,8 @@ def test_the_next_kvwatch_ends_what_a_killed_kvwatch_and_reaper_left(tmp_path: P
         left = {pid: ref for pid, ref in old.items() if running(ref.pid, ref.create_time)}
         assert daemon in left and escaped in left and len(left) >= 3, left   # the API server may go (pdeathsig)
 
-        second = Run(tmp_path, engine).start()
+        # The next kvwatch runs another command (another port): the proof is kept all the same.
+        second = Run(tmp_path, [*engine[:-5], str(free_port()), *engine[-4:]]).start()
         data = second.wait("ready", lambda d: d["state"] == "ready", 30)
         assert [pid for pid, ref in left.items() if running(pid, ref.create_time)] == []
         stopped = re.search(r"leftovers: stopped our earlier engine processes \[([\d, ]+)\]", second.log())

@@ -60,12 +60,12 @@ class WatchdogOs(Protocol):
               skip: Iterable[int]) -> list[tuple[ProcRef, str]]:
         """The processes on the host proven the engine's now, each with its proof."""
     def end_owned(self, proof: EngineProof | None, recorded: Iterable[ProcRef], timeout: float, sleep: Sleep,
-                  skip: Iterable[int]) -> tuple[list[int], list[str]]:
+                  skip: Iterable[int], others: Callable[[], frozenset[int]] = frozenset) -> tuple[list[int], list[str]]:
         """End what is proven the engine's (also what left its group); the pids ended and the
-        lookalikes not provably its own (reported, left alone)."""
+        lookalikes not provably its own (reported, left alone; `others`: pids other kvwatch claim)."""
     def clean_leftovers(self, refs: list[ProcRef], proof: EngineProof | None, port: int | None,
                         gpu_holders: Callable[[], Iterable[tuple[str, int]]], timeout: float,
-                        sleep: Sleep) -> CleanupReport:
+                        sleep: Sleep, others: Callable[[], frozenset[int]] = frozenset) -> CleanupReport:
         """Before a launch: end what is left of our earlier engines, report anyone else's."""
     def reap_orphans(self, keep: frozenset[int]) -> list[int]:
         """As PID 1 (a container's entrypoint), reap the orphans re-parented to us; [] otherwise."""
@@ -111,13 +111,13 @@ class RealOs:
         return [(ref, found.judged[ref.pid].why) for ref in found.owned]
 
     def end_owned(self, proof: EngineProof | None, recorded: Iterable[ProcRef], timeout: float, sleep: Sleep,
-                  skip: Iterable[int]) -> tuple[list[int], list[str]]:
-        return leftovers.end_owned(proof, recorded, timeout, sleep, skip)
+                  skip: Iterable[int], others: Callable[[], frozenset[int]] = frozenset) -> tuple[list[int], list[str]]:
+        return leftovers.end_owned(proof, recorded, timeout, sleep, skip, others())
 
     def clean_leftovers(self, refs: list[ProcRef], proof: EngineProof | None, port: int | None,
                         gpu_holders: Callable[[], Iterable[tuple[str, int]]], timeout: float,
-                        sleep: Sleep) -> CleanupReport:
-        return leftovers.clean(refs, proof, port, gpu_holders, timeout, sleep=sleep)
+                        sleep: Sleep, others: Callable[[], frozenset[int]] = frozenset) -> CleanupReport:
+        return leftovers.clean(refs, proof, port, gpu_holders, timeout, sleep=sleep, others=others())
 
     def reap_orphans(self, keep: frozenset[int]) -> list[int]:
         if os.getpid() != 1 and not spawn.is_subreaper():

@@ -51,6 +51,7 @@ from kvwatch.watchdog.config import Config
 from kvwatch.watchdog.engine_ranks import lines_of_rank
 from kvwatch.watchdog.engine_tree import EngineTree
 from kvwatch.watchdog.gpu_view import GpuView
+from kvwatch.watchdog.host_registry import HostRegistry
 from kvwatch.watchdog.launch_watch import (
     Event,
     LaunchEnd,
@@ -166,6 +167,7 @@ class Supervisor:
         self._upgrade: ReleaseChange | None = None   # that change, until the new release measured its cache
         self._proof: EngineProof | None = None   # what proves a process the running engine's (recorded at spawn)
         self._escaped = 0   # processes that looked like the engine's at the last stop or clean-up, not provably
+        self._registry: HostRegistry | None = None   # the other instances' claims, read at a stop or clean-up
         self._status = self._make_status()
 
     # -- public ------------------------------------------------------------------------
@@ -284,7 +286,7 @@ class Supervisor:
                 _LOG.info("state: the engine command changed; earlier corrections do not apply, "
                           "what this host's engine taught (constraints) does")
                 self._record = EngineRecord(name=self.name, pids=record.pids, pgid=record.pgid,
-                                            constraints=record.constraints)
+                                            engine_proof=record.engine_proof, constraints=record.constraints)
             self._record.original_argv = configured
             self._record.argv = configured
         self._note_release(record)
@@ -418,11 +420,17 @@ class Supervisor:
         except KvwatchError:
             port = None
         report = self._os.clean_leftovers(refs, self._recorded_proof(), port, self._gpu_holders,
-                                          self.config.engine.stop_timeout_seconds, self._sleep)
+                                          self.config.engine.stop_timeout_seconds, self._sleep, self._others)
         self._record.foreign = report.foreign
         self._record.pids = []
         self._record.engine_proof = {}
         self._note_escaped(report.escaped)
+
+    def _others(self) -> frozenset[int]:
+        """The pids other kvwatch instances on this host claim (never reported as escaped from ours)."""
+        if self._registry is None:   # read only: this kvwatch's own claim is the exporter's to write
+            self._registry = HostRegistry(self.config.state_dir, self.name)
+        return self._registry.others()
 
     def _note_escaped(self, lines: list[str]) -> None:
         """Lookalikes not provably the engine's (ownership.py): logged by leftovers, kept, counted."""
@@ -647,7 +655,7 @@ class Supervisor:
                 owned.append(ref)
         self._os.stop_group(run.proc, timeout, owned, self._clock.now, self._sleep)
         # What forked meanwhile, or left the session: a second look, then the lookalikes reported.
-        stopped, escaped = self._os.end_owned(self._proof, owned, timeout, self._sleep, reaper)
+        stopped, escaped = self._os.end_owned(self._proof, owned, timeout, self._sleep, reaper, self._others)
         if stopped:
             _LOG.warning("stop: ended %d engine process(es) outside its group: %s", len(stopped), stopped)
         self._note_escaped(escaped)
