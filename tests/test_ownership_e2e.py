@@ -21,6 +21,7 @@ import pytest
 from engine_support import engine_argv, engine_env, free_port, http_get, llama_config, require_engine, write_model
 from waiting import eventually
 
+from kvwatch.boundary import spawn
 from kvwatch.boundary.proc_inspect import ProcRef
 from kvwatch.watchdog import leftovers
 from kvwatch.watchdog.ownership import EngineProof, Verdict
@@ -138,6 +139,7 @@ def test_the_next_kvwatch_ends_what_a_killed_kvwatch_and_reaper_left(tmp_path: P
     kvwatch and its reaper leaves all three. The next kvwatch proves each one the engine's from the
     state file, ends it before its own launch and says so; an orphan that only calls itself
     EngineCore is reported (log, state file, kvwatch_engine_escaped_processes) and left alone."""
+    assert spawn.become_subreaper(False)   # the lookalike below must go to init, not to this process
     model = write_model(tmp_path / "tiny", llama_config())
     daemon_file, escape_file, other_file = tmp_path / "daemon.pid", tmp_path / "escape.pid", tmp_path / "other.pid"
     engine = [sys.executable, FAKE, "--model", str(model), "--port", str(free_port()),
