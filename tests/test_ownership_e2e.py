@@ -145,6 +145,7 @@ def test_the_next_kvwatch_ends_what_a_killed_kvwatch_and_reaper_left(tmp_path: P
     engine = [sys.executable, FAKE, "--model", str(model), "--port", str(free_port()),
               "--daemon", str(daemon_file), "--escape", str(escape_file)]
     first = Run(tmp_path, engine).start()
+    second: Run | None = None
     other: int | None = None
     try:
         assert eventually(lambda: daemon_file.exists() and escape_file.exists(), 30)
@@ -189,6 +190,15 @@ def test_the_next_kvwatch_ends_what_a_killed_kvwatch_and_reaper_left(tmp_path: P
     finally:
         if first.proc is not None and first.proc.poll() is None:
             first.proc.kill()
+        if second is not None and second.proc is not None and second.proc.poll() is None:
+            second.stop()   # ends its engine and the engine's daemons
+        for pid_file in (daemon_file, escape_file):   # a failed test may leave the first launch's daemons
+            try:
+                pid = int(pid_file.read_text())
+                if psutil.Process(pid).name() == "VLLM::Daemon":   # never a reused pid's stranger
+                    os.kill(pid, signal.SIGKILL)
+            except (OSError, ValueError, psutil.Error):
+                pass
         if other is not None:
             try:
                 os.kill(other, signal.SIGKILL)
@@ -209,6 +219,7 @@ def test_on_the_real_engine_every_process_of_a_killed_kvwatch_is_proven_and_ende
     env = engine_env(1)
     first = Run(tmp_path, engine_argv(model, free_port()), start_timeout=240, env=env).start()
     frozen: dict[int, ProcRef] = {}
+    second: Run | None = None
     try:
         data = first.wait("ready", lambda d: d["state"] == "ready" and len(d["pids"]) >= 2, 240)
         proof = EngineProof.from_json(data["engine_proof"])
@@ -225,6 +236,9 @@ def test_on_the_real_engine_every_process_of_a_killed_kvwatch_is_proven_and_ende
         assert verdicts and set(verdicts.values()) == {Verdict.OWN}, {pid: (names[pid], judged[pid].why)
                                                                       for pid in verdicts}
         assert set(verdicts) == set(tree)
+        marker_read = {pid: leftovers.MARKER_ENV in psutil.Process(pid).environ() for pid in tree}
+        for pid in sorted(tree):
+            print(f"[ownership] pid {pid} {names[pid]!r}: {judged[pid].why}; marker readable: {marker_read[pid]}")
 
         second = Run(tmp_path, engine_argv(model, free_port()), start_timeout=240, env=env).start()
         second.wait("launched", lambda d: d["state"] == "starting", 60)
@@ -236,6 +250,8 @@ def test_on_the_real_engine_every_process_of_a_killed_kvwatch_is_proven_and_ende
     finally:
         if first.proc is not None and first.proc.poll() is None:
             first.proc.kill()
+        if second is not None and second.proc is not None and second.proc.poll() is None:
+            second.stop()
         for pid, ref in frozen.items():
             if running(pid, ref.create_time):
                 os.kill(pid, signal.SIGKILL)

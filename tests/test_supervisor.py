@@ -751,6 +751,23 @@ def test_a_double_forked_daemon_is_ended_and_reported_at_stop(tmp_path: Path, mo
     assert run.sup.status.escaped_processes == 0
 
 
+def test_a_double_forked_daemon_is_ended_at_a_restart(tmp_path: Path, model: Path) -> None:
+    """The engine dies while serving and is relaunched: its double-forked daemon (out of its group, an
+    empty environment, a vLLM-like title) is ended with it, before the relaunch serves."""
+    pid_file = tmp_path / "daemon.pid"
+    argv = fake(model, free_port(), "--daemon", str(pid_file), "--die-after", "1", "--die-once", str(tmp_path / "died"))
+    rec = Recorder()
+    run = Running(supervisor(config(tmp_path, argv), rec))
+    run.wait_state(EngineState.READY)
+    assert eventually(pid_file.exists, 10)
+    first = int(pid_file.read_text())
+    first_started = psutil.Process(first).create_time()
+    assert eventually(lambda: rec.states().count("ready") == 2, 30)
+    assert not psutil.pid_exists(first) or psutil.Process(first).create_time() != first_started \
+        or psutil.Process(first).status() == psutil.STATUS_ZOMBIE, "the first launch's daemon survived the restart"
+    assert run.stop() == EXIT_OK
+
+
 def test_the_plan_converges_on_the_engines_own_profile(tmp_path: Path) -> None:
     """A GPU engine (the fake one replaying a real A100 log of vLLM 0.10.1) says "Available KV cache
     memory: 24.83 GiB": the estimated plan in force becomes a learned one with exactly that memory at
