@@ -61,6 +61,8 @@ BAR_P99_S = 0.050
 BAR_RSS = 100 * 2**20
 KVWATCH_ROOT = ROOT      # --kvwatch-root: the kvwatch package run (an earlier commit's, for a before/after)
 GOOD = "Basic " + base64.b64encode(b"prometheus:s3cret").decode()
+ATTACKER = "127.0.0.2"   # the brute force's address (loopback: all of 127/8 is local)
+NEW_USERS = [f"newcomer{i}" for i in range(3)]   # credentials first used during the brute force
 
 
 # -- the well-behaved scraper ---------------------------------------------------------------------
@@ -245,8 +247,10 @@ def bad_passwords(port: int, stop: threading.Event, tls: bool) -> None:
     def run() -> None:
         while not stop.is_set():
             auth = "Basic " + base64.b64encode(f"prometheus:wrong{next(counter)}".encode()).decode()
-            conn = (http.client.HTTPSConnection("127.0.0.1", port, timeout=15, context=ctx) if tls
-                    else http.client.HTTPConnection("127.0.0.1", port, timeout=15))
+            # From another address, as a brute force comes from another host (the fair queue is by address).
+            conn = (http.client.HTTPSConnection("127.0.0.1", port, timeout=15, context=ctx,
+                                                source_address=(ATTACKER, 0)) if tls
+                    else http.client.HTTPConnection("127.0.0.1", port, timeout=15, source_address=(ATTACKER, 0)))
             try:
                 conn.request("GET", "/metrics", headers={"Authorization": auth})
                 conn.getresponse().read()
@@ -254,7 +258,7 @@ def bad_passwords(port: int, stop: threading.Event, tls: bool) -> None:
                 pass
             finally:
                 conn.close()
-    _threads(run, 8, stop)
+    _threads(run, 32, stop)
 
 
 def _threads(fn: Callable[[], None], n: int, stop: threading.Event) -> None:
@@ -294,8 +298,9 @@ def start_kvwatch(tmp: Path, engine_port: int, secure: bool) -> tuple[subprocess
     if secure:
         crt, key = self_signed(tmp)
         hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=10)).decode()
+        users = "".join(f"  {u}: '{hashed}'\n" for u in ["prometheus", *NEW_USERS])
         (tmp / "web.yml").write_text(f"tls_server_config:\n  cert_file: {crt}\n  key_file: {key}\n"
-                                     f"basic_auth_users:\n  prometheus: '{hashed}'\n")
+                                     f"basic_auth_users:\n{users}")
         args = ["--web-config", str(tmp / "web.yml")]
         client = ssl.create_default_context(cafile=str(crt))
         client.check_hostname = False
@@ -347,6 +352,39 @@ def phase(name: str, attack: Callable[[threading.Event], None] | None, seconds: 
     p50 = times[len(times) // 2] if times else float("inf")
     p99 = times[min(len(times) - 1, int(len(times) * 0.99))] if times else float("inf")
     return name, len(times), scraper.failures, p50, p99, rss / 2**20, threads, cpu * 100
+
+
+def newcomers(port: int, client: ssl.SSLContext, seconds: float) -> list[float]:
+    """During a brute force from ATTACKER: seconds until each never-seen credential's first 200."""
+    mp = multiprocessing.get_context("fork")
+    stop = mp.Event()
+    attacker = mp.Process(target=bad_passwords, args=(port, stop, True), daemon=True)
+    attacker.start()
+    time.sleep(min(2.0, seconds / 2))
+    waits = []
+    try:
+        for user in NEW_USERS:
+            header = "Basic " + base64.b64encode(f"{user}:s3cret".encode()).decode()
+            t0 = time.perf_counter()
+            status = 0
+            while status != 200 and time.perf_counter() - t0 < 30:
+                conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=30, context=client)
+                try:
+                    conn.request("GET", "/metrics", headers={"Authorization": header})
+                    resp = conn.getresponse()
+                    resp.read()
+                    status = resp.status
+                except (OSError, http.client.HTTPException):
+                    pass
+                finally:
+                    conn.close()
+            waits.append(time.perf_counter() - t0 if status == 200 else float("inf"))
+    finally:
+        stop.set()
+        attacker.join(10)
+        if attacker.is_alive():
+            attacker.kill()
+    return waits
 
 
 def hostile_page(series: int, label_bytes: int) -> bytes:
@@ -497,6 +535,10 @@ def http_attacks(seconds: float, only: str | None = None) -> None:
                     print(f"{label:<12}{name:<15}{kind:<11}{ok:5d}{failed:7d}{p50 * 1000:8.2f}{p99 * 1000:8.2f}"
                           f"{rss:8.1f}{threads:8d}{cpu:7.1f}", flush=True)
                     time.sleep(1.0)
+            if client is not None and only in (None, "bad-passwords"):
+                waits = newcomers(port, client, seconds)
+                print(f"{label:<12}{'bad-passwords':<15}new credentials from another address, first 200 after: "
+                      + ", ".join(f"{w * 1000:.0f} ms" for w in waits), flush=True)
         finally:
             proc.terminate()
             proc.wait(10)

@@ -1,11 +1,11 @@
 """The GPU memory budget before launch: kvwatch's KV memory and tokens vs what vLLM gave itself, on
 real GPU start-ups, the held-out third apart from the runs the terms were fitted on.
 
-Every successful start-up of tests/fixtures/gpu_logs/corpus.json (public logs: vLLM 0.6-0.27,
-A100, H100, L40S, A40, RTX 3090/4090/4070/6000 Ada/PRO 6000, T4; TP 1-4; dense, MoE, multimodal,
-quantized; sources in its README): kvwatch's plan for the model's config.json, the flags, the
-environment and the vLLM version of the run, on a GPU of the logged CUDA total (else the card's
-name), beside the "Available KV cache memory" the engine logged, and two rules of thumb:
+Every successful start-up of tests/fixtures/gpu_logs/corpus.json (public logs: vLLM 0.6-0.31,
+A100, H100, H200, L40S, A40, GB10, RTX 3090/4090/4070/6000 Ada/PRO 6000, T4; TP 1-8, PP 2-4; dense, MoE,
+MLA, sliding window, multimodal, quantized; sources in its README): kvwatch's plan for the model's
+config.json, the flags, the environment and the vLLM version of the run, on a GPU of the logged CUDA
+total (else the card's name), beside the "Available KV cache memory" the engine logged, and two rules of thumb:
 - fixed overhead (kvwatch before issue 16): total x util - weights - (1.5 GiB + 2 % of the card);
 - weights + KV x 1.15: KV = (total x util - weights) / 1.15.
 Weights for the rules come from config.json (the planner's estimate).
@@ -14,7 +14,9 @@ Per run: the relative error of the KV memory, the term that explains most of it 
 the log states: weights, activation, non-torch, CUDA graphs; "unattributed" is what no logged line
 explains) and its size in GiB; the KV tokens against the logged "GPU KV cache size", both as
 planned and given the logged KV memory (the layout alone: block size, groups, hybrid padding).
-llm-d's planner publishes 6.7 % mean absolute error of the KV memory on its 57 runs.
+llm-d's planner publishes 6.7 % mean absolute error of the KV memory on its 57 runs. The 37 runs of
+llm-d-planner's 0.19.0 H100 sweep (one lab, one card, one release) are also left out in a second set of
+summaries, since they are not independent of each other.
 
 Run: .venv/bin/python bench/bench_gpu_budget.py [-v]
 """
@@ -44,6 +46,7 @@ from gpu_log_corpus import (  # noqa: E402
 from kvwatch.planner.weights import weights_bytes  # noqa: E402
 
 LLM_D_MAE = 0.067   # llm-d-benchmark config_explorer: predicted vs actual KV memory, 57 runs
+SWEEP = "llm-d-planner accuracy sweep"   # the corpus's `batch` of one lab's 0.19.0 H100 runs, reported apart too
 
 
 def _rules(run: dict, est_weights_gib: float) -> tuple[float, float]:
@@ -54,10 +57,7 @@ def _rules(run: dict, est_weights_gib: float) -> tuple[float, float]:
 
 def main() -> None:
     verbose = "-v" in sys.argv[1:]
-    rows: dict[str, dict[str, list[float]]] = {s: {k: [] for k in ("kvwatch", "fixed", "x1.15", "tokens",
-                                                                   "tokens_at_logged_kv", "hybrid_tokens")}
-                                               for s in (FIT, HELD_OUT)}
-    zeros = {FIT: 0, HELD_OUT: 0}
+    records: list[tuple[str, bool, dict[str, float]]] = []   # (split, in the llm-d sweep, figures)
     print(f"{'run':<42}{'split':>9}{'logged':>8}{'kvwatch':>8}{'err':>8}  {'worst term (GiB of KV)':<24}"
           f"{'fixed':>8}{'x1.15':>8}{'tokens err':>11}{'at logged KV':>13}")
     with tempfile.TemporaryDirectory() as tmp:
@@ -78,41 +78,47 @@ def main() -> None:
             tp = run.get("tensor_parallel_size", 1)
             est_weights = (weights_bytes(cfg.get("text_config") or cfg, 2) or 0) / GiB / tp
             fixed, rule = _rules(run, est_weights)
-            zeros[split] += ours <= 0
-            table = rows[split]
-            table["kvwatch"].append(err)
-            table["fixed"].append((fixed - logged) / logged)
-            table["x1.15"].append((rule - logged) / logged)
+            figures = {"kvwatch": err, "fixed": (fixed - logged) / logged, "x1.15": (rule - logged) / logged,
+                       "zero": float(ours <= 0)}
+            if run.get("llm_d_predicted_kv_gib") is not None:   # llm-d's planner on the same run, as it published
+                figures["llm-d"] = (run["llm_d_predicted_kv_gib"] - logged) / logged
             tokens = run["logged"].get("kv_cache_tokens")
             tok, tok_exact = "", ""
             if tokens:
                 t_err, t_exact = (plan.kv_cache_tokens - tokens) / tokens, (exact.kv_cache_tokens - tokens) / tokens
-                table["tokens"].append(t_err)
-                table["tokens_at_logged_kv"].append(t_exact)
+                figures["tokens"], figures["tokens_at_logged_kv"] = t_err, t_exact
                 if is_hybrid(plan):
-                    table["hybrid_tokens"].append(t_err)
+                    figures["hybrid_tokens"] = t_err
                 tok, tok_exact = f"{t_err:+.1%}", f"{t_exact:+.1%}"
+            records.append((split, SWEEP in str(run.get("batch", "")), figures))
             term, size = worst_term(residual_terms(run, budget))
             print(f"{run['name']:<42}{split:>9}{logged:>8.2f}{ours:>8.2f}{err:>+8.1%}  {term + f' {size:+.2f}':<24}"
-                  f"{(fixed - logged) / logged:>+8.1%}{(rule - logged) / logged:>+8.1%}{tok:>11}{tok_exact:>13}")
+                  f"{figures['fixed']:>+8.1%}{figures['x1.15']:>+8.1%}{tok:>11}{tok_exact:>13}")
             if verbose:
                 print("    " + ", ".join(f"{k} {v / GiB:.2f}" for k, v in budget.parts().items())
                       + f"; total {budget.cuda_total_bytes / GiB:.2f} x {budget.utilization}; "
                       f"{budget.max_num_batched_tokens} tokens, {budget.max_num_seqs} seqs; v{budget.version}; "
                       + ", ".join(f"{k} {v:+.2f}" for k, v in residual_terms(run, budget).items()))
-    for title, splits in (("held-out", (HELD_OUT,)), ("fit", (FIT,)), ("all", (FIT, HELD_OUT))):
-        def joined(key: str, splits: tuple[str, ...] = splits) -> list[float]:
-            return [e for s in splits for e in rows[s][key]]
-        zero = sum(zeros[s] for s in splits)
+    groups = (("held-out", lambda s, w: s == HELD_OUT), ("held-out outside the llm-d sweep", lambda s, w: s == HELD_OUT and not w),
+              ("fit", lambda s, w: s == FIT), ("all", lambda s, w: True), ("all outside the llm-d sweep", lambda s, w: not w))
+    for title, keep in groups:
+        chosen = [f for s, w, f in records if keep(s, w)]
+        zero = int(sum(f["zero"] for f in chosen))
         print(f"\n{title}: KV memory, median |error| / mean |error| / within 3 % (zero-KV plans where vLLM started)")
         for key in ("kvwatch", "fixed", "x1.15"):
-            s = Summary.of(joined(key), zero if key == "kvwatch" else 0)
-            extra = f" ({s.zero_plans} zero plans)" if key == "kvwatch" else ""
-            print(f"  {key:<22}{s.runs:>3} runs  {s.median:>6.1%} / {s.mean:>6.1%} / {s.within:>5.0%}{extra}")
+            summary = Summary.of([f[key] for f in chosen], zero if key == "kvwatch" else 0)
+            extra = f" ({summary.zero_plans} zero plans)" if key == "kvwatch" else ""
+            print(f"  {key:<22}{summary.runs:>3} runs  {summary.median:>6.1%} / {summary.mean:>6.1%} / {summary.within:>5.0%}{extra}")
         for key, what in (("tokens", "KV tokens as planned"), ("tokens_at_logged_kv", "KV tokens at logged KV"),
                           ("hybrid_tokens", "hybrid models' tokens")):
-            s = Summary.of(joined(key))
-            print(f"  {what:<22}{s.runs:>3} runs  {s.median:>6.1%} / {s.mean:>6.1%} / {s.within:>5.0%}")
+            summary = Summary.of([f[key] for f in chosen if key in f])
+            print(f"  {what:<22}{summary.runs:>3} runs  {summary.median:>6.1%} / {summary.mean:>6.1%} / {summary.within:>5.0%}")
+    both = [f for s, w, f in records if "llm-d" in f]
+    print(f"\nthe {len(both)} sweep runs llm-d's planner predicted (its results_predicted.csv): KV memory,"
+          " median |error| / mean |error| / within 3 %")
+    for key in ("kvwatch", "llm-d"):
+        summary = Summary.of([f[key] for f in both])
+        print(f"  {key:<22}{summary.runs:>3} runs  {summary.median:>6.1%} / {summary.mean:>6.1%} / {summary.within:>5.0%}")
     print(f"\nllm-d's planner (published): {LLM_D_MAE:.1%} mean |error| of the KV memory on 57 runs. "
           "Goal: kvwatch <= 3 % median and >= 70 % of runs within 3 % on the held-out third, 0 zero plans.")
 

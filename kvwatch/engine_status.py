@@ -40,5 +40,7 @@ class EngineStatus:
     escaped_processes: int = 0                         # looked like the engine's at the last stop, not provably
     log_lines_dropped: int = 0                         # engine lines kvwatch's own stdout could not take
     recommendation: Recommendation | None = None       # one flag change for KV pressure (planner/pressure.py)
+    autopilot: dict[str, int] = field(default_factory=dict)   # [autopilot] changes: applied, kept, rolled_back
+    autopilot_trial: str | None = None                 # the change being measured (describe())
     ending: str | None = None                          # the launch ended (a hang, a stall): its engine is being
     #                                                    stopped and serves nothing, whatever the state says

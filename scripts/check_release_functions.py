@@ -40,9 +40,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from kvwatch.planner.geometry import geometry_from_config  # noqa: E402
+from kvwatch.planner.kv_groups import hybrid_block_size  # noqa: E402
 from kvwatch.planner.rules import ruleset_for  # noqa: E402
 from kvwatch.vllm_releases import KNOWN  # noqa: E402
 from kvwatch.vllm_releases.defaults import DEFAULTS  # noqa: E402
+from kvwatch.vllm_releases.hybrid_alignment import hybrid_alignment_for  # noqa: E402
 from kvwatch.vllm_releases.release_defaults import api_batch_defaults  # noqa: E402
 
 GiB = 1 << 30
@@ -132,6 +134,10 @@ class Platform:
             return self.card.capability == capability
         return self.card.capability[0] * 10 + self.card.capability[1] == capability
 
+    def is_device_capability_family(self, capability: int, device_id: int = 0) -> bool:
+        assert self.card is not None
+        return self.card.capability[0] * 10 == capability // 10 * 10
+
     def __getattr__(self, name: str) -> Any:
         raise AttributeError(f"the oracle's platform stub has no {name!r}: extend it")
 
@@ -159,6 +165,21 @@ class Oracle:
             return None
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         fn = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name), None)
+        if fn is None:
+            return None
+        fn.decorator_list = []
+        return self._compile(path, ast.Module(body=[fn], type_ignores=[]), name, extra)
+
+    def method(self, rel: str, cls: str, name: str, extra: dict[str, Any]) -> Callable[..., Any] | None:
+        """One method of one class of a release's file, compiled as a plain function (its first
+        parameter, cls or self, is the caller's)."""
+        path = self.tree / rel
+        if not path.exists():
+            return None
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        owner = next((n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls), None)
+        fn = next((n for n in (owner.body if owner else ()) if isinstance(n, ast.FunctionDef) and n.name == name),
+                  None)
         if fn is None:
             return None
         fn.decorator_list = []
@@ -379,7 +400,7 @@ def check_max_model_len(release: str, oracle: Oracle) -> list[dict[str, Any]]:
 
 def kvwatch_max_model_len(release: str, args: dict[str, Any]) -> int:
     """kvwatch's answer for one input of the max_model_len check: the plan's default max_model_len."""
-    return geometry_from_config(args["config"] | _SHAPE).default_max_model_len
+    return geometry_from_config(args["config"] | _SHAPE, release).default_max_model_len
 
 
 _SHAPE = {"hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
@@ -389,9 +410,146 @@ _SHAPE = {"hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2
 def _fp8_is_quantized(kv_cache_dtype: str) -> bool:
     return kv_cache_dtype.startswith("fp8")
 
+class MultipleOf:
+    """vLLM's MultipleOf(n), as the oracle hands a backend's kernel block sizes to vLLM's code."""
+
+    def __init__(self, base: int) -> None:
+        self.base = base
+
+
+class _Spec:
+    """A KV cache spec whose page size is the input's (the alignment reads nothing else of it)."""
+
+    def __init__(self, page_size_bytes: int) -> None:
+        self.page_size_bytes = page_size_bytes
+
+
+@dataclass(frozen=True)
+class HybridCase:
+    """One input of _align_hybrid_block_size: the attention backend (its kernel block sizes are
+    kvwatch's rule for it), the bytes of one token's attention page and of one recurrent state,
+    the block size in force, and the mamba cache mode."""
+    backend: str
+    attn_page_1_token: int
+    mamba_page: int
+    block_size: int
+    mamba_cache_mode: str = "none"
+
+    @property
+    def label(self) -> str:
+        return (f"{self.backend}, attention {self.attn_page_1_token} B/token, state {self.mamba_page} B, "
+                f"block {self.block_size}, mamba_cache_mode {self.mamba_cache_mode}")
+
+
+def _hybrid_cases() -> list[HybridCase]:
+    # Pages of real hybrids: Qwen3-Next (GDN state 1,179,648 B per layer at TP 1 with 2 KV heads of 256,
+    # bf16 -> 2,048 B/token), Nemotron-H / Granite-4.0-H (Mamba2, ~(4,096 B/token, 1.5 MiB)), Jamba
+    # (8 KV heads of 128 -> 4,096 B/token); a small one and an MLA hybrid (576-wide latent, bf16).
+    pages = ((2_048, 1_179_648), (4_096, 1_622_016), (4_096, 135_168), (512, 34_816), (1_152, 1_179_648),
+             (1_024, 1_024), (8_192, 4_096))
+    cases = []
+    for backend, block in (("FLASH_ATTN", 16), ("FLASHINFER", 16), ("TRITON_ATTN", 16), ("CPU_ATTN", 128),
+                           ("FLASH_ATTN", 64), ("FLASHINFER", 32)):
+        for attn, mamba in pages[:6]:
+            for mode in ("none", "align"):
+                cases.append(HybridCase(backend, attn, mamba, block, mode))
+    for backend, block in (("FLASHMLA", 64), ("TRITON_MLA", 16), ("CUTLASS_MLA", 128), ("FLASHINFER_MLA", 32)):
+        for attn, mamba in ((1_152, 1_179_648), (1_152, 34_816), (8_192, 4_096)):
+            for mode in ("none", "align"):
+                cases.append(HybridCase(backend, attn, mamba, block, mode))
+    return cases
+
+
+HYBRID_CASES = _hybrid_cases()
+
+
+class _HybridConfig:
+    """The VllmConfig _align_hybrid_block_size reads (and writes: block_size, mamba_page_size_padded)."""
+
+    def __init__(self, case: HybridCase, mla: bool) -> None:
+        self.cache_config = types.SimpleNamespace(
+            cache_dtype="auto", block_size=case.block_size, mamba_cache_mode=case.mamba_cache_mode,
+            mamba_page_size_padded=None, mamba_block_size=None, user_specified_mamba_block_size=False,
+            kv_cache_dtype_skip_layers=None, calculate_kv_scales=False, enable_prefix_caching=False)
+        self.model_config = types.SimpleNamespace(
+            dtype="bfloat16", use_mla=mla, architecture="HybridForCausalLM", max_model_len=4096,
+            get_num_kv_heads=lambda parallel: 1, get_head_size=lambda: 128, get_mamba_chunk_size=lambda: 256)
+        self.parallel_config = types.SimpleNamespace(tensor_parallel_size=1)
+        self.attention_config = types.SimpleNamespace(backend=None)
+
+
+def _hybrid_stubs(case: HybridCase, kernel_sizes: list[Any]) -> tuple[dict[str, Any], Any]:
+    import contextlib
+    backend_cls = types.SimpleNamespace(get_supported_kernel_block_sizes=lambda: kernel_sizes,
+                                        customize_spec=lambda spec: spec)
+    model_cls = types.SimpleNamespace(get_mamba_state_shape_from_config=lambda config: (),
+                                      get_mamba_state_dtype_from_config=lambda config: ())
+    stubs: dict[str, Any] = {
+        "set_current_vllm_config": lambda config: contextlib.nullcontext(),
+        "ModelRegistry": types.SimpleNamespace(resolve_model_cls=lambda arch, model_config=None: (model_cls, arch)),
+        "cdiv": lambda a, b: -(-a // b),
+        "STR_DTYPE_TO_TORCH_DTYPE": {},
+        "MultipleOf": MultipleOf,
+        "FullAttentionSpec": lambda **kw: _Spec(case.attn_page_1_token),
+        "MLAAttentionSpec": lambda **kw: _Spec(case.attn_page_1_token),
+        "AttentionSpec": lambda **kw: _Spec(case.attn_page_1_token),
+        "MambaSpec": lambda **kw: _Spec(case.mamba_page),
+        "get_kv_quant_mode": lambda dtype: None,
+        # no checkpoint alignment of its own (the model's prefill chunking is not an input here)
+        "get_mamba_prefill_checkpoint_alignment": lambda config: None,
+        "AttentionBackendEnum": AttentionBackendEnum,
+        "MambaModelConfig": types.SimpleNamespace(verify_and_update_config=lambda config: None),
+        "logger": _Logger(),
+        # the backend is vLLM's own choice (no VLLM_ATTENTION_BACKEND, no --attention-backend), on an SM 9.0 card
+        "envs": types.SimpleNamespace(VLLM_USE_V1=True, VLLM_ATTENTION_BACKEND=None),
+        "current_platform": Platform(Card("NVIDIA H100 80GB HBM3", 81_559 * 2**20, (9, 0))),
+    }
+    cls = types.SimpleNamespace(_find_non_ssm_backends=lambda config: [backend_cls],
+                                _get_indexer_block_alignment=lambda config: 0)
+    return stubs, (cls, backend_cls)
+
+
+def kvwatch_hybrid_block_size(release: str, args: dict[str, Any]) -> list[int | None]:
+    """kvwatch's answer for one input of the hybrid_block_size check: the block size after the
+    alignment and the padded state page (None when the pages are equal)."""
+    rule = ruleset_for(release).backend(args["backend"])
+    assert rule is not None
+    block = hybrid_block_size(hybrid_alignment_for(release), rule, args["block_size"], args["attn_page_1_token"],
+                              args["mamba_page"], rule.attention == "mla")
+    page = block * args["attn_page_1_token"]
+    return [block, page if page != args["mamba_page"] else None]
+
+
+def check_hybrid_block_size(release: str, oracle: Oracle) -> list[dict[str, Any]]:
+    """vLLM's hybrid block-size alignment: Platform._align_hybrid_block_size (platforms/interface.py,
+    0.20+), before that HybridAttentionMambaModelConfig.verify_and_update_config (models/config.py)."""
+    results = []
+    for case in HYBRID_CASES:
+        rule = ruleset_for(release).backend(case.backend)
+        assert rule is not None
+        kernel = [MultipleOf(r.base) if hasattr(r, "base") else r for r in rule.block_sizes]
+        stubs, (cls, backend_cls) = _hybrid_stubs(case, kernel)
+        oracle.stubs.update(stubs)
+        config = _HybridConfig(case, rule.attention == "mla")
+        fn = oracle.method("vllm/platforms/interface.py", "Platform", "_align_hybrid_block_size", stubs)
+        if fn is not None:
+            fn(cls, config, backend_cls)
+        else:
+            fn = oracle.method("vllm/model_executor/models/config.py", "HybridAttentionMambaModelConfig",
+                               "verify_and_update_config", stubs)
+            assert fn is not None, f"{release}: no hybrid alignment found"
+            fn(types.SimpleNamespace(), config)
+        cache = config.cache_config
+        args = {"backend": case.backend, "attn_page_1_token": case.attn_page_1_token, "mamba_page": case.mamba_page,
+                "block_size": case.block_size, "mamba_cache_mode": case.mamba_cache_mode}
+        results.append({"release": release, "check": "hybrid_block_size", "input": case.label, "args": args,
+                        "vllm": [cache.block_size, cache.mamba_page_size_padded],
+                        "kvwatch": kvwatch_hybrid_block_size(release, args)})
+    return results
+
 
 CHECKS = {"batch_defaults": check_batch_defaults, "backend_priorities": check_backend_priorities,
-          "max_model_len": check_max_model_len}
+          "max_model_len": check_max_model_len, "hybrid_block_size": check_hybrid_block_size}
 
 
 def run(src_root: Path, releases: list[str]) -> list[dict[str, Any]]:

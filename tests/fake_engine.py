@@ -15,6 +15,7 @@ behaves as the real CPU engine did where the tests need it:
 - --startup-log FILE: prints FILE (a real engine's start-up lines) in place of its own KV cache line;
 - --flood MB: writes MB megabytes of lines as fast as it can, then exits 0;
 - --drip S: every answer is sent one byte each S seconds (a hung or hostile engine's HTTP);
+- --count-file FILE: each /metrics request appends one byte to FILE (how often the engine is read);
 - --escape FILE: a descendant double-forks into a session of its own (setsid), ignores SIGTERM,
   and writes its pid to FILE;
 - --daemon FILE: a descendant double-forks (no setsid: it keeps the engine's session), ignores
@@ -46,6 +47,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
     drip: float | None = None
     blocks_file: Path | None = None   # "BLOCK_SIZE NUM_GPU_BLOCKS", read on each scrape: a test changes it
     load_file: Path | None = None     # "RUNNING PROMPT_TOKENS GENERATION_TOKENS", read on each scrape
+    count_file: Path | None = None    # one byte appended per /metrics request
 
     def cache(self) -> tuple[int, int]:
         if self.blocks_file is not None:
@@ -57,6 +59,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if self.path == "/health":
             body = b""
         elif self.path == "/metrics":
+            if self.count_file is not None:
+                with open(self.count_file, "ab") as count:
+                    count.write(b".")
             block_size, blocks = self.cache()
             body = ("# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
                     "# TYPE vllm:cache_config_info gauge\n"
@@ -132,6 +137,7 @@ def main() -> int:
     p.add_argument("--daemon")
     p.add_argument("--load-file", help="the load /metrics reports: 'RUNNING PROMPT_TOKENS GENERATION_TOKENS "
                                        "[PREEMPTIONS WAITING]', read per scrape")
+    p.add_argument("--count-file", help="each /metrics request appends one byte to this file")
     p.add_argument("--gate", help="a file whose existence lets the engine go on past --ready-after")
     p.add_argument("--startup-log", help="a real start-up log to replay before serving (e.g. a GPU run's)")
     p.add_argument("--blocks-file", help="the cache /metrics reports: 'BLOCK_SIZE NUM_GPU_BLOCKS', read per scrape")
@@ -176,6 +182,7 @@ def main() -> int:
     Handler.drip = args.drip
     Handler.blocks_file = Path(args.blocks_file) if args.blocks_file else None
     Handler.load_file = Path(args.load_file) if args.load_file else None
+    Handler.count_file = Path(args.count_file) if args.count_file else None
     server = http.server.ThreadingHTTPServer((args.host, args.port), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     if args.startup_log:

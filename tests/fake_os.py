@@ -4,7 +4,8 @@ supervisor's transition tests: no child process, no signal, no sleep.
 Each launch plays one `Launch` script on the fake clock: it becomes healthy after `ready_after`
 seconds, stops answering after `unhealthy_after`, and writes `log` then exits with `exit_code` after
 `exit_after`. Its stdout is a real pipe (the supervisor's OutputPump reads it as it would an engine's),
-written by the fake. Time passes only when the supervisor waits or sleeps.
+written by the fake. Time passes only when the supervisor waits or sleeps. With `load`, the running
+engine's /metrics (`scrape`) reports the counters that function gives for its command and age.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from kvwatch.boundary.engine_http import EngineLoad, EngineMetrics
 from kvwatch.boundary.proc_inspect import ProcInfo, ProcRef
 from kvwatch.watchdog.leftovers import CleanupReport
 from kvwatch.watchdog.ownership import EngineProof
@@ -62,9 +64,10 @@ class FakeClock:
 class FakeEngine:
     """One spawned engine (kvwatch.watchdog.os_interface.EngineHandle) playing its Launch."""
 
-    def __init__(self, pid: int, script: Launch, started: float) -> None:
+    def __init__(self, pid: int, script: Launch, started: float, argv: Sequence[str] = ()) -> None:
         self.pid = self.pgid = pid
         self.create_time = 1.0
+        self.argv = tuple(argv)
         self.script = script
         self.started = started
         self._read, self._write = os.pipe()
@@ -132,6 +135,8 @@ class FakeOs:
     spawned: list[list[str]] = field(default_factory=list)
     engines: list[FakeEngine] = field(default_factory=list)
     stops: int = 0
+    load: Callable[[tuple[str, ...], float], EngineLoad] | None = None   # (argv, age) -> the engine's series
+    wall_base: float = 1_700_000_000.0
 
     def __post_init__(self) -> None:
         self.clock.on_advance = self._play
@@ -144,6 +149,14 @@ class FakeOs:
         """The supervisor's health probe, answered by the running engine's script."""
         return bool(self.engines) and self.engines[-1].healthy(self.clock.now())
 
+    def scrape(self, url: str, timeout: float = 3.0) -> EngineMetrics:
+        """The running engine's /metrics (kvwatch.boundary.engine_http.scrape's place), from `load`."""
+        now = self.clock.now()
+        if not self.engines or self.load is None or not self.engines[-1].healthy(now):
+            return EngineMetrics.failed("connection refused")
+        engine = self.engines[-1]
+        return EngineMetrics(True, load=self.load(engine.argv, now - engine.started))
+
     # -- WatchdogOs -------------------------------------------------------------------
 
     def spawn(self, argv: Sequence[str], env: Mapping[str, str], reaper_grace: float) -> FakeEngine:
@@ -151,7 +164,7 @@ class FakeOs:
         self.spawned.append(list(argv))
         if script.spawn_error:
             raise OSError(2, "No such file or directory")
-        engine = FakeEngine(5000 + len(self.spawned), script, self.clock.now())
+        engine = FakeEngine(5000 + len(self.spawned), script, self.clock.now(), argv)
         self.engines.append(engine)
         engine.play(self.clock.now())
         return engine
@@ -195,4 +208,4 @@ class FakeOs:
         return ProcRef(4242, 1.0)
 
     def wall_time(self) -> float:
-        return 1_700_000_000.0 + self.clock.now()
+        return self.wall_base + self.clock.now()

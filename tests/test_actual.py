@@ -94,3 +94,25 @@ def test_plan_for_an_external_engine_uses_what_it_reports() -> None:
     plan = plan_for_reported(replace(ctx64, settings=replace(ctx64.settings, block_size=None)), cache)
     assert (plan.block_size, plan.kv_memory_bytes, plan.num_blocks) == (64, GiB, 21_845)
     assert plan_for_reported(ctx, None).block_size == 128 and CPU.platform == "cpu"
+
+
+def test_a_change_is_replanned_over_what_the_engine_reports() -> None:
+    """kvwatch export's re-plan of a recommended change: the engine's reported figures (block size,
+    KV dtype, KV memory), then the change over them; without the engine's command there is none."""
+    from kvwatch.exporter.actual import replan_reported
+    from kvwatch.planner.flag_change import FlagChange
+
+    geometry = fixture_context("cpu_block64").geometry
+    command = EngineCommand.parse(["vllm", "serve", "m"])
+    ctx = KvContext(geometry, command.settings(), preset("h100"), RULES, command)
+    cache = CacheConfig(num_gpu_blocks=1000, block_size=32, cache_dtype="auto", gpu_memory_utilization=0.8,
+                        kv_cache_memory_bytes=GiB, kv_cache_size_tokens=None)
+    before = plan_for_reported(ctx, cache)
+    same = replan_reported(ctx, cache, FlagChange())
+    fp8 = replan_reported(ctx, cache, FlagChange({"--kv-cache-dtype": "fp8"}))
+    assert same is not None and fp8 is not None
+    assert (same.block_size, same.kv_memory_bytes, same.kv_cache_tokens) == (32, GiB, before.kv_cache_tokens)
+    assert (fp8.block_size, fp8.kv_memory_bytes, fp8.kv_cache_dtype) == (32, GiB, "fp8")
+    # the same memory holds twice the tokens (to a block: the null block is one of either's)
+    assert abs(fp8.kv_cache_tokens - 2 * before.kv_cache_tokens) <= 32
+    assert replan_reported(replace(ctx, command=None), cache, FlagChange({"--kv-cache-dtype": "fp8"})) is None

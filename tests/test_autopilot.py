@@ -6,8 +6,20 @@ import time
 
 import pytest
 
+from kvwatch.planner.flag_change import FlagChange
 from kvwatch.planner.pressure import Window
-from kvwatch.watchdog.autopilot import Apply, AutopilotConfig, Verdict, in_window, may_apply, parse_window, verdict
+from kvwatch.watchdog.autopilot import (
+    Apply,
+    AutopilotConfig,
+    Verdict,
+    applicable,
+    comparable,
+    drained,
+    in_window,
+    may_apply,
+    parse_window,
+    verdict,
+)
 
 
 def at(hhmm: str) -> float:
@@ -60,3 +72,27 @@ def test_when_a_change_may_be_applied(config: AutopilotConfig, now: float, appli
 ])
 def test_kept_or_rolled_back(before: Window, after: Window, result: Verdict) -> None:
     assert verdict(before, after) is result
+
+
+@pytest.mark.parametrize("running,waiting,waited,timeout,done", [
+    (0, 0, 1, 120, True), (2, 0, 1, 120, False), (0, 3, 1, 120, False), (2, 1, 120, 120, True),
+    (None, None, 5, 120, False), (None, None, 120, 120, True), (0, None, 0, 0, True), (5, 5, 0, 0, True),
+])
+def test_the_drain(running: float | None, waiting: float | None, waited: float, timeout: float, done: bool) -> None:
+    assert drained(running, waiting, waited, timeout) is done
+
+
+FP8 = FlagChange({"--kv-cache-dtype": "fp8"})
+
+
+@pytest.mark.parametrize("fixed,rolled_back,ok", [
+    ((), (), True), (("--block-size",), (), True), (("--kv-cache-dtype",), (), False),
+    ((), (FP8,), False), ((), (FlagChange({"--max-num-seqs": "4"}),), True),
+])
+def test_what_the_autopilot_may_apply(fixed: tuple[str, ...], rolled_back: tuple[FlagChange, ...], ok: bool) -> None:
+    assert applicable(FP8, fixed, rolled_back) is ok
+
+
+@pytest.mark.parametrize("before,ok", [(None, False), (Window(10, 5), False), (Window(24, 5), True), (Window(30, 5), True)])
+def test_a_change_is_compared_with_a_whole_window(before: Window | None, ok: bool) -> None:
+    assert comparable(before, 30.0) is ok

@@ -49,12 +49,35 @@ def test_example_config_loads() -> None:
     ({"name": "../etc"}, "name '../etc'"),
     ({"surprise": 1}, "surprise: unknown key"),
     ({"watch": []}, "watch: expected a table"),
+    ({"autopilot": {"apply": "always"}}, "autopilot.apply: expected one of 'never', 'at_restart', 'window'"),
+    ({"autopilot": {"apply": True}}, "autopilot.apply: expected one of"),
+    ({"autopilot": {"apply": "window"}}, 'autopilot.window: apply = "window" needs a window'),
+    ({"autopilot": {"apply": "window", "window": "2:00-4:00"}}, "autopilot.window: autopilot window '2:00-4:00': "
+                                                                "expected HH:MM-HH:MM"),
+    ({"autopilot": {"apply": "window", "window": 200}}, 'autopilot.window: expected a string "HH:MM-HH:MM"'),
+    ({"autopilot": {"apply": "at_restart", "window": "02:00-04:00"}}, 'autopilot.window: a window is used only'),
+    ({"autopilot": {"drain_timeout_seconds": -1}},
+     "autopilot.drain_timeout_seconds: expected a finite number of seconds from 0 to 3600, got -1"),
+    ({"autopilot": {"measure_seconds": 1}}, "autopilot.measure_seconds: expected a finite number of seconds from 10"),
+    ({"autopilot": {"max_changes_per_day": 0}}, "autopilot.max_changes_per_day: expected a whole number from 1 to 24"),
+    ({"autopilot": {"max_changes_per_day": 2.5}}, "autopilot.max_changes_per_day: expected a whole number"),
+    ({"autopilot": {"apply_at": "never"}}, "autopilot.apply_at: unknown key"),
+    ({"autopilot": "window"}, "autopilot: expected a table"),
 ])
 def test_config_errors_are_one_clear_line(data: dict, needle: str) -> None:
     with pytest.raises(ConfigError) as info:
         config_from_mapping(data, "k.toml")
     message = str(info.value)
     assert needle in message and "\n" not in message and message.startswith("config k.toml: ")
+
+
+def test_the_autopilot_section() -> None:
+    from kvwatch.watchdog.autopilot import Apply, AutopilotConfig
+    assert config_from_mapping({}).autopilot == AutopilotConfig() and AutopilotConfig().apply is Apply.NEVER
+    cfg = config_from_mapping({"autopilot": {"apply": "window", "window": "23:00-01:00", "drain_timeout_seconds": 0,
+                                             "measure_seconds": 60, "max_changes_per_day": 3}}).autopilot
+    assert cfg == AutopilotConfig(Apply.WINDOW, "23:00-01:00", 0.0, 60.0, 3)
+    assert config_from_mapping({"autopilot": {"apply": "at_restart"}}).autopilot.apply is Apply.AT_RESTART
 
 
 def test_config_cli_errors(tmp_path: Path) -> None:

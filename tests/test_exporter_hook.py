@@ -17,10 +17,12 @@ from kvwatch.watchdog.config import Config
 
 
 class _Supervisor:
-    """What the hook reads: an immutable EngineStatus in .status, replaced on each change."""
+    """What the hook reads: an immutable EngineStatus in .status, replaced on each change, and the
+    last read of the engine in .engine_page (none here: no engine runs)."""
 
     def __init__(self, status: EngineStatus) -> None:
         self.status = status
+        self.engine_page = None
 
 
 def test_attach_serves_the_supervised_engine_and_close_stops(nvml_standin: NvmlStandin) -> None:

@@ -58,7 +58,9 @@ def test_the_watch_loop_has_only_the_sources_it_was_given() -> None:
 def _collectors(config: Config, nvml: Nvml | None = None) -> dict:
     config = replace(config, listen=f"127.0.0.1:{free_port()}")
     config = replace(config, watch=replace(config.watch, interval_seconds=0.1))
-    close = attach(config, type("S", (), {"status": EngineStatus("llm", EngineState.STARTING)})(), nvml)
+    # what the hook reads of the supervisor: its status and its last read of the engine (none runs)
+    supervisor = type("S", (), {"status": EngineStatus("llm", EngineState.STARTING), "engine_page": None})()
+    close = attach(config, supervisor, nvml)
     try:
         def page() -> dict:
             found = samples(http_get(f"http://{config.listen}/metrics")[1])

@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "kvwatch"
 # The pure modules: every module of these packages, and these top-level ones.
 PURE_PACKAGES = ("planner", "diagnosis", "vllm_releases")
 PURE_MODULES = ("errors.py", "policy.py", "exitcodes.py", "engine_status.py", "failure_kinds.py", "listen.py",
-                "gpu_types.py", "exporter/sources.py",
+                "gpu_types.py", "exporter/sources.py", "exporter/eviction.py",
                 # the watchdog's decisions and values: what the supervisor and the state file act on
                 "watchdog/__init__.py", "watchdog/outcomes.py", "watchdog/records.py", "watchdog/recovery.py",
                 "watchdog/budget.py", "watchdog/engine_ranks.py", "watchdog/launch_watch.py",

@@ -125,3 +125,29 @@ def test_candidates_follow_the_table_order(model: Path) -> None:
     flags = [next(iter(c.set)) for c, _ in candidates(plan, EngineCommand(tuple(argv)).settings(), window)]
     assert flags == ["--kv-cache-dtype", "--gpu-memory-utilization", "--max-num-seqs", "--max-model-len",
                      "--tensor-parallel-size"]
+
+
+def test_a_standing_recommendation_keeps_its_reason(model: Path) -> None:
+    """PressureWatch (the supervisor's and kvwatch export's): while the same change stands, each
+    judgement keeps the reason it was first made for, though the preemption rate moves. The reason is a
+    label of kvwatch_recommendation_info: a new value each judgement is a new series, and
+    KvwatchKvPressure's `for:` would start again each time (it never fired on the real Prometheus)."""
+    from kvwatch.watchdog.pressure_watch import PressureWatch
+    from kvwatch.watchdog.pressure_window import LoadSample
+
+    argv = ["vllm", "serve", str(model)]
+    plan = planner(argv)
+    settings = EngineCommand(tuple(argv)).settings()
+    watch = PressureWatch(window_seconds=60.0, every_seconds=10.0)
+    reasons = []
+    preemptions = 0.0
+    for second in range(0, 61, 5):
+        preemptions += 1 + second // 10            # a rate that grows: each judgement sees another
+        watch.observe(LoadSample(float(second), preemptions))
+        changed = watch.judge(float(second), plan(), settings, None, plan)
+        if watch.recommendation is not None:
+            reasons.append((changed, watch.recommendation.reason, watch.recommendation.change.describe()))
+    assert len(reasons) >= 3, reasons
+    assert [r[0] for r in reasons] == [True] + [False] * (len(reasons) - 1)
+    assert {r[1:] for r in reasons} == {reasons[0][1:]}, reasons
+    assert reasons[0][2] == "--kv-cache-dtype fp8"

@@ -45,7 +45,8 @@ def _source_root() -> Path | None:
 def _kvwatch(result: dict[str, Any]) -> list[Any]:
     answer = {"batch_defaults": ORACLES.kvwatch_batch_defaults,
               "backend_priorities": ORACLES.kvwatch_backend_priorities,
-              "max_model_len": ORACLES.kvwatch_max_model_len}[result["check"]]
+              "max_model_len": ORACLES.kvwatch_max_model_len,
+              "hybrid_block_size": ORACLES.kvwatch_hybrid_block_size}[result["check"]]
     return answer(result["release"], result["args"])   # type: ignore[no-any-return]
 
 
@@ -65,37 +66,28 @@ def test_batch_defaults_equal_vllms_get_batch_defaults() -> None:
     assert _differences("batch_defaults") == []
 
 
-def _open_backend_finding(result: dict[str, Any]) -> bool:
-    """kvwatch's rule set has one priority table for 0.10+; vLLM's differs for MLA before 0.15 on
-    SM10x (CUTLASS_MLA first) and before 0.24 on SM12x (no list of its own). Open, for the owner of
-    the backend rules (kvwatch/planner/rules.py)."""
-    release = tuple(int(p) for p in result["release"].split("."))
-    major = result["args"]["capability"][0]
-    return result["args"]["mla"] and ((major == 10 and release < (0, 15)) or (major == 12 and release < (0, 24)))
+def test_backend_priorities_equal_vllms_per_release() -> None:
+    """vLLM's _get_backend_priorities of each release 0.11 to 0.33 (MLA and full attention, SM 8.0 to
+    12.1, bf16 and fp8 KV): 0 differences with the per-release data kvwatch plans with."""
+    assert [r for r in FIXTURE["results"] if r["check"] == "backend_priorities"]
+    assert _differences("backend_priorities") == []
 
 
-def test_backend_priorities_differ_only_where_known() -> None:
-    found = [r for r in FIXTURE["results"] if r["check"] == "backend_priorities" and r["vllm"] != _kvwatch(r)]
-    assert found, "the open findings are fixed: drop _open_backend_finding"
-    assert [r["input"] for r in found if not _open_backend_finding(r)] == []
-    known = [r for r in FIXTURE["results"] if r["check"] == "backend_priorities" and _open_backend_finding(r)]
-    assert len(found) == len(known)
+def test_max_model_len_equals_vllms_derivation_per_release() -> None:
+    """vLLM's _get_and_verify_max_len of each release 0.10 to 0.33 (yarn, longrope, llama3, linear,
+    dynamic, gemma3, the length keys): 0 differences."""
+    assert [r for r in FIXTURE["results"] if r["check"] == "max_model_len"]
+    assert _differences("max_model_len") == []
 
 
-def _open_max_len_finding(result: dict[str, Any]) -> bool:
-    """kvwatch derives max_model_len as vLLM 0.30+ does, for every release: before 0.30 vLLM multiplied
-    a yarn max_position_embeddings by the factor (vLLM 0.29.0, vllm/config/model.py
-    _get_and_verify_max_len). And from 0.11 vLLM's default for a longrope model is its
-    original_max_position_embeddings, kvwatch takes the derived limit. Open, for the owner of
-    kvwatch/planner/geometry.py."""
-    release = tuple(int(p) for p in result["release"].split("."))
-    return (result["input"].startswith("yarn") and release < (0, 30)) or result["input"].startswith("longrope")
-
-
-def test_max_model_len_differs_only_where_known() -> None:
-    found = [r for r in FIXTURE["results"] if r["check"] == "max_model_len" and r["vllm"] != _kvwatch(r)]
-    assert found, "the open findings are fixed: drop _open_max_len_finding"
-    assert [f"{r['release']} {r['input']}" for r in found if not _open_max_len_finding(r)] == []
+def test_hybrid_block_size_equals_vllms_alignment_per_release() -> None:
+    """vLLM's own hybrid alignment of each release 0.10 to 0.33 (Platform._align_hybrid_block_size
+    from 0.20, HybridAttentionMambaModelConfig before): every backend kvwatch models, MLA and not,
+    real hybrids' page and state sizes, block sizes in force and mamba cache modes: 0 differences in
+    the block size and the padded state page."""
+    hybrid = [r for r in FIXTURE["results"] if r["check"] == "hybrid_block_size"]
+    assert {r["release"] for r in hybrid} == set(FIXTURE["releases"])
+    assert _differences("hybrid_block_size") == []
 
 
 def test_live_oracles_reproduce_the_fixture() -> None:
@@ -114,3 +106,5 @@ def test_generated_defaults_are_current() -> None:
     if root is None or not all((root / str(v) / "vllm").is_dir() for v in KNOWN):
         pytest.skip("not every known vLLM release is unpacked (set KVWATCH_VLLM_SRC)")
     assert _script("gen_release_defaults").main([str(root), "--check"]) == 0
+    assert _script("gen_backend_priorities").main([str(root), "--check"]) == 0
+    assert _script("gen_max_len_rules").main([str(root), "--check"]) == 0

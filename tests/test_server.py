@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import datetime
+import http.client
 import socket
 import ssl
 import threading
@@ -546,3 +547,69 @@ def test_a_new_credential_queues_behind_a_running_check() -> None:
     time.sleep(0.02)
     assert auth.check("Basic " + base64.b64encode(b"v:pw2").decode())   # ...a real credential waits its turn
     busy.join()
+
+
+def test_a_kept_alive_scraper_outlives_a_flood_of_idle_connections_from_elsewhere(
+        serve, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every slot taken by idle connections from another address (127.0.0.2): the scraper's own
+    kept-alive connection, idle longest of all, is not the one cut; the flood's are."""
+    from kvwatch.exporter import server as server_module
+    monkeypatch.setattr(server_module, "MAX_CONNECTIONS", 16)
+    server = serve()
+    scraper = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+    scraper.request("GET", "/-/healthy")
+    assert scraper.getresponse().read()
+    time.sleep(0.6)                                      # idle past the grace, before any of the flood
+    flood = []
+    try:
+        for _ in range(16 * 3):
+            flood.append(socket.create_connection(("127.0.0.1", server.port), timeout=5,
+                                                  source_address=("127.0.0.2", 0)))
+            time.sleep(0.02)
+        time.sleep(0.6)
+        scraper.request("GET", "/-/healthy")             # the same connection, never reopened
+        assert scraper.getresponse().status == 200
+    finally:
+        scraper.close()
+        for s in flood:
+            s.close()
+
+
+def test_a_brute_force_takes_its_share_of_bcrypt_and_a_new_credential_gets_in(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """6 threads of wrong passwords from one address: bcrypt runs at most BasicAuth.BCRYPT_SHARE
+    of the time (plus the check running at the end), and a real credential from another address,
+    not yet known, is checked and let in while the flood goes on."""
+    import kvwatch.exporter.server as server_module
+    spent: list[float] = []
+    real = bcrypt.checkpw
+
+    def timed(password: bytes, hashed: bytes) -> bool:
+        t0 = time.perf_counter()
+        try:
+            return real(password, hashed)
+        finally:
+            spent.append(time.perf_counter() - t0)
+
+    monkeypatch.setattr(server_module.bcrypt, "checkpw", timed)
+    auth = BasicAuth({"u": bcrypt.hashpw(b"pw", bcrypt.gensalt(rounds=8))})
+    stop = threading.Event()
+    counter = iter(range(10**9))
+
+    def brute() -> None:
+        while not stop.is_set():
+            auth.check("Basic " + base64.b64encode(f"u:guess{next(counter)}".encode()).decode(), "127.0.0.2")
+
+    flood = [threading.Thread(target=brute) for _ in range(6)]
+    t0 = time.perf_counter()
+    for t in flood:
+        t.start()
+    time.sleep(0.5)
+    assert auth.check("Basic " + base64.b64encode(b"u:pw").decode(), "127.0.0.1")
+    time.sleep(1.5)
+    stop.set()
+    for t in flood:
+        t.join(15)
+    elapsed = time.perf_counter() - t0        # the queued checks finish after the stop: counted in
+    assert len(spent) >= 3
+    assert sum(spent[:-1]) <= BasicAuth.BCRYPT_SHARE * elapsed + max(spent)

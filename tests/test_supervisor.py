@@ -18,7 +18,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from engine_support import free_port, llama_config, write_model
+from engine_support import free_port, http_get, llama_config, write_model
+from exporter_support import samples, value
 from nvml_standin import NvmlStandin
 from waiting import eventually
 
@@ -375,6 +376,44 @@ def test_kv_pressure_becomes_a_recommendation_with_its_expected_effect(tmp_path:
     shown = render(Path(cfg.state_dir) / "t.json", StateStore(cfg.state_dir, "t").load())
     assert re.search(r"^recommends +--kv-cache-dtype fp8: .*preemptions per minute.*; KV tokens [\d,]+ -> [\d,]+$",
                      shown, re.M), shown
+    assert run.stop() == EXIT_OK
+
+
+def test_the_autopilot_drains_applies_over_real_metrics_and_keeps_the_change(tmp_path: Path, model: Path) -> None:
+    """[autopilot] apply = "window", open now, against the stand-in's real /metrics: preemptions, a
+    recommendation, a drain (readiness 503 until the running requests are done), a relaunch with
+    --kv-cache-dtype fp8, no preemption with it: kept, in the state file and the counts."""
+    from kvwatch.watchdog.autopilot import Apply, AutopilotConfig
+    load = tmp_path / "load"
+    load.write_text("2 100 50 0 1")
+    cfg = config(tmp_path, fake(model, free_port(), "--load-file", str(load)), pressure_window_seconds=4.0,
+                 stall_timeout_seconds=0.0)
+    now = time.gmtime()
+    start = (now.tm_hour * 60 + now.tm_min - 1) % 1440
+    window = f"{start // 60:02d}:{start % 60:02d}-{(start + 60) // 60 % 24:02d}:{(start + 60) % 60:02d}"
+    cfg = replace(cfg, autopilot=AutopilotConfig(Apply.WINDOW, window, drain_timeout_seconds=20.0,
+                                                 measure_seconds=3.0))
+    run = Running(supervisor(cfg, device=Device("cpu", "test cpu (AVX-512)", cpu_fp8_kv=True, source="cpu")))
+    run.wait_state(EngineState.READY)
+    step, drained_at, deadline = 0, None, time.monotonic() + 40
+    while time.monotonic() < deadline and run.sup.status.autopilot.get("kept", 0) == 0:
+        step += 1
+        status = run.sup.status
+        if status.ending and drained_at is None:    # draining: the requests finish, nothing new comes
+            drained_at = time.monotonic()
+            load.write_text(f"0 {100 + step} {50 + 10 * step} {step} 0")
+        elif "--kv-cache-dtype" in status.argv:      # with the change: tokens, no preemption
+            load.write_text(f"2 {100 + step} {50 + 10 * step} 0 0")
+        elif drained_at is None:                     # the plan before: preempting
+            load.write_text(f"2 {100 + step} {50 + 10 * step} {step} 1")
+        time.sleep(0.2)
+    assert drained_at is not None, run.sup.status
+    assert run.sup.status.autopilot == {"applied": 1, "kept": 1}, run.sup.status
+    assert run.sup.command.argv[-2:] == ("--kv-cache-dtype", "fp8")
+    changes = state_json(cfg)["autopilot_changes"]
+    assert [(c["describe"], c["result"]) for c in changes] == [("--kv-cache-dtype fp8", "kept")]
+    assert changes[0]["before"]["preemptions_per_minute"] > 0 == changes[0]["after"]["preemptions_per_minute"]
+    assert run.sup.status.failures == {} and run.sup.status.restarts == {}
     assert run.stop() == EXIT_OK
 
 
@@ -865,3 +904,41 @@ def test_a_pinned_launch_takes_the_learned_kv_memory_less_what_others_hold(
     finally:
         foreign.kill()
         foreign.wait()
+
+
+def test_kvwatch_run_reads_the_engine_metrics_once_per_interval(tmp_path: Path, model: Path) -> None:
+    """Under `kvwatch run` the supervisor (stalls, pressure) and the exporter both want the engine's
+    /metrics each interval: the supervisor reads it, the exporter exports that read. The engine
+    stand-in counts the reads; with health and watch intervals equal, one a tick, not two."""
+    reads, load = tmp_path / "reads", tmp_path / "load"
+    load.write_text("1 100 50")
+    interval, port = 0.25, free_port()
+    argv = fake(model, free_port(), "--count-file", str(reads), "--load-file", str(load))
+    (tmp_path / "kvwatch.toml").write_text(
+        f'name = "t"\nlisten = "127.0.0.1:{port}"\nstate_dir = "{tmp_path / "state"}"\ndevice = "cpu"\n'
+        f"[engine]\ncommand = {json.dumps(argv)}\nhealth_interval_seconds = {interval}\n"
+        f"[watch]\ninterval_seconds = {interval}\n")
+    proc = subprocess.Popen([sys.executable, "-m", "kvwatch.cli", "run", "--config", str(tmp_path / "kvwatch.toml")],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def exported() -> dict:
+        return samples(http_get(f"http://127.0.0.1:{port}/metrics")[1])
+
+    try:
+        assert eventually(lambda: value(exported(), "kvwatch_kv_actual_blocks", engine="t", rank="0") == 8192, 30)
+        before, start = reads.stat().st_size, time.monotonic()
+        time.sleep(4.0)
+        count, seconds = reads.stat().st_size - before, time.monotonic() - start
+        ticks = seconds / interval
+        assert 0 < count <= 1.25 * ticks + 2, (count, ticks)   # both reading: ~2 per tick
+        found = exported()   # the exporter still shows the engine's page: the supervisor's read
+        assert value(found, "kvwatch_engine_up", engine="t") == 1
+        assert value(found, "kvwatch_collector_success", collector="engine") == 1
+        assert value(found, "kvwatch_kv_actual_blocks", engine="t", rank="0") == 8192
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == EXIT_OK
+        assert "Traceback" not in proc.stderr.read()   # type: ignore[union-attr]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -113,6 +113,16 @@ class EngineMetrics:
         return EngineMetrics(False, error)
 
 
+@dataclass(frozen=True)
+class EnginePage:
+    """The last look at a running engine: whether /health answered and its /metrics as read (None: not
+    read that time). Under `kvwatch run` the supervisor takes it and the exporter exports it, so the
+    engine is read once per interval, not once by each."""
+
+    up: bool
+    metrics: EngineMetrics | None = None
+
+
 def _url(base_url: str, path: str) -> str:
     return base_url.rstrip("/") + path
 

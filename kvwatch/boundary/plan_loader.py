@@ -46,7 +46,7 @@ def plan_command(argv: Sequence[str], device: Device, rules: RuleSet,
     command = EngineCommand.parse(argv, flags_release(vllm_version or installed_vllm()))
     settings = command.settings()
     source = read_model(settings.model)
-    geometry = geometry_from_config(source.config)
+    geometry = geometry_from_config(source.config, command.release)
     env = os.environ if env is None else env
     memory = MemoryInputs(cpu_kv_space_bytes=cpu_kv_space_bytes(env),
                           weights_bytes=source.weights_bytes, non_kv_bytes=non_kv_bytes,

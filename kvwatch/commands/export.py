@@ -2,12 +2,15 @@
 
     kvwatch export --engine-url http://127.0.0.1:8000 [--name NAME] [--model DIR]
                    [--listen HOST:PORT] [--web-config FILE] [--interval S]
-                   [--engine-pid PID ...] [--no-nvml] [DEVICE] [-- ENGINE_COMMAND...]
+                   [--engine-pid PID ...] [--no-nvml] [--stall-timeout S] [--pressure-window S]
+                   [DEVICE] [-- ENGINE_COMMAND...]
 
 Reads the engine's /health and /metrics and NVML each interval and serves kvwatch's
 metrics. With --model (or the engine's command after `--`), it also computes the planned
 and actual KV bytes: the plan from the model's config.json, the engine's flags (as far as
-they are given) and the block size, KV dtype and KV memory the engine reports.
+they are given) and the block size, KV dtype and KV memory the engine reports, and, under KV
+pressure, the planner's one recommended change. A stall (requests running, no token for
+--stall-timeout) is counted as a `stalled` failure and makes /-/ready 503 while it lasts.
 Runs until SIGTERM or SIGINT; exit 0, or 2 on bad input.
 """
 from __future__ import annotations
@@ -23,10 +26,12 @@ from kvwatch.errors import KvwatchError
 from kvwatch.exitcodes import EXIT_OK
 from kvwatch.exporter.actual import KvContext
 from kvwatch.exporter.service import Exporter
+from kvwatch.exporter.serving import ServingJudge
 from kvwatch.exporter.targets import external_engine, kv_context
 from kvwatch.exporter.watch import DEFAULT_INTERVAL
 from kvwatch.listen import DEFAULT_LISTEN
 from kvwatch.planner.engine_args import EngineCommand
+from kvwatch.watchdog.config import EngineConfig, bounded_seconds
 
 _LOG = logging.getLogger(__name__)
 
@@ -49,6 +54,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--state-dir", metavar="DIR",
                    help="the state directory every kvwatch on this host shares (which processes are "
                         "engines); default as for kvwatch run")
+    p.add_argument("--stall-timeout", type=float, default=EngineConfig.stall_timeout_seconds, metavar="S",
+                   help="requests running and no token for S seconds is a stall (0: no stall detection; "
+                        f"default {EngineConfig.stall_timeout_seconds:g}, as engine.stall_timeout_seconds)")
+    p.add_argument("--pressure-window", type=float, default=EngineConfig.pressure_window_seconds, metavar="S",
+                   help="the window KV pressure is judged over (default "
+                        f"{EngineConfig.pressure_window_seconds:g}, as engine.pressure_window_seconds)")
     p.add_argument("--all-gpus", action="store_true",
                    help="export every GPU of the host (one instance per host), not only the engine's")
     add_device_arguments(p)
@@ -83,8 +94,11 @@ def _context(args: argparse.Namespace) -> KvContext | None:
 
 def run(args: argparse.Namespace) -> int:
     url = _check_url(args.engine_url)
-    from kvwatch.watchdog.config import bounded_seconds
     bounded_seconds(args.interval, f"--interval {args.interval:g}", "watch.interval_seconds")  # 1e-300 would spin
+    stall = bounded_seconds(args.stall_timeout, f"--stall-timeout {args.stall_timeout:g}",
+                            "engine.stall_timeout_seconds")
+    window = bounded_seconds(args.pressure_window, f"--pressure-window {args.pressure_window:g}",
+                             "engine.pressure_window_seconds")
     context = _context(args)
     nvml = None
     nvml_source = None
@@ -112,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
     host = HostRegistry(args.state_dir or default_state_dir(), args.name)
     exporter = Exporter(engines, listen=args.listen, web_config=args.web_config, interval=args.interval,
                         nvml=nvml_source, host=host, all_gpus=args.all_gpus,
+                        judge=lambda name: ServingJudge(name, stall, window),
                         # the engine's processes are on this host: their resident memory too
                         process_source=proc_inspect.rss if args.engine_pid or local else None)
     stop = threading.Event()

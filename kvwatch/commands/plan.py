@@ -6,7 +6,7 @@ import json
 
 from kvwatch.boundary import device_probe
 from kvwatch.boundary.plan_loader import flags_release, plan_command
-from kvwatch.errors import KvwatchError
+from kvwatch.errors import CommandError, KvwatchError
 from kvwatch.exitcodes import EXIT_OK, EXIT_PLAN_WILL_FAIL
 from kvwatch.planner.devices import Device, parse_compute_capability, preset
 from kvwatch.planner.engine_args import EngineCommand
@@ -14,8 +14,8 @@ from kvwatch.planner.gpu_budget import GpuBudget
 from kvwatch.planner.plan import Plan
 from kvwatch.planner.rules import ruleset_for
 from kvwatch.planner.units import format_bytes, parse_size
-from kvwatch.planner.versions import LATEST, VllmVersion, parse_version
-from kvwatch.vllm_releases import ReleaseChoice, resolve
+from kvwatch.planner.versions import VllmVersion, parse_version
+from kvwatch.vllm_releases import DEFAULT_RELEASE, ReleaseChoice, resolve
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     plan = plan_command(args.engine_command, device, ruleset_for(str(version) if version else None),
                         vllm_version=version)
     if args.compare_version:
-        return _compare(args, device, version or LATEST, plan)
+        return _compare(args, device, version or DEFAULT_RELEASE, plan)
     choice = resolve(version)
     # What the parser refuses without making the command unreadable (an unknown option, a choice it
     # lacks): certain for a release kvwatch read, a risk for one it reads as its nearest.
@@ -94,17 +94,34 @@ def release_line(choice: ReleaseChoice) -> str:
 
 def _compare(args: argparse.Namespace, device: Device, version: VllmVersion, plan: Plan) -> int:
     """The upgrade check: the plan for the release in use and for --compare-version, side by side."""
-    from kvwatch.planner.release_compare import compare_releases, render_comparison  # only when asked
+    from kvwatch.planner.release_compare import compare_releases, refused_comparison, render_comparison
     other = parse_version(args.compare_version)
-    plan_b = plan_command(args.engine_command, device, ruleset_for(str(other)), vllm_version=other)
-    comparison = compare_releases(plan, plan_b, version, other, device)
+    try:
+        plan_b = plan_command(args.engine_command, device, ruleset_for(str(other)), vllm_version=other)
+    except CommandError as exc:   # B's parser refuses the command: say which flags changed meaning
+        refused = refused_comparison(version, other, args.engine_command, str(exc))
+        if args.json:
+            print(json.dumps({"a": plan.to_json(), "b": None, "comparison": refused.to_json()}, indent=2))
+        else:
+            print(render_comparison(refused))
+        return EXIT_PLAN_WILL_FAIL
+    comparison = compare_releases(plan, plan_b, version, other, device, args.engine_command)
+    # what either parser refuses without making the command unreadable (an unknown option, a choice)
+    refusals = [(resolve(v), r) for v in (version, other)
+                if (r := EngineCommand.parse(args.engine_command, flags_release(v)).refusal()) is not None]
     if args.json:
-        print(json.dumps({"a": plan.to_json(), "b": plan_b.to_json(), "comparison": comparison.to_json()}, indent=2))
+        print(json.dumps({"a": plan.to_json(), "b": plan_b.to_json(), "comparison": comparison.to_json(),
+                          "parser_refusals": [{"release": str(c.used), "kind": r.kind, "message": r.message,
+                                               "certain": c.exact} for c, r in refusals]}, indent=2))
     else:
         print(render_side_by_side(plan, plan_b, str(version), str(other)))
         print()
         print(render_comparison(comparison))
-    return EXIT_PLAN_WILL_FAIL if plan.will_fail or plan_b.will_fail else EXIT_OK
+        for choice, refusal in refusals:
+            print(f"{'FAILS' if choice.exact else 'RISK'}: [vllm_parser] vLLM {choice.used}'s `vllm serve` "
+                  f"parser refuses the command: {refusal.message}")
+    certain = any(c.exact for c, _ in refusals)
+    return EXIT_PLAN_WILL_FAIL if plan.will_fail or plan_b.will_fail or certain else EXIT_OK
 
 
 def _summary_rows(plan: Plan) -> list[tuple[str, str]]:

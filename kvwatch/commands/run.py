@@ -17,6 +17,7 @@ from kvwatch.watchdog.output_pump import LogSink
 from kvwatch.watchdog.supervisor import Observer, Supervisor
 
 if TYPE_CHECKING:
+    from kvwatch.boundary.engine_http import EnginePage
     from kvwatch.boundary.nvml import Nvml
 
 _LOG = logging.getLogger(__name__)
@@ -139,7 +140,7 @@ def _restore(previous: dict[signal.Signals, Any], *, stopped: bool) -> None:
 
 
 class _WithLogDrops:
-    """The supervisor as the exporter reads it (only `.status`), with the engine's log lines that
+    """The supervisor as the exporter reads it (`.status`, `.engine_page`), with the engine's log lines that
     kvwatch's own output dropped: the sink outlives each launch, so the count only grows."""
 
     def __init__(self, supervisor: Supervisor, sink: LogSink | None) -> None:
@@ -152,6 +153,11 @@ class _WithLogDrops:
         if self._sink is None or not self._sink.lines_dropped:
             return status
         return dataclasses.replace(status, log_lines_dropped=self._sink.lines_dropped)
+
+    @property
+    def engine_page(self) -> EnginePage | None:
+        """The supervisor's last read of the engine: the exporter exports it (one reader)."""
+        return self._supervisor.engine_page
 
 
 def _attach_exporter(config: Config, supervisor: Supervisor | _WithLogDrops, nvml: Nvml) -> Callable[[], None]:

@@ -10,6 +10,7 @@ from typing import Any
 from kvwatch.boundary import proc_inspect
 from kvwatch.boundary.proc_inspect import ProcRef
 from kvwatch.errors import KvwatchError
+from kvwatch.planner.flag_change import FlagChange
 from kvwatch.terminal import printable
 from kvwatch.watchdog.config import default_state_dir
 from kvwatch.watchdog.state_store import EngineRecord, load_all
@@ -67,6 +68,39 @@ def _count(value: object) -> str:
     return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else "?"
 
 
+AUTOPILOT_SHOWN = 5   # the autopilot's last changes `kvwatch status` shows (the state file keeps more)
+
+
+def _describe(change: object) -> str:
+    try:
+        return FlagChange.from_json(change).describe() if isinstance(change, dict) else "?"
+    except (ValueError, TypeError, AttributeError):
+        return "?"
+
+
+def _stamp(value: object) -> str:
+    return _when(float(value)) if isinstance(value, (int, float)) and not isinstance(value, bool) else "?"
+
+
+def _figure(window: object, key: str) -> str:
+    value = window.get(key) if isinstance(window, dict) else None
+    return f"{value:.1f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "?"
+
+
+def _autopilot_row(change: object) -> str:
+    """'2026-12-01 02:10:00 --kv-cache-dtype fp8: kept; preemptions/min 12.0 -> 0.0, tokens/s 30.0 -> 31.2'."""
+    if not isinstance(change, dict):
+        return "?"
+    before, after = change.get("before"), change.get("after")
+    row = f"{_stamp(change.get('at'))} {_describe(change.get('change'))}: {change.get('result', '?')}"
+    row += (f"; preemptions/min {_figure(before, 'preemptions_per_minute')} -> {_figure(after, 'preemptions_per_minute')}"
+            f", tokens/s {_figure(before, 'tokens_per_second')} -> {_figure(after, 'tokens_per_second')}")
+    detail = change.get("detail")
+    if change.get("result") == "rolled_back" and after is None and isinstance(detail, str) and detail:
+        row += f" ({detail})"
+    return row
+
+
 def render(path: Path, record: EngineRecord | None) -> str:
     if record is None:
         return printable(f"engine      {path.stem}\nerror       {path}: unreadable or corrupt")
@@ -105,6 +139,10 @@ def render(path: Path, record: EngineRecord | None) -> str:
     if (found := record.recommendation):
         rows.append(("recommends", f"{found.get('describe', '?')}: {found.get('reason', '')}; KV tokens "
                                    f"{_count(found.get('tokens_before'))} -> {_count(found.get('tokens_after'))}"))
+    if (trial := record.autopilot_trial):
+        rows.append(("on trial", f"{_describe(trial.get('change'))} (autopilot, since {_stamp(trial.get('applied_at'))})"))
+    for change in record.autopilot_changes[-AUTOPILOT_SHOWN:]:
+        rows.append(("autopilot", _autopilot_row(change)))
     width = max(len(k) for k, _ in rows)
     # The state file holds engine text (evidence, reasons, the command): shown, never obeyed.
     return printable("\n".join(f"{k:<{width}}  {v}" for k, v in rows))

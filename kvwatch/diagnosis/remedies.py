@@ -25,8 +25,8 @@ from kvwatch.planner.engine_args import EngineCommand, EngineSettings
 from kvwatch.planner.flag_change import NO_CHANGE, FlagChange
 from kvwatch.planner.plan import KV_CACHE_TOO_SMALL, Plan
 from kvwatch.planner.rules import RuleSet, parse_block_rule, ruleset_for, smallest_common_block_size
-from kvwatch.planner.versions import LATEST
 from kvwatch.policy import Policy, fixed_among
+from kvwatch.vllm_releases import DEFAULT_RELEASE
 from kvwatch.vllm_releases.release_defaults import api_batch_defaults, defaults_for
 from kvwatch.vllm_releases.texts import LORA_RANKS
 
@@ -275,7 +275,7 @@ def _default_max_num_seqs(ctx: _Ctx) -> int:
     if ctx.plan is not None and ctx.plan.gpu_budget is not None:
         return ctx.plan.gpu_budget.max_num_seqs
     total = ctx.gpu.total_bytes if ctx.gpu is not None and ctx.gpu.total_bytes else 0
-    return api_batch_defaults(defaults_for(LATEST), "cuda", total, "", None, 1)[1]
+    return api_batch_defaults(defaults_for(DEFAULT_RELEASE), "cuda", total, "", None, 1)[1]
 
 
 def _cuda_oom_options(ctx: _Ctx) -> Iterator[Remedy]:

@@ -12,8 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from kvwatch.boundary.engine_http import CacheConfig, RankMetrics
+from kvwatch.errors import KvwatchError
 from kvwatch.planner.devices import Device
-from kvwatch.planner.engine_args import EngineSettings
+from kvwatch.planner.engine_args import EngineCommand, EngineSettings
+from kvwatch.planner.flag_change import FlagChange
 from kvwatch.planner.geometry import ModelGeometry
 from kvwatch.planner.plan import NO_MEMORY_INPUTS, MemoryInputs, Plan, make_plan
 from kvwatch.planner.rules import RuleSet
@@ -29,6 +31,7 @@ class KvContext:
     settings: EngineSettings
     device: Device
     rules: RuleSet
+    command: EngineCommand | None = None   # the flags as given: what a recommended change is applied to
 
 
 @dataclass(frozen=True)
@@ -148,14 +151,36 @@ def actual_per_rank(ctx: KvContext, ranks: tuple[RankMetrics, ...], log_kv_token
     return out
 
 
-def plan_for_reported(ctx: KvContext, cache: CacheConfig | None,
-                      memory: MemoryInputs = NO_MEMORY_INPUTS) -> Plan:
-    """The plan for an engine kvwatch did not start: its flags as far as they are known
-    (``ctx.settings``), with the block size, KV dtype, memory utilization and KV memory the
-    engine reports in place of the flags'. Blocks are predicted, never copied."""
+def reported_settings(ctx: KvContext, cache: CacheConfig | None) -> EngineSettings:
+    """The engine's flags as far as they are known (``ctx.settings``), with the block size, KV dtype,
+    memory utilization and KV memory the engine reports in place of the flags'."""
     settings = ctx.settings
     if cache is not None:
         settings = replace(_reported_settings(ctx, cache),
                            gpu_memory_utilization=cache.gpu_memory_utilization or settings.gpu_memory_utilization,
                            kv_cache_memory_bytes=cache.kv_cache_memory_bytes or settings.kv_cache_memory_bytes)
-    return make_plan(ctx.geometry, settings, ctx.device, ctx.rules, memory)
+    return settings
+
+
+def plan_for_reported(ctx: KvContext, cache: CacheConfig | None,
+                      memory: MemoryInputs = NO_MEMORY_INPUTS) -> Plan:
+    """The plan for an engine kvwatch did not start: its reported settings (`reported_settings`).
+    Blocks are predicted, never copied."""
+    return make_plan(ctx.geometry, reported_settings(ctx, cache), ctx.device, ctx.rules, memory)
+
+
+def replan_reported(ctx: KvContext, cache: CacheConfig | None, change: FlagChange) -> Plan | None:
+    """The plan that engine would have with `change` (a KV-pressure recommendation): the figures it
+    reports, then the change's flags over them. None without its command."""
+    if ctx.command is None:
+        return None
+    reported = reported_settings(ctx, cache)
+    flags = {"--block-size": reported.block_size, "--kv-cache-dtype": reported.kv_cache_dtype,
+             "--gpu-memory-utilization": reported.gpu_memory_utilization,
+             "--kv-cache-memory-bytes": reported.kv_cache_memory_bytes}
+    command = change.apply(ctx.command.apply({k: v for k, v in flags.items() if v is not None}))
+    try:
+        settings = command.settings()
+    except KvwatchError:
+        return None
+    return make_plan(ctx.geometry, settings, ctx.device, ctx.rules)

@@ -25,6 +25,7 @@ from kvwatch.gpu_types import GpuInfo
 # exported at 0 from the start so that increase() sees the first one.
 FAILURE_KINDS = tuple(kind.value for kind in FailureKind)
 ENGINE_STATES = tuple(state.value for state in EngineState)
+AUTOPILOT_RESULTS = ("applied", "kept", "rolled_back")   # kvwatch_autopilot_changes_total's `result`
 
 _E = ("engine",)
 _R = ("engine", "rank")   # rank: the data-parallel engine core (vLLM's `engine` label), "0" without DP
@@ -115,6 +116,9 @@ FAMILIES = (
            "(plan=recommended), as the planner computes them."),
     Family("recommendation_concurrency", "kvwatch_recommendation_concurrency", GAUGE, (*_E, "plan"),
            "Requests of max-model-len the KV cache holds, in the plan in force and with the recommended change."),
+    Family("autopilot", "kvwatch_autopilot_changes", COUNTER, (*_E, "result"),
+           "KV-pressure changes the autopilot ([autopilot] apply) made by itself, this kvwatch run: result=applied "
+           "(put on trial), kept (measured better), rolled_back (measured worse, or the engine failed on trial)."),
     Family("release_changes", "kvwatch_engine_release_changes", COUNTER, _E,
            "Times the engine's vLLM release differed from the one recorded in the state file at the last launch "
            "(an image upgrade), seen by this kvwatch."),
@@ -233,6 +237,8 @@ def _engine(f: dict[str, Any], engine: EngineSnapshot) -> None:
     if status.vllm_release is not None:   # a supervised engine (kvwatch export knows no release)
         f["release_info"].add_metric([name, status.vllm_release, status.vllm_release_planned_as or ""], 1)
         f["release_changes"].add_metric([name], status.release_changes)
+        for result in AUTOPILOT_RESULTS:   # at 0 from the start, as the restarts: increase() sees the first
+            f["autopilot"].add_metric([name, result], status.autopilot.get(result, 0))
     if engine.process_rss:
         for rank, rss in sorted(_by_rank(engine.process_rss.items(), status.pid_ranks).items()):
             f["engine_rss"].add_metric([name, rank], rss)

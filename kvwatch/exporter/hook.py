@@ -1,8 +1,9 @@
 """The exporter of `kvwatch run` (kvwatch.commands.run calls attach).
 
 attach() starts the watch loop and the HTTP server for the supervised engine and returns
-the function that stops them. It reads ``supervisor.status`` (an immutable EngineStatus)
-once per tick; it never calls into the supervisor otherwise.
+the function that stops them. It reads ``supervisor.status`` (an immutable EngineStatus) and
+``supervisor.engine_page`` (the supervisor's last read of the engine, which it exports: one read of
+the engine per interval) once per tick; it never calls into the supervisor otherwise.
 """
 from __future__ import annotations
 
@@ -51,7 +52,10 @@ def attach(config: Any, supervisor: Any, nvml: Nvml | None = None) -> Callable[[
         _LOG.info("exporter: no NVML driver on this host: no nvml collector")
     # The engine sees the GPUs its environment names (config, else kvwatch's own).
     visible = config.engine.environment.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
-    exporter = Exporter(SupervisedEngines(lambda: [supervisor.status], visible_devices=visible),
+    # The supervisor reads the engine (stalls, pressure); the exporter exports its last read.
+    engines = SupervisedEngines(lambda: [supervisor.status], visible_devices=visible,
+                                pages=lambda: {config.name: supervisor.engine_page})
+    exporter = Exporter(engines,
                         listen=config.listen, web_config=config.web_config,
                         interval=config.watch.interval_seconds, nvml=nvml_source,
                         process_source=proc_inspect.rss, host=HostRegistry(config.state_dir, config.name),

@@ -25,6 +25,7 @@ import socket
 import ssl
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -34,6 +35,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from kvwatch.errors import KvwatchError
+from kvwatch.exporter.eviction import to_evict
+from kvwatch.exporter.fair_turns import FairTurns
 from kvwatch.exporter.web_config import WebConfig
 from kvwatch.listen import DEFAULT_LISTEN, parse_listen
 
@@ -56,24 +59,31 @@ class BasicAuth:
     exporter-toolkit does, one bcrypt check runs at a time and the others queue for it (at most
     QUEUE_WAIT seconds: a credential not yet known waits its turn, it is not refused because
     another check runs), and every result is remembered, failures too, so a credential tried
-    again costs no bcrypt. A known-good credential never waits: its success is remembered."""
+    again costs no bcrypt. A known-good credential never waits: its success is remembered.
+    Beyond the toolkit, the queue is fair by client address and bcrypt's share of a core is
+    bounded (fair_turns.py): a brute force from one address takes at most BCRYPT_SHARE of a core
+    and delays another address's new credential by one check per address waiting."""
 
     MAX_CACHED = 1024
     FAILED_FOR = 60.0   # seconds a failed credential is refused without a new bcrypt check
     QUEUE_WAIT = 10.0   # seconds a check may wait for the one before it (below the connection deadline)
+    BCRYPT_SHARE = 0.25  # of one core, at most, however many new credentials arrive
 
     def __init__(self, users: dict[str, bytes]) -> None:
         self._users = dict(users)
         self._ok: set[bytes] = set()
         self._failed: dict[bytes, float] = {}
         self._lock = threading.Lock()
-        self._bcrypt = threading.Lock()
+        self._bcrypt = FairTurns(self.BCRYPT_SHARE)
         self._dummy: bytes | None = None  # compared against for unknown users: same time as a known one
 
     def __bool__(self) -> bool:
         return bool(self._users)
 
-    def check(self, header: str | None) -> bool:
+    def check(self, header: str | None, client: str = "",
+              cancelled: Callable[[], bool] = lambda: False) -> bool:
+        """Whether `header` carries a known user's password; `client` (the peer's address) is whose
+        turn a bcrypt check takes; `cancelled` ends its wait for the turn (its connection was cut)."""
         if not header or not header.startswith("Basic "):
             return False
         try:
@@ -87,8 +97,8 @@ class BasicAuth:
         known = self._known(key, hashed is not None)
         if known is not None:
             return known
-        if not self._bcrypt.acquire(timeout=self.QUEUE_WAIT):
-            return False      # the queue is that long: a flood of new credentials
+        if not self._bcrypt.acquire(client, self.QUEUE_WAIT, cancelled):
+            return False      # the queue is that long (a flood of new credentials), or the connection was cut
         try:
             known = self._known(key, hashed is not None)   # checked while this one queued
             if known is not None:
@@ -143,6 +153,9 @@ class _Server(ThreadingHTTPServer):
         # Both tables are keyed by the connection's own thread: under TLS the handler sees the
         # wrapped socket, not the one accepted, so a socket's id would not match across them.
         self._waiting: dict[int, float] = {}   # thread -> since when the connection waits for a request head
+        self._peers: dict[int, tuple[str, float]] = {}   # thread -> (client address, accepted when)
+        self._cut_keys: set[int] = set()                  # threads whose connection was cut
+        self._per_peer: Counter[str] = Counter()          # client address -> connections it holds
         self._open_lock = threading.Lock()
         self._reaper: threading.Thread | None = None
         self._closed = threading.Event()
@@ -159,14 +172,18 @@ class _Server(ThreadingHTTPServer):
     def _evict_one(self) -> bool:
         now = time.monotonic()
         with self._open_lock:
-            idle = [(since, key) for key, since in self._waiting.items() if now - since > 0.5 and key in self._open]
-            if not idle:
+            key = to_evict(self._waiting, self._peers, self._per_peer, now, MAX_CONNECTIONS)
+            if key is None:
                 return False
-            _, key = min(idle)
             self._waiting.pop(key, None)
+            self._cut_keys.add(key)
             sock = self._open[key][1]
         _cut(sock)
         return True
+
+    def was_cut(self) -> bool:
+        """Called from the connection's thread: its connection was cut (a wait may end now)."""
+        return threading.get_ident() in self._cut_keys
 
     def server_close(self) -> None:
         self._closed.set()
@@ -178,15 +195,15 @@ class _Server(ThreadingHTTPServer):
         while not self._closed.wait(0.25):
             now = time.monotonic()
             with self._open_lock:
-                late = [sock for deadline, sock in self._open.values() if deadline <= now]
-            for sock in late:
+                late = [(key, sock) for key, (deadline, sock) in self._open.items() if deadline <= now]
+                self._cut_keys.update(key for key, _ in late)
+            for _, sock in late:
                 _cut(sock)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        # One thread per connection, but never more than MAX_CONNECTIONS. When all are taken, the
-        # connection that has waited longest without a request in progress (idle, or sending its
-        # request head a byte at a time) gives way: a scraper's request takes milliseconds, so it
-        # gets in, and a flood of idle or slow connections costs no more than MAX_CONNECTIONS threads.
+        # One thread per connection, but never more than MAX_CONNECTIONS. When all are taken, one
+        # gives way (eviction.py: an idle or slow one of the address holding the most): a scraper's
+        # request takes milliseconds, so it gets in, and a flood costs no more than MAX_CONNECTIONS threads.
         if not self._slots.acquire(blocking=False):
             if not (self._evict_one() and self._slots.acquire(timeout=0.2)):
                 self.shutdown_request(request)   # at once: the accept queue must not wait on it
@@ -208,6 +225,9 @@ class _Server(ThreadingHTTPServer):
         # (slowloris) or reads the answer as slowly is cut off, whatever each read's timeout.
         self._track(request, time.monotonic() + CONNECTION_DEADLINE)
         with self._open_lock:
+            self._peers[threading.get_ident()] = (str(client_address[0]), time.monotonic())
+            self._per_peer[str(client_address[0])] += 1
+        with self._open_lock:
             if self._reaper is None:
                 self._reaper = threading.Thread(target=self._watch_deadlines, name="kvwatch-http-deadlines",
                                                 daemon=True)
@@ -218,6 +238,12 @@ class _Server(ThreadingHTTPServer):
             with self._open_lock:
                 self._open.pop(threading.get_ident(), None)
                 self._waiting.pop(threading.get_ident(), None)
+                peer = self._peers.pop(threading.get_ident(), None)
+                if peer is not None:
+                    self._per_peer[peer[0]] -= 1
+                    if self._per_peer[peer[0]] <= 0:
+                        del self._per_peer[peer[0]]
+                self._cut_keys.discard(threading.get_ident())
             self._slots.release()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -477,9 +503,20 @@ def _handler(renderer: RenderCache, auth: BasicAuth,
         def do_HEAD(self) -> None:  # noqa: N802
             self._serve(body=False)
 
+        def _authorized(self) -> bool:
+            if not auth:
+                return True
+            # A check waiting for its bcrypt turn counts as waiting: a flood of them gives way
+            # (eviction.py) and, once cut, stops waiting.
+            self.server.waiting(True)
+            try:
+                return auth.check(self.headers.get("Authorization"), self.client_address[0], self.server.was_cut)
+            finally:
+                self.server.waiting(False)
+
         def _not_allowed(self) -> None:
             # Other methods: the credentials are checked first, as for GET, then 405.
-            if auth and not auth.check(self.headers.get("Authorization")):
+            if not self._authorized():
                 self._reply(401, b"Unauthorized\n", "text/plain; charset=utf-8", True,
                             {"WWW-Authenticate": 'Basic realm="kvwatch"'})
                 return
@@ -489,7 +526,7 @@ def _handler(renderer: RenderCache, auth: BasicAuth,
         do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_TRACE = do_CONNECT = _not_allowed  # noqa: N815
 
         def _serve(self, body: bool) -> None:
-            if auth and not auth.check(self.headers.get("Authorization")):
+            if not self._authorized():
                 self._reply(401, b"Unauthorized\n", "text/plain; charset=utf-8", body,
                             {"WWW-Authenticate": 'Basic realm="kvwatch"'})
                 return

@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from kvwatch.exporter.collector import KvwatchCollector
 from kvwatch.exporter.server import MetricsServer
+from kvwatch.exporter.serving import ServingJudge
 from kvwatch.exporter.snapshot import WatchSnapshot
 from kvwatch.exporter.watch import DEFAULT_INTERVAL, EngineSource, HostView, NvmlSource, ProcessSource, Watch
 from kvwatch.exporter.web_config import load_web_config
@@ -31,10 +32,12 @@ class Exporter:
                  web_config: str | Path | None = None, interval: float = DEFAULT_INTERVAL,
                  nvml: NvmlSource | None = None, process_source: ProcessSource | None = None,
                  host: HostView | None = None, all_gpus: bool = False,
-                 readiness: Callable[[], tuple[bool, str]] | None = None) -> None:
+                 readiness: Callable[[], tuple[bool, str]] | None = None,
+                 judge: Callable[[str], ServingJudge] = ServingJudge) -> None:
         config = load_web_config(web_config) if web_config else None  # ConfigError: one line
         self.watch = Watch(engines, nvml=nvml, process_source=process_source, interval=interval,
-                           on_snapshot=lambda _: self.server.prerender(), host=host, all_gpus=all_gpus)
+                           on_snapshot=lambda _: self.server.prerender(), host=host, all_gpus=all_gpus,
+                           judge=judge)
         self._host = host
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(KvwatchCollector(lambda: self.watch.snapshot))
@@ -43,10 +46,14 @@ class Exporter:
                                     readiness=readiness or self._engines_ready)
 
     def _engines_ready(self) -> tuple[bool, str]:
-        """By default, ready while every engine of the latest snapshot is READY and answers /health."""
+        """By default, ready while every engine of the latest snapshot is READY, answers /health and
+        is not stalled (an external engine's stall: its status's `ending`)."""
         engines = self.watch.snapshot.engines
         if not engines:
             return False, "starting"
+        ending = [f"{e.name}: {e.status.ending}" for e in engines if e.status.ending]
+        if ending:
+            return False, "; ".join(ending)
         ready = all(e.up and e.status.state.value == "ready" for e in engines)
         states = sorted({e.status.state.value if e.up else "down" for e in engines})
         return ready, ",".join(states)

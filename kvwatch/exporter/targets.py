@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import logging
 import urllib.parse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from kvwatch.boundary.device_probe import installed_vllm_text
+from kvwatch.boundary.engine_http import EnginePage
 from kvwatch.boundary.model_source import load_model_source
 from kvwatch.engine_status import EngineState, EngineStatus
 from kvwatch.errors import KvwatchError
@@ -34,8 +35,8 @@ def device_of_plan(plan: Plan) -> Device:
 def kv_context(command: EngineCommand, device: Device) -> KvContext:
     """The model's geometry (its config.json) and the command's flags; KvwatchError if unreadable."""
     settings = command.settings()
-    geometry = geometry_from_config(load_model_source(settings.model).config)
-    return KvContext(geometry, settings, device, ruleset_for(installed_vllm_text()))
+    geometry = geometry_from_config(load_model_source(settings.model).config, command.release)
+    return KvContext(geometry, settings, device, ruleset_for(installed_vllm_text()), command)
 
 
 class SupervisedEngines:
@@ -44,15 +45,20 @@ class SupervisedEngines:
     ``statuses`` is called once per tick (from the watch thread) and must return the current
     immutable EngineStatus of every engine. URLs come from each engine's command
     (--host/--port), the model geometry from its config.json (read once per command).
+    ``pages`` (engine name -> the supervisor's last read of it) makes the supervisor the one reader
+    of the engine: the watch exports that read instead of reading /health and /metrics again.
     """
 
-    def __init__(self, statuses: Callable[[], Sequence[EngineStatus]], visible_devices: str | None = None) -> None:
+    def __init__(self, statuses: Callable[[], Sequence[EngineStatus]], visible_devices: str | None = None,
+                 pages: Callable[[], Mapping[str, EnginePage | None]] | None = None) -> None:
         self._statuses = statuses
         self._visible = visible_devices
+        self._pages = pages
         self._contexts: dict[tuple[tuple[str, ...], str, str], KvContext | None] = {}
 
     def __call__(self) -> list[EngineTarget]:
         targets = []
+        pages = self._pages() if self._pages is not None else {}
         for status in self._statuses():
             url = context = None
             if status.argv:
@@ -62,7 +68,8 @@ class SupervisedEngines:
                     context = self._context(command, status.plan)
                 except KvwatchError as exc:
                     _LOG.debug("engine %s: %s", status.name, exc)
-            targets.append(EngineTarget(status=status, url=url, context=context, visible_devices=self._visible))
+            targets.append(EngineTarget(status=status, url=url, context=context, visible_devices=self._visible,
+                                        read_by_owner=self._pages is not None, page=pages.get(status.name)))
         return targets
 
     def _context(self, command: EngineCommand, plan: Plan | None) -> KvContext | None:

@@ -18,9 +18,17 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar, cast
 
 from kvwatch.boundary import engine_http
-from kvwatch.boundary.engine_http import EngineMetrics
+from kvwatch.boundary.engine_http import EngineMetrics, EnginePage
 from kvwatch.engine_status import EngineState, EngineStatus
-from kvwatch.exporter.actual import ActualKv, KvContext, actual_per_rank, plan_for_reported
+from kvwatch.exporter.actual import (
+    ActualKv,
+    KvContext,
+    actual_per_rank,
+    plan_for_reported,
+    replan_reported,
+    reported_settings,
+)
+from kvwatch.exporter.serving import ServingJudge
 from kvwatch.exporter.snapshot import ENGINE, HOST, NVML, PROCESS, CollectorResult, EngineSnapshot, WatchSnapshot
 from kvwatch.gpu_types import GpuInfo, NvmlSnapshot, parse_cuda_visible_devices
 from kvwatch.planner.plan import Plan
@@ -44,6 +52,8 @@ class EngineTarget:
     external: bool = False               # not started by kvwatch (`kvwatch export`), see below
     pids_known: bool = True              # False: its pids are unknown, GPU memory cannot be split
     visible_devices: str | None = None   # the engine's CUDA_VISIBLE_DEVICES; None: unset or unknown
+    read_by_owner: bool = False          # True: the supervisor reads the engine, `page` is its last read
+    page: EnginePage | None = None       # (None: no engine runs); the watch does not read it again
 
     # An external engine's state is derived: STARTING until /health first answers, READY from
     # then on (nobody restarts it, so a dead one stays READY with engine_up 0, which is what
@@ -75,7 +85,8 @@ class Watch:
                  process_source: ProcessSource | None = None, interval: float = DEFAULT_INTERVAL,
                  timeout: float | None = None, clock: Callable[[], float] = time.time,
                  on_snapshot: Callable[[WatchSnapshot], None] | None = None,
-                 host: HostView | None = None, all_gpus: bool = False) -> None:
+                 host: HostView | None = None, all_gpus: bool = False,
+                 judge: Callable[[str], ServingJudge] = ServingJudge) -> None:
         if interval <= 0:
             raise ValueError("interval must be positive")
         self._engines = engines
@@ -93,6 +104,8 @@ class Watch:
         self._thread: threading.Thread | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._warned: set[str] = set()
+        self._judge = judge              # an external engine's stalls and KV pressure (kvwatch run: the supervisor's)
+        self._judges: dict[str, ServingJudge] = {}
         # The sources, each only where it was given (the wiring enables a source only where it can
         # work: kvwatch.exporter.sources); each is one `collector` of kvwatch_collector_success.
         candidates = ((NVML, nvml, self._nvml_once, False), (ENGINE, engines, self._poll_engines, True),
@@ -169,7 +182,8 @@ class Watch:
         if nvml_snapshot is not None and nvml_snapshot.available and not self._all_gpus:
             nvml_snapshot = replace(nvml_snapshot, gpus=_gpus_of(targets, nvml_snapshot))
 
-        engines = tuple(self._engine_snapshot(t, up, metrics, rss) for t, (up, metrics) in zip(targets, polled, strict=True))
+        engines = tuple(self._engine_snapshot(t, up, metrics, rss, nvml_snapshot)
+                        for t, (up, metrics) in zip(targets, polled, strict=True))
         snap = WatchSnapshot(taken_at=taken_at, engines=engines, nvml=nvml_snapshot,
                              collectors=tuple(collectors), other_engine_pids=other_pids)
         self._snapshot = snap
@@ -207,6 +221,8 @@ class Watch:
         return polled, "; ".join(errors) or None
 
     def _poll_one(self, target: EngineTarget) -> tuple[bool, EngineMetrics | None]:
+        if target.read_by_owner:   # kvwatch run: the supervisor's read, one per interval (no I/O here)
+            return (target.page.up, target.page.metrics) if target.page is not None else (False, None)
         if target.url is None:
             return False, None
         up = engine_http.health(target.url, self.timeout)
@@ -217,7 +233,7 @@ class Watch:
         return dict(self._process_source(sorted({pid for t in targets for pid in t.status.pids}))), None
 
     def _engine_snapshot(self, target: EngineTarget, up: bool, metrics: EngineMetrics | None,
-                         rss: Mapping[int, int] | None) -> EngineSnapshot:
+                         rss: Mapping[int, int] | None, nvml: NvmlSnapshot | None = None) -> EngineSnapshot:
         status = target.status
         if target.external:
             if up:
@@ -243,11 +259,31 @@ class Watch:
                 if kv.problems:
                     self._warn_once(f"{status.name}:{rank}:{kv.problems}",
                                     f"engine {status.name} rank {rank}: KV figures disagree: {'; '.join(kv.problems)}")
+        if target.external:
+            status = self._judged(target, status, metrics, planned, nvml)
         engine_rss = None
         if rss is not None:
             engine_rss = {pid: rss[pid] for pid in status.pids if pid in rss}
         return EngineSnapshot(status=status, up=up, metrics=metrics, planned=planned, actual=actual,
                               actual_ranks=ranks or None, process_rss=engine_rss, pids_known=target.pids_known)
+
+    def _judged(self, target: EngineTarget, status: EngineStatus, metrics: EngineMetrics | None,
+                planned: Plan | None, nvml: NvmlSnapshot | None) -> EngineStatus:
+        """An external engine's status with its stalls and KV pressure judged on this read."""
+        if status.name not in self._judges:
+            self._judges[status.name] = self._judge(status.name)
+        judge = self._judges[status.name]
+        ctx = target.context
+        cache = metrics.cache if metrics is not None and metrics.ok else None
+        try:
+            judge.observe(metrics, planned if ctx is not None and cache is not None else None,
+                          reported_settings(ctx, cache) if ctx is not None else None,
+                          lambda change: replan_reported(ctx, cache, change) if ctx is not None else None,
+                          _free_bytes(nvml) if ctx is not None and ctx.device.platform == "cuda" else None,
+                          _compute_seconds(status.pids) if ctx is not None and ctx.device.platform == "cpu" else None)
+        except Exception as exc:  # the planner is pure, but a model it cannot handle must not stop us
+            self._warn_once(f"{status.name}:judge", f"engine {status.name}: cannot judge its load: {exc!r}")
+        return judge.status(status)
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
@@ -255,6 +291,26 @@ class Watch:
                 self._warned.clear()
             self._warned.add(key)
             _LOG.warning("%s", message)
+
+
+def _free_bytes(nvml: NvmlSnapshot | None) -> int | None:
+    """The least free memory on the GPUs this instance exports (the engine's): what a higher
+    --gpu-memory-utilization could take."""
+    if nvml is None or not nvml.available:
+        return None
+    free = [g.memory_total_bytes - g.memory_used_bytes for g in nvml.gpus
+            if g.memory_total_bytes is not None and g.memory_used_bytes is not None]
+    return min(free) if free else None
+
+
+def _compute_seconds(pids: Sequence[int]) -> float | None:
+    """The CPU time of the engine's processes but its API server (the root, the process listening):
+    progress on vLLM's CPU backend, as under `kvwatch run`."""
+    if len(pids) < 2:
+        return None
+    from kvwatch.boundary import proc_inspect
+
+    return proc_inspect.cpu_seconds(pids[1:])
 
 
 def _gpus_of(targets: Sequence[EngineTarget], snap: NvmlSnapshot) -> tuple[GpuInfo, ...]:

@@ -26,7 +26,8 @@ from kvwatch.planner.serve_options import (
     vllm_spelling,
 )
 from kvwatch.planner.units import parse_vllm_int
-from kvwatch.planner.versions import LATEST, parse_version
+from kvwatch.planner.versions import parse_version
+from kvwatch.vllm_releases import DEFAULT_RELEASE
 from kvwatch.vllm_releases.release_defaults import defaults_for
 
 # Flags whose value is a count or a size: vLLM wants them positive (0 or less is a typo).
@@ -160,13 +161,13 @@ class EngineCommand:
     argv: tuple[str, ...]
     # The release whose parser reads argv: a release of kvwatch's option table (vllm_releases.resolve
     # picks it for the release asked for); by default the one kvwatch's other facts were read from.
-    release: str = field(default=str(LATEST))
+    release: str = field(default=str(DEFAULT_RELEASE))
 
     @classmethod
     def parse(cls, argv: Sequence[str], release: str | None = None) -> EngineCommand:
         if not argv:
             raise CommandError("no engine command given (expected e.g. `-- vllm serve MODEL ...`)")
-        command = cls(tuple(argv), release or str(LATEST))
+        command = cls(tuple(argv), release or str(DEFAULT_RELEASE))
         _ = command.model  # fail early, with one clear line, when no model is named
         return command
 

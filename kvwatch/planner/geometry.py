@@ -13,7 +13,10 @@ from kvwatch.errors import ConfigError
 from kvwatch.planner.config_defaults import HEAD_DIM_DEFAULTS
 from kvwatch.planner.indexer import indexer_bytes_per_token
 from kvwatch.planner.layers import FULL, PURE_STATE_SPACE, LayerLayout, kimi_linear_layout, layer_layout
+from kvwatch.planner.versions import parse_version
 from kvwatch.planner.weights import WeightCount, count_model_weights
+from kvwatch.vllm_releases import resolve
+from kvwatch.vllm_releases.max_len_rules import MAX_LEN_RULES, MaxLenRules
 
 # vLLM's is_deepseek_mla list (0.32): these model types store one MLA latent per token.
 MLA_MODEL_TYPES = frozenset({
@@ -28,9 +31,6 @@ _KV_HEAD_KEYS = ("n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_quer
 _MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
                  "model_max_length", "max_target_positions", "max_sequence_length",
                  "max_seq_length", "seq_len")
-# RoPE types whose max_position_embeddings already includes the scaling (vLLM 0.32,
-# config/model.py _get_and_verify_max_len); any other type multiplies it by `factor`.
-_ROPE_PRESCALED = frozenset({"su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling"})
 _ASSUMED_MAX_LEN = 2048   # vLLM's assumption when config.json names no length
 _DTYPE_NAMES = {"float16": "float16", "half": "float16", "bfloat16": "bfloat16",
                 "float32": "float32", "float": "float32"}
@@ -135,11 +135,23 @@ def _rope_parameter_sets(cfg: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return nested if nested and len(nested) == len(params) else [params]
 
 
-def derive_max_model_len(cfg: Mapping[str, Any], model_type: str) -> tuple[int | None, str | None]:
+def max_len_rules(release: str | None) -> MaxLenRules:
+    """How vLLM `release` (planned as the known release vllm_releases.resolve gives; None: the
+    default release) derives max_model_len."""
+    if release in MAX_LEN_RULES:
+        return MAX_LEN_RULES[release]
+    return MAX_LEN_RULES[str(resolve(parse_version(release) if release else None).used)]
+
+
+def derive_max_model_len(cfg: Mapping[str, Any], model_type: str,
+                         rules: MaxLenRules | None = None) -> tuple[int | None, str | None]:
     """The longest max_model_len vLLM accepts for this config.json, and the key it comes from
     (transformers_utils/model_arch_config_convertor.py derive_max_model_len_and_key, then
     config/model.py _get_and_verify_max_len): the smallest of the length keys, model_max_length
-    when present, times the RoPE scaling factor of types that do not include it already."""
+    when present, times the RoPE scaling factor of types that do not include it already (per
+    release: vllm_releases/max_len_rules.py; before 0.30 a yarn length is its
+    original_max_position_embeddings times the factor)."""
+    rules = rules or max_len_rules(None)
     derived: float | None = None
     key: str | None = None
     for name in _MAX_LEN_KEYS:
@@ -159,18 +171,24 @@ def derive_max_model_len(cfg: Mapping[str, Any], model_type: str) -> tuple[int |
             rope_type = p.get("rope_type", p.get("type", "default"))
             if rope_type == "su":
                 rope_type = "longrope"
-            if rope_type not in _ROPE_PRESCALED:
+            if rope_type not in rules.prescaled_rope_types:
                 raw = p.get("factor", factor)
                 factor = float(raw) if isinstance(raw, (int, float)) and not isinstance(raw, bool) else 1.0
+                original = p.get("original_max_position_embeddings")
+                if (rope_type == "yarn" and rules.yarn_from_original_source and isinstance(original, int)
+                        and not isinstance(original, bool) and original > 0):
+                    derived = float(original)
         derived *= factor
     if not 0 < derived < 2**62:
         return None, None
     return int(derived), key
 
 
-def longrope_default_len(cfg: Mapping[str, Any]) -> int | None:
+def longrope_default_len(cfg: Mapping[str, Any], rules: MaxLenRules | None = None) -> int | None:
     """For LongRoPE, vLLM defaults max_model_len to original_max_position_embeddings "to avoid
-    performance degradation for shorter sequences" (vLLM 0.32, config/model.py:2625)."""
+    performance degradation for shorter sequences" (from 0.11: MaxLenRules.longrope_default_source)."""
+    if not (rules or max_len_rules(None)).longrope_default_source:
+        return None
     types = {p.get("rope_type", p.get("type")) for p in _rope_parameter_sets(cfg)}
     if not types & {"longrope", "su"}:
         return None
@@ -180,8 +198,10 @@ def longrope_default_len(cfg: Mapping[str, Any]) -> int | None:
     return original if isinstance(original, int) and not isinstance(original, bool) and original > 0 else None
 
 
-def geometry_from_config(config: Mapping[str, Any]) -> ModelGeometry:
-    """Turn a config.json dict into a ModelGeometry, or raise ConfigError naming the field."""
+def geometry_from_config(config: Mapping[str, Any], release: str | None = None) -> ModelGeometry:
+    """Turn a config.json dict into a ModelGeometry as the known vLLM `release` reads it (None: the
+    default release), or raise ConfigError naming the field."""
+    rules = max_len_rules(release)
     if not isinstance(config, Mapping):
         raise ConfigError("config.json: expected a JSON object")
     cfg = _text_config(config)
@@ -194,13 +214,13 @@ def geometry_from_config(config: Mapping[str, Any]) -> ModelGeometry:
     architectures = tuple(architectures)
     num_layers = _required_int(cfg, "num_hidden_layers")
     if model_type in PURE_STATE_SPACE:   # Mamba / Mamba2 / Falcon-Mamba: no attention, a state per layer
-        return _state_space_geometry(config, cfg, model_type, architectures, num_layers)
+        return _state_space_geometry(config, cfg, model_type, architectures, num_layers, rules)
     num_heads = _required_int(cfg, "num_attention_heads")
     hidden = _positive_int(cfg, "hidden_size", required=False)
     raw_dtype = cfg.get("torch_dtype") or cfg.get("dtype") or config.get("torch_dtype") or config.get("dtype")
     config_dtype = _DTYPE_NAMES.get(str(raw_dtype)) if raw_dtype else None
     max_len = next((cfg[k] for k in _MAX_LEN_KEYS if isinstance(cfg.get(k), int)), None)
-    derived, derived_key = derive_max_model_len(cfg, model_type)
+    derived, derived_key = derive_max_model_len(cfg, model_type, rules)
 
     if model_type in MLA_MODEL_TYPES and cfg.get("kv_lora_rank") is not None:
         rank = _required_int(cfg, "kv_lora_rank")
@@ -232,14 +252,14 @@ def geometry_from_config(config: Mapping[str, Any]) -> ModelGeometry:
         config_dtype=config_dtype, sliding_window=layout.window, layer_kinds=layout.kinds, layout=layout,
         max_position_embeddings=max_len, num_attention_heads=num_heads, hidden_size=hidden,
         weight_count=count_model_weights(config, cfg), quantization=_quantization(config, cfg), derived_max_model_len=derived,
-        derived_max_model_len_key=derived_key, default_len=longrope_default_len(cfg))
+        derived_max_model_len_key=derived_key, default_len=longrope_default_len(cfg, rules))
 
 
 def _state_space_geometry(config: Mapping[str, Any], cfg: Mapping[str, Any], model_type: str,
-                          architectures: tuple[str, ...], num_layers: int) -> ModelGeometry:
+                          architectures: tuple[str, ...], num_layers: int, rules: MaxLenRules) -> ModelGeometry:
     """A pure state-space model: no attention head, every layer one recurrent state per sequence."""
     raw_dtype = cfg.get("torch_dtype") or cfg.get("dtype")
-    derived, derived_key = derive_max_model_len(cfg, model_type)
+    derived, derived_key = derive_max_model_len(cfg, model_type, rules)
     layout = layer_layout(cfg, model_type, num_layers)
     return ModelGeometry(
         model_type=model_type, architectures=architectures, num_layers=num_layers, attention="none",

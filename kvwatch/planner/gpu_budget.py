@@ -11,9 +11,11 @@ determine_available_memory; worker/worker.py determine_num_available_blocks in t
   one sampler pass over `min(max_num_seqs, max_num_batched_tokens)` requests with top-k and top-p
   set. The sampler's float32 buffers over requests x vocabulary dominate whenever the vocabulary is
   large: a sort-based top-k/top-p keeps ~9.7 logits-sized float32 copies live (the fp32 logits,
-  sorted values, int64 indices, masks, softmax, cumulative sum, the sampling noise); FlashInfer's or
-  vLLM's Triton kernel keeps ~3. The forward pass holds the hidden states and one layer's MLP.
-- **Non-torch**: cuBLAS/NCCL workspaces allocated during the profile; more with tensor parallelism.
+  sorted values, int64 indices, masks, softmax, cumulative sum, the sampling noise); FlashInfer's
+  keeps ~3, vLLM's Triton kernel ~3.8. The forward pass holds the hidden states and one layer's MLP;
+  a multimodal model's dummy encoder outputs stay cached through both (planner/encoder_cache.py).
+- **Non-torch**: cuBLAS/NCCL workspaces allocated during the profile; more with tensor parallelism
+  (about 2 GiB per rank from 0.19: NCCL's buffers).
 - **CUDA graphs**: captured after the KV cache is sized, so not taken from it, until the graph
   estimate (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS: opt-in from 0.18, on by default from 0.20,
   whatever 0.20's log says) became part of the budget.
@@ -30,10 +32,11 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 from kvwatch.planner.devices import Device, GiB, cuda_total_bytes, scheduler_memory_bytes
+from kvwatch.planner.encoder_cache import encoder_cache_bytes
 from kvwatch.planner.engine_args import EngineSettings
-from kvwatch.planner.versions import LATEST, VllmVersion
+from kvwatch.planner.versions import VllmVersion
 from kvwatch.planner.weights import WeightCount
-from kvwatch.vllm_releases import resolve
+from kvwatch.vllm_releases import DEFAULT_RELEASE, resolve
 from kvwatch.vllm_releases.release_defaults import (
     CUDAGRAPH_ABSENT,
     ReleaseDefaults,
@@ -47,10 +50,31 @@ from kvwatch.vllm_releases.release_defaults import (
 # 0.10 logs, less the non-torch memory: 12 B.
 SORTED_SAMPLER_BYTES = 38.7
 FUSED_SAMPLER_BYTES = 12.0
+# vLLM's Triton top-k/top-p kernel (0.17 on): 14.9-16.1 B on the twenty 0.19.0 H100 fit runs of the llm-d
+# sweep with 1,024 requests (vocabularies 128,256-256,000; "torch peak memory increase" over requests x vocab).
+TRITON_SAMPLER_BYTES = 15.3
 NON_TORCH_BYTES = int(0.125 * GiB)            # one GPU: 0.10-0.14 GiB in V1 logs
 NON_TORCH_TP_EXTRA_BYTES = int(0.0625 * GiB)  # tensor parallel: NCCL and custom all-reduce buffers
+# Tensor parallel from 0.19: 1.70-2.21 GiB of non-torch memory per rank on the seven fit runs that log it at
+# TP 2-4 (six 0.19.0 H100 runs of the llm-d sweep, 0.25 GiB at TP 1 there; one 0.27.1 run on four PCIe RTX PRO
+# 6000 cards): what NCCL allocates at the profile's first collectives. Measured from 0.19 only; earlier
+# releases keep the small figure (their fit runs at TP 2-8 on A100, L40S and 3090 log 0.2 GiB or less).
+NON_TORCH_TP_BYTES = int(2.0 * GiB)
+NON_TORCH_TP_SINCE = (0, 19, 0)
 CUDA_GRAPH_BYTES = int(0.5 * GiB)             # a graph pool as logged: 0.27-0.65 GiB on one GPU
+# From 0.14 unquantized MoE layers run vLLM's modular fused-MoE kernel (vLLM 0.14.1,
+# model_executor/layers/fused_moe/unquantized_fused_moe_method.py: self.kernel), whose two workspaces
+# come from one global workspace manager that keeps them allocated (vLLM 0.19.1,
+# model_executor/layers/fused_moe/modular_kernel.py:1063 get_simultaneous; v1/worker/workspace.py): they
+# stay live through the profile's sampler pass. Triton experts' shapes (fused_moe.py:1976-1991):
+# (M, top-k, max(N/2, K)) and (M, top-k, max(N, K)), N = 2 x the rank's expert width, K = hidden,
+# M = the pass's tokens (one chunk: modular_kernel.py:1189-1193 passes M_full for M_chunk).
+MOE_WORKSPACE_SINCE = (0, 14, 0)
 V0_ENGINE, V1_ENGINE = "v0", "v1"
+# The wheels of vLLM 0.8.5.post1 and 0.9.2 do not name flashinfer-python, those of 0.10.2 and 0.11.0 only
+# as an extra (`extra == "flashinfer"`), that of 0.11.2 requires it (their METADATA, Requires-Dist);
+# 0.11.1 starts the sampler line where the default no longer uses it (#26859).
+FLASHINFER_IN_WHEEL_SINCE = (0, 11, 1)
 CUDAGRAPH_ENV = "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS"
 
 
@@ -73,7 +97,7 @@ SAMPLER_LINES = (
                 "V1 engine by default; FlashInfer top-k/top-p sampling where installed (#11394)"),
     SamplerLine((0, 11, 1), V1_ENGINE, SORTED_SAMPLER_BYTES,
                 "FlashInfer sampling off by default (#26859): the profile sorts the logits"),
-    SamplerLine((0, 17, 0), V1_ENGINE, FUSED_SAMPLER_BYTES,
+    SamplerLine((0, 17, 0), V1_ENGINE, TRITON_SAMPLER_BYTES,
                 "vLLM's Triton top-k/top-p kernel replaces the sort (#33538)"),
 )
 # V0's scheduler defaults, every card: vLLM 0.8.5, vllm/engine/arg_utils.py:1563 (256 sequences) and
@@ -100,7 +124,7 @@ class Release:
 
 
 def release_for(version: VllmVersion | None, env: Mapping[str, str] | None = None) -> Release:
-    version = version or LATEST
+    version = version or DEFAULT_RELEASE
     env = env or {}
     line = [r for r in SAMPLER_LINES if r.since <= version.parts][-1]
     why = line.why
@@ -193,27 +217,50 @@ class GpuBudget:
 
 
 def activation_peak_bytes(count: WeightCount | None, tokens: int, seqs: int, dtype_bytes: int,
-                          tensor_parallel: int, sampler_bytes: float) -> int:
+                          tensor_parallel: int, sampler_bytes: float, held_bytes: int = 0) -> int:
     """The profile run's peak: the larger of the forward pass (hidden states plus one layer's MLP
     on this rank) and the sampler over min(seqs, tokens) requests x the whole vocabulary (V1 gathers
-    the logits on every rank)."""
+    the logits on every rank), plus what stays allocated through both: a multimodal model's cached
+    dummy encoder outputs (planner/encoder_cache.py; every rank holds them whole) and the fused-MoE
+    workspaces (moe_workspace_bytes)."""
     if count is None:
         return 0
     forward = tokens * dtype_bytes * (4 * count.hidden_size + 3 * count.mlp_width_per_token // max(1, tensor_parallel))
     sampler = int(min(seqs, tokens) * count.vocab_size * sampler_bytes)
-    return max(forward, sampler)
+    return max(forward, sampler) + held_bytes
+
+
+def moe_workspace_bytes(count: WeightCount | None, tokens: int, dtype_bytes: int, expert_width_shards: int) -> int:
+    """The fused-MoE workspaces one rank keeps (MOE_WORKSPACE_SINCE); 0 for a dense model."""
+    if count is None or not count.experts_per_token or not count.moe_width:
+        return 0
+    width = -(-count.moe_width // max(1, expert_width_shards))   # the rank's share of each expert's width
+    hidden = count.hidden_size
+    return tokens * count.experts_per_token * (max(width, hidden) + max(2 * width, hidden)) * dtype_bytes
 
 
 def profile_sampler_bytes(release: Release, flashinfer_installed: bool | None) -> float:
     """The sampler's peak per request x vocabulary element in the profile run. Before vLLM's Triton
     top-k/top-p kernel (0.17) the V1 sampler used FlashInfer only where the package is installed
-    (v1/sample/ops/topk_topp_sampler.py: `if is_flashinfer_available: ... else: forward_native`),
-    and the pip wheels of 0.8-0.11.0 list flashinfer-python only as an extra (their METADATA):
+    (v1/sample/ops/topk_topp_sampler.py: `if is_flashinfer_available: ... else: forward_native`):
     without it the profile sorts the logits whatever the release line defaults to. Unknown (None):
-    the release line's default."""
-    if flashinfer_installed is False and release.engine == V1_ENGINE and release.sampler_since < (0, 17, 0):
+    what `pip install vllm` gives, FlashInfer only from the wheels that require it (FLASHINFER_IN_WHEEL_SINCE)."""
+    installed = flashinfer_installed
+    if installed is None:
+        installed = release.sampler_since >= FLASHINFER_IN_WHEEL_SINCE
+    if not installed and release.engine == V1_ENGINE and release.sampler_since < (0, 17, 0):
         return SORTED_SAMPLER_BYTES
     return release.sampler_bytes
+
+
+def non_torch_bytes(device: Device, tensor_parallel: int, version: VllmVersion | None) -> int:
+    """Memory outside torch's allocator that the profile charges: cuBLAS/NCCL workspaces; NCCL's
+    buffers at tensor parallel from 0.19 (measured, NON_TORCH_TP_BYTES)."""
+    if tensor_parallel <= 1:
+        return NON_TORCH_BYTES
+    if device.platform == "cuda" and (version or DEFAULT_RELEASE).parts >= NON_TORCH_TP_SINCE:
+        return NON_TORCH_TP_BYTES
+    return NON_TORCH_BYTES + NON_TORCH_TP_EXTRA_BYTES
 
 
 def weights_on_gpu(weights_per_rank: int, settings: EngineSettings) -> int:
@@ -225,18 +272,24 @@ def weights_on_gpu(weights_per_rank: int, settings: EngineSettings) -> int:
 
 def estimate_budget(settings: EngineSettings, device: Device, count: WeightCount | None, weights_per_rank: int,
                     dtype_bytes: int, max_model_len: int, version: VllmVersion | None,
-                    env: Mapping[str, str] | None = None, flashinfer_installed: bool | None = None) -> GpuBudget:
+                    env: Mapping[str, str] | None = None, flashinfer_installed: bool | None = None,
+                    quantized_experts: bool = False) -> GpuBudget:
     release = release_for(version, env)
     tokens, seqs = batch_defaults(settings, device, release, max_model_len)
     tp = max(1, settings.tensor_parallel_size)
     sampler = profile_sampler_bytes(release, flashinfer_installed)
     if release.engine == V0_ENGINE and tp > 1:
         sampler = 0.0   # V0 samples on the driver worker only; the others set the budget's minimum
+    extra = 0   # live through the sampler's pass: the encoder cache, the MoE workspaces
+    if release.engine == V1_ENGINE and count is not None and version is not None:
+        extra = encoder_cache_bytes(count.encoder, version.parts, tokens, seqs, dtype_bytes)
+        if version.parts >= MOE_WORKSPACE_SINCE and not quantized_experts:
+            extra += moe_workspace_bytes(count, tokens, dtype_bytes, tp)   # expert parallel not told apart
     return GpuBudget(
-        version=str(version or LATEST), release=release.why, cuda_total_bytes=cuda_total_bytes(device),
+        version=str(version or DEFAULT_RELEASE), release=release.why, cuda_total_bytes=cuda_total_bytes(device),
         utilization=utilization(settings, release), weights_bytes=weights_on_gpu(weights_per_rank, settings),
-        activation_peak_bytes=activation_peak_bytes(count, tokens, seqs, dtype_bytes, tp, sampler),
-        non_torch_bytes=NON_TORCH_BYTES + (NON_TORCH_TP_EXTRA_BYTES if tp > 1 else 0),
+        activation_peak_bytes=activation_peak_bytes(count, tokens, seqs, dtype_bytes, tp, sampler, extra),
+        non_torch_bytes=non_torch_bytes(device, tp, version),
         cuda_graph_bytes=CUDA_GRAPH_BYTES if release.cuda_graphs_counted and not settings.enforce_eager else 0,
         max_num_batched_tokens=tokens, max_num_seqs=seqs)
 
@@ -253,5 +306,5 @@ def profile_key(settings: EngineSettings, device: Device, version: VllmVersion |
     parts = (settings.model, settings.dtype, settings.tensor_parallel_size, settings.pipeline_parallel_size,
              settings.max_model_len, settings.max_num_seqs, settings.max_num_batched_tokens,
              settings.enable_chunked_prefill, settings.enforce_eager, device.name, device.total_memory_bytes,
-             str(version or LATEST))
+             str(version or DEFAULT_RELEASE))
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from kvwatch.planner.layers import CHUNKED, FULL, MAMBA, SLIDING
+from kvwatch.planner.rules import BackendRule, MultipleOf
+from kvwatch.vllm_releases.hybrid_alignment import HybridAlignment
 
 
 def cdiv(a: int, b: int) -> int:
@@ -160,3 +162,21 @@ def promote_local_layers(kinds: list[str]) -> list[str]:
     if FULL in kinds and (SLIDING in kinds or CHUNKED in kinds):
         return [FULL if k in (SLIDING, CHUNKED) else k for k in kinds]
     return kinds
+
+
+def hybrid_block_size(alignment: HybridAlignment, backend: BackendRule, block_size: int, attn_page_1_token: int,
+                      state_bytes: int, mla: bool) -> int:
+    """The block size after vLLM aligns a hybrid's attention pages to its recurrent state, as the
+    release's rules say (vllm_releases/hybrid_alignment.py): the smallest multiple of the alignment
+    whose page holds one state, never below the block size in force."""
+    smallest = min(r.base if isinstance(r, MultipleOf) else r for r in backend.block_sizes)
+    if alignment.kernel_alignment:
+        align = max(smallest, block_size)
+        if mla and alignment.mla_at_least:
+            align = max(align, alignment.mla_at_least)
+    else:
+        align = alignment.fixed_mla_alignment if mla else alignment.fixed_alignment
+    size = align * cdiv(state_bytes, align * attn_page_1_token)
+    if alignment.backend_lcm_source:
+        size = smallest * cdiv(size, smallest)
+    return max(block_size, size)

@@ -16,11 +16,12 @@ from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.flag_change import NO_CHANGE, FlagChange
 from kvwatch.planner.geometry import ModelGeometry
 from kvwatch.planner.gpu_budget import GpuBudget, Release, api_defaults, estimate_budget, release_for
-from kvwatch.planner.kv_groups import Demand, KvGroups, LayerSpec, kv_groups, promote_local_layers
+from kvwatch.planner.kv_groups import Demand, KvGroups, LayerSpec, hybrid_block_size, kv_groups, promote_local_layers
 from kvwatch.planner.layers import CHUNKED, MAMBA, SLIDING
-from kvwatch.planner.rules import FP8_KV_DTYPES, PACKED_MLA_BYTES, BackendRule, MultipleOf, RuleSet
+from kvwatch.planner.rules import FP8_KV_DTYPES, PACKED_MLA_BYTES, RuleSet
 from kvwatch.planner.versions import VllmVersion
 from kvwatch.planner.weights import gpu_weights_bytes
+from kvwatch.vllm_releases.hybrid_alignment import hybrid_alignment_for
 
 _DTYPE_BYTES = {"float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4}
 
@@ -180,7 +181,8 @@ def _gpu_budget(device: Device, settings: EngineSettings, geometry: ModelGeometr
     else:
         weights = _weights_from_geometry(geometry, model_bytes, settings, device) // ranks
     return estimate_budget(settings, device, geometry.weight_count, weights, model_bytes, max_model_len,
-                           memory.vllm_version, dict(memory.vllm_env), memory.flashinfer_installed)
+                           memory.vllm_version, dict(memory.vllm_env), memory.flashinfer_installed,
+                           quantized_experts=geometry.quantization is not None or settings.quantization is not None)
 
 
 def _estimate_gpu_kv_memory(device: Device, settings: EngineSettings, geometry: ModelGeometry,
@@ -329,7 +331,8 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     layer_token_bytes = _layer_token_bytes(geometry, settings, dtype_bytes, per_token_layer)
     state_bytes = _recurrent_state_bytes(geometry, settings, model_bytes, device)
     if state_bytes and shape is not None and not attention_free:   # a hybrid: attention pages hold a state
-        aligned = _block_size_for_state(shape, block_size, per_token_layer, state_bytes, geometry.attention == "mla")
+        aligned = hybrid_block_size(hybrid_alignment_for(release.defaults.release), shape, block_size,
+                                    per_token_layer, state_bytes, geometry.attention == "mla")
         if aligned > block_size:
             block_size, block_source = aligned, "raised so a page holds the recurrent state"
     derived_len = geometry.default_max_model_len
@@ -500,23 +503,6 @@ def _recurrent_state_bytes(geometry: ModelGeometry, settings: EngineSettings, mo
         ssm_name = "float32"
     ssm_bytes = _DTYPE_BYTES.get(ssm_name or "", conv_bytes)
     return conv * conv_bytes + ssm * ssm_bytes
-
-
-def _smallest_kernel_block(shape: BackendRule) -> int:
-    return min(r.base if isinstance(r, MultipleOf) else r for r in shape.block_sizes)
-
-
-def _block_size_for_state(shape: BackendRule, block_size: int, per_token_layer: int, state_bytes: int,
-                          mla: bool) -> int:
-    """Platform._align_hybrid_block_size (platforms/interface.py): the smallest attention block
-    size, a multiple of the kernel's block (and of the block size in force), whose page holds
-    one recurrent state."""
-    alignment = max(_smallest_kernel_block(shape), block_size)
-    if mla:
-        alignment = max(alignment, 128)
-    size = alignment * -(-state_bytes // (alignment * per_token_layer))
-    smallest = _smallest_kernel_block(shape)
-    return smallest * -(-size // smallest)
 
 
 def _token_bytes(kv_heads: int, head_size: int, settings: EngineSettings, dtype_bytes: int) -> int:

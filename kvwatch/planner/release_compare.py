@@ -4,17 +4,23 @@ reason and the source line of the release that makes it (pure).
 The reasons come from the releases' own data (vllm_releases/defaults.py): a changed default
 utilization, a CUDA graph estimate now taken from the budget, another batch tier for the card, another
 default block size. A figure that only follows from those (blocks, tokens, the KV share) says so.
+The command's own flags are read by both releases' parsers (vllm_releases/flags.py): a flag whose
+meaning changes (removed, now ambiguous, another option, the other polarity, an inverse gained,
+other choices or arity) is a difference with the release's source line.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from kvwatch.planner.devices import Device
 from kvwatch.planner.plan import Plan
+from kvwatch.planner.serve_options import Match, ReleaseOptions, ServeOption, release_options, vllm_spelling
 from kvwatch.planner.units import format_bytes
 from kvwatch.planner.versions import VllmVersion
 from kvwatch.vllm_releases import resolve
+from kvwatch.vllm_releases.flags import PARSERS
 from kvwatch.vllm_releases.release_defaults import ReleaseDefaults, defaults_for
 
 
@@ -112,15 +118,125 @@ def _refusal_rows(a: Plan, b: Plan) -> list[Difference]:
     return out
 
 
+def _option_tokens(argv: Sequence[str], opts: ReleaseOptions) -> list[tuple[str, str | None]]:
+    """The command's option tokens (as vLLM spells them) with the value each takes, as `opts` reads them."""
+    out: list[tuple[str, str | None]] = []
+    tokens = [vllm_spelling(t) for t in argv]
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        found = opts.match(token)
+        i += 1
+        if found is None:
+            continue
+        value = found.explicit
+        option = found.option
+        if value is None and option is not None and option.takes_value and option.nargs in (None, 1) \
+                and i < len(tokens) and opts.match(tokens[i]) is None:
+            value, i = tokens[i], i + 1
+        out.append((token.split("=", 1)[0] if "=" in token else token, value))
+    return out
+
+
+def _polarity(found: Match) -> str:
+    assert found.option is not None
+    return "off" if found.spelling in found.option.negative else "on"
+
+
+def _meaning(found: Match) -> str:
+    """What a matched token sets: the option, with `off` for a switch's inverse."""
+    assert found.option is not None
+    return f"{found.option.name} off" if found.option.kind == "bool" and _polarity(found) == "off" \
+        else found.option.name
+
+
+def _cite(release: str, option: ServeOption) -> str:
+    return option.source if option.source.startswith("vLLM ") else f"vLLM {release}, {option.source}"
+
+
+def _meaning_row(token: str, value: str | None, ra: str, rb: str, ma: Match, mb: Match) -> Difference | None:
+    """How `token` (with its `value`) reads in release ra and in rb, when that differs."""
+    field = f"flag {token}"
+    oa, ob = ma.option, mb.option
+    if oa is None and ob is None:
+        return None
+    if oa is not None and ob is None:
+        if mb.ambiguous:
+            return Difference(field, _meaning(ma), "ambiguous",
+                              f"vLLM {rb} refuses it: ambiguous, could match {', '.join(mb.ambiguous[:4])}",
+                              PARSERS[rb])
+        return Difference(field, _meaning(ma), "unknown", f"vLLM {rb} has no such option: its parser refuses it",
+                          _cite(ra, oa))
+    if oa is None and ob is not None:
+        why = f"ambiguous in vLLM {ra}" if ma.ambiguous else f"unknown to vLLM {ra}"
+        return Difference(field, "ambiguous" if ma.ambiguous else "unknown", _meaning(mb),
+                          f"{why}; vLLM {rb} reads it as {_meaning(mb)}", _cite(rb, ob))
+    assert oa is not None and ob is not None
+    if oa.dest != ob.dest:
+        return Difference(field, _meaning(ma), _meaning(mb), f"the prefix now means {ob.name}", _cite(rb, ob))
+    pa = _polarity(ma) if oa.kind == "bool" else "on"
+    pb = _polarity(mb) if ob.kind == "bool" else "on"
+    if pa != pb:
+        return Difference(field, f"{oa.name} {pa}", f"{ob.name} {pb}", f"turns {ob.name} {pb} in vLLM {rb}",
+                          _cite(rb, ob))
+    if oa.choices != ob.choices:
+        lost = sorted(set(oa.choices or ()) - set(ob.choices or ()))
+        gained = sorted(set(ob.choices or ()) - set(oa.choices or ()))
+        if ob.choices is None:
+            why = f"vLLM {rb}'s parser checks no choices (the value is left to the config)"
+        elif value is not None and value not in ob.choices:
+            why = f"vLLM {rb} refuses {value!r}: invalid choice"
+        else:
+            why = "choices " + "; ".join(p for p in (f"lost {', '.join(lost)}" if lost else "",
+                                                      f"gained {', '.join(gained)}" if gained else "") if p)
+        return Difference(field, value, value, why, _cite(rb, ob))
+    if oa.nargs != ob.nargs or (oa.kind == "value") != (ob.kind == "value"):
+        return Difference(field, f"{oa.kind} {oa.nargs}", f"{ob.kind} {ob.nargs}",
+                          f"takes {'no value' if not ob.takes_value else 'a value'} in vLLM {rb}", _cite(rb, ob))
+    gained_inverse = sorted(ob.negative - oa.negative)
+    if gained_inverse:
+        return Difference(field, pa, pb, f"same meaning; vLLM {rb} adds the inverse {', '.join(gained_inverse)}",
+                          _cite(rb, ob))
+    return None
+
+
+def flag_meaning_rows(argv: Sequence[str], release_a: str, release_b: str) -> list[Difference]:
+    """The command's flags whose meaning differs between two known releases' `vllm serve` parsers."""
+    opts_a, opts_b = release_options(release_a), release_options(release_b)
+    out: list[Difference] = []
+    seen: set[str] = set()
+    for token, value in _option_tokens(argv, opts_a):
+        ma, mb = opts_a.match(token), opts_b.match(token)
+        if ma is None or mb is None or token in seen:
+            continue
+        seen.add(token)
+        row = _meaning_row(token, value, release_a, release_b, ma, mb)
+        if row is not None:
+            out.append(row)
+    return out
+
+
+def refused_comparison(version_a: VllmVersion, version_b: VllmVersion, argv: Sequence[str],
+                       refusal: str) -> ReleaseComparison:
+    """The upgrade check when release B's parser refuses the command: no plan for B, only the
+    flags whose meaning changes and B's refusal."""
+    choice_a, choice_b = resolve(version_a), resolve(version_b)
+    rows = flag_meaning_rows(argv, str(choice_a.used), str(choice_b.used))
+    rows.append(Difference("refusal command_line", None, "yes", refusal, PARSERS[str(choice_b.used)]))
+    return ReleaseComparison(str(version_a), str(version_b), str(choice_a.used), str(choice_b.used),
+                             tuple(c.why for c in (choice_a, choice_b) if c.why), tuple(rows))
+
+
 def compare_releases(a: Plan, b: Plan, version_a: VllmVersion, version_b: VllmVersion,
-                     device: Device) -> ReleaseComparison:
+                     device: Device, argv: Sequence[str] = ()) -> ReleaseComparison:
     choice_a, choice_b = resolve(version_a), resolve(version_b)
     da, db = defaults_for(version_a), defaults_for(version_b)
     causes = _cause_rows(a, b, da, db, device)
+    flags = flag_meaning_rows(argv, str(choice_a.used), str(choice_b.used)) if argv else []
     return ReleaseComparison(
         str(version_a), str(version_b), str(choice_a.used), str(choice_b.used),
         tuple(c.why for c in (choice_a, choice_b) if c.why),
-        tuple(causes + _result_rows(a, b, causes) + _refusal_rows(a, b)))
+        tuple(flags + causes + _result_rows(a, b, causes) + _refusal_rows(a, b)))
 
 
 _BYTE_FIELDS = {"cuda_graphs", "activation_peak", "weights", "non_torch", "kv_memory_bytes"}

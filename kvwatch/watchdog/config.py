@@ -22,6 +22,7 @@ from kvwatch.listen import DEFAULT_LISTEN, parse_listen
 from kvwatch.planner.serve_options import release_options
 from kvwatch.policy import Policy
 from kvwatch.vllm_releases import KNOWN
+from kvwatch.watchdog.autopilot import Apply, AutopilotConfig, parse_window
 
 DEFAULT_NAME = "vllm"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,99}$")  # the state file name: no slashes
@@ -45,7 +46,10 @@ SECONDS_BOUNDS: dict[str, tuple[float, float]] = {
     "policy.backoff_max_seconds": (0.05, _DAY),
     "policy.stable_seconds": (1.0, 7 * _DAY),
     "watch.interval_seconds": (0.1, 60 * _MINUTE),
+    "autopilot.drain_timeout_seconds": (0.0, 60 * _MINUTE),   # 0: no wait for running requests
+    "autopilot.measure_seconds": (10.0, _DAY),
 }
+MAX_CHANGES_PER_DAY = 24          # autopilot.max_changes_per_day: one an hour at most
 MAX_COUNT = 1000                  # policy.max_corrections, policy.max_restarts
 
 
@@ -93,6 +97,7 @@ class Config:
     source: str = "<command line>"       # where it came from, for messages
     device: str = ""                     # "": kvwatch's choice; "cpu", "gpu" or a GPU index (NVML)
     learned_dir: str = ""                # "": none; a directory hosts share for learned profiles
+    autopilot: AutopilotConfig = field(default_factory=AutopilotConfig)   # applying KV-pressure changes
 
     @property
     def listen_address(self) -> tuple[str, int]:
@@ -138,7 +143,7 @@ def load_config(path: str | os.PathLike[str]) -> Config:
 def config_from_mapping(data: Mapping[str, Any], source: str = "<config>") -> Config:
     v = _Validator(source)
     v.no_unknown(data, "", ("name", "listen", "state_dir", "web_config", "device", "learned_dir", "engine", "policy",
-                            "watch"))
+                            "watch", "autopilot"))
     name = validate_name(v.string(data, "name", DEFAULT_NAME), f"config {source}: name")
     listen = v.string(data, "listen", DEFAULT_LISTEN)
     try:
@@ -182,8 +187,41 @@ def config_from_mapping(data: Mapping[str, Any], source: str = "<config>") -> Co
         device = validate_device(device if isinstance(device, str) else repr(device), "device")
     except ConfigError as exc:
         raise ConfigError(f"config {source}: {exc}") from None
+    autopilot = _autopilot(v, v.table(data, "autopilot"))
     return Config(name=name, listen=listen, state_dir=state_dir, web_config=web_config, engine=engine,
-                  policy=policy, watch=watch, source=source, device=device, learned_dir=learned_dir)
+                  policy=policy, watch=watch, source=source, device=device, learned_dir=learned_dir,
+                  autopilot=autopilot)
+
+
+def _autopilot(v: _Validator, data: Mapping[str, Any]) -> AutopilotConfig:
+    """[autopilot]: when kvwatch applies a KV-pressure recommendation by itself (docs/serving.md)."""
+    v.no_unknown(data, "autopilot.", [f.name for f in dataclasses.fields(AutopilotConfig)])
+    defaults = AutopilotConfig()
+    modes = [m.value for m in Apply]
+    raw = data.get("apply", defaults.apply.value)
+    if raw not in modes:
+        raise v.error("autopilot.apply", f"expected one of {', '.join(repr(m) for m in modes)}, got {raw!r:.40}")
+    apply = Apply(raw)
+    window = data.get("window")
+    if window is not None:
+        if not isinstance(window, str):
+            raise v.error("autopilot.window", 'expected a string "HH:MM-HH:MM" (UTC)')
+        try:
+            parse_window(window)
+        except ValueError as exc:
+            raise v.error("autopilot.window", str(exc)) from None
+        if apply is not Apply.WINDOW:
+            raise v.error("autopilot.window", 'a window is used only with apply = "window"')
+    elif apply is Apply.WINDOW:
+        raise v.error("autopilot.window", 'apply = "window" needs a window, e.g. window = "02:00-04:00" (UTC)')
+    per_day = data.get("max_changes_per_day", defaults.max_changes_per_day)
+    if isinstance(per_day, bool) or not isinstance(per_day, int) or not 1 <= per_day <= MAX_CHANGES_PER_DAY:
+        raise v.error("autopilot.max_changes_per_day", f"expected a whole number from 1 to {MAX_CHANGES_PER_DAY}")
+    return AutopilotConfig(
+        apply=apply, window=window,
+        drain_timeout_seconds=v.seconds(data, "autopilot.drain_timeout_seconds", defaults.drain_timeout_seconds),
+        measure_seconds=v.seconds(data, "autopilot.measure_seconds", defaults.measure_seconds),
+        max_changes_per_day=per_day)
 
 
 def validate_device(value: str, where: str) -> str:

@@ -35,7 +35,7 @@ from kvwatch.boundary.device_probe import installed_vllm
 from kvwatch.diagnosis import GpuContext
 from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineCommand
-from kvwatch.planner.versions import LATEST
+from kvwatch.vllm_releases import DEFAULT_RELEASE
 from kvwatch.watchdog.preflight import learned_key
 from kvwatch.watchdog.state_store import read_regular, write_atomic
 
@@ -152,7 +152,7 @@ def launch_of(command: EngineCommand, device: Device | None, free_bytes: int | N
     key = learned_key(command, device)
     if key is None:
         return None
-    return Launch(key, rank, device.name, device.total_memory_bytes, str(installed_vllm() or LATEST), free_bytes)
+    return Launch(key, rank, device.name, device.total_memory_bytes, str(installed_vllm() or DEFAULT_RELEASE), free_bytes)
 
 
 def adopt(directory: str, launch: Launch | None) -> int | None:

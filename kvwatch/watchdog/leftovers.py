@@ -4,7 +4,7 @@ before a launch (what an earlier kvwatch, killed with its reaper, left behind).
 The proof is kvwatch/watchdog/ownership.py's, from what the state file recorded at spawn (the
 engine's pid, start time, session, group, user). Processes proven the engine's are ended;
 those that call themselves vLLM's but are not provably the engine's are reported (a log line, the
-state file's `foreign`, kvwatch_engine_escaped_processes), never signalled. The marker variable
+state file's `escaped`, kvwatch_engine_escaped_processes), never signalled. The marker variable
 kvwatch still sets in the engine's environment is a guard for the container's `vllm` shim, not a
 proof: vLLM's setproctitle overwrites the memory /proc/PID/environ reads.
 """

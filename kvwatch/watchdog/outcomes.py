@@ -12,4 +12,5 @@ class LaunchOutcome(enum.Enum):
     START_TIMEOUT = "start_timeout"  # not READY within start_timeout_seconds
     SPAWN_FAILED = "spawn_failed"    # the command could not be started at all
     STOP = "stop"                    # kvwatch was asked to stop
+    AUTOPILOT = "autopilot"          # kvwatch relaunches it to apply a KV-pressure change or roll one back
 

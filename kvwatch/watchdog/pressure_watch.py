@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.flag_change import FlagChange
 from kvwatch.planner.plan import Plan
-from kvwatch.planner.pressure import Recommendation, recommend
+from kvwatch.planner.pressure import Recommendation, Window, recommend
 from kvwatch.watchdog.pressure_window import LoadSample, window_of
 
 MAX_SAMPLES = 4096
@@ -36,6 +37,10 @@ class PressureWatch:
     def observe(self, sample: LoadSample) -> None:
         self._samples.append(sample)
 
+    def window(self, seconds: float) -> Window | None:
+        """The engine's load over the last `seconds` of this launch (the autopilot's before and after)."""
+        return window_of(list(self._samples), seconds)
+
     def judge(self, now: float, plan: Plan | None, settings: EngineSettings, gpu_free_bytes: int | None,
               replan: Callable[[FlagChange], Plan | None], fixed: Sequence[str] = (),
               tried: Sequence[FlagChange] = ()) -> bool:
@@ -47,6 +52,12 @@ class PressureWatch:
         found = None
         if plan is not None and window is not None and window.seconds >= min(self.window_seconds, self.every_seconds):
             found = recommend(plan, settings, window, replan, fixed, tried)
-        changed = (found.change if found else None) != (self.recommendation.change if self.recommendation else None)
+        previous = self.recommendation
+        changed = (found.change if found else None) != (previous.change if previous else None)
+        if found is not None and previous is not None and not changed:
+            # The same change still stands: its reason stays the one it was made for. The reason is a
+            # label of kvwatch_recommendation_info; a rate that moved with each judgement would make a
+            # new series each time and reset KvwatchKvPressure's `for:`, so the alert would never fire.
+            found = replace(found, reason=previous.reason)
         self.recommendation = found
         return changed

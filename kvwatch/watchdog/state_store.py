@@ -31,6 +31,7 @@ _LOG = logging.getLogger(__name__)
 SCHEMA_VERSION = 1
 MAX_FAILURES = 100      # kept in the file; older ones are dropped
 MAX_CORRECTIONS = 100
+MAX_AUTOPILOT_CHANGES = 100
 
 
 @dataclass
@@ -58,6 +59,13 @@ class EngineRecord:
     log_available_kv_bytes: int | None = None
     log_memory_parts: dict[str, int] = field(default_factory=dict)   # one GPU's memory by part, as logged
     recommendation: dict[str, Any] = field(default_factory=dict)     # KV pressure: the change, why, its effect
+    # [autopilot]: the change being measured ({} when none), each change applied with its measured
+    # result (newest last), the changes rolled back by profile (never tried again), and the counts
+    # of this kvwatch run (applied, kept, rolled_back).
+    autopilot_trial: dict[str, Any] = field(default_factory=dict)
+    autopilot_changes: list[dict[str, Any]] = field(default_factory=list)
+    autopilot_rolled_back: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    autopilot_counts: dict[str, int] = field(default_factory=dict)
     vllm_release: str | None = None                 # the engine's vLLM release at the last launch
     vllm_startup_plan: str | None = None            # the file of vLLM's own start-up plan, as it logged it
     restarts: dict[str, int] = field(default_factory=dict)      # this run of kvwatch, by class
@@ -95,6 +103,7 @@ class EngineRecord:
     def trim(self) -> None:
         del self.failures[:-MAX_FAILURES]
         del self.corrections[:-MAX_CORRECTIONS]
+        del self.autopilot_changes[:-MAX_AUTOPILOT_CHANGES]
 
 
 MAX_STATE_BYTES = 8 << 20   # a state file is a few KB; failures and corrections are trimmed

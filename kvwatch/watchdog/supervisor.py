@@ -22,12 +22,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import BinaryIO, Protocol
 
 from kvwatch.boundary import engine_http
 from kvwatch.boundary.device_probe import installed_vllm, installed_vllm_text
-from kvwatch.boundary.engine_http import EngineMetrics
+from kvwatch.boundary.engine_http import EngineMetrics, EnginePage
 from kvwatch.boundary.plan_loader import flags_release
 from kvwatch.boundary.proc_inspect import ProcRef
 from kvwatch.boundary.startup_plan_file import read_persisted_plan
@@ -38,14 +38,16 @@ from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.flag_change import FlagChange
 from kvwatch.planner.plan import Plan
+from kvwatch.planner.pressure import Recommendation, Window
 from kvwatch.planner.rules import RuleSet, ruleset_for, with_learned_block_sizes
 from kvwatch.planner.units import format_bytes
-from kvwatch.planner.versions import LATEST
+from kvwatch.vllm_releases import DEFAULT_RELEASE
 from kvwatch.vllm_releases.release_defaults import defaults_for
 from kvwatch.vllm_releases.startup_plan import ENABLE_ENV as STARTUP_PLAN_ENV
 from kvwatch.vllm_releases.startup_plan import pin_decision, plan_enabled
 from kvwatch.vllm_releases.upgrade import ReleaseChange, planned_as, release_change
-from kvwatch.watchdog import disk_writer, learned_store, leftovers
+from kvwatch.watchdog import autopilot, disk_writer, learned_store, leftovers
+from kvwatch.watchdog.autopilot import Apply, Trial, Verdict
 from kvwatch.watchdog.budget import Budget
 from kvwatch.watchdog.config import Config
 from kvwatch.watchdog.engine_ranks import lines_of_rank
@@ -79,6 +81,7 @@ from kvwatch.watchdog.state_store import EngineLock, EngineRecord, StateStore
 _LOG = logging.getLogger(__name__)
 __all__ = ["EXIT_FLUSH_SECONDS", "MAX_LEARNED_PROFILES", "Clock", "MonotonicClock", "Observer", "Supervisor"]
 
+MAX_ROLLED_BACK = 32       # rolled-back changes remembered per profile (the decision table has five kinds)
 EXIT_FLUSH_SECONDS = 2.0   # at exit, how long the last state file may take to reach the disk (then lost)
 
 Observer = Callable[[EngineStatus], None]
@@ -168,6 +171,9 @@ class Supervisor:
         self._proof: EngineProof | None = None   # what proves a process the running engine's (recorded at spawn)
         self._escaped = 0   # processes that looked like the engine's at the last stop or clean-up, not provably
         self._registry: HostRegistry | None = None   # the other instances' claims, read at a stop or clean-up
+        self._trial: Trial | None = None   # [autopilot] the change being measured
+        self._relaunch: tuple[EngineCommand, str] | None = None   # [autopilot] the command to relaunch with, and why
+        self._page: EnginePage | None = None   # the last look at the running engine (the exporter's too)
         self._status = self._make_status()
 
     # -- public ------------------------------------------------------------------------
@@ -179,6 +185,12 @@ class Supervisor:
     @property
     def status(self) -> EngineStatus:
         return self._status
+
+    @property
+    def engine_page(self) -> EnginePage | None:
+        """The last look at the running engine (/health, and /metrics while READY); None while none runs.
+        One reference, an immutable value: the exporter reads it instead of reading the engine again."""
+        return self._page
 
     @property
     def command(self) -> EngineCommand:
@@ -236,6 +248,10 @@ class Supervisor:
                 return EXIT_OK
             self._launch()
             end = self._watch()
+            if end.outcome is LaunchOutcome.AUTOPILOT:
+                if not self._autopilot_relaunch():
+                    continue
+                end = LaunchEnd(LaunchOutcome.STOP)   # asked to stop while draining
             if end.outcome is LaunchOutcome.STOP:
                 self._transition(EngineState.STOPPING, self._stop_reason)
                 self._end_engine()
@@ -286,11 +302,15 @@ class Supervisor:
                 _LOG.info("state: the engine command changed; earlier corrections do not apply, "
                           "what this host's engine taught (constraints) does")
                 self._record = EngineRecord(name=self.name, pids=record.pids, pgid=record.pgid,
-                                            engine_proof=record.engine_proof, constraints=record.constraints)
+                                            engine_proof=record.engine_proof, constraints=record.constraints,
+                                            autopilot_changes=record.autopilot_changes,
+                                            autopilot_rolled_back=record.autopilot_rolled_back)
             self._record.original_argv = configured
             self._record.argv = configured
         self._note_release(record)
         self._record.restarts, self._record.failure_counts, self._record.correction_counts = {}, {}, {}
+        self._record.autopilot_counts = {}
+        self._resume_trial()
         # What an earlier kvwatch left in the file is history now: this one has launched nothing yet.
         self._record.state, self._record.reason = EngineState.STOPPED.value, "kvwatch started"
         own = self._os.own_ref()
@@ -357,7 +377,7 @@ class Supervisor:
         if learned is None or learned.source != "learned":
             _LOG.info("pin: nothing learned yet for this profile: vLLM profiles the memory itself")
             return argv
-        decision = pin_decision(plan_enabled(defaults_for(installed_vllm() or LATEST),
+        decision = pin_decision(plan_enabled(defaults_for(installed_vllm() or DEFAULT_RELEASE),
                                              self._engine_env().get(STARTUP_PLAN_ENV)),
                                 learned.kv_memory_bytes, read_persisted_plan(self._record.vllm_startup_plan))
         if not decision.pin:
@@ -493,13 +513,16 @@ class Supervisor:
                 if probed is None:
                     continue   # a stop request or the engine's exit came first: handled at the top
                 self._refresh_tree()  # before a transition, so its status carries the current pids
-                metrics = self._read_engine(url, timing.probe_timeout, run) if probed and state.ready else None
+                page = self._read_engine(url, timing.probe_timeout, run) if probed and state.ready else None
+                self._page = EnginePage(probed, page)
+                metrics = page if page is not None and page.ok else None
                 reading = self._progress_reading(metrics, run) if metrics is not None else None
                 now = self._clock.now()
                 state, event, end = after_probe(state, probed, now, timing, run.pump.lines_seen, died_in_log,
                                                 reading)
                 if metrics is not None and end is None:
                     self._watch_pressure(metrics)
+                    end = self._autopilot_step()
                 if event is Event.READY:
                     self._transition(EngineState.READY, f"serving on {url} after {now - run.started:.0f}s")
                 elif event is Event.STABLE:
@@ -519,11 +542,10 @@ class Supervisor:
             self._wake.clear()
 
     def _read_engine(self, url: str, timeout: float, run: _Running) -> EngineMetrics | None:
-        """The engine's /metrics, read on the probe pool with the probe's deadline (None: none usable)."""
-        metrics = self._probes.read(lambda: engine_http.scrape(url, timeout),
-                                    interrupted=lambda: self._stop.is_set() or run.proc.poll() is not None,
-                                    waiting=lambda: self._notifier.watchdog(self._clock.now()))
-        return metrics if metrics is not None and metrics.ok else None
+        """The engine's /metrics, read on the probe pool with the probe's deadline (None: not read)."""
+        return self._probes.read(lambda: engine_http.scrape(url, timeout),
+                                 interrupted=lambda: self._stop.is_set() or run.proc.poll() is not None,
+                                 waiting=lambda: self._notifier.watchdog(self._clock.now()))
 
     def _progress_reading(self, metrics: EngineMetrics, run: _Running) -> Reading:
         """The engine's counters for the stall detector. On a CPU backend the CPU time of its engine
@@ -553,8 +575,9 @@ class Supervisor:
         def replan(change: FlagChange) -> Plan | None:
             return planner.what_if(change.apply(command), self._record.learned_non_kv)
 
+        # A change to a fixed flag is recommended like any other; the autopilot never applies it.
         if not self._pressure.judge(now, planner.plan, settings, gpu.free_bytes if gpu else None, replan,
-                                    self.config.policy.fixed_flags):
+                                    (), self._rolled_back(self._profile())):
             return
         found = self._pressure.recommendation
         if found is not None:
@@ -565,6 +588,184 @@ class Supervisor:
         self._record.recommendation = found.to_json() if found is not None else {}
         self._save()
         self._publish()
+
+    # -- autopilot ([autopilot]: applying a KV-pressure change, measuring it, keeping or rolling it back)
+
+    def _profile(self) -> str:
+        planner = self._planner
+        return (learned_key(self._command, planner.device) if planner is not None else None) or ""
+
+    def _rolled_back(self, profile: str) -> list[FlagChange]:
+        out = []
+        for item in self._record.autopilot_rolled_back.get(profile, []):
+            try:
+                out.append(FlagChange.from_json(item))
+            except (ValueError, TypeError, AttributeError):
+                continue
+        return out
+
+    def _applied_times(self) -> list[float]:
+        return [float(c["at"]) for c in self._record.autopilot_changes
+                if isinstance(c, dict) and isinstance(c.get("at"), (int, float))]
+
+    def _resume_trial(self) -> None:
+        """A trial the last kvwatch left open goes on: measured again from this launch's READY."""
+        data = self._record.autopilot_trial
+        if not data:
+            return
+        try:
+            self._trial = Trial.from_json(data)
+        except (KeyError, ValueError, TypeError, AttributeError):
+            _LOG.warning("autopilot: the trial in %s is unreadable; forgotten", self._store.path)
+            self._record.autopilot_trial = {}
+            return
+        _LOG.info("autopilot: %s is still on trial; measured again once serving", self._trial.change.describe())
+
+    def _autopilot_step(self) -> LaunchEnd | None:
+        """At each read of a READY engine's series: conclude the trial once measured, or, in the window,
+        begin one with the standing recommendation. A LaunchEnd when the engine is to be relaunched."""
+        cfg = self.config.autopilot
+        trial = self._trial
+        if trial is not None:
+            now = self._clock.now()
+            if trial.serving_since is None:
+                self._trial = trial = replace(trial, serving_since=now)
+            after = self._pressure.window(cfg.measure_seconds)
+            result = autopilot.measured(trial, now, cfg.measure_seconds, after)
+            if result is None:
+                return None
+            self._conclude(trial, result, after)
+            return LaunchEnd(LaunchOutcome.AUTOPILOT, self._relaunch[1], served=True) if self._relaunch else None
+        found = self._pressure.recommendation
+        if cfg.apply is Apply.NEVER or found is None:
+            return None
+        if not autopilot.may_apply(cfg, self._os.wall_time(), self._applied_times(), False, restarting=False):
+            return None
+        if not self._begin_trial(found, "window"):
+            return None
+        assert self._relaunch is not None
+        return LaunchEnd(LaunchOutcome.AUTOPILOT, self._relaunch[1], served=True)
+
+    def _autopilot_at_restart(self) -> None:
+        """A restart kvwatch makes anyway (the same plan): the standing recommendation goes with it."""
+        found = self._pressure.recommendation
+        if found is None or self._trial is not None:
+            return
+        if autopilot.may_apply(self.config.autopilot, self._os.wall_time(), self._applied_times(), False,
+                               restarting=True) and self._begin_trial(found, "at_restart"):
+            self._switch_to(*self._take_relaunch())
+
+    def _begin_trial(self, found: Recommendation, when: str) -> bool:
+        """Put the recommendation on trial: measured against the window before it. False when it may not
+        be (a fixed flag, rolled back before for this profile, no window to compare with)."""
+        profile = self._profile()
+        before = self._pressure.window(self.config.engine.pressure_window_seconds)
+        if not autopilot.comparable(before, self.config.engine.pressure_window_seconds) or \
+                not autopilot.applicable(found.change, self.config.policy.fixed_flags, self._rolled_back(profile)):
+            return False
+        assert before is not None
+        wall, record = self._os.wall_time(), self._record
+        trial = Trial(found.change, wall, None, before, self._command.argv, profile, found.reason)
+        self._trial = trial
+        record.autopilot_trial = trial.to_json()
+        record.autopilot_changes.append({
+            "at": wall, "change": found.change.to_json(), "describe": found.change.describe(),
+            "reason": found.reason, "profile": profile, "when": when, "before": autopilot.figures(before),
+            "after": None, "result": "on_trial", "detail": ""})
+        record.autopilot_counts["applied"] = record.autopilot_counts.get("applied", 0) + 1
+        _LOG.warning("autopilot: applying %s (%s; %s); measured over %.0fs of serving", found.change.describe(),
+                     found.reason, when.replace("_", " "), self.config.autopilot.measure_seconds)
+        self._pressure.recommendation = None   # in force now, not a recommendation
+        record.recommendation = {}
+        self._relaunch = (found.change.apply(self._command), f"apply {found.change.describe()}")
+        self._save()
+        self._publish()
+        return True
+
+    def _conclude(self, trial: Trial, result: Verdict, after: Window | None, detail: str = "") -> None:
+        """The trial's end: kept, or rolled back (the plan before is relaunched; never tried again here)."""
+        record = self._record
+        kept = result is Verdict.KEEP
+        outcome = "kept" if kept else "rolled_back"
+        measured = autopilot.compared(trial.before, after) if after is not None else ""
+        detail = detail or measured
+        entry = record.autopilot_changes[-1] if record.autopilot_changes else None
+        if entry is None or entry.get("result") != "on_trial" or entry.get("change") != trial.change.to_json():
+            entry = {"at": trial.applied_at, "change": trial.change.to_json(), "describe": trial.change.describe(),
+                     "reason": trial.reason, "profile": trial.profile, "before": autopilot.figures(trial.before)}
+            record.autopilot_changes.append(entry)
+        entry.update(after=autopilot.figures(after) if after is not None else None, result=outcome, detail=detail)
+        record.autopilot_counts[outcome] = record.autopilot_counts.get(outcome, 0) + 1
+        record.autopilot_trial = {}
+        self._trial = None
+        if kept:
+            _LOG.warning("autopilot: kept %s: %s", trial.change.describe(), detail)
+        else:
+            _LOG.warning("autopilot: rolling back %s: %s", trial.change.describe(), detail)
+            rolled = record.autopilot_rolled_back
+            rolled.setdefault(trial.profile, []).append(trial.change.to_json())
+            del rolled[trial.profile][:-MAX_ROLLED_BACK]
+            for profile in list(rolled)[:-MAX_LEARNED_PROFILES]:   # bounded as the learned profiles are
+                del rolled[profile]
+            self._relaunch = (EngineCommand(trial.before_argv, self._command.release),
+                              f"roll back {trial.change.describe()}")
+        self._save()
+        self._publish()
+
+    def _take_relaunch(self) -> tuple[EngineCommand, str]:
+        relaunch, self._relaunch = self._relaunch, None
+        assert relaunch is not None
+        return relaunch
+
+    def _switch_to(self, command: EngineCommand, why: str) -> None:
+        """The command in force is now `command` (the autopilot's change, or the plan before it)."""
+        self._command = command
+        self._record.argv = list(command.argv)
+        if self._planner is not None:
+            self._planner.compute(command, self._record.learned_non_kv)
+        self._save()
+
+    def _autopilot_relaunch(self) -> bool:
+        """Drain the serving engine (readiness 503, running requests finish), stop it and relaunch it
+        with the autopilot's command. True when a stop was requested while draining."""
+        command, why = self._take_relaunch()
+        self._ending = f"autopilot: draining to {why}"
+        self._publish()   # readiness 503 from now on
+        if self._drain():   # asked to stop: the next kvwatch launches the new command (and resumes its trial)
+            self._switch_to(command, why)
+            return True
+        self._end_engine()
+        self._running = None
+        self._switch_to(command, why)
+        self._transition(EngineState.BACKOFF, f"autopilot: {why}; relaunch now")
+        return False
+
+    def _drain(self) -> bool:
+        """Wait for the engine's running and waiting requests to finish, up to drain_timeout_seconds
+        (its own series); True when a stop was requested meanwhile."""
+        run = self._running
+        if run is None:
+            return False
+        cfg = self.config.engine
+        timeout, url = self.config.autopilot.drain_timeout_seconds, self._command.health_url()
+        start = self._clock.now()
+        while True:
+            if self._stop.is_set():
+                return True
+            if run.proc.poll() is not None:
+                return False
+            metrics = self._read_engine(url, max(1.0, min(5.0, cfg.health_interval_seconds)), run)
+            load = metrics.load if metrics is not None else None
+            waited = self._clock.now() - start
+            if autopilot.drained(load.running if load else None, load.waiting if load else None, waited, timeout):
+                if load is not None and (load.running or 0) + (load.waiting or 0) > 0:
+                    _LOG.warning("autopilot: drain: %s requests still running, %s waiting after %.0fs",
+                                 f"{load.running:.0f}", f"{load.waiting or 0:.0f}", waited)
+                else:
+                    _LOG.info("autopilot: drained in %.1fs", waited)
+                return False
+            if self._wait(min(1.0, cfg.health_interval_seconds)):
+                return True
 
     @staticmethod
     def _died_in_log(lines: list[str]) -> str | None:
@@ -643,6 +844,7 @@ class Supervisor:
         if run is None or run.ended:
             return
         run.ended = True
+        self._page = None
         timeout = self.config.engine.stop_timeout_seconds
         # Proven before the group is signalled, while the engine's session still has its leader: a
         # descendant that left the group (a double-forked daemon) goes with it.
@@ -692,6 +894,9 @@ class Supervisor:
         record.failure_counts[kind] = record.failure_counts.get(kind, 0) + 1
         record.failures.append(failure)
 
+        if self._trial is not None:   # the change on trial did not survive its trial: the plan before again
+            self._conclude(self._trial, Verdict.ROLL_BACK, None, f"the engine failed ({kind}) during the trial")
+            self._switch_to(*self._take_relaunch())
         planner = self._planner
         now = self._clock.now()
         budget = recovery.BudgetState(self._budget.restart_refusal(now), self._budget.correction_refusal())
@@ -704,6 +909,7 @@ class Supervisor:
         if decision.action is recovery.Action.RESTART:
             self._budget.take_restart(now)
             record.restarts[kind] = record.restarts.get(kind, 0) + 1
+            self._autopilot_at_restart()
         else:
             assert decision.command is not None and decision.correction is not None
             assert decision.constraint is not None
@@ -748,7 +954,9 @@ class Supervisor:
             vllm_release=record.vllm_release, release_changes=self._release_changes,
             vllm_release_planned_as=planned_as(record.vllm_release),
             recommendation=self._pressure.recommendation, ending=self._ending,
-            escaped_processes=self._escaped)
+            escaped_processes=self._escaped,
+            autopilot=dict(record.autopilot_counts),
+            autopilot_trial=self._trial.change.describe() if self._trial is not None else None)
 
     def _publish(self) -> None:
         self._status = status = self._make_status()

@@ -1,0 +1,106 @@
+"""The backend order and the default max_model_len are each release's own (vllm_releases data):
+the same model and card planned as two releases whose code differs give that code's answers."""
+from __future__ import annotations
+
+import pytest
+from engine_support import deepseek_v2_config
+
+from kvwatch.planner.backends import choose_backend
+from kvwatch.planner.devices import preset
+from kvwatch.planner.geometry import geometry_from_config
+from kvwatch.planner.rules import priority_source, ruleset_for
+
+MLA = geometry_from_config(deepseek_v2_config())
+
+
+@pytest.mark.parametrize(("release", "card", "chosen", "first"), [
+    # vLLM 0.14.1, vllm/platforms/cuda.py:52: CUTLASS_MLA leads on SM10x
+    ("0.14.1", "b200", "CUTLASS_MLA", "CUTLASS_MLA"),
+    # vLLM 0.15.1: FlashInfer MLA leads on SM10x
+    ("0.15.1", "b200", "FLASHINFER_MLA", "FLASHINFER_MLA"),
+    # SM12x has no list of its own before 0.24: the SM9x order, where only TRITON_MLA runs
+    ("0.23.0", "rtx-5090", "TRITON_MLA", "FLASH_ATTN_MLA"),
+    ("0.24.0", "rtx-5090", "TRITON_MLA", "TRITON_MLA"),
+    ("0.33.0", "h100", "FLASH_ATTN_MLA", "FLASH_ATTN_MLA"),
+])
+def test_mla_backend_order_is_the_releases(release: str, card: str, chosen: str, first: str) -> None:
+    choice = choose_backend(ruleset_for(release), preset(card), MLA, "auto", None)
+    assert choice.backend is not None and choice.backend.name == chosen
+    assert choice.candidates[0] == first
+
+
+def test_a_release_with_no_list_of_its_own_takes_the_oldest() -> None:
+    """0.10 selects with a chain of ifs (no _get_backend_priorities): planned with 0.11.2's list."""
+    assert ruleset_for("0.10.2").priorities == ruleset_for("0.11.2").priorities
+    assert priority_source("0.10.2", "mla", 10) == priority_source("0.11.2", "mla", 10)
+    assert priority_source("0.11.2", "mla", 10).startswith("vLLM 0.11.2, vllm/platforms/cuda.py:")
+
+
+def test_unknown_or_missing_release_is_planned_as_the_default() -> None:
+    assert ruleset_for(None) is ruleset_for("0.33.0") is ruleset_for("not a version")
+    assert ruleset_for("0.40.1") is ruleset_for("0.33.0")
+
+
+_QWEN = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 256, "max_position_embeddings": 32768}
+_YARN = {**_QWEN, "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}
+_PHI = {**_QWEN, "model_type": "phi3", "architectures": ["Phi3ForCausalLM"], "max_position_embeddings": 131072,
+        "original_max_position_embeddings": 4096,
+        "rope_scaling": {"type": "longrope", "long_factor": [1.0], "short_factor": [1.0]}}
+
+
+@pytest.mark.parametrize(("config", "release", "length"), [
+    # before 0.30 a yarn length is original_max_position_embeddings x factor
+    # (vLLM 0.29.0, vllm/config/model.py:2457); from 0.30 yarn is prescaled (vllm/config/model.py:2471)
+    (_YARN, "0.29.0", 131072),
+    (_YARN, "0.30.0", 32768),
+    (_YARN, None, 32768),
+    # LongRoPE defaults to original_max_position_embeddings from 0.11 (vLLM 0.11.2, vllm/config/model.py:2114)
+    (_PHI, "0.10.2", 131072),
+    (_PHI, "0.11.2", 4096),
+    (_PHI, "0.32.0", 4096),
+    # a release kvwatch has not read: its nearest known one
+    (_YARN, "0.29.5", 131072),
+])
+def test_default_max_model_len_is_the_releases(config: dict, release: str | None, length: int) -> None:
+    assert geometry_from_config(config, release).default_max_model_len == length
+
+
+def test_with_no_release_given_or_installed_every_part_plans_as_one_release(tmp_path, monkeypatch) -> None:
+    """The flags, the rules and the memory budget all take vllm_releases.DEFAULT_RELEASE (the plan
+    used to say "planned as 0.33.0" while its budget took 0.32's figures)."""
+    from engine_support import llama_config, write_model
+
+    from kvwatch.boundary import plan_loader
+    from kvwatch.planner.engine_args import EngineCommand
+    from kvwatch.vllm_releases import DEFAULT_RELEASE, resolve
+
+    monkeypatch.setattr(plan_loader, "installed_vllm", lambda: None)
+    model = write_model(tmp_path / "m", llama_config())
+    argv = ["vllm", "serve", str(model)]
+    plan = plan_loader.plan_command(argv, preset("h100"), ruleset_for(None), env={})
+    assert resolve(None).used == DEFAULT_RELEASE
+    assert plan.gpu_budget is not None and plan.gpu_budget.version == str(DEFAULT_RELEASE)
+    assert EngineCommand.parse(argv).release == plan_loader.flags_release(None) == str(DEFAULT_RELEASE)
+
+
+@pytest.mark.parametrize(("release", "block_size"), [
+    # before 0.20 the hybrid alignment is a fixed 16 tokens, whatever the block size asked for
+    # (vLLM 0.19.1, vllm/model_executor/models/config.py:218): 16 x ceil(806,400 / (16 x 2,048))
+    ("0.19.1", 400),
+    # from 0.20 the platform aligns to the block size in force (vLLM 0.20.2, vllm/platforms/interface.py:577)
+    ("0.20.2", 448),
+    ("0.32.0", 448),
+])
+def test_hybrid_block_size_is_aligned_as_the_release_does(release: str, block_size: int) -> None:
+    from test_hybrid_planner import granite
+
+    from kvwatch.planner.engine_args import EngineCommand
+    from kvwatch.planner.plan import MemoryInputs, make_plan
+    from kvwatch.planner.versions import parse_version
+
+    cfg, flags = granite()
+    settings = EngineCommand.parse(["vllm", "serve", "m", *flags, "--block-size", "64"], release).settings()
+    plan = make_plan(geometry_from_config(cfg, release), settings, preset("h100"), ruleset_for(release),
+                     MemoryInputs(vllm_version=parse_version(release)))
+    assert plan.block_size == block_size
