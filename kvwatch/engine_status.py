@@ -37,6 +37,7 @@ class EngineStatus:
     vllm_release: str | None = None                    # the engine's vLLM release (installed)
     vllm_release_planned_as: str | None = None         # the known release its facts come from
     release_changes: int = 0                           # release changes this kvwatch saw (state file)
+    escaped_processes: int = 0                         # looked like the engine's at the last stop, not provably
     log_lines_dropped: int = 0                         # engine lines kvwatch's own stdout could not take
     recommendation: Recommendation | None = None       # one flag change for KV pressure (planner/pressure.py)
     autopilot: dict[str, int] = field(default_factory=dict)   # [autopilot] changes: applied, kept, rolled_back

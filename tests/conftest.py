@@ -1,2 +1,15 @@
 """Fixtures every test module may ask for by name."""
+from collections.abc import Iterator
+
+import pytest
 from nvml_standin import nvml_standin_fixture  # noqa: F401  (the `nvml_standin` fixture: a real libnvidia-ml.so.1 stand-in)
+
+
+@pytest.fixture(autouse=True)
+def _not_a_subreaper_after() -> Iterator[None]:
+    """`kvwatch run` called in this process (main(["run", ...])) makes it a child subreaper: the
+    orphans of later tests would then come to it, and look adopted by an engine. Undone after each."""
+    yield
+    from kvwatch.boundary import spawn
+
+    spawn.become_subreaper(False)

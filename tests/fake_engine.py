@@ -16,8 +16,12 @@ behaves as the real CPU engine did where the tests need it:
 - --flood MB: writes MB megabytes of lines as fast as it can, then exits 0;
 - --drip S: every answer is sent one byte each S seconds (a hung or hostile engine's HTTP);
 - --count-file FILE: each /metrics request appends one byte to FILE (how often the engine is read);
-- --escape FILE: a descendant double-forks into a session of its own, ignores SIGTERM, and
-  writes its pid to FILE (it escapes the engine's process group, but not its environment).
+- --escape FILE: a descendant double-forks into a session of its own (setsid), ignores SIGTERM,
+  and writes its pid to FILE;
+- --daemon FILE: a descendant double-forks (no setsid: it keeps the engine's session), ignores
+  SIGTERM and writes its pid to FILE.
+  Both start with an empty environment and retitle themselves as vLLM does (argv[0] and
+  /proc/self/comm: VLLM::Daemon): nothing of kvwatch's marker is left to read in them.
 """
 from __future__ import annotations
 
@@ -92,6 +96,26 @@ class Handler(http.server.BaseHTTPRequestHandler):
         pass
 
 
+DAEMON = """import os, signal, sys, time
+if os.fork(): sys.exit(0)
+if {setsid}: os.setsid()
+else: os.setpgid(0, 0)   # out of the engine's group (a killpg misses it), still in its session
+if os.fork(): sys.exit(0)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+with open("/proc/self/comm", "w") as f: f.write("VLLM::Daemon")
+tmp = {pid_file!r} + ".tmp"
+with open(tmp, "w") as f: f.write(str(os.getpid()))
+os.replace(tmp, {pid_file!r})
+while True: time.sleep(1)
+"""
+
+
+def daemonize(pid_file: str, setsid: bool) -> None:
+    """A double-forked daemon: an empty environment, a vLLM-like title, SIGTERM ignored."""
+    code = DAEMON.format(setsid=setsid, pid_file=pid_file)
+    subprocess.Popen(["VLLM::Daemon", "-c", code], executable=sys.executable, env={}).wait()
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--model")
@@ -110,6 +134,7 @@ def main() -> int:
     p.add_argument("--env-dump")
     p.add_argument("--drip", type=float)
     p.add_argument("--escape")
+    p.add_argument("--daemon")
     p.add_argument("--load-file", help="the load /metrics reports: 'RUNNING PROMPT_TOKENS GENERATION_TOKENS "
                                        "[PREEMPTIONS WAITING]', read per scrape")
     p.add_argument("--count-file", help="each /metrics request appends one byte to this file")
@@ -139,15 +164,9 @@ def main() -> int:
     if args.block_size is not None and args.block_size % 32:
         emit(LOGS / "cpu_block_size_8.log")
         return 1
-    if args.escape:
-        code = ("import os, signal, sys, time\n"
-                "if os.fork(): sys.exit(0)\n"
-                "os.setsid()\n"
-                "if os.fork(): sys.exit(0)\n"
-                "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-                f"open({args.escape!r}, 'w').write(str(os.getpid()))\n"
-                "while True: time.sleep(1)\n")
-        subprocess.Popen([sys.executable, "-c", code]).wait()
+    for pid_file, setsid in ((args.escape, True), (args.daemon, False)):
+        if pid_file:
+            daemonize(pid_file, setsid)
     # EngineCore stand-in: same process group, outlives nothing on its own.
     child = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(1)"])
     print(f"(EngineCore pid={child.pid}) INFO started", flush=True)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from kvwatch.boundary.engine_http import EngineLoad, EngineMetrics
 from kvwatch.boundary.proc_inspect import ProcInfo, ProcRef
 from kvwatch.watchdog.leftovers import CleanupReport
+from kvwatch.watchdog.ownership import EngineProof
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,7 @@ class FakeEngine:
 
     def __init__(self, pid: int, script: Launch, started: float, argv: Sequence[str] = ()) -> None:
         self.pid = self.pgid = pid
+        self.create_time = 1.0
         self.argv = tuple(argv)
         self.script = script
         self.started = started
@@ -179,12 +181,21 @@ class FakeOs:
             return []
         return [ProcInfo(engine.pid, 1, engine.pgid, "vllm", 1.0, None, ("vllm", "serve"))]
 
-    def end_marked(self, marker: str, timeout: float, sleep: Callable[[float], None]) -> list[int]:
+    def proof(self, engine: FakeEngine) -> EngineProof | None:  # type: ignore[override]
+        return EngineProof(engine.pid, engine.create_time, engine.pgid, engine.pid, 1000)
+
+    def owned(self, proof: EngineProof | None, recorded: Iterable[ProcRef],
+              skip: Iterable[int]) -> list[tuple[ProcRef, str]]:
         return []
 
-    def clean_leftovers(self, refs: list[ProcRef], marker: str, port: int | None,
+    def end_owned(self, proof: EngineProof | None, recorded: Iterable[ProcRef], timeout: float,
+                  sleep: Callable[[float], None], skip: Iterable[int],
+                  others: Callable[[], frozenset[int]] = frozenset) -> tuple[list[int], list[str]]:
+        return [], []
+
+    def clean_leftovers(self, refs: list[ProcRef], proof: EngineProof | None, port: int | None,
                         gpu_holders: Callable[[], Iterable[tuple[str, int]]], timeout: float,
-                        sleep: Callable[[float], None]) -> CleanupReport:
+                        sleep: Callable[[float], None], others: Callable[[], frozenset[int]] = frozenset) -> CleanupReport:
         return CleanupReport()
 
     def reap_orphans(self, keep: frozenset[int]) -> list[int]:

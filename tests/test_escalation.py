@@ -1,5 +1,5 @@
 """The one way kvwatch ends processes (kvwatch.boundary.escalation): SIGTERM and SIGCONT, a grace
-period, SIGKILL. Used by spawn.stop_group, spawn.kill_processes and the reaper."""
+period, SIGKILL. Used by spawn.stop_group, spawn.stop_each and the reaper."""
 from __future__ import annotations
 
 import json

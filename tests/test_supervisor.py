@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from exporter_support import samples, value
 from nvml_standin import NvmlStandin
 from waiting import eventually
 
-from kvwatch.boundary import proc_inspect
+from kvwatch.boundary import proc_inspect, spawn
 from kvwatch.engine_status import EngineState, EngineStatus
 from kvwatch.exitcodes import EXIT_GAVE_UP, EXIT_OK
 from kvwatch.planner.devices import Device
@@ -30,6 +31,7 @@ from kvwatch.planner.rules import ruleset_for, with_learned_block_sizes
 from kvwatch.policy import Policy
 from kvwatch.watchdog import leftovers
 from kvwatch.watchdog.config import Config, EngineConfig
+from kvwatch.watchdog.ownership import EngineProof
 from kvwatch.watchdog.sd_notify import SdNotifier
 from kvwatch.watchdog.state_store import EngineLock, EngineRecord, StateStore
 from kvwatch.watchdog.supervisor import Supervisor
@@ -141,6 +143,11 @@ def assert_gone(pids: list[int], timeout: float = 10.0) -> None:
         return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     if not eventually(lambda: not alive(), timeout, interval=0.1):
         raise AssertionError(f"still running: {alive()}")
+
+
+def proof_of(ref: proc_inspect.ProcRef) -> EngineProof:
+    """What kvwatch records when it spawns an engine (its own session), for a process started here."""
+    return EngineProof(ref.pid, ref.create_time, os.getpgid(ref.pid), os.getsid(ref.pid), os.getuid())
 
 
 def marked(cfg: Config) -> list[int]:
@@ -490,7 +497,7 @@ def test_a_recorded_pid_without_our_marker_is_never_killed(tmp_path: Path, model
         run.wait_state(EngineState.READY)
         assert run.stop() == EXIT_OK
         assert stranger.poll() is None and sibling.is_running() and sibling.status() != psutil.STATUS_ZOMBIE
-        assert any(f"pid {stranger.pid}" in line and "no marker" in line for line in state_json(cfg)["foreign"])
+        assert any(f"pid {stranger.pid}" in line and "not provably" in line for line in state_json(cfg)["foreign"])
     finally:
         os.killpg(stranger.pid, signal.SIGKILL)
         stranger.wait()
@@ -507,7 +514,8 @@ def test_leftovers_ours_killed_foreign_reported(tmp_path: Path, model: Path, cap
     store = StateStore(cfg.state_dir, cfg.name)
     store.ensure_dir()
     store.save(EngineRecord(name="t", original_argv=list(cfg.engine.command), argv=list(cfg.engine.command),
-                            pids=[{"pid": ref.pid, "create_time": ref.create_time, "name": "python"}]))
+                            pids=[{"pid": ref.pid, "create_time": ref.create_time, "name": "python"}],
+                            engine_proof=proof_of(ref).to_json()))
     # Someone else's process on the engine's port.
     foreign = subprocess.Popen([sys.executable, "-c", f"""
 import socket, time
@@ -660,7 +668,8 @@ def test_gpu_holders_through_nvml_ours_ended_foreign_reported_and_memory_fitted(
     store = StateStore(cfg.state_dir, cfg.name)
     store.ensure_dir()
     store.save(EngineRecord(name="t", original_argv=argv, argv=argv,
-                            pids=[{"pid": ref.pid, "create_time": ref.create_time, "name": "python"}]))
+                            pids=[{"pid": ref.pid, "create_time": ref.create_time, "name": "python"}],
+                            engine_proof=proof_of(ref).to_json()))
     gpu = Device("cuda", "NVIDIA A100-SXM4-80GB", (8, 0), 80 * gib, uuid=uuid, source="nvml")
     try:
         run = Running(supervisor(cfg, device=gpu))
@@ -703,19 +712,80 @@ def test_a_dripping_engine_holds_neither_the_start_timeout_nor_a_stop(tmp_path: 
     assert time.monotonic() - t0 < 2.0
 
 
-def test_a_descendant_that_escaped_the_group_is_ended_at_stop(tmp_path: Path, model: Path) -> None:
-    """A process of the engine that double-forked into a session of its own and ignores SIGTERM: not
-    in the engine's group, but it carries the engine's marker, so the stop ends it too."""
+@pytest.fixture
+def subreaper() -> Iterator[None]:
+    """This test process as `kvwatch run` is: the child subreaper of what it spawns."""
+    assert spawn.become_subreaper()
+    try:
+        yield
+    finally:
+        spawn.become_subreaper(False)
+
+
+def _gone(pid: int, seconds: float = 10) -> bool:
+    return bool(eventually(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
+                           seconds, interval=0.1))
+
+
+def test_a_descendant_that_escaped_the_session_is_ended_at_stop(tmp_path: Path, model: Path, subreaper: None) -> None:
+    """A process of the engine that double-forked into a session of its own (setsid), cleared its
+    environment, retitled itself and ignores SIGTERM: neither its group, its session nor an
+    environment ties it to the engine; kvwatch, its subreaper, adopted it: the stop ends it too."""
     pid_file = tmp_path / "escaped.pid"
     cfg = config(tmp_path, fake(model, free_port(), "--escape", str(pid_file)))
     run = Running(supervisor(cfg))
     run.wait_state(EngineState.READY)
+    assert eventually(pid_file.exists, 10)
     escaped = int(pid_file.read_text())
     leader = run.sup.status.pids[0]
     assert os.getsid(escaped) != os.getsid(leader) and os.getpgid(escaped) != os.getpgid(leader)
+    assert psutil.Process(escaped).environ() == {} and psutil.Process(escaped).name() == "VLLM::Daemon"
+    assert psutil.Process(escaped).ppid() == os.getpid()   # adopted by "kvwatch" (this process)
+    # Watched with the engine's tree, so recorded in the state file for the next kvwatch too.
+    assert eventually(lambda: escaped in run.sup.status.pids, 10)
+    assert eventually(lambda: any(p["pid"] == escaped for p in state_json(cfg)["pids"]), 5)
     assert run.stop() == EXIT_OK
-    assert eventually(lambda: not psutil.pid_exists(escaped) or psutil.Process(escaped).status() == psutil.STATUS_ZOMBIE,
-                      10, interval=0.1), "the escaped descendant survived the stop"
+    assert _gone(escaped), "the escaped descendant survived the stop"
+
+
+def test_a_double_forked_daemon_is_ended_and_reported_at_stop(tmp_path: Path, model: Path,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """A double-forked daemon of the engine with an empty environment and vLLM's kind of title, out
+    of the engine's process group (a killpg misses it) and ignoring SIGTERM: still in the engine's
+    session, started after it, so proven the engine's, ended at stop (SIGKILL after the stop
+    timeout) and named in the log."""
+    pid_file = tmp_path / "daemon.pid"
+    cfg = config(tmp_path, fake(model, free_port(), "--daemon", str(pid_file)))
+    run = Running(supervisor(cfg))
+    run.wait_state(EngineState.READY)
+    assert eventually(pid_file.exists, 10)
+    daemon = int(pid_file.read_text())
+    leader = run.sup.status.pids[0]
+    assert os.getsid(daemon) == os.getsid(leader) and os.getpgid(daemon) != os.getpgid(leader)
+    assert psutil.Process(daemon).ppid() == 1 or psutil.Process(daemon).ppid() != leader
+    assert psutil.Process(daemon).environ() == {} and psutil.Process(daemon).name() == "VLLM::Daemon"
+    with caplog.at_level(logging.INFO):
+        assert run.stop() == EXIT_OK
+    assert _gone(daemon), "the daemon survived the stop"
+    assert f"pid {daemon} is the engine's: in the engine's session {leader}, started after it" in caplog.text
+    assert run.sup.status.escaped_processes == 0
+
+
+def test_a_double_forked_daemon_is_ended_at_a_restart(tmp_path: Path, model: Path) -> None:
+    """The engine dies while serving and is relaunched: its double-forked daemon (out of its group, an
+    empty environment, a vLLM-like title) is ended with it, before the relaunch serves."""
+    pid_file = tmp_path / "daemon.pid"
+    argv = fake(model, free_port(), "--daemon", str(pid_file), "--die-after", "1", "--die-once", str(tmp_path / "died"))
+    rec = Recorder()
+    run = Running(supervisor(config(tmp_path, argv), rec))
+    run.wait_state(EngineState.READY)
+    assert eventually(pid_file.exists, 10)
+    first = int(pid_file.read_text())
+    first_started = psutil.Process(first).create_time()
+    assert eventually(lambda: rec.states().count("ready") == 2, 30)
+    assert not psutil.pid_exists(first) or psutil.Process(first).create_time() != first_started \
+        or psutil.Process(first).status() == psutil.STATUS_ZOMBIE, "the first launch's daemon survived the restart"
+    assert run.stop() == EXIT_OK
 
 
 def test_the_plan_converges_on_the_engines_own_profile(tmp_path: Path) -> None:

@@ -58,9 +58,9 @@ def _no_process_boundary(monkeypatch: pytest.MonkeyPatch) -> None:
     """The proof that nothing here starts or reads a process: the boundary refuses."""
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("the process boundary was called")
-    for name in ("spawn", "stop_group", "kill_processes"):
+    for name in ("spawn", "stop_group", "stop_each"):
         monkeypatch.setattr(f"kvwatch.boundary.spawn.{name}", refuse)
-    for name in ("tree", "marked", "reap_orphans", "ref_of", "alive", "listening_on"):
+    for name in ("tree", "host_processes", "host_process", "reap_orphans", "ref_of", "alive", "listening_on"):
         monkeypatch.setattr(f"kvwatch.boundary.proc_inspect.{name}", refuse)
 
 

@@ -1,6 +1,6 @@
 """How kvwatch ends processes: SIGTERM, with SIGCONT so a stopped process can act on it, then SIGKILL
 after a grace period. One policy for the three places that stop an engine: a process group
-(spawn.stop_group), single processes (spawn.kill_processes), and the reaper process
+(spawn.stop_group), single processes (spawn.stop_each), and the reaper process
 (kvwatch/watchdog/reaper.py), which imports this module alone to stay light (no psutil, no
 subprocess): it is started once per engine and must work when kvwatch itself is gone."""
 from __future__ import annotations

@@ -109,6 +109,15 @@ def tree(root_pid: int, pgid: int | None = None) -> list[ProcInfo]:
     return sorted(found.values(), key=lambda p: (p.pid != root_pid, p.create_time, p.pid))
 
 
+def children_of(pid: int) -> list[ProcInfo]:
+    """The live (non-zombie) direct children of `pid`."""
+    try:
+        kids = psutil.Process(pid).children()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return []
+    return [info for info in (_info(k) for k in kids) if info is not None]
+
+
 def alive(ref: ProcRef) -> ProcInfo | None:
     """The recorded process if it still runs (same pid *and* start time), else None."""
     try:
@@ -167,19 +176,6 @@ def listening_on(port: int) -> list[int | None]:
         return []
     return sorted({c.pid for c in conns if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port},
                   key=lambda p: -1 if p is None else p)
-
-
-def marked(key: str, value: str) -> list[ProcRef]:
-    """Every live process whose environment has key=value (an engine's marker, inherited by every
-    descendant, also one that double-forked into a session of its own)."""
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.environ().get(key) == value and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(ProcRef(proc.pid, proc.create_time()))
-        except (psutil.Error, OSError):
-            continue
-    return found
 
 
 def environ_value(pid: int, key: str) -> str | None:
@@ -268,3 +264,69 @@ def rss(pids: Iterable[int]) -> dict[int, int]:
         except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
             continue
     return out
+
+
+@dataclass(frozen=True)
+class HostProcess:
+    """One process with what proves whose it is (kvwatch/watchdog/ownership.py reads these)."""
+
+    pid: int
+    ppid: int
+    pgid: int | None
+    sid: int | None
+    uid: int | None
+    create_time: float
+    name: str
+    cmdline: tuple[str, ...]
+
+
+def _host_process(proc: psutil.Process) -> HostProcess | None:
+    try:
+        with proc.oneshot():
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return None
+            try:
+                cmdline = tuple(proc.cmdline())
+            except psutil.AccessDenied:
+                cmdline = ()
+            try:
+                pgid: int | None = os.getpgid(proc.pid)
+                sid: int | None = os.getsid(proc.pid)
+            except OSError:
+                pgid = sid = None
+            try:
+                uid: int | None = proc.uids().real
+            except psutil.AccessDenied:
+                uid = None
+            return HostProcess(proc.pid, proc.ppid(), pgid, sid, uid, proc.create_time(), proc.name(), cmdline)
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied, OSError):
+        return None
+
+
+def host_processes() -> list[HostProcess]:
+    """Every live (non-zombie) process on the host, with its group, session, user and start time."""
+    out = []
+    for proc in psutil.process_iter():
+        found = _host_process(proc)
+        if found is not None:
+            out.append(found)
+    return out
+
+
+def host_process(pid: int) -> HostProcess | None:
+    try:
+        return _host_process(psutil.Process(pid))
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return None
+
+
+def cgroup_of(pid: int) -> str | None:
+    """The process's cgroup v2 path (the "0::" line of /proc/PID/cgroup); None without one."""
+    try:
+        with open(f"/proc/{pid}/cgroup", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("0::"):
+                    return line[3:].strip() or None
+    except OSError:
+        return None
+    return None

@@ -26,11 +26,13 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from kvwatch.boundary.escalation import escalate
-from kvwatch.boundary.proc_inspect import ProcRef, alive, create_time, environ_value, group_members
+from kvwatch.boundary.proc_inspect import ProcRef, alive, create_time, group_members
 
 _LOG = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+PR_GET_CHILD_SUBREAPER = 37
 
 
 def _load_prctl() -> Callable[..., int] | None:
@@ -44,6 +46,27 @@ def _load_prctl() -> Callable[..., int] | None:
 
 
 _PRCTL = _load_prctl()  # resolved in the parent: the child after fork only calls it
+
+
+def become_subreaper(on: bool = True) -> bool:
+    """Make kvwatch the child subreaper of what it spawns: a descendant of the engine whose parent
+    exits (a double fork, with or without setsid) is re-parented to kvwatch, not to init, which
+    proves it the engine's (kvwatch/watchdog/ownership.py). True when kvwatch is one (`on`), or
+    is no longer one."""
+    if _PRCTL is None:
+        return False
+    if is_subreaper() == on:
+        return True
+    return _PRCTL(PR_SET_CHILD_SUBREAPER, 1 if on else 0, 0, 0, 0) == 0
+
+
+def is_subreaper() -> bool:
+    if _PRCTL is None:
+        return False
+    flag = ctypes.c_int(0)
+    if _PRCTL(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0) != 0:
+        return False
+    return flag.value != 0
 
 
 def _child_setup(parent_pid: int, sig: int) -> Callable[[], None]:
@@ -221,41 +244,10 @@ def stop_group(pgid: int, timeout: float, *, leader: subprocess.Popen[bytes] | N
     return False
 
 
-def kill_processes(refs: Iterable[ProcRef], timeout: float,
-                   sleep: Callable[[float], None] = time.sleep, marker: tuple[str, str] | None = None) -> list[int]:
-    """End recorded processes of an earlier engine, with their process groups when the group is
-    provably the engine's: its leader carries the engine's `marker` (variable, value) too (else
-    each process alone, never a stranger's whole group). Returns the pids that were alive."""
-    live = [r for r in refs if alive(r) is not None]
-    own_group = os.getpgid(0)
-    by_group: dict[int, list[ProcRef]] = {}
-    loose: list[ProcRef] = []
-    for ref in live:
-        pgid = _pgid(ref.pid)
-        if pgid is None or pgid == own_group or not _leader_carries(pgid, marker):
-            loose.append(ref)     # never our own group, nor one whose leader is a stranger
-        else:
-            by_group.setdefault(pgid, []).append(ref)
-    for pgid, members in by_group.items():
-        stop_group(pgid, timeout, extra=members, sleep=sleep)
-    if loose:
-        _stop_each(loose, timeout, sleep)
-    return [r.pid for r in live]
-
-
-def _leader_carries(pgid: int, marker: tuple[str, str] | None) -> bool:
-    """Whether the group's leader carries the engine's marker (no marker given: trust the group)."""
-    return marker is None or environ_value(pgid, marker[0]) == marker[1]
-
-
-def _pgid(pid: int) -> int | None:
-    try:
-        return os.getpgid(pid)
-    except OSError:
-        return None
-
-
-def _stop_each(refs: list[ProcRef], timeout: float, sleep: Callable[[float], None] = time.sleep) -> None:
+def stop_each(refs: list[ProcRef], timeout: float, sleep: Callable[[float], None] = time.sleep) -> None:
+    """End processes one by one (never a group: the caller proved each one the engine's; a group
+    may hold what it did not): SIGTERM, SIGKILL after `timeout`. A reused pid (another start time)
+    is never signalled."""
     def send(sig: int) -> None:
         for ref in refs:
             if alive(ref) is not None:

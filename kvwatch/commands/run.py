@@ -55,7 +55,16 @@ def build_config(args: argparse.Namespace) -> Config:
 
 
 def run(args: argparse.Namespace) -> int:
-    return serve(build_config(args))
+    from kvwatch.boundary import spawn
+
+    config = build_config(args)
+    # The engine's orphans (a double fork, setsid or not) come to kvwatch, not to init: that proves
+    # them the engine's (kvwatch/watchdog/ownership.py). Only here, in the process that is kvwatch
+    # and spawns nothing else: a program embedding the Supervisor has children of its own.
+    if not spawn.become_subreaper():
+        _LOG.warning("ownership: cannot become the engine's child subreaper: a descendant that double-forks "
+                     "into a session of its own cannot be proven the engine's")
+    return serve(config)
 
 
 # Signals (README "Signals"): SIGTERM and SIGINT stop the engine and kvwatch cleanly; a second

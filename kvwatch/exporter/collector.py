@@ -61,6 +61,10 @@ FAMILIES = (
     Family("log_dropped", "kvwatch_engine_log_lines_dropped", COUNTER, _E,
            "Lines of the engine's output that kvwatch's own stdout did not take in time (its reader stopped "
            "reading): dropped so that the engine never waits."),
+    Family("escaped", "kvwatch_engine_escaped_processes", GAUGE, _E,
+           "Processes that call themselves vLLM's, run as the engine's user and are claimed by no other kvwatch, "
+           "but that kvwatch could not prove the engine's at its last stop or clean-up (never signalled; see "
+           "the log's 'escaped:' lines)."),
     Family("plan_info", "kvwatch_plan_info", GAUGE, (*_E, "block_size", "kv_cache_dtype", "backend", "attention", "source"),
            "The KV cache plan in force, always 1; source: how its KV memory is known (exact: a flag or the "
            "environment fixes it; learned: from the engine's own profile on an earlier launch; estimated: "
@@ -189,6 +193,7 @@ def _engine(f: dict[str, Any], engine: EngineSnapshot) -> None:
         for label, value in _counts(family):
             f[key].add_metric([name, label], value)
     f["log_dropped"].add_metric([name], status.log_lines_dropped)
+    f["escaped"].add_metric([name], status.escaped_processes)
 
     plan = engine.planned
     actual_ranks = engine.actual_by_rank()

@@ -4,22 +4,22 @@ Off CUDA (the CPU backend) both are empty; NVML is only loaded on a GPU host.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from kvwatch.boundary import proc_inspect
 from kvwatch.diagnosis import GpuContext
 from kvwatch.gpu_types import GpuInfo, NvmlSnapshot
 from kvwatch.planner.devices import Device
-from kvwatch.watchdog import leftovers
 
 if TYPE_CHECKING:
     from kvwatch.boundary.nvml import Nvml
 
 
 class GpuView:
-    def __init__(self, device: Device | None, marker: str, nvml: Nvml | None = None) -> None:
+    def __init__(self, device: Device | None, ours: Callable[[], frozenset[int]], nvml: Nvml | None = None) -> None:
         self._device = device
-        self._marker = marker
+        self._ours = ours   # the engine's pids, proven (kvwatch/watchdog/ownership.py)
         self._nvml = nvml   # None: the process's one, loaded on first use on a GPU host
 
     def _snapshot(self) -> NvmlSnapshot | None:
@@ -51,9 +51,9 @@ class GpuView:
         gpu = self._engine_gpu()
         if gpu is None:
             return None
-        held = 0
+        held, ours = 0, self._ours()
         for p in gpu.processes or ():
-            if leftovers.is_ours(p.pid, self._marker):
+            if p.pid in ours:
                 continue
             if p.used_bytes is None:
                 return None
@@ -68,6 +68,7 @@ class GpuView:
         free = None
         if gpu.memory_total_bytes is not None and gpu.memory_used_bytes is not None:
             free = gpu.memory_total_bytes - gpu.memory_used_bytes
-        holders = tuple((p.pid, proc_inspect.name_of(p.pid), leftovers.is_ours(p.pid, self._marker))
+        ours = self._ours()
+        holders = tuple((p.pid, proc_inspect.name_of(p.pid), p.pid in ours)
                         for p in gpu.processes or ())
         return GpuContext(free_bytes=free, total_bytes=gpu.memory_total_bytes, holders=holders)

@@ -18,6 +18,7 @@ from kvwatch.boundary import proc_inspect, spawn
 from kvwatch.boundary.proc_inspect import ProcInfo, ProcRef
 from kvwatch.watchdog import leftovers
 from kvwatch.watchdog.leftovers import CleanupReport
+from kvwatch.watchdog.ownership import EngineProof
 
 _LOG = logging.getLogger(__name__)
 
@@ -29,6 +30,7 @@ class EngineHandle(Protocol):
 
     pid: int
     pgid: int
+    create_time: float
 
     @property
     def stdout(self) -> int: ...          # the read end of its stdout+stderr pipe
@@ -52,11 +54,18 @@ class WatchdogOs(Protocol):
         """SIGTERM, a grace period, SIGKILL to the engine's group and `extra`; True when none is left."""
     def tree(self, engine: EngineHandle) -> list[ProcInfo]:
         """The engine's processes now: its descendants and its group's members."""
-    def end_marked(self, marker: str, timeout: float, sleep: Sleep) -> list[int]:
-        """End the processes still carrying the engine's marker (those that left its group)."""
-    def clean_leftovers(self, refs: list[ProcRef], marker: str, port: int | None,
+    def proof(self, engine: EngineHandle) -> EngineProof | None:
+        """What proves a process the engine's, read once at spawn (ownership.py); None if it is gone."""
+    def owned(self, proof: EngineProof | None, recorded: Iterable[ProcRef],
+              skip: Iterable[int]) -> list[tuple[ProcRef, str]]:
+        """The processes on the host proven the engine's now, each with its proof."""
+    def end_owned(self, proof: EngineProof | None, recorded: Iterable[ProcRef], timeout: float, sleep: Sleep,
+                  skip: Iterable[int], others: Callable[[], frozenset[int]] = frozenset) -> tuple[list[int], list[str]]:
+        """End what is proven the engine's (also what left its group); the pids ended and the
+        lookalikes not provably its own (reported, left alone; `others`: pids other kvwatch claim)."""
+    def clean_leftovers(self, refs: list[ProcRef], proof: EngineProof | None, port: int | None,
                         gpu_holders: Callable[[], Iterable[tuple[str, int]]], timeout: float,
-                        sleep: Sleep) -> CleanupReport:
+                        sleep: Sleep, others: Callable[[], frozenset[int]] = frozenset) -> CleanupReport:
         """Before a launch: end what is left of our earlier engines, report anyone else's."""
     def reap_orphans(self, keep: frozenset[int]) -> list[int]:
         """As PID 1 (a container's entrypoint), reap the orphans re-parented to us; [] otherwise."""
@@ -80,23 +89,38 @@ class RealOs:
         return spawn.stop_group(engine.pgid, timeout, leader=leader, extra=extra, clock=clock, sleep=sleep)
 
     def tree(self, engine: EngineHandle) -> list[ProcInfo]:
-        return proc_inspect.tree(engine.pid, engine.pgid)
+        found = proc_inspect.tree(engine.pid, engine.pgid)
+        adopter = leftovers.adopter()
+        if adopter is None:
+            return found
+        # Orphans of the engine re-parented to kvwatch (its child subreaper): the engine's too, and
+        # recorded with its tree, so that the next kvwatch proves them after a kill -9 of this one.
+        seen = {p.pid for p in found}
+        for info in proc_inspect.children_of(adopter):
+            if info.pid not in seen and info.pid not in engine.own_pids and info.create_time >= engine.create_time:
+                found += [info, *(c for c in proc_inspect.tree(info.pid) if c.pid not in seen and c.pid != info.pid)]
+                seen |= {p.pid for p in found}
+        return found
 
-    def end_marked(self, marker: str, timeout: float, sleep: Sleep) -> list[int]:
-        escaped = proc_inspect.marked(leftovers.MARKER_ENV, marker)
-        if not escaped:
-            return []
-        _LOG.warning("stop: ending %d engine process(es) outside its group: %s", len(escaped),
-                     [r.pid for r in escaped])
-        return spawn.kill_processes(escaped, timeout, sleep, marker=(leftovers.MARKER_ENV, marker))
+    def proof(self, engine: EngineHandle) -> EngineProof | None:
+        return leftovers.proof_of(engine.pid, engine.pgid, engine.create_time)
 
-    def clean_leftovers(self, refs: list[ProcRef], marker: str, port: int | None,
+    def owned(self, proof: EngineProof | None, recorded: Iterable[ProcRef],
+              skip: Iterable[int]) -> list[tuple[ProcRef, str]]:
+        found = leftovers.scan(proof, recorded, skip)
+        return [(ref, found.judged[ref.pid].why) for ref in found.owned]
+
+    def end_owned(self, proof: EngineProof | None, recorded: Iterable[ProcRef], timeout: float, sleep: Sleep,
+                  skip: Iterable[int], others: Callable[[], frozenset[int]] = frozenset) -> tuple[list[int], list[str]]:
+        return leftovers.end_owned(proof, recorded, timeout, sleep, skip, others())
+
+    def clean_leftovers(self, refs: list[ProcRef], proof: EngineProof | None, port: int | None,
                         gpu_holders: Callable[[], Iterable[tuple[str, int]]], timeout: float,
-                        sleep: Sleep) -> CleanupReport:
-        return leftovers.clean(refs, marker, port, gpu_holders, timeout, sleep=sleep)
+                        sleep: Sleep, others: Callable[[], frozenset[int]] = frozenset) -> CleanupReport:
+        return leftovers.clean(refs, proof, port, gpu_holders, timeout, sleep=sleep, others=others())
 
     def reap_orphans(self, keep: frozenset[int]) -> list[int]:
-        if os.getpid() != 1:
+        if os.getpid() != 1 and not spawn.is_subreaper():
             return []
         return proc_inspect.reap_orphans(keep)
 

@@ -46,12 +46,14 @@ class EngineRecord:
     kvwatch_create_time: float | None = None
     pgid: int | None = None
     pids: list[dict[str, Any]] = field(default_factory=list)  # {"pid", "create_time", "name"}
+    engine_proof: dict[str, Any] = field(default_factory=dict)  # ownership.EngineProof, recorded at spawn
     plans_tried: list[list[str]] = field(default_factory=list)
     failures: list[FailureRecord] = field(default_factory=list)
     corrections: list[CorrectionRecord] = field(default_factory=list)
     constraints: list[Constraint] = field(default_factory=list)
     preflight: list[PreflightFix] = field(default_factory=list)        # fixes applied before launching
     foreign: list[str] = field(default_factory=list)                   # others holding our port or GPUs
+    escaped: list[str] = field(default_factory=list)   # like the engine's, not provably (ownership.py): left alone
     learned_non_kv: dict[str, int] = field(default_factory=dict)   # non-KV memory by gpu_budget.profile_key
     log_kv_tokens: int | None = None
     log_available_kv_bytes: int | None = None

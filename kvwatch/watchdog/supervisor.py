@@ -53,6 +53,7 @@ from kvwatch.watchdog.config import Config
 from kvwatch.watchdog.engine_ranks import lines_of_rank
 from kvwatch.watchdog.engine_tree import EngineTree
 from kvwatch.watchdog.gpu_view import GpuView
+from kvwatch.watchdog.host_registry import HostRegistry
 from kvwatch.watchdog.launch_watch import (
     Event,
     LaunchEnd,
@@ -66,6 +67,7 @@ from kvwatch.watchdog.memory_learning import MAX_LEARNED_PROFILES, pin_for, reme
 from kvwatch.watchdog.os_interface import EngineHandle, RealOs, WatchdogOs
 from kvwatch.watchdog.outcomes import LaunchOutcome
 from kvwatch.watchdog.output_pump import OutputPump
+from kvwatch.watchdog.ownership import EngineProof
 from kvwatch.watchdog.plan_in_force import PlanInForce
 from kvwatch.watchdog.preflight import device_for_spec, learned_key, preflight
 from kvwatch.watchdog.pressure_watch import PressureWatch
@@ -166,6 +168,9 @@ class Supervisor:
         self._requested: int | None = None   # the running engine's GPU budget (CUDA total x utilization)
         self._release_changes = 0   # the engine's vLLM release differed from the state file's
         self._upgrade: ReleaseChange | None = None   # that change, until the new release measured its cache
+        self._proof: EngineProof | None = None   # what proves a process the running engine's (recorded at spawn)
+        self._escaped = 0   # processes that looked like the engine's at the last stop or clean-up, not provably
+        self._registry: HostRegistry | None = None   # the other instances' claims, read at a stop or clean-up
         self._trial: Trial | None = None   # [autopilot] the change being measured
         self._relaunch: tuple[EngineCommand, str] | None = None   # [autopilot] the command to relaunch with, and why
         self._page: EnginePage | None = None   # the last look at the running engine (the exporter's too)
@@ -297,7 +302,7 @@ class Supervisor:
                 _LOG.info("state: the engine command changed; earlier corrections do not apply, "
                           "what this host's engine taught (constraints) does")
                 self._record = EngineRecord(name=self.name, pids=record.pids, pgid=record.pgid,
-                                            constraints=record.constraints,
+                                            engine_proof=record.engine_proof, constraints=record.constraints,
                                             autopilot_changes=record.autopilot_changes,
                                             autopilot_rolled_back=record.autopilot_rolled_back)
             self._record.original_argv = configured
@@ -418,6 +423,9 @@ class Supervisor:
         self._running = _Running(proc, pump, self._clock.now())
         _LOG.info("spawned: pid %d (group %d): %s", proc.pid, proc.pgid, " ".join(argv))
         self._record.pgid = proc.pgid
+        # Recorded before anything else of the engine: the next kvwatch proves its processes from it.
+        self._proof = self._os.proof(proc)
+        self._record.engine_proof = self._proof.to_json() if self._proof is not None else {}
         self._refresh_tree(force=True)
 
     def _clean_leftovers(self) -> None:
@@ -431,10 +439,41 @@ class Supervisor:
             port: int | None = self._command.settings().port
         except KvwatchError:
             port = None
-        report = self._os.clean_leftovers(refs, self._marker(), port, self._gpu_holders,
-                                          self.config.engine.stop_timeout_seconds, self._sleep)
+        report = self._os.clean_leftovers(refs, self._recorded_proof(), port, self._gpu_holders,
+                                          self.config.engine.stop_timeout_seconds, self._sleep, self._others)
         self._record.foreign = report.foreign
         self._record.pids = []
+        self._record.engine_proof = {}
+        self._note_escaped(report.escaped)
+
+    def _others(self) -> frozenset[int]:
+        """The pids other kvwatch instances on this host claim (never reported as escaped from ours)."""
+        if self._registry is None:   # read only: this kvwatch's own claim is the exporter's to write
+            self._registry = HostRegistry(self.config.state_dir, self.name)
+        return self._registry.others()
+
+    def _note_escaped(self, lines: list[str]) -> None:
+        """Lookalikes not provably the engine's (ownership.py): logged by leftovers, kept, counted."""
+        self._record.escaped = lines
+        self._escaped = len(lines)
+
+    def _recorded_proof(self) -> EngineProof | None:
+        """The proof the state file kept of the last engine (an earlier kvwatch's, killed or not)."""
+        if not self._record.engine_proof:
+            return None
+        try:
+            return EngineProof.from_json(self._record.engine_proof)
+        except ValueError as exc:
+            _LOG.warning("state: %s; its processes cannot be proven the engine's", exc)
+            return None
+
+    def _owned_pids(self) -> frozenset[int]:
+        """The running engine's processes, proven (ownership.py): for the GPU's holders."""
+        run = self._running
+        proof = self._proof if run is not None else self._recorded_proof()
+        recorded = run.tree.refs if run is not None else []
+        reaper = run.proc.own_pids - {run.proc.pid} if run is not None else frozenset()
+        return frozenset(r.pid for r, _ in self._os.owned(proof, recorded, reaper))
 
     def _gpu_holders(self) -> list[tuple[str, int]]:
         if self._gpu_pids is not None:
@@ -443,7 +482,7 @@ class Supervisor:
 
     def _gpu_view(self) -> GpuView:
         if self._gpus is None:
-            self._gpus = GpuView(self._device, self._marker())
+            self._gpus = GpuView(self._device, self._owned_pids)
         return self._gpus
 
     # -- watch ---------------------------------------------------------------------------
@@ -806,11 +845,22 @@ class Supervisor:
             return
         run.ended = True
         self._page = None
-        self._os.stop_group(run.proc, self.config.engine.stop_timeout_seconds, run.tree.refs,
-                            self._clock.now, self._sleep)
-        # A descendant that left the group (double-forked into its own session) still carries
-        # the engine's marker: end it too.
-        self._os.end_marked(self._marker(), 5.0, self._sleep)
+        timeout = self.config.engine.stop_timeout_seconds
+        # Proven before the group is signalled, while the engine's session still has its leader: a
+        # descendant that left the group (a double-forked daemon) goes with it.
+        reaper = run.proc.own_pids - {run.proc.pid}   # kvwatch's child too, never the engine's
+        seen = {r.pid for r in run.tree.refs}
+        owned = list(run.tree.refs)
+        for ref, why in self._os.owned(self._proof, run.tree.refs, reaper):
+            if ref.pid not in seen:   # out of the tree kvwatch watches: say why it is ended
+                _LOG.warning("stop: pid %d is the engine's: %s; ending it with the group", ref.pid, why)
+                owned.append(ref)
+        self._os.stop_group(run.proc, timeout, owned, self._clock.now, self._sleep)
+        # What forked meanwhile, or left the session: a second look, then the lookalikes reported.
+        stopped, escaped = self._os.end_owned(self._proof, owned, timeout, self._sleep, reaper, self._others)
+        if stopped:
+            _LOG.warning("stop: ended %d engine process(es) outside its group: %s", len(stopped), stopped)
+        self._note_escaped(escaped)
         run.proc.release_reaper()
         if run.pump.join(timeout=10):
             run.proc.close()
@@ -819,7 +869,9 @@ class Supervisor:
         _LOG.info("exited: pid %d, code %s", run.proc.pid, run.proc.returncode)
         self._reap_orphans()
         self._record.pids = []
+        self._record.engine_proof = {}
         self._save()
+        self._publish()
 
     # -- failure -------------------------------------------------------------------------
 
@@ -902,6 +954,7 @@ class Supervisor:
             vllm_release=record.vllm_release, release_changes=self._release_changes,
             vllm_release_planned_as=planned_as(record.vllm_release),
             recommendation=self._pressure.recommendation, ending=self._ending,
+            escaped_processes=self._escaped,
             autopilot=dict(record.autopilot_counts),
             autopilot_trial=self._trial.change.describe() if self._trial is not None else None)
 
