@@ -40,12 +40,17 @@ REFUSED = [(r, c) for r, truth in RELEASES.items() for c in truth["cases"] if c.
 
 def refusal_predicted(plan, case: dict) -> bool:
     """The plan fails for certain with the sentence the engine refused the case with: the corpus's
-    known sentence for it (test_plan_corpus), else the plan's own message up to its explanation."""
+    known sentence for it (test_plan_corpus), else a plan message that starts with the engine's
+    sentence (its text after the exception's name), or whose own text up to its explanation is in it."""
     known = REFUSED_SENTENCES.get(case["model"]) if not case["flags"] else \
         REFUSED_WITH_FLAGS.get((case["model"], tuple(case["flags"])))
     certain = [w.message for w in plan.warnings if w.certain]
-    expected = [known] if known and any(known in m for m in certain) else [m.split(": vLLM")[0] for m in certain]
-    return plan.will_fail and any(e in sentence for e in expected for sentence in case.get("errors") or [])
+    sentences = case.get("errors") or []
+    if known and any(known in m for m in certain):
+        return plan.will_fail and any(known in sentence for sentence in sentences)
+    engine_texts = [sentence.split(": ", 1)[-1] for sentence in sentences]
+    return plan.will_fail and (any(m.startswith(t) for m in certain for t in engine_texts)
+                               or any(m.split(": vLLM")[0] in s for m in certain for s in sentences))
 
 
 def _device(release: str):

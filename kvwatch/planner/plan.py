@@ -19,9 +19,13 @@ from kvwatch.planner.gpu_budget import GpuBudget, Release, api_defaults, estimat
 from kvwatch.planner.kv_groups import Demand, KvGroups, LayerSpec, kv_groups, promote_local_layers
 from kvwatch.planner.layers import CHUNKED, MAMBA, SLIDING
 from kvwatch.planner.rules import FP8_KV_DTYPES, PACKED_MLA_BYTES, BackendRule, MultipleOf, RuleSet
-from kvwatch.planner.versions import VllmVersion
+from kvwatch.planner.versions import VllmVersion, parse_version
 from kvwatch.planner.weights import gpu_weights_bytes
-from kvwatch.vllm_releases.kv_layout import MAMBA2_PREFILL_CHECKPOINT, SSM_FLOAT32_WITH_AVX512_BF16
+from kvwatch.vllm_releases.kv_layout import (
+    HYBRID_PREFIX_CACHING_BY_DEFAULT,
+    MAMBA2_PREFILL_CHECKPOINT,
+    SSM_FLOAT32_WITH_AVX512_BF16,
+)
 
 _DTYPE_BYTES = {"float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4}
 
@@ -584,11 +588,14 @@ def _shared_layer_warnings(geometry: ModelGeometry, settings: EngineSettings, gr
                      f"layers differ in page size", fix)]
 
 
-def _prefix_caching(geometry: ModelGeometry, settings: EngineSettings) -> bool:
+def _prefix_caching(geometry: ModelGeometry, settings: EngineSettings, version: VllmVersion | None = None) -> bool:
     """Whether prefix caching is on: the flag, else vLLM's default (config/model.py
-    is_prefix_caching_supported: on for decoders and hybrids, off for attention-free models)."""
+    is_prefix_caching_supported: on for decoders and hybrids, off for attention-free models; a
+    hybrid's off before 0.28, vllm_releases/kv_layout.py HYBRID_PREFIX_CACHING_BY_DEFAULT)."""
     if settings.enable_prefix_caching is not None:
         return settings.enable_prefix_caching
+    if geometry.layout.state is not None and geometry.attention != "none":
+        return HYBRID_PREFIX_CACHING_BY_DEFAULT.holds(version)
     return geometry.attention != "none"
 
 
@@ -608,4 +615,5 @@ def _demand(geometry: ModelGeometry, settings: EngineSettings, device: Device, m
     concurrent_batches = 2 if pp == 1 and device.platform != "cpu" else pp
     return Demand(max_model_len=max_model_len, max_in_flight_tokens=concurrent_batches * batched,
                   # prefix caching is on by default (off on CPU for MLA); on a hybrid it keeps states aligned
-                  mamba_align=_prefix_caching(geometry, settings) and geometry.layout.state is not None)
+                  mamba_align=_prefix_caching(geometry, settings, parse_version(release.defaults.release))
+                  and geometry.layout.state is not None)

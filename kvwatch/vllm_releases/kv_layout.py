@@ -40,3 +40,9 @@ SSM_FLOAT32_WITH_AVX512_BF16 = Boundary((0, 29, 0), "vLLM 0.29.0, vllm/platforms
 # max_memory_usage_bytes, vLLM 0.31.0, vllm/v1/kv_cache_interface.py:1091: MambaMixer2 asks for no checkpoint).
 MAMBA2_PREFILL_CHECKPOINT = Boundary((0, 32, 0), "vLLM 0.32.0, vllm/model_executor/layers/mamba/mamba_mixer2.py:1107",
                                      "vLLM 0.31.0, vllm/v1/kv_cache_interface.py:1091")
+
+# Prefix caching for a hybrid (attention beside Mamba or linear-attention layers) with no flag: on
+# from 0.28, like any decoder; 0.27 keeps it opt-in ("while the feature matures"), so its state
+# layers hold 1 block per request, not 2.
+HYBRID_PREFIX_CACHING_BY_DEFAULT = Boundary((0, 28, 0), "vLLM 0.28.0, vllm/engine/arg_utils.py:2650",
+                                            "vLLM 0.27.0, vllm/engine/arg_utils.py:2604")
