@@ -24,6 +24,7 @@ from kvwatch.planner.weights import gpu_weights_bytes
 from kvwatch.vllm_releases.kv_layout import (
     HYBRID_PREFIX_CACHING_BY_DEFAULT,
     MAMBA2_PREFILL_CHECKPOINT,
+    NULL_BLOCK_RESERVED_IN_CHECK,
     SSM_FLOAT32_WITH_AVX512_BF16,
 )
 
@@ -378,9 +379,11 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     if settings.num_gpu_blocks_override is not None:
         num_blocks, kv_source = settings.num_gpu_blocks_override, "--num-gpu-blocks-override"
         estimated = False
-    # vLLM plans one request against the blocks the null block leaves (get_kv_cache_configs).
-    check_memory = num_blocks * bytes_per_block - bytes_per_block \
-        if settings.num_gpu_blocks_override is not None else kv_memory - bytes_per_block
+    # vLLM plans one request against the blocks the null block leaves (get_kv_cache_configs), from
+    # 0.29; before, against the whole memory (vllm_releases/kv_layout.py NULL_BLOCK_RESERVED_IN_CHECK).
+    null_block = bytes_per_block if NULL_BLOCK_RESERVED_IN_CHECK.holds(memory.vllm_version) else 0
+    check_memory = num_blocks * bytes_per_block - null_block \
+        if settings.num_gpu_blocks_override is not None else kv_memory - null_block
 
     demand = _demand(geometry, settings, device, max_len, release)
     if settings.max_model_len_auto and settings.max_model_len is None:

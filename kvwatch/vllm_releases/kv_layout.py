@@ -46,3 +46,9 @@ MAMBA2_PREFILL_CHECKPOINT = Boundary((0, 32, 0), "vLLM 0.32.0, vllm/model_execut
 # layers hold 1 block per request, not 2.
 HYBRID_PREFIX_CACHING_BY_DEFAULT = Boundary((0, 28, 0), "vLLM 0.28.0, vllm/engine/arg_utils.py:2650",
                                             "vLLM 0.27.0, vllm/engine/arg_utils.py:2604")
+
+# The null block the block pool holds back: the auto-fit of --max-model-len and the check that one
+# request fits plan against the memory without it from 0.29; before, against all of it (Llama 3
+# with --max-model-len auto on 1 GiB: 131,072 on 0.27, 130,944 from 0.29).
+NULL_BLOCK_RESERVED_IN_CHECK = Boundary((0, 29, 0), "vLLM 0.29.0, vllm/v1/core/kv_cache_utils.py:2316",
+                                        "vLLM 0.28.0, vllm/v1/core/kv_cache_utils.py:2185")
