@@ -98,8 +98,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def engine_argv(model: Path, port: int, *extra: str) -> list[str]:
-    return [sys.executable, "-m", ENGINE_MODULE, "--model", str(model), "--load-format", "dummy",
+def engine_argv(model: Path, port: int, *extra: str, python: str | None = None) -> list[str]:
+    """The engine's command line; `python` is another release's interpreter (its own venv) or this one."""
+    return [python or sys.executable, "-m", ENGINE_MODULE, "--model", str(model), "--load-format", "dummy",
             "--skip-tokenizer-init", "--enforce-eager", "--host", "127.0.0.1", "--port", str(port),
             "--max-num-seqs", "8", *extra]
 

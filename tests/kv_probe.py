@@ -8,7 +8,7 @@ process group as soon as it has the figures:
 
 * `CPU KV cache size: N tokens, Maximum concurrency for L tokens per request: X.XXx`
   (EngineCore, v1/core/kv_cache_utils.py update_kv_cache_capacity): kv_cache_tokens,
-  max_model_len, max_concurrency;
+  max_model_len, max_concurrency (vLLM 0.27 logs the two halves as two lines);
 * `Engine 000: vllm cache_config_info with initialization after num_gpu_blocks is: N`
   (APIServer, DEBUG only, v1/metrics/loggers.py log_engine_initialized, about a second after the
   line above): num_blocks. vLLM 0.32 logs the block count nowhere else;
@@ -33,15 +33,17 @@ from pathlib import Path
 from engine_support import engine_argv, engine_env, free_port, http_get, kill_tree, write_model
 from waiting import eventually
 
-SIZE_RE = re.compile(r"KV cache size: ([\d,]+) tokens, Maximum concurrency for ([\d,]+) tokens "
-                     r"per request: ([\d.]+)x")
+# One line from 0.28 on; two lines ("GPU KV cache size: N tokens", then "Maximum concurrency for ...")
+# in 0.27 (vLLM 0.27.0, vllm/v1/core/kv_cache_utils.py:2235), so the two halves are read apart.
+TOKENS_RE = re.compile(r"KV cache size: ([\d,]+) tokens")
+CONCURRENCY_RE = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
 BLOCKS_RE = re.compile(r"num_gpu_blocks is: (\d+)")
 INFO_RE = re.compile(r'^vllm:cache_config_info\{([^}]*)\}', re.M)
 LABEL_RE = re.compile(r'(\w+)="([^"]*)"')
 
 # Lines worth keeping verbatim: what vLLM decided about the KV cache, and why.
 RELEVANT = re.compile("|".join([
-    r"KV cache size:", r"num_gpu_blocks is", r"kv cache group sizes", r"kv lcm block sizes",
+    r"KV cache size:", r"Maximum concurrency for", r"num_gpu_blocks is", r"kv cache group sizes", r"kv lcm block sizes",
     r"Padding mamba page size", r"Setting attention block size", r"padding layers",
     r"Auto-fit max_model_len", r"Hybrid KV cache manager is disabled", r"cannot be unified",
     r"latency regression when using chunked local", r"CPU MLA backend requires",
@@ -113,16 +115,17 @@ def _implied_block_size(flags: list[str], lines: list[str]) -> int | None:
 
 
 def probe(config: dict, flags: list[str], workdir: Path, timeout: float = 240,
-          metrics_wait: float = 30) -> dict:
+          metrics_wait: float = 30, python: str | None = None) -> dict:
     """Run the engine on `config` with `flags` until it has sized its KV cache; return the figures.
 
-    `--max-model-len 2048` is added unless `flags` set --max-model-len themselves."""
+    `--max-model-len 2048` is added unless `flags` set --max-model-len themselves. `python` is the
+    interpreter of another release's venv (tests/record_kv_truth.py --venv); default this one's."""
     workdir = Path(workdir)
     model = write_model(workdir / "model", config)
     log_path = workdir / "engine.log"
     extra = list(flags) if "--max-model-len" in flags else ["--max-model-len", "2048", *flags]
     port = free_port()
-    argv = engine_argv(model, port, *extra)
+    argv = engine_argv(model, port, *extra, python=python)
     env = {**engine_env(1), "VLLM_LOGGING_LEVEL": "DEBUG"}
     if "--tensor-parallel-size" in flags:
         # vLLM's CPU workers bind one NUMA node each unless told which cores to take: a one-node
@@ -162,15 +165,17 @@ def probe(config: dict, flags: list[str], workdir: Path, timeout: float = 240,
             exited = proc.poll() is not None  # before the read, so the last lines are scanned
             read_new()
             for line in lines[scanned:]:
-                if result["kv_cache_tokens"] is None and (m := SIZE_RE.search(line)):
+                if result["kv_cache_tokens"] is None and (m := TOKENS_RE.search(line)):
                     result["kv_cache_tokens"] = int(m.group(1).replace(",", ""))
-                    result["max_model_len"] = int(m.group(2).replace(",", ""))
-                    result["max_concurrency"] = float(m.group(3))
-                    sized_at = time.monotonic()
+                    sized_at = sized_at or time.monotonic()
+                if result["max_concurrency"] is None and (m := CONCURRENCY_RE.search(line)):
+                    result["max_model_len"] = int(m.group(1).replace(",", ""))
+                    result["max_concurrency"] = float(m.group(2))
                 if result["num_blocks"] is None and (m := BLOCKS_RE.search(line)):
                     result["num_blocks"] = int(m.group(1))
             scanned = len(lines)
-            if result["kv_cache_tokens"] is not None and result["num_blocks"] is not None:
+            if result["kv_cache_tokens"] is not None and result["max_concurrency"] is not None \
+                    and result["num_blocks"] is not None:
                 break
             if exited:
                 result["rc"] = proc.returncode

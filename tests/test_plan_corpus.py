@@ -31,6 +31,7 @@ from kvwatch.planner.architectures import (
 from kvwatch.planner.devices import Device, cpu_device_from_flags
 from kvwatch.planner.plan import Plan
 from kvwatch.planner.rules import ruleset_for
+from kvwatch.planner.versions import parse_version
 
 TRUTH_FILE = Path(__file__).parent / "fixtures" / "models" / "kv_truth.json"
 TRUTH = json.loads(TRUTH_FILE.read_text())
@@ -46,12 +47,16 @@ CASE_IDS = [f"{c['model']}{'-' + '-'.join(f.lstrip('-') for f in c['flags']) if 
 RECORDED_CPU = cpu_device_from_flags(set(TRUTH["cpu_flags"]), "the recording machine's CPU")
 
 
-def plan_case(name: str, flags: list[str], directory: Path, device: Device | None = None) -> Plan:
+def plan_case(name: str, flags: list[str], directory: Path, device: Device | None = None,
+              vllm_version: str | None = None) -> Plan:
+    """The plan for a corpus case as the recorder ran it; `vllm_version` plans it as that release
+    (`kvwatch plan --vllm-version`), None as the installed one."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(corpus.CORPUS[name]["config"]))
     extra = list(flags) if "--max-model-len" in flags else ["--max-model-len", "2048", *flags]
-    return plan_command(["vllm", "serve", str(directory), *extra], device or RECORDED_CPU, ruleset_for(None),
-                        env={"VLLM_CPU_KVCACHE_SPACE": str(TRUTH["kv_space_gib"])})
+    return plan_command(["vllm", "serve", str(directory), *extra], device or RECORDED_CPU, ruleset_for(vllm_version),
+                        env={"VLLM_CPU_KVCACHE_SPACE": str(TRUTH["kv_space_gib"])},
+                        vllm_version=parse_version(vllm_version) if vllm_version else None)
 
 
 def engine_figures(case: dict) -> tuple:

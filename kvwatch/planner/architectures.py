@@ -2,6 +2,8 @@
 
 Each rule is one of vLLM 0.32's refusals of a model, before any KV cache is sized:
 
+- (0.27 only) any MLA model on the CPU: platforms/cpu.py get_attn_backend_cls, "MLA is not supported
+  on CPU." (vllm_releases/kv_layout.py CPU_MLA_BACKEND: 0.28 added the CPU MLA backend);
 - sparse attention (an MLA model with the DeepSeek-V3.2 indexer: `index_topk` in config.json,
   model_executor/models/deepseek_v2.py `is_v32`) on the CPU backend: platforms/cpu.py:150
   get_attn_backend_cls, "Sparse Attention is not supported on CPU.";
@@ -28,7 +30,9 @@ from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.geometry import ModelGeometry
 from kvwatch.planner.layers import FULL, MAMBA, SLIDING
+from kvwatch.planner.versions import VllmVersion
 from kvwatch.vllm_releases.architectures import ARCHITECTURES
+from kvwatch.vllm_releases.kv_layout import CPU_MLA_BACKEND, MLA_NOT_SUPPORTED_ON_CPU
 
 # vLLM 0.32 model_executor/models/registry.py _PREVIOUSLY_SUPPORTED_MODELS: architecture -> the
 # last release that served it with vLLM's own model (read by scripts/gen_vllm_architectures.py).
@@ -60,8 +64,9 @@ class ArchitectureRefusal:
     fix: dict[str, object]   # flag -> value that avoids it; {} when no flag does
 
 
-def refusals(geometry: ModelGeometry, settings: EngineSettings, device: Device) -> list[ArchitectureRefusal]:
-    """What vLLM 0.32 refuses about this architecture on this platform, in the order it checks."""
+def refusals(geometry: ModelGeometry, settings: EngineSettings, device: Device,
+             version: VllmVersion | None = None) -> list[ArchitectureRefusal]:
+    """What vLLM 0.32 (or `version`) refuses about this architecture on this platform, in the order it checks."""
     out: list[ArchitectureRefusal] = []
     for arch in geometry.architectures:
         if arch not in PREVIOUSLY_SUPPORTED:
@@ -81,6 +86,13 @@ def refusals(geometry: ModelGeometry, settings: EngineSettings, device: Device) 
                 f"v{last}; on the Transformers backend its state-space layers have no implementation: serve it "
                 f"with vLLM {last} or older)", {}))
             return out
+    if geometry.attention == "mla" and device.platform == "cpu" and not CPU_MLA_BACKEND.holds(version):
+        # 0.27 has no CPU MLA backend: it refuses while choosing one, before any sparse check
+        out.append(ArchitectureRefusal(
+            "no_attention_backend",
+            f"{MLA_NOT_SUPPORTED_ON_CPU} vLLM {version} has no MLA backend for the CPU ({CPU_MLA_BACKEND.before}); "
+            f"0.28 added one ({CPU_MLA_BACKEND.source}): serve it with vLLM 0.28 or newer, or on a GPU", {}))
+        return out
     if geometry.sparse_attention and device.platform == "cpu":
         out.append(ArchitectureRefusal(
             "no_attention_backend",

@@ -34,6 +34,11 @@ from kvwatch.planner.scheduler import prefix_caching_on, request_demand
 from kvwatch.planner.versions import VllmVersion
 from kvwatch.planner.weights import gpu_weights_bytes
 from kvwatch.vllm_releases.hybrid_alignment import hybrid_alignment_for
+from kvwatch.vllm_releases.kv_layout import (
+    MAMBA2_PREFILL_CHECKPOINT,
+    NULL_BLOCK_RESERVED_IN_CHECK,
+    SSM_FLOAT32_WITH_AVX512_BF16,
+)
 
 _DTYPE_BYTES = {"float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4}
 
@@ -209,10 +214,11 @@ def _weights_from_geometry(geometry: ModelGeometry, model_bytes: int, settings: 
                              device.compute_capability)
 
 
-def architecture_refusals(geometry: ModelGeometry, settings: EngineSettings, device: Device) -> list[PredictedRefusal]:
+def architecture_refusals(geometry: ModelGeometry, settings: EngineSettings, device: Device,
+                          version: VllmVersion | None = None) -> list[PredictedRefusal]:
     """vLLM's refusals of this architecture on this platform (planner/architectures.py)."""
     return [PredictedRefusal(FailureKind(r.kind), r.message, FlagChange(r.fix) if r.fix else NO_CHANGE)
-            for r in _architecture_refusals(geometry, settings, device)]
+            for r in _architecture_refusals(geometry, settings, device, version)]
 
 
 def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device, rules: RuleSet,
@@ -238,7 +244,8 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     # A pure state-space model has no attention layer, so no attention backend to choose.
     choice = BackendChoice(None, (), {}) if attention_free else choose_backend(
         rules, device, geometry, kv_dtype, settings.block_size, settings.attention_backend)
-    warnings: list[PredictedRefusal] = list(refusals) + architecture_refusals(geometry, settings, device)
+    warnings: list[PredictedRefusal] = list(refusals) + architecture_refusals(geometry, settings, device,
+                                                                                  memory.vllm_version)
     backend = choice.backend
 
     # -- block size: the flag, else the backend's preference; some platforms override both.
@@ -260,7 +267,7 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
         packed_extra = 0
     # Per cache layer where layers differ (Gemma 4: wider full-attention heads, fewer KV heads).
     layer_token_bytes = _layer_token_bytes(geometry, settings, dtype_bytes, per_token_layer)
-    state_bytes = _recurrent_state_bytes(geometry, settings, model_bytes, device)
+    state_bytes = _recurrent_state_bytes(geometry, settings, model_bytes, device, memory.vllm_version)
     if state_bytes and shape is not None and not attention_free:   # a hybrid: attention pages hold a state
         aligned = hybrid_block_size(hybrid_alignment_for(release.defaults.release), shape, block_size,
                                     per_token_layer, state_bytes, geometry.attention == "mla")
@@ -280,7 +287,8 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     page = block_size * per_token_layer
 
     # -- the layers of one worker (the fullest pipeline stage), grouped as vLLM groups them.
-    groups = _kv_groups(geometry, settings, block_size, [block_size * b for b in layer_token_bytes], state_bytes)
+    groups = _kv_groups(geometry, settings, block_size, [block_size * b for b in layer_token_bytes], state_bytes,
+                        memory.vllm_version)
     bytes_per_block = groups.bytes_per_block
     warnings.extend(_shared_layer_warnings(geometry, settings, groups))
 
@@ -290,9 +298,11 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     if settings.num_gpu_blocks_override is not None:
         num_blocks, kv_source = settings.num_gpu_blocks_override, "--num-gpu-blocks-override"
         estimated = False
-    # vLLM plans one request against the blocks the null block leaves (get_kv_cache_configs).
-    check_memory = num_blocks * bytes_per_block - bytes_per_block \
-        if settings.num_gpu_blocks_override is not None else kv_memory - bytes_per_block
+    # vLLM plans one request against the blocks the null block leaves (get_kv_cache_configs), from
+    # 0.29; before, against the whole memory (vllm_releases/kv_layout.py NULL_BLOCK_RESERVED_IN_CHECK).
+    null_block = bytes_per_block if NULL_BLOCK_RESERVED_IN_CHECK.holds(memory.vllm_version) else 0
+    check_memory = num_blocks * bytes_per_block - null_block \
+        if settings.num_gpu_blocks_override is not None else kv_memory - null_block
 
     demand = request_demand(geometry, settings, device, max_len, release)
     if settings.max_model_len_auto and settings.max_model_len is None:
@@ -408,7 +418,7 @@ def _no_memory_warning(device: Device, settings: EngineSettings, geometry: Model
 
 
 def _recurrent_state_bytes(geometry: ModelGeometry, settings: EngineSettings, model_bytes: int,
-                           device: Device) -> int:
+                           device: Device, version: VllmVersion | None = None) -> int:
     """One Mamba/linear-attention layer's state on one TP rank (MambaSpec.page_size_bytes before
     padding): conv state in --mamba-cache-dtype, SSM state in --mamba-ssm-cache-dtype, each
     "auto" meaning the model's dtype (the SSM state: the model's own choice where it has one)."""
@@ -418,13 +428,20 @@ def _recurrent_state_bytes(geometry: ModelGeometry, settings: EngineSettings, mo
     conv, ssm = state.element_counts(max(1, settings.tensor_parallel_size))
     conv_bytes = _DTYPE_BYTES.get(settings.mamba_cache_dtype, model_bytes)
     ssm_name = settings.mamba_ssm_cache_dtype if settings.mamba_ssm_cache_dtype != "auto" else state.ssm_dtype
-    if device.platform == "cpu" and device.cpu_avx512_bf16 and ssm_name != "float32" and not (
-            state.family == "gated_delta_net" and ssm_name in ("float16", "bfloat16")):
-        # platforms/cpu.py: the accelerated CPU state kernels keep SSM states in float32
-        # (16-bit kept only when asked for, by the gated-delta-net kernel)
+    if device.platform == "cpu" and ssm_name != "float32" and _cpu_resets_ssm_to_float32(
+            device, state.family, ssm_name, version):
         ssm_name = "float32"
     ssm_bytes = _DTYPE_BYTES.get(ssm_name or "", conv_bytes)
     return conv * conv_bytes + ssm * ssm_bytes
+
+
+def _cpu_resets_ssm_to_float32(device: Device, family: str, ssm_name: str | None, version: VllmVersion | None) -> bool:
+    """platforms/cpu.py: the accelerated CPU state kernels keep SSM states in float32 (16-bit kept
+    only when asked for, by the gated-delta-net kernel) wherever AVX-512 BF16 is there; before 0.29,
+    with AMX tiles only (vllm_releases/kv_layout.py SSM_FLOAT32_WITH_AVX512_BF16)."""
+    if not SSM_FLOAT32_WITH_AVX512_BF16.holds(version):
+        return device.cpu_amx
+    return device.cpu_avx512_bf16 and not (family == "gated_delta_net" and ssm_name in ("float16", "bfloat16"))
 
 
 def _token_bytes(kv_heads: int, head_size: int, settings: EngineSettings, dtype_bytes: int) -> int:
@@ -444,7 +461,7 @@ def _layer_token_bytes(geometry: ModelGeometry, settings: EngineSettings, dtype_
 
 
 def _kv_groups(geometry: ModelGeometry, settings: EngineSettings, block_size: int, pages: list[int],
-               state_bytes: int) -> KvGroups:
+               state_bytes: int, version: VllmVersion | None = None) -> KvGroups:
     kinds = list(geometry.layout.kinds)
     if settings.pipeline_parallel_size > 1:   # the first stage holds the most layers
         per_stage = -(-len(kinds) // settings.pipeline_parallel_size)
@@ -455,7 +472,8 @@ def _kv_groups(geometry: ModelGeometry, settings: EngineSettings, block_size: in
     # A state page is padded up to the attention page; with no attention layer it is its own size.
     attention_pages = [page for layer_kind, page in zip(kinds, pages, strict=True) if layer_kind != MAMBA]
     state_page = max(attention_pages) if attention_pages else state_bytes
-    checkpoints = geometry.layout.state.checkpoint_blocks if geometry.layout.state else 0
+    checkpoints = geometry.layout.state.checkpoint_blocks \
+        if geometry.layout.state and MAMBA2_PREFILL_CHECKPOINT.holds(version) else 0
     specs = [LayerSpec(MAMBA, block_size, state_page, state_bytes, checkpoint_blocks=checkpoints) if layer_kind == MAMBA
              else LayerSpec(layer_kind, block_size, page, page, window if layer_kind in (SLIDING, CHUNKED) else None)
              for layer_kind, page in zip(kinds, pages, strict=True)]

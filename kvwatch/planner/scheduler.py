@@ -6,18 +6,23 @@ from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.geometry import ModelGeometry
 from kvwatch.planner.gpu_budget import Release, api_defaults
 from kvwatch.planner.kv_groups import Demand
+from kvwatch.planner.versions import VllmVersion, parse_version
+from kvwatch.vllm_releases.kv_layout import HYBRID_PREFIX_CACHING_BY_DEFAULT
 
 
-def prefix_caching_on(geometry: ModelGeometry, settings: EngineSettings) -> bool:
+def prefix_caching_on(geometry: ModelGeometry, settings: EngineSettings, version: VllmVersion | None = None) -> bool:
     """Whether prefix caching is on: the flag, else vLLM's default (config/model.py
-    is_prefix_caching_supported: on for decoders and hybrids, off for attention-free models)."""
+    is_prefix_caching_supported: on for decoders and hybrids, off for attention-free models; a
+    hybrid's off before 0.28, vllm_releases/kv_layout.py HYBRID_PREFIX_CACHING_BY_DEFAULT)."""
     if settings.enable_prefix_caching is not None:
         return settings.enable_prefix_caching
+    if geometry.layout.state is not None and geometry.attention != "none":
+        return HYBRID_PREFIX_CACHING_BY_DEFAULT.holds(version)
     return geometry.attention != "none"
 
 
 def request_demand(geometry: ModelGeometry, settings: EngineSettings, device: Device, max_model_len: int,
-            release: Release) -> Demand:
+                   release: Release) -> Demand:
     """What one request may hold: max_model_len, and the tokens in flight that sliding-window and
     chunked layers keep on top of their window (VllmConfig.max_in_flight_tokens)."""
     batched = settings.max_num_batched_tokens or api_defaults(device, settings, release)[0]
@@ -32,4 +37,5 @@ def request_demand(geometry: ModelGeometry, settings: EngineSettings, device: De
     concurrent_batches = 2 if pp == 1 and device.platform != "cpu" else pp
     return Demand(max_model_len=max_model_len, max_in_flight_tokens=concurrent_batches * batched,
                   # prefix caching is on by default (off on CPU for MLA); on a hybrid it keeps states aligned
-                  mamba_align=prefix_caching_on(geometry, settings) and geometry.layout.state is not None)
+                  mamba_align=prefix_caching_on(geometry, settings, parse_version(release.defaults.release))
+                  and geometry.layout.state is not None)

@@ -1,0 +1,54 @@
+"""What vLLM decides about the KV cache layout where releases differ (pure data).
+
+Read from each release's source (the CPU platform, the Mamba layers), and checked on the real CPU engines 0.27 to 0.32
+(tests/fixtures/release_truths, tests/test_release_corpus.py). A boundary is the first release that
+behaves the new way; `source` is the line that shows it, `before` the line of the last release
+that did not. Releases kvwatch has no engine for are placed by their source alone.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvwatch.planner.versions import VllmVersion
+
+
+@dataclass(frozen=True)
+class Boundary:
+    since: tuple[int, int, int]
+    source: str
+    before: str
+
+    def holds(self, version: VllmVersion | None) -> bool:
+        """Whether `version` behaves the new way (None: the newest release kvwatch knows does)."""
+        return version is None or version.parts >= self.since
+
+
+# An MLA model on the CPU: 0.27 refuses it while choosing the attention backend; from 0.28 a
+# reference CPU MLA backend (CPU_MLA) serves it.
+CPU_MLA_BACKEND = Boundary((0, 28, 0), "vLLM 0.28.0, vllm/platforms/cpu.py:90",
+                           "vLLM 0.27.0, vllm/platforms/cpu.py:84")
+MLA_NOT_SUPPORTED_ON_CPU = "MLA is not supported on CPU."
+
+# The SSM state dtype: from 0.29 the CPU keeps SSM states in float32 wherever AVX-512 BF16 is
+# there (the accelerated state kernels); 0.27 and 0.28 only with AMX tiles ("AMX GDN requires
+# float32 state"), so a CPU with AVX-512 BF16 and no AMX keeps the model's dtype.
+SSM_FLOAT32_WITH_AVX512_BF16 = Boundary((0, 29, 0), "vLLM 0.29.0, vllm/platforms/cpu.py:241",
+                                        "vLLM 0.28.0, vllm/platforms/cpu.py:157")
+
+# A Mamba-2 layer (MambaMixer2) with prefix caching ("align" mode) keeps one prefill checkpoint
+# state per request beside its 2 running ones, from 0.32; before, 2 (MambaSpec
+# max_memory_usage_bytes, vLLM 0.31.0, vllm/v1/kv_cache_interface.py:1091: MambaMixer2 asks for no checkpoint).
+MAMBA2_PREFILL_CHECKPOINT = Boundary((0, 32, 0), "vLLM 0.32.0, vllm/model_executor/layers/mamba/mamba_mixer2.py:1107",
+                                     "vLLM 0.31.0, vllm/v1/kv_cache_interface.py:1091")
+
+# Prefix caching for a hybrid (attention beside Mamba or linear-attention layers) with no flag: on
+# from 0.28, like any decoder; 0.27 keeps it opt-in ("while the feature matures"), so its state
+# layers hold 1 block per request, not 2.
+HYBRID_PREFIX_CACHING_BY_DEFAULT = Boundary((0, 28, 0), "vLLM 0.28.0, vllm/engine/arg_utils.py:2650",
+                                            "vLLM 0.27.0, vllm/engine/arg_utils.py:2604")
+
+# The null block the block pool holds back: the auto-fit of --max-model-len and the check that one
+# request fits plan against the memory without it from 0.29; before, against all of it (Llama 3
+# with --max-model-len auto on 1 GiB: 131,072 on 0.27, 130,944 from 0.29).
+NULL_BLOCK_RESERVED_IN_CHECK = Boundary((0, 29, 0), "vLLM 0.29.0, vllm/v1/core/kv_cache_utils.py:2316",
+                                        "vLLM 0.28.0, vllm/v1/core/kv_cache_utils.py:2185")
