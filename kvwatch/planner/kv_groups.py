@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from kvwatch.planner.layers import CHUNKED, FULL, MAMBA, SLIDING
-from kvwatch.planner.rules import BackendRule, MultipleOf
+from kvwatch.planner.rules import BackendRule, BlockSizeRule, MultipleOf
 from kvwatch.vllm_releases.hybrid_alignment import HybridAlignment
 
 
@@ -180,3 +180,23 @@ def hybrid_block_size(alignment: HybridAlignment, backend: BackendRule, block_si
     if alignment.backend_lcm_source:
         size = smallest * cdiv(size, smallest)
     return max(block_size, size)
+
+
+def sliding_block_size(kernel_sizes: tuple[BlockSizeRule, ...], block_size: int, from_kernel: bool,
+                       within_primary_page: bool) -> int:
+    """The block size a sliding-window layer's spec starts from (`Attention.get_kv_cache_spec` with
+    no padded page, `_largest_kernel_block_within`), as the release's rules say
+    (vllm_releases/kv_layout.py SLIDING_BLOCK_*): the block size in force; or the backend's smallest
+    kernel block; or its largest kernel block whose page fits the block size's (a MultipleOf
+    taken at the largest multiple not above it). Page unification then scales it up."""
+    if not from_kernel:
+        return block_size
+    fixed = [s for s in kernel_sizes if not isinstance(s, MultipleOf)]
+    if not within_primary_page:
+        candidates = fixed or [s.base for s in kernel_sizes if isinstance(s, MultipleOf)]
+        return min(candidates) if candidates else block_size
+    candidates = fixed + [max(s.base, block_size // s.base * s.base) for s in kernel_sizes if isinstance(s, MultipleOf)]
+    if not candidates:
+        return block_size
+    fitting = [b for b in candidates if b <= block_size]
+    return max(fitting) if fitting else min(candidates)

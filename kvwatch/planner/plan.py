@@ -20,7 +20,14 @@ from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.flag_change import NO_CHANGE, FlagChange
 from kvwatch.planner.geometry import ModelGeometry
 from kvwatch.planner.gpu_budget import GpuBudget, api_defaults, estimate_budget, release_for
-from kvwatch.planner.kv_groups import KvGroups, LayerSpec, hybrid_block_size, kv_groups, promote_local_layers
+from kvwatch.planner.kv_groups import (
+    KvGroups,
+    LayerSpec,
+    hybrid_block_size,
+    kv_groups,
+    promote_local_layers,
+    sliding_block_size,
+)
 from kvwatch.planner.layers import CHUNKED, MAMBA, SLIDING
 from kvwatch.planner.predicted_refusal import (
     CONFIG_REFUSED,
@@ -37,6 +44,8 @@ from kvwatch.vllm_releases.hybrid_alignment import hybrid_alignment_for
 from kvwatch.vllm_releases.kv_layout import (
     MAMBA2_PREFILL_CHECKPOINT,
     NULL_BLOCK_RESERVED_IN_CHECK,
+    SLIDING_BLOCK_FROM_KERNEL,
+    SLIDING_BLOCK_WITHIN_PRIMARY_PAGE,
     SSM_FLOAT32_WITH_AVX512_BF16,
 )
 
@@ -287,9 +296,17 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     page = block_size * per_token_layer
 
     # -- the layers of one worker (the fullest pipeline stage), grouped as vLLM groups them.
-    groups = _kv_groups(geometry, settings, block_size, [block_size * b for b in layer_token_bytes], state_bytes,
-                        memory.vllm_version)
+    # Sliding-window layers start from a kernel block of their own in some releases (kv_layout.py).
+    sliding_block = sliding_block_size(shape.block_sizes, block_size, SLIDING_BLOCK_FROM_KERNEL.holds(memory.vllm_version),
+                                       SLIDING_BLOCK_WITHIN_PRIMARY_PAGE.holds(memory.vllm_version)) \
+        if shape is not None else block_size
+    groups = _kv_groups(geometry, settings, block_size, layer_token_bytes, state_bytes, memory.vllm_version,
+                        sliding_block)
     bytes_per_block = groups.bytes_per_block
+    # The engine's block size is its groups' smallest (vLLM 0.28.0, vllm/v1/engine/core.py:322).
+    smallest_group_block = min((groups.specs[g[0]].block_size for g in groups.groups), default=block_size)
+    if smallest_group_block < block_size:
+        block_size, block_source = smallest_group_block, "the sliding-window layers' blocks, unified to the full ones' page"
     warnings.extend(_shared_layer_warnings(geometry, settings, groups))
 
     # -- memory for the KV cache, and blocks.
@@ -460,23 +477,32 @@ def _layer_token_bytes(geometry: ModelGeometry, settings: EngineSettings, dtype_
             for layer_kind, size, heads in zip(layout.kinds, layout.head_sizes, layout.kv_heads, strict=True)]
 
 
-def _kv_groups(geometry: ModelGeometry, settings: EngineSettings, block_size: int, pages: list[int],
-               state_bytes: int, version: VllmVersion | None = None) -> KvGroups:
+def _kv_groups(geometry: ModelGeometry, settings: EngineSettings, block_size: int, token_bytes: list[int],
+               state_bytes: int, version: VllmVersion | None = None, sliding_block: int | None = None) -> KvGroups:
+    """The layers of one worker in vLLM's groups; `token_bytes` per cache layer, `sliding_block` the
+    block a sliding-window layer starts from (default: the block size in force)."""
     kinds = list(geometry.layout.kinds)
     if settings.pipeline_parallel_size > 1:   # the first stage holds the most layers
         per_stage = -(-len(kinds) // settings.pipeline_parallel_size)
-        kinds, pages = kinds[:per_stage], pages[:per_stage]
-    if settings.disable_hybrid_kv_cache_manager:
+        kinds, token_bytes = kinds[:per_stage], token_bytes[:per_stage]
+    if settings.disable_hybrid_kv_cache_manager:   # promoted layers take the full layers' block
         kinds = promote_local_layers(kinds)
     window = geometry.layout.window
+    pages = [block_size * b for b in token_bytes]
     # A state page is padded up to the attention page; with no attention layer it is its own size.
     attention_pages = [page for layer_kind, page in zip(kinds, pages, strict=True) if layer_kind != MAMBA]
     state_page = max(attention_pages) if attention_pages else state_bytes
     checkpoints = geometry.layout.state.checkpoint_blocks \
         if geometry.layout.state and MAMBA2_PREFILL_CHECKPOINT.holds(version) else 0
+    sliding = block_size if sliding_block is None else sliding_block
+
+    def attention_spec(layer_kind: str, per_token: int) -> LayerSpec:
+        block = sliding if layer_kind == SLIDING else block_size
+        return LayerSpec(layer_kind, block, block * per_token, block * per_token,
+                         window if layer_kind in (SLIDING, CHUNKED) else None)
+
     specs = [LayerSpec(MAMBA, block_size, state_page, state_bytes, checkpoint_blocks=checkpoints) if layer_kind == MAMBA
-             else LayerSpec(layer_kind, block_size, page, page, window if layer_kind in (SLIDING, CHUNKED) else None)
-             for layer_kind, page in zip(kinds, pages, strict=True)]
+             else attention_spec(layer_kind, per_token) for layer_kind, per_token in zip(kinds, token_bytes, strict=True)]
     return kv_groups(specs)
 
 

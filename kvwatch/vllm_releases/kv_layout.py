@@ -52,3 +52,18 @@ HYBRID_PREFIX_CACHING_BY_DEFAULT = Boundary((0, 28, 0), "vLLM 0.28.0, vllm/engin
 # with --max-model-len auto on 1 GiB: 131,072 on 0.27, 130,944 from 0.29).
 NULL_BLOCK_RESERVED_IN_CHECK = Boundary((0, 29, 0), "vLLM 0.29.0, vllm/v1/core/kv_cache_utils.py:2316",
                                         "vLLM 0.28.0, vllm/v1/core/kv_cache_utils.py:2185")
+
+# The block size a sliding-window layer starts from (its get_kv_cache_spec), before
+# unify_kv_cache_spec_page_size scales the smaller pages up by an integer ratio. Up to 0.24 the
+# block size in force. From 0.25 the layer picks a kernel block of its backend: to 0.29 the
+# smallest one (no page budget: "the smallest block is fine"); from 0.30 the largest whose page
+# fits the page of the block size in force. It shows where the sliding layers' page per token
+# is wider than the full ones' (Gemma 4 31B: 16,384 B beside 8,192 B): on 0.28 CPU_ATTN's 16
+# tokens, scaled x4 to the full layers' 1 MiB page, give 64-token blocks, and the engine's block
+# size is its groups' smallest (vLLM 0.28.0, vllm/v1/engine/core.py:322); from 0.30 the sliding
+# layers keep 128 and the full ones take 256. (0.25.0 is placed by 0.25.1's source.)
+SLIDING_BLOCK_FROM_KERNEL = Boundary((0, 25, 0), "vLLM 0.25.1, vllm/model_executor/layers/attention/attention.py:650",
+                                     "vLLM 0.24.0, vllm/model_executor/layers/attention/attention.py:599")
+SLIDING_BLOCK_WITHIN_PRIMARY_PAGE = Boundary((0, 30, 0),
+                                             "vLLM 0.30.0, vllm/model_executor/layers/attention/attention.py:648",
+                                             "vLLM 0.29.0, vllm/model_executor/layers/attention/attention.py:118")
