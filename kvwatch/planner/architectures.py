@@ -4,6 +4,8 @@ Each rule is one of vLLM 0.32's refusals of a model, before any KV cache is size
 
 - (0.27 only) any MLA model on the CPU: platforms/cpu.py get_attn_backend_cls, "MLA is not supported
   on CPU." (vllm_releases/kv_layout.py CPU_MLA_BACKEND: 0.28 added the CPU MLA backend);
+- (0.28 only) a dense MLA model on the CPU: the worker imports FlashAttention's MLA prefill and dies
+  on an ImportError (vllm_releases/kv_layout.py CPU_MLA_SDPA_PREFILL: 0.29 gave the CPU its own);
 - sparse attention (an MLA model with the DeepSeek-V3.2 indexer: `index_topk` in config.json,
   model_executor/models/deepseek_v2.py `is_v32`) on the CPU backend: platforms/cpu.py:150
   get_attn_backend_cls, "Sparse Attention is not supported on CPU.";
@@ -32,7 +34,12 @@ from kvwatch.planner.geometry import ModelGeometry
 from kvwatch.planner.layers import FULL, MAMBA, SLIDING
 from kvwatch.planner.versions import VllmVersion
 from kvwatch.vllm_releases.architectures import ARCHITECTURES
-from kvwatch.vllm_releases.kv_layout import CPU_MLA_BACKEND, MLA_NOT_SUPPORTED_ON_CPU
+from kvwatch.vllm_releases.kv_layout import (
+    CPU_MLA_BACKEND,
+    CPU_MLA_PREFILL_IMPORT_ERROR,
+    CPU_MLA_SDPA_PREFILL,
+    MLA_NOT_SUPPORTED_ON_CPU,
+)
 
 # vLLM 0.32 model_executor/models/registry.py _PREVIOUSLY_SUPPORTED_MODELS: architecture -> the
 # last release that served it with vLLM's own model (read by scripts/gen_vllm_architectures.py).
@@ -116,6 +123,14 @@ def refusals(geometry: ModelGeometry, settings: EngineSettings, device: Device,
             (f". --no-enable-prefix-caching avoids this sentence, then vLLM fails on '{KDA_NEEDS_CUTLASS}': "
              f"serve it on a GPU" if kda else "; serve it with --no-enable-prefix-caching"),
             {}))   # a switch, not a valued flag: kvwatch's flag changes set values, so none is proposed
+    if (geometry.attention == "mla" and device.platform == "cpu" and not geometry.sparse_attention and not out
+            and not CPU_MLA_SDPA_PREFILL.holds(version)):
+        # 0.28 (0.27 refused above): the worker dies building the layers, after the config checks
+        out.append(ArchitectureRefusal(
+            "no_attention_backend",
+            f"{CPU_MLA_PREFILL_IMPORT_ERROR}: vLLM {version}'s CPU MLA layers load FlashAttention's MLA prefill, "
+            f"which needs a CUDA, XPU or ROCm build ({CPU_MLA_SDPA_PREFILL.before}); 0.29 gave the CPU an SDPA "
+            f"prefill ({CPU_MLA_SDPA_PREFILL.source}): serve it with vLLM 0.29 or newer, or on a GPU", {}))
     kinds = set(geometry.layout.kinds)
     if geometry.model_type == "qwen2" and {FULL, SLIDING} <= kinds:
         out.append(ArchitectureRefusal(

@@ -29,6 +29,18 @@ CPU_MLA_BACKEND = Boundary((0, 28, 0), "vLLM 0.28.0, vllm/platforms/cpu.py:90",
                            "vLLM 0.27.0, vllm/platforms/cpu.py:84")
 MLA_NOT_SUPPORTED_ON_CPU = "MLA is not supported on CPU."
 
+# 0.28's CPU MLA backend cannot start: every dense MLA layer picks its prefill backend
+# (vLLM 0.28.0, vllm/model_executor/layers/attention/mla_attention.py:560) by the device's
+# capability, which the CPU has none of, so FlashAttention's (vLLM 0.28.0,
+# vllm/v1/attention/backends/mla/prefill/selector.py:111), whose module imports a name that
+# fa_utils defines on CUDA, XPU and ROCm only (vLLM 0.28.0,
+# vllm/v1/attention/backends/mla/prefill/flash_attn.py:18, fa_utils.py:18). From 0.29 the CPU
+# takes its own SDPA prefill. A sparse MLA layer picks no dense prefill (mla_attention.py:552).
+CPU_MLA_SDPA_PREFILL = Boundary((0, 29, 0), "vLLM 0.29.0, vllm/v1/attention/backends/mla/prefill/selector.py:110",
+                                "vLLM 0.28.0, vllm/v1/attention/backends/mla/prefill/selector.py:111")
+CPU_MLA_PREFILL_IMPORT_ERROR = ("ImportError: cannot import name 'compile_flash_attn_varlen_func_from_specs' "
+                                "from 'vllm.v1.attention.backends.fa_utils'")
+
 # The SSM state dtype: from 0.29 the CPU keeps SSM states in float32 wherever AVX-512 BF16 is
 # there (the accelerated state kernels); 0.27 and 0.28 only with AMX tiles ("AMX GDN requires
 # float32 state"), so a CPU with AVX-512 BF16 and no AMX keeps the model's dtype.
