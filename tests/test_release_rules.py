@@ -162,3 +162,19 @@ def test_mla_on_the_cpu_is_refused_as_the_release_does(model: str, release: str,
         assert not certain and not plan.will_fail
     else:
         assert plan.will_fail and len(certain) == 1 and certain[0].startswith(first_words), certain
+
+
+@pytest.mark.parametrize(("release", "base", "block_16_refused"), [
+    ("0.20.2", 1, False),    # no kernel sizes of its own: the backend default (vLLM 0.20.2, vllm/v1/attention/backend.py:70)
+    ("0.21.0", 16, False),   # vLLM 0.21.0, vllm/v1/attention/backends/cpu_attn.py:56
+    ("0.28.0", 16, False),   # vLLM 0.28.0, vllm/v1/attention/backends/cpu_attn.py:62
+    ("0.29.0", 32, True),    # vLLM 0.29.0, vllm/v1/attention/backends/cpu_attn.py:61
+    ("0.32.0", 32, True),
+])
+def test_cpu_attn_kernel_blocks_are_the_releases(release: str, base: int, block_16_refused: bool, tmp_path) -> None:
+    from test_plan_corpus import plan_case
+
+    from kvwatch.planner.rules import MultipleOf
+    assert ruleset_for(release).backend("CPU_ATTN").block_sizes == (MultipleOf(base),)
+    plan = plan_case("llama3", ["--block-size", "16"], tmp_path / "model", vllm_version=release)
+    assert plan.will_fail == block_16_refused

@@ -146,6 +146,7 @@ VLLM_0_1X_TO_0_3X = RuleSet(
                     fp8_min_capability=(8, 9)),
         BackendRule("FLASH_ATTN_MLA", "cuda", "mla", (MultipleOf(16),), _HALF,
                     capability_majors=frozenset({9})),
+        # CPU_ATTN's kernel block sizes are the newest release's; ruleset_for sets each release's.
         BackendRule("CPU_ATTN", "cpu", "full", (MultipleOf(32),), frozenset({"auto", "fp8", "fp8_e4m3", "fp8_e5m2"}),
                     # The CPU platform picks CPU_ATTN without checking head sizes (head 16 serves).
                     preferred_block_size=128, cpu_fp8_needs_isa=True, fp8_head_size_multiple=32),
@@ -197,9 +198,14 @@ def priority_source(release: str, attention: str, major: int | None) -> str:
 
 @functools.lru_cache(maxsize=64)
 def _ruleset_for_release(release: str) -> RuleSet:
-    v = parse_version(release).parts
+    from kvwatch.vllm_releases.kv_layout import cpu_attn_kernel_multiple
+    version = parse_version(release)
+    v = version.parts
     base = next((r for r in RULESETS if v >= r.vllm_min and (r.vllm_max is None or v < r.vllm_max)), RULESETS[-1])
-    return replace(base, priorities={**base.priorities, **cuda_priorities(release, base.backends)})
+    # CPU_ATTN's kernel block sizes are the release's (vllm_releases/kv_layout.py CPU_ATTN_KERNEL_MULTIPLE).
+    cpu_kernel = (MultipleOf(cpu_attn_kernel_multiple(version)),)
+    backends = tuple(replace(b, block_sizes=cpu_kernel) if b.name == "CPU_ATTN" else b for b in base.backends)
+    return replace(base, backends=backends, priorities={**base.priorities, **cuda_priorities(release, backends)})
 
 
 def ruleset_for(vllm_version: str | None) -> RuleSet:

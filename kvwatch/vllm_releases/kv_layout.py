@@ -65,6 +65,21 @@ HYBRID_PREFIX_CACHING_BY_DEFAULT = Boundary((0, 28, 0), "vLLM 0.28.0, vllm/engin
 NULL_BLOCK_RESERVED_IN_CHECK = Boundary((0, 29, 0), "vLLM 0.29.0, vllm/v1/core/kv_cache_utils.py:2316",
                                         "vLLM 0.28.0, vllm/v1/core/kv_cache_utils.py:2185")
 
+# The kernel block sizes CPU_ATTN declares, as MultipleOf(base) from the release on: none of its own
+# before 0.21 (the backend default, any size), multiples of 16 from 0.21 to 0.28, of 32 from 0.29.
+CPU_ATTN_KERNEL_MULTIPLE: tuple[tuple[tuple[int, int, int], int, str], ...] = (
+    ((0, 0, 0), 1, "vLLM 0.20.2, vllm/v1/attention/backend.py:70"),
+    ((0, 21, 0), 16, "vLLM 0.21.0, vllm/v1/attention/backends/cpu_attn.py:56"),
+    ((0, 29, 0), 32, "vLLM 0.29.0, vllm/v1/attention/backends/cpu_attn.py:61"),
+)
+
+
+def cpu_attn_kernel_multiple(version: VllmVersion | None) -> int:
+    """The base of CPU_ATTN's MultipleOf kernel block sizes in `version` (None: the newest)."""
+    parts = version.parts if version is not None else (10**6, 0, 0)
+    return [base for since, base, _source in CPU_ATTN_KERNEL_MULTIPLE if parts >= since][-1]
+
+
 # The block size a sliding-window layer starts from (its get_kv_cache_spec), before
 # unify_kv_cache_spec_page_size scales the smaller pages up by an integer ratio. Up to 0.24 the
 # block size in force. From 0.25 the layer picks a kernel block of its backend: to 0.29 the
