@@ -1,6 +1,6 @@
 """What vLLM decides about the KV cache layout where releases differ (pure data).
 
-Read from each release's source (the CPU platform, the Mamba layers), and checked on the real CPU engines 0.27 to 0.32
+Read from each release's source (the CPU platform, the attention and Mamba layers), and checked on the real CPU engines 0.27 to 0.32
 (tests/fixtures/release_truths, tests/test_release_corpus.py). A boundary is the first release that
 behaves the new way; `source` is the line that shows it, `before` the line of the last release
 that did not. Releases kvwatch has no engine for are placed by their source alone.
