@@ -306,7 +306,10 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     # The engine's block size is its groups' smallest (vLLM 0.28.0, vllm/v1/engine/core.py:322).
     smallest_group_block = min((groups.specs[g[0]].block_size for g in groups.groups), default=block_size)
     if smallest_group_block < block_size:
-        block_size, block_source = smallest_group_block, "the sliding-window layers' blocks, unified to the full ones' page"
+        rule = SLIDING_BLOCK_WITHIN_PRIMARY_PAGE if SLIDING_BLOCK_WITHIN_PRIMARY_PAGE.holds(memory.vllm_version) \
+            else SLIDING_BLOCK_FROM_KERNEL
+        block_size = smallest_group_block
+        block_source = f"the sliding-window layers' blocks, unified to the full ones' page ({rule.source})"
     warnings.extend(_shared_layer_warnings(geometry, settings, groups))
 
     # -- memory for the KV cache, and blocks.
