@@ -14,7 +14,14 @@ Checks, per release where the function exists:
   default-setting method) for the API server, against vllm_releases.release_defaults.api_batch_defaults,
   on every card of CARDS and CPU world sizes;
 - backend_priorities: platforms/cuda.py _get_backend_priorities (0.11+), the backends kvwatch models
-  in vLLM's order, against the priorities of kvwatch's rule set for that release.
+  in vLLM's order, against the priorities of kvwatch's rule set for that release;
+- sliding_block_size: model_executor/layers/attention/attention.py Attention.get_kv_cache_spec
+  (0.20+) for a sliding-window layer with no padded page: the block it starts from, on each
+  backend's kernel block sizes (kvwatch's rule for it) and block sizes in force, against
+  kv_groups.sliding_block_size with that release's kv_layout rules;
+- cpu_attn_kernel_blocks: v1/attention/backends/cpu_attn.py CPUAttentionBackend
+  .get_supported_kernel_block_sizes (else the AttentionBackend default, v1/attention/backend.py),
+  against CPU_ATTN's block sizes in kvwatch's rule set for that release.
 
 Any difference is printed naming the release, the check, the input and both answers, and the exit
 status is 1. `--write` records every result (tests/fixtures/release_oracles.json) for the test that
@@ -40,11 +47,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from kvwatch.planner.geometry import geometry_from_config  # noqa: E402
-from kvwatch.planner.kv_groups import hybrid_block_size  # noqa: E402
+from kvwatch.planner.kv_groups import hybrid_block_size, sliding_block_size  # noqa: E402
 from kvwatch.planner.rules import ruleset_for  # noqa: E402
 from kvwatch.vllm_releases import KNOWN  # noqa: E402
 from kvwatch.vllm_releases.defaults import DEFAULTS  # noqa: E402
 from kvwatch.vllm_releases.hybrid_alignment import hybrid_alignment_for  # noqa: E402
+from kvwatch.vllm_releases.kv_layout import SLIDING_BLOCK_FROM_KERNEL, SLIDING_BLOCK_WITHIN_PRIMARY_PAGE  # noqa: E402
 from kvwatch.vllm_releases.release_defaults import api_batch_defaults  # noqa: E402
 
 GiB = 1 << 30
@@ -548,8 +556,88 @@ def check_hybrid_block_size(release: str, oracle: Oracle) -> list[dict[str, Any]
     return results
 
 
+class AttentionType(metaclass=_Members):
+    pass
+
+
+SLIDING_CASES = [(backend, block) for backend in ("FLASH_ATTN", "FLASHINFER", "TRITON_ATTN", "CPU_ATTN")
+                 for block in (16, 32, 64, 80, 128)]
+SLIDING_TOKEN_BYTES = 16_384    # Gemma 4 31B's sliding layer (16 KV heads of 256, bf16); any width answers alike
+
+
+def kvwatch_sliding_block_size(release: str, args: dict[str, Any]) -> int:
+    """kvwatch's answer for one input of the sliding_block_size check."""
+    rule = ruleset_for(release).backend(args["backend"])
+    assert rule is not None
+    version = KNOWN[[str(v) for v in KNOWN].index(release)]
+    return sliding_block_size(rule.block_sizes, args["block_size"], SLIDING_BLOCK_FROM_KERNEL.holds(version),
+                              SLIDING_BLOCK_WITHIN_PRIMARY_PAGE.holds(version))
+
+
+def check_sliding_block_size(release: str, oracle: Oracle) -> list[dict[str, Any]]:
+    """The block a sliding-window layer's spec starts from: Attention.get_kv_cache_spec (with the
+    module's _largest_kernel_block_within where the release has it), no padded page."""
+    rel = "vllm/model_executor/layers/attention/attention.py"
+
+    class Spec:
+        def __init__(self, **kw: Any) -> None:
+            self.block_size = kw["block_size"]
+            self.real_page_size_bytes = kw["block_size"] * SLIDING_TOKEN_BYTES
+
+    stubs: dict[str, Any] = {"AttentionType": AttentionType, "get_kv_quant_mode": lambda dtype: None,
+                             "SlidingWindowSpec": Spec, "FullAttentionSpec": Spec, "MultipleOf": MultipleOf}
+    oracle.stubs.update(stubs)
+    helper = oracle.function(rel, "_largest_kernel_block_within", stubs)
+    if helper is not None:
+        stubs["_largest_kernel_block_within"] = helper
+    fn = oracle.method(rel, "Attention", "get_kv_cache_spec", stubs)
+    if fn is None:
+        return []
+    results = []
+    for backend, block in SLIDING_CASES:
+        rule = ruleset_for(release).backend(backend)
+        assert rule is not None
+        kernel = [MultipleOf(r.base) if hasattr(r, "base") else r for r in rule.block_sizes]
+        attn_backend = types.SimpleNamespace(get_supported_kernel_block_sizes=lambda *spec, k=kernel: k,
+                                             customize_spec=lambda spec: spec, is_mla=lambda: False)
+        layer = types.SimpleNamespace(attn_type=AttentionType.DECODER, kv_cache_dtype="auto", sliding_window=1024,
+                                      num_kv_heads=16, head_size=256, head_size_v=256, kv_cache_torch_dtype=None,
+                                      attn_backend=attn_backend)
+        config = types.SimpleNamespace(cache_config=types.SimpleNamespace(block_size=block, skip_page_size_padded=None),
+                                       model_config=types.SimpleNamespace(use_mla=False))
+        args = {"backend": backend, "block_size": block}
+        results.append({"release": release, "check": "sliding_block_size", "input": f"{backend}, block {block}",
+                        "args": args, "vllm": fn(layer, config).block_size,
+                        "kvwatch": kvwatch_sliding_block_size(release, args)})
+    return results
+
+
+def _block_rule_text(rule: Any) -> str:
+    return f"MultipleOf({rule.base})" if hasattr(rule, "base") else str(rule)
+
+
+def kvwatch_cpu_attn_kernel_blocks(release: str, args: dict[str, Any]) -> list[str]:
+    rule = ruleset_for(release).backend("CPU_ATTN")
+    assert rule is not None
+    return [_block_rule_text(r) for r in rule.block_sizes]
+
+
+def check_cpu_attn_kernel_blocks(release: str, oracle: Oracle) -> list[dict[str, Any]]:
+    """CPU_ATTN's kernel block sizes as the release declares them (or its backends' default)."""
+    stubs: dict[str, Any] = {"MultipleOf": MultipleOf}
+    oracle.stubs.update(stubs)
+    fn = oracle.method("vllm/v1/attention/backends/cpu_attn.py", "CPUAttentionBackend",
+                       "get_supported_kernel_block_sizes", stubs) \
+        or oracle.method("vllm/v1/attention/backend.py", "AttentionBackend", "get_supported_kernel_block_sizes", stubs)
+    if fn is None:
+        return []
+    return [{"release": release, "check": "cpu_attn_kernel_blocks", "input": "CPU_ATTN", "args": {},
+             "vllm": [_block_rule_text(r) for r in fn()], "kvwatch": kvwatch_cpu_attn_kernel_blocks(release, {})}]
+
+
 CHECKS = {"batch_defaults": check_batch_defaults, "backend_priorities": check_backend_priorities,
-          "max_model_len": check_max_model_len, "hybrid_block_size": check_hybrid_block_size}
+          "max_model_len": check_max_model_len, "hybrid_block_size": check_hybrid_block_size,
+          "sliding_block_size": check_sliding_block_size, "cpu_attn_kernel_blocks": check_cpu_attn_kernel_blocks}
 
 
 def run(src_root: Path, releases: list[str]) -> list[dict[str, Any]]:

@@ -46,7 +46,9 @@ def _kvwatch(result: dict[str, Any]) -> list[Any]:
     answer = {"batch_defaults": ORACLES.kvwatch_batch_defaults,
               "backend_priorities": ORACLES.kvwatch_backend_priorities,
               "max_model_len": ORACLES.kvwatch_max_model_len,
-              "hybrid_block_size": ORACLES.kvwatch_hybrid_block_size}[result["check"]]
+              "hybrid_block_size": ORACLES.kvwatch_hybrid_block_size,
+              "sliding_block_size": ORACLES.kvwatch_sliding_block_size,
+              "cpu_attn_kernel_blocks": ORACLES.kvwatch_cpu_attn_kernel_blocks}[result["check"]]
     return answer(result["release"], result["args"])   # type: ignore[no-any-return]
 
 
@@ -88,6 +90,25 @@ def test_hybrid_block_size_equals_vllms_alignment_per_release() -> None:
     hybrid = [r for r in FIXTURE["results"] if r["check"] == "hybrid_block_size"]
     assert {r["release"] for r in hybrid} == set(FIXTURE["releases"])
     assert _differences("hybrid_block_size") == []
+
+
+def test_sliding_block_size_equals_vllms_layer_spec_per_release() -> None:
+    """The block a sliding-window layer starts from (Attention.get_kv_cache_spec, 0.20 to 0.33) on
+    each backend's kernel sizes and block sizes in force: 0 differences, and the three rules of
+    kv_layout.py seen (the block in force, the smallest kernel block, the largest within its page)."""
+    sliding = [r for r in FIXTURE["results"] if r["check"] == "sliding_block_size"]
+    releases = {r["release"] for r in sliding}
+    assert {"0.20.2", "0.24.0", "0.25.1", "0.28.0", "0.29.0", "0.30.0", "0.33.0"} <= releases
+    assert _differences("sliding_block_size") == []
+    cpu_128 = {r["release"]: r["vllm"] for r in sliding if r["input"] == "CPU_ATTN, block 128"}
+    assert (cpu_128["0.24.0"], cpu_128["0.28.0"], cpu_128["0.29.0"], cpu_128["0.30.0"]) == (128, 16, 32, 128)
+
+
+def test_cpu_attn_kernel_blocks_equal_vllms_per_release() -> None:
+    kernel = {r["release"]: r["vllm"] for r in FIXTURE["results"] if r["check"] == "cpu_attn_kernel_blocks"}
+    assert kernel["0.20.2"] == ["MultipleOf(1)"] and kernel["0.28.0"] == ["MultipleOf(16)"]
+    assert kernel["0.29.0"] == kernel["0.33.0"] == ["MultipleOf(32)"]
+    assert _differences("cpu_attn_kernel_blocks") == []
 
 
 def test_live_oracles_reproduce_the_fixture() -> None:
