@@ -130,6 +130,19 @@ def _unify_pages(specs: list[LayerSpec]) -> list[LayerSpec]:
     return out
 
 
+def layer_specs(kinds: list[str], pages: list[int], block_size: int, window: int | None, state_bytes: int,
+                checkpoint_blocks: int = 0) -> list[LayerSpec]:
+    """The spec of each cache layer, as the model's layers give vLLM theirs: attention pages as they
+    are (one window per model), a recurrent state padded up to the largest attention page (the
+    hybrid alignment made that page hold one state) or, with no attention layer, its own size."""
+    attention_pages = [page for layer_kind, page in zip(kinds, pages, strict=True) if layer_kind != MAMBA]
+    state_page = max(attention_pages) if attention_pages else state_bytes
+    return [LayerSpec(MAMBA, block_size, state_page, state_bytes, checkpoint_blocks=checkpoint_blocks)
+            if layer_kind == MAMBA
+            else LayerSpec(layer_kind, block_size, page, page, window if layer_kind in (SLIDING, CHUNKED) else None)
+            for layer_kind, page in zip(kinds, pages, strict=True)]
+
+
 def kv_groups(specs: list[LayerSpec]) -> KvGroups:
     """get_kv_cache_groups for the layers of one worker (specs already promoted when the hybrid
     manager is off)."""

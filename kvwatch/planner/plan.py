@@ -20,8 +20,8 @@ from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.flag_change import NO_CHANGE, FlagChange
 from kvwatch.planner.geometry import ModelGeometry
 from kvwatch.planner.gpu_budget import GpuBudget, api_defaults, estimate_budget, release_for
-from kvwatch.planner.kv_groups import KvGroups, LayerSpec, hybrid_block_size, kv_groups, promote_local_layers
-from kvwatch.planner.layers import CHUNKED, MAMBA, SLIDING
+from kvwatch.planner.kv_groups import KvGroups, hybrid_block_size, kv_groups, layer_specs, promote_local_layers
+from kvwatch.planner.layers import MAMBA
 from kvwatch.planner.predicted_refusal import (
     CONFIG_REFUSED,
     KV_CACHE_TOO_SMALL,
@@ -468,16 +468,9 @@ def _kv_groups(geometry: ModelGeometry, settings: EngineSettings, block_size: in
         kinds, pages = kinds[:per_stage], pages[:per_stage]
     if settings.disable_hybrid_kv_cache_manager:
         kinds = promote_local_layers(kinds)
-    window = geometry.layout.window
-    # A state page is padded up to the attention page; with no attention layer it is its own size.
-    attention_pages = [page for layer_kind, page in zip(kinds, pages, strict=True) if layer_kind != MAMBA]
-    state_page = max(attention_pages) if attention_pages else state_bytes
     checkpoints = geometry.layout.state.checkpoint_blocks \
         if geometry.layout.state and MAMBA2_PREFILL_CHECKPOINT.holds(version) else 0
-    specs = [LayerSpec(MAMBA, block_size, state_page, state_bytes, checkpoint_blocks=checkpoints) if layer_kind == MAMBA
-             else LayerSpec(layer_kind, block_size, page, page, window if layer_kind in (SLIDING, CHUNKED) else None)
-             for layer_kind, page in zip(kinds, pages, strict=True)]
-    return kv_groups(specs)
+    return kv_groups(layer_specs(kinds, pages, block_size, geometry.layout.window, state_bytes, checkpoints))
 
 
 def _shared_layer_warnings(geometry: ModelGeometry, settings: EngineSettings, groups: KvGroups) -> list[PredictedRefusal]:
