@@ -251,3 +251,39 @@ def test_any_corpus_config_with_odd_values_gives_a_plan_or_one_clear_error(data:
             make_plan(geometry, settings_, device, RULES, MemoryInputs(cpu_kv_space_bytes=GiB))
     except KvwatchError as exc:
         assert str(exc) and "\n" not in str(exc)
+
+
+def _on(release: str, cfg: dict, *flags: str):
+    from kvwatch.planner.versions import parse_version
+    settings = EngineCommand.parse(["vllm", "serve", "m", *flags]).settings()
+    memory = MemoryInputs(cpu_kv_space_bytes=GiB, vllm_version=parse_version(release))
+    return make_plan(geometry_from_config(cfg, release), settings, CPU, ruleset_for(release), memory)
+
+
+@pytest.mark.parametrize("release,wording", [
+    ("0.26.0", "Hybrid KV cache manager is disabled but failed to convert the KV cache specs to one unified type."),
+    ("0.32.0", "Failed to promote local KV cache specs to one unified type."),
+])
+def test_disabling_the_hybrid_manager_beside_mamba_is_refused(release: str, wording: str) -> None:
+    """vLLM's get_kv_cache_groups cannot make Mamba and attention layers one type
+    (scripts/check_release_functions.py, the kv_groups oracle, in every release 0.11 to 0.33)."""
+    cfg, flags = granite()
+    refused = _on(release, cfg, *flags, "--disable-hybrid-kv-cache-manager")
+    [warning] = [w for w in refused.warnings if wording in w.message]
+    assert warning.kind == "config_refused" and warning.certain
+    assert warning.fix == FlagChange(remove=("--disable-hybrid-kv-cache-manager",))
+    assert not any("unified type" in w.message for w in _on(release, cfg, *flags).warnings)
+    # sliding and full attention promote to one type: no refusal
+    assert not any("unified type" in w.message
+                   for w in _on(release, gemma3(), "--max-model-len", "2048", "--disable-hybrid-kv-cache-manager").warnings)
+
+
+def test_0_11_refuses_layer_types_of_different_page_sizes() -> None:
+    """Gemma 4 31B's sliding and full layers differ in head size, so in page size: vLLM 0.11 has no
+    page unification and raises NotImplementedError; 0.12 unifies them."""
+    from fixtures.models.corpus import config
+    cfg = config("gemma4_31b")
+    [warning] = [w for w in _on("0.11.2", cfg, "--max-model-len", "2048").warnings
+                 if w.message.startswith("NotImplementedError")]
+    assert warning.kind == "config_refused" and "vLLM 0.12.0, vllm/v1/core/kv_cache_utils.py:885" in warning.message
+    assert not any(w.message.startswith("NotImplementedError") for w in _on("0.12.0", cfg, "--max-model-len", "2048").warnings)

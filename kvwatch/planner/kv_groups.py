@@ -169,6 +169,19 @@ def kv_groups(specs: list[LayerSpec]) -> KvGroups:
     return KvGroups(tuple(unified), tuple(groups), group_size, padding)
 
 
+def promotion_refused(kinds: list[str]) -> bool:
+    """unify_hybrid_kv_cache_specs with the hybrid manager off: the layers, local ones promoted to
+    full attention, must be of one type; a state layer beside attention is not (vLLM: ValueError)."""
+    return len(set(promote_local_layers(kinds))) > 1
+
+
+def pages_refused(specs: list[LayerSpec], unify_pages: bool) -> bool:
+    """get_kv_cache_groups of a release that does not unify pages (vllm_releases/kv_layout.py
+    KV_PAGE_UNIFICATION): layers of more than one type whose pages differ (vLLM: NotImplementedError)."""
+    same_type = len({(s.layer_kind, s.window, s.block_size) for s in specs}) <= 1
+    return not unify_pages and not same_type and len({s.page_bytes for s in specs}) > 1
+
+
 def promote_local_layers(kinds: list[str]) -> list[str]:
     """--disable-hybrid-kv-cache-manager: with full attention present, sliding and chunked layers
     are kept as full attention (`_promote_local_kv_cache_specs`)."""

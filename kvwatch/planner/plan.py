@@ -20,7 +20,15 @@ from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.flag_change import NO_CHANGE, FlagChange
 from kvwatch.planner.geometry import ModelGeometry
 from kvwatch.planner.gpu_budget import GpuBudget, api_defaults, estimate_budget, release_for
-from kvwatch.planner.kv_groups import KvGroups, hybrid_block_size, kv_groups, layer_specs, promote_local_layers
+from kvwatch.planner.kv_groups import (
+    KvGroups,
+    hybrid_block_size,
+    kv_groups,
+    layer_specs,
+    pages_refused,
+    promote_local_layers,
+    promotion_refused,
+)
 from kvwatch.planner.layers import MAMBA
 from kvwatch.planner.predicted_refusal import (
     CONFIG_REFUSED,
@@ -35,6 +43,10 @@ from kvwatch.planner.versions import VllmVersion
 from kvwatch.planner.weights import gpu_weights_bytes
 from kvwatch.vllm_releases.hybrid_alignment import hybrid_alignment_for
 from kvwatch.vllm_releases.kv_layout import (
+    HYBRID_PROMOTION_REFUSED,
+    HYBRID_PROMOTION_REFUSED_BEFORE,
+    HYBRID_PROMOTION_WORDING,
+    KV_PAGE_UNIFICATION,
     MAMBA2_PREFILL_CHECKPOINT,
     NULL_BLOCK_RESERVED_IN_CHECK,
     SSM_FLOAT32_WITH_AVX512_BF16,
@@ -287,8 +299,9 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     page = block_size * per_token_layer
 
     # -- the layers of one worker (the fullest pipeline stage), grouped as vLLM groups them.
-    groups = _kv_groups(geometry, settings, block_size, [block_size * b for b in layer_token_bytes], state_bytes,
-                        memory.vllm_version)
+    groups, grouping_refusals = _kv_groups(geometry, settings, block_size, [block_size * b for b in layer_token_bytes],
+                                           state_bytes, memory.vllm_version)
+    warnings.extend(grouping_refusals)
     bytes_per_block = groups.bytes_per_block
     warnings.extend(_shared_layer_warnings(geometry, settings, groups))
 
@@ -461,16 +474,31 @@ def _layer_token_bytes(geometry: ModelGeometry, settings: EngineSettings, dtype_
 
 
 def _kv_groups(geometry: ModelGeometry, settings: EngineSettings, block_size: int, pages: list[int],
-               state_bytes: int, version: VllmVersion | None = None) -> KvGroups:
+               state_bytes: int, version: VllmVersion | None = None) -> tuple[KvGroups, list[PredictedRefusal]]:
+    """The groups of one worker's layers, and vLLM's refusal of them where it refuses them."""
     kinds = list(geometry.layout.kinds)
     if settings.pipeline_parallel_size > 1:   # the first stage holds the most layers
         per_stage = -(-len(kinds) // settings.pipeline_parallel_size)
         kinds, pages = kinds[:per_stage], pages[:per_stage]
+    refusals = []
     if settings.disable_hybrid_kv_cache_manager:
+        if promotion_refused(kinds):
+            wording = HYBRID_PROMOTION_REFUSED if HYBRID_PROMOTION_WORDING.holds(version) \
+                else HYBRID_PROMOTION_REFUSED_BEFORE
+            refusals.append(PredictedRefusal(
+                CONFIG_REFUSED, f"ValueError: {wording} (--disable-hybrid-kv-cache-manager keeps state layers "
+                f"beside attention layers, which vLLM cannot make one type)",
+                FlagChange(remove=("--disable-hybrid-kv-cache-manager",))))
         kinds = promote_local_layers(kinds)
     checkpoints = geometry.layout.state.checkpoint_blocks \
         if geometry.layout.state and MAMBA2_PREFILL_CHECKPOINT.holds(version) else 0
-    return kv_groups(layer_specs(kinds, pages, block_size, geometry.layout.window, state_bytes, checkpoints))
+    specs = layer_specs(kinds, pages, block_size, geometry.layout.window, state_bytes, checkpoints)
+    if pages_refused(specs, KV_PAGE_UNIFICATION.holds(version)):
+        refusals.append(PredictedRefusal(
+            CONFIG_REFUSED, f"NotImplementedError: vLLM {version} groups layers of different types only when their "
+            f"pages are the same size ({KV_PAGE_UNIFICATION.before}); page unification came in "
+            f"{KV_PAGE_UNIFICATION.source}", NO_CHANGE))
+    return kv_groups(specs), refusals
 
 
 def _shared_layer_warnings(geometry: ModelGeometry, settings: EngineSettings, groups: KvGroups) -> list[PredictedRefusal]:

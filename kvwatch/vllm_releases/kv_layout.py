@@ -52,3 +52,19 @@ HYBRID_PREFIX_CACHING_BY_DEFAULT = Boundary((0, 28, 0), "vLLM 0.28.0, vllm/engin
 # with --max-model-len auto on 1 GiB: 131,072 on 0.27, 130,944 from 0.29).
 NULL_BLOCK_RESERVED_IN_CHECK = Boundary((0, 29, 0), "vLLM 0.29.0, vllm/v1/core/kv_cache_utils.py:2316",
                                         "vLLM 0.28.0, vllm/v1/core/kv_cache_utils.py:2185")
+
+# Layers of more than one type whose pages differ in size (sliding layers of 8 heads of 256 beside
+# full ones of 2 heads of 512): from 0.12 vLLM unifies the pages (a larger block, or padding) and
+# groups them; 0.11 groups mixed types only when every page is the same size, and raises a bare
+# NotImplementedError otherwise.
+KV_PAGE_UNIFICATION = Boundary((0, 12, 0), "vLLM 0.12.0, vllm/v1/core/kv_cache_utils.py:885",
+                               "vLLM 0.11.2, vllm/v1/core/kv_cache_utils.py:1177")
+
+# --disable-hybrid-kv-cache-manager on layers that do not promote to one type (Mamba or
+# linear-attention layers beside attention): every release refuses it with a ValueError, worded
+# anew from 0.27.
+HYBRID_PROMOTION_WORDING = Boundary((0, 27, 0), "vLLM 0.27.1, vllm/v1/core/kv_cache_utils.py:1529",
+                                    "vLLM 0.26.0, vllm/v1/core/kv_cache_utils.py:1520")
+HYBRID_PROMOTION_REFUSED = "Failed to promote local KV cache specs to one unified type."
+HYBRID_PROMOTION_REFUSED_BEFORE = ("Hybrid KV cache manager is disabled but failed to convert the KV cache specs "
+                                   "to one unified type.")
