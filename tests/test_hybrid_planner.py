@@ -287,3 +287,14 @@ def test_0_11_refuses_layer_types_of_different_page_sizes() -> None:
                  if w.message.startswith("NotImplementedError")]
     assert warning.kind == "config_refused" and "vLLM 0.12.0, vllm/v1/core/kv_cache_utils.py:885" in warning.message
     assert not any(w.message.startswith("NotImplementedError") for w in _on("0.12.0", cfg, "--max-model-len", "2048").warnings)
+
+
+def test_chunked_local_attention_turns_the_hybrid_manager_off_before_0_14() -> None:
+    """Llama 4: vLLM 0.11 to 0.13 turn the hybrid manager off for chunked local attention unless
+    VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1 (default 0 until 0.13, 1 from 0.14): the
+    chunked layers are kept as full attention, in one group."""
+    from fixtures.models.corpus import config
+    cfg = config("llama4_text")
+    old, new = (_on(release, cfg, "--max-model-len", "32768") for release in ("0.13.0", "0.14.1"))
+    assert (old.kv_cache_groups, new.kv_cache_groups) == (1, 4)
+    assert old.max_concurrency < new.max_concurrency   # full attention on every layer holds more per request

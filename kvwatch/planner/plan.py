@@ -29,7 +29,7 @@ from kvwatch.planner.kv_groups import (
     promote_local_layers,
     promotion_refused,
 )
-from kvwatch.planner.layers import MAMBA
+from kvwatch.planner.layers import CHUNKED, MAMBA
 from kvwatch.planner.predicted_refusal import (
     CONFIG_REFUSED,
     KV_CACHE_TOO_SMALL,
@@ -43,6 +43,7 @@ from kvwatch.planner.versions import VllmVersion
 from kvwatch.planner.weights import gpu_weights_bytes
 from kvwatch.vllm_releases.hybrid_alignment import hybrid_alignment_for
 from kvwatch.vllm_releases.kv_layout import (
+    CHUNKED_LOCAL_KEEPS_HYBRID_MANAGER,
     HYBRID_PROMOTION_REFUSED,
     HYBRID_PROMOTION_REFUSED_BEFORE,
     HYBRID_PROMOTION_WORDING,
@@ -490,6 +491,8 @@ def _kv_groups(geometry: ModelGeometry, settings: EngineSettings, block_size: in
                 f"beside attention layers, which vLLM cannot make one type)",
                 FlagChange(remove=("--disable-hybrid-kv-cache-manager",))))
         kinds = promote_local_layers(kinds)
+    elif CHUNKED in kinds and not CHUNKED_LOCAL_KEEPS_HYBRID_MANAGER.holds(version):
+        kinds = promote_local_layers(kinds)   # the release turns the hybrid manager off by itself
     checkpoints = geometry.layout.state.checkpoint_blocks \
         if geometry.layout.state and MAMBA2_PREFILL_CHECKPOINT.holds(version) else 0
     specs = layer_specs(kinds, pages, block_size, geometry.layout.window, state_bytes, checkpoints)

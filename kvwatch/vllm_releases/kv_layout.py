@@ -68,3 +68,10 @@ HYBRID_PROMOTION_WORDING = Boundary((0, 27, 0), "vLLM 0.27.1, vllm/v1/core/kv_ca
 HYBRID_PROMOTION_REFUSED = "Failed to promote local KV cache specs to one unified type."
 HYBRID_PROMOTION_REFUSED_BEFORE = ("Hybrid KV cache manager is disabled but failed to convert the KV cache specs "
                                    "to one unified type.")
+
+# A model with chunked local attention (Llama 4): 0.11 to 0.13 turn the hybrid KV cache manager off
+# ("a latency regression", VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE default 0), so the
+# chunked layers are kept as full attention; from 0.14 the default is 1 and the manager stays on.
+# (vLLM 0.13.0, vllm/config/vllm.py:907 reads the variable where the model has attention_chunk_size.)
+CHUNKED_LOCAL_KEEPS_HYBRID_MANAGER = Boundary((0, 14, 0), "vLLM 0.14.1, vllm/envs.py:1469",
+                                              "vLLM 0.13.0, vllm/envs.py:1433")
