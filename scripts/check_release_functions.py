@@ -54,7 +54,7 @@ from kvwatch.planner.versions import parse_version  # noqa: E402
 from kvwatch.vllm_releases import KNOWN  # noqa: E402
 from kvwatch.vllm_releases.defaults import DEFAULTS  # noqa: E402
 from kvwatch.vllm_releases.hybrid_alignment import hybrid_alignment_for  # noqa: E402
-from kvwatch.vllm_releases.kv_layout import KV_PAGE_UNIFICATION  # noqa: E402
+from kvwatch.vllm_releases.kv_layout import KV_PAGE_UNIFICATION, grouping_rule_for  # noqa: E402
 from kvwatch.vllm_releases.release_defaults import api_batch_defaults  # noqa: E402
 
 GiB = 1 << 30
@@ -632,6 +632,9 @@ def _group_cases() -> list[dict[str, Any]]:
         _group_case("Qwen3-Next 3:1 GDN:full", _interleaved(48, 4, _GDN, _attention("full", 2, 256)), block_size=576),
         _group_case("Granite-4.0-H 9:1 Mamba2:full", _interleaved(40, 10, _MAMBA2, full128), block_size=400),
         _group_case("pure Mamba, 64 layers", [_PURE_MAMBA] * 64),
+        # buckets of nearly equal counts: 12 sliding : 10 full (x1.2) and 11 : 8 (x1.375)
+        _group_case("12 sliding : 10 full", [_attention("sliding", 8, 128, 1024)] * 12 + [full128] * 10),
+        _group_case("11 sliding : 8 full", [_attention("sliding", 8, 128, 1024)] * 11 + [full128] * 8),
     ]
     for label, layers in (("Gemma 3 5:1 sliding:full", gemma3), ("gpt-oss 1:1 sliding:full", gpt_oss),
                           ("Gemma 4-like 5:1, head sizes 256/512", gemma4),
@@ -651,20 +654,22 @@ def kvwatch_kv_groups(release: str, args: dict[str, Any]) -> Any:
     case = next(c for c in GROUP_CASES if c["label"] == args["case"])
     present = [(i, x) for i, x in enumerate(case["layers"]) if x is not None]
     kinds = [x["kind"] if x["kind"] != "mla" else FULL for _, x in present]
-    if case["disable_hybrid"]:
-        if promotion_refused(kinds):
-            return "error: ValueError"
-        kinds = promote_local_layers(kinds)
+    rule = grouping_rule_for(parse_version(release))
     block = case["block_size"]
     pages = [0 if x["kind"] == "mamba" else block * _token_bytes(x) for _, x in present]
+    if case["disable_hybrid"]:
+        if promotion_refused(kinds, [p for k, p in zip(kinds, pages, strict=True) if k != "mamba"],
+                             rule.uniform_type):
+            return "error: ValueError"
+        kinds = promote_local_layers(kinds)
     windows = {x["window"] for _, x in present if x["kind"] in (SLIDING, CHUNKED)}
     if len(windows) > 1:
         return "not modelled: one window per model"
     state = next((_state_bytes(x["shapes"]) for _, x in present if x["kind"] == "mamba"), 0)
     specs = layer_specs(kinds, pages, block, windows.pop() if windows else None, state)
-    if pages_refused(specs, KV_PAGE_UNIFICATION.holds(parse_version(release))):
+    if pages_refused(specs, KV_PAGE_UNIFICATION.holds(parse_version(release)), rule.uniform_type):
         return "error: NotImplementedError"
-    groups = kv_groups(specs)
+    groups = kv_groups(specs, rule.near_equal, rule.strided)
     return [{"kind": groups.specs[g[0]].layer_kind, "block_size": groups.specs[g[0]].block_size,
              "layers": [present[i][0] for i in g], "bytes_per_block": sum(groups.specs[i].page_bytes for i in g)}
             for g in groups.groups]

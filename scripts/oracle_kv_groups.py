@@ -110,16 +110,27 @@ class ReleaseFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         import torch
         if module.__name__ == "vllm.logger":
             module.init_logger = logging.getLogger   # type: ignore[attr-defined]
-        elif module.__name__ == "vllm.utils.torch_utils":
+        elif module.__name__ in ("vllm.utils.torch_utils", "vllm.utils"):   # 0.10: vllm/utils/__init__.py
             module.get_dtype_size = lambda dtype: torch.empty((), dtype=dtype).element_size()   # type: ignore[attr-defined]
+        if module.__name__ == "vllm.utils":   # 0.10 keeps its arithmetic there too
+            module.cdiv = lambda a, b: -(-a // b)   # type: ignore[attr-defined]
+            module.GiB_bytes = 1 << 30   # type: ignore[attr-defined]
+
+
+# 0.10's get_kv_cache_config also sizes the cache: enough memory for any case at this length.
+MEMORY, MAX_MODEL_LEN = 1 << 40, 4096
 
 
 def _config(case: dict[str, Any], layout: Any) -> Any:
-    """The VllmConfig the grouping reads: the hybrid manager switch and the resolved layout."""
+    """The VllmConfig the grouping reads: the hybrid manager switch and the resolved layout (0.10:
+    what sizing the cache reads too)."""
     return types.SimpleNamespace(
-        scheduler_config=types.SimpleNamespace(disable_hybrid_kv_cache_manager=case["disable_hybrid"]),
+        scheduler_config=types.SimpleNamespace(disable_hybrid_kv_cache_manager=case["disable_hybrid"],
+                                               max_num_batched_tokens=2048, max_model_len=MAX_MODEL_LEN),
+        model_config=types.SimpleNamespace(max_model_len=MAX_MODEL_LEN),
         cache_config=types.SimpleNamespace(kv_cache_layout=LAYOUT, get_resolved_kv_cache_layout=lambda: layout,
-                                           mamba_cache_mode="align"),
+                                           mamba_cache_mode="align", num_gpu_blocks_override=None,
+                                           block_size=case["block_size"]),
         speculative_config=None, kv_transfer_config=None,
         parallel_config=types.SimpleNamespace(tensor_parallel_size=1, decode_context_parallel_size=1,
                                               pipeline_parallel_size=1))
@@ -147,11 +158,11 @@ def _specs(ki: Any, case: dict[str, Any]) -> dict[str, Any]:
                          mamba_cache_mode="align")
         else:
             common = {"block_size": block, "num_kv_heads": layer["heads"], "head_size": layer["head_size"],
-                      "dtype": bf16}
+                      "dtype": bf16, "use_mla": kind == "mla"}   # use_mla: 0.10's field
             if kind == "full":
                 spec = _make(ki.FullAttentionSpec, **common)
             elif kind == "mla":
-                spec = _make(ki.MLAAttentionSpec, **common, cache_dtype_str="auto")
+                spec = _make(getattr(ki, "MLAAttentionSpec", ki.FullAttentionSpec), **common, cache_dtype_str="auto")
             elif kind == "sliding":
                 spec = _make(ki.SlidingWindowSpec, **common, sliding_window=layer["window"])
             elif kind == "chunked":
@@ -192,10 +203,15 @@ def main() -> int:
     cases = json.load(sys.stdin)
     name = next((m for m in GROUPING_MODULES if (file := tree / (m.replace(".", "/") + ".py")).exists()
                  and "def get_kv_cache_groups(" in file.read_text(encoding="utf-8")), None)
+    utils = tree / "vllm" / "v1" / "core" / "kv_cache_utils.py"
+    if name is None and utils.exists() and "def get_kv_cache_config(" in utils.read_text(encoding="utf-8"):
+        name = "vllm.v1.core.kv_cache_utils"   # 0.10: the grouping is inside get_kv_cache_config
     if name is None:
         json.dump(None, sys.stdout)
         return 0
     grouping = importlib.import_module(name)
+    group = getattr(grouping, "get_kv_cache_groups", None) or \
+        (lambda config, specs: grouping.get_kv_cache_config(config, specs, MEMORY).kv_cache_groups)
     ki = importlib.import_module("vllm.v1.kv_cache_interface")
     layout_module = tree / "vllm" / "v1" / "kv_cache_layout.py"
     layout = getattr(importlib.import_module("vllm.v1.kv_cache_layout").KVCacheLayout, LAYOUT) \
@@ -203,7 +219,7 @@ def main() -> int:
     answers: list[Any] = []
     for case in cases:
         try:
-            groups = grouping.get_kv_cache_groups(_config(case, layout), _specs(ki, case))
+            groups = group(_config(case, layout), _specs(ki, case))
             answers.append([_group(g) for g in groups])
         except (ValueError, NotImplementedError, AssertionError) as exc:   # a refusal is an answer too
             if os.environ.get("KVWATCH_ORACLE_TRACE"):

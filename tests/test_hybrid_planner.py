@@ -298,3 +298,27 @@ def test_chunked_local_attention_turns_the_hybrid_manager_off_before_0_14() -> N
     old, new = (_on(release, cfg, "--max-model-len", "32768") for release in ("0.13.0", "0.14.1"))
     assert (old.kv_cache_groups, new.kv_cache_groups) == (1, 4)
     assert old.max_concurrency < new.max_concurrency   # full attention on every layer holds more per request
+
+
+def test_0_10_groups_consecutive_layers_and_0_11_every_nth() -> None:
+    """Gemma 3's 52 sliding layers in groups of 10 (the 10 full layers' count): 0.10 takes them in
+    runs (the last of 2), 0.11 takes every 6th (9, 9, 9, 9, 8, 8): the same blocks, other layers."""
+    from kvwatch.planner.versions import parse_version
+    from kvwatch.vllm_releases.kv_layout import grouping_rule_for
+    kinds = ["full" if i % 6 == 5 else "sliding" for i in range(62)]
+    specs = [LayerSpec(k, 16, 4096, 4096, 1024 if k == "sliding" else None) for k in kinds]
+    sliding = [i for i, k in enumerate(kinds) if k == "sliding"]
+    old, new = (grouping_rule_for(parse_version(v)) for v in ("0.10.2", "0.11.2"))
+    runs = kv_groups(specs, old.near_equal, old.strided)
+    nth = kv_groups(specs, new.near_equal, new.strided)
+    assert runs.groups[0] == tuple(sliding[:10]) and len(runs.groups[5]) == 2
+    assert nth.groups[0] == tuple(sliding[0::6]) and [len(g) for g in nth.groups[:6]] == [9, 9, 9, 9, 8, 8]
+    assert runs.bytes_per_block == nth.bytes_per_block == 10 * 4096
+
+
+@pytest.mark.parametrize("release,groups", [("0.11.2", 3), ("0.17.1", 3), ("0.18.1", 2)])
+def test_nearly_equal_buckets_follow_the_releases_factor(release: str, groups: int) -> None:
+    """11 sliding and 8 full layers (x1.375): one group per bucket only where the release's factor
+    (none before 0.12, 1.25 to 0.17, 1.5 from 0.18) exceeds the ratio."""
+    cfg = {**gemma3(19), "layer_types": ["sliding_attention"] * 11 + ["full_attention"] * 8}
+    assert _on(release, cfg, "--max-model-len", "2048").kv_cache_groups == groups

@@ -96,15 +96,15 @@ def test_hybrid_block_size_equals_vllms_alignment_per_release() -> None:
 
 
 def test_kv_groups_equal_vllms_get_kv_cache_groups_per_release() -> None:
-    """vLLM's own get_kv_cache_groups of each release 0.11 to 0.33 on specs built with its own
+    """vLLM's own get_kv_cache_groups of each release 0.10 to 0.33 on specs built with its own
     classes (uniform full and MLA, Gemma 3 5:1 and gpt-oss 1:1 sliding:full, Llama 4 chunked:full,
-    Gemma 4-like head sizes with KV sharing, Qwen3-Next and Granite-4.0-H hybrids, pure Mamba, with
-    and without the hybrid manager): 0 differences in the groups' layers, kinds, block sizes and
-    bytes per block, and in the refusals (0.11 without page unification; Mamba with the hybrid
-    manager off)."""
+    Gemma 4-like head sizes with KV sharing, Qwen3-Next and Granite-4.0-H hybrids, pure Mamba,
+    buckets of nearly equal counts, with and without the hybrid manager): 0 differences in the
+    groups' layers, kinds, block sizes and bytes per block, and in the refusals (0.10-0.11 without
+    page unification; Mamba with the hybrid manager off)."""
     groups = [r for r in FIXTURE["results"] if r["check"] == "kv_groups"]
     assert FIXTURE["kv_groups_cases"] == ORACLES.GROUP_CASES   # the inputs vLLM's answers are for
-    assert {r["release"] for r in groups} == set(FIXTURE["releases"]) - {"0.10.2"}   # 0.10: no get_kv_cache_groups
+    assert {r["release"] for r in groups} == set(FIXTURE["releases"])   # 0.10: inside get_kv_cache_config
     assert _differences("kv_groups") == []
     refused = {(r["release"], r["input"]) for r in groups if isinstance(r["vllm"], str)}
     assert ("0.11.2", "Gemma 4-like 5:1, head sizes 256/512") in refused

@@ -143,9 +143,10 @@ def layer_specs(kinds: list[str], pages: list[int], block_size: int, window: int
             for layer_kind, page in zip(kinds, pages, strict=True)]
 
 
-def kv_groups(specs: list[LayerSpec]) -> KvGroups:
+def kv_groups(specs: list[LayerSpec], near_equal: float | None = 1.5, strided: bool = True) -> KvGroups:
     """get_kv_cache_groups for the layers of one worker (specs already promoted when the hybrid
-    manager is off)."""
+    manager is off). `near_equal` and `strided` are the release's (vllm_releases/kv_layout.py
+    GroupingRule; the defaults are the newest release's)."""
     if not specs:
         return KvGroups((), (), 0, 0)
     everything = tuple(range(len(specs)))
@@ -158,28 +159,36 @@ def kv_groups(specs: list[LayerSpec]) -> KvGroups:
         buckets.setdefault(s, []).append(i)
     counts = [len(layers) for layers in buckets.values()]
     group_size = min(counts)
-    if max(counts) < min(counts) * 1.5:
+    if near_equal is not None and max(counts) < min(counts) * near_equal:
         group_size = max(counts)
     groups: list[tuple[int, ...]] = []
     padding = 0
     for layers in buckets.values():
         num_groups = cdiv(len(layers), group_size)
         padding += num_groups * group_size - len(layers)
-        groups.extend(tuple(layers[i::num_groups]) for i in range(num_groups))
+        if strided:
+            groups.extend(tuple(layers[i::num_groups]) for i in range(num_groups))
+        else:
+            groups.extend(tuple(layers[i:i + group_size]) for i in range(0, len(layers), group_size))
     return KvGroups(tuple(unified), tuple(groups), group_size, padding)
 
 
-def promotion_refused(kinds: list[str]) -> bool:
+def promotion_refused(kinds: list[str], pages: list[int] | None = None, uniform_type: bool = True) -> bool:
     """unify_hybrid_kv_cache_specs with the hybrid manager off: the layers, local ones promoted to
-    full attention, must be of one type; a state layer beside attention is not (vLLM: ValueError)."""
-    return len(set(promote_local_layers(kinds))) > 1
+    full attention, must be of one type; a state layer beside attention is not (vLLM: ValueError).
+    Before layers of one type made one group whatever their pages (`uniform_type` False: 0.10), the
+    attention pages must be equal too."""
+    if len(set(promote_local_layers(kinds))) > 1:
+        return True
+    return not uniform_type and pages is not None and len(set(pages)) > 1
 
 
-def pages_refused(specs: list[LayerSpec], unify_pages: bool) -> bool:
+def pages_refused(specs: list[LayerSpec], unify_pages: bool, uniform_type: bool = True) -> bool:
     """get_kv_cache_groups of a release that does not unify pages (vllm_releases/kv_layout.py
-    KV_PAGE_UNIFICATION): layers of more than one type whose pages differ (vLLM: NotImplementedError)."""
+    KV_PAGE_UNIFICATION): layers of more than one type whose pages differ, or (0.10, no
+    `uniform_type`) of one type (vLLM: NotImplementedError)."""
     same_type = len({(s.layer_kind, s.window, s.block_size) for s in specs}) <= 1
-    return not unify_pages and not same_type and len({s.page_bytes for s in specs}) > 1
+    return not unify_pages and (not same_type or not uniform_type) and len({s.page_bytes for s in specs}) > 1
 
 
 def promote_local_layers(kinds: list[str]) -> list[str]:

@@ -51,6 +51,7 @@ from kvwatch.vllm_releases.kv_layout import (
     MAMBA2_PREFILL_CHECKPOINT,
     NULL_BLOCK_RESERVED_IN_CHECK,
     SSM_FLOAT32_WITH_AVX512_BF16,
+    grouping_rule_for,
 )
 
 _DTYPE_BYTES = {"float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4}
@@ -481,9 +482,10 @@ def _kv_groups(geometry: ModelGeometry, settings: EngineSettings, block_size: in
     if settings.pipeline_parallel_size > 1:   # the first stage holds the most layers
         per_stage = -(-len(kinds) // settings.pipeline_parallel_size)
         kinds, pages = kinds[:per_stage], pages[:per_stage]
+    rule = grouping_rule_for(version)
     refusals = []
     if settings.disable_hybrid_kv_cache_manager:
-        if promotion_refused(kinds):
+        if promotion_refused(kinds, [p for k, p in zip(kinds, pages, strict=True) if k != MAMBA], rule.uniform_type):
             wording = HYBRID_PROMOTION_REFUSED if HYBRID_PROMOTION_WORDING.holds(version) \
                 else HYBRID_PROMOTION_REFUSED_BEFORE
             refusals.append(PredictedRefusal(
@@ -496,12 +498,12 @@ def _kv_groups(geometry: ModelGeometry, settings: EngineSettings, block_size: in
     checkpoints = geometry.layout.state.checkpoint_blocks \
         if geometry.layout.state and MAMBA2_PREFILL_CHECKPOINT.holds(version) else 0
     specs = layer_specs(kinds, pages, block_size, geometry.layout.window, state_bytes, checkpoints)
-    if pages_refused(specs, KV_PAGE_UNIFICATION.holds(version)):
+    if pages_refused(specs, KV_PAGE_UNIFICATION.holds(version), rule.uniform_type):
         refusals.append(PredictedRefusal(
             CONFIG_REFUSED, f"NotImplementedError: vLLM {version} groups layers of different types only when their "
             f"pages are the same size ({KV_PAGE_UNIFICATION.before}); page unification came in "
             f"{KV_PAGE_UNIFICATION.source}", NO_CHANGE))
-    return kv_groups(specs), refusals
+    return kv_groups(specs, rule.near_equal, rule.strided), refusals
 
 
 def _shared_layer_warnings(geometry: ModelGeometry, settings: EngineSettings, groups: KvGroups) -> list[PredictedRefusal]:

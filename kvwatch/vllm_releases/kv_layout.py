@@ -75,3 +75,32 @@ HYBRID_PROMOTION_REFUSED_BEFORE = ("Hybrid KV cache manager is disabled but fail
 # (vLLM 0.13.0, vllm/config/vllm.py:907 reads the variable where the model has attention_chunk_size.)
 CHUNKED_LOCAL_KEEPS_HYBRID_MANAGER = Boundary((0, 14, 0), "vLLM 0.14.1, vllm/envs.py:1469",
                                               "vLLM 0.13.0, vllm/envs.py:1433")
+
+
+@dataclass(frozen=True)
+class GroupingRule:
+    """How a release's get_kv_cache_groups splits buckets of layers (one bucket per spec) into
+    groups of one size: the smallest bucket's count, or the largest's when it is under
+    `near_equal` times the smallest (fewer padding layers); each group takes every n-th layer of
+    its bucket (`strided`) or consecutive ones; and whether layers of one type but different page
+    sizes (full attention of two head sizes) make one group (`uniform_type`) or are refused."""
+    since: tuple[int, int, int]
+    near_equal: float | None
+    strided: bool
+    uniform_type: bool
+    source: str
+
+
+GROUPING_RULES = (
+    GroupingRule((0, 10, 0), None, False, False, "vLLM 0.10.2, vllm/v1/core/kv_cache_utils.py:981"),
+    GroupingRule((0, 11, 0), None, True, True, "vLLM 0.11.2, vllm/v1/core/kv_cache_utils.py:997"),
+    GroupingRule((0, 12, 0), 1.25, True, True, "vLLM 0.12.0, vllm/v1/core/kv_cache_utils.py:1017"),
+    GroupingRule((0, 18, 0), 1.5, True, True, "vLLM 0.18.1, vllm/v1/core/kv_cache_utils.py:1043"),
+)
+
+
+def grouping_rule_for(version: VllmVersion | None) -> GroupingRule:
+    """The rule of `version` (None: the newest kvwatch knows)."""
+    if version is None:
+        return GROUPING_RULES[-1]
+    return next((r for r in reversed(GROUPING_RULES) if version.parts >= r.since), GROUPING_RULES[0])
