@@ -251,3 +251,74 @@ def test_any_corpus_config_with_odd_values_gives_a_plan_or_one_clear_error(data:
             make_plan(geometry, settings_, device, RULES, MemoryInputs(cpu_kv_space_bytes=GiB))
     except KvwatchError as exc:
         assert str(exc) and "\n" not in str(exc)
+
+
+def _on(release: str, cfg: dict, *flags: str):
+    from kvwatch.planner.versions import parse_version
+    settings = EngineCommand.parse(["vllm", "serve", "m", *flags]).settings()
+    memory = MemoryInputs(cpu_kv_space_bytes=GiB, vllm_version=parse_version(release))
+    return make_plan(geometry_from_config(cfg, release), settings, CPU, ruleset_for(release), memory)
+
+
+@pytest.mark.parametrize("release,wording", [
+    ("0.26.0", "Hybrid KV cache manager is disabled but failed to convert the KV cache specs to one unified type."),
+    ("0.32.0", "Failed to promote local KV cache specs to one unified type."),
+])
+def test_disabling_the_hybrid_manager_beside_mamba_is_refused(release: str, wording: str) -> None:
+    """vLLM's get_kv_cache_groups cannot make Mamba and attention layers one type
+    (scripts/check_release_functions.py, the kv_groups oracle, in every release 0.11 to 0.33)."""
+    cfg, flags = granite()
+    refused = _on(release, cfg, *flags, "--disable-hybrid-kv-cache-manager")
+    [warning] = [w for w in refused.warnings if wording in w.message]
+    assert warning.kind == "config_refused" and warning.certain
+    assert warning.fix == FlagChange(remove=("--disable-hybrid-kv-cache-manager",))
+    assert not any("unified type" in w.message for w in _on(release, cfg, *flags).warnings)
+    # sliding and full attention promote to one type: no refusal
+    assert not any("unified type" in w.message
+                   for w in _on(release, gemma3(), "--max-model-len", "2048", "--disable-hybrid-kv-cache-manager").warnings)
+
+
+def test_0_11_refuses_layer_types_of_different_page_sizes() -> None:
+    """Gemma 4 31B's sliding and full layers differ in head size, so in page size: vLLM 0.11 has no
+    page unification and raises NotImplementedError; 0.12 unifies them."""
+    from fixtures.models.corpus import config
+    cfg = config("gemma4_31b")
+    [warning] = [w for w in _on("0.11.2", cfg, "--max-model-len", "2048").warnings
+                 if w.message.startswith("NotImplementedError")]
+    assert warning.kind == "config_refused" and "vLLM 0.12.0, vllm/v1/core/kv_cache_utils.py:885" in warning.message
+    assert not any(w.message.startswith("NotImplementedError") for w in _on("0.12.0", cfg, "--max-model-len", "2048").warnings)
+
+
+def test_chunked_local_attention_turns_the_hybrid_manager_off_before_0_14() -> None:
+    """Llama 4: vLLM 0.11 to 0.13 turn the hybrid manager off for chunked local attention unless
+    VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1 (default 0 until 0.13, 1 from 0.14): the
+    chunked layers are kept as full attention, in one group."""
+    from fixtures.models.corpus import config
+    cfg = config("llama4_text")
+    old, new = (_on(release, cfg, "--max-model-len", "32768") for release in ("0.13.0", "0.14.1"))
+    assert (old.kv_cache_groups, new.kv_cache_groups) == (1, 4)
+    assert old.max_concurrency < new.max_concurrency   # full attention on every layer holds more per request
+
+
+def test_0_10_groups_consecutive_layers_and_0_11_every_nth() -> None:
+    """Gemma 3's 52 sliding layers in groups of 10 (the 10 full layers' count): 0.10 takes them in
+    runs (the last of 2), 0.11 takes every 6th (9, 9, 9, 9, 8, 8): the same blocks, other layers."""
+    from kvwatch.planner.versions import parse_version
+    from kvwatch.vllm_releases.kv_layout import grouping_rule_for
+    kinds = ["full" if i % 6 == 5 else "sliding" for i in range(62)]
+    specs = [LayerSpec(k, 16, 4096, 4096, 1024 if k == "sliding" else None) for k in kinds]
+    sliding = [i for i, k in enumerate(kinds) if k == "sliding"]
+    old, new = (grouping_rule_for(parse_version(v)) for v in ("0.10.2", "0.11.2"))
+    runs = kv_groups(specs, old.near_equal, old.strided)
+    nth = kv_groups(specs, new.near_equal, new.strided)
+    assert runs.groups[0] == tuple(sliding[:10]) and len(runs.groups[5]) == 2
+    assert nth.groups[0] == tuple(sliding[0::6]) and [len(g) for g in nth.groups[:6]] == [9, 9, 9, 9, 8, 8]
+    assert runs.bytes_per_block == nth.bytes_per_block == 10 * 4096
+
+
+@pytest.mark.parametrize("release,groups", [("0.11.2", 3), ("0.17.1", 3), ("0.18.1", 2)])
+def test_nearly_equal_buckets_follow_the_releases_factor(release: str, groups: int) -> None:
+    """11 sliding and 8 full layers (x1.375): one group per bucket only where the release's factor
+    (none before 0.12, 1.25 to 0.17, 1.5 from 0.18) exceeds the ratio."""
+    cfg = {**gemma3(19), "layer_types": ["sliding_attention"] * 11 + ["full_attention"] * 8}
+    assert _on(release, cfg, "--max-model-len", "2048").kv_cache_groups == groups

@@ -130,9 +130,31 @@ def _unify_pages(specs: list[LayerSpec]) -> list[LayerSpec]:
     return out
 
 
-def kv_groups(specs: list[LayerSpec]) -> KvGroups:
+def layer_specs(kinds: list[str], pages: list[int], block_size: int, window: int | None, state_bytes: int,
+                checkpoint_blocks: int = 0, sliding_block: int | None = None) -> list[LayerSpec]:
+    """The spec of each cache layer, as the model's layers give vLLM theirs: attention pages as they
+    are (one window per model), a sliding-window layer's at `sliding_block` tokens where the release
+    starts it from a block of its own (sliding_block_size), a recurrent state padded up to the
+    largest attention page at the block size in force (the hybrid alignment made that page hold one
+    state) or, with no attention layer, its own size; `pages` are at the block size in force."""
+    attention_pages = [page for layer_kind, page in zip(kinds, pages, strict=True) if layer_kind != MAMBA]
+    state_page = max(attention_pages) if attention_pages else state_bytes
+    sliding = block_size if sliding_block is None else sliding_block
+
+    def attention(layer_kind: str, page: int) -> LayerSpec:
+        block = sliding if layer_kind == SLIDING else block_size
+        size = page // block_size * block if block_size else page
+        return LayerSpec(layer_kind, block, size, size, window if layer_kind in (SLIDING, CHUNKED) else None)
+
+    return [LayerSpec(MAMBA, block_size, state_page, state_bytes, checkpoint_blocks=checkpoint_blocks)
+            if layer_kind == MAMBA else attention(layer_kind, page)
+            for layer_kind, page in zip(kinds, pages, strict=True)]
+
+
+def kv_groups(specs: list[LayerSpec], near_equal: float | None = 1.5, strided: bool = True) -> KvGroups:
     """get_kv_cache_groups for the layers of one worker (specs already promoted when the hybrid
-    manager is off)."""
+    manager is off). `near_equal` and `strided` are the release's (vllm_releases/kv_layout.py
+    GroupingRule; the defaults are the newest release's)."""
     if not specs:
         return KvGroups((), (), 0, 0)
     everything = tuple(range(len(specs)))
@@ -145,15 +167,36 @@ def kv_groups(specs: list[LayerSpec]) -> KvGroups:
         buckets.setdefault(s, []).append(i)
     counts = [len(layers) for layers in buckets.values()]
     group_size = min(counts)
-    if max(counts) < min(counts) * 1.5:
+    if near_equal is not None and max(counts) < min(counts) * near_equal:
         group_size = max(counts)
     groups: list[tuple[int, ...]] = []
     padding = 0
     for layers in buckets.values():
         num_groups = cdiv(len(layers), group_size)
         padding += num_groups * group_size - len(layers)
-        groups.extend(tuple(layers[i::num_groups]) for i in range(num_groups))
+        if strided:
+            groups.extend(tuple(layers[i::num_groups]) for i in range(num_groups))
+        else:
+            groups.extend(tuple(layers[i:i + group_size]) for i in range(0, len(layers), group_size))
     return KvGroups(tuple(unified), tuple(groups), group_size, padding)
+
+
+def promotion_refused(kinds: list[str], pages: list[int] | None = None, uniform_type: bool = True) -> bool:
+    """unify_hybrid_kv_cache_specs with the hybrid manager off: the layers, local ones promoted to
+    full attention, must be of one type; a state layer beside attention is not (vLLM: ValueError).
+    Before layers of one type made one group whatever their pages (`uniform_type` False: 0.10), the
+    attention pages must be equal too."""
+    if len(set(promote_local_layers(kinds))) > 1:
+        return True
+    return not uniform_type and pages is not None and len(set(pages)) > 1
+
+
+def pages_refused(specs: list[LayerSpec], unify_pages: bool, uniform_type: bool = True) -> bool:
+    """get_kv_cache_groups of a release that does not unify pages (vllm_releases/kv_layout.py
+    KV_PAGE_UNIFICATION): layers of more than one type whose pages differ, or (0.10, no
+    `uniform_type`) of one type (vLLM: NotImplementedError)."""
+    same_type = len({(s.layer_kind, s.window, s.block_size) for s in specs}) <= 1
+    return not unify_pages and (not same_type or not uniform_type) and len({s.page_bytes for s in specs}) > 1
 
 
 def promote_local_layers(kinds: list[str]) -> list[str]:

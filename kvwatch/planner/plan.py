@@ -22,13 +22,15 @@ from kvwatch.planner.geometry import ModelGeometry
 from kvwatch.planner.gpu_budget import GpuBudget, api_defaults, estimate_budget, release_for
 from kvwatch.planner.kv_groups import (
     KvGroups,
-    LayerSpec,
     hybrid_block_size,
     kv_groups,
+    layer_specs,
+    pages_refused,
     promote_local_layers,
+    promotion_refused,
     sliding_block_size,
 )
-from kvwatch.planner.layers import CHUNKED, MAMBA, SLIDING
+from kvwatch.planner.layers import CHUNKED, MAMBA
 from kvwatch.planner.predicted_refusal import (
     CONFIG_REFUSED,
     KV_CACHE_TOO_SMALL,
@@ -42,11 +44,17 @@ from kvwatch.planner.versions import VllmVersion
 from kvwatch.planner.weights import gpu_weights_bytes
 from kvwatch.vllm_releases.hybrid_alignment import hybrid_alignment_for
 from kvwatch.vllm_releases.kv_layout import (
+    CHUNKED_LOCAL_KEEPS_HYBRID_MANAGER,
+    HYBRID_PROMOTION_REFUSED,
+    HYBRID_PROMOTION_REFUSED_BEFORE,
+    HYBRID_PROMOTION_WORDING,
+    KV_PAGE_UNIFICATION,
     MAMBA2_PREFILL_CHECKPOINT,
     NULL_BLOCK_RESERVED_IN_CHECK,
     SLIDING_BLOCK_FROM_KERNEL,
     SLIDING_BLOCK_WITHIN_PRIMARY_PAGE,
     SSM_FLOAT32_WITH_AVX512_BF16,
+    grouping_rule_for,
 )
 
 _DTYPE_BYTES = {"float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4}
@@ -300,8 +308,9 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     sliding_block = sliding_block_size(shape.block_sizes, block_size, SLIDING_BLOCK_FROM_KERNEL.holds(memory.vllm_version),
                                        SLIDING_BLOCK_WITHIN_PRIMARY_PAGE.holds(memory.vllm_version)) \
         if shape is not None else block_size
-    groups = _kv_groups(geometry, settings, block_size, layer_token_bytes, state_bytes, memory.vllm_version,
-                        sliding_block)
+    groups, grouping_refusals = _kv_groups(geometry, settings, block_size, layer_token_bytes, state_bytes,
+                                           memory.vllm_version, sliding_block)
+    warnings.extend(grouping_refusals)
     bytes_per_block = groups.bytes_per_block
     # The engine's block size is its groups' smallest (vLLM 0.28.0, vllm/v1/engine/core.py:322).
     smallest_group_block = min((groups.specs[g[0]].block_size for g in groups.groups), default=block_size)
@@ -481,32 +490,38 @@ def _layer_token_bytes(geometry: ModelGeometry, settings: EngineSettings, dtype_
 
 
 def _kv_groups(geometry: ModelGeometry, settings: EngineSettings, block_size: int, token_bytes: list[int],
-               state_bytes: int, version: VllmVersion | None = None, sliding_block: int | None = None) -> KvGroups:
-    """The layers of one worker in vLLM's groups; `token_bytes` per cache layer, `sliding_block` the
-    block a sliding-window layer starts from (default: the block size in force)."""
+               state_bytes: int, version: VllmVersion | None = None,
+               sliding_block: int | None = None) -> tuple[KvGroups, list[PredictedRefusal]]:
+    """The groups of one worker's layers, and vLLM's refusal of them where it refuses them;
+    `token_bytes` per cache layer, `sliding_block` the block a sliding-window layer starts from
+    (default: the block size in force)."""
     kinds = list(geometry.layout.kinds)
     if settings.pipeline_parallel_size > 1:   # the first stage holds the most layers
         per_stage = -(-len(kinds) // settings.pipeline_parallel_size)
         kinds, token_bytes = kinds[:per_stage], token_bytes[:per_stage]
-    if settings.disable_hybrid_kv_cache_manager:   # promoted layers take the full layers' block
-        kinds = promote_local_layers(kinds)
-    window = geometry.layout.window
     pages = [block_size * b for b in token_bytes]
-    # A state page is padded up to the attention page; with no attention layer it is its own size.
-    attention_pages = [page for layer_kind, page in zip(kinds, pages, strict=True) if layer_kind != MAMBA]
-    state_page = max(attention_pages) if attention_pages else state_bytes
+    rule = grouping_rule_for(version)
+    refusals = []
+    if settings.disable_hybrid_kv_cache_manager:
+        if promotion_refused(kinds, [p for k, p in zip(kinds, pages, strict=True) if k != MAMBA], rule.uniform_type):
+            wording = HYBRID_PROMOTION_REFUSED if HYBRID_PROMOTION_WORDING.holds(version) \
+                else HYBRID_PROMOTION_REFUSED_BEFORE
+            refusals.append(PredictedRefusal(
+                CONFIG_REFUSED, f"ValueError: {wording} (--disable-hybrid-kv-cache-manager keeps state layers "
+                f"beside attention layers, which vLLM cannot make one type)",
+                FlagChange(remove=("--disable-hybrid-kv-cache-manager",))))
+        kinds = promote_local_layers(kinds)
+    elif CHUNKED in kinds and not CHUNKED_LOCAL_KEEPS_HYBRID_MANAGER.holds(version):
+        kinds = promote_local_layers(kinds)   # the release turns the hybrid manager off by itself
     checkpoints = geometry.layout.state.checkpoint_blocks \
         if geometry.layout.state and MAMBA2_PREFILL_CHECKPOINT.holds(version) else 0
-    sliding = block_size if sliding_block is None else sliding_block
-
-    def attention_spec(layer_kind: str, per_token: int) -> LayerSpec:
-        block = sliding if layer_kind == SLIDING else block_size
-        return LayerSpec(layer_kind, block, block * per_token, block * per_token,
-                         window if layer_kind in (SLIDING, CHUNKED) else None)
-
-    specs = [LayerSpec(MAMBA, block_size, state_page, state_bytes, checkpoint_blocks=checkpoints) if layer_kind == MAMBA
-             else attention_spec(layer_kind, per_token) for layer_kind, per_token in zip(kinds, token_bytes, strict=True)]
-    return kv_groups(specs)
+    specs = layer_specs(kinds, pages, block_size, geometry.layout.window, state_bytes, checkpoints, sliding_block)
+    if pages_refused(specs, KV_PAGE_UNIFICATION.holds(version), rule.uniform_type):
+        refusals.append(PredictedRefusal(
+            CONFIG_REFUSED, f"NotImplementedError: vLLM {version} groups layers of different types only when their "
+            f"pages are the same size ({KV_PAGE_UNIFICATION.before}); page unification came in "
+            f"{KV_PAGE_UNIFICATION.source}", NO_CHANGE))
+    return kv_groups(specs, rule.near_equal, rule.strided), refusals
 
 
 def _shared_layer_warnings(geometry: ModelGeometry, settings: EngineSettings, groups: KvGroups) -> list[PredictedRefusal]:

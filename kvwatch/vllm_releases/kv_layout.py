@@ -94,3 +94,55 @@ SLIDING_BLOCK_FROM_KERNEL = Boundary((0, 25, 0), "vLLM 0.25.1, vllm/model_execut
 SLIDING_BLOCK_WITHIN_PRIMARY_PAGE = Boundary((0, 30, 0),
                                              "vLLM 0.30.0, vllm/model_executor/layers/attention/attention.py:648",
                                              "vLLM 0.29.0, vllm/model_executor/layers/attention/attention.py:118")
+
+# Layers of more than one type whose pages differ in size (sliding layers of 8 heads of 256 beside
+# full ones of 2 heads of 512): from 0.12 vLLM unifies the pages (a larger block, or padding) and
+# groups them; 0.11 groups mixed types only when every page is the same size, and raises a bare
+# NotImplementedError otherwise.
+KV_PAGE_UNIFICATION = Boundary((0, 12, 0), "vLLM 0.12.0, vllm/v1/core/kv_cache_utils.py:885",
+                               "vLLM 0.11.2, vllm/v1/core/kv_cache_utils.py:1177")
+
+# --disable-hybrid-kv-cache-manager on layers that do not promote to one type (Mamba or
+# linear-attention layers beside attention): every release refuses it with a ValueError, worded
+# anew from 0.27.
+HYBRID_PROMOTION_WORDING = Boundary((0, 27, 0), "vLLM 0.27.1, vllm/v1/core/kv_cache_utils.py:1529",
+                                    "vLLM 0.26.0, vllm/v1/core/kv_cache_utils.py:1520")
+HYBRID_PROMOTION_REFUSED = "Failed to promote local KV cache specs to one unified type."
+HYBRID_PROMOTION_REFUSED_BEFORE = ("Hybrid KV cache manager is disabled but failed to convert the KV cache specs "
+                                   "to one unified type.")
+
+# A model with chunked local attention (Llama 4): 0.11 to 0.13 turn the hybrid KV cache manager off
+# ("a latency regression", VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE default 0), so the
+# chunked layers are kept as full attention; from 0.14 the default is 1 and the manager stays on.
+# (vLLM 0.13.0, vllm/config/vllm.py:907 reads the variable where the model has attention_chunk_size.)
+CHUNKED_LOCAL_KEEPS_HYBRID_MANAGER = Boundary((0, 14, 0), "vLLM 0.14.1, vllm/envs.py:1469",
+                                              "vLLM 0.13.0, vllm/envs.py:1433")
+
+
+@dataclass(frozen=True)
+class GroupingRule:
+    """How a release's get_kv_cache_groups splits buckets of layers (one bucket per spec) into
+    groups of one size: the smallest bucket's count, or the largest's when it is under
+    `near_equal` times the smallest (fewer padding layers); each group takes every n-th layer of
+    its bucket (`strided`) or consecutive ones; and whether layers of one type but different page
+    sizes (full attention of two head sizes) make one group (`uniform_type`) or are refused."""
+    since: tuple[int, int, int]
+    near_equal: float | None
+    strided: bool
+    uniform_type: bool
+    source: str
+
+
+GROUPING_RULES = (
+    GroupingRule((0, 10, 0), None, False, False, "vLLM 0.10.2, vllm/v1/core/kv_cache_utils.py:981"),
+    GroupingRule((0, 11, 0), None, True, True, "vLLM 0.11.2, vllm/v1/core/kv_cache_utils.py:997"),
+    GroupingRule((0, 12, 0), 1.25, True, True, "vLLM 0.12.0, vllm/v1/core/kv_cache_utils.py:1017"),
+    GroupingRule((0, 18, 0), 1.5, True, True, "vLLM 0.18.1, vllm/v1/core/kv_cache_utils.py:1043"),
+)
+
+
+def grouping_rule_for(version: VllmVersion | None) -> GroupingRule:
+    """The rule of `version` (None: the newest kvwatch knows)."""
+    if version is None:
+        return GROUPING_RULES[-1]
+    return next((r for r in reversed(GROUPING_RULES) if version.parts >= r.since), GROUPING_RULES[0])
