@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from engine_support import llama_config
 
 from kvwatch.boundary.engine_http import CacheConfig, parse_metrics
@@ -99,7 +100,7 @@ def test_exported_per_rank_drift_zero_and_usage_per_rank():
 
 # -- which rank died first (kvwatch.watchdog.engine_ranks) ------------------------------------------------
 
-from kvwatch.watchdog.engine_ranks import RankWatch, lines_of_rank, rank_of, ranks_of_tree  # noqa: E402
+from kvwatch.watchdog.engine_ranks import RankWatch, computes, lines_of_rank, rank_of, ranks_of_tree  # noqa: E402
 
 
 def test_ranks_of_tree_cores_and_their_workers():
@@ -135,3 +136,15 @@ def test_a_rank_is_diagnosed_by_its_own_lines():
     lines = ["(EngineCore_DP0 pid=1) ERROR boom: RuntimeError: rank zero trouble",
              "(EngineCore_DP1 pid=2) INFO fine", "(APIServer pid=3) ERROR EngineDeadError: EngineCore encountered an issue."]
     assert lines_of_rank(lines, 1) == lines[1:]
+
+
+@pytest.mark.parametrize("title, computes_", [
+    ("VLLM::EngineCore", True), ("VLLM::EngineCor", True),          # /proc/PID/comm cuts at 15
+    ("VLLM::EngineCore_DP1", True), ("VLLM::Worker", True), ("VLLM::Worker_TP0", True),
+    ("MYPREFIX::Worker_PP1", True),                                   # VLLM_PROCESS_NAME_PREFIX changed
+    ("VLLM::APIServer", False), ("VLLM::DPCoordinator", False),
+    ("python", False), ("/usr/bin/python3 -c from multiprocessing.resource_tracker import main", False),
+])
+def test_the_processes_that_compute_are_known_by_their_title(title: str, computes_: bool) -> None:
+    """The stall detector's CPU time on a CPU backend: engine cores and workers only."""
+    assert computes(title) is computes_

@@ -639,7 +639,16 @@ def test_a_stopped_worker_while_a_request_runs_is_a_stall_the_idle_and_the_busy_
         assert kv.state()["failures"] == [] and kv.state()["state"] == "ready"
         request = threading.Thread(target=_generate, args=(url, tiny, 3500), daemon=True)
         request.start()
-        time.sleep(0.5)
+
+        def generating() -> bool:
+            """The engine's own page shows the request running and tokens coming (its stats reach the
+            API server with the engine's steps: a stop before the first one would leave 0 running)."""
+            first = parse_metrics(http_get(f"{url}/metrics")[1]).load
+            time.sleep(0.3)
+            then = parse_metrics(http_get(f"{url}/metrics")[1]).load
+            return bool((then.running or 0) >= 1 and (then.generation_tokens or 0) > (first.generation_tokens or 0))
+
+        assert eventually(generating, 20, interval=0.1), "the long request never ran"
         cores = [p for p in psutil.Process(ready["pids"][0]["pid"]).children(recursive=True)
                  if p.name().startswith(("VLLM::EngineCore", "VLLM::Worker"))]
         assert cores, "no engine core or worker found"

@@ -14,6 +14,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 _CORE = re.compile(r"EngineCore_DP(\d+)\b")
+# The processes that compute: vLLM titles them `<prefix>::EngineCore[_DP<rank>]` and
+# `<prefix>::Worker[_<name>]` (vLLM 0.32.0, vllm/v1/engine/core.py:1411 and
+# vllm/v1/executor/multiproc_executor.py:1074; the prefix is VLLM_PROCESS_NAME_PREFIX, "VLLM" by
+# default, vllm/utils/system_utils.py:180). A title read from /proc/PID/comm is cut at 15 characters.
+_COMPUTES = re.compile(r"::(?:EngineCor|Worker)")
+
+
+def computes(title: str) -> bool:
+    """Whether a process of the engine's tree is an engine core or a worker, from its title."""
+    return _COMPUTES.search(title) is not None
 
 
 def rank_of(title: str) -> int | None:

@@ -549,10 +549,12 @@ class Supervisor:
 
     def _progress_reading(self, metrics: EngineMetrics, run: _Running) -> Reading:
         """The engine's counters for the stall detector. On a CPU backend the CPU time of its engine
-        cores and workers (not the API server) is progress too."""
+        cores and workers (not the API server, nor helpers such as multiprocessing's resource
+        tracker or adopted orphans) is progress too; an engine whose processes carry no vLLM title,
+        all of its tree but the process spawned."""
         cpu = None
         if self._device is not None and self._device.platform == "cpu":
-            cpu = self._os.cpu_seconds(run.tree.live - {run.proc.pid})
+            cpu = self._os.cpu_seconds(run.tree.compute or (run.tree.live - {run.proc.pid}))
         load = metrics.load
         return Reading(self._clock.now(), load.running, load.prompt_tokens, load.generation_tokens, cpu)
 
