@@ -7,10 +7,13 @@ children. kvwatch/boundary/spawn.py starts and stops the engine; it reads proces
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 import psutil
+
+T = TypeVar("T")
 
 _CT_TOLERANCE = 0.05  # seconds: psutil's create_time of one process is stable to the tick
 CT_TOLERANCE = _CT_TOLERANCE
@@ -53,27 +56,34 @@ def create_time(pid: int) -> float | None:
         return None
 
 
+def _readable(read: Callable[[], T], denied: T) -> T:
+    """A field of a live process, or `denied` where another user's process keeps it from us."""
+    try:
+        return read()
+    except psutil.AccessDenied:
+        return denied
+
+
+def _cmdline(proc: psutil.Process) -> tuple[str, ...]:
+    return _readable(lambda: tuple(proc.cmdline()), tuple[str, ...]())
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
 def _info(proc: psutil.Process) -> ProcInfo | None:
     try:
         with proc.oneshot():
             if proc.status() == psutil.STATUS_ZOMBIE:
                 return None
-            try:
-                rss = proc.memory_info().rss
-            except psutil.AccessDenied:
-                rss = None
-            try:
-                cmdline = tuple(proc.cmdline())
-            except psutil.AccessDenied:
-                cmdline = ()
-            try:
-                pgid: int | None = os.getpgid(proc.pid)
-            except OSError:
-                pgid = None
-            return ProcInfo(proc.pid, proc.ppid(), pgid, proc.name(), proc.create_time(), rss, cmdline)
-    except (psutil.NoSuchProcess, psutil.ZombieProcess):
-        return None
-    except psutil.AccessDenied:
+            rss = _readable(lambda: proc.memory_info().rss, None)
+            cmdline = _cmdline(proc)
+            return ProcInfo(proc.pid, proc.ppid(), _pgid(proc.pid), proc.name(), proc.create_time(), rss, cmdline)
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
         return None
 
 
@@ -285,20 +295,14 @@ def _host_process(proc: psutil.Process) -> HostProcess | None:
         with proc.oneshot():
             if proc.status() == psutil.STATUS_ZOMBIE:
                 return None
+            cmdline = _cmdline(proc)
             try:
-                cmdline = tuple(proc.cmdline())
-            except psutil.AccessDenied:
-                cmdline = ()
-            try:
-                pgid: int | None = os.getpgid(proc.pid)
                 sid: int | None = os.getsid(proc.pid)
             except OSError:
-                pgid = sid = None
-            try:
-                uid: int | None = proc.uids().real
-            except psutil.AccessDenied:
-                uid = None
-            return HostProcess(proc.pid, proc.ppid(), pgid, sid, uid, proc.create_time(), proc.name(), cmdline)
+                sid = None
+            uid = _readable(lambda: proc.uids().real, None)
+            return HostProcess(proc.pid, proc.ppid(), _pgid(proc.pid), sid, uid, proc.create_time(), proc.name(),
+                               cmdline)
     except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied, OSError):
         return None
 
