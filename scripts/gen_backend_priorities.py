@@ -16,8 +16,6 @@ entry and is planned with the oldest list (vllm_releases.backend_priorities.cuda
 """
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,8 +25,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT))
 
 import check_release_functions as oracles  # noqa: E402
-
-from kvwatch.vllm_releases import KNOWN  # noqa: E402
+from release_generator import generate  # noqa: E402
 
 OUT = ROOT / "kvwatch" / "vllm_releases" / "backend_priorities.py"
 REL = "vllm/platforms/cuda.py"
@@ -114,30 +111,7 @@ def render(tables: dict[str, dict[tuple[str, int | None], tuple[tuple[str, ...],
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("src_root", nargs="?", default=os.environ.get("KVWATCH_VLLM_SRC"))
-    ap.add_argument("--check", action="store_true", help="fail when the committed file is not current")
-    args = ap.parse_args(argv)
-    if not args.src_root:
-        ap.error("give SRC_ROOT or set KVWATCH_VLLM_SRC")
-    tables = {}
-    for v in KNOWN:
-        tree = Path(args.src_root) / str(v)
-        if not (tree / "vllm").is_dir():
-            print(f"error: vLLM {v} is not unpacked under {args.src_root}", file=sys.stderr)
-            return 2
-        table = release_table(tree)
-        if table is not None:
-            tables[str(v)] = table
-    text = render(tables)
-    if args.check:
-        if OUT.read_text(encoding="utf-8") != text:
-            print(f"{OUT.relative_to(ROOT)} is not current: run scripts/gen_backend_priorities.py", file=sys.stderr)
-            return 1
-        return 0
-    OUT.write_text(text, encoding="utf-8")
-    print(f"wrote {OUT.relative_to(ROOT)}: {len(tables)} releases")
-    return 0
+    return generate(__doc__.split("\n\n")[0], OUT, release_table, render, argv)
 
 
 if __name__ == "__main__":

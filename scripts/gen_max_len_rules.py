@@ -14,16 +14,15 @@ Nothing of vLLM is imported or copied. `--check` fails when the committed file d
 """
 from __future__ import annotations
 
-import argparse
 import ast
-import os
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT))
 
-from kvwatch.vllm_releases import KNOWN  # noqa: E402
+from release_generator import generate  # noqa: E402
 
 OUT = ROOT / "kvwatch" / "vllm_releases" / "max_len_rules.py"
 FILES = ("vllm/config/model.py", "vllm/config/__init__.py")
@@ -87,28 +86,7 @@ def render(rows: dict[str, tuple[tuple[str, ...], str, str, str]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("src_root", nargs="?", default=os.environ.get("KVWATCH_VLLM_SRC"))
-    ap.add_argument("--check", action="store_true", help="fail when the committed file is not current")
-    args = ap.parse_args(argv)
-    if not args.src_root:
-        ap.error("give SRC_ROOT or set KVWATCH_VLLM_SRC")
-    rows = {}
-    for v in KNOWN:
-        tree = Path(args.src_root) / str(v)
-        if not (tree / "vllm").is_dir():
-            print(f"error: vLLM {v} is not unpacked under {args.src_root}", file=sys.stderr)
-            return 2
-        rows[str(v)] = release_rules(tree)
-    text = render(rows)
-    if args.check:
-        if OUT.read_text(encoding="utf-8") != text:
-            print(f"{OUT.relative_to(ROOT)} is not current: run scripts/gen_max_len_rules.py", file=sys.stderr)
-            return 1
-        return 0
-    OUT.write_text(text, encoding="utf-8")
-    print(f"wrote {OUT.relative_to(ROOT)}: {len(rows)} releases")
-    return 0
+    return generate(__doc__.split("\n\n")[0], OUT, release_rules, render, argv)
 
 
 if __name__ == "__main__":
