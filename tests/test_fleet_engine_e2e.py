@@ -90,14 +90,17 @@ def test_a_pods_vllm_serve_runs_supervised_through_the_shim(tmp_path: Path, tiny
         assert flag(state["argv"], "--block-size") == "32"               # --block-size 8 corrected
         assert [f["kind"] for f in state["preflight"] + state["corrections"]] == ["block_size_unsupported"]
         assert cache_config(state).block_size == 32                      # the engine says so itself
-        def serving_page() -> dict | None:   # kvwatch's own metrics, at its next snapshot
+        # kvwatch's own metrics: "ready" comes from the engine's health, the blocks from its next poll of the
+        # engine's /metrics, which may come a little later; wait for both.
+        def serving_page() -> dict | None:
             page = samples(http_get(metrics)[1])
             up = value(page, "kvwatch_engine_up", engine="pod") == 1
-            return page if up and value(page, "kvwatch_engine_state", engine="pod", state="ready") == 1 else None
+            ready = value(page, "kvwatch_engine_state", engine="pod", state="ready") == 1
+            return page if up and ready and value(page, "kvwatch_kv_actual_blocks", engine="pod", rank="0") else None
 
         page = eventually(serving_page, 30, 0.5)
-        assert page, "kvwatch's /metrics never showed the engine up and ready"
-        assert value(page, "kvwatch_kv_actual_blocks", engine="pod", rank="0")
+        assert page, "kvwatch's /metrics never showed the engine up, ready and its KV blocks"
+        assert value(page, "kvwatch_kv_actual_blocks", engine="pod", rank="0") == cache_config(state).num_gpu_blocks
         pod.send_signal(signal.SIGTERM)
         assert pod.wait(timeout=90) == 0
     finally:
