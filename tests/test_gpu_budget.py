@@ -202,6 +202,30 @@ def test_the_residual_terms_add_up_to_the_error(tmp_path: Path) -> None:
         assert sum(terms.values()) == pytest.approx(budget.kv_cache_bytes / GiB - run["logged"]["available_kv_cache_gib"])
 
 
+def test_every_run_that_logs_its_parts_adds_up_at_its_utilization() -> None:
+    """vLLM's KV memory is total x utilization less weights, peak activation and non-torch memory
+    (vLLM 0.14.1, vllm/v1/worker/gpu_worker.py:341; worker/worker.py in V0): a run whose logged parts
+    do not add up carries a wrong input (llm-d's gpt-oss-120b row adds up at 0.95, not 0.9)."""
+    parts = ("model_weights_gib", "activation_peak_gib", "non_torch_gib", "available_kv_cache_gib")
+    checked = 0
+    for run in RUNS:
+        logged = run["logged"]
+        if all(logged.get(k) is not None for k in parts):
+            rest = run["total_gpu_memory_gib"] * run["gpu_memory_utilization"] - sum(logged[k] for k in parts)
+            assert abs(rest) <= 0.06, run["name"]
+            checked += 1
+    assert checked >= 50
+
+
+@pytest.mark.parametrize("name", ["llmd_gpt_oss_20b_h100", "llmd_gpt_oss_120b_h100", "llmdacc_gpt_oss_20b_tp2_h100_v0190"])
+def test_mxfp4_weights_on_hopper_are_the_logged_ones(name: str, tmp_path: Path) -> None:
+    """The Triton MXFP4 backend's scale copy, width padding and float32 biases (weights.py) on H100."""
+    run = next(r for r in RUNS if r["name"] == name)
+    budget = plan_run(run, tmp_path / name).gpu_budget
+    assert budget is not None
+    assert budget.weights_bytes / GiB == pytest.approx(run["logged"]["model_weights_gib"], rel=0.03)
+
+
 def test_cpu_offload_keeps_its_gib_of_weights_per_gpu_off_the_card() -> None:
     """--cpu-offload-gb is GiB per GPU (config/offload.py); the KV cache gets what it frees."""
     kept = estimate_budget(settings("--cpu-offload-gb", "12"), A100, None, 15 * GiB, 2, 8192, V0_32)

@@ -10,6 +10,7 @@ from kvwatch.planner.weights import (
     gpu_weights_bytes,
     linear_bytes_per_param,
     mxfp4_expert_padding,
+    mxfp4_triton_hopper_bytes,
     vision_tower_params,
     weights_bytes,
 )
@@ -134,3 +135,38 @@ def test_mxfp4_experts_carry_the_marlin_padding_below_hopper() -> None:
     a100 = gpu_weights_bytes(count, mxfp4, 2, tensor_parallel=1, capability=(8, 0))
     h100 = gpu_weights_bytes(count, mxfp4, 2, tensor_parallel=1, capability=(9, 0))
     assert a100 - h100 == int(mxfp4_expert_padding(count, 1, (8, 0)) * (0.5 + 1 / 32))
+
+
+def _triton_hopper_extra(experts: int, layers: int, width: int, hidden: int, kept_scales: bool) -> int:
+    """Per rank, written out tensor by tensor as vLLM 0.19.1 builds them (quantization/mxfp4.py
+    create_weights; quantization/utils/mxfp4_utils.py _swizzle_mxfp4; triton_kernels hopper layouts)."""
+    pad = -(-width // 64) * 64
+    w13, w2 = experts * 2 * pad * hidden // 2, experts * hidden * pad // 2             # uint8 weights
+    s13, s2 = experts * 2 * pad * hidden // 32, experts * hidden * pad // 32            # checkpoint-layout scales
+    swizzled = experts * (-(-2 * pad // 256) * 256 * (hidden // 32) + -(-hidden // 256) * 256 * -(-(pad // 32) // 2) * 2)
+    biases = experts * (2 * pad + hidden) * 4                                          # float32
+    checkpoint = experts * 3 * hidden * width // 2 + experts * 3 * hidden * width // 32
+    return layers * (w13 + w2 + (s13 + s2 if kept_scales else 0) + swizzled + biases - checkpoint)
+
+
+@pytest.mark.parametrize(("tp", "capability", "version", "kept"), [
+    (1, (9, 0), (0, 14, 1), True),     # H100, one GPU: no width padding, the scales twice
+    (2, (9, 0), (0, 19, 0), True),     # TP 2: 1440 per rank -> 1472
+    (1, (9, 0), (0, 25, 1), False),    # 0.25 frees the checkpoint-layout scales
+])
+def test_mxfp4_experts_on_hopper_carry_the_triton_backends_copies(tp: int, capability: tuple[int, int],
+                                                                    version: tuple[int, int, int], kept: bool) -> None:
+    count = count_weights(GPT_OSS_20B)
+    assert count is not None
+    expected = _triton_hopper_extra(32, 24, 2880 // tp, 2880, kept) * tp
+    assert mxfp4_triton_hopper_bytes(count, tp, capability, version) == expected > 0
+
+
+@pytest.mark.parametrize(("capability", "version"), [((8, 0), (0, 19, 0)), ((12, 0), (0, 19, 0)),
+                                                     ((9, 0), (0, 11, 2)), (None, (0, 19, 0))])
+def test_mxfp4_experts_elsewhere_carry_no_triton_copies(capability: tuple[int, int] | None,
+                                                        version: tuple[int, int, int]) -> None:
+    """Marlin below Hopper, Blackwell's own backends, and releases before 0.12 ship no triton_kernels."""
+    count = count_weights(GPT_OSS_20B)
+    assert count is not None
+    assert mxfp4_triton_hopper_bytes(count, 1, capability, version) == 0

@@ -41,7 +41,8 @@ from kvwatch.planner.predicted_refusal import (
 from kvwatch.planner.rules import FP8_KV_DTYPES, PACKED_MLA_BYTES, BackendRule, RuleSet
 from kvwatch.planner.scheduler import prefix_caching_on, request_demand
 from kvwatch.planner.versions import VllmVersion
-from kvwatch.planner.weights import gpu_weights_bytes
+from kvwatch.planner.weights import gpu_weights_bytes, mxfp4_triton_hopper_bytes
+from kvwatch.vllm_releases import DEFAULT_RELEASE
 from kvwatch.vllm_releases.hybrid_alignment import hybrid_alignment_for
 from kvwatch.vllm_releases.kv_layout import (
     CHUNKED_LOCAL_KEEPS_HYBRID_MANAGER,
@@ -190,10 +191,9 @@ def _gpu_budget(device: Device, settings: EngineSettings, geometry: ModelGeometr
     """GPU: vLLM's own split of the card (planner/gpu_budget.py): total x utilization, minus the
     weights, the profile's activation peak, non-torch memory and, where the release counts them, CUDA graphs."""
     ranks = settings.tensor_parallel_size * settings.pipeline_parallel_size
-    if memory.weights_bytes is not None:
-        weights = memory.weights_bytes // ranks
-    else:
-        weights = _weights_from_geometry(geometry, model_bytes, settings, device) // ranks
+    weights = memory.weights_bytes if memory.weights_bytes is not None \
+        else _weights_from_geometry(geometry, model_bytes, settings, device)
+    weights = (weights + _kernel_format_bytes(geometry, settings, device, memory.vllm_version)) // ranks
     return estimate_budget(settings, device, geometry.weight_count, weights, model_bytes, max_model_len,
                            memory.vllm_version, dict(memory.vllm_env), memory.flashinfer_installed,
                            quantized_experts=geometry.quantization is not None or settings.quantization is not None)
@@ -219,6 +219,17 @@ def _reported_kv_tokens(tokens: int, num_blocks: int, groups: int, block_size: i
     if version is None or version.parts >= (0, 20, 0) or not num_blocks:
         return tokens
     return num_blocks // max(1, groups) * block_size
+
+
+def _kernel_format_bytes(geometry: ModelGeometry, settings: EngineSettings, device: Device,
+                         version: VllmVersion | None) -> int:
+    """What the MoE kernel's weight format adds to the checkpoint's bytes once loaded, files or not:
+    MXFP4 experts under the Triton backend on Hopper (weights.mxfp4_triton_hopper_bytes)."""
+    quantization = geometry.quantization or {}
+    if geometry.weight_count is None or str(quantization.get("quant_method", "")).lower() != "mxfp4":
+        return 0
+    return mxfp4_triton_hopper_bytes(geometry.weight_count, settings.tensor_parallel_size, device.compute_capability,
+                                     (version or DEFAULT_RELEASE).parts)
 
 
 def _weights_from_geometry(geometry: ModelGeometry, model_bytes: int, settings: EngineSettings, device: Device) -> int:
