@@ -236,7 +236,7 @@ def mxfp4_expert_padding(count: WeightCount, tensor_parallel: int, capability: t
 
 
 # vLLM's Triton MXFP4 MoE backend is the default on Hopper once the release ships triton_kernels itself (vLLM
-# 0.12.0, vllm/third_party/triton_kernels; 0.14.1 model_executor/layers/quantization/mxfp4.py:148-166 picks it
+# 0.12.0, vllm/third_party/triton_kernels; 0.14.1 model_executor/layers/quantization/mxfp4.py:153-172 picks it
 # on SM90 without the FlashInfer opt-in; 0.19.1 model_executor/layers/fused_moe/oracle/mxfp4.py:174-183 lists
 # it first there). It keeps the checkpoint-layout block scales beside the swizzled copy it hands the kernel
 # (0.19.1 quantization/mxfp4.py:297-307 replaces only the weights) until 0.25 deletes them (0.25.1
@@ -244,21 +244,23 @@ def mxfp4_expert_padding(count: WeightCount, tensor_parallel: int, capability: t
 MXFP4_TRITON_SINCE = (0, 12, 0)
 MXFP4_SCALE_COPY_FREED_SINCE = (0, 25, 0)
 _MXFP4_BLOCK = 32          # values per 8-bit scale (quantization/mxfp4.py: mxfp4_block)
-_SCALE_SWIZZLE_ROWS = 256  # HopperMXScaleLayout: 2 x num_warps(8) x 2 x 8 rows (triton_kernels hopper_scale.py:26-29)
+# HopperMXScaleLayout: 2 x num_warps (8) x 2 x 8 rows (vLLM 0.19.1,
+# vllm/third_party/triton_kernels/tensor_details/layout_details/hopper_scale.py:30-32)
+_SCALE_SWIZZLE_ROWS = 256
 
 
 def mxfp4_triton_hopper_bytes(count: WeightCount, tensor_parallel: int, capability: tuple[int, int] | None,
                               version: tuple[int, int, int]) -> int:
     """Bytes (all ranks together) the Triton MXFP4 MoE backend holds on a Hopper card beyond the
     checkpoint's expert weights and scales, per rank and MoE layer (E experts, H hidden, I the rank's
-    expert width rounded up to 64, quantization/mxfp4.py create_weights: `round_up(..., 64)`):
+    expert width rounded up to 64: vLLM 0.14.1, quantization/mxfp4.py:328-330):
     - the width padding of the uint8 weights (H x 3I / 2) and scales (H x 3I / 32);
     - the swizzled scales (`_swizzle_mxfp4`, quantization/utils/mxfp4_utils.py): rows padded to 256,
       columns to 2 (gate/up: 2I x H/32; down: H x I/32), beside the checkpoint-layout scales until
       0.25 (MXFP4_SCALE_COPY_FREED_SINCE), in their place after;
     - the biases cast to float32 (`w13_bias.to(torch.float32)`: 2I + H per expert; the count has none).
     The swizzled weights replace the checkpoint's (`del layer.w13_weight`); Hopper's value layout pads
-    rows to 16 and byte columns to 32 (hopper_value.py:137-144)."""
+    rows to 16 and byte columns to 32 (0.19.1 triton_kernels layout_details/hopper_value.py:154-156)."""
     if not count.expert_matrices or capability is None or capability[0] != 9:
         return 0
     if version < MXFP4_TRITON_SINCE:
