@@ -29,6 +29,7 @@ from kvwatch.planner.gpu_budget import (
     NON_TORCH_TP_EXTRA_BYTES,
     SORTED_SAMPLER_BYTES,
     TRITON_SAMPLER_BYTES,
+    UMA_HOST_NON_TORCH_BYTES,
     V0_ENGINE,
     batch_defaults,
     estimate_budget,
@@ -314,6 +315,11 @@ def test_a_unified_memory_card_gets_the_small_scheduler_defaults() -> None:
     ("NVIDIA RTX PRO 6000 Blackwell", (12, 0), 4, "0.27.1", NON_TORCH_TP_BYTES),
     ("NVIDIA H100 80GB HBM3", (9, 0), 2, "0.14.1", NON_TORCH_BYTES + NON_TORCH_TP_EXTRA_BYTES),   # not measured
     ("NVIDIA L40S", (8, 9), 2, "0.16.0", NON_TORCH_BYTES + NON_TORCH_TP_EXTRA_BYTES),
+    # unified memory: free memory is the host's available memory from 0.11.2 (mem_utils.py), measured
+    ("NVIDIA GB10", (12, 1), 1, "0.13.0", NON_TORCH_BYTES + UMA_HOST_NON_TORCH_BYTES),
+    ("NVIDIA GB10", (12, 1), 1, "0.11.0", NON_TORCH_BYTES),
+    ("Orin (nvgpu)", (8, 7), 1, "0.19.0", NON_TORCH_BYTES + UMA_HOST_NON_TORCH_BYTES),
+    ("NVIDIA GeForce RTX 5090", (12, 0), 1, "0.19.0", NON_TORCH_BYTES),
 ])
 def test_the_non_torch_memory_follows_the_card_and_tensor_parallel(gpu: str, cc: tuple[int, int], tp: int,
                                                                     version: str, expected: int) -> None:

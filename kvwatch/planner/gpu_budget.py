@@ -31,7 +31,7 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
-from kvwatch.planner.devices import Device, GiB, cuda_total_bytes, scheduler_memory_bytes
+from kvwatch.planner.devices import Device, GiB, card_for, cuda_total_bytes, scheduler_memory_bytes
 from kvwatch.planner.encoder_cache import encoder_cache_bytes
 from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.versions import VllmVersion
@@ -61,6 +61,15 @@ NON_TORCH_TP_EXTRA_BYTES = int(0.0625 * GiB)  # tensor parallel: NCCL and custom
 # releases keep the small figure (their fit runs at TP 2-8 on A100, L40S and 3090 log 0.2 GiB or less).
 NON_TORCH_TP_BYTES = int(2.0 * GiB)
 NON_TORCH_TP_SINCE = (0, 19, 0)
+# Unified memory (Orin, Thor, GB10: compute capability 8.7, 11.0, 12.1, vLLM 0.13.0 vllm/utils/mem_utils.py:86;
+# from 0.27 torch's is_integrated, vLLM 0.27.1 vllm/utils/mem_utils.py:148): the profile reads free memory as the
+# host's psutil.virtual_memory().available (0.13.0 mem_utils.py:102), so what the host allocates between the
+# worker's first snapshot and the profile's end counts as non-torch memory. Its size is no code's: 1.47 and
+# 1.90 GiB beyond NON_TORCH_BYTES on the two GB10 fit runs (vLLM 0.13.0 in NVIDIA's 26.01 container), their
+# mean. The rule is absent from 0.11.0 and present in 0.11.2 (the first release seen with it).
+UMA_CAPABILITIES = ((8, 7), (11, 0), (12, 1))
+UMA_HOST_NON_TORCH_BYTES = int(1.68 * GiB)
+UMA_FREE_FROM_PSUTIL_SINCE = (0, 11, 2)
 CUDA_GRAPH_BYTES = int(0.5 * GiB)             # a graph pool as logged: 0.27-0.65 GiB on one GPU
 # From 0.14 unquantized MoE layers run vLLM's modular fused-MoE kernel (vLLM 0.14.1,
 # model_executor/layers/fused_moe/unquantized_fused_moe_method.py: self.kernel), whose two workspaces
@@ -255,12 +264,24 @@ def profile_sampler_bytes(release: Release, flashinfer_installed: bool | None) -
 
 def non_torch_bytes(device: Device, tensor_parallel: int, version: VllmVersion | None) -> int:
     """Memory outside torch's allocator that the profile charges: cuBLAS/NCCL workspaces; NCCL's
-    buffers at tensor parallel from 0.19 (measured, NON_TORCH_TP_BYTES)."""
+    buffers at tensor parallel from 0.19 (measured, NON_TORCH_TP_BYTES); on unified memory, the host's
+    allocations during start-up (UMA_HOST_NON_TORCH_BYTES, measured)."""
+    parts = (version or DEFAULT_RELEASE).parts
+    host = UMA_HOST_NON_TORCH_BYTES if unified_memory(device) and parts >= UMA_FREE_FROM_PSUTIL_SINCE else 0
     if tensor_parallel <= 1:
-        return NON_TORCH_BYTES
-    if device.platform == "cuda" and (version or DEFAULT_RELEASE).parts >= NON_TORCH_TP_SINCE:
-        return NON_TORCH_TP_BYTES
-    return NON_TORCH_BYTES + NON_TORCH_TP_EXTRA_BYTES
+        return NON_TORCH_BYTES + host
+    if device.platform == "cuda" and parts >= NON_TORCH_TP_SINCE:
+        return NON_TORCH_TP_BYTES + host
+    return NON_TORCH_BYTES + NON_TORCH_TP_EXTRA_BYTES + host
+
+
+def unified_memory(device: Device) -> bool:
+    """CPU and GPU share one memory: the capabilities vLLM's memory snapshot treats so, or a card the
+    table marks (devices.CARDS)."""
+    if device.platform != "cuda":
+        return False
+    card = card_for(device.name)
+    return device.compute_capability in UMA_CAPABILITIES or (card is not None and card.unified_memory)
 
 
 def weights_on_gpu(weights_per_rank: int, settings: EngineSettings) -> int:
