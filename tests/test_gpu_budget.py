@@ -93,6 +93,9 @@ def test_scheduler_defaults_by_card_as_get_batch_defaults() -> None:
     v0 = release_for(parse_version("0.6.5"))
     assert batch_defaults(settings(), H100, v0, 8192) == (8192, 256)      # V0: max(max_model_len, 2048)
     assert batch_defaults(settings(), H100, v0, 131072) == (2048, 256)    # chunked prefill above 32K
+    # ... but never by default for a multimodal or MLA model (V0's _set_default_args_v0)
+    assert batch_defaults(settings(), H100, v0, 65536, v0_chunked_prefill_supported=False) == (65536, 256)
+    assert batch_defaults(settings("--enable-chunked-prefill"), H100, v0, 65536, False) == (2048, 256)
 
 
 def test_the_cuda_total_is_below_nvmls() -> None:

@@ -172,14 +172,17 @@ def api_defaults(device: Device, settings: EngineSettings, release: Release) -> 
     return api_batch_defaults(release.defaults, device.platform, total, device.name, device.compute_capability, world)
 
 
-def batch_defaults(settings: EngineSettings, device: Device, release: Release, max_model_len: int) -> tuple[int, int]:
+def batch_defaults(settings: EngineSettings, device: Device, release: Release, max_model_len: int,
+                   v0_chunked_prefill_supported: bool = True) -> tuple[int, int]:
     """(max_num_batched_tokens, max_num_seqs) the scheduler takes for the API server: the release's
-    defaults (api_defaults), the V0 engine's own, the flags over them."""
+    defaults (api_defaults), the V0 engine's own, the flags over them. `v0_chunked_prefill_supported`:
+    False for a multimodal or MLA model, which V0 never chunks by default."""
     tokens, seqs = api_defaults(device, settings, release)
     if release.engine == V0_ENGINE:
-        # V0 turned chunked prefill on by default only for contexts above 32K (arg_utils.py)
+        # V0 turned chunked prefill on by default only for contexts above 32K, and never for multimodal
+        # or MLA models (vLLM 0.8.5.post1, vllm/engine/arg_utils.py:1505-1513)
         chunked = settings.enable_chunked_prefill if settings.enable_chunked_prefill is not None \
-            else max_model_len > 32768
+            else max_model_len > 32768 and v0_chunked_prefill_supported
         tokens = V0_MIN_BATCHED_TOKENS if chunked else max(max_model_len, V0_MIN_BATCHED_TOKENS)
         seqs = V0_MAX_NUM_SEQS
     elif settings.enable_chunked_prefill is False:
@@ -294,9 +297,10 @@ def weights_on_gpu(weights_per_rank: int, settings: EngineSettings) -> int:
 def estimate_budget(settings: EngineSettings, device: Device, count: WeightCount | None, weights_per_rank: int,
                     dtype_bytes: int, max_model_len: int, version: VllmVersion | None,
                     env: Mapping[str, str] | None = None, flashinfer_installed: bool | None = None,
-                    quantized_experts: bool = False) -> GpuBudget:
+                    quantized_experts: bool = False, mla: bool = False) -> GpuBudget:
     release = release_for(version, env)
-    tokens, seqs = batch_defaults(settings, device, release, max_model_len)
+    multimodal = count is not None and (count.vision_params > 0 or count.encoder is not None)
+    tokens, seqs = batch_defaults(settings, device, release, max_model_len, not (multimodal or mla))
     tp = max(1, settings.tensor_parallel_size)
     sampler = profile_sampler_bytes(release, flashinfer_installed)
     if release.engine == V0_ENGINE and tp > 1:

@@ -196,7 +196,8 @@ def _gpu_budget(device: Device, settings: EngineSettings, geometry: ModelGeometr
     weights = (weights + _kernel_format_bytes(geometry, settings, device, memory.vllm_version)) // ranks
     return estimate_budget(settings, device, geometry.weight_count, weights, model_bytes, max_model_len,
                            memory.vllm_version, dict(memory.vllm_env), memory.flashinfer_installed,
-                           quantized_experts=geometry.quantization is not None or settings.quantization is not None)
+                           quantized_experts=geometry.quantization is not None or settings.quantization is not None,
+                           mla=geometry.attention == "mla")
 
 
 def _estimate_gpu_kv_memory(device: Device, settings: EngineSettings, geometry: ModelGeometry,
