@@ -2,7 +2,8 @@
 real GPU start-ups, the held-out third apart from the runs the terms were fitted on.
 
 Every successful start-up of tests/fixtures/gpu_logs/corpus.json (public logs: vLLM 0.6-0.31,
-A100, H100, H200, L40S, A40, GB10, RTX 3090/4090/4070/6000 Ada/PRO 6000, T4; TP 1-8, PP 2-4; dense, MoE,
+A100, H100, H200, B200, L40S, L40, A40, A10, L4, GB10, V100-class, T4, RTX 3090/4090/4070/6000 Ada/PRO 6000/
+PRO 4000/5090/3050/2060, GTX 1080; TP 1-8, PP 2-4; dense, MoE,
 MLA, sliding window, multimodal, quantized; sources in its README): kvwatch's plan for the model's
 config.json, the flags, the environment and the vLLM version of the run, on a GPU of the logged CUDA
 total (else the card's name), beside the "Available KV cache memory" the engine logged, and two rules of thumb:

@@ -31,7 +31,8 @@ CORPUS = Path(__file__).resolve().parent / "fixtures" / "gpu_logs" / "corpus.jso
 WITHIN = 0.03      # the issue's bar: a run is "within" when its |error| is at most 3 %
 _CAPABILITY = {"A100": (8, 0), "H100": (9, 0), "H200": (9, 0), "3090": (8, 6), "4090": (8, 9), "4060": (8, 9),
                "4070": (8, 9), "L40S": (8, 9), "6000 Ada": (8, 9), "A40": (8, 6), "T4": (7, 5),
-               "RTX PRO 6000": (12, 0), "5090": (12, 0)}
+               "RTX PRO 6000": (12, 0), "RTX PRO 4000": (12, 0), "5090": (12, 0),
+               "compute capability 7.5": (7, 5), "3050": (8, 6), "L40": (8, 9), "A10": (8, 6), "2060": (7, 5), "Volta": (7, 0), "B200": (10, 0), "GTX 1080": (6, 1), "L4": (8, 9)}
 FIT, HELD_OUT = "fit", "held_out"
 
 
