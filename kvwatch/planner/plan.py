@@ -13,7 +13,7 @@ from kvwatch.planner.architecture_kinds import unknown_reasons
 from kvwatch.planner.architectures import IN_TRANSFORMERS
 from kvwatch.planner.architectures import refusals as _architecture_refusals
 from kvwatch.planner.backend_legality import backend_refusals
-from kvwatch.planner.backends import BackendChoice, choose_backend
+from kvwatch.planner.backends import BackendChoice, choose_backend, kernel_context, with_release_kernel_blocks
 from kvwatch.planner.config_refusals import config_refusals
 from kvwatch.planner.devices import Device, GiB
 from kvwatch.planner.engine_args import EngineSettings
@@ -258,6 +258,8 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
                            gpu_memory_utilization_given=False)
     kv_dtype = settings.kv_cache_dtype
     attention_free = geometry.attention == "none"
+    if device.platform == "cuda":   # the release's kernel block sizes for this model and card
+        rules = with_release_kernel_blocks(rules, memory.vllm_version, kernel_context(geometry, device, settings))
     # A pure state-space model has no attention layer, so no attention backend to choose.
     choice = BackendChoice(None, (), {}) if attention_free else choose_backend(
         rules, device, geometry, kv_dtype, settings.block_size, settings.attention_backend)
