@@ -998,11 +998,10 @@ def _group_cases() -> list[dict[str, Any]]:
 GROUP_CASES = _group_cases()
 
 
-def kvwatch_kv_groups(release: str, args: dict[str, Any]) -> Any:
-    """kvwatch's answer for one input of the kv_groups check: the layers fed to kv_groups as
-    planner/plan.py _kv_groups feeds them (promoted when the hybrid manager is off). The input is
-    named by its label; the fixture records the case table once (kv_groups_cases)."""
-    case = next(c for c in GROUP_CASES if c["label"] == args["case"])
+def _kvwatch_groups(release: str, label: str) -> tuple[Any, list[tuple[int, Any]]] | str:
+    """kvwatch's groups for one of GROUP_CASES, fed to kv_groups as planner/plan.py _kv_groups feeds
+    them (promoted when the hybrid manager is off), with the case's present layers; or its refusal."""
+    case = next(c for c in GROUP_CASES if c["label"] == label)
     present = [(i, x) for i, x in enumerate(case["layers"]) if x is not None]
     kinds = [x["kind"] if x["kind"] != "mla" else FULL for _, x in present]
     rule = grouping_rule_for(parse_version(release))
@@ -1020,10 +1019,61 @@ def kvwatch_kv_groups(release: str, args: dict[str, Any]) -> Any:
     specs = layer_specs(kinds, pages, block, windows.pop() if windows else None, state)
     if pages_refused(specs, KV_PAGE_UNIFICATION.holds(parse_version(release)), rule.uniform_type):
         return "error: NotImplementedError"
-    groups = kv_groups(specs, rule.near_equal, rule.strided)
+    return kv_groups(specs, rule.near_equal, rule.strided), present
+
+
+def kvwatch_kv_groups(release: str, args: dict[str, Any]) -> Any:
+    """kvwatch's answer for one input of the kv_groups check (_kvwatch_groups). The input is named by
+    its label; the fixture records the case table once (kv_groups_cases)."""
+    built = _kvwatch_groups(release, args["case"])
+    if isinstance(built, str):
+        return built
+    groups, present = built
     return [{"kind": groups.specs[g[0]].layer_kind, "block_size": groups.specs[g[0]].block_size,
              "layers": [present[i][0] for i in g], "bytes_per_block": sum(groups.specs[i].page_bytes for i in g)}
             for g in groups.groups]
+
+
+# The cache the kv_tokens check reports on: blocks, and the scheduler the oracle's VllmConfig gives
+# (scripts/oracle_kv_groups.py: max_model_len 4096, 2048 tokens in flight, mamba_cache_mode "align").
+TOKENS_NUM_BLOCKS = 10_000
+TOKENS_DEMAND = {"max_model_len": 4096, "max_in_flight_tokens": 2048, "mamba_align": True}
+
+
+def kvwatch_kv_tokens(release: str, args: dict[str, Any]) -> Any:
+    """kvwatch's answer for one input of the kv_tokens check: the logged token count as the plan
+    computes it (kv_groups capacity, vllm_releases/kv_tokens_report.py)."""
+    from kvwatch.planner.kv_groups import Demand
+    from kvwatch.vllm_releases.kv_tokens_report import reported_kv_tokens
+    built = _kvwatch_groups(release, args["case"])
+    if isinstance(built, str):
+        return built
+    groups, _present = built
+    num_blocks = args["num_blocks"]
+    tokens, _concurrency = groups.capacity(num_blocks, Demand(**TOKENS_DEMAND))
+    smallest = min(groups.specs[g[0]].block_size for g in groups.groups)
+    return reported_kv_tokens(tokens, num_blocks, len(groups.groups), smallest, parse_version(release))
+
+
+def check_kv_tokens(release: str, oracle: Oracle) -> list[dict[str, Any]]:
+    """The "GPU KV cache size: N tokens" the release logs for TOKENS_NUM_BLOCKS blocks in its own
+    groups of each of GROUP_CASES (its _report_kv_cache_config, 0.28+ update_kv_cache_capacity),
+    run by scripts/oracle_kv_groups.py --tokens in a process of its own."""
+    import subprocess
+    worker = ROOT / "scripts" / "oracle_kv_groups.py"
+    done = subprocess.run([sys.executable, str(worker), str(oracle.tree), "--tokens", str(TOKENS_NUM_BLOCKS)],
+                          input=json.dumps(GROUP_CASES), capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"{release}: the kv_tokens oracle failed:\n{done.stderr[-3000:]}")
+    answers = json.loads(done.stdout)
+    if answers is None:   # 0.10: the line is logged inside get_kv_cache_config, which sizes the cache itself
+        return []
+    results = []
+    for case, answer in zip(GROUP_CASES, answers, strict=True):
+        args = {"case": case["label"], "num_blocks": TOKENS_NUM_BLOCKS}
+        results.append({"release": release, "check": "kv_tokens", "input": case["label"], "args": args,
+                        "vllm": answer, "kvwatch": kvwatch_kv_tokens(release, args)})
+    return results
 
 
 def check_kv_groups(release: str, oracle: Oracle) -> list[dict[str, Any]]:
@@ -1046,7 +1096,8 @@ def check_kv_groups(release: str, oracle: Oracle) -> list[dict[str, Any]]:
 CHECKS = {"batch_defaults": check_batch_defaults, "backend_priorities": check_backend_priorities,
           "max_model_len": check_max_model_len, "hybrid_block_size": check_hybrid_block_size,
           "sliding_block_size": check_sliding_block_size, "cpu_attn_kernel_blocks": check_cpu_attn_kernel_blocks,
-          "kv_groups": check_kv_groups, "cuda_kernel_blocks": check_cuda_kernel_blocks}
+          "kv_groups": check_kv_groups, "cuda_kernel_blocks": check_cuda_kernel_blocks,
+          "kv_tokens": check_kv_tokens}
 
 
 def run(src_root: Path, releases: list[str], checks: list[str] | None = None) -> list[dict[str, Any]]:
@@ -1067,10 +1118,11 @@ def torch_available() -> bool:
 
 # Differences kvwatch knows of and does not fix, by (check, input), in every release where they
 # show: the reason is recorded in the fixture and the test checks that they still differ.
+_TWO_WINDOWS = ("kvwatch's layer layout holds one window per model (planner/layers.py LayerLayout.window); "
+                "no architecture kvwatch reads has two")
 KNOWN_DIFFERENCES = {
-    ("kv_groups", "two windows and full"):
-        "kvwatch's layer layout holds one window per model (planner/layers.py LayerLayout.window); "
-        "no architecture kvwatch reads has two",
+    ("kv_groups", "two windows and full"): _TWO_WINDOWS,
+    ("kv_tokens", "two windows and full"): _TWO_WINDOWS,
 }
 
 
@@ -1112,8 +1164,9 @@ def main(argv: list[str] | None = None) -> int:
             print("error: the kv_groups oracle needs torch in this environment (pip install torch, the CPU "
                   "build); nothing written", file=sys.stderr)
             return 2
-        print("note: no torch here, the kv_groups check is skipped", file=sys.stderr)
+        print("note: no torch here, the kv_groups and kv_tokens checks are skipped", file=sys.stderr)
         checks.remove("kv_groups")
+        checks.remove("kv_tokens")
     results = run(src_root, releases, checks)
     diffs = differences(results)
     for d in diffs:

@@ -56,6 +56,7 @@ from kvwatch.vllm_releases.kv_layout import (
     SSM_FLOAT32_WITH_AVX512_BF16,
     grouping_rule_for,
 )
+from kvwatch.vllm_releases.kv_tokens_report import reported_kv_tokens
 
 _DTYPE_BYTES = {"float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4}
 
@@ -209,18 +210,6 @@ def _estimate_gpu_kv_memory(device: Device, settings: EngineSettings, geometry: 
     return budget.kv_cache_bytes
 
 
-def _reported_kv_tokens(tokens: int, num_blocks: int, groups: int, block_size: int,
-                        version: VllmVersion | None) -> int:
-    """The "GPU KV cache size" the release logs. Before 0.20 it is the blocks shared out over the KV
-    cache groups (vLLM 0.11.2-0.19.1 v1/core/kv_cache_utils.py: `num_blocks //
-    len(kv_cache_groups) * min_block_size`; 0.10.2 likewise for several groups); from 0.20 it is
-    concurrency x max_model_len (0.20.2 kv_cache_utils.py: `int(max_concurrency * max_model_len)`),
-    the figure kv_groups computes."""
-    if version is None or version.parts >= (0, 20, 0) or not num_blocks:
-        return tokens
-    return num_blocks // max(1, groups) * block_size
-
-
 def _weights_from_geometry(geometry: ModelGeometry, model_bytes: int, settings: EngineSettings, device: Device) -> int:
     """The weights from config.json's shapes and quantization_config (or `--quantization`); their
     files, when present, win (MemoryInputs.weights_bytes)."""
@@ -341,7 +330,7 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
         max_len = min(derived_len, fitted) if fitted > 0 else derived_len
         demand = request_demand(geometry, settings, device, max_len, release)
     tokens, concurrency = groups.capacity(num_blocks, demand) if num_blocks else (0, 0.0)
-    tokens = _reported_kv_tokens(tokens, num_blocks, len(groups.groups), block_size, memory.vllm_version)
+    tokens = reported_kv_tokens(tokens, num_blocks, len(groups.groups), block_size, memory.vllm_version)
 
     if num_blocks <= 1 or check_memory <= 0:
         warnings.append(_no_memory_warning(device, settings, geometry, memory, model_bytes,
