@@ -38,6 +38,7 @@ import argparse
 import ast
 import builtins
 import enum
+import functools
 import inspect
 import json
 import os
@@ -655,6 +656,259 @@ def check_cpu_attn_kernel_blocks(release: str, oracle: Oracle) -> list[dict[str,
              "vllm": [_block_rule_text(r) for r in fn()], "kvwatch": kvwatch_cpu_attn_kernel_blocks(release, {})}]
 
 
+# -- cuda_kernel_blocks: the CUDA backends' kernel block sizes, the block sizes they accept and the
+# one they prefer, per release, on a table of cards x layouts x KV dtypes.
+
+class KernelCase(NamedTuple):
+    """One model and cache as the backends' methods read them (vLLM's VllmConfig)."""
+    label: str
+    heads: int
+    kv_heads: int
+    head_size: int
+    hybrid_float32_state: bool = False
+    hybrid: bool = False
+    softcap: bool = False
+
+
+KERNEL_LAYOUTS = (
+    KernelCase("GQA, head 128 (Llama 3 8B)", 32, 8, 128),
+    KernelCase("MHA, head 128", 32, 32, 128),
+    KernelCase("GQA, head 256 (Gemma 3 27B)", 32, 16, 256),
+    KernelCase("GQA, head 256, soft capping (Gemma 2 27B)", 32, 16, 128 * 2, softcap=True),
+    KernelCase("GQA, head 512 (Gemma 4 full layers)", 32, 4, 512),
+    KernelCase("hybrid, head 256, bf16 state (Qwen3-Next)", 16, 2, 256, hybrid=True),
+    KernelCase("hybrid, head 128, float32 SSM state (Nemotron-H)", 32, 8, 128, hybrid=True,
+               hybrid_float32_state=True),
+)
+KERNEL_CAPABILITIES = ((8, 0), (9, 0), (10, 0), (12, 0))
+KERNEL_KV_DTYPES = ("auto", "fp8")
+KERNEL_BACKENDS = {   # name -> (file, class)
+    "FLASH_ATTN": ("vllm/v1/attention/backends/flash_attn.py", "FlashAttentionBackend"),
+    "FLASHINFER": ("vllm/v1/attention/backends/flashinfer.py", "FlashInferBackend"),
+    "TRITON_ATTN": ("vllm/v1/attention/backends/triton_attn.py", "TritonAttentionBackend"),
+    "FLASHMLA": ("vllm/v1/attention/backends/mla/flashmla.py", "FlashMLABackend"),
+    "CUTLASS_MLA": ("vllm/v1/attention/backends/mla/cutlass_mla.py", "CutlassMLABackend"),
+    "FLASHINFER_MLA": ("vllm/v1/attention/backends/mla/flashinfer_mla.py", "FlashInferMLABackend"),
+    "TRITON_MLA": ("vllm/v1/attention/backends/mla/triton_mla.py", "TritonMLABackend"),
+    "FLASH_ATTN_MLA": ("vllm/v1/attention/backends/mla/flashattn_mla.py", "FlashAttnMLABackend"),
+}
+KERNEL_BLOCK_PROBES = (16, 32, 48, 64, 128, 256)
+_BASES = ("vllm/v1/attention/backend.py", "vllm/attention/backends/abstract.py")
+_KERNEL_METHODS = ("get_supported_kernel_block_sizes", "supports_block_size", "get_preferred_block_size",
+                   "_get_fa4_hd256_block_size", "_get_sm90_fa4_fp8_kv_block_size")
+_KERNEL_ATTRS = ("supported_kernel_block_sizes", "head_size_v")
+
+
+def _kernel_case_inputs() -> list[tuple[str, KernelCase, tuple[int, int], str]]:
+    rows = []
+    for backend in KERNEL_BACKENDS:
+        mla = "MLA" in backend
+        for cap in KERNEL_CAPABILITIES:
+            for case in (KERNEL_LAYOUTS[:1] if mla else KERNEL_LAYOUTS):
+                for dtype in KERNEL_KV_DTYPES:
+                    rows.append((backend, case, cap, dtype))
+    return rows
+
+
+KERNEL_INPUTS = _kernel_case_inputs()
+
+
+def _kernel_label(backend: str, case: KernelCase, cap: tuple[int, int], dtype: str) -> str:
+    return f"{backend}, SM {cap[0]}.{cap[1]}, {case.label}, kv {dtype}"
+
+
+def _kernel_config(case: KernelCase, dtype: str) -> Any:
+    state = "float32" if case.hybrid_float32_state else "auto"
+    return types.SimpleNamespace(
+        model_config=types.SimpleNamespace(
+            is_hybrid=case.hybrid, use_mla=False, get_num_attention_heads=lambda pc=None: case.heads,
+            get_num_kv_heads=lambda pc=None: case.kv_heads, get_head_size=lambda: case.head_size,
+            hf_text_config=types.SimpleNamespace(attn_logit_softcapping=50.0 if case.softcap else None),
+            is_mm_prefix_lm=False, rswa_window=None, is_diffusion=False),
+        cache_config=types.SimpleNamespace(mamba_ssm_cache_dtype=state, mamba_cache_dtype="auto", cache_dtype=dtype,
+                                           block_size=None),
+        parallel_config=types.SimpleNamespace(decode_context_parallel_size=1, tensor_parallel_size=1),
+        attention_config=types.SimpleNamespace(use_trtllm_attention=None, flash_attn_version=None))
+
+
+@functools.lru_cache(maxsize=512)
+def _parsed(path: Path) -> ast.Module:
+    """A release file's syntax tree, parsed once (the checks only strip decorators, idempotently)."""
+    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+
+def _functions_into(oracle: Oracle, rel: str, names: Sequence[str], scope: dict[str, Any]) -> None:
+    """Compile the module-level functions `names` of a release's file into one shared scope (they
+    call each other by name), and its integer constants."""
+    path = oracle.tree / rel
+    if not path.exists():
+        return
+    tree = _parsed(path)
+    body: list[ast.stmt] = []
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name in names:
+            node.decorator_list = []
+            body.append(node)
+        elif isinstance(node, ast.ClassDef) and node.name in names:   # an enum the functions compare with
+            body.append(node)
+        elif (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+              and isinstance(node.value, ast.Constant) and isinstance(node.value.value, int)):
+            body.append(node)
+    module = ast.fix_missing_locations(ast.Module(body=body, type_ignores=[]))
+    scope.setdefault("__builtins__", {**vars(builtins), "__import__": oracle._import})
+    exec(compile(module, str(path), "exec"), scope)
+
+
+def _backend_class(oracle: Oracle, rel: str, name: str, scope: dict[str, Any]) -> Any | None:
+    """A stand-in for one backend class: the methods and class variables that decide its block
+    sizes, compiled from the release as a subclass of its base (AttentionBackend) so that super()
+    and overrides behave as in vLLM."""
+    base: Any = object
+    for file, cls in [(b, "AttentionBackend") for b in _BASES] + [(rel, name)]:
+        path = oracle.tree / file
+        if not path.exists():
+            continue
+        tree = _parsed(path)
+        owner = next((n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls), None)
+        if owner is None:
+            continue
+        body: list[ast.stmt] = []
+        for node in owner.body:
+            if isinstance(node, ast.FunctionDef) and node.name in _KERNEL_METHODS:
+                node.decorator_list = [d for d in node.decorator_list
+                                       if ast.unparse(d) in ("staticmethod", "classmethod")]
+                body.append(node)
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) \
+                    and node.target.id in _KERNEL_ATTRS and node.value is not None:
+                body.append(node)
+        stand_in = ast.ClassDef(name=cls, bases=[ast.Name("_Base", ast.Load())], keywords=[],
+                                body=body or [ast.Pass()], decorator_list=[], type_params=[])
+        local = {**scope, "_Base": base}
+        exec(compile(ast.fix_missing_locations(ast.Module(body=[stand_in], type_ignores=[])), str(path), "exec"),
+             local)
+        if cls == name:
+            return local[cls]
+        if base is object:
+            base = local[cls]
+    return None
+
+
+class _KernelPlatform(Platform):
+    def get_device_capability(self, device_id: int = 0) -> DeviceCapability:
+        assert self.card is not None
+        return DeviceCapability(*self.card.capability)
+
+    def is_xpu(self) -> bool:
+        return False
+
+    def is_rocm(self) -> bool:
+        return False
+
+    def is_cuda(self) -> bool:
+        return True
+
+
+def _kernel_scope(oracle: Oracle, cap: tuple[int, int], config: Any) -> dict[str, Any]:
+    """What the backends' methods reach outside their class. vLLM's own helpers are compiled from the
+    release (the FlashAttention version, the FA4 head-256 kernel, FlashInfer's TRTLLM gate); what
+    depends on the install or the network is fixed to a CUDA wheel's defaults: every FlashAttention
+    version built (is_fa_version_supported), the NVIDIA artifactory reachable, no batch invariance."""
+    from typing import Literal, get_args
+    platform = _KernelPlatform(Card(f"an SM {cap[0]}.{cap[1]} card", 80 * GiB, cap))
+    scope: dict[str, Any] = {
+        "__builtins__": {**vars(builtins), "__import__": oracle._import},
+        "MultipleOf": MultipleOf, "current_platform": platform, "logger": _Logger(),
+        "envs": types.SimpleNamespace(VLLM_BATCH_INVARIANT=False), "get_args": get_args,
+        "IntEnum": enum.IntEnum, "Enum": enum.Enum, "enum": enum,
+        "BlockSize": Literal[1, 8, 16, 32, 64, 128, 256], "ClassVar": Any, "Any": Any,
+        "get_current_vllm_config": lambda: config, "get_current_vllm_config_or_none": lambda: config,
+        "has_nvidia_artifactory": lambda: True, "is_fa_version_supported": lambda version: True,
+        "fa_version_unsupported_reason": lambda version: None,
+        # 0.33's registry of out-of-tree KV dtypes: "None for upstream dtypes" (vllm/config/cache.py:161)
+        "get_kv_cache_dtype_handler": lambda name: None,
+        "AttentionSpec": type("AttentionSpec", (), {}), "KVCacheSpec": type("KVCacheSpec", (), {}),
+        "KVQuantMode": types.SimpleNamespace(FP8_PER_TENSOR="FP8_PER_TENSOR"),
+    }
+    # from the module fa_utils takes it from (vllm/utils/torch_utils.py; 0.33: v1/kv_cache_interface.py)
+    fa_utils = oracle.tree / "vllm/v1/attention/backends/fa_utils.py"
+    source = next((n.module for n in (_parsed(fa_utils).body if fa_utils.exists() else ())
+                   if isinstance(n, ast.ImportFrom) and n.module and any(a.name == "is_quantized_kv_cache" for a in n.names)),
+                  "vllm.utils.torch_utils")
+    _functions_into(oracle, source.replace(".", "/") + ".py",
+                    ("is_quantized_kv_cache", "get_kv_quant_mode", "KVQuantMode"), scope)
+    _functions_into(oracle, "vllm/v1/attention/backends/fa_utils.py",
+                    ("get_flash_attn_version", "uses_fa4_hd256_kernel", "_fa4_hd256_fallback_reason"), scope)
+    _functions_into(oracle, "vllm/utils/flashinfer.py",
+                    ("can_use_trtllm_attention", "supports_trtllm_attention", "force_use_trtllm_attention"), scope)
+    oracle.stubs.update({k: v for k, v in scope.items() if not k.startswith("__")})
+    return scope
+
+
+def _rule_texts(sizes: Any) -> list[str]:
+    return [_block_rule_text(r) for r in sizes]
+
+
+def _flag_releases() -> frozenset[str]:
+    from kvwatch.planner.serve_options import known_releases
+    return frozenset(known_releases())
+
+
+KNOWN_FLAG_RELEASES = _flag_releases()
+
+
+def kvwatch_cuda_kernel_blocks(release: str, args: dict[str, Any]) -> dict[str, Any]:
+    """kvwatch's answer for one input of the cuda_kernel_blocks check: the backend's rule after the
+    release's kernel rows (planner/backends.py with_release_kernel_blocks)."""
+    from kvwatch.planner.backends import with_release_kernel_blocks
+    from kvwatch.vllm_releases.cuda_kernel_blocks import KernelContext
+    case = next(c for c in KERNEL_LAYOUTS if c.label == args["layout"])
+    context = KernelContext(tuple(args["capability"]), case.heads, case.kv_heads, case.head_size, case.head_size,  # type: ignore[arg-type]
+                            args["kv_cache_dtype"], hybrid_state_float32=case.hybrid_float32_state,
+                            softcap=case.softcap)
+    rule = with_release_kernel_blocks(ruleset_for(release), parse_version(release), context).backend(args["backend"])
+    assert rule is not None
+    # until 0.18 --block-size's choices (vllm_releases/flags.py) are CacheConfig's BlockSize literals,
+    # which supports_block_size also asks for
+    from kvwatch.planner.serve_options import release_options
+    found = release_options(release).match("--block-size") if release in KNOWN_FLAG_RELEASES else None
+    choices = found.option.choices if found is not None and found.option is not None else None
+    answer: dict[str, Any] = {"kernel": _rule_texts(rule.block_sizes),
+                              "accepts": [b for b in KERNEL_BLOCK_PROBES if rule.supports_block_size(b)
+                                          and (choices is None or str(b) in choices)]}
+    if args["has_preferred"]:
+        answer["preferred"] = rule.preferred_block_size
+    return answer
+
+
+def check_cuda_kernel_blocks(release: str, oracle: Oracle) -> list[dict[str, Any]]:
+    """Each CUDA backend's get_supported_kernel_block_sizes (0.11: its supported_kernel_block_sizes),
+    supports_block_size on KERNEL_BLOCK_PROBES and get_preferred_block_size(16) where the release
+    has it, run from the release's classes on KERNEL_INPUTS."""
+    results = []
+    for backend, case, cap, dtype in KERNEL_INPUTS:
+        rel, name = KERNEL_BACKENDS[backend]
+        scope = _kernel_scope(oracle, cap, _kernel_config(case, dtype))
+        cls = _backend_class(oracle, rel, name, scope)
+        if cls is None:
+            continue
+        if hasattr(cls, "get_supported_kernel_block_sizes"):
+            kernel = cls.get_supported_kernel_block_sizes()
+        elif hasattr(cls, "supported_kernel_block_sizes"):
+            kernel = cls.supported_kernel_block_sizes
+        else:
+            continue
+        answer: dict[str, Any] = {"kernel": _rule_texts(kernel),
+                                  "accepts": [b for b in KERNEL_BLOCK_PROBES if cls.supports_block_size(b)]}
+        has_preferred = hasattr(cls, "get_preferred_block_size")
+        if has_preferred:
+            answer["preferred"] = cls.get_preferred_block_size(16)
+        args = {"backend": backend, "layout": case.label, "capability": list(cap), "kv_cache_dtype": dtype,
+                "has_preferred": has_preferred}
+        results.append({"release": release, "check": "cuda_kernel_blocks", "input": _kernel_label(backend, case, cap, dtype),
+                        "args": args, "vllm": answer, "kvwatch": kvwatch_cuda_kernel_blocks(release, args)})
+    return results
+
+
 BF16 = 2
 
 
@@ -744,11 +998,10 @@ def _group_cases() -> list[dict[str, Any]]:
 GROUP_CASES = _group_cases()
 
 
-def kvwatch_kv_groups(release: str, args: dict[str, Any]) -> Any:
-    """kvwatch's answer for one input of the kv_groups check: the layers fed to kv_groups as
-    planner/plan.py _kv_groups feeds them (promoted when the hybrid manager is off). The input is
-    named by its label; the fixture records the case table once (kv_groups_cases)."""
-    case = next(c for c in GROUP_CASES if c["label"] == args["case"])
+def _kvwatch_groups(release: str, label: str) -> tuple[Any, list[tuple[int, Any]]] | str:
+    """kvwatch's groups for one of GROUP_CASES, fed to kv_groups as planner/plan.py _kv_groups feeds
+    them (promoted when the hybrid manager is off), with the case's present layers; or its refusal."""
+    case = next(c for c in GROUP_CASES if c["label"] == label)
     present = [(i, x) for i, x in enumerate(case["layers"]) if x is not None]
     kinds = [x["kind"] if x["kind"] != "mla" else FULL for _, x in present]
     rule = grouping_rule_for(parse_version(release))
@@ -766,10 +1019,61 @@ def kvwatch_kv_groups(release: str, args: dict[str, Any]) -> Any:
     specs = layer_specs(kinds, pages, block, windows.pop() if windows else None, state)
     if pages_refused(specs, KV_PAGE_UNIFICATION.holds(parse_version(release)), rule.uniform_type):
         return "error: NotImplementedError"
-    groups = kv_groups(specs, rule.near_equal, rule.strided)
+    return kv_groups(specs, rule.near_equal, rule.strided), present
+
+
+def kvwatch_kv_groups(release: str, args: dict[str, Any]) -> Any:
+    """kvwatch's answer for one input of the kv_groups check (_kvwatch_groups). The input is named by
+    its label; the fixture records the case table once (kv_groups_cases)."""
+    built = _kvwatch_groups(release, args["case"])
+    if isinstance(built, str):
+        return built
+    groups, present = built
     return [{"kind": groups.specs[g[0]].layer_kind, "block_size": groups.specs[g[0]].block_size,
              "layers": [present[i][0] for i in g], "bytes_per_block": sum(groups.specs[i].page_bytes for i in g)}
             for g in groups.groups]
+
+
+# The cache the kv_tokens check reports on: blocks, and the scheduler the oracle's VllmConfig gives
+# (scripts/oracle_kv_groups.py: max_model_len 4096, 2048 tokens in flight, mamba_cache_mode "align").
+TOKENS_NUM_BLOCKS = 10_000
+TOKENS_DEMAND = {"max_model_len": 4096, "max_in_flight_tokens": 2048, "mamba_align": True}
+
+
+def kvwatch_kv_tokens(release: str, args: dict[str, Any]) -> Any:
+    """kvwatch's answer for one input of the kv_tokens check: the logged token count as the plan
+    computes it (kv_groups capacity, vllm_releases/kv_tokens_report.py)."""
+    from kvwatch.planner.kv_groups import Demand
+    from kvwatch.vllm_releases.kv_tokens_report import reported_kv_tokens
+    built = _kvwatch_groups(release, args["case"])
+    if isinstance(built, str):
+        return built
+    groups, _present = built
+    num_blocks = args["num_blocks"]
+    tokens, _concurrency = groups.capacity(num_blocks, Demand(**TOKENS_DEMAND))
+    smallest = min(groups.specs[g[0]].block_size for g in groups.groups)
+    return reported_kv_tokens(tokens, num_blocks, len(groups.groups), smallest, parse_version(release))
+
+
+def check_kv_tokens(release: str, oracle: Oracle) -> list[dict[str, Any]]:
+    """The "GPU KV cache size: N tokens" the release logs for TOKENS_NUM_BLOCKS blocks in its own
+    groups of each of GROUP_CASES (its _report_kv_cache_config, 0.28+ update_kv_cache_capacity),
+    run by scripts/oracle_kv_groups.py --tokens in a process of its own."""
+    import subprocess
+    worker = ROOT / "scripts" / "oracle_kv_groups.py"
+    done = subprocess.run([sys.executable, str(worker), str(oracle.tree), "--tokens", str(TOKENS_NUM_BLOCKS)],
+                          input=json.dumps(GROUP_CASES), capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"{release}: the kv_tokens oracle failed:\n{done.stderr[-3000:]}")
+    answers = json.loads(done.stdout)
+    if answers is None:   # 0.10: the line is logged inside get_kv_cache_config, which sizes the cache itself
+        return []
+    results = []
+    for case, answer in zip(GROUP_CASES, answers, strict=True):
+        args = {"case": case["label"], "num_blocks": TOKENS_NUM_BLOCKS}
+        results.append({"release": release, "check": "kv_tokens", "input": case["label"], "args": args,
+                        "vllm": answer, "kvwatch": kvwatch_kv_tokens(release, args)})
+    return results
 
 
 def check_kv_groups(release: str, oracle: Oracle) -> list[dict[str, Any]]:
@@ -792,7 +1096,8 @@ def check_kv_groups(release: str, oracle: Oracle) -> list[dict[str, Any]]:
 CHECKS = {"batch_defaults": check_batch_defaults, "backend_priorities": check_backend_priorities,
           "max_model_len": check_max_model_len, "hybrid_block_size": check_hybrid_block_size,
           "sliding_block_size": check_sliding_block_size, "cpu_attn_kernel_blocks": check_cpu_attn_kernel_blocks,
-          "kv_groups": check_kv_groups}
+          "kv_groups": check_kv_groups, "cuda_kernel_blocks": check_cuda_kernel_blocks,
+          "kv_tokens": check_kv_tokens}
 
 
 def run(src_root: Path, releases: list[str], checks: list[str] | None = None) -> list[dict[str, Any]]:
@@ -813,10 +1118,11 @@ def torch_available() -> bool:
 
 # Differences kvwatch knows of and does not fix, by (check, input), in every release where they
 # show: the reason is recorded in the fixture and the test checks that they still differ.
+_TWO_WINDOWS = ("kvwatch's layer layout holds one window per model (planner/layers.py LayerLayout.window); "
+                "no architecture kvwatch reads has two")
 KNOWN_DIFFERENCES = {
-    ("kv_groups", "two windows and full"):
-        "kvwatch's layer layout holds one window per model (planner/layers.py LayerLayout.window); "
-        "no architecture kvwatch reads has two",
+    ("kv_groups", "two windows and full"): _TWO_WINDOWS,
+    ("kv_tokens", "two windows and full"): _TWO_WINDOWS,
 }
 
 
@@ -858,8 +1164,9 @@ def main(argv: list[str] | None = None) -> int:
             print("error: the kv_groups oracle needs torch in this environment (pip install torch, the CPU "
                   "build); nothing written", file=sys.stderr)
             return 2
-        print("note: no torch here, the kv_groups check is skipped", file=sys.stderr)
+        print("note: no torch here, the kv_groups and kv_tokens checks are skipped", file=sys.stderr)
         checks.remove("kv_groups")
+        checks.remove("kv_tokens")
     results = run(src_root, releases, checks)
     diffs = differences(results)
     for d in diffs:

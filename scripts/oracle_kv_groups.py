@@ -13,6 +13,14 @@ objects), `init_logger` is the standard logger and `get_dtype_size` is torch's e
 Each case (see check_release_functions.GROUP_CASES) gives the layers as kinds and shapes; the answer
 is the groups vLLM forms: per group its spec kind, block size, layer indices and bytes per block (the
 group's layers' pages), or "error: <exception type>" when vLLM refuses the specs.
+
+    python scripts/oracle_kv_groups.py RELEASE_TREE --tokens NUM_BLOCKS < cases.json > answers.json
+
+answers instead the "GPU KV cache size: N tokens" the release logs for a cache of NUM_BLOCKS blocks
+in those groups (its own reporting function: `_report_kv_cache_config`, 0.28+ `update_kv_cache_capacity`,
+run on a KVCacheConfig of its own class, the line read from its logger; 0.24-0.27 log the count of
+`get_kv_cache_capacity` inline, which is run instead); None for 0.10 (the line is inside
+`get_kv_cache_config`, which sizes the cache from memory itself).
 """
 from __future__ import annotations
 
@@ -128,12 +136,15 @@ def _config(case: dict[str, Any], layout: Any) -> Any:
         scheduler_config=types.SimpleNamespace(disable_hybrid_kv_cache_manager=case["disable_hybrid"],
                                                max_num_batched_tokens=2048, max_model_len=MAX_MODEL_LEN),
         model_config=types.SimpleNamespace(max_model_len=MAX_MODEL_LEN),
+        device_config=types.SimpleNamespace(device_type="cuda"),
+        attention_config=types.SimpleNamespace(hisparse_config=None),
         cache_config=types.SimpleNamespace(kv_cache_layout=LAYOUT, get_resolved_kv_cache_layout=lambda: layout,
                                            mamba_cache_mode="align", num_gpu_blocks_override=None,
                                            block_size=case["block_size"]),
         speculative_config=None, kv_transfer_config=None,
+        max_in_flight_tokens=2048,   # max_concurrent_batches (1: no pipeline stages) x max_num_batched_tokens
         parallel_config=types.SimpleNamespace(tensor_parallel_size=1, decode_context_parallel_size=1,
-                                              pipeline_parallel_size=1))
+                                              prefill_context_parallel_size=1, pipeline_parallel_size=1))
 
 
 def _make(cls: Any, **fields: Any) -> Any:
@@ -196,8 +207,55 @@ def _group(group: Any) -> dict[str, Any]:
     return {"kind": _kind(spec), "block_size": spec.block_size, "layers": layers, "bytes_per_block": page}
 
 
+class _LogLine(logging.Handler):
+    """Keeps the token count of the release's "KV cache size: N tokens" line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokens: int | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        if "KV cache size: " in text and " tokens" in text:
+            self.tokens = int(text.split("KV cache size: ", 1)[1].split(" tokens", 1)[0].replace(",", ""))
+
+
+def _once(logger: logging.Logger) -> None:
+    """vLLM's logger has info_once/warning_once; the standard one stands in."""
+    def once(emit: Any) -> Any:
+        return lambda msg, *args, scope=None: emit(msg, *args)
+    for level in ("info", "warning", "debug"):
+        setattr(logger, f"{level}_once", once(getattr(logger, level)))
+
+
+def _reported_tokens(tree: Path, config: Any, groups: list[Any], num_blocks: int) -> int | None:
+    ki = importlib.import_module("vllm.v1.kv_cache_interface")
+    utils = importlib.import_module("vllm.v1.core.kv_cache_utils")
+    report = getattr(utils, "update_kv_cache_capacity", None) or getattr(utils, "_report_kv_cache_config", None)
+    kv_cache_config = _make(ki.KVCacheConfig, num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
+    if report is None:
+        # 0.24-0.27 log it inline in get_kv_cache_configs, the count being get_kv_cache_capacity's
+        # (vLLM 0.24.0, vllm/v1/core/kv_cache_utils.py:2146)
+        capacity = getattr(utils, "get_kv_cache_capacity", None)
+        return int(capacity(config, kv_cache_config)[0]) if capacity is not None else None
+    handler = _LogLine()
+    logger = utils.logger
+    _once(logger)
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    logging.disable(logging.NOTSET)
+    try:
+        report(config, kv_cache_config)
+    finally:
+        logger.removeHandler(handler)
+        logging.disable(logging.WARNING)
+    return handler.tokens
+
+
 def main() -> int:
     tree = Path(sys.argv[1])
+    tokens_for = int(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[2] == "--tokens" else None
     sys.meta_path.insert(0, ReleaseFinder(tree))
     logging.disable(logging.WARNING)
     cases = json.load(sys.stdin)
@@ -217,9 +275,16 @@ def main() -> int:
     layout = getattr(importlib.import_module("vllm.v1.kv_cache_layout").KVCacheLayout, LAYOUT) \
         if layout_module.exists() else None
     answers: list[Any] = []
+    if tokens_for is not None and not hasattr(grouping, "get_kv_cache_groups"):
+        json.dump(None, sys.stdout)   # 0.10: no grouping without sizing
+        return 0
     for case in cases:
         try:
-            groups = group(_config(case, layout), _specs(ki, case))
+            config = _config(case, layout)
+            groups = group(config, _specs(ki, case))
+            if tokens_for is not None:
+                answers.append(_reported_tokens(tree, config, groups, tokens_for))
+                continue
             answers.append([_group(g) for g in groups])
         except (ValueError, NotImplementedError, AssertionError) as exc:   # a refusal is an answer too
             if os.environ.get("KVWATCH_ORACLE_TRACE"):

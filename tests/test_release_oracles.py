@@ -49,7 +49,9 @@ def _kvwatch(result: dict[str, Any]) -> list[Any]:
               "hybrid_block_size": ORACLES.kvwatch_hybrid_block_size,
               "sliding_block_size": ORACLES.kvwatch_sliding_block_size,
               "cpu_attn_kernel_blocks": ORACLES.kvwatch_cpu_attn_kernel_blocks,
-              "kv_groups": ORACLES.kvwatch_kv_groups}[result["check"]]
+              "kv_groups": ORACLES.kvwatch_kv_groups,
+              "cuda_kernel_blocks": ORACLES.kvwatch_cuda_kernel_blocks,
+              "kv_tokens": ORACLES.kvwatch_kv_tokens}[result["check"]]
     return answer(result["release"], result["args"])   # type: ignore[no-any-return]
 
 
@@ -114,6 +116,35 @@ def test_cpu_attn_kernel_blocks_equal_vllms_per_release() -> None:
     assert kernel["0.20.2"] == ["MultipleOf(1)"] and kernel["0.28.0"] == ["MultipleOf(16)"]
     assert kernel["0.29.0"] == kernel["0.33.0"] == ["MultipleOf(32)"]
     assert _differences("cpu_attn_kernel_blocks") == []
+
+
+def test_cuda_kernel_blocks_equal_vllms_per_release() -> None:
+    """Each CUDA backend's get_supported_kernel_block_sizes, supports_block_size and
+    get_preferred_block_size, run from each release 0.11 to 0.33 on cards SM 8.0 to 12.0, dense,
+    head-256/512, soft-capped and hybrid layouts, bf16 and fp8 KV: 0 differences with the rules
+    kvwatch plans with (vllm_releases/cuda_kernel_blocks.py; 1,989 of 4,784 before it)."""
+    results = [r for r in FIXTURE["results"] if r["check"] == "cuda_kernel_blocks"]
+    assert {r["release"] for r in results} >= {"0.11.2", "0.24.0", "0.29.0", "0.33.0"}
+    # the release-dependent rows show in vLLM's answers, so the table exercises them
+    assert any(r["vllm"]["kernel"] == ["128"] for r in results)
+    assert any("1024" in r["vllm"]["kernel"] for r in results)
+    assert _differences("cuda_kernel_blocks") == []
+
+
+def test_logged_kv_tokens_equal_vllms_report_per_release() -> None:
+    """The "GPU KV cache size: N tokens" each release 0.11 to 0.33 logs for 10,000 blocks in its own
+    groups of the kv_groups layouts (its _report_kv_cache_config / update_kv_cache_capacity /
+    get_kv_cache_capacity): 0 differences with the plan's count (kv_groups capacity and
+    vllm_releases/kv_tokens_report.py), blocks over groups before 0.20 and concurrency x length after."""
+    results = {(r["release"], r["input"]): r["vllm"] for r in FIXTURE["results"] if r["check"] == "kv_tokens"}
+    gemma3 = "Gemma 3 5:1 sliding:full"
+    groups = next(r["vllm"] for r in FIXTURE["results"]
+                  if r["check"] == "kv_groups" and r["release"] == "0.19.1" and r["input"] == gemma3)
+    shared_out = 10_000 // len(groups) * 16   # before 0.20: the blocks shared out over the groups
+    assert results[("0.19.1", gemma3)] == shared_out < results[("0.20.2", gemma3)]   # then: the windows count
+    assert _differences("kv_tokens") == []
+
+
 def test_kv_groups_equal_vllms_get_kv_cache_groups_per_release() -> None:
     """vLLM's own get_kv_cache_groups of each release 0.10 to 0.33 on specs built with its own
     classes (uniform full and MLA, Gemma 3 5:1 and gpt-oss 1:1 sliding:full, Llama 4 chunked:full,

@@ -1,11 +1,20 @@
 """Which attention backend vLLM will pick, and why the others were rejected (pure)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvwatch.planner.devices import Device
+from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.geometry import ModelGeometry
 from kvwatch.planner.rules import FP8_KV_DTYPES, PACKED_MLA_BYTES, BackendRule, RuleSet
+from kvwatch.planner.versions import VllmVersion
+from kvwatch.vllm_releases import DEFAULT_RELEASE
+from kvwatch.vllm_releases.cuda_kernel_blocks import (
+    KernelContext,
+    accepts_multiples,
+    kernel_block_sizes,
+    preferred_block_size,
+)
 
 
 @dataclass(frozen=True)
@@ -67,3 +76,34 @@ def choose_backend(rules: RuleSet, device: Device, geometry: ModelGeometry, kv_d
             return BackendChoice(rule, tuple(names), reasons)
         reasons[name] = rejected
     return BackendChoice(None, tuple(names), reasons)
+
+
+def kernel_context(geometry: ModelGeometry, device: Device, settings: EngineSettings) -> KernelContext:
+    """What the CUDA backends' kernel block sizes depend on, as vLLM's config holds it."""
+    state = geometry.layout.state
+    ssm = settings.mamba_ssm_cache_dtype if settings.mamba_ssm_cache_dtype != "auto" else (state.ssm_dtype if state else None)
+    float32_state = state is not None and geometry.attention != "none" and (
+        settings.mamba_cache_dtype == "float32" or ssm == "float32")
+    return KernelContext(device.compute_capability, geometry.num_attention_heads or geometry.num_kv_heads,
+                         geometry.num_kv_heads, geometry.head_size, geometry.head_size_v, settings.kv_cache_dtype,
+                         hybrid_state_float32=float32_state, softcap="attn_logit_softcapping" in geometry.present_fields)
+
+
+def with_release_kernel_blocks(rules: RuleSet, version: VllmVersion | None, context: KernelContext) -> RuleSet:
+    """The rules with each CUDA backend's kernel block sizes (and the block size it prefers) as
+    this release gives them for this model and card, and whether it accepts their multiples
+    (vllm_releases/cuda_kernel_blocks.py)."""
+    version = version or DEFAULT_RELEASE
+    backends = []
+    for rule in rules.backends:
+        if rule.platform != "cuda":
+            backends.append(rule)
+            continue
+        rule = replace(rule, accepts_multiples=accepts_multiples(version))
+        sizes = kernel_block_sizes(rule.name, version, context)
+        if sizes is not None:
+            rule = replace(rule, block_sizes=sizes,
+                           preferred_block_size=preferred_block_size(rule.name, version, context,
+                                                                     rule.preferred_block_size))
+        backends.append(rule)
+    return replace(rules, backends=tuple(backends))

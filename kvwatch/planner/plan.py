@@ -13,7 +13,7 @@ from kvwatch.planner.architecture_kinds import unknown_reasons
 from kvwatch.planner.architectures import IN_TRANSFORMERS
 from kvwatch.planner.architectures import refusals as _architecture_refusals
 from kvwatch.planner.backend_legality import backend_refusals
-from kvwatch.planner.backends import BackendChoice, choose_backend
+from kvwatch.planner.backends import BackendChoice, choose_backend, kernel_context, with_release_kernel_blocks
 from kvwatch.planner.config_refusals import config_refusals
 from kvwatch.planner.devices import Device, GiB
 from kvwatch.planner.engine_args import EngineSettings
@@ -57,6 +57,7 @@ from kvwatch.vllm_releases.kv_layout import (
     SSM_FLOAT32_WITH_AVX512_BF16,
     grouping_rule_for,
 )
+from kvwatch.vllm_releases.kv_tokens_report import reported_kv_tokens
 
 _DTYPE_BYTES = {"float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4}
 
@@ -210,18 +211,6 @@ def _estimate_gpu_kv_memory(device: Device, settings: EngineSettings, geometry: 
     return budget.kv_cache_bytes
 
 
-def _reported_kv_tokens(tokens: int, num_blocks: int, groups: int, block_size: int,
-                        version: VllmVersion | None) -> int:
-    """The "GPU KV cache size" the release logs. Before 0.20 it is the blocks shared out over the KV
-    cache groups (vLLM 0.11.2-0.19.1 v1/core/kv_cache_utils.py: `num_blocks //
-    len(kv_cache_groups) * min_block_size`; 0.10.2 likewise for several groups); from 0.20 it is
-    concurrency x max_model_len (0.20.2 kv_cache_utils.py: `int(max_concurrency * max_model_len)`),
-    the figure kv_groups computes."""
-    if version is None or version.parts >= (0, 20, 0) or not num_blocks:
-        return tokens
-    return num_blocks // max(1, groups) * block_size
-
-
 def _kernel_format_bytes(geometry: ModelGeometry, settings: EngineSettings, device: Device,
                          version: VllmVersion | None) -> int:
     """What the MoE kernel's weight format adds to the checkpoint's bytes once loaded, files or not:
@@ -270,6 +259,8 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
                            gpu_memory_utilization_given=False)
     kv_dtype = settings.kv_cache_dtype
     attention_free = geometry.attention == "none"
+    if device.platform == "cuda":   # the release's kernel block sizes for this model and card
+        rules = with_release_kernel_blocks(rules, memory.vllm_version, kernel_context(geometry, device, settings))
     # A pure state-space model has no attention layer, so no attention backend to choose.
     choice = BackendChoice(None, (), {}) if attention_free else choose_backend(
         rules, device, geometry, kv_dtype, settings.block_size, settings.attention_backend)
@@ -351,7 +342,7 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
         max_len = min(derived_len, fitted) if fitted > 0 else derived_len
         demand = request_demand(geometry, settings, device, max_len, release)
     tokens, concurrency = groups.capacity(num_blocks, demand) if num_blocks else (0, 0.0)
-    tokens = _reported_kv_tokens(tokens, num_blocks, len(groups.groups), block_size, memory.vllm_version)
+    tokens = reported_kv_tokens(tokens, num_blocks, len(groups.groups), block_size, memory.vllm_version)
 
     if num_blocks <= 1 or check_memory <= 0:
         warnings.append(_no_memory_warning(device, settings, geometry, memory, model_bytes,

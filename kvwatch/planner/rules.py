@@ -53,6 +53,8 @@ class BackendRule:
     forced_block_size: int | None = None             # the platform overrides the user's choice
     cpu_fp8_needs_isa: bool = False                  # CPU fp8 KV kernels need AVX-512 or AMX
     fp8_head_size_multiple: int | None = None
+    # any multiple of a kernel block is accepted, a fixed size too (vllm_releases/cuda_kernel_blocks.py)
+    accepts_multiples: bool = False
 
     def supports_capability(self, cc: tuple[int, int] | None) -> bool:
         if self.platform == "cpu":
@@ -68,6 +70,8 @@ class BackendRule:
         return True
 
     def supports_block_size(self, block_size: int) -> bool:
+        if self.accepts_multiples:
+            return any(block_size % (r.base if isinstance(r, MultipleOf) else r) == 0 for r in self.block_sizes)
         return accepts_block_size(self.block_sizes, block_size)
 
     def smallest_block_size_at_least(self, block_size: int) -> int:
