@@ -96,11 +96,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
         pass
 
 
+# os._exit, not sys.exit: the parents vanish at once, so kvwatch's view of the tree never catches the
+# daemon while it is still a descendant (the test proves it the engine's by its session, not its tree).
 DAEMON = """import os, signal, sys, time
-if os.fork(): sys.exit(0)
+if os.fork(): os._exit(0)
 if {setsid}: os.setsid()
 else: os.setpgid(0, 0)   # out of the engine's group (a killpg misses it), still in its session
-if os.fork(): sys.exit(0)
+if os.fork(): os._exit(0)
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 with open("/proc/self/comm", "w") as f: f.write("VLLM::Daemon")
 tmp = {pid_file!r} + ".tmp"
