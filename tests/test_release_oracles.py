@@ -49,7 +49,8 @@ def _kvwatch(result: dict[str, Any]) -> list[Any]:
               "hybrid_block_size": ORACLES.kvwatch_hybrid_block_size,
               "sliding_block_size": ORACLES.kvwatch_sliding_block_size,
               "cpu_attn_kernel_blocks": ORACLES.kvwatch_cpu_attn_kernel_blocks,
-              "kv_groups": ORACLES.kvwatch_kv_groups}[result["check"]]
+              "kv_groups": ORACLES.kvwatch_kv_groups,
+              "gdn_checkpoint": ORACLES.kvwatch_gdn_checkpoint}[result["check"]]
     return answer(result["release"], result["args"])   # type: ignore[no-any-return]
 
 
@@ -95,6 +96,32 @@ def test_hybrid_block_size_equals_vllms_alignment_per_release() -> None:
     hybrid = [r for r in FIXTURE["results"] if r["check"] == "hybrid_block_size"]
     assert {r["release"] for r in hybrid} == set(FIXTURE["releases"])
     assert _differences("hybrid_block_size") == []
+
+
+def test_hybrid_block_size_takes_033s_gdn_checkpoint_alignment() -> None:
+    """0.33 makes the alignment a multiple of the state layers' prefill checkpoint alignment (64 for a
+    gated delta net layer on FlashInfer) in align mode: vLLM's own answers differ from 0.32's there,
+    and kvwatch's equal them."""
+    hybrid = {(r["release"], r["input"]): r["vllm"] for r in FIXTURE["results"] if r["check"] == "hybrid_block_size"}
+    label = ("FLASH_ATTN, attention 4096 B/token, state 1622016 B, block 16, mamba_cache_mode align, "
+             "checkpoint alignment 64")
+    assert hybrid[("0.32.0", label)][0] == 400     # 16 x ceil(1,622,016 / (16 x 4,096)) = 16 x 25
+    assert hybrid[("0.33.0", label)][0] == 448     # 64 x ceil(1,622,016 / (64 x 4,096)) = 64 x 7
+    assert _differences("hybrid_block_size") == []
+
+
+def test_gdn_checkpoint_equals_vllms_layer_per_release() -> None:
+    """QwenGatedDeltaNetAttention's spec in each release 0.22 to 0.33 (its own get_kv_cache_spec and
+    checkpoint alignment from 0.33, with the release's prefill backend choice and
+    MambaSpec.max_memory_usage_bytes), on the CPU and 7 capabilities, two key head widths, both
+    mamba cache modes and four --gdn-prefill-backend values: 0 differences, and the checkpoint seen."""
+    gdn = [r for r in FIXTURE["results"] if r["check"] == "gdn_checkpoint"]
+    assert {"0.22.1", "0.32.0", "0.33.0"} <= {r["release"] for r in gdn}
+    assert _differences("gdn_checkpoint") == []
+    exported = {(r["release"], r["input"]) for r in gdn if r["vllm"][0]}
+    assert exported and {release for release, _ in exported} == {"0.33.0"}
+    assert ("0.33.0", "SM 9.0, linear key heads 128, mamba_cache_mode align, --gdn-prefill-backend not given") \
+        in exported
 
 
 def test_sliding_block_size_equals_vllms_layer_spec_per_release() -> None:

@@ -154,6 +154,7 @@ class EngineSettings:
     gpu_memory_utilization_given: bool = False   # False: the value above is a default (the version's decides)
     quantization: str | None = None          # --quantization: what the engine does to the weights (fp8, gguf, ...)
     cpu_offload_gb: float = 0.0              # --cpu-offload-gb: GiB of weights per GPU kept in host memory
+    gdn_prefill_backend: str | None = None   # --gdn-prefill-backend (None: vLLM's "auto")
 
 
 @dataclass(frozen=True)
@@ -279,6 +280,7 @@ class EngineCommand:
             gpu_memory_utilization_given=self.get("--gpu-memory-utilization") is not None,
             quantization=self.get("--quantization"),
             cpu_offload_gb=self._nonnegative_float("--cpu-offload-gb"),
+            gdn_prefill_backend=self.get("--gdn-prefill-backend"),
         )
 
     def _int(self, flag: str, human: bool = False) -> int | None:

@@ -10,6 +10,7 @@ v1/kv_cache_interface.py), and `_estimate_max_model_len_from_groups` (`--max-mod
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from kvwatch.planner.layers import CHUNKED, FULL, MAMBA, SLIDING
@@ -208,15 +209,19 @@ def promote_local_layers(kinds: list[str]) -> list[str]:
 
 
 def hybrid_block_size(alignment: HybridAlignment, backend: BackendRule, block_size: int, attn_page_1_token: int,
-                      state_bytes: int, mla: bool) -> int:
+                      state_bytes: int, mla: bool, checkpoint_alignment: int | None = None) -> int:
     """The block size after vLLM aligns a hybrid's attention pages to its recurrent state, as the
     release's rules say (vllm_releases/hybrid_alignment.py): the smallest multiple of the alignment
-    whose page holds one state, never below the block size in force."""
+    whose page holds one state, never below the block size in force. `checkpoint_alignment`: the
+    state layers' prefill checkpoint alignment in align mode (vllm_releases/gdn_checkpoint.py), which
+    releases with a checkpoint_alignment_source fold into the alignment."""
     smallest = min(r.base if isinstance(r, MultipleOf) else r for r in backend.block_sizes)
     if alignment.kernel_alignment:
         align = max(smallest, block_size)
         if mla and alignment.mla_at_least:
             align = max(align, alignment.mla_at_least)
+        if checkpoint_alignment and alignment.checkpoint_alignment_source:
+            align = math.lcm(align, checkpoint_alignment)
     else:
         align = alignment.fixed_mla_alignment if mla else alignment.fixed_alignment
     size = align * cdiv(state_bytes, align * attn_page_1_token)

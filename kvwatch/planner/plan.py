@@ -42,6 +42,7 @@ from kvwatch.planner.rules import FP8_KV_DTYPES, PACKED_MLA_BYTES, BackendRule, 
 from kvwatch.planner.scheduler import prefix_caching_on, request_demand
 from kvwatch.planner.versions import VllmVersion
 from kvwatch.planner.weights import gpu_weights_bytes
+from kvwatch.vllm_releases.gdn_checkpoint import GDN_CHECKPOINT_BLOCKS, gdn_checkpoint_alignment
 from kvwatch.vllm_releases.hybrid_alignment import hybrid_alignment_for
 from kvwatch.vllm_releases.kv_layout import (
     CHUNKED_LOCAL_KEEPS_HYBRID_MANAGER,
@@ -285,9 +286,10 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     # Per cache layer where layers differ (Gemma 4: wider full-attention heads, fewer KV heads).
     layer_token_bytes = _layer_token_bytes(geometry, settings, dtype_bytes, per_token_layer)
     state_bytes = _recurrent_state_bytes(geometry, settings, model_bytes, device, memory.vllm_version)
+    checkpoint_alignment = _gdn_checkpoint_alignment(geometry, settings, device, memory.vllm_version)
     if state_bytes and shape is not None and not attention_free:   # a hybrid: attention pages hold a state
         aligned = hybrid_block_size(hybrid_alignment_for(release.defaults.release), shape, block_size,
-                                    per_token_layer, state_bytes, geometry.attention == "mla")
+                                    per_token_layer, state_bytes, geometry.attention == "mla", checkpoint_alignment)
         if aligned > block_size:
             block_size, block_source = aligned, "raised so a page holds the recurrent state"
     derived_len = geometry.default_max_model_len
@@ -309,7 +311,7 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
                                        SLIDING_BLOCK_WITHIN_PRIMARY_PAGE.holds(memory.vllm_version)) \
         if shape is not None else block_size
     groups, grouping_refusals = _kv_groups(geometry, settings, block_size, layer_token_bytes, state_bytes,
-                                           memory.vllm_version, sliding_block)
+                                           memory.vllm_version, sliding_block, checkpoint_alignment is not None)
     warnings.extend(grouping_refusals)
     bytes_per_block = groups.bytes_per_block
     # The engine's block size is its groups' smallest (vLLM 0.28.0, vllm/v1/engine/core.py:322).
@@ -446,6 +448,18 @@ def _no_memory_warning(device: Device, settings: EngineSettings, geometry: Model
                     certain=not estimated)
 
 
+def _gdn_checkpoint_alignment(geometry: ModelGeometry, settings: EngineSettings, device: Device,
+                              version: VllmVersion | None) -> int | None:
+    """The prefill checkpoint alignment of a Qwen gated delta net hybrid's state layers, where the
+    release and the device make them export checkpoints (vllm_releases/gdn_checkpoint.py); None else."""
+    state = geometry.layout.state
+    if state is None or state.family != "gated_delta_net" or geometry.attention == "none":
+        return None
+    align = prefix_caching_on(geometry, settings, version)   # mamba_cache_mode "align"
+    return gdn_checkpoint_alignment(version, device.platform, device.compute_capability, state.state_size, align,
+                                    settings.gdn_prefill_backend)
+
+
 def _recurrent_state_bytes(geometry: ModelGeometry, settings: EngineSettings, model_bytes: int,
                            device: Device, version: VllmVersion | None = None) -> int:
     """One Mamba/linear-attention layer's state on one TP rank (MambaSpec.page_size_bytes before
@@ -491,10 +505,11 @@ def _layer_token_bytes(geometry: ModelGeometry, settings: EngineSettings, dtype_
 
 def _kv_groups(geometry: ModelGeometry, settings: EngineSettings, block_size: int, token_bytes: list[int],
                state_bytes: int, version: VllmVersion | None = None,
-               sliding_block: int | None = None) -> tuple[KvGroups, list[PredictedRefusal]]:
+               sliding_block: int | None = None, gdn_checkpoint: bool = False) -> tuple[KvGroups, list[PredictedRefusal]]:
     """The groups of one worker's layers, and vLLM's refusal of them where it refuses them;
     `token_bytes` per cache layer, `sliding_block` the block a sliding-window layer starts from
-    (default: the block size in force)."""
+    (default: the block size in force), `gdn_checkpoint` whether the gated delta net layers export
+    prefill checkpoints (vllm_releases/gdn_checkpoint.py)."""
     kinds = list(geometry.layout.kinds)
     if settings.pipeline_parallel_size > 1:   # the first stage holds the most layers
         per_stage = -(-len(kinds) // settings.pipeline_parallel_size)
@@ -515,6 +530,8 @@ def _kv_groups(geometry: ModelGeometry, settings: EngineSettings, block_size: in
         kinds = promote_local_layers(kinds)   # the release turns the hybrid manager off by itself
     checkpoints = geometry.layout.state.checkpoint_blocks \
         if geometry.layout.state and MAMBA2_PREFILL_CHECKPOINT.holds(version) else 0
+    if gdn_checkpoint:
+        checkpoints = GDN_CHECKPOINT_BLOCKS
     specs = layer_specs(kinds, pages, block_size, geometry.layout.window, state_bytes, checkpoints, sliding_block)
     if pages_refused(specs, KV_PAGE_UNIFICATION.holds(version), rule.uniform_type):
         refusals.append(PredictedRefusal(
