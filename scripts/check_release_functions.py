@@ -25,6 +25,9 @@ Checks, per release where the function exists:
 - max_model_len, hybrid_block_size: see their functions;
 - gdn_checkpoint: model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py QwenGatedDeltaNetAttention
   (0.22+): its spec's prefill checkpoint blocks and alignment, against vllm_releases/gdn_checkpoint.py;
+- skip_layer_block_size: platforms/interface.py Platform._align_heterogeneous_kv_block_size (0.25+):
+  the block size and skip_page_size_padded with --kv-cache-dtype-skip-layers beside fp8, against
+  kv_groups.skip_layer_block_size;
 - kv_groups: v1/core/kv_cache_utils.py get_kv_cache_groups (0.33: kv_cache_planning.py; 0.10: the
   groups of get_kv_cache_config) on specs built with the release's own classes, run by
   scripts/oracle_kv_groups.py in a process per release (torch needed: without it the check is
@@ -64,6 +67,7 @@ from kvwatch.planner.kv_groups import (  # noqa: E402
     pages_refused,
     promote_local_layers,
     promotion_refused,
+    skip_layer_block_size,
     sliding_block_size,
 )
 from kvwatch.planner.layers import CHUNKED, FULL, MAMBA, SLIDING  # noqa: E402
@@ -80,6 +84,7 @@ from kvwatch.vllm_releases.kv_layout import (  # noqa: E402
     grouping_rule_for,
 )
 from kvwatch.vllm_releases.release_defaults import api_batch_defaults  # noqa: E402
+from kvwatch.vllm_releases.skip_layer_pages import SKIP_LAYER_PAGE_ALIGNMENT  # noqa: E402
 
 GiB = 1 << 30
 FIXTURE = ROOT / "tests" / "fixtures" / "release_oracles.json"
@@ -595,6 +600,65 @@ def check_hybrid_block_size(release: str, oracle: Oracle) -> list[dict[str, Any]
     return results
 
 
+# (primary, skip) bytes per token of one layer: 8 KV heads of 128 in fp8 beside bf16 (x2), a packed
+# 4-bit-like primary (not a divisor of the skip page), and pages already equal
+SKIP_PAGES = ((2_048, 4_096), (1_152, 4_096), (4_096, 4_096))
+SKIP_CASES = [(backend, block, primary, skip, mamba)
+              for backend in ("FLASH_ATTN", "FLASHINFER", "TRITON_ATTN", "CPU_ATTN") for block in (16, 32, 64, 128)
+              for primary, skip in SKIP_PAGES for mamba in (None, 1_179_648)]
+
+
+def kvwatch_skip_layer_block_size(release: str, args: dict[str, Any]) -> list[int | None] | None:
+    """kvwatch's answer: the block size, the skip layers' shared page and the padded Mamba page
+    (None for a release that does not align them: vllm_releases/skip_layer_pages.py)."""
+    version = KNOWN[[str(v) for v in KNOWN].index(release)]
+    if not SKIP_LAYER_PAGE_ALIGNMENT.holds(version):
+        return None
+    rule = ruleset_for(release).backend(args["backend"])
+    assert rule is not None
+    return list(skip_layer_block_size(rule, args["block_size"], args["primary"], args["skip"], args["mamba_padded"]))
+
+
+def check_skip_layer_block_size(release: str, oracle: Oracle) -> list[dict[str, Any]]:
+    """Platform._align_heterogeneous_kv_block_size (platforms/interface.py, 0.25+) with a quantized
+    primary (fp8) and one skip layer, on each backend's kernel sizes (kvwatch's rule for it); a release
+    without the function gives one result, None."""
+    import contextlib
+    results = []
+    for backend, block, primary, skip, mamba in SKIP_CASES:
+        rule = ruleset_for(release).backend(backend)
+        assert rule is not None
+        kernel = [MultipleOf(r.base) if hasattr(r, "base") else r for r in rule.block_sizes]
+        backend_cls = types.SimpleNamespace(get_supported_kernel_block_sizes=lambda k=kernel: k,
+                                            customize_spec=lambda spec: spec)
+        stubs: dict[str, Any] = {
+            "set_current_vllm_config": lambda config: contextlib.nullcontext(), "cdiv": lambda a, b: -(-a // b),
+            "STR_DTYPE_TO_TORCH_DTYPE": {"fp8": "float8_e4m3fn"}, "MultipleOf": MultipleOf, "logger": _Logger(),
+            "get_kv_quant_mode": lambda dtype: None,
+            # the page per token: the model's dtype for the skip layers, fp8 for the primary
+            "FullAttentionSpec": lambda p=primary, k=skip, **kw: _Spec(k if kw["dtype"] == "bfloat16" else p)}
+        oracle.stubs.update(stubs)
+        fn = oracle.method("vllm/platforms/interface.py", "Platform", "_align_heterogeneous_kv_block_size", stubs)
+        if fn is None:
+            return [{"release": release, "check": "skip_layer_block_size", "input": "the alignment", "args": {},
+                     "vllm": None, "kvwatch": kvwatch_skip_layer_block_size(release, {})}]
+        config = types.SimpleNamespace(
+            cache_config=types.SimpleNamespace(cache_dtype="fp8", block_size=block, kv_cache_dtype_skip_layers=["0"],
+                                               mamba_page_size_padded=mamba, skip_page_size_padded=None),
+            model_config=types.SimpleNamespace(dtype="bfloat16", get_num_kv_heads=lambda parallel: 8,
+                                               get_head_size=lambda: 128),
+            parallel_config=types.SimpleNamespace(tensor_parallel_size=1))
+        fn(types.SimpleNamespace(), config, backend_cls)
+        cache = config.cache_config
+        args = {"backend": backend, "block_size": block, "primary": primary, "skip": skip, "mamba_padded": mamba}
+        results.append({"release": release, "check": "skip_layer_block_size",
+                        "input": f"{backend}, block {block}, primary {primary} B/token, skip {skip} B/token, "
+                                 f"mamba page padded {mamba}", "args": args,
+                        "vllm": [cache.block_size, cache.skip_page_size_padded, cache.mamba_page_size_padded],
+                        "kvwatch": kvwatch_skip_layer_block_size(release, args)})
+    return results
+
+
 _GDN_LAYER = "vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py"
 # (capability or None for the CPU, linear key head dim, mamba cache mode, --gdn-prefill-backend)
 GDN_CASES = [(card, head_k_dim, mode, asked) for card in (None, *CAPABILITIES) for head_k_dim in (128, 256)
@@ -979,7 +1043,8 @@ def check_kv_groups(release: str, oracle: Oracle) -> list[dict[str, Any]]:
 CHECKS = {"batch_defaults": check_batch_defaults, "backend_priorities": check_backend_priorities,
           "max_model_len": check_max_model_len, "hybrid_block_size": check_hybrid_block_size,
           "sliding_block_size": check_sliding_block_size, "cpu_attn_kernel_blocks": check_cpu_attn_kernel_blocks,
-          "kv_groups": check_kv_groups, "gdn_checkpoint": check_gdn_checkpoint}
+          "kv_groups": check_kv_groups, "gdn_checkpoint": check_gdn_checkpoint,
+          "skip_layer_block_size": check_skip_layer_block_size}
 
 
 def run(src_root: Path, releases: list[str], checks: list[str] | None = None) -> list[dict[str, Any]]:

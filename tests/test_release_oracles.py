@@ -50,7 +50,8 @@ def _kvwatch(result: dict[str, Any]) -> list[Any]:
               "sliding_block_size": ORACLES.kvwatch_sliding_block_size,
               "cpu_attn_kernel_blocks": ORACLES.kvwatch_cpu_attn_kernel_blocks,
               "kv_groups": ORACLES.kvwatch_kv_groups,
-              "gdn_checkpoint": ORACLES.kvwatch_gdn_checkpoint}[result["check"]]
+              "gdn_checkpoint": ORACLES.kvwatch_gdn_checkpoint,
+              "skip_layer_block_size": ORACLES.kvwatch_skip_layer_block_size}[result["check"]]
     return answer(result["release"], result["args"])   # type: ignore[no-any-return]
 
 
@@ -122,6 +123,20 @@ def test_gdn_checkpoint_equals_vllms_layer_per_release() -> None:
     assert exported and {release for release, _ in exported} == {"0.33.0"}
     assert ("0.33.0", "SM 9.0, linear key heads 128, mamba_cache_mode align, --gdn-prefill-backend not given") \
         in exported
+
+
+def test_skip_layer_block_size_equals_vllms_alignment_per_release() -> None:
+    """Platform._align_heterogeneous_kv_block_size (0.25 to 0.33) with an fp8 primary and skip layers
+    in the model's dtype, on 4 backends x 4 block sizes x 3 page pairs x a padded Mamba page or none:
+    0 differences in the block size, skip_page_size_padded and the Mamba page; releases before 0.25
+    have no such function (kvwatch aligns nothing there)."""
+    skip = [r for r in FIXTURE["results"] if r["check"] == "skip_layer_block_size"]
+    assert {r["release"] for r in skip} == set(FIXTURE["releases"])
+    assert {r["release"] for r in skip if r["vllm"] is None} == {r for r in FIXTURE["releases"]
+                                                                  if tuple(map(int, r.split(".")[:2])) < (0, 25)}
+    assert _differences("skip_layer_block_size") == []
+    grown = [r for r in skip if r["vllm"] is not None and r["vllm"][0] != r["args"]["block_size"]]
+    assert grown and {r["release"] for r in grown} >= {"0.25.1", "0.33.0"}
 
 
 def test_sliding_block_size_equals_vllms_layer_spec_per_release() -> None:
