@@ -23,6 +23,11 @@ Checks, per release where the function exists:
   .get_supported_kernel_block_sizes (else the AttentionBackend default, v1/attention/backend.py),
   against CPU_ATTN's block sizes in kvwatch's rule set for that release.
 - max_model_len, hybrid_block_size: see their functions;
+- gdn_checkpoint: model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py QwenGatedDeltaNetAttention
+  (0.22+): its spec's prefill checkpoint blocks and alignment, against vllm_releases/gdn_checkpoint.py;
+- skip_layer_block_size: platforms/interface.py Platform._align_heterogeneous_kv_block_size (0.25+):
+  the block size and skip_page_size_padded with --kv-cache-dtype-skip-layers beside fp8, against
+  kv_groups.skip_layer_block_size;
 - kv_groups: v1/core/kv_cache_utils.py get_kv_cache_groups (0.33: kv_cache_planning.py; 0.10: the
   groups of get_kv_cache_config) on specs built with the release's own classes, run by
   scripts/oracle_kv_groups.py in a process per release (torch needed: without it the check is
@@ -54,19 +59,24 @@ sys.path.insert(0, str(ROOT))
 
 from kvwatch.planner.geometry import geometry_from_config  # noqa: E402
 from kvwatch.planner.kv_groups import (  # noqa: E402
+    Demand,
+    LayerSpec,
+    blocks_per_request,
     hybrid_block_size,
     kv_groups,
     layer_specs,
     pages_refused,
     promote_local_layers,
     promotion_refused,
+    skip_layer_block_size,
     sliding_block_size,
 )
-from kvwatch.planner.layers import CHUNKED, FULL, SLIDING  # noqa: E402
+from kvwatch.planner.layers import CHUNKED, FULL, MAMBA, SLIDING  # noqa: E402
 from kvwatch.planner.rules import ruleset_for  # noqa: E402
 from kvwatch.planner.versions import parse_version  # noqa: E402
 from kvwatch.vllm_releases import KNOWN  # noqa: E402
 from kvwatch.vllm_releases.defaults import DEFAULTS  # noqa: E402
+from kvwatch.vllm_releases.gdn_checkpoint import GDN_CHECKPOINT_BLOCKS, gdn_checkpoint_alignment  # noqa: E402
 from kvwatch.vllm_releases.hybrid_alignment import hybrid_alignment_for  # noqa: E402
 from kvwatch.vllm_releases.kv_layout import (  # noqa: E402
     KV_PAGE_UNIFICATION,
@@ -75,6 +85,7 @@ from kvwatch.vllm_releases.kv_layout import (  # noqa: E402
     grouping_rule_for,
 )
 from kvwatch.vllm_releases.release_defaults import api_batch_defaults  # noqa: E402
+from kvwatch.vllm_releases.skip_layer_pages import SKIP_LAYER_PAGE_ALIGNMENT  # noqa: E402
 
 GiB = 1 << 30
 FIXTURE = ROOT / "tests" / "fixtures" / "release_oracles.json"
@@ -463,11 +474,13 @@ class HybridCase:
     mamba_page: int
     block_size: int
     mamba_cache_mode: str = "none"
+    checkpoint_alignment: int | None = None   # the state layers' prefill checkpoint alignment (GDN on FlashInfer: 64)
 
     @property
     def label(self) -> str:
+        checkpoint = f", checkpoint alignment {self.checkpoint_alignment}" if self.checkpoint_alignment else ""
         return (f"{self.backend}, attention {self.attn_page_1_token} B/token, state {self.mamba_page} B, "
-                f"block {self.block_size}, mamba_cache_mode {self.mamba_cache_mode}")
+                f"block {self.block_size}, mamba_cache_mode {self.mamba_cache_mode}{checkpoint}")
 
 
 def _hybrid_cases() -> list[HybridCase]:
@@ -486,6 +499,13 @@ def _hybrid_cases() -> list[HybridCase]:
         for attn, mamba in ((1_152, 1_179_648), (1_152, 34_816), (8_192, 4_096)):
             for mode in ("none", "align"):
                 cases.append(HybridCase(backend, attn, mamba, block, mode))
+    # a gated delta net hybrid on FlashInfer's GDN prefill (vllm_releases/gdn_checkpoint.py): its layers
+    # declare a 64-token checkpoint alignment, which vLLM reads in align mode only
+    for backend, block in (("FLASH_ATTN", 16), ("FLASHINFER", 16), ("TRITON_ATTN", 16), ("FLASH_ATTN", 64),
+                           ("FLASHINFER", 32), ("FLASH_ATTN", 96), ("FLASHMLA", 64)):
+        for attn, mamba in pages[:6]:
+            for mode in ("none", "align"):
+                cases.append(HybridCase(backend, attn, mamba, block, mode, checkpoint_alignment=64))
     return cases
 
 
@@ -524,8 +544,8 @@ def _hybrid_stubs(case: HybridCase, kernel_sizes: list[Any]) -> tuple[dict[str, 
         "AttentionSpec": lambda **kw: _Spec(case.attn_page_1_token),
         "MambaSpec": lambda **kw: _Spec(case.mamba_page),
         "get_kv_quant_mode": lambda dtype: None,
-        # no checkpoint alignment of its own (the model's prefill chunking is not an input here)
-        "get_mamba_prefill_checkpoint_alignment": lambda config: None,
+        # the state layers' checkpoint alignment (0.33+ reads it in align mode)
+        "get_mamba_prefill_checkpoint_alignment": lambda config: case.checkpoint_alignment,
         "AttentionBackendEnum": AttentionBackendEnum,
         "MambaModelConfig": types.SimpleNamespace(verify_and_update_config=lambda config: None),
         "logger": _Logger(),
@@ -543,8 +563,10 @@ def kvwatch_hybrid_block_size(release: str, args: dict[str, Any]) -> list[int | 
     alignment and the padded state page (None when the pages are equal)."""
     rule = ruleset_for(release).backend(args["backend"])
     assert rule is not None
+    # the plan hands the checkpoint alignment on in align mode only (plan.py _gdn_checkpoint_alignment)
+    checkpoint = args.get("checkpoint_alignment") if args["mamba_cache_mode"] == "align" else None
     block = hybrid_block_size(hybrid_alignment_for(release), rule, args["block_size"], args["attn_page_1_token"],
-                              args["mamba_page"], rule.attention == "mla")
+                              args["mamba_page"], rule.attention == "mla", checkpoint)
     page = block * args["attn_page_1_token"]
     return [block, page if page != args["mamba_page"] else None]
 
@@ -571,9 +593,238 @@ def check_hybrid_block_size(release: str, oracle: Oracle) -> list[dict[str, Any]
         cache = config.cache_config
         args = {"backend": case.backend, "attn_page_1_token": case.attn_page_1_token, "mamba_page": case.mamba_page,
                 "block_size": case.block_size, "mamba_cache_mode": case.mamba_cache_mode}
+        if case.checkpoint_alignment:
+            args["checkpoint_alignment"] = case.checkpoint_alignment
         results.append({"release": release, "check": "hybrid_block_size", "input": case.label, "args": args,
                         "vllm": [cache.block_size, cache.mamba_page_size_padded],
                         "kvwatch": kvwatch_hybrid_block_size(release, args)})
+    return results
+
+
+# (primary, skip) bytes per token of one layer: 8 KV heads of 128 in fp8 beside bf16 (x2), a packed
+# 4-bit-like primary (not a divisor of the skip page), and pages already equal
+SKIP_PAGES = ((2_048, 4_096), (1_152, 4_096), (4_096, 4_096))
+SKIP_CASES = [(backend, block, primary, skip, mamba)
+              for backend in ("FLASH_ATTN", "FLASHINFER", "TRITON_ATTN", "CPU_ATTN") for block in (16, 32, 64, 128)
+              for primary, skip in SKIP_PAGES for mamba in (None, 1_179_648)]
+
+
+def kvwatch_skip_layer_block_size(release: str, args: dict[str, Any]) -> list[int | None] | None:
+    """kvwatch's answer: the block size, the skip layers' shared page and the padded Mamba page
+    (None for a release that does not align them: vllm_releases/skip_layer_pages.py)."""
+    version = KNOWN[[str(v) for v in KNOWN].index(release)]
+    if not SKIP_LAYER_PAGE_ALIGNMENT.holds(version):
+        return None
+    rule = ruleset_for(release).backend(args["backend"])
+    assert rule is not None
+    return list(skip_layer_block_size(rule, args["block_size"], args["primary"], args["skip"], args["mamba_padded"]))
+
+
+def check_skip_layer_block_size(release: str, oracle: Oracle) -> list[dict[str, Any]]:
+    """Platform._align_heterogeneous_kv_block_size (platforms/interface.py, 0.25+) with a quantized
+    primary (fp8) and one skip layer, on each backend's kernel sizes (kvwatch's rule for it); a release
+    without the function gives one result, None."""
+    import contextlib
+    results = []
+    for backend, block, primary, skip, mamba in SKIP_CASES:
+        rule = ruleset_for(release).backend(backend)
+        assert rule is not None
+        kernel = [MultipleOf(r.base) if hasattr(r, "base") else r for r in rule.block_sizes]
+        backend_cls = types.SimpleNamespace(get_supported_kernel_block_sizes=lambda k=kernel: k,
+                                            customize_spec=lambda spec: spec)
+        stubs: dict[str, Any] = {
+            "set_current_vllm_config": lambda config: contextlib.nullcontext(), "cdiv": lambda a, b: -(-a // b),
+            "STR_DTYPE_TO_TORCH_DTYPE": {"fp8": "float8_e4m3fn"}, "MultipleOf": MultipleOf, "logger": _Logger(),
+            "get_kv_quant_mode": lambda dtype: None,
+            # the page per token: the model's dtype for the skip layers, fp8 for the primary
+            "FullAttentionSpec": lambda p=primary, k=skip, **kw: _Spec(k if kw["dtype"] == "bfloat16" else p)}
+        oracle.stubs.update(stubs)
+        fn = oracle.method("vllm/platforms/interface.py", "Platform", "_align_heterogeneous_kv_block_size", stubs)
+        if fn is None:
+            return [{"release": release, "check": "skip_layer_block_size", "input": "the alignment", "args": {},
+                     "vllm": None, "kvwatch": kvwatch_skip_layer_block_size(release, {})}]
+        config = types.SimpleNamespace(
+            cache_config=types.SimpleNamespace(cache_dtype="fp8", block_size=block, kv_cache_dtype_skip_layers=["0"],
+                                               mamba_page_size_padded=mamba, skip_page_size_padded=None),
+            model_config=types.SimpleNamespace(dtype="bfloat16", get_num_kv_heads=lambda parallel: 8,
+                                               get_head_size=lambda: 128),
+            parallel_config=types.SimpleNamespace(tensor_parallel_size=1))
+        fn(types.SimpleNamespace(), config, backend_cls)
+        cache = config.cache_config
+        args = {"backend": backend, "block_size": block, "primary": primary, "skip": skip, "mamba_padded": mamba}
+        results.append({"release": release, "check": "skip_layer_block_size",
+                        "input": f"{backend}, block {block}, primary {primary} B/token, skip {skip} B/token, "
+                                 f"mamba page padded {mamba}", "args": args,
+                        "vllm": [cache.block_size, cache.skip_page_size_padded, cache.mamba_page_size_padded],
+                        "kvwatch": kvwatch_skip_layer_block_size(release, args)})
+    return results
+
+
+_GDN_LAYER = "vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py"
+# (capability or None for the CPU, linear key head dim, mamba cache mode, --gdn-prefill-backend)
+GDN_CASES = [(card, head_k_dim, mode, asked) for card in (None, *CAPABILITIES) for head_k_dim in (128, 256)
+             for mode in ("none", "align") for asked in (None, "flashinfer", "triton", "cutedsl")]
+GDN_STATE_PAGE = 1_179_648   # any page answers alike: the checkpoint replaces fields, never the page
+
+
+class _GdnPlatform(Platform):
+    """The platform _resolve_gdn_prefill_backend asks: a CUDA card of one capability (CUDA 13, the
+    runtime 0.33's wheels are built for), or the CPU."""
+
+    device_name = "stub"
+
+    def is_cuda(self) -> bool:
+        return self.card is not None
+
+    def is_rocm(self) -> bool:
+        return False
+
+    def is_xpu(self) -> bool:
+        return False
+
+    def get_cuda_runtime_major(self) -> int:
+        return 13
+
+
+@dataclass(frozen=True)
+class _GdnMambaSpec:
+    """The MambaSpec fields the GDN layer's get_kv_cache_spec and max_memory_usage_bytes read."""
+    page_size_bytes: int
+    block_size: int
+    num_speculative_blocks: int = 0
+    num_prefill_checkpoint_blocks: int = 0
+    prefill_checkpoint_alignment: int | None = None
+
+
+def _class_methods(path: Path, cls: str) -> dict[str, ast.FunctionDef]:
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    owner = next((n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls), None)
+    return {n.name: n for n in (owner.body if owner else ()) if isinstance(n, ast.FunctionDef)}
+
+
+def _module_int(path: Path, name: str) -> int | None:
+    if not path.exists():
+        return None
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return next((n.value.value for n in tree.body if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
+                 and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)), None)
+
+
+class _SuperCall(ast.NodeTransformer):
+    """super().f(...) -> _base_f(...): a method compiled alone has no class cell for super()."""
+
+    def visit_Call(self, node: ast.Call) -> Any:
+        self.generic_visit(node)
+        f = node.func
+        if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Call) and isinstance(f.value.func, ast.Name) \
+                and f.value.func.id == "super":
+            return ast.Call(func=ast.Name(id=f"_base_{f.attr}", ctx=ast.Load()), args=node.args, keywords=node.keywords)
+        return node
+
+
+def _gdn_layer(release: str, oracle: Oracle, card: Card | None, head_k_dim: int, mode: str,
+               asked: str | None) -> list[Any] | None:
+    """Run one release's QwenGatedDeltaNetAttention on one input: [its spec's prefill checkpoint
+    blocks, its prefill checkpoint alignment, the state pages one request holds
+    (MambaSpec.max_memory_usage_bytes / page)]; None where the release has no such class."""
+    import math
+    from dataclasses import replace
+    layer_path = oracle.tree / _GDN_LAYER
+    if not layer_path.exists():
+        return None
+    methods = _class_methods(layer_path, "QwenGatedDeltaNetAttention")
+    if not methods:
+        return None
+    config = types.SimpleNamespace(
+        cache_config=types.SimpleNamespace(mamba_cache_mode=mode, mamba_block_size=544, prefix_match_unit=None,
+                                           mamba_page_size_padded=None),
+        scheduler_config=types.SimpleNamespace(max_num_batched_tokens=8192),
+        additional_config={} if asked is None else {"gdn_prefill_backend": asked},   # arg_utils passes the flag so
+        model_config=types.SimpleNamespace(hf_text_config=types.SimpleNamespace(linear_key_head_dim=head_k_dim,
+                                                                                linear_value_head_dim=128)))
+    layer = types.SimpleNamespace(vllm_config=config, conv_kernel_size=4, _checkpoint_alignment=None)
+    stubs: dict[str, Any] = {"current_platform": _GdnPlatform(card), "logger": _Logger(), "lcm": math.lcm,
+                             "replace": replace, "MambaSpec": _GdnMambaSpec, "MambaBase": object,
+                             "MambaPrefillCheckpointExporter": lambda **kw: None,
+                             "get_layers_from_vllm_config": lambda cfg, base: {"layer": layer},
+                             "FLASHINFER_GDN_CHECKPOINT_ALIGNMENT": _module_int(
+                                 oracle.tree / "vllm/v1/attention/backends/gdn_attn.py",
+                                 "FLASHINFER_GDN_CHECKPOINT_ALIGNMENT")}
+    oracle.stubs.update(stubs)
+    init = methods.get("__init__")
+    # the statement of __init__ that sets the layer's checkpoint alignment (0.33+), run alone
+    setter = next((n for n in ast.walk(init) if isinstance(n, ast.If)
+                   and "_checkpoint_alignment" in ast.unparse(n.body[0])), None) if init else None
+    if setter is not None:
+        resolve = oracle.function(_GDN_LAYER, "_resolve_gdn_prefill_backend", stubs)
+        assert resolve is not None, f"{release}: no _resolve_gdn_prefill_backend"
+        layer.gdn_prefill_backend = resolve(config)[1]
+        body = ast.parse("def set_alignment(self, vllm_config): pass").body[0]
+        assert isinstance(body, ast.FunctionDef)
+        body.body = [setter]
+        oracle._compile(layer_path, ast.Module(body=[body], type_ignores=[]), "set_alignment", stubs)(layer, config)
+    if "get_prefill_checkpoint_alignment" in methods:
+        alignment = oracle.method(_GDN_LAYER, "QwenGatedDeltaNetAttention", "get_prefill_checkpoint_alignment",
+                                  stubs)
+        assert alignment is not None
+        layer.get_prefill_checkpoint_alignment = lambda: alignment(layer)
+    else:
+        layer.get_prefill_checkpoint_alignment = lambda: None
+    abstract = "vllm/model_executor/layers/mamba/abstract.py"
+    for name in ("get_mamba_prefill_checkpoint_alignment", "get_mamba_prefill_checkpoint_grid"):
+        fn = oracle.function(abstract, name, stubs)
+        if fn is not None:
+            stubs[name] = oracle.stubs[name] = fn
+    base = _GdnMambaSpec(page_size_bytes=GDN_STATE_PAGE, block_size=544)
+    spec = base
+    if "get_kv_cache_spec" in methods:   # its own spec over the base one (super() -> the base spec)
+        if "_exports_checkpoints" in methods:
+            exports = oracle.method(_GDN_LAYER, "QwenGatedDeltaNetAttention", "_exports_checkpoints", stubs)
+            assert exports is not None
+            layer._exports_checkpoints = exports(layer)
+        fn_node = _SuperCall().visit(methods["get_kv_cache_spec"])
+        fn_node.decorator_list = []
+        spec = oracle._compile(layer_path, ast.Module(body=[fn_node], type_ignores=[]), "get_kv_cache_spec",
+                               {**stubs, "_base_get_kv_cache_spec": lambda cfg: base})(layer, config)
+    usage = oracle.method("vllm/v1/kv_cache_interface.py", "MambaSpec", "max_memory_usage_bytes",
+                          {**stubs, "cdiv": lambda a, b: -(-a // b)})
+    assert usage is not None, f"{release}: no MambaSpec.max_memory_usage_bytes"
+    return [spec.num_prefill_checkpoint_blocks, layer.get_prefill_checkpoint_alignment(),
+            usage(spec, config) // spec.page_size_bytes]
+
+
+def kvwatch_gdn_checkpoint(release: str, args: dict[str, Any]) -> list[Any]:
+    """kvwatch's answer: the plan's alignment (plan.py _gdn_checkpoint_alignment), the checkpoint
+    blocks it gives the state layers, and their blocks per request (kv_groups.blocks_per_request)."""
+    version = KNOWN[[str(v) for v in KNOWN].index(release)]
+    capability = tuple(args["capability"]) if args["capability"] else None
+    align = args["mamba_cache_mode"] == "align"
+    alignment = gdn_checkpoint_alignment(version, "cuda" if capability else "cpu", capability,  # type: ignore[arg-type]
+                                         args["head_k_dim"], align, args["gdn_prefill_backend"])
+    blocks = GDN_CHECKPOINT_BLOCKS if alignment is not None else 0
+    spec = LayerSpec(MAMBA, 544, GDN_STATE_PAGE, GDN_STATE_PAGE, checkpoint_blocks=blocks)
+    return [blocks, alignment, blocks_per_request(spec, Demand(4096, 8192, mamba_align=align))]
+
+
+def check_gdn_checkpoint(release: str, oracle: Oracle) -> list[dict[str, Any]]:
+    """The Qwen gated delta net layer's prefill checkpoint: QwenGatedDeltaNetAttention's
+    get_kv_cache_spec, get_prefill_checkpoint_alignment and the __init__ statement that sets it, with
+    _resolve_gdn_prefill_backend on the card (model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py,
+    0.22+; a release whose class defines neither keeps MambaBase's spec), and the release's
+    MambaSpec.max_memory_usage_bytes on the spec."""
+    results = []
+    for capability, head_k_dim, mode, asked in GDN_CASES:
+        card = Card("a CUDA card", 80 * GiB, capability) if capability else None
+        answer = _gdn_layer(release, oracle, card, head_k_dim, mode, asked)
+        if answer is None:
+            return []
+        where = f"SM {capability[0]}.{capability[1]}" if capability else "CPU"
+        args = {"capability": list(capability) if capability else None, "head_k_dim": head_k_dim,
+                "mamba_cache_mode": mode, "gdn_prefill_backend": asked}
+        results.append({"release": release, "check": "gdn_checkpoint",
+                        "input": f"{where}, linear key heads {head_k_dim}, mamba_cache_mode {mode}, "
+                                 f"--gdn-prefill-backend {asked or 'not given'}", "args": args,
+                        "vllm": answer, "kvwatch": kvwatch_gdn_checkpoint(release, args)})
     return results
 
 
@@ -1097,7 +1348,8 @@ CHECKS = {"batch_defaults": check_batch_defaults, "backend_priorities": check_ba
           "max_model_len": check_max_model_len, "hybrid_block_size": check_hybrid_block_size,
           "sliding_block_size": check_sliding_block_size, "cpu_attn_kernel_blocks": check_cpu_attn_kernel_blocks,
           "kv_groups": check_kv_groups, "cuda_kernel_blocks": check_cuda_kernel_blocks,
-          "kv_tokens": check_kv_tokens}
+          "kv_tokens": check_kv_tokens, "gdn_checkpoint": check_gdn_checkpoint,
+          "skip_layer_block_size": check_skip_layer_block_size}
 
 
 def run(src_root: Path, releases: list[str], checks: list[str] | None = None) -> list[dict[str, Any]]:

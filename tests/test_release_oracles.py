@@ -50,8 +50,10 @@ def _kvwatch(result: dict[str, Any]) -> list[Any]:
               "sliding_block_size": ORACLES.kvwatch_sliding_block_size,
               "cpu_attn_kernel_blocks": ORACLES.kvwatch_cpu_attn_kernel_blocks,
               "kv_groups": ORACLES.kvwatch_kv_groups,
-              "cuda_kernel_blocks": ORACLES.kvwatch_cuda_kernel_blocks,
-              "kv_tokens": ORACLES.kvwatch_kv_tokens}[result["check"]]
+               "cuda_kernel_blocks": ORACLES.kvwatch_cuda_kernel_blocks,
+               "kv_tokens": ORACLES.kvwatch_kv_tokens,
+               "gdn_checkpoint": ORACLES.kvwatch_gdn_checkpoint,
+               "skip_layer_block_size": ORACLES.kvwatch_skip_layer_block_size}[result["check"]]
     return answer(result["release"], result["args"])   # type: ignore[no-any-return]
 
 
@@ -97,6 +99,46 @@ def test_hybrid_block_size_equals_vllms_alignment_per_release() -> None:
     hybrid = [r for r in FIXTURE["results"] if r["check"] == "hybrid_block_size"]
     assert {r["release"] for r in hybrid} == set(FIXTURE["releases"])
     assert _differences("hybrid_block_size") == []
+
+
+def test_hybrid_block_size_takes_033s_gdn_checkpoint_alignment() -> None:
+    """0.33 makes the alignment a multiple of the state layers' prefill checkpoint alignment (64 for a
+    gated delta net layer on FlashInfer) in align mode: vLLM's own answers differ from 0.32's there,
+    and kvwatch's equal them."""
+    hybrid = {(r["release"], r["input"]): r["vllm"] for r in FIXTURE["results"] if r["check"] == "hybrid_block_size"}
+    label = ("FLASH_ATTN, attention 4096 B/token, state 1622016 B, block 16, mamba_cache_mode align, "
+             "checkpoint alignment 64")
+    assert hybrid[("0.32.0", label)][0] == 400     # 16 x ceil(1,622,016 / (16 x 4,096)) = 16 x 25
+    assert hybrid[("0.33.0", label)][0] == 448     # 64 x ceil(1,622,016 / (64 x 4,096)) = 64 x 7
+    assert _differences("hybrid_block_size") == []
+
+
+def test_gdn_checkpoint_equals_vllms_layer_per_release() -> None:
+    """QwenGatedDeltaNetAttention's spec in each release 0.22 to 0.33 (its own get_kv_cache_spec and
+    checkpoint alignment from 0.33, with the release's prefill backend choice and
+    MambaSpec.max_memory_usage_bytes), on the CPU and 7 capabilities, two key head widths, both
+    mamba cache modes and four --gdn-prefill-backend values: 0 differences, and the checkpoint seen."""
+    gdn = [r for r in FIXTURE["results"] if r["check"] == "gdn_checkpoint"]
+    assert {"0.22.1", "0.32.0", "0.33.0"} <= {r["release"] for r in gdn}
+    assert _differences("gdn_checkpoint") == []
+    exported = {(r["release"], r["input"]) for r in gdn if r["vllm"][0]}
+    assert exported and {release for release, _ in exported} == {"0.33.0"}
+    assert ("0.33.0", "SM 9.0, linear key heads 128, mamba_cache_mode align, --gdn-prefill-backend not given") \
+        in exported
+
+
+def test_skip_layer_block_size_equals_vllms_alignment_per_release() -> None:
+    """Platform._align_heterogeneous_kv_block_size (0.25 to 0.33) with an fp8 primary and skip layers
+    in the model's dtype, on 4 backends x 4 block sizes x 3 page pairs x a padded Mamba page or none:
+    0 differences in the block size, skip_page_size_padded and the Mamba page; releases before 0.25
+    have no such function (kvwatch aligns nothing there)."""
+    skip = [r for r in FIXTURE["results"] if r["check"] == "skip_layer_block_size"]
+    assert {r["release"] for r in skip} == set(FIXTURE["releases"])
+    assert {r["release"] for r in skip if r["vllm"] is None} == {r for r in FIXTURE["releases"]
+                                                                  if tuple(map(int, r.split(".")[:2])) < (0, 25)}
+    assert _differences("skip_layer_block_size") == []
+    grown = [r for r in skip if r["vllm"] is not None and r["vllm"][0] != r["args"]["block_size"]]
+    assert grown and {r["release"] for r in grown} >= {"0.25.1", "0.33.0"}
 
 
 def test_sliding_block_size_equals_vllms_layer_spec_per_release() -> None:

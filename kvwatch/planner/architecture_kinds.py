@@ -36,9 +36,10 @@ PLANNED_KINDS: dict[str, str] = {
 # otherwise builds a planned kind): vLLM 0.32, model_executor/models/deepseek_v2.py:209 (rswa_window).
 GATED_KINDS: dict[str, str] = {"RSWAAttention": "rswa_window"}
 # Mamba-backend classes that redefine get_kv_cache_spec in a way kvwatch plans: MambaMixer2's prefill
-# checkpoint block (RecurrentState.checkpoint_blocks), Kimi delta attention's float32 state. Another
-# class reshaping its spec (vLLM 0.33's QwenGatedDeltaNetAttention adds checkpoint blocks) is unknown.
-KNOWN_SPEC_CLASSES = frozenset({"MambaMixer2", "KimiK3DeltaAttention"})
+# checkpoint block (RecurrentState.checkpoint_blocks), Kimi delta attention's float32 state, the Qwen
+# gated delta net's prefill checkpoint from 0.33 (vllm_releases/gdn_checkpoint.py). Another class
+# reshaping its spec is unknown.
+KNOWN_SPEC_CLASSES = frozenset({"MambaMixer2", "KimiK3DeltaAttention", "QwenGatedDeltaNetAttention"})
 # Layers that hold no cache: a model of these alone (BERT-like encoders) gets no KV cache from vLLM,
 # which kvwatch does not plan (it plans attention blocks).
 _NO_CACHE = frozenset({"EncoderOnlyAttention"})

@@ -154,6 +154,8 @@ class EngineSettings:
     gpu_memory_utilization_given: bool = False   # False: the value above is a default (the version's decides)
     quantization: str | None = None          # --quantization: what the engine does to the weights (fp8, gguf, ...)
     cpu_offload_gb: float = 0.0              # --cpu-offload-gb: GiB of weights per GPU kept in host memory
+    gdn_prefill_backend: str | None = None   # --gdn-prefill-backend (None: vLLM's "auto")
+    kv_cache_dtype_skip_layers: tuple[str, ...] = ()   # layer indices or "sliding_window" kept unquantized
 
 
 @dataclass(frozen=True)
@@ -279,7 +281,14 @@ class EngineCommand:
             gpu_memory_utilization_given=self.get("--gpu-memory-utilization") is not None,
             quantization=self.get("--quantization"),
             cpu_offload_gb=self._nonnegative_float("--cpu-offload-gb"),
+            gdn_prefill_backend=self.get("--gdn-prefill-backend"),
+            kv_cache_dtype_skip_layers=self._last_values("--kv-cache-dtype-skip-layers"),
         )
+
+    def _last_values(self, flag: str) -> tuple[str, ...]:
+        """A list option (nargs "+"): argparse keeps every value of its last occurrence."""
+        spans = self._spans(flag)
+        return tuple(spans[-1].values) if spans else ()
 
     def _int(self, flag: str, human: bool = False) -> int | None:
         value = self.get(flag)

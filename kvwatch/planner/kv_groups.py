@@ -10,6 +10,7 @@ v1/kv_cache_interface.py), and `_estimate_max_model_len_from_groups` (`--max-mod
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from kvwatch.planner.layers import CHUNKED, FULL, MAMBA, SLIDING
@@ -131,17 +132,24 @@ def _unify_pages(specs: list[LayerSpec]) -> list[LayerSpec]:
 
 
 def layer_specs(kinds: list[str], pages: list[int], block_size: int, window: int | None, state_bytes: int,
-                checkpoint_blocks: int = 0, sliding_block: int | None = None) -> list[LayerSpec]:
+                checkpoint_blocks: int = 0, sliding_block: int | None = None, shared_page: int | None = None,
+                kernel_sizes: tuple[BlockSizeRule, ...] = ()) -> list[LayerSpec]:
     """The spec of each cache layer, as the model's layers give vLLM theirs: attention pages as they
     are (one window per model), a sliding-window layer's at `sliding_block` tokens where the release
     starts it from a block of its own (sliding_block_size), a recurrent state padded up to the
     largest attention page at the block size in force (the hybrid alignment made that page hold one
-    state) or, with no attention layer, its own size; `pages` are at the block size in force."""
+    state) or, with no attention layer, its own size; `pages` are at the block size in force.
+    `shared_page`: the skip layers' padded page (skip_layer_block_size), which every sliding-window
+    layer pads up to, at the largest of `kernel_sizes` whose page fits it."""
     attention_pages = [page for layer_kind, page in zip(kinds, pages, strict=True) if layer_kind != MAMBA]
     state_page = max(attention_pages) if attention_pages else state_bytes
     sliding = block_size if sliding_block is None else sliding_block
 
     def attention(layer_kind: str, page: int) -> LayerSpec:
+        if layer_kind == SLIDING and shared_page and block_size:
+            token = page // block_size
+            block = largest_kernel_block_within(kernel_sizes, token, shared_page, block_size)
+            return LayerSpec(SLIDING, block, shared_page, block * token, window)
         block = sliding if layer_kind == SLIDING else block_size
         size = page // block_size * block if block_size else page
         return LayerSpec(layer_kind, block, size, size, window if layer_kind in (SLIDING, CHUNKED) else None)
@@ -208,15 +216,19 @@ def promote_local_layers(kinds: list[str]) -> list[str]:
 
 
 def hybrid_block_size(alignment: HybridAlignment, backend: BackendRule, block_size: int, attn_page_1_token: int,
-                      state_bytes: int, mla: bool) -> int:
+                      state_bytes: int, mla: bool, checkpoint_alignment: int | None = None) -> int:
     """The block size after vLLM aligns a hybrid's attention pages to its recurrent state, as the
     release's rules say (vllm_releases/hybrid_alignment.py): the smallest multiple of the alignment
-    whose page holds one state, never below the block size in force."""
+    whose page holds one state, never below the block size in force. `checkpoint_alignment`: the
+    state layers' prefill checkpoint alignment in align mode (vllm_releases/gdn_checkpoint.py), which
+    releases with a checkpoint_alignment_source fold into the alignment."""
     smallest = min(r.base if isinstance(r, MultipleOf) else r for r in backend.block_sizes)
     if alignment.kernel_alignment:
         align = max(smallest, block_size)
         if mla and alignment.mla_at_least:
             align = max(align, alignment.mla_at_least)
+        if checkpoint_alignment and alignment.checkpoint_alignment_source:
+            align = math.lcm(align, checkpoint_alignment)
     else:
         align = alignment.fixed_mla_alignment if mla else alignment.fixed_alignment
     size = align * cdiv(state_bytes, align * attn_page_1_token)
@@ -238,8 +250,34 @@ def sliding_block_size(kernel_sizes: tuple[BlockSizeRule, ...], block_size: int,
     if not within_primary_page:
         candidates = fixed or [s.base for s in kernel_sizes if isinstance(s, MultipleOf)]
         return min(candidates) if candidates else block_size
-    candidates = fixed + [max(s.base, block_size // s.base * s.base) for s in kernel_sizes if isinstance(s, MultipleOf)]
+    return largest_kernel_block_within(kernel_sizes, 1, block_size, block_size)
+
+
+def largest_kernel_block_within(kernel_sizes: tuple[BlockSizeRule, ...], token_bytes: int, page_budget: int,
+                                fallback: int) -> int:
+    """`_largest_kernel_block_within`: the largest kernel block whose page of `token_bytes` a token
+    fits `page_budget` (a MultipleOf taken at its largest multiple that fits), else the smallest."""
+    most = page_budget // token_bytes
+    candidates = [s for s in kernel_sizes if not isinstance(s, MultipleOf)] + \
+        [max(s.base, most // s.base * s.base) for s in kernel_sizes if isinstance(s, MultipleOf)]
     if not candidates:
-        return block_size
-    fitting = [b for b in candidates if b <= block_size]
+        return fallback
+    fitting = [b for b in candidates if b * token_bytes <= page_budget]
     return max(fitting) if fitting else min(candidates)
+
+
+def skip_layer_block_size(backend: BackendRule, block_size: int, primary_page_1_token: int,
+                          skip_page_1_token: int, mamba_page_padded: int | None = None
+                          ) -> tuple[int, int | None, int | None]:
+    """The platform's alignment of a quantized primary beside unquantized skip layers
+    (vllm_releases/skip_layer_pages.py, 0.25+): (the block size, the shared page the skip layers pad
+    up to or None when the pages per token already match, the Mamba page padded to it or None)."""
+    if skip_page_1_token == primary_page_1_token:
+        return block_size, None, mamba_page_padded
+    smallest = min(r.base if isinstance(r, MultipleOf) else r for r in backend.block_sizes)
+    align = max(smallest, block_size)
+    required = max(skip_page_1_token * smallest, mamba_page_padded or 0)
+    block = max(block_size, align * cdiv(required, align * primary_page_1_token))
+    shared = block * primary_page_1_token
+    return block, shared, shared if mamba_page_padded is not None else None
+

@@ -28,9 +28,10 @@ from kvwatch.planner.kv_groups import (
     pages_refused,
     promote_local_layers,
     promotion_refused,
+    skip_layer_block_size,
     sliding_block_size,
 )
-from kvwatch.planner.layers import CHUNKED, MAMBA
+from kvwatch.planner.layers import CHUNKED, MAMBA, SLIDING
 from kvwatch.planner.predicted_refusal import (
     CONFIG_REFUSED,
     KV_CACHE_TOO_SMALL,
@@ -38,11 +39,12 @@ from kvwatch.planner.predicted_refusal import (
     NO_KV_CACHE_MEMORY,
     PredictedRefusal,
 )
-from kvwatch.planner.rules import FP8_KV_DTYPES, PACKED_MLA_BYTES, BackendRule, RuleSet
+from kvwatch.planner.rules import FP8_KV_DTYPES, PACKED_MLA_BYTES, BackendRule, BlockSizeRule, RuleSet
 from kvwatch.planner.scheduler import prefix_caching_on, request_demand
 from kvwatch.planner.versions import VllmVersion
 from kvwatch.planner.weights import gpu_weights_bytes, mxfp4_triton_hopper_bytes
 from kvwatch.vllm_releases import DEFAULT_RELEASE
+from kvwatch.vllm_releases.gdn_checkpoint import GDN_CHECKPOINT_BLOCKS, gdn_checkpoint_alignment
 from kvwatch.vllm_releases.hybrid_alignment import hybrid_alignment_for
 from kvwatch.vllm_releases.kv_layout import (
     CHUNKED_LOCAL_KEEPS_HYBRID_MANAGER,
@@ -58,6 +60,7 @@ from kvwatch.vllm_releases.kv_layout import (
     grouping_rule_for,
 )
 from kvwatch.vllm_releases.kv_tokens_report import reported_kv_tokens
+from kvwatch.vllm_releases.skip_layer_pages import SKIP_LAYER_PAGE_ALIGNMENT
 
 _DTYPE_BYTES = {"float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4}
 
@@ -286,13 +289,26 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
         per_token_layer = _token_bytes(geometry.num_kv_heads, geometry.head_size, settings, dtype_bytes)
         packed_extra = 0
     # Per cache layer where layers differ (Gemma 4: wider full-attention heads, fewer KV heads).
-    layer_token_bytes = _layer_token_bytes(geometry, settings, dtype_bytes, per_token_layer)
+    # Layers kept out of quantization (--kv-cache-dtype-skip-layers) keep the model's dtype.
+    skip = settings.kv_cache_dtype_skip_layers if kv_dtype != "auto" and geometry.attention != "mla" else ()
+    layer_token_bytes = _layer_token_bytes(geometry, settings, dtype_bytes, per_token_layer, model_bytes, skip)
     state_bytes = _recurrent_state_bytes(geometry, settings, model_bytes, device, memory.vllm_version)
+    checkpoint_alignment = _gdn_checkpoint_alignment(geometry, settings, device, memory.vllm_version)
     if state_bytes and shape is not None and not attention_free:   # a hybrid: attention pages hold a state
         aligned = hybrid_block_size(hybrid_alignment_for(release.defaults.release), shape, block_size,
-                                    per_token_layer, state_bytes, geometry.attention == "mla")
+                                    per_token_layer, state_bytes, geometry.attention == "mla", checkpoint_alignment)
         if aligned > block_size:
             block_size, block_source = aligned, "raised so a page holds the recurrent state"
+    shared_page = None
+    if skip and shape is not None and SKIP_LAYER_PAGE_ALIGNMENT.holds(memory.vllm_version):
+        hybrid_page = block_size * per_token_layer if state_bytes and not attention_free else None
+        grown, shared_page, _ = skip_layer_block_size(
+            shape, block_size, per_token_layer, _token_bytes(geometry.num_kv_heads, geometry.head_size, settings,
+                                                             model_bytes),
+            hybrid_page if hybrid_page != state_bytes else None)
+        if grown > block_size:
+            block_size, block_source = grown, "raised so the quantized page covers the skip layers' page " \
+                                              f"({SKIP_LAYER_PAGE_ALIGNMENT.source})"
     derived_len = geometry.default_max_model_len
     max_len = settings.max_model_len or derived_len
     if attention_free and not prefix_caching_on(geometry, settings):
@@ -312,7 +328,8 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
                                        SLIDING_BLOCK_WITHIN_PRIMARY_PAGE.holds(memory.vllm_version)) \
         if shape is not None else block_size
     groups, grouping_refusals = _kv_groups(geometry, settings, block_size, layer_token_bytes, state_bytes,
-                                           memory.vllm_version, sliding_block)
+                                           memory.vllm_version, sliding_block, checkpoint_alignment is not None,
+                                           shared_page, shape.block_sizes if shape is not None else ())
     warnings.extend(grouping_refusals)
     bytes_per_block = groups.bytes_per_block
     # The engine's block size is its groups' smallest (vLLM 0.28.0, vllm/v1/engine/core.py:322).
@@ -449,6 +466,18 @@ def _no_memory_warning(device: Device, settings: EngineSettings, geometry: Model
                     certain=not estimated)
 
 
+def _gdn_checkpoint_alignment(geometry: ModelGeometry, settings: EngineSettings, device: Device,
+                              version: VllmVersion | None) -> int | None:
+    """The prefill checkpoint alignment of a Qwen gated delta net hybrid's state layers, where the
+    release and the device make them export checkpoints (vllm_releases/gdn_checkpoint.py); None else."""
+    state = geometry.layout.state
+    if state is None or state.family != "gated_delta_net" or geometry.attention == "none":
+        return None
+    align = prefix_caching_on(geometry, settings, version)   # mamba_cache_mode "align"
+    return gdn_checkpoint_alignment(version, device.platform, device.compute_capability, state.state_size, align,
+                                    settings.gdn_prefill_backend)
+
+
 def _recurrent_state_bytes(geometry: ModelGeometry, settings: EngineSettings, model_bytes: int,
                            device: Device, version: VllmVersion | None = None) -> int:
     """One Mamba/linear-attention layer's state on one TP rank (MambaSpec.page_size_bytes before
@@ -483,21 +512,34 @@ def _token_bytes(kv_heads: int, head_size: int, settings: EngineSettings, dtype_
 
 
 def _layer_token_bytes(geometry: ModelGeometry, settings: EngineSettings, dtype_bytes: int,
-                       uniform: int) -> list[int]:
-    """Bytes per token of each cache layer (a state layer: 0), in model order."""
+                       uniform: int, model_bytes: int = 0, skip: tuple[str, ...] = ()) -> list[int]:
+    """Bytes per token of each cache layer (a state layer: 0), in model order; a layer `skip` names
+    (its index, or "sliding_window" for a sliding one: vLLM 0.33.0,
+    vllm/model_executor/layers/attention/attention.py:300) in the model's dtype."""
     layout = geometry.layout
+
+    def skipped(index: int, layer_kind: str) -> bool:
+        return str(index) in skip or (layer_kind == SLIDING and "sliding_window" in skip)
+
     if layout.head_sizes is None or layout.kv_heads is None or geometry.attention == "mla":
-        return [0 if layer_kind == MAMBA else uniform for layer_kind in layout.kinds]
-    return [0 if layer_kind == MAMBA else _token_bytes(heads, size, settings, dtype_bytes)
-            for layer_kind, size, heads in zip(layout.kinds, layout.head_sizes, layout.kv_heads, strict=True)]
+        wide = _token_bytes(geometry.num_kv_heads, geometry.head_size, settings, model_bytes) if skip else uniform
+        return [0 if layer_kind == MAMBA else wide if skipped(i, layer_kind) else uniform
+                for i, layer_kind in enumerate(layout.kinds)]
+    return [0 if layer_kind == MAMBA else
+            _token_bytes(heads, size, settings, model_bytes if skipped(i, layer_kind) else dtype_bytes)
+            for i, (layer_kind, size, heads) in enumerate(zip(layout.kinds, layout.head_sizes, layout.kv_heads,
+                                                              strict=True))]
 
 
 def _kv_groups(geometry: ModelGeometry, settings: EngineSettings, block_size: int, token_bytes: list[int],
                state_bytes: int, version: VllmVersion | None = None,
-               sliding_block: int | None = None) -> tuple[KvGroups, list[PredictedRefusal]]:
+               sliding_block: int | None = None, gdn_checkpoint: bool = False, shared_page: int | None = None,
+               kernel_sizes: tuple[BlockSizeRule, ...] = ()) -> tuple[KvGroups, list[PredictedRefusal]]:
     """The groups of one worker's layers, and vLLM's refusal of them where it refuses them;
     `token_bytes` per cache layer, `sliding_block` the block a sliding-window layer starts from
-    (default: the block size in force)."""
+    (default: the block size in force), `gdn_checkpoint` whether the gated delta net layers export
+    prefill checkpoints (vllm_releases/gdn_checkpoint.py), `shared_page` the skip layers' padded page
+    that sliding-window layers pad up to (vllm_releases/skip_layer_pages.py)."""
     kinds = list(geometry.layout.kinds)
     if settings.pipeline_parallel_size > 1:   # the first stage holds the most layers
         per_stage = -(-len(kinds) // settings.pipeline_parallel_size)
@@ -518,7 +560,10 @@ def _kv_groups(geometry: ModelGeometry, settings: EngineSettings, block_size: in
         kinds = promote_local_layers(kinds)   # the release turns the hybrid manager off by itself
     checkpoints = geometry.layout.state.checkpoint_blocks \
         if geometry.layout.state and MAMBA2_PREFILL_CHECKPOINT.holds(version) else 0
-    specs = layer_specs(kinds, pages, block_size, geometry.layout.window, state_bytes, checkpoints, sliding_block)
+    if gdn_checkpoint:
+        checkpoints = GDN_CHECKPOINT_BLOCKS
+    specs = layer_specs(kinds, pages, block_size, geometry.layout.window, state_bytes, checkpoints, sliding_block,
+                        shared_page, kernel_sizes)
     if pages_refused(specs, KV_PAGE_UNIFICATION.holds(version), rule.uniform_type):
         refusals.append(PredictedRefusal(
             CONFIG_REFUSED, f"NotImplementedError: vLLM {version} groups layers of different types only when their "

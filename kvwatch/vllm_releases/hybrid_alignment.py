@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from kvwatch.planner.versions import parse_version
+from kvwatch.vllm_releases.gdn_checkpoint import GDN_CHECKPOINT_HYBRID_ALIGNMENT_SOURCE
 
 
 class HybridAlignment(NamedTuple):
@@ -22,6 +23,8 @@ class HybridAlignment(NamedTuple):
     mla_at_least: int = 0       # MLA, 0.27+: the alignment is at least this
     mla_at_least_source: str = ""
     backend_lcm_source: str = ""        # the block is rounded to every backend's smallest kernel block
+    checkpoint_alignment_source: str = ""   # align mode: the alignment is also a multiple of the state
+                                            # layers' prefill checkpoint alignment (gdn_checkpoint.py)
 
 
 _PRE = "vllm/model_executor/models/config.py"   # HybridAttentionMambaModelConfig.verify_and_update_config
@@ -35,12 +38,15 @@ ALIGNMENTS: tuple[HybridAlignment, ...] = (
     HybridAlignment("0.20.2", f"vLLM 0.20.2, {_PLATFORM}:577", kernel_alignment=True),
     HybridAlignment("0.27.1", f"vLLM 0.27.1, {_PLATFORM}:876", kernel_alignment=True,
                     mla_at_least=128, mla_at_least_source=f"vLLM 0.27.1, {_PLATFORM}:888"),
-    # 0.33 also aligns to the Mamba layers' prefill checkpoint in align mode (vLLM 0.33.0,
-    # vllm/platforms/interface.py:1093): None (no change) for most layers, 64 for a GDN layer on
-    # FlashInfer's prefill; not modelled (docs/vllm-releases.md, "What the oracles do not cover").
     HybridAlignment("0.32.0", f"vLLM 0.32.0, {_PLATFORM}:1062", kernel_alignment=True,
                     mla_at_least=128, mla_at_least_source=f"vLLM 0.32.0, {_PLATFORM}:1082",
                     backend_lcm_source=f"vLLM 0.32.0, {_PLATFORM}:1070"),
+    # 0.33 also aligns to the state layers' prefill checkpoint in align mode: none for most layers,
+    # 64 tokens for a gated delta net layer on FlashInfer's prefill (vllm_releases/gdn_checkpoint.py)
+    HybridAlignment("0.33.0", f"vLLM 0.33.0, {_PLATFORM}:940", kernel_alignment=True,
+                    mla_at_least=128, mla_at_least_source=f"vLLM 0.33.0, {_PLATFORM}:1088",
+                    backend_lcm_source=f"vLLM 0.33.0, {_PLATFORM}:1076",
+                    checkpoint_alignment_source=GDN_CHECKPOINT_HYBRID_ALIGNMENT_SOURCE),
 )
 
 
