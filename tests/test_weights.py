@@ -170,3 +170,31 @@ def test_mxfp4_experts_elsewhere_carry_no_triton_copies(capability: tuple[int, i
     count = count_weights(GPT_OSS_20B)
     assert count is not None
     assert mxfp4_triton_hopper_bytes(count, 1, capability, version) == 0
+
+
+PHI_1_5 = {"model_type": "phi", "hidden_size": 2048, "num_hidden_layers": 24, "num_attention_heads": 32,
+           "intermediate_size": 8192, "vocab_size": 51200, "tie_word_embeddings": False}
+
+
+@pytest.mark.parametrize("cfg,published", [
+    (PHI_1_5, 1.42e9),   # microsoft/phi-1_5 safetensors: 1.42B (fc1/fc2, no gate)
+    ({**PHI_1_5, "hidden_size": 2560, "num_hidden_layers": 32, "intermediate_size": 10240}, 2.78e9),  # phi-2: 2.78B
+    ({"model_type": "gpt_neox", "hidden_size": 2048, "num_hidden_layers": 24, "num_attention_heads": 16,
+      "intermediate_size": 8192, "vocab_size": 50304, "tie_word_embeddings": False}, 1.41e9),  # pythia-1.4b: 1.41B
+    ({"model_type": "starcoder2", "hidden_size": 3072, "num_hidden_layers": 30, "num_attention_heads": 24,
+      "num_key_value_heads": 2, "intermediate_size": 12288, "vocab_size": 49152,
+      "tie_word_embeddings": True}, 3.03e9),  # bigcode/starcoder2-3b: 3.03B
+    ({"model_type": "opt", "hidden_size": 2048, "num_hidden_layers": 24, "num_attention_heads": 32, "ffn_dim": 8192,
+      "vocab_size": 50272, "tie_word_embeddings": True}, 1.32e9),  # facebook/opt-1.3b: 1.32B (positions left out)
+])
+def test_a_two_matrix_mlp_counts_two_matrices(cfg: dict, published: float) -> None:
+    count = count_weights(cfg)
+    assert count is not None and abs(count.params - published) / published < 0.01
+    assert count.mlp_matrices == 2
+
+
+def test_phi_1_5_weighs_what_its_gtx_1080_start_up_logged() -> None:
+    # tests/fixtures/gpu_logs search_phi15_gtx1080_v0641: "Loading model weights took 2.6419 GB" (float16)
+    assert weights_bytes(PHI_1_5, 2) / GiB == pytest.approx(2.64, abs=0.01)
+    gated = count_weights({**PHI_1_5, "model_type": "llama"})
+    assert gated is not None and gated.mlp_matrices == 3

@@ -237,7 +237,10 @@ def activation_peak_bytes(count: WeightCount | None, tokens: int, seqs: int, dty
     workspaces (moe_workspace_bytes)."""
     if count is None:
         return 0
-    forward = tokens * dtype_bytes * (4 * count.hidden_size + 3 * count.mlp_width_per_token // max(1, tensor_parallel))
+    # A gated MLP holds its gate-up output (2 x width) and the activation's (width); a two-matrix
+    # MLP its up output and the activation's: as many widths as it has matrices.
+    mlp = count.mlp_matrices * count.mlp_width_per_token // max(1, tensor_parallel)
+    forward = tokens * dtype_bytes * (4 * count.hidden_size + mlp)
     sampler = int(min(seqs, tokens) * count.vocab_size * sampler_bytes)
     return max(forward, sampler) + held_bytes
 

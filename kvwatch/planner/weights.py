@@ -2,7 +2,8 @@
 
 Counts the tensors a decoder checkpoint holds, with the real attention shapes: q and o are
 hidden x heads x head_dim, k and v hidden x kv_heads x head_dim (GQA), or the MLA projections;
-the MLP (gate, up, down) per dense layer and per expert (routed and shared) of MoE layers; the
+the MLP (gate, up, down; up and down for the families vLLM builds without a gate,
+vllm_releases/mlp_shapes.py) per dense layer and per expert (routed and shared) of MoE layers; the
 embeddings once when `tie_word_embeddings`, twice otherwise; norms are noise and left out.
 Bytes per parameter follow `quantization_config`: 8-bit methods (fp8, int8, compressed-tensors
 8-bit) 1 byte for the linear layers, 4-bit methods (awq, gptq, bitsandbytes 4-bit, mxfp4, nvfp4)
@@ -18,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kvwatch.planner.encoder_cache import EncoderShape, encoder_shape
+from kvwatch.vllm_releases.mlp_shapes import non_gated_mlp
 
 
 def _int(cfg: Mapping[str, Any], *keys: str) -> int:
@@ -42,6 +44,7 @@ class WeightCount:
     moe_width: int = 0             # MoE: one expert's intermediate size
     experts_per_token: int = 0     # MoE: routed experts per token (top-k)
     encoder: EncoderShape | None = None   # a multimodal checkpoint's encoder outputs (planner/encoder_cache.py)
+    mlp_matrices: int = 3   # 3 for a gated MLP (gate, up, down), 2 without a gate (vllm_releases/mlp_shapes.py)
 
     @property
     def params(self) -> int:
@@ -82,7 +85,12 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
         width = max(dense_width if dense_layers else 0,
                     routed * moe_width + shared * moe_width + shared_width)
     else:
-        mlp = layers * 3 * hidden * dense_width
+        two_matrix = non_gated_mlp(cfg.get("model_type"))
+        if two_matrix is not None:
+            dense_width = (_int(cfg, two_matrix.width_key) if two_matrix.width_key else 0) \
+                or two_matrix.hidden_multiple * hidden or dense_width
+        matrices = 2 if two_matrix is not None else 3
+        mlp = layers * matrices * hidden * dense_width
         width = dense_width
     vocab = _int(cfg, "vocab_size")
     embeddings = vocab * hidden * (1 if cfg.get("tie_word_embeddings") else 2)
@@ -90,7 +98,8 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
                        attention_params=layers * attention,
                        vocab_size=vocab, hidden_size=hidden, mlp_width_per_token=width,
                        expert_matrices=moe_layers * experts if experts else 0, moe_width=moe_width if experts else 0,
-                       experts_per_token=routed if experts else 0)
+                       experts_per_token=routed if experts else 0,
+                       mlp_matrices=3 if experts else matrices)
 
 
 def vision_tower_params(config: Mapping[str, Any]) -> int:
