@@ -34,13 +34,14 @@ from kvwatch.planner.gpu_budget import (
     estimate_budget,
     moe_workspace_bytes,
     non_torch_bytes,
+    offloaded_bytes,
     profile_key,
     profile_sampler_bytes,
     release_for,
     requested_bytes,
 )
 from kvwatch.planner.versions import parse_version
-from kvwatch.planner.weights import count_weights, weights_bytes
+from kvwatch.planner.weights import WeightCount, count_weights, weights_bytes
 from kvwatch.vllm_releases import DEFAULT_RELEASE, resolve
 
 A100 = Device("cuda", "NVIDIA A100-SXM4-80GB", (8, 0), 80 * GiB)
@@ -213,6 +214,35 @@ def test_cpu_offload_keeps_its_gib_of_weights_per_gpu_off_the_card() -> None:
     assert estimate_budget(settings("--cpu-offload-gb", "40"), A100, None, 15 * GiB, 2, 8192, V0_32).weights_bytes == 0
     with pytest.raises(KvwatchError, match="cpu-offload-gb"):
         settings("--cpu-offload-gb", "-1")
+
+
+def test_cpu_offload_keeps_the_embeddings_on_the_card() -> None:
+    """vLLM offloads only the decoder layers (make_layers): DeepSeek-Coder-V2-Lite with 30 GiB
+    offloaded keeps its embeddings and LM head (102,400 x 2,048 x 2 in bf16), as its L40S start-up
+    logged (search_deepseek_coder_v2_lite_l40s_offload30_v072: "Loading model weights took 0.80 GB")."""
+    run = next(r for r in all_runs() if r["name"] == "search_deepseek_coder_v2_lite_l40s_offload30_v072")
+    cfg = run["model_config"]
+    count, weights = count_weights(cfg), weights_bytes(cfg, 2)
+    assert count is not None and weights is not None
+    kept = estimate_budget(settings("--cpu-offload-gb", "30"), A100, count, weights, 2, 8192, V0_32)
+    assert kept.weights_bytes == 102400 * 2048 * 2 * 2
+    assert kept.weights_bytes / GiB == pytest.approx(run["logged"]["model_weights_gib"], abs=0.03)
+
+
+# Two layers of 400 bytes, each parameters of 100, 100 and 200 in module order.
+_TWO_LAYERS = WeightCount(linear_params=800, embedding_params=0, num_layers=2, layer_params=(1, 1, 2))
+
+
+@pytest.mark.parametrize(("budget", "moved"), [
+    (400, 400),   # a whole layer: the next one finds the budget reached
+    (401, 500),   # one byte over: the next whole parameter goes too
+    (450, 500),
+    (600, 600),
+    (601, 800),   # the last parameter, the biggest, goes whole
+    (5000, 800),  # no more than the layers hold
+])
+def test_cpu_offload_moves_whole_parameters_until_the_budget_is_reached(budget: int, moved: int) -> None:
+    assert offloaded_bytes(800, budget, _TWO_LAYERS) == moved
 
 
 def test_every_card_of_the_table_says_where_its_totals_are_from() -> None:

@@ -45,6 +45,10 @@ class WeightCount:
     experts_per_token: int = 0     # MoE: routed experts per token (top-k)
     encoder: EncoderShape | None = None   # a multimodal checkpoint's encoder outputs (planner/encoder_cache.py)
     mlp_matrices: int = 3   # 3 for a gated MLP (gate, up, down), 2 without a gate (vllm_releases/mlp_shapes.py)
+    num_layers: int = 0
+    # A dense decoder layer's parameters in the order vLLM's module holds them (qkv, o, gate-up or up,
+    # down; norms left out); empty for MoE and MLA layers. --cpu-offload-gb moves them whole, in order.
+    layer_params: tuple[int, ...] = ()
 
     @property
     def params(self) -> int:
@@ -69,6 +73,7 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
     else:
         attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
     experts = _int(cfg, "n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts")
+    one_layer: tuple[int, ...] = ()
     shared = _int(cfg, "n_shared_experts")
     shared_width = _int(cfg, "shared_expert_intermediate_size")
     dense_width = _int(cfg, "intermediate_size") or 4 * hidden
@@ -92,6 +97,9 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
         matrices = 2 if two_matrix is not None else 3
         mlp = layers * matrices * hidden * dense_width
         width = dense_width
+        if not cfg.get("kv_lora_rank"):
+            out = hidden * heads * head_dim
+            one_layer = (attention - out, out, (matrices - 1) * hidden * dense_width, hidden * dense_width)
     vocab = _int(cfg, "vocab_size")
     embeddings = vocab * hidden * (1 if cfg.get("tie_word_embeddings") else 2)
     return WeightCount(linear_params=layers * attention + mlp, embedding_params=embeddings,
@@ -99,7 +107,7 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
                        vocab_size=vocab, hidden_size=hidden, mlp_width_per_token=width,
                        expert_matrices=moe_layers * experts if experts else 0, moe_width=moe_width if experts else 0,
                        experts_per_token=routed if experts else 0,
-                       mlp_matrices=3 if experts else matrices)
+                       mlp_matrices=3 if experts else matrices, num_layers=layers, layer_params=one_layer)
 
 
 def vision_tower_params(config: Mapping[str, Any]) -> int:
