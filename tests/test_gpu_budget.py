@@ -164,21 +164,25 @@ def test_the_pre_launch_kv_memory_is_within_3_percent_at_the_median(tmp_path: Pa
 def test_the_held_out_third_is_within_3_percent_at_the_median(tmp_path: Path) -> None:
     """Issue 27: the runs no term was fitted on, apart. The figures hold what bench/bench_gpu_budget.py
     printed on the corpus (BENCHMARKS.md section 12), so a change that loses them fails here: 58
-    held-out runs, median 0.8 %, 76 % within 3 %, mean 4.7 %; outside the llm-d sweep (one lab's 0.19.0
-    H100 runs, whose fit half measured two terms) 38 runs, median 1.7 %, 63 % within 3 % (the issue's
+    held-out runs, median 0.8 %, 78 % within 3 %, mean 3.9 %; outside the llm-d sweep (one lab's 0.19.0
+    H100 runs, whose fit half measured two terms) 38 runs, median 1.5 %, 66 % within 3 % (the issue's
     bar is 70 %). The bounds moved from 43 runs / 86 % and 23 runs / 74 % when 28 public start-ups
-    were added (section 12.4), not when a term changed: the added held-out runs are further off."""
+    were added (section 12.4), not when a term changed: the added held-out runs are further off.
+    Section 12.6 tightened them (76 % -> 78 %, mean 4.7 % -> 3.9 %; outside the sweep 1.7 % -> 1.5 %,
+    63 % -> 66 %): V0's rank 0 samples and sets the executor's minimum at tensor parallel (Qwen3-30B-A3B
+    at TP 4, +34.5 % -> +1.2 %; DeepSeek-R1 at TP 8, +78 % -> +66 %); phi's two-matrix MLP
+    (-11.3 % -> +9.9 %, a miss still: V0 0.6.4 counts the CUDA context as non-torch memory)."""
     held = started_runs(HELD_OUT)
     summary = Summary.of(_errors(held, tmp_path))
     assert summary.runs >= 58
     assert summary.median <= 0.008
-    assert summary.within >= 0.75
-    assert summary.mean <= 0.048
+    assert summary.within >= 0.775
+    assert summary.mean <= 0.040
     outside = [r for r in held if not r.get("batch")]
     apart = Summary.of(_errors(outside, tmp_path))
     assert apart.runs >= 38
-    assert apart.median <= 0.018
-    assert apart.within >= 0.63
+    assert apart.median <= 0.016
+    assert apart.within >= 0.65
 
 
 def test_the_held_out_kv_tokens_are_within_3_percent_at_the_median(tmp_path: Path) -> None:
@@ -214,6 +218,23 @@ def test_cpu_offload_keeps_its_gib_of_weights_per_gpu_off_the_card() -> None:
     assert estimate_budget(settings("--cpu-offload-gb", "40"), A100, None, 15 * GiB, 2, 8192, V0_32).weights_bytes == 0
     with pytest.raises(KvwatchError, match="cpu-offload-gb"):
         settings("--cpu-offload-gb", "-1")
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+def test_v0_charges_the_samplers_peak_at_any_tensor_parallel(tp: int) -> None:
+    """V0's rank 0 gathers the logits and samples, and the executor keeps the fewest blocks any rank
+    found: rank 0's (vLLM 0.8.5.post1, executor/executor_base.py:103-105). Qwen3-30B-A3B at TP 4 on
+    22 GB cards (search_qwen3_30b_a3b_4x22gb_tp4_yarn_v085, V0) logged 1.39 GiB of activation: 256 sorted
+    requests x 151,936 vocabulary entries."""
+    count = count_weights({"hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 32,
+                           "num_key_value_heads": 4, "head_dim": 128, "intermediate_size": 6144,
+                           "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8,
+                           "vocab_size": 151936})
+    assert count is not None
+    budget = estimate_budget(settings("--tensor-parallel-size", str(tp)), A100, count, 15 * GiB, 2, 8192,
+                             parse_version("0.8.5.post1"), {"VLLM_USE_V1": "0"})
+    assert budget.activation_peak_bytes == int(256 * 151936 * SORTED_SAMPLER_BYTES)
+    assert budget.activation_peak_bytes / GiB == pytest.approx(1.39, abs=0.02)
 
 
 def test_cpu_offload_keeps_the_embeddings_on_the_card() -> None:

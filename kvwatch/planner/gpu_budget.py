@@ -333,8 +333,9 @@ def estimate_budget(settings: EngineSettings, device: Device, count: WeightCount
     tokens, seqs = batch_defaults(settings, device, release, max_model_len, not (multimodal or mla))
     tp = max(1, settings.tensor_parallel_size)
     sampler = profile_sampler_bytes(release, flashinfer_installed)
-    if release.engine == V0_ENGINE and tp > 1:
-        sampler = 0.0   # V0 samples on the driver worker only; the others set the budget's minimum
+    # V0 at tensor parallel: rank 0 gathers the logits and samples (vLLM 0.8.5.post1,
+    # vllm/model_executor/layers/logits_processor.py:97-98, worker/model_runner.py:1810-1813), and the
+    # executor keeps the fewest blocks any rank found (executor/executor_base.py:103-105): rank 0's, sampler included.
     extra = 0   # live through the sampler's pass: the encoder cache, the MoE workspaces
     if release.engine == V1_ENGINE and count is not None and version is not None:
         extra = encoder_cache_bytes(count.encoder, version.parts, tokens, seqs, dtype_bytes)
