@@ -43,6 +43,7 @@ from kvwatch.planner.gpu_budget import (
 from kvwatch.planner.versions import parse_version
 from kvwatch.planner.weights import WeightCount, count_weights, weights_bytes
 from kvwatch.vllm_releases import DEFAULT_RELEASE, resolve
+from kvwatch.vllm_releases.kv_layout import mla_entry_elements
 
 A100 = Device("cuda", "NVIDIA A100-SXM4-80GB", (8, 0), 80 * GiB)
 H100 = PRESETS["h100"]
@@ -235,6 +236,25 @@ def test_v0_charges_the_samplers_peak_at_any_tensor_parallel(tp: int) -> None:
                              parse_version("0.8.5.post1"), {"VLLM_USE_V1": "0"})
     assert budget.activation_peak_bytes == int(256 * 151936 * SORTED_SAMPLER_BYTES)
     assert budget.activation_peak_bytes / GiB == pytest.approx(1.39, abs=0.02)
+
+
+@pytest.mark.parametrize(("version", "platform", "env", "elements"), [
+    ("0.7.1", "cuda", {}, 576), ("0.7.2", "cuda", {}, 640), ("0.7.3", "cuda", {}, 640),
+    ("0.7.3", "cuda", {"VLLM_CUDA_MEM_ALIGN_KV_CACHE": "0"}, 576), ("0.7.3", "cpu", {}, 576),
+    ("0.8.0", "cuda", {}, 576), ("0.19.0", "cuda", {}, 576),
+])
+def test_v0_pads_the_mla_latent_to_256_bytes_from_072_to_08(version: str, platform: str, env: dict,
+                                                            elements: int) -> None:
+    """vLLM 0.7.2, vllm/worker/cache_engine.py:131-160: 576 bf16 elements round up to 640."""
+    assert mla_entry_elements(576, 2, parse_version(version), platform, env) == elements
+
+
+@pytest.mark.parametrize("name", ["search_deepseek_r1_8xh200_tp8_v07",
+                                  "search_deepseek_coder_v2_lite_l40s_offload30_v072"])
+def test_the_07_mla_runs_hold_the_tokens_their_logged_kv_memory_holds(name: str, tmp_path: Path) -> None:
+    run = next(r for r in all_runs() if r["name"] == name)
+    tokens = plan_run(run, tmp_path / name, logged_kv=True).kv_cache_tokens
+    assert tokens == pytest.approx(run["logged"]["kv_cache_tokens"], rel=0.005)
 
 
 def test_cpu_offload_keeps_the_embeddings_on_the_card() -> None:

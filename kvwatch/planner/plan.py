@@ -56,6 +56,7 @@ from kvwatch.vllm_releases.kv_layout import (
     SLIDING_BLOCK_WITHIN_PRIMARY_PAGE,
     SSM_FLOAT32_WITH_AVX512_BF16,
     grouping_rule_for,
+    mla_entry_elements,
 )
 
 _DTYPE_BYTES = {"float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4}
@@ -289,8 +290,10 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     dtype_bytes = kv_dtype_bytes(kv_dtype, settings.dtype, geometry.config_dtype)
     model_bytes = kv_dtype_bytes("auto", settings.dtype, geometry.config_dtype)   # the weights' and states' dtype
     if geometry.attention == "mla":   # one latent per token; every TP rank holds all of it
-        per_token_layer = PACKED_MLA_BYTES.get(kv_dtype, geometry.head_size * dtype_bytes)
-        packed_extra = max(0, per_token_layer - geometry.head_size * dtype_bytes)
+        entry = mla_entry_elements(geometry.head_size, model_bytes, memory.vllm_version, device.platform,
+                                   dict(memory.vllm_env)) * dtype_bytes   # 0.7.x pads it (kv_layout.py)
+        per_token_layer = PACKED_MLA_BYTES.get(kv_dtype, entry)
+        packed_extra = max(0, per_token_layer - entry)
     else:
         per_token_layer = _token_bytes(geometry.num_kv_heads, geometry.head_size, settings, dtype_bytes)
         packed_extra = 0
