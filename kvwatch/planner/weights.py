@@ -49,6 +49,8 @@ class WeightCount:
     # A dense decoder layer's parameters in the order vLLM's module holds them (qkv, o, gate-up or up,
     # down; norms left out); empty for MoE and MLA layers. --cpu-offload-gb moves them whole, in order.
     layer_params: tuple[int, ...] = ()
+    # MLA: (q input width, heads, rope, kv_lora_rank, nope, v head) for the absorbed copies of V0 0.7.x
+    mla_shape: tuple[int, int, int, int, int, int] | None = None
 
     @property
     def params(self) -> int:
@@ -63,6 +65,7 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
         return None
     head_dim = _int(cfg, "head_dim") or hidden // heads
     kv_heads = _int(cfg, "num_key_value_heads", "num_kv_heads") or heads
+    mla_shape: tuple[int, int, int, int, int, int] | None = None
     if cfg.get("kv_lora_rank"):   # MLA (DeepSeek-V2/V3, Kimi-K2)
         rank, rope = _int(cfg, "kv_lora_rank"), _int(cfg, "qk_rope_head_dim")
         nope, v_dim = _int(cfg, "qk_nope_head_dim"), _int(cfg, "v_head_dim")
@@ -70,6 +73,7 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
         q_dim = heads * (nope + rope)
         q = hidden * q_rank + q_rank * q_dim if q_rank else hidden * q_dim
         attention = q + hidden * (rank + rope) + rank * heads * (nope + v_dim) + heads * v_dim * hidden
+        mla_shape = (q_rank or hidden, heads, rope, rank, nope, v_dim)
     else:
         attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
     experts = _int(cfg, "n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts")
@@ -107,7 +111,8 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
                        vocab_size=vocab, hidden_size=hidden, mlp_width_per_token=width,
                        expert_matrices=moe_layers * experts if experts else 0, moe_width=moe_width if experts else 0,
                        experts_per_token=routed if experts else 0,
-                       mlp_matrices=3 if experts else matrices, num_layers=layers, layer_params=one_layer)
+                       mlp_matrices=3 if experts else matrices, num_layers=layers, layer_params=one_layer,
+                       mla_shape=mla_shape)
 
 
 def vision_tower_params(config: Mapping[str, Any]) -> int:
@@ -294,6 +299,28 @@ def mxfp4_triton_hopper_bytes(count: WeightCount, tensor_parallel: int, capabili
     biases = (2 * padded + hidden) * 4
     per_matrix_set = values + kept + swizzled + biases - checkpoint
     return max(0, per_matrix_set) * count.expert_matrices * tp
+
+
+def mla_absorbed_bytes(count: WeightCount, tensor_parallel: int, model_dtype_bytes: int, fp8_weights: bool,
+                       version: tuple[int, int, int]) -> int:
+    """What V0's MLA backend of 0.7.1-0.7.3 adds per rank once the weights are loaded: it absorbs
+    W_UK into the q projection and W_UV into o_proj for decode and keeps the raw weights for prefill
+    (VLLM_MLA_PERFORM_MATRIX_ABSORPTION, on by default; vLLM 0.7.3,
+    vllm/attention/backends/mla/utils.py:232-393): W_QR (q input x heads x rope, model dtype), W_Q_UK
+    (q input x heads x kv_lora_rank) and W_UV_O (heads x kv_lora_rank x hidden), both requantized to
+    FP8 for an FP8 checkpoint (:329-384), else in the model dtype; an FP8 checkpoint's kv_b_proj is
+    dequantized and its W_UK/W_UV views keep that copy (:297, :346). The loader runs this before it
+    reports the weights (model_loader/loader.py). 0.8 has no absorption flag (vLLM 0.8.0, vllm/envs.py)."""
+    if count.mla_shape is None or not (0, 7, 1) <= version < (0, 8, 0):
+        return 0
+    q_in, heads, rope, rank, nope, v_dim = count.mla_shape
+    local = -(-heads // max(1, tensor_parallel))
+    absorbed = 1 if fp8_weights else model_dtype_bytes
+    per_layer = q_in * local * rope * model_dtype_bytes
+    per_layer += (q_in * local * rank + local * rank * count.hidden_size) * absorbed
+    if fp8_weights:
+        per_layer += rank * local * (nope + v_dim) * model_dtype_bytes
+    return per_layer * count.num_layers
 
 
 def gpu_weights_bytes(count: WeightCount, quantization: Mapping[str, Any] | None, dtype_bytes: int,
