@@ -4,7 +4,9 @@ decoder vLLM serves builds a gated MLP (gate and up merged, then down: three mat
 vLLM 0.22.1's model files (the same classes from 0.8.5.post1 on); each row names its class.
 
 A row's width: the config key vLLM reads, then the multiple of the hidden size it falls back to
-(0: no fall-back, the key is required)."""
+(0: no fall-back, the key is required). Left out: jais (gated when its activation is swiglu,
+jais.py:150-175) and nemotron_h (a hybrid whose layers are Mamba, attention or MLP, which
+count_weights does not count per layer)."""
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -30,6 +32,9 @@ NON_GATED_MLPS: dict[str, NonGatedMlp] = {
     "gptj": NonGatedMlp("n_inner", 4, "vllm/model_executor/models/gpt_j.py:129-150 GPTJMLP, width :169"),
     "bloom": NonGatedMlp("", 4, "vllm/model_executor/models/bloom.py:152-173 BloomMLP (4 x hidden)"),
     "mpt": NonGatedMlp("", 0, "vllm/model_executor/models/mpt.py:152-177 MPTMLP (expansion_ratio x d_model)"),
+    "apertus": NonGatedMlp("intermediate_size", 0, "vllm/model_executor/models/apertus.py:81-107 ApertusMLP (xIELU)"),
+    "arcee": NonGatedMlp("intermediate_size", 0, "vllm/model_executor/models/arcee.py:52-84 ArceeMLP (ReLU^2)"),
+    "jais2": NonGatedMlp("intermediate_size", 0, "vllm/model_executor/models/jais2.py:72-96 Jais2MLP"),
 }
 
 
