@@ -9,6 +9,7 @@ from kvwatch.planner.weights import (
     gguf_bytes_per_param,
     gpu_weights_bytes,
     linear_bytes_per_param,
+    mla_absorbed_bytes,
     mxfp4_expert_padding,
     mxfp4_triton_hopper_bytes,
     vision_tower_params,
@@ -170,3 +171,56 @@ def test_mxfp4_experts_elsewhere_carry_no_triton_copies(capability: tuple[int, i
     count = count_weights(GPT_OSS_20B)
     assert count is not None
     assert mxfp4_triton_hopper_bytes(count, 1, capability, version) == 0
+
+
+PHI_1_5 = {"model_type": "phi", "hidden_size": 2048, "num_hidden_layers": 24, "num_attention_heads": 32,
+           "intermediate_size": 8192, "vocab_size": 51200, "tie_word_embeddings": False}
+
+
+@pytest.mark.parametrize("cfg,published", [
+    (PHI_1_5, 1.42e9),   # microsoft/phi-1_5 safetensors: 1.42B (fc1/fc2, no gate)
+    ({**PHI_1_5, "hidden_size": 2560, "num_hidden_layers": 32, "intermediate_size": 10240}, 2.78e9),  # phi-2: 2.78B
+    ({"model_type": "gpt_neox", "hidden_size": 2048, "num_hidden_layers": 24, "num_attention_heads": 16,
+      "intermediate_size": 8192, "vocab_size": 50304, "tie_word_embeddings": False}, 1.41e9),  # pythia-1.4b: 1.41B
+    ({"model_type": "starcoder2", "hidden_size": 3072, "num_hidden_layers": 30, "num_attention_heads": 24,
+      "num_key_value_heads": 2, "intermediate_size": 12288, "vocab_size": 49152,
+      "tie_word_embeddings": True}, 3.03e9),  # bigcode/starcoder2-3b: 3.03B
+    ({"model_type": "opt", "hidden_size": 2048, "num_hidden_layers": 24, "num_attention_heads": 32, "ffn_dim": 8192,
+      "vocab_size": 50272, "tie_word_embeddings": True}, 1.32e9),  # facebook/opt-1.3b: 1.32B (positions left out)
+])
+def test_a_two_matrix_mlp_counts_two_matrices(cfg: dict, published: float) -> None:
+    count = count_weights(cfg)
+    assert count is not None and abs(count.params - published) / published < 0.01
+    assert count.mlp_matrices == 2
+
+
+def test_phi_1_5_weighs_what_its_gtx_1080_start_up_logged() -> None:
+    # tests/fixtures/gpu_logs search_phi15_gtx1080_v0641: "Loading model weights took 2.6419 GB" (float16)
+    assert weights_bytes(PHI_1_5, 2) / GiB == pytest.approx(2.64, abs=0.01)
+    gated = count_weights({**PHI_1_5, "model_type": "llama"})
+    assert gated is not None and gated.mlp_matrices == 3
+
+
+DEEPSEEK_R1 = {"hidden_size": 7168, "num_hidden_layers": 61, "num_attention_heads": 128, "kv_lora_rank": 512,
+               "q_lora_rank": 1536, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128,
+               "vocab_size": 129280, "intermediate_size": 18432, "moe_intermediate_size": 2048,
+               "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 3}
+
+
+@pytest.mark.parametrize(("cfg", "tp", "fp8", "version", "per_rank"), [
+    # per layer and rank: W_QR 1536x16x64 bf16, W_Q_UK 1536x16x512 and W_UV_O 16x512x7168 in FP8, the
+    # dequantized kv_b_proj 512x16x256 bf16; 61 layers
+    (DEEPSEEK_R1, 8, True, (0, 7, 3), 61 * (1536 * 16 * 64 * 2 + 1536 * 16 * 512 + 16 * 512 * 7168 + 512 * 16 * 256 * 2)),
+    (DEEPSEEK_R1, 8, True, (0, 7, 1), 61 * (1536 * 16 * 64 * 2 + 1536 * 16 * 512 + 16 * 512 * 7168 + 512 * 16 * 256 * 2)),
+    (DEEPSEEK_R1, 8, True, (0, 8, 0), 0),   # no absorption flag from 0.8
+    (DEEPSEEK_R1, 8, True, (0, 7, 0), 0),   # no MLA backend before 0.7.1
+    # DeepSeek-V2-Lite in bf16 (no q_lora_rank: the q input is the hidden size), 27 layers, TP 1
+    ({**DEEPSEEK_R1, "hidden_size": 2048, "num_hidden_layers": 27, "num_attention_heads": 16, "q_lora_rank": None},
+     1, False, (0, 7, 2), 27 * (2048 * 16 * 64 * 2 + 2048 * 16 * 512 * 2 + 16 * 512 * 2048 * 2)),
+    (LLAMA_3_1_8B, 1, False, (0, 7, 3), 0),
+])
+def test_v0_07_keeps_the_absorbed_mla_matrices_beside_the_weights(cfg: dict, tp: int, fp8: bool,
+                                                                  version: tuple[int, int, int], per_rank: int) -> None:
+    count = count_weights(cfg)
+    assert count is not None
+    assert mla_absorbed_bytes(count, tp, 2, fp8, version) == per_rank

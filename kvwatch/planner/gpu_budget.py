@@ -237,7 +237,10 @@ def activation_peak_bytes(count: WeightCount | None, tokens: int, seqs: int, dty
     workspaces (moe_workspace_bytes)."""
     if count is None:
         return 0
-    forward = tokens * dtype_bytes * (4 * count.hidden_size + 3 * count.mlp_width_per_token // max(1, tensor_parallel))
+    # A gated MLP holds its gate-up output (2 x width) and the activation's (width); a two-matrix
+    # MLP its up output and the activation's: as many widths as it has matrices.
+    mlp = count.mlp_matrices * count.mlp_width_per_token // max(1, tensor_parallel)
+    forward = tokens * dtype_bytes * (4 * count.hidden_size + mlp)
     sampler = int(min(seqs, tokens) * count.vocab_size * sampler_bytes)
     return max(forward, sampler) + held_bytes
 
@@ -287,11 +290,38 @@ def unified_memory(device: Device) -> bool:
     return device.compute_capability in UMA_CAPABILITIES or (card is not None and card.unified_memory)
 
 
-def weights_on_gpu(weights_per_rank: int, settings: EngineSettings) -> int:
-    """The weights a rank keeps on its GPU: `--cpu-offload-gb` GiB of them per GPU stay in host
-    memory (config/offload.py: "The space in GiB to offload to CPU, per GPU"; the UVA offloader
-    moves whole parameters until that many bytes are reached, model_executor/offloader/uva.py)."""
-    return max(0, weights_per_rank - int(settings.cpu_offload_gb * GiB))
+def weights_on_gpu(weights_per_rank: int, settings: EngineSettings, count: WeightCount | None,
+                   dtype_bytes: int) -> int:
+    """The weights a rank keeps on its GPU under `--cpu-offload-gb` (GiB per GPU, config/offload.py).
+    vLLM offloads only the decoder layers `make_layers` builds, parameter by parameter in module order,
+    and stops at the first parameter that finds the budget reached, so it moves whole parameters up to
+    one past the budget (vLLM 0.7.2, vllm/model_executor/models/utils.py:487-518 and :558; vLLM 0.32.0,
+    vllm/model_executor/offloader/uva.py:74-124, models/utils.py:913). The embeddings, the LM head and a
+    vision tower stay on the card whatever the budget."""
+    budget = int(settings.cpu_offload_gb * GiB)
+    if budget <= 0:
+        return weights_per_rank
+    ranks = max(1, settings.tensor_parallel_size * settings.pipeline_parallel_size)
+    kept = (count.embedding_params + count.vision_params) * dtype_bytes // ranks if count is not None else 0
+    layers = max(0, weights_per_rank - kept)
+    return weights_per_rank - offloaded_bytes(layers, budget, count)
+
+
+def offloaded_bytes(layers_bytes: int, budget: int, count: WeightCount | None) -> int:
+    """What the offloader moves off a rank holding `layers_bytes` of decoder layers: whole parameters
+    until `budget` is reached (a layer's parameters in count.layer_params' proportions; where the count
+    has no such split, MoE and MLA layers, the budget exactly)."""
+    if budget >= layers_bytes:
+        return layers_bytes
+    if count is None or not count.layer_params or count.num_layers <= 0:
+        return budget
+    per_layer = layers_bytes / count.num_layers
+    moved = (budget // per_layer) * per_layer
+    for params in count.layer_params:
+        if moved >= budget:
+            break
+        moved += per_layer * params / sum(count.layer_params)
+    return min(layers_bytes, int(moved))
 
 
 def estimate_budget(settings: EngineSettings, device: Device, count: WeightCount | None, weights_per_rank: int,
@@ -303,8 +333,9 @@ def estimate_budget(settings: EngineSettings, device: Device, count: WeightCount
     tokens, seqs = batch_defaults(settings, device, release, max_model_len, not (multimodal or mla))
     tp = max(1, settings.tensor_parallel_size)
     sampler = profile_sampler_bytes(release, flashinfer_installed)
-    if release.engine == V0_ENGINE and tp > 1:
-        sampler = 0.0   # V0 samples on the driver worker only; the others set the budget's minimum
+    # V0 at tensor parallel: rank 0 gathers the logits and samples (vLLM 0.8.5.post1,
+    # vllm/model_executor/layers/logits_processor.py:97-98, worker/model_runner.py:1810-1813), and the
+    # executor keeps the fewest blocks any rank found (executor/executor_base.py:103-105): rank 0's, sampler included.
     extra = 0   # live through the sampler's pass: the encoder cache, the MoE workspaces
     if release.engine == V1_ENGINE and count is not None and version is not None:
         extra = encoder_cache_bytes(count.encoder, version.parts, tokens, seqs, dtype_bytes)
@@ -312,7 +343,7 @@ def estimate_budget(settings: EngineSettings, device: Device, count: WeightCount
             extra += moe_workspace_bytes(count, tokens, dtype_bytes, tp)   # expert parallel not told apart
     return GpuBudget(
         version=str(version or DEFAULT_RELEASE), release=release.why, cuda_total_bytes=cuda_total_bytes(device),
-        utilization=utilization(settings, release), weights_bytes=weights_on_gpu(weights_per_rank, settings),
+        utilization=utilization(settings, release), weights_bytes=weights_on_gpu(weights_per_rank, settings, count, dtype_bytes),
         activation_peak_bytes=activation_peak_bytes(count, tokens, seqs, dtype_bytes, tp, sampler, extra),
         non_torch_bytes=non_torch_bytes(device, tp, version),
         cuda_graph_bytes=CUDA_GRAPH_BYTES if release.cuda_graphs_counted and not settings.enforce_eager else 0,

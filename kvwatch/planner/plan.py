@@ -42,7 +42,7 @@ from kvwatch.planner.predicted_refusal import (
 from kvwatch.planner.rules import FP8_KV_DTYPES, PACKED_MLA_BYTES, BackendRule, BlockSizeRule, RuleSet
 from kvwatch.planner.scheduler import prefix_caching_on, request_demand
 from kvwatch.planner.versions import VllmVersion
-from kvwatch.planner.weights import gpu_weights_bytes, mxfp4_triton_hopper_bytes
+from kvwatch.planner.weights import gpu_weights_bytes, mla_absorbed_bytes, mxfp4_triton_hopper_bytes
 from kvwatch.vllm_releases import DEFAULT_RELEASE
 from kvwatch.vllm_releases.gdn_checkpoint import GDN_CHECKPOINT_BLOCKS, gdn_checkpoint_alignment
 from kvwatch.vllm_releases.hybrid_alignment import hybrid_alignment_for
@@ -58,6 +58,7 @@ from kvwatch.vllm_releases.kv_layout import (
     SLIDING_BLOCK_WITHIN_PRIMARY_PAGE,
     SSM_FLOAT32_WITH_AVX512_BF16,
     grouping_rule_for,
+    mla_entry_elements,
 )
 from kvwatch.vllm_releases.kv_tokens_report import reported_kv_tokens
 from kvwatch.vllm_releases.skip_layer_pages import SKIP_LAYER_PAGE_ALIGNMENT
@@ -216,13 +217,32 @@ def _estimate_gpu_kv_memory(device: Device, settings: EngineSettings, geometry: 
 
 def _kernel_format_bytes(geometry: ModelGeometry, settings: EngineSettings, device: Device,
                          version: VllmVersion | None) -> int:
-    """What the MoE kernel's weight format adds to the checkpoint's bytes once loaded, files or not:
-    MXFP4 experts under the Triton backend on Hopper (weights.mxfp4_triton_hopper_bytes)."""
+    """What the kernels' weight formats add to the checkpoint's bytes once loaded, files or not:
+    MXFP4 experts under the Triton backend on Hopper (weights.mxfp4_triton_hopper_bytes); V0 0.7.x's
+    absorbed MLA matrices (weights.mla_absorbed_bytes, per rank: times the ranks)."""
     quantization = geometry.quantization or {}
-    if geometry.weight_count is None or str(quantization.get("quant_method", "")).lower() != "mxfp4":
+    if geometry.weight_count is None:
+        return 0
+    parts = (version or DEFAULT_RELEASE).parts
+    method = str(quantization.get("quant_method", "")).lower()
+    if geometry.attention == "mla" and device.platform == "cuda":
+        fp8 = method == "fp8" or settings.quantization == "fp8"
+        ranks = settings.tensor_parallel_size * settings.pipeline_parallel_size
+        model_bytes = kv_dtype_bytes("auto", settings.dtype, geometry.config_dtype)
+        absorbed = ranks * mla_absorbed_bytes(geometry.weight_count, settings.tensor_parallel_size, model_bytes,
+                                              fp8, parts)
+        if absorbed and settings.cpu_offload_gb > 0:
+            # made from the layer's own weights, so they stay in host memory with an offloaded layer
+            count = geometry.weight_count
+            layers = _weights_from_geometry(geometry, model_bytes, settings, device) \
+                - (count.embedding_params + count.vision_params) * model_bytes
+            moved = min(1.0, settings.cpu_offload_gb * GiB * ranks / layers) if layers > 0 else 1.0
+            absorbed = int(absorbed * (1.0 - moved))
+        return absorbed
+    if method != "mxfp4":
         return 0
     return mxfp4_triton_hopper_bytes(geometry.weight_count, settings.tensor_parallel_size, device.compute_capability,
-                                     (version or DEFAULT_RELEASE).parts)
+                                     parts)
 
 
 def _weights_from_geometry(geometry: ModelGeometry, model_bytes: int, settings: EngineSettings, device: Device) -> int:
@@ -283,8 +303,10 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     dtype_bytes = kv_dtype_bytes(kv_dtype, settings.dtype, geometry.config_dtype)
     model_bytes = kv_dtype_bytes("auto", settings.dtype, geometry.config_dtype)   # the weights' and states' dtype
     if geometry.attention == "mla":   # one latent per token; every TP rank holds all of it
-        per_token_layer = PACKED_MLA_BYTES.get(kv_dtype, geometry.head_size * dtype_bytes)
-        packed_extra = max(0, per_token_layer - geometry.head_size * dtype_bytes)
+        entry = mla_entry_elements(geometry.head_size, model_bytes, memory.vllm_version, device.platform,
+                                   dict(memory.vllm_env)) * dtype_bytes   # 0.7.x pads it (kv_layout.py)
+        per_token_layer = PACKED_MLA_BYTES.get(kv_dtype, entry)
+        packed_extra = max(0, per_token_layer - entry)
     else:
         per_token_layer = _token_bytes(geometry.num_kv_heads, geometry.head_size, settings, dtype_bytes)
         packed_extra = 0

@@ -2,7 +2,8 @@
 
 Counts the tensors a decoder checkpoint holds, with the real attention shapes: q and o are
 hidden x heads x head_dim, k and v hidden x kv_heads x head_dim (GQA), or the MLA projections;
-the MLP (gate, up, down) per dense layer and per expert (routed and shared) of MoE layers; the
+the MLP (gate, up, down; up and down for the families vLLM builds without a gate,
+vllm_releases/mlp_shapes.py) per dense layer and per expert (routed and shared) of MoE layers; the
 embeddings once when `tie_word_embeddings`, twice otherwise; norms are noise and left out.
 Bytes per parameter follow `quantization_config`: 8-bit methods (fp8, int8, compressed-tensors
 8-bit) 1 byte for the linear layers, 4-bit methods (awq, gptq, bitsandbytes 4-bit, mxfp4, nvfp4)
@@ -18,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kvwatch.planner.encoder_cache import EncoderShape, encoder_shape
+from kvwatch.vllm_releases.mlp_shapes import non_gated_mlp
 
 
 def _int(cfg: Mapping[str, Any], *keys: str) -> int:
@@ -42,6 +44,13 @@ class WeightCount:
     moe_width: int = 0             # MoE: one expert's intermediate size
     experts_per_token: int = 0     # MoE: routed experts per token (top-k)
     encoder: EncoderShape | None = None   # a multimodal checkpoint's encoder outputs (planner/encoder_cache.py)
+    mlp_matrices: int = 3   # 3 for a gated MLP (gate, up, down), 2 without a gate (vllm_releases/mlp_shapes.py)
+    num_layers: int = 0
+    # A dense decoder layer's parameters in the order vLLM's module holds them (qkv, o, gate-up or up,
+    # down; norms left out); empty for MoE and MLA layers. --cpu-offload-gb moves them whole, in order.
+    layer_params: tuple[int, ...] = ()
+    # MLA: (q input width, heads, rope, kv_lora_rank, nope, v head) for the absorbed copies of V0 0.7.x
+    mla_shape: tuple[int, int, int, int, int, int] | None = None
 
     @property
     def params(self) -> int:
@@ -56,6 +65,7 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
         return None
     head_dim = _int(cfg, "head_dim") or hidden // heads
     kv_heads = _int(cfg, "num_key_value_heads", "num_kv_heads") or heads
+    mla_shape: tuple[int, int, int, int, int, int] | None = None
     if cfg.get("kv_lora_rank"):   # MLA (DeepSeek-V2/V3, Kimi-K2)
         rank, rope = _int(cfg, "kv_lora_rank"), _int(cfg, "qk_rope_head_dim")
         nope, v_dim = _int(cfg, "qk_nope_head_dim"), _int(cfg, "v_head_dim")
@@ -63,9 +73,11 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
         q_dim = heads * (nope + rope)
         q = hidden * q_rank + q_rank * q_dim if q_rank else hidden * q_dim
         attention = q + hidden * (rank + rope) + rank * heads * (nope + v_dim) + heads * v_dim * hidden
+        mla_shape = (q_rank or hidden, heads, rope, rank, nope, v_dim)
     else:
         attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
     experts = _int(cfg, "n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts")
+    one_layer: tuple[int, ...] = ()
     shared = _int(cfg, "n_shared_experts")
     shared_width = _int(cfg, "shared_expert_intermediate_size")
     dense_width = _int(cfg, "intermediate_size") or 4 * hidden
@@ -82,15 +94,25 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
         width = max(dense_width if dense_layers else 0,
                     routed * moe_width + shared * moe_width + shared_width)
     else:
-        mlp = layers * 3 * hidden * dense_width
+        two_matrix = non_gated_mlp(cfg.get("model_type"))
+        if two_matrix is not None:
+            dense_width = (_int(cfg, two_matrix.width_key) if two_matrix.width_key else 0) \
+                or two_matrix.hidden_multiple * hidden or dense_width
+        matrices = 2 if two_matrix is not None else 3
+        mlp = layers * matrices * hidden * dense_width
         width = dense_width
+        if not cfg.get("kv_lora_rank"):
+            out = hidden * heads * head_dim
+            one_layer = (attention - out, out, (matrices - 1) * hidden * dense_width, hidden * dense_width)
     vocab = _int(cfg, "vocab_size")
     embeddings = vocab * hidden * (1 if cfg.get("tie_word_embeddings") else 2)
     return WeightCount(linear_params=layers * attention + mlp, embedding_params=embeddings,
                        attention_params=layers * attention,
                        vocab_size=vocab, hidden_size=hidden, mlp_width_per_token=width,
                        expert_matrices=moe_layers * experts if experts else 0, moe_width=moe_width if experts else 0,
-                       experts_per_token=routed if experts else 0)
+                       experts_per_token=routed if experts else 0,
+                       mlp_matrices=3 if experts else matrices, num_layers=layers, layer_params=one_layer,
+                       mla_shape=mla_shape)
 
 
 def vision_tower_params(config: Mapping[str, Any]) -> int:
@@ -277,6 +299,28 @@ def mxfp4_triton_hopper_bytes(count: WeightCount, tensor_parallel: int, capabili
     biases = (2 * padded + hidden) * 4
     per_matrix_set = values + kept + swizzled + biases - checkpoint
     return max(0, per_matrix_set) * count.expert_matrices * tp
+
+
+def mla_absorbed_bytes(count: WeightCount, tensor_parallel: int, model_dtype_bytes: int, fp8_weights: bool,
+                       version: tuple[int, int, int]) -> int:
+    """What V0's MLA backend of 0.7.1-0.7.3 adds per rank once the weights are loaded: it absorbs
+    W_UK into the q projection and W_UV into o_proj for decode and keeps the raw weights for prefill
+    (VLLM_MLA_PERFORM_MATRIX_ABSORPTION, on by default; vLLM 0.7.3,
+    vllm/attention/backends/mla/utils.py:232-393): W_QR (q input x heads x rope, model dtype), W_Q_UK
+    (q input x heads x kv_lora_rank) and W_UV_O (heads x kv_lora_rank x hidden), both requantized to
+    FP8 for an FP8 checkpoint (:329-384), else in the model dtype; an FP8 checkpoint's kv_b_proj is
+    dequantized and its W_UK/W_UV views keep that copy (:297, :346). The loader runs this before it
+    reports the weights (model_loader/loader.py). 0.8 has no absorption flag (vLLM 0.8.0, vllm/envs.py)."""
+    if count.mla_shape is None or not (0, 7, 1) <= version < (0, 8, 0):
+        return 0
+    q_in, heads, rope, rank, nope, v_dim = count.mla_shape
+    local = -(-heads // max(1, tensor_parallel))
+    absorbed = 1 if fp8_weights else model_dtype_bytes
+    per_layer = q_in * local * rope * model_dtype_bytes
+    per_layer += (q_in * local * rank + local * rank * count.hidden_size) * absorbed
+    if fp8_weights:
+        per_layer += rank * local * (nope + v_dim) * model_dtype_bytes
+    return per_layer * count.num_layers
 
 
 def gpu_weights_bytes(count: WeightCount, quantization: Mapping[str, Any] | None, dtype_bytes: int,

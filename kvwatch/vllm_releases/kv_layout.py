@@ -146,3 +146,24 @@ def grouping_rule_for(version: VllmVersion | None) -> GroupingRule:
     if version is None:
         return GROUPING_RULES[-1]
     return next((r for r in reversed(GROUPING_RULES) if version.parts >= r.since), GROUPING_RULES[0])
+
+
+# V0 from 0.7.2 until 0.8 pads an MLA layer's latent entry (kv_lora_rank + qk_rope_head_dim, 576 for
+# DeepSeek) to 256 bytes in the model dtype on CUDA (VLLM_CUDA_MEM_ALIGN_KV_CACHE, on by default:
+# vLLM 0.7.2, vllm/worker/cache_engine.py:131-160, vllm/utils.py:801-804, vllm/envs.py:573-574; the
+# same in 0.7.3): 640 elements in bf16. 0.7.1 has no padding (vLLM 0.7.1, vllm/worker/cache_engine.py),
+# nor 0.8.0 (vLLM 0.8.0, vllm/worker/cache_engine.py).
+MLA_ENTRY_ALIGNED_SINCE = (0, 7, 2)
+MLA_ENTRY_ALIGNED_UNTIL = (0, 8, 0)
+MLA_ALIGN_ENV = "VLLM_CUDA_MEM_ALIGN_KV_CACHE"
+
+
+def mla_entry_elements(entry: int, model_dtype_bytes: int, version: VllmVersion | None, platform: str,
+                       env: dict[str, str] | None = None) -> int:
+    """The elements one token's MLA latent takes in a layer's cache on this release and platform."""
+    if version is None or not MLA_ENTRY_ALIGNED_SINCE <= version.parts < MLA_ENTRY_ALIGNED_UNTIL:
+        return entry
+    if platform != "cuda" or (env or {}).get(MLA_ALIGN_ENV, "1").strip() == "0":
+        return entry
+    per_256 = 256 // max(1, model_dtype_bytes)
+    return -(-entry // per_256) * per_256
