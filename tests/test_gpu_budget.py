@@ -169,7 +169,7 @@ def test_the_held_out_third_is_within_3_percent_at_the_median(tmp_path: Path) ->
     H100 runs, whose fit half measured two terms) 38 runs, median 1.5 %, 66 % within 3 % (the issue's
     bar is 70 %). The bounds moved from 43 runs / 86 % and 23 runs / 74 % when 28 public start-ups
     were added (section 12.4), not when a term changed: the added held-out runs are further off.
-    Section 12.6 tightened them (76 % -> 78 %, mean 4.7 % -> 3.6 %; outside the sweep 1.7 % -> 1.5 %,
+    Section 12.7 tightened them (76 % -> 78 %, mean 4.7 % -> 3.6 %; outside the sweep 1.7 % -> 1.5 %,
     63 % -> 66 %): V0's rank 0 samples and sets the executor's minimum at tensor parallel (Qwen3-30B-A3B
     at TP 4, +34.5 % -> +1.2 %; DeepSeek-R1 at TP 8, +78 % -> +66 %), then V0 0.7.x's absorbed MLA
     matrices (DeepSeek-R1 +66 % -> +45 %, DeepSeek-Coder-V2-Lite TP 8 +8.3 % -> +7.5 %); phi's two-matrix MLP
