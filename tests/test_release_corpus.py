@@ -155,6 +155,35 @@ def test_a_case_the_release_sizes_then_fails_is_sized_and_predicted(release: str
     assert refusal_predicted(plan, case), ([w.message for w in plan.warnings if w.certain], case["errors"])
 
 
+# A causal conv of a width other than 4 on the CPU (vllm_releases/kv_layout.py CPU_CONV_PREPACK): the
+# release, the CPU's flags, the corpus entry (LFM2's conv is 3 wide, Mamba-2's 4) -> refused or not.
+CONV_PREPACK_TABLE = [
+    ("0.21.0", {"avx512f", "avx512_bf16", "amx_tile"}, "lfm2", False),   # no prepack yet
+    ("0.22.0", {"avx512f", "avx512_bf16", "amx_tile"}, "lfm2", True),
+    ("0.28.0", {"avx512f", "avx512_bf16"}, "lfm2", False),               # AMX tiles only, to 0.28
+    ("0.28.0", {"avx512f", "avx512_bf16", "amx_tile"}, "lfm2", True),
+    ("0.29.0", {"avx512f", "avx512_bf16"}, "lfm2", True),                # AVX-512 BF16 from 0.29
+    ("0.29.0", {"avx512f"}, "lfm2", False),
+    ("0.31.0", {"avx512f", "avx512_bf16"}, "lfm2", True),
+    ("0.31.0", {"avx512f", "avx512_bf16"}, "mamba_codestral", False),    # 4 wide: the kernel's width
+    ("0.32.0", {"avx512f", "avx512_bf16", "amx_tile"}, "lfm2", False),   # only 4-wide weights packed
+]
+
+
+@pytest.mark.parametrize(("release", "flags", "name", "refused"), CONV_PREPACK_TABLE,
+                         ids=[f"{r}-{'-'.join(sorted(f))}-{n}" for r, f, n, _ in CONV_PREPACK_TABLE])
+def test_a_conv_the_cpu_kernel_cannot_pack_is_refused_per_release(release: str, flags: set[str], name: str,
+                                                                  refused: bool, tmp_path: Path) -> None:
+    from kvwatch.vllm_releases.kv_layout import CPU_CONV_PREPACK_REFUSED
+    device = cpu_device_from_flags(flags, "a CPU")
+    plan = plan_case(name, [], tmp_path / "model", device=device, vllm_version=release)
+    predicted = [w.message for w in plan.warnings if w.certain and w.message.startswith(CPU_CONV_PREPACK_REFUSED)]
+    assert bool(predicted) == refused, [w.message for w in plan.warnings]
+    assert plan.will_fail == refused
+    if not refused:
+        assert plan.num_blocks
+
+
 # -- live: a few cases on an older release's real engine ------------------------------------------
 
 # One per cache layout kind, cheap: plain, sliding window beside full, linear attention (whose
