@@ -8,7 +8,10 @@ release dimension: the engines run with the venv's python, one launch per hold o
 engine lock (/tmp/kvwatch-engine.lock), and the truths go to
 tests/fixtures/release_truths/RELEASE.json. By default only the recorder's RELEASE_SUBSET (one case
 per architecture kind, ~10 min of engines); --all takes the whole corpus (~40 min). Cases the
-release refuses are recorded with vLLM's sentence. Re-running replaces only the cases it runs.
+release refuses are recorded with vLLM's sentence. Re-running replaces only the cases it runs; the
+file is rewritten atomically after each case, so a run cut short keeps what it recorded, and
+`--all --missing-only [ENTRY...]` resumes it (the cases not recorded yet, or failed, of the named
+corpus entries or of all).
 """
 from __future__ import annotations
 
