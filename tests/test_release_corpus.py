@@ -98,6 +98,8 @@ def test_older_releases_are_recorded_for_every_architecture_kind() -> None:
             complete.append(release)
     assert complete, "no older release holds the whole subset"
     assert {"0.27.0", "0.28.0", "0.29.0", "0.30.0", "0.31.0"} <= set(complete)
+    # one older release holds the whole corpus (scripts/record_release_corpus.py --all)
+    assert {(c["model"], tuple(c["flags"])) for c in RELEASES["0.31.0"]["cases"]} == CORPUS_CASES
 
 
 def test_the_old_releases_fail_only_in_their_libraries_where_listed() -> None:
