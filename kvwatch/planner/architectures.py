@@ -6,6 +6,9 @@ Each rule is one of vLLM 0.32's refusals of a model, before any KV cache is size
   on CPU." (vllm_releases/kv_layout.py CPU_MLA_BACKEND: 0.28 added the CPU MLA backend);
 - (0.28 only) a dense MLA model on the CPU: the worker imports FlashAttention's MLA prefill and dies
   on an ImportError (vllm_releases/kv_layout.py CPU_MLA_SDPA_PREFILL: 0.29 gave the CPU its own);
+- (0.22 to 0.31, on a CPU with AMX tiles, from 0.29 with AVX-512 BF16) a causal conv of a width
+  other than 4 (LFM2's short conv): the worker prepacks it for a kernel that takes 4 only
+  (vllm_releases/kv_layout.py CPU_CONV_PREPACK: 0.32 prepacks only 4-wide ones);
 - sparse attention (an MLA model with the DeepSeek-V3.2 indexer: `index_topk` in config.json,
   model_executor/models/deepseek_v2.py `is_v32`) on the CPU backend: platforms/cpu.py:150
   get_attn_backend_cls, "Sparse Attention is not supported on CPU.";
@@ -35,10 +38,12 @@ from kvwatch.planner.layers import FULL, MAMBA, SLIDING
 from kvwatch.planner.versions import VllmVersion
 from kvwatch.vllm_releases.architectures import ARCHITECTURES
 from kvwatch.vllm_releases.kv_layout import (
+    CPU_CONV_PREPACK_REFUSED,
     CPU_MLA_BACKEND,
     CPU_MLA_PREFILL_IMPORT_ERROR,
     CPU_MLA_SDPA_PREFILL,
     MLA_NOT_SUPPORTED_ON_CPU,
+    cpu_conv_prepack,
 )
 
 # vLLM 0.32 model_executor/models/registry.py _PREVIOUSLY_SUPPORTED_MODELS: architecture -> the
@@ -56,6 +61,7 @@ IN_TRANSFORMERS = frozenset({
     "FuyuForCausalLM", "ChameleonForConditionalGeneration", "MptForCausalLM",
 })
 
+CPU_FEATURE_NAMES = {"amx_tile": "AMX tiles", "avx512_bf16": "AVX-512 BF16"}
 SPARSE_ATTENTION_ON_CPU = "Sparse Attention is not supported on CPU."
 QWEN2_SOME_LAYERS_SLIDE = "Sliding window for some but all layers is not supported."
 TRANSFORMERS_BACKEND_NO_ATTENTION = ("does not dispatch through the Transformers attention interface and vLLM has "
@@ -131,6 +137,17 @@ def refusals(geometry: ModelGeometry, settings: EngineSettings, device: Device,
             f"{CPU_MLA_PREFILL_IMPORT_ERROR}: vLLM {version}'s CPU MLA layers load FlashAttention's MLA prefill, "
             f"which needs a CUDA, XPU or ROCm build ({CPU_MLA_SDPA_PREFILL.before}); 0.29 gave the CPU an SDPA "
             f"prefill ({CPU_MLA_SDPA_PREFILL.source}): serve it with vLLM 0.29 or newer, or on a GPU", {}))
+    state = geometry.layout.state
+    if state is not None and state.conv_kernel != 4 and device.platform == "cpu" and not out:
+        # the worker dies loading the weights, after the config checks (kv_layout.CPU_CONV_PREPACK)
+        feature, source = cpu_conv_prepack(version)
+        if (feature == "amx_tile" and device.cpu_amx) or (feature == "avx512_bf16" and device.cpu_avx512_bf16):
+            out.append(ArchitectureRefusal(
+                "config_refused",
+                f"{CPU_CONV_PREPACK_REFUSED}: vLLM {version} prepacks every causal-conv weight for its CPU "
+                f"kernel on a CPU with {CPU_FEATURE_NAMES[feature]} ({source}), and this model's conv is "
+                f"{state.conv_kernel} wide; 0.32 prepacks only 4-wide ones ({cpu_conv_prepack(None)[1]}): serve "
+                f"it with vLLM 0.32 or newer", {}))
     kinds = set(geometry.layout.kinds)
     if geometry.model_type == "qwen2" and {FULL, SLIDING} <= kinds:
         out.append(ArchitectureRefusal(

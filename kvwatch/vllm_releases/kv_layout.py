@@ -47,6 +47,28 @@ CPU_MLA_PREFILL_IMPORT_ERROR = ("ImportError: cannot import name 'compile_flash_
 SSM_FLOAT32_WITH_AVX512_BF16 = Boundary((0, 29, 0), "vLLM 0.29.0, vllm/platforms/cpu.py:241",
                                         "vLLM 0.28.0, vllm/platforms/cpu.py:157")
 
+# The CPU prepacks every causal-conv weight (the non-2D weights of Mamba, gated-delta-net and
+# short-conv layers) for its C++ kernel, which takes a width of 4 only: a conv of another width
+# (LFM2's conv_L_cache 3) fails while the model loads, "RuntimeError: causal_conv1d_weight_pack:
+# support only width of 4" (recorded on 0.30's and 0.31's engines). The prepack runs with AMX tiles
+# from 0.22, wherever AVX-512 BF16 is from 0.29, and from 0.32 only for a 4-wide bfloat16 weight
+# (any other runs unpacked). `cpu_conv_prepack` reads the rows.
+CPU_CONV_PREPACK: tuple[tuple[tuple[int, int, int], str, str], ...] = (   # (since, CPU feature, source)
+    ((0, 0, 0), "", "vLLM 0.21.0, vllm/model_executor/layers/utils.py:220"),
+    ((0, 22, 0), "amx_tile", "vLLM 0.22.1, vllm/model_executor/layers/utils.py:240"),
+    ((0, 29, 0), "avx512_bf16", "vLLM 0.29.0, vllm/model_executor/layers/utils.py:451"),
+    ((0, 32, 0), "", "vLLM 0.32.0, vllm/model_executor/layers/utils.py:492"),
+)
+CPU_CONV_PREPACK_REFUSED = "RuntimeError: causal_conv1d_weight_pack: support only width of 4"
+
+
+def cpu_conv_prepack(version: VllmVersion | None) -> tuple[str, str]:
+    """The CPU feature under which `version` prepacks a conv weight of any width ("": none does),
+    and the source line that shows it (None: the newest release)."""
+    parts = version.parts if version is not None else (10**6, 0, 0)
+    return [(feature, source) for since, feature, source in CPU_CONV_PREPACK if parts >= since][-1]
+
+
 # A Mamba-2 layer (MambaMixer2) with prefix caching ("align" mode) keeps one prefill checkpoint
 # state per request beside its 2 running ones, from 0.32; before, 2 (MambaSpec
 # max_memory_usage_bytes, vLLM 0.31.0, vllm/v1/kv_cache_interface.py:1091: MambaMixer2 asks for no checkpoint).
