@@ -302,9 +302,15 @@ def weights_on_gpu(weights_per_rank: int, settings: EngineSettings, count: Weigh
     if budget <= 0:
         return weights_per_rank
     ranks = max(1, settings.tensor_parallel_size * settings.pipeline_parallel_size)
-    kept = (count.embedding_params + count.vision_params) * dtype_bytes // ranks if count is not None else 0
-    layers = max(0, weights_per_rank - kept)
+    layers = decoder_layer_bytes(weights_per_rank * ranks, count, dtype_bytes) // ranks
     return weights_per_rank - offloaded_bytes(layers, budget, count)
+
+
+def decoder_layer_bytes(weights: int, count: WeightCount | None, dtype_bytes: int) -> int:
+    """The part of `weights` (all ranks) in the decoder layers, the only part --cpu-offload-gb moves:
+    the embeddings, the LM head and a vision tower (in the model dtype) stay on the card."""
+    kept = (count.embedding_params + count.vision_params) * dtype_bytes if count is not None else 0
+    return max(0, weights - kept)
 
 
 def offloaded_bytes(layers_bytes: int, budget: int, count: WeightCount | None) -> int:

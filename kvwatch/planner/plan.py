@@ -19,7 +19,7 @@ from kvwatch.planner.devices import Device, GiB
 from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.flag_change import NO_CHANGE, FlagChange
 from kvwatch.planner.geometry import ModelGeometry
-from kvwatch.planner.gpu_budget import GpuBudget, api_defaults, estimate_budget, release_for
+from kvwatch.planner.gpu_budget import GpuBudget, api_defaults, decoder_layer_bytes, estimate_budget, release_for
 from kvwatch.planner.kv_groups import (
     KvGroups,
     hybrid_block_size,
@@ -198,7 +198,8 @@ def _gpu_budget(device: Device, settings: EngineSettings, geometry: ModelGeometr
     ranks = settings.tensor_parallel_size * settings.pipeline_parallel_size
     weights = memory.weights_bytes if memory.weights_bytes is not None \
         else _weights_from_geometry(geometry, model_bytes, settings, device)
-    weights = (weights + _kernel_format_bytes(geometry, settings, device, memory.vllm_version)) // ranks
+    weights = (weights + _kernel_format_bytes(geometry, settings, device, memory.vllm_version, weights,
+                                              model_bytes)) // ranks
     return estimate_budget(settings, device, geometry.weight_count, weights, model_bytes, max_model_len,
                            memory.vllm_version, dict(memory.vllm_env), memory.flashinfer_installed,
                            quantized_experts=geometry.quantization is not None or settings.quantization is not None,
@@ -216,33 +217,28 @@ def _estimate_gpu_kv_memory(device: Device, settings: EngineSettings, geometry: 
 
 
 def _kernel_format_bytes(geometry: ModelGeometry, settings: EngineSettings, device: Device,
-                         version: VllmVersion | None) -> int:
-    """What the kernels' weight formats add to the checkpoint's bytes once loaded, files or not:
+                         version: VllmVersion | None, weights: int, model_bytes: int) -> int:
+    """What the kernels' weight formats add to the checkpoint's `weights` (all ranks) once loaded:
     MXFP4 experts under the Triton backend on Hopper (weights.mxfp4_triton_hopper_bytes); V0 0.7.x's
     absorbed MLA matrices (weights.mla_absorbed_bytes, per rank: times the ranks)."""
-    quantization = geometry.quantization or {}
-    if geometry.weight_count is None:
+    count = geometry.weight_count
+    if count is None:
         return 0
     parts = (version or DEFAULT_RELEASE).parts
-    method = str(quantization.get("quant_method", "")).lower()
+    method = str((geometry.quantization or {}).get("quant_method", "")).lower()
     if geometry.attention == "mla" and device.platform == "cuda":
         fp8 = method == "fp8" or settings.quantization == "fp8"
         ranks = settings.tensor_parallel_size * settings.pipeline_parallel_size
-        model_bytes = kv_dtype_bytes("auto", settings.dtype, geometry.config_dtype)
-        absorbed = ranks * mla_absorbed_bytes(geometry.weight_count, settings.tensor_parallel_size, model_bytes,
-                                              fp8, parts)
+        absorbed = ranks * mla_absorbed_bytes(count, settings.tensor_parallel_size, model_bytes, fp8, parts)
         if absorbed and settings.cpu_offload_gb > 0:
             # made from the layer's own weights, so they stay in host memory with an offloaded layer
-            count = geometry.weight_count
-            layers = _weights_from_geometry(geometry, model_bytes, settings, device) \
-                - (count.embedding_params + count.vision_params) * model_bytes
+            layers = decoder_layer_bytes(weights, count, model_bytes)
             moved = min(1.0, settings.cpu_offload_gb * GiB * ranks / layers) if layers > 0 else 1.0
             absorbed = int(absorbed * (1.0 - moved))
         return absorbed
     if method != "mxfp4":
         return 0
-    return mxfp4_triton_hopper_bytes(geometry.weight_count, settings.tensor_parallel_size, device.compute_capability,
-                                     parts)
+    return mxfp4_triton_hopper_bytes(count, settings.tensor_parallel_size, device.compute_capability, parts)
 
 
 def _weights_from_geometry(geometry: ModelGeometry, model_bytes: int, settings: EngineSettings, device: Device) -> int:
