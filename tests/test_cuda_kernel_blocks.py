@@ -68,6 +68,15 @@ def test_before_0_12_a_fixed_kernel_block_is_accepted_only_as_itself() -> None:
     ("0.31.0", "FLASH_ATTN", {"capability": (9, 0), "head_size": 512, "head_size_v": 512, "kv_cache_dtype": "fp8"},
      (64,)),
     ("0.31.0", "FLASH_ATTN", {"capability": (10, 0), "head_size": 256, "head_size_v": 256, "softcap": True}, None),
+    ("0.31.0", "FLASH_ATTN", {"capability": (10, 0), "head_size": 256, "head_size_v": 256}, (128,)),
+    # any quantized KV dtype sends FA4's head-256 kernel back to FA2, not only the fp8 names
+    # (vLLM 0.31.0, vllm/v1/attention/backends/fa_utils.py:252 is_quantized_kv_cache)
+    ("0.31.0", "FLASH_ATTN", {"capability": (10, 0), "head_size": 256, "head_size_v": 256,
+                              "kv_cache_dtype": "int8_per_token_head"}, None),
+    ("0.31.0", "FLASH_ATTN", {"capability": (10, 0), "head_size": 256, "head_size_v": 256,
+                              "kv_cache_dtype": "fp8_per_token_head"}, None),
+    ("0.31.0", "FLASH_ATTN", {"capability": (10, 0), "head_size": 256, "head_size_v": 256,
+                              "kv_cache_dtype": "bfloat16"}, (128,)),
     ("0.17.1", "TRITON_MLA", {}, (MultipleOf(1),)),
 ])
 def test_kernel_rows(release: str, backend: str, context: dict, sizes: tuple | None) -> None:

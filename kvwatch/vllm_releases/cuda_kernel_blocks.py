@@ -17,7 +17,14 @@ from typing import NamedTuple
 from kvwatch.planner.rules import BlockSizeRule, MultipleOf
 from kvwatch.planner.versions import VllmVersion
 
-QUANTIZED_KV = frozenset({"fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"})
+# The KV dtypes vLLM does not count as quantized: is_quantized_kv_cache is get_kv_quant_mode != NONE,
+# and every other name (fp8*, *_per_token_head, nvfp4*, turboquant_*, a registered handler's) has a
+# mode (vLLM 0.29.0, vllm/v1/kv_cache_interface.py:83-101; 0.33.0 the same, :121-153)
+UNQUANTIZED_KV = frozenset({"auto", "float16", "bfloat16", "float32"})
+
+
+def is_quantized_kv(kv_cache_dtype: str) -> bool:
+    return kv_cache_dtype not in UNQUANTIZED_KV
 
 
 class KernelContext(NamedTuple):
@@ -45,7 +52,7 @@ def _fa4_hd256(c: KernelContext) -> bool:
     # get_flash_attn_version); its head-256 kernel falls back to FA2 on soft capping or a quantized
     # KV cache (_fa4_hd256_fallback_reason)
     return (c.capability is not None and c.capability[0] == 10 and c.head_size == 256
-            and c.head_size_v in (0, 256) and not c.softcap and c.kv_cache_dtype not in QUANTIZED_KV)
+            and c.head_size_v in (0, 256) and not c.softcap and not is_quantized_kv(c.kv_cache_dtype))
 
 
 def _sm90_fa4_fp8_hd512(c: KernelContext) -> bool:
