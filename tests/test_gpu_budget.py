@@ -174,20 +174,21 @@ def test_the_held_out_third_is_within_3_percent_at_the_median(tmp_path: Path) ->
     at TP 4, +34.5 % -> +1.2 %; DeepSeek-R1 at TP 8, +78 % -> +66 %), then V0 0.7.x's absorbed MLA
     matrices (DeepSeek-R1 +66 % -> +45 %, DeepSeek-Coder-V2-Lite TP 8 +8.3 % -> +7.5 %); phi's two-matrix MLP
     (-11.3 % -> +9.9 %, a miss still: V0 0.6.4 counts the CUDA context as non-torch memory).
-    Section 12.9 added public start-ups by the same draw, not a term: the one that fell in the held-out
-    set (Qwen3-4B-Instruct-2507 on an RTX 5090, vLLM 0.29, +5.5 %) moved the bounds to 59 runs, 76 %
-    within 3 % (39 runs and 64 % outside the sweep); median and mean are unchanged."""
+    Section 12.9 added public start-ups by the same draw, not a term: the two that fell in the held-out
+    set (Qwen3-4B-Instruct-2507 on an RTX 5090, vLLM 0.29, +5.5 %; Llama-3.1-8B on an A100, 0.31.0,
+    +1.2 %) moved the bounds to 60 runs, median 0.9 %, 76.7 % within 3 % (40 runs, 65 % outside the
+    sweep); the mean is unchanged."""
     held = started_runs(HELD_OUT)
     summary = Summary.of(_errors(held, tmp_path))
-    assert summary.runs >= 59
-    assert summary.median <= 0.008
-    assert summary.within >= 0.76
+    assert summary.runs >= 60
+    assert summary.median <= 0.0091
+    assert summary.within >= 0.765
     assert summary.mean <= 0.036
     outside = [r for r in held if not r.get("batch")]
     apart = Summary.of(_errors(outside, tmp_path))
-    assert apart.runs >= 39
+    assert apart.runs >= 40
     assert apart.median <= 0.016
-    assert apart.within >= 0.64
+    assert apart.within >= 0.65
 
 
 def test_the_held_out_kv_tokens_are_within_3_percent_at_the_median(tmp_path: Path) -> None:
