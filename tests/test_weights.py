@@ -164,13 +164,23 @@ def test_mxfp4_experts_on_hopper_carry_the_triton_backends_copies(tp: int, capab
 
 
 @pytest.mark.parametrize(("capability", "version"), [((8, 0), (0, 19, 0)), ((12, 0), (0, 19, 0)),
-                                                     ((9, 0), (0, 11, 2)), (None, (0, 19, 0))])
+                                                     (None, (0, 19, 0))])
 def test_mxfp4_experts_elsewhere_carry_no_triton_copies(capability: tuple[int, int] | None,
                                                         version: tuple[int, int, int]) -> None:
-    """Marlin below Hopper, Blackwell's own backends, and releases before 0.12 ship no triton_kernels."""
+    """Marlin below Hopper (its padding is the checkpoint count's) and Blackwell's own backends."""
     count = count_weights(GPT_OSS_20B)
     assert count is not None
     assert mxfp4_triton_hopper_bytes(count, 1, capability, version) == 0
+
+
+@pytest.mark.parametrize(("tp", "version"), [(1, (0, 10, 1)), (1, (0, 11, 2)), (4, (0, 11, 2))])
+def test_mxfp4_experts_on_hopper_before_0_12_carry_the_marlin_padding(tp: int, version: tuple[int, int, int]) -> None:
+    """Releases before 0.12 ship no triton_kernels: Hopper falls back to Marlin, which pads as below Hopper."""
+    count = count_weights(GPT_OSS_20B)
+    assert count is not None
+    padding = mxfp4_expert_padding(count, tp, (8, 0))
+    assert padding > 0
+    assert mxfp4_triton_hopper_bytes(count, tp, (9, 0), version) == int(padding * (0.5 + 1 / 32))
 
 
 PHI_1_5 = {"model_type": "phi", "hidden_size": 2048, "num_hidden_layers": 24, "num_attention_heads": 32,

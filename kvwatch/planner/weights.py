@@ -251,6 +251,10 @@ def mxfp4_expert_padding(count: WeightCount, tensor_parallel: int, capability: t
     backends pad by 64 or to sizes gpt-oss already has; they are not counted."""
     if not count.expert_matrices or capability is None or capability >= (9, 0):
         return 0
+    return _marlin_padding_params(count, tensor_parallel)
+
+
+def _marlin_padding_params(count: WeightCount, tensor_parallel: int) -> int:
     tp = max(1, tensor_parallel)
     width = _round_up(-(-count.moe_width // tp), 128) * tp
     hidden = _round_up(count.hidden_size, 256)
@@ -269,6 +273,7 @@ _MXFP4_BLOCK = 32          # values per 8-bit scale (quantization/mxfp4.py: mxfp
 # HopperMXScaleLayout: 2 x num_warps (8) x 2 x 8 rows (vLLM 0.19.1,
 # vllm/third_party/triton_kernels/tensor_details/layout_details/hopper_scale.py:30-32)
 _SCALE_SWIZZLE_ROWS = 256
+_MXFP4_BYTES_PER_PARAM = 0.5 + 1 / _MXFP4_BLOCK   # a 4-bit value and its share of an 8-bit scale
 
 
 def mxfp4_triton_hopper_bytes(count: WeightCount, tensor_parallel: int, capability: tuple[int, int] | None,
@@ -286,7 +291,9 @@ def mxfp4_triton_hopper_bytes(count: WeightCount, tensor_parallel: int, capabili
     if not count.expert_matrices or capability is None or capability[0] != 9:
         return 0
     if version < MXFP4_TRITON_SINCE:
-        return 0
+        # no triton_kernels in the release: Hopper falls back to Marlin and its padding (vLLM 0.10.2,
+        # vllm/model_executor/layers/quantization/mxfp4.py:88-94 and :184-195; 0.11.0 the same)
+        return int(_marlin_padding_params(count, tensor_parallel) * _MXFP4_BYTES_PER_PARAM)
     tp = max(1, tensor_parallel)
     hidden, width = count.hidden_size, -(-count.moe_width // tp)
     padded = _round_up(width, 64)
