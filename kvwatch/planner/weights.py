@@ -76,6 +76,8 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
         mla_shape = (q_rank or hidden, heads, rope, rank, nope, v_dim)
     else:
         attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
+    attention_total = gated_delta_net_attention_params(cfg, hidden, heads, head_dim, kv_heads, layers) \
+        or layers * attention
     experts = _int(cfg, "n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts")
     one_layer: tuple[int, ...] = ()
     shared = _int(cfg, "n_shared_experts")
@@ -106,13 +108,48 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
             one_layer = (attention - out, out, (matrices - 1) * hidden * dense_width, hidden * dense_width)
     vocab = _int(cfg, "vocab_size")
     embeddings = vocab * hidden * (1 if cfg.get("tie_word_embeddings") else 2)
-    return WeightCount(linear_params=layers * attention + mlp, embedding_params=embeddings,
-                       attention_params=layers * attention,
+    return WeightCount(linear_params=attention_total + mlp, embedding_params=embeddings,
+                       attention_params=attention_total,
                        vocab_size=vocab, hidden_size=hidden, mlp_width_per_token=width,
                        expert_matrices=moe_layers * experts if experts else 0, moe_width=moe_width if experts else 0,
                        experts_per_token=routed if experts else 0,
                        mlp_matrices=3 if experts else matrices, num_layers=layers, layer_params=one_layer,
                        mla_shape=mla_shape)
+
+
+# Gated-delta-net hybrids: every full_attention_interval-th layer attends, the others are gated delta
+# nets (planner/layers.py's rule). Qwen3.5 builds Qwen3-Next's attention (vLLM 0.33.0,
+# vllm/model_executor/models/qwen3_5.py:81-82, :158).
+GATED_DELTA_NET_MODEL_TYPES = frozenset({"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"})
+
+
+def gated_delta_net_attention_params(cfg: Mapping[str, Any], hidden: int, heads: int, head_dim: int,
+                                     kv_heads: int, layers: int) -> int:
+    """The token mixers' parameters of a gated-delta-net hybrid (0 for any other model), as vLLM
+    0.10.2 builds them (vllm/model_executor/models/qwen3_next.py):
+    - a gated delta net layer (Qwen3NextGatedDeltaNet, :225-305): in_proj, hidden x (2 key_dim +
+      2 value_dim + 2 value heads) (:254-262); conv1d, (2 key_dim + value_dim) x kernel (:244-252);
+      out_proj, value_dim x hidden (:304); dt_bias and A_log, one per value head;
+    - an attention layer (Qwen3NextAttention, :655-672): q doubled by the output gate
+      (`total_num_heads * (1 + attn_output_gate)`, the gate on unless the config says not), k, v, o."""
+    if cfg.get("model_type") not in GATED_DELTA_NET_MODEL_TYPES:
+        return 0
+    k_heads, v_heads = _int(cfg, "linear_num_key_heads"), _int(cfg, "linear_num_value_heads")
+    key_dim, value_dim = k_heads * _int(cfg, "linear_key_head_dim"), v_heads * _int(cfg, "linear_value_head_dim")
+    if not key_dim or not value_dim:
+        return 0
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and len(types) == layers:
+        full = sum(1 for t in types if t == "full_attention")
+    else:
+        interval = _int(cfg, "full_attention_interval") or 4
+        full = sum((i + 1) % interval == 0 for i in range(layers))
+    gate = 0 if cfg.get("attn_output_gate") is False else 1
+    attention = hidden * heads * head_dim * (1 + gate) + 2 * hidden * kv_heads * head_dim + heads * head_dim * hidden
+    kernel = _int(cfg, "linear_conv_kernel_dim") or 4
+    delta_net = (hidden * (2 * key_dim + 2 * value_dim + 2 * v_heads) + (2 * key_dim + value_dim) * kernel
+                 + value_dim * hidden + 2 * v_heads)
+    return full * attention + (layers - full) * delta_net
 
 
 def vision_tower_params(config: Mapping[str, Any]) -> int:
