@@ -173,18 +173,25 @@ def test_the_held_out_third_is_within_3_percent_at_the_median(tmp_path: Path) ->
     63 % -> 66 %): V0's rank 0 samples and sets the executor's minimum at tensor parallel (Qwen3-30B-A3B
     at TP 4, +34.5 % -> +1.2 %; DeepSeek-R1 at TP 8, +78 % -> +66 %), then V0 0.7.x's absorbed MLA
     matrices (DeepSeek-R1 +66 % -> +45 %, DeepSeek-Coder-V2-Lite TP 8 +8.3 % -> +7.5 %); phi's two-matrix MLP
-    (-11.3 % -> +9.9 %, a miss still: V0 0.6.4 counts the CUDA context as non-torch memory)."""
+    (-11.3 % -> +9.9 %, a miss still: V0 0.6.4 counts the CUDA context as non-torch memory).
+    Section 12.8 tightened the share within 3 % (78 % -> 81 %; outside the sweep 66 % -> 71 %, the bar
+    met) and the means (3.6 % -> 3.3 %, 5.2 % -> 4.9 %), and loosened the held-out median bound from 0.8 %
+    to 1.0 %: the rotary cache now counted with the weights brings every Llama 3.1 run's weights to the
+    logged figure (+0.033 -> +0.002 GiB), and the runs just below the median, already under the logged
+    KV memory, move further under (RTX 3090 on 0.17.1: -0.8 % -> -1.3 %, -1.2 % -> -2.6 %): a term made
+    right exposes what the unlogged activation and non-torch parts leave, it is not a new miss."""
     held = started_runs(HELD_OUT)
     summary = Summary.of(_errors(held, tmp_path))
     assert summary.runs >= 58
-    assert summary.median <= 0.008
-    assert summary.within >= 0.775
-    assert summary.mean <= 0.036
+    assert summary.median <= 0.010
+    assert summary.within >= 0.81
+    assert summary.mean <= 0.0335
     outside = [r for r in held if not r.get("batch")]
     apart = Summary.of(_errors(outside, tmp_path))
     assert apart.runs >= 38
-    assert apart.median <= 0.016
-    assert apart.within >= 0.65
+    assert apart.median <= 0.015
+    assert apart.within >= 0.71
+    assert apart.mean <= 0.049
 
 
 def test_the_held_out_kv_tokens_are_within_3_percent_at_the_median(tmp_path: Path) -> None:
@@ -260,14 +267,15 @@ def test_the_07_mla_runs_hold_the_tokens_their_logged_kv_memory_holds(name: str,
 
 def test_cpu_offload_keeps_the_embeddings_on_the_card() -> None:
     """vLLM offloads only the decoder layers (make_layers): DeepSeek-Coder-V2-Lite with 30 GiB
-    offloaded keeps its embeddings and LM head (102,400 x 2,048 x 2 in bf16), as its L40S start-up
-    logged (search_deepseek_coder_v2_lite_l40s_offload30_v072: "Loading model weights took 0.80 GB")."""
+    offloaded keeps its embeddings and LM head (102,400 x 2,048 x 2 in bf16) and the rotary cache (163,840
+    positions x 64 in bf16, vllm_releases/rope_cache.py), as its L40S start-up logged
+    (search_deepseek_coder_v2_lite_l40s_offload30_v072: "Loading model weights took 0.80 GB")."""
     run = next(r for r in all_runs() if r["name"] == "search_deepseek_coder_v2_lite_l40s_offload30_v072")
     cfg = run["model_config"]
     count, weights = count_weights(cfg), weights_bytes(cfg, 2)
     assert count is not None and weights is not None
     kept = estimate_budget(settings("--cpu-offload-gb", "30"), A100, count, weights, 2, 8192, V0_32)
-    assert kept.weights_bytes == 102400 * 2048 * 2 * 2
+    assert kept.weights_bytes == 102400 * 2048 * 2 * 2 + 163840 * 64 * 2
     assert kept.weights_bytes / GiB == pytest.approx(run["logged"]["model_weights_gib"], abs=0.03)
 
 
@@ -410,3 +418,20 @@ def test_deepseek_r1_on_07_loads_its_absorbed_mla_matrices(tmp_path: Path) -> No
     budget = plan_run(run, tmp_path / run["name"]).gpu_budget
     assert budget is not None
     assert abs(budget.weights_bytes / GiB - run["logged"]["model_weights_gib"]) < 1.2
+
+
+@pytest.mark.parametrize(("name", "within_gib"), [
+    ("search_qwen3_vl_30b_a3b_h100nvl_v0130", 0.03),   # M-RoPE's 1M-position cache, 3 deepstack buffers (0.37 GiB off before)
+    ("search_qwen3_vl_30b_a3b_4x3090_v0110", 0.035),   # the same at TP 4: the cache is whole on each rank (0.31 before)
+    ("search_qwen3_next_80b_a3b_2xh200_v0102", 0.05),  # gated delta nets and gated attention (0.67 before)
+    ("llmd_llama31_8b_h100", 0.005),                   # Llama 3.1's 32 MiB cache (0.033 before)
+    ("llmdacc_llama31_8b_fp32_h100_v0190", 0.005),     # in float32, 64 MiB (0.066 before)
+])
+def test_the_planned_weights_hold_what_the_loader_allocates_beside_the_checkpoint(name: str, within_gib: float,
+                                                                                 tmp_path: Path) -> None:
+    """vLLM's "Model loading took" counts the rotary cache and the model files' buffers with the
+    tensors (vllm_releases/rope_cache.py); each of these runs logs its weights."""
+    run = next(r for r in RUNS if r["name"] == name)
+    budget = plan_run(run, tmp_path / "model").gpu_budget
+    assert budget is not None
+    assert abs(run["logged"]["model_weights_gib"] - budget.weights_bytes / GiB) <= within_gib

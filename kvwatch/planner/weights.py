@@ -20,6 +20,7 @@ from typing import Any
 
 from kvwatch.planner.encoder_cache import EncoderShape, encoder_shape
 from kvwatch.vllm_releases.mlp_shapes import non_gated_mlp
+from kvwatch.vllm_releases.rope_cache import MROPE_MODEL_TYPES, deepstack_levels, rope_cache_elements
 
 
 def _int(cfg: Mapping[str, Any], *keys: str) -> int:
@@ -51,6 +52,10 @@ class WeightCount:
     layer_params: tuple[int, ...] = ()
     # MLA: (q input width, heads, rope, kv_lora_rank, nope, v head) for the absorbed copies of V0 0.7.x
     mla_shape: tuple[int, int, int, int, int, int] | None = None
+    # Loaded with the weights, outside the checkpoint (vllm_releases/rope_cache.py): the rotary cos/sin
+    # cache's values (whole on every rank), and Qwen3-VL's deepstack buffers (levels x batched tokens x hidden).
+    rope_cache_elements: int = 0
+    deepstack_levels: int = 0
 
     @property
     def params(self) -> int:
@@ -114,7 +119,7 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
                        expert_matrices=moe_layers * experts if experts else 0, moe_width=moe_width if experts else 0,
                        experts_per_token=routed if experts else 0,
                        mlp_matrices=3 if experts else matrices, num_layers=layers, layer_params=one_layer,
-                       mla_shape=mla_shape)
+                       mla_shape=mla_shape, rope_cache_elements=rope_cache_elements(cfg))
 
 
 # Gated-delta-net hybrids: every full_attention_interval-th layer attends, the others are gated delta
@@ -191,6 +196,9 @@ def count_model_weights(config: Mapping[str, Any], text: Mapping[str, Any]) -> W
     count = count_weights(text)
     if count is None:
         return None
+    if config.get("model_type") in MROPE_MODEL_TYPES:
+        count = replace(count, rope_cache_elements=rope_cache_elements(text, multimodal_rope=True),
+                        deepstack_levels=deepstack_levels(config))
     vision = vision_tower_params(config)
     return replace(count, vision_params=vision, encoder=encoder_shape(config)) if vision else count
 
