@@ -38,6 +38,7 @@ from kvwatch.planner.gpu_budget import (
     profile_key,
     profile_sampler_bytes,
     release_for,
+    replicated_router_bytes,
     requested_bytes,
 )
 from kvwatch.planner.versions import parse_version
@@ -175,23 +176,22 @@ def test_the_held_out_third_is_within_3_percent_at_the_median(tmp_path: Path) ->
     matrices (DeepSeek-R1 +66 % -> +45 %, DeepSeek-Coder-V2-Lite TP 8 +8.3 % -> +7.5 %); phi's two-matrix MLP
     (-11.3 % -> +9.9 %, a miss still: V0 0.6.4 counts the CUDA context as non-torch memory).
     Section 12.8 tightened the share within 3 % (78 % -> 81 %; outside the sweep 66 % -> 71 %, the bar
-    met) and the means (3.6 % -> 3.3 %, 5.2 % -> 4.9 %), and loosened the held-out median bound from 0.8 %
-    to 1.0 %: the rotary cache now counted with the weights brings every Llama 3.1 run's weights to the
-    logged figure (+0.033 -> +0.002 GiB), and the runs just below the median, already under the logged
-    KV memory, move further under (RTX 3090 on 0.17.1: -0.8 % -> -1.3 %, -1.2 % -> -2.6 %): a term made
-    right exposes what the unlogged activation and non-torch parts leave, it is not a new miss."""
+    met) and the means (3.6 % -> 3.3 %, 5.2 % -> 4.8 %). On the way the median bound was loosened to 1.0 %
+    for one commit (the rotary cache brought every Llama 3.1 run's weights to the logged figure, and the
+    runs just below the median, already under the logged KV memory, moved further under), then set back
+    to 0.8 % when the MoE routers, whole on every rank, took it to 0.76 %."""
     held = started_runs(HELD_OUT)
     summary = Summary.of(_errors(held, tmp_path))
     assert summary.runs >= 58
-    assert summary.median <= 0.010
+    assert summary.median <= 0.008
     assert summary.within >= 0.81
-    assert summary.mean <= 0.0335
+    assert summary.mean <= 0.033
     outside = [r for r in held if not r.get("batch")]
     apart = Summary.of(_errors(outside, tmp_path))
     assert apart.runs >= 38
     assert apart.median <= 0.015
     assert apart.within >= 0.71
-    assert apart.mean <= 0.049
+    assert apart.mean <= 0.0485
 
 
 def test_the_held_out_kv_tokens_are_within_3_percent_at_the_median(tmp_path: Path) -> None:
@@ -423,15 +423,29 @@ def test_deepseek_r1_on_07_loads_its_absorbed_mla_matrices(tmp_path: Path) -> No
 @pytest.mark.parametrize(("name", "within_gib"), [
     ("search_qwen3_vl_30b_a3b_h100nvl_v0130", 0.03),   # M-RoPE's 1M-position cache, 3 deepstack buffers (0.37 GiB off before)
     ("search_qwen3_vl_30b_a3b_4x3090_v0110", 0.035),   # the same at TP 4: the cache is whole on each rank (0.31 before)
-    ("search_qwen3_next_80b_a3b_2xh200_v0102", 0.05),  # gated delta nets and gated attention (0.67 before)
+    ("search_qwen3_next_80b_a3b_2xh200_v0102", 0.01),  # gated delta nets and gated attention, routers whole (0.67 before)
+    ("search_qwen3_235b_a22b_fp8_4xrtxpro6000_tp4_v0271", 0.03),   # bf16 routers whole on each rank (0.10 before)
+    ("search_qwen3_235b_a22b_fp8_8xl40s_tp8_ep_v0102", 0.06),      # the same at TP 8 (0.14 before)
     ("llmd_llama31_8b_h100", 0.005),                   # Llama 3.1's 32 MiB cache (0.033 before)
     ("llmdacc_llama31_8b_fp32_h100_v0190", 0.005),     # in float32, 64 MiB (0.066 before)
 ])
 def test_the_planned_weights_hold_what_the_loader_allocates_beside_the_checkpoint(name: str, within_gib: float,
                                                                                  tmp_path: Path) -> None:
     """vLLM's "Model loading took" counts the rotary cache and the model files' buffers with the
-    tensors (vllm_releases/rope_cache.py); each of these runs logs its weights."""
+    tensors (vllm_releases/rope_cache.py), and every tensor-parallel rank holds the MoE routers whole
+    and unquantized (weights.WeightCount.router_params); each of these runs logs its weights."""
     run = next(r for r in RUNS if r["name"] == name)
     budget = plan_run(run, tmp_path / "model").gpu_budget
     assert budget is not None
     assert abs(run["logged"]["model_weights_gib"] - budget.weights_bytes / GiB) <= within_gib
+
+
+@pytest.mark.parametrize(("tp", "pp", "extra"), [
+    (1, 1, 0),                        # one rank holds everything already
+    (2, 1, 1000 * 2 // 2),            # each rank: the whole 2,000 bytes, its even share was 1,000
+    (8, 1, 2000 - 2000 // 8),
+    (4, 2, 1000 - 1000 // 4),         # a stage holds half the layers' routers
+])
+def test_every_tensor_parallel_rank_keeps_the_moe_routers_whole(tp: int, pp: int, extra: int) -> None:
+    count = WeightCount(linear_params=10_000, embedding_params=0, router_params=1000)
+    assert replicated_router_bytes(count, tp, pp, 2) == extra

@@ -248,3 +248,15 @@ QWEN3_NEXT_80B = {"model_type": "qwen3_next", "hidden_size": 2048, "num_hidden_l
 def test_a_gated_delta_net_hybrid_counts_its_mixers_as_vllm_builds_them(cfg: dict, mixers: int) -> None:
     count = count_weights(cfg)
     assert count is not None and count.attention_params == mixers
+
+
+def test_moe_routers_stay_in_the_model_dtype_under_quantization() -> None:
+    """vLLM builds the routers without the checkpoint's quantization (WeightCount.router_params)."""
+    moe = {"hidden_size": 2048, "num_hidden_layers": 4, "num_attention_heads": 16, "num_key_value_heads": 4,
+           "head_dim": 128, "num_experts": 64, "num_experts_per_tok": 4, "moe_intermediate_size": 512,
+           "vocab_size": 1000}
+    count = count_weights(moe)
+    assert count is not None and count.router_params == 4 * 2048 * 64
+    fp8 = {"quant_method": "fp8"}
+    plain = count.embedding_params + count.router_params
+    assert gpu_weights_bytes(count, fp8, 2) == (count.linear_params - count.router_params) + plain * 2

@@ -333,6 +333,16 @@ def offloaded_bytes(layers_bytes: int, budget: int, count: WeightCount | None) -
     return min(layers_bytes, int(moved))
 
 
+def replicated_router_bytes(count: WeightCount | None, tensor_parallel: int, pipeline_parallel: int,
+                            dtype_bytes: int) -> int:
+    """What a rank holds of the MoE routers beyond its even share of the weights: every rank of a
+    tensor-parallel group keeps its stage's routers whole (WeightCount.router_params)."""
+    if count is None or not count.router_params or tensor_parallel <= 1:
+        return 0
+    stage = count.router_params * dtype_bytes // max(1, pipeline_parallel)
+    return stage - stage // tensor_parallel
+
+
 def loaded_buffer_bytes(count: WeightCount | None, tokens: int, dtype_bytes: int) -> int:
     """What a rank allocates with the model beyond the checkpoint's tensors, before the loader reports
     the weights (vllm_releases/rope_cache.py): the rotary cos/sin cache, whole on every rank, and
@@ -362,7 +372,8 @@ def estimate_budget(settings: EngineSettings, device: Device, count: WeightCount
     return GpuBudget(
         version=str(version or DEFAULT_RELEASE), release=release.why, cuda_total_bytes=cuda_total_bytes(device),
         utilization=utilization(settings, release),
-        weights_bytes=weights_on_gpu(weights_per_rank, settings, count, dtype_bytes) + loaded_buffer_bytes(count, tokens, dtype_bytes),
+        weights_bytes=weights_on_gpu(weights_per_rank, settings, count, dtype_bytes) + loaded_buffer_bytes(count, tokens, dtype_bytes)
+        + replicated_router_bytes(count, tp, settings.pipeline_parallel_size, dtype_bytes),
         activation_peak_bytes=activation_peak_bytes(count, tokens, seqs, dtype_bytes, tp, sampler, extra),
         non_torch_bytes=non_torch_bytes(device, tp, version),
         cuda_graph_bytes=CUDA_GRAPH_BYTES if release.cuda_graphs_counted and not settings.enforce_eager else 0,

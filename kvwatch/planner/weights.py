@@ -56,6 +56,11 @@ class WeightCount:
     # cache's values (whole on every rank), and Qwen3-VL's deepstack buffers (levels x batched tokens x hidden).
     rope_cache_elements: int = 0
     deepstack_levels: int = 0
+    # MoE: the routers (hidden x experts per MoE layer, part of linear_params). vLLM builds each as a
+    # ReplicatedLinear without quantization: whole on every tensor-parallel rank, in the model dtype
+    # (vLLM 0.7.3 models/deepseek_v2.py:118-122, 0.8.5.post1 qwen3_moe.py:122-126, 0.19.1 mixtral.py:120-126;
+    # GPTQ/AWQ ignored for it: 0.10.2 qwen3_moe.py:153-158 _maybe_ignore_quant_config).
+    router_params: int = 0
 
     @property
     def params(self) -> int:
@@ -97,6 +102,7 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
         per_moe = experts * 3 * hidden * moe_width + hidden * experts   # experts + router
         per_moe += shared * 3 * hidden * moe_width + (3 * hidden * shared_width if shared_width else 0)
         mlp = dense_layers * 3 * hidden * dense_width + moe_layers * per_moe
+        router = moe_layers * hidden * experts
         routed = _int(cfg, "num_experts_per_tok", "moe_topk", "experts_per_token") or 1
         width = max(dense_width if dense_layers else 0,
                     routed * moe_width + shared * moe_width + shared_width)
@@ -119,7 +125,8 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
                        expert_matrices=moe_layers * experts if experts else 0, moe_width=moe_width if experts else 0,
                        experts_per_token=routed if experts else 0,
                        mlp_matrices=3 if experts else matrices, num_layers=layers, layer_params=one_layer,
-                       mla_shape=mla_shape, rope_cache_elements=rope_cache_elements(cfg))
+                       mla_shape=mla_shape, rope_cache_elements=rope_cache_elements(cfg),
+                       router_params=router if experts else 0)
 
 
 # Gated-delta-net hybrids: every full_attention_interval-th layer attends, the others are gated delta
@@ -278,9 +285,9 @@ def attention_unquantized(quantization: Mapping[str, Any] | None) -> bool:
 
 def bytes_of(count: WeightCount, quantization: Mapping[str, Any] | None, dtype_bytes: int) -> int:
     """The bytes of these parameters on the GPU: linear layers as `quantization_config` stores them,
-    embeddings (and attention the scheme skips) in the model dtype."""
+    embeddings, MoE routers (and attention the scheme skips) in the model dtype."""
     per_param = linear_bytes_per_param(quantization, dtype_bytes)
-    plain = count.attention_params if attention_unquantized(quantization) else 0
+    plain = (count.attention_params if attention_unquantized(quantization) else 0) + count.router_params
     return int((count.linear_params - plain) * per_param) + (count.embedding_params + plain) * dtype_bytes
 
 
