@@ -38,7 +38,7 @@ from kvwatch.planner.gpu_budget import (
     profile_key,
     profile_sampler_bytes,
     release_for,
-    replicated_router_bytes,
+    replicated_extra_bytes,
     requested_bytes,
 )
 from kvwatch.planner.versions import parse_version
@@ -426,26 +426,31 @@ def test_deepseek_r1_on_07_loads_its_absorbed_mla_matrices(tmp_path: Path) -> No
     ("search_qwen3_next_80b_a3b_2xh200_v0102", 0.01),  # gated delta nets and gated attention, routers whole (0.67 before)
     ("search_qwen3_235b_a22b_fp8_4xrtxpro6000_tp4_v0271", 0.03),   # bf16 routers whole on each rank (0.10 before)
     ("search_qwen3_235b_a22b_fp8_8xl40s_tp8_ep_v0102", 0.06),      # the same at TP 8 (0.14 before)
+    ("search_deepseek_coder_v2_lite_8xa100_40g_tp8_v071", 0.03),   # MLA's kv_a_proj whole on each rank (0.07 before)
+    ("search_deepseek_r1_8xh200_tp8_v07", 0.15),   # and q_a_proj, FP8, beside the routers (1.08 before)
     ("llmd_llama31_8b_h100", 0.005),                   # Llama 3.1's 32 MiB cache (0.033 before)
     ("llmdacc_llama31_8b_fp32_h100_v0190", 0.005),     # in float32, 64 MiB (0.066 before)
 ])
 def test_the_planned_weights_hold_what_the_loader_allocates_beside_the_checkpoint(name: str, within_gib: float,
                                                                                  tmp_path: Path) -> None:
     """vLLM's "Model loading took" counts the rotary cache and the model files' buffers with the
-    tensors (vllm_releases/rope_cache.py), and every tensor-parallel rank holds the MoE routers whole
-    and unquantized (weights.WeightCount.router_params); each of these runs logs its weights."""
+    tensors (vllm_releases/rope_cache.py), and every tensor-parallel rank holds the MoE routers (whole,
+    unquantized) and MLA's replicated projections whole (weights.WeightCount.router_params,
+    replicated_linear_params); each of these runs logs its weights."""
     run = next(r for r in RUNS if r["name"] == name)
     budget = plan_run(run, tmp_path / "model").gpu_budget
     assert budget is not None
     assert abs(run["logged"]["model_weights_gib"] - budget.weights_bytes / GiB) <= within_gib
 
 
-@pytest.mark.parametrize(("tp", "pp", "extra"), [
-    (1, 1, 0),                        # one rank holds everything already
-    (2, 1, 1000 * 2 // 2),            # each rank: the whole 2,000 bytes, its even share was 1,000
-    (8, 1, 2000 - 2000 // 8),
-    (4, 2, 1000 - 1000 // 4),         # a stage holds half the layers' routers
+@pytest.mark.parametrize(("tp", "pp", "linear", "extra"), [
+    (1, 1, 0, 0),                        # one rank holds everything already
+    (2, 1, 0, 1000 * 2 // 2),            # each rank: the whole 2,000 bytes of routers, its even share was 1,000
+    (8, 1, 0, 2000 - 2000 // 8),
+    (4, 2, 0, 1000 - 1000 // 4),         # a stage holds half the layers' routers
+    (8, 1, 800, 2800 - 2800 // 8),       # MLA's replicated projections beside them
 ])
-def test_every_tensor_parallel_rank_keeps_the_moe_routers_whole(tp: int, pp: int, extra: int) -> None:
+def test_every_tensor_parallel_rank_keeps_routers_and_mla_projections_whole(tp: int, pp: int, linear: int,
+                                                                           extra: int) -> None:
     count = WeightCount(linear_params=10_000, embedding_params=0, router_params=1000)
-    assert replicated_router_bytes(count, tp, pp, 2) == extra
+    assert replicated_extra_bytes(count, tp, pp, 2, linear) == extra

@@ -333,13 +333,15 @@ def offloaded_bytes(layers_bytes: int, budget: int, count: WeightCount | None) -
     return min(layers_bytes, int(moved))
 
 
-def replicated_router_bytes(count: WeightCount | None, tensor_parallel: int, pipeline_parallel: int,
-                            dtype_bytes: int) -> int:
-    """What a rank holds of the MoE routers beyond its even share of the weights: every rank of a
-    tensor-parallel group keeps its stage's routers whole (WeightCount.router_params)."""
-    if count is None or not count.router_params or tensor_parallel <= 1:
+def replicated_extra_bytes(count: WeightCount | None, tensor_parallel: int, pipeline_parallel: int,
+                           dtype_bytes: int, replicated_linear_bytes: int = 0) -> int:
+    """What a rank holds beyond its even share of the weights: every rank of a tensor-parallel group
+    keeps its stage's MoE routers (WeightCount.router_params, model dtype) and MLA's replicated
+    projections (`replicated_linear_bytes`, all layers as loaded) whole."""
+    whole = (count.router_params * dtype_bytes if count is not None else 0) + replicated_linear_bytes
+    if whole <= 0 or tensor_parallel <= 1:
         return 0
-    stage = count.router_params * dtype_bytes // max(1, pipeline_parallel)
+    stage = whole // max(1, pipeline_parallel)
     return stage - stage // tensor_parallel
 
 
@@ -355,7 +357,7 @@ def loaded_buffer_bytes(count: WeightCount | None, tokens: int, dtype_bytes: int
 def estimate_budget(settings: EngineSettings, device: Device, count: WeightCount | None, weights_per_rank: int,
                     dtype_bytes: int, max_model_len: int, version: VllmVersion | None,
                     env: Mapping[str, str] | None = None, flashinfer_installed: bool | None = None,
-                    quantized_experts: bool = False, mla: bool = False) -> GpuBudget:
+                    quantized_experts: bool = False, mla: bool = False, replicated_linear_bytes: int = 0) -> GpuBudget:
     release = release_for(version, env)
     multimodal = count is not None and (count.vision_params > 0 or count.encoder is not None)
     tokens, seqs = batch_defaults(settings, device, release, max_model_len, not (multimodal or mla))
@@ -373,7 +375,7 @@ def estimate_budget(settings: EngineSettings, device: Device, count: WeightCount
         version=str(version or DEFAULT_RELEASE), release=release.why, cuda_total_bytes=cuda_total_bytes(device),
         utilization=utilization(settings, release),
         weights_bytes=weights_on_gpu(weights_per_rank, settings, count, dtype_bytes) + loaded_buffer_bytes(count, tokens, dtype_bytes)
-        + replicated_router_bytes(count, tp, settings.pipeline_parallel_size, dtype_bytes),
+        + replicated_extra_bytes(count, tp, settings.pipeline_parallel_size, dtype_bytes, replicated_linear_bytes),
         activation_peak_bytes=activation_peak_bytes(count, tokens, seqs, dtype_bytes, tp, sampler, extra),
         non_torch_bytes=non_torch_bytes(device, tp, version),
         cuda_graph_bytes=CUDA_GRAPH_BYTES if release.cuda_graphs_counted and not settings.enforce_eager else 0,

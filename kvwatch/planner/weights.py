@@ -61,6 +61,10 @@ class WeightCount:
     # (vLLM 0.7.3 models/deepseek_v2.py:118-122, 0.8.5.post1 qwen3_moe.py:122-126, 0.19.1 mixtral.py:120-126;
     # GPTQ/AWQ ignored for it: 0.10.2 qwen3_moe.py:153-158 _maybe_ignore_quant_config).
     router_params: int = 0
+    # MLA: the projections vLLM builds as ReplicatedLinear, whole on every rank and quantized as the other
+    # linear layers: q_a_proj (hidden x q_lora_rank) and kv_a_proj_with_mqa (hidden x (kv_lora_rank + rope))
+    # (vLLM 0.7.3, vllm/model_executor/models/deepseek_v2.py:374-402; 0.19.1 deepseek_v2.py:457-488).
+    replicated_linear_params: int = 0
 
     @property
     def params(self) -> int:
@@ -76,6 +80,7 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
     head_dim = _int(cfg, "head_dim") or hidden // heads
     kv_heads = _int(cfg, "num_key_value_heads", "num_kv_heads") or heads
     mla_shape: tuple[int, int, int, int, int, int] | None = None
+    replicated_linear = 0
     if cfg.get("kv_lora_rank"):   # MLA (DeepSeek-V2/V3, Kimi-K2)
         rank, rope = _int(cfg, "kv_lora_rank"), _int(cfg, "qk_rope_head_dim")
         nope, v_dim = _int(cfg, "qk_nope_head_dim"), _int(cfg, "v_head_dim")
@@ -84,6 +89,7 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
         q = hidden * q_rank + q_rank * q_dim if q_rank else hidden * q_dim
         attention = q + hidden * (rank + rope) + rank * heads * (nope + v_dim) + heads * v_dim * hidden
         mla_shape = (q_rank or hidden, heads, rope, rank, nope, v_dim)
+        replicated_linear = layers * (hidden * q_rank + hidden * (rank + rope))
     else:
         attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
     attention_total = gated_delta_net_attention_params(cfg, hidden, heads, head_dim, kv_heads, layers) \
@@ -126,7 +132,7 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
                        experts_per_token=routed if experts else 0,
                        mlp_matrices=3 if experts else matrices, num_layers=layers, layer_params=one_layer,
                        mla_shape=mla_shape, rope_cache_elements=rope_cache_elements(cfg),
-                       router_params=router if experts else 0)
+                       router_params=router if experts else 0, replicated_linear_params=replicated_linear)
 
 
 # Gated-delta-net hybrids: every full_attention_interval-th layer attends, the others are gated delta
@@ -395,6 +401,16 @@ def gpu_weights_bytes(count: WeightCount, quantization: Mapping[str, Any] | None
     if not quantization and method in _ONLINE:
         quantization = _ONLINE[method]
     return bytes_of(count, quantization, dtype_bytes) + vision
+
+
+def replicated_linear_bytes(count: WeightCount, quantization: Mapping[str, Any] | None, dtype_bytes: int,
+                            engine_quantization: str | None = None) -> int:
+    """The bytes (all layers) of the linear layers vLLM keeps whole on every tensor-parallel rank
+    (WeightCount.replicated_linear_params), quantized as the checkpoint or `--quantization` says."""
+    method = (engine_quantization or "").strip().lower()
+    if not quantization and method in _ONLINE:
+        quantization = _ONLINE[method]
+    return int(count.replicated_linear_params * linear_bytes_per_param(quantization, dtype_bytes))
 
 
 def weights_bytes(cfg: Mapping[str, Any], dtype_bytes: int) -> int | None:
