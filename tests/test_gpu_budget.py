@@ -176,7 +176,7 @@ def test_the_held_out_third_is_within_3_percent_at_the_median(tmp_path: Path) ->
     matrices (DeepSeek-R1 +66 % -> +45 %, DeepSeek-Coder-V2-Lite TP 8 +8.3 % -> +7.5 %); phi's two-matrix MLP
     (-11.3 % -> +9.9 %, a miss still: V0 0.6.4 counts the CUDA context as non-torch memory).
     Section 12.8 tightened the share within 3 % (78 % -> 81 %; outside the sweep 66 % -> 71 %, the bar
-    met) and the means (3.6 % -> 3.3 %, 5.2 % -> 4.8 %). On the way the median bound was loosened to 1.0 %
+    met) and the means (3.6 % -> 3.2 %, 5.2 % -> 4.7 %). On the way the median bound was loosened to 1.0 %
     for one commit (the rotary cache brought every Llama 3.1 run's weights to the logged figure, and the
     runs just below the median, already under the logged KV memory, moved further under), then set back
     to 0.8 % when the MoE routers, whole on every rank, took it to 0.76 %."""
@@ -185,13 +185,13 @@ def test_the_held_out_third_is_within_3_percent_at_the_median(tmp_path: Path) ->
     assert summary.runs >= 58
     assert summary.median <= 0.008
     assert summary.within >= 0.81
-    assert summary.mean <= 0.033
+    assert summary.mean <= 0.0325
     outside = [r for r in held if not r.get("batch")]
     apart = Summary.of(_errors(outside, tmp_path))
     assert apart.runs >= 38
     assert apart.median <= 0.015
     assert apart.within >= 0.71
-    assert apart.mean <= 0.0485
+    assert apart.mean <= 0.048
 
 
 def test_the_held_out_kv_tokens_are_within_3_percent_at_the_median(tmp_path: Path) -> None:
