@@ -38,6 +38,7 @@ from kvwatch.planner.gpu_budget import (
     profile_key,
     profile_sampler_bytes,
     release_for,
+    replicated_extra_bytes,
     requested_bytes,
 )
 from kvwatch.planner.versions import parse_version
@@ -174,21 +175,28 @@ def test_the_held_out_third_is_within_3_percent_at_the_median(tmp_path: Path) ->
     at TP 4, +34.5 % -> +1.2 %; DeepSeek-R1 at TP 8, +78 % -> +66 %), then V0 0.7.x's absorbed MLA
     matrices (DeepSeek-R1 +66 % -> +45 %, DeepSeek-Coder-V2-Lite TP 8 +8.3 % -> +7.5 %); phi's two-matrix MLP
     (-11.3 % -> +9.9 %, a miss still: V0 0.6.4 counts the CUDA context as non-torch memory).
+    Section 12.8 tightened the share within 3 % (78 % -> 81 %; outside the sweep 66 % -> 71 %, the bar
+    met) and the means (3.6 % -> 3.2 %, 5.2 % -> 4.7 %). On the way the median bound was loosened to 1.0 %
+    for one commit (the rotary cache brought every Llama 3.1 run's weights to the logged figure, and the
+    runs just below the median, already under the logged KV memory, moved further under), then set back
+    to 0.8 % when the MoE routers, whole on every rank, took it to 0.76 %.
     Section 12.9 added public start-ups by the same draw, not a term: the two that fell in the held-out
     set (Qwen3-4B-Instruct-2507 on an RTX 5090, vLLM 0.29, +5.5 %; Llama-3.1-8B on an A100, 0.31.0,
     +1.2 %) moved the bounds to 60 runs, median 0.9 %, 76.7 % within 3 % (40 runs, 65 % outside the
-    sweep); the mean is unchanged."""
+    sweep); the mean is unchanged. The two passes merged (12.8's terms on 12.9's corpus): 60 runs,
+    median 0.9 %, 80 % within, mean 3.2 %; outside the sweep 40 runs, 1.4 %, 70 % within, mean 4.6 %."""
     held = started_runs(HELD_OUT)
     summary = Summary.of(_errors(held, tmp_path))
     assert summary.runs >= 60
-    assert summary.median <= 0.0091
-    assert summary.within >= 0.765
-    assert summary.mean <= 0.036
+    assert summary.median <= 0.009
+    assert summary.within >= 0.80
+    assert summary.mean <= 0.0325
     outside = [r for r in held if not r.get("batch")]
     apart = Summary.of(_errors(outside, tmp_path))
     assert apart.runs >= 40
-    assert apart.median <= 0.016
-    assert apart.within >= 0.65
+    assert apart.median <= 0.015
+    assert apart.within >= 0.70
+    assert apart.mean <= 0.047
 
 
 def test_the_held_out_kv_tokens_are_within_3_percent_at_the_median(tmp_path: Path) -> None:
@@ -264,14 +272,15 @@ def test_the_07_mla_runs_hold_the_tokens_their_logged_kv_memory_holds(name: str,
 
 def test_cpu_offload_keeps_the_embeddings_on_the_card() -> None:
     """vLLM offloads only the decoder layers (make_layers): DeepSeek-Coder-V2-Lite with 30 GiB
-    offloaded keeps its embeddings and LM head (102,400 x 2,048 x 2 in bf16), as its L40S start-up
-    logged (search_deepseek_coder_v2_lite_l40s_offload30_v072: "Loading model weights took 0.80 GB")."""
+    offloaded keeps its embeddings and LM head (102,400 x 2,048 x 2 in bf16) and the rotary cache (163,840
+    positions x 64 in bf16, vllm_releases/rope_cache.py), as its L40S start-up logged
+    (search_deepseek_coder_v2_lite_l40s_offload30_v072: "Loading model weights took 0.80 GB")."""
     run = next(r for r in all_runs() if r["name"] == "search_deepseek_coder_v2_lite_l40s_offload30_v072")
     cfg = run["model_config"]
     count, weights = count_weights(cfg), weights_bytes(cfg, 2)
     assert count is not None and weights is not None
     kept = estimate_budget(settings("--cpu-offload-gb", "30"), A100, count, weights, 2, 8192, V0_32)
-    assert kept.weights_bytes == 102400 * 2048 * 2 * 2
+    assert kept.weights_bytes == 102400 * 2048 * 2 * 2 + 163840 * 64 * 2
     assert kept.weights_bytes / GiB == pytest.approx(run["logged"]["model_weights_gib"], abs=0.03)
 
 
@@ -418,3 +427,39 @@ def test_deepseek_r1_on_07_loads_its_absorbed_mla_matrices(tmp_path: Path) -> No
     budget = plan_run(run, tmp_path / run["name"]).gpu_budget
     assert budget is not None
     assert abs(budget.weights_bytes / GiB - run["logged"]["model_weights_gib"]) < 1.2
+
+
+@pytest.mark.parametrize(("name", "within_gib"), [
+    ("search_qwen3_vl_30b_a3b_h100nvl_v0130", 0.03),   # M-RoPE's 1M-position cache, 3 deepstack buffers (0.37 GiB off before)
+    ("search_qwen3_vl_30b_a3b_4x3090_v0110", 0.035),   # the same at TP 4: the cache is whole on each rank (0.31 before)
+    ("search_qwen3_next_80b_a3b_2xh200_v0102", 0.01),  # gated delta nets and gated attention, routers whole (0.67 before)
+    ("search_qwen3_235b_a22b_fp8_4xrtxpro6000_tp4_v0271", 0.03),   # bf16 routers whole on each rank (0.10 before)
+    ("search_qwen3_235b_a22b_fp8_8xl40s_tp8_ep_v0102", 0.06),      # the same at TP 8 (0.14 before)
+    ("search_deepseek_coder_v2_lite_8xa100_40g_tp8_v071", 0.03),   # MLA's kv_a_proj whole on each rank (0.07 before)
+    ("search_deepseek_r1_8xh200_tp8_v07", 0.15),   # and q_a_proj, FP8, beside the routers (1.08 before)
+    ("llmd_llama31_8b_h100", 0.005),                   # Llama 3.1's 32 MiB cache (0.033 before)
+    ("llmdacc_llama31_8b_fp32_h100_v0190", 0.005),     # in float32, 64 MiB (0.066 before)
+])
+def test_the_planned_weights_hold_what_the_loader_allocates_beside_the_checkpoint(name: str, within_gib: float,
+                                                                                 tmp_path: Path) -> None:
+    """vLLM's "Model loading took" counts the rotary cache and the model files' buffers with the
+    tensors (vllm_releases/rope_cache.py), and every tensor-parallel rank holds the MoE routers (whole,
+    unquantized) and MLA's replicated projections whole (weights.WeightCount.router_params,
+    replicated_linear_params); each of these runs logs its weights."""
+    run = next(r for r in RUNS if r["name"] == name)
+    budget = plan_run(run, tmp_path / "model").gpu_budget
+    assert budget is not None
+    assert abs(run["logged"]["model_weights_gib"] - budget.weights_bytes / GiB) <= within_gib
+
+
+@pytest.mark.parametrize(("tp", "pp", "linear", "extra"), [
+    (1, 1, 0, 0),                        # one rank holds everything already
+    (2, 1, 0, 1000 * 2 // 2),            # each rank: the whole 2,000 bytes of routers, its even share was 1,000
+    (8, 1, 0, 2000 - 2000 // 8),
+    (4, 2, 0, 1000 - 1000 // 4),         # a stage holds half the layers' routers
+    (8, 1, 800, 2800 - 2800 // 8),       # MLA's replicated projections beside them
+])
+def test_every_tensor_parallel_rank_keeps_routers_and_mla_projections_whole(tp: int, pp: int, linear: int,
+                                                                           extra: int) -> None:
+    count = WeightCount(linear_params=10_000, embedding_params=0, router_params=1000)
+    assert replicated_extra_bytes(count, tp, pp, 2, linear) == extra

@@ -234,3 +234,39 @@ def test_v0_07_keeps_the_absorbed_mla_matrices_beside_the_weights(cfg: dict, tp:
     count = count_weights(cfg)
     assert count is not None
     assert mla_absorbed_bytes(count, tp, 2, fp8, version) == per_rank
+
+
+QWEN3_NEXT_80B = {"model_type": "qwen3_next", "hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 16,
+                  "num_key_value_heads": 2, "head_dim": 256, "full_attention_interval": 4, "linear_conv_kernel_dim": 4,
+                  "linear_key_head_dim": 128, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+                  "linear_value_head_dim": 128, "num_experts": 512, "num_experts_per_tok": 10,
+                  "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512, "intermediate_size": 5120,
+                  "vocab_size": 151936, "tie_word_embeddings": False}
+
+
+@pytest.mark.parametrize(("cfg", "mixers"), [
+    # 12 gated attention layers: q and its output gate (2 x 16 x 256), k, v (2 x 2 x 256), o; 36 gated delta
+    # nets: in_proj to 2 x 2048 + 2 x 4096 + 2 x 32, conv1d (2 x 2048 + 4096) x 4, out_proj, dt_bias and A_log
+    (QWEN3_NEXT_80B, 12 * (2048 * 8192 + 2048 * 1024 + 4096 * 2048)
+     + 36 * (2048 * 12352 + 8192 * 4 + 4096 * 2048 + 64)),
+    ({**QWEN3_NEXT_80B, "attn_output_gate": False}, 12 * (2048 * 4096 + 2048 * 1024 + 4096 * 2048)
+     + 36 * (2048 * 12352 + 8192 * 4 + 4096 * 2048 + 64)),
+    ({**QWEN3_NEXT_80B, "layer_types": ["linear_attention"] * 47 + ["full_attention"]},
+     (2048 * 8192 + 2048 * 1024 + 4096 * 2048) + 47 * (2048 * 12352 + 8192 * 4 + 4096 * 2048 + 64)),
+    ({**QWEN3_NEXT_80B, "model_type": "qwen3_moe"}, 48 * (2 * 2048 * 4096 + 2 * 2048 * 512)),   # plain attention
+])
+def test_a_gated_delta_net_hybrid_counts_its_mixers_as_vllm_builds_them(cfg: dict, mixers: int) -> None:
+    count = count_weights(cfg)
+    assert count is not None and count.attention_params == mixers
+
+
+def test_moe_routers_stay_in_the_model_dtype_under_quantization() -> None:
+    """vLLM builds the routers without the checkpoint's quantization (WeightCount.router_params)."""
+    moe = {"hidden_size": 2048, "num_hidden_layers": 4, "num_attention_heads": 16, "num_key_value_heads": 4,
+           "head_dim": 128, "num_experts": 64, "num_experts_per_tok": 4, "moe_intermediate_size": 512,
+           "vocab_size": 1000}
+    count = count_weights(moe)
+    assert count is not None and count.router_params == 4 * 2048 * 64
+    fp8 = {"quant_method": "fp8"}
+    plain = count.embedding_params + count.router_params
+    assert gpu_weights_bytes(count, fp8, 2) == (count.linear_params - count.router_params) + plain * 2

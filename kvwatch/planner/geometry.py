@@ -11,6 +11,7 @@ from typing import Any
 
 from kvwatch.errors import ConfigError
 from kvwatch.planner.config_defaults import HEAD_DIM_DEFAULTS
+from kvwatch.planner.config_keys import standard_keys
 from kvwatch.planner.indexer import indexer_bytes_per_token
 from kvwatch.planner.layers import FULL, PURE_STATE_SPACE, LayerLayout, kimi_linear_layout, layer_layout
 from kvwatch.planner.versions import parse_version
@@ -206,7 +207,7 @@ def geometry_from_config(config: Mapping[str, Any], release: str | None = None) 
     rules = max_len_rules(release)
     if not isinstance(config, Mapping):
         raise ConfigError("config.json: expected a JSON object")
-    cfg = _text_config(config)
+    cfg = standard_keys(_text_config(config))   # GPT-2's n_embd as hidden_size, ... (planner/config_keys.py)
     model_type = cfg.get("model_type") or config.get("model_type")
     if not isinstance(model_type, str) or not model_type:
         raise ConfigError("config.json: missing field 'model_type'")

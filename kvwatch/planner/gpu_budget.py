@@ -7,6 +7,9 @@ determine_available_memory; worker/worker.py determine_num_available_blocks in t
 
 - **CUDA total**: what the CUDA runtime reports (torch.cuda.mem_get_info), a little below NVML's
   total (devices.cuda_total_bytes).
+- **Weights**: the checkpoint's tensors (planner/weights.py) and what the model allocates beside them
+  before the loader reports "Model loading took": the rotary cos/sin cache, Qwen3-VL's deepstack
+  buffers (vllm_releases/rope_cache.py).
 - **Activation peak**: the profile run is one forward pass of `max_num_batched_tokens` tokens, then
   one sampler pass over `min(max_num_seqs, max_num_batched_tokens)` requests with top-k and top-p
   set. The sampler's float32 buffers over requests x vocabulary dominate whenever the vocabulary is
@@ -330,10 +333,31 @@ def offloaded_bytes(layers_bytes: int, budget: int, count: WeightCount | None) -
     return min(layers_bytes, int(moved))
 
 
+def replicated_extra_bytes(count: WeightCount | None, tensor_parallel: int, pipeline_parallel: int,
+                           dtype_bytes: int, replicated_linear_bytes: int = 0) -> int:
+    """What a rank holds beyond its even share of the weights: every rank of a tensor-parallel group
+    keeps its stage's MoE routers (WeightCount.router_params, model dtype) and MLA's replicated
+    projections (`replicated_linear_bytes`, all layers as loaded) whole."""
+    whole = (count.router_params * dtype_bytes if count is not None else 0) + replicated_linear_bytes
+    if whole <= 0 or tensor_parallel <= 1:
+        return 0
+    stage = whole // max(1, pipeline_parallel)
+    return stage - stage // tensor_parallel
+
+
+def loaded_buffer_bytes(count: WeightCount | None, tokens: int, dtype_bytes: int) -> int:
+    """What a rank allocates with the model beyond the checkpoint's tensors, before the loader reports
+    the weights (vllm_releases/rope_cache.py): the rotary cos/sin cache, whole on every rank, and
+    Qwen3-VL's deepstack buffers of `tokens` (max_num_batched_tokens) rows each, in the model dtype."""
+    if count is None:
+        return 0
+    return (count.rope_cache_elements + count.deepstack_levels * tokens * count.hidden_size) * dtype_bytes
+
+
 def estimate_budget(settings: EngineSettings, device: Device, count: WeightCount | None, weights_per_rank: int,
                     dtype_bytes: int, max_model_len: int, version: VllmVersion | None,
                     env: Mapping[str, str] | None = None, flashinfer_installed: bool | None = None,
-                    quantized_experts: bool = False, mla: bool = False) -> GpuBudget:
+                    quantized_experts: bool = False, mla: bool = False, replicated_linear_bytes: int = 0) -> GpuBudget:
     release = release_for(version, env)
     multimodal = count is not None and (count.vision_params > 0 or count.encoder is not None)
     tokens, seqs = batch_defaults(settings, device, release, max_model_len, not (multimodal or mla))
@@ -349,7 +373,9 @@ def estimate_budget(settings: EngineSettings, device: Device, count: WeightCount
             extra += moe_workspace_bytes(count, tokens, dtype_bytes, tp)   # expert parallel not told apart
     return GpuBudget(
         version=str(version or DEFAULT_RELEASE), release=release.why, cuda_total_bytes=cuda_total_bytes(device),
-        utilization=utilization(settings, release), weights_bytes=weights_on_gpu(weights_per_rank, settings, count, dtype_bytes),
+        utilization=utilization(settings, release),
+        weights_bytes=weights_on_gpu(weights_per_rank, settings, count, dtype_bytes) + loaded_buffer_bytes(count, tokens, dtype_bytes)
+        + replicated_extra_bytes(count, tp, settings.pipeline_parallel_size, dtype_bytes, replicated_linear_bytes),
         activation_peak_bytes=activation_peak_bytes(count, tokens, seqs, dtype_bytes, tp, sampler, extra),
         non_torch_bytes=non_torch_bytes(device, tp, version),
         cuda_graph_bytes=CUDA_GRAPH_BYTES if release.cuda_graphs_counted and not settings.enforce_eager else 0,

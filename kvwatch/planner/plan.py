@@ -42,7 +42,12 @@ from kvwatch.planner.predicted_refusal import (
 from kvwatch.planner.rules import FP8_KV_DTYPES, PACKED_MLA_BYTES, BackendRule, BlockSizeRule, RuleSet
 from kvwatch.planner.scheduler import prefix_caching_on, request_demand
 from kvwatch.planner.versions import VllmVersion
-from kvwatch.planner.weights import gpu_weights_bytes, mla_absorbed_bytes, mxfp4_triton_hopper_bytes
+from kvwatch.planner.weights import (
+    gpu_weights_bytes,
+    mla_absorbed_bytes,
+    mxfp4_triton_hopper_bytes,
+    replicated_linear_bytes,
+)
 from kvwatch.vllm_releases import DEFAULT_RELEASE
 from kvwatch.vllm_releases.gdn_checkpoint import GDN_CHECKPOINT_BLOCKS, gdn_checkpoint_alignment
 from kvwatch.vllm_releases.hybrid_alignment import hybrid_alignment_for
@@ -203,7 +208,10 @@ def _gpu_budget(device: Device, settings: EngineSettings, geometry: ModelGeometr
     return estimate_budget(settings, device, geometry.weight_count, weights, model_bytes, max_model_len,
                            memory.vllm_version, dict(memory.vllm_env), memory.flashinfer_installed,
                            quantized_experts=geometry.quantization is not None or settings.quantization is not None,
-                           mla=geometry.attention == "mla")
+                           mla=geometry.attention == "mla",
+                           replicated_linear_bytes=replicated_linear_bytes(geometry.weight_count, geometry.quantization,
+                                                                           model_bytes, settings.quantization)
+                           if geometry.weight_count is not None else 0)
 
 
 def _estimate_gpu_kv_memory(device: Device, settings: EngineSettings, geometry: ModelGeometry,

@@ -20,6 +20,7 @@ from typing import Any
 
 from kvwatch.planner.encoder_cache import EncoderShape, encoder_shape
 from kvwatch.vllm_releases.mlp_shapes import non_gated_mlp
+from kvwatch.vllm_releases.rope_cache import MROPE_MODEL_TYPES, deepstack_levels, rope_cache_elements
 
 
 def _int(cfg: Mapping[str, Any], *keys: str) -> int:
@@ -51,6 +52,19 @@ class WeightCount:
     layer_params: tuple[int, ...] = ()
     # MLA: (q input width, heads, rope, kv_lora_rank, nope, v head) for the absorbed copies of V0 0.7.x
     mla_shape: tuple[int, int, int, int, int, int] | None = None
+    # Loaded with the weights, outside the checkpoint (vllm_releases/rope_cache.py): the rotary cos/sin
+    # cache's values (whole on every rank), and Qwen3-VL's deepstack buffers (levels x batched tokens x hidden).
+    rope_cache_elements: int = 0
+    deepstack_levels: int = 0
+    # MoE: the routers (hidden x experts per MoE layer, part of linear_params). vLLM builds each as a
+    # ReplicatedLinear without quantization: whole on every tensor-parallel rank, in the model dtype
+    # (vLLM 0.7.3 models/deepseek_v2.py:118-122, 0.8.5.post1 qwen3_moe.py:122-126, 0.19.1 mixtral.py:120-126;
+    # GPTQ/AWQ ignored for it: 0.10.2 qwen3_moe.py:153-158 _maybe_ignore_quant_config).
+    router_params: int = 0
+    # MLA: the projections vLLM builds as ReplicatedLinear, whole on every rank and quantized as the other
+    # linear layers: q_a_proj (hidden x q_lora_rank) and kv_a_proj_with_mqa (hidden x (kv_lora_rank + rope))
+    # (vLLM 0.7.3, vllm/model_executor/models/deepseek_v2.py:374-402; 0.19.1 deepseek_v2.py:457-488).
+    replicated_linear_params: int = 0
 
     @property
     def params(self) -> int:
@@ -66,6 +80,7 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
     head_dim = _int(cfg, "head_dim") or hidden // heads
     kv_heads = _int(cfg, "num_key_value_heads", "num_kv_heads") or heads
     mla_shape: tuple[int, int, int, int, int, int] | None = None
+    replicated_linear = 0
     if cfg.get("kv_lora_rank"):   # MLA (DeepSeek-V2/V3, Kimi-K2)
         rank, rope = _int(cfg, "kv_lora_rank"), _int(cfg, "qk_rope_head_dim")
         nope, v_dim = _int(cfg, "qk_nope_head_dim"), _int(cfg, "v_head_dim")
@@ -74,8 +89,11 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
         q = hidden * q_rank + q_rank * q_dim if q_rank else hidden * q_dim
         attention = q + hidden * (rank + rope) + rank * heads * (nope + v_dim) + heads * v_dim * hidden
         mla_shape = (q_rank or hidden, heads, rope, rank, nope, v_dim)
+        replicated_linear = layers * (hidden * q_rank + hidden * (rank + rope))
     else:
         attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
+    attention_total = gated_delta_net_attention_params(cfg, hidden, heads, head_dim, kv_heads, layers) \
+        or layers * attention
     experts = _int(cfg, "n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts")
     one_layer: tuple[int, ...] = ()
     shared = _int(cfg, "n_shared_experts")
@@ -90,6 +108,7 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
         per_moe = experts * 3 * hidden * moe_width + hidden * experts   # experts + router
         per_moe += shared * 3 * hidden * moe_width + (3 * hidden * shared_width if shared_width else 0)
         mlp = dense_layers * 3 * hidden * dense_width + moe_layers * per_moe
+        router = moe_layers * hidden * experts
         routed = _int(cfg, "num_experts_per_tok", "moe_topk", "experts_per_token") or 1
         width = max(dense_width if dense_layers else 0,
                     routed * moe_width + shared * moe_width + shared_width)
@@ -106,13 +125,49 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
             one_layer = (attention - out, out, (matrices - 1) * hidden * dense_width, hidden * dense_width)
     vocab = _int(cfg, "vocab_size")
     embeddings = vocab * hidden * (1 if cfg.get("tie_word_embeddings") else 2)
-    return WeightCount(linear_params=layers * attention + mlp, embedding_params=embeddings,
-                       attention_params=layers * attention,
+    return WeightCount(linear_params=attention_total + mlp, embedding_params=embeddings,
+                       attention_params=attention_total,
                        vocab_size=vocab, hidden_size=hidden, mlp_width_per_token=width,
                        expert_matrices=moe_layers * experts if experts else 0, moe_width=moe_width if experts else 0,
                        experts_per_token=routed if experts else 0,
                        mlp_matrices=3 if experts else matrices, num_layers=layers, layer_params=one_layer,
-                       mla_shape=mla_shape)
+                       mla_shape=mla_shape, rope_cache_elements=rope_cache_elements(cfg),
+                       router_params=router if experts else 0, replicated_linear_params=replicated_linear)
+
+
+# Gated-delta-net hybrids: every full_attention_interval-th layer attends, the others are gated delta
+# nets (planner/layers.py's rule). Qwen3.5 builds Qwen3-Next's attention (vLLM 0.33.0,
+# vllm/model_executor/models/qwen3_5.py:81-82, :158).
+GATED_DELTA_NET_MODEL_TYPES = frozenset({"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"})
+
+
+def gated_delta_net_attention_params(cfg: Mapping[str, Any], hidden: int, heads: int, head_dim: int,
+                                     kv_heads: int, layers: int) -> int:
+    """The token mixers' parameters of a gated-delta-net hybrid (0 for any other model), as vLLM
+    0.10.2 builds them (vllm/model_executor/models/qwen3_next.py):
+    - a gated delta net layer (Qwen3NextGatedDeltaNet, :225-305): in_proj, hidden x (2 key_dim +
+      2 value_dim + 2 value heads) (:254-262); conv1d, (2 key_dim + value_dim) x kernel (:244-252);
+      out_proj, value_dim x hidden (:304); dt_bias and A_log, one per value head;
+    - an attention layer (Qwen3NextAttention, :655-672): q doubled by the output gate
+      (`total_num_heads * (1 + attn_output_gate)`, the gate on unless the config says not), k, v, o."""
+    if cfg.get("model_type") not in GATED_DELTA_NET_MODEL_TYPES:
+        return 0
+    k_heads, v_heads = _int(cfg, "linear_num_key_heads"), _int(cfg, "linear_num_value_heads")
+    key_dim, value_dim = k_heads * _int(cfg, "linear_key_head_dim"), v_heads * _int(cfg, "linear_value_head_dim")
+    if not key_dim or not value_dim:
+        return 0
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and len(types) == layers:
+        full = sum(1 for t in types if t == "full_attention")
+    else:
+        interval = _int(cfg, "full_attention_interval") or 4
+        full = sum((i + 1) % interval == 0 for i in range(layers))
+    gate = 0 if cfg.get("attn_output_gate") is False else 1
+    attention = hidden * heads * head_dim * (1 + gate) + 2 * hidden * kv_heads * head_dim + heads * head_dim * hidden
+    kernel = _int(cfg, "linear_conv_kernel_dim") or 4
+    delta_net = (hidden * (2 * key_dim + 2 * value_dim + 2 * v_heads) + (2 * key_dim + value_dim) * kernel
+                 + value_dim * hidden + 2 * v_heads)
+    return full * attention + (layers - full) * delta_net
 
 
 def vision_tower_params(config: Mapping[str, Any]) -> int:
@@ -154,6 +209,9 @@ def count_model_weights(config: Mapping[str, Any], text: Mapping[str, Any]) -> W
     count = count_weights(text)
     if count is None:
         return None
+    if config.get("model_type") in MROPE_MODEL_TYPES:
+        count = replace(count, rope_cache_elements=rope_cache_elements(text, multimodal_rope=True),
+                        deepstack_levels=deepstack_levels(config))
     vision = vision_tower_params(config)
     return replace(count, vision_params=vision, encoder=encoder_shape(config)) if vision else count
 
@@ -233,9 +291,9 @@ def attention_unquantized(quantization: Mapping[str, Any] | None) -> bool:
 
 def bytes_of(count: WeightCount, quantization: Mapping[str, Any] | None, dtype_bytes: int) -> int:
     """The bytes of these parameters on the GPU: linear layers as `quantization_config` stores them,
-    embeddings (and attention the scheme skips) in the model dtype."""
+    embeddings, MoE routers (and attention the scheme skips) in the model dtype."""
     per_param = linear_bytes_per_param(quantization, dtype_bytes)
-    plain = count.attention_params if attention_unquantized(quantization) else 0
+    plain = (count.attention_params if attention_unquantized(quantization) else 0) + count.router_params
     return int((count.linear_params - plain) * per_param) + (count.embedding_params + plain) * dtype_bytes
 
 
@@ -350,6 +408,16 @@ def gpu_weights_bytes(count: WeightCount, quantization: Mapping[str, Any] | None
     if not quantization and method in _ONLINE:
         quantization = _ONLINE[method]
     return bytes_of(count, quantization, dtype_bytes) + vision
+
+
+def replicated_linear_bytes(count: WeightCount, quantization: Mapping[str, Any] | None, dtype_bytes: int,
+                            engine_quantization: str | None = None) -> int:
+    """The bytes (all layers) of the linear layers vLLM keeps whole on every tensor-parallel rank
+    (WeightCount.replicated_linear_params), quantized as the checkpoint or `--quantization` says."""
+    method = (engine_quantization or "").strip().lower()
+    if not quantization and method in _ONLINE:
+        quantization = _ONLINE[method]
+    return int(count.replicated_linear_params * linear_bytes_per_param(quantization, dtype_bytes))
 
 
 def weights_bytes(cfg: Mapping[str, Any], dtype_bytes: int) -> int | None:

@@ -1,0 +1,57 @@
+"""The standard config keys of families whose config.json names them otherwise (pure).
+
+vLLM reads a config through transformers, whose `attribute_map` answers `config.hidden_size` with
+GPT-2's `n_embd` and so on, and whose class defaults fill what the file leaves out. kvwatch reads
+config.json as JSON, so it applies the same map and defaults itself, for the families whose vLLM
+model file reads them (vLLM 0.22.1, vllm/model_executor/models/{gpt2,gpt_j,gpt_bigcode,bloom,mpt}.py).
+Read from transformers 5.19.0's configuration files, cited per row. A key the file states wins.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+
+class FamilyKeys(NamedTuple):
+    aliases: tuple[tuple[str, str], ...]   # (the standard key, the key this family's config.json uses)
+    tied_embeddings: bool                  # transformers' default of tie_word_embeddings
+    source: str
+
+
+_GPT2_ALIASES = (("hidden_size", "n_embd"), ("max_position_embeddings", "n_positions"),
+                 ("num_attention_heads", "n_head"), ("num_hidden_layers", "n_layer"))
+FAMILY_KEYS: dict[str, FamilyKeys] = {
+    "gpt2": FamilyKeys(_GPT2_ALIASES, True, "models/gpt2/configuration_gpt2.py:71-76, :103"),
+    "gpt_bigcode": FamilyKeys(_GPT2_ALIASES, True, "models/gpt_bigcode/configuration_gpt_bigcode.py:52-57, :80"),
+    "gptj": FamilyKeys(_GPT2_ALIASES, False, "models/gptj/configuration_gptj.py:45-50, :69"),
+    "bloom": FamilyKeys((("num_hidden_layers", "n_layer"), ("num_attention_heads", "n_head"), ("hidden_size", "n_embed")),
+                        True, "models/bloom/configuration_bloom.py:53-56, :73, :76-78 (n_embed)"),
+    "mpt": FamilyKeys((("num_attention_heads", "n_heads"), ("hidden_size", "d_model"), ("num_hidden_layers", "n_layers")),
+                      True, "models/mpt/configuration_mpt.py:113-117, :137"),
+}
+# GPTBigCode's multi-query attention (transformers configuration_gpt_bigcode.py:78, :83, on by default;
+# vLLM 0.22.1 gpt_bigcode.py:77-82: one KV head) and MPT's MLP width (expansion_ratio x d_model, 4 by
+# default: configuration_mpt.py:122; vLLM 0.22.1 mpt.py:160-162).
+MPT_EXPANSION_RATIO = 4
+
+
+def standard_keys(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
+    """`cfg` with the standard keys its family's transformers class answers (unchanged for other families)."""
+    model_type = cfg.get("model_type")
+    family = FAMILY_KEYS.get(model_type) if isinstance(model_type, str) else None
+    if family is None:
+        return cfg
+    out = dict(cfg)
+    for standard, own in family.aliases:
+        if out.get(standard) is None and out.get(own) is not None:
+            out[standard] = out[own]
+    if out.get("tie_word_embeddings") is None:
+        out["tie_word_embeddings"] = family.tied_embeddings
+    if model_type == "gpt_bigcode" and out.get("num_key_value_heads") is None:
+        out["num_key_value_heads"] = 1 if out.get("multi_query", True) else out.get("num_attention_heads")
+    if model_type == "mpt" and out.get("intermediate_size") is None:
+        ratio = out.get("expansion_ratio")
+        ratio = ratio if isinstance(ratio, int) and not isinstance(ratio, bool) and ratio > 0 else MPT_EXPANSION_RATIO
+        if isinstance(out.get("hidden_size"), int):
+            out["intermediate_size"] = ratio * out["hidden_size"]
+    return out

@@ -1,0 +1,118 @@
+"""The rotary embedding's cos/sin cache vLLM builds with the model, and the buffers a model file
+allocates beside its weights: both are on the GPU before the loader reports "Model loading took",
+so they count with the weights (pure data and arithmetic, read from vLLM's code).
+
+The cache: `get_rope` builds one RotaryEmbedding per distinct (head size, rotary dim, positions,
+base, scaling, dtype) and every attention layer shares it (vLLM 0.13.0,
+vllm/model_executor/layers/rotary_embedding/__init__.py:26-78, `_ROPE_DICT`). Its buffer is
+`positions x rotary_dim` values (cos and sin halves), cast to the model dtype and registered on the
+device (rotary_embedding/base.py:43-47; vLLM 0.8.5.post1 vllm/model_executor/layers/rotary_embedding.py:108-112,
+vLLM 0.28.0 rotary_embedding/base.py:58-63), on every rank whole. How many positions depends on the
+scaling type (CACHE_POSITIONS). One cache per model is counted: a second base (Gemma 3's local
+layers) is left out.
+
+The buffer: Qwen3-VL's language model keeps one zeroed (max_num_batched_tokens, text hidden size)
+tensor per deepstack level in the model dtype, allocated in its __init__ (vLLM 0.11.2,
+vllm/model_executor/models/qwen3_vl.py:1261-1269; the same in 0.13.0 :1308, 0.19.1 :1503, 0.28.0 :1824,
+0.33.0 :2031)."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+
+class CachePositions(NamedTuple):
+    """How many positions a scaling type's cache holds: `base` ("max": the max_position the model
+    passes, config.max_position_embeddings; "original": rope_scaling's original_max_position_embeddings)
+    times rope_scaling's factor when `times_factor`, times `multiple`."""
+
+    base: str
+    times_factor: bool
+    multiple: int
+    source: str
+
+
+DEFAULT = CachePositions("max", False, 1, "rotary_embedding/base.py:69-73 (arange(max_position_embeddings))")
+CACHE_POSITIONS: dict[str, CachePositions] = {
+    # rope_type: positions, where vLLM 0.13.0 computes the cache (vllm/model_executor/layers/rotary_embedding/)
+    "default": DEFAULT,
+    "llama3": CachePositions("max", False, 1, "llama3_rope.py:11-30 (the base class's cache over max_position)"),
+    "linear": CachePositions("max", True, 1, "linear_scaling_rope.py:89-91 (max_position_embeddings x factor)"),
+    "dynamic": CachePositions("max", True, 1, "dynamic_ntk_scaling_rope.py:55-62 (max_position_embeddings x factor)"),
+    "yarn": CachePositions("original", True, 1, "yarn_scaling_rope.py:77-78; __init__.py:197-234 passes the original"),
+    "deepseek_yarn": CachePositions("original", True, 1, "deepseek_scaling_rope.py:95-98; __init__.py:238-261"),
+    # M-RoPE: "We enlarge max_position_embeddings to 4 times" (mrope.py:236; vLLM 0.8.5.post1
+    # rotary_embedding.py:946; 0.33.0 mrope.py:351 as positions_factor, 4 by default)
+    "mrope": CachePositions("max", False, 4, "mrope.py:234-245 (cache_max_position_num = max_position_embeddings x 4)"),
+}
+# Model families whose position encoding is learned or ALiBi: vLLM builds no rotary cache for them
+# (vLLM 0.22.1, vllm/model_executor/models/{gpt2,gpt_bigcode,opt,bloom,mpt,jais}.py call no get_rope).
+NO_ROPE_MODEL_TYPES = frozenset({"gpt2", "gpt_bigcode", "opt", "bloom", "mpt", "jais"})
+MAX_POSITION_FALLBACK = 8192   # models pass getattr(config, "max_position_embeddings", 8192) (models/llama.py)
+
+
+def _positive(value: Any) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else 0.0
+
+
+def _rope_scaling(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
+    for key in ("rope_scaling", "rope_parameters"):
+        value = cfg.get(key)
+        if isinstance(value, Mapping) and value:
+            return value
+    return {}
+
+
+def cache_positions(cfg: Mapping[str, Any], multimodal_rope: bool = False) -> int:
+    """The positions of the model's rotary cache (0 for a model without RoPE). `multimodal_rope`:
+    the checkpoint is one whose vLLM model builds M-RoPE (a Qwen2/2.5/3-VL family whose config.json
+    may omit rope_scaling's mrope_section, which transformers fills in)."""
+    if cfg.get("model_type") in NO_ROPE_MODEL_TYPES:
+        return 0
+    scaling = _rope_scaling(cfg)
+    kind = str(scaling.get("rope_type", scaling.get("type", "default")))
+    if "mrope_section" in scaling or kind == "mrope" or multimodal_rope:
+        kind = "mrope"
+    rule = CACHE_POSITIONS.get(kind, DEFAULT)
+    maximum = _positive(cfg.get("max_position_embeddings")) or MAX_POSITION_FALLBACK
+    base = _positive(scaling.get("original_max_position_embeddings")) if rule.base == "original" else 0.0
+    positions = base or maximum
+    if rule.times_factor:
+        positions *= _positive(scaling.get("factor")) or 1.0
+    return int(positions) * rule.multiple
+
+
+def rotary_dim(cfg: Mapping[str, Any]) -> int:
+    """The rotary width: MLA's rope part, a config's `rotary_dim`, else the head size times
+    partial_rotary_factor (rotary_pct for GPT-NeoX)."""
+    if isinstance(cfg.get("qk_rope_head_dim"), int) and cfg.get("kv_lora_rank"):
+        return int(cfg["qk_rope_head_dim"])
+    if isinstance(cfg.get("rotary_dim"), int) and not isinstance(cfg.get("rotary_dim"), bool):
+        return int(cfg["rotary_dim"])
+    hidden, heads = _positive(cfg.get("hidden_size")), _positive(cfg.get("num_attention_heads"))
+    head_dim = _positive(cfg.get("head_dim")) or (hidden // heads if heads else 0.0)
+    factor = _positive(cfg.get("partial_rotary_factor")) or _positive(cfg.get("rotary_pct")) or 1.0
+    return int(head_dim * factor)
+
+
+def rope_cache_elements(cfg: Mapping[str, Any], multimodal_rope: bool = False) -> int:
+    """Values in the rotary cos/sin cache one rank holds (times the model dtype's bytes)."""
+    return cache_positions(cfg, multimodal_rope) * rotary_dim(cfg)
+
+
+# The multimodal families whose published configs carry rope_scaling.mrope_section, which makes
+# get_rope build MRotaryEmbedding (vLLM 0.13.0, vllm/model_executor/layers/rotary_embedding/__init__.py:93,
+# :213; vllm/transformers_utils/config.py:390-403 uses_mrope): a config.json copied without it still
+# loads as M-RoPE.
+MROPE_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"})
+# Qwen3-VL's deepstack buffers (see the module's docstring): from the release that added the model.
+DEEPSTACK_BUFFER_MODEL_TYPES = frozenset({"qwen3_vl", "qwen3_vl_moe"})
+
+
+def deepstack_levels(config: Mapping[str, Any]) -> int:
+    """Deepstack levels whose (max_num_batched_tokens x text hidden) buffers the model allocates."""
+    if config.get("model_type") not in DEEPSTACK_BUFFER_MODEL_TYPES:
+        return 0
+    vision = config.get("vision_config")
+    indexes = vision.get("deepstack_visual_indexes") if isinstance(vision, Mapping) else None
+    return len(indexes) if isinstance(indexes, (list, tuple)) else 0

@@ -1,0 +1,42 @@
+"""Families whose config.json names the standard keys otherwise (planner/config_keys.py): planned as vLLM reads them."""
+from __future__ import annotations
+
+import pytest
+
+from kvwatch.planner.config_keys import standard_keys
+from kvwatch.planner.geometry import geometry_from_config
+
+# The published config.json files' shape keys (the models' cards give the parameter counts).
+GPT2 = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12,
+        "n_positions": 1024, "vocab_size": 50257, "n_inner": None}
+GPTJ_6B = {"architectures": ["GPTJForCausalLM"], "model_type": "gptj", "n_embd": 4096, "n_layer": 28, "n_head": 16,
+           "n_positions": 2048, "vocab_size": 50400, "rotary_dim": 64, "tie_word_embeddings": False}
+BLOOM_560M = {"architectures": ["BloomForCausalLM"], "model_type": "bloom", "n_embed": 1024, "n_layer": 24,
+              "num_attention_heads": 16, "vocab_size": 250880}
+MPT_7B = {"architectures": ["MPTForCausalLM"], "model_type": "mpt", "d_model": 4096, "n_heads": 32, "n_layers": 32,
+          "max_seq_len": 2048, "vocab_size": 50432, "expansion_ratio": 4}
+STARCODER = {"architectures": ["GPTBigCodeForCausalLM"], "model_type": "gpt_bigcode", "n_embd": 6144, "n_layer": 40,
+             "n_head": 48, "n_positions": 8192, "vocab_size": 49152, "multi_query": True, "n_inner": 24576}
+
+
+@pytest.mark.parametrize(("config", "layers", "kv_heads", "head_size", "published"), [
+    (GPT2, 12, 12, 64, 124e6),          # openai-community/gpt2: 124M (tied embeddings; learned positions left out)
+    (GPTJ_6B, 28, 16, 256, 6.05e9),     # EleutherAI/gpt-j-6b: 6.05B (its own LM head)
+    (BLOOM_560M, 24, 16, 64, 559e6),    # bigscience/bloom-560m: 559M
+    (MPT_7B, 32, 32, 128, 6.7e9),       # mosaicml/mpt-7b: 6.7B (expansion_ratio 4)
+    (STARCODER, 40, 1, 128, 15.5e9),    # bigcode/starcoder: 15.5B, multi-query: one KV head
+])
+def test_a_family_with_its_own_key_names_is_planned_with_its_shapes(config: dict, layers: int, kv_heads: int,
+                                                                    head_size: int, published: float) -> None:
+    geometry = geometry_from_config(config)
+    assert (geometry.num_layers, geometry.num_kv_heads, geometry.head_size) == (layers, kv_heads, head_size)
+    count = geometry.weight_count
+    assert count is not None and abs(count.params - published) / published < 0.015
+
+
+def test_a_key_the_file_states_wins_and_other_families_are_untouched() -> None:
+    assert standard_keys({**GPT2, "hidden_size": 1024})["hidden_size"] == 1024
+    assert standard_keys({**STARCODER, "multi_query": False})["num_key_value_heads"] == 48
+    assert standard_keys({**MPT_7B, "expansion_ratio": None})["intermediate_size"] == 4 * 4096
+    llama = {"model_type": "llama", "hidden_size": 4096}
+    assert standard_keys(llama) is llama

@@ -1,0 +1,52 @@
+"""The rotary cos/sin cache and the model-file buffers loaded with the weights (vllm_releases/rope_cache.py)."""
+from __future__ import annotations
+
+import pytest
+
+from kvwatch.vllm_releases.rope_cache import cache_positions, deepstack_levels, rope_cache_elements, rotary_dim
+
+LLAMA_31 = {"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32, "max_position_embeddings": 131072,
+            "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}}
+QWEN3_VL_TEXT = {"model_type": "qwen3_vl_moe_text", "hidden_size": 2048, "num_attention_heads": 32, "head_dim": 128,
+                 "max_position_embeddings": 262144}
+DEEPSEEK_R1 = {"model_type": "deepseek_v3", "hidden_size": 7168, "num_attention_heads": 128, "kv_lora_rank": 512,
+               "qk_rope_head_dim": 64, "max_position_embeddings": 163840,
+               "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096}}
+QWEN3_NEXT = {"model_type": "qwen3_next", "hidden_size": 2048, "num_attention_heads": 16, "head_dim": 256,
+              "partial_rotary_factor": 0.25, "max_position_embeddings": 262144, "rope_scaling": None}
+
+
+@pytest.mark.parametrize(("cfg", "multimodal", "positions", "dim"), [
+    (LLAMA_31, False, 131072, 128),                     # llama3: the base class's cache over max_position
+    (QWEN3_VL_TEXT, True, 4 * 262144, 128),             # M-RoPE: four times the positions
+    ({**QWEN3_VL_TEXT, "rope_scaling": {"rope_type": "default", "mrope_section": [24, 20, 20]}}, False,
+     4 * 262144, 128),                                  # mrope_section in the config says the same
+    (QWEN3_VL_TEXT, False, 262144, 128),                # the same text config outside a VL checkpoint
+    (DEEPSEEK_R1, False, 4096 * 40, 64),                # YaRN: the original length x factor; MLA's rope part
+    (QWEN3_NEXT, False, 262144, 64),                    # partial rotary
+    ({**LLAMA_31, "rope_scaling": {"type": "linear", "factor": 4.0}}, False, 4 * 131072, 128),
+    ({**LLAMA_31, "rope_scaling": None, "max_position_embeddings": None}, False, 8192, 128),   # the models' fall-back
+    ({"model_type": "gpt2", "hidden_size": 768, "num_attention_heads": 12, "max_position_embeddings": 1024},
+     False, 0, 64),                                     # learned positions: no rotary cache
+    ({"model_type": "bloom", "hidden_size": 1024, "num_attention_heads": 16}, False, 0, 64),   # ALiBi
+])
+def test_the_rotary_cache_holds_the_positions_its_scaling_type_computes(cfg: dict, multimodal: bool, positions: int,
+                                                                        dim: int) -> None:
+    assert cache_positions(cfg, multimodal) == positions
+    assert rotary_dim(cfg) == dim
+    assert rope_cache_elements(cfg, multimodal) == positions * dim
+
+
+def test_llama_31s_cache_is_the_32_mib_its_logged_weights_carry() -> None:
+    """Every Llama-3.1-8B start-up of the corpus logs 14.99 GiB of weights, 0.033 above the checkpoint's tensors."""
+    assert rope_cache_elements(LLAMA_31) * 2 == 32 * 2**20
+
+
+@pytest.mark.parametrize(("config", "levels"), [
+    ({"model_type": "qwen3_vl_moe", "vision_config": {"deepstack_visual_indexes": [8, 16, 24]}}, 3),
+    ({"model_type": "qwen3_vl", "vision_config": {"deepstack_visual_indexes": [5, 11, 17]}}, 3),
+    ({"model_type": "qwen2_5_vl", "vision_config": {"depth": 32}}, 0),
+    ({"model_type": "llama"}, 0),
+])
+def test_only_qwen3_vl_allocates_deepstack_buffers(config: dict, levels: int) -> None:
+    assert deepstack_levels(config) == levels
