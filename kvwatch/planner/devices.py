@@ -73,7 +73,9 @@ CARDS: tuple[Card, ...] = (
          "MiaAI-Lab/GLM-5.3-Flash-EXL3-2x-DGX-Sparks#47 and #204 state it", unified_memory=True),
     Card("rtx-pro-6000", "NVIDIA RTX PRO 6000 Blackwell", ("rtxpro6000",), (12, 0), 97_887, None,
          "NVML 97887 MiB (nvidia-smi); vendor 96 GB"),
-    Card("rtx-5090", "NVIDIA GeForce RTX 5090", ("5090",), (12, 0), 32_607, None, "NVML 32607 MiB (nvidia-smi); vendor 32 GB"),
+    Card("rtx-5090", "NVIDIA GeForce RTX 5090", ("5090",), (12, 0), 32_607, 31.36,
+         "NVML 32607 MiB (nvidia-smi); CUDA 31.36 GiB (a vLLM 0.28.0 start-up: \"Free memory on device "
+         "(30.86/31.36 GiB)\", public docs/models.md, search-index file id 69451098589); vendor 32 GB"),
     Card("rtx-6000-ada", "NVIDIA RTX 6000 Ada Generation", ("6000ada",), (8, 9), 49_140, None,
          "vendor 48 GB (NVML 49140 MiB); no log of its CUDA total seen"),
     Card("a100-80g", "NVIDIA A100-SXM4-80GB", ("a100", "80g"), (8, 0), 81_920, 79.15,
