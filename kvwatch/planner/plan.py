@@ -329,7 +329,7 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     shared_page = None
     if skip and shape is not None and SKIP_LAYER_PAGE_ALIGNMENT.holds(memory.vllm_version):
         hybrid_page = block_size * per_token_layer if state_bytes and not attention_free else None
-        # the platform's pages per token: a FullAttentionSpec's, MLA's too (SKIP_PAGE_PER_TOKEN_SOURCE)
+        # the platform's pages per token: a FullAttentionSpec's, MLA's too (skip_layer_pages.py)
         primary_token, platform_skip_token = platform_skip_pages(1, geometry.head_size, dtype_bytes, model_bytes) \
             if mla else (per_token_layer, skip_token)
         grown, shared_page, _ = skip_layer_block_size(

@@ -35,7 +35,6 @@ SKIP_PAGE_SIZE_PADDED_READ = "vLLM 0.33.0, vllm/model_executor/layers/attention/
 # 0.25 has no such step (its kv_cache_dtype is the cache's, mla_attention.py:389).
 MLA_SKIP_LAYERS = Boundary((0, 26, 0), "vLLM 0.26.0, vllm/model_executor/layers/attention/mla_attention.py:403",
                            "vLLM 0.25.1, vllm/model_executor/layers/attention/mla_attention.py:389")
-# The platform's page per token for either dtype: FullAttentionSpec(num_kv_heads=get_num_kv_heads(),
-# head_size=get_head_size()) for MLA too (vLLM 0.25.1, vllm/platforms/interface.py:675-683); MLA's
-# get_num_kv_heads is 1 (vLLM 0.33.0, vllm/config/model.py:1675).
-SKIP_PAGE_PER_TOKEN_SOURCE = "vLLM 0.25.1, vllm/platforms/interface.py:675"
+# The platform's page per token for either dtype is FullAttentionSpec(num_kv_heads=get_num_kv_heads(),
+# head_size=get_head_size()) for MLA too (vLLM 0.25.1, vllm/platforms/interface.py:675-683), MLA's
+# get_num_kv_heads being 1 (vLLM 0.33.0, vllm/config/model.py:1675): kv_groups.platform_skip_pages.
