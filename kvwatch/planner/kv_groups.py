@@ -266,6 +266,13 @@ def largest_kernel_block_within(kernel_sizes: tuple[BlockSizeRule, ...], token_b
     return max(fitting) if fitting else min(candidates)
 
 
+def platform_skip_pages(kv_heads: int, head_size: int, dtype_bytes: int, model_dtype_bytes: int) -> tuple[int, int]:
+    """The pages per token that _align_heterogeneous_kv_block_size compares, the quantized primary's
+    and the skip layers': a FullAttentionSpec's, K and V of `kv_heads` heads of `head_size` (for MLA
+    one head of the latent, so twice the latent's page: vllm_releases/skip_layer_pages.py)."""
+    return 2 * kv_heads * head_size * dtype_bytes, 2 * kv_heads * head_size * model_dtype_bytes
+
+
 def skip_layer_block_size(backend: BackendRule, block_size: int, primary_page_1_token: int,
                           skip_page_1_token: int, mamba_page_padded: int | None = None
                           ) -> tuple[int, int | None, int | None]:

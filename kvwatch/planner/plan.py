@@ -26,6 +26,7 @@ from kvwatch.planner.kv_groups import (
     kv_groups,
     layer_specs,
     pages_refused,
+    platform_skip_pages,
     promote_local_layers,
     promotion_refused,
     skip_layer_block_size,
@@ -66,7 +67,7 @@ from kvwatch.vllm_releases.kv_layout import (
     mla_entry_elements,
 )
 from kvwatch.vllm_releases.kv_tokens_report import reported_kv_tokens
-from kvwatch.vllm_releases.skip_layer_pages import SKIP_LAYER_PAGE_ALIGNMENT
+from kvwatch.vllm_releases.skip_layer_pages import MLA_SKIP_LAYERS, SKIP_LAYER_PAGE_ALIGNMENT
 
 _DTYPE_BYTES = {"float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4}
 
@@ -316,8 +317,16 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
         packed_extra = 0
     # Per cache layer where layers differ (Gemma 4: wider full-attention heads, fewer KV heads).
     # Layers kept out of quantization (--kv-cache-dtype-skip-layers) keep the model's dtype.
-    skip = settings.kv_cache_dtype_skip_layers if kv_dtype != "auto" and geometry.attention != "mla" else ()
-    layer_token_bytes = _layer_token_bytes(geometry, settings, dtype_bytes, per_token_layer, model_bytes, skip)
+    # An MLA layer reads only its index there, and only from 0.26 (vllm_releases/skip_layer_pages.py).
+    skip = settings.kv_cache_dtype_skip_layers if kv_dtype != "auto" else ()
+    mla = geometry.attention == "mla"
+    layer_skip = tuple(s for s in skip if s.isdigit()) if mla and MLA_SKIP_LAYERS.holds(memory.vllm_version) \
+        else () if mla else skip
+    skip_token = mla_entry_elements(geometry.head_size, model_bytes, memory.vllm_version, device.platform,
+                                    dict(memory.vllm_env)) * model_bytes if mla else \
+        _token_bytes(geometry.num_kv_heads, geometry.head_size, settings, model_bytes)
+    layer_token_bytes = _layer_token_bytes(geometry, settings, dtype_bytes, per_token_layer, model_bytes, layer_skip,
+                                           skip_token)
     state_bytes = _recurrent_state_bytes(geometry, settings, model_bytes, device, memory.vllm_version)
     checkpoint_alignment = _gdn_checkpoint_alignment(geometry, settings, device, memory.vllm_version)
     if state_bytes and shape is not None and not attention_free:   # a hybrid: attention pages hold a state
@@ -328,10 +337,13 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     shared_page = None
     if skip and shape is not None and SKIP_LAYER_PAGE_ALIGNMENT.holds(memory.vllm_version):
         hybrid_page = block_size * per_token_layer if state_bytes and not attention_free else None
+        # the platform's pages per token: a FullAttentionSpec's, MLA's too (skip_layer_pages.py)
+        primary_token, platform_skip_token = platform_skip_pages(1, geometry.head_size, dtype_bytes, model_bytes) \
+            if mla else (per_token_layer, skip_token)
         grown, shared_page, _ = skip_layer_block_size(
-            shape, block_size, per_token_layer, _token_bytes(geometry.num_kv_heads, geometry.head_size, settings,
-                                                             model_bytes),
-            hybrid_page if hybrid_page != state_bytes else None)
+            shape, block_size, primary_token, platform_skip_token, hybrid_page if hybrid_page != state_bytes else None)
+        if mla:
+            shared_page = None   # no MLA spec pads to it
         if grown > block_size:
             block_size, block_source = grown, "raised so the quantized page covers the skip layers' page " \
                                               f"({SKIP_LAYER_PAGE_ALIGNMENT.source})"
@@ -538,17 +550,20 @@ def _token_bytes(kv_heads: int, head_size: int, settings: EngineSettings, dtype_
 
 
 def _layer_token_bytes(geometry: ModelGeometry, settings: EngineSettings, dtype_bytes: int,
-                       uniform: int, model_bytes: int = 0, skip: tuple[str, ...] = ()) -> list[int]:
+                       uniform: int, model_bytes: int = 0, skip: tuple[str, ...] = (),
+                       skip_token: int | None = None) -> list[int]:
     """Bytes per token of each cache layer (a state layer: 0), in model order; a layer `skip` names
     (its index, or "sliding_window" for a sliding one: vLLM 0.33.0,
-    vllm/model_executor/layers/attention/attention.py:300) in the model's dtype."""
+    vllm/model_executor/layers/attention/attention.py:300) in the model's dtype, `skip_token` bytes
+    a token where the layers are alike (default: K and V of the model's heads)."""
     layout = geometry.layout
 
     def skipped(index: int, layer_kind: str) -> bool:
         return str(index) in skip or (layer_kind == SLIDING and "sliding_window" in skip)
 
     if layout.head_sizes is None or layout.kv_heads is None or geometry.attention == "mla":
-        wide = _token_bytes(geometry.num_kv_heads, geometry.head_size, settings, model_bytes) if skip else uniform
+        wide = uniform if not skip else skip_token if skip_token is not None else \
+            _token_bytes(geometry.num_kv_heads, geometry.head_size, settings, model_bytes)
         return [0 if layer_kind == MAMBA else wide if skipped(i, layer_kind) else uniform
                 for i, layer_kind in enumerate(layout.kinds)]
     return [0 if layer_kind == MAMBA else

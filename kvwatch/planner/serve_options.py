@@ -9,6 +9,7 @@ none is an unknown option unless the token is a negative number. Before that, vL
 """
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -126,22 +127,52 @@ def _human_int_or_auto(text: str) -> int:
     return -1 if text.strip() in ("-1",) or text.strip().lower() == "auto" else parse_vllm_int(text)
 
 
+# vLLM's union_dict_and_str, the type of --additional-config, --hf-overrides and the other options
+# whose config field takes a dict or another type: a value in braces is JSON, any other a string
+# (vLLM 0.33.0, vllm/engine/arg_utils.py:182-185; the same from 0.10.2, arg_utils.py:92). json.loads's
+# ValueError on malformed JSON is argparse's "Value ... cannot be converted" (arg_utils.py:161-168).
+_IN_BRACES = re.compile(r"(?s)^\s*{.*}\s*$")
+
+
+def union_dict_and_str(text: str) -> object:
+    """The value vLLM's parser makes of `text` for a union_dict_and_str option (a dict or a string)."""
+    return json.loads(text) if _IN_BRACES.match(text) else str(text)
+
+
 # The value types kvwatch can check as the parser does (by the name the table records). Others pass.
 _CONVERTERS: dict[str, Callable[[str], object]] = {
-    "int": int, "float": float, "human_readable_int": _human_int, "human_readable_int_or_auto": _human_int_or_auto}
+    "int": int, "float": float, "human_readable_int": _human_int, "human_readable_int_or_auto": _human_int_or_auto,
+    "union_dict_and_str": union_dict_and_str}
+
+
+def _type_name(option: ServeOption) -> tuple[str, bool]:
+    """The converter's name of `option`'s type, and whether it is wrapped in optional_type."""
+    name = option.type or ""
+    inner = name.removeprefix("optional_type(").removesuffix(")")
+    return inner, inner != name
+
+
+def convert_value(option: ServeOption, value: str) -> object:
+    """`value` as the parser converts it for `option` (unchanged where kvwatch has no converter for
+    its type). Raises what the converter raises; invalid_value says it as argparse does."""
+    inner, optional = _type_name(option)
+    convert = _CONVERTERS.get(inner)
+    if convert is None:
+        return value
+    if optional and value == "None":     # optional_type: "None" is None
+        return None
+    return convert(value)
 
 
 def invalid_value(option: ServeOption, value: str) -> str | None:
     """argparse's complaint about `value` for `option` (its type, then its choices), if any."""
-    name = option.type or ""
-    inner = name.removeprefix("optional_type(").removesuffix(")")
-    convert = _CONVERTERS.get(inner)
-    converted: object = value
-    if convert is not None and not (inner != name and value == "None"):   # optional_type: "None" is None
-        try:
-            converted = convert(value)
-        except (ValueError, KvwatchError):
-            return f"invalid {inner} value: {value!r}"
+    inner, _optional = _type_name(option)
+    try:
+        converted = convert_value(option, value)
+    except json.JSONDecodeError as e:
+        return f"invalid {inner} value: {value!r} is not valid JSON ({e})"
+    except (ValueError, KvwatchError):
+        return f"invalid {inner} value: {value!r}"
     if option.choices is not None and str(converted) not in option.choices:
         return f"invalid choice: {value!r}"
     return None

@@ -45,10 +45,29 @@ FLASHINFER_GDN_FAMILIES_WITH_K128 = (10, 12)
 FLASHINFER_GDN_HEAD_K_DIM = 128
 FLASHINFER_GDN_REQUESTS = (None, "auto", "flashinfer")
 
+# Where the layer reads the backend asked for: additional_config's "gdn_prefill_backend" ("auto" when
+# the key is absent or additional_config is not a dict), as str(value).strip().lower() (vLLM 0.33.0,
+# vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py:175-181), so --additional-config
+# '{"gdn_prefill_backend": "FlashInfer"}' asks for flashinfer and a JSON null for "none" (Triton).
+# --gdn-prefill-backend, when given, overwrites the key (vLLM 0.33.0, vllm/engine/arg_utils.py:2865-2866):
+# the flag wins over --additional-config.
+GDN_PREFILL_BACKEND_KEY = "gdn_prefill_backend"
+
+
+def requested_gdn_prefill_backend(flag: str | None, additional_config: object) -> str | None:
+    """The GDN prefill backend the layer reads from --gdn-prefill-backend (`flag`) and the parsed
+    --additional-config (None: "auto", neither asks)."""
+    if flag is None:
+        if not (isinstance(additional_config, dict) and GDN_PREFILL_BACKEND_KEY in additional_config):
+            return None
+        flag = additional_config[GDN_PREFILL_BACKEND_KEY]
+    return str(flag).strip().lower()
+
 
 def flashinfer_gdn_prefill(platform: str, capability: tuple[int, int] | None, head_k_dim: int,
                            requested: str | None = None) -> bool:
-    """Whether 0.33 runs the GDN prefill on FlashInfer on this device (`requested`: --gdn-prefill-backend)."""
+    """Whether 0.33 runs the GDN prefill on FlashInfer on this device (`requested`: the backend asked for,
+    requested_gdn_prefill_backend)."""
     if platform != "cuda" or capability is None or requested not in FLASHINFER_GDN_REQUESTS:
         return False
     return capability == FLASHINFER_GDN_CAPABILITY or (

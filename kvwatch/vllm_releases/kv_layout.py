@@ -69,6 +69,23 @@ def cpu_conv_prepack(version: VllmVersion | None) -> tuple[str, str]:
     return [(feature, source) for since, feature, source in CPU_CONV_PREPACK if parts >= since][-1]
 
 
+# No flag avoids the prepack on the releases that do it: it asks only the CPU (vLLM 0.29.0,
+# vllm/model_executor/layers/utils.py:451; 0.22.1, :240), not the weight's dtype or width, and the
+# short conv is built with no quantization config (vLLM 0.29.0,
+# vllm/model_executor/layers/mamba/short_conv.py:56), so --dtype and --quantization leave it on the
+# unquantized path that prepacks (vLLM 0.29.0, vllm/model_executor/layers/linear.py:215).
+CPU_CONV_PREPACK_NO_FLAG = ("vLLM 0.29.0, vllm/model_executor/layers/utils.py:451; "
+                            "vllm/model_executor/layers/mamba/short_conv.py:56")
+
+
+def cpu_conv_prepack_releases() -> tuple[str, str, str]:
+    """The first release that prepacks a conv of any width, the first that no longer does, and the
+    source line of the latter (read from CPU_CONV_PREPACK's rows)."""
+    first = next(i for i, row in enumerate(CPU_CONV_PREPACK) if row[1])
+    fixed = next(row for row in CPU_CONV_PREPACK[first:] if not row[1])
+    return (".".join(map(str, CPU_CONV_PREPACK[first][0][:2])), ".".join(map(str, fixed[0][:2])), fixed[2])
+
+
 # A Mamba-2 layer (MambaMixer2) with prefix caching ("align" mode) keeps one prefill checkpoint
 # state per request beside its 2 running ones, from 0.32; before, 2 (MambaSpec
 # max_memory_usage_bytes, vLLM 0.31.0, vllm/v1/kv_cache_interface.py:1091: MambaMixer2 asks for no checkpoint).
