@@ -45,6 +45,7 @@ from kvwatch.planner.versions import parse_version
 from kvwatch.planner.weights import WeightCount, count_weights, weights_bytes
 from kvwatch.vllm_releases import DEFAULT_RELEASE, resolve
 from kvwatch.vllm_releases.kv_layout import mla_entry_elements
+from kvwatch.vllm_releases.model_runner_v2 import penalty_state_bytes, runs_v2_runner
 
 A100 = Device("cuda", "NVIDIA A100-SXM4-80GB", (8, 0), 80 * GiB)
 H100 = PRESETS["h100"]
@@ -184,19 +185,25 @@ def test_the_held_out_third_is_within_3_percent_at_the_median(tmp_path: Path) ->
     set (Qwen3-4B-Instruct-2507 on an RTX 5090, vLLM 0.29, +5.5 %; Llama-3.1-8B on an A100, 0.31.0,
     +1.2 %) moved the bounds to 60 runs, median 0.9 %, 76.7 % within 3 % (40 runs, 65 % outside the
     sweep); the mean is unchanged. The two passes merged (12.8's terms on 12.9's corpus): 60 runs,
-    median 0.9 %, 80 % within, mean 3.2 %; outside the sweep 40 runs, 1.4 %, 70 % within, mean 4.6 %."""
+    median 0.9 %, 80 % within, mean 3.2 %; outside the sweep 40 runs, 1.4 %, 70 % within, mean 4.6 %.
+    Section 12.10 (the V2 runner's penalty state, charged from 0.27) tightened the median 0.87 -> 0.76 %
+    and the means (3.21 -> 3.01 %; outside the sweep 4.65 -> 4.35 %), and loosened the median outside
+    the sweep 1.44 -> 1.88 %: the two held-out runs that sat at it (Qwen2.5-0.5B serve on 0.27.1,
+    Llama-3.1-8B at 1,024 requests on 0.31.0) were already under the logged KV memory, kvwatch's V2
+    activation being above the logged one (0.25 and 1.44 GiB logged against 1.05 and 2.37 planned), and
+    the term moved them 0.8-0.9 point further under (-1.9 -> -2.7 %, -1.4 -> -2.3 %), inside 3 % still."""
     held = started_runs(HELD_OUT)
     summary = Summary.of(_errors(held, tmp_path))
     assert summary.runs >= 60
-    assert summary.median <= 0.009
+    assert summary.median <= 0.008
     assert summary.within >= 0.80
-    assert summary.mean <= 0.0325
+    assert summary.mean <= 0.0305
     outside = [r for r in held if not r.get("batch")]
     apart = Summary.of(_errors(outside, tmp_path))
     assert apart.runs >= 40
-    assert apart.median <= 0.015
+    assert apart.median <= 0.019
     assert apart.within >= 0.70
-    assert apart.mean <= 0.047
+    assert apart.mean <= 0.044
 
 
 def test_the_held_out_kv_tokens_are_within_3_percent_at_the_median(tmp_path: Path) -> None:
@@ -463,3 +470,47 @@ def test_every_tensor_parallel_rank_keeps_routers_and_mla_projections_whole(tp: 
                                                                            extra: int) -> None:
     count = WeightCount(linear_params=10_000, embedding_params=0, router_params=1000)
     assert replicated_extra_bytes(count, tp, pp, 2, linear) == extra
+
+
+@pytest.mark.parametrize("version, architectures, moe, hybrid, env, v2", [
+    ("0.26.0", ("Qwen3ForCausalLM",), False, False, None, False),       # budget before total_consumed
+    ("0.27.1", ("Qwen3ForCausalLM",), False, False, None, True),        # dense: V2
+    ("0.27.1", ("Qwen3MoeForCausalLM",), True, False, None, False),     # MoE, not listed: V1
+    ("0.27.1", ("Qwen2MoeForCausalLM",), True, False, None, True),      # MoE, listed
+    ("0.28.0", ("Qwen3_5ForConditionalGeneration",), False, True, None, False),   # hybrid: V1
+    ("0.28.0", ("DeepseekV4ForCausalLM",), True, False, None, True),    # listed from 0.28
+    ("0.27.1", ("DeepseekV4ForCausalLM",), True, False, None, False),
+    ("0.29.0", ("Qwen3_5MoeForConditionalGeneration",), True, True, None, True),   # every model from 0.29
+    ("0.31.0", ("LlamaForCausalLM",), False, False, "0", False),       # VLLM_USE_V2_MODEL_RUNNER=0
+    ("0.28.0", ("Qwen3MoeForCausalLM",), True, False, "1", True),
+])
+def test_the_v2_runner_is_the_default_the_release_chooses(version: str, architectures: tuple[str, ...], moe: bool,
+                                                           hybrid: bool, env: str | None, v2: bool) -> None:
+    """vLLM 0.27.1 / 0.28.0 vllm/config/vllm.py _is_default_v2_model_runner_model; 0.29.0 use_v2_model_runner."""
+    assert runs_v2_runner(parse_version(version).parts, architectures, moe, hybrid, env) is v2
+
+
+def test_the_v2_samplers_penalty_state_is_charged_from_027() -> None:
+    """From 0.27 the budget takes the free memory consumed since the worker's snapshot (vLLM 0.27.1,
+    vllm/utils/mem_utils.py:317-326), so the V2 sampler's penalty statistics, allocated in load_model
+    after the loader's figure (0.28.0 vllm/v1/worker/gpu/sample/penalties.py:32-42), count: max_num_seqs
+    x vocabulary int32 and a bit mask of it. 0.26.0 measured the torch peak from the profile's start."""
+    assert penalty_state_bytes(256, 151936) == 256 * (151936 + 4748) * 4
+    count = WeightCount(linear_params=7 * 10**9, embedding_params=2 * 151936 * 4096, vocab_size=151936,
+                        hidden_size=4096, mlp_width_per_token=12288, num_layers=36)
+    flags = settings("--max-num-seqs", "256", "--max-num-batched-tokens", "2048")
+
+    def non_kv(version: str, device: Device = A100, **env: str) -> int:
+        return estimate_budget(flags, device, count, 15 * GiB, 2, 8192, parse_version(version), env=env,
+                               architectures=("Qwen3ForCausalLM",)).non_kv_bytes
+
+    state = penalty_state_bytes(256, 151936)
+    assert non_kv("0.27.1") - non_kv("0.26.0") == state
+    assert estimate_budget(flags, A100, count, 15 * GiB, 2, 8192, parse_version("0.28.0"),
+                           architectures=("Qwen3ForCausalLM",)).parts()["runner_state"] == state
+    assert non_kv("0.28.0", VLLM_USE_V2_MODEL_RUNNER="0") == non_kv("0.28.0") - state
+    moe = estimate_budget(flags, A100, replace(count, experts_per_token=8, moe_width=768), 15 * GiB, 2, 8192,
+                          parse_version("0.28.0"), architectures=("Qwen3MoeForCausalLM",))
+    assert moe.runner_state_bytes == 0
+    cpu = Device("cpu", "cpu", None, 64 * GiB)
+    assert estimate_budget(flags, cpu, count, 15 * GiB, 2, 8192, parse_version("0.28.0")).runner_state_bytes == 0

@@ -3,7 +3,7 @@
 vLLM gives the KV cache what its memory profile leaves (v1/worker/gpu_worker.py
 determine_available_memory; worker/worker.py determine_num_available_blocks in the V0 engine):
 
-    KV = CUDA total x gpu_memory_utilization - weights - activation peak - non-torch [- CUDA graphs]
+    KV = CUDA total x gpu_memory_utilization - weights - activation peak - non-torch [- runner state] [- CUDA graphs]
 
 - **CUDA total**: what the CUDA runtime reports (torch.cuda.mem_get_info), a little below NVML's
   total (devices.cuda_total_bytes).
@@ -19,6 +19,9 @@ determine_available_memory; worker/worker.py determine_num_available_blocks in t
   a multimodal model's dummy encoder outputs stay cached through both (planner/encoder_cache.py).
 - **Non-torch**: cuBLAS/NCCL workspaces allocated during the profile; more with tensor parallelism
   (about 2 GiB per rank from 0.19: NCCL's buffers).
+- **Runner state** (from 0.27): the budget takes the free memory consumed since the worker's
+  snapshot, so torch memory the runner allocates outside the loader's figure counts too: the V2
+  runner's penalty statistics (vllm_releases/model_runner_v2.py).
 - **CUDA graphs**: captured after the KV cache is sized, so not taken from it, until the graph
   estimate (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS: opt-in from 0.18, on by default from 0.20,
   whatever 0.20's log says) became part of the budget.
@@ -40,6 +43,7 @@ from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.versions import VllmVersion
 from kvwatch.planner.weights import WeightCount
 from kvwatch.vllm_releases import DEFAULT_RELEASE, resolve
+from kvwatch.vllm_releases.model_runner_v2 import TOTAL_CONSUMED_SINCE, penalty_state_bytes, runs_v2_runner
 from kvwatch.vllm_releases.release_defaults import (
     CUDAGRAPH_ABSENT,
     ReleaseDefaults,
@@ -209,6 +213,9 @@ class GpuBudget:
     cuda_graph_bytes: int          # counted only where the release takes the graph estimate (0 otherwise)
     max_num_batched_tokens: int
     max_num_seqs: int
+    # torch memory allocated after the worker's snapshot outside the loader's figure, which the budget
+    # charges from 0.27 (vllm_releases/model_runner_v2.py): the V2 runner's sampler state
+    runner_state_bytes: int = 0
 
     @property
     def requested_bytes(self) -> int:
@@ -216,7 +223,8 @@ class GpuBudget:
 
     @property
     def non_kv_bytes(self) -> int:
-        return self.weights_bytes + self.activation_peak_bytes + self.non_torch_bytes + self.cuda_graph_bytes
+        return (self.weights_bytes + self.activation_peak_bytes + self.non_torch_bytes + self.cuda_graph_bytes
+                + self.runner_state_bytes)
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -228,7 +236,7 @@ class GpuBudget:
     def parts(self) -> dict[str, int]:
         return {"weights": self.weights_bytes, "activation_peak": self.activation_peak_bytes,
                 "non_torch": self.non_torch_bytes, "cuda_graphs": self.cuda_graph_bytes,
-                "kv_cache": self.kv_cache_bytes}
+                "runner_state": self.runner_state_bytes, "kv_cache": self.kv_cache_bytes}
 
 
 def activation_peak_bytes(count: WeightCount | None, tokens: int, seqs: int, dtype_bytes: int,
@@ -354,10 +362,26 @@ def loaded_buffer_bytes(count: WeightCount | None, tokens: int, dtype_bytes: int
     return (count.rope_cache_elements + count.deepstack_levels * tokens * count.hidden_size) * dtype_bytes
 
 
+def runner_state_bytes(count: WeightCount | None, seqs: int, version: VllmVersion | None, platform: str,
+                       architectures: tuple[str, ...], hybrid: bool, env: Mapping[str, str]) -> int:
+    """What the model runner keeps allocated after the worker's memory snapshot beyond the loader's
+    figure, where the release's budget charges it (from 0.27, model_runner_v2.TOTAL_CONSUMED_SOURCE):
+    the V2 runner's penalty statistics, max_num_seqs x vocabulary (model_runner_v2.PENALTY_STATE_SOURCE).
+    0.26 and earlier measured the profile's torch peak from its own start, so it did not count them."""
+    parts = (version or DEFAULT_RELEASE).parts
+    if count is None or not count.vocab_size or platform != "cuda" or parts < TOTAL_CONSUMED_SINCE:
+        return 0
+    moe = bool(count.experts_per_token)
+    if not runs_v2_runner(parts, architectures, moe, hybrid, env.get("VLLM_USE_V2_MODEL_RUNNER")):
+        return 0
+    return penalty_state_bytes(seqs, count.vocab_size)
+
+
 def estimate_budget(settings: EngineSettings, device: Device, count: WeightCount | None, weights_per_rank: int,
                     dtype_bytes: int, max_model_len: int, version: VllmVersion | None,
                     env: Mapping[str, str] | None = None, flashinfer_installed: bool | None = None,
-                    quantized_experts: bool = False, mla: bool = False, replicated_linear_bytes: int = 0) -> GpuBudget:
+                    quantized_experts: bool = False, mla: bool = False, replicated_linear_bytes: int = 0,
+                    architectures: tuple[str, ...] = (), hybrid: bool = False) -> GpuBudget:
     release = release_for(version, env)
     multimodal = count is not None and (count.vision_params > 0 or count.encoder is not None)
     tokens, seqs = batch_defaults(settings, device, release, max_model_len, not (multimodal or mla))
@@ -379,7 +403,8 @@ def estimate_budget(settings: EngineSettings, device: Device, count: WeightCount
         activation_peak_bytes=activation_peak_bytes(count, tokens, seqs, dtype_bytes, tp, sampler, extra),
         non_torch_bytes=non_torch_bytes(device, tp, version),
         cuda_graph_bytes=CUDA_GRAPH_BYTES if release.cuda_graphs_counted and not settings.enforce_eager else 0,
-        max_num_batched_tokens=tokens, max_num_seqs=seqs)
+        max_num_batched_tokens=tokens, max_num_seqs=seqs,
+        runner_state_bytes=runner_state_bytes(count, seqs, version, device.platform, architectures, hybrid, env or {}))
 
 
 def requested_bytes(device: Device, settings: EngineSettings, version: VllmVersion | None,

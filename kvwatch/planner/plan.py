@@ -212,7 +212,8 @@ def _gpu_budget(device: Device, settings: EngineSettings, geometry: ModelGeometr
                            mla=geometry.attention == "mla",
                            replicated_linear_bytes=replicated_linear_bytes(geometry.weight_count, geometry.quantization,
                                                                            model_bytes, settings.quantization)
-                           if geometry.weight_count is not None else 0)
+                           if geometry.weight_count is not None else 0,
+                           architectures=geometry.architectures, hybrid="mamba" in geometry.layer_kinds)
 
 
 def _estimate_gpu_kv_memory(device: Device, settings: EngineSettings, geometry: ModelGeometry,
