@@ -66,6 +66,18 @@ def test_lines_a_terminal_wrapped_are_joined():
     assert d.kind is FailureKind.NO_KV_CACHE_MEMORY and d.evidence == ROOT_CAUSE
 
 
+def test_a_repeated_traceback_frame_is_not_taken_for_a_terminal_width():
+    # found by test_diagnosis's property test: four frame lines of one length made a "width" of
+    # them, and the root cause after one of them was joined onto it
+    frame = '  File "/root/.pyenv/versions/3.11.7/lib/python3.11/concurrent/futures/_base.py", line 401, in __get_result'
+    root = ("triton.runtime.errors.OutOfResources: out of resource: shared memory, Required: 102400, "
+            "Hardware limit: 101376. Reducing block sizes or `num_stages` may help.")
+    lines = [frame, frame, root, frame, frame]
+    assert wrap_width(lines) is None
+    assert normalise("\n".join(lines)).splitlines() == lines
+    assert diagnose(lines).kind is FailureKind.KERNEL_OUT_OF_RESOURCES
+
+
 def test_a_wrapped_line_never_swallows_the_next_record():
     full = "x" * 80
     lines = [full] * 6 + ["(EngineCore_DP0 pid=7) ERROR 06-09 14:01:52 [core.py:1] next record"]

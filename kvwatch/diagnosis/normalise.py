@@ -63,6 +63,8 @@ _EMBEDDED_RECORD = re.compile(r"(?<=\S)\s*(?=\((?:APIServer|EngineCore\w*|Worker
                               r"|DPEngineCoreActor)(?: rank=\d+)?(?:, ip=[\d.]+)? pid=\d+\))"
                               r"|(?<=\S) (?=(?:ERROR|WARNING|INFO|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d )")
 _ONLY_PROCESS = re.compile(r"^\s*(?:\([A-Za-z_][\w.-]*(?: rank=\d+)?(?:, ip=[\d.]+)? pid=\d+\)\s*)+$")
+# A traceback frame line as Python prints it, whole: it ends where Python ends it, never wrapped on.
+_WHOLE_FRAME = re.compile(r'\s*File "[^"]*", line \d+, in \S+$')
 PASTED_LINE_CHARS = 400     # a line longer than this may be a whole pasted log
 
 
@@ -92,10 +94,11 @@ def prefixes_in(lines: list[str]) -> list[Prefix]:
 
 
 def wrap_width(lines: list[str]) -> int | None:
-    """The width a terminal wrapped these lines at: a length many long lines share exactly."""
+    """The width a terminal wrapped these lines at: a length many long lines share exactly (a whole
+    traceback frame line is complete as printed, whatever its length: no evidence of a width)."""
     counts: dict[int, int] = {}
     for line in lines:
-        if len(line) >= _WRAP_MIN_WIDTH:
+        if len(line) >= _WRAP_MIN_WIDTH and not _WHOLE_FRAME.match(line):
             counts[len(line)] = counts.get(len(line), 0) + 1
     if not counts:
         return None
@@ -110,7 +113,7 @@ def _join_wrapped(text: str, width: int) -> str:
 
     def join(m: re.Match[str]) -> str:
         nxt = m.end()
-        return m[1] if not _RECORD_HEAD.match(text, nxt) else m[0]
+        return m[1] if not _RECORD_HEAD.match(text, nxt) and not _WHOLE_FRAME.match(m[1]) else m[0]
     return pattern.sub(join, text)
 
 
