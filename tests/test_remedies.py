@@ -77,7 +77,8 @@ def test_fixture_remedy(name, flags, expected_set, expected_remove):
 
 
 @pytest.mark.parametrize("name", ["gpu_kernel_oor_auto_kv.log", "gpu_no_attention_backend_hw.log",
-                                  "cpu_refusal_tp_heads.log", "cpu_lfm2_conv_prepack_0.31.log"])
+                                  "cpu_refusal_tp_heads.log", "cpu_lfm2_conv_prepack_0.31.log",
+                                  "cpu_kimi_linear_conv_float_0.30.log"])
 def test_fatal_has_no_remedy(name):
     d = diag(name)
     assert d.fatal

@@ -436,6 +436,12 @@ PATTERNS: tuple[Pattern, ...] = (
             lambda m: {"sentence": m["sentence"], **refusals.classify(m["sentence"])},
             "the CPU conv kernel via model_executor/layers/utils.py dispatch_cpu_unquantized_gemm "
             "(0.22-0.31; vllm_releases/kv_layout.py CPU_CONV_PREPACK)"),
+    Pattern("cpu_conv_prepack_float", FailureKind.CONFIG_REFUSED, 87,
+            ("causal_conv1d_fwd_kernel_impl\" not implemented for 'Float'",),
+            re.compile(r"(?P<sentence>\"causal_conv1d_fwd_kernel_impl\" not implemented for 'Float')"),
+            lambda m: {"sentence": m["sentence"], **refusals.classify(m["sentence"])},
+            "the CPU conv kernel via model_executor/layers/utils.py dispatch_cpu_unquantized_gemm "
+            "(0.29-0.30 with Kimi Delta Attention; vllm_releases/kv_layout.py CPU_CONV_PREPACK_FLOAT_REFUSED)"),
     Pattern("flashinfer_page_size", FailureKind.BLOCK_SIZE_UNSUPPORTED, 80,
             ("numTokensPerPage <= 128", "failed to dispatch page size"),
             re.compile(r"numTokensPerPage <= (?P<max>\d+)|failed to dispatch page size (?P<page>\d+)"),

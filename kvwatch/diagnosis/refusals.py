@@ -25,8 +25,10 @@ from dataclasses import dataclass
 
 from kvwatch.diagnosis.facts import JsonFacts
 from kvwatch.vllm_releases.kv_layout import (
+    CPU_CONV_PREPACK_FLOAT_REFUSED,
     CPU_CONV_PREPACK_NO_FLAG,
     CPU_CONV_PREPACK_REFUSED,
+    KDA_CUTLASS_AT_MODEL_INIT,
     cpu_conv_prepack_releases,
 )
 
@@ -117,6 +119,16 @@ REFUSALS: tuple[Refusal, ...] = (
             "for a conv of another width (LFM2's is 3). Serve the model with vLLM {1} or newer, which "
             "prepacks only 4-wide bfloat16 weights ({2}), on a CPU without AVX-512 BF16, or on a GPU"
             .format(*cpu_conv_prepack_releases(), CPU_CONV_PREPACK_NO_FLAG)),
+    # The same prepack meeting a float32 conv weight (Kimi Delta Attention's, on 0.29 and 0.30): the
+    # kernel has no float32 path, and no flag changes that weight's dtype.
+    Refusal("cpu_conv_prepack_float",
+            re.compile(re.escape(CPU_CONV_PREPACK_FLOAT_REFUSED.split(": ", 1)[1])),
+            lambda m: {}, "the CPU causal_conv1d_weight_pack kernel, called from "
+            "model_executor/layers/utils.py dispatch_cpu_unquantized_gemm",
+            f"the CPU prepacks every causal-conv weight on a CPU with AMX tiles or AVX-512 BF16 "
+            f"({CPU_CONV_PREPACK_NO_FLAG}), and its kernel takes no float32 weight, which Kimi Delta "
+            f"Attention's conv is: no flag avoids it. From 0.31 the model needs NVIDIA's cutlass on the CPU "
+            f"as well ({KDA_CUTLASS_AT_MODEL_INIT.source}): serve it on a GPU"),
     Refusal("unknown_dtype",
             re.compile(r"Unknown dtype: '?(?P<dtype>[\w.]+)'?"),
             lambda m: {"dtype": m["dtype"]}, "config/model.py _get_and_verify_dtype"),
