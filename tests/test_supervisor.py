@@ -416,7 +416,11 @@ def test_the_autopilot_drains_applies_over_real_metrics_and_keeps_the_change(tmp
     assert drained_at is not None, run.sup.status
     assert run.sup.status.autopilot == {"applied": 1, "kept": 1}, run.sup.status
     assert run.sup.command.argv[-2:] == ("--kv-cache-dtype", "fp8")
-    changes = state_json(cfg)["autopilot_changes"]
+    # the state file is the disk writer's: it follows the status a write later
+    deadline = time.monotonic() + 10
+    while not ((changes := state_json(cfg)["autopilot_changes"]) and changes[-1]["result"] == "kept") \
+            and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert [(c["describe"], c["result"]) for c in changes] == [("--kv-cache-dtype fp8", "kept")]
     assert changes[0]["before"]["preemptions_per_minute"] > 0 == changes[0]["after"]["preemptions_per_minute"]
     assert run.sup.status.failures == {} and run.sup.status.restarts == {}
