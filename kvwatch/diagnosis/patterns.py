@@ -430,18 +430,15 @@ PATTERNS: tuple[Pattern, ...] = (
             re.compile(r"(?P<sentence>Model architectures? \[.*?\] (?:are|is) not supported for now\.?)"),
             lambda m: {"sentence": m["sentence"], **refusals.classify(m["sentence"])},
             "model_executor/models/registry.py _raise_for_unsupported (all releases)"),
-    Pattern("cpu_conv_prepack_width", FailureKind.CONFIG_REFUSED, 87,
-            ("causal_conv1d_weight_pack: support only width",),
-            re.compile(r"(?P<sentence>causal_conv1d_weight_pack: support only width of \d+)"),
+    # The CPU's conv prepack refusing a weight: any conv not 4 wide (0.22-0.31), or a float32 one
+    # (Kimi Delta Attention's, 0.29-0.30); refusals.classify names which
+    Pattern("cpu_conv_prepack", FailureKind.CONFIG_REFUSED, 87,
+            ("causal_conv1d_weight_pack: support only width", "causal_conv1d_fwd_kernel_impl\" not implemented"),
+            re.compile(r"(?P<sentence>causal_conv1d_weight_pack: support only width of \d+"
+                       r"|\"causal_conv1d_fwd_kernel_impl\" not implemented for 'Float')"),
             lambda m: {"sentence": m["sentence"], **refusals.classify(m["sentence"])},
             "the CPU conv kernel via model_executor/layers/utils.py dispatch_cpu_unquantized_gemm "
-            "(0.22-0.31; vllm_releases/kv_layout.py CPU_CONV_PREPACK)"),
-    Pattern("cpu_conv_prepack_float", FailureKind.CONFIG_REFUSED, 87,
-            ("causal_conv1d_fwd_kernel_impl\" not implemented for 'Float'",),
-            re.compile(r"(?P<sentence>\"causal_conv1d_fwd_kernel_impl\" not implemented for 'Float')"),
-            lambda m: {"sentence": m["sentence"], **refusals.classify(m["sentence"])},
-            "the CPU conv kernel via model_executor/layers/utils.py dispatch_cpu_unquantized_gemm "
-            "(0.29-0.30 with Kimi Delta Attention; vllm_releases/kv_layout.py CPU_CONV_PREPACK_FLOAT_REFUSED)"),
+            "(vllm_releases/kv_layout.py CPU_CONV_PREPACK, CPU_CONV_PREPACK_FLOAT_REFUSED)"),
     Pattern("flashinfer_page_size", FailureKind.BLOCK_SIZE_UNSUPPORTED, 80,
             ("numTokensPerPage <= 128", "failed to dispatch page size"),
             re.compile(r"numTokensPerPage <= (?P<max>\d+)|failed to dispatch page size (?P<page>\d+)"),
