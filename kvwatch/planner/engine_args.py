@@ -157,6 +157,7 @@ class EngineSettings:
     quantization: str | None = None          # --quantization: what the engine does to the weights (fp8, gguf, ...)
     cpu_offload_gb: float = 0.0              # --cpu-offload-gb: GiB of weights per GPU kept in host memory
     gdn_prefill_backend: str | None = None   # --gdn-prefill-backend (None: vLLM's "auto")
+    mamba_cache_mode: str | None = None      # --mamba-cache-mode (None: the release's default)
     kv_cache_dtype_skip_layers: tuple[str, ...] = ()   # layer indices or "sliding_window" kept unquantized
 
 
@@ -286,6 +287,7 @@ class EngineCommand:
             gdn_prefill_backend=requested_gdn_prefill_backend(self.get("--gdn-prefill-backend"),
                                                               self._additional_config()),
             kv_cache_dtype_skip_layers=self._last_values("--kv-cache-dtype-skip-layers"),
+            mamba_cache_mode=self.get("--mamba-cache-mode"),
         )
 
     def _converted(self, flag: str) -> object:

@@ -39,6 +39,7 @@ class Demand:
     max_model_len: int
     max_in_flight_tokens: int     # max_concurrent_batches x max_num_batched_tokens (config/vllm.py)
     mamba_align: bool = False     # mamba_cache_mode "align" (prefix caching on a hybrid, vLLM's default)
+    mamba_all: bool = False       # mamba_cache_mode "all": a state per block of tokens (0.15-0.31)
 
 
 def blocks_per_request(spec: LayerSpec, demand: Demand, max_model_len: int | None = None) -> int:
@@ -51,6 +52,8 @@ def blocks_per_request(spec: LayerSpec, demand: Demand, max_model_len: int | Non
         assert spec.window is not None
         return cdiv(min(spec.window + demand.max_in_flight_tokens, length), spec.block_size)
     if spec.layer_kind == MAMBA:   # MambaSpec.max_memory_usage_bytes: 2 (+ checkpoints) in align mode, else 1
+        if demand.mamba_all:
+            return cdiv(length, spec.block_size)
         return 2 + spec.checkpoint_blocks if demand.mamba_align else 1
     return cdiv(length, spec.block_size)
 

@@ -7,7 +7,11 @@ from kvwatch.planner.geometry import ModelGeometry
 from kvwatch.planner.gpu_budget import Release, api_defaults
 from kvwatch.planner.kv_groups import Demand
 from kvwatch.planner.versions import VllmVersion, parse_version
-from kvwatch.vllm_releases.kv_layout import HYBRID_PREFIX_CACHING_BY_DEFAULT
+from kvwatch.vllm_releases.kv_layout import (
+    HYBRID_PREFIX_CACHING_BY_DEFAULT,
+    MAMBA_ALIGN_BY_DEFAULT,
+    MAMBA_PREFIX_CACHING_CLASSES,
+)
 
 
 def prefix_caching_on(geometry: ModelGeometry, settings: EngineSettings, version: VllmVersion | None = None) -> bool:
@@ -19,6 +23,20 @@ def prefix_caching_on(geometry: ModelGeometry, settings: EngineSettings, version
     if geometry.layout.state is not None and geometry.attention != "none":
         return HYBRID_PREFIX_CACHING_BY_DEFAULT.holds(version)
     return geometry.attention != "none"
+
+
+def mamba_cache_mode(geometry: ModelGeometry, settings: EngineSettings, version: VllmVersion | None = None) -> str:
+    """vLLM's mamba_cache_mode for a model with state layers (MambaModelConfig.verify_and_update_config):
+    "none" without prefix caching; with it, --mamba-cache-mode, else "all" before 0.28 where the model
+    class supports Mamba prefix caching (kv_layout.MAMBA_ALIGN_BY_DEFAULT), else "align"; "all" on a
+    class without that support falls back to "align"."""
+    if geometry.layout.state is None or not prefix_caching_on(geometry, settings, version):
+        return "none"
+    supports = any(a in MAMBA_PREFIX_CACHING_CLASSES for a in geometry.architectures)
+    mode = settings.mamba_cache_mode or "none"
+    if mode == "none":
+        mode = "all" if supports and not MAMBA_ALIGN_BY_DEFAULT.holds(version) else "align"
+    return "align" if mode == "all" and not supports else mode
 
 
 def request_demand(geometry: ModelGeometry, settings: EngineSettings, device: Device, max_model_len: int,
@@ -35,7 +53,8 @@ def request_demand(geometry: ModelGeometry, settings: EngineSettings, device: De
     pp = max(1, settings.pipeline_parallel_size)
     # Async scheduling (on by default on GPUs, always off on the CPU platform) overlaps two batches.
     concurrent_batches = 2 if pp == 1 and device.platform != "cpu" else pp
+    # prefix caching is on by default (off on CPU for MLA); on a hybrid it keeps states aligned, or
+    # (before 0.28, a class that supports it) one state per block of tokens
+    mode = mamba_cache_mode(geometry, settings, parse_version(release.defaults.release))
     return Demand(max_model_len=max_model_len, max_in_flight_tokens=concurrent_batches * batched,
-                  # prefix caching is on by default (off on CPU for MLA); on a hybrid it keeps states aligned
-                  mamba_align=prefix_caching_on(geometry, settings, parse_version(release.defaults.release))
-                  and geometry.layout.state is not None)
+                  mamba_align=mode == "align", mamba_all=mode == "all")

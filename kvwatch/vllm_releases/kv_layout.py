@@ -64,6 +64,20 @@ CPU_CONV_PREPACK_REFUSED = "RuntimeError: causal_conv1d_weight_pack: support onl
 # (recorded on 0.29's and 0.30's engines, vllm/_custom_ops.py causal_conv1d_weight_pack)
 CPU_CONV_PREPACK_FLOAT_REFUSED = "NotImplementedError: \"causal_conv1d_fwd_kernel_impl\" not implemented for 'Float'"
 
+# Prefix caching on a Mamba model: mamba_cache_mode "none" becomes "all" (a state per block of tokens,
+# cdiv(max_model_len, block_size) per request) where the model class supports Mamba prefix caching, else
+# "align" (2 per request), from 0.15 to 0.27 (vLLM 0.27.1, vllm/model_executor/models/config.py:614-616);
+# from 0.28 always "align" (vLLM 0.28.0, vllm/model_executor/models/config.py:603-604). The classes are
+# the models that subclass SupportsMambaPrefixCaching (vLLM 0.27.1, vllm/model_executor/models/*.py).
+MAMBA_ALIGN_BY_DEFAULT = Boundary((0, 28, 0), "vLLM 0.28.0, vllm/model_executor/models/config.py:603-604",
+                                  "vLLM 0.27.1, vllm/model_executor/models/config.py:614-616")
+MAMBA_PREFIX_CACHING_CLASSES = frozenset({   # and Bamba's while vLLM had it (vLLM 0.15.1, models/bamba.py)
+    "BambaForCausalLM", "FalconH1ForCausalLM", "GraniteMoeHybridForCausalLM", "JambaForCausalLM", "Mamba2ForCausalLM",
+    "MambaForCausalLM", "NemotronHForCausalLM", "Zamba2ForCausalLM"})
+# MambaSpec.max_memory_usage_bytes per mode (vLLM 0.27.1, vllm/v1/kv_cache_interface.py:729-738)
+MAMBA_MODE_SOURCE = "vLLM 0.27.1, vllm/v1/kv_cache_interface.py:729-738"
+
+
 # Kimi Delta Attention's model imports NVIDIA's cute-DSL GEMM, and with it the cutlass package, while
 # the model is built from 0.31 (maybe_init_gemm_rs_ar); 0.29 and 0.30 import it later, so there the
 # model loads and its weights reach the CPU's conv prepack first.
