@@ -129,7 +129,11 @@ def refusals(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     if kda and device.platform == "cpu" and (device.cpu_amx or settings.enable_prefix_caching is False):
         feature, source = cpu_conv_prepack(version)
         prepacks = (feature == "amx_tile" and device.cpu_amx) or (feature == "avx512_bf16" and device.cpu_avx512_bf16)
-        if prepacks and not KDA_CUTLASS_AT_MODEL_INIT.holds(version):
+        mla_prefill_fails = (geometry.attention == "mla" and not geometry.sparse_attention
+                             and not CPU_MLA_SDPA_PREFILL.holds(version))
+        if mla_prefill_fails and not KDA_CUTLASS_AT_MODEL_INIT.holds(version):
+            pass   # 0.28: building the MLA layers fails first (below), before cutlass or any weight is reached
+        elif prepacks and not KDA_CUTLASS_AT_MODEL_INIT.holds(version):
             # 0.29 and 0.30 build the model without cutlass; its float32 conv weight then meets the prepack
             out.append(ArchitectureRefusal(
                 "config_refused", f"{CPU_CONV_PREPACK_FLOAT_REFUSED}: vLLM {version} prepacks every causal-conv "
