@@ -270,3 +270,12 @@ def test_moe_routers_stay_in_the_model_dtype_under_quantization() -> None:
     fp8 = {"quant_method": "fp8"}
     plain = count.embedding_params + count.router_params
     assert gpu_weights_bytes(count, fp8, 2) == (count.linear_params - count.router_params) + plain * 2
+
+
+@pytest.mark.parametrize("odd", [[], ["qwen3_next"], {"a": 1}, 3])
+def test_a_model_type_that_is_no_string_is_read_as_no_family(odd: object) -> None:
+    # found by test_hybrid_planner's property test: an unhashable model_type raised TypeError
+    from kvwatch.planner.weights import count_model_weights
+    cfg = {**GPT_OSS_20B, "model_type": odd, "num_local_experts": 0, "rope_scaling": {"rope_type": "yarn"}}
+    count = count_model_weights(cfg, cfg)
+    assert count is not None and count.params > 0

@@ -23,6 +23,12 @@ from kvwatch.vllm_releases.mlp_shapes import non_gated_mlp
 from kvwatch.vllm_releases.rope_cache import MROPE_MODEL_TYPES, deepstack_levels, rope_cache_elements
 
 
+def _model_type(cfg: Mapping[str, Any]) -> str | None:
+    """config.json's model_type where it is a string (a hostile config may hold anything there)."""
+    value = cfg.get("model_type")
+    return value if isinstance(value, str) else None
+
+
 def _int(cfg: Mapping[str, Any], *keys: str) -> int:
     for key in keys:
         value = cfg.get(key)
@@ -150,7 +156,7 @@ def gated_delta_net_attention_params(cfg: Mapping[str, Any], hidden: int, heads:
       out_proj, value_dim x hidden (:304); dt_bias and A_log, one per value head;
     - an attention layer (Qwen3NextAttention, :655-672): q doubled by the output gate
       (`total_num_heads * (1 + attn_output_gate)`, the gate on unless the config says not), k, v, o."""
-    if cfg.get("model_type") not in GATED_DELTA_NET_MODEL_TYPES:
+    if _model_type(cfg) not in GATED_DELTA_NET_MODEL_TYPES:
         return 0
     k_heads, v_heads = _int(cfg, "linear_num_key_heads"), _int(cfg, "linear_num_value_heads")
     key_dim, value_dim = k_heads * _int(cfg, "linear_key_head_dim"), v_heads * _int(cfg, "linear_value_head_dim")
@@ -209,7 +215,7 @@ def count_model_weights(config: Mapping[str, Any], text: Mapping[str, Any]) -> W
     count = count_weights(text)
     if count is None:
         return None
-    if config.get("model_type") in MROPE_MODEL_TYPES:
+    if _model_type(config) in MROPE_MODEL_TYPES:
         count = replace(count, rope_cache_elements=rope_cache_elements(text, multimodal_rope=True),
                         deepstack_levels=deepstack_levels(config))
     vision = vision_tower_params(config)

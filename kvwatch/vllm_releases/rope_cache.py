@@ -51,6 +51,13 @@ NO_ROPE_MODEL_TYPES = frozenset({"gpt2", "gpt_bigcode", "opt", "bloom", "mpt", "
 MAX_POSITION_FALLBACK = 8192   # models pass getattr(config, "max_position_embeddings", 8192) (models/llama.py)
 
 
+
+def _model_type(cfg: Mapping[str, Any]) -> str | None:
+    """config.json's model_type where it is a string (a hostile config may hold anything there)."""
+    value = cfg.get("model_type")
+    return value if isinstance(value, str) else None
+
+
 def _positive(value: Any) -> float:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else 0.0
 
@@ -67,7 +74,7 @@ def cache_positions(cfg: Mapping[str, Any], multimodal_rope: bool = False) -> in
     """The positions of the model's rotary cache (0 for a model without RoPE). `multimodal_rope`:
     the checkpoint is one whose vLLM model builds M-RoPE (a Qwen2/2.5/3-VL family whose config.json
     may omit rope_scaling's mrope_section, which transformers fills in)."""
-    if cfg.get("model_type") in NO_ROPE_MODEL_TYPES:
+    if _model_type(cfg) in NO_ROPE_MODEL_TYPES:
         return 0
     scaling = _rope_scaling(cfg)
     kind = str(scaling.get("rope_type", scaling.get("type", "default")))
@@ -111,7 +118,7 @@ DEEPSTACK_BUFFER_MODEL_TYPES = frozenset({"qwen3_vl", "qwen3_vl_moe"})
 
 def deepstack_levels(config: Mapping[str, Any]) -> int:
     """Deepstack levels whose (max_num_batched_tokens x text hidden) buffers the model allocates."""
-    if config.get("model_type") not in DEEPSTACK_BUFFER_MODEL_TYPES:
+    if _model_type(config) not in DEEPSTACK_BUFFER_MODEL_TYPES:
         return 0
     vision = config.get("vision_config")
     indexes = vision.get("deepstack_visual_indexes") if isinstance(vision, Mapping) else None
