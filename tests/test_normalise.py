@@ -57,13 +57,28 @@ def test_a_prefix_on_one_line_in_many_is_left_alone():
 
 
 def test_lines_a_terminal_wrapped_are_joined():
-    text = "\n".join([ROOT_CAUSE] * 6)
+    records = [ROOT_CAUSE.replace("pid=7", f"pid={7 + i}") for i in range(6)]   # a log's records differ
+    text = "\n".join(records)
     wrapped = "\n".join(text[i:i + 80] for line in text.splitlines() for i in range(0, len(line), 80)
                         for text in [line])
     assert wrap_width(wrapped.splitlines()) == 80
-    assert normalise(wrapped).splitlines() == [ROOT_CAUSE] * 6
+    assert normalise(wrapped).splitlines() == records
     d = diagnose(wrapped.splitlines())
-    assert d.kind is FailureKind.NO_KV_CACHE_MEMORY and d.evidence == ROOT_CAUSE
+    assert d.kind is FailureKind.NO_KV_CACHE_MEMORY and d.evidence in records
+
+
+def test_a_repeated_access_log_line_is_not_taken_for_a_terminal_width():
+    # found by test_diagnosis's property test in CI: four copies of one access-log line made a "width",
+    # and the refusal after one of them was joined onto that INFO line, so it was read as quiet
+    access = 'INFO:     127.0.0.1:53386 - "POST /v1/completions HTTP/1.1" 200 OK'
+    refusal = ["pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig",
+               "  Value error, User-specified max_model_len (300000) is greater than the derived max_model_len "
+               "(max_position_embeddings=1024.0 or model_max_length=None in model's config.json). "
+               "[type=value_error, input_value=ArgsKwargs((), {'model': ...}), input_type=ArgsKwargs]"]
+    lines = [access, access, *refusal, access, access]
+    assert wrap_width(lines) is None
+    assert normalise("\n".join(lines)).splitlines() == lines
+    assert diagnose(lines).kind is FailureKind.CONFIG_REFUSED
 
 
 def test_a_repeated_traceback_frame_is_not_taken_for_a_terminal_width():

@@ -94,10 +94,11 @@ def prefixes_in(lines: list[str]) -> list[Prefix]:
 
 
 def wrap_width(lines: list[str]) -> int | None:
-    """The width a terminal wrapped these lines at: a length many long lines share exactly (a whole
-    traceback frame line is complete as printed, whatever its length: no evidence of a width)."""
+    """The width a terminal wrapped these lines at: a length many different long lines share exactly
+    (a line printed again, such as one access-log line, or a whole traceback frame line, complete as
+    printed whatever its length, is no evidence of a width)."""
     counts: dict[int, int] = {}
-    for line in lines:
+    for line in dict.fromkeys(lines):
         if len(line) >= _WRAP_MIN_WIDTH and not _WHOLE_FRAME.match(line):
             counts[len(line)] = counts.get(len(line), 0) + 1
     if not counts:
