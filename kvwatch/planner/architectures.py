@@ -89,6 +89,11 @@ class ArchitectureRefusal:
     fix: dict[str, object]   # flag -> value that avoids it; {} when no flag does
 
 
+def _prepacks_on(device: Device, feature: str) -> bool:
+    """Whether this CPU has the feature under which the release prepacks conv weights (cpu_conv_prepack)."""
+    return (feature == "amx_tile" and device.cpu_amx) or (feature == "avx512_bf16" and device.cpu_avx512_bf16)
+
+
 def refusals(geometry: ModelGeometry, settings: EngineSettings, device: Device,
              version: VllmVersion | None = None) -> list[ArchitectureRefusal]:
     """What vLLM 0.32 (or `version`) refuses about this architecture on this platform, in the order it checks."""
@@ -128,12 +133,13 @@ def refusals(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     kda = geometry.layout.state is not None and geometry.layout.state.family == "kda"
     if kda and device.platform == "cpu" and (device.cpu_amx or settings.enable_prefix_caching is False):
         feature, source = cpu_conv_prepack(version)
-        prepacks = (feature == "amx_tile" and device.cpu_amx) or (feature == "avx512_bf16" and device.cpu_avx512_bf16)
-        mla_prefill_fails = (geometry.attention == "mla" and not geometry.sparse_attention
+        cutlass_first = KDA_CUTLASS_AT_MODEL_INIT.holds(version)   # 0.31+: imported while the model is built
+        # 0.28: building the MLA layers fails first (below), before cutlass or any weight is reached
+        mla_prefill_first = (not cutlass_first and geometry.attention == "mla" and not geometry.sparse_attention
                              and not CPU_MLA_SDPA_PREFILL.holds(version))
-        if mla_prefill_fails and not KDA_CUTLASS_AT_MODEL_INIT.holds(version):
-            pass   # 0.28: building the MLA layers fails first (below), before cutlass or any weight is reached
-        elif prepacks and not KDA_CUTLASS_AT_MODEL_INIT.holds(version):
+        if mla_prefill_first:
+            pass
+        elif not cutlass_first and _prepacks_on(device, feature):
             # 0.29 and 0.30 build the model without cutlass; its float32 conv weight then meets the prepack
             out.append(ArchitectureRefusal(
                 "config_refused", f"{CPU_CONV_PREPACK_FLOAT_REFUSED}: vLLM {version} prepacks every causal-conv "
@@ -170,7 +176,7 @@ def refusals(geometry: ModelGeometry, settings: EngineSettings, device: Device,
         # the worker dies loading the weights, after the config checks (kv_layout.CPU_CONV_PREPACK)
         feature, source = cpu_conv_prepack(version)
         _first, fixed, fixed_source = cpu_conv_prepack_releases()
-        if (feature == "amx_tile" and device.cpu_amx) or (feature == "avx512_bf16" and device.cpu_avx512_bf16):
+        if _prepacks_on(device, feature):
             out.append(ArchitectureRefusal(
                 "config_refused",
                 f"{CPU_CONV_PREPACK_REFUSED}: vLLM {version} prepacks every causal-conv weight for its CPU "
