@@ -121,6 +121,12 @@ def model(tmp_path: Path) -> Path:
     return write_model(tmp_path / "m", llama_config())
 
 
+def both_claims(engines_dir: Path, names: set[str]) -> dict[str, dict]:
+    """The claim files by engine name once every name has one, else {} (to wait on)."""
+    claims = {p.stem: json.loads(p.read_text()) for p in engines_dir.glob("*.json")}
+    return claims if names <= claims.keys() else {}
+
+
 def test_two_exporters_on_two_gpus_see_each_other(tmp_path: Path, nvml_standin: NvmlStandin, model: Path) -> None:
     """Issue's scenario: engine a 30 GiB on GPU 0, engine b 40 GiB on GPU 1, an unrelated 1 GiB on GPU 1."""
     a, b = Engine(model, "0"), Engine(model, "1")
@@ -136,8 +142,10 @@ def test_two_exporters_on_two_gpus_see_each_other(tmp_path: Path, nvml_standin: 
             assert gpus_exported(found["a"]) == {GPU0} and gpus_exported(found["b"]) == {GPU1}
             assert value(found["b"], "kvwatch_engine_gpu_memory_bytes", engine="b", rank="0", gpu=GPU1) == 40 * GIB
             assert value(found["a"], "kvwatch_collector_success", collector="host") == 1
-            # each claims its engine in the shared directory
-            claims = {p.stem: json.loads(p.read_text()) for p in (tmp_path / "state" / "engines").glob("*.json")}
+            # each claims its engine in the shared directory; the claim is written off the watch
+            # loop, so on a loaded box it may land after the metrics do
+            claims = eventually(lambda: both_claims(tmp_path / "state" / "engines", {"a", "b"}), timeout=10)
+            assert claims, "both exporters' claim files within 10 s"
             assert a.worker in [pid for pid, _ in claims["a"]["pids"]] and a.proc.pid in [pid for pid, _ in claims["a"]["pids"]]
         assert not list((tmp_path / "state" / "engines").glob("*.json"))   # withdrawn at exit
     finally:
