@@ -396,17 +396,22 @@ def test_the_autopilot_drains_applies_over_real_metrics_and_keeps_the_change(tmp
                                                  measure_seconds=3.0))
     run = Running(supervisor(cfg, device=Device("cpu", "test cpu (AVX-512)", cpu_fp8_kv=True, source="cpu")))
     run.wait_state(EngineState.READY)
-    step, drained_at, deadline = 0, None, time.monotonic() + 40
+    step, drained_at, began = 0, None, time.monotonic()
+    deadline = began + 40
     while time.monotonic() < deadline and run.sup.status.autopilot.get("kept", 0) == 0:
         step += 1
+        # the counters grow with the clock (50 tokens/s), not with this loop's turns: on a loaded box
+        # the loop turns slower, and tokens per turn would read as a throughput drop after the change
+        elapsed = time.monotonic() - began
+        prompt, generated = 100 + int(5 * elapsed), 50 + int(50 * elapsed)
         status = run.sup.status
         if status.ending and drained_at is None:    # draining: the requests finish, nothing new comes
             drained_at = time.monotonic()
-            load.write_text(f"0 {100 + step} {50 + 10 * step} {step} 0")
+            load.write_text(f"0 {prompt} {generated} {step} 0")
         elif "--kv-cache-dtype" in status.argv:      # with the change: tokens, no preemption
-            load.write_text(f"2 {100 + step} {50 + 10 * step} 0 0")
+            load.write_text(f"2 {prompt} {generated} 0 0")
         elif drained_at is None:                     # the plan before: preempting
-            load.write_text(f"2 {100 + step} {50 + 10 * step} {step} 1")
+            load.write_text(f"2 {prompt} {generated} {step} 1")
         time.sleep(0.2)
     assert drained_at is not None, run.sup.status
     assert run.sup.status.autopilot == {"applied": 1, "kept": 1}, run.sup.status
