@@ -59,6 +59,22 @@ def test_nemotron_h_pattern_and_float32_state() -> None:
     assert layout.state.element_counts(4) == ((128 + 2 * 4 * 32) // 4 * 3, 2 * 16 * 32)
 
 
+@pytest.mark.parametrize("cfg, model_type, tp, what", [
+    ({"intermediate_size": 1, "state_size": 16, "conv_kernel": 4}, "falcon_mamba", 2, "intermediate_size (1)"),
+    ({"intermediate_size": 6, "state_size": 16, "conv_kernel": 4}, "mamba", 4, "intermediate_size (6)"),
+    ({"mamba_num_heads": 3, "mamba_head_dim": 16, "ssm_state_size": 32, "n_groups": 1, "conv_kernel": 4,
+      "hybrid_override_pattern": "M*"}, "nemotron_h", 2, "heads (3)"),
+])
+def test_a_state_the_ranks_do_not_divide_is_one_clear_error(cfg: dict, model_type: str, tp: int, what: str) -> None:
+    """vLLM's divide() asserts that the tensor-parallel ranks split each state dimension
+    (vllm/distributed/utils.py): a ConfigError naming it, not a floored state or a ZeroDivisionError."""
+    from kvwatch.errors import ConfigError
+    layout = layer_layout({"hidden_size": 64, **cfg}, model_type, 2)
+    assert layout.state is not None
+    with pytest.raises(ConfigError, match=rf"{what.replace('(', '[(]').replace(')', '[)]')} does not split over {tp}"):
+        layout.state.element_counts(tp)
+
+
 def test_falcon_h1_has_attention_and_mamba_in_every_layer() -> None:
     cfg = {"hidden_size": 64, "mamba_d_ssm": 128, "mamba_n_heads": 4, "mamba_d_head": 32}
     assert kinds(cfg, "falcon_h1", 3) == "fmfmfm"

@@ -77,18 +77,28 @@ class RecurrentState:
         return 1 if self.family == "mamba2" else 0
 
     def element_counts(self, tp: int) -> tuple[int, int]:
-        """(conv elements, ssm elements) on one tensor-parallel rank."""
+        """(conv elements, ssm elements) on one tensor-parallel rank. Each split is vLLM's divide(),
+        which asserts that the ranks divide it (vLLM 0.32.0, vllm/distributed/utils.py:51-62, called
+        by model_executor/layers/mamba/mamba_utils.py MambaStateShapeCalculator): a state that does
+        not split is a ConfigError here, not a floored (or zero) state."""
+        def split(count: int, what: str) -> int:
+            if count % tp:
+                raise ConfigError(f"the {self.family} state's {what} ({count}) does not split over {tp} "
+                                  "tensor-parallel ranks (vLLM asserts it divides): choose a -tp that divides it")
+            return count // tp
+
         if self.family == "mamba2":
             groups = self.n_groups + (0 if self.n_groups % tp == 0 else tp - self.n_groups)
-            conv = (self.intermediate_size + 2 * groups * self.state_size) // tp * (self.conv_kernel - 1)
-            return conv, self.num_heads // tp * self.head_dim * self.state_size
+            conv = split(self.intermediate_size + 2 * groups * self.state_size, "conv width") * (self.conv_kernel - 1)
+            return conv, split(self.num_heads, "heads") * self.head_dim * self.state_size
         if self.family == "kda":
-            conv = 3 * self.num_heads * self.head_dim // tp * (self.conv_kernel - 1)
-            return conv, self.num_heads // tp * self.head_dim * self.head_dim
+            conv = split(3 * self.num_heads * self.head_dim, "conv width") * (self.conv_kernel - 1)
+            return conv, split(self.num_heads, "heads") * self.head_dim * self.head_dim
         if self.family == "gated_delta_net":
             conv_dim = self.state_size * self.num_k_heads * 2 + self.head_dim * self.num_heads
-            return conv_dim // tp * (self.conv_kernel - 1), self.num_heads // tp * self.head_dim * self.state_size
-        conv = self.intermediate_size // tp * (self.conv_kernel - 1)
+            return (split(conv_dim, "conv width") * (self.conv_kernel - 1),
+                    split(self.num_heads, "value heads") * self.head_dim * self.state_size)
+        conv = split(self.intermediate_size, "intermediate_size") * (self.conv_kernel - 1)
         if self.family == "short_conv":
             return conv, 0
         return conv, self.intermediate_size // tp * self.state_size
