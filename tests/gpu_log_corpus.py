@@ -50,6 +50,15 @@ def started_runs(split: str | None = None) -> list[dict[str, Any]]:
             and _layers(r["model_config"]) and (split is None or r["split"] == split)]
 
 
+PATCHED = "patched engine"
+
+
+def patched_runs() -> list[dict[str, Any]]:
+    """Runs of a patched engine (a pull request's branch): kvwatch plans the release, which their
+    source says behaved otherwise, so they are scored apart from the runs of released engines."""
+    return [r for r in all_runs() if str(r.get("status", "")).startswith(PATCHED)]
+
+
 def capability(gpu: str) -> tuple[int, int]:
     return next((cc for name, cc in _CAPABILITY.items() if name in gpu), (8, 0))
 

@@ -17,6 +17,8 @@ determine_available_memory; worker/worker.py determine_num_available_blocks in t
   sorted values, int64 indices, masks, softmax, cumulative sum, the sampling noise); FlashInfer's
   keeps ~3, vLLM's Triton kernel ~3.8. The forward pass holds the hidden states and one layer's MLP;
   a multimodal model's dummy encoder outputs stay cached through both (planner/encoder_cache.py).
+  V0's profile of Llama 3.2 Vision first runs the vision encoder over one dummy image per dummy
+  sequence, which peaks above both (vllm_releases/mllama_profile.py).
 - **Non-torch**: cuBLAS/NCCL workspaces allocated during the profile; more with tensor parallelism
   (about 2 GiB per rank from 0.19: NCCL's buffers).
 - **Runner state** (from 0.27): the budget takes the free memory consumed since the worker's
@@ -43,6 +45,15 @@ from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.versions import VllmVersion
 from kvwatch.planner.weights import WeightCount
 from kvwatch.vllm_releases import DEFAULT_RELEASE, resolve
+from kvwatch.vllm_releases.mllama_profile import (
+    ARCHITECTURE as MLLAMA_ARCHITECTURE,
+)
+from kvwatch.vllm_releases.mllama_profile import (
+    V0_ONLY_SINCE,
+    cross_states_bytes,
+    runs_v0_profile,
+    vision_peak_bytes,
+)
 from kvwatch.vllm_releases.model_runner_v2 import TOTAL_CONSUMED_SINCE, penalty_state_bytes, runs_v2_runner
 from kvwatch.vllm_releases.release_defaults import (
     CUDAGRAPH_ABSENT,
@@ -139,7 +150,8 @@ class Release:
         return self.defaults.gpu_memory_utilization
 
 
-def release_for(version: VllmVersion | None, env: Mapping[str, str] | None = None) -> Release:
+def release_for(version: VllmVersion | None, env: Mapping[str, str] | None = None,
+                architectures: tuple[str, ...] = ()) -> Release:
     version = version or DEFAULT_RELEASE
     env = env or {}
     line = [r for r in SAMPLER_LINES if r.since <= version.parts][-1]
@@ -147,6 +159,9 @@ def release_for(version: VllmVersion | None, env: Mapping[str, str] | None = Non
     defaults = defaults_for(version)
     if line.engine == V1_ENGINE and defaults.v0_switch_source and env.get("VLLM_USE_V1", "").strip() == "0":
         line, why = SAMPLER_LINES[0], SAMPLER_LINES[0].why   # the V0 engine, asked for (until 0.11 removed it)
+    elif line.engine == V1_ENGINE and v0_only(version, architectures) and env.get("VLLM_USE_V1", "").strip() != "1":
+        line = SAMPLER_LINES[0]
+        why = f"{line.why}; {MLLAMA_ARCHITECTURE} is V0-only: the engine falls back to V0 (vllm_releases/mllama_profile.py)"
     sampler = line.sampler_bytes
     flashinfer = env.get("VLLM_USE_FLASHINFER_SAMPLER", "").strip()
     if line.engine == V1_ENGINE and flashinfer in ("0", "1") and line.since < (0, 17, 0):
@@ -163,6 +178,11 @@ def release_for(version: VllmVersion | None, env: Mapping[str, str] | None = Non
     if graphs_env is not None and defaults.cudagraph_estimate != CUDAGRAPH_ABSENT:
         why += f"; {CUDAGRAPH_ENV}={graphs_env.strip()}"
     return Release(line.engine, sampler, defaults, graphs, why, line.since)
+
+
+def v0_only(version: VllmVersion, architectures: tuple[str, ...]) -> bool:
+    """The model runs on V0 whatever the release's default engine (Mllama, vllm_releases/mllama_profile.py)."""
+    return MLLAMA_ARCHITECTURE in architectures and V0_ONLY_SINCE <= version.parts and runs_v0_profile(version.parts)
 
 
 def utilization(settings: EngineSettings, release: Release) -> float:
@@ -240,12 +260,14 @@ class GpuBudget:
 
 
 def activation_peak_bytes(count: WeightCount | None, tokens: int, seqs: int, dtype_bytes: int,
-                          tensor_parallel: int, sampler_bytes: float, held_bytes: int = 0) -> int:
+                          tensor_parallel: int, sampler_bytes: float, held_bytes: int = 0,
+                          vision: tuple[int, int] = (0, 0)) -> int:
     """The profile run's peak: the larger of the forward pass (hidden states plus one layer's MLP
     on this rank) and the sampler over min(seqs, tokens) requests x the whole vocabulary (V1 gathers
     the logits on every rank), plus what stays allocated through both: a multimodal model's cached
     dummy encoder outputs (planner/encoder_cache.py; every rank holds them whole) and the fused-MoE
-    workspaces (moe_workspace_bytes)."""
+    workspaces (moe_workspace_bytes). `vision`: a V0 Mllama profile's (vision encoder peak, vision
+    states held through the language model's pass) (v0_vision_profile)."""
     if count is None:
         return 0
     # A gated MLP holds its gate-up output (2 x width) and the activation's (width); a two-matrix
@@ -253,7 +275,20 @@ def activation_peak_bytes(count: WeightCount | None, tokens: int, seqs: int, dty
     mlp = count.mlp_matrices * count.mlp_width_per_token // max(1, tensor_parallel)
     forward = tokens * dtype_bytes * (4 * count.hidden_size + mlp)
     sampler = int(min(seqs, tokens) * count.vocab_size * sampler_bytes)
-    return max(forward, sampler) + held_bytes
+    encoder_peak, cross_states = vision
+    return max(forward + cross_states, sampler, encoder_peak) + held_bytes
+
+
+def v0_vision_profile(count: WeightCount | None, seqs: int, tensor_parallel: int, dtype_bytes: int,
+                      version: VllmVersion | None) -> tuple[int, int]:
+    """(vision encoder peak, vision states held through the language model) of the V0 profile of
+    Llama 3.2 Vision, one dummy image per dummy sequence (vllm_releases/mllama_profile.py); (0, 0) for
+    any other model or a release without Mllama."""
+    parts = (version or DEFAULT_RELEASE).parts
+    if count is None or count.mllama_vision is None or not runs_v0_profile(parts):
+        return 0, 0
+    return (vision_peak_bytes(count.mllama_vision, seqs, tensor_parallel, dtype_bytes, parts),
+            cross_states_bytes(count.mllama_vision, seqs, dtype_bytes))
 
 
 def moe_workspace_bytes(count: WeightCount | None, tokens: int, dtype_bytes: int, expert_width_shards: int) -> int:
@@ -382,7 +417,7 @@ def estimate_budget(settings: EngineSettings, device: Device, count: WeightCount
                     env: Mapping[str, str] | None = None, flashinfer_installed: bool | None = None,
                     quantized_experts: bool = False, mla: bool = False, replicated_linear_bytes: int = 0,
                     architectures: tuple[str, ...] = (), hybrid: bool = False) -> GpuBudget:
-    release = release_for(version, env)
+    release = release_for(version, env, architectures)
     multimodal = count is not None and (count.vision_params > 0 or count.encoder is not None)
     tokens, seqs = batch_defaults(settings, device, release, max_model_len, not (multimodal or mla))
     tp = max(1, settings.tensor_parallel_size)
@@ -391,6 +426,9 @@ def estimate_budget(settings: EngineSettings, device: Device, count: WeightCount
     # vllm/model_executor/layers/logits_processor.py:97-98, worker/model_runner.py:1810-1813), and the
     # executor keeps the fewest blocks any rank found (executor/executor_base.py:103-105): rank 0's, sampler included.
     extra = 0   # live through the sampler's pass: the encoder cache, the MoE workspaces
+    vision = (0, 0)
+    if release.engine == V0_ENGINE:
+        vision = v0_vision_profile(count, seqs, tp, dtype_bytes, version)
     if release.engine == V1_ENGINE and count is not None and version is not None:
         extra = encoder_cache_bytes(count.encoder, version.parts, tokens, seqs, dtype_bytes)
         if version.parts >= MOE_WORKSPACE_SINCE and not quantized_experts:
@@ -400,7 +438,7 @@ def estimate_budget(settings: EngineSettings, device: Device, count: WeightCount
         utilization=utilization(settings, release),
         weights_bytes=weights_on_gpu(weights_per_rank, settings, count, dtype_bytes) + loaded_buffer_bytes(count, tokens, dtype_bytes)
         + replicated_extra_bytes(count, tp, settings.pipeline_parallel_size, dtype_bytes, replicated_linear_bytes),
-        activation_peak_bytes=activation_peak_bytes(count, tokens, seqs, dtype_bytes, tp, sampler, extra),
+        activation_peak_bytes=activation_peak_bytes(count, tokens, seqs, dtype_bytes, tp, sampler, extra, vision),
         non_torch_bytes=non_torch_bytes(device, tp, version),
         cuda_graph_bytes=CUDA_GRAPH_BYTES if release.cuda_graphs_counted and not settings.enforce_eager else 0,
         max_num_batched_tokens=tokens, max_num_seqs=seqs,

@@ -500,6 +500,17 @@ def _no_memory_warning(device: Device, settings: EngineSettings, geometry: Model
         if _estimate_gpu_kv_memory(device, higher, geometry, memory, model_bytes) >= 2 * bytes_per_block:
             return PredictedRefusal(NO_KV_CACHE_MEMORY, message, FlagChange({"--gpu-memory-utilization": 0.95}),
                             certain=not estimated)
+    if device.platform == "cuda" and device.total_memory_bytes and memory.non_kv_bytes is None:
+        # The profile's peak grows with its dummy sequences (the sampler's logits; V0 Llama 3.2 Vision's
+        # one image each): the most sequences, halving, that leave the KV cache two blocks.
+        seqs = _gpu_budget(device, settings, geometry, memory, model_bytes,
+                           settings.max_model_len or geometry.default_max_model_len).max_num_seqs
+        while seqs > 1:
+            seqs //= 2
+            fewer = replace(settings, max_num_seqs=seqs)
+            if _estimate_gpu_kv_memory(device, fewer, geometry, memory, model_bytes) >= 2 * bytes_per_block:
+                return PredictedRefusal(NO_KV_CACHE_MEMORY, message + "; the memory profile's peak grows with "
+                                        "max_num_seqs", FlagChange({"--max-num-seqs": seqs}), certain=not estimated)
     return PredictedRefusal(NO_KV_CACHE_MEMORY, message + "; no flag frees enough: more GPUs "
                     "(--tensor-parallel-size), a quantized checkpoint or a smaller model", NO_CHANGE,
                     certain=not estimated)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kvwatch.planner.encoder_cache import EncoderShape, encoder_shape
+from kvwatch.vllm_releases.mllama_profile import MllamaVision, mllama_vision
 from kvwatch.vllm_releases.mlp_shapes import non_gated_mlp
 from kvwatch.vllm_releases.rope_cache import MROPE_MODEL_TYPES, deepstack_levels, rope_cache_elements
 
@@ -71,6 +72,8 @@ class WeightCount:
     # linear layers: q_a_proj (hidden x q_lora_rank) and kv_a_proj_with_mqa (hidden x (kv_lora_rank + rope))
     # (vLLM 0.7.3, vllm/model_executor/models/deepseek_v2.py:374-402; 0.19.1 deepseek_v2.py:457-488).
     replicated_linear_params: int = 0
+    # Llama 3.2 Vision: the vision tower's shapes its V0 memory profile peaks by (vllm_releases/mllama_profile.py)
+    mllama_vision: MllamaVision | None = None
 
     @property
     def params(self) -> int:
@@ -219,7 +222,9 @@ def count_model_weights(config: Mapping[str, Any], text: Mapping[str, Any]) -> W
         count = replace(count, rope_cache_elements=rope_cache_elements(text, multimodal_rope=True),
                         deepstack_levels=deepstack_levels(config))
     vision = vision_tower_params(config)
-    return replace(count, vision_params=vision, encoder=encoder_shape(config)) if vision else count
+    if not vision:
+        return count
+    return replace(count, vision_params=vision, encoder=encoder_shape(config), mllama_vision=mllama_vision(config))
 
 
 # GGUF block sizes (ggml's type table: bytes per block / values per block) by the file type in the
