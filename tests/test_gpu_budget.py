@@ -427,6 +427,32 @@ def test_the_moe_workspaces_count_from_014_and_not_for_quantized_experts() -> No
     assert activation("0.13.0", quantized=True) == activation("0.13.0")
 
 
+@pytest.mark.parametrize("flags, shards", [
+    (["-tp", "4"], 4),                                  # each rank a quarter of every expert's width
+    (["-tp", "4", "--enable-expert-parallel"], 1),      # FusedMoEParallelConfig.make: use_ep, tp_size=1
+    (["--enable-expert-parallel"], 1),                  # one rank: no EP, nothing split either
+    (["-tp", "2", "--enable-expert-parallel", "--no-enable-expert-parallel"], 2),
+])
+def test_expert_parallelism_keeps_whole_experts_on_each_rank(flags: list[str], shards: int) -> None:
+    from kvwatch.planner.gpu_budget import expert_width_shards
+    assert expert_width_shards(EngineCommand.parse(["vllm", "serve", "m", *flags]).settings()) == shards
+
+
+def test_an_expert_parallel_rank_keeps_whole_width_workspaces() -> None:
+    """Mixtral at TP 4 on 0.19: with --enable-expert-parallel the workspaces are those of full-width
+    experts (a rank owns two whole experts rather than a quarter of all eight)."""
+    config = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+              "vocab_size": 32000, "intermediate_size": 14336, "num_local_experts": 8, "num_experts_per_tok": 2}
+    count = count_weights(config)
+    h100 = Device("cuda", "NVIDIA H100 80GB HBM3", (9, 0), 80 * GiB)
+
+    def activation(*flags: str) -> int:
+        settings = EngineCommand.parse(["vllm", "serve", "m", "--max-num-batched-tokens", "8192", *flags]).settings()
+        return estimate_budget(settings, h100, count, 0, 2, 8192, parse_version("0.19.0")).activation_peak_bytes
+    assert (activation("-tp", "4", "--enable-expert-parallel") - activation("-tp", "4")
+            == moe_workspace_bytes(count, 8192, 2, 1) - moe_workspace_bytes(count, 8192, 2, 4))
+
+
 def test_deepseek_r1_on_07_loads_its_absorbed_mla_matrices(tmp_path: Path) -> None:
     """search_deepseek_r1_8xh200_tp8_v07 logged 83.88 GiB of weights per rank; the checkpoint's own
     FP8 tensors are 78.3 GiB: V0 0.7.x's absorbed MLA matrices are 4.5 GiB of the rest."""

@@ -153,6 +153,7 @@ class EngineSettings:
     mamba_cache_dtype: str = "auto"
     mamba_ssm_cache_dtype: str = "auto"
     enforce_eager: bool = False
+    enable_expert_parallel: bool = False     # --enable-expert-parallel: each rank holds whole experts
     gpu_memory_utilization_given: bool = False   # False: the value above is a default (the version's decides)
     quantization: str | None = None          # --quantization: what the engine does to the weights (fp8, gguf, ...)
     cpu_offload_gb: float = 0.0              # --cpu-offload-gb: GiB of weights per GPU kept in host memory
@@ -281,6 +282,7 @@ class EngineCommand:
             mamba_cache_dtype=self.get("--mamba-cache-dtype") or "auto",
             mamba_ssm_cache_dtype=self.get("--mamba-ssm-cache-dtype") or "auto",
             enforce_eager=bool(self._switch("--enforce-eager")),
+            enable_expert_parallel=bool(self._switch("--enable-expert-parallel")),
             gpu_memory_utilization_given=self.get("--gpu-memory-utilization") is not None,
             quantization=self.get("--quantization"),
             cpu_offload_gb=self._nonnegative_float("--cpu-offload-gb"),

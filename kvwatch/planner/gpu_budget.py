@@ -291,6 +291,16 @@ def v0_vision_profile(count: WeightCount | None, seqs: int, tensor_parallel: int
             cross_states_bytes(count.mllama_vision, seqs, dtype_bytes))
 
 
+def expert_width_shards(settings: EngineSettings) -> int:
+    """How many ways an expert's width is split: over the tensor-parallel ranks, or not at all with
+    expert parallelism, where each rank owns whole experts (vLLM 0.32.0,
+    vllm/model_executor/layers/fused_moe/config.py:1189-1236 FusedMoEParallelConfig.make: `use_ep` when
+    dp x pcp x tp > 1 and --enable-expert-parallel, then tp_size=1). Data parallelism is not told apart:
+    its ranks flatten into the split and gather each other's tokens."""
+    tp = max(1, settings.tensor_parallel_size)
+    return 1 if settings.enable_expert_parallel and tp * max(1, settings.data_parallel_size) > 1 else tp
+
+
 def moe_workspace_bytes(count: WeightCount | None, tokens: int, dtype_bytes: int, expert_width_shards: int) -> int:
     """The fused-MoE workspaces one rank keeps (MOE_WORKSPACE_SINCE); 0 for a dense model."""
     if count is None or not count.experts_per_token or not count.moe_width:
@@ -432,7 +442,7 @@ def estimate_budget(settings: EngineSettings, device: Device, count: WeightCount
     if release.engine == V1_ENGINE and count is not None and version is not None:
         extra = encoder_cache_bytes(count.encoder, version.parts, tokens, seqs, dtype_bytes)
         if version.parts >= MOE_WORKSPACE_SINCE and not quantized_experts:
-            extra += moe_workspace_bytes(count, tokens, dtype_bytes, tp)   # expert parallel not told apart
+            extra += moe_workspace_bytes(count, tokens, dtype_bytes, expert_width_shards(settings))
     return GpuBudget(
         version=str(version or DEFAULT_RELEASE), release=release.why, cuda_total_bytes=cuda_total_bytes(device),
         utilization=utilization(settings, release),
