@@ -138,3 +138,17 @@ def test_flashinfer_is_known_only_beside_a_vllm_installed_here(monkeypatch: pyte
     assert device_probe.installed_flashinfer() is None
     for fn in (device_probe.installed_flashinfer, device_probe.installed_vllm_text):
         fn.cache_clear()
+
+
+@pytest.mark.parametrize("uname, cuda_gib", [
+    ("Linux host 6.8.0-45-generic #45-Ubuntu SMP x86_64", 23.64),                  # the card table's CUDA total
+    ("Linux box 5.15.167.4-microsoft-standard-WSL2 #1 SMP x86_64", 24_564 / 1024),  # WSL2: NVML's whole total
+])
+def test_under_wsl2_cuda_reports_nvmls_whole_total(nvml_standin: NvmlStandin, uname: str, cuda_gib: float) -> None:
+    """vLLM's in_wsl ("microsoft" in uname); an RTX 4090 under WSL2 logs 23.99 GiB, NVML's 24,564 MiB."""
+    from kvwatch.planner.devices import GiB, cuda_total_bytes
+    nvml_standin.write(StandinState(gpus=[StandinGpu(uuid=A, name="NVIDIA GeForce RTX 4090", compute_capability=(8, 9),
+                                                     memory_total_bytes=24_564 << 20)]))
+    with Nvml() as nvml:
+        device = device_probe.gpu_device(0, nvml=nvml, uname=uname)
+    assert abs(cuda_total_bytes(device) / GiB - cuda_gib) < 0.005

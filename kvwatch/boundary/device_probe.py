@@ -9,12 +9,13 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import platform
 from collections.abc import Mapping
 from importlib import metadata
 from typing import TYPE_CHECKING, Literal
 
 from kvwatch.errors import KvwatchError
-from kvwatch.planner.devices import Device, cpu_device_from_flags, unified_memory_bytes
+from kvwatch.planner.devices import Device, cpu_device_from_flags, in_wsl, unified_memory_bytes
 from kvwatch.planner.versions import VllmVersion, parse_version
 
 if TYPE_CHECKING:
@@ -68,9 +69,9 @@ def cpu_device(cpuinfo_path: str = "/proc/cpuinfo") -> Device:
 
 
 def gpu_device(index: int | None = None, *, nvml: Nvml | None = None,
-               environ: Mapping[str, str] | None = None) -> Device:
+               environ: Mapping[str, str] | None = None, uname: str | None = None) -> Device:
     """The GPU at `index`, or the first one CUDA_VISIBLE_DEVICES shows, from NVML (``nvml``, else the
-    process's one)."""
+    process's one). Under WSL2 (`uname`, else this kernel's) CUDA's total is NVML's (devices.in_wsl)."""
     if nvml is None:
         from kvwatch.boundary.nvml import shared  # only here: plan on the CPU never loads NVML
 
@@ -87,8 +88,9 @@ def gpu_device(index: int | None = None, *, nvml: Nvml | None = None,
     total = gpu.memory_total_bytes or unified_memory_bytes(gpu.name or "")
     if gpu.compute_capability is None or total is None:
         raise KvwatchError(f"GPU {gpu.index} ({gpu.name}): NVML does not report its compute capability or memory")
+    wsl = in_wsl(" ".join(platform.uname()) if uname is None else uname)
     return Device("cuda", gpu.name or f"GPU {gpu.index}", gpu.compute_capability, total,
-                  uuid=gpu.uuid, source="nvml")
+                  uuid=gpu.uuid, source="nvml", cuda_total_bytes=total if wsl and gpu.memory_total_bytes else None)
 
 
 @functools.lru_cache(maxsize=1)   # read once: the vLLM kvwatch plans for and launches does not change under it

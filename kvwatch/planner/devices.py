@@ -106,6 +106,16 @@ PRESETS: dict[str, Device] = {
                   cuda_total_bytes=int(c.cuda_total_gib * GiB) if c.cuda_total_gib else None)
     for c in CARDS}
 _UNKNOWN_RESERVED = 0.006   # H100: NVML 79.65 GiB, CUDA 79.18 GiB
+# vLLM's WSL test: "microsoft" in the kernel's uname (vLLM 0.32.0, vllm/platforms/interface.py:66-68 in_wsl).
+# Under WSL2 the CUDA runtime (over Windows' WDDM) reports NVML's whole framebuffer as its total: the two
+# RTX 4090 WSL2 runs of tests/fixtures/gpu_logs log "Free memory on device (22.45/23.99 GiB)", NVML's
+# 24,564 MiB, where the card gives 23.64 GiB on Linux. WSL2 otherwise changes host pinning only.
+WSL_UNAME_MARK = "microsoft"
+
+
+def in_wsl(uname: str) -> bool:
+    """Whether `uname` (platform.uname() joined) is a WSL kernel's, as vLLM tells."""
+    return WSL_UNAME_MARK in uname.lower()
 
 
 def card_for(name: str) -> Card | None:
