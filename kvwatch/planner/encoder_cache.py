@@ -32,14 +32,16 @@ Tokens per item, where vLLM's processor info gives them from the checkpoint:
 - Others: unknown; the budget is then taken as one item (a lower bound of what the profile holds).
 
 The V0 engine profiles multimodal models another way (dummy sequences carrying the items) and is
-not counted here. The encoder's own forward pass, which peaks before the cache is filled, is not
-counted either.
+not counted here. The encoder's own forward pass, which peaks before the cache is filled, is
+planner/encoder_forward.py's (the Qwen-VL vision towers).
 """
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from kvwatch.planner.encoder_forward import VisionTower, vision_tower
 
 QWEN2_VL_IMAGE_TOKENS = 12_845_056 // (28 * 28)
 QWEN3_VL_IMAGE_TOKENS = 16_777_216 // (32 * 32)
@@ -48,7 +50,10 @@ QWEN3_VL_VIDEO_TIMESTAMP_FACTOR = 12.5
 PADDED_SINCE, PADDED_UNTIL = (0, 11, 0), (0, 13, 0)   # outputs padded to the budget
 QWEN3_VL_TIMESTAMPS_UNTIL = (0, 13, 0)
 _QWEN2_VL = ("qwen2_vl", "qwen2_5_vl")
-_QWEN3_VL = ("qwen3_vl", "qwen3_vl_moe")
+# Qwen3.5 builds Qwen3-VL's vision tower and processor (vLLM 0.28.0, models/qwen3_5.py imports
+# Qwen3_VisionTransformer; Qwen/Qwen3.5-2B-Base's preprocessor_config.json: Qwen3VLProcessor, longest_edge
+# 16,777,216, patch 16, merge 2)
+_QWEN3_VL = ("qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,7 @@ class EncoderShape:
     output_width: int
     image_tokens: int = 0
     video_tokens: int = 0
+    tower: VisionTower | None = None     # the vision transformer the profile runs (planner/encoder_forward.py)
 
 
 def _int(cfg: Mapping[str, Any], key: str) -> int:
@@ -81,18 +87,37 @@ def encoder_shape(config: Mapping[str, Any]) -> EncoderShape | None:
     if family in _QWEN3_VL:
         levels = vision.get("deepstack_visual_indexes")
         width = (_int(vision, "out_hidden_size") or width) * (1 + (len(levels) if isinstance(levels, list) else 0))
-        return EncoderShape(family, width, QWEN3_VL_IMAGE_TOKENS, QWEN3_VL_VIDEO_TOKENS)
+        return EncoderShape(family, width, QWEN3_VL_IMAGE_TOKENS, QWEN3_VL_VIDEO_TOKENS, vision_tower(family, vision))
     if family in _QWEN2_VL:
-        return EncoderShape(family, width, QWEN2_VL_IMAGE_TOKENS)
+        return EncoderShape(family, width, QWEN2_VL_IMAGE_TOKENS, tower=vision_tower(family, vision))
     return EncoderShape(family, width, _int(config, "mm_tokens_per_image"))
 
 
 def item_tokens(shape: EncoderShape, version: tuple[int, int, int]) -> int:
-    """Tokens of the largest item the profile runs (0: unknown)."""
+    """Tokens of the largest item the profile runs, as the budget counts them (0: unknown)."""
+    return counted_and_encoded_tokens(shape, version)[0]
+
+
+def counted_and_encoded_tokens(shape: EncoderShape, version: tuple[int, int, int]) -> tuple[int, int]:
+    """The largest item's tokens as the budget counts them, and as its encoder makes them: a Qwen3-VL
+    video's timestamps count in 0.11.0-0.12.x, but its frames are the same pixels."""
     video = shape.video_tokens
     if video and shape.family in _QWEN3_VL and version < QWEN3_VL_TIMESTAMPS_UNTIL:
-        video = int(video * QWEN3_VL_VIDEO_TIMESTAMP_FACTOR)
-    return max(shape.image_tokens, video)
+        counted = int(video * QWEN3_VL_VIDEO_TIMESTAMP_FACTOR)
+        return (counted, video) if counted > shape.image_tokens else (shape.image_tokens, shape.image_tokens)
+    largest = max(shape.image_tokens, video)
+    return largest, largest
+
+
+def profile_items(shape: EncoderShape, version: tuple[int, int, int], max_num_batched_tokens: int,
+                  max_num_seqs: int) -> tuple[int, int, int]:
+    """(items, tokens per item, encoder budget) of the profile's dummy encoder batch; 0 items where
+    the tokens per item are unknown (the module's list)."""
+    per_item = item_tokens(shape, version)
+    budget = max(max_num_batched_tokens, per_item)
+    if not per_item:
+        return 0, 0, budget
+    return max(1, min(budget // per_item, max(1, max_num_seqs))), per_item, budget
 
 
 def encoder_cache_bytes(shape: EncoderShape | None, version: tuple[int, int, int], max_num_batched_tokens: int,
@@ -100,10 +125,8 @@ def encoder_cache_bytes(shape: EncoderShape | None, version: tuple[int, int, int
     """Bytes of dummy encoder outputs the V1 profile holds during the language model's pass."""
     if shape is None or max_num_batched_tokens <= 0:
         return 0
-    per_item = item_tokens(shape, version)
-    budget = max(max_num_batched_tokens, per_item)
-    if per_item:
-        items = max(1, min(budget // per_item, max(1, max_num_seqs)))
+    items, per_item, budget = profile_items(shape, version, max_num_batched_tokens, max_num_seqs)
+    if items:
         held = items * (budget if PADDED_SINCE <= version < PADDED_UNTIL else per_item)
     else:
         held = budget

@@ -40,7 +40,13 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 from kvwatch.planner.devices import Device, GiB, card_for, cuda_total_bytes, scheduler_memory_bytes
-from kvwatch.planner.encoder_cache import encoder_cache_bytes
+from kvwatch.planner.encoder_cache import (
+    EncoderShape,
+    counted_and_encoded_tokens,
+    encoder_cache_bytes,
+    profile_items,
+)
+from kvwatch.planner.encoder_forward import encoder_forward_bytes
 from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.versions import VllmVersion
 from kvwatch.planner.weights import WeightCount
@@ -266,8 +272,9 @@ def activation_peak_bytes(count: WeightCount | None, tokens: int, seqs: int, dty
     on this rank) and the sampler over min(seqs, tokens) requests x the whole vocabulary (V1 gathers
     the logits on every rank), plus what stays allocated through both: a multimodal model's cached
     dummy encoder outputs (planner/encoder_cache.py; every rank holds them whole) and the fused-MoE
-    workspaces (moe_workspace_bytes). `vision`: a V0 Mllama profile's (vision encoder peak, vision
-    states held through the language model's pass) (v0_vision_profile)."""
+    workspaces (moe_workspace_bytes). `vision`: the vision encoder's own pass, which comes first, and
+    the vision states held through the language model's pass (V0 Mllama: v0_vision_profile; V1 Qwen-VL
+    towers: v1_encoder_pass_bytes, nothing held beyond the cache)."""
     if count is None:
         return 0
     # A gated MLP holds its gate-up output (2 x width) and the activation's (width); a two-matrix
@@ -276,7 +283,8 @@ def activation_peak_bytes(count: WeightCount | None, tokens: int, seqs: int, dty
     forward = tokens * dtype_bytes * (4 * count.hidden_size + mlp)
     sampler = int(min(seqs, tokens) * count.vocab_size * sampler_bytes)
     encoder_peak, cross_states = vision
-    return max(forward + cross_states, sampler, encoder_peak) + held_bytes
+    # the encoder's pass comes first, before the cache and the MoE workspaces hold anything
+    return max(max(forward + cross_states, sampler) + held_bytes, encoder_peak)
 
 
 def v0_vision_profile(count: WeightCount | None, seqs: int, tensor_parallel: int, dtype_bytes: int,
@@ -299,6 +307,16 @@ def expert_width_shards(settings: EngineSettings) -> int:
     its ranks flatten into the split and gather each other's tokens."""
     tp = max(1, settings.tensor_parallel_size)
     return 1 if settings.enable_expert_parallel and tp * max(1, settings.data_parallel_size) > 1 else tp
+
+
+def v1_encoder_pass_bytes(shape: EncoderShape | None, version: tuple[int, int, int], tokens: int, seqs: int,
+                          tensor_parallel: int, dtype_bytes: int) -> int:
+    """The V1 profile's vision encoder pass over its dummy batch (planner/encoder_forward.py)."""
+    if shape is None or tokens <= 0:
+        return 0
+    items, _, _ = profile_items(shape, version, tokens, seqs)
+    encoded = counted_and_encoded_tokens(shape, version)[1]
+    return encoder_forward_bytes(shape.tower, items, encoded, tensor_parallel, dtype_bytes)
 
 
 def moe_workspace_bytes(count: WeightCount | None, tokens: int, dtype_bytes: int, expert_width_shards: int) -> int:
@@ -441,6 +459,7 @@ def estimate_budget(settings: EngineSettings, device: Device, count: WeightCount
         vision = v0_vision_profile(count, seqs, tp, dtype_bytes, version)
     if release.engine == V1_ENGINE and count is not None and version is not None:
         extra = encoder_cache_bytes(count.encoder, version.parts, tokens, seqs, dtype_bytes)
+        vision = (v1_encoder_pass_bytes(count.encoder, version.parts, tokens, seqs, tp, dtype_bytes), 0)
         if version.parts >= MOE_WORKSPACE_SINCE and not quantized_experts:
             extra += moe_workspace_bytes(count, tokens, dtype_bytes, expert_width_shards(settings))
     return GpuBudget(
