@@ -7,13 +7,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvwatch.errors import ConfigError
+from kvwatch.vllm_releases.weight_files import HF_PATTERNS, index_name, index_weight_files, loaded_files
 
 
 @dataclass(frozen=True)
 class ModelSource:
     path: Path                 # the directory that holds config.json
     config: dict
-    weights_bytes: int | None  # sum of the weight files' sizes, when they are there
+    weights_bytes: int | None  # the tensors vLLM loads from the weight files, when they are there
 
 
 def _hf_cache_dirs() -> list[Path]:
@@ -39,11 +40,46 @@ def _snapshot_dir(repo_id: str) -> Path | None:
     return None
 
 
+MAX_INDEX_BYTES = 64 << 20            # an index maps tensor names to files: some MB for the largest models
+MAX_SAFETENSORS_HEADER = 100_000_000  # the safetensors format's own limit on its JSON header
+
+
 def _weights_bytes(directory: Path) -> int | None:
-    files = [p for pattern in ("*.safetensors", "*.bin", "*.pt") for p in directory.glob(pattern)]
+    """The bytes of the tensors vLLM's loader reads from this directory (vllm_releases/weight_files):
+    each safetensors file's tensors from its header, other files by their size; None without weights."""
+    names = [p.name for pattern in HF_PATTERNS for p in directory.glob(pattern)]
+    files = loaded_files(names, _index_files(directory / index_name(names)))
     if not files:
         return None
-    return sum(p.stat().st_size for p in files)  # stat follows the HF cache's blob links
+    return sum(_tensor_bytes(directory / name) for name in files)
+
+
+def _index_files(path: Path) -> list[str] | None:
+    try:
+        if not path.is_file() or path.stat().st_size > MAX_INDEX_BYTES:
+            return None
+        return index_weight_files(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return None   # an unreadable index: vLLM would refuse it; the plan counts every file
+
+
+def _tensor_bytes(path: Path) -> int:
+    """A safetensors file's tensor bytes (its header's data_offsets), else the file's size (stat
+    follows the HF cache's blob links); a header that does not parse counts as the file."""
+    size = path.stat().st_size
+    if path.suffix != ".safetensors":
+        return size
+    try:
+        with open(path, "rb") as f:
+            length = int.from_bytes(f.read(8), "little")
+            if not 0 < length <= min(MAX_SAFETENSORS_HEADER, size - 8):
+                return size
+            header = json.loads(f.read(length))
+        spans = [t["data_offsets"] for k, t in header.items() if k != "__metadata__"]
+        total = sum(int(end) - int(begin) for begin, end in spans)
+        return total if 0 <= total <= size else size
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError, TypeError, KeyError, AttributeError):
+        return size
 
 
 MAX_CONFIG_BYTES = 16 << 20   # a config.json is a few KB; a multimodal one under a MB
