@@ -214,6 +214,22 @@ def test_the_held_out_kv_tokens_are_within_3_percent_at_the_median(tmp_path: Pat
     assert Summary.of(errors).median <= 0.03
 
 
+def test_the_hybrids_kv_tokens_are_within_3_percent_on_all_runs(tmp_path: Path) -> None:
+    """Issue 27's 'the same for KV tokens, hybrids included': the runs with a recurrent state (Mamba,
+    linear attention) beside attention, on all runs (one is held out). BENCHMARKS 12.12: 3 runs, median
+    2.6 %, all within 3 % (the two Qwen3.5-0.8B runs were +3.1 % and +4.3 % before the V1 encoder pass)."""
+    errors = []
+    for run in started_runs():
+        if not run["logged"].get("kv_cache_tokens"):
+            continue
+        plan = plan_run(run, tmp_path / run["name"])
+        if plan.recurrent_state_bytes > 0:
+            errors.append((plan.kv_cache_tokens - run["logged"]["kv_cache_tokens"]) / run["logged"]["kv_cache_tokens"])
+    summary = Summary.of(errors)
+    assert summary.runs >= 3
+    assert summary.median <= 0.03 and summary.within == 1.0
+
+
 def test_the_split_is_the_one_drawn_and_never_holds_out_a_run_tuned_to() -> None:
     runs = all_runs()
     assert {r["name"]: r["split"] for r in runs} == drawn_split(runs)
