@@ -5,6 +5,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from gpu_log_corpus import all_runs, plan_run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -209,6 +210,24 @@ def test_no_kv_memory_respects_cap_room_and_policy():
     assert propose_remedy(d, cmd("--gpu-memory-utilization", "0.9"), gpu=room).change.set == \
         {"--gpu-memory-utilization": 0.95}
     assert propose_remedy(d, cmd(), policy=Policy(allow_gpu_memory_utilization_change=False)) is None
+
+
+def test_no_kv_memory_from_the_dummy_sequences_halves_them_as_the_plan_says(tmp_path: Path) -> None:
+    """Llama 3.2 Vision on V0 at 256 sequences (vllm#9445): no utilization frees enough, the plan's
+    fix is fewer dummy sequences, and the restart takes it before any utilization step; the same log
+    without that plan keeps the utilization step."""
+    run = next(r for r in all_runs() if r["name"] == "pr12126_llama32_11b_vision_h100")
+    run = {**run, "status": "ok", "gpu": "NVIDIA A100-SXM4-80GB", "total_gpu_memory_gib": 79.15,
+           "flags": ["--max-model-len 1024", "--gpu-memory-utilization 0.9"], "planned_for_vllm_version": "0.6.3"}
+    plan = plan_run(run, tmp_path / "m")
+    fix = next(w.fix for w in plan.warnings if w.kind == FailureKind.NO_KV_CACHE_MEMORY)
+    d = diag("gpu_no_kv_cache_memory.log")
+    command = cmd("--max-model-len", "1024", "--gpu-memory-utilization", "0.9")
+    remedy = propose_remedy(d, command, plan=plan)
+    assert remedy is not None and remedy.change == fix and "--max-num-seqs" in remedy.change.set
+    assert propose_remedy(d, command, plan=plan, tried=[remedy.apply(command).argv]).change.set == \
+        {"--gpu-memory-utilization": 0.95}
+    assert propose_remedy(d, command).change.set == {"--gpu-memory-utilization": 0.95}
 
 
 def test_utilization_steps_past_a_tried_value():

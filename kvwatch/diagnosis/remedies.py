@@ -285,6 +285,12 @@ def _mamba_cache_options(ctx: _Ctx) -> Iterator[Remedy]:
 
 
 def _no_memory_options(ctx: _Ctx) -> Iterator[Remedy]:
+    # The plan gives --max-num-seqs only where no utilization up to 0.95 leaves KV blocks and the
+    # profile's peak falls with fewer dummy sequences (planner/plan.py _no_memory_warning): first.
+    for warning in ctx.plan.warnings if ctx.plan is not None else ():
+        if warning.kind == FailureKind.NO_KV_CACHE_MEMORY and "--max-num-seqs" in warning.fix.set:
+            yield Remedy(warning.fix, f"no memory is left for KV cache blocks, and the plan's memory profile peaks "
+                                      f"with the dummy sequences: --max-num-seqs {warning.fix.set['--max-num-seqs']}")
     yield from _raise_utilization(ctx, "no memory is left for KV cache blocks")
 
 
