@@ -180,3 +180,24 @@ def test_an_encrypted_key_never_asks_for_a_pass_phrase(tmp_path: Path) -> None:
     config = load_web_config(tmp_path / "web.yml")
     with pytest.raises(ConfigError, match="TLS certificate or key"):
         config.tls.context()
+
+
+QWEN2_VL = {"architectures": ["Qwen2VLForConditionalGeneration"], "model_type": "qwen2_vl", "hidden_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000,
+            "intermediate_size": 256, "vision_config": {"embed_dim": 64, "hidden_size": 128, "patch_size": 14,
+                                                        "spatial_merge_size": 2, "depth": 2}}
+
+
+@pytest.mark.parametrize("ratio", [float("nan"), float("inf"), -float("inf"), 1e308 * 10, True, "4"])
+def test_a_vision_mlp_ratio_that_is_no_number_is_the_default(ratio: object) -> None:
+    """json.loads reads NaN and Infinity; a vision tower's mlp_ratio of them (or of the wrong type)
+    is transformers' default 4, not an OverflowError from the weights' count or the encoder's pass."""
+    config = {**QWEN2_VL, "vision_config": {**QWEN2_VL["vision_config"], "mlp_ratio": ratio}}
+    for preset in ("h100", "cpu"):
+        device = ["--device", "cpu"] if preset == "cpu" else ["--preset", preset, "--vllm-version", "0.28.0"]
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "config.json").write_text(json.dumps(config, allow_nan=True))
+            err = io.StringIO()
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+                code = main(["plan", *device, "--json", "--", "vllm", "serve", tmp])
+        assert code in (0, 3) and "Traceback" not in err.getvalue(), (preset, code, err.getvalue())

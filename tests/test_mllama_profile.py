@@ -12,10 +12,8 @@ from gpu_log_corpus import GiB, all_runs, model_config, patched_runs, plan_run
 from kvwatch.planner.gpu_budget import V0_ENGINE, V1_ENGINE, release_for
 from kvwatch.planner.versions import parse_version
 from kvwatch.vllm_releases.mllama_profile import (
-    ARCHITECTURE as MLLAMA,
-)
-from kvwatch.vllm_releases.mllama_profile import (
     DEFAULT_INTERMEDIATE_LAYERS,
+    MLLAMA_ARCHITECTURE,
     cross_states_bytes,
     mllama_vision,
     runs_v0_profile,
@@ -78,7 +76,7 @@ def test_the_encoder_peak_per_image(version: tuple[int, int, int], tp: int, per_
     ("0.10.2", {"VLLM_USE_V1": "1"}, V1_ENGINE),   # asked for V1: vLLM refuses rather than falls back
 ])
 def test_mllama_runs_on_the_v0_engine_while_vllm_has_it(version: str, env: dict, engine: str) -> None:
-    assert release_for(parse_version(version), env, (MLLAMA,)).engine == engine
+    assert release_for(parse_version(version), env, (MLLAMA_ARCHITECTURE,)).engine == engine
 
 
 @pytest.mark.parametrize("version, profiled", [((0, 6, 3), True), ((0, 10, 2), True), ((0, 11, 0), False)])

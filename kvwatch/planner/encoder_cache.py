@@ -41,6 +41,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kvwatch.planner.config_values import positive_int as _int
 from kvwatch.planner.encoder_forward import VisionTower, vision_tower
 
 QWEN2_VL_IMAGE_TOKENS = 12_845_056 // (28 * 28)
@@ -66,11 +67,6 @@ class EncoderShape:
     image_tokens: int = 0
     video_tokens: int = 0
     tower: VisionTower | None = None     # the vision transformer the profile runs (planner/encoder_forward.py)
-
-
-def _int(cfg: Mapping[str, Any], key: str) -> int:
-    value = cfg.get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def encoder_shape(config: Mapping[str, Any]) -> EncoderShape | None:

@@ -27,10 +27,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kvwatch.planner.config_values import positive_int, positive_number
+
 _FUSED_NORM_FAMILIES = ("qwen2_5_vl",)            # fused add-RMSNorm in place: one less hidden state
 _GATED_FAMILIES = ("qwen2_5_vl",)                 # gate-up MLP
 _POSITION_EMBEDDING_FAMILIES = ("qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
-QWEN2_VL_MLP_RATIO = 4                            # transformers' Qwen2VLVisionConfig default
+DEFAULT_MLP_RATIO = 4                             # transformers' Qwen2VLVisionConfig (and CLIP's) default
 DEFAULT_CHANNELS, DEFAULT_TEMPORAL_PATCH = 3, 2
 
 
@@ -54,27 +56,28 @@ class VisionTower:
         return hidden + mlp + self.patch_values + position
 
 
-def _positive(cfg: Mapping[str, Any], key: str) -> int:
-    value = cfg.get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+def vision_mlp_width(vision: Mapping[str, Any], width: int) -> int:
+    """A vision tower's MLP width: `intermediate_size`, else `mlp_ratio` (a finite positive number,
+    else transformers' default 4) times its width (Qwen2-VL's and CLIP-like configs)."""
+    ratio = positive_number(vision.get("mlp_ratio")) or DEFAULT_MLP_RATIO
+    return positive_int(vision, "intermediate_size") or int(width * ratio)
 
 
 def vision_tower(family: str, vision: Mapping[str, Any]) -> VisionTower | None:
     """The tower of a Qwen-VL vision_config (Qwen2-VL's `embed_dim`, the others' `hidden_size`), else None."""
     if family == "qwen2_vl":
-        width = _positive(vision, "embed_dim")
-        ratio = vision.get("mlp_ratio", QWEN2_VL_MLP_RATIO)
-        mlp = int(width * ratio) if isinstance(ratio, (int, float)) and not isinstance(ratio, bool) else 0
+        width = positive_int(vision, "embed_dim")
+        mlp = vision_mlp_width(vision, width)
     else:
-        width, mlp = _positive(vision, "hidden_size"), _positive(vision, "intermediate_size")
-    patch, merge = _positive(vision, "patch_size"), _positive(vision, "spatial_merge_size")
+        width, mlp = positive_int(vision, "hidden_size"), positive_int(vision, "intermediate_size")
+    patch, merge = positive_int(vision, "patch_size"), positive_int(vision, "spatial_merge_size")
     if not (width and mlp > 0 and patch and merge):
         return None
-    channels = _positive(vision, "in_channels") or _positive(vision, "in_chans") or DEFAULT_CHANNELS
-    temporal = _positive(vision, "temporal_patch_size") or DEFAULT_TEMPORAL_PATCH
+    channels = positive_int(vision, "in_channels", "in_chans") or DEFAULT_CHANNELS
+    temporal = positive_int(vision, "temporal_patch_size") or DEFAULT_TEMPORAL_PATCH
     levels = vision.get("deepstack_visual_indexes")
     return VisionTower(family, width, mlp, channels * temporal * patch * patch, merge,
-                       len(levels) if isinstance(levels, list) else 0, _positive(vision, "out_hidden_size"))
+                       len(levels) if isinstance(levels, list) else 0, positive_int(vision, "out_hidden_size"))
 
 
 def encoder_forward_bytes(tower: VisionTower | None, items: int, item_tokens: int, tensor_parallel: int,

@@ -52,9 +52,7 @@ from kvwatch.planner.versions import VllmVersion
 from kvwatch.planner.weights import WeightCount
 from kvwatch.vllm_releases import DEFAULT_RELEASE, resolve
 from kvwatch.vllm_releases.mllama_profile import (
-    ARCHITECTURE as MLLAMA_ARCHITECTURE,
-)
-from kvwatch.vllm_releases.mllama_profile import (
+    MLLAMA_ARCHITECTURE,
     V0_ONLY_SINCE,
     cross_states_bytes,
     runs_v0_profile,

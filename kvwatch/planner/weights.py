@@ -18,7 +18,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from kvwatch.planner.config_values import positive_int as _int
 from kvwatch.planner.encoder_cache import EncoderShape, encoder_shape
+from kvwatch.planner.encoder_forward import vision_mlp_width
 from kvwatch.vllm_releases.mllama_profile import MllamaVision, mllama_vision
 from kvwatch.vllm_releases.mlp_shapes import non_gated_mlp
 from kvwatch.vllm_releases.rope_cache import MROPE_MODEL_TYPES, deepstack_levels, rope_cache_elements
@@ -29,13 +31,6 @@ def _model_type(cfg: Mapping[str, Any]) -> str | None:
     value = cfg.get("model_type")
     return value if isinstance(value, str) else None
 
-
-def _int(cfg: Mapping[str, Any], *keys: str) -> int:
-    for key in keys:
-        value = cfg.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return 0
 
 
 @dataclass(frozen=True)
@@ -191,8 +186,7 @@ def vision_tower_params(config: Mapping[str, Any]) -> int:
     layers = _int(vision, "depth", "num_hidden_layers", "num_layers") + _int(vision, "num_global_layers")
     if not width or not layers:
         return 0
-    ratio = vision.get("mlp_ratio")
-    mlp = _int(vision, "intermediate_size") or int(width * (ratio if isinstance(ratio, (int, float)) else 4))
+    mlp = vision_mlp_width(vision, width)
     gated = str(vision.get("hidden_act", "")).lower() in ("silu", "swiglu")
     per_layer = 4 * width * width + (3 if gated else 2) * width * mlp
     text_config = config.get("text_config")

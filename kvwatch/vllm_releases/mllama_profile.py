@@ -36,8 +36,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kvwatch.planner.config_values import positive_int
+
 MODEL_TYPE = "mllama"
-ARCHITECTURE = "MllamaForConditionalGeneration"
+MLLAMA_ARCHITECTURE = "MllamaForConditionalGeneration"
 V0_ONLY_SINCE = (0, 8, 0)      # V1 became the default engine; Mllama falls back to V0 (SupportsV0Only)
 LAST_RELEASE = (0, 10, 2)      # the last release that registers MllamaForConditionalGeneration
 # Read in 0.6.6.post1 (a second float32 copy) and 0.7.3 (none); 0.7.0-0.7.2 are taken as 0.7.3.
@@ -74,11 +76,6 @@ class MllamaVision:
         return self.max_num_tiles * -(-self.tile_tokens // PATCH_PAD) * PATCH_PAD
 
 
-def _positive(cfg: Mapping[str, Any], key: str) -> int:
-    value = cfg.get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
 def mllama_vision(config: Mapping[str, Any]) -> MllamaVision | None:
     """The vision shapes of an Mllama config.json, else None (another model, or shapes missing)."""
     vision = config.get("vision_config")
@@ -86,17 +83,17 @@ def mllama_vision(config: Mapping[str, Any]) -> MllamaVision | None:
         return None
     text = config.get("text_config")
     text = text if isinstance(text, Mapping) else config
-    hidden = _positive(vision, "hidden_size")
-    shapes = (hidden, _positive(vision, "intermediate_size"), _positive(vision, "image_size"),
-              _positive(vision, "patch_size"), _positive(vision, "max_num_tiles"))
-    text_hidden = _positive(text, "hidden_size") or _positive(config, "hidden_size")
+    hidden = positive_int(vision, "hidden_size")
+    shapes = (hidden, positive_int(vision, "intermediate_size"), positive_int(vision, "image_size"),
+              positive_int(vision, "patch_size"), positive_int(vision, "max_num_tiles"))
+    text_hidden = positive_int(text, "hidden_size") or positive_int(config, "hidden_size")
     if not all(shapes) or not text_hidden:
         return None
-    layers = vision.get("intermediate_layers_indices")
+    layers, output_width = vision.get("intermediate_layers_indices"), positive_int(vision, "vision_output_dim")
     if isinstance(layers, list):
         states = len(layers)
-    elif hidden and _positive(vision, "vision_output_dim") > hidden:
-        states = _positive(vision, "vision_output_dim") // hidden - 1
+    elif output_width > hidden:
+        states = output_width // hidden - 1
     else:
         states = DEFAULT_INTERMEDIATE_LAYERS
     return MllamaVision(*shapes, intermediate_layers=states, text_hidden_size=text_hidden)
