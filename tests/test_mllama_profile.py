@@ -140,3 +140,14 @@ def test_the_fix_for_no_kv_memory_is_fewer_sequences_and_it_starts(tmp_path: Pat
     assert fixed.kv_memory_bytes > 0 and "no_kv_cache_memory" not in {w.kind.value for w in fixed.warnings}
     more = plan_run({**run, "flags": [*run["flags"], f"--max-num-seqs {2 * seqs}"]}, tmp_path / "c")
     assert "no_kv_cache_memory" in {w.kind.value for w in more.warnings}
+
+
+@pytest.mark.parametrize("extra, fix_flags", [
+    ([], {"--max-num-seqs"}),                                   # the estimate: fewer dummy sequences
+    (["--kv-cache-memory-bytes 1000"], set()),                  # the flag sets the KV memory: nothing else moves it
+])
+def test_the_no_kv_fix_changes_only_what_sets_the_kv_memory(extra: list[str], fix_flags: set[str],
+                                                            tmp_path: Path) -> None:
+    run = _run("NVIDIA A100-SXM4-80GB", 79.15, ["--max-model-len 1024", *extra])
+    refusal = next(w for w in plan_run(run, tmp_path / "m").warnings if w.kind.value == "no_kv_cache_memory")
+    assert set(refusal.fix.as_flags()) == fix_flags

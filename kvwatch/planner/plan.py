@@ -402,7 +402,7 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
 
     if num_blocks <= 1 or check_memory <= 0:
         warnings.append(_no_memory_warning(device, settings, geometry, memory, model_bytes,
-                                           kv_memory, bytes_per_block, estimated))
+                                           kv_memory, bytes_per_block, estimated, budget))
     elif groups.memory_for(demand, max_len) > check_memory:
         fit = groups.auto_fit_max_model_len(check_memory, demand, max_len)
         needed = groups.blocks_per_request(demand)
@@ -493,24 +493,27 @@ def architecture_unknowns(geometry: ModelGeometry, version: VllmVersion | None) 
 
 def _no_memory_warning(device: Device, settings: EngineSettings, geometry: ModelGeometry,
                        memory: MemoryInputs, model_bytes: int, kv_memory: int, bytes_per_block: int,
-                       estimated: bool) -> PredictedRefusal:
+                       estimated: bool, budget: GpuBudget | None) -> PredictedRefusal:
+    """No KV block fits, and the flag that frees one: `budget` is the estimated split the KV memory
+    came from (None: a flag, the CPU's space or a learned figure set it)."""
     message = f"no memory is left for KV cache blocks ({kv_memory:,} B for {bytes_per_block:,} B per block)"
+    if settings.kv_cache_memory_bytes is not None:   # the flag sets the KV memory: no other flag moves it
+        return PredictedRefusal(NO_KV_CACHE_MEMORY, message + "; --kv-cache-memory-bytes sets it: raise it",
+                                NO_CHANGE, certain=not estimated)
     if device.platform == "cuda" and device.total_memory_bytes and settings.gpu_memory_utilization < 0.95:
         higher = replace(settings, gpu_memory_utilization=0.95, gpu_memory_utilization_given=True)
         if _estimate_gpu_kv_memory(device, higher, geometry, memory, model_bytes) >= 2 * bytes_per_block:
             return PredictedRefusal(NO_KV_CACHE_MEMORY, message, FlagChange({"--gpu-memory-utilization": 0.95}),
                             certain=not estimated)
-    if device.platform == "cuda" and device.total_memory_bytes and memory.non_kv_bytes is None:
-        # The profile's peak grows with its dummy sequences (the sampler's logits; V0 Llama 3.2 Vision's
-        # one image each): the most sequences, halving, that leave the KV cache two blocks.
-        seqs = _gpu_budget(device, settings, geometry, memory, model_bytes,
-                           settings.max_model_len or geometry.default_max_model_len).max_num_seqs
-        while seqs > 1:
-            seqs //= 2
-            fewer = replace(settings, max_num_seqs=seqs)
-            if _estimate_gpu_kv_memory(device, fewer, geometry, memory, model_bytes) >= 2 * bytes_per_block:
-                return PredictedRefusal(NO_KV_CACHE_MEMORY, message + "; the memory profile's peak grows with "
-                                        "max_num_seqs", FlagChange({"--max-num-seqs": seqs}), certain=not estimated)
+    # The profile's peak grows with its dummy sequences (the sampler's logits; V0 Llama 3.2 Vision's
+    # one image each): the most sequences, halving, that leave the KV cache two blocks.
+    seqs = budget.max_num_seqs if budget is not None else 1
+    while seqs > 1:
+        seqs //= 2
+        fewer = replace(settings, max_num_seqs=seqs)
+        if _estimate_gpu_kv_memory(device, fewer, geometry, memory, model_bytes) >= 2 * bytes_per_block:
+            return PredictedRefusal(NO_KV_CACHE_MEMORY, message + "; the memory profile's peak grows with "
+                                    "max_num_seqs", FlagChange({"--max-num-seqs": seqs}), certain=not estimated)
     return PredictedRefusal(NO_KV_CACHE_MEMORY, message + "; no flag frees enough: more GPUs "
                     "(--tensor-parallel-size), a quantized checkpoint or a smaller model", NO_CHANGE,
                     certain=not estimated)
