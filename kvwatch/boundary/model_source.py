@@ -1,6 +1,7 @@
 """Find and read a model's config.json: a local directory or the HF cache, never the network."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import dataclass
@@ -14,7 +15,12 @@ from kvwatch.vllm_releases.weight_files import HF_PATTERNS, index_name, index_we
 class ModelSource:
     path: Path                 # the directory that holds config.json
     config: dict
-    weights_bytes: int | None  # the tensors vLLM loads from the weight files, when they are there
+
+    @functools.cached_property
+    def weights_bytes(self) -> int | None:
+        """The tensors vLLM loads from the weight files, when they are there. Read on first use
+        (their headers): the exporter reads a model only for its config."""
+        return _weights_bytes(self.path)
 
 
 def _hf_cache_dirs() -> list[Path]:
@@ -123,4 +129,4 @@ def _load(model: str) -> ModelSource:
         raise ConfigError(f"{config_path}: nested too deeply to be a model config") from None
     if not isinstance(config, dict):
         raise ConfigError(f"{config_path}: expected a JSON object")
-    return ModelSource(path=directory, config=config, weights_bytes=_weights_bytes(directory))
+    return ModelSource(path=directory, config=config)

@@ -21,16 +21,21 @@ HF_PATTERNS = ("*.safetensors", "*.bin", "*.pt")
 NOT_FOR_INFERENCE = ("training_args.bin", "optimizer.bin", "optimizer.pt", "scheduler.pt", "scaler.pt")
 
 
+def _mistral(names: Iterable[str]) -> bool:
+    """Load format "auto" is "mistral" where any consolidated safetensors file is present."""
+    return any(fnmatch(n, MISTRAL_PATTERN) for n in names)
+
+
 def index_name(names: Iterable[str]) -> str:
     """The index file vLLM filters the safetensors by, for this directory's file names."""
-    return MISTRAL_INDEX if any(fnmatch(n, MISTRAL_PATTERN) for n in names) else SAFE_INDEX
+    return MISTRAL_INDEX if _mistral(names) else SAFE_INDEX
 
 
 def loaded_files(names: Iterable[str], index_files: Iterable[str] | None) -> list[str]:
     """The weight files (names in one directory) vLLM loads; `index_files`: the file names the
     index's weight_map names (None: no index, or none readable)."""
     names = sorted(set(names))
-    patterns = (MISTRAL_PATTERN,) if any(fnmatch(n, MISTRAL_PATTERN) for n in names) else HF_PATTERNS
+    patterns = (MISTRAL_PATTERN,) if _mistral(names) else HF_PATTERNS
     chosen: list[str] = []
     for pattern in patterns:
         chosen = [n for n in names if fnmatch(n, pattern)]
