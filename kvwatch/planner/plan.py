@@ -40,15 +40,16 @@ from kvwatch.planner.predicted_refusal import (
     NO_KV_CACHE_MEMORY,
     PredictedRefusal,
 )
-from kvwatch.planner.rules import FP8_KV_DTYPES, PACKED_MLA_BYTES, BackendRule, BlockSizeRule, RuleSet
+from kvwatch.planner.rules import FP8_KV_DTYPES, PACKED_MLA_BYTES, BackendRule, RuleSet
 from kvwatch.planner.scheduler import prefix_caching_on, request_demand
-from kvwatch.planner.versions import VllmVersion
 from kvwatch.planner.weights import (
     gpu_weights_bytes,
     mla_absorbed_bytes,
     mxfp4_triton_hopper_bytes,
     replicated_linear_bytes,
 )
+from kvwatch.values.block_sizes import BlockSizeRule
+from kvwatch.values.versions import VllmVersion
 from kvwatch.vllm_releases import DEFAULT_RELEASE
 from kvwatch.vllm_releases.gdn_checkpoint import GDN_CHECKPOINT_BLOCKS, gdn_checkpoint_alignment
 from kvwatch.vllm_releases.hybrid_alignment import hybrid_alignment_for
