@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvwatch.watchdog.kill_cause import HostMemory, Killer, OomCount, kill_cause, split_returncode
+from kvwatch.watchdog.kill_cause import HostMemory, Killer, OomCount, kernel_record, kill_cause, split_returncode
+from kvwatch.watchdog.outcomes import KernelRecord
 
 SVC = "/system.slice/kvwatch.service"
 GIB = 1 << 30
@@ -93,3 +94,30 @@ def test_split_returncode(returncode: int, split: tuple[int | None, int | None])
 ])
 def test_the_host_memory_line(memory: HostMemory, text: str) -> None:
     assert memory.text() == text
+
+
+@pytest.mark.parametrize(("memory", "effective"), [
+    (HostMemory(128 * GIB, 64 * GIB, SVC), 64 * GIB), (HostMemory(16 * GIB, 32 * GIB, "/"), 16 * GIB),
+    (HostMemory(None, 8 * GIB, "/k"), 8 * GIB), (HostMemory(16 * GIB, None, None), 16 * GIB),
+    (HostMemory(None, None, None), None),
+])
+def test_what_the_engine_can_have_at_most(memory: HostMemory, effective: int | None) -> None:
+    assert memory.effective_bytes() == effective
+
+
+HOST = HostMemory(128 * GIB, 64 * GIB, SVC)
+
+
+@pytest.mark.parametrize(("before", "after", "host", "record"), [
+    (v2(0), v2(2), HOST, KernelRecord(2, f"cgroup {SVC}, oom_kill 0→2", 64 * GIB,
+                                      f"128.0 GiB, cgroup limit 64.0 GiB (cgroup {SVC})")),
+    (v2(1), v2(1), HOST, KernelRecord(0, f"cgroup {SVC}, oom_kill 1→1", 64 * GIB,
+                                      f"128.0 GiB, cgroup limit 64.0 GiB (cgroup {SVC})")),
+    (v2(0), v2(2), None, KernelRecord(2, f"cgroup {SVC}, oom_kill 0→2")),
+    (None, v2(2), HOST, KernelRecord(0, "", 64 * GIB, f"128.0 GiB, cgroup limit 64.0 GiB (cgroup {SVC})")),
+    (v2(3), v2(1), None, KernelRecord()),                     # the cgroup was made again: no count
+    (v2(0), v2(1, cgroup="/other"), None, KernelRecord()),
+])
+def test_the_recovery_kernel_record(before: OomCount | None, after: OomCount | None, host: HostMemory | None,
+                                    record: KernelRecord) -> None:
+    assert kernel_record(before, after, host) == record

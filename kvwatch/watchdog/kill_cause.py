@@ -13,6 +13,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from kvwatch.watchdog.outcomes import KernelRecord
+
 # Linux numbers (x86-64 and arm64 alike); the pure core does not import `signal`.
 _SIGNAL_NAMES = {1: "SIGHUP", 2: "SIGINT", 3: "SIGQUIT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE",
                  9: "SIGKILL", 11: "SIGSEGV", 13: "SIGPIPE", 15: "SIGTERM"}
@@ -107,14 +109,35 @@ class HostMemory:
     cgroup_limit_bytes: int | None   # the tightest limit on the engine's cgroup and its parents; None: none
     cgroup: str | None = None        # the engine's memory cgroup, as /proc/PID/cgroup names it
 
-    def text(self) -> str:
-        """"host memory: X GiB, cgroup limit Y": a limit at or above the host's memory is none."""
+    def effective_bytes(self) -> int | None:
+        """What the engine can have at most: the host's memory, or the cgroup's limit where lower."""
+        known = [n for n in (self.total_bytes, self.cgroup_limit_bytes) if n is not None]
+        return min(known) if known else None
+
+    def words(self) -> str:
+        """"X GiB, cgroup limit Y": a limit at or above the host's memory is none."""
         total = _gib(self.total_bytes) if self.total_bytes is not None else "unknown"
         limit = self.cgroup_limit_bytes
         if limit is None or (self.total_bytes is not None and limit >= self.total_bytes):
-            return f"host memory: {total}, cgroup limit none"
+            return f"{total}, cgroup limit none"
         where = f" (cgroup {self.cgroup})" if self.cgroup else ""
-        return f"host memory: {total}, cgroup limit {_gib(limit)}{where}"
+        return f"{total}, cgroup limit {_gib(limit)}{where}"
+
+    def text(self) -> str:
+        return f"host memory: {self.words()}"
+
+
+def kernel_record(before: OomCount | None, after: OomCount | None, host: HostMemory | None) -> KernelRecord:
+    """The recovery's KernelRecord (outcomes.py) from the counts read before and after a launch and the
+    host's memory: the OOM kills counted during the launch (0 when the reads do not compare)."""
+    counts = _comparable(before, after)
+    kills, where = 0, ""
+    if counts is not None and after is not None:
+        kills = counts[1] - counts[0]
+        where = f"cgroup {after.cgroup}, oom_kill {counts[0]}→{counts[1]}"
+    if host is None:
+        return KernelRecord(kills, where)
+    return KernelRecord(kills, where, host.effective_bytes(), host.words())
 
 
 def _gib(n: int) -> str:
