@@ -9,6 +9,7 @@ from kvwatch.watchdog.host_memory_watch import (
     HostMemorySample,
     HostMemoryThresholds,
     HostMemoryVerdict,
+    HostMemoryWindow,
     describe_stop,
     host_memory_verdict,
     stop_record,
@@ -84,3 +85,11 @@ def test_the_stop_record_and_what_the_next_start_says() -> None:
     empty = stop_record(HostMemoryVerdict(STOP, "r", None), "", [], 1.0, "")
     assert (empty.available_bytes, empty.full_avg10) == (None, None)
     assert describe_stop(empty, BOOT) == "kvwatch stopped the engine for host memory while running (boot not known): r"
+
+
+def test_the_window_judges_the_newest_samples() -> None:
+    window = HostMemoryWindow()
+    levels = [window.add(sample).level for sample in (s(60), s(3), s(3), s(3), s(3), s(20), s(3))]
+    assert levels == [OK, WARN, WARN, STOP, STOP, OK, WARN]
+    one = HostMemoryWindow(HostMemoryThresholds(sustain=1))
+    assert one.add(s(3)).level is STOP

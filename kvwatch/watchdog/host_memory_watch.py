@@ -10,6 +10,7 @@ second may be too late. The thresholds are data, with defaults for hosts of 16 G
 from __future__ import annotations
 
 import enum
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -111,6 +112,19 @@ def host_memory_verdict(samples: Sequence[HostMemorySample],
     if warn is not None:
         return HostMemoryVerdict(HostMemoryLevel.WARN, warn, last)
     return HostMemoryVerdict(HostMemoryLevel.OK, "", last)
+
+
+class HostMemoryWindow:
+    """The newest samples, as many as the thresholds look back on: the watch adds one per tick and acts
+    on the verdict."""
+
+    def __init__(self, thresholds: HostMemoryThresholds = DEFAULT_THRESHOLDS) -> None:
+        self.thresholds = thresholds
+        self._samples: deque[HostMemorySample] = deque(maxlen=max(1, thresholds.sustain))
+
+    def add(self, sample: HostMemorySample) -> HostMemoryVerdict:
+        self._samples.append(sample)
+        return host_memory_verdict(list(self._samples), self.thresholds)
 
 
 def stop_record(verdict: HostMemoryVerdict, phase: str, argv: Sequence[str], now: float,
