@@ -5,6 +5,7 @@ driver rereads on every call."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from nvml_standin import GIB, NvmlStandin, StandinGpu, StandinProcess, StandinState
@@ -20,10 +21,10 @@ OTHER = 777             # someone else's process on GPU A, there before the laun
 
 
 def state(a_procs: list[StandinProcess], b_procs: list[StandinProcess], a_used: int, b_used: int,
-          **gpu_b: object) -> StandinState:
+          **gpu_b: Any) -> StandinState:
     return StandinState(gpus=[
         StandinGpu(uuid=A, memory_used_bytes=a_used, processes=a_procs),
-        StandinGpu(uuid=B, memory_used_bytes=b_used, processes=b_procs, **gpu_b),  # type: ignore[arg-type]
+        StandinGpu(uuid=B, memory_used_bytes=b_used, processes=b_procs, **gpu_b),
     ])
 
 
