@@ -27,7 +27,7 @@ class OomCount:
 
     cgroup: str                       # the cgroup as /proc/PID/cgroup names it ("/system.slice/x.service")
     version: int                      # 1 or 2
-    oom_kill: int                     # processes of the cgroup (and its children) the OOM killer killed
+    oom_kill: int                     # processes of the cgroup the OOM killer killed (v2: its children too)
     oom_group_kill: int | None = None  # v2, kernel 5.17+: whole-group kills (memory.oom.group)
 
 
