@@ -123,3 +123,21 @@ def test_a_stop_request_cancels_the_wait(nvml: Nvml, nvml_standin: NvmlStandin) 
     verdict = wait(nvml, timeline, {A: 4 * GIB, B: 0}, stopping=lambda: timeline.now >= 101.0)
     assert (verdict.outcome, verdict.elapsed_s) == (ReleaseOutcome.CANCELLED, 1.0)
     assert [h.uuid for h in verdict.held] == [A, B]
+
+
+def test_the_supervisors_evidence_waits_from_the_launchs_own_baseline(nvml: Nvml, nvml_standin: NvmlStandin) -> None:
+    """LaunchEvidence (what the supervisor calls): the baseline is read before the launch, the wait after the
+    death, and its outcome counted for kvwatch_gpu_release_waits_total."""
+    from fake_os import FakeClock, FakeOs
+
+    from kvwatch.watchdog.launch_evidence import LaunchEvidence
+
+    evidence = LaunchEvidence(FakeOs(FakeClock(), []), nvml.snapshot)
+    evidence.before_launch()                      # BEFORE: someone else's 4 GiB on A
+    nvml_standin.write(HELD)                      # the engine ran, died, and its memory is still held
+    timeline = Timeline(nvml_standin, {1.0: A_FREED, 2.0: BEFORE})
+    verdict = evidence.wait_gpu_release(ENGINE, timeline.clock, timeline.sleep, lambda: False)
+    assert verdict is not None and verdict.outcome is ReleaseOutcome.RELEASED and verdict.elapsed_s == 2.0
+    assert (evidence.release_waits, evidence.last_release_wait) == ({"released": 1}, 2.0)
+    off_cuda = LaunchEvidence(FakeOs(FakeClock(), []), lambda: None)
+    assert off_cuda.wait_gpu_release(ENGINE, timeline.clock, timeline.sleep, lambda: False) is None

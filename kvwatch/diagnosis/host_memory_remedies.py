@@ -69,4 +69,4 @@ def host_oom_options(command: EngineCommand, facts: HostOomFacts) -> Iterator[tu
         yield NO_CHANGE, f"the kernel's OOM killer ended it once while {phase}: restart with the same plan"
         return
     for change, why in host_memory_changes(command):
-        yield change, f"the kernel's OOM killer ended it {facts.repeats + 1} times while {phase}: {why}"
+        yield change, f"host memory ran out {facts.repeats + 1} times while {phase}: {why}"
