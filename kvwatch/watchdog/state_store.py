@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Union
 
+from kvwatch.boundary.bounded_read import read_bounded
 from kvwatch.errors import KvwatchError
 from kvwatch.watchdog.records import Constraint, CorrectionRecord, FailureRecord, HostMemoryStop, PreflightFix
 from kvwatch.watchdog.state_dir import ensure_private_dir, open_to_others, untrusted_file
@@ -122,26 +123,16 @@ class UntrustedFile(ValueError):
 
 
 def read_regular(path: Path, max_bytes: int = MAX_STATE_BYTES, trusted_only: bool = False) -> bytes:
-    """A regular file's bytes, never through a symlink, never blocking on a FIFO, at most
-    `max_bytes` (OSError or ValueError otherwise); with `trusted_only`, only a file nobody but
+    """A file kvwatch wrote: regular, never through a symlink, at most `max_bytes` (the shared
+    bounded reader; OSError or ValueError otherwise); with `trusted_only`, only a file nobody but
     this user or root could have written (UntrustedFile otherwise)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ValueError("not a regular file")
-        why = untrusted_file(info) if trusted_only else None
-        if why:
-            raise UntrustedFile(why)
-        if info.st_size > max_bytes:
-            raise ValueError(f"larger than {max_bytes} bytes")
-        with os.fdopen(os.dup(fd), "rb") as f:
-            data = f.read(max_bytes + 1)
-    finally:
-        os.close(fd)
-    if len(data) > max_bytes:
-        raise ValueError(f"larger than {max_bytes} bytes")
-    return data
+    return read_bounded(path, max_bytes, follow_symlinks=False, vet=_trusted if trusted_only else None)
+
+
+def _trusted(info: os.stat_result) -> None:
+    why = untrusted_file(info)
+    if why:
+        raise UntrustedFile(why)
 
 
 _MAX_PID = 1 << 31   # above any pid_max; psutil and os.kill raise (not return) beyond it

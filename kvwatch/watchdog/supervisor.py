@@ -73,6 +73,7 @@ from kvwatch.watchdog.os_interface import EngineHandle, RealOs, WatchdogOs
 from kvwatch.watchdog.outcomes import NO_KERNEL_RECORD, LaunchOutcome
 from kvwatch.watchdog.output_pump import OutputPump
 from kvwatch.watchdog.ownership import EngineProof
+from kvwatch.watchdog.persisted_command import judge_persisted
 from kvwatch.watchdog.plan_in_force import PlanInForce
 from kvwatch.watchdog.preflight import device_for_spec, learned_key, preflight
 from kvwatch.watchdog.pressure_watch import PressureWatch
@@ -299,7 +300,8 @@ class Supervisor:
     def _startup(self) -> None:
         configured = list(self._command.argv)
         record = self._store.load()
-        if record is not None and record.original_argv == configured and record.argv:
+        if record is not None and record.original_argv == configured and record.argv \
+                and not self._refuse_persisted(record.argv, configured):
             self._record = record
             self._command = EngineCommand(tuple(record.argv), self._command.release)
             if record.argv != configured:
@@ -368,6 +370,14 @@ class Supervisor:
             record.corrections.append(decision.correction)
             self._command = decision.command
             record.argv = list(decision.command.argv)
+
+    def _refuse_persisted(self, persisted: list[str], configured: list[str]) -> bool:
+        """Whether the state file's command is not the configured one with kvwatch's own changes."""
+        verdict = judge_persisted(persisted, configured, self._command.release, self.config.policy.fixed_flags)
+        if not verdict.accepted:
+            _LOG.warning("state: %s holds a command kvwatch did not write (%s): not launched; launching the "
+                         "configured command", self._store.path, verdict.reason)
+        return not verdict.accepted
 
     @property
     def _plan(self) -> Plan | None:
