@@ -219,7 +219,7 @@ def render(plan: Plan) -> str:
     if plan.unknown_layer_types:
         lines.append(f"UNKNOWN: kvwatch cannot classify: {'; '.join(plan.unknown_layer_types)}; "
                      f"planned with the layers kvwatch knows (full attention where unsure), so the figures above may "
-                     f"be wrong")
+                     f"be wrong; no rule of kvwatch claims a certain failure or changes the command for it")
     if not plan.warnings:
         lines.append("OK: vLLM should accept this plan")
     return "\n".join(lines)

@@ -42,6 +42,7 @@ from kvwatch.planner.predicted_refusal import (
 )
 from kvwatch.planner.rules import FP8_KV_DTYPES, PACKED_MLA_BYTES, BackendRule, BlockSizeRule, RuleSet
 from kvwatch.planner.scheduler import prefix_caching_on, request_demand
+from kvwatch.planner.scope import within_scope
 from kvwatch.planner.versions import VllmVersion
 from kvwatch.planner.weights import (
     gpu_weights_bytes,
@@ -430,6 +431,7 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
         if settings.num_gpu_blocks_override is None else 0,
         "null_block": bytes_per_block if num_blocks else 0,
     }
+    unknown = geometry.layout.unknown_layer_types + architecture_unknowns(geometry, memory.vllm_version)
     return Plan(
         model=settings.model, device=device.name, compute_capability=device.sm,
         attention=geometry.attention, backend=backend.name if backend else None,
@@ -439,13 +441,13 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
         layers_per_block=groups.group_size, bytes_per_block=bytes_per_block,
         kv_memory_bytes=kv_memory, kv_memory_source=kv_source, num_blocks=num_blocks,
         kv_cache_tokens=tokens, max_model_len=max_len, max_concurrency=concurrency,
-        estimated=estimated, padding_bytes=padding, warnings=tuple(warnings),
+        estimated=estimated, padding_bytes=padding, warnings=within_scope(warnings, unknown),
         backend_reasons=choice.reasons, data_parallel_size=max(1, settings.data_parallel_size),
         pipeline_parallel_size=max(1, settings.pipeline_parallel_size),
         kv_cache_groups=len(groups.groups), padding_layers=groups.padding_layers,
         blocks_per_request=groups.blocks_per_request(demand),
         recurrent_state_bytes=state_bytes, max_model_len_fitted=settings.max_model_len_auto, gpu_budget=budget,
-        unknown_layer_types=geometry.layout.unknown_layer_types + architecture_unknowns(geometry, memory.vllm_version),
+        unknown_layer_types=unknown,
         indexer_bytes_per_token=geometry.indexer_bytes_per_token if device.platform == "cuda" else 0)
 
 
