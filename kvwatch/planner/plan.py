@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from kvwatch.failure_kinds import FailureKind
-from kvwatch.planner.architecture_kinds import unknown_reasons
+from kvwatch.planner.architecture_kinds import builds_no_cache, unknown_reasons
 from kvwatch.planner.architectures import IN_TRANSFORMERS
 from kvwatch.planner.architectures import refusals as _architecture_refusals
 from kvwatch.planner.backend_legality import backend_refusals
@@ -33,6 +33,7 @@ from kvwatch.planner.kv_groups import (
     sliding_block_size,
 )
 from kvwatch.planner.layers import CHUNKED, MAMBA, SLIDING
+from kvwatch.planner.no_kv_cache import no_kv_cache_plan
 from kvwatch.planner.predicted_refusal import (
     CONFIG_REFUSED,
     KV_CACHE_TOO_SMALL,
@@ -132,6 +133,8 @@ class Plan:
     # GPU only: the sparse-attention indexer's cache, every layer, one token (DeepSeek-V3.2, GLM-5);
     # counted per token, not in the blocks above (its grouping with the latent is not planned).
     indexer_bytes_per_token: int = 0
+    # Why vLLM allocates no KV cache for this model (encoder-only: planner/no_kv_cache.py); "" when it does.
+    no_kv_cache: str = ""
 
     @property
     def engine_num_blocks(self) -> int:
@@ -144,9 +147,11 @@ class Plan:
     @property
     def source(self) -> str:
         """How the KV memory is known: "exact" (a flag or the environment fixes it), "learned" (from
-        the engine's own profile on an earlier launch) or "estimated" (from config.json and the card)."""
+        the engine's own profile on an earlier launch) or "estimated" (from config.json and the card); "none" where vLLM allocates no KV cache at all."""
         if self.unknown_layer_types:
             return "unknown"
+        if self.no_kv_cache:
+            return "none"
         if self.estimated:
             return "estimated"
         return "learned" if self.kv_memory_source.startswith("learned") else "exact"
@@ -296,6 +301,9 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
         rules, device, geometry, kv_dtype, settings.block_size, settings.attention_backend)
     warnings: list[PredictedRefusal] = list(refusals) + architecture_refusals(geometry, settings, device,
                                                                                   memory.vllm_version)
+    if no_cache := builds_no_cache(geometry.architectures, str(memory.vllm_version) if memory.vllm_version else None):
+        return no_kv_cache_plan(settings.model, no_cache, settings, device,
+                                settings.max_model_len or geometry.default_max_model_len, warnings)
     backend = choice.backend
 
     # -- block size: the flag, else the backend's preference; some platforms override both.
