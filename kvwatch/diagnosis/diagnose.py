@@ -48,8 +48,8 @@ MAX_EVIDENCE_CHARS = 2000           # evidence reported (the line, trimmed)
 MAX_LINE_BYTES = MAX_LINE_CHARS * 4  # the same cut on undecoded UTF-8
 _BATCH_CHARS = 1 << 20              # feed_all joins lines into batches of about this size
 _BLOCK_BYTES = 1 << 20              # feed_stream reads blocks of this size
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
-_PREFIX = re.compile(r"\((?P<proc>[A-Za-z_][\w.-]*)(?: rank=\d+)? pid=(?P<pid>\d+)\)")
+_ANSI = normalise.ANSI
+_PREFIX = re.compile(r"\((?P<proc>[A-Za-z_][\w.-]*)(?: rank=\d+)? pid=(?P<pid>\d+)(?:, ip=[\d.]+)?\)")
 _API_SERVER = "APIServer"   # vLLM's front-end process: it serves requests, their text is anyone's
 # The wrappers that report a failure of an engine core or worker (all but a bare "original error:").
 _CORE_WRAPPERS = frozenset(name for _, name in WRAPPERS) - {"original_error"}
@@ -63,9 +63,9 @@ _FLAG_REASONS = ("block_size", "kv_cache_dtype", "kv cache dtype", "FP8 KV cache
 # process prefixes; a line with no level continues the record above it unless it starts a
 # traceback, an exception line or a process's own output.
 _OUTER = r"^(?:[\w.-]+\s+\|\s)?\s*(?:\[rank\d+\]:\s*)?"
-_RECORD_LEVEL = re.compile(_OUTER + r"(?:\([A-Za-z_][\w.-]*(?: rank=\d+)? pid=\d+\)\s+)*"
+_RECORD_LEVEL = re.compile(_OUTER + r"(?:\([A-Za-z_][\w.-]*(?: rank=\d+)? pid=\d+(?:, ip=[\d.]+)?\)\s+)*"
                            r"(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)(?::\s|\s+\d\d-\d\d\s)")
-_RECORD_START = re.compile(_OUTER + r"(?:\([A-Za-z_][\w.-]*(?: rank=\d+)? pid=\d+\)|Traceback \(most recent|"
+_RECORD_START = re.compile(_OUTER + r"(?:\([A-Za-z_][\w.-]*(?: rank=\d+)? pid=\d+(?:, ip=[\d.]+)?\)|Traceback \(most recent|"
                            r"(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Interrupt|Resources|Warning)\b)")
 _QUIET_LEVELS = frozenset({"DEBUG", "INFO"})
 _LOOK_BACK_LINES = 400
