@@ -51,6 +51,7 @@ def normalise(text: str) -> str:
     accepted = prefixes.common_prefixes(_sample(lines))
     if accepted:
         lines = [prefixes.strip_line(line, accepted) for line in lines]
+    lines = prefixes.dedent(lines)
     lines = prefixes.vllm_heads("\n".join(lines)).split("\n")
     return "\n".join(rejoin.rejoin(lines, WORDS, lengths))
 

@@ -33,8 +33,9 @@ class Shape:
 
 
 SHAPES: tuple[Shape, ...] = (
-    Shape("timestamp", re.compile(r"\[?" + _DATE_TIME + r"\]?:? "), example="2024-06-28T06:11:52.685300953Z "),
-    Shape("bracket_tag", re.compile(r"\[[^\]\s=]{1,120}\]:? "), example="[pod/vllm-0/vllm] "),
+    Shape("timestamp", re.compile(r"\[" + _DATE_TIME + r"\]:?(?: |(?=\[))|" + _DATE_TIME + r":? "),
+          example="2024-06-28T06:11:52.685300953Z "),
+    Shape("bracket_tag", re.compile(r"\[[^\]\s=]{1,120}\]:?(?: |(?=\[))"), example="[pod/vllm-0/vllm] "),
     Shape("level_tag", re.compile(r"\[ ?[A-Za-z]{3,8} ?\] "), example="[INFO ] "),
     Shape("name_pipe", re.compile(r"[A-Za-z0-9][\w.-]*\s+\| ?"), example="vllm-1  | "),
     Shape("pipe", re.compile(r" {0,3}\| ?"), example="  | "),
@@ -98,6 +99,16 @@ def strip_line(line: str, accepted: frozenset[tuple[str, ...]]) -> str:
         if tuple(name for name, _ in tokens[:n]) in accepted:
             return line[tokens[n - 1][1]:]
     return line
+
+
+def dedent(lines: list[str]) -> list[str]:
+    """A block indented as a whole (a quote in an issue's body) without the indentation all its lines
+    share; a lone line keeps its own (pydantic's indented sentence is read by its indentation)."""
+    body = [line for line in lines if line.strip()]
+    if len(body) < 2:
+        return lines
+    indent = min(len(line) - len(line.lstrip(" ")) for line in body)
+    return [line[indent:] for line in lines] if indent else lines
 
 
 def vllm_heads(text: str) -> str:
