@@ -35,8 +35,14 @@ ROWS = [
      [S, "starting", "ready", "stopping", S], EXIT_OK),
     ("a failure with a remedy: corrected and relaunched", [Launch(exit_after=1, log=BLOCK_8), Launch(ready_after=2)],
      {}, 20, [S, "starting", "backoff", "starting", "ready", "stopping", S], EXIT_OK),
-    ("a failure without a remedy: FATAL", [Launch(exit_after=1, log="something no class names\n")], {}, None,
-     [S, "starting", "fatal"], EXIT_GAVE_UP),
+    ("an exit no line names: restarted until the restart budget is spent, then FATAL",
+     [Launch(exit_after=1, log="something no class names\n")], {}, None,
+     [S, "starting", "backoff", "starting", "backoff", "starting", "backoff", "starting", "fatal"], EXIT_GAVE_UP),
+    ("killed from outside while starting: restarted, and it serves",
+     [Launch(exit_after=1, exit_code=-9), Launch(ready_after=1)], {}, 20,
+     [S, "starting", "backoff", "starting", "ready", "stopping", S], EXIT_OK),
+    ("a failure without a remedy: FATAL", [Launch(exit_after=1, log=BLOCK_8)], {"allow_block_size_change": False},
+     None, [S, "starting", "fatal"], EXIT_GAVE_UP),
     ("a command that cannot start: FATAL", [Launch(spawn_error=True)], {}, None,
      [S, "starting", "fatal"], EXIT_GAVE_UP),
     ("stopped while starting", [Launch()], {}, 3, [S, "starting", "stopping", S], EXIT_OK),
@@ -146,3 +152,16 @@ def test_an_illegal_transition_is_refused(tmp_path: Path) -> None:
     sup, _, _, _ = run_table_row(tmp_path, [Launch(ready_after=1)], {}, 0)
     with pytest.raises(RuntimeError, match="illegal transition stopped -> ready"):
         sup._transition(EngineState.READY, "never from STOPPED")
+
+
+def test_a_kill_from_outside_is_named_and_restarted(tmp_path: Path) -> None:
+    """Issue 42: SIGKILL while loading is a crash, restarted with the same plan and named as the kill."""
+    sup, fake_os, recorder, code = run_table_row(
+        tmp_path, [Launch(exit_after=1, exit_code=-9, log="INFO Starting to load model m...\n"),
+                   Launch(ready_after=1)], {}, 20)
+    assert code == EXIT_OK
+    assert sup.status.failures == {"killed": 1} and sup.status.restarts == {"killed": 1}
+    failure = sup._record.failures[-1]
+    assert failure.evidence == "killed by signal 9 (SIGKILL) from outside while loading weights"
+    assert failure.phase == "loading weights"
+    assert fake_os.engines[0].argv == fake_os.engines[1].argv   # the same plan

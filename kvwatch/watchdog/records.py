@@ -23,6 +23,7 @@ class FailureRecord:
     time: float                     # wall clock (time.time()), for people
     argv: list[str]
     reason: str = ""                # what kvwatch made of it
+    phase: str = ""                 # how far the start had come (diagnosis/start_phase.py); "" in old files
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> FailureRecord:
@@ -30,7 +31,7 @@ class FailureRecord:
         if evidence is not None and not isinstance(evidence, str):
             raise ValueError("'evidence' is not a string")
         return cls(_kind(_str(data, "kind")), evidence, _number(data, "time"), _str_list(data, "argv"),
-                   _str(data, "reason") if "reason" in data else "")
+                   _str(data, "reason") if "reason" in data else "", _str(data, "phase") if "phase" in data else "")
 
 
 @dataclass(frozen=True)

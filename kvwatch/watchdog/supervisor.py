@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -886,13 +887,15 @@ class Supervisor:
         lost_rank = next(iter(run.tree.ranks.lost), None) if run is not None else None
         if lost_rank is not None:   # one DP rank's core died first: diagnose by its lines
             lines = lines_of_rank(lines, lost_rank)
-        diagnosis = recovery.diagnosis_of(end.outcome, end.detail, lines, end.served)
+        record = self._record
+        diagnosis = recovery.diagnosis_of(
+            end.outcome, end.detail, lines, end.served, returncode=end.returncode, signal_name=_signal_name(end),
+            earlier=record.failures, argv=self._command.argv, now=self._os.wall_time())
         if lost_rank is not None and run is not None:
             diagnosis = recovery.with_rank(diagnosis, lost_rank, run.tree.ranks.lost[lost_rank])
         failure = recovery.failure_record(diagnosis, end.detail, self._command, self._os.wall_time())
         kind = failure.kind.value   # the counters' keys: the metrics' label values
         _LOG.warning("failed: %s (%s): %s", kind, end.detail, failure.evidence)
-        record = self._record
         record.failure_counts[kind] = record.failure_counts.get(kind, 0) + 1
         record.failures.append(failure)
 
@@ -967,6 +970,17 @@ class Supervisor:
                 observer(status)
             except Exception:  # an observer's bug must not stop the watchdog
                 _LOG.exception("observer %r failed", observer)
+
+
+def _signal_name(end: LaunchEnd) -> str:
+    """The name of the signal that ended the engine (SIGKILL, ...), "" when it exited by itself."""
+    code = end.returncode
+    if end.outcome is not LaunchOutcome.EXIT or code is None or code >= 0:
+        return ""
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return ""
 
 
 def _probe(url: str, timeout: float, starting: bool) -> bool:
