@@ -27,7 +27,7 @@ def waits(*seconds: int, level: str = "INFO") -> list[str]:
     ([START, *waits(10, 30), "(EngineCore_DP0 pid=300) (RayWorkerWrapper pid=400) INFO 12-05 10:01:00 "
       "[gpu_model_runner.py:1] Starting to load model x"], FailureKind.UNKNOWN),    # it went on
     ([START, *waits(10, 30), "(APIServer pid=1) INFO 12-05 10:02:00 [launcher.py:1] Application startup complete."],
-     FailureKind.UNKNOWN),
+     FailureKind.ENGINE_DIED),                                 # it served: a death, as any log that ends so
 ])
 def test_the_waits_name_the_class_only_when_nothing_came_after_them(log, kind):
     d = diagnose(log)

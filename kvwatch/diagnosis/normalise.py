@@ -20,6 +20,7 @@ import re
 from kvwatch.diagnosis import prefixes, rejoin
 from kvwatch.diagnosis.patterns import PATTERNS, ROOT_KEYWORDS
 from kvwatch.diagnosis.refusals import REFUSALS
+from kvwatch.vllm_releases.texts import TEXTS
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 _SAMPLE_LINES = 64
@@ -29,9 +30,18 @@ _EMBEDDED_RECORD = re.compile(r"(?<=\S)\s*(?=\((?:APIServer|EngineCore\w*|Worker
                               r"|(?<=\S) (?=(?:ERROR|WARNING|INFO|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d )")
 _ONLY_PROCESS = re.compile(r"^\s*(?:\([A-Za-z_][\w.-]*(?: rank=\d+)?(?:, ip=[\d.]+)? pid=\d+\)\s*)+$")
 PASTED_LINE_CHARS = 400     # a line longer than this may be a whole pasted log
+# Words vLLM's messages take from its code, not their templates: the attention selector's reasons
+# ("sparse not supported", "compute capability not supported"), triton's resources, NCCL's errors.
+_GENERATED_WORDS = ("head_size", "dtype", "kv_cache_dtype", "block_size", "sparse", "sink", "setting", "compute",
+                    "capability", "causal", "non", "attention", "partial", "multimodal", "prefix", "shared", "memory",
+                    "registers", "supported", "not",
+                    # NCCL's error strings (ncclGetErrorString)
+                    "unhandled", "cuda", "system", "internal", "invalid", "argument", "usage", "remote", "process",
+                    "exited", "network", "error")
 # The words of vLLM's messages, where a word a terminal split is rejoined without a space.
 WORDS = rejoin.vocabulary([p.regex.pattern for p in PATTERNS] + [r.regex.pattern for r in REFUSALS]
-                          + list(ROOT_KEYWORDS))
+                          + list(ROOT_KEYWORDS)
+                          + [t.template for texts in TEXTS.values() for t in texts] + list(_GENERATED_WORDS))
 
 
 def _sample(lines: list[str]) -> list[str]:

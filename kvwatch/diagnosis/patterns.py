@@ -442,7 +442,7 @@ PATTERNS: tuple[Pattern, ...] = (
     Pattern("compile_failed", FailureKind.COMPILE_FAILED, 55,
             ("LoweringException", "InductorError", "BackendCompilerFailed", "CompilationError"),
             re.compile(r"(?:torch\._inductor\.exc\.)?(?P<error>LoweringException|InductorError"
-                       r"|BackendCompilerFailed|(?:triton\.compiler\.errors\.)?CompilationError): "),   # the exception, not its raise
+                       r"|BackendCompilerFailed|(?:triton\.compiler\.errors\.)?CompilationError):(?: |$)"),   # the exception, not its raise
             lambda m: {"error": m["error"].rsplit(".", 1)[-1]},
             "torch._inductor.exc, torch._dynamo.exc, triton.compiler.errors"),
     Pattern("tool_parser_unknown", FailureKind.TOOL_PARSER_UNKNOWN, 89,

@@ -18,8 +18,8 @@ from kvwatch.diagnosis.facts import JsonFacts
 
 WAIT_MARKER = "Waiting for creating a placement group"
 _WAIT = re.compile(r"Waiting for creating a placement group of specs for (?P<seconds>\d+) seconds"
-                   r"(?:\. specs=(?P<specs>\[.*?\])(?:\.|$))?")
-_SPEC_GPUS = re.compile(r"'GPU': (?P<n>[\d.]+)")
+                   r"(?:\.\s*specs=(?P<specs>\[.*?\])(?:\.|$))?")
+_SPEC_GPUS = re.compile(r"'GPU':\s*(?P<n>[\d.]+)")
 # What Ray has: vLLM's own count, `ray status`'s "0.0/4.0 GPU", or its resource listing.
 SEEN_MARKERS: tuple[str, ...] = ("Total number of devices:", ".0 GPU", "cluster_resources")
 _SEEN = re.compile(r"Total number of devices: (?P<total>\d+)|(?:^|\s)[\d.]+/(?P<status>[\d.]+) GPU\b"

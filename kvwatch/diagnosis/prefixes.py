@@ -35,7 +35,7 @@ class Shape:
 SHAPES: tuple[Shape, ...] = (
     Shape("timestamp", re.compile(r"\[" + _DATE_TIME + r"\]:?(?: |(?=\[))|" + _DATE_TIME + r":? "),
           example="2024-06-28T06:11:52.685300953Z "),
-    Shape("bracket_tag", re.compile(r"\[[^\]\s=]{1,120}\]:?(?: |(?=\[))"), example="[pod/vllm-0/vllm] "),
+    Shape("bracket_tag", re.compile(r"\[[^\]\s='\"]{1,120}\]:?(?: |(?=\[))"), example="[pod/vllm-0/vllm] "),
     Shape("level_tag", re.compile(r"\[ ?[A-Za-z]{3,8} ?\] "), example="[INFO ] "),
     Shape("name_pipe", re.compile(r"[A-Za-z0-9][\w.-]*\s+\| ?"), example="vllm-1  | "),
     Shape("pipe", re.compile(r" {0,3}\| ?"), example="  | "),
@@ -88,7 +88,7 @@ def common_prefixes(lines: Sequence[str]) -> frozenset[tuple[str, ...]]:
         sig = signature(line)
         for n in range(1, len(sig) + 1):
             counts[sig[:n]] += 1
-    need = max(1, int(seen * _MIN_SHARE))
+    need = max(min(seen, 2), int(seen * _MIN_SHARE))     # in a block of lines, never one line alone
     return frozenset(sig for sig, n in counts.items() if n >= need)
 
 
