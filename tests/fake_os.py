@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 
 from kvwatch.boundary.engine_http import EngineLoad, EngineMetrics
 from kvwatch.boundary.proc_inspect import ProcInfo, ProcRef
-from kvwatch.watchdog.host_memory_watch import HostMemorySample
-from kvwatch.watchdog.kill_cause import HostMemory, OomCount
+from kvwatch.values.host_memory import HostMemory, HostMemorySample, OomCount
 from kvwatch.watchdog.leftovers import CleanupReport
 from kvwatch.watchdog.ownership import EngineProof
 

@@ -16,9 +16,8 @@ from typing import Protocol
 
 from kvwatch.boundary import host_memory, oom_record, proc_inspect, spawn
 from kvwatch.boundary.proc_inspect import ProcInfo, ProcRef
+from kvwatch.values.host_memory import HostMemory, HostMemorySample, OomCount
 from kvwatch.watchdog import leftovers
-from kvwatch.watchdog.host_memory_watch import HostMemorySample
-from kvwatch.watchdog.kill_cause import HostMemory, OomCount
 from kvwatch.watchdog.leftovers import CleanupReport
 from kvwatch.watchdog.ownership import EngineProof
 
