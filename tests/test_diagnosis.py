@@ -39,7 +39,7 @@ CASES = [
      {"max_model_len": 262144, "needed_gib": 2.0, "available_gib": 1.0, "estimated_max_model_len": 130944,
       "wording": "new", "process": "EngineCore"},
      "ValueError: To serve at least one request with the model's max seq len (262144)"),
-    ("cpu_engine_died.log", K.ENGINE_DIED, False, {"after_ready": True}, "engine core exited unexpectedly"),
+    ("cpu_engine_died.log", K.ENGINE_DIED, False, {"after_ready": True}, "EngineDeadError"),   # the ERROR line, not the WARNING before it
     # vLLM's refusals of its own configuration: the evidence is vLLM's sentence, never pydantic's header.
     ("cpu_refusal_max_model_len.log", K.CONFIG_REFUSED, False,
      {"refusal": "max_model_len_above_derived", "max_model_len": 300000, "derived_max_model_len": 1024,
@@ -431,3 +431,22 @@ def test_truncated_fixture_never_raises(name):
     for cut in sorted(rng.sample(range(len(data) + 1), min(25, len(data) + 1))):
         d = diagnose(data[:cut].split(b"\n"))
         assert isinstance(d.kind, FailureKind)
+
+
+def test_a_warning_line_is_never_evidence():
+    """Issue 42: an engine killed right after its first /health 200 left only a benign WARNING that quotes
+    a ValueError; the diagnosis named it as the failure. A WARNING or INFO record is never evidence."""
+    lines = [
+        "(APIServer pid=8) INFO 12-05 10:00:01 [api_server.py:1500] Starting vLLM API server 0 on http://0.0.0.0:8000",
+        "(APIServer pid=8) WARNING 12-05 10:00:02 [serving_chat.py:120] Chat template could not be loaded: "
+        "ValueError: Tokenizer not available when skip_tokenizer_init=True",
+        "(APIServer pid=8) INFO:     127.0.0.1:40000 - \"GET /health HTTP/1.1\" 200 OK",
+    ]
+    d = diagnose(lines)
+    assert d.kind is K.ENGINE_DIED or d.kind is K.UNKNOWN
+    assert d.evidence is None or "Tokenizer" not in d.evidence, d.evidence
+    warned = diagnose([lines[1].replace("WARNING", "WARN")])
+    assert warned.evidence is None, warned.evidence
+    # The same exception in an ERROR record is evidence.
+    errored = diagnose([lines[1].replace("WARNING", "ERROR")])
+    assert errored.evidence is not None and "Tokenizer not available" in errored.evidence

@@ -67,7 +67,7 @@ _RECORD_LEVEL = re.compile(_OUTER + r"(?:\([A-Za-z_][\w.-]*(?: rank=\d+)? pid=\d
                            r"(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)(?::\s|\s+\d\d-\d\d\s)")
 _RECORD_START = re.compile(_OUTER + r"(?:\([A-Za-z_][\w.-]*(?: rank=\d+)? pid=\d+\)|Traceback \(most recent|"
                            r"(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Interrupt|Resources|Warning)\b)")
-_QUIET_LEVELS = frozenset({"DEBUG", "INFO"})
+_QUIET_LEVELS = frozenset({"DEBUG", "INFO", "WARNING", "WARN"})   # never evidence of a failure
 _LOOK_BACK_LINES = 400
 # Classes that only a start can have: an engine that served with this plan is not refused it later.
 _START_ONLY = frozenset({FailureKind.BLOCK_SIZE_UNSUPPORTED, FailureKind.KV_DTYPE_UNSUPPORTED,
@@ -421,7 +421,7 @@ class LogScanner:
             return Diagnosis(FailureKind.ENGINE_DIED, died.line if died else self._first_in_chain or self._last_exception,
                              facts, fatal=False)
         died = candidates.get(FailureKind.ENGINE_DIED)
-        if died is not None or self.served:
+        if died is not None or served:   # the log's own READY counts as the probe's: one verdict either way
             facts = dict(died.merged) if died else {}
             facts.update(died.facts if died else {})
             if died:
