@@ -13,9 +13,11 @@ import argparse
 import glob
 import json
 import os
+import stat
 import sys
 from typing import Any
 
+from kvwatch.boundary.bounded_read import kind_of
 from kvwatch.diagnosis import Diagnosis, FailureKind, Remedy, propose_remedy
 from kvwatch.diagnosis.diagnose import diagnose_stream
 from kvwatch.errors import KvwatchError
@@ -40,6 +42,11 @@ def _diagnose_source(path: str, served: bool) -> Diagnosis:
     if path == "-":
         return diagnose_stream(sys.stdin.buffer, served=served)
     try:
+        # A log is read as a stream: a regular file, or a pipe (`<(journalctl ...)`), whose writer it
+        # waits for; a device (/dev/zero) would never end, a directory or socket is no log.
+        mode = os.stat(path).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
+            raise KvwatchError(f"cannot read {path}: not a log ({kind_of(mode)})")
         with open(path, "rb") as stream:
             return diagnose_stream(stream, served=served)
     except OSError as exc:
