@@ -155,3 +155,29 @@ def test_the_claims_writer_makes_the_state_dir_private(tmp_path: Path) -> None:
     assert registry.flush(30)
     assert _mode(tmp_path / "state") == 0o750 and _mode(tmp_path / "state" / "engines") == 0o750
     assert json.loads((tmp_path / "state" / "engines" / "e.json").read_text())["name"] == "e"
+
+
+def test_the_lock_files_pid_is_written_in_place(tmp_path: Path, helper: HelperProcess) -> None:
+    lock = tmp_path / "e.lock"
+    lock.write_text("12345678\n")
+    inode = lock.stat().st_ino
+    helper.write_in_place(lock, b"42\n")
+    assert lock.read_text() == "42\n" and lock.stat().st_ino == inode   # the same file: the flock stays on it
+
+
+def test_a_lock_taken_on_a_disk_that_does_not_answer_starts_all_the_same(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
+    from kvwatch.errors import KvwatchError
+    from kvwatch.watchdog import state_store
+    writer, gate, _ = _blocking_writer()
+    monkeypatch.setitem(disk_writer._SHARED, "lock", writer)
+    monkeypatch.setattr(state_store, "LOCK_PID_SECONDS", 0.3)
+    first, second = state_store.EngineLock(tmp_path, "e"), state_store.EngineLock(tmp_path, "e")
+    start = time.monotonic()
+    first.acquire()
+    assert time.monotonic() - start < 3 and "pid not written yet" in caplog.text
+    with pytest.raises(KvwatchError, match=r"another kvwatch \(pid \?\)"):   # held all the same
+        second.acquire()
+    gate.set()
+    first.release()

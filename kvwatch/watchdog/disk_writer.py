@@ -126,7 +126,7 @@ def _writer(kind: str) -> DiskWriter:
             # filesystem holds that process, never kvwatch's own exit).
             _HELPER = _HELPER or HelperProcess()
             write = {"state": _HELPER.write_private, "claims": _HELPER.write_claim,
-                     "learned": _HELPER.write_plain}[kind]
+                     "learned": _HELPER.write_plain, "lock": _HELPER.write_in_place}[kind]
             _SHARED[kind] = DiskWriter(write, _HELPER.remove)
         return _SHARED[kind]
 
@@ -156,6 +156,11 @@ def learned() -> DiskWriter:
     """The process's writer of shared learned profiles (learned_dir, a directory other hosts share:
     a hung network volume there holds neither the watchdog nor the state file)."""
     return _writer("learned")
+
+
+def lock_files() -> DiskWriter:
+    """The process's writer of the pid line in a lock file (in place: the file's inode is the lock)."""
+    return _writer("lock")
 
 
 def flush_all(timeout: float) -> bool:

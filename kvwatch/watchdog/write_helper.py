@@ -25,6 +25,7 @@ WRITE_PRIVATE = 1    # the file, its directory made private first (state_dir.ens
 WRITE_CLAIM = 2      # as WRITE_PRIVATE, and the directory above it too (engines/ in the state dir)
 WRITE_PLAIN = 3      # the file, missing directories made with the default mode (a shared learned_dir)
 REMOVE = 4           # a missing file is no error
+WRITE_IN_PLACE = 5   # truncate and write an existing file, never replaced (a lock file: its inode is the lock)
 
 _HEADER = struct.Struct(">BHI")
 
@@ -44,6 +45,9 @@ class HelperProcess:
 
     def write_plain(self, path: Path, data: bytes) -> None:
         self._call(WRITE_PLAIN, path, data)
+
+    def write_in_place(self, path: Path, data: bytes) -> None:
+        self._call(WRITE_IN_PLACE, path, data)
 
     def remove(self, path: Path) -> None:
         self._call(REMOVE, path, b"")
@@ -109,6 +113,13 @@ def _do(op: int, path: Path, data: bytes) -> None:
             os.unlink(path)
         except FileNotFoundError:
             pass
+        return
+    if op == WRITE_IN_PLACE:
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_TRUNC)   # never through a symlink
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
         return
     if op == WRITE_CLAIM:
         ensure_private_dir(path.parent.parent)   # else made 0755 as a parent of engines/
