@@ -118,3 +118,19 @@ def test_the_real_py_spy_reads_a_python_process() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def test_stall_evidence_names_the_place_and_keeps_the_stacks(tmp_path: Path) -> None:
+    from kvwatch.boundary.stack_dump import stall_evidence
+    (tmp_path / "VLLM_STACK_DUMP_for_engine_0_300.log").write_text(_dump(1, "SIGTERM", CORE_WAITS))
+    (tmp_path / "out.txt").write_text(SPY_OUT)
+    command = EngineCommand(("vllm", "serve", "m", "--watchdog-config", f'{{"dump_dir": "{tmp_path}"}}'), "0.33.0")
+    spy = _fake_spy(tmp_path, f"cat {tmp_path}/out.txt\n")
+    evidence = stall_evidence([300, 311], command, 5.0, py_spy=spy)
+    assert evidence.stuck is not None and evidence.stuck.place == NCCL   # the worker in NCCL, over the waiting core
+    assert evidence.summary().startswith("stuck at NCCL all_reduce") and "pid 311" in evidence.summary()
+    assert "== engine_0 pid 300 (vllm) ==" in evidence.text() and "== pid 311 (py-spy) ==" in evidence.text()
+    assert evidence.text(limit=100).endswith("[... cut]")
+    nothing = stall_evidence([311], EngineCommand(("vllm", "serve", "m"), "0.33.0"), 1.0,
+                             py_spy=_fake_spy(tmp_path, "exit 3\n"))
+    assert nothing.stuck is None and nothing.summary() == "no stacks: pid 311: py-spy exited 3"
