@@ -20,9 +20,11 @@ NOTHING = "nothing"   # describe() of the empty change
 # from the configured one in these only (watchdog/persisted_command.py). tests/test_flag_change.py
 # reads every FlagChange the code builds (ast) and holds this set equal to their flags.
 CHANGED_FLAGS = frozenset({
-    "--attention-backend", "--block-size", "--cpu-offload-gb", "--disable-hybrid-kv-cache-manager",
-    "--gpu-memory-utilization", "--kv-cache-dtype", "--kv-offloading-size", "--max-lora-rank", "--max-model-len",
-    "--max-num-batched-tokens", "--max-num-seqs", "--max-parallel-loading-workers", "--tensor-parallel-size",
+    "--attention-backend", "--block-size", "--disable-hybrid-kv-cache-manager", "--gpu-memory-utilization",
+    "--kv-cache-dtype", "--max-lora-rank", "--max-model-len", "--max-num-batched-tokens", "--max-num-seqs",
+    "--tensor-parallel-size",
+    # host memory, after the kernel's OOM killer (diagnosis/host_memory_remedies.py)
+    "--cpu-offload-gb", "--kv-offloading-size", "--max-parallel-loading-workers",
 })
 
 

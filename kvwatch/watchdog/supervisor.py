@@ -223,7 +223,7 @@ class Supervisor:
         finally:
             if self._running is not None:  # an unexpected error: never leave the engine behind
                 self._end_engine()
-            if not disk_writer.flush_all(EXIT_FLUSH_SECONDS):   # the state file, the learned profile
+            if not disk_writer.flush_all(EXIT_FLUSH_SECONDS):   # the state file, the learned profile, the lock
                 _LOG.warning("state: %s not written at exit (the disk does not answer)", self._store.path)
             self._lock.release()
 
@@ -345,14 +345,6 @@ class Supervisor:
         self._save()
         self._publish()
 
-    def _refuse_persisted(self, persisted: list[str], configured: list[str]) -> bool:
-        """Whether the state file's command is not the configured one with kvwatch's own changes."""
-        verdict = judge_persisted(persisted, configured, self._command.release, self.config.policy.fixed_flags)
-        if not verdict.accepted:
-            _LOG.warning("state: %s holds a command kvwatch did not write (%s): not launched; launching the "
-                         "configured command", self._store.path, verdict.reason)
-        return not verdict.accepted
-
     def _after_host_memory_stop(self) -> None:
         """A stop for host memory that no failure followed (the host wedged or rebooted first): said, counted
         as the host OOM it was, and this start re-plans with less host memory rather than repeat it."""
@@ -378,6 +370,14 @@ class Supervisor:
             record.corrections.append(decision.correction)
             self._command = decision.command
             record.argv = list(decision.command.argv)
+
+    def _refuse_persisted(self, persisted: list[str], configured: list[str]) -> bool:
+        """Whether the state file's command is not the configured one with kvwatch's own changes."""
+        verdict = judge_persisted(persisted, configured, self._command.release, self.config.policy.fixed_flags)
+        if not verdict.accepted:
+            _LOG.warning("state: %s holds a command kvwatch did not write (%s): not launched; launching the "
+                         "configured command", self._store.path, verdict.reason)
+        return not verdict.accepted
 
     @property
     def _plan(self) -> Plan | None:
