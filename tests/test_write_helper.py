@@ -77,7 +77,7 @@ _KVWATCH_LIKE = textwrap.dedent("""
     writer = disk_writer.shared()
     writer.put(target, b"first")
     assert writer.flush(30)
-    print(disk_writer._HELPER.pid, flush=True)
+    print(disk_writer._HELPERS["state_dir"].pid, flush=True)
     sys.stdin.readline()                     # the test has stopped the helper: its disk "froze"
     writer.put(target, b"second")
     print("flushed" if writer.flush(0.5) else "not flushed", flush=True)

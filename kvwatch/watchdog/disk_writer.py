@@ -115,27 +115,29 @@ class DiskWriter:
 
 _SHARED: dict[str, DiskWriter] = {}
 _SHARED_LOCK = threading.Lock()
-_HELPER: HelperProcess | None = None
+_HELPERS: dict[str, HelperProcess] = {}
+# Which helper process makes each writer's calls (write_helper.py: a write blocked in a frozen
+# filesystem holds that process, never kvwatch's own exit). The state dir's files share one; the
+# learned_dir, often another volume (a fleet's network share), has its own: one hung never holds
+# the other's writes.
+_HELPER_OF = {"state": "state_dir", "claims": "state_dir", "lock": "state_dir", "learned": "learned_dir"}
 
 
 def _writer(kind: str) -> DiskWriter:
-    global _HELPER
     with _SHARED_LOCK:
         if kind not in _SHARED:
-            # One helper process does every write (write_helper.py: a write blocked in a frozen
-            # filesystem holds that process, never kvwatch's own exit).
-            _HELPER = _HELPER or HelperProcess()
-            write = {"state": _HELPER.write_private, "claims": _HELPER.write_claim,
-                     "learned": _HELPER.write_plain, "lock": _HELPER.write_in_place}[kind]
-            _SHARED[kind] = DiskWriter(write, _HELPER.remove)
+            helper = _HELPERS.setdefault(_HELPER_OF[kind], HelperProcess())
+            write = {"state": helper.write_private, "claims": helper.write_claim,
+                     "learned": helper.write_plain, "lock": helper.write_in_place}[kind]
+            _SHARED[kind] = DiskWriter(write, helper.remove)
         return _SHARED[kind]
 
 
 def _forget_in_child() -> None:
     """A forked child has neither the writer threads nor a helper of its own: it starts its own."""
-    global _SHARED_LOCK, _HELPER
+    global _SHARED_LOCK
     _SHARED.clear()
-    _HELPER = None
+    _HELPERS.clear()
     _SHARED_LOCK = threading.Lock()
 
 
