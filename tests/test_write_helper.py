@@ -181,3 +181,9 @@ def test_a_lock_taken_on_a_disk_that_does_not_answer_starts_all_the_same(tmp_pat
         second.acquire()
     gate.set()
     first.release()
+
+
+def test_a_path_the_protocol_cannot_carry_is_an_oserror_not_a_dead_thread(helper: HelperProcess) -> None:
+    with pytest.raises(OSError) as info:
+        helper.write_private(Path("/" + "x" * 70000), b"")
+    assert info.value.errno == errno.ENAMETOOLONG

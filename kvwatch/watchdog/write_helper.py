@@ -13,6 +13,7 @@ One answer per request, a line: `ok`, or `err ERRNO MESSAGE`.
 """
 from __future__ import annotations
 
+import errno
 import os
 import struct
 import subprocess
@@ -28,6 +29,7 @@ REMOVE = 4           # a missing file is no error
 WRITE_IN_PLACE = 5   # truncate and write an existing file, never replaced (a lock file: its inode is the lock)
 
 _HEADER = struct.Struct(">BHI")
+_MAX_PATH = 0xFFFF
 
 
 class HelperProcess:
@@ -56,6 +58,8 @@ class HelperProcess:
         """OSError (the helper's errno) when the operation failed or the helper is gone; blocks,
         interruptibly, for as long as the helper's disk does (disk_writer.py calls it from its thread)."""
         encoded = os.fsencode(path)
+        if len(encoded) > _MAX_PATH:   # the header's field; the disk writer's thread only survives OSError
+            raise OSError(errno.ENAMETOOLONG, "path too long for the write helper")
         with self._lock:
             proc = self._started()
             assert proc.stdin is not None and proc.stdout is not None
@@ -149,11 +153,15 @@ def serve(requests: BinaryIO, answers: BinaryIO) -> None:
             return
         try:
             _do(op, Path(os.fsdecode(path)), data)
-            answers.write(b"ok\n")
+            answer = b"ok\n"
         except OSError as exc:
             message = (exc.strerror or str(exc)).replace("\n", " ")
-            answers.write(f"err {exc.errno or 0} {message}\n".encode())
-        answers.flush()
+            answer = f"err {exc.errno or 0} {message}\n".encode()
+        try:
+            answers.write(answer)
+            answers.flush()
+        except BrokenPipeError:
+            return   # kvwatch left while this write was blocked: it is done all the same
 
 
 if __name__ == "__main__":
