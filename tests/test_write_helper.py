@@ -4,9 +4,11 @@ watchdog's or the exporter's thread hand their writes over (a fake blocking writ
 tests/test_disk_faults.py: no host filesystem is frozen here)."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -187,3 +189,112 @@ def test_a_path_the_protocol_cannot_carry_is_an_oserror_not_a_dead_thread(helper
     with pytest.raises(OSError) as info:
         helper.write_private(Path("/" + "x" * 70000), b"")
     assert info.value.errno == errno.ENAMETOOLONG
+
+
+def _kvwatch_run(tmp_path: Path, state: Path) -> tuple[subprocess.Popen[str], str]:
+    """`kvwatch run` of the fake engine, its state in `state`: relaunches 60 s apart, a 30 s watch."""
+    from engine_support import free_port, llama_config, write_model
+
+    model = write_model(tmp_path / "tiny", llama_config())
+    listen, port = f"127.0.0.1:{free_port()}", free_port()
+    config = tmp_path / "kvwatch.toml"
+    config.write_text(f"""name = "t"
+listen = "{listen}"
+state_dir = "{state}"
+[engine]
+command = {json.dumps([sys.executable, str(REPO / 'tests' / 'fake_engine.py'), '--model', str(model),
+                       '--port', str(port)])}
+health_interval_seconds = 0.2
+stop_timeout_seconds = 3.0
+[policy]
+preflight = false
+backoff_initial_seconds = 60
+backoff_max_seconds = 60
+[watch]
+interval_seconds = 30
+""")
+    kv = subprocess.Popen([sys.executable, "-m", "kvwatch.cli", "run", "--config", str(config), "--device", "cpu"],
+                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True)
+    return kv, listen
+
+
+def _engine_up(listen: str) -> float | None:
+    from engine_support import http_get
+    from exporter_support import samples, value
+    try:
+        return value(samples(http_get(f"http://{listen}/metrics", 2)[1]), "kvwatch_engine_up", engine="t")
+    except OSError:
+        return None
+
+
+def _kill_engine_then_sigterm(kv: subprocess.Popen[str], listen: str) -> None:
+    """The engine dies: kvwatch_engine_up 0 within 2.5 s (not the 30 s interval); SIGTERM: gone within 8 s."""
+    import psutil
+    engine = next(c for c in psutil.Process(kv.pid).children() if "fake_engine.py" in " ".join(c.cmdline()))
+    engine.kill()
+    start = time.monotonic()
+    eventually(lambda: _engine_up(listen) == 0, 5, 0.05)
+    assert time.monotonic() - start < 2.5, "kvwatch_engine_up followed the interval, not the engine"
+    start = time.monotonic()
+    kv.send_signal(signal.SIGTERM)
+    _, err = kv.communicate(timeout=30)
+    assert time.monotonic() - start < 8 and kv.returncode == 0, err[-2000:]
+    assert "Traceback" not in err
+
+
+def test_kvwatch_run_with_a_disk_that_never_answers_tells_the_truth_and_honours_sigterm(tmp_path: Path) -> None:
+    """The fault runs' frozen state directory, with the write helpers stopped (SIGSTOP) in its place."""
+    import psutil
+    from engine_support import http_get
+
+    kv, listen = _kvwatch_run(tmp_path, tmp_path / "state")
+    stopped: list[psutil.Process] = []
+    try:
+        eventually(lambda: _engine_up(listen) == 1 and http_get(f"http://{listen}/-/ready", 2)[0] == 200, 60, 0.2)
+        stopped = [c for c in psutil.Process(kv.pid).children()
+                   if "kvwatch.watchdog.write_helper" in " ".join(c.cmdline())]
+        assert stopped, "no write helper"
+        for helper in stopped:
+            helper.suspend()                     # the disk "freezes": no write is ever answered
+        _kill_engine_then_sigterm(kv, listen)
+    finally:
+        for helper in stopped:
+            with contextlib.suppress(psutil.Error):
+                helper.resume()
+        if kv.poll() is None:
+            kv.kill()
+            kv.wait()
+
+
+def _can_freeze() -> bool:
+    return os.geteuid() == 0 and all(shutil.which(t) for t in ("fsfreeze", "mkfs.ext4", "mount")) \
+        and os.path.exists("/dev/loop-control")
+
+
+@pytest.mark.skipif(not _can_freeze(), reason="needs root, a loop device, mkfs.ext4 and fsfreeze")
+def test_kvwatch_run_exits_on_sigterm_with_its_state_disk_really_frozen(tmp_path: Path) -> None:
+    """The same on a real frozen filesystem (an ext4 image of its own, never the host's): a write
+    blocked there cannot be interrupted, and it is the helper's, so kvwatch's process still ends."""
+    from engine_support import http_get
+
+    image, mnt = tmp_path / "fs.img", tmp_path / "mnt"
+    subprocess.run(["truncate", "-s", "32M", str(image)], check=True)
+    subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True)
+    mnt.mkdir()
+    subprocess.run(["mount", "-o", "loop", str(image), str(mnt)], check=True)
+    thaw = threading.Timer(60, lambda: subprocess.run(["fsfreeze", "-u", str(mnt)], check=False))  # never left frozen
+    kv, listen = _kvwatch_run(tmp_path, mnt / "state")
+    try:
+        eventually(lambda: _engine_up(listen) == 1 and http_get(f"http://{listen}/-/ready", 2)[0] == 200, 60, 0.2)
+        subprocess.run(["fsfreeze", "-f", str(mnt)], check=True)
+        thaw.start()
+        _kill_engine_then_sigterm(kv, listen)
+    finally:
+        subprocess.run(["fsfreeze", "-u", str(mnt)], check=False)
+        thaw.cancel()
+        if kv.poll() is None:
+            kv.kill()
+            kv.wait()
+        time.sleep(0.5)   # the helper finishes its write after the thaw, then ends
+        subprocess.run(["umount", "-l", str(mnt)], check=False)

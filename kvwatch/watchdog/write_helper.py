@@ -82,9 +82,12 @@ class HelperProcess:
     def _started(self) -> subprocess.Popen[bytes]:
         if self._proc is None or self._proc.poll() is not None:
             env = dict(os.environ, PYTHONPATH=_package_root())
+            # Not kvwatch's stderr: a helper blocked past kvwatch's exit would keep its reader (a
+            # pipe to docker, `| tee`) waiting for an end; its errors come back as answers.
             self._proc = subprocess.Popen([sys.executable, "-m", "kvwatch.watchdog.write_helper"],
-                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
-                                          start_new_session=True, close_fds=True)
+                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                          stderr=subprocess.DEVNULL, env=env, start_new_session=True,
+                                          close_fds=True)
         return self._proc
 
     def close(self) -> None:
