@@ -21,6 +21,7 @@ from typing import Any, Union
 
 from kvwatch.boundary.bounded_read import read_bounded
 from kvwatch.errors import KvwatchError
+from kvwatch.watchdog import disk_writer
 from kvwatch.watchdog.records import Constraint, CorrectionRecord, FailureRecord, HostMemoryStop, PreflightFix
 from kvwatch.watchdog.state_dir import ensure_private_dir, open_to_others, untrusted_file
 
@@ -323,6 +324,9 @@ def load_all(state_dir: str | os.PathLike[str]) -> list[tuple[Path, EngineRecord
     return out
 
 
+LOCK_PID_SECONDS = 2.0
+
+
 class EngineLock:
     """An exclusive flock on NAME.lock: two kvwatch daemons must not supervise one engine.
     The kernel drops it when kvwatch dies, kill -9 included."""
@@ -352,15 +356,14 @@ class EngineLock:
             raise KvwatchError(f"another kvwatch (pid {holder}) already supervises engine "
                                f"{self.path.stem!r} in {self.path.parent}") from None
         self._fd = fd
-        try:   # the pid only names the holder in the message above; the flock is the lock
-            writer = os.open(self.path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_TRUNC)
-            try:
-                os.write(writer, f"{os.getpid()}\n".encode())
-            finally:
-                os.close(writer)
-        except OSError as exc:
-            _LOG.warning("lock file %s: cannot write kvwatch's pid: %s (the lock holds)", self.path,
-                         exc.strerror or exc)
+        # The pid only names the holder in the message above; the flock is the lock. Written in place
+        # (a rename would make another file, which another kvwatch could lock) by the write helper: on a
+        # frozen disk kvwatch starts, and answers SIGTERM, after LOCK_PID_SECONDS at most.
+        writer = disk_writer.lock_files()
+        writer.put(self.path, f"{os.getpid()}\n".encode())
+        if not writer.flush(LOCK_PID_SECONDS):
+            _LOG.warning("lock file %s: kvwatch's pid not written yet (the disk does not answer; the lock holds)",
+                         self.path)
 
     def release(self) -> None:
         if self._fd is not None:
