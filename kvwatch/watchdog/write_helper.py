@@ -113,8 +113,8 @@ def _package_root() -> str:
 # -- the helper itself --------------------------------------------------------------------
 
 def _do(op: int, path: Path, data: bytes) -> None:
+    from kvwatch.watchdog.atomic_file import remove_stale_temporaries, write_atomic
     from kvwatch.watchdog.state_dir import ensure_private_dir
-    from kvwatch.watchdog.state_store import remove_stale_temporaries, write_atomic
     if op == REMOVE:
         try:
             os.unlink(path)
