@@ -27,11 +27,9 @@ from dataclasses import dataclass, field, replace
 from typing import BinaryIO, Protocol
 
 from kvwatch.boundary import engine_http
-from kvwatch.boundary.device_probe import installed_vllm, installed_vllm_text
 from kvwatch.boundary.engine_http import EngineMetrics, EnginePage
 from kvwatch.boundary.plan_loader import flags_release
 from kvwatch.boundary.proc_inspect import ProcRef
-from kvwatch.boundary.startup_plan_file import read_persisted_plan
 from kvwatch.diagnosis.start_phase import phase_of
 from kvwatch.engine_status import EngineState, EngineStatus
 from kvwatch.errors import KvwatchError
@@ -49,7 +47,7 @@ from kvwatch.vllm_releases.release_defaults import defaults_for
 from kvwatch.vllm_releases.startup_plan import ENABLE_ENV as STARTUP_PLAN_ENV
 from kvwatch.vllm_releases.startup_plan import pin_decision, plan_enabled
 from kvwatch.vllm_releases.upgrade import ReleaseChange, planned_as, release_change
-from kvwatch.watchdog import autopilot, disk_writer, learned_store, leftovers
+from kvwatch.watchdog import autopilot, disk_writer, leftovers
 from kvwatch.watchdog.autopilot import Apply, Trial, Verdict
 from kvwatch.watchdog.budget import Budget
 from kvwatch.watchdog.config import Config
@@ -164,7 +162,7 @@ class Supervisor:
         self._state = EngineState.STOPPED
         self._reason = "not started"
         self._record = EngineRecord(name=config.name)
-        self._command = EngineCommand.parse(config.engine.command, flags_release(installed_vllm()))
+        self._command = EngineCommand.parse(config.engine.command, flags_release(self._os.installed_vllm()))
         self._planner: PlanInForce | None = None   # from the start on: the plan in force
         self._running: _Running | None = None
         self._ready_sent = False
@@ -328,11 +326,11 @@ class Supervisor:
         self._record.kvwatch_pid, self._record.kvwatch_create_time = own.pid, own.create_time
         if self._device is None:
             self._device = device_for_spec(self.config.device)
-        rules = self._rules if self._rules is not None else ruleset_for(installed_vllm_text())
+        rules = self._rules if self._rules is not None else ruleset_for(self._os.installed_vllm_text())
         planner = self._planner = PlanInForce(self._device, self._learned_rules(rules), self._engine_env)
         if self.config.learned_dir:   # what another host measured for this profile, unless this host knows
-            learned_store.adopt_into(self._record.learned_non_kv, self.config.learned_dir, self._command,
-                                     planner.device, self._gpu_view().context())
+            self._os.adopt_learned(self._record.learned_non_kv, self.config.learned_dir, self._command,
+                                  planner.device, self._gpu_view().context())
         if self.config.policy.preflight:
             command, fixes, _ = preflight(self._command, planner.device, planner.rules, self._engine_env(),
                                           self.config.policy, self._record.learned_non_kv, planner.model)
@@ -385,7 +383,7 @@ class Supervisor:
 
     def _note_release(self, last: EngineRecord | None) -> None:
         """An image upgrade: the release recorded at the last launch is not the one installed now."""
-        current = installed_vllm_text()
+        current = self._os.installed_vllm_text()
         change = release_change(last.vllm_release if last else None, current,
                                 last.log_kv_tokens if last else None, last.log_available_kv_bytes if last else None)
         if change is not None:
@@ -422,9 +420,9 @@ class Supervisor:
         if learned is None or learned.source != "learned":
             _LOG.info("pin: nothing learned yet for this profile: vLLM profiles the memory itself")
             return argv
-        decision = pin_decision(plan_enabled(defaults_for(installed_vllm() or DEFAULT_RELEASE),
+        decision = pin_decision(plan_enabled(defaults_for(self._os.installed_vllm() or DEFAULT_RELEASE),
                                              self._engine_env().get(STARTUP_PLAN_ENV)),
-                                learned.kv_memory_bytes, read_persisted_plan(self._record.vllm_startup_plan))
+                                learned.kv_memory_bytes, self._os.read_persisted_plan(self._record.vllm_startup_plan))
         if not decision.pin:
             _LOG.info("pin: %s", decision.reason)
             return argv
@@ -592,7 +590,7 @@ class Supervisor:
 
     def _read_engine(self, url: str, timeout: float, run: _Running) -> EngineMetrics | None:
         """The engine's /metrics, read on the probe pool with the probe's deadline (None: not read)."""
-        return self._probes.read(lambda: engine_http.scrape(url, timeout),
+        return self._probes.read(lambda: self._os.scrape(url, timeout),
                                  interrupted=lambda: self._stop.is_set() or run.proc.poll() is not None,
                                  waiting=lambda: self._notifier.watchdog(self._clock.now()))
 
@@ -886,7 +884,7 @@ class Supervisor:
         if key is None:
             return
         remember_non_kv(self._record.learned_non_kv, key, requested, available_kv_bytes)
-        learned_store.publish(self.config.learned_dir, self._command, planner.device, requested, available_kv_bytes)
+        self._os.publish_learned(self.config.learned_dir, self._command, planner.device, requested, available_kv_bytes)
         planner.compute(self._command, self._record.learned_non_kv)
 
     def _host_memory_step(self, run: _Running, served: bool) -> LaunchEnd | None:
