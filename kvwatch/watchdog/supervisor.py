@@ -67,6 +67,7 @@ from kvwatch.watchdog.launch_watch import (
     probe_due,
 )
 from kvwatch.watchdog.memory_learning import MAX_LEARNED_PROFILES, pin_for, remember_non_kv
+from kvwatch.watchdog.next_command import Recovered, Source, next_command
 from kvwatch.watchdog.os_interface import EngineHandle, RealOs, WatchdogOs
 from kvwatch.watchdog.outcomes import NO_KERNEL_RECORD, LaunchOutcome
 from kvwatch.watchdog.output_pump import OutputPump
@@ -980,27 +981,27 @@ class Supervisor:
             diagnosis, self._command, detail=end.detail, tried=recovery.tried_plans(record.failures),
             budget=budget, policy=self.config.policy, plan=self._plan, gpu=self._gpu_view().context(),
             rules=planner.rules if planner is not None else None, now=self._os.wall_time())
-        if decision.action is recovery.Action.GIVE_UP:
-            return self._give_up(decision.reason)
-        if decision.action is recovery.Action.RESTART:
+        nxt = next_command(self._command, Recovered(decision))
+        if nxt.command is None:
+            return self._give_up(nxt.reason)
+        if nxt.source is Source.RESTART:
             self._budget.take_restart(now)
             record.restarts[kind] = record.restarts.get(kind, 0) + 1
             self._autopilot_at_restart()
         else:
-            assert decision.command is not None and decision.correction is not None
-            assert decision.constraint is not None
+            assert decision.correction is not None and decision.constraint is not None
             self._budget.take_correction()
             record.correction_counts[kind] = record.correction_counts.get(kind, 0) + 1
             record.corrections.append(decision.correction)
             record.constraints.append(decision.constraint)
             _LOG.warning("corrected: %s: %s (%s)", kind, decision.change.describe(), decision.remedy_reason)
-            self._command = decision.command
-            record.argv = list(decision.command.argv)
+            self._command = nxt.command
+            record.argv = list(nxt.command.argv)
             if planner is not None:
                 planner.rules = self._learned_rules(planner.rules)
                 planner.compute(self._command, record.learned_non_kv)
         delay = self._budget.backoff()
-        self._transition(EngineState.BACKOFF, f"{decision.reason}; relaunch in {delay:.1f}s")
+        self._transition(EngineState.BACKOFF, f"{nxt.reason}; relaunch in {delay:.1f}s")
         return delay
 
     def _give_up(self, reason: str) -> float | None:
