@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import BinaryIO, Protocol
 
 from kvwatch.boundary import engine_http
@@ -37,9 +37,7 @@ from kvwatch.exitcodes import EXIT_GAVE_UP, EXIT_OK
 from kvwatch.failure_kinds import FailureKind
 from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineCommand
-from kvwatch.planner.flag_change import FlagChange
 from kvwatch.planner.plan import Plan
-from kvwatch.planner.pressure import Recommendation, Window
 from kvwatch.planner.rules import RuleSet, ruleset_for, with_learned_block_sizes
 from kvwatch.planner.units import format_bytes
 from kvwatch.vllm_releases import DEFAULT_RELEASE
@@ -47,8 +45,8 @@ from kvwatch.vllm_releases.release_defaults import defaults_for
 from kvwatch.vllm_releases.startup_plan import ENABLE_ENV as STARTUP_PLAN_ENV
 from kvwatch.vllm_releases.startup_plan import pin_decision, plan_enabled
 from kvwatch.vllm_releases.upgrade import ReleaseChange, planned_as, release_change
-from kvwatch.watchdog import autopilot, disk_writer, leftovers
-from kvwatch.watchdog.autopilot import Apply, Trial, Verdict
+from kvwatch.watchdog import disk_writer, leftovers
+from kvwatch.watchdog.autopilot_controller import AutopilotController
 from kvwatch.watchdog.budget import Budget
 from kvwatch.watchdog.config import Config
 from kvwatch.watchdog.engine_ranks import lines_of_rank
@@ -67,7 +65,7 @@ from kvwatch.watchdog.launch_watch import (
     probe_due,
 )
 from kvwatch.watchdog.memory_learning import MAX_LEARNED_PROFILES, pin_for, remember_non_kv
-from kvwatch.watchdog.next_command import Recovered, Source, next_command
+from kvwatch.watchdog.next_command import Next, Recovered, Source, next_command
 from kvwatch.watchdog.os_interface import EngineHandle, RealOs, WatchdogOs
 from kvwatch.watchdog.outcomes import NO_KERNEL_RECORD, LaunchOutcome
 from kvwatch.watchdog.output_pump import OutputPump
@@ -76,7 +74,6 @@ from kvwatch.watchdog.persisted_command import judge_persisted
 from kvwatch.watchdog.plan_in_force import PlanInForce
 from kvwatch.watchdog.preflight import device_for_spec, learned_key, preflight
 from kvwatch.watchdog.pressure_watch import PressureWatch
-from kvwatch.watchdog.pressure_window import LoadSample
 from kvwatch.watchdog.probe_pool import Probe, ProbePool
 from kvwatch.watchdog.progress import Reading
 from kvwatch.watchdog.records import PREFLIGHT, Constraint, FailureRecord
@@ -86,7 +83,6 @@ from kvwatch.watchdog.state_store import EngineLock, EngineRecord, StateStore
 _LOG = logging.getLogger(__name__)
 __all__ = ["EXIT_FLUSH_SECONDS", "MAX_LEARNED_PROFILES", "Clock", "MonotonicClock", "Observer", "Supervisor"]
 
-MAX_ROLLED_BACK = 32       # rolled-back changes remembered per profile (the decision table has five kinds)
 EXIT_FLUSH_SECONDS = 2.0   # at exit, how long the last state file may take to reach the disk (then lost)
 
 Observer = Callable[[EngineStatus], None]
@@ -178,8 +174,8 @@ class Supervisor:
         self._proof: EngineProof | None = None   # what proves a process the running engine's (recorded at spawn)
         self._escaped = 0   # processes that looked like the engine's at the last stop or clean-up, not provably
         self._registry: HostRegistry | None = None   # the other instances' claims, read at a stop or clean-up
-        self._trial: Trial | None = None   # [autopilot] the change being measured
-        self._relaunch: tuple[EngineCommand, str] | None = None   # [autopilot] the command to relaunch with, and why
+        self._autopilot = AutopilotController(config, self._pressure, self._clock.now, self._os.wall_time,
+                                              self._save_and_publish)
         self._page: EnginePage | None = None   # the last look at the running engine (the exporter's too)
         self._status = self._make_status()
 
@@ -320,7 +316,7 @@ class Supervisor:
         self._after_host_memory_stop()
         self._record.restarts, self._record.failure_counts, self._record.correction_counts = {}, {}, {}
         self._record.autopilot_counts = {}
-        self._resume_trial()
+        self._autopilot.resume(self._record, str(self._store.path))
         # What an earlier kvwatch left in the file is history now: this one has launched nothing yet.
         self._record.state, self._record.reason = EngineState.STOPPED.value, "kvwatch started"
         own = self._os.own_ref()
@@ -525,6 +521,10 @@ class Supervisor:
             return self._gpu_pids()
         return self._gpu_view().holders()
 
+    def _gpu_free(self) -> int | None:
+        gpu = self._gpu_view().context()
+        return gpu.free_bytes if gpu else None
+
     def _gpu_view(self) -> GpuView:
         if self._gpus is None:
             self._gpus = GpuView(self._device, self._owned_pids)
@@ -566,8 +566,9 @@ class Supervisor:
                 state, event, end = after_probe(state, probed, now, timing, run.pump.lines_seen, died_in_log,
                                                 reading)
                 if metrics is not None and end is None:
-                    self._watch_pressure(metrics)
-                    end = self._autopilot_step()
+                    self._autopilot.watch_pressure(metrics, self._record, self._command, self._planner,
+                                                   self._gpu_free)
+                    end = self._autopilot.step(self._record, self._command, self._planner)
                 if event is Event.READY:
                     self._transition(EngineState.READY, f"serving on {url} after {now - run.started:.0f}s")
                 elif event is Event.STABLE:
@@ -606,216 +607,37 @@ class Supervisor:
         load = metrics.load
         return Reading(self._clock.now(), load.running, load.prompt_tokens, load.generation_tokens, cpu)
 
-    def _watch_pressure(self, metrics: EngineMetrics) -> None:
-        """The engine's load into the pressure window; when the recommendation changes, say so (log,
-        status, state file). Re-plans happen only under pressure, at most every EVERY_SECONDS."""
-        load, now, planner = metrics.load, self._clock.now(), self._planner
-        self._pressure.observe(LoadSample(now, load.preemptions, metrics.kv_cache_usage_ratio, load.waiting,
-                                          load.request_tokens, load.requests, load.prompt_buckets,
-                                          load.generation_buckets, load.generation_tokens))
-        if planner is None:
-            return
-        try:
-            settings = self._command.settings()
-        except KvwatchError:
-            return
-        gpu = self._gpu_view().context() if planner.device.platform == "cuda" else None
-        command = self._command
-
-        def replan(change: FlagChange) -> Plan | None:
-            return planner.what_if(change.apply(command), self._record.learned_non_kv)
-
-        # A change to a fixed flag is recommended like any other; the autopilot never applies it.
-        if not self._pressure.judge(now, planner.plan, settings, gpu.free_bytes if gpu else None, replan,
-                                    (), self._rolled_back(self._profile())):
-            return
-        found = self._pressure.recommendation
-        if found is not None:
-            _LOG.warning("pressure: %s: recommend %s (KV tokens %s -> %s)", found.reason, found.change.describe(),
-                         f"{found.tokens_before:,}", f"{found.tokens_after:,}")
-        else:
-            _LOG.info("pressure: no KV pressure now; no recommendation")
-        self._record.recommendation = found.to_json() if found is not None else {}
-        self._save()
-        self._publish()
-
-    # -- autopilot ([autopilot]: applying a KV-pressure change, measuring it, keeping or rolling it back)
-
-    def _profile(self) -> str:
-        planner = self._planner
-        return (learned_key(self._command, planner.device) if planner is not None else None) or ""
-
-    def _rolled_back(self, profile: str) -> list[FlagChange]:
-        out = []
-        for item in self._record.autopilot_rolled_back.get(profile, []):
-            try:
-                out.append(FlagChange.from_json(item))
-            except (ValueError, TypeError, AttributeError):
-                continue
-        return out
-
-    def _applied_times(self) -> list[float]:
-        return [float(c["at"]) for c in self._record.autopilot_changes
-                if isinstance(c, dict) and isinstance(c.get("at"), (int, float))]
-
-    def _resume_trial(self) -> None:
-        """A trial the last kvwatch left open goes on: measured again from this launch's READY."""
-        data = self._record.autopilot_trial
-        if not data:
-            return
-        try:
-            self._trial = Trial.from_json(data)
-        except (KeyError, ValueError, TypeError, AttributeError):
-            _LOG.warning("autopilot: the trial in %s is unreadable; forgotten", self._store.path)
-            self._record.autopilot_trial = {}
-            return
-        _LOG.info("autopilot: %s is still on trial; measured again once serving", self._trial.change.describe())
-
-    def _autopilot_step(self) -> LaunchEnd | None:
-        """At each read of a READY engine's series: conclude the trial once measured, or, in the window,
-        begin one with the standing recommendation. A LaunchEnd when the engine is to be relaunched."""
-        cfg = self.config.autopilot
-        trial = self._trial
-        if trial is not None:
-            now = self._clock.now()
-            if trial.serving_since is None:
-                self._trial = trial = replace(trial, serving_since=now)
-            after = self._pressure.window(cfg.measure_seconds)
-            result = autopilot.measured(trial, now, cfg.measure_seconds, after)
-            if result is None:
-                return None
-            self._conclude(trial, result, after)
-            return LaunchEnd(LaunchOutcome.AUTOPILOT, self._relaunch[1], served=True) if self._relaunch else None
-        found = self._pressure.recommendation
-        if cfg.apply is Apply.NEVER or found is None:
-            return None
-        if not autopilot.may_apply(cfg, self._os.wall_time(), self._applied_times(), False, restarting=False):
-            return None
-        if not self._begin_trial(found, "window"):
-            return None
-        assert self._relaunch is not None
-        return LaunchEnd(LaunchOutcome.AUTOPILOT, self._relaunch[1], served=True)
-
-    def _autopilot_at_restart(self) -> None:
-        """A restart kvwatch makes anyway (the same plan): the standing recommendation goes with it."""
-        found = self._pressure.recommendation
-        if found is None or self._trial is not None:
-            return
-        if autopilot.may_apply(self.config.autopilot, self._os.wall_time(), self._applied_times(), False,
-                               restarting=True) and self._begin_trial(found, "at_restart"):
-            self._switch_to(*self._take_relaunch())
-
-    def _begin_trial(self, found: Recommendation, when: str) -> bool:
-        """Put the recommendation on trial: measured against the window before it. False when it may not
-        be (a fixed flag, rolled back before for this profile, no window to compare with)."""
-        profile = self._profile()
-        before = self._pressure.window(self.config.engine.pressure_window_seconds)
-        if not autopilot.comparable(before, self.config.engine.pressure_window_seconds) or \
-                not autopilot.applicable(found.change, self.config.policy.fixed_flags, self._rolled_back(profile)):
-            return False
-        assert before is not None
-        wall, record = self._os.wall_time(), self._record
-        trial = Trial(found.change, wall, None, before, self._command.argv, profile, found.reason)
-        self._trial = trial
-        record.autopilot_trial = trial.to_json()
-        record.autopilot_changes.append({
-            "at": wall, "change": found.change.to_json(), "describe": found.change.describe(),
-            "reason": found.reason, "profile": profile, "when": when, "before": autopilot.figures(before),
-            "after": None, "result": "on_trial", "detail": ""})
-        record.autopilot_counts["applied"] = record.autopilot_counts.get("applied", 0) + 1
-        _LOG.warning("autopilot: applying %s (%s; %s); measured over %.0fs of serving", found.change.describe(),
-                     found.reason, when.replace("_", " "), self.config.autopilot.measure_seconds)
-        self._pressure.recommendation = None   # in force now, not a recommendation
-        record.recommendation = {}
-        self._relaunch = (found.change.apply(self._command), f"apply {found.change.describe()}")
-        self._save()
-        self._publish()
-        return True
-
-    def _conclude(self, trial: Trial, result: Verdict, after: Window | None, detail: str = "") -> None:
-        """The trial's end: kept, or rolled back (the plan before is relaunched; never tried again here)."""
-        record = self._record
-        kept = result is Verdict.KEEP
-        outcome = "kept" if kept else "rolled_back"
-        measured = autopilot.compared(trial.before, after) if after is not None else ""
-        detail = detail or measured
-        entry = record.autopilot_changes[-1] if record.autopilot_changes else None
-        if entry is None or entry.get("result") != "on_trial" or entry.get("change") != trial.change.to_json():
-            entry = {"at": trial.applied_at, "change": trial.change.to_json(), "describe": trial.change.describe(),
-                     "reason": trial.reason, "profile": trial.profile, "before": autopilot.figures(trial.before)}
-            record.autopilot_changes.append(entry)
-        entry.update(after=autopilot.figures(after) if after is not None else None, result=outcome, detail=detail)
-        record.autopilot_counts[outcome] = record.autopilot_counts.get(outcome, 0) + 1
-        record.autopilot_trial = {}
-        self._trial = None
-        if kept:
-            _LOG.warning("autopilot: kept %s: %s", trial.change.describe(), detail)
-        else:
-            _LOG.warning("autopilot: rolling back %s: %s", trial.change.describe(), detail)
-            rolled = record.autopilot_rolled_back
-            rolled.setdefault(trial.profile, []).append(trial.change.to_json())
-            del rolled[trial.profile][:-MAX_ROLLED_BACK]
-            for profile in list(rolled)[:-MAX_LEARNED_PROFILES]:   # bounded as the learned profiles are
-                del rolled[profile]
-            self._relaunch = (EngineCommand(trial.before_argv, self._command.release),
-                              f"roll back {trial.change.describe()}")
-        self._save()
-        self._publish()
-
-    def _take_relaunch(self) -> tuple[EngineCommand, str]:
-        relaunch, self._relaunch = self._relaunch, None
-        assert relaunch is not None
-        return relaunch
-
-    def _switch_to(self, command: EngineCommand, why: str) -> None:
-        """The command in force is now `command` (the autopilot's change, or the plan before it)."""
-        self._command = command
-        self._record.argv = list(command.argv)
+    def _switch_to(self, nxt: Next, save: bool = True) -> None:
+        """The command in force is now `nxt`'s (next_command.py decided it), and the plan in force its."""
+        assert nxt.command is not None
+        self._command = nxt.command
+        self._record.argv = list(nxt.command.argv)
         if self._planner is not None:
-            self._planner.compute(command, self._record.learned_non_kv)
-        self._save()
+            self._planner.compute(nxt.command, self._record.learned_non_kv)
+        if save:
+            self._save()
 
     def _autopilot_relaunch(self) -> bool:
         """Drain the serving engine (readiness 503, running requests finish), stop it and relaunch it
         with the autopilot's command. True when a stop was requested while draining."""
-        command, why = self._take_relaunch()
-        self._ending = f"autopilot: draining to {why}"
+        nxt = self._autopilot.take_relaunch()
+        self._ending = f"autopilot: draining to {nxt.reason}"
         self._publish()   # readiness 503 from now on
         if self._drain():   # asked to stop: the next kvwatch launches the new command (and resumes its trial)
-            self._switch_to(command, why)
+            self._switch_to(nxt)
             return True
         self._end_engine()
         self._running = None
-        self._switch_to(command, why)
-        self._transition(EngineState.BACKOFF, f"autopilot: {why}; relaunch now")
+        self._switch_to(nxt)
+        self._transition(EngineState.BACKOFF, f"autopilot: {nxt.reason}; relaunch now")
         return False
 
     def _drain(self) -> bool:
-        """Wait for the engine's running and waiting requests to finish, up to drain_timeout_seconds
-        (its own series); True when a stop was requested meanwhile."""
-        run = self._running
+        run, url = self._running, self._command.health_url()
         if run is None:
             return False
-        cfg = self.config.engine
-        timeout, url = self.config.autopilot.drain_timeout_seconds, self._command.health_url()
-        start = self._clock.now()
-        while True:
-            if self._stop.is_set():
-                return True
-            if run.proc.poll() is not None:
-                return False
-            metrics = self._read_engine(url, max(1.0, min(5.0, cfg.health_interval_seconds)), run)
-            load = metrics.load if metrics is not None else None
-            waited = self._clock.now() - start
-            if autopilot.drained(load.running if load else None, load.waiting if load else None, waited, timeout):
-                if load is not None and (load.running or 0) + (load.waiting or 0) > 0:
-                    _LOG.warning("autopilot: drain: %s requests still running, %s waiting after %.0fs",
-                                 f"{load.running:.0f}", f"{load.waiting or 0:.0f}", waited)
-                else:
-                    _LOG.info("autopilot: drained in %.1fs", waited)
-                return False
-            if self._wait(min(1.0, cfg.health_interval_seconds)):
-                return True
+        return self._autopilot.drain(lambda timeout: self._read_engine(url, timeout, run), self._stop.is_set,
+                                     lambda: run.proc.poll() is not None, self._wait)
 
     @staticmethod
     def _died_in_log(lines: list[str]) -> str | None:
@@ -971,9 +793,9 @@ class Supervisor:
         record.failure_counts[kind] = record.failure_counts.get(kind, 0) + 1
         record.failures.append(failure)
 
-        if self._trial is not None:   # the change on trial did not survive its trial: the plan before again
-            self._conclude(self._trial, Verdict.ROLL_BACK, None, f"the engine failed ({kind}) during the trial")
-            self._switch_to(*self._take_relaunch())
+        rolled_back = self._autopilot.failed(record, self._command, kind)   # the plan before the trial again
+        if rolled_back is not None:
+            self._switch_to(rolled_back)
         planner = self._planner
         now = self._clock.now()
         budget = recovery.BudgetState(self._budget.restart_refusal(now), self._budget.correction_refusal())
@@ -987,7 +809,9 @@ class Supervisor:
         if nxt.source is Source.RESTART:
             self._budget.take_restart(now)
             record.restarts[kind] = record.restarts.get(kind, 0) + 1
-            self._autopilot_at_restart()
+            applied = self._autopilot.at_restart(record, self._command, planner)
+            if applied is not None:
+                self._switch_to(applied)
         else:
             assert decision.correction is not None and decision.constraint is not None
             self._budget.take_correction()
@@ -995,11 +819,9 @@ class Supervisor:
             record.corrections.append(decision.correction)
             record.constraints.append(decision.constraint)
             _LOG.warning("corrected: %s: %s (%s)", kind, decision.change.describe(), decision.remedy_reason)
-            self._command = nxt.command
-            record.argv = list(nxt.command.argv)
             if planner is not None:
                 planner.rules = self._learned_rules(planner.rules)
-                planner.compute(self._command, record.learned_non_kv)
+            self._switch_to(nxt, save=False)
         delay = self._budget.backoff()
         self._transition(EngineState.BACKOFF, f"{nxt.reason}; relaunch in {delay:.1f}s")
         return delay
@@ -1035,7 +857,11 @@ class Supervisor:
             autopilot=dict(record.autopilot_counts),
             gpu_release_waits=dict(self._evidence.release_waits),
             gpu_release_wait_seconds=self._evidence.last_release_wait,
-            autopilot_trial=self._trial.change.describe() if self._trial is not None else None)
+            autopilot_trial=trial.change.describe() if (trial := self._autopilot.trial) is not None else None)
+
+    def _save_and_publish(self) -> None:
+        self._save()
+        self._publish()
 
     def _publish(self) -> None:
         self._status = status = self._make_status()
