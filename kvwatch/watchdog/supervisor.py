@@ -34,17 +34,16 @@ from kvwatch.diagnosis.start_phase import phase_of
 from kvwatch.engine_status import EngineState, EngineStatus
 from kvwatch.errors import KvwatchError
 from kvwatch.exitcodes import EXIT_GAVE_UP, EXIT_OK
-from kvwatch.failure_kinds import FailureKind
 from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.plan import Plan
-from kvwatch.planner.rules import RuleSet, ruleset_for, with_learned_block_sizes
+from kvwatch.planner.rules import RuleSet
 from kvwatch.planner.units import format_bytes
 from kvwatch.vllm_releases import DEFAULT_RELEASE
 from kvwatch.vllm_releases.release_defaults import defaults_for
 from kvwatch.vllm_releases.startup_plan import ENABLE_ENV as STARTUP_PLAN_ENV
 from kvwatch.vllm_releases.startup_plan import pin_decision, plan_enabled
-from kvwatch.vllm_releases.upgrade import ReleaseChange, planned_as, release_change
+from kvwatch.vllm_releases.upgrade import ReleaseChange, planned_as
 from kvwatch.watchdog import disk_writer, leftovers
 from kvwatch.watchdog.autopilot_controller import AutopilotController
 from kvwatch.watchdog.budget import Budget
@@ -52,7 +51,7 @@ from kvwatch.watchdog.config import Config
 from kvwatch.watchdog.engine_ranks import lines_of_rank
 from kvwatch.watchdog.engine_tree import EngineTree
 from kvwatch.watchdog.gpu_view import GpuView
-from kvwatch.watchdog.host_memory_watch import HostMemoryLevel, describe_stop, stop_record
+from kvwatch.watchdog.host_memory_watch import HostMemoryLevel, stop_record
 from kvwatch.watchdog.host_registry import HostRegistry
 from kvwatch.watchdog.launch_evidence import LaunchEvidence
 from kvwatch.watchdog.launch_watch import (
@@ -70,14 +69,14 @@ from kvwatch.watchdog.os_interface import EngineHandle, RealOs, WatchdogOs
 from kvwatch.watchdog.outcomes import NO_KERNEL_RECORD, LaunchOutcome
 from kvwatch.watchdog.output_pump import OutputPump
 from kvwatch.watchdog.ownership import EngineProof
-from kvwatch.watchdog.persisted_command import judge_persisted
 from kvwatch.watchdog.plan_in_force import PlanInForce
-from kvwatch.watchdog.preflight import device_for_spec, learned_key, preflight
+from kvwatch.watchdog.preflight import device_for_spec, learned_key
 from kvwatch.watchdog.pressure_watch import PressureWatch
 from kvwatch.watchdog.probe_pool import Probe, ProbePool
 from kvwatch.watchdog.progress import Reading
-from kvwatch.watchdog.records import PREFLIGHT, Constraint, FailureRecord
+from kvwatch.watchdog.reconcile import learned_rules
 from kvwatch.watchdog.sd_notify import SdNotifier, scrub_env
+from kvwatch.watchdog.startup import Startup
 from kvwatch.watchdog.state_store import EngineLock, EngineRecord, StateStore
 
 _LOG = logging.getLogger(__name__)
@@ -177,6 +176,7 @@ class Supervisor:
         self._autopilot = AutopilotController(config, self._pressure, self._clock.now, self._os.wall_time,
                                               self._save_and_publish)
         self._page: EnginePage | None = None   # the last look at the running engine (the exporter's too)
+        self._starter = Startup(config, self._os, str(self._store.path), self._engine_env)
         self._status = self._make_status()
 
     # -- public ------------------------------------------------------------------------
@@ -293,108 +293,22 @@ class Supervisor:
     # -- start ---------------------------------------------------------------------------
 
     def _startup(self) -> None:
-        configured = list(self._command.argv)
-        record = self._store.load()
-        if record is not None and record.original_argv == configured and record.argv \
-                and not self._refuse_persisted(record.argv, configured):
-            self._record = record
-            self._command = EngineCommand(tuple(record.argv), self._command.release)
-            if record.argv != configured:
-                _LOG.info("state: reusing the corrected command from %s: %s", self._store.path,
-                          " ".join(record.argv))
-        else:
-            if record is not None:
-                _LOG.info("state: the engine command changed; earlier corrections do not apply, "
-                          "what this host's engine taught (constraints) does")
-                self._record = EngineRecord(name=self.name, pids=record.pids, pgid=record.pgid,
-                                            engine_proof=record.engine_proof, constraints=record.constraints,
-                                            autopilot_changes=record.autopilot_changes,
-                                            autopilot_rolled_back=record.autopilot_rolled_back)
-            self._record.original_argv = configured
-            self._record.argv = configured
-        self._note_release(record)
-        self._after_host_memory_stop()
-        self._record.restarts, self._record.failure_counts, self._record.correction_counts = {}, {}, {}
-        self._record.autopilot_counts = {}
+        start = self._starter.reconcile(self._store.load(), self._command, self._record)
+        self._record, self._command = start.record, start.command
+        if start.upgrade is not None:
+            self._release_changes += 1
+            self._upgrade = start.upgrade
         self._autopilot.resume(self._record, str(self._store.path))
-        # What an earlier kvwatch left in the file is history now: this one has launched nothing yet.
-        self._record.state, self._record.reason = EngineState.STOPPED.value, "kvwatch started"
-        own = self._os.own_ref()
-        self._record.kvwatch_pid, self._record.kvwatch_create_time = own.pid, own.create_time
         if self._device is None:
             self._device = device_for_spec(self.config.device)
-        rules = self._rules if self._rules is not None else ruleset_for(self._os.installed_vllm_text())
-        planner = self._planner = PlanInForce(self._device, self._learned_rules(rules), self._engine_env)
-        if self.config.learned_dir:   # what another host measured for this profile, unless this host knows
-            self._os.adopt_learned(self._record.learned_non_kv, self.config.learned_dir, self._command,
-                                  planner.device, self._gpu_view().context())
-        if self.config.policy.preflight:
-            command, fixes, _ = preflight(self._command, planner.device, planner.rules, self._engine_env(),
-                                          self.config.policy, self._record.learned_non_kv, planner.model)
-            if fixes:
-                self._record.preflight = list(fixes)
-                self._record.constraints += [Constraint(f.kind, f.message, f.change, PREFLIGHT) for f in fixes]
-                self._command = command
-                self._record.argv = list(command.argv)
-        planner.compute(self._command, self._record.learned_non_kv)
+        self._planner, self._command = self._starter.plan(self._record, self._command, self._device, self._rules,
+                                                          lambda: self._gpu_view().context())
         self._save()
         self._publish()
-
-    def _after_host_memory_stop(self) -> None:
-        """A stop for host memory that no failure followed (the host wedged or rebooted first): said, counted
-        as the host OOM it was, and this start re-plans with less host memory rather than repeat it."""
-        from kvwatch.diagnosis import Diagnosis
-        from kvwatch.watchdog import recovery
-
-        record = self._record
-        stop = record.host_memory_stops[-1] if record.host_memory_stops else None
-        if stop is None or any(f.time >= stop.time for f in record.failures):
-            return
-        said = describe_stop(stop, self._os.boot_id())
-        _LOG.warning("state: %s", said)
-        record.failures.append(FailureRecord(FailureKind.HOST_OOM, said, stop.time, list(stop.argv),
-                                             "stopped for host memory", stop.phase))
-        if list(stop.argv) != list(self._command.argv):
-            return
-        diagnosis = Diagnosis(FailureKind.HOST_OOM, said, {"phase": stop.phase, "repeats": 1}, fatal=False)
-        decision = recovery.decide(diagnosis, self._command, tried=recovery.tried_plans(record.failures),
-                                   policy=self.config.policy, now=self._os.wall_time())
-        if decision.action is recovery.Action.CORRECT and decision.command is not None \
-                and decision.correction is not None:
-            _LOG.warning("corrected: host_oom: %s (%s)", decision.change.describe(), decision.remedy_reason)
-            record.corrections.append(decision.correction)
-            self._command = decision.command
-            record.argv = list(decision.command.argv)
-
-    def _refuse_persisted(self, persisted: list[str], configured: list[str]) -> bool:
-        """Whether the state file's command is not the configured one with kvwatch's own changes."""
-        verdict = judge_persisted(persisted, configured, self._command.release, self.config.policy.fixed_flags)
-        if not verdict.accepted:
-            _LOG.warning("state: %s holds a command kvwatch did not write (%s): not launched; launching the "
-                         "configured command", self._store.path, verdict.reason)
-        return not verdict.accepted
 
     @property
     def _plan(self) -> Plan | None:
         return self._planner.plan if self._planner is not None else None
-
-    def _note_release(self, last: EngineRecord | None) -> None:
-        """An image upgrade: the release recorded at the last launch is not the one installed now."""
-        current = self._os.installed_vllm_text()
-        change = release_change(last.vllm_release if last else None, current,
-                                last.log_kv_tokens if last else None, last.log_available_kv_bytes if last else None)
-        if change is not None:
-            _LOG.warning("release: %s", change.message)
-            self._release_changes += 1
-            self._upgrade = change
-        self._record.vllm_release = current or self._record.vllm_release
-
-    def _learned_rules(self, rules: RuleSet) -> RuleSet:
-        """The rule table, with the block sizes earlier failures on this host reported."""
-        learned: dict[str, list[object]] = {}
-        for constraint in self._record.constraints:
-            learned.update(constraint.backend_block_sizes)
-        return with_learned_block_sizes(rules, learned) if learned else rules
 
     def _engine_env(self) -> dict[str, str]:
         env = scrub_env(self._environ)
@@ -820,7 +734,7 @@ class Supervisor:
             record.constraints.append(decision.constraint)
             _LOG.warning("corrected: %s: %s (%s)", kind, decision.change.describe(), decision.remedy_reason)
             if planner is not None:
-                planner.rules = self._learned_rules(planner.rules)
+                planner.rules = learned_rules(planner.rules, record.constraints)
             self._switch_to(nxt, save=False)
         delay = self._budget.backoff()
         self._transition(EngineState.BACKOFF, f"{nxt.reason}; relaunch in {delay:.1f}s")
