@@ -23,16 +23,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import BinaryIO, Protocol
 
 from kvwatch.boundary import engine_http
 from kvwatch.boundary.engine_http import EngineMetrics, EnginePage
 from kvwatch.boundary.plan_loader import flags_release
-from kvwatch.boundary.proc_inspect import ProcRef
 from kvwatch.diagnosis.start_phase import phase_of
 from kvwatch.engine_status import EngineState, EngineStatus
-from kvwatch.errors import KvwatchError
 from kvwatch.exitcodes import EXIT_GAVE_UP, EXIT_OK
 from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineCommand
@@ -48,11 +45,9 @@ from kvwatch.watchdog import disk_writer, leftovers
 from kvwatch.watchdog.autopilot_controller import AutopilotController
 from kvwatch.watchdog.budget import Budget
 from kvwatch.watchdog.config import Config
+from kvwatch.watchdog.engine_processes import EngineProcesses, Running
 from kvwatch.watchdog.engine_ranks import lines_of_rank
-from kvwatch.watchdog.engine_tree import EngineTree
-from kvwatch.watchdog.gpu_view import GpuView
 from kvwatch.watchdog.host_memory_watch import HostMemoryLevel, stop_record
-from kvwatch.watchdog.host_registry import HostRegistry
 from kvwatch.watchdog.launch_evidence import LaunchEvidence
 from kvwatch.watchdog.launch_watch import (
     Event,
@@ -65,10 +60,8 @@ from kvwatch.watchdog.launch_watch import (
 )
 from kvwatch.watchdog.memory_learning import MAX_LEARNED_PROFILES, pin_for, remember_non_kv
 from kvwatch.watchdog.next_command import Next, Recovered, Source, next_command
-from kvwatch.watchdog.os_interface import EngineHandle, RealOs, WatchdogOs
+from kvwatch.watchdog.os_interface import RealOs, WatchdogOs
 from kvwatch.watchdog.outcomes import NO_KERNEL_RECORD, LaunchOutcome
-from kvwatch.watchdog.output_pump import OutputPump
-from kvwatch.watchdog.ownership import EngineProof
 from kvwatch.watchdog.plan_in_force import PlanInForce
 from kvwatch.watchdog.preflight import device_for_spec, learned_key
 from kvwatch.watchdog.pressure_watch import PressureWatch
@@ -118,15 +111,6 @@ class MonotonicClock:
         time.sleep(seconds)
 
 
-@dataclass
-class _Running:
-    proc: EngineHandle
-    pump: OutputPump
-    started: float
-    tree: EngineTree = field(default_factory=EngineTree)
-    ended: bool = False
-
-
 class Supervisor:
     def __init__(self, config: Config, *, observers: Iterable[Observer] = (), clock: Clock | None = None,
                  device: Device | None = None, rules: RuleSet | None = None,
@@ -149,7 +133,6 @@ class Supervisor:
         self._ending: str | None = None   # why a served launch ended while its engine is being stopped
         self._pressure = PressureWatch(config.engine.pressure_window_seconds)   # KV pressure while serving
         self._budget = budget or Budget(config.policy)
-        self._gpu_pids = gpu_pids
         self._store = StateStore(config.state_dir, config.name, writer=disk_writer.shared())  # never waits on disk
         self._lock = EngineLock(config.state_dir, config.name)
         self._stop = threading.Event()
@@ -160,19 +143,17 @@ class Supervisor:
         self._record = EngineRecord(name=config.name)
         self._command = EngineCommand.parse(config.engine.command, flags_release(self._os.installed_vllm()))
         self._planner: PlanInForce | None = None   # from the start on: the plan in force
-        self._running: _Running | None = None
+        self._running: Running | None = None
         self._ready_sent = False
         self._spawn_error: str | None = None
-        self._gpus: GpuView | None = None
-        self._evidence = LaunchEvidence(self._os, lambda: self._gpu_view().snapshot())
-        self._last_pids: frozenset[int] = frozenset()   # the last engine's processes, for the GPU-release wait
+        self._procs = EngineProcesses(config, self._os, lambda: self._running, lambda: self._record,
+                                      lambda: self._device, self._clock.now, self._sleep, self._save_and_publish,
+                                      gpu_pids)
+        self._evidence = LaunchEvidence(self._os, lambda: self._procs.gpu_view().snapshot())
         self._pinned: int | None = None   # the KV bytes the running engine was launched pinned to
         self._requested: int | None = None   # the running engine's GPU budget (CUDA total x utilization)
         self._release_changes = 0   # the engine's vLLM release differed from the state file's
         self._upgrade: ReleaseChange | None = None   # that change, until the new release measured its cache
-        self._proof: EngineProof | None = None   # what proves a process the running engine's (recorded at spawn)
-        self._escaped = 0   # processes that looked like the engine's at the last stop or clean-up, not provably
-        self._registry: HostRegistry | None = None   # the other instances' claims, read at a stop or clean-up
         self._autopilot = AutopilotController(config, self._pressure, self._clock.now, self._os.wall_time,
                                               self._save_and_publish)
         self._page: EnginePage | None = None   # the last look at the running engine (the exporter's too)
@@ -244,7 +225,7 @@ class Supervisor:
 
     def _loop(self) -> int:
         while True:
-            self._clean_leftovers()
+            self._procs.clean_leftovers(self._command)
             if self._stop.is_set():  # asked to stop before (or while cleaning up for) the first launch
                 if self._state is EngineState.BACKOFF:
                     self._transition(EngineState.STOPPED, f"{self._stop_reason} during backoff")
@@ -302,7 +283,7 @@ class Supervisor:
         if self._device is None:
             self._device = device_for_spec(self.config.device)
         self._planner, self._command = self._starter.plan(self._record, self._command, self._device, self._rules,
-                                                          lambda: self._gpu_view().context())
+                                                          lambda: self._procs.gpu_view().context())
         self._save()
         self._publish()
 
@@ -337,7 +318,7 @@ class Supervisor:
         if not decision.pin:
             _LOG.info("pin: %s", decision.reason)
             return argv
-        foreign = self._gpu_view().foreign_bytes() or 0
+        foreign = self._procs.gpu_view().foreign_bytes() or 0
         pin = pin_for(learned, foreign)
         if pin.kv_bytes is None:
             _LOG.warning("pin: not pinned: other processes hold %s of the GPU, more than the learned KV cache "
@@ -365,84 +346,9 @@ class Supervisor:
             self._record.plans_tried.append(argv)
         self._transition(EngineState.STARTING, f"launching: {' '.join(argv)}")
         self._evidence.before_launch()
-        try:
-            proc = self._os.spawn(argv, self._engine_env(),
-                                  reaper_grace=min(10.0, self.config.engine.stop_timeout_seconds))
-        except OSError as exc:
-            self._running = None
-            self._spawn_error = f"cannot start {argv[0]}: {exc.strerror or exc}"
-            return
-        self._spawn_error = None
-        proc.on_exit(self._wake.set)
-        pump = OutputPump(self.name, proc.stdout, self._output).start()
-        self._running = _Running(proc, pump, self._clock.now())
-        _LOG.info("spawned: pid %d (group %d): %s", proc.pid, proc.pgid, " ".join(argv))
-        self._record.pgid = proc.pgid
-        # Recorded before anything else of the engine: the next kvwatch proves its processes from it.
-        self._proof = self._os.proof(proc)
-        self._record.engine_proof = self._proof.to_json() if self._proof is not None else {}
-        self._refresh_tree(force=True)
-
-    def _clean_leftovers(self) -> None:
-        refs = []
-        for item in self._record.pids:
-            try:
-                refs.append(ProcRef.from_json(item))
-            except (KeyError, TypeError, ValueError):
-                continue
-        try:
-            port: int | None = self._command.settings().port
-        except KvwatchError:
-            port = None
-        report = self._os.clean_leftovers(refs, self._recorded_proof(), port, self._gpu_holders,
-                                          self.config.engine.stop_timeout_seconds, self._sleep, self._others)
-        self._record.foreign = report.foreign
-        self._record.pids = []
-        self._record.engine_proof = {}
-        self._note_escaped(report.escaped)
-
-    def _others(self) -> frozenset[int]:
-        """The pids other kvwatch instances on this host claim (never reported as escaped from ours)."""
-        if self._registry is None:   # read only: this kvwatch's own claim is the exporter's to write
-            self._registry = HostRegistry(self.config.state_dir, self.name)
-        return self._registry.others()
-
-    def _note_escaped(self, lines: list[str]) -> None:
-        """Lookalikes not provably the engine's (ownership.py): logged by leftovers, kept, counted."""
-        self._record.escaped = lines
-        self._escaped = len(lines)
-
-    def _recorded_proof(self) -> EngineProof | None:
-        """The proof the state file kept of the last engine (an earlier kvwatch's, killed or not)."""
-        if not self._record.engine_proof:
-            return None
-        try:
-            return EngineProof.from_json(self._record.engine_proof)
-        except ValueError as exc:
-            _LOG.warning("state: %s; its processes cannot be proven the engine's", exc)
-            return None
-
-    def _owned_pids(self) -> frozenset[int]:
-        """The running engine's processes, proven (ownership.py): for the GPU's holders."""
-        run = self._running
-        proof = self._proof if run is not None else self._recorded_proof()
-        recorded = run.tree.refs if run is not None else []
-        reaper = run.proc.own_pids - {run.proc.pid} if run is not None else frozenset()
-        return frozenset(r.pid for r, _ in self._os.owned(proof, recorded, reaper))
-
-    def _gpu_holders(self) -> list[tuple[str, int]]:
-        if self._gpu_pids is not None:
-            return self._gpu_pids()
-        return self._gpu_view().holders()
-
-    def _gpu_free(self) -> int | None:
-        gpu = self._gpu_view().context()
-        return gpu.free_bytes if gpu else None
-
-    def _gpu_view(self) -> GpuView:
-        if self._gpus is None:
-            self._gpus = GpuView(self._device, self._owned_pids)
-        return self._gpus
+        started = self._procs.spawn(argv, self._engine_env(), self._output, self._wake.set)
+        self._running, self._spawn_error = (started, None) if isinstance(started, Running) else (None, started)
+        self._procs.refresh_tree(force=True)
 
     # -- watch ---------------------------------------------------------------------------
 
@@ -471,17 +377,19 @@ class Supervisor:
                                           waiting=lambda: self._notifier.watchdog(self._clock.now()))
                 if probed is None:
                     continue   # a stop request or the engine's exit came first: handled at the top
-                self._refresh_tree()  # before a transition, so its status carries the current pids
+                self._procs.refresh_tree()  # before a transition, so its status carries the current pids
                 page = self._read_engine(url, timing.probe_timeout, run) if probed and state.ready else None
                 self._page = EnginePage(probed, page)
                 metrics = page if page is not None and page.ok else None
-                reading = self._progress_reading(metrics, run) if metrics is not None else None
+                reading = Reading(self._clock.now(), metrics.load.running, metrics.load.prompt_tokens,
+                                  metrics.load.generation_tokens, self._procs.compute_seconds(run)) \
+                    if metrics is not None else None   # the engine's counters for the stall detector
                 now = self._clock.now()
                 state, event, end = after_probe(state, probed, now, timing, run.pump.lines_seen, died_in_log,
                                                 reading)
                 if metrics is not None and end is None:
                     self._autopilot.watch_pressure(metrics, self._record, self._command, self._planner,
-                                                   self._gpu_free)
+                                                   self._procs.gpu_free)
                     end = self._autopilot.step(self._record, self._command, self._planner)
                 if event is Event.READY:
                     self._transition(EngineState.READY, f"serving on {url} after {now - run.started:.0f}s")
@@ -491,12 +399,12 @@ class Supervisor:
                 if end is not None:
                     return end
             elif run.tree.ranks.cores:
-                self._refresh_tree()  # DP engine cores: every tick, to see which one dies first
+                self._procs.refresh_tree()  # DP engine cores: every tick, to see which one dies first
             self._refresh_facts()
             end = self._host_memory_step(run, state.ready)
             if end is not None:
                 return end
-            self._reap_orphans()
+            self._procs.reap_orphans()
             if not run.proc.reaper_alive():
                 _LOG.warning("reaper: gone; starting a new one")
                 run.proc.start_reaper()
@@ -504,22 +412,11 @@ class Supervisor:
             self._clock.wait(self._wake, timing.tick)  # wakes at once on a stop request or the engine's exit
             self._wake.clear()
 
-    def _read_engine(self, url: str, timeout: float, run: _Running) -> EngineMetrics | None:
+    def _read_engine(self, url: str, timeout: float, run: Running) -> EngineMetrics | None:
         """The engine's /metrics, read on the probe pool with the probe's deadline (None: not read)."""
         return self._probes.read(lambda: self._os.scrape(url, timeout),
                                  interrupted=lambda: self._stop.is_set() or run.proc.poll() is not None,
                                  waiting=lambda: self._notifier.watchdog(self._clock.now()))
-
-    def _progress_reading(self, metrics: EngineMetrics, run: _Running) -> Reading:
-        """The engine's counters for the stall detector. On a CPU backend the CPU time of its engine
-        cores and workers (not the API server, nor helpers such as multiprocessing's resource
-        tracker or adopted orphans) is progress too; an engine whose processes carry no vLLM title,
-        all of its tree but the process spawned."""
-        cpu = None
-        if self._device is not None and self._device.platform == "cpu":
-            cpu = self._os.cpu_seconds(run.tree.compute or (run.tree.live - {run.proc.pid}))
-        load = metrics.load
-        return Reading(self._clock.now(), load.running, load.prompt_tokens, load.generation_tokens, cpu)
 
     def _switch_to(self, nxt: Next, save: bool = True) -> None:
         """The command in force is now `nxt`'s (next_command.py decided it), and the plan in force its."""
@@ -565,27 +462,6 @@ class Supervisor:
             return None
         return f"/health failed after the engine logged: {diagnosis.evidence or diagnosis.kind}"
 
-    def _reap_orphans(self) -> None:
-        """As PID 1 (a container's entrypoint), reap the orphans re-parented to us."""
-        keep = self._running.proc.own_pids if self._running is not None else frozenset()
-        for pid in self._os.reap_orphans(keep):
-            _LOG.info("reaped: orphan pid %d", pid)
-
-    def _refresh_tree(self, force: bool = False) -> None:
-        run = self._running
-        if run is None:
-            return
-        infos = self._os.tree(run.proc)
-        lost, changed = run.tree.update(infos, force)
-        for rank in lost:
-            _LOG.warning("engine core of data-parallel rank %d (pid %d) is gone while the others run",
-                         rank, run.tree.ranks.lost[rank])
-        if not changed:
-            return
-        self._record.pids = [p.to_json() for p in infos]
-        self._save()
-        self._publish()
-
     def _refresh_facts(self) -> None:
         run = self._running
         if run is None:
@@ -624,7 +500,7 @@ class Supervisor:
         self._os.publish_learned(self.config.learned_dir, self._command, planner.device, requested, available_kv_bytes)
         planner.compute(self._command, self._record.learned_non_kv)
 
-    def _host_memory_step(self, run: _Running, served: bool) -> LaunchEnd | None:
+    def _host_memory_step(self, run: Running, served: bool) -> LaunchEnd | None:
         """Stop the engine before host memory wedges the host; the record of it is written first, so the
         next start re-plans even after a reboot."""
         verdict = self._evidence.host_memory()
@@ -642,44 +518,18 @@ class Supervisor:
 
     def _wait_gpu_release(self) -> None:
         """Before a relaunch: until the dead engine's GPU memory is released (bounded), said and exported."""
-        verdict = self._evidence.wait_gpu_release(self._last_pids, self._clock.now, self._sleep, self._stop.is_set)
+        verdict = self._evidence.wait_gpu_release(self._procs.last_pids, self._clock.now, self._sleep, self._stop.is_set)
         if verdict is not None:
             _LOG.info("gpu release: %s", verdict.text)
             self._publish()
 
     def _end_engine(self) -> None:
-        """Stop the whole group (whatever is left of it), drain the output, forget the pids."""
         run = self._running
         if run is None or run.ended:
             return
         run.ended = True
         self._page = None
-        timeout = self.config.engine.stop_timeout_seconds
-        # Proven before the group is signalled, while the engine's session still has its leader: a
-        # descendant that left the group (a double-forked daemon) goes with it.
-        reaper = run.proc.own_pids - {run.proc.pid}   # kvwatch's child too, never the engine's
-        seen = {r.pid for r in run.tree.refs}
-        self._last_pids = frozenset(seen | {run.proc.pid})
-        owned = list(run.tree.refs)
-        for ref, why in self._os.owned(self._proof, run.tree.refs, reaper):
-            if ref.pid not in seen:   # out of the tree kvwatch watches: say why it is ended
-                _LOG.warning("stop: pid %d is the engine's: %s; ending it with the group", ref.pid, why)
-                owned.append(ref)
-        self._os.stop_group(run.proc, timeout, owned, self._clock.now, self._sleep)
-        # What forked meanwhile, or left the session: a second look, then the lookalikes reported.
-        stopped, escaped = self._os.end_owned(self._proof, owned, timeout, self._sleep, reaper, self._others)
-        if stopped:
-            _LOG.warning("stop: ended %d engine process(es) outside its group: %s", len(stopped), stopped)
-        self._note_escaped(escaped)
-        run.proc.release_reaper()
-        if run.pump.join(timeout=10):
-            run.proc.close()
-        else:
-            _LOG.warning("pump %s: output still open after the group ended", self.name)
-        _LOG.info("exited: pid %d, code %s", run.proc.pid, run.proc.returncode)
-        self._reap_orphans()
-        self._record.pids = []
-        self._record.engine_proof = {}
+        self._procs.end(run)
         self._save()
         self._publish()
 
@@ -715,7 +565,7 @@ class Supervisor:
         budget = recovery.BudgetState(self._budget.restart_refusal(now), self._budget.correction_refusal())
         decision = recovery.decide(
             diagnosis, self._command, detail=end.detail, tried=recovery.tried_plans(record.failures),
-            budget=budget, policy=self.config.policy, plan=self._plan, gpu=self._gpu_view().context(),
+            budget=budget, policy=self.config.policy, plan=self._plan, gpu=self._procs.gpu_view().context(),
             rules=planner.rules if planner is not None else None, now=self._os.wall_time())
         nxt = next_command(self._command, Recovered(decision))
         if nxt.command is None:
@@ -767,7 +617,7 @@ class Supervisor:
             vllm_release=record.vllm_release, release_changes=self._release_changes,
             vllm_release_planned_as=planned_as(record.vllm_release),
             recommendation=self._pressure.recommendation, ending=self._ending,
-            escaped_processes=self._escaped,
+            escaped_processes=self._procs.escaped,
             autopilot=dict(record.autopilot_counts),
             gpu_release_waits=dict(self._evidence.release_waits),
             gpu_release_wait_seconds=self._evidence.last_release_wait,
