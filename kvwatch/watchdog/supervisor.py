@@ -35,12 +35,7 @@ from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.plan import Plan
 from kvwatch.planner.rules import RuleSet
-from kvwatch.planner.units import format_bytes
-from kvwatch.vllm_releases import DEFAULT_RELEASE
-from kvwatch.vllm_releases.release_defaults import defaults_for
-from kvwatch.vllm_releases.startup_plan import ENABLE_ENV as STARTUP_PLAN_ENV
-from kvwatch.vllm_releases.startup_plan import pin_decision, plan_enabled
-from kvwatch.vllm_releases.upgrade import ReleaseChange, planned_as
+from kvwatch.vllm_releases.upgrade import planned_as
 from kvwatch.watchdog import disk_writer, leftovers
 from kvwatch.watchdog.autopilot_controller import AutopilotController
 from kvwatch.watchdog.budget import Budget
@@ -49,6 +44,7 @@ from kvwatch.watchdog.engine_processes import EngineProcesses, Running
 from kvwatch.watchdog.engine_ranks import lines_of_rank
 from kvwatch.watchdog.host_memory_watch import HostMemoryLevel, stop_record
 from kvwatch.watchdog.launch_evidence import LaunchEvidence
+from kvwatch.watchdog.launch_memory import LaunchMemory
 from kvwatch.watchdog.launch_watch import (
     Event,
     LaunchEnd,
@@ -58,12 +54,12 @@ from kvwatch.watchdog.launch_watch import (
     before_probe,
     probe_due,
 )
-from kvwatch.watchdog.memory_learning import MAX_LEARNED_PROFILES, pin_for, remember_non_kv
+from kvwatch.watchdog.memory_learning import MAX_LEARNED_PROFILES
 from kvwatch.watchdog.next_command import Next, Recovered, Source, next_command
 from kvwatch.watchdog.os_interface import RealOs, WatchdogOs
 from kvwatch.watchdog.outcomes import NO_KERNEL_RECORD, LaunchOutcome
 from kvwatch.watchdog.plan_in_force import PlanInForce
-from kvwatch.watchdog.preflight import device_for_spec, learned_key
+from kvwatch.watchdog.preflight import device_for_spec
 from kvwatch.watchdog.pressure_watch import PressureWatch
 from kvwatch.watchdog.probe_pool import Probe, ProbePool
 from kvwatch.watchdog.progress import Reading
@@ -150,13 +146,10 @@ class Supervisor:
                                       lambda: self._device, self._clock.now, self._sleep, self._save_and_publish,
                                       gpu_pids)
         self._evidence = LaunchEvidence(self._os, lambda: self._procs.gpu_view().snapshot())
-        self._pinned: int | None = None   # the KV bytes the running engine was launched pinned to
-        self._requested: int | None = None   # the running engine's GPU budget (CUDA total x utilization)
-        self._release_changes = 0   # the engine's vLLM release differed from the state file's
-        self._upgrade: ReleaseChange | None = None   # that change, until the new release measured its cache
         self._autopilot = AutopilotController(config, self._pressure, self._clock.now, self._os.wall_time,
                                               self._save_and_publish)
         self._page: EnginePage | None = None   # the last look at the running engine (the exporter's too)
+        self._memory = LaunchMemory(config, self._os, lambda: self._procs.gpu_view().foreign_bytes(), self._engine_env)
         self._starter = Startup(config, self._os, str(self._store.path), self._engine_env)
         self._status = self._make_status()
 
@@ -276,9 +269,7 @@ class Supervisor:
     def _startup(self) -> None:
         start = self._starter.reconcile(self._store.load(), self._command, self._record)
         self._record, self._command = start.record, start.command
-        if start.upgrade is not None:
-            self._release_changes += 1
-            self._upgrade = start.upgrade
+        self._memory.note_upgrade(start.upgrade)
         self._autopilot.resume(self._record, str(self._store.path))
         if self._device is None:
             self._device = device_for_spec(self.config.device)
@@ -301,47 +292,12 @@ class Supervisor:
     def _marker(self) -> str:
         return leftovers.marker(self.config.state_dir, self.name)
 
-    def _pinned_argv(self, planner: PlanInForce) -> list[str]:
-        """The command, with --kv-cache-memory-bytes pinned to what the learned plan (the plan in force
-        before the pin) gives the KV cache less the memory other processes hold on the GPU now
-        (engine.pin_kv_cache_memory)."""
-        argv = list(self._command.argv)
-        if not self.config.engine.pin_kv_cache_memory or self._command.has("--kv-cache-memory-bytes"):
-            return argv
-        learned = planner.plan
-        if learned is None or learned.source != "learned":
-            _LOG.info("pin: nothing learned yet for this profile: vLLM profiles the memory itself")
-            return argv
-        decision = pin_decision(plan_enabled(defaults_for(self._os.installed_vllm() or DEFAULT_RELEASE),
-                                             self._engine_env().get(STARTUP_PLAN_ENV)),
-                                learned.kv_memory_bytes, self._os.read_persisted_plan(self._record.vllm_startup_plan))
-        if not decision.pin:
-            _LOG.info("pin: %s", decision.reason)
-            return argv
-        foreign = self._procs.gpu_view().foreign_bytes() or 0
-        pin = pin_for(learned, foreign)
-        if pin.kv_bytes is None:
-            _LOG.warning("pin: not pinned: other processes hold %s of the GPU, more than the learned KV cache "
-                         "(%s); vLLM profiles the memory itself", format_bytes(foreign),
-                         format_bytes(learned.kv_memory_bytes))
-            return argv
-        _LOG.info("pin: --kv-cache-memory-bytes %d (learned %s%s)", pin.kv_bytes, format_bytes(learned.kv_memory_bytes),
-                  f", less {format_bytes(foreign)} other processes hold" if foreign else "")
-        self._pinned = pin.kv_bytes
-        return [*argv, "--kv-cache-memory-bytes", str(pin.kv_bytes)]
-
     def _launch(self) -> None:
         planner = self._planner
         assert planner is not None
-        planner.begin_launch()   # config.json read once for this launch
-        self._pinned = None
         self._ending = None
         self._pressure.reset()
-        planner.compute(self._command, self._record.learned_non_kv)
-        argv = self._pinned_argv(planner)
-        self._requested = planner.requested_bytes(self._command)
-        if self._pinned is not None:
-            planner.compute(EngineCommand(tuple(argv), self._command.release))   # the plan in force is the pinned launch's: exact
+        argv = self._memory.prepare(self._command, planner, self._record)
         if argv not in self._record.plans_tried:
             self._record.plans_tried.append(argv)
         self._transition(EngineState.STARTING, f"launching: {' '.join(argv)}")
@@ -464,41 +420,9 @@ class Supervisor:
 
     def _refresh_facts(self) -> None:
         run = self._running
-        if run is None:
-            return
-        facts = run.pump.facts
-        parts = facts.memory_parts()
-        record = self._record
-        if (facts.kv_tokens, facts.available_kv_bytes, parts) == (record.log_kv_tokens, record.log_available_kv_bytes,
-                                                                  record.log_memory_parts):
-            return
-        record.log_kv_tokens = facts.kv_tokens
-        record.log_available_kv_bytes = facts.available_kv_bytes
-        record.log_memory_parts = parts
-        record.vllm_startup_plan = facts.startup_plan_path or record.vllm_startup_plan
-        if self._upgrade is not None and facts.kv_tokens is not None:   # capacity against the last release's
-            _LOG.warning("release: %s", self._upgrade.capacity_message(facts.kv_tokens, facts.kv_cache_bytes)
-                         or f"vLLM {self._upgrade.after}: {facts.kv_tokens:,} KV tokens")
-            self._upgrade = None
-        self._learn_non_kv(facts.kv_cache_bytes)   # a boot on vLLM's own plan logs no profile: its plan is the figure
-        self._save()
-        self._publish()
-
-    def _learn_non_kv(self, available_kv_bytes: int | None) -> None:
-        """The engine said what its profile left the KV cache: keep the non-KV memory that implies
-        for this profile (model, batch flags, card, vLLM), and refine the plan in force at once.
-        A pinned launch profiled nothing: its figure is the pin."""
-        requested, planner = self._requested, self._planner
-        if self._pinned is not None:
-            return
-        if available_kv_bytes is None or requested is None or planner is None:
-            return
-        key = learned_key(self._command, planner.device)
-        if key is None:
-            return
-        remember_non_kv(self._record.learned_non_kv, key, requested, available_kv_bytes)
-        self._os.publish_learned(self.config.learned_dir, self._command, planner.device, requested, available_kv_bytes)
-        planner.compute(self._command, self._record.learned_non_kv)
+        if run is not None and self._memory.note_facts(run.pump.facts, self._record, self._command, self._planner):
+            self._save()
+            self._publish()
 
     def _host_memory_step(self, run: Running, served: bool) -> LaunchEnd | None:
         """Stop the engine before host memory wedges the host; the record of it is written first, so the
@@ -613,8 +537,8 @@ class Supervisor:
             restarts=dict(record.restarts), failures=dict(record.failure_counts),
             corrections=dict(record.correction_counts), last_failure=last.kind.value if last else None,
             log_kv_tokens=record.log_kv_tokens, log_available_kv_bytes=record.log_available_kv_bytes,
-            log_memory_parts=dict(record.log_memory_parts), memory_requested_bytes=self._requested,
-            vllm_release=record.vllm_release, release_changes=self._release_changes,
+            log_memory_parts=dict(record.log_memory_parts), memory_requested_bytes=self._memory.requested,
+            vllm_release=record.vllm_release, release_changes=self._memory.release_changes,
             vllm_release_planned_as=planned_as(record.vllm_release),
             recommendation=self._pressure.recommendation, ending=self._ending,
             escaped_processes=self._procs.escaped,
