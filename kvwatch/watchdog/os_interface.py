@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
@@ -34,6 +35,24 @@ from kvwatch.watchdog.ownership import EngineProof
 _LOG = logging.getLogger(__name__)
 
 Sleep = Callable[[float], None]
+
+
+def probe_engine(url: str, timeout: float, starting: bool) -> bool:
+    """The supervisor's health probe: READY needs /health and a readable /metrics; once READY, /health
+    alone is watched."""
+    if not engine_http.health(url, timeout):
+        return False
+    return engine_http.scrape(url, timeout).ok if starting else True
+
+
+def signal_name(returncode: int | None) -> str:
+    """The name of the signal that ended a process (SIGKILL, ...), "" when it exited by itself."""
+    if returncode is None or returncode >= 0:
+        return ""
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return ""
 
 
 class EngineHandle(Protocol):

@@ -5,30 +5,24 @@
     STARTING | READY -> FATAL              no remedy, or the policy's budget is spent (exit 78)
     any running state -> STOPPING -> STOPPED, BACKOFF -> STOPPED   SIGTERM/SIGINT (exit 0)
 
-Every transition goes through `_transition`, with its reason; it saves the state file,
-tells systemd and swaps in a fresh immutable EngineStatus (`status`, which the exporter polls;
-observers, if any, are handed each one). Every OS call (spawn, stop, the process tree, leftovers,
-reaping, the wall clock) goes through the injected WatchdogOs (os_interface.py), so every transition
-runs in tests without a child process (tests/test_supervisor_transitions.py); each tick's decisions
-are the pure step of launch_watch.py, a failure's are recovery.py's. Time is the injected Clock
-(monotonic), and every wait is on the stop Event, so a stop request is never stuck behind a backoff
-or a health probe interval.
+Every transition goes through `_transition`, with its reason; it saves the state file, tells systemd
+and publishes a fresh immutable EngineStatus (`status`, which the exporter polls). This module is the
+loop; the rest is held: start-up (startup.py), the engine's processes (engine_processes.py), each
+launch's memory (launch_memory.py), the autopilot (autopilot_controller.py); the command in force is
+next_command.py's, a tick's decisions launch_watch.py's, a failure's recovery.py's. Every OS call goes
+through the injected WatchdogOs, time through the Clock, every wait on the stop Event.
 """
 from __future__ import annotations
 
 import logging
 import os
-import signal
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterable
-from typing import BinaryIO, Protocol
+from typing import BinaryIO
 
-from kvwatch.boundary import engine_http
 from kvwatch.boundary.engine_http import EngineMetrics, EnginePage
 from kvwatch.boundary.plan_loader import flags_release
-from kvwatch.diagnosis.start_phase import phase_of
 from kvwatch.engine_status import EngineState, EngineStatus
 from kvwatch.exitcodes import EXIT_GAVE_UP, EXIT_OK
 from kvwatch.planner.devices import Device
@@ -36,13 +30,12 @@ from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.plan import Plan
 from kvwatch.planner.rules import RuleSet
 from kvwatch.vllm_releases.upgrade import planned_as
-from kvwatch.watchdog import disk_writer, leftovers
+from kvwatch.watchdog import disk_writer, leftovers, recovery
 from kvwatch.watchdog.autopilot_controller import AutopilotController
 from kvwatch.watchdog.budget import Budget
+from kvwatch.watchdog.clock import Clock, MonotonicClock
 from kvwatch.watchdog.config import Config
 from kvwatch.watchdog.engine_processes import EngineProcesses, Running
-from kvwatch.watchdog.engine_ranks import lines_of_rank
-from kvwatch.watchdog.host_memory_watch import HostMemoryLevel, stop_record
 from kvwatch.watchdog.launch_evidence import LaunchEvidence
 from kvwatch.watchdog.launch_memory import LaunchMemory
 from kvwatch.watchdog.launch_watch import (
@@ -52,11 +45,12 @@ from kvwatch.watchdog.launch_watch import (
     Timing,
     after_probe,
     before_probe,
+    died_in_log,
     probe_due,
 )
 from kvwatch.watchdog.memory_learning import MAX_LEARNED_PROFILES
 from kvwatch.watchdog.next_command import Next, Recovered, Source, next_command
-from kvwatch.watchdog.os_interface import RealOs, WatchdogOs
+from kvwatch.watchdog.os_interface import RealOs, WatchdogOs, probe_engine, signal_name
 from kvwatch.watchdog.outcomes import NO_KERNEL_RECORD, LaunchOutcome
 from kvwatch.watchdog.plan_in_force import PlanInForce
 from kvwatch.watchdog.preflight import device_for_spec
@@ -64,7 +58,7 @@ from kvwatch.watchdog.pressure_watch import PressureWatch
 from kvwatch.watchdog.probe_pool import Probe, ProbePool
 from kvwatch.watchdog.progress import Reading
 from kvwatch.watchdog.reconcile import learned_rules
-from kvwatch.watchdog.sd_notify import SdNotifier, scrub_env
+from kvwatch.watchdog.sd_notify import SdNotifier
 from kvwatch.watchdog.startup import Startup
 from kvwatch.watchdog.state_store import EngineLock, EngineRecord, StateStore
 
@@ -75,36 +69,13 @@ EXIT_FLUSH_SECONDS = 2.0   # at exit, how long the last state file may take to r
 
 Observer = Callable[[EngineStatus], None]
 
-_ALLOWED = {
-    (EngineState.STOPPED, EngineState.STARTING),
-    (EngineState.STARTING, EngineState.READY),
-    (EngineState.STARTING, EngineState.BACKOFF),
-    (EngineState.STARTING, EngineState.FATAL),
-    (EngineState.STARTING, EngineState.STOPPING),
-    (EngineState.READY, EngineState.BACKOFF),
-    (EngineState.READY, EngineState.FATAL),
-    (EngineState.READY, EngineState.STOPPING),
-    (EngineState.BACKOFF, EngineState.STARTING),
-    (EngineState.BACKOFF, EngineState.STOPPED),
-    (EngineState.STOPPING, EngineState.STOPPED),
-}
-
-
-class Clock(Protocol):
-    def now(self) -> float: ...
-    def wait(self, event: threading.Event, seconds: float) -> bool: ...
-    def sleep(self, seconds: float) -> None: ...
-
-
-class MonotonicClock:
-    def now(self) -> float:
-        return time.monotonic()
-
-    def wait(self, event: threading.Event, seconds: float) -> bool:
-        return event.wait(max(0.0, seconds))
-
-    def sleep(self, seconds: float) -> None:
-        time.sleep(seconds)
+_ALLOWED = {(old, new) for old, news in {   # the state machine's transitions, from each state
+    EngineState.STOPPED: (EngineState.STARTING,),
+    EngineState.STARTING: (EngineState.READY, EngineState.BACKOFF, EngineState.FATAL, EngineState.STOPPING),
+    EngineState.READY: (EngineState.BACKOFF, EngineState.FATAL, EngineState.STOPPING),
+    EngineState.BACKOFF: (EngineState.STARTING, EngineState.STOPPED),
+    EngineState.STOPPING: (EngineState.STOPPED,),
+}.items() for new in news}
 
 
 class Supervisor:
@@ -125,7 +96,7 @@ class Supervisor:
         self._output = output if output is not None else getattr(sys.stdout, "buffer", None)
         self._environ = dict(os.environ if environ is None else environ)
         self._os: WatchdogOs = os_interface or RealOs()
-        self._probes = ProbePool(probe or _probe)
+        self._probes = ProbePool(probe or probe_engine)
         self._ending: str | None = None   # why a served launch ended while its engine is being stopped
         self._pressure = PressureWatch(config.engine.pressure_window_seconds)   # KV pressure while serving
         self._budget = budget or Budget(config.policy)
@@ -283,14 +254,7 @@ class Supervisor:
         return self._planner.plan if self._planner is not None else None
 
     def _engine_env(self) -> dict[str, str]:
-        env = scrub_env(self._environ)
-        env.update(self.config.engine.environment)
-        env.setdefault("PYTHONUNBUFFERED", "1")  # vLLM logs to stdout: unbuffered, so a crash loses nothing
-        env[leftovers.MARKER_ENV] = self._marker()
-        return env
-
-    def _marker(self) -> str:
-        return leftovers.marker(self.config.state_dir, self.name)
+        return leftovers.engine_env(self._environ, self.config.engine.environment, self.config.state_dir, self.name)
 
     def _launch(self) -> None:
         planner = self._planner
@@ -319,8 +283,8 @@ class Supervisor:
         url = self._command.health_url()
         state = LaunchState.at_launch(run.started)
 
-        def died_in_log(since_line: int) -> str | None:
-            return self._died_in_log(run.pump.lines_since(since_line))
+        def died(since_line: int) -> str | None:
+            return died_in_log(run.pump.lines_since(since_line))
 
         while True:
             now = self._clock.now()
@@ -341,7 +305,7 @@ class Supervisor:
                                   metrics.load.generation_tokens, self._procs.compute_seconds(run)) \
                     if metrics is not None else None   # the engine's counters for the stall detector
                 now = self._clock.now()
-                state, event, end = after_probe(state, probed, now, timing, run.pump.lines_seen, died_in_log,
+                state, event, end = after_probe(state, probed, now, timing, run.pump.lines_seen, died,
                                                 reading)
                 if metrics is not None and end is None:
                     self._autopilot.watch_pressure(metrics, self._record, self._command, self._planner,
@@ -406,18 +370,6 @@ class Supervisor:
         return self._autopilot.drain(lambda timeout: self._read_engine(url, timeout, run), self._stop.is_set,
                                      lambda: run.proc.poll() is not None, self._wait)
 
-    @staticmethod
-    def _died_in_log(lines: list[str]) -> str | None:
-        """/health failed: did the engine say, since READY, that it died (EngineCore gone, ...)?"""
-        if not lines:
-            return None
-        from kvwatch.diagnosis import FailureKind, diagnose
-
-        diagnosis = diagnose(lines)
-        if diagnosis.kind == FailureKind.UNKNOWN:
-            return None
-        return f"/health failed after the engine logged: {diagnosis.evidence or diagnosis.kind}"
-
     def _refresh_facts(self) -> None:
         run = self._running
         if run is not None and self._memory.note_facts(run.pump.facts, self._record, self._command, self._planner):
@@ -427,24 +379,20 @@ class Supervisor:
     def _host_memory_step(self, run: Running, served: bool) -> LaunchEnd | None:
         """Stop the engine before host memory wedges the host; the record of it is written first, so the
         next start re-plans even after a reboot."""
-        verdict = self._evidence.host_memory()
-        if verdict is None or verdict.level is not HostMemoryLevel.STOP:
+        stop = self._evidence.host_memory_stop(run.pump.lines, list(self._command.argv))
+        if stop is None:
             return None
-
-        stop = stop_record(verdict, phase_of(run.pump.lines()), list(self._command.argv), self._os.wall_time(),
-                           self._os.boot_id())
         self._record.host_memory_stops.append(stop)
         self._save()
         disk_writer.shared().flush(2.0)   # on disk before the stop, but never waiting long on a frozen one
-        _LOG.error("host memory: %s: stopping the engine group before the host wedges", verdict.reason)
+        _LOG.error("host memory: %s: stopping the engine group before the host wedges", stop.reason)
         return LaunchEnd(LaunchOutcome.HOST_MEMORY, f"stopped by kvwatch before host memory ran out: "
-                         f"{verdict.reason}", served=served)
+                         f"{stop.reason}", served=served)
 
     def _wait_gpu_release(self) -> None:
         """Before a relaunch: until the dead engine's GPU memory is released (bounded), said and exported."""
-        verdict = self._evidence.wait_gpu_release(self._procs.last_pids, self._clock.now, self._sleep, self._stop.is_set)
-        if verdict is not None:
-            _LOG.info("gpu release: %s", verdict.text)
+        if self._evidence.wait_gpu_release(self._procs.last_pids, self._clock.now, self._sleep,
+                                           self._stop.is_set) is not None:
             self._publish()
 
     def _end_engine(self) -> None:
@@ -461,21 +409,13 @@ class Supervisor:
 
     def _after_failure(self, end: LaunchEnd) -> float | None:
         """Diagnose, pick the remedy, count it: the backoff delay, or None after going FATAL."""
-        from kvwatch.watchdog import recovery  # here: the diagnosis is loaded only when an engine fails
-
         run, self._running = self._running, None
-        lines = run.pump.lines() if run is not None else []
-        lost_rank = next(iter(run.tree.ranks.lost), None) if run is not None else None
-        if lost_rank is not None:   # one DP rank's core died first: diagnose by its lines
-            lines = lines_of_rank(lines, lost_rank)
         record = self._record
-        kernel = self._evidence.kernel_record() if end.outcome in _KERNEL_RECORDED else NO_KERNEL_RECORD
-        diagnosis = recovery.diagnosis_of(
-            end.outcome, end.detail, lines, end.served, returncode=end.returncode, signal_name=_signal_name(end),
-            kernel=kernel, earlier=record.failures, argv=self._command.argv, now=self._os.wall_time())
-        if lost_rank is not None and run is not None:
-            diagnosis = recovery.with_rank(diagnosis, lost_rank, run.tree.ranks.lost[lost_rank])
-        failure = recovery.failure_record(diagnosis, end.detail, self._command, self._os.wall_time())
+        lost = next(iter(run.tree.ranks.lost.items()), None) if run is not None else None
+        kernel = self._evidence.kernel_record() if end.outcome in recovery.KERNEL_RECORDED else NO_KERNEL_RECORD
+        signal = signal_name(end.returncode) if end.outcome is LaunchOutcome.EXIT else ""
+        diagnosis, failure = recovery.launch_failure(end, run.pump.lines() if run is not None else [], lost, kernel,
+                                                     record.failures, self._command, self._os.wall_time(), signal)
         kind = failure.kind.value   # the counters' keys: the metrics' label values
         _LOG.warning("failed: %s (%s): %s", kind, end.detail, failure.evidence)
         record.failure_counts[kind] = record.failure_counts.get(kind, 0) + 1
@@ -558,25 +498,3 @@ class Supervisor:
                 observer(status)
             except Exception:  # an observer's bug must not stop the watchdog
                 _LOG.exception("observer %r failed", observer)
-
-
-# How a launch ended that the kernel may have recorded (an OOM kill): read its record then.
-_KERNEL_RECORDED = frozenset({LaunchOutcome.EXIT, LaunchOutcome.START_TIMEOUT, LaunchOutcome.HOST_MEMORY})
-
-
-def _signal_name(end: LaunchEnd) -> str:
-    """The name of the signal that ended the engine (SIGKILL, ...), "" when it exited by itself."""
-    code = end.returncode
-    if end.outcome is not LaunchOutcome.EXIT or code is None or code >= 0:
-        return ""
-    try:
-        return signal.Signals(-code).name
-    except ValueError:
-        return ""
-
-
-def _probe(url: str, timeout: float, starting: bool) -> bool:
-    """READY needs /health and a readable /metrics; once READY, /health alone is watched."""
-    if not engine_http.health(url, timeout):
-        return False
-    return engine_http.scrape(url, timeout).ok if starting else True
