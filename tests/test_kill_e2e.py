@@ -47,18 +47,29 @@ def kill_api_server(kv: Kvwatch) -> int:
     return pid
 
 
+def running(kv: Kvwatch) -> None:
+    assert kv.proc is not None
+    if kv.proc.poll() is not None:
+        raise AssertionError(f"kvwatch exited {kv.proc.returncode}\n{kv.tail()}")
+
+
 def kill_while_loading(kv: Kvwatch, seen: int) -> None:
     """As soon as the engine prints, after offset `seen` of the output, that it loads the model."""
-    assert eventually(lambda: any(m in engine_output(kv)[seen:] for m in LOAD_LINES), 300, interval=0.05), \
-        kv.tail()
+    def loading() -> bool:
+        running(kv)
+        return any(m in engine_output(kv)[seen:] for m in LOAD_LINES)
+    assert eventually(loading, 300, interval=0.05), kv.tail()
     kill_api_server(kv)
 
 
 def kill_right_after_first_health(kv: Kvwatch, port: int) -> float:
     """Poll /health far faster than kvwatch's probe (1 s): kill the API server at its first 200."""
     started = time.monotonic()
-    assert eventually(lambda: http_get(f"http://127.0.0.1:{port}/health", timeout=0.5)[0] == 200, 300,
-                      interval=0.02), kv.tail()
+
+    def healthy() -> bool:
+        running(kv)
+        return http_get(f"http://127.0.0.1:{port}/health", timeout=0.5)[0] == 200
+    assert eventually(healthy, 300, interval=0.02), kv.tail()
     kill_api_server(kv)
     return time.monotonic() - started
 
