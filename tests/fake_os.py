@@ -21,10 +21,9 @@ from kvwatch.diagnosis import GpuContext
 from kvwatch.errors import KvwatchError
 from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineCommand
-from kvwatch.planner.versions import VllmVersion, parse_version
+from kvwatch.values.host_memory import HostMemory, HostMemorySample, OomCount
+from kvwatch.values.versions import VllmVersion, parse_version
 from kvwatch.vllm_releases.startup_plan import PersistedPlan
-from kvwatch.watchdog.host_memory_watch import HostMemorySample
-from kvwatch.watchdog.kill_cause import HostMemory, OomCount
 from kvwatch.watchdog.leftovers import CleanupReport
 from kvwatch.watchdog.ownership import EngineProof
 

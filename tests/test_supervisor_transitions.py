@@ -170,7 +170,7 @@ def test_a_kill_from_outside_is_named_and_restarted(tmp_path: Path) -> None:
 def test_an_oom_kill_counted_by_the_cgroup_is_named_host_oom(tmp_path: Path) -> None:
     """The cgroup's oom_kill count rose during the launch: the kernel's OOM killer, said with the host's memory;
     the first in its phase is restarted as it is."""
-    from kvwatch.watchdog.kill_cause import OomCount
+    from kvwatch.values.host_memory import OomCount
 
     model = write_model(tmp_path / "tiny", llama_config())
     argv = ("vllm", "serve", str(model), "--port", "8000", "--block-size", "8")
@@ -207,7 +207,7 @@ def _stopping_host(tmp_path: Path, extra: tuple[str, ...], samples: list) -> tup
 def test_host_memory_running_out_stops_the_engine_and_relaunches_it_with_less(tmp_path: Path) -> None:
     """A unified-memory host about to wedge: the group is stopped first, the stop recorded, and the relaunch
     keeps less in host memory (no second try of the plan that wedged it)."""
-    from kvwatch.watchdog.host_memory_watch import HostMemorySample
+    from kvwatch.values.host_memory import HostMemorySample
 
     low = [HostMemorySample(0.0, 100 << 20, 120 << 30, 80.0, 60.0)]   # one read under the hard floor
     sup, fake_os = _stopping_host(tmp_path, ("--kv-offloading-size", "16"), low)

@@ -14,10 +14,11 @@ from collections.abc import Callable, Collection
 
 from kvwatch.diagnosis.start_phase import phase_of
 from kvwatch.gpu_types import NvmlSnapshot
+from kvwatch.values.host_memory import OomCount
 from kvwatch.watchdog.gpu_release import ReleaseOutcome, ReleaseVerdict, baseline_of
 from kvwatch.watchdog.gpu_release_wait import wait_for_release
 from kvwatch.watchdog.host_memory_watch import HostMemoryLevel, HostMemoryVerdict, HostMemoryWindow, stop_record
-from kvwatch.watchdog.kill_cause import OomCount, kernel_record
+from kvwatch.watchdog.kill_cause import kernel_record
 from kvwatch.watchdog.os_interface import WatchdogOs
 from kvwatch.watchdog.outcomes import KernelRecord
 from kvwatch.watchdog.records import HostMemoryStop

@@ -24,11 +24,10 @@ from kvwatch.boundary.startup_plan_file import read_persisted_plan
 from kvwatch.diagnosis import GpuContext
 from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineCommand
-from kvwatch.planner.versions import VllmVersion
+from kvwatch.values.host_memory import HostMemory, HostMemorySample, OomCount
+from kvwatch.values.versions import VllmVersion
 from kvwatch.vllm_releases.startup_plan import PersistedPlan
 from kvwatch.watchdog import learned_store, leftovers
-from kvwatch.watchdog.host_memory_watch import HostMemorySample
-from kvwatch.watchdog.kill_cause import HostMemory, OomCount
 from kvwatch.watchdog.leftovers import CleanupReport
 from kvwatch.watchdog.ownership import EngineProof
 
