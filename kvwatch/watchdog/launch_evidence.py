@@ -12,14 +12,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Collection
 
+from kvwatch.diagnosis.start_phase import phase_of
 from kvwatch.gpu_types import NvmlSnapshot
 from kvwatch.values.host_memory import OomCount
 from kvwatch.watchdog.gpu_release import ReleaseOutcome, ReleaseVerdict, baseline_of
 from kvwatch.watchdog.gpu_release_wait import wait_for_release
-from kvwatch.watchdog.host_memory_watch import HostMemoryLevel, HostMemoryVerdict, HostMemoryWindow
+from kvwatch.watchdog.host_memory_watch import HostMemoryLevel, HostMemoryVerdict, HostMemoryWindow, stop_record
 from kvwatch.watchdog.kill_cause import kernel_record
 from kvwatch.watchdog.os_interface import WatchdogOs
 from kvwatch.watchdog.outcomes import KernelRecord
+from kvwatch.watchdog.records import HostMemoryStop
 
 _LOG = logging.getLogger(__name__)
 RELEASE_TIMEOUT_S = 30.0     # at most this long before a relaunch onto GPUs a dead engine still holds
@@ -58,6 +60,14 @@ class LaunchEvidence:
             self._warned = True
         return verdict
 
+    def host_memory_stop(self, lines: Callable[[], list[str]], argv: list[str]) -> HostMemoryStop | None:
+        """The record of a stop for host memory when the host's memory says stop now (`lines`: the
+        engine's output, for the phase it had come to); None otherwise."""
+        verdict = self.host_memory()
+        if verdict is None or verdict.level is not HostMemoryLevel.STOP:
+            return None
+        return stop_record(verdict, phase_of(lines()), argv, self._os.wall_time(), self._os.boot_id())
+
     def wait_gpu_release(self, engine_pids: Collection[int], clock: Callable[[], float],
                          sleep: Callable[[float], object], stopping: Callable[[], bool]) -> ReleaseVerdict | None:
         """Wait, bounded, until the dead engine's GPUs are back to their memory before its launch; None off
@@ -71,6 +81,7 @@ class LaunchEvidence:
 
         verdict = wait_for_release(snapshot, engine_pids, self._baseline, RELEASE_TIMEOUT_S, clock=clock,
                                    sleep=sleep, stopping=stopping)
+        _LOG.info("gpu release: %s", verdict.text)
         if verdict.outcome is not ReleaseOutcome.UNAVAILABLE:
             self.release_waits[verdict.outcome.value] = self.release_waits.get(verdict.outcome.value, 0) + 1
             self.last_release_wait = verdict.elapsed_s
