@@ -38,7 +38,7 @@ from kvwatch.planner.kv_groups import (
 )
 from kvwatch.planner.kv_memory import NO_MEMORY_INPUTS, MemoryInputs, kv_memory, no_memory_warning
 from kvwatch.planner.layers import CHUNKED, MAMBA
-from kvwatch.planner.no_kv_cache import no_kv_cache_plan
+from kvwatch.planner.no_kv_cache import NO_KV_CACHE_ATTENTION, NO_KV_CACHE_SOURCE
 from kvwatch.planner.predicted_refusal import (
     CONFIG_REFUSED,
     KV_CACHE_TOO_SMALL,
@@ -196,7 +196,7 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     warnings: list[PredictedRefusal] = list(refusals) + architecture_refusals(geometry, settings, device,
                                                                                   memory.vllm_version)
     if no_cache := builds_no_cache(geometry.architectures, str(memory.vllm_version) if memory.vllm_version else None):
-        return no_kv_cache_plan(settings.model, no_cache, settings, device,
+        return _no_kv_cache_plan(settings.model, no_cache, settings, device,
                                 settings.max_model_len or geometry.default_max_model_len, warnings)
     if geometry.attention != "none":
         warnings.extend(backend_refusals(choice, rules, device, geometry, settings))
@@ -494,3 +494,15 @@ def _shared_layer_warnings(geometry: ModelGeometry, settings: EngineSettings, gr
                      f"layers differ in page size", fix)]
 
 
+def _no_kv_cache_plan(model: str, reason: str, settings: EngineSettings, device: Device,
+                     max_model_len: int | None, warnings: Sequence[PredictedRefusal]) -> Plan:
+    """The plan of a model vLLM gives no KV cache: 0 blocks, 0 bytes, exact (no estimate is involved)."""
+    return Plan(
+        model=model, device=device.name, compute_capability=device.sm, attention=NO_KV_CACHE_ATTENTION,
+        backend=None, block_size=settings.block_size or 0, block_size_source="no KV cache: no block is sized",
+        kv_cache_dtype=settings.kv_cache_dtype, dtype_bytes=0, kv_bytes_per_token_per_layer=0, kv_bytes_per_token=0,
+        page_size_bytes=0, layers_per_block=0, bytes_per_block=0, kv_memory_bytes=0,
+        kv_memory_source=f"none: {reason} ({NO_KV_CACHE_SOURCE})", num_blocks=0, kv_cache_tokens=0,
+        max_model_len=max_model_len, max_concurrency=None, estimated=False,
+        padding_bytes={}, warnings=tuple(warnings), data_parallel_size=max(1, settings.data_parallel_size),
+        pipeline_parallel_size=max(1, settings.pipeline_parallel_size), kv_cache_groups=0, no_kv_cache=reason)
