@@ -26,6 +26,7 @@ from kvwatch.values.versions import VllmVersion, parse_version
 from kvwatch.vllm_releases.startup_plan import PersistedPlan
 from kvwatch.watchdog.leftovers import CleanupReport
 from kvwatch.watchdog.ownership import EngineProof
+from kvwatch.watchdog.stall_evidence import StallEvidence
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,8 @@ class FakeOs:
     wall_base: float = 1_700_000_000.0
     oom_counts: list[OomCount] = field(default_factory=list)          # each read takes the next; then None
     memory_samples: list[HostMemorySample] = field(default_factory=list)   # likewise, one a tick
+    stall_found: StallEvidence | None = None    # what a look at a stalled engine's stacks finds
+    stall_looks: list[list[int]] = field(default_factory=list)
     vllm_text: str | None = None          # the installed vLLM it reports (None: the host's own, as the planner reads)
     persisted_plans: dict[str, PersistedPlan] = field(default_factory=dict)   # vLLM's start-up plans by path
     learned: dict[str, int] = field(default_factory=dict)   # the fleet's learned store: non-KV bytes by profile
@@ -235,6 +238,10 @@ class FakeOs:
 
     def boot_id(self) -> str:
         return "fake-boot"
+
+    def stall_evidence(self, pids: Sequence[int], command: EngineCommand) -> StallEvidence | None:
+        self.stall_looks.append(sorted(pids))
+        return self.stall_found
 
     def installed_vllm(self) -> VllmVersion | None:
         if self.vllm_text is None:

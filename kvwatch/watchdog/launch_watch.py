@@ -29,6 +29,7 @@ class LaunchEnd:
     detail: str = ""
     returncode: int | None = None
     served: bool = False        # it had been READY (the diagnosis reads a serving engine's death apart)
+    stacks: str = ""            # a stalled engine's thread stacks, read before it was stopped
 
 
 @dataclass(frozen=True)

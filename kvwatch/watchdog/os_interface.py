@@ -30,8 +30,10 @@ from kvwatch.vllm_releases.startup_plan import PersistedPlan
 from kvwatch.watchdog import learned_store, leftovers
 from kvwatch.watchdog.leftovers import CleanupReport
 from kvwatch.watchdog.ownership import EngineProof
+from kvwatch.watchdog.stall_evidence import StallEvidence, stall_evidence
 
 _LOG = logging.getLogger(__name__)
+STALL_STACKS_TIMEOUT_S = 10.0   # a stall's restart waits at most this long for the engine's stacks
 
 Sleep = Callable[[float], None]
 
@@ -113,6 +115,9 @@ class WatchdogOs(Protocol):
 
     def host_memory_sample(self) -> HostMemorySample | None:
         """MemAvailable and memory pressure now."""
+
+    def stall_evidence(self, pids: Sequence[int], command: EngineCommand) -> StallEvidence | None:
+        """A stalled engine's stacks and where they say it is stuck (bounded; None: not looked)."""
 
     def boot_id(self) -> str:
         """This boot's id: a record of a stop for host memory says whether the host rebooted since."""
@@ -234,3 +239,6 @@ class RealOs:
     def publish_learned(self, directory: str, command: EngineCommand, device: Device | None,
                         requested_bytes: int, available_kv_bytes: int) -> None:
         learned_store.publish(directory, command, device, requested_bytes, available_kv_bytes)
+
+    def stall_evidence(self, pids: Sequence[int], command: EngineCommand) -> StallEvidence | None:
+        return stall_evidence(pids, command, timeout=STALL_STACKS_TIMEOUT_S)

@@ -144,7 +144,7 @@ def launch_failure(end: LaunchEnd, lines: list[str], lost: tuple[int, int] | Non
                              signal_name=signal_name, kernel=kernel, earlier=earlier, argv=command.argv, now=now)
     if lost is not None:
         diagnosis = with_rank(diagnosis, *lost)
-    return diagnosis, failure_record(diagnosis, end.detail, command, now)
+    return diagnosis, replace(failure_record(diagnosis, end.detail, command, now), stacks=end.stacks)
 
 
 def kind_of(diagnosis: Diagnosis) -> FailureKind:

@@ -205,11 +205,11 @@ class Supervisor:
                 self._end_engine()
                 self._transition(EngineState.STOPPED, f"{self._stop_reason}: engine stopped")
                 return EXIT_OK
-            if end.served and end.outcome in (LaunchOutcome.HANG, LaunchOutcome.STALLED):
-                # the engine still runs but serves nothing: readiness says so now, not after its stop
-                _LOG.warning("launch ended: %s: %s", end.outcome.value, end.detail)
+            if end.served and end.outcome in (LaunchOutcome.HANG, LaunchOutcome.STALLED):   # serves nothing:
+                _LOG.warning("launch ended: %s: %s", end.outcome.value, end.detail)   # readiness says so now
                 self._ending = f"{end.outcome.value}: {end.detail}"
                 self._publish()
+                end = self._evidence.with_stacks(end, self._running, self._command)   # a stall's stacks
             self._end_engine()
             delay = self._after_failure(end)
             if delay is None:
