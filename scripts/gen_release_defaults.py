@@ -30,6 +30,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "kvwatch" / "vllm_releases" / "defaults.py"
@@ -71,6 +72,13 @@ class Facts:
     startup_plan_source: str = ""
     triton_sampler_source: str = ""
     v0_switch_source: str = ""
+    extensible_source: str = ""          # CacheConfig.enable_extensible_kv_cache ("" before 0.34)
+    extensible_utilization: float = 0.0  # the unset utilization with it on (resolved_gpu_memory_utilization)
+    extensible_utilization_source: str = ""
+    extensible_margin_floor_bytes: int = 0
+    extensible_margin_fraction: float = 0.0
+    extensible_non_torch_reserve_bytes: int = 0
+    extensible_margin_source: str = ""
 
 
 def _parse(path: Path) -> ast.Module:
@@ -92,10 +100,74 @@ def read_utilization(tree_root: Path, facts: Facts) -> None:
             value = node.value
             if isinstance(value, ast.Call):   # Field(default=0.9, gt=0, le=1)
                 value = next(k.value for k in value.keywords if k.arg == "default")
+            if isinstance(value, ast.Constant) and value.value is None:
+                # 0.34+: unset resolves by sizing mode; the estimate-based default is a class constant
+                _read_class_utilization(tree_root, rel, facts)
+                return
             facts.utilization = float(ast.literal_eval(value))
             facts.utilization_source = _where(rel, node)
             return
     raise SourceError(f"{facts.release}: no CacheConfig.gpu_memory_utilization in {rel}")
+
+
+def _read_class_utilization(tree_root: Path, rel: str, facts: Facts) -> None:
+    for node in ast.walk(_parse(tree_root / rel)):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) \
+                and node.target.id == "DEFAULT_GPU_MEMORY_UTILIZATION" and node.value is not None:
+            facts.utilization = float(ast.literal_eval(node.value))
+            facts.utilization_source = _where(rel, node)
+            return
+    raise SourceError(f"{facts.release}: gpu_memory_utilization defaults to None, no DEFAULT_GPU_MEMORY_UTILIZATION")
+
+
+def _cuda_value(node: ast.expr) -> Any:
+    """A constant as the CUDA platform sees it: `(a if current_platform.is_rocm() else b) << n` is b << n."""
+    if isinstance(node, ast.IfExp) and "is_rocm" in ast.unparse(node.test):
+        return _cuda_value(node.orelse)
+    if isinstance(node, ast.BinOp):
+        left, right = _cuda_value(node.left), _cuda_value(node.right)
+        ops = {ast.LShift: lambda a, b: a << b, ast.Mult: lambda a, b: a * b, ast.Pow: lambda a, b: a ** b}
+        if type(node.op) not in ops:
+            raise SourceError(f"unexpected operator in {ast.unparse(node)}")
+        return ops[type(node.op)](left, right)
+    return ast.literal_eval(node)
+
+
+def read_extensible(tree_root: Path, facts: Facts) -> None:
+    """0.34+: the extensible KV cache (on by default on CUDA): the field, the unset utilization it
+    resolves to, and the margin it keeps free after warm-up (v1/worker/extensible_kv_cache.py)."""
+    rel = "vllm/config/cache.py"
+    tree = _parse(tree_root / rel)
+    field_node = next((n for n in ast.walk(tree) if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+                       and n.target.id == "enable_extensible_kv_cache"), None)
+    if field_node is None:
+        return
+    facts.extensible_source = _where(rel, field_node)
+    prop = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
+                 and n.name == "resolved_gpu_memory_utilization"), None)
+    if prop is None:
+        raise SourceError(f"{facts.release}: enable_extensible_kv_cache but no resolved_gpu_memory_utilization")
+    for node in ast.walk(prop):
+        if isinstance(node, ast.If) and "enable_extensible_kv_cache" in ast.unparse(node.test):
+            ret = node.body[0]
+            if isinstance(ret, ast.Return) and isinstance(ret.value, ast.Constant):
+                facts.extensible_utilization = float(ret.value.value)
+                facts.extensible_utilization_source = _where(rel, ret)
+    if not facts.extensible_utilization:
+        raise SourceError(f"{facts.release}: no extensible utilization in resolved_gpu_memory_utilization")
+    rel = "vllm/v1/worker/extensible_kv_cache.py"
+    found: dict[str, tuple[Any, ast.AST]] = {}
+    for node in _parse(tree_root / rel).body:
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and node.targets[0].id in (
+                "KV_CACHE_MARGIN_FLOOR_BYTES", "KV_CACHE_MARGIN_FRACTION", "KV_CACHE_NON_TORCH_RESERVE_BYTES"):
+            found[node.targets[0].id] = (_cuda_value(node.value), node)
+    if len(found) != 3:
+        raise SourceError(f"{facts.release}: {rel} lacks {sorted({'KV_CACHE_MARGIN_FLOOR_BYTES', 'KV_CACHE_MARGIN_FRACTION', 'KV_CACHE_NON_TORCH_RESERVE_BYTES'} - set(found))}")
+    facts.extensible_margin_floor_bytes = int(found["KV_CACHE_MARGIN_FLOOR_BYTES"][0])
+    facts.extensible_margin_fraction = float(found["KV_CACHE_MARGIN_FRACTION"][0])
+    facts.extensible_non_torch_reserve_bytes = int(found["KV_CACHE_NON_TORCH_RESERVE_BYTES"][0])
+    lines = sorted(n.lineno for _, n in found.values())   # type: ignore[attr-defined]
+    facts.extensible_margin_source = f"{rel}:{lines[0]}-{lines[-1]}"
 
 
 def read_block_size(tree_root: Path, facts: Facts) -> None:
@@ -251,7 +323,7 @@ def read_env_switches(tree_root: Path, facts: Facts) -> None:
 def read_release(src_root: Path, release: str) -> Facts:
     tree_root = src_root / release
     facts = Facts(release)
-    for reader in (read_utilization, read_block_size, read_batch_defaults, read_env_switches):
+    for reader in (read_utilization, read_block_size, read_batch_defaults, read_env_switches, read_extensible):
         reader(tree_root, facts)
     return facts
 
@@ -263,7 +335,7 @@ def render_module(all_facts: list[Facts]) -> str:
         '(vLLM <release>, <file>:<line>). The types and lookups are in release_defaults.py."""',
         "from __future__ import annotations",
         "",
-        "from kvwatch.vllm_releases.release_defaults import BatchTier, ReleaseDefaults",
+        "from kvwatch.vllm_releases.release_defaults import BatchTier, ExtensibleSizing, ReleaseDefaults",
         "",
         "DEFAULTS: dict[str, ReleaseDefaults] = {",
     ]
@@ -287,6 +359,14 @@ def render_module(all_facts: list[Facts]) -> str:
         lines.append(f"        cudagraph_applied_source={f.cudagraph_applied_source!r},")
         lines.append(f"        startup_plan_schema={f.startup_plan_schema}, startup_plan_source={f.startup_plan_source!r},")
         lines.append(f"        triton_sampler_source={f.triton_sampler_source!r}, v0_switch_source={f.v0_switch_source!r},")
+        if f.extensible_source:
+            lines.append(f"        extensible=ExtensibleSizing(source={f.extensible_source!r}, "
+                         f"utilization={f.extensible_utilization!r}, "
+                         f"utilization_source={f.extensible_utilization_source!r},")
+            lines.append(f"            margin_floor_bytes={f.extensible_margin_floor_bytes}, "
+                         f"margin_fraction={f.extensible_margin_fraction!r}, "
+                         f"non_torch_reserve_bytes={f.extensible_non_torch_reserve_bytes}, "
+                         f"margin_source={f.extensible_margin_source!r}),")
         lines.append("    ),")
     lines.append("}")
     return "\n".join(lines) + "\n"
@@ -317,11 +397,14 @@ def _facts_row(f: Facts) -> dict[str, tuple[str, str]]:
                                            f.v0_switch_source or "(no VLLM_USE_V1 in envs.py)"),
         "Triton top-k/top-p": ("yes" if f.triton_sampler_source else "no",
                                f.triton_sampler_source or "(no v1/sample/ops/topk_topp_triton.py)"),
+        "extensible KV cache (CUDA default; unset utilization)": (
+            f"on; {f.extensible_utilization}" if f.extensible_source else "absent",
+            f.extensible_source or "(no enable_extensible_kv_cache in config/cache.py)"),
     }
 
 
 def render_doc(all_facts: list[Facts]) -> str:
-    out = [DOC_BEGIN, "", "## Release table: defaults and budget switches, 0.10 to 0.33", "",
+    out = [DOC_BEGIN, "", f"## Release table: defaults and budget switches, {all_facts[0].release.rsplit('.', 1)[0]} to {all_facts[-1].release.rsplit('.', 1)[0]}", "",
            "Read from each release's own source by `scripts/gen_release_defaults.py` into",
            "`kvwatch/vllm_releases/defaults.py`; the planner reads them from there and nowhere else.",
            "Batch tiers are the API server's `max_num_batched_tokens/max_num_seqs` by card, first match wins.",

@@ -24,7 +24,7 @@ from kvwatch.planner.versions import VllmVersion, parse_version
 KNOWN: tuple[VllmVersion, ...] = tuple(parse_version(v) for v in (
     "0.10.2", "0.11.2", "0.12.0", "0.13.0", "0.14.1", "0.15.1", "0.16.0", "0.17.1", "0.18.1", "0.19.1",
     "0.20.2", "0.21.0", "0.22.1", "0.23.0", "0.24.0", "0.25.1", "0.26.0", "0.27.1", "0.28.0", "0.29.0",
-    "0.30.0", "0.31.0", "0.32.0", "0.33.0"))
+    "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0"))
 # The release planned when none is given and none is installed: the newest kvwatch has read. The one
 # answer to "which release when none is given", for the flags, the rules and the budget alike.
 DEFAULT_RELEASE: VllmVersion = max(KNOWN)

@@ -3,7 +3,7 @@ release's own source; do not edit by hand). Each fact carries the file and line 
 (vLLM <release>, <file>:<line>). The types and lookups are in release_defaults.py."""
 from __future__ import annotations
 
-from kvwatch.vllm_releases.release_defaults import BatchTier, ReleaseDefaults
+from kvwatch.vllm_releases.release_defaults import BatchTier, ExtensibleSizing, ReleaseDefaults
 
 DEFAULTS: dict[str, ReleaseDefaults] = {
     '0.10.2': ReleaseDefaults(
@@ -401,5 +401,25 @@ DEFAULTS: dict[str, ReleaseDefaults] = {
         cudagraph_applied_source='vllm/v1/worker/gpu_worker.py:722',
         startup_plan_schema=1, startup_plan_source='vllm/v1/worker/startup_plan.py:38',
         triton_sampler_source='vllm/v1/sample/ops/topk_topp_triton.py:1', v0_switch_source='',
+    ),
+    '0.34.0': ReleaseDefaults(
+        release='0.34.0',
+        gpu_memory_utilization=0.92, gpu_memory_utilization_source='vllm/config/cache.py:186',
+        block_size=64, block_size_source='vllm/config/cache.py:185',
+        batch_tiers=(
+            BatchTier(min_memory_gib=160, exclude_names=(), exclude_capabilities=(),
+                      max_num_batched_tokens=16384, max_num_seqs=1024, source='vllm/engine/arg_utils.py:3010'),
+            BatchTier(min_memory_gib=70, exclude_names=('a100',), exclude_capabilities=((12, 1),),
+                      max_num_batched_tokens=8192, max_num_seqs=1024, source='vllm/engine/arg_utils.py:3020'),
+            BatchTier(min_memory_gib=0, exclude_names=(), exclude_capabilities=(),
+                      max_num_batched_tokens=2048, max_num_seqs=256, source='vllm/engine/arg_utils.py:3036'),
+        ),
+        cpu_tokens_per_rank=2048, cpu_seqs_per_rank=128, cpu_source='vllm/engine/arg_utils.py:3066',
+        cudagraph_estimate='default', cudagraph_estimate_source='vllm/envs.py:2356',
+        cudagraph_applied_source='vllm/v1/worker/gpu_worker.py:746',
+        startup_plan_schema=2, startup_plan_source='vllm/v1/worker/startup_plan.py:39',
+        triton_sampler_source='vllm/v1/sample/ops/topk_topp_triton.py:1', v0_switch_source='',
+        extensible=ExtensibleSizing(source='vllm/config/cache.py:395', utilization=1.0, utilization_source='vllm/config/cache.py:500',
+            margin_floor_bytes=1073741824, margin_fraction=0.75, non_torch_reserve_bytes=536870912, margin_source='vllm/v1/worker/extensible_kv_cache.py:64-71'),
     ),
 }
