@@ -362,4 +362,21 @@ CUDA_PRIORITIES: dict[str, dict[tuple[str, int | None], Order]] = {
             ('TRITON_MLA', 'FLASHINFER_MLA_SPARSE_SM120'),
             "vllm/platforms/cuda.py:135"),
     },
+    "0.34.0": {
+        ("full", None): (
+            ('FLASH_ATTN', 'FLASHINFER', 'TRITON_ATTN', 'FLEX_ATTENTION', 'TURBOQUANT'),
+            "vllm/platforms/cuda.py:167"),
+        ("full", 10): (
+            ('FLASHINFER', 'FLASH_ATTN', 'TRITON_ATTN', 'FLEX_ATTENTION', 'TURBOQUANT'),
+            "vllm/platforms/cuda.py:158"),
+        ("mla", None): (
+            ('FLASH_ATTN_MLA', 'FLASHMLA', 'FLASHINFER_MLA', 'TRITON_MLA', 'FLASH_ATTN_MLA_SPARSE', 'FLASHMLA_SPARSE', 'FLASHINFER_MLA_SPARSE_SM90'),
+            "vllm/platforms/cuda.py:146"),
+        ("mla", 10): (
+            ('FLASHINFER_MLA', 'TOKENSPEED_MLA', 'CUTLASS_MLA', 'FLASH_ATTN_MLA', 'FLASHMLA', 'TRITON_MLA', 'FLASHMLA_SPARSE', 'FLASHINFER_MLA_SPARSE'),
+            "vllm/platforms/cuda.py:119"),
+        ("mla", 12): (
+            ('TRITON_MLA', 'FLASHINFER_MLA_SPARSE_SM120'),
+            "vllm/platforms/cuda.py:132"),
+    },
 }
