@@ -87,4 +87,7 @@ MAX_LEN_RULES: dict[str, MaxLenRules] = {
     "0.33.0": MaxLenRules(
         ('su', 'longrope', 'llama3', 'yarn', 'deepseek_yarn', 'deepseek_llama_scaling'),
         "vllm/config/model.py:2613", "", "vllm/config/model.py:2645"),
+    "0.34.0": MaxLenRules(
+        ('su', 'longrope', 'llama3', 'yarn', 'deepseek_yarn', 'deepseek_llama_scaling'),
+        "vllm/config/model.py:2657", "", "vllm/config/model.py:2689"),
 }
