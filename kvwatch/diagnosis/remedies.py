@@ -37,10 +37,12 @@ from kvwatch.diagnosis.facts import (
 )
 from kvwatch.failure_kinds import FailureKind
 from kvwatch.planner.engine_args import EngineCommand, EngineSettings
+from kvwatch.planner.extensible_kv import effective_utilization, extensible_for
 from kvwatch.planner.flag_change import NO_CHANGE, FlagChange
 from kvwatch.planner.plan import Plan
 from kvwatch.planner.predicted_refusal import KV_CACHE_TOO_SMALL
 from kvwatch.planner.rules import RuleSet, parse_block_rule, ruleset_for, smallest_common_block_size
+from kvwatch.planner.versions import parse_version
 from kvwatch.policy import Policy, fixed_among
 from kvwatch.vllm_releases import DEFAULT_RELEASE
 from kvwatch.vllm_releases.release_defaults import api_batch_defaults, defaults_for
@@ -219,10 +221,32 @@ def _kernel_options(ctx: _Ctx) -> Iterator[Remedy]:
 
 # -- memory ------------------------------------------------------------------------------
 
+def _utilization(ctx: _Ctx) -> float:
+    """The utilization the engine sized against (planner/extensible_kv.effective_utilization): an
+    unset flag is 1.0 under vLLM 0.34's extensible KV cache, not the estimate default."""
+    platform = "cpu" if ctx.plan is not None and ctx.plan.device.lower().startswith("cpu") else "cuda"
+    return effective_utilization(ctx.settings, platform, defaults_for(parse_version(ctx.command.release)))
+
+
+def _unset_utilization(ctx: _Ctx, why: str) -> Iterator[Remedy]:
+    """Under the extensible KV cache an explicit utilization below 1.0 is a cap: leaving it unset
+    gives the cache what is measured free after warm-up (vLLM 0.34.0, vllm/config/cache.py:495-501)."""
+    platform = "cpu" if ctx.plan is not None and ctx.plan.device.lower().startswith("cpu") else "cuda"
+    release = defaults_for(parse_version(ctx.command.release))
+    sizing = extensible_for(ctx.settings, platform, release).sizing
+    given = ctx.settings.gpu_memory_utilization
+    if sizing is None or not ctx.settings.gpu_memory_utilization_given or given >= sizing.utilization:
+        return
+    yield Remedy(FlagChange(remove=("--gpu-memory-utilization",)),
+                 f"{why}: --gpu-memory-utilization {given} caps vLLM {release.release}'s extensible KV cache; "
+                 f"unset it means {sizing.utilization}, the cache sized from the memory free after warm-up")
+
+
 def _raise_utilization(ctx: _Ctx, why: str) -> Iterator[Remedy]:
     if not ctx.policy.allow_gpu_memory_utilization_change:
         return
-    current = ctx.settings.gpu_memory_utilization
+    yield from _unset_utilization(ctx, why)
+    current = _utilization(ctx)
     step, cap = ctx.policy.gpu_memory_utilization_step, ctx.policy.max_gpu_memory_utilization
     value = current
     while True:
@@ -240,7 +264,7 @@ def _raise_utilization(ctx: _Ctx, why: str) -> Iterator[Remedy]:
 def _lower_utilization(ctx: _Ctx, why: str) -> Iterator[Remedy]:
     if not ctx.policy.allow_gpu_memory_utilization_change:
         return
-    current = ctx.settings.gpu_memory_utilization
+    current = _utilization(ctx)
     step, floor_ = ctx.policy.gpu_memory_utilization_step, ctx.policy.min_gpu_memory_utilization
     value = current
     while True:
@@ -331,7 +355,7 @@ def _busy_options(ctx: _Ctx) -> Iterator[Remedy]:
         free, total = int(said.free_gib * GiB), int(said.total_gib * GiB)
     else:
         return
-    current = ctx.settings.gpu_memory_utilization
+    current = _utilization(ctx)
     margin = max(_FIT_MARGIN_RATIO, _FIT_MARGIN_BYTES / total)
     fitted = math.floor((free / total - margin) * 100 + 1e-9) / 100
     others = ", ".join(f"{pid} ({name})" for pid, name, _ in holders) or "unknown processes"

@@ -17,6 +17,7 @@ from kvwatch.planner.backends import BackendChoice, choose_backend, kernel_conte
 from kvwatch.planner.config_refusals import config_refusals
 from kvwatch.planner.devices import Device, GiB
 from kvwatch.planner.engine_args import EngineSettings
+from kvwatch.planner.extensible_kv import effective_utilization, extensible_for
 from kvwatch.planner.flag_change import NO_CHANGE, FlagChange
 from kvwatch.planner.geometry import ModelGeometry
 from kvwatch.planner.gpu_budget import GpuBudget, api_defaults, decoder_layer_bytes, estimate_budget, release_for
@@ -60,6 +61,7 @@ from kvwatch.vllm_releases.kv_layout import (
     KV_PAGE_UNIFICATION,
     MAMBA2_PREFILL_CHECKPOINT,
     NULL_BLOCK_RESERVED_IN_CHECK,
+    SLIDING_BLOCK_DIVIDES_PRIMARY,
     SLIDING_BLOCK_FROM_KERNEL,
     SLIDING_BLOCK_WITHIN_PRIMARY_PAGE,
     SSM_FLOAT32_WITH_AVX512_BF16,
@@ -67,6 +69,7 @@ from kvwatch.vllm_releases.kv_layout import (
     mla_entry_elements,
 )
 from kvwatch.vllm_releases.kv_tokens_report import reported_kv_tokens
+from kvwatch.vllm_releases.release_defaults import defaults_for
 from kvwatch.vllm_releases.skip_layer_pages import MLA_SKIP_LAYERS, SKIP_LAYER_PAGE_ALIGNMENT
 
 _DTYPE_BYTES = {"float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4}
@@ -286,6 +289,11 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     if not 0 < settings.gpu_memory_utilization <= 1:
         settings = replace(settings, gpu_memory_utilization=release.default_utilization,
                            gpu_memory_utilization_given=False)
+    refused = extensible_for(settings, device.platform, release.defaults).refusal
+    if refused is not None:   # asked for where it cannot be: vLLM 0.34.0, vllm/config/vllm.py:3263
+        refusals.append(PredictedRefusal(CONFIG_REFUSED, f"vLLM refuses it: {refused}",
+                                         FlagChange(remove=("--enable-extensible-kv-cache",))))
+        settings = replace(settings, enable_extensible_kv_cache=None)
     kv_dtype = settings.kv_cache_dtype
     attention_free = geometry.attention == "none"
     if device.platform == "cuda":   # the release's kernel block sizes for this model and card
@@ -364,7 +372,8 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     # -- the layers of one worker (the fullest pipeline stage), grouped as vLLM groups them.
     # Sliding-window layers start from a kernel block of their own in some releases (kv_layout.py).
     sliding_block = sliding_block_size(shape.block_sizes, block_size, SLIDING_BLOCK_FROM_KERNEL.holds(memory.vllm_version),
-                                       SLIDING_BLOCK_WITHIN_PRIMARY_PAGE.holds(memory.vllm_version)) \
+                                       SLIDING_BLOCK_WITHIN_PRIMARY_PAGE.holds(memory.vllm_version),
+                                       SLIDING_BLOCK_DIVIDES_PRIMARY.holds(memory.vllm_version)) \
         if shape is not None else block_size
     groups, grouping_refusals = _kv_groups(geometry, settings, block_size, layer_token_bytes, state_bytes,
                                            memory.vllm_version, sliding_block, checkpoint_alignment is not None,
@@ -500,7 +509,8 @@ def _no_memory_warning(device: Device, settings: EngineSettings, geometry: Model
     if settings.kv_cache_memory_bytes is not None:   # the flag sets the KV memory: no other flag moves it
         return PredictedRefusal(NO_KV_CACHE_MEMORY, message + "; --kv-cache-memory-bytes sets it: raise it",
                                 NO_CHANGE, certain=not estimated)
-    if device.platform == "cuda" and device.total_memory_bytes and settings.gpu_memory_utilization < 0.95:
+    current = effective_utilization(settings, device.platform, defaults_for(memory.vllm_version or DEFAULT_RELEASE))
+    if device.platform == "cuda" and device.total_memory_bytes and current < 0.95:
         higher = replace(settings, gpu_memory_utilization=0.95, gpu_memory_utilization_given=True)
         if _estimate_gpu_kv_memory(device, higher, geometry, memory, model_bytes) >= 2 * bytes_per_block:
             return PredictedRefusal(NO_KV_CACHE_MEMORY, message, FlagChange({"--gpu-memory-utilization": 0.95}),
