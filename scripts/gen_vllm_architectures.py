@@ -46,7 +46,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "kvwatch" / "vllm_releases" / "architectures.py"
 DETAILS_OUT = ROOT / "kvwatch" / "vllm_releases" / "architecture_details.py"
-RELEASES = ("0.32.0", "0.33.0")
+RELEASES = ("0.32.0", "0.33.0", "0.34.0")
 _REGISTRY = "vllm/model_executor/models/registry.py"
 _GROUPS = ("_TEXT_GENERATION_MODELS", "_EMBEDDING_MODELS", "_LATE_INTERACTION_MODELS", "_REWARD_MODELS",
            "_TOKEN_CLASSIFICATION_MODELS", "_SEQUENCE_CLASSIFICATION_MODELS", "_MULTIMODAL_MODELS",
