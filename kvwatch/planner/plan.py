@@ -20,6 +20,7 @@ from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.extensible_kv import effective_utilization, extensible_for
 from kvwatch.planner.flag_change import NO_CHANGE, FlagChange
 from kvwatch.planner.geometry import ModelGeometry
+from kvwatch.planner.kv_dtype_refusal import mismatched_16bit_kv
 from kvwatch.planner.gpu_budget import GpuBudget, api_defaults, decoder_layer_bytes, estimate_budget, release_for
 from kvwatch.planner.kv_groups import (
     KvGroups,
@@ -289,6 +290,9 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     if not 0 < settings.gpu_memory_utilization <= 1:
         settings = replace(settings, gpu_memory_utilization=release.default_utilization,
                            gpu_memory_utilization_given=False)
+    mismatched = mismatched_16bit_kv(settings, geometry.config_dtype, memory.vllm_version)
+    if mismatched is not None:
+        refusals.append(mismatched)
     refused = extensible_for(settings, device.platform, release.defaults).refusal
     if refused is not None:   # asked for where it cannot be: vLLM 0.34.0, vllm/config/vllm.py:3263
         refusals.append(PredictedRefusal(CONFIG_REFUSED, f"vLLM refuses it: {refused}",
