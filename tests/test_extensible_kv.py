@@ -129,3 +129,21 @@ def test_oom_lowers_from_the_unset_1_0() -> None:
     remedy = propose_remedy(d, EngineCommand.parse(["vllm", "serve", "/models/m", "--max-num-seqs", "1"], "0.34.0"))
     if remedy is not None and "--gpu-memory-utilization" in remedy.change.set:
         assert remedy.change.set["--gpu-memory-utilization"] < 1.0
+
+
+@pytest.mark.parametrize("release,flags,refused", [
+    ("0.33.0", ["--kv-cache-dtype", "float16"], True),    # qwen2-7b is bfloat16
+    ("0.34.0", ["--kv-cache-dtype", "float16"], True),
+    ("0.33.0", ["--kv-cache-dtype", "bfloat16"], False),
+    ("0.33.0", ["--kv-cache-dtype", "float16", "--dtype", "half"], False),
+    ("0.32.0", ["--kv-cache-dtype", "float16"], False),   # 0.32 has no such check
+])
+def test_an_explicit_16bit_kv_dtype_other_than_the_models_is_refused_from_0_33(
+        release: str, flags: list[str], refused: bool) -> None:
+    """vLLM 0.33.0, vllm/config/vllm.py:1492-1508 (_reject_mismatched_float_kv_cache)."""
+    found = [w for w in plan(release, *flags).warnings if "is incompatible with dtype" in w.message]
+    assert bool(found) is refused
+    if refused:
+        assert found[0].message.startswith('ValueError: kv_cache_dtype="float16" is incompatible with '
+                                           'dtype="bfloat16". Please set `--kv-cache-dtype` to `auto` or `bfloat16`.')
+        assert found[0].fix.set == {"--kv-cache-dtype": "auto"}

@@ -441,6 +441,10 @@ def _config_refused_options(ctx: _Ctx) -> Iterator[Remedy]:
         elif ctx.command.has("--gpu-memory-utilization"):
             yield Remedy(FlagChange(remove=("--gpu-memory-utilization",)),
                          f"GPU memory utilization {given} is not a fraction in (0, 1]: vLLM's default")
+    elif refusal == "extensible_kv_cache_unsupported" and ctx.command.has("--enable-extensible-kv-cache"):
+        yield Remedy(FlagChange(remove=("--enable-extensible-kv-cache",)),
+                     f"vLLM cannot size this KV cache after warm-up ({f.sentence}): drop "
+                     f"--enable-extensible-kv-cache and let it size the cache from its profile")
     elif refusal == "field:block_size" and ctx.policy.allow_block_size_change and ctx.command.has("--block-size"):
         yield Remedy(FlagChange(remove=("--block-size",)),
                      f"block size {f.value} is refused ({f.sentence}): let vLLM pick the "
