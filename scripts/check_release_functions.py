@@ -1169,7 +1169,7 @@ def kvwatch_cuda_kernel_blocks(release: str, args: dict[str, Any]) -> dict[str, 
                             softcap=case.softcap)
     rule = with_release_kernel_blocks(ruleset_for(release), parse_version(release), context).backend(args["backend"])
     assert rule is not None
-    # until 0.18 --block-size's choices (vllm_releases/flags.py) are CacheConfig's BlockSize literals,
+    # until 0.18 --block-size's choices (vllm_releases/generated/flags.py) are CacheConfig's BlockSize literals,
     # which supports_block_size also asks for
     from kvwatch.planner.serve_options import release_options
     found = release_options(release).match("--block-size") if release in KNOWN_FLAG_RELEASES else None

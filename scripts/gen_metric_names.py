@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generate kvwatch/vllm_releases/metric_names.py: the Prometheus series each vLLM release exports
+"""Generate kvwatch/vllm_releases/generated/metric_names.py: the Prometheus series each vLLM release exports
 that kvwatch reads, with the file and line that registers each, read with `ast` (nothing of vLLM is
 imported or copied).
 
@@ -22,7 +22,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from release_generator import ROOT, generate  # noqa: E402
 
-OUT = ROOT / "kvwatch" / "vllm_releases" / "metric_names.py"
+OUT = ROOT / "kvwatch" / "vllm_releases" / "generated" / "metric_names.py"
 FILES = ("vllm/v1/metrics/loggers.py", "vllm/engine/metrics.py")
 # The series kvwatch reads (kvwatch/boundary/engine_http.py); the others are not recorded.
 READ = frozenset({"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "vllm:cache_config_info",

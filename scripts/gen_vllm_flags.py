@@ -1,4 +1,4 @@
-"""Write kvwatch/vllm_releases/flags.py: the `vllm serve` options of every release kvwatch knows.
+"""Write kvwatch/vllm_releases/generated/flags.py: the `vllm serve` options of every release kvwatch knows.
 
 kvwatch reads an engine command the way that release's argparse does: which options it has, which
 take a value (and how many), which are switches and which of their spellings turn them off
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-TARGET = ROOT / "kvwatch" / "vllm_releases" / "flags.py"
+TARGET = ROOT / "kvwatch" / "vllm_releases" / "generated" / "flags.py"
 READER = ROOT / "scripts" / "vllm_release_parser.py"
 
 Entry = tuple[Any, ...]

@@ -21,7 +21,8 @@ import pytest
 from kvwatch.errors import CommandError
 from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.serve_options import known_releases, release_options
-from kvwatch.vllm_releases import KNOWN, flags
+from kvwatch.vllm_releases import KNOWN
+from kvwatch.vllm_releases.generated import flags
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "check_release_parsers.py"

@@ -85,7 +85,7 @@ def test_cli_bad_compare_version_is_one_clear_error(capsys: pytest.CaptureFixtur
 
 
 # Flags that change meaning between two releases, read from each release's parser data
-# (vllm_releases/flags.py): (flags, A, B, the row's a, b, words of its reason, its source).
+# (vllm_releases/generated/flags.py): (flags, A, B, the row's a, b, words of its reason, its source).
 FLAG_MEANING = [
     # a switch that gained an inverse (0.33's EnableDisableAction)
     (["--enable-prefix-caching"], "0.32.0", "0.33.0", "on", "on", "adds the inverse --disable-prefix-caching",

@@ -4,7 +4,7 @@ reason and the source line of the release that makes it (pure).
 The reasons come from the releases' own data (vllm_releases/defaults.py): a changed default
 utilization, a CUDA graph estimate now taken from the budget, another batch tier for the card, another
 default block size. A figure that only follows from those (blocks, tokens, the KV share) says so.
-The command's own flags are read by both releases' parsers (vllm_releases/flags.py): a flag whose
+The command's own flags are read by both releases' parsers (vllm_releases/generated/flags.py): a flag whose
 meaning changes (removed, now ambiguous, another option, the other polarity, an inverse gained,
 other choices or arity) is a difference with the release's source line.
 """
@@ -22,7 +22,7 @@ from kvwatch.planner.serve_options import Match, ReleaseOptions, ServeOption, re
 from kvwatch.planner.units import format_bytes
 from kvwatch.planner.versions import VllmVersion
 from kvwatch.vllm_releases import resolve
-from kvwatch.vllm_releases.flags import PARSERS
+from kvwatch.vllm_releases.generated.flags import PARSERS
 from kvwatch.vllm_releases.release_defaults import ReleaseDefaults, defaults_for
 
 

@@ -1,5 +1,5 @@
 """The Prometheus series each vLLM release exports, as kvwatch reads them (pure): the generated
-table (metric_names.py) resolved per release, and the KV cache usage series of every release.
+table (generated/metric_names.py) resolved per release, and the KV cache usage series of every release.
 
 vLLM's KV cache usage gauge was vllm:gpu_cache_usage_perc (the V0 engine; V1 beside the new name in
 0.10, hidden behind --show-hidden-metrics-for-version in 0.11, gone from 0.12) and is
@@ -7,7 +7,7 @@ vllm:kv_cache_usage_perc from V1 on (vLLM 0.10.2, vllm/v1/metrics/loggers.py:244
 """
 from __future__ import annotations
 
-from kvwatch.vllm_releases.metric_names import BASE, BASE_RELEASE, CHANGES
+from kvwatch.vllm_releases.generated.metric_names import BASE, BASE_RELEASE, CHANGES
 
 KV_USAGE_NEW = "vllm:kv_cache_usage_perc"
 KV_USAGE_OLD = "vllm:gpu_cache_usage_perc"
