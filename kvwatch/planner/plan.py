@@ -70,6 +70,7 @@ from kvwatch.vllm_releases.kv_layout import (
     mla_entry_elements,
 )
 from kvwatch.vllm_releases.kv_tokens_report import reported_kv_tokens
+from kvwatch.vllm_releases.model_runner_v2 import env_refusals
 from kvwatch.vllm_releases.release_defaults import defaults_for
 from kvwatch.vllm_releases.skip_layer_pages import MLA_SKIP_LAYERS, SKIP_LAYER_PAGE_ALIGNMENT
 
@@ -290,6 +291,8 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     if not 0 < settings.gpu_memory_utilization <= 1:
         settings = replace(settings, gpu_memory_utilization=release.default_utilization,
                            gpu_memory_utilization_given=False)
+    refusals += [PredictedRefusal(CONFIG_REFUSED, f"ValueError: {message}", NO_CHANGE)
+                 for message in env_refusals((memory.vllm_version or DEFAULT_RELEASE).parts, dict(memory.vllm_env))]
     mismatched = mismatched_16bit_kv(settings, geometry.config_dtype, memory.vllm_version)
     if mismatched is not None:
         refusals.append(mismatched)
