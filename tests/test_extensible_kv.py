@@ -147,3 +147,31 @@ def test_an_explicit_16bit_kv_dtype_other_than_the_models_is_refused_from_0_33(
         assert found[0].message.startswith('ValueError: kv_cache_dtype="float16" is incompatible with '
                                            'dtype="bfloat16". Please set `--kv-cache-dtype` to `auto` or `bfloat16`.')
         assert found[0].fix.set == {"--kv-cache-dtype": "auto"}
+
+
+@pytest.mark.parametrize("env,refused", [
+    ({"VLLM_USE_V2_MODEL_RUNNER": "0"}, "VLLM_USE_V2_MODEL_RUNNER=0 is no longer supported"),
+    ({"VLLM_USE_V2_MODEL_RUNNER": "1"}, None),
+    ({"VLLM_MARLIN_INPUT_DTYPE": "int8"}, "VLLM_MARLIN_INPUT_DTYPE has been removed"),
+])
+def test_0_34_refuses_the_removed_runner_and_env_values(env: dict[str, str], refused: str | None) -> None:
+    """vLLM 0.34.0, vllm/platforms/interface.py:1481-1493, vllm/envs.py:654-660."""
+    p = plan_command(["vllm", "serve", QWEN], preset("h100"), ruleset_for("0.34.0"), env=env,
+                     vllm_version=V34)
+    found = [w.message for w in p.warnings if "ValueError: VLLM_" in w.message]
+    assert (found[0].startswith(f"ValueError: {refused}") if refused else found == [])
+    old = plan_command(["vllm", "serve", QWEN], preset("h100"), ruleset_for("0.33.0"), env=env, vllm_version=V33)
+    assert not [w for w in old.warnings if "ValueError: VLLM_" in w.message]
+
+
+@pytest.mark.parametrize("logged,utilization", [("0.34.0", None), ("0.33.0", 0.95)])
+def test_diagnose_reads_the_release_from_the_logs_version_line(logged: str, utilization: float | None) -> None:
+    """The remedy follows the release the log names, whatever release the command was read as."""
+    lines = [f"(APIServer pid=1) INFO 12-06 21:00:00 [api_server.py:1] vLLM API server version {logged}",
+             *(LOGS / "gpu_no_kv_cache_memory.log").read_text(encoding="utf-8").splitlines()]
+    d = diagnose(lines)
+    assert d.release == logged and d.kind is FailureKind.NO_KV_CACHE_MEMORY
+    other = "0.33.0" if logged == "0.34.0" else "0.34.0"
+    remedy = propose_remedy(d, EngineCommand.parse(["vllm", "serve", "/models/m"], other))
+    got = remedy.change.set.get("--gpu-memory-utilization") if remedy is not None else None
+    assert got == utilization

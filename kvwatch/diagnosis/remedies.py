@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kvwatch.diagnosis.diagnose import Diagnosis, flag_fixable_backends, is_8bit_kv
@@ -35,6 +35,7 @@ from kvwatch.diagnosis.facts import (
     MambaCacheFacts,
     facts_as,
 )
+from kvwatch.errors import KvwatchError
 from kvwatch.failure_kinds import FailureKind
 from kvwatch.planner.engine_args import EngineCommand, EngineSettings
 from kvwatch.planner.extensible_kv import effective_utilization, extensible_for
@@ -44,7 +45,7 @@ from kvwatch.planner.predicted_refusal import KV_CACHE_TOO_SMALL
 from kvwatch.planner.rules import RuleSet, parse_block_rule, ruleset_for, smallest_common_block_size
 from kvwatch.planner.versions import parse_version
 from kvwatch.policy import Policy, fixed_among
-from kvwatch.vllm_releases import DEFAULT_RELEASE
+from kvwatch.vllm_releases import DEFAULT_RELEASE, resolve
 from kvwatch.vllm_releases.release_defaults import api_batch_defaults, defaults_for
 from kvwatch.vllm_releases.texts import LORA_RANKS
 
@@ -105,6 +106,19 @@ class _Ctx:
         return facts_as(self.facts, cls)
 
 
+def _as_logged(command: EngineCommand, release: str | None) -> EngineCommand:
+    """The command read as the release the log's version line names (its defaults and semantics:
+    an unset utilization is 1.0 under 0.34's extensible KV cache), where that release's parser reads it."""
+    if release is None:
+        return command
+    try:
+        logged = replace(command, release=str(resolve(parse_version(release)).used))
+        logged.settings()
+    except KvwatchError:
+        return command
+    return logged
+
+
 def propose_remedy(diagnosis: Diagnosis, command: EngineCommand, *, policy: Policy = Policy(),
                    tried: Collection[tuple[str, ...]] = (), plan: Plan | None = None,
                    gpu: GpuContext | None = None, rules: RuleSet | None = None) -> Remedy | None:
@@ -114,6 +128,7 @@ def propose_remedy(diagnosis: Diagnosis, command: EngineCommand, *, policy: Poli
     options = _OPTIONS.get(diagnosis.kind)
     if options is None:
         return None
+    command = _as_logged(command, diagnosis.release)
     ctx = _Ctx(diagnosis, command, command.settings(), policy, plan, gpu, rules or ruleset_for(None),
                diagnosis.typed_facts)
     seen = {tuple(t) for t in tried}
