@@ -1,6 +1,7 @@
 """The failure classes: stable names, used as the `kind` label of kvwatch's metrics.
 
-Each class is fixed by a flag change (diagnosis/remedies.py), restarted as it is (ENGINE_DIED, STALLED),
+Each class is fixed by a flag change (diagnosis/remedies.py), restarted as it is (ENGINE_DIED, STALLED,
+KILLED, UNKNOWN within the restart budget; HOST_OOM first, then with less host memory),
 or FATAL: nothing kvwatch may change fixes it, so the watchdog gives up at once (exit 78) with
 vLLM's sentence and HELP's line of what a person must do.
 """
@@ -30,6 +31,8 @@ class FailureKind(str, Enum):
     PORT_IN_USE = "port_in_use"
     MODEL_UNAVAILABLE = "model_unavailable"      # gated (401), missing (404) or not cached offline
     ENGINE_DIED = "engine_died"
+    KILLED = "killed"                            # ended by a signal kvwatch did not send, no other cause
+    HOST_OOM = "host_oom"                        # the kernel's OOM killer ended it (the cgroup's count rose)
     STALLED = "stalled"                          # answered /health, no token with requests running
     UNKNOWN = "unknown"
 
@@ -75,4 +78,4 @@ HELP: dict[FailureKind, str] = {
 
 
 # Classes the watchdog names from what it measures, not from the engine's output: no log shows them.
-MEASURED: frozenset[FailureKind] = frozenset({FailureKind.STALLED})
+MEASURED: frozenset[FailureKind] = frozenset({FailureKind.STALLED, FailureKind.KILLED, FailureKind.HOST_OOM})

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from release_review import review  # noqa: E402
 
 from kvwatch.errors import KvwatchError  # noqa: E402
-from kvwatch.planner.versions import parse_version  # noqa: E402
+from kvwatch.values.versions import parse_version  # noqa: E402
 
 INIT = ROOT / "kvwatch" / "vllm_releases" / "__init__.py"
 REVIEWS = ROOT / "docs" / "release-reviews"

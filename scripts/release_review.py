@@ -99,7 +99,7 @@ def verdict(c: Citation, src: Path, before: str | None, release: str, lines: dic
 
 
 def _release_before(release: str) -> str | None:
-    from kvwatch.planner.versions import parse_version
+    from kvwatch.values.versions import parse_version
     from kvwatch.vllm_releases import KNOWN
     before = [v for v in KNOWN if v.parts < parse_version(release).parts]
     return str(max(before)) if before else None

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from kvwatch.diagnosis import Diagnosis, FailureKind, LogScanner, diagnose, diagnose_stream
 from kvwatch.diagnosis.diagnose import MAX_LINE_BYTES, MAX_LINE_CHARS, clean_line
 from kvwatch.diagnosis.patterns import PATTERNS, READY_MARKERS
+from kvwatch.failure_kinds import ALWAYS_FATAL
 
 LOGS = Path(__file__).resolve().parent / "fixtures" / "logs"
 
@@ -39,7 +40,7 @@ CASES = [
      {"max_model_len": 262144, "needed_gib": 2.0, "available_gib": 1.0, "estimated_max_model_len": 130944,
       "wording": "new", "process": "EngineCore"},
      "ValueError: To serve at least one request with the model's max seq len (262144)"),
-    ("cpu_engine_died.log", K.ENGINE_DIED, False, {"after_ready": True}, "engine core exited unexpectedly"),
+    ("cpu_engine_died.log", K.ENGINE_DIED, False, {"after_ready": True}, "EngineDeadError"),   # the ERROR line, not the WARNING before it
     # vLLM's refusals of its own configuration: the evidence is vLLM's sentence, never pydantic's header.
     ("cpu_refusal_max_model_len.log", K.CONFIG_REFUSED, False,
      {"refusal": "max_model_len_above_derived", "max_model_len": 300000, "derived_max_model_len": 1024,
@@ -297,7 +298,56 @@ INLINE = [
      K.KV_DTYPE_UNSUPPORTED, {"kv_cache_dtype": "fp4"}),
     ("(EngineCore_DP0 pid=9) ERROR 01-01 00:00:00 [core_client.py:1] Engine core proc EngineCore_DP0 died "
      "unexpectedly, shutting down client.", K.ENGINE_DIED, {}),
+    # vLLM 0.18+'s kernel block sizes (Ascend's attention kernels take 128): vllm-project/vllm-ascend#8480
+    ("ValueError: None of the kernel sizes [128] can divide physical block size 16 evenly", K.BLOCK_SIZE_UNSUPPORTED,
+     {"block_size": 16, "backend_block_sizes": {"(kernel)": ["MultipleOf(128)"]}}),
+    # a refusal's sentence alone, pydantic's framing lost in the paste
+    ("Total number of attention heads (12) must be divisible by tensor parallel size (8)", K.CONFIG_REFUSED,
+     {"refusal": "tensor_parallel_size_not_dividing_heads", "num_attention_heads": 12, "tensor_parallel_size": 8}),
 ]
+
+# Messages cut at their end (a paste, a log cut off): the head names the class, with the facts before the cut.
+TRUNCATED = [
+    ("ValueError: To serve at least one request with the model's max seq len (1048576),", K.KV_CACHE_TOO_SMALL,
+     {"max_model_len": 1048576}, ("needed_gib",)),
+    ("ValueError: To serve at least one request with the model's max seq len (1048576), (128.00 GiB KV cache is "
+     "needed, which is larger", K.KV_CACHE_TOO_SMALL, {"max_model_len": 1048576, "needed_gib": 128.0},
+     ("available_gib",)),
+    ("ValueError: Free memory on device cuda:0 (30.12/31.84 GiB) on startup is less than", K.GPU_MEMORY_BUSY,
+     {"free_gib": 30.12, "total_gib": 31.84, "device": "cuda:0"}, ("utilization",)),
+    ("ValueError: No valid attention backend found for cuda with AttentionSelectorConfig(head_size=576, "
+     "dtype=torch.bfloat16, kv_cache_dtype=auto, block_size=16, use_mla=True", K.NO_ATTENTION_BACKEND,
+     {"device": "cuda", "selector_config": {"head_size": 576, "block_size": 16}, "reasons": {}}, ()),
+    ("ValueError: No valid attention backend found for cuda with AttentionSelectorConfig(head_size=64). Reasons: "
+     "{FLASH_ATTN: [compute capability not supported], FLASHINFER: [block_s", K.NO_ATTENTION_BACKEND,
+     {"reasons": {"FLASH_ATTN": ["compute capability not supported"]}, "reasons_cut": True}, ()),
+    ("ValueError: max_num_seqs (256) exceeds available Mamba cache blocks", K.MAMBA_CACHE_TOO_SMALL,
+     {"max_num_seqs": 256}, ("mamba_blocks",)),
+    ("ValueError: The model's max seq len (32768) is larger than the maximum number of tokens", K.KV_CACHE_TOO_SMALL,
+     {"max_model_len": 32768}, ("kv_cache_tokens",)),
+    ("ValueError: LoRA rank 64 is greater than max_lora_rank", K.LORA_RANK_TOO_LARGE, {"lora_rank": 64},
+     ("max_lora_rank",)),
+    ("ValueError: Aligned KV cache block size 48 is not supported by attention backend", K.BLOCK_SIZE_UNSUPPORTED,
+     {"block_size": 48}, ()),
+    ("ValueError: Selected backend FLASHINFER is not valid for this configuration", K.NO_ATTENTION_BACKEND,
+     {"selected_backend": "FLASHINFER"}, ()),
+    ("ValueError: None of the kernel sizes [128] can divide physical", K.BLOCK_SIZE_UNSUPPORTED,
+     {"backend_block_sizes": {"(kernel)": ["MultipleOf(128)"]}}, ("block_size",)),
+]
+
+
+@pytest.mark.parametrize("line,kind,facts,absent", TRUNCATED, ids=[t[0][:50] for t in TRUNCATED])
+def test_a_message_cut_at_its_end_keeps_its_class_and_the_facts_before_the_cut(line, kind, facts, absent):
+    d = diagnose([line])
+    assert d.kind is kind and _subset(facts, d.facts), d.facts
+    assert not any(k in d.facts for k in absent), d.facts     # nothing read past the cut
+    assert not d.fatal or kind in ALWAYS_FATAL
+
+
+def test_a_cut_backend_list_is_never_taken_for_all_of_them():
+    # FLASH_ATTN alone is ruled out for the hardware: were that all, no flag would help (fatal); cut, it is not known
+    d = diagnose([TRUNCATED[4][0]])
+    assert not d.fatal
 
 
 @pytest.mark.parametrize("line,kind,facts", INLINE, ids=[i[0][:40] for i in INLINE])
@@ -439,3 +489,22 @@ def test_truncated_fixture_never_raises(name):
     for cut in sorted(rng.sample(range(len(data) + 1), min(25, len(data) + 1))):
         d = diagnose(data[:cut].split(b"\n"))
         assert isinstance(d.kind, FailureKind)
+
+
+def test_a_warning_line_is_never_evidence():
+    """Issue 42: an engine killed right after its first /health 200 left only a benign WARNING that quotes
+    a ValueError; the diagnosis named it as the failure. A WARNING or INFO record is never evidence."""
+    lines = [
+        "(APIServer pid=8) INFO 12-05 10:00:01 [api_server.py:1500] Starting vLLM API server 0 on http://0.0.0.0:8000",
+        "(APIServer pid=8) WARNING 12-05 10:00:02 [serving_chat.py:120] Chat template could not be loaded: "
+        "ValueError: Tokenizer not available when skip_tokenizer_init=True",
+        "(APIServer pid=8) INFO:     127.0.0.1:40000 - \"GET /health HTTP/1.1\" 200 OK",
+    ]
+    d = diagnose(lines)
+    assert d.kind is K.ENGINE_DIED or d.kind is K.UNKNOWN
+    assert d.evidence is None or "Tokenizer" not in d.evidence, d.evidence
+    warned = diagnose([lines[1].replace("WARNING", "WARN")])
+    assert warned.evidence is None, warned.evidence
+    # The same exception in an ERROR record is evidence.
+    errored = diagnose([lines[1].replace("WARNING", "ERROR")])
+    assert errored.evidence is not None and "Tokenizer not available" in errored.evidence

@@ -13,7 +13,7 @@ from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.extensible_kv import effective_utilization, extensible_for, extensible_kv_bytes
 from kvwatch.planner.release_compare import compare_releases
 from kvwatch.planner.rules import ruleset_for
-from kvwatch.planner.versions import parse_version
+from kvwatch.values.versions import parse_version
 from kvwatch.vllm_releases.release_defaults import defaults_for
 from kvwatch.vllm_releases.upgrade import default_changes
 

@@ -78,7 +78,7 @@ def test_where_a_pin_turns_off_the_extensible_cache_it_pins_only_beside_other_pr
 
 
 def test_the_pin_costs_the_extensible_cache_on_cuda_from_0_34() -> None:
-    from kvwatch.planner.versions import parse_version
+    from kvwatch.values.versions import parse_version
     from kvwatch.watchdog.memory_learning import pin_costs_extensible
     settings = EngineCommand.parse(["vllm", "serve", "m"], "0.34.0").settings()
     assert pin_costs_extensible(settings, "cuda", parse_version("0.34.0"))

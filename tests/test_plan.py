@@ -15,7 +15,7 @@ from kvwatch.planner.flag_change import FlagChange
 from kvwatch.planner.geometry import geometry_from_config
 from kvwatch.planner.plan import NO_MEMORY_INPUTS, MemoryInputs, make_plan
 from kvwatch.planner.rules import ruleset_for
-from kvwatch.planner.versions import parse_version
+from kvwatch.values.versions import parse_version
 
 RULES = ruleset_for("0.32.0")
 CPU = Device("cpu", "cpu", cpu_fp8_kv=True)

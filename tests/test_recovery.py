@@ -29,8 +29,11 @@ BLOCK_FAILURE = failed(FailureKind.BLOCK_SIZE_UNSUPPORTED,
 
 CASES = [
     # (id, diagnosis, argv, decide() keywords, action, next argv (None: no launch), reason contains)
-    ("no remedy for an unknown failure", failed(FailureKind.UNKNOWN), SERVE, {},
-     Action.GIVE_UP, None, "unknown: unknown evidence (no remedy)"),
+    ("an unknown failure is restarted as it is", failed(FailureKind.UNKNOWN), SERVE, {},
+     Action.RESTART, SERVE, "no failure line names a cause"),
+    ("an unknown failure past the restart budget gives up", failed(FailureKind.UNKNOWN), SERVE,
+     {"budget": BudgetState(restart_refused="3 restarts within 600s (policy.max_restarts)")},
+     Action.GIVE_UP, None, "unknown: 3 restarts within 600s (policy.max_restarts); last: unknown evidence"),
     ("fatal class exits", failed(FailureKind.BLOCK_SIZE_UNSUPPORTED, {"block_size": 16}, fatal=True), BLOCK_16, {},
      Action.GIVE_UP, None, "(no remedy)"),
     ("spawn failed: fatal", recovery.diagnosis_of(LaunchOutcome.SPAWN_FAILED, "cannot start vllm: No such file", [], False),
@@ -115,6 +118,8 @@ BLOCK_8_LOG = (Path(__file__).resolve().parent / "fixtures" / "logs" / "cpu_bloc
 @pytest.mark.parametrize("outcome,lines,served,kind,fatal", [
     (LaunchOutcome.EXIT, BLOCK_8_LOG, False, FailureKind.BLOCK_SIZE_UNSUPPORTED, False),   # its log names it
     (LaunchOutcome.EXIT, ["bye"], False, FailureKind.UNKNOWN, False),
+    (LaunchOutcome.EXIT, ["INFO Starting vLLM API server 0 on http://0.0.0.0:8000"], False,
+     FailureKind.ENGINE_DIED, False),   # it served, though kvwatch's probe had not seen it yet
     (LaunchOutcome.START_TIMEOUT, BLOCK_8_LOG, False, FailureKind.BLOCK_SIZE_UNSUPPORTED, False),
     (LaunchOutcome.START_TIMEOUT, ["loading weights"], False, FailureKind.ENGINE_DIED, False),
     (LaunchOutcome.HANG, BLOCK_8_LOG, True, FailureKind.ENGINE_DIED, False),   # a hang: whatever it logged before

@@ -95,9 +95,12 @@ def test_engine_died_restarts_with_the_same_plan_even_when_tried():
     assert remedy.same_plan and remedy.apply(command) == command
 
 
-def test_unknown_has_no_remedy():
+def test_unknown_is_restarted_as_it_is():
+    """A crash is a restart, never a verdict: no flag is known to help, the same plan runs again (the
+    watchdog bounds it by the restart budget)."""
     d = diagnose(["RuntimeError: Engine core initialization failed. See root cause above."])
-    assert propose_remedy(d, cmd()) is None
+    remedy = propose_remedy(d, cmd())
+    assert remedy is not None and remedy.same_plan and "no failure line names a cause" in remedy.reason
 
 
 # -- block size ------------------------------------------------------------------------

@@ -221,6 +221,20 @@ class LoraRankFacts(FailureFacts):
         return cls(**cls._common(data), lora_rank=_int(data, "lora_rank"), max_lora_rank=_int(data, "max_lora_rank"))
 
 
+@dataclass(frozen=True)
+class HostOomFacts(FailureFacts):
+    """host_oom: the kernel's OOM killer ended the engine; how often before in the same phase, and the host."""
+
+    repeats: int = 0                           # earlier host OOM kills of this plan in the same phase
+    phase: str | None = None                   # "starting" or "serving"
+    host_memory_bytes: int | None = None       # what the host (or the engine's cgroup limit) holds
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> HostOomFacts:
+        return cls(**cls._common(data), repeats=_int(data, "repeats") or 0, phase=_str(data, "phase"),
+                   host_memory_bytes=_int(data, "host_memory_bytes"))
+
+
 _BY_KIND: dict[FailureKind, type[FailureFacts]] = {
     FailureKind.BLOCK_SIZE_UNSUPPORTED: BlockSizeFacts,
     FailureKind.KV_DTYPE_UNSUPPORTED: KvDtypeFacts,
@@ -232,6 +246,7 @@ _BY_KIND: dict[FailureKind, type[FailureFacts]] = {
     FailureKind.NO_ATTENTION_BACKEND: BackendFacts,
     FailureKind.CONFIG_REFUSED: ConfigRefusedFacts,
     FailureKind.LORA_RANK_TOO_LARGE: LoraRankFacts,
+    FailureKind.HOST_OOM: HostOomFacts,
 }
 
 F = TypeVar("F", bound=FailureFacts)

@@ -5,9 +5,10 @@ policy allows and whose resulting argv has not been tried; None when nothing is 
 (a fatal failure, a switched-off remedy, or every option tried).
 
 Same-plan remedies (an empty FlagChange) mean "restart with the same argv". They are the only
-remedies exempt from the `tried` check, and are returned in two cases, both handled by the
+remedies exempt from the `tried` check, and are returned in these cases, all handled by the
 watchdog: ENGINE_DIED and STALLED (the engine was serving and crashed or stopped making progress:
-restart it), and GPU_MEMORY_BUSY
+restart it), KILLED (a signal kvwatch did not send), UNKNOWN (an exit no failure line names: a crash is
+a restart, never a verdict), a first HOST_OOM in its phase (host_memory_remedies.py), and GPU_MEMORY_BUSY
 when the memory is held by the watchdog's own processes (it ends them first) or has been
 freed since the failure. The watchdog bounds them with policy.max_restarts.
 """
@@ -28,6 +29,7 @@ from kvwatch.diagnosis.facts import (
     F,
     FailureFacts,
     GpuBusyFacts,
+    HostOomFacts,
     KernelFacts,
     KvDtypeFacts,
     KvTooSmallFacts,
@@ -35,6 +37,7 @@ from kvwatch.diagnosis.facts import (
     MambaCacheFacts,
     facts_as,
 )
+from kvwatch.diagnosis.host_memory_remedies import host_oom_options
 from kvwatch.errors import KvwatchError
 from kvwatch.failure_kinds import FailureKind
 from kvwatch.planner.engine_args import EngineCommand, EngineSettings
@@ -42,9 +45,10 @@ from kvwatch.planner.extensible_kv import effective_utilization, extensible_for
 from kvwatch.planner.flag_change import NO_CHANGE, FlagChange
 from kvwatch.planner.plan import Plan
 from kvwatch.planner.predicted_refusal import KV_CACHE_TOO_SMALL
-from kvwatch.planner.rules import RuleSet, parse_block_rule, ruleset_for, smallest_common_block_size
-from kvwatch.planner.versions import parse_version
+from kvwatch.planner.rules import RuleSet, ruleset_for
 from kvwatch.policy import Policy, fixed_among
+from kvwatch.values.block_sizes import parse_block_rule, smallest_common_block_size
+from kvwatch.values.versions import parse_version
 from kvwatch.vllm_releases import DEFAULT_RELEASE, resolve
 from kvwatch.vllm_releases.release_defaults import api_batch_defaults, defaults_for
 from kvwatch.vllm_releases.texts import LORA_RANKS
@@ -489,6 +493,20 @@ def _engine_died_options(ctx: _Ctx) -> Iterator[Remedy]:
     yield Remedy(NO_CHANGE, SAME_PLAN_REASON)
 
 
+def _killed_options(ctx: _Ctx) -> Iterator[Remedy]:
+    yield Remedy(NO_CHANGE, f"a kill from outside says nothing against the plan: {SAME_PLAN_REASON}")
+
+
+def _unknown_options(ctx: _Ctx) -> Iterator[Remedy]:
+    # No failure line names a cause: no flag is known to help, and a crash is not a verdict.
+    yield Remedy(NO_CHANGE, f"no failure line names a cause: {SAME_PLAN_REASON}, within the restart budget")
+
+
+def _host_oom_options(ctx: _Ctx) -> Iterator[Remedy]:
+    for change, reason in host_oom_options(ctx.command, ctx.facts_as(HostOomFacts)):
+        yield Remedy(change, reason)
+
+
 _OPTIONS = {
     FailureKind.BLOCK_SIZE_UNSUPPORTED: _block_size_options,
     FailureKind.KV_DTYPE_UNSUPPORTED: _kv_dtype_options,
@@ -501,6 +519,9 @@ _OPTIONS = {
     FailureKind.NO_ATTENTION_BACKEND: _backend_options,
     FailureKind.ENGINE_DIED: _engine_died_options,
     FailureKind.STALLED: _engine_died_options,      # a wedged kernel or worker: restarted as it is
+    FailureKind.KILLED: _killed_options,
+    FailureKind.UNKNOWN: _unknown_options,
+    FailureKind.HOST_OOM: _host_oom_options,
     FailureKind.CONFIG_REFUSED: _config_refused_options,
     FailureKind.LORA_RANK_TOO_LARGE: _lora_rank_options,
 }

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from kvwatch.planner.devices import GiB
 from kvwatch.planner.engine_args import EngineSettings
-from kvwatch.vllm_releases.release_defaults import ExtensibleSizing, ReleaseDefaults
+from kvwatch.vllm_releases.defaults_shape import ExtensibleSizing, ReleaseDefaults
 
 RESOLVE_SOURCE = "vllm/config/vllm.py:3180-3263"
 # What a clean card does not have free at the worker's first snapshot (the CUDA context, cuBLAS):

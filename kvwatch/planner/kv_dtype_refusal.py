@@ -9,7 +9,7 @@ from __future__ import annotations
 from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.flag_change import FlagChange
 from kvwatch.planner.predicted_refusal import CONFIG_REFUSED, PredictedRefusal
-from kvwatch.planner.versions import VllmVersion
+from kvwatch.values.versions import VllmVersion
 
 REFUSED_SINCE = (0, 33, 0)
 SOURCE = "vLLM 0.33.0, vllm/config/vllm.py:1492-1508"

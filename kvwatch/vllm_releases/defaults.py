@@ -1,11 +1,11 @@
 """vLLM's defaults, release by release (pure), expanded from the generated table's changes
-(generated/defaults.py, scripts/gen_release_defaults.py). The types and lookups are in
-release_defaults.py."""
+(generated/defaults.py, scripts/gen_release_defaults.py). The types are in defaults_shape.py, the
+lookups in release_defaults.py."""
 from __future__ import annotations
 
+from kvwatch.vllm_releases.defaults_shape import ReleaseDefaults
 from kvwatch.vllm_releases.generated.defaults import BASE, BASE_RELEASE, CHANGES
 from kvwatch.vllm_releases.release_chain import expand_fields
-from kvwatch.vllm_releases.release_defaults import ReleaseDefaults
 
 DEFAULTS: dict[str, ReleaseDefaults] = {
     release: ReleaseDefaults(**fields)   # type: ignore[arg-type]

@@ -19,7 +19,7 @@ from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.extensible_kv import extensible_for
 from kvwatch.planner.plan import Plan
 from kvwatch.planner.units import format_bytes
-from kvwatch.planner.versions import VllmVersion
+from kvwatch.values.versions import VllmVersion
 from kvwatch.vllm_releases.release_defaults import defaults_for
 
 MAX_LEARNED_PROFILES = 32   # learned non-KV figures kept per engine (one per profile: flags, card, vLLM)

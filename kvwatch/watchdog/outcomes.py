@@ -3,6 +3,7 @@ imports it at start, the recovery decision only when an engine fails)."""
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 
 
 class LaunchOutcome(enum.Enum):
@@ -13,4 +14,19 @@ class LaunchOutcome(enum.Enum):
     SPAWN_FAILED = "spawn_failed"    # the command could not be started at all
     STOP = "stop"                    # kvwatch was asked to stop
     AUTOPILOT = "autopilot"          # kvwatch relaunches it to apply a KV-pressure change or roll one back
+    HOST_MEMORY = "host_memory"      # kvwatch stopped it before host memory wedged the host (unified memory)
 
+
+
+@dataclass(frozen=True)
+class KernelRecord:
+    """What the kernel recorded while a launch ran (the watchdog reads it before and after): OOM kills in
+    the engine's cgroup, and the memory the host and that cgroup hold, for the words of a host OOM."""
+
+    oom_kills: int = 0                      # OOM kills the engine's cgroup counted during the launch
+    where: str = ""                         # the cgroup and its counter, in words
+    host_memory_bytes: int | None = None    # the host's memory, or the cgroup's limit where lower
+    host_memory: str = ""                   # both, in words
+
+
+NO_KERNEL_RECORD = KernelRecord()

@@ -11,7 +11,6 @@ import json
 import logging
 import os
 import stat
-import tempfile
 import time
 import types
 import typing
@@ -19,12 +18,16 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Union
 
+from kvwatch.boundary.bounded_read import read_bounded
 from kvwatch.errors import KvwatchError
-from kvwatch.watchdog.records import Constraint, CorrectionRecord, FailureRecord, PreflightFix
+from kvwatch.watchdog import disk_writer
+from kvwatch.watchdog.atomic_file import remove_stale_temporaries, write_atomic
+from kvwatch.watchdog.records import Constraint, CorrectionRecord, FailureRecord, HostMemoryStop, PreflightFix
 from kvwatch.watchdog.state_dir import ensure_private_dir, open_to_others, untrusted_file
 
-__all__ = ["Constraint", "CorrectionRecord", "EngineLock", "EngineRecord", "FailureRecord", "PreflightFix",
-           "StateStore", "UntrustedFile", "load_all", "read_regular", "remove_stale_temporaries", "write_atomic"]
+__all__ = ["Constraint", "CorrectionRecord", "EngineLock", "EngineRecord", "FailureRecord", "HostMemoryStop",
+           "PreflightFix", "StateStore", "UntrustedFile", "load_all", "read_regular", "remove_stale_temporaries",
+           "write_atomic"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -32,6 +35,7 @@ SCHEMA_VERSION = 1
 MAX_FAILURES = 100      # kept in the file; older ones are dropped
 MAX_CORRECTIONS = 100
 MAX_AUTOPILOT_CHANGES = 100
+MAX_HOST_MEMORY_STOPS = 20
 
 
 @dataclass
@@ -68,6 +72,9 @@ class EngineRecord:
     autopilot_counts: dict[str, int] = field(default_factory=dict)
     vllm_release: str | None = None                 # the engine's vLLM release at the last launch
     vllm_startup_plan: str | None = None            # the file of vLLM's own start-up plan, as it logged it
+    # Each stop of the engine group before host memory wedged the host (newest last): saved before the
+    # stop, so the next start, after a reboot too, diagnoses it (records.HostMemoryStop).
+    host_memory_stops: list[HostMemoryStop] = field(default_factory=list)
     restarts: dict[str, int] = field(default_factory=dict)      # this run of kvwatch, by class
     failure_counts: dict[str, int] = field(default_factory=dict)
     correction_counts: dict[str, int] = field(default_factory=dict)
@@ -77,6 +84,7 @@ class EngineRecord:
         out["corrections"] = [c.to_json() for c in self.corrections]
         out["constraints"] = [c.to_json() for c in self.constraints]
         out["preflight"] = [p.to_json() for p in self.preflight]
+        out["host_memory_stops"] = [h.to_json() for h in self.host_memory_stops]
         out["version"] = SCHEMA_VERSION
         return out
 
@@ -93,6 +101,7 @@ class EngineRecord:
         record.corrections = [CorrectionRecord.from_json(c) for c in data.get("corrections") or []]
         record.constraints = [Constraint.from_json(c) for c in data.get("constraints") or []]
         record.preflight = [PreflightFix.from_json(p) for p in data.get("preflight") or []]
+        record.host_memory_stops = [HostMemoryStop.from_json(h) for h in data.get("host_memory_stops") or []]
         if not isinstance(record.name, str) or not all(isinstance(a, str) for a in record.argv):
             raise ValueError("bad name or argv")
         return record
@@ -104,6 +113,7 @@ class EngineRecord:
         del self.failures[:-MAX_FAILURES]
         del self.corrections[:-MAX_CORRECTIONS]
         del self.autopilot_changes[:-MAX_AUTOPILOT_CHANGES]
+        del self.host_memory_stops[:-MAX_HOST_MEMORY_STOPS]
 
 
 MAX_STATE_BYTES = 8 << 20   # a state file is a few KB; failures and corrections are trimmed
@@ -114,26 +124,16 @@ class UntrustedFile(ValueError):
 
 
 def read_regular(path: Path, max_bytes: int = MAX_STATE_BYTES, trusted_only: bool = False) -> bytes:
-    """A regular file's bytes, never through a symlink, never blocking on a FIFO, at most
-    `max_bytes` (OSError or ValueError otherwise); with `trusted_only`, only a file nobody but
+    """A file kvwatch wrote: regular, never through a symlink, at most `max_bytes` (the shared
+    bounded reader; OSError or ValueError otherwise); with `trusted_only`, only a file nobody but
     this user or root could have written (UntrustedFile otherwise)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ValueError("not a regular file")
-        why = untrusted_file(info) if trusted_only else None
-        if why:
-            raise UntrustedFile(why)
-        if info.st_size > max_bytes:
-            raise ValueError(f"larger than {max_bytes} bytes")
-        with os.fdopen(os.dup(fd), "rb") as f:
-            data = f.read(max_bytes + 1)
-    finally:
-        os.close(fd)
-    if len(data) > max_bytes:
-        raise ValueError(f"larger than {max_bytes} bytes")
-    return data
+    return read_bounded(path, max_bytes, follow_symlinks=False, vet=_trusted if trusted_only else None)
+
+
+def _trusted(info: os.stat_result) -> None:
+    why = untrusted_file(info)
+    if why:
+        raise UntrustedFile(why)
 
 
 _MAX_PID = 1 << 31   # above any pid_max; psutil and os.kill raise (not return) beyond it
@@ -264,50 +264,6 @@ class StateStore:
             _LOG.warning("state: %s %s; cannot move it aside (%s), starting fresh", self.path, why, exc)
 
 
-def _temporary_prefix(path: Path) -> str:
-    return f".{path.name}."
-
-
-def remove_stale_temporaries(path: Path) -> int:
-    """Remove write_atomic's temporary files of `path` (a kill -9 mid-write leaves one behind)."""
-    removed = 0
-    try:
-        names = os.listdir(path.parent)
-    except OSError:
-        return 0
-    prefix = _temporary_prefix(path)
-    for name in names:
-        if name.startswith(prefix) and name.endswith(".tmp"):
-            try:
-                os.unlink(path.parent / name)
-                removed += 1
-            except OSError:
-                pass
-    if removed:
-        _LOG.info("state: removed %d temporary file(s) of %s left by a kvwatch killed mid-write", removed, path.name)
-    return removed
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=_temporary_prefix(path), suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o640)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dir_fd)  # the rename itself must survive a power cut
-    finally:
-        os.close(dir_fd)
 
 
 def load_all(state_dir: str | os.PathLike[str]) -> list[tuple[Path, EngineRecord | None]]:
@@ -322,6 +278,9 @@ def load_all(state_dir: str | os.PathLike[str]) -> list[tuple[Path, EngineRecord
         except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError, RecursionError):
             out.append((path, None))
     return out
+
+
+LOCK_PID_SECONDS = 2.0
 
 
 class EngineLock:
@@ -353,15 +312,14 @@ class EngineLock:
             raise KvwatchError(f"another kvwatch (pid {holder}) already supervises engine "
                                f"{self.path.stem!r} in {self.path.parent}") from None
         self._fd = fd
-        try:   # the pid only names the holder in the message above; the flock is the lock
-            writer = os.open(self.path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_TRUNC)
-            try:
-                os.write(writer, f"{os.getpid()}\n".encode())
-            finally:
-                os.close(writer)
-        except OSError as exc:
-            _LOG.warning("lock file %s: cannot write kvwatch's pid: %s (the lock holds)", self.path,
-                         exc.strerror or exc)
+        # The pid only names the holder in the message above; the flock is the lock. Written in place
+        # (a rename would make another file, which another kvwatch could lock) by the write helper: on a
+        # frozen disk kvwatch starts, and answers SIGTERM, after LOCK_PID_SECONDS at most.
+        writer = disk_writer.lock_files()
+        writer.put(self.path, f"{os.getpid()}\n".encode())
+        if not writer.flush(LOCK_PID_SECONDS):
+            _LOG.warning("lock file %s: kvwatch's pid not written yet (the disk does not answer; the lock holds)",
+                         self.path)
 
     def release(self) -> None:
         if self._fd is not None:

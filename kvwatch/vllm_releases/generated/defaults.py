@@ -4,7 +4,7 @@ release's own source; do not edit by hand). Each fact carries the file and line 
 that differ from the release before. The types and lookups are in release_defaults.py."""
 from __future__ import annotations
 
-from kvwatch.vllm_releases.release_defaults import BatchTier, ExtensibleSizing
+from kvwatch.vllm_releases.defaults_shape import BatchTier, ExtensibleSizing
 
 BASE_RELEASE = "0.10.2"
 
