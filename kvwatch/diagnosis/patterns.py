@@ -306,12 +306,13 @@ PATTERNS: tuple[Pattern, ...] = (
             ("is not supported by MLA attention on CPU",),
             re.compile(r"--kv-cache-dtype (?P<dtype>[\w.-]+) is not supported by MLA attention on CPU"),
             lambda m: {"kv_cache_dtype": m["dtype"], "platform": "cpu"}, "platforms/cpu.py (0.33+)"),
-    # 0.33+: the cache dtype validator, inside pydantic's "Value error, " line (vLLM 0.33.0,
-    # vllm/config/cache.py:470-474); above the generic config refusal
+    # the cache dtype validator, inside pydantic's "Value error, " line from 0.33 (vLLM 0.33.0,
+    # vllm/config/cache.py:470-474), the attention selector's before (0.11.2, attention/selector.py:86);
+    # above the generic config refusal
     Pattern("invalid_kv_cache_dtype", FailureKind.KV_DTYPE_UNSUPPORTED, 88,
             ("Invalid kv_cache_dtype: ",),
-            re.compile(r"Invalid kv_cache_dtype: '(?P<dtype>[^']{1,64})'\. Valid values are"),
-            lambda m: {"kv_cache_dtype": m["dtype"]}, "config/cache.py _validate_cache_dtype (0.33+)"),
+            re.compile(r"Invalid kv_cache_dtype: '?(?P<dtype>[\w.-]{1,64})'?\. Valid values are"),
+            lambda m: {"kv_cache_dtype": m["dtype"]}, "config/cache.py _validate_cache_dtype (0.33+), attention/selector.py"),
     # 0.33+: an explicit 16-bit KV dtype other than the model's (vLLM 0.33.0, vllm/config/vllm.py:1492-1508)
     Pattern("mismatched_16bit_kv", FailureKind.KV_DTYPE_UNSUPPORTED, 88,
             ("is incompatible with dtype=",),
