@@ -117,8 +117,10 @@ def kv_memory(device: Device, settings: EngineSettings, geometry: ModelGeometry,
     if device.platform == "cuda" and device.total_memory_bytes:
         budget = _gpu_budget(device, settings, geometry, memory, model_bytes,
                              settings.max_model_len or geometry.default_max_model_len)
-        return (budget.kv_cache_bytes, "estimate: total x utilization - weights - activation - non-torch",
-                True, budget)
+        how = "estimate: total x utilization - weights - activation - non-torch" if budget.extensible is None else \
+            ("estimate: sized after warm-up (extensible KV cache): min(total x utilization, free at start - margin) "
+             "- weights - non-torch - CUDA graphs - the transient peak")
+        return budget.kv_cache_bytes, how, True, budget
     return 4 * GiB, "estimate: unknown device memory", True, None
 
 
