@@ -87,3 +87,22 @@ def test_the_pin_costs_the_extensible_cache_on_cuda_from_0_34() -> None:
     assert not pin_costs_extensible(old, "cuda", parse_version("0.33.0"))
     off = EngineCommand.parse(["vllm", "serve", "m", "--no-enable-extensible-kv-cache"], "0.34.0").settings()
     assert not pin_costs_extensible(off, "cuda", parse_version("0.34.0"))
+
+
+def test_beside_other_processes_the_unset_utilization_is_set_to_leave_them_room() -> None:
+    """0.34's extensible cache takes all the memory free after warm-up when utilization is unset."""
+    from kvwatch.planner.devices import preset
+    from kvwatch.policy import Policy
+    from kvwatch.watchdog.preflight import utilization_beside_others
+    h100 = preset("h100")
+    total = h100.total_memory_bytes
+    unset = EngineCommand.parse(["vllm", "serve", "m"], "0.34.0")
+    change = utilization_beside_others(unset, h100, 20 * 2**30, Policy())
+    assert change is not None
+    value = change.set["--gpu-memory-utilization"]
+    assert value * total <= total - 20 * 2**30 - 2**30 and value > 0.7
+    assert utilization_beside_others(unset, h100, 0, Policy()) is None                      # nobody else
+    given = EngineCommand.parse(["vllm", "serve", "m", "--gpu-memory-utilization", "0.8"], "0.34.0")
+    assert utilization_beside_others(given, h100, 20 * 2**30, Policy()) is None             # the user's choice
+    old = EngineCommand.parse(["vllm", "serve", "m"], "0.33.0")
+    assert utilization_beside_others(old, h100, 20 * 2**30, Policy()) is None               # 0.33 refuses itself
