@@ -6,7 +6,6 @@ its own records, a Markdown quote, a terminal that wrapped it, a web page that r
 - CRLF line ends and ANSI colours go;
 - the tools' per-line prefixes are taken off by their shape (prefixes.py): a run of shapes that
   starts enough lines of an evenly spread sample of the block is stripped from every line;
-- a logger's level-first records get vLLM's own head back (prefixes.vllm_heads);
 - broken lines are joined (rejoin.py): where a line was cut at the width its neighbours were
   printed at, and the next starts no record of its own.
 A log pasted as one line (its newlines lost) is cut where vLLM's records start again (split_pasted).
@@ -17,12 +16,16 @@ from __future__ import annotations
 
 import re
 
-from kvwatch.diagnosis import prefixes, rejoin
+from kvwatch.diagnosis import placement_wait, prefixes, rejoin
 from kvwatch.diagnosis.patterns import PATTERNS, ROOT_KEYWORDS
 from kvwatch.diagnosis.refusals import REFUSALS
 from kvwatch.vllm_releases.texts import TEXTS
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+# A colour whose escape character the paste lost ("[0;36m", "#033[1;36m"): only the shapes vLLM's
+# colour prefixes take, so a bracketed number of a message is never one.
+ANSI_RESIDUE = re.compile(r"(?:#033)?\[(?:0|1|0;0|[01];3\d)m")
+_RESIDUE_HINTS = ("[0m", "[1m", "[0;", "[1;")
 _SAMPLE_LINES = 64
 # Where a record starts again inside a pasted line: a vLLM process prefix or a level with its timestamp.
 _EMBEDDED_RECORD = re.compile(r"(?<=\S)\s*(?=\((?:APIServer|EngineCore\w*|Worker\w*|VllmWorker\w*|RayWorkerWrapper"
@@ -41,7 +44,8 @@ _GENERATED_WORDS = ("head_size", "dtype", "kv_cache_dtype", "block_size", "spars
 # The words of vLLM's messages, where a word a terminal split is rejoined without a space.
 WORDS = rejoin.vocabulary([p.regex.pattern for p in PATTERNS] + [r.regex.pattern for r in REFUSALS]
                           + list(ROOT_KEYWORDS)
-                          + [t.template for texts in TEXTS.values() for t in texts] + list(_GENERATED_WORDS))
+                          + [t.template for texts in TEXTS.values() for t in texts] + list(_GENERATED_WORDS)
+                          + [placement_wait.WAIT_TEXT])
 
 
 def _sample(lines: list[str]) -> list[str]:
@@ -57,12 +61,14 @@ def normalise(text: str) -> str:
     if "\x1b" in text:
         text = ANSI.sub("", text)
     lines = text.split("\n")
-    lengths = [len(line) for line in lines]
+    lengths = list(map(len, lines))       # a lost escape's residue was printed: it takes width
+    if any(r in text for r in _RESIDUE_HINTS) and ANSI_RESIDUE.search(text):
+        text = ANSI_RESIDUE.sub("", text)
+        lines = text.split("\n")
     accepted = prefixes.common_prefixes(_sample(lines))
     if accepted:
-        lines = [prefixes.strip_line(line, accepted) for line in lines]
+        lines = prefixes.stripper(accepted).sub("", text).split("\n")
     lines = prefixes.dedent(lines)
-    lines = prefixes.vllm_heads("\n".join(lines)).split("\n")
     return "\n".join(rejoin.rejoin(lines, WORDS, lengths))
 
 
