@@ -42,5 +42,9 @@ class EngineStatus:
     recommendation: Recommendation | None = None       # one flag change for KV pressure (planner/pressure.py)
     autopilot: dict[str, int] = field(default_factory=dict)   # [autopilot] changes: applied, kept, rolled_back
     autopilot_trial: str | None = None                 # the change being measured (describe())
+    # The waits before a relaunch for the dead engine's GPU memory (watchdog/gpu_release.py), by
+    # outcome (released, timed_out, unavailable, cancelled), and how long the last one took.
+    gpu_release_waits: dict[str, int] = field(default_factory=dict)
+    gpu_release_wait_seconds: float | None = None
     ending: str | None = None                          # the launch ended (a hang, a stall): its engine is being
     #                                                    stopped and serves nothing, whatever the state says

@@ -77,7 +77,7 @@ from kvwatch.planner.kv_groups import (  # noqa: E402
 )
 from kvwatch.planner.layers import CHUNKED, FULL, MAMBA, SLIDING  # noqa: E402
 from kvwatch.planner.rules import ruleset_for  # noqa: E402
-from kvwatch.planner.versions import parse_version  # noqa: E402
+from kvwatch.values.versions import parse_version  # noqa: E402
 from kvwatch.vllm_releases import KNOWN  # noqa: E402
 from kvwatch.vllm_releases.defaults import DEFAULTS  # noqa: E402
 from kvwatch.vllm_releases.gdn_checkpoint import GDN_CHECKPOINT_BLOCKS, gdn_checkpoint_alignment  # noqa: E402

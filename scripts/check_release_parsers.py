@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from kvwatch.errors import KvwatchError  # noqa: E402
 from kvwatch.planner.engine_args import EngineCommand  # noqa: E402
-from kvwatch.planner.versions import parse_version  # noqa: E402
+from kvwatch.values.versions import parse_version  # noqa: E402
 from kvwatch.vllm_releases import resolve  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures" / "vllm_parsers"

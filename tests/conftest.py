@@ -1,7 +1,9 @@
 """Fixtures every test module may ask for by name."""
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from engine_support import llama_config, write_model
 from nvml_standin import nvml_standin_fixture  # noqa: F401  (the `nvml_standin` fixture: a real libnvidia-ml.so.1 stand-in)
 
 
@@ -13,3 +15,9 @@ def _not_a_subreaper_after() -> Iterator[None]:
     from kvwatch.boundary import spawn
 
     spawn.become_subreaper(False)
+
+
+@pytest.fixture
+def tiny(tmp_path: Path) -> Path:
+    """A tiny Llama's model directory (config.json only: 2 layers, 2 KV heads, head size 32)."""
+    return write_model(tmp_path / "tiny", llama_config())

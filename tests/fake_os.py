@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from kvwatch.boundary.engine_http import EngineLoad, EngineMetrics
 from kvwatch.boundary.proc_inspect import ProcInfo, ProcRef
+from kvwatch.values.host_memory import HostMemory, HostMemorySample, OomCount
 from kvwatch.watchdog.leftovers import CleanupReport
 from kvwatch.watchdog.ownership import EngineProof
 
@@ -137,6 +138,8 @@ class FakeOs:
     stops: int = 0
     load: Callable[[tuple[str, ...], float], EngineLoad] | None = None   # (argv, age) -> the engine's series
     wall_base: float = 1_700_000_000.0
+    oom_counts: list[OomCount] = field(default_factory=list)          # each read takes the next; then None
+    memory_samples: list[HostMemorySample] = field(default_factory=list)   # likewise, one a tick
 
     def __post_init__(self) -> None:
         self.clock.on_advance = self._play
@@ -209,3 +212,15 @@ class FakeOs:
 
     def wall_time(self) -> float:
         return self.wall_base + self.clock.now()
+
+    def oom_count(self) -> OomCount | None:
+        return self.oom_counts.pop(0) if self.oom_counts else None
+
+    def host_memory(self) -> HostMemory | None:
+        return HostMemory(24 << 30, None)
+
+    def host_memory_sample(self) -> HostMemorySample | None:
+        return self.memory_samples.pop(0) if self.memory_samples else None
+
+    def boot_id(self) -> str:
+        return "fake-boot"

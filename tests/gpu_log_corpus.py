@@ -24,7 +24,7 @@ from kvwatch.planner.geometry import geometry_from_config
 from kvwatch.planner.gpu_budget import GpuBudget
 from kvwatch.planner.plan import MemoryInputs, Plan, make_plan
 from kvwatch.planner.rules import ruleset_for
-from kvwatch.planner.versions import parse_version
+from kvwatch.values.versions import parse_version
 
 GiB = 2**30
 CORPUS = Path(__file__).resolve().parent / "fixtures" / "gpu_logs" / "corpus.json"

@@ -33,7 +33,7 @@ from kvwatch.planner.geometry import MLA_MODEL_TYPES, geometry_from_config
 from kvwatch.planner.layers import PURE_STATE_SPACE
 from kvwatch.planner.plan import architecture_unknowns
 from kvwatch.planner.rules import ruleset_for
-from kvwatch.planner.versions import parse_version
+from kvwatch.values.versions import parse_version
 from kvwatch.vllm_releases.architecture_details import DETAILS
 from kvwatch.vllm_releases.architectures import ARCHITECTURES
 

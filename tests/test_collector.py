@@ -81,7 +81,8 @@ def fixed_snapshot() -> WatchSnapshot:
     on_gpu = EngineStatus(name="mistral", state=EngineState.READY, reason="healthy", plan=estimated,
                           vllm_release="0.33.1", vllm_release_planned_as="0.33.0", release_changes=1,
                           log_memory_parts=logged.memory_parts(),
-                          memory_requested_bytes=int((PRESETS["h200"].total_memory_bytes or 0) * 0.92))
+                          memory_requested_bytes=int((PRESETS["h200"].total_memory_bytes or 0) * 0.92),
+                          gpu_release_waits={"released": 2, "timed_out": 1}, gpu_release_wait_seconds=4.5)
     gpus = (
         GpuInfo(0, H200_A, "NVIDIA H200", 143_771 * 2**20, 90 * GIB, (9, 0),
                 (GpuProcess(777, 3 * GIB), GpuProcess(4242, 80 * GIB), GpuProcess(4243, None))),

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from engine_support import engine_argv, free_port, http_get, llama_config, write_model
+from engine_support import engine_argv, free_port, http_get
 from test_watchdog_e2e import START, Kvwatch, engine_processes, log
 from waiting import eventually
 
@@ -72,11 +72,6 @@ class ReadyProbe:
         self._stop.set()
         self._thread.join(5)
         return self.seen
-
-
-@pytest.fixture
-def tiny(tmp_path: Path) -> Path:
-    return write_model(tmp_path / "tiny", llama_config())
 
 
 def test_pid1_reaps_orphans_restarts_the_engine_and_stops_on_sigterm(tmp_path: Path, tiny: Path) -> None:

@@ -10,8 +10,9 @@ from kvwatch.planner.devices import preset
 from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.geometry import geometry_from_config
 from kvwatch.planner.plan import MemoryInputs, make_plan
-from kvwatch.planner.rules import MultipleOf, ruleset_for
-from kvwatch.planner.versions import parse_version
+from kvwatch.planner.rules import ruleset_for
+from kvwatch.values.block_sizes import MultipleOf
+from kvwatch.values.versions import parse_version
 
 GEMMA3 = {"model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"], "num_hidden_layers": 12,
           "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "hidden_size": 2048,

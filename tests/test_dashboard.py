@@ -157,7 +157,7 @@ _LABEL_VALUES = {
     "cause": "block_alignment", "collector": "nvml", "version": "0.1.0", "index": "0",
     "name": "NVIDIA H200", "block_size": "64", "kv_cache_dtype": "fp8", "backend": "FLASHMLA",
     "attention": "mla", "rank": "0", "source": "exact", "part": "weights", "planned_as": "0.33.0",
-    "change": "--kv-cache-dtype fp8", "plan": "recommended", "result": "kept",
+    "change": "--kv-cache-dtype fp8", "plan": "recommended", "result": "kept", "outcome": "released",
 }
 _TARGET = 'job="kvwatch",instance="gpu1:9400"'
 

@@ -22,7 +22,7 @@ from kvwatch.engine_status import EngineState, EngineStatus
 from kvwatch.exitcodes import EXIT_OK
 from kvwatch.exporter.snapshot import EngineSnapshot, WatchSnapshot
 from kvwatch.planner.devices import Device
-from kvwatch.planner.versions import parse_version
+from kvwatch.values.versions import parse_version
 from kvwatch.vllm_releases.release_defaults import defaults_for
 from kvwatch.vllm_releases.startup_plan import (
     PersistedPlan,

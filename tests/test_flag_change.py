@@ -1,12 +1,15 @@
 """FlagChange: the one flag-change type (planner fixes, remedies, preflight, state file records)."""
 from __future__ import annotations
 
+import ast
 import json
+from pathlib import Path
 
 import pytest
 
+import kvwatch
 from kvwatch.planner.engine_args import EngineCommand
-from kvwatch.planner.flag_change import FlagChange
+from kvwatch.planner.flag_change import CHANGED_FLAGS, FlagChange
 from kvwatch.watchdog.state_store import Constraint, EngineRecord, StateStore
 
 SERVE = ("vllm", "serve", "m")
@@ -73,3 +76,50 @@ def test_old_state_file_is_read(tmp_path):
     again = EngineRecord.from_json(json.loads(json.dumps(data)))
     assert again.constraints == record.constraints and again.corrections == record.corrections
     assert isinstance(again.constraints[0], Constraint)
+
+
+def _flags_built_in(tree: ast.AST) -> set[str]:
+    """The flags the FlagChanges of one module touch: the "--..." literals inside a FlagChange(...)
+    call, and, where a function builds one from a variable, the "--..." keys it stores into a dict
+    (change["--block-size"] = ...) or appends to a list (remove.append("--block-size")). The
+    planner's architecture refusals carry theirs as a dict literal, fix= or last."""
+    def literals(node: ast.AST) -> set[str]:
+        return {n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                and n.value.startswith("--") and " " not in n.value}
+
+    def called(call: ast.Call) -> str:
+        f = call.func
+        return f.attr if isinstance(f, ast.Attribute) and f.attr == "from_flags" else getattr(f, "id", "")
+
+    found: set[str] = set()
+    for func in [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.Module))]:
+        calls = [c for c in ast.walk(func) if isinstance(c, ast.Call) and called(c) in ("FlagChange", "from_flags")]
+        for call in calls:
+            found |= {flag for arg in [*call.args, *(k.value for k in call.keywords)]
+                      if isinstance(arg, (ast.Dict, ast.Tuple, ast.List)) for flag in literals(arg)}
+        if any(isinstance(a, ast.Name) for c in calls for a in c.args):
+            for n in ast.walk(func):
+                if isinstance(n, ast.Subscript) and isinstance(n.ctx, ast.Store):
+                    found |= literals(n.slice)
+                if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "append":
+                    found |= {f for a in n.args for f in literals(a)}
+        for call in (c for c in ast.walk(func) if isinstance(c, ast.Call) and getattr(c.func, "id", "") ==
+                     "ArchitectureRefusal"):
+            found |= {f for a in [*call.args[2:], *(k.value for k in call.keywords if k.arg == "fix")]
+                      if isinstance(a, ast.Dict) for f in literals(a)}
+    return found
+
+
+def test_changed_flags_are_exactly_the_flags_kvwatchs_changes_touch():
+    # The set a persisted command may differ in (watchdog/persisted_command.py) is the code's own:
+    # a new remedy's flag missing from it would make kvwatch refuse its own correction on restart,
+    # a flag no change touches would let a forged state file change it.
+    built: dict[str, set[str]] = {}
+    for path in sorted(Path(kvwatch.__file__).parent.rglob("*.py")):
+        if path.name == "flag_change.py":
+            continue
+        flags = _flags_built_in(ast.parse(path.read_text()))
+        if flags:
+            built[str(path.relative_to(Path(kvwatch.__file__).parent))] = flags
+    assert {"diagnosis/remedies.py", "planner/pressure.py", "planner/plan.py"} <= set(built)
+    assert set().union(*built.values()) == CHANGED_FLAGS, built

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from engine_support import engine_env, free_port, http_get, llama_config, require_engine, write_model
+from engine_support import engine_env, free_port, http_get, require_engine
 from exporter_support import samples, value
 from test_watchdog_e2e import CONFIG, START, Kvwatch, cache_config, engine_processes, flag
 from waiting import eventually
@@ -23,11 +23,6 @@ pytestmark = pytest.mark.engine
 
 REPO = Path(__file__).resolve().parent.parent
 SHIM = REPO / "deploy" / "container" / "vllm"
-
-
-@pytest.fixture
-def tiny(tmp_path: Path) -> Path:
-    return write_model(tmp_path / "tiny", llama_config())
 
 
 def pod_command(model: Path, port: int) -> list[str]:

@@ -14,7 +14,7 @@ from kvwatch.planner.geometry import geometry_from_config
 from kvwatch.planner.kv_groups import hybrid_block_size
 from kvwatch.planner.plan import MemoryInputs, make_plan
 from kvwatch.planner.rules import ruleset_for
-from kvwatch.planner.versions import parse_version
+from kvwatch.values.versions import parse_version
 from kvwatch.vllm_releases.gdn_checkpoint import gdn_checkpoint_alignment
 from kvwatch.vllm_releases.hybrid_alignment import hybrid_alignment_for
 

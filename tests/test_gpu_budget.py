@@ -41,8 +41,8 @@ from kvwatch.planner.gpu_budget import (
     replicated_extra_bytes,
     requested_bytes,
 )
-from kvwatch.planner.versions import parse_version
 from kvwatch.planner.weights import WeightCount, count_weights, weights_bytes
+from kvwatch.values.versions import parse_version
 from kvwatch.vllm_releases import DEFAULT_RELEASE, resolve
 from kvwatch.vllm_releases.kv_layout import mla_entry_elements
 from kvwatch.vllm_releases.model_runner_v2 import penalty_state_bytes, runs_v2_runner

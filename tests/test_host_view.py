@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from engine_support import free_port, http_get, llama_config, write_model
+from engine_support import free_port, http_get
 from exporter_support import samples, value
 from nvml_standin import (
     GIB,
@@ -116,20 +116,15 @@ def gpus_exported(found: dict) -> set[str]:
     return {dict(labels)["gpu"] for name, labels in found if name == "kvwatch_gpu_memory_total_bytes"}
 
 
-@pytest.fixture
-def model(tmp_path: Path) -> Path:
-    return write_model(tmp_path / "m", llama_config())
-
-
 def both_claims(engines_dir: Path, names: set[str]) -> dict[str, dict]:
     """The claim files by engine name once every name has one, else {} (to wait on)."""
     claims = {p.stem: json.loads(p.read_text()) for p in engines_dir.glob("*.json")}
     return claims if names <= claims.keys() else {}
 
 
-def test_two_exporters_on_two_gpus_see_each_other(tmp_path: Path, nvml_standin: NvmlStandin, model: Path) -> None:
+def test_two_exporters_on_two_gpus_see_each_other(tmp_path: Path, nvml_standin: NvmlStandin, tiny: Path) -> None:
     """Issue's scenario: engine a 30 GiB on GPU 0, engine b 40 GiB on GPU 1, an unrelated 1 GiB on GPU 1."""
-    a, b = Engine(model, "0"), Engine(model, "1")
+    a, b = Engine(tiny, "0"), Engine(tiny, "1")
     unrelated = subprocess.Popen(["sleep", "300"])
     try:
         nvml_standin.write(host_state({GPU0: [(a.worker, 30 * GIB)],
@@ -155,9 +150,9 @@ def test_two_exporters_on_two_gpus_see_each_other(tmp_path: Path, nvml_standin: 
         b.stop()
 
 
-def test_two_engines_sharing_one_gpu(tmp_path: Path, nvml_standin: NvmlStandin, model: Path) -> None:
+def test_two_engines_sharing_one_gpu(tmp_path: Path, nvml_standin: NvmlStandin, tiny: Path) -> None:
     """Two engines at --gpu-memory-utilization 0.45 on GPU 0: each its own memory, neither foreign."""
-    a, b = Engine(model, "0"), Engine(model, "0")
+    a, b = Engine(tiny, "0"), Engine(tiny, "0")
     unrelated = subprocess.Popen(["sleep", "300"])
     try:
         nvml_standin.write(host_state({GPU0: [(a.worker, 20 * GIB), (b.worker, 25 * GIB)],
@@ -176,9 +171,9 @@ def test_two_engines_sharing_one_gpu(tmp_path: Path, nvml_standin: NvmlStandin, 
         b.stop()
 
 
-def test_a_host_wide_owner_exports_every_gpu(tmp_path: Path, nvml_standin: NvmlStandin, model: Path) -> None:
+def test_a_host_wide_owner_exports_every_gpu(tmp_path: Path, nvml_standin: NvmlStandin, tiny: Path) -> None:
     """--all-gpus: one instance exports every GPU (one with no engine too), foreign still host-wide."""
-    a = Engine(model, "0")
+    a = Engine(tiny, "0")
     unrelated = subprocess.Popen(["sleep", "300"])
     try:
         nvml_standin.write(host_state({GPU0: [(a.worker, 30 * GIB)], GPU1: [(unrelated.pid, 1 * GIB)]}))
@@ -215,14 +210,14 @@ interval_seconds = 0.3
 """
 
 
-def test_two_kvwatch_runs_sharing_a_state_directory(tmp_path: Path, nvml_standin: NvmlStandin, model: Path) -> None:
+def test_two_kvwatch_runs_sharing_a_state_directory(tmp_path: Path, nvml_standin: NvmlStandin, tiny: Path) -> None:
     state = tmp_path / "state"
     runs, urls = {}, {}
     unrelated = subprocess.Popen(["sleep", "300"])
     try:
         for name, visible in (("a", "0"), ("b", "1")):
             config = tmp_path / f"{name}.toml"
-            command = [sys.executable, FAKE, "--model", str(model), "--port", str(free_port())]
+            command = [sys.executable, FAKE, "--model", str(tiny), "--port", str(free_port())]
             config.write_text(RUN_CONFIG.format(command=json.dumps(command), visible=visible))
             port = free_port()
             runs[name] = subprocess.Popen(
@@ -301,13 +296,13 @@ def test_registry_ignores_what_it_must_not_read(tmp_path: Path) -> None:
 # -- the real Prometheus over two instances ------------------------------------------------------
 
 def test_prometheus_two_instances_one_series_per_gpu_and_the_foreign_alert(tmp_path: Path, nvml_standin: NvmlStandin,
-                                                                           model: Path) -> None:
+                                                                           tiny: Path) -> None:
     """Two kvwatch instances, both engines on GPU 0: KvwatchForeignGpuMemory silent; an unrelated process
     taking 10 % of GPU 0 makes it fire, once; every GPU memory panel expression gives one series per GPU."""
     from operator_tools import grafana_expr_to_promql
     from prometheus_support import prometheus_server, rules_with_short_for
 
-    a, b = Engine(model, "0"), Engine(model, "0")
+    a, b = Engine(tiny, "0"), Engine(tiny, "0")
     unrelated = subprocess.Popen(["sleep", "300"])
     try:
         nvml_standin.write(host_state({GPU0: [(a.worker, 20 * GIB), (b.worker, 25 * GIB)]}))
@@ -354,9 +349,9 @@ def test_export_says_when_it_cannot_find_the_engines_processes(caplog: pytest.Lo
     assert len(said) == 1 and "--engine-pid" in said[0]          # once, not every tick
 
 
-def test_export_finds_the_engine_by_its_port(tmp_path: Path, model: Path) -> None:
+def test_export_finds_the_engine_by_its_port(tmp_path: Path, tiny: Path) -> None:
     from kvwatch.exporter.targets import external_engine
-    engine = Engine(model, "3")
+    engine = Engine(tiny, "3")
     try:
         [target] = external_engine("x", engine.url, find_processes=True)()
         assert set(target.status.pids) == {engine.proc.pid, engine.worker}

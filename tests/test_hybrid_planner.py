@@ -270,7 +270,7 @@ def test_any_corpus_config_with_odd_values_gives_a_plan_or_one_clear_error(data:
 
 
 def _on(release: str, cfg: dict, *flags: str):
-    from kvwatch.planner.versions import parse_version
+    from kvwatch.values.versions import parse_version
     settings = EngineCommand.parse(["vllm", "serve", "m", *flags]).settings()
     memory = MemoryInputs(cpu_kv_space_bytes=GiB, vllm_version=parse_version(release))
     return make_plan(geometry_from_config(cfg, release), settings, CPU, ruleset_for(release), memory)
@@ -319,7 +319,7 @@ def test_chunked_local_attention_turns_the_hybrid_manager_off_before_0_14() -> N
 def test_0_10_groups_consecutive_layers_and_0_11_every_nth() -> None:
     """Gemma 3's 52 sliding layers in groups of 10 (the 10 full layers' count): 0.10 takes them in
     runs (the last of 2), 0.11 takes every 6th (9, 9, 9, 9, 8, 8): the same blocks, other layers."""
-    from kvwatch.planner.versions import parse_version
+    from kvwatch.values.versions import parse_version
     from kvwatch.vllm_releases.kv_layout import grouping_rule_for
     kinds = ["full" if i % 6 == 5 else "sliding" for i in range(62)]
     specs = [LayerSpec(k, 16, 4096, 4096, 1024 if k == "sliding" else None) for k in kinds]
@@ -362,7 +362,7 @@ def test_mamba_cache_mode_is_the_releases(release: str, name: str, flags: tuple[
     from kvwatch.planner.engine_args import EngineCommand
     from kvwatch.planner.geometry import geometry_from_config
     from kvwatch.planner.scheduler import mamba_cache_mode
-    from kvwatch.planner.versions import parse_version
+    from kvwatch.values.versions import parse_version
     geometry = geometry_from_config(corpus.config(name), release)
     settings = EngineCommand.parse(["vllm", "serve", "m", *flags], release).settings()
     assert mamba_cache_mode(geometry, settings, parse_version(release)) == mode

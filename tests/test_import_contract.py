@@ -1,4 +1,7 @@
-"""The import contract (docs/architecture.md): the planner and the diagnosis are pure.
+"""The import contract (docs/architecture.md): the layers, and the pure core.
+
+The layers (pyproject.toml's [tool.importlinter] contract, below): each imports only the layers under it.
+The pure core: the planner and the diagnosis compute, they do no I/O.
 
 They compute from values they are given; they never touch processes, sockets, files, threads, the
 GPU or the engine. Everything that does lives in kvwatch.boundary (and is driven by
@@ -8,21 +11,28 @@ an import inside a function counts as much as one at the top, and nothing is imp
 from __future__ import annotations
 
 import ast
+import tomllib
 from pathlib import Path
+from typing import Any
 
+import grimp
 import pytest
+from importlinter.contracts.layers import LayersContract
+from importlinter.domain.contract import ContractCheck
 
 PACKAGE = Path(__file__).resolve().parent.parent / "kvwatch"
 
 # The pure modules: every module of these packages, and these top-level ones.
-PURE_PACKAGES = ("planner", "diagnosis", "vllm_releases")
+PURE_PACKAGES = ("values", "planner", "diagnosis", "vllm_releases")
 PURE_MODULES = ("errors.py", "policy.py", "exitcodes.py", "engine_status.py", "failure_kinds.py", "listen.py",
                 "gpu_types.py", "exporter/sources.py", "exporter/eviction.py",
                 # the watchdog's decisions and values: what the supervisor and the state file act on
                 "watchdog/__init__.py", "watchdog/outcomes.py", "watchdog/records.py", "watchdog/recovery.py",
                 "watchdog/budget.py", "watchdog/engine_ranks.py", "watchdog/launch_watch.py",
                 "watchdog/memory_learning.py", "watchdog/progress.py", "watchdog/pressure_window.py",
-                "watchdog/autopilot.py", "watchdog/pressure_watch.py", "watchdog/ownership.py")
+                "watchdog/autopilot.py", "watchdog/pressure_watch.py", "watchdog/ownership.py",
+                "watchdog/kill_cause.py", "watchdog/gpu_release.py",
+                "watchdog/host_memory_watch.py", "watchdog/persisted_command.py")
 
 # What a pure module must not import (a name here covers its submodules: "http" covers "http.client").
 FORBIDDEN = {
@@ -195,3 +205,79 @@ def test_the_process_boundary_is_spawn_and_inspect() -> None:
     """kvwatch/boundary/processes.py was split: spawn.py starts and stops, proc_inspect.py reads."""
     assert not (PACKAGE / "boundary" / "processes.py").exists()
     assert not [rel(p) for p in all_files() if "kvwatch.boundary.processes" in imports_of(p)]
+
+
+# -- The layers ------------------------------------------------------------------------------------
+# pyproject.toml's [tool.importlinter] contract, checked with import-linter on grimp's graph of the
+# source (an import inside a function counts, as above). A layer imports only the layers below it.
+
+def layers_options() -> dict[str, Any]:
+    config = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["importlinter"]
+    [contract] = [c for c in config["contracts"] if c["type"] == "layers"]
+    # as import-linter's own TOML reader hands them over: booleans as text
+    return {key: str(value).lower() if isinstance(value, bool) else value for key, value in contract.items()}
+
+
+def check_layers(graph: grimp.ImportGraph, options: dict[str, Any], root: str = "kvwatch") -> ContractCheck:
+    contract = LayersContract(name=options["name"], session_options={"root_packages": [root]},
+                              contract_options=options)
+    return contract.check(graph, verbose=False)
+
+
+def kvwatch_graph() -> grimp.ImportGraph:
+    return grimp.build_graph("kvwatch", cache_dir=None)
+
+
+def test_every_import_runs_down_the_layers() -> None:
+    result = check_layers(kvwatch_graph(), layers_options())
+    assert result.kept, result.metadata
+
+
+def test_the_layers_name_the_order_the_architecture_page_draws() -> None:
+    layers = [layer.replace(" ", "") for layer in layers_options()["layers"]]
+    assert layers[:5] == ["cli", "commands", "exporter", "watchdog", "diagnosis|boundary|engine_status"]
+    assert layers[5:7] == ["planner", "vllm_releases"]
+    assert layers[7].split(":")[0] == "values"
+    assert layers_options()["exhaustive"] == "true"   # a new top-level module must be given a layer
+
+
+@pytest.mark.parametrize("importer,imported", [
+    ("kvwatch.vllm_releases.defaults", "kvwatch.planner.plan"),        # release data -> planner
+    ("kvwatch.values.versions", "kvwatch.vllm_releases"),             # shared types -> release data
+    ("kvwatch.planner.plan", "kvwatch.diagnosis.diagnose"),            # planner -> diagnosis
+    ("kvwatch.diagnosis.remedies", "kvwatch.boundary.nvml"),           # independent siblings
+    ("kvwatch.watchdog.supervisor", "kvwatch.exporter.server"),        # watchdog -> exporter
+    ("kvwatch.commands.plan", "kvwatch.cli"),
+])
+def test_an_arrow_back_up_breaks_the_contract(importer: str, imported: str) -> None:
+    graph = kvwatch_graph()
+    graph.add_import(importer=importer, imported=imported, line_number=1, line_contents=f"import {imported}")
+    assert not check_layers(graph, layers_options()).kept
+
+
+def test_a_module_outside_every_layer_breaks_it() -> None:
+    graph = kvwatch_graph()
+    graph.add_module("kvwatch.unplaced")
+    assert not check_layers(graph, layers_options()).kept
+
+
+def test_a_deferred_import_back_up_in_a_module_on_disk_breaks_it(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same contract text on a synthetic package: a function-level import is seen like a top one."""
+    package = tmp_path / "toy"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "high.py").write_text("from toy import low\n")
+    (package / "low.py").write_text("def later():\n    from toy import high\n    return high\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    options = {"name": "toy layers", "type": "layers", "containers": ["toy"], "layers": ["high", "low"]}
+    assert not check_layers(grimp.build_graph("toy", cache_dir=None), options, root="toy").kept
+    (package / "low.py").write_text("def later():\n    return 1\n")
+    assert check_layers(grimp.build_graph("toy", cache_dir=None), options, root="toy").kept
+
+
+def test_no_import_circle_among_kvwatch_modules() -> None:
+    graph = kvwatch_graph()
+    cycles = [(m, n) for m in graph.modules for n in graph.find_modules_directly_imported_by(m)
+              if graph.chain_exists(importer=n, imported=m)]
+    assert not cycles

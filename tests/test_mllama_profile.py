@@ -10,7 +10,7 @@ import pytest
 from gpu_log_corpus import GiB, all_runs, model_config, patched_runs, plan_run
 
 from kvwatch.planner.gpu_budget import V0_ENGINE, V1_ENGINE, release_for
-from kvwatch.planner.versions import parse_version
+from kvwatch.values.versions import parse_version
 from kvwatch.vllm_releases.mllama_profile import (
     DEFAULT_INTERMEDIATE_LAYERS,
     MLLAMA_ARCHITECTURE,

@@ -93,13 +93,31 @@ def test_pump_counts_lines_and_keeps_a_bounded_tail_for_lines_since() -> None:
     assert pump.facts == LogFacts(kv_tokens=1024)
 
 
-def test_spawn_gives_the_engine_a_one_mib_pipe() -> None:
+def test_spawn_gives_the_engine_the_largest_pipe_the_kernel_allows() -> None:
+    expected = spawn._pipe_max()   # this host's fs.pipe-max-size (1 MiB unless an admin raised it)
     proc = spawn.spawn([sys.executable, "-c", "pass"], dict(os.environ))
     try:
-        assert fcntl.fcntl(proc.stdout, fcntl.F_GETPIPE_SZ) == 1 << 20
+        assert fcntl.fcntl(proc.stdout, fcntl.F_GETPIPE_SZ) == expected
     finally:
         proc.popen.wait()
         proc.close()
+
+
+def test_the_pipe_follows_pipe_max_size_and_falls_back_to_the_default(tmp_path: Path) -> None:
+    # A fake pipe-max-size: 4 MiB is above the default (the pipe follows it where the kernel lets
+    # this process: root may; otherwise the 1 MiB default, never less); a garbage one is the default.
+    rows = [("4194304\n", {4 << 20, 1 << 20}), ("not a number\n", {1 << 20}), ("", {1 << 20}),
+            ("4095\n", {1 << 20})]
+    for text, allowed in rows:
+        (tmp_path / "max").write_text(text)
+        read, write = os.pipe()
+        try:
+            size = spawn._enlarge_pipe(read, str(tmp_path / "max"))
+            assert size == fcntl.fcntl(read, fcntl.F_GETPIPE_SZ) and size in allowed, text
+        finally:
+            os.close(read)
+            os.close(write)
+    assert spawn._pipe_max(str(tmp_path / "missing")) == 1 << 20
 
 
 def test_parse_fact_startup_lines() -> None:

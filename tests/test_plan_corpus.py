@@ -31,7 +31,7 @@ from kvwatch.planner.architectures import (
 from kvwatch.planner.devices import Device, cpu_device_from_flags
 from kvwatch.planner.plan import Plan
 from kvwatch.planner.rules import ruleset_for
-from kvwatch.planner.versions import parse_version
+from kvwatch.values.versions import parse_version
 
 TRUTH_FILE = Path(__file__).parent / "fixtures" / "models" / "kv_truth.json"
 TRUTH = json.loads(TRUTH_FILE.read_text())

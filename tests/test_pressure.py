@@ -16,7 +16,7 @@ from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.flag_change import FlagChange
 from kvwatch.planner.pressure import Window, candidates, pressure, recommend
 from kvwatch.planner.rules import ruleset_for
-from kvwatch.planner.versions import parse_version
+from kvwatch.values.versions import parse_version
 
 GIB = 1 << 30
 H100 = preset("h100")

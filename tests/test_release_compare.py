@@ -12,7 +12,7 @@ from kvwatch.cli import main
 from kvwatch.planner.devices import PRESETS
 from kvwatch.planner.release_compare import compare_releases, render_comparison
 from kvwatch.planner.rules import ruleset_for
-from kvwatch.planner.versions import parse_version
+from kvwatch.values.versions import parse_version
 
 QWEN = str(Path(__file__).resolve().parent.parent / "examples" / "qwen2-7b")
 

@@ -13,7 +13,7 @@ from kvwatch.planner.devices import PRESETS, Device, GiB
 from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.gpu_budget import batch_defaults, release_for
 from kvwatch.planner.rules import ruleset_for
-from kvwatch.planner.versions import parse_version
+from kvwatch.values.versions import parse_version
 from kvwatch.vllm_releases import KNOWN
 from kvwatch.vllm_releases.defaults import DEFAULTS
 

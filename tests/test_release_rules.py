@@ -97,7 +97,7 @@ def test_hybrid_block_size_is_aligned_as_the_release_does(release: str, block_si
 
     from kvwatch.planner.engine_args import EngineCommand
     from kvwatch.planner.plan import MemoryInputs, make_plan
-    from kvwatch.planner.versions import parse_version
+    from kvwatch.values.versions import parse_version
 
     cfg, flags = granite()
     settings = EngineCommand.parse(["vllm", "serve", "m", *flags, "--block-size", "64"], release).settings()
@@ -123,7 +123,7 @@ def test_hybrid_block_size_is_aligned_as_the_release_does(release: str, block_si
 def test_a_sliding_layer_starts_from_the_releases_block(kernel_sizes: str, block_size: int, from_kernel: bool,
                                                          within: bool, start: int) -> None:
     from kvwatch.planner.kv_groups import sliding_block_size
-    from kvwatch.planner.rules import parse_block_rule
+    from kvwatch.values.block_sizes import parse_block_rule
     sizes = tuple(r for r in (parse_block_rule(s) for s in kernel_sizes.split(",")) if r is not None)
     assert sliding_block_size(sizes, block_size, from_kernel, within) == start
 
@@ -174,7 +174,7 @@ def test_mla_on_the_cpu_is_refused_as_the_release_does(model: str, release: str,
 def test_cpu_attn_kernel_blocks_are_the_releases(release: str, base: int, block_16_refused: bool, tmp_path) -> None:
     from test_plan_corpus import plan_case
 
-    from kvwatch.planner.rules import MultipleOf
+    from kvwatch.values.block_sizes import MultipleOf
     assert ruleset_for(release).backend("CPU_ATTN").block_sizes == (MultipleOf(base),)
     plan = plan_case("llama3", ["--block-size", "16"], tmp_path / "model", vllm_version=release)
     assert plan.will_fail == block_16_refused

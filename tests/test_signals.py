@@ -11,16 +11,10 @@ import time
 from pathlib import Path
 
 import psutil
-import pytest
-from engine_support import free_port, llama_config, write_model
+from engine_support import free_port
 from waiting import eventually
 
 FAKE = str(Path(__file__).resolve().parent / "fake_engine.py")
-
-
-@pytest.fixture()
-def model(tmp_path: Path) -> Path:
-    return write_model(tmp_path / "tiny", llama_config())
 
 
 def _state(path: Path) -> dict:
@@ -45,12 +39,12 @@ def _storm(proc: subprocess.Popen, signum: int, seconds: float) -> int | None:
         return None
 
 
-def test_run_ignores_sighup_and_a_sigterm_storm_still_ends_it_cleanly(tmp_path: Path, model: Path) -> None:
+def test_run_ignores_sighup_and_a_sigterm_storm_still_ends_it_cleanly(tmp_path: Path, tiny: Path) -> None:
     state = tmp_path / "state"
     log_path = tmp_path / "kvwatch.log"
     cmd = [sys.executable, "-m", "kvwatch.cli", "run", "--name", "sig", "--state-dir", str(state),
            "--listen", f"127.0.0.1:{free_port()}", "--no-preflight", "--",
-           sys.executable, FAKE, "--model", str(model), "--port", str(free_port())]
+           sys.executable, FAKE, "--model", str(tiny), "--port", str(free_port())]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:

@@ -10,7 +10,7 @@ import pytest
 
 from kvwatch.planner.kv_groups import skip_layer_block_size
 from kvwatch.planner.rules import ruleset_for
-from kvwatch.planner.versions import parse_version
+from kvwatch.values.versions import parse_version
 from kvwatch.vllm_releases.skip_layer_pages import SKIP_LAYER_PAGE_ALIGNMENT
 
 

@@ -165,3 +165,76 @@ def test_a_kill_from_outside_is_named_and_restarted(tmp_path: Path) -> None:
     assert failure.evidence == "killed by signal 9 (SIGKILL) from outside while loading weights"
     assert failure.phase == "loading weights"
     assert fake_os.engines[0].argv == fake_os.engines[1].argv   # the same plan
+
+
+def test_an_oom_kill_counted_by_the_cgroup_is_named_host_oom(tmp_path: Path) -> None:
+    """The cgroup's oom_kill count rose during the launch: the kernel's OOM killer, said with the host's memory;
+    the first in its phase is restarted as it is."""
+    from kvwatch.values.host_memory import OomCount
+
+    model = write_model(tmp_path / "tiny", llama_config())
+    argv = ("vllm", "serve", str(model), "--port", "8000", "--block-size", "8")
+    engine = EngineConfig(command=argv, start_timeout_seconds=5.0, health_interval_seconds=1.0,
+                          hang_timeout_seconds=4.0, stop_timeout_seconds=3.0)
+    config = Config(name="t", state_dir=str(tmp_path / "state"), policy=POLICY, engine=engine)
+    clock = FakeClock()
+    fake_os = FakeOs(clock, [Launch(exit_after=1, exit_code=-9), Launch(ready_after=1)],
+                     oom_counts=[OomCount("/kvwatch.service", 2, 3), OomCount("/kvwatch.service", 2, 4)])
+    sup = Supervisor(config, clock=clock, device=CPU, rules=ruleset_for("0.32.0"), notifier=SdNotifier(None),
+                     output=io.BytesIO(), environ={}, probe=fake_os.probe, os_interface=fake_os)
+    clock.at(clock.now() + 20, lambda: sup.request_stop("test stop"))
+    assert sup.run() == EXIT_OK
+    failure = sup._record.failures[-1]
+    assert failure.kind == "host_oom" and sup.status.restarts == {"host_oom": 1}
+    assert failure.evidence == ("the kernel's OOM killer ended the engine while starting "
+                                "(cgroup /kvwatch.service, oom_kill 3→4); host memory: 24.0 GiB, cgroup limit none")
+
+
+def _stopping_host(tmp_path: Path, extra: tuple[str, ...], samples: list) -> tuple[Supervisor, FakeOs]:
+    model = write_model(tmp_path / "tiny", llama_config())
+    argv = ("vllm", "serve", str(model), "--port", "8000", *extra)
+    engine = EngineConfig(command=argv, start_timeout_seconds=50.0, health_interval_seconds=1.0,
+                          hang_timeout_seconds=4.0, stop_timeout_seconds=3.0)
+    config = Config(name="t", state_dir=str(tmp_path / "state"), policy=POLICY, engine=engine)
+    clock = FakeClock()
+    fake_os = FakeOs(clock, [Launch(ready_after=30), Launch(ready_after=1)], memory_samples=samples)
+    sup = Supervisor(config, clock=clock, device=CPU, rules=ruleset_for("0.32.0"), notifier=SdNotifier(None),
+                     output=io.BytesIO(), environ={}, probe=fake_os.probe, os_interface=fake_os)
+    clock.at(clock.now() + 60, lambda: sup.request_stop("test stop"))
+    return sup, fake_os
+
+
+def test_host_memory_running_out_stops_the_engine_and_relaunches_it_with_less(tmp_path: Path) -> None:
+    """A unified-memory host about to wedge: the group is stopped first, the stop recorded, and the relaunch
+    keeps less in host memory (no second try of the plan that wedged it)."""
+    from kvwatch.values.host_memory import HostMemorySample
+
+    low = [HostMemorySample(0.0, 100 << 20, 120 << 30, 80.0, 60.0)]   # one read under the hard floor
+    sup, fake_os = _stopping_host(tmp_path, ("--kv-offloading-size", "16"), low)
+    assert sup.run() == EXIT_OK
+    stop = sup._record.host_memory_stops[-1]
+    assert stop.available_bytes == 100 << 20 and stop.boot_id == "fake-boot"
+    assert sup._record.failures[-1].kind == "host_oom"
+    assert list(fake_os.engines[1].argv[-2:]) == ["--kv-offloading-size", "8.0"]
+    assert len(sup._record.host_memory_stops) == 1
+    saved = json.loads((tmp_path / "state" / "t.json").read_text())
+    assert saved["host_memory_stops"][-1]["reason"] == stop.reason
+
+
+def test_a_stop_for_host_memory_no_failure_followed_is_replanned_at_the_next_start(tmp_path: Path) -> None:
+    """The host wedged (or rebooted) before kvwatch could record a failure: the next start reads the stop
+    record and launches with less host memory at once."""
+    from kvwatch.watchdog.records import HostMemoryStop
+    from kvwatch.watchdog.state_store import EngineRecord, StateStore
+
+    sup, fake_os = _stopping_host(tmp_path, ("--cpu-offload-gb", "8"), [])
+    argv = list(sup.command.argv)
+    state = tmp_path / "state"
+    state.mkdir(parents=True, exist_ok=True)
+    stop = HostMemoryStop(1_600_000_000.0, "loading weights", "MemAvailable 0.1 GiB", argv, boot_id="old-boot")
+    StateStore(str(state), "t").save(EngineRecord(name="t", original_argv=argv, argv=argv,
+                                                  host_memory_stops=[stop]))
+    assert sup.run() == EXIT_OK
+    assert list(fake_os.engines[0].argv[-2:]) == ["--cpu-offload-gb", "4.0"]
+    assert sup._record.failures[0].kind == "host_oom"
+    assert "the host has rebooted since" in sup._record.failures[0].evidence

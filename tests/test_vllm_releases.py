@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvwatch.planner.versions import parse_version
+from kvwatch.values.versions import parse_version
 from kvwatch.vllm_releases import KNOWN, resolve
 
 

@@ -203,11 +203,6 @@ def flag(argv: list[str], name: str) -> str | None:
 
 
 @pytest.fixture
-def tiny(tmp_path: Path) -> Path:
-    return write_model(tmp_path / "tiny", llama_config())  # head_dim 32
-
-
-@pytest.fixture
 def wide(tmp_path: Path) -> Path:
     """docs/vllm-facts.md §9: 4 layers, 8 KV heads, head 64, bf16, 262144 positions; 1 GiB holds 130,944 tokens."""
     return write_model(tmp_path / "wide", llama_config(layers=4, kv_heads=8, heads=8, head_dim=64, max_len=262144))

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Literal
 
 from kvwatch.errors import KvwatchError
 from kvwatch.planner.devices import Device, cpu_device_from_flags, in_wsl, unified_memory_bytes
-from kvwatch.planner.versions import VllmVersion, parse_version
+from kvwatch.values.versions import VllmVersion, parse_version
 
 if TYPE_CHECKING:
     from kvwatch.boundary.nvml import Nvml

@@ -2,7 +2,8 @@
 
 Nothing here raises to callers: an unreachable engine, an HTTP error or a page that
 is not Prometheus text comes back as ``EngineMetrics.failed(reason)`` (and
-``health`` as False). Pages are parsed with prometheus_client's own parser.
+``health`` as False). Pages are parsed with prometheus_client's own parser, but for the plain
+sample lines vLLM writes (sample_lines.py).
 Requests go straight to the engine: proxy variables in the environment are ignored,
 redirects are not followed (a redirect is not the engine's page), and every exchange has one
 deadline for the whole of it (connect, request, headers, body) and a body size limit, so an
@@ -29,6 +30,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from kvwatch.boundary.sample_lines import plain_samples
 
 _LOG = logging.getLogger(__name__)
 
@@ -57,8 +60,10 @@ REQUEST_GENERATION = "vllm:request_generation_tokens"
 _LENGTHS = tuple(f"{h}_{part}" for h in (REQUEST_PROMPT, REQUEST_GENERATION) for part in ("sum", "count", "bucket"))
 # Only the series kvwatch reads.
 _WANTED = (CACHE_CONFIG, KV_USAGE, *_LOAD, *_LENGTHS)
-# A line of one of them, found without splitting the page: group 1 says which.
-_WANTED_LINE = re.compile(rb"^(" + b"|".join(re.escape(name.encode()) for name in _WANTED) + rb")[^\n]*", re.M)
+# A line of one of them, found without splitting the page: group 1 is the line, group 2 says which.
+# It is sought after a newline (the page gets one in front): a literal first character lets the regex
+# engine skip ahead, 4x faster than ^ in multi-line mode.
+_WANTED_LINE = re.compile(rb"\n((" + b"|".join(re.escape(name.encode()) for name in _WANTED) + rb")[^\n]*)")
 
 
 @dataclass(frozen=True)
@@ -220,13 +225,13 @@ def _kept_lines(page: bytes) -> bytes:
     to parse), bounded in length and in number per family; b"" when there is none."""
     kept: list[bytes] = []
     counts: dict[bytes, int] = {}
-    for match in _WANTED_LINE.finditer(page):
-        if match.end() - match.start() > MAX_LINE_BYTES:
+    for match in _WANTED_LINE.finditer(b"\n" + page):
+        line, name = match.groups()
+        if len(line) > MAX_LINE_BYTES:
             continue
-        name = match.group(1)
         if counts.get(name, 0) < MAX_SERIES_PER_FAMILY:
             counts[name] = counts.get(name, 0) + 1
-            kept.append(match.group(0))
+            kept.append(line)
     return b"\n".join(kept) + b"\n" if kept else b""
 
 
@@ -258,14 +263,19 @@ def parse_page(page: bytes) -> EngineMetrics:
         text = (kept or _head(page)).decode("utf-8")
     except UnicodeDecodeError:
         return EngineMetrics.failed("page is not UTF-8")
-    try:
-        for family in text_string_to_metric_families(text):
-            vllm_seen = vllm_seen or family.name.startswith("vllm:")
-            for sample in family.samples:
-                if sample.name in _WANTED:
-                    samples.setdefault(sample.name, []).append((dict(sample.labels), float(sample.value)))
-    except Exception as exc:  # the parser raises ValueError, IndexError, ... on garbage
-        return EngineMetrics.failed(f"not Prometheus text: {type(exc).__name__}: {exc}"[:300])
+    # vLLM's lines are plain (sample_lines.py): read without prometheus_client's slow parser.
+    plain = plain_samples(text, _WANTED) if kept else None
+    if plain is not None:
+        samples, vllm_seen = plain, True   # every kept line is a vllm: series
+    else:
+        try:
+            for family in text_string_to_metric_families(text):
+                vllm_seen = vllm_seen or family.name.startswith("vllm:")
+                for sample in family.samples:
+                    if sample.name in _WANTED:
+                        samples.setdefault(sample.name, []).append((dict(sample.labels), float(sample.value)))
+        except Exception as exc:  # the parser raises ValueError, IndexError, ... on garbage
+            return EngineMetrics.failed(f"not Prometheus text: {type(exc).__name__}: {exc}"[:300])
     if not vllm_seen:
         return EngineMetrics.failed("no vllm: metrics on the page")
     usage = [v for _, v in samples.get(KV_USAGE, ()) if math.isfinite(v)]

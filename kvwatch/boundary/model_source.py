@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvwatch.boundary.bounded_read import FileTooLarge, NotRegularFile, open_regular, read_bounded
 from kvwatch.errors import ConfigError
 from kvwatch.vllm_releases.weight_files import HF_PATTERNS, index_name, index_weight_files, loaded_files
 
@@ -37,8 +38,12 @@ def _snapshot_dir(repo_id: str) -> Path | None:
         repo_dir = cache / ("models--" + repo_id.replace("/", "--"))
         ref = repo_dir / "refs" / "main"
         if ref.is_file():
-            snapshot = repo_dir / "snapshots" / ref.read_text().strip()
-            if (snapshot / "config.json").is_file():
+            try:
+                name = read_bounded(ref, MAX_REF_BYTES).decode("utf-8", "replace").strip()
+            except (OSError, ValueError):
+                name = ""   # an odd ref: the newest snapshot below, as when there is none
+            snapshot = repo_dir / "snapshots" / name
+            if name and "/" not in name and (snapshot / "config.json").is_file():
                 return snapshot
         snapshots = sorted((repo_dir / "snapshots").glob("*/config.json")) if repo_dir.is_dir() else []
         if snapshots:
@@ -46,6 +51,7 @@ def _snapshot_dir(repo_id: str) -> Path | None:
     return None
 
 
+MAX_REF_BYTES = 4096                  # refs/main holds one commit hash
 MAX_INDEX_BYTES = 64 << 20            # an index maps tensor names to files: some MB for the largest models
 MAX_SAFETENSORS_HEADER = 100_000_000  # the safetensors format's own limit on its JSON header
 
@@ -62,9 +68,9 @@ def _weights_bytes(directory: Path) -> int | None:
 
 def _index_files(path: Path) -> list[str] | None:
     try:
-        if not path.is_file() or path.stat().st_size > MAX_INDEX_BYTES:
+        if not path.is_file():
             return None
-        return index_weight_files(json.loads(path.read_text(encoding="utf-8")))
+        return index_weight_files(json.loads(read_bounded(path, MAX_INDEX_BYTES).decode("utf-8")))
     except (OSError, UnicodeDecodeError, ValueError, RecursionError):
         return None   # an unreadable index: vLLM would refuse it; the plan counts every file
 
@@ -76,7 +82,7 @@ def _tensor_bytes(path: Path) -> int:
     if path.suffix != ".safetensors":
         return size
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as (f, _):
             length = int.from_bytes(f.read(8), "little")
             if not 0 < length <= min(MAX_SAFETENSORS_HEADER, size - 8):
                 return size
@@ -104,7 +110,7 @@ def load_model_source(model: str) -> ModelSource:
 
 def _load(model: str) -> ModelSource:
     candidate = Path(model).expanduser()
-    if candidate.is_file() and candidate.name.endswith(".json"):
+    if candidate.name.endswith(".json") and candidate.exists() and not candidate.is_dir():   # the reader says what else it is
         directory, config_path = candidate.parent, candidate
     elif candidate.is_dir():
         directory, config_path = candidate, candidate / "config.json"
@@ -113,14 +119,14 @@ def _load(model: str) -> ModelSource:
         if snapshot is None:
             raise ConfigError(f"model {model!r}: no such directory, and not in the local Hugging Face cache")
         directory, config_path = snapshot, snapshot / "config.json"
-    if not config_path.is_file():
+    if not config_path.exists():
         raise ConfigError(f"{directory}: no config.json")
     try:
-        with open(config_path, "rb") as f:
-            raw = f.read(MAX_CONFIG_BYTES + 1)
-        if len(raw) > MAX_CONFIG_BYTES:
-            raise ConfigError(f"{config_path}: larger than {MAX_CONFIG_BYTES >> 20} MiB: not a model config")
-        config = json.loads(raw.decode("utf-8"))
+        config = json.loads(read_bounded(config_path, MAX_CONFIG_BYTES).decode("utf-8"))
+    except FileTooLarge as exc:
+        raise ConfigError(f"{config_path}: {exc}: not a model config") from None
+    except NotRegularFile as exc:
+        raise ConfigError(f"{config_path}: {exc}: a model config is a regular file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{config_path}: cannot read: {exc}") from None
     except json.JSONDecodeError as exc:

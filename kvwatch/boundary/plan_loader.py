@@ -12,7 +12,7 @@ from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.geometry import geometry_from_config
 from kvwatch.planner.plan import MemoryInputs, Plan, make_plan
 from kvwatch.planner.rules import RuleSet
-from kvwatch.planner.versions import VllmVersion
+from kvwatch.values.versions import VllmVersion
 from kvwatch.vllm_releases import resolve
 
 

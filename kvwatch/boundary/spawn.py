@@ -179,20 +179,41 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], *, cwd: str | None = None
         list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         env=dict(env), cwd=cwd, start_new_session=True, close_fds=True,
         preexec_fn=_child_setup(os.getpid(), pdeathsig))
-    _enlarge_pipe(popen.stdout.fileno())  # type: ignore[union-attr]
+    size = _enlarge_pipe(popen.stdout.fileno())  # type: ignore[union-attr]
+    _LOG.debug("spawn: the engine's output pipe holds %d bytes", size)
     return EngineProcess(popen, reaper_grace)
 
 
-_PIPE_BYTES = 1 << 20  # Linux's default pipe-max-size: allowed without privileges
+PIPE_MAX_SIZE = "/proc/sys/fs/pipe-max-size"
+_DEFAULT_PIPE_MAX = 1 << 20   # the kernel's default pipe-max-size
 
 
-def _enlarge_pipe(fd: int) -> None:
-    """A 1 MiB pipe instead of 64 KiB: the engine's bursts (a traceback, a flood of request
-    lines) fit while the output pump batches its reads, so the engine does not wait on it."""
+def _pipe_max(path: str = PIPE_MAX_SIZE) -> int:
+    """The largest pipe an unprivileged process may ask for (an admin may raise it: sysctl
+    fs.pipe-max-size); the kernel's default when it cannot be read."""
     try:
-        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
-    except (OSError, AttributeError) as exc:  # a lower pipe-max-size, or not Linux: keep 64 KiB
-        _LOG.debug("pipe stays at its default size: %s", exc)
+        with open(path, "rb") as f:   # a /proc file: never a FIFO, one short line
+            value = int(f.read(64).strip() or 0)
+    except (OSError, ValueError):
+        return _DEFAULT_PIPE_MAX
+    return value if value >= 4096 else _DEFAULT_PIPE_MAX
+
+
+def _enlarge_pipe(fd: int, pipe_max: str = PIPE_MAX_SIZE) -> int:
+    """Size the engine's output pipe to the most the kernel allows (best effort) and return its size.
+    The engine blocks on its next write when the pipe is full: while the output pump batches its
+    reads, and for as long as kvwatch itself is stopped (SIGSTOP, a debugger, a frozen cgroup), a
+    larger pipe is that much more log before the engine waits (1 MiB: some 20 s at 50 KB/s)."""
+    for size in dict.fromkeys((_pipe_max(pipe_max), _DEFAULT_PIPE_MAX)):
+        try:
+            fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, size)
+            break
+        except (OSError, AttributeError) as exc:   # over this user's pipe pages (EPERM), not Linux
+            _LOG.debug("pipe: cannot be %d bytes: %s", size, exc)
+    try:
+        return int(fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ))
+    except (OSError, AttributeError):
+        return 0   # not Linux: the size is the platform's
 
 
 # -- stopping ---------------------------------------------------------------------

@@ -2,9 +2,8 @@
 from __future__ import annotations
 
 import logging
-import os
-import stat
 
+from kvwatch.boundary.bounded_read import read_bounded
 from kvwatch.vllm_releases.startup_plan import MAX_PLAN_BYTES, PersistedPlan, parse_plan_file
 
 _LOG = logging.getLogger(__name__)
@@ -16,19 +15,10 @@ def read_persisted_plan(path: str | None) -> PersistedPlan | None:
     if not path:
         return None
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError as exc:
-        _LOG.debug("startup plan %s: %s", path, exc.strerror or exc)
+        data = read_bounded(path, MAX_PLAN_BYTES, follow_symlinks=False)
+    except (OSError, ValueError) as exc:
+        _LOG.debug("startup plan %s: %s", path, getattr(exc, "strerror", None) or exc)
         return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        data = os.read(fd, MAX_PLAN_BYTES + 1)
-    except OSError as exc:
-        _LOG.debug("startup plan %s: %s", path, exc.strerror or exc)
-        return None
-    finally:
-        os.close(fd)
     try:
         return parse_plan_file(data)
     except ValueError as exc:

@@ -14,7 +14,7 @@ from kvwatch.planner.gpu_budget import GpuBudget
 from kvwatch.planner.plan import Plan
 from kvwatch.planner.rules import ruleset_for
 from kvwatch.planner.units import format_bytes, parse_size
-from kvwatch.planner.versions import VllmVersion, parse_version
+from kvwatch.values.versions import VllmVersion, parse_version
 from kvwatch.vllm_releases import DEFAULT_RELEASE, ReleaseChoice, resolve
 
 

@@ -20,8 +20,6 @@ from kvwatch.errors import KvwatchError
 from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.flag_change import NO_CHANGE, FlagChange
 
-_SIZES_GIB = ("--kv-offloading-size", "--cpu-offload-gb")
-_LOADING_WORKERS = "--max-parallel-loading-workers"
 _MIN_HALVED_GIB = 0.5          # below this, halving again frees too little: the flag goes to 0
 
 
@@ -47,18 +45,29 @@ def _ranks(command: EngineCommand) -> int:
     return max(1, settings.tensor_parallel_size) * max(1, settings.pipeline_parallel_size)
 
 
+def _size(command: EngineCommand, flag: str) -> float | None:
+    """A positive GiB size the command sets for `flag`, where its release has the flag."""
+    size = _number(command, flag) if release_has(command, flag) else None
+    return size if size is not None and size > 0 else None
+
+
+def _halved(size: float) -> float:
+    return round(size / 2, 2) if size / 2 >= _MIN_HALVED_GIB else 0
+
+
 def host_memory_changes(command: EngineCommand) -> Iterator[tuple[FlagChange, str]]:
-    """Each change that lowers vLLM's own host memory for this command, with why, in order of preference."""
-    for flag in _SIZES_GIB:
-        size = _number(command, flag)
-        if not release_has(command, flag) or size is None or size <= 0:
-            continue
-        lower = round(size / 2, 2) if size / 2 >= _MIN_HALVED_GIB else 0
-        yield FlagChange({flag: lower}), f"{flag} {size:g} -> {lower:g} GiB of host memory"
-    if release_has(command, _LOADING_WORKERS) and _ranks(command) > 1:
-        workers = _number(command, _LOADING_WORKERS)
+    """Each change that lowers vLLM's own host memory for this command, with why, in order of preference.
+    (Each flag is spelled out: planner/flag_change.CHANGED_FLAGS is checked against the code's literals.)"""
+    if (kv := _size(command, "--kv-offloading-size")) is not None:
+        yield (FlagChange({"--kv-offloading-size": _halved(kv)}),
+               f"--kv-offloading-size {kv:g} -> {_halved(kv):g} GiB of host memory")
+    if (weights := _size(command, "--cpu-offload-gb")) is not None:
+        yield (FlagChange({"--cpu-offload-gb": _halved(weights)}),
+               f"--cpu-offload-gb {weights:g} -> {_halved(weights):g} GiB of host memory")
+    if release_has(command, "--max-parallel-loading-workers") and _ranks(command) > 1:
+        workers = _number(command, "--max-parallel-loading-workers")
         if workers is None or workers > 1:
-            yield (FlagChange({_LOADING_WORKERS: 1}),
+            yield (FlagChange({"--max-parallel-loading-workers": 1}),
                    "one rank loads its weights at a time (the host's peak while loading)")
 
 
@@ -69,4 +78,4 @@ def host_oom_options(command: EngineCommand, facts: HostOomFacts) -> Iterator[tu
         yield NO_CHANGE, f"the kernel's OOM killer ended it once while {phase}: restart with the same plan"
         return
     for change, why in host_memory_changes(command):
-        yield change, f"the kernel's OOM killer ended it {facts.repeats + 1} times while {phase}: {why}"
+        yield change, f"host memory ran out {facts.repeats + 1} times while {phase}: {why}"

@@ -43,8 +43,9 @@ from kvwatch.planner.engine_args import EngineCommand, EngineSettings
 from kvwatch.planner.flag_change import NO_CHANGE, FlagChange
 from kvwatch.planner.plan import Plan
 from kvwatch.planner.predicted_refusal import KV_CACHE_TOO_SMALL
-from kvwatch.planner.rules import RuleSet, parse_block_rule, ruleset_for, smallest_common_block_size
+from kvwatch.planner.rules import RuleSet, ruleset_for
 from kvwatch.policy import Policy, fixed_among
+from kvwatch.values.block_sizes import parse_block_rule, smallest_common_block_size
 from kvwatch.vllm_releases import DEFAULT_RELEASE
 from kvwatch.vllm_releases.release_defaults import api_batch_defaults, defaults_for
 from kvwatch.vllm_releases.texts import LORA_RANKS

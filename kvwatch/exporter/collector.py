@@ -20,12 +20,15 @@ from kvwatch.engine_status import EngineState
 from kvwatch.exporter.snapshot import EngineSnapshot, WatchSnapshot
 from kvwatch.failure_kinds import FailureKind
 from kvwatch.gpu_types import GpuInfo
+from kvwatch.watchdog.gpu_release import ReleaseOutcome
 
 # The diagnosis' failure classes: the known values of the `reason` and `kind` labels,
 # exported at 0 from the start so that increase() sees the first one.
 FAILURE_KINDS = tuple(kind.value for kind in FailureKind)
 ENGINE_STATES = tuple(state.value for state in EngineState)
 AUTOPILOT_RESULTS = ("applied", "kept", "rolled_back")   # kvwatch_autopilot_changes_total's `result`
+# kvwatch_gpu_release_waits_total's `outcome`: every end of the wait (never "wait", its state meanwhile)
+GPU_RELEASE_OUTCOMES = tuple(o.value for o in ReleaseOutcome if o is not ReleaseOutcome.WAIT)
 
 _E = ("engine",)
 _R = ("engine", "rank")   # rank: the data-parallel engine core (vLLM's `engine` label), "0" without DP
@@ -122,6 +125,13 @@ FAMILIES = (
     Family("release_changes", "kvwatch_engine_release_changes", COUNTER, _E,
            "Times the engine's vLLM release differed from the one recorded in the state file at the last launch "
            "(an image upgrade), seen by this kvwatch."),
+    Family("gpu_release_waits", "kvwatch_gpu_release_waits", COUNTER, (*_E, "outcome"),
+           "Waits before a relaunch until the dead engine's GPU memory was released on every GPU it held (its "
+           "pids gone from NVML, used memory back to its level before the launch), by outcome: released, "
+           "timed_out (relaunched onto GPUs still held), unavailable (NVML could not tell), cancelled (kvwatch "
+           "stopping)."),
+    Family("gpu_release_wait", "kvwatch_gpu_release_wait_seconds", GAUGE, _E,
+           "How long the last wait for the dead engine's GPU memory took."),
     Family("gpu_info", "kvwatch_gpu_info", GAUGE, ("gpu", "index", "name"),
            "One per GPU seen by NVML, always 1."),
     Family("gpu_total", "kvwatch_gpu_memory_total_bytes", GAUGE, ("gpu",),
@@ -239,6 +249,10 @@ def _engine(f: dict[str, Any], engine: EngineSnapshot) -> None:
         f["release_changes"].add_metric([name], status.release_changes)
         for result in AUTOPILOT_RESULTS:   # at 0 from the start, as the restarts: increase() sees the first
             f["autopilot"].add_metric([name, result], status.autopilot.get(result, 0))
+        for outcome in GPU_RELEASE_OUTCOMES:
+            f["gpu_release_waits"].add_metric([name, outcome], status.gpu_release_waits.get(outcome, 0))
+    if status.gpu_release_wait_seconds is not None:
+        f["gpu_release_wait"].add_metric([name], status.gpu_release_wait_seconds)
     if engine.process_rss:
         for rank, rss in sorted(_by_rank(engine.process_rss.items(), status.pid_ranks).items()):
             f["engine_rss"].add_metric([name, rank], rss)

@@ -37,6 +37,7 @@ from prometheus_client.exposition import choose_encoder
 from kvwatch.errors import KvwatchError
 from kvwatch.exporter.eviction import to_evict
 from kvwatch.exporter.fair_turns import FairTurns
+from kvwatch.exporter.family_memo import Encoder, FamilyMemo
 from kvwatch.exporter.web_config import WebConfig
 from kvwatch.listen import DEFAULT_LISTEN, parse_listen
 
@@ -358,7 +359,8 @@ class RenderCache:
         self._registry = registry
         self._version = version
         self._lock = threading.Lock()
-        self._cached: dict[str, tuple[Callable[[CollectorRegistry], bytes], object, bytes]] = {}
+        self._cached: dict[str, tuple[Encoder, object, bytes]] = {}
+        self._families = FamilyMemo()   # unchanged families keep their text between renders
 
     def render(self, accept: str | None) -> tuple[bytes, str]:
         encoder, content_type = choose_encoder(bounded_accept(accept) or "")
@@ -382,8 +384,8 @@ class RenderCache:
         for encoder, content_type in stale:
             self._render(encoder, content_type, current)
 
-    def _render(self, encoder: Callable[[CollectorRegistry], bytes], content_type: str, current: object) -> bytes:
-        output = encoder(self._registry)  # may be a snapshot newer than `current`: only ever fresher
+    def _render(self, encoder: Encoder, content_type: str, current: object) -> bytes:
+        output = self._families.render(encoder, self._registry)  # may be newer than `current`: only fresher
         with self._lock:
             self._cached[content_type] = (encoder, current, output)
         return output

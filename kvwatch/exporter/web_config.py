@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from kvwatch.boundary.bounded_read import FileTooLarge, NotRegularFile, check_regular, read_bounded
 from kvwatch.errors import ConfigError
 
 CLIENT_AUTH = {
@@ -53,10 +54,15 @@ class TlsConfig:
         if self.max_version:
             ctx.maximum_version = TLS_VERSIONS[self.max_version]
         try:
+            for path in (self.cert_file, self.key_file, self.client_ca_file):
+                if path is not None:   # OpenSSL's own open would block on a FIFO as well
+                    check_regular(path)
             # an encrypted key would make OpenSSL ask for a pass phrase on the terminal: never
             ctx.load_cert_chain(self.cert_file, self.key_file, password=lambda: b"")
             if self.client_ca_file is not None:
                 ctx.load_verify_locations(cafile=str(self.client_ca_file))
+        except NotRegularFile as exc:
+            raise ConfigError(f"web config: TLS certificate or key {path}: {exc}") from None
         except (OSError, ssl.SSLError) as exc:
             raise ConfigError(f"web config: TLS certificate or key: {exc}") from None
         ctx.verify_mode = CLIENT_AUTH[self.client_auth_type]
@@ -81,11 +87,11 @@ _BCRYPT = re.compile(r"^\$2[aby]\$(\d\d)\$[./A-Za-z0-9]{53}$")
 def load_web_config(path: str | Path) -> WebConfig:
     path = Path(path)
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_WEB_CONFIG_BYTES + 1)
-        if len(raw) > MAX_WEB_CONFIG_BYTES:   # never a truncated read: it would drop the TLS and auth sections
-            raise ConfigError(f"web config {path}: larger than {MAX_WEB_CONFIG_BYTES >> 20} MiB: not a web config")
-        doc = yaml.safe_load(raw.decode("utf-8"))
+        doc = yaml.safe_load(read_bounded(path, MAX_WEB_CONFIG_BYTES).decode("utf-8"))
+    except FileTooLarge as exc:   # never a truncated read: it would drop the TLS and auth sections
+        raise ConfigError(f"web config {path}: {exc}: not a web config") from None
+    except NotRegularFile as exc:
+        raise ConfigError(f"web config {path}: {exc}: a web config is a regular file") from None
     except OSError as exc:
         raise ConfigError(f"web config {path}: cannot read: {exc.strerror or exc}") from None
     except UnicodeDecodeError:

@@ -35,7 +35,7 @@ from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.geometry import ModelGeometry
 from kvwatch.planner.layers import FULL, MAMBA, SLIDING
-from kvwatch.planner.versions import VllmVersion
+from kvwatch.values.versions import VllmVersion
 from kvwatch.vllm_releases.architectures import ARCHITECTURES
 from kvwatch.vllm_releases.kv_layout import (
     CPU_CONV_PREPACK_FLOAT_REFUSED,

@@ -7,7 +7,7 @@ from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.geometry import ModelGeometry
 from kvwatch.planner.rules import FP8_KV_DTYPES, PACKED_MLA_BYTES, BackendRule, RuleSet
-from kvwatch.planner.versions import VllmVersion
+from kvwatch.values.versions import VllmVersion
 from kvwatch.vllm_releases import DEFAULT_RELEASE
 from kvwatch.vllm_releases.cuda_kernel_blocks import (
     KernelContext,

@@ -41,8 +41,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvwatch.planner.config_values import positive_int as _int
 from kvwatch.planner.encoder_forward import VisionTower, vision_tower
+from kvwatch.values.config_values import positive_int as _int
 
 QWEN2_VL_IMAGE_TOKENS = 12_845_056 // (28 * 28)
 QWEN3_VL_IMAGE_TOKENS = 16_777_216 // (32 * 32)

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvwatch.planner.config_values import positive_int, positive_number
+from kvwatch.values.config_values import positive_int, positive_number
 
 _FUSED_NORM_FAMILIES = ("qwen2_5_vl",)            # fused add-RMSNorm in place: one less hidden state
 _GATED_FAMILIES = ("qwen2_5_vl",)                 # gate-up MLP

@@ -27,7 +27,7 @@ from kvwatch.planner.serve_options import (
     vllm_spelling,
 )
 from kvwatch.planner.units import parse_vllm_int
-from kvwatch.planner.versions import parse_version
+from kvwatch.values.versions import parse_version
 from kvwatch.vllm_releases import DEFAULT_RELEASE
 from kvwatch.vllm_releases.gdn_checkpoint import requested_gdn_prefill_backend
 from kvwatch.vllm_releases.release_defaults import defaults_for

@@ -15,6 +15,18 @@ from kvwatch.planner.engine_args import EngineCommand
 
 NOTHING = "nothing"   # describe() of the empty change
 
+# Every flag one of kvwatch's own changes sets or removes: the remedies, the plan's predicted fixes
+# that preflight applies, and the autopilot's KV-pressure changes. A persisted command may differ
+# from the configured one in these only (watchdog/persisted_command.py). tests/test_flag_change.py
+# reads every FlagChange the code builds (ast) and holds this set equal to their flags.
+CHANGED_FLAGS = frozenset({
+    "--attention-backend", "--block-size", "--disable-hybrid-kv-cache-manager", "--gpu-memory-utilization",
+    "--kv-cache-dtype", "--max-lora-rank", "--max-model-len", "--max-num-batched-tokens", "--max-num-seqs",
+    "--tensor-parallel-size",
+    # host memory, after the kernel's OOM killer (diagnosis/host_memory_remedies.py)
+    "--cpu-offload-gb", "--kv-offloading-size", "--max-parallel-loading-workers",
+})
+
 
 @dataclass(frozen=True)
 class FlagChange:

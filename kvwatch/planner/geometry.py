@@ -14,8 +14,8 @@ from kvwatch.planner.config_defaults import HEAD_DIM_DEFAULTS
 from kvwatch.planner.config_keys import standard_keys
 from kvwatch.planner.indexer import indexer_bytes_per_token
 from kvwatch.planner.layers import FULL, PURE_STATE_SPACE, LayerLayout, kimi_linear_layout, layer_layout
-from kvwatch.planner.versions import parse_version
 from kvwatch.planner.weights import WeightCount, count_model_weights
+from kvwatch.values.versions import parse_version
 from kvwatch.vllm_releases import resolve
 from kvwatch.vllm_releases.max_len_rules import MAX_LEN_RULES, MaxLenRules
 

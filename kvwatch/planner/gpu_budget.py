@@ -48,9 +48,10 @@ from kvwatch.planner.encoder_cache import (
 )
 from kvwatch.planner.encoder_forward import encoder_forward_bytes
 from kvwatch.planner.engine_args import EngineSettings
-from kvwatch.planner.versions import VllmVersion
 from kvwatch.planner.weights import WeightCount
+from kvwatch.values.versions import VllmVersion
 from kvwatch.vllm_releases import DEFAULT_RELEASE, resolve
+from kvwatch.vllm_releases.defaults_shape import CUDAGRAPH_ABSENT, ReleaseDefaults
 from kvwatch.vllm_releases.mllama_profile import (
     MLLAMA_ARCHITECTURE,
     V0_ONLY_SINCE,
@@ -59,12 +60,7 @@ from kvwatch.vllm_releases.mllama_profile import (
     vision_peak_bytes,
 )
 from kvwatch.vllm_releases.model_runner_v2 import TOTAL_CONSUMED_SINCE, penalty_state_bytes, runs_v2_runner
-from kvwatch.vllm_releases.release_defaults import (
-    CUDAGRAPH_ABSENT,
-    ReleaseDefaults,
-    api_batch_defaults,
-    defaults_for,
-)
+from kvwatch.vllm_releases.release_defaults import api_batch_defaults, defaults_for
 
 # Sampler peak per (request x vocabulary) element. Sort-based top-k/top-p: 4.76, 5.56, 5.64 and
 # 7.38 GiB on four H100 logs (1,024 requests; vocabularies 128,256-201,088) and 0.94-1.42 GiB on

@@ -14,7 +14,8 @@ import math
 from dataclasses import dataclass, replace
 
 from kvwatch.planner.layers import CHUNKED, FULL, MAMBA, SLIDING
-from kvwatch.planner.rules import BackendRule, BlockSizeRule, MultipleOf
+from kvwatch.planner.rules import BackendRule
+from kvwatch.values.block_sizes import BlockSizeRule, MultipleOf
 from kvwatch.vllm_releases.hybrid_alignment import HybridAlignment
 
 

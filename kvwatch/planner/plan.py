@@ -1,10 +1,12 @@
 """The KV cache plan: what vLLM will allocate for this model, these flags and this device (pure).
 
-Follows vLLM 0.32: page size per layer (v1/kv_cache_interface.py), bytes per block and
-num_blocks = available // bytes_per_block (v1/core/kv_cache_utils.py), one null block.
+Follows vLLM's own order: page size per layer (v1/kv_cache_interface.py), bytes per block and
+num_blocks = available // bytes_per_block (v1/core/kv_cache_utils.py), one null block. make_plan runs
+the steps below in turn; the bytes per token are kv_bytes.py's, the KV memory kv_memory.py's.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -15,12 +17,14 @@ from kvwatch.planner.architectures import refusals as _architecture_refusals
 from kvwatch.planner.backend_legality import backend_refusals
 from kvwatch.planner.backends import BackendChoice, choose_backend, kernel_context, with_release_kernel_blocks
 from kvwatch.planner.config_refusals import config_refusals
-from kvwatch.planner.devices import Device, GiB
+from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.flag_change import NO_CHANGE, FlagChange
 from kvwatch.planner.geometry import ModelGeometry
-from kvwatch.planner.gpu_budget import GpuBudget, api_defaults, decoder_layer_bytes, estimate_budget, release_for
+from kvwatch.planner.gpu_budget import GpuBudget, Release, api_defaults, release_for
+from kvwatch.planner.kv_bytes import TokenBytes, token_sizes
 from kvwatch.planner.kv_groups import (
+    Demand,
     KvGroups,
     hybrid_block_size,
     kv_groups,
@@ -32,25 +36,19 @@ from kvwatch.planner.kv_groups import (
     skip_layer_block_size,
     sliding_block_size,
 )
-from kvwatch.planner.layers import CHUNKED, MAMBA, SLIDING
+from kvwatch.planner.kv_memory import NO_MEMORY_INPUTS, MemoryInputs, kv_memory, no_memory_warning
+from kvwatch.planner.layers import CHUNKED, MAMBA
 from kvwatch.planner.predicted_refusal import (
     CONFIG_REFUSED,
     KV_CACHE_TOO_SMALL,
     MAMBA_CACHE_TOO_SMALL,
-    NO_KV_CACHE_MEMORY,
     PredictedRefusal,
 )
-from kvwatch.planner.rules import FP8_KV_DTYPES, PACKED_MLA_BYTES, BackendRule, BlockSizeRule, RuleSet
+from kvwatch.planner.rules import BackendRule, RuleSet
 from kvwatch.planner.scheduler import prefix_caching_on, request_demand
-from kvwatch.planner.versions import VllmVersion
-from kvwatch.planner.weights import (
-    gpu_weights_bytes,
-    mla_absorbed_bytes,
-    mxfp4_triton_hopper_bytes,
-    replicated_linear_bytes,
-)
-from kvwatch.vllm_releases import DEFAULT_RELEASE
-from kvwatch.vllm_releases.gdn_checkpoint import GDN_CHECKPOINT_BLOCKS, gdn_checkpoint_alignment
+from kvwatch.values.block_sizes import BlockSizeRule
+from kvwatch.values.versions import VllmVersion
+from kvwatch.vllm_releases.gdn_checkpoint import GDN_CHECKPOINT_BLOCKS
 from kvwatch.vllm_releases.hybrid_alignment import hybrid_alignment_for
 from kvwatch.vllm_releases.kv_layout import (
     CHUNKED_LOCAL_KEEPS_HYBRID_MANAGER,
@@ -62,31 +60,13 @@ from kvwatch.vllm_releases.kv_layout import (
     NULL_BLOCK_RESERVED_IN_CHECK,
     SLIDING_BLOCK_FROM_KERNEL,
     SLIDING_BLOCK_WITHIN_PRIMARY_PAGE,
-    SSM_FLOAT32_WITH_AVX512_BF16,
     grouping_rule_for,
-    mla_entry_elements,
 )
 from kvwatch.vllm_releases.kv_tokens_report import reported_kv_tokens
-from kvwatch.vllm_releases.skip_layer_pages import MLA_SKIP_LAYERS, SKIP_LAYER_PAGE_ALIGNMENT
+from kvwatch.vllm_releases.skip_layer_pages import SKIP_LAYER_PAGE_ALIGNMENT
 
-_DTYPE_BYTES = {"float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4}
-
-_CACHE_CONFIG_DEFAULT_BLOCK_SIZE = 16    # vLLM 0.32 config/cache.py:72 CacheConfig.DEFAULT_BLOCK_SIZE
-
-
-@dataclass(frozen=True)
-class MemoryInputs:
-    """What decides the KV memory, gathered by the caller (environment, NVML, state file)."""
-
-    cpu_kv_space_bytes: int | None = None    # VLLM_CPU_KVCACHE_SPACE, in bytes
-    weights_bytes: int | None = None         # weight files on disk
-    non_kv_bytes: int | None = None          # measured on an earlier run of this engine
-    vllm_version: VllmVersion | None = None  # the vLLM the plan is for (None: the newest kvwatch knows)
-    vllm_env: tuple[tuple[str, str], ...] = ()   # the environment variables its memory profile reads
-    flashinfer_installed: bool | None = None  # FlashInfer beside that vLLM (None: not known)
-
-
-NO_MEMORY_INPUTS = MemoryInputs()   # nothing measured: the planner's own defaults
+# The planner's entry: make_plan, its inputs and its answer (the inputs' type lives with the KV memory it sizes).
+__all__ = ["NO_MEMORY_INPUTS", "MemoryInputs", "Plan", "architecture_refusals", "architecture_unknowns", "make_plan"]
 
 
 @dataclass(frozen=True)
@@ -185,82 +165,6 @@ class Plan:
         return out
 
 
-def kv_dtype_bytes(kv_cache_dtype: str, model_dtype: str, config_dtype: str | None) -> int:
-    """Bytes per KV element: 8-bit names are 1; `auto` follows the model dtype."""
-    if kv_cache_dtype in FP8_KV_DTYPES or kv_cache_dtype in PACKED_MLA_BYTES:
-        return 1
-    if kv_cache_dtype in _DTYPE_BYTES:
-        return _DTYPE_BYTES[kv_cache_dtype]
-    if model_dtype != "auto":
-        return _DTYPE_BYTES.get(model_dtype, 2)
-    # vLLM's auto dtype downcasts float32 (and a missing dtype) to the platform's first: bf16.
-    return 2 if config_dtype in (None, "float32") else _DTYPE_BYTES.get(config_dtype, 2)
-
-
-def _gpu_budget(device: Device, settings: EngineSettings, geometry: ModelGeometry, memory: MemoryInputs,
-                model_bytes: int, max_model_len: int) -> GpuBudget:
-    """GPU: vLLM's own split of the card (planner/gpu_budget.py): total x utilization, minus the
-    weights, the profile's activation peak, non-torch memory and, where the release counts them, CUDA graphs."""
-    ranks = settings.tensor_parallel_size * settings.pipeline_parallel_size
-    weights = memory.weights_bytes if memory.weights_bytes is not None \
-        else _weights_from_geometry(geometry, model_bytes, settings, device)
-    weights = (weights + _kernel_format_bytes(geometry, settings, device, memory.vllm_version, weights,
-                                              model_bytes)) // ranks
-    return estimate_budget(settings, device, geometry.weight_count, weights, model_bytes, max_model_len,
-                           memory.vllm_version, dict(memory.vllm_env), memory.flashinfer_installed,
-                           quantized_experts=geometry.quantization is not None or settings.quantization is not None,
-                           mla=geometry.attention == "mla",
-                           replicated_linear_bytes=replicated_linear_bytes(geometry.weight_count, geometry.quantization,
-                                                                           model_bytes, settings.quantization)
-                           if geometry.weight_count is not None else 0,
-                           architectures=geometry.architectures, hybrid="mamba" in geometry.layer_kinds)
-
-
-def _estimate_gpu_kv_memory(device: Device, settings: EngineSettings, geometry: ModelGeometry,
-                            memory: MemoryInputs, model_bytes: int) -> int:
-    """The KV memory on a GPU: learned from an earlier launch's non-KV memory, else estimated."""
-    budget = _gpu_budget(device, settings, geometry, memory, model_bytes,
-                         settings.max_model_len or geometry.default_max_model_len)
-    if memory.non_kv_bytes is not None:
-        return max(0, budget.requested_bytes - memory.non_kv_bytes)
-    return budget.kv_cache_bytes
-
-
-def _kernel_format_bytes(geometry: ModelGeometry, settings: EngineSettings, device: Device,
-                         version: VllmVersion | None, weights: int, model_bytes: int) -> int:
-    """What the kernels' weight formats add to the checkpoint's `weights` (all ranks) once loaded:
-    MXFP4 experts under the Triton backend on Hopper (weights.mxfp4_triton_hopper_bytes); V0 0.7.x's
-    absorbed MLA matrices (weights.mla_absorbed_bytes, per rank: times the ranks)."""
-    count = geometry.weight_count
-    if count is None:
-        return 0
-    parts = (version or DEFAULT_RELEASE).parts
-    method = str((geometry.quantization or {}).get("quant_method", "")).lower()
-    if geometry.attention == "mla" and device.platform == "cuda":
-        fp8 = method == "fp8" or settings.quantization == "fp8"
-        ranks = settings.tensor_parallel_size * settings.pipeline_parallel_size
-        absorbed = ranks * mla_absorbed_bytes(count, settings.tensor_parallel_size, model_bytes, fp8, parts)
-        if absorbed and settings.cpu_offload_gb > 0:
-            # made from the layer's own weights, so they stay in host memory with an offloaded layer
-            layers = decoder_layer_bytes(weights, count, model_bytes)
-            moved = min(1.0, settings.cpu_offload_gb * GiB * ranks / layers) if layers > 0 else 1.0
-            absorbed = int(absorbed * (1.0 - moved))
-        return absorbed
-    if method != "mxfp4":
-        return 0
-    return mxfp4_triton_hopper_bytes(count, settings.tensor_parallel_size, device.compute_capability, parts)
-
-
-def _weights_from_geometry(geometry: ModelGeometry, model_bytes: int, settings: EngineSettings, device: Device) -> int:
-    """The weights from config.json's shapes and quantization_config (or `--quantization`); their
-    files, when present, win (MemoryInputs.weights_bytes)."""
-    if geometry.weight_count is None:
-        return 0
-    return gpu_weights_bytes(geometry.weight_count, geometry.quantization, model_bytes,
-                             settings.quantization, settings.model, settings.tensor_parallel_size,
-                             device.compute_capability)
-
-
 def architecture_refusals(geometry: ModelGeometry, settings: EngineSettings, device: Device,
                           version: VllmVersion | None = None) -> list[PredictedRefusal]:
     """vLLM's refusals of this architecture on this platform (planner/architectures.py)."""
@@ -271,76 +175,100 @@ def architecture_refusals(geometry: ModelGeometry, settings: EngineSettings, dev
 def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device, rules: RuleSet,
               memory: MemoryInputs = NO_MEMORY_INPUTS, allow_long_max_model_len: bool = False) -> Plan:
     """The planner's one entry point (pure): the KV cache vLLM will build for this model, these
-    flags and this device, and what it will refuse. In order: the refusals of the configuration
-    (config_refusals), the block size and backend vLLM will pick, the bytes per token and per block,
-    the layers of one worker in vLLM's KV cache groups, the KV memory (a flag or the environment
-    fixes it, else the learned non-KV memory, else vLLM's own profile estimated) and the blocks it
-    holds, the padding by cause, and the predicted failures, each with the flag change that avoids it.
+    flags and this device, and what it will refuse, each refusal with the flag change that avoids
+    it. The steps, in order: (1) the refusals of the configuration, (2) the backend vLLM will pick,
+    (3) the bytes per token of each layer, (4) the block size, (5) the layers of one worker in vLLM's
+    KV cache groups, (6) the KV memory and the blocks it holds, (7) the tokens and requests they
+    hold, (8) the predicted failures of a cache too small, (9) the padding by cause.
     The watchdog's entry is kvwatch.watchdog.preflight.plan_with_learned, the boundary's
     kvwatch.boundary.plan_loader.plan_command (they read config.json and the environment)."""
     refusals = config_refusals(geometry, settings, allow_long_max_model_len)
-    # Plan the rest as vLLM would once the refused values are fixed (no division by a zero block).
+    release = release_for(memory.vllm_version, dict(memory.vllm_env))
+    settings = _plannable(settings, release)
+    rules, choice, shape = _backend(geometry, settings, device, rules, memory)
+    warnings: list[PredictedRefusal] = list(refusals) + architecture_refusals(geometry, settings, device,
+                                                                                  memory.vllm_version)
+    if geometry.attention != "none":
+        warnings.extend(backend_refusals(choice, rules, device, geometry, settings))
+    sizes = token_sizes(geometry, settings, device, memory.vllm_version, dict(memory.vllm_env))
+    block_size, block_source, shared_page = _block_size(geometry, settings, device, memory, release, shape, sizes)
+    page = block_size * sizes.per_token_layer   # before the groups settle the engine's block size
+    groups, block_size, block_source = _layers(geometry, settings, memory.vllm_version, shape, sizes, block_size,
+                                               block_source, shared_page, warnings)
+    blocks = _blocks(device, settings, geometry, memory, sizes.model_bytes, groups.bytes_per_block)
+    max_len, demand = _fitted_length(geometry, settings, device, release, groups, blocks)
+    tokens, concurrency = groups.capacity(blocks.num_blocks, demand) if blocks.num_blocks else (0, 0.0)
+    tokens = reported_kv_tokens(tokens, blocks.num_blocks, len(groups.groups), block_size, memory.vllm_version)
+    warnings.extend(_capacity_refusals(geometry, settings, device, memory, release, sizes, groups, blocks,
+                                       demand, max_len))
+    backend = choice.backend
+    return Plan(
+        model=settings.model, device=device.name, compute_capability=device.sm,
+        attention=geometry.attention, backend=backend.name if backend else None,
+        block_size=block_size, block_size_source=block_source, kv_cache_dtype=settings.kv_cache_dtype,
+        dtype_bytes=sizes.dtype_bytes, kv_bytes_per_token_per_layer=sizes.per_token_layer,
+        kv_bytes_per_token=sum(sizes.layer_token_bytes), page_size_bytes=page,
+        layers_per_block=groups.group_size, bytes_per_block=groups.bytes_per_block,
+        kv_memory_bytes=blocks.kv_memory, kv_memory_source=blocks.source, num_blocks=blocks.num_blocks,
+        kv_cache_tokens=tokens, max_model_len=max_len, max_concurrency=concurrency,
+        estimated=blocks.estimated, padding_bytes=_padding(settings, sizes, groups, blocks, demand, block_size),
+        warnings=tuple(warnings), backend_reasons=choice.reasons,
+        data_parallel_size=max(1, settings.data_parallel_size),
+        pipeline_parallel_size=max(1, settings.pipeline_parallel_size),
+        kv_cache_groups=len(groups.groups), padding_layers=groups.padding_layers,
+        blocks_per_request=groups.blocks_per_request(demand),
+        recurrent_state_bytes=sizes.state_bytes, max_model_len_fitted=settings.max_model_len_auto,
+        gpu_budget=blocks.budget,
+        unknown_layer_types=geometry.layout.unknown_layer_types + architecture_unknowns(geometry, memory.vllm_version),
+        indexer_bytes_per_token=geometry.indexer_bytes_per_token if device.platform == "cuda" else 0)
+
+
+def _plannable(settings: EngineSettings, release: Release) -> EngineSettings:
+    """Step 1's sequel: the settings planned as vLLM would once the refused values are fixed (no
+    division by a zero block, the release's utilization for one out of range)."""
     if settings.block_size is not None and settings.block_size <= 0:
         settings = replace(settings, block_size=None)
-    release = release_for(memory.vllm_version, dict(memory.vllm_env))
     if not 0 < settings.gpu_memory_utilization <= 1:
         settings = replace(settings, gpu_memory_utilization=release.default_utilization,
                            gpu_memory_utilization_given=False)
-    kv_dtype = settings.kv_cache_dtype
-    attention_free = geometry.attention == "none"
+    return settings
+
+
+def _backend(geometry: ModelGeometry, settings: EngineSettings, device: Device, rules: RuleSet,
+             memory: MemoryInputs) -> tuple[RuleSet, BackendChoice, BackendRule | None]:
+    """Step 2: the rules in force, the backend vLLM picks, and the backend whose block sizes shape the
+    cache. With no valid backend, the first in vLLM's order stands in: vLLM sizes the cache with it
+    before a kernel refuses (seen: CPU fp8 without AVX-512 sizes 128-token blocks, then fails)."""
     if device.platform == "cuda":   # the release's kernel block sizes for this model and card
         rules = with_release_kernel_blocks(rules, memory.vllm_version, kernel_context(geometry, device, settings))
     # A pure state-space model has no attention layer, so no attention backend to choose.
-    choice = BackendChoice(None, (), {}) if attention_free else choose_backend(
-        rules, device, geometry, kv_dtype, settings.block_size, settings.attention_backend)
-    warnings: list[PredictedRefusal] = list(refusals) + architecture_refusals(geometry, settings, device,
-                                                                                  memory.vllm_version)
-    backend = choice.backend
+    choice = BackendChoice(None, (), {}) if geometry.attention == "none" else choose_backend(
+        rules, device, geometry, settings.kv_cache_dtype, settings.block_size, settings.attention_backend)
+    shape = choice.backend or next((b for b in map(rules.backend, choice.candidates) if b is not None), None)
+    return rules, choice, shape
 
-    # -- block size: the flag, else the backend's preference; some platforms override both.
-    # With no valid backend, the first in vLLM's order stands in: vLLM sizes the cache with it
-    # before a kernel refuses (seen: CPU fp8 without AVX-512 sizes 128-token blocks, then fails).
-    shape = backend or next((b for b in map(rules.backend, choice.candidates) if b is not None), None)
-    block_size, block_source = _attention_block_size(shape, device, geometry, settings)
-    if not attention_free:
-        warnings.extend(backend_refusals(choice, rules, device, geometry, settings))
 
-    # -- bytes: one token of one attention layer, one page.
-    dtype_bytes = kv_dtype_bytes(kv_dtype, settings.dtype, geometry.config_dtype)
-    model_bytes = kv_dtype_bytes("auto", settings.dtype, geometry.config_dtype)   # the weights' and states' dtype
-    if geometry.attention == "mla":   # one latent per token; every TP rank holds all of it
-        entry = mla_entry_elements(geometry.head_size, model_bytes, memory.vllm_version, device.platform,
-                                   dict(memory.vllm_env)) * dtype_bytes   # 0.7.x pads it (kv_layout.py)
-        per_token_layer = PACKED_MLA_BYTES.get(kv_dtype, entry)
-        packed_extra = max(0, per_token_layer - entry)
-    else:
-        per_token_layer = _token_bytes(geometry.num_kv_heads, geometry.head_size, settings, dtype_bytes)
-        packed_extra = 0
-    # Per cache layer where layers differ (Gemma 4: wider full-attention heads, fewer KV heads).
-    # Layers kept out of quantization (--kv-cache-dtype-skip-layers) keep the model's dtype.
-    # An MLA layer reads only its index there, and only from 0.26 (vllm_releases/skip_layer_pages.py).
-    skip = settings.kv_cache_dtype_skip_layers if kv_dtype != "auto" else ()
-    mla = geometry.attention == "mla"
-    layer_skip = tuple(s for s in skip if s.isdigit()) if mla and MLA_SKIP_LAYERS.holds(memory.vllm_version) \
-        else () if mla else skip
-    skip_token = mla_entry_elements(geometry.head_size, model_bytes, memory.vllm_version, device.platform,
-                                    dict(memory.vllm_env)) * model_bytes if mla else \
-        _token_bytes(geometry.num_kv_heads, geometry.head_size, settings, model_bytes)
-    layer_token_bytes = _layer_token_bytes(geometry, settings, dtype_bytes, per_token_layer, model_bytes, layer_skip,
-                                           skip_token)
-    state_bytes = _recurrent_state_bytes(geometry, settings, model_bytes, device, memory.vllm_version)
-    checkpoint_alignment = _gdn_checkpoint_alignment(geometry, settings, device, memory.vllm_version)
+def _block_size(geometry: ModelGeometry, settings: EngineSettings, device: Device, memory: MemoryInputs,
+                release: Release, shape: BackendRule | None, sizes: TokenBytes) -> tuple[int, str, int | None]:
+    """Step 4: the block size, where it comes from, and the skip layers' shared page (None: none).
+    The flag, else the backend's preference (some platforms override both); raised so a hybrid's page
+    holds the recurrent state, and so a quantized page covers the skip layers' page."""
+    version, attention_free = memory.vllm_version, geometry.attention == "none"
+    default_block = release.defaults.block_size   # vLLM's default --block-size (vllm_releases/defaults.py)
+    block_size, block_source = _attention_block_size(shape, device, geometry, settings, default_block)
+    state_bytes, mla = sizes.state_bytes, geometry.attention == "mla"
     if state_bytes and shape is not None and not attention_free:   # a hybrid: attention pages hold a state
         aligned = hybrid_block_size(hybrid_alignment_for(release.defaults.release), shape, block_size,
-                                    per_token_layer, state_bytes, geometry.attention == "mla", checkpoint_alignment)
+                                    sizes.per_token_layer, state_bytes, mla, sizes.checkpoint_alignment)
         if aligned > block_size:
             block_size, block_source = aligned, "raised so a page holds the recurrent state"
     shared_page = None
-    if skip and shape is not None and SKIP_LAYER_PAGE_ALIGNMENT.holds(memory.vllm_version):
-        hybrid_page = block_size * per_token_layer if state_bytes and not attention_free else None
+    if sizes.skip_layers and shape is not None and SKIP_LAYER_PAGE_ALIGNMENT.holds(version):
+        hybrid_page = block_size * sizes.per_token_layer if state_bytes and not attention_free else None
         # the platform's pages per token: a FullAttentionSpec's, MLA's too (skip_layer_pages.py)
-        primary_token, platform_skip_token = platform_skip_pages(1, geometry.head_size, dtype_bytes, model_bytes) \
-            if mla else (per_token_layer, skip_token)
+        primary_token, platform_skip_token = platform_skip_pages(1, geometry.head_size, sizes.dtype_bytes,
+                                                                 sizes.model_bytes) \
+            if mla else (sizes.per_token_layer, sizes.skip_token)
         grown, shared_page, _ = skip_layer_block_size(
             shape, block_size, primary_token, platform_skip_token, hybrid_page if hybrid_page != state_bytes else None)
         if mla:
@@ -348,109 +276,133 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
         if grown > block_size:
             block_size, block_source = grown, "raised so the quantized page covers the skip layers' page " \
                                               f"({SKIP_LAYER_PAGE_ALIGNMENT.source})"
-    derived_len = geometry.default_max_model_len
-    max_len = settings.max_model_len or derived_len
     if attention_free and not prefix_caching_on(geometry, settings):
         # model_executor/models/config.py MambaModelConfig: without prefix caching a state block
         # covers max_model_len, and the engine's block size is its groups' smallest
-        block_size, block_source = max_len, "the max model len: one state block per request"
+        block_size, block_source = settings.max_model_len or geometry.default_max_model_len, \
+            "the max model len: one state block per request"
     elif attention_free:
         # MambaModelConfig copies the block size in force when it runs, before any platform sets its
         # own default; with no attention layer nothing aligns it again (recorded on the CPU engine)
-        block_size = settings.block_size or _CACHE_CONFIG_DEFAULT_BLOCK_SIZE
+        block_size = settings.block_size or default_block
         block_source = "flag" if settings.block_size else "vLLM's CacheConfig default (no attention backend)"
-    page = block_size * per_token_layer
+    return block_size, block_source, shared_page
 
-    # -- the layers of one worker (the fullest pipeline stage), grouped as vLLM groups them.
-    # Sliding-window layers start from a kernel block of their own in some releases (kv_layout.py).
-    sliding_block = sliding_block_size(shape.block_sizes, block_size, SLIDING_BLOCK_FROM_KERNEL.holds(memory.vllm_version),
-                                       SLIDING_BLOCK_WITHIN_PRIMARY_PAGE.holds(memory.vllm_version)) \
+
+def _layers(geometry: ModelGeometry, settings: EngineSettings, version: VllmVersion | None,
+            shape: BackendRule | None, sizes: TokenBytes, block_size: int, block_source: str,
+            shared_page: int | None, warnings: list[PredictedRefusal]) -> tuple[KvGroups, int, str]:
+    """Step 5: the layers of one worker (the fullest pipeline stage), grouped as vLLM groups them,
+    and the block size once the groups have theirs; vLLM's refusals of the grouping join `warnings`.
+    Sliding-window layers start from a kernel block of their own in some releases (kv_layout.py)."""
+    sliding_block = sliding_block_size(shape.block_sizes, block_size, SLIDING_BLOCK_FROM_KERNEL.holds(version),
+                                       SLIDING_BLOCK_WITHIN_PRIMARY_PAGE.holds(version)) \
         if shape is not None else block_size
-    groups, grouping_refusals = _kv_groups(geometry, settings, block_size, layer_token_bytes, state_bytes,
-                                           memory.vllm_version, sliding_block, checkpoint_alignment is not None,
+    groups, grouping_refusals = _kv_groups(geometry, settings, block_size, sizes.layer_token_bytes, sizes.state_bytes,
+                                           version, sliding_block, sizes.checkpoint_alignment is not None,
                                            shared_page, shape.block_sizes if shape is not None else ())
     warnings.extend(grouping_refusals)
-    bytes_per_block = groups.bytes_per_block
     # The engine's block size is its groups' smallest (vLLM 0.28.0, vllm/v1/engine/core.py:322).
     smallest_group_block = min((groups.specs[g[0]].block_size for g in groups.groups), default=block_size)
     if smallest_group_block < block_size:
-        rule = SLIDING_BLOCK_WITHIN_PRIMARY_PAGE if SLIDING_BLOCK_WITHIN_PRIMARY_PAGE.holds(memory.vllm_version) \
+        rule = SLIDING_BLOCK_WITHIN_PRIMARY_PAGE if SLIDING_BLOCK_WITHIN_PRIMARY_PAGE.holds(version) \
             else SLIDING_BLOCK_FROM_KERNEL
         block_size = smallest_group_block
         block_source = f"the sliding-window layers' blocks, unified to the full ones' page ({rule.source})"
     warnings.extend(_shared_layer_warnings(geometry, settings, groups))
+    return groups, block_size, block_source
 
-    # -- memory for the KV cache, and blocks.
-    kv_memory, kv_source, estimated, budget = _kv_memory(device, settings, geometry, memory, model_bytes)
-    num_blocks = kv_memory // bytes_per_block
+
+@dataclass(frozen=True)
+class _Blocks:
+    """Step 6's answer: the KV memory, where it comes from, and the blocks it holds."""
+
+    kv_memory: int
+    source: str
+    estimated: bool
+    budget: GpuBudget | None   # the GPU split it was estimated from
+    num_blocks: int
+    bytes_per_block: int
+    check_memory: int          # what vLLM checks one request against
+
+
+def _blocks(device: Device, settings: EngineSettings, geometry: ModelGeometry, memory: MemoryInputs,
+            model_bytes: int, bytes_per_block: int) -> _Blocks:
+    """Step 6: the KV memory (a flag or the environment fixes it, else the learned non-KV memory,
+    else vLLM's own profile estimated) and the blocks it holds."""
+    memory_bytes, source, estimated, budget = kv_memory(device, settings, geometry, memory, model_bytes)
+    num_blocks = memory_bytes // bytes_per_block
     if settings.num_gpu_blocks_override is not None:
-        num_blocks, kv_source = settings.num_gpu_blocks_override, "--num-gpu-blocks-override"
+        num_blocks, source = settings.num_gpu_blocks_override, "--num-gpu-blocks-override"
         estimated = False
     # vLLM plans one request against the blocks the null block leaves (get_kv_cache_configs), from
     # 0.29; before, against the whole memory (vllm_releases/kv_layout.py NULL_BLOCK_RESERVED_IN_CHECK).
     null_block = bytes_per_block if NULL_BLOCK_RESERVED_IN_CHECK.holds(memory.vllm_version) else 0
     check_memory = num_blocks * bytes_per_block - null_block \
-        if settings.num_gpu_blocks_override is not None else kv_memory - null_block
+        if settings.num_gpu_blocks_override is not None else memory_bytes - null_block
+    return _Blocks(memory_bytes, source, estimated, budget, num_blocks, bytes_per_block, check_memory)
 
+
+def _fitted_length(geometry: ModelGeometry, settings: EngineSettings, device: Device, release: Release,
+                   groups: KvGroups, blocks: _Blocks) -> tuple[int, Demand]:
+    """Step 7: the max model len (`--max-model-len auto`: the longest the blocks hold) and what one
+    request of it asks of the cache."""
+    derived_len = geometry.default_max_model_len
+    max_len = settings.max_model_len or derived_len
     demand = request_demand(geometry, settings, device, max_len, release)
     if settings.max_model_len_auto and settings.max_model_len is None:
-        fitted = groups.auto_fit_max_model_len(check_memory, demand, derived_len) if check_memory > 0 else 0
+        check = blocks.check_memory
+        fitted = groups.auto_fit_max_model_len(check, demand, derived_len) if check > 0 else 0
         max_len = min(derived_len, fitted) if fitted > 0 else derived_len
         demand = request_demand(geometry, settings, device, max_len, release)
-    tokens, concurrency = groups.capacity(num_blocks, demand) if num_blocks else (0, 0.0)
-    tokens = reported_kv_tokens(tokens, num_blocks, len(groups.groups), block_size, memory.vllm_version)
+    return max_len, demand
 
-    if num_blocks <= 1 or check_memory <= 0:
-        warnings.append(_no_memory_warning(device, settings, geometry, memory, model_bytes,
-                                           kv_memory, bytes_per_block, estimated, budget))
-    elif groups.memory_for(demand, max_len) > check_memory:
-        fit = groups.auto_fit_max_model_len(check_memory, demand, max_len)
+
+def _capacity_refusals(geometry: ModelGeometry, settings: EngineSettings, device: Device, memory: MemoryInputs,
+                       release: Release, sizes: TokenBytes, groups: KvGroups, blocks: _Blocks, demand: Demand,
+                       max_len: int) -> list[PredictedRefusal]:
+    """Step 8: no block fits; a request of max model len does not; more sequences than Mamba blocks."""
+    num_blocks, certain = blocks.num_blocks, not blocks.estimated
+    found = []
+    if num_blocks <= 1 or blocks.check_memory <= 0:
+        found.append(no_memory_warning(device, settings, geometry, memory, sizes.model_bytes, blocks.kv_memory,
+                                       blocks.bytes_per_block, blocks.estimated, blocks.budget))
+    elif groups.memory_for(demand, max_len) > blocks.check_memory:
+        fit = groups.auto_fit_max_model_len(blocks.check_memory, demand, max_len)
         needed = groups.blocks_per_request(demand)
-        warnings.append(PredictedRefusal(
+        found.append(PredictedRefusal(
             KV_CACHE_TOO_SMALL,
             f"max model len {max_len} needs {needed} blocks per request; "
             f"the KV cache holds {num_blocks - 1} usable blocks (max model len {fit} fits)",
-            FlagChange({"--max-model-len": fit}) if fit > 0 else NO_CHANGE, certain=not estimated))
+            FlagChange({"--max-model-len": fit}) if fit > 0 else NO_CHANGE, certain=certain))
     seqs = settings.max_num_seqs or api_defaults(device, settings, release)[1]
-    if state_bytes and device.platform == "cuda" and not settings.enforce_eager and 1 < num_blocks < seqs:
-        warnings.append(PredictedRefusal(
+    if sizes.state_bytes and device.platform == "cuda" and not settings.enforce_eager and 1 < num_blocks < seqs:
+        found.append(PredictedRefusal(
             MAMBA_CACHE_TOO_SMALL,
             f"max num seqs {seqs} exceeds the {num_blocks} Mamba cache blocks: vLLM refuses to capture "
             f"CUDA graphs (each decoding sequence needs one block)", FlagChange({"--max-num-seqs": num_blocks}),
-            certain=not estimated))
+            certain=certain))
+    return found
 
-    by_cause = groups.padding_bytes(num_blocks, demand)
-    padding = {
-        "packed_layout": packed_extra * block_size * groups.group_size * num_blocks,
+
+def _padding(settings: EngineSettings, sizes: TokenBytes, groups: KvGroups, blocks: _Blocks, demand: Demand,
+             block_size: int) -> dict[str, int]:
+    """Step 9: the bytes of the cache that hold no token, by cause."""
+    by_cause = groups.padding_bytes(blocks.num_blocks, demand)
+    return {
+        "packed_layout": sizes.packed_extra * block_size * groups.group_size * blocks.num_blocks,
         "page_padding": by_cause["page_padding"],
         "state_padding": by_cause["state_padding"],
         "alignment": 0,
         "layer_padding": by_cause["layer_padding"],
-        "remainder": max(0, kv_memory - num_blocks * bytes_per_block)
+        "remainder": max(0, blocks.kv_memory - blocks.num_blocks * blocks.bytes_per_block)
         if settings.num_gpu_blocks_override is None else 0,
-        "null_block": bytes_per_block if num_blocks else 0,
+        "null_block": blocks.bytes_per_block if blocks.num_blocks else 0,
     }
-    return Plan(
-        model=settings.model, device=device.name, compute_capability=device.sm,
-        attention=geometry.attention, backend=backend.name if backend else None,
-        block_size=block_size, block_size_source=block_source, kv_cache_dtype=kv_dtype,
-        dtype_bytes=dtype_bytes, kv_bytes_per_token_per_layer=per_token_layer,
-        kv_bytes_per_token=sum(layer_token_bytes), page_size_bytes=page,
-        layers_per_block=groups.group_size, bytes_per_block=bytes_per_block,
-        kv_memory_bytes=kv_memory, kv_memory_source=kv_source, num_blocks=num_blocks,
-        kv_cache_tokens=tokens, max_model_len=max_len, max_concurrency=concurrency,
-        estimated=estimated, padding_bytes=padding, warnings=tuple(warnings),
-        backend_reasons=choice.reasons, data_parallel_size=max(1, settings.data_parallel_size),
-        pipeline_parallel_size=max(1, settings.pipeline_parallel_size),
-        kv_cache_groups=len(groups.groups), padding_layers=groups.padding_layers,
-        blocks_per_request=groups.blocks_per_request(demand),
-        recurrent_state_bytes=state_bytes, max_model_len_fitted=settings.max_model_len_auto, gpu_budget=budget,
-        unknown_layer_types=geometry.layout.unknown_layer_types + architecture_unknowns(geometry, memory.vllm_version),
-        indexer_bytes_per_token=geometry.indexer_bytes_per_token if device.platform == "cuda" else 0)
 
 
 def _attention_block_size(shape: BackendRule | None, device: Device, geometry: ModelGeometry,
-                          settings: EngineSettings) -> tuple[int, str]:
+                          settings: EngineSettings, default_block: int) -> tuple[int, str]:
     """The block size of the attention layers and where it comes from: the flag, else the backend's
     preference; some platforms override both."""
     # platforms/cpu.py: with AMX tiles MLA runs on the AMX kernel, which forces no block size
@@ -462,27 +414,7 @@ def _attention_block_size(shape: BackendRule | None, device: Device, geometry: M
         return 128, "platform default (AMX MLA kernel)"
     if settings.block_size is not None:
         return settings.block_size, "flag"
-    return (shape.preferred_block_size if shape else 16), "backend default"
-
-
-def _kv_memory(device: Device, settings: EngineSettings, geometry: ModelGeometry, memory: MemoryInputs,
-               model_bytes: int) -> tuple[int, str, bool, GpuBudget | None]:
-    """The memory given to the KV cache, where it comes from, whether it is estimated, and the GPU
-    budget it was estimated from: a flag or the environment fixes it, else the learned non-KV
-    memory, else vLLM's own profile estimated."""
-    if device.platform == "cpu" and memory.cpu_kv_space_bytes:
-        return memory.cpu_kv_space_bytes, "VLLM_CPU_KVCACHE_SPACE", False, None
-    if settings.kv_cache_memory_bytes is not None:
-        return settings.kv_cache_memory_bytes, "--kv-cache-memory-bytes", False, None
-    if device.platform == "cuda" and device.total_memory_bytes and memory.non_kv_bytes is not None:
-        return (_estimate_gpu_kv_memory(device, settings, geometry, memory, model_bytes),
-                "learned: total x utilization - the non-KV memory of an earlier launch", False, None)
-    if device.platform == "cuda" and device.total_memory_bytes:
-        budget = _gpu_budget(device, settings, geometry, memory, model_bytes,
-                             settings.max_model_len or geometry.default_max_model_len)
-        return (budget.kv_cache_bytes, "estimate: total x utilization - weights - activation - non-torch",
-                True, budget)
-    return 4 * GiB, "estimate: unknown device memory", True, None
+    return (shape.preferred_block_size if shape else default_block), "backend default"
 
 
 def architecture_unknowns(geometry: ModelGeometry, version: VllmVersion | None) -> tuple[str, ...]:
@@ -491,103 +423,7 @@ def architecture_unknowns(geometry: ModelGeometry, version: VllmVersion | None) 
                            MAMBA in geometry.layout.kinds, str(version) if version else None, IN_TRANSFORMERS)
 
 
-def _no_memory_warning(device: Device, settings: EngineSettings, geometry: ModelGeometry,
-                       memory: MemoryInputs, model_bytes: int, kv_memory: int, bytes_per_block: int,
-                       estimated: bool, budget: GpuBudget | None) -> PredictedRefusal:
-    """No KV block fits, and the flag that frees one: `budget` is the estimated split the KV memory
-    came from (None: a flag, the CPU's space or a learned figure set it)."""
-    message = f"no memory is left for KV cache blocks ({kv_memory:,} B for {bytes_per_block:,} B per block)"
-    if settings.kv_cache_memory_bytes is not None:   # the flag sets the KV memory: no other flag moves it
-        return PredictedRefusal(NO_KV_CACHE_MEMORY, message + "; --kv-cache-memory-bytes sets it: raise it",
-                                NO_CHANGE, certain=not estimated)
-    if device.platform == "cuda" and device.total_memory_bytes and settings.gpu_memory_utilization < 0.95:
-        higher = replace(settings, gpu_memory_utilization=0.95, gpu_memory_utilization_given=True)
-        if _estimate_gpu_kv_memory(device, higher, geometry, memory, model_bytes) >= 2 * bytes_per_block:
-            return PredictedRefusal(NO_KV_CACHE_MEMORY, message, FlagChange({"--gpu-memory-utilization": 0.95}),
-                            certain=not estimated)
-    # The profile's peak grows with its dummy sequences (the sampler's logits; V0 Llama 3.2 Vision's
-    # one image each): the most sequences, halving, that leave the KV cache two blocks.
-    seqs = budget.max_num_seqs if budget is not None else 1
-    while seqs > 1:
-        seqs //= 2
-        fewer = replace(settings, max_num_seqs=seqs)
-        if _estimate_gpu_kv_memory(device, fewer, geometry, memory, model_bytes) >= 2 * bytes_per_block:
-            return PredictedRefusal(NO_KV_CACHE_MEMORY, message + "; the memory profile's peak grows with "
-                                    "max_num_seqs", FlagChange({"--max-num-seqs": seqs}), certain=not estimated)
-    return PredictedRefusal(NO_KV_CACHE_MEMORY, message + "; no flag frees enough: more GPUs "
-                    "(--tensor-parallel-size), a quantized checkpoint or a smaller model", NO_CHANGE,
-                    certain=not estimated)
-
-
-def _gdn_checkpoint_alignment(geometry: ModelGeometry, settings: EngineSettings, device: Device,
-                              version: VllmVersion | None) -> int | None:
-    """The prefill checkpoint alignment of a Qwen gated delta net hybrid's state layers, where the
-    release and the device make them export checkpoints (vllm_releases/gdn_checkpoint.py); None else."""
-    state = geometry.layout.state
-    if state is None or state.family != "gated_delta_net" or geometry.attention == "none":
-        return None
-    align = prefix_caching_on(geometry, settings, version)   # mamba_cache_mode "align"
-    return gdn_checkpoint_alignment(version, device.platform, device.compute_capability, state.state_size, align,
-                                    settings.gdn_prefill_backend)
-
-
-def _recurrent_state_bytes(geometry: ModelGeometry, settings: EngineSettings, model_bytes: int,
-                           device: Device, version: VllmVersion | None = None) -> int:
-    """One Mamba/linear-attention layer's state on one TP rank (MambaSpec.page_size_bytes before
-    padding): conv state in --mamba-cache-dtype, SSM state in --mamba-ssm-cache-dtype, each
-    "auto" meaning the model's dtype (the SSM state: the model's own choice where it has one)."""
-    state = geometry.layout.state
-    if state is None:
-        return 0
-    conv, ssm = state.element_counts(max(1, settings.tensor_parallel_size))
-    conv_bytes = _DTYPE_BYTES.get(settings.mamba_cache_dtype, model_bytes)
-    ssm_name = settings.mamba_ssm_cache_dtype if settings.mamba_ssm_cache_dtype != "auto" else state.ssm_dtype
-    if device.platform == "cpu" and ssm_name != "float32" and _cpu_resets_ssm_to_float32(
-            device, state.family, ssm_name, version):
-        ssm_name = "float32"
-    ssm_bytes = _DTYPE_BYTES.get(ssm_name or "", conv_bytes)
-    return conv * conv_bytes + ssm * ssm_bytes
-
-
-def _cpu_resets_ssm_to_float32(device: Device, family: str, ssm_name: str | None, version: VllmVersion | None) -> bool:
-    """platforms/cpu.py: the accelerated CPU state kernels keep SSM states in float32 (16-bit kept
-    only when asked for, by the gated-delta-net kernel) wherever AVX-512 BF16 is there; before 0.29,
-    with AMX tiles only (vllm_releases/kv_layout.py SSM_FLOAT32_WITH_AVX512_BF16)."""
-    if not SSM_FLOAT32_WITH_AVX512_BF16.holds(version):
-        return device.cpu_amx
-    return device.cpu_avx512_bf16 and not (family == "gated_delta_net" and ssm_name in ("float16", "bfloat16"))
-
-
-def _token_bytes(kv_heads: int, head_size: int, settings: EngineSettings, dtype_bytes: int) -> int:
-    """One token of one attention layer on one TP rank: K and V of its KV heads (at least one head
-    per rank: vLLM replicates KV heads when TP exceeds them)."""
-    return max(1, kv_heads // settings.tensor_parallel_size) * 2 * head_size * dtype_bytes
-
-
-def _layer_token_bytes(geometry: ModelGeometry, settings: EngineSettings, dtype_bytes: int,
-                       uniform: int, model_bytes: int = 0, skip: tuple[str, ...] = (),
-                       skip_token: int | None = None) -> list[int]:
-    """Bytes per token of each cache layer (a state layer: 0), in model order; a layer `skip` names
-    (its index, or "sliding_window" for a sliding one: vLLM 0.33.0,
-    vllm/model_executor/layers/attention/attention.py:300) in the model's dtype, `skip_token` bytes
-    a token where the layers are alike (default: K and V of the model's heads)."""
-    layout = geometry.layout
-
-    def skipped(index: int, layer_kind: str) -> bool:
-        return str(index) in skip or (layer_kind == SLIDING and "sliding_window" in skip)
-
-    if layout.head_sizes is None or layout.kv_heads is None or geometry.attention == "mla":
-        wide = uniform if not skip else skip_token if skip_token is not None else \
-            _token_bytes(geometry.num_kv_heads, geometry.head_size, settings, model_bytes)
-        return [0 if layer_kind == MAMBA else wide if skipped(i, layer_kind) else uniform
-                for i, layer_kind in enumerate(layout.kinds)]
-    return [0 if layer_kind == MAMBA else
-            _token_bytes(heads, size, settings, model_bytes if skipped(i, layer_kind) else dtype_bytes)
-            for i, (layer_kind, size, heads) in enumerate(zip(layout.kinds, layout.head_sizes, layout.kv_heads,
-                                                              strict=True))]
-
-
-def _kv_groups(geometry: ModelGeometry, settings: EngineSettings, block_size: int, token_bytes: list[int],
+def _kv_groups(geometry: ModelGeometry, settings: EngineSettings, block_size: int, token_bytes: Sequence[int],
                state_bytes: int, version: VllmVersion | None = None,
                sliding_block: int | None = None, gdn_checkpoint: bool = False, shared_page: int | None = None,
                kernel_sizes: tuple[BlockSizeRule, ...] = ()) -> tuple[KvGroups, list[PredictedRefusal]]:

@@ -18,10 +18,11 @@ from kvwatch.planner.devices import Device
 from kvwatch.planner.plan import Plan
 from kvwatch.planner.serve_options import Match, ReleaseOptions, ServeOption, release_options, vllm_spelling
 from kvwatch.planner.units import format_bytes
-from kvwatch.planner.versions import VllmVersion
+from kvwatch.values.versions import VllmVersion
 from kvwatch.vllm_releases import resolve
+from kvwatch.vllm_releases.defaults_shape import ReleaseDefaults
 from kvwatch.vllm_releases.flags import PARSERS
-from kvwatch.vllm_releases.release_defaults import ReleaseDefaults, defaults_for
+from kvwatch.vllm_releases.release_defaults import defaults_for
 
 
 @dataclass(frozen=True)

@@ -14,20 +14,11 @@ from dataclasses import dataclass, field, replace
 from kvwatch.errors import KvwatchError
 from kvwatch.failure_kinds import FailureKind
 from kvwatch.planner.flag_change import FlagChange
-from kvwatch.planner.versions import parse_version
-
-
-@dataclass(frozen=True)
-class MultipleOf:
-    """vLLM's MultipleOf(n): any block size that is a multiple of n."""
-
-    base: int
-
-    def __str__(self) -> str:
-        return f"MultipleOf({self.base})"
-
-
-BlockSizeRule = int | MultipleOf
+from kvwatch.values.block_sizes import BlockSizeRule, MultipleOf, accepts_block_size, parse_block_rule
+from kvwatch.values.versions import parse_version
+from kvwatch.vllm_releases import resolve
+from kvwatch.vllm_releases.backend_priorities import CUDA_PRIORITIES
+from kvwatch.vllm_releases.kv_layout import cpu_attn_kernel_multiple
 
 # 8-bit KV cache dtype names vLLM accepts (one byte per element).
 FP8_KV_DTYPES = frozenset({"fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_per_token_head",
@@ -83,23 +74,6 @@ class BackendRule:
             elif r >= block_size:
                 options.append(r)
         return min(options) if options else max(r for r in self.block_sizes if isinstance(r, int))
-
-
-def accepts_block_size(rules: Sequence[BlockSizeRule], block_size: int) -> bool:
-    """Whether block size rules (a backend's, or those an engine's message listed) accept a size."""
-    return any(block_size % r.base == 0 if isinstance(r, MultipleOf) else block_size == r for r in rules)
-
-
-def smallest_common_block_size(per_backend: Sequence[Sequence[BlockSizeRule]], at_least: int) -> int | None:
-    """The smallest size >= at_least that every backend's rules accept (None when none does)."""
-    per_backend = [rules for rules in per_backend if rules]
-    if not per_backend:
-        return None
-    start = max(1, at_least)
-    for size in range(start, start + 4096):
-        if all(accepts_block_size(rules, size) for rules in per_backend):
-            return size
-    return None
 
 
 @dataclass(frozen=True)
@@ -184,7 +158,6 @@ def cuda_priorities(release: str, backends: Sequence[BackendRule]
     """vLLM's CUDA backend order for a known release, as priorities keyed like RuleSet's, keeping
     the backends kvwatch has a rule for. A release with no list of its own (0.10: a chain of ifs)
     takes the oldest list."""
-    from kvwatch.vllm_releases.backend_priorities import CUDA_PRIORITIES
     table = CUDA_PRIORITIES.get(release) or next(iter(CUDA_PRIORITIES.values()))
     modelled = {b.name for b in backends if b.platform == "cuda"}
     return {("cuda", attention, major): tuple(name for name in order if name in modelled)
@@ -193,7 +166,6 @@ def cuda_priorities(release: str, backends: Sequence[BackendRule]
 
 def priority_source(release: str, attention: str, major: int | None) -> str:
     """Where vLLM `release` gives the CUDA order used for `attention` on capability `major`."""
-    from kvwatch.vllm_releases.backend_priorities import CUDA_PRIORITIES
     used = release if release in CUDA_PRIORITIES else next(iter(CUDA_PRIORITIES))
     table = CUDA_PRIORITIES[used]
     _order, source = table.get((attention, major)) or table[(attention, None)]
@@ -202,7 +174,6 @@ def priority_source(release: str, attention: str, major: int | None) -> str:
 
 @functools.lru_cache(maxsize=64)
 def _ruleset_for_release(release: str) -> RuleSet:
-    from kvwatch.vllm_releases.kv_layout import cpu_attn_kernel_multiple
     version = parse_version(release)
     v = version.parts
     base = next((r for r in RULESETS if v >= r.vllm_min and (r.vllm_max is None or v < r.vllm_max)), RULESETS[-1])
@@ -215,24 +186,11 @@ def _ruleset_for_release(release: str) -> RuleSet:
 def ruleset_for(vllm_version: str | None) -> RuleSet:
     """The rules for a vLLM version, as the known release it is planned as (vllm_releases.resolve);
     the default release when the version is none or unreadable."""
-    from kvwatch.vllm_releases import resolve
     try:
         version = parse_version(vllm_version) if vllm_version else None
     except KvwatchError:
         version = None
     return _ruleset_for_release(str(resolve(version).used))
-
-
-def parse_block_rule(value: object) -> BlockSizeRule | None:
-    """A block size rule as vLLM prints it: 16, "16" or "MultipleOf(16)"; None for anything else."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    text = str(value)
-    if text.isdigit():
-        return int(text)
-    if text.startswith("MultipleOf(") and text.endswith(")") and text[11:-1].isdigit():
-        return MultipleOf(int(text[11:-1]))
-    return None
 
 
 def with_learned_block_sizes(rules: RuleSet, learned: Mapping[str, Sequence[object]]) -> RuleSet:

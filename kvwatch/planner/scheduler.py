@@ -6,7 +6,7 @@ from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.geometry import ModelGeometry
 from kvwatch.planner.gpu_budget import Release, api_defaults
 from kvwatch.planner.kv_groups import Demand
-from kvwatch.planner.versions import VllmVersion, parse_version
+from kvwatch.values.versions import VllmVersion, parse_version
 from kvwatch.vllm_releases.kv_layout import (
     HYBRID_PREFIX_CACHING_BY_DEFAULT,
     MAMBA_ALIGN_BY_DEFAULT,

@@ -18,9 +18,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from kvwatch.planner.config_values import positive_int as _int
 from kvwatch.planner.encoder_cache import EncoderShape, encoder_shape
 from kvwatch.planner.encoder_forward import vision_mlp_width
+from kvwatch.values.config_values import positive_int as _int
 from kvwatch.vllm_releases.mllama_profile import MllamaVision, mllama_vision
 from kvwatch.vllm_releases.mlp_shapes import non_gated_mlp
 from kvwatch.vllm_releases.rope_cache import MROPE_MODEL_TYPES, deepstack_levels, rope_cache_elements

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvwatch.planner.versions import VllmVersion, parse_version
+from kvwatch.values.versions import VllmVersion, parse_version
 
 # The releases whose source kvwatch's tables were generated from (the newest patch of each minor).
 KNOWN: tuple[VllmVersion, ...] = tuple(parse_version(v) for v in (

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-from kvwatch.planner.rules import BlockSizeRule, MultipleOf
-from kvwatch.planner.versions import VllmVersion
+from kvwatch.values.block_sizes import BlockSizeRule, MultipleOf
+from kvwatch.values.versions import VllmVersion
 
 # The KV dtypes vLLM does not count as quantized: is_quantized_kv_cache is get_kv_quant_mode != NONE,
 # and every other name (fp8*, *_per_token_head, nvfp4*, turboquant_*, a registered handler's) has a

@@ -16,7 +16,7 @@ hybrid_block_size).
 """
 from __future__ import annotations
 
-from kvwatch.planner.versions import VllmVersion
+from kvwatch.values.versions import VllmVersion
 from kvwatch.vllm_releases.kv_layout import Boundary
 
 _LAYER = "vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py"

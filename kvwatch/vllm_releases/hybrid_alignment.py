@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from kvwatch.planner.versions import parse_version
+from kvwatch.values.versions import parse_version
 from kvwatch.vllm_releases.gdn_checkpoint import GDN_CHECKPOINT_HYBRID_ALIGNMENT_SOURCE
 
 

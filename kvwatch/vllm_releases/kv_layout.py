@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvwatch.planner.versions import VllmVersion
+from kvwatch.values.versions import VllmVersion
 
 
 @dataclass(frozen=True)

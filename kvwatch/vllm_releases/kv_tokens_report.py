@@ -5,7 +5,7 @@ function run on its own KV cache groups and a KVCacheConfig of its own class.
 """
 from __future__ import annotations
 
-from kvwatch.planner.versions import VllmVersion
+from kvwatch.values.versions import VllmVersion
 
 # Before 0.20 the blocks are shared out over the KV cache groups at the smallest group block size
 # (vLLM 0.11.2, vllm/v1/core/kv_cache_utils.py:1217 `num_blocks // len(kv_cache_groups) *

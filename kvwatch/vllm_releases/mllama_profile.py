@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvwatch.planner.config_values import positive_int
+from kvwatch.values.config_values import positive_int
 
 MODEL_TYPE = "mllama"
 MLLAMA_ARCHITECTURE = "MllamaForConditionalGeneration"

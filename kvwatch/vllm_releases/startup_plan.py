@@ -21,7 +21,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from kvwatch.vllm_releases.release_defaults import ReleaseDefaults
+from kvwatch.vllm_releases.defaults_shape import ReleaseDefaults
 
 ENABLE_ENV = "VLLM_ENABLE_STARTUP_PLAN"
 APPLIED_MARKER = "Applying persisted startup plan"

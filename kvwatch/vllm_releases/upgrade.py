@@ -5,8 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvwatch.errors import KvwatchError
-from kvwatch.planner.versions import VllmVersion, parse_version
-from kvwatch.vllm_releases.release_defaults import ReleaseDefaults, defaults_for
+from kvwatch.values.versions import VllmVersion, parse_version
+from kvwatch.vllm_releases import resolve
+from kvwatch.vllm_releases.defaults_shape import ReleaseDefaults
+from kvwatch.vllm_releases.release_defaults import defaults_for
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,5 @@ def release_change(recorded: str | None, current: str | None, last_kv_tokens: in
 
 def planned_as(release: str | None) -> str | None:
     """The known release whose facts kvwatch plans `release` with; None when unknown or unreadable."""
-    from kvwatch.vllm_releases import resolve
     version = _version(release)
     return str(resolve(version).used) if version is not None else None

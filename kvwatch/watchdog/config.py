@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvwatch.boundary.bounded_read import FileTooLarge, NotRegularFile, read_bounded
 from kvwatch.errors import ConfigError
 from kvwatch.listen import DEFAULT_LISTEN, parse_listen
 from kvwatch.planner.serve_options import release_options
@@ -124,11 +125,11 @@ def validate_name(name: str, where: str = "name") -> str:
 def load_config(path: str | os.PathLike[str]) -> Config:
     p = Path(path)
     try:
-        with open(p, "rb") as f:
-            raw = f.read(MAX_CONFIG_BYTES + 1)   # never the whole of a giant file
-        if len(raw) > MAX_CONFIG_BYTES:
-            raise ConfigError(f"config {p}: larger than {MAX_CONFIG_BYTES >> 20} MiB: not a kvwatch config")
-        data = tomllib.loads(raw.decode("utf-8"))
+        data = tomllib.loads(read_bounded(p, MAX_CONFIG_BYTES).decode("utf-8"))
+    except FileTooLarge as exc:
+        raise ConfigError(f"config {p}: {exc}: not a kvwatch config") from None
+    except NotRegularFile as exc:
+        raise ConfigError(f"config {p}: {exc}: a config is a regular file") from None
     except OSError as exc:
         raise ConfigError(f"config {p}: cannot read: {exc.strerror or exc}") from None
     except UnicodeDecodeError:

@@ -22,6 +22,10 @@ class GpuView:
         self._ours = ours   # the engine's pids, proven (kvwatch/watchdog/ownership.py)
         self._nvml = nvml   # None: the process's one, loaded on first use on a GPU host
 
+    def snapshot(self) -> NvmlSnapshot | None:
+        """NVML now; None off CUDA."""
+        return self._snapshot()
+
     def _snapshot(self) -> NvmlSnapshot | None:
         if self._device is None or self._device.platform != "cuda":
             return None

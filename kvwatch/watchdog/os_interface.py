@@ -14,8 +14,9 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
-from kvwatch.boundary import proc_inspect, spawn
+from kvwatch.boundary import host_memory, oom_record, proc_inspect, spawn
 from kvwatch.boundary.proc_inspect import ProcInfo, ProcRef
+from kvwatch.values.host_memory import HostMemory, HostMemorySample, OomCount
 from kvwatch.watchdog import leftovers
 from kvwatch.watchdog.leftovers import CleanupReport
 from kvwatch.watchdog.ownership import EngineProof
@@ -76,9 +77,25 @@ class WatchdogOs(Protocol):
     def wall_time(self) -> float:
         """The wall clock (seconds since the epoch), for the records people read."""
 
+    def oom_count(self) -> OomCount | None:
+        """The OOM-kill count of the cgroup the engine runs in (kvwatch's own: the engine is spawned there)."""
+
+    def host_memory(self) -> HostMemory | None:
+        """The host's memory and the engine cgroup's limit, for the words of a host OOM."""
+
+    def host_memory_sample(self) -> HostMemorySample | None:
+        """MemAvailable and memory pressure now."""
+
+    def boot_id(self) -> str:
+        """This boot's id: a record of a stop for host memory says whether the host rebooted since."""
+
 
 class RealOs:
     """The watchdog's OS, through kvwatch.boundary."""
+
+    def __init__(self) -> None:
+        self._cgroup: oom_record.MemoryCgroup | None = None
+        self._cgroup_read = False
 
     def spawn(self, argv: Sequence[str], env: Mapping[str, str], reaper_grace: float) -> EngineHandle:
         return spawn.spawn(argv, env, reaper_grace=reaper_grace)
@@ -132,3 +149,20 @@ class RealOs:
 
     def wall_time(self) -> float:
         return time.time()
+
+    def _memory_cgroup(self) -> oom_record.MemoryCgroup | None:
+        if not self._cgroup_read:   # read once: kvwatch does not move between cgroups
+            self._cgroup, self._cgroup_read = oom_record.memory_cgroup("self"), True
+        return self._cgroup
+
+    def oom_count(self) -> OomCount | None:
+        return oom_record.read_oom_count(self._memory_cgroup())
+
+    def host_memory(self) -> HostMemory | None:
+        return oom_record.host_memory(self._memory_cgroup())
+
+    def host_memory_sample(self) -> HostMemorySample | None:
+        return host_memory.read_sample()
+
+    def boot_id(self) -> str:
+        return host_memory.boot_id()

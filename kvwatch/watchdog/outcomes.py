@@ -14,6 +14,7 @@ class LaunchOutcome(enum.Enum):
     SPAWN_FAILED = "spawn_failed"    # the command could not be started at all
     STOP = "stop"                    # kvwatch was asked to stop
     AUTOPILOT = "autopilot"          # kvwatch relaunches it to apply a KV-pressure change or roll one back
+    HOST_MEMORY = "host_memory"      # kvwatch stopped it before host memory wedged the host (unified memory)
 
 
 

@@ -102,6 +102,37 @@ class Constraint:
                    str(data.get("source") or ""), {k: list(v) for k, v in sizes.items()})
 
 
+@dataclass
+class HostMemoryStop:
+    """kvwatch stopped the engine group before host memory wedged the host (unified-memory hosts:
+    watchdog/host_memory_watch.py). Saved before the stop, read at the next start, after a reboot too:
+    that start says what happened and re-plans rather than repeat it."""
+
+    time: float                         # wall clock
+    phase: str                          # how far the engine had come (loading, profiling, serving, ...)
+    reason: str                         # the verdict's reason
+    argv: list[str]                     # the command stopped
+    available_bytes: int | None = None  # MemAvailable at the stop
+    total_bytes: int | None = None      # MemTotal
+    some_avg10: float | None = None     # memory pressure (PSI), %
+    full_avg10: float | None = None
+    boot_id: str = ""                   # the kernel's boot id then: another at the next start, a reboot since
+
+    def to_json(self) -> dict[str, Any]:
+        return {"time": self.time, "phase": self.phase, "reason": self.reason, "argv": list(self.argv),
+                "available_bytes": self.available_bytes, "total_bytes": self.total_bytes,
+                "some_avg10": self.some_avg10, "full_avg10": self.full_avg10, "boot_id": self.boot_id}
+
+    @classmethod
+    def from_json(cls, data: Any) -> HostMemoryStop:
+        if not isinstance(data, Mapping):
+            raise ValueError("a host memory stop is not an object")
+        return cls(_number(data, "time"), _str(data, "phase"), _str(data, "reason"), _str_list(data, "argv"),
+                   _optional_int(data, "available_bytes"), _optional_int(data, "total_bytes"),
+                   _optional_number(data, "some_avg10"), _optional_number(data, "full_avg10"),
+                   _str(data, "boot_id") if "boot_id" in data else "")
+
+
 def _kind(value: str) -> FailureKind:
     """A failure class as written; one this kvwatch does not know (a file from a newer or much older
     kvwatch, or a constraint written without one) is read as UNKNOWN, not refused."""
@@ -130,3 +161,16 @@ def _str_list(data: Mapping[str, Any], key: str) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
         raise ValueError(f"{key!r} is not a list of strings")
     return list(value)
+
+
+def _optional_int(data: Mapping[str, Any], key: str) -> int | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{key!r} is not a whole number")
+    return value
+
+
+def _optional_number(data: Mapping[str, Any], key: str) -> float | None:
+    return _number(data, key) if data.get(key) is not None else None

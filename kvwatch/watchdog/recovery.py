@@ -85,6 +85,9 @@ def diagnosis_of(outcome: LaunchOutcome, detail: str, lines: Sequence[str], serv
             last = next((line.strip() for line in reversed(lines) if line.strip()), "")
             return replace(diagnosis, facts={**diagnosis.facts, "phase": phase, "last_line": last[:_LAST_LINE_CHARS]})
         return diagnosis
+    if outcome is LaunchOutcome.HOST_MEMORY:   # kvwatch's own stop before the host wedged: no second try as is
+        return _host_oom(diagnose(list(lines), served=served), kernel, phase_of(lines), earlier, argv, now,
+                         evidence=detail, at_least=1)
     if outcome is LaunchOutcome.HANG:
         return Diagnosis(kind=FailureKind.ENGINE_DIED, evidence=detail, facts={}, fatal=False)
     if outcome is LaunchOutcome.STALLED:   # no fault of the plan: restarted as it is
@@ -93,10 +96,11 @@ def diagnosis_of(outcome: LaunchOutcome, detail: str, lines: Sequence[str], serv
 
 
 def _host_oom(diagnosis: Diagnosis, kernel: KernelRecord, phase: str, earlier: Sequence[FailureRecord],
-              argv: Sequence[str], now: float) -> Diagnosis:
-    repeats = sum(1 for f in earlier if f.kind is FailureKind.HOST_OOM and f.phase == phase
-                  and list(f.argv) == list(argv) and now - f.time <= _REPEAT_WINDOW_SECONDS)
-    evidence = f"the kernel's OOM killer ended the engine while {phase} ({kernel.where or 'its cgroup'})"
+              argv: Sequence[str], now: float, evidence: str = "", at_least: int = 0) -> Diagnosis:
+    """A host OOM: by the kernel's OOM killer, or kvwatch's stop before the host wedged (`evidence` given,
+    counted as a repeat at once: a wedged host is no chance to retry as is)."""
+    repeats = max(at_least, host_oom_repeats(earlier, phase, argv, now))
+    evidence = evidence or f"the kernel's OOM killer ended the engine while {phase} ({kernel.where or 'its cgroup'})"
     if kernel.host_memory:
         evidence += f"; host memory: {kernel.host_memory}"
     facts: dict[str, Any] = {"phase": phase, "repeats": repeats, "oom_kills": kernel.oom_kills}
@@ -105,6 +109,12 @@ def _host_oom(diagnosis: Diagnosis, kernel: KernelRecord, phase: str, earlier: S
     if diagnosis.evidence:
         facts["engine_line"] = diagnosis.evidence[:_LAST_LINE_CHARS]
     return Diagnosis(FailureKind.HOST_OOM, evidence, facts, fatal=False)
+
+
+def host_oom_repeats(earlier: Sequence[FailureRecord], phase: str, argv: Sequence[str], now: float) -> int:
+    """Earlier host OOM failures of `argv` in `phase` within the last hour: a pattern, not a mishap."""
+    return sum(1 for f in earlier if f.kind is FailureKind.HOST_OOM and f.phase == phase
+               and list(f.argv) == list(argv) and now - f.time <= _REPEAT_WINDOW_SECONDS)
 
 
 def with_rank(diagnosis: Diagnosis, rank: int, pid: int) -> Diagnosis:

@@ -19,12 +19,14 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Union
 
+from kvwatch.boundary.bounded_read import read_bounded
 from kvwatch.errors import KvwatchError
-from kvwatch.watchdog.records import Constraint, CorrectionRecord, FailureRecord, PreflightFix
+from kvwatch.watchdog.records import Constraint, CorrectionRecord, FailureRecord, HostMemoryStop, PreflightFix
 from kvwatch.watchdog.state_dir import ensure_private_dir, open_to_others, untrusted_file
 
-__all__ = ["Constraint", "CorrectionRecord", "EngineLock", "EngineRecord", "FailureRecord", "PreflightFix",
-           "StateStore", "UntrustedFile", "load_all", "read_regular", "remove_stale_temporaries", "write_atomic"]
+__all__ = ["Constraint", "CorrectionRecord", "EngineLock", "EngineRecord", "FailureRecord", "HostMemoryStop",
+           "PreflightFix", "StateStore", "UntrustedFile", "load_all", "read_regular", "remove_stale_temporaries",
+           "write_atomic"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -32,6 +34,7 @@ SCHEMA_VERSION = 1
 MAX_FAILURES = 100      # kept in the file; older ones are dropped
 MAX_CORRECTIONS = 100
 MAX_AUTOPILOT_CHANGES = 100
+MAX_HOST_MEMORY_STOPS = 20
 
 
 @dataclass
@@ -68,6 +71,9 @@ class EngineRecord:
     autopilot_counts: dict[str, int] = field(default_factory=dict)
     vllm_release: str | None = None                 # the engine's vLLM release at the last launch
     vllm_startup_plan: str | None = None            # the file of vLLM's own start-up plan, as it logged it
+    # Each stop of the engine group before host memory wedged the host (newest last): saved before the
+    # stop, so the next start, after a reboot too, diagnoses it (records.HostMemoryStop).
+    host_memory_stops: list[HostMemoryStop] = field(default_factory=list)
     restarts: dict[str, int] = field(default_factory=dict)      # this run of kvwatch, by class
     failure_counts: dict[str, int] = field(default_factory=dict)
     correction_counts: dict[str, int] = field(default_factory=dict)
@@ -77,6 +83,7 @@ class EngineRecord:
         out["corrections"] = [c.to_json() for c in self.corrections]
         out["constraints"] = [c.to_json() for c in self.constraints]
         out["preflight"] = [p.to_json() for p in self.preflight]
+        out["host_memory_stops"] = [h.to_json() for h in self.host_memory_stops]
         out["version"] = SCHEMA_VERSION
         return out
 
@@ -93,6 +100,7 @@ class EngineRecord:
         record.corrections = [CorrectionRecord.from_json(c) for c in data.get("corrections") or []]
         record.constraints = [Constraint.from_json(c) for c in data.get("constraints") or []]
         record.preflight = [PreflightFix.from_json(p) for p in data.get("preflight") or []]
+        record.host_memory_stops = [HostMemoryStop.from_json(h) for h in data.get("host_memory_stops") or []]
         if not isinstance(record.name, str) or not all(isinstance(a, str) for a in record.argv):
             raise ValueError("bad name or argv")
         return record
@@ -104,6 +112,7 @@ class EngineRecord:
         del self.failures[:-MAX_FAILURES]
         del self.corrections[:-MAX_CORRECTIONS]
         del self.autopilot_changes[:-MAX_AUTOPILOT_CHANGES]
+        del self.host_memory_stops[:-MAX_HOST_MEMORY_STOPS]
 
 
 MAX_STATE_BYTES = 8 << 20   # a state file is a few KB; failures and corrections are trimmed
@@ -114,26 +123,16 @@ class UntrustedFile(ValueError):
 
 
 def read_regular(path: Path, max_bytes: int = MAX_STATE_BYTES, trusted_only: bool = False) -> bytes:
-    """A regular file's bytes, never through a symlink, never blocking on a FIFO, at most
-    `max_bytes` (OSError or ValueError otherwise); with `trusted_only`, only a file nobody but
+    """A file kvwatch wrote: regular, never through a symlink, at most `max_bytes` (the shared
+    bounded reader; OSError or ValueError otherwise); with `trusted_only`, only a file nobody but
     this user or root could have written (UntrustedFile otherwise)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ValueError("not a regular file")
-        why = untrusted_file(info) if trusted_only else None
-        if why:
-            raise UntrustedFile(why)
-        if info.st_size > max_bytes:
-            raise ValueError(f"larger than {max_bytes} bytes")
-        with os.fdopen(os.dup(fd), "rb") as f:
-            data = f.read(max_bytes + 1)
-    finally:
-        os.close(fd)
-    if len(data) > max_bytes:
-        raise ValueError(f"larger than {max_bytes} bytes")
-    return data
+    return read_bounded(path, max_bytes, follow_symlinks=False, vet=_trusted if trusted_only else None)
+
+
+def _trusted(info: os.stat_result) -> None:
+    why = untrusted_file(info)
+    if why:
+        raise UntrustedFile(why)
 
 
 _MAX_PID = 1 << 31   # above any pid_max; psutil and os.kill raise (not return) beyond it

@@ -32,9 +32,11 @@ from kvwatch.boundary.engine_http import EngineMetrics, EnginePage
 from kvwatch.boundary.plan_loader import flags_release
 from kvwatch.boundary.proc_inspect import ProcRef
 from kvwatch.boundary.startup_plan_file import read_persisted_plan
+from kvwatch.diagnosis.start_phase import phase_of
 from kvwatch.engine_status import EngineState, EngineStatus
 from kvwatch.errors import KvwatchError
 from kvwatch.exitcodes import EXIT_GAVE_UP, EXIT_OK
+from kvwatch.failure_kinds import FailureKind
 from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.flag_change import FlagChange
@@ -54,7 +56,9 @@ from kvwatch.watchdog.config import Config
 from kvwatch.watchdog.engine_ranks import lines_of_rank
 from kvwatch.watchdog.engine_tree import EngineTree
 from kvwatch.watchdog.gpu_view import GpuView
+from kvwatch.watchdog.host_memory_watch import HostMemoryLevel, describe_stop, stop_record
 from kvwatch.watchdog.host_registry import HostRegistry
+from kvwatch.watchdog.launch_evidence import LaunchEvidence
 from kvwatch.watchdog.launch_watch import (
     Event,
     LaunchEnd,
@@ -66,16 +70,17 @@ from kvwatch.watchdog.launch_watch import (
 )
 from kvwatch.watchdog.memory_learning import MAX_LEARNED_PROFILES, pin_for, remember_non_kv
 from kvwatch.watchdog.os_interface import EngineHandle, RealOs, WatchdogOs
-from kvwatch.watchdog.outcomes import LaunchOutcome
+from kvwatch.watchdog.outcomes import NO_KERNEL_RECORD, LaunchOutcome
 from kvwatch.watchdog.output_pump import OutputPump
 from kvwatch.watchdog.ownership import EngineProof
+from kvwatch.watchdog.persisted_command import judge_persisted
 from kvwatch.watchdog.plan_in_force import PlanInForce
 from kvwatch.watchdog.preflight import device_for_spec, learned_key, preflight
 from kvwatch.watchdog.pressure_watch import PressureWatch
 from kvwatch.watchdog.pressure_window import LoadSample
 from kvwatch.watchdog.probe_pool import Probe, ProbePool
 from kvwatch.watchdog.progress import Reading
-from kvwatch.watchdog.records import PREFLIGHT, Constraint
+from kvwatch.watchdog.records import PREFLIGHT, Constraint, FailureRecord
 from kvwatch.watchdog.sd_notify import SdNotifier, scrub_env
 from kvwatch.watchdog.state_store import EngineLock, EngineRecord, StateStore
 
@@ -165,6 +170,8 @@ class Supervisor:
         self._ready_sent = False
         self._spawn_error: str | None = None
         self._gpus: GpuView | None = None
+        self._evidence = LaunchEvidence(self._os, lambda: self._gpu_view().snapshot())
+        self._last_pids: frozenset[int] = frozenset()   # the last engine's processes, for the GPU-release wait
         self._pinned: int | None = None   # the KV bytes the running engine was launched pinned to
         self._requested: int | None = None   # the running engine's GPU budget (CUDA total x utilization)
         self._release_changes = 0   # the engine's vLLM release differed from the state file's
@@ -267,6 +274,7 @@ class Supervisor:
             delay = self._after_failure(end)
             if delay is None:
                 return EXIT_GAVE_UP
+            self._wait_gpu_release()
             if self._wait(delay):
                 self._transition(EngineState.STOPPED, f"{self._stop_reason} during backoff")
                 return EXIT_OK
@@ -292,7 +300,8 @@ class Supervisor:
     def _startup(self) -> None:
         configured = list(self._command.argv)
         record = self._store.load()
-        if record is not None and record.original_argv == configured and record.argv:
+        if record is not None and record.original_argv == configured and record.argv \
+                and not self._refuse_persisted(record.argv, configured):
             self._record = record
             self._command = EngineCommand(tuple(record.argv), self._command.release)
             if record.argv != configured:
@@ -309,6 +318,7 @@ class Supervisor:
             self._record.original_argv = configured
             self._record.argv = configured
         self._note_release(record)
+        self._after_host_memory_stop()
         self._record.restarts, self._record.failure_counts, self._record.correction_counts = {}, {}, {}
         self._record.autopilot_counts = {}
         self._resume_trial()
@@ -334,6 +344,40 @@ class Supervisor:
         planner.compute(self._command, self._record.learned_non_kv)
         self._save()
         self._publish()
+
+    def _after_host_memory_stop(self) -> None:
+        """A stop for host memory that no failure followed (the host wedged or rebooted first): said, counted
+        as the host OOM it was, and this start re-plans with less host memory rather than repeat it."""
+        from kvwatch.diagnosis import Diagnosis
+        from kvwatch.watchdog import recovery
+
+        record = self._record
+        stop = record.host_memory_stops[-1] if record.host_memory_stops else None
+        if stop is None or any(f.time >= stop.time for f in record.failures):
+            return
+        said = describe_stop(stop, self._os.boot_id())
+        _LOG.warning("state: %s", said)
+        record.failures.append(FailureRecord(FailureKind.HOST_OOM, said, stop.time, list(stop.argv),
+                                             "stopped for host memory", stop.phase))
+        if list(stop.argv) != list(self._command.argv):
+            return
+        diagnosis = Diagnosis(FailureKind.HOST_OOM, said, {"phase": stop.phase, "repeats": 1}, fatal=False)
+        decision = recovery.decide(diagnosis, self._command, tried=recovery.tried_plans(record.failures),
+                                   policy=self.config.policy, now=self._os.wall_time())
+        if decision.action is recovery.Action.CORRECT and decision.command is not None \
+                and decision.correction is not None:
+            _LOG.warning("corrected: host_oom: %s (%s)", decision.change.describe(), decision.remedy_reason)
+            record.corrections.append(decision.correction)
+            self._command = decision.command
+            record.argv = list(decision.command.argv)
+
+    def _refuse_persisted(self, persisted: list[str], configured: list[str]) -> bool:
+        """Whether the state file's command is not the configured one with kvwatch's own changes."""
+        verdict = judge_persisted(persisted, configured, self._command.release, self.config.policy.fixed_flags)
+        if not verdict.accepted:
+            _LOG.warning("state: %s holds a command kvwatch did not write (%s): not launched; launching the "
+                         "configured command", self._store.path, verdict.reason)
+        return not verdict.accepted
 
     @property
     def _plan(self) -> Plan | None:
@@ -411,6 +455,7 @@ class Supervisor:
         if argv not in self._record.plans_tried:
             self._record.plans_tried.append(argv)
         self._transition(EngineState.STARTING, f"launching: {' '.join(argv)}")
+        self._evidence.before_launch()
         try:
             proc = self._os.spawn(argv, self._engine_env(),
                                   reaper_grace=min(10.0, self.config.engine.stop_timeout_seconds))
@@ -534,6 +579,9 @@ class Supervisor:
             elif run.tree.ranks.cores:
                 self._refresh_tree()  # DP engine cores: every tick, to see which one dies first
             self._refresh_facts()
+            end = self._host_memory_step(run, state.ready)
+            if end is not None:
+                return end
             self._reap_orphans()
             if not run.proc.reaper_alive():
                 _LOG.warning("reaper: gone; starting a new one")
@@ -841,6 +889,29 @@ class Supervisor:
         learned_store.publish(self.config.learned_dir, self._command, planner.device, requested, available_kv_bytes)
         planner.compute(self._command, self._record.learned_non_kv)
 
+    def _host_memory_step(self, run: _Running, served: bool) -> LaunchEnd | None:
+        """Stop the engine before host memory wedges the host; the record of it is written first, so the
+        next start re-plans even after a reboot."""
+        verdict = self._evidence.host_memory()
+        if verdict is None or verdict.level is not HostMemoryLevel.STOP:
+            return None
+
+        stop = stop_record(verdict, phase_of(run.pump.lines()), list(self._command.argv), self._os.wall_time(),
+                           self._os.boot_id())
+        self._record.host_memory_stops.append(stop)
+        self._save()
+        disk_writer.shared().flush(2.0)   # on disk before the stop, but never waiting long on a frozen one
+        _LOG.error("host memory: %s: stopping the engine group before the host wedges", verdict.reason)
+        return LaunchEnd(LaunchOutcome.HOST_MEMORY, f"stopped by kvwatch before host memory ran out: "
+                         f"{verdict.reason}", served=served)
+
+    def _wait_gpu_release(self) -> None:
+        """Before a relaunch: until the dead engine's GPU memory is released (bounded), said and exported."""
+        verdict = self._evidence.wait_gpu_release(self._last_pids, self._clock.now, self._sleep, self._stop.is_set)
+        if verdict is not None:
+            _LOG.info("gpu release: %s", verdict.text)
+            self._publish()
+
     def _end_engine(self) -> None:
         """Stop the whole group (whatever is left of it), drain the output, forget the pids."""
         run = self._running
@@ -853,6 +924,7 @@ class Supervisor:
         # descendant that left the group (a double-forked daemon) goes with it.
         reaper = run.proc.own_pids - {run.proc.pid}   # kvwatch's child too, never the engine's
         seen = {r.pid for r in run.tree.refs}
+        self._last_pids = frozenset(seen | {run.proc.pid})
         owned = list(run.tree.refs)
         for ref, why in self._os.owned(self._proof, run.tree.refs, reaper):
             if ref.pid not in seen:   # out of the tree kvwatch watches: say why it is ended
@@ -888,9 +960,10 @@ class Supervisor:
         if lost_rank is not None:   # one DP rank's core died first: diagnose by its lines
             lines = lines_of_rank(lines, lost_rank)
         record = self._record
+        kernel = self._evidence.kernel_record() if end.outcome in _KERNEL_RECORDED else NO_KERNEL_RECORD
         diagnosis = recovery.diagnosis_of(
             end.outcome, end.detail, lines, end.served, returncode=end.returncode, signal_name=_signal_name(end),
-            earlier=record.failures, argv=self._command.argv, now=self._os.wall_time())
+            kernel=kernel, earlier=record.failures, argv=self._command.argv, now=self._os.wall_time())
         if lost_rank is not None and run is not None:
             diagnosis = recovery.with_rank(diagnosis, lost_rank, run.tree.ranks.lost[lost_rank])
         failure = recovery.failure_record(diagnosis, end.detail, self._command, self._os.wall_time())
@@ -961,6 +1034,8 @@ class Supervisor:
             recommendation=self._pressure.recommendation, ending=self._ending,
             escaped_processes=self._escaped,
             autopilot=dict(record.autopilot_counts),
+            gpu_release_waits=dict(self._evidence.release_waits),
+            gpu_release_wait_seconds=self._evidence.last_release_wait,
             autopilot_trial=self._trial.change.describe() if self._trial is not None else None)
 
     def _publish(self) -> None:
@@ -970,6 +1045,10 @@ class Supervisor:
                 observer(status)
             except Exception:  # an observer's bug must not stop the watchdog
                 _LOG.exception("observer %r failed", observer)
+
+
+# How a launch ended that the kernel may have recorded (an OOM kill): read its record then.
+_KERNEL_RECORDED = frozenset({LaunchOutcome.EXIT, LaunchOutcome.START_TIMEOUT, LaunchOutcome.HOST_MEMORY})
 
 
 def _signal_name(end: LaunchEnd) -> str:

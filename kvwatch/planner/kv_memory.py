@@ -1,0 +1,148 @@
+"""The memory vLLM gives the KV cache, as the plan predicts it (pure): a flag or the environment fixes
+it, else the non-KV memory learned on an earlier launch, else vLLM's own profile of the card estimated
+(planner/gpu_budget.py); and, when no block fits, the flag that frees one."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from kvwatch.planner.devices import Device, GiB
+from kvwatch.planner.engine_args import EngineSettings
+from kvwatch.planner.flag_change import NO_CHANGE, FlagChange
+from kvwatch.planner.geometry import ModelGeometry
+from kvwatch.planner.gpu_budget import GpuBudget, decoder_layer_bytes, estimate_budget
+from kvwatch.planner.predicted_refusal import NO_KV_CACHE_MEMORY, PredictedRefusal
+from kvwatch.planner.weights import (
+    gpu_weights_bytes,
+    mla_absorbed_bytes,
+    mxfp4_triton_hopper_bytes,
+    replicated_linear_bytes,
+)
+from kvwatch.values.versions import VllmVersion
+from kvwatch.vllm_releases import DEFAULT_RELEASE
+
+
+@dataclass(frozen=True)
+class MemoryInputs:
+    """What decides the KV memory, gathered by the caller (environment, NVML, state file)."""
+
+    cpu_kv_space_bytes: int | None = None    # VLLM_CPU_KVCACHE_SPACE, in bytes
+    weights_bytes: int | None = None         # weight files on disk
+    non_kv_bytes: int | None = None          # measured on an earlier run of this engine
+    vllm_version: VllmVersion | None = None  # the vLLM the plan is for (None: the newest kvwatch knows)
+    vllm_env: tuple[tuple[str, str], ...] = ()   # the environment variables its memory profile reads
+    flashinfer_installed: bool | None = None  # FlashInfer beside that vLLM (None: not known)
+
+
+NO_MEMORY_INPUTS = MemoryInputs()   # nothing measured: the planner's own defaults
+
+
+def _gpu_budget(device: Device, settings: EngineSettings, geometry: ModelGeometry, memory: MemoryInputs,
+                model_bytes: int, max_model_len: int) -> GpuBudget:
+    """GPU: vLLM's own split of the card (planner/gpu_budget.py): total x utilization, minus the
+    weights, the profile's activation peak, non-torch memory and, where the release counts them, CUDA graphs."""
+    ranks = settings.tensor_parallel_size * settings.pipeline_parallel_size
+    weights = memory.weights_bytes if memory.weights_bytes is not None \
+        else _weights_from_geometry(geometry, model_bytes, settings, device)
+    weights = (weights + _kernel_format_bytes(geometry, settings, device, memory.vllm_version, weights,
+                                              model_bytes)) // ranks
+    return estimate_budget(settings, device, geometry.weight_count, weights, model_bytes, max_model_len,
+                           memory.vllm_version, dict(memory.vllm_env), memory.flashinfer_installed,
+                           quantized_experts=geometry.quantization is not None or settings.quantization is not None,
+                           mla=geometry.attention == "mla",
+                           replicated_linear_bytes=replicated_linear_bytes(geometry.weight_count, geometry.quantization,
+                                                                           model_bytes, settings.quantization)
+                           if geometry.weight_count is not None else 0,
+                           architectures=geometry.architectures, hybrid="mamba" in geometry.layer_kinds)
+
+
+def _estimate_gpu_kv_memory(device: Device, settings: EngineSettings, geometry: ModelGeometry,
+                            memory: MemoryInputs, model_bytes: int) -> int:
+    """The KV memory on a GPU: learned from an earlier launch's non-KV memory, else estimated."""
+    budget = _gpu_budget(device, settings, geometry, memory, model_bytes,
+                         settings.max_model_len or geometry.default_max_model_len)
+    if memory.non_kv_bytes is not None:
+        return max(0, budget.requested_bytes - memory.non_kv_bytes)
+    return budget.kv_cache_bytes
+
+
+def _kernel_format_bytes(geometry: ModelGeometry, settings: EngineSettings, device: Device,
+                         version: VllmVersion | None, weights: int, model_bytes: int) -> int:
+    """What the kernels' weight formats add to the checkpoint's `weights` (all ranks) once loaded:
+    MXFP4 experts under the Triton backend on Hopper (weights.mxfp4_triton_hopper_bytes); V0 0.7.x's
+    absorbed MLA matrices (weights.mla_absorbed_bytes, per rank: times the ranks)."""
+    count = geometry.weight_count
+    if count is None:
+        return 0
+    parts = (version or DEFAULT_RELEASE).parts
+    method = str((geometry.quantization or {}).get("quant_method", "")).lower()
+    if geometry.attention == "mla" and device.platform == "cuda":
+        fp8 = method == "fp8" or settings.quantization == "fp8"
+        ranks = settings.tensor_parallel_size * settings.pipeline_parallel_size
+        absorbed = ranks * mla_absorbed_bytes(count, settings.tensor_parallel_size, model_bytes, fp8, parts)
+        if absorbed and settings.cpu_offload_gb > 0:
+            # made from the layer's own weights, so they stay in host memory with an offloaded layer
+            layers = decoder_layer_bytes(weights, count, model_bytes)
+            moved = min(1.0, settings.cpu_offload_gb * GiB * ranks / layers) if layers > 0 else 1.0
+            absorbed = int(absorbed * (1.0 - moved))
+        return absorbed
+    if method != "mxfp4":
+        return 0
+    return mxfp4_triton_hopper_bytes(count, settings.tensor_parallel_size, device.compute_capability, parts)
+
+
+def _weights_from_geometry(geometry: ModelGeometry, model_bytes: int, settings: EngineSettings, device: Device) -> int:
+    """The weights from config.json's shapes and quantization_config (or `--quantization`); their
+    files, when present, win (MemoryInputs.weights_bytes)."""
+    if geometry.weight_count is None:
+        return 0
+    return gpu_weights_bytes(geometry.weight_count, geometry.quantization, model_bytes,
+                             settings.quantization, settings.model, settings.tensor_parallel_size,
+                             device.compute_capability)
+
+
+def kv_memory(device: Device, settings: EngineSettings, geometry: ModelGeometry, memory: MemoryInputs,
+               model_bytes: int) -> tuple[int, str, bool, GpuBudget | None]:
+    """The memory given to the KV cache, where it comes from, whether it is estimated, and the GPU
+    budget it was estimated from: a flag or the environment fixes it, else the learned non-KV
+    memory, else vLLM's own profile estimated."""
+    if device.platform == "cpu" and memory.cpu_kv_space_bytes:
+        return memory.cpu_kv_space_bytes, "VLLM_CPU_KVCACHE_SPACE", False, None
+    if settings.kv_cache_memory_bytes is not None:
+        return settings.kv_cache_memory_bytes, "--kv-cache-memory-bytes", False, None
+    if device.platform == "cuda" and device.total_memory_bytes and memory.non_kv_bytes is not None:
+        return (_estimate_gpu_kv_memory(device, settings, geometry, memory, model_bytes),
+                "learned: total x utilization - the non-KV memory of an earlier launch", False, None)
+    if device.platform == "cuda" and device.total_memory_bytes:
+        budget = _gpu_budget(device, settings, geometry, memory, model_bytes,
+                             settings.max_model_len or geometry.default_max_model_len)
+        return (budget.kv_cache_bytes, "estimate: total x utilization - weights - activation - non-torch",
+                True, budget)
+    return 4 * GiB, "estimate: unknown device memory", True, None
+
+
+def no_memory_warning(device: Device, settings: EngineSettings, geometry: ModelGeometry,
+                      memory: MemoryInputs, model_bytes: int, kv_memory: int, bytes_per_block: int,
+                      estimated: bool, budget: GpuBudget | None) -> PredictedRefusal:
+    """No KV block fits, and the flag that frees one: `budget` is the estimated split the KV memory
+    came from (None: a flag, the CPU's space or a learned figure set it)."""
+    message = f"no memory is left for KV cache blocks ({kv_memory:,} B for {bytes_per_block:,} B per block)"
+    if settings.kv_cache_memory_bytes is not None:   # the flag sets the KV memory: no other flag moves it
+        return PredictedRefusal(NO_KV_CACHE_MEMORY, message + "; --kv-cache-memory-bytes sets it: raise it",
+                                NO_CHANGE, certain=not estimated)
+    if device.platform == "cuda" and device.total_memory_bytes and settings.gpu_memory_utilization < 0.95:
+        higher = replace(settings, gpu_memory_utilization=0.95, gpu_memory_utilization_given=True)
+        if _estimate_gpu_kv_memory(device, higher, geometry, memory, model_bytes) >= 2 * bytes_per_block:
+            return PredictedRefusal(NO_KV_CACHE_MEMORY, message, FlagChange({"--gpu-memory-utilization": 0.95}),
+                            certain=not estimated)
+    # The profile's peak grows with its dummy sequences (the sampler's logits; V0 Llama 3.2 Vision's
+    # one image each): the most sequences, halving, that leave the KV cache two blocks.
+    seqs = budget.max_num_seqs if budget is not None else 1
+    while seqs > 1:
+        seqs //= 2
+        fewer = replace(settings, max_num_seqs=seqs)
+        if _estimate_gpu_kv_memory(device, fewer, geometry, memory, model_bytes) >= 2 * bytes_per_block:
+            return PredictedRefusal(NO_KV_CACHE_MEMORY, message + "; the memory profile's peak grows with "
+                                    "max_num_seqs", FlagChange({"--max-num-seqs": seqs}), certain=not estimated)
+    return PredictedRefusal(NO_KV_CACHE_MEMORY, message + "; no flag frees enough: more GPUs "
+                    "(--tensor-parallel-size), a quantized checkpoint or a smaller model", NO_CHANGE,
+                    certain=not estimated)
