@@ -9,7 +9,7 @@ import pytest
 from kvwatch.diagnosis import FailureKind, LogScanner, diagnose
 from kvwatch.diagnosis.normalise import WORDS, normalise, split_pasted
 from kvwatch.diagnosis.prefixes import SHAPES, common_prefixes, signature
-from kvwatch.diagnosis.rejoin import continues, separator
+from kvwatch.diagnosis.rejoin import continues, reflowed, separator
 
 LOGS = Path(__file__).resolve().parent / "fixtures" / "logs"
 ROOT_CAUSE = ("(EngineCore_DP0 pid=7) ERROR 06-09 14:01:52 [core.py:1136] ValueError: No available memory for the "
@@ -197,3 +197,27 @@ def test_a_pasted_refusal_line_alone():
     d = diagnose(["Value error, Total number of attention heads (64) must be divisible by tensor parallel size (3)."])
     assert d.kind is FailureKind.CONFIG_REFUSED and d.fatal
     assert d.facts["num_attention_heads"] == 64 and d.facts["tensor_parallel_size"] == 3
+
+
+def test_a_selector_reflowed_one_field_per_line_and_cut_before_its_reasons():
+    # the issue's shape: vLLM's selector sentence pretty-printed one field per line, the paste cut before "Reasons:"
+    log = ["(EngineCore_DP0 pid=7) ERROR 01-20 13:03:50 [core.py:1] ValueError: No valid attention backend found "
+           "for cuda with AttentionSelectorConfig(",
+           "    head_size=576,", "    dtype=torch.bfloat16,", "    kv_cache_dtype=auto,", "    block_size=16,",
+           "    use_mla=True,"]
+    d = diagnose(log)
+    assert d.kind is FailureKind.NO_ATTENTION_BACKEND and not d.fatal and d.facts["reasons_cut"]
+    assert d.facts["selector_config"] == {"head_size": 576, "dtype": "torch.bfloat16", "kv_cache_dtype": "auto",
+                                          "block_size": 16, "use_mla": True}
+
+
+@pytest.mark.parametrize("previous, line, joined", [
+    ("AttentionSelectorConfig(", "    head_size=576,", True),
+    ("    head_size=576,", "    dtype=torch.bfloat16,", True),
+    ("    raise ValueError(", "        f'No common block size for {x}'", False),     # code a traceback echoes
+    ('  File "/x/vllm/config.py", line 1, in f', "    foo(", False),
+    ("Traceback (most recent call last):", "  File \"x.py\", line 1, in f", False),
+    ("engine_core = EngineCoreProc(", "                    ^^^^^^^^^^^^", False),      # a traceback's carets
+])
+def test_which_indented_line_is_a_reflowed_argument(previous, line, joined):
+    assert reflowed(previous, line) is joined

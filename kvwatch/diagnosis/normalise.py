@@ -24,8 +24,8 @@ from kvwatch.vllm_releases.texts import TEXTS
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 # A colour whose escape character the paste lost ("[0;36m", "#033[1;36m"): only the shapes vLLM's
 # colour prefixes take, so a bracketed number of a message is never one.
-ANSI_RESIDUE = re.compile(r"(?:#033)?\[(?:0|1|0;0|[01];3\d)m")
-_RESIDUE_HINTS = ("[0m", "[1m", "[0;", "[1;")
+ANSI_RESIDUE = re.compile(r"(?:#033)?\[(?:0;0|[01];3\d)m")
+_RESIDUE_HINTS = ("[0;", "[1;")       # vLLM's process colour and its reset
 _SAMPLE_LINES = 64
 # Where a record starts again inside a pasted line: a vLLM process prefix or a level with its timestamp.
 _EMBEDDED_RECORD = re.compile(r"(?<=\S)\s*(?=\((?:APIServer|EngineCore\w*|Worker\w*|VllmWorker\w*|RayWorkerWrapper"

@@ -38,10 +38,14 @@ _SENTENCE_END = re.compile(r"[.!?]\s*$")
 _WORD_AT_END = re.compile(r"([A-Za-z]+)$")
 _WORD_AT_START = re.compile(r"^([A-Za-z]+)")
 _FIRST_TOKEN = re.compile(r"\s*\S*")
+_OPENERS = frozenset("([{,")
+# A source line a traceback echoes: its arguments are code, not a message reflowed
+_CODE = re.compile(r"\s+(?:raise |return |\w+ = |[\w.]+\()")
 # The start of a line that may continue the one before: not a blank line, a process tag, an indented
 # line (one space is a terminal's cut at a space), a tab, a comment or a table.
-_MAY_CONTINUE = re.compile(r"\n(?!(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)[: ])"
-                           r"(?=[^\n\t#|( ]|\((?![\w .=-]*?pid=\d)| (?! ))")
+_MAY_CONTINUE = re.compile(r"\n(?:(?!(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)[: ])"
+                           r"(?=[^\n\t#|( ]|\((?![\w .=-]*?pid=\d)| (?! ))"
+                           r"|(?<=[(\[{,]\n)(?= +[\w'\"\]})]))")          # or an argument of a call reflowed
 _WINDOW = 64
 _WORD = 12                # a wrapped line ends within about a word of its width
 _WRAPPED_LINES = 3        # lines that near the width, the longest included: the width was a wrap's
@@ -55,6 +59,14 @@ def vocabulary(texts: Iterable[str]) -> frozenset[str]:
     halves are rejoined ("EngineCore" is a word, "Enginecore" is not)."""
     found = [w for text in texts for w in re.findall(r"[A-Za-z]{2,}", text)] + ["a", "A"]
     return frozenset(found + [w.lower() for w in found])
+
+
+def reflowed(previous: str, line: str) -> bool:
+    """Whether `line` is the next argument of a call or a literal that a pretty-printer or a user
+    put one per line (`AttentionSelectorConfig(` / `    head_size=576,`)."""
+    return previous[-1:] in _OPENERS and line[:1] == " " and line.strip()[:1] not in ("", "^") \
+        and not RECORD_HEAD.match(line) and not WHOLE_FRAME.match(previous) \
+        and not _CODE.match(previous)
 
 
 def continues(previous: str, line: str, wrapped: bool = False) -> bool:
@@ -148,18 +160,15 @@ def split_word(previous: str, line: str, words: frozenset[str]) -> bool:
     return left[1] + right[1] in words and not (left[1] in words and right[1] in words)
 
 
-def widths(lengths: list[int]) -> list[Width]:
-    """Per line, its neighbourhood's Width: the longest line within _WINDOW lines around (a paste of
-    several excerpts may hold several widths)."""
-    chunks = [lengths[i:i + _WINDOW] for i in range(0, len(lengths), _WINDOW)]
-    per_chunk: list[Width] = []
-    for c in range(len(chunks)):
-        around = [n for chunk in chunks[max(0, c - 1):c + 2] for n in chunk]
-        width = max(around, default=0)
-        near = sum(1 for n in around if n >= width - _WORD)
-        exact = sum(1 for n in around if n == width)
-        per_chunk.append(Width(width, near >= _WRAPPED_LINES or exact >= 2, exact >= 2 and exact * 5 >= near * 3))
-    return [per_chunk[i // _WINDOW] for i in range(len(lengths))]
+def width_around(lengths: list[int], i: int) -> Width:
+    """The Width of line i's neighbourhood: the longest line within the _WINDOW lines around its own
+    (a paste of several excerpts may hold several widths)."""
+    c = i // _WINDOW
+    around = lengths[max(0, c - 1) * _WINDOW:(c + 2) * _WINDOW]
+    width = max(around, default=0)
+    near = sum(1 for n in around if n >= width - _WORD)
+    exact = around.count(width)
+    return Width(width, near >= _WRAPPED_LINES or exact >= 2, exact >= 2 and exact * 5 >= near * 3)
 
 
 def _candidates(lines: list[str]) -> list[int]:
@@ -183,15 +192,20 @@ def rejoin(lines: list[str], words: frozenset[str], lengths: list[int] | None = 
     if not candidates:
         return lines
     lengths = lengths if lengths is not None else [len(line) for line in lines]
-    width_at = widths(lengths)
+    widths: dict[int, Width] = {}       # per neighbourhood, computed for the lines that need it
     logical = list(lines)           # each line as joined so far (a chain's first line holds it)
     head = list(range(len(lines)))  # the line each one was joined into
     for i in candidates:
         line = lines[i]
         h = head[i - 1]
         prev = logical[h]
-        at, printed = width_at[i], lengths[i - 1]
+        at = widths.get(i // _WINDOW) or widths.setdefault(i // _WINDOW, width_around(lengths, i))
+        printed = lengths[i - 1]
         broken = at.width >= MIN_WIDTH and printed + 1 + len(_FIRST_TOKEN.match(line)[0]) > at.width  # type: ignore[index]
+        if reflowed(prev, line):
+            logical[h] = prev + ("" if prev[-1:] in "([{" else " ") + line.strip()
+            head[i] = h
+            continue
         split = not broken and prev[-1:].isalpha() and line[:1].isalpha() and split_word(prev, line, words)
         if not (broken or split):
             continue
