@@ -221,3 +221,18 @@ def test_a_selector_reflowed_one_field_per_line_and_cut_before_its_reasons():
 ])
 def test_which_indented_line_is_a_reflowed_argument(previous, line, joined):
     assert reflowed(previous, line) is joined
+
+
+@pytest.mark.parametrize("lines", [
+    ["  Value error, Total number of attention heads (12) must be divisible by",
+     "tensor parallel size (8). [type=value_error, input_value=ArgsKwargs((), {}), input_type=ArgsKwargs]"],
+    ["  Value error,",
+     "Total number of attention heads (12) must be divisible by tensor parallel size (8). [type=value_error, "
+     "input_value=ArgsKwargs((), {}), input_type=ArgsKwargs]"],
+    ["Total number of attention heads (12) must be divisible by tensor parallel size (8)"],   # the sentence alone
+])
+def test_a_reflowed_pydantic_refusal_keeps_its_refusal(lines):
+    d = diagnose(["pydantic_core._pydantic_core.ValidationError: 1 validation error for ParallelConfig", *lines])
+    assert d.kind is FailureKind.CONFIG_REFUSED and d.fatal
+    assert d.facts["refusal"] == "tensor_parallel_size_not_dividing_heads"
+    assert (d.facts["num_attention_heads"], d.facts["tensor_parallel_size"]) == (12, 8)

@@ -39,6 +39,7 @@ _WORD_AT_END = re.compile(r"([A-Za-z]+)$")
 _WORD_AT_START = re.compile(r"^([A-Za-z]+)")
 _FIRST_TOKEN = re.compile(r"\s*\S*")
 _OPENERS = frozenset("([{,")
+_PYDANTIC_OPEN = re.compile(r"\s*(?:Value error, |Input should |Assertion failed, )")
 # A source line a traceback echoes: its arguments are code, not a message reflowed
 _CODE = re.compile(r"\s+(?:raise |return |\w+ = |[\w.]+\()")
 # The start of a line that may continue the one before: not a blank line, a process tag, an indented
@@ -63,7 +64,10 @@ def vocabulary(texts: Iterable[str]) -> frozenset[str]:
 
 def reflowed(previous: str, line: str) -> bool:
     """Whether `line` is the next argument of a call or a literal that a pretty-printer or a user
-    put one per line (`AttentionSelectorConfig(` / `    head_size=576,`)."""
+    put one per line (`AttentionSelectorConfig(` / `    head_size=576,`), or the rest of a pydantic
+    error's sentence reflowed before its `[type=...]`."""
+    if _PYDANTIC_OPEN.match(previous) and "[type=" not in previous:
+        return bool(line.strip()) and not line.startswith("  ") and not RECORD_HEAD.match(line)
     return previous[-1:] in _OPENERS and line[:1] == " " and line.strip()[:1] not in ("", "^") \
         and not RECORD_HEAD.match(line) and not WHOLE_FRAME.match(previous) \
         and not _CODE.match(previous)
@@ -202,17 +206,16 @@ def rejoin(lines: list[str], words: frozenset[str], lengths: list[int] | None = 
         at = widths.get(i // _WINDOW) or widths.setdefault(i // _WINDOW, width_around(lengths, i))
         printed = lengths[i - 1]
         broken = at.width >= MIN_WIDTH and printed + 1 + len(_FIRST_TOKEN.match(line)[0]) > at.width  # type: ignore[index]
-        if reflowed(prev, line):
-            logical[h] = prev + ("" if prev[-1:] in "([{" else " ") + line.strip()
-            head[i] = h
-            continue
         split = not broken and prev[-1:].isalpha() and line[:1].isalpha() and split_word(prev, line, words)
-        if not (broken or split):
-            continue
-        at_width = broken and printed >= at.width and (at.hard or not at.wrapped)
-        # at the width with no space at the break: a cut inside a token, whatever follows
-        inside = at_width and not prev[-1:].isspace() and not line[:1].isspace()
-        if continues(prev, line, at.wrapped or inside):
-            logical[h] = prev + separator(prev, line, words, at_width=at_width) + line
+        if broken or split:
+            at_width = broken and printed >= at.width and (at.hard or not at.wrapped)
+            # at the width with no space at the break: a cut inside a token, whatever follows
+            inside = at_width and not prev[-1:].isspace() and not line[:1].isspace()
+            if continues(prev, line, at.wrapped or inside):
+                logical[h] = prev + separator(prev, line, words, at_width=at_width) + line
+                head[i] = h
+                continue
+        if reflowed(prev, line):
+            logical[h] = prev + ("" if prev[-1:] in "([{" or prev[-1:] == " " else " ") + line.strip()
             head[i] = h
     return [logical[i] for i in range(len(lines)) if head[i] == i]
