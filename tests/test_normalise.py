@@ -236,3 +236,20 @@ def test_a_reflowed_pydantic_refusal_keeps_its_refusal(lines):
     assert d.kind is FailureKind.CONFIG_REFUSED and d.fatal
     assert d.facts["refusal"] == "tensor_parallel_size_not_dividing_heads"
     assert (d.facts["num_attention_heads"], d.facts["tensor_parallel_size"]) == (12, 8)
+
+
+@pytest.mark.parametrize("head", ["(RayWorkerWrapper pid=2931, ip=10.0.0.2) ", "[rank0]: ",
+                                  "(EngineCore_DP0 pid=7) (RayWorkerWrapper pid=2931, ip=10.0.0.2) "])
+def test_rays_and_torchs_own_heads_are_read_as_the_workers_record(head):
+    # Ray's worker prefix carries the node's ip: vLLM's own head, kept; torch's rank tag may come off: either
+    # way the record behind them is an error of a worker, not the API server's
+    log = ["(APIServer pid=1) INFO 06-09 14:01:50 [api_server.py:1] vLLM API server version 0.20.2",
+           head + "ERROR 06-09 14:01:52 [worker.py:1] ValueError: No common block size for 8 (CPU_ATTN: "
+                  "[MultipleOf(32)]).",
+           head + "ERROR 06-09 14:01:52 [worker.py:1] Worker failed with error 'x'"]
+    kept = normalise("\n".join(log)).splitlines()
+    assert kept == (log if "pid=" in head else [line.replace(head, "") for line in log])   # [rank0]: is a tag
+    d = diagnose(log)
+    assert d.kind is FailureKind.BLOCK_SIZE_UNSUPPORTED and d.facts["block_size"] == 8
+    if "RayWorkerWrapper" in head:
+        assert d.facts["process"] == "RayWorkerWrapper" and d.facts["pid"] == 2931
