@@ -16,10 +16,12 @@ import argparse
 import glob
 import json
 import os
+import stat
 import sys
 from collections.abc import Iterator
 from typing import IO, Any
 
+from kvwatch.boundary.bounded_read import kind_of
 from kvwatch.diagnosis import Diagnosis, FailureKind, LogScanner, Remedy, containers, propose_remedy
 from kvwatch.diagnosis.diagnose import MAX_LINE_BYTES, diagnose
 from kvwatch.errors import KvwatchError
@@ -93,6 +95,11 @@ def _diagnose_source(path: str, served: bool) -> list[tuple[str | None, Diagnosi
     if path == "-":
         return _failing(_diagnose_stream(sys.stdin.buffer, served))
     try:
+        # A log is read as a stream: a regular file, or a pipe (`<(journalctl ...)`), whose writer it
+        # waits for; a device (/dev/zero) would never end, a directory or socket is no log.
+        mode = os.stat(path).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
+            raise KvwatchError(f"cannot read {path}: not a log ({kind_of(mode)})")
         with open(path, "rb") as stream:
             return _failing(_diagnose_stream(stream, served))
     except OSError as exc:

@@ -223,7 +223,7 @@ class Supervisor:
         finally:
             if self._running is not None:  # an unexpected error: never leave the engine behind
                 self._end_engine()
-            if not disk_writer.shared().flush(EXIT_FLUSH_SECONDS):
+            if not disk_writer.flush_all(EXIT_FLUSH_SECONDS):   # the state file, the learned profile, the lock
                 _LOG.warning("state: %s not written at exit (the disk does not answer)", self._store.path)
             self._lock.release()
 
