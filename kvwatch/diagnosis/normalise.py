@@ -3,11 +3,13 @@
 A log reaches kvwatch through whatever ran the engine and whoever pasted it: a CI runner's viewer,
 `docker compose`, `kubectl logs --prefix`, journald, a launcher that logs the engine's stderr as
 its own records, a Markdown quote, a terminal that wrapped it, a web page that reflowed it. In order:
-- CRLF line ends and ANSI colours go;
+- CRLF line ends and ANSI colours go, and a colour whose escape the paste lost (`[0;36m`);
 - the tools' per-line prefixes are taken off by their shape (prefixes.py): a run of shapes that
-  starts enough lines of an evenly spread sample of the block is stripped from every line;
+  starts enough lines of an evenly spread sample of the block is stripped from every line, and a
+  block indented as a whole loses the indentation its lines share;
 - broken lines are joined (rejoin.py): where a line was cut at the width its neighbours were
-  printed at, and the next starts no record of its own.
+  printed at (or inside one of vLLM's words) and the next starts no record of its own, and where a
+  call's arguments or a pydantic sentence were reflowed one per line.
 A log pasted as one line (its newlines lost) is cut where vLLM's records start again (split_pasted).
 
 Everything here runs on blocks of about a megabyte (diagnose.py's batches).
@@ -55,7 +57,7 @@ def _sample(lines: list[str]) -> list[str]:
 
 
 def normalise(text: str) -> str:
-    """A block of whole lines as vLLM printed them: prefixes off, heads restored, broken lines joined."""
+    """A block of whole lines as vLLM printed them: colours and prefixes off, broken lines joined."""
     if "\r" in text:
         text = text.replace("\r\n", "\n").replace("\r", "\n")
     if "\x1b" in text:

@@ -1,11 +1,15 @@
 """Lines that pasting broke, joined again (pure).
 
 A message reaches an issue broken where a terminal wrapped it (at a fixed width, even mid-word),
-where a web page reflowed it (at spaces), or where a user cut it by hand. A line continues the one
-before it when it starts no record of its own (no level, no process tag, no traceback or exception
-head, no indented code) and the line before did not end its sentence. The join inserts a space
-unless the break was inside a token: a terminal's width, two halves of a number, a word of vLLM's
-messages split in two (`KV cach` / `e`), a break after `/`, `(`, `_`, `:` or before `)`.
+where a web page reflowed it (at spaces), or where a user cut it by hand. A line was broken by a
+width when the next line's first word would not have fitted on it, at the width its neighbourhood
+was printed at (the longest line around); it continues the line before when it also starts no
+record of its own (no level, process tag, traceback or exception head, tool prefix, indented code)
+and, unless its neighbours show a wrap, the line before did not end its sentence. The join inserts
+a space unless the break was inside a token: a terminal's cut at its width, a number's digits, a
+word of vLLM's messages split in two (`KV cach` / `e`), a path, a keyword's value, an enum's member.
+Two reflows are joined whatever the width: a call's arguments one per line, and the rest of a
+pydantic sentence before its `[type=...]`.
 """
 from __future__ import annotations
 
