@@ -15,12 +15,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from test_pasted_logs import LOGS, cut_after_evidence, cut_verdict, same, variant  # noqa: E402
+from test_pasted_logs import GRID_PREFIXES as PREFIXES  # noqa: E402
+from test_pasted_logs import LOGS, WIDTHS, cut_after_evidence, cut_verdict, same, variant  # noqa: E402
 
 from kvwatch.diagnosis import diagnose  # noqa: E402
-
-WIDTHS = (60, 61, 66, 73, 80, 88, 97, 111, 120, 133, 147, 159, 177, 188, 199, 200)
-PREFIXES = (("", False), ("vllm-1  | ", True), (">   | ", False))
 
 
 def main() -> None:

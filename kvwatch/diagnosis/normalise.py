@@ -36,13 +36,17 @@ _EMBEDDED_RECORD = re.compile(r"(?<=\S)\s*(?=\((?:APIServer|EngineCore\w*|Worker
 _ONLY_PROCESS = re.compile(r"^\s*(?:\([A-Za-z_][\w.-]*(?: rank=\d+)?(?:, ip=[\d.]+)? pid=\d+\)\s*)+$")
 PASTED_LINE_CHARS = 400     # a line longer than this may be a whole pasted log
 # Words vLLM's messages take from its code, not their templates: the attention selector's reasons
-# ("sparse not supported", "compute capability not supported"), triton's resources, NCCL's errors.
+# ("sparse not supported", "compute capability not supported"), triton's resources, NCCL's errors,
+# torch's OOM message.
 _GENERATED_WORDS = ("head_size", "dtype", "kv_cache_dtype", "block_size", "sparse", "sink", "setting", "compute",
                     "capability", "causal", "non", "attention", "partial", "multimodal", "prefix", "shared", "memory",
                     "registers", "supported", "not",
                     # NCCL's error strings (ncclGetErrorString)
                     "unhandled", "cuda", "system", "internal", "invalid", "argument", "usage", "remote", "process",
-                    "exited", "network", "error")
+                    "exited", "network", "error",
+                    # torch's CUDA OOM message, whose figures the facts read
+                    "Tried", "to", "allocate", "has", "a", "total", "capacity", "of", "which", "is", "free",
+                    "Process", "memory", "in", "use")
 # The words of vLLM's messages, where a word a terminal split is rejoined without a space.
 WORDS = rejoin.vocabulary([p.regex.pattern for p in PATTERNS] + [r.regex.pattern for r in REFUSALS]
                           + list(ROOT_KEYWORDS)

@@ -212,7 +212,10 @@ def rejoin(lines: list[str], words: frozenset[str], lengths: list[int] | None = 
         broken = at.width >= MIN_WIDTH and printed + 1 + len(_FIRST_TOKEN.match(line)[0]) > at.width  # type: ignore[index]
         split = not broken and prev[-1:].isalpha() and line[:1].isalpha() and split_word(prev, line, words)
         if broken or split:
-            at_width = broken and printed >= at.width and (at.hard or not at.wrapped)
+            # a terminal's cut; or, in a page's reflow, a word longer than the page cut at its width
+            room = at.width - (printed - len(lines[i - 1]))          # the width less a tool's prefix
+            longer = len(lines[i - 1].rsplit(" ", 1)[-1]) + len(line.split(" ", 1)[0]) > room
+            at_width = broken and printed >= at.width and (at.hard or not at.wrapped or longer)
             # at the width with no space at the break: a cut inside a token, whatever follows
             inside = at_width and not prev[-1:].isspace() and not line[:1].isspace()
             if continues(prev, line, at.wrapped or inside):
