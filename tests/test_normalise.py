@@ -31,6 +31,9 @@ SAMPLES = {
     "a bracketed time": "[2025-12-05 14:01:52] ",
     "kubectl over docker -t": "[pod/vllm-0/vllm] 2024-06-28T06:11:52.685Z ",
     "syslog with ISO time": "2025-12-05T14:01:52+0000 host vllm[123]: ",
+    # a 2026 harness logging a container's output (vllm-project/vllm#43410), and Ascend's CI logger (vllm-ascend#8480)
+    "a harness's logging of a container": "2026-05-29 09:14:45,594 - INFO - [container] ",
+    "Ascend's logger": "[2026-04-20 10:56:24.658054][UC][E] ",
 }
 
 
