@@ -261,6 +261,14 @@ def test_ansi_colours_are_stripped():
 # Wordings with no fixture file: the text is the vLLM 0.32 source's (file named in patterns.py),
 # or an older release's as quoted in vLLM's issues and pull requests.
 INLINE = [
+    # 0.33's wordings: vLLM 0.33.0, vllm/platforms/cpu.py:158-162; config/cache.py:470-474; config/vllm.py:1504-1507
+    ("ValueError: --kv-cache-dtype fp8_e4m3 is not supported by MLA attention on CPU.",
+     K.KV_DTYPE_UNSUPPORTED, {"pattern": "cpu_mla_kv_dtype", "kv_cache_dtype": "fp8_e4m3"}),
+    ("  Value error, Invalid kv_cache_dtype: 'fp9'. Valid values are: ('auto',) [type=value_error, input_value='fp9', "
+     "input_type=str]", K.KV_DTYPE_UNSUPPORTED, {"pattern": "invalid_kv_cache_dtype", "kv_cache_dtype": "fp9"}),
+    ('ValueError: kv_cache_dtype="bfloat16" is incompatible with dtype="float16". Please set `--kv-cache-dtype` '
+     "to `auto` or `float16`.", K.KV_DTYPE_UNSUPPORTED,
+     {"pattern": "mismatched_16bit_kv", "kv_cache_dtype": "bfloat16", "model_dtype": "float16"}),
     ("ValueError: Aligned KV cache block size 48 is not supported by attention backend(s): FLASHMLA, CUTLASS_MLA.",
      K.BLOCK_SIZE_UNSUPPORTED, {"block_size": 48, "backends": ["FLASHMLA", "CUTLASS_MLA"]}),
     ("RuntimeError: Unsupported block size: 128", K.BLOCK_SIZE_UNSUPPORTED,

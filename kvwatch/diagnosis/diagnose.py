@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import IO, Any
 
 from kvwatch.diagnosis import normalise, refusals
@@ -107,12 +107,17 @@ _ALL_KEYWORDS: tuple[str, ...] = tuple(dict.fromkeys(
 _PATTERNS_BY_PRIORITY: tuple[Pattern, ...] = tuple(sorted(PATTERNS, key=lambda p: -p.priority))
 
 
+# The engine's version line: "vLLM API server version 0.34.0", "Initializing a V1 LLM engine (v0.34.0)".
+RELEASE_LINE = re.compile(r"(?:vLLM API server version |LLM engine \(v)(\d{1,3}\.\d{1,3}\.\d{1,3}(?:\.post\d{1,3})?)")
+
+
 @dataclass(frozen=True)
 class Diagnosis:
     kind: FailureKind
     evidence: str | None          # the root-cause line as the engine printed it (ANSI stripped)
     facts: JsonFacts              # what the message says, as plain JSON values (the report's form)
     fatal: bool                   # no flag change can fix it
+    release: str | None = None    # the vLLM release the log's version line names (None: it names none)
 
     @property
     def typed_facts(self) -> FailureFacts:
@@ -175,6 +180,7 @@ class LogScanner:
         self.lines = 0
         self._tail = ""                            # the last line of the previous text fed
         self._tail_quiet = False                   # the previous text ended inside a quiet record
+        self.release: str | None = None            # from the log's version line (RELEASE_LINE)
         self._reset_run()
 
     def _reset_run(self) -> None:
@@ -246,6 +252,9 @@ class LogScanner:
         """Whole lines joined by newlines. The prefilter runs on the whole text: one `in` per
         keyword; then only the lines holding a keyword are looked at, in order."""
         self.lines += text.count("\n") + 1
+        if self.release is None and ("version " in text or "LLM engine (v" in text):
+            found = RELEASE_LINE.search(text)
+            self.release = found[1] if found else None
         if "\x1b" in text:
             text = _ANSI.sub("", text)
         text = normalise.normalise(text)
@@ -422,6 +431,11 @@ class LogScanner:
         return merged
 
     def result(self) -> Diagnosis:
+        """The diagnosis so far, with the release the log's version line names."""
+        found = self._result()
+        return replace(found, release=self.release) if self.release else found
+
+    def _result(self) -> Diagnosis:
         served = self.served or self._ready
         candidates = self._candidates()
         root = [c for k, c in candidates.items() if k is not FailureKind.ENGINE_DIED]

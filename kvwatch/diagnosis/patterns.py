@@ -301,6 +301,24 @@ PATTERNS: tuple[Pattern, ...] = (
             ("FP8 KV cache on CPU requires",),
             re.compile(r"FP8 KV cache on CPU requires x86 with AVX-512 or AMX"),
             _fp8_cpu_isa, "v1/attention/backends/cpu_attn.py"),
+    # 0.33+: an 8-bit KV dtype on CPU for an MLA model (vLLM 0.33.0, vllm/platforms/cpu.py:158-162)
+    Pattern("cpu_mla_kv_dtype", FailureKind.KV_DTYPE_UNSUPPORTED, 85,
+            ("is not supported by MLA attention on CPU",),
+            re.compile(r"--kv-cache-dtype (?P<dtype>[\w.-]+) is not supported by MLA attention on CPU"),
+            lambda m: {"kv_cache_dtype": m["dtype"], "platform": "cpu"}, "platforms/cpu.py (0.33+)"),
+    # the cache dtype validator, inside pydantic's "Value error, " line from 0.33 (vLLM 0.33.0,
+    # vllm/config/cache.py:470-474), the attention selector's before (0.11.2, attention/selector.py:86);
+    # above the generic config refusal
+    Pattern("invalid_kv_cache_dtype", FailureKind.KV_DTYPE_UNSUPPORTED, 88,
+            ("Invalid kv_cache_dtype: ",),
+            re.compile(r"Invalid kv_cache_dtype: '?(?P<dtype>[\w.-]{1,64})'?\. Valid values are"),
+            lambda m: {"kv_cache_dtype": m["dtype"]}, "config/cache.py _validate_cache_dtype (0.33+), attention/selector.py"),
+    # 0.33+: an explicit 16-bit KV dtype other than the model's (vLLM 0.33.0, vllm/config/vllm.py:1492-1508)
+    Pattern("mismatched_16bit_kv", FailureKind.KV_DTYPE_UNSUPPORTED, 88,
+            ("is incompatible with dtype=",),
+            re.compile(r'kv_cache_dtype="(?P<dtype>float16|bfloat16)" is incompatible with dtype="(?P<model>\w+)"'),
+            lambda m: {"kv_cache_dtype": m["dtype"], "model_dtype": m["model"]},
+            "config/vllm.py _reject_mismatched_float_kv_cache (0.33+)"),
     Pattern("triton_fp8_kv", FailureKind.KV_DTYPE_UNSUPPORTED, 85,
             ("FP8 KV cache is not supported by the Triton",),
             re.compile(r"FP8 KV cache is not supported by the (?P<backend>Triton[\w ]*?) backend"

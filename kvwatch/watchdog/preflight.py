@@ -10,6 +10,7 @@ honoured. Planning errors never stop kvwatch: the engine is then launched as giv
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Mapping
 
 from kvwatch.boundary import device_probe
@@ -18,10 +19,13 @@ from kvwatch.boundary.plan_loader import plan_command
 from kvwatch.errors import KvwatchError
 from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineCommand
+from kvwatch.planner.flag_change import FlagChange
 from kvwatch.planner.gpu_budget import profile_key
 from kvwatch.planner.plan import Plan
 from kvwatch.planner.rules import RuleSet
 from kvwatch.policy import Policy
+from kvwatch.values.versions import parse_version
+from kvwatch.watchdog.memory_learning import pin_costs_extensible
 from kvwatch.watchdog.records import PreflightFix
 
 _LOG = logging.getLogger(__name__)
@@ -102,3 +106,28 @@ def preflight(command: EngineCommand, device: Device, rules: RuleSet, env: Mappi
             level = "will fail, no allowed fix" if w.certain else "risk"
             _LOG.warning("preflight: %s: [%s] %s", level, w.kind, w.message)
     return command, fixes, plan
+
+
+# What an explicit utilization leaves beyond the other processes' memory when kvwatch sets one beside
+# them: the diagnosis' fit margin (diagnosis/remedies.py _FIT_MARGIN_BYTES).
+BESIDE_OTHERS_MARGIN_BYTES = 1 << 30
+
+
+def utilization_beside_others(command: EngineCommand, device: Device, foreign_bytes: int,
+                              policy: Policy) -> FlagChange | None:
+    """Where vLLM's extensible KV cache is on (0.34+, CUDA) with --gpu-memory-utilization unset, the
+    cache takes what is free after warm-up, with no room kept for other processes on the GPU (vLLM
+    0.34.0, vllm/config/cache.py:226-234; the start-up check is skipped, vllm/v1/worker/utils.py:
+    782-798). With other processes holding `foreign_bytes` (kvwatch measures them), the utilization
+    that leaves them that memory and a margin; None where it does not apply or the policy forbids it."""
+    settings = command.settings()
+    if (foreign_bytes <= 0 or device.platform != "cuda" or not device.total_memory_bytes
+            or settings.gpu_memory_utilization_given or not allowed("--gpu-memory-utilization", policy)):
+        return None
+    if not pin_costs_extensible(settings, device.platform, parse_version(command.release)):
+        return None
+    total = device.total_memory_bytes
+    value = math.floor((total - foreign_bytes - BESIDE_OTHERS_MARGIN_BYTES) / total * 100) / 100
+    if value < policy.min_gpu_memory_utilization:
+        return None
+    return FlagChange({"--gpu-memory-utilization": value})
