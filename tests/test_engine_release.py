@@ -70,7 +70,7 @@ def test_the_new_releases_capacity_against_the_last() -> None:
 
 
 def test_planned_as_the_nearest_known_release() -> None:
-    assert planned_as("0.40.1") == "0.33.0" and planned_as("0.32.0") == "0.32.0" and planned_as(None) is None
+    assert planned_as("0.40.1") == "0.34.0" and planned_as("0.32.0") == "0.32.0" and planned_as(None) is None
 
 
 # -- vLLM's start-up plan (pure) --------------------------------------------------------------
