@@ -84,6 +84,7 @@ from kvwatch.vllm_releases.gdn_checkpoint import GDN_CHECKPOINT_BLOCKS, gdn_chec
 from kvwatch.vllm_releases.hybrid_alignment import hybrid_alignment_for  # noqa: E402
 from kvwatch.vllm_releases.kv_layout import (  # noqa: E402
     KV_PAGE_UNIFICATION,
+    SLIDING_BLOCK_DIVIDES_PRIMARY,
     SLIDING_BLOCK_FROM_KERNEL,
     SLIDING_BLOCK_WITHIN_PRIMARY_PAGE,
     grouping_rule_for,
@@ -550,6 +551,9 @@ def _hybrid_stubs(case: HybridCase, kernel_sizes: list[Any]) -> tuple[dict[str, 
         "get_kv_quant_mode": lambda dtype: None,
         # the state layers' checkpoint alignment (0.33+ reads it in align mode)
         "get_mamba_prefill_checkpoint_alignment": lambda config: case.checkpoint_alignment,
+        # 0.34: the state's byte alignment, 16 only with --use-replayssm on the FlashInfer Mamba backend
+        # (vLLM 0.34.0, vllm/model_executor/layers/mamba/mamba_utils.py:31-33); the case gives the page
+        "mamba_state_alignment": lambda config: 1,
         "AttentionBackendEnum": AttentionBackendEnum,
         "MambaModelConfig": types.SimpleNamespace(verify_and_update_config=lambda config: None),
         "logger": _Logger(),
@@ -890,7 +894,7 @@ def kvwatch_sliding_block_size(release: str, args: dict[str, Any]) -> int:
     assert rule is not None
     version = KNOWN[[str(v) for v in KNOWN].index(release)]
     return sliding_block_size(rule.block_sizes, args["block_size"], SLIDING_BLOCK_FROM_KERNEL.holds(version),
-                              SLIDING_BLOCK_WITHIN_PRIMARY_PAGE.holds(version))
+                              SLIDING_BLOCK_WITHIN_PRIMARY_PAGE.holds(version), SLIDING_BLOCK_DIVIDES_PRIMARY.holds(version))
 
 
 def check_sliding_block_size(release: str, oracle: Oracle) -> list[dict[str, Any]]:
@@ -1165,7 +1169,7 @@ def kvwatch_cuda_kernel_blocks(release: str, args: dict[str, Any]) -> dict[str, 
                             softcap=case.softcap)
     rule = with_release_kernel_blocks(ruleset_for(release), parse_version(release), context).backend(args["backend"])
     assert rule is not None
-    # until 0.18 --block-size's choices (vllm_releases/flags.py) are CacheConfig's BlockSize literals,
+    # until 0.18 --block-size's choices (vllm_releases/generated/flags.py) are CacheConfig's BlockSize literals,
     # which supports_block_size also asks for
     from kvwatch.planner.serve_options import release_options
     found = release_options(release).match("--block-size") if release in KNOWN_FLAG_RELEASES else None
@@ -1180,8 +1184,11 @@ def kvwatch_cuda_kernel_blocks(release: str, args: dict[str, Any]) -> dict[str, 
 
 def check_cuda_kernel_blocks(release: str, oracle: Oracle) -> list[dict[str, Any]]:
     """Each CUDA backend's get_supported_kernel_block_sizes (0.11: its supported_kernel_block_sizes),
-    supports_block_size on KERNEL_BLOCK_PROBES and get_preferred_block_size(16) where the release
-    has it, run from the release's classes on KERNEL_INPUTS."""
+    supports_block_size on KERNEL_BLOCK_PROBES and get_preferred_block_size(the release's default
+    block size: 16, 64 from 0.34, read from its CacheConfig.DEFAULT_BLOCK_SIZE into defaults.py) where
+    the release has it, run from the release's classes on KERNEL_INPUTS."""
+    from kvwatch.vllm_releases.defaults import DEFAULTS
+    default_block = DEFAULTS[release].block_size
     results = []
     for backend, case, cap, dtype in KERNEL_INPUTS:
         rel, name = KERNEL_BACKENDS[backend]
@@ -1199,7 +1206,7 @@ def check_cuda_kernel_blocks(release: str, oracle: Oracle) -> list[dict[str, Any
                                   "accepts": [b for b in KERNEL_BLOCK_PROBES if cls.supports_block_size(b)]}
         has_preferred = hasattr(cls, "get_preferred_block_size")
         if has_preferred:
-            answer["preferred"] = cls.get_preferred_block_size(16)
+            answer["preferred"] = cls.get_preferred_block_size(default_block)
         args = {"backend": backend, "layout": case.label, "capability": list(cap), "kv_cache_dtype": dtype,
                 "has_preferred": has_preferred}
         results.append({"release": release, "check": "cuda_kernel_blocks", "input": _kernel_label(backend, case, cap, dtype),
@@ -1467,6 +1474,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--write", nargs="?", const=str(FIXTURE), help=f"record the results (default {FIXTURE.name})")
     ap.add_argument("--only", help="run only these checks (comma-separated names of CHECKS), while developing; "
                                    "not with --write, which records them all")
+    ap.add_argument("--release", help="run only these releases (comma-separated); with --write, their results "
+                                      "replace theirs in the fixture and the other releases' are kept")
     args = ap.parse_args(argv)
     if args.only and args.write:
         ap.error("--only runs part of the checks; --write records them all")
@@ -1474,6 +1483,16 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("give SRC_ROOT or set KVWATCH_VLLM_SRC")
     src_root = Path(args.src_root)
     releases = [str(v) for v in KNOWN if (src_root / str(v) / "vllm").is_dir()]
+    if args.release:
+        asked = args.release.split(",")
+        unknown = [r for r in asked if r not in {str(v) for v in KNOWN}]
+        if unknown:
+            ap.error(f"not a known release: {', '.join(unknown)} (kvwatch.vllm_releases.KNOWN)")
+        missing = [r for r in asked if r not in releases]
+        if missing:
+            print(f"error: {', '.join(missing)} not unpacked under {src_root}", file=sys.stderr)
+            return 2
+        releases = [r for r in releases if r in asked]
     if not releases:
         print(f"error: no known release unpacked under {src_root}", file=sys.stderr)
         return 2
@@ -1504,8 +1523,23 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(releases)} releases, " + ", ".join(f"{k}: {n} inputs" for k, n in counts.items())
           + f"; {len(diffs)} differences, {len(known)} known")
     if args.write:
+        if args.release:
+            releases, results = merged_with_fixture(Path(args.write), releases, results)
         Path(args.write).write_text(render_fixture(releases, results), encoding="utf-8")
     return 1 if diffs else 0
+
+
+def merged_with_fixture(fixture: Path, releases: list[str], results: list[dict[str, Any]]
+                        ) -> tuple[list[str], list[dict[str, Any]]]:
+    """The recorded results of every other known release, with `releases`' results in their place,
+    in KNOWN's order (so recording one release gives the same file as recording them all)."""
+    recorded = json.loads(fixture.read_text(encoding="utf-8"))
+    kept = [r for r in recorded["results"] if r["release"] not in releases]
+    every = [str(v) for v in KNOWN if str(v) in set(recorded["releases"]) | set(releases)]
+    by_release: dict[str, list[dict[str, Any]]] = {r: [] for r in every}
+    for r in kept + results:
+        by_release[r["release"]].append(r)
+    return every, [r for release in every for r in by_release[release]]
 
 
 if __name__ == "__main__":

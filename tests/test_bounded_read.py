@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -152,3 +153,19 @@ def test_a_fifo_as_a_tls_key_is_refused_before_openssl_opens_it(tmp_path: Path) 
     fifo = _fifo(tmp_path)
     with pytest.raises(ConfigError, match="not a regular file \\(a FIFO\\)"):
         TlsConfig(cert_file=fifo, key_file=fifo).context()
+
+
+def test_diagnose_reads_a_pipe_but_refuses_a_device_that_never_ends(tmp_path: Path) -> None:
+    _one_line(_kvwatch("diagnose", "/dev/zero"), "/dev/zero", "not a log (a character device)")
+    fifo = _fifo(tmp_path)   # `kvwatch diagnose <(journalctl ...)`: a pipe is a log streamed
+    log = (Path(__file__).parent / "fixtures" / "logs" / "cpu_engine_died.log").read_bytes()
+
+    def feed() -> None:
+        with open(fifo, "wb") as f:
+            f.write(log)
+
+    writer = threading.Thread(target=feed)
+    writer.start()
+    result = _kvwatch("diagnose", str(fifo))
+    writer.join(10)
+    assert "engine_died" in result.stdout, result.stderr

@@ -151,3 +151,68 @@ def test_a_glob_as_json(capsys):
 def test_a_glob_that_matches_nothing(capsys, tmp_path):
     assert main(["diagnose", str(tmp_path / "*.log")]) == EXIT_BAD_INPUT
     assert "no log matches" in capsys.readouterr().err
+
+
+def test_several_files_give_one_line_each_in_order(capsys):
+    names = ("port_errno98_pasted.log", "lora_rank_swift_pasted.log")
+    code = main(["diagnose", *(str(FIELD / n) for n in names)])
+    lines = capsys.readouterr().out.splitlines()
+    assert code == EXIT_OK and len(lines) == 2
+    assert lines[0].startswith(str(FIELD / names[0])) and "port_in_use" in lines[0]
+    assert "lora_rank_too_large" in lines[1]
+
+
+def test_a_missing_file_among_several_is_one_clear_error():
+    proc = _cli(str(FIELD / "port_errno98_pasted.log"), "/nonexistent/x.log")
+    assert proc.returncode == EXIT_BAD_INPUT and "cannot read /nonexistent/x.log" in proc.stderr.decode()
+    assert "Traceback" not in proc.stderr.decode()
+
+
+def test_stdin_among_files_and_only_once():
+    proc = _cli(str(FIELD / "port_errno98_pasted.log"), "-", stdin=(LOGS / "gpu_memory_busy.log").read_bytes())
+    lines = proc.stdout.decode().splitlines()
+    assert proc.returncode == EXIT_OK and "port_in_use" in lines[0] and lines[1].startswith("-  gpu_memory_busy")
+    proc = _cli("-", "-", stdin=b"")
+    assert proc.returncode == EXIT_BAD_INPUT and "stdin (-) can be read once" in proc.stderr.decode()
+
+
+def _interleaved(prefixes: tuple[str, str], engine_log: Path) -> bytes:
+    """Two containers' lines as kubectl --all-containers --prefix interleaves them: a sidecar's
+    health checks (an ERROR of its own among them) and the engine's log."""
+    sidecar = [f"{prefixes[0]}INFO 12-05 10:00:{i:02d} proxy: upstream not ready, retrying" for i in range(30)]
+    sidecar[5] = f"{prefixes[0]}ERROR 12-05 10:00:05 proxy: connect() failed (111: Connection refused)"
+    engine = [prefixes[1] + line for line in engine_log.read_text().splitlines()]
+    out: list[str] = []
+    while sidecar or engine:
+        out.extend(engine[:3])
+        out.extend(sidecar[:1])
+        engine, sidecar = engine[3:], sidecar[1:]
+    return ("\n".join(out) + "\n").encode()
+
+
+@pytest.mark.parametrize("prefixes, tag", [
+    (("[pod/vllm-0/proxy] ", "[pod/vllm-0/vllm] "), "pod/vllm-0/vllm"),      # kubectl logs --all-containers --prefix
+    (("proxy-1  | ", "vllm-1  | "), "vllm-1"),                                 # docker compose logs
+])
+def test_a_multi_container_log_is_diagnosed_per_container(prefixes, tag, tmp_path, capsys):
+    log = tmp_path / "pod.log"
+    log.write_bytes(_interleaved(prefixes, LOGS / "cpu_block_size_8.log"))
+    code = main(["diagnose", str(log), "--", "vllm", "serve", "m", "--block-size", "8"])
+    lines = capsys.readouterr().out.splitlines()
+    # the failing container only: the sidecar's error record names no failure of an engine
+    assert code == EXIT_OK and len(lines) == 1 and f"[{tag}]" in lines[0]
+    assert "block_size_unsupported" in lines[0] and "fix: --block-size 32" in lines[0]
+
+
+def test_when_no_container_failed_each_is_reported(tmp_path, capsys):
+    log = tmp_path / "pod.log"
+    log.write_text("[pod/p/a] INFO 12-05 10:00:00 ready\n[pod/p/b] INFO 12-05 10:00:00 ready\n")
+    assert main(["diagnose", str(log)]) == EXIT_UNKNOWN_FAILURE
+    assert len(capsys.readouterr().out.splitlines()) == 2
+
+
+def test_a_multi_container_log_on_stdin_as_json():
+    proc = _cli("--json", "-", stdin=_interleaved(("[pod/p/a] ", "[pod/p/vllm] "), LOGS / "gpu_memory_busy.log"))
+    out = json.loads(proc.stdout)
+    engine = next(o for o in out if o["log"] == "-[pod/p/vllm]")
+    assert engine["kind"] == "gpu_memory_busy" and engine["facts"]["free_gib"] == 19.77

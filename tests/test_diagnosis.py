@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from kvwatch.diagnosis import Diagnosis, FailureKind, LogScanner, diagnose, diagnose_stream
 from kvwatch.diagnosis.diagnose import MAX_LINE_BYTES, MAX_LINE_CHARS, clean_line
 from kvwatch.diagnosis.patterns import PATTERNS, READY_MARKERS
+from kvwatch.failure_kinds import ALWAYS_FATAL
 
 LOGS = Path(__file__).resolve().parent / "fixtures" / "logs"
 
@@ -260,6 +261,14 @@ def test_ansi_colours_are_stripped():
 # Wordings with no fixture file: the text is the vLLM 0.32 source's (file named in patterns.py),
 # or an older release's as quoted in vLLM's issues and pull requests.
 INLINE = [
+    # 0.33's wordings: vLLM 0.33.0, vllm/platforms/cpu.py:158-162; config/cache.py:470-474; config/vllm.py:1504-1507
+    ("ValueError: --kv-cache-dtype fp8_e4m3 is not supported by MLA attention on CPU.",
+     K.KV_DTYPE_UNSUPPORTED, {"pattern": "cpu_mla_kv_dtype", "kv_cache_dtype": "fp8_e4m3"}),
+    ("  Value error, Invalid kv_cache_dtype: 'fp9'. Valid values are: ('auto',) [type=value_error, input_value='fp9', "
+     "input_type=str]", K.KV_DTYPE_UNSUPPORTED, {"pattern": "invalid_kv_cache_dtype", "kv_cache_dtype": "fp9"}),
+    ('ValueError: kv_cache_dtype="bfloat16" is incompatible with dtype="float16". Please set `--kv-cache-dtype` '
+     "to `auto` or `float16`.", K.KV_DTYPE_UNSUPPORTED,
+     {"pattern": "mismatched_16bit_kv", "kv_cache_dtype": "bfloat16", "model_dtype": "float16"}),
     ("ValueError: Aligned KV cache block size 48 is not supported by attention backend(s): FLASHMLA, CUTLASS_MLA.",
      K.BLOCK_SIZE_UNSUPPORTED, {"block_size": 48, "backends": ["FLASHMLA", "CUTLASS_MLA"]}),
     ("RuntimeError: Unsupported block size: 128", K.BLOCK_SIZE_UNSUPPORTED,
@@ -289,7 +298,56 @@ INLINE = [
      K.KV_DTYPE_UNSUPPORTED, {"kv_cache_dtype": "fp4"}),
     ("(EngineCore_DP0 pid=9) ERROR 01-01 00:00:00 [core_client.py:1] Engine core proc EngineCore_DP0 died "
      "unexpectedly, shutting down client.", K.ENGINE_DIED, {}),
+    # vLLM 0.18+'s kernel block sizes (Ascend's attention kernels take 128): vllm-project/vllm-ascend#8480
+    ("ValueError: None of the kernel sizes [128] can divide physical block size 16 evenly", K.BLOCK_SIZE_UNSUPPORTED,
+     {"block_size": 16, "backend_block_sizes": {"(kernel)": ["MultipleOf(128)"]}}),
+    # a refusal's sentence alone, pydantic's framing lost in the paste
+    ("Total number of attention heads (12) must be divisible by tensor parallel size (8)", K.CONFIG_REFUSED,
+     {"refusal": "tensor_parallel_size_not_dividing_heads", "num_attention_heads": 12, "tensor_parallel_size": 8}),
 ]
+
+# Messages cut at their end (a paste, a log cut off): the head names the class, with the facts before the cut.
+TRUNCATED = [
+    ("ValueError: To serve at least one request with the model's max seq len (1048576),", K.KV_CACHE_TOO_SMALL,
+     {"max_model_len": 1048576}, ("needed_gib",)),
+    ("ValueError: To serve at least one request with the model's max seq len (1048576), (128.00 GiB KV cache is "
+     "needed, which is larger", K.KV_CACHE_TOO_SMALL, {"max_model_len": 1048576, "needed_gib": 128.0},
+     ("available_gib",)),
+    ("ValueError: Free memory on device cuda:0 (30.12/31.84 GiB) on startup is less than", K.GPU_MEMORY_BUSY,
+     {"free_gib": 30.12, "total_gib": 31.84, "device": "cuda:0"}, ("utilization",)),
+    ("ValueError: No valid attention backend found for cuda with AttentionSelectorConfig(head_size=576, "
+     "dtype=torch.bfloat16, kv_cache_dtype=auto, block_size=16, use_mla=True", K.NO_ATTENTION_BACKEND,
+     {"device": "cuda", "selector_config": {"head_size": 576, "block_size": 16}, "reasons": {}}, ()),
+    ("ValueError: No valid attention backend found for cuda with AttentionSelectorConfig(head_size=64). Reasons: "
+     "{FLASH_ATTN: [compute capability not supported], FLASHINFER: [block_s", K.NO_ATTENTION_BACKEND,
+     {"reasons": {"FLASH_ATTN": ["compute capability not supported"]}, "reasons_cut": True}, ()),
+    ("ValueError: max_num_seqs (256) exceeds available Mamba cache blocks", K.MAMBA_CACHE_TOO_SMALL,
+     {"max_num_seqs": 256}, ("mamba_blocks",)),
+    ("ValueError: The model's max seq len (32768) is larger than the maximum number of tokens", K.KV_CACHE_TOO_SMALL,
+     {"max_model_len": 32768}, ("kv_cache_tokens",)),
+    ("ValueError: LoRA rank 64 is greater than max_lora_rank", K.LORA_RANK_TOO_LARGE, {"lora_rank": 64},
+     ("max_lora_rank",)),
+    ("ValueError: Aligned KV cache block size 48 is not supported by attention backend", K.BLOCK_SIZE_UNSUPPORTED,
+     {"block_size": 48}, ()),
+    ("ValueError: Selected backend FLASHINFER is not valid for this configuration", K.NO_ATTENTION_BACKEND,
+     {"selected_backend": "FLASHINFER"}, ()),
+    ("ValueError: None of the kernel sizes [128] can divide physical", K.BLOCK_SIZE_UNSUPPORTED,
+     {"backend_block_sizes": {"(kernel)": ["MultipleOf(128)"]}}, ("block_size",)),
+]
+
+
+@pytest.mark.parametrize("line,kind,facts,absent", TRUNCATED, ids=[t[0][:50] for t in TRUNCATED])
+def test_a_message_cut_at_its_end_keeps_its_class_and_the_facts_before_the_cut(line, kind, facts, absent):
+    d = diagnose([line])
+    assert d.kind is kind and _subset(facts, d.facts), d.facts
+    assert not any(k in d.facts for k in absent), d.facts     # nothing read past the cut
+    assert not d.fatal or kind in ALWAYS_FATAL
+
+
+def test_a_cut_backend_list_is_never_taken_for_all_of_them():
+    # FLASH_ATTN alone is ruled out for the hardware: were that all, no flag would help (fatal); cut, it is not known
+    d = diagnose([TRUNCATED[4][0]])
+    assert not d.fatal
 
 
 @pytest.mark.parametrize("line,kind,facts", INLINE, ids=[i[0][:40] for i in INLINE])

@@ -21,7 +21,8 @@ import pytest
 from kvwatch.errors import CommandError
 from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.serve_options import known_releases, release_options
-from kvwatch.vllm_releases import KNOWN, flags
+from kvwatch.vllm_releases import KNOWN
+from kvwatch.vllm_releases.generated import flags
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "check_release_parsers.py"
@@ -209,11 +210,12 @@ def _plan(tmp_path: Path, capsys: pytest.CaptureFixture[str], *args: str) -> tup
 def test_a_release_kvwatch_never_read_is_planned_as_the_nearest_and_the_plan_says_so(tmp_path, capsys) -> None:
     rc, out = _plan(tmp_path, capsys, "--vllm-version", "0.40.1", "--json", "--disable-prefix-caching")
     data = json.loads(out)
-    assert data["vllm_release"] == {"asked": "0.40.1", "used": "0.33.0", "exact": False,
+    newest = str(max(KNOWN))
+    assert data["vllm_release"] == {"asked": "0.40.1", "used": newest, "exact": False,
                                     "why": "vLLM 0.40.1 is newer than any release kvwatch has read: "
-                                           "planned as 0.33.0, the nearest before it"}
+                                           f"planned as {newest}, the nearest before it"}
     rc, out = _plan(tmp_path, capsys, "--vllm-version", "0.40.1", "--enable-prefix-caching")
-    assert "vLLM release: vLLM 0.40.1 is newer than any release kvwatch has read: planned as 0.33.0" in out
+    assert f"vLLM release: vLLM 0.40.1 is newer than any release kvwatch has read: planned as {newest}" in out
 
 
 def test_the_plan_reads_the_flags_as_the_release_asked_for(tmp_path, capsys) -> None:
@@ -231,8 +233,10 @@ def test_an_option_the_release_lacks_is_a_predicted_refusal(tmp_path, capsys) ->
                                                  "message": "unrecognized arguments: --disable-prefix-caching"}
     rc, out = _plan(tmp_path, capsys, "--vllm-version", "0.33.0", "--disable-prefix-caching")
     assert rc == 0 and "vLLM release: planned as 0.33.0" in out and "vllm_parser" not in out
-    rc, out = _plan(tmp_path, capsys, "--vllm-version", "0.34.0", "--no-such-option")
-    assert rc == 0 and "RISK: [vllm_parser] vLLM 0.33.0's `vllm serve` parser refuses the command: " \
+    newest = max(KNOWN)   # a release after it, not read, is read by its parser: a risk, not a certainty
+    unread = f"{newest.parts[0]}.{newest.parts[1] + 1}.0"
+    rc, out = _plan(tmp_path, capsys, "--vllm-version", unread, "--no-such-option")
+    assert rc == 0 and f"RISK: [vllm_parser] vLLM {newest}'s `vllm serve` parser refuses the command: " \
                        "unrecognized arguments: --no-such-option" in out
 
 

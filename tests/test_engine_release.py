@@ -70,7 +70,7 @@ def test_the_new_releases_capacity_against_the_last() -> None:
 
 
 def test_planned_as_the_nearest_known_release() -> None:
-    assert planned_as("0.40.1") == "0.33.0" and planned_as("0.32.0") == "0.32.0" and planned_as(None) is None
+    assert planned_as("0.40.1") == "0.34.0" and planned_as("0.32.0") == "0.32.0" and planned_as(None) is None
 
 
 # -- vLLM's start-up plan (pure) --------------------------------------------------------------
@@ -160,7 +160,7 @@ def test_an_upgrade_between_launches_is_logged_and_exported(
     store.ensure_dir()
     store.save(EngineRecord(name="t", original_argv=list(cfg.engine.command), argv=list(cfg.engine.command),
                             vllm_release="0.19.1", log_kv_tokens=464_848))
-    monkeypatch.setattr("kvwatch.watchdog.supervisor.installed_vllm_text", lambda: "0.20.2")
+    monkeypatch.setattr("kvwatch.watchdog.os_interface.RealOs.installed_vllm_text", lambda self: "0.20.2")
     caplog.set_level(logging.WARNING, logger="kvwatch.watchdog.supervisor")
     run = Running(supervisor(cfg))
     run.wait_state(EngineState.READY)

@@ -66,3 +66,32 @@ def test_a_busy_listen_address_is_a_kvwatch_error() -> None:
             attach(replace(Config(), listen=f"127.0.0.1:{port}"), _Supervisor(EngineStatus("b", EngineState.STOPPED)))
     finally:
         first()
+
+
+def test_a_new_status_reaches_the_metrics_at_once_not_an_interval_later() -> None:
+    # kvwatch_engine_up stayed 1 for the watch interval after the engine died, and for good when
+    # kvwatch exited within it (a frozen state disk made that exit take seconds): the supervisor's
+    # observer now pokes the watch, which snapshots at once.
+    import threading
+
+    from kvwatch.boundary.engine_http import EnginePage
+
+    port = free_port()
+    config = replace(Config(), listen=f"127.0.0.1:{port}", device="cpu")
+    config = replace(config, watch=replace(config.watch, interval_seconds=600))   # no tick of its own
+    supervisor = _Supervisor(EngineStatus("llm", EngineState.READY))
+    supervisor.engine_page = EnginePage(True, None)   # type: ignore[assignment]
+    changed = threading.Event()
+    close = attach(config, supervisor, status_changed=changed)
+    try:
+        def up() -> float | None:
+            return value(samples(http_get(f"http://127.0.0.1:{port}/metrics")[1]), "kvwatch_engine_up", engine="llm")
+
+        changed.set()   # the first snapshot of a 600 s watch comes from a poke too
+        eventually(lambda: up() == 1, 10, 0.05)
+        supervisor.engine_page = None   # the engine died: the supervisor forgets its page, then publishes
+        supervisor.status = replace(supervisor.status, state=EngineState.BACKOFF)
+        changed.set()
+        eventually(lambda: up() == 0, 5, 0.05)
+    finally:
+        close()

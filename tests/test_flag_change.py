@@ -78,14 +78,19 @@ def test_old_state_file_is_read(tmp_path):
     assert isinstance(again.constraints[0], Constraint)
 
 
-def _flags_built_in(tree: ast.AST) -> set[str]:
+def _flags_built_in(tree: ast.Module) -> set[str]:
     """The flags the FlagChanges of one module touch: the "--..." literals inside a FlagChange(...)
-    call, and, where a function builds one from a variable, the "--..." keys it stores into a dict
-    (change["--block-size"] = ...) or appends to a list (remove.append("--block-size")). The
-    planner's architecture refusals carry theirs as a dict literal, fix= or last."""
+    call, a name there resolved to the module's constant ("--x" or a tuple of them) or to the
+    constant a for loop takes it from; and, where a function builds one from a variable, the
+    "--..." keys it stores into a dict (change["--block-size"] = ...) or appends to a list. The
+    planner's architecture refusals carry theirs as a dict literal, fix= or last. A name it cannot
+    resolve fails the test: the set must never miss a flag that is built indirectly."""
     def literals(node: ast.AST) -> set[str]:
         return {n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)
                 and n.value.startswith("--") and " " not in n.value}
+
+    constants = {t.id: literals(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                 for t in node.targets if isinstance(t, ast.Name) and literals(node.value)}
 
     def called(call: ast.Call) -> str:
         f = call.func
@@ -93,10 +98,20 @@ def _flags_built_in(tree: ast.AST) -> set[str]:
 
     found: set[str] = set()
     for func in [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.Module))]:
+        loops = {n.target.id: n.iter for n in ast.walk(func) if isinstance(n, ast.For)
+                 and isinstance(n.target, ast.Name)}
         calls = [c for c in ast.walk(func) if isinstance(c, ast.Call) and called(c) in ("FlagChange", "from_flags")]
         for call in calls:
-            found |= {flag for arg in [*call.args, *(k.value for k in call.keywords)]
-                      if isinstance(arg, (ast.Dict, ast.Tuple, ast.List)) for flag in literals(arg)}
+            for arg in [*call.args, *(k.value for k in call.keywords)]:
+                if not isinstance(arg, (ast.Dict, ast.Tuple, ast.List)):
+                    continue
+                found |= literals(arg)
+                keys = arg.keys if isinstance(arg, ast.Dict) else arg.elts
+                for key in (k for k in keys if isinstance(k, ast.Name)):
+                    source = loops.get(key.id)
+                    resolved = constants.get(source.id) if isinstance(source, ast.Name) else constants.get(key.id)
+                    assert resolved, f"FlagChange with a flag named {key.id!r}: resolve it here"
+                    found |= resolved
         if any(isinstance(a, ast.Name) for c in calls for a in c.args):
             for n in ast.walk(func):
                 if isinstance(n, ast.Subscript) and isinstance(n.ctx, ast.Store):

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from kvwatch.boundary.host_memory import boot_id, read_sample
-from kvwatch.watchdog.host_memory_watch import HostMemoryLevel, HostMemorySample, host_memory_verdict, stop_record
+from kvwatch.values.host_memory import HostMemorySample
+from kvwatch.watchdog.host_memory_watch import HostMemoryLevel, host_memory_verdict, stop_record
 from kvwatch.watchdog.state_store import MAX_HOST_MEMORY_STOPS, EngineRecord, HostMemoryStop, StateStore
 
 GIB = 1 << 30

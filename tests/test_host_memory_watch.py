@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from kvwatch.values.host_memory import HostMemorySample
 from kvwatch.watchdog.host_memory_watch import (
     HostMemoryLevel,
-    HostMemorySample,
     HostMemoryThresholds,
     HostMemoryVerdict,
     HostMemoryWindow,

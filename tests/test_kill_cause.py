@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvwatch.watchdog.kill_cause import HostMemory, Killer, OomCount, kernel_record, kill_cause, split_returncode
+from kvwatch.values.host_memory import HostMemory, OomCount
+from kvwatch.watchdog.kill_cause import Killer, kernel_record, kill_cause, split_returncode
 from kvwatch.watchdog.outcomes import KernelRecord
 
 SVC = "/system.slice/kvwatch.service"

@@ -64,3 +64,45 @@ def test_the_plan_in_force_reads_config_json_once_per_launch(tmp_path: Path) -> 
     planner.begin_launch()
     assert planner.compute(command) == first
     assert reads == [str(model)] * 2
+
+
+@pytest.mark.parametrize("foreign,pinned", [(0, False), (10, True)])
+def test_where_a_pin_turns_off_the_extensible_cache_it_pins_only_beside_other_processes(
+        foreign: int, pinned: bool) -> None:
+    """--kv-cache-memory-bytes turns 0.34's extensible KV cache off (vllm/config/vllm.py:3203-3207):
+    on a GPU of its own the engine sizes its cache better after warm-up than a pin would."""
+    plan = replace(fixture_plan("cpu_default"), estimated=False, kv_memory_source="learned non-KV")
+    pin = pin_for(plan, foreign, extensible=True)
+    assert (pin.kv_bytes is not None) is pinned
+    assert "extensible KV cache" in pin.why
+
+
+def test_the_pin_costs_the_extensible_cache_on_cuda_from_0_34() -> None:
+    from kvwatch.values.versions import parse_version
+    from kvwatch.watchdog.memory_learning import pin_costs_extensible
+    settings = EngineCommand.parse(["vllm", "serve", "m"], "0.34.0").settings()
+    assert pin_costs_extensible(settings, "cuda", parse_version("0.34.0"))
+    assert not pin_costs_extensible(settings, "cpu", parse_version("0.34.0"))
+    old = EngineCommand.parse(["vllm", "serve", "m"], "0.33.0").settings()
+    assert not pin_costs_extensible(old, "cuda", parse_version("0.33.0"))
+    off = EngineCommand.parse(["vllm", "serve", "m", "--no-enable-extensible-kv-cache"], "0.34.0").settings()
+    assert not pin_costs_extensible(off, "cuda", parse_version("0.34.0"))
+
+
+def test_beside_other_processes_the_unset_utilization_is_set_to_leave_them_room() -> None:
+    """0.34's extensible cache takes all the memory free after warm-up when utilization is unset."""
+    from kvwatch.planner.devices import preset
+    from kvwatch.policy import Policy
+    from kvwatch.watchdog.preflight import utilization_beside_others
+    h100 = preset("h100")
+    total = h100.total_memory_bytes
+    unset = EngineCommand.parse(["vllm", "serve", "m"], "0.34.0")
+    change = utilization_beside_others(unset, h100, 20 * 2**30, Policy())
+    assert change is not None
+    value = change.set["--gpu-memory-utilization"]
+    assert value * total <= total - 20 * 2**30 - 2**30 and value > 0.7
+    assert utilization_beside_others(unset, h100, 0, Policy()) is None                      # nobody else
+    given = EngineCommand.parse(["vllm", "serve", "m", "--gpu-memory-utilization", "0.8"], "0.34.0")
+    assert utilization_beside_others(given, h100, 20 * 2**30, Policy()) is None             # the user's choice
+    old = EngineCommand.parse(["vllm", "serve", "m"], "0.33.0")
+    assert utilization_beside_others(old, h100, 20 * 2**30, Policy()) is None               # 0.33 refuses itself

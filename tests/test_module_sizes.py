@@ -11,8 +11,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "kvwatch"
 MAX_LINES = 600
-# Being split under issue 42 (its state machine's loop, the autopilot and start-up reconciliation apart).
-NOT_YET = {"watchdog/supervisor.py"}
+# Modules allowed over the limit for now, each with its issue (none today).
+NOT_YET: set[str] = set()
 
 
 def docstring(path: Path) -> str:
@@ -48,4 +48,4 @@ def test_the_generated_tables_are_the_ones_over_the_limit() -> None:
     """The long modules are tables; so the exception cannot hide a hand-written module."""
     long = {rel(p) for p in MODULES if len(p.read_text(encoding="utf-8").splitlines()) > MAX_LINES}
     assert long - NOT_YET <= {rel(p) for p in MODULES if generated(p)}
-    assert {"vllm_releases/texts.py", "vllm_releases/architectures.py"} <= long
+    assert long, "no module over the limit: the generated tables' exception is checked on nothing"

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from kvwatch.boundary.oom_record import MemoryCgroup, host_memory, memory_cgroup, read_oom_count
-from kvwatch.watchdog.kill_cause import HostMemory, Killer, OomCount, kill_cause
+from kvwatch.values.host_memory import HostMemory, OomCount
+from kvwatch.watchdog.kill_cause import Killer, kill_cause
 
 SVC = "/system.slice/kvwatch.service"
 GIB = 1 << 30

@@ -30,6 +30,8 @@ ROWS: list[tuple[str, tuple[str, ...], tuple[str, ...], bool, str]] = [
     ("a backend kvwatch removed", C[:7], (), True, ""),
     ("corrections stacked: dtype, length, seqs", C + ("--kv-cache-dtype", "fp8", "--max-model-len", "2048",
                                                       "--max-num-seqs=4"), (), True, ""),
+    ("a host-OOM correction: less offload, one loading worker", C + ("--cpu-offload-gb", "2",
+                                                                     "--max-parallel-loading-workers", "1"), (), True, ""),
     ("the autopilot's tensor parallel size", C + ("--tensor-parallel-size", "2"), (), True, ""),
     ("a forged shell", ("/bin/sh", "-c", "id > /tmp/pwned"), (), False, "another executable"),
     ("the shell with the model's words after it", ("/bin/sh", "-c", "x", "serve", "/models/m"), (), False,

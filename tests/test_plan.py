@@ -15,6 +15,7 @@ from kvwatch.planner.flag_change import FlagChange
 from kvwatch.planner.geometry import geometry_from_config
 from kvwatch.planner.plan import NO_MEMORY_INPUTS, MemoryInputs, make_plan
 from kvwatch.planner.rules import ruleset_for
+from kvwatch.values.versions import parse_version
 
 RULES = ruleset_for("0.32.0")
 CPU = Device("cpu", "cpu", cpu_fp8_kv=True)
@@ -76,10 +77,15 @@ def test_sm120_auto_kv_is_clean():
     assert plan.warnings == ()
 
 
-@pytest.mark.parametrize("device,backend,block", [
-    ("h200", "FLASH_ATTN_MLA", 16), ("b200", "FLASHINFER_MLA", 32)])
-def test_mla_backend_and_default_block_size_by_gpu(device, backend, block):
-    plan = plan_for(KIMI, "--kv-cache-memory-bytes", "40G", device=preset(device))
+@pytest.mark.parametrize("device,release,backend,block", [
+    ("h200", "0.33.0", "FLASH_ATTN_MLA", 16), ("b200", "0.33.0", "FLASHINFER_MLA", 32),
+    # 0.34's default block size 64 (vllm/config/cache.py:185), where the backend accepts it
+    # (AttentionBackend.get_preferred_block_size, vllm/v1/attention/backend.py:158-166)
+    ("h200", "0.34.0", "FLASH_ATTN_MLA", 64), ("b200", "0.34.0", "FLASHINFER_MLA", 64)])
+def test_mla_backend_and_default_block_size_by_gpu(device, release, backend, block):
+    settings = EngineCommand.parse(["vllm", "serve", "m", "--kv-cache-memory-bytes", "40G"], release).settings()
+    plan = make_plan(geometry_from_config(KIMI), settings, preset(device), ruleset_for(release),
+                     MemoryInputs(vllm_version=parse_version(release)))
     assert (plan.backend, plan.block_size, plan.block_size_source) == (backend, block, "backend default")
 
 

@@ -13,6 +13,7 @@ from kvwatch.planner.devices import PRESETS
 from kvwatch.planner.release_compare import compare_releases, render_comparison
 from kvwatch.planner.rules import ruleset_for
 from kvwatch.values.versions import parse_version
+from kvwatch.vllm_releases import KNOWN
 
 QWEN = str(Path(__file__).resolve().parent.parent / "examples" / "qwen2-7b")
 
@@ -60,7 +61,8 @@ def test_a_flag_given_hides_the_default_change() -> None:
 
 def test_an_unknown_release_is_planned_as_the_nearest_and_says_so() -> None:
     _, _, c = compare("h100", "0.32.0", "0.40.1")
-    assert c.used_b == "0.33.0" and "planned as 0.33.0" in c.notes[0]
+    newest = str(max(KNOWN))
+    assert c.used_b == newest and f"planned as {newest}" in c.notes[0]
 
 
 def test_cli_side_by_side_and_json(capsys: pytest.CaptureFixture[str]) -> None:
@@ -83,7 +85,7 @@ def test_cli_bad_compare_version_is_one_clear_error(capsys: pytest.CaptureFixtur
 
 
 # Flags that change meaning between two releases, read from each release's parser data
-# (vllm_releases/flags.py): (flags, A, B, the row's a, b, words of its reason, its source).
+# (vllm_releases/generated/flags.py): (flags, A, B, the row's a, b, words of its reason, its source).
 FLAG_MEANING = [
     # a switch that gained an inverse (0.33's EnableDisableAction)
     (["--enable-prefix-caching"], "0.32.0", "0.33.0", "on", "on", "adds the inverse --disable-prefix-caching",

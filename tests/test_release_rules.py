@@ -9,6 +9,7 @@ from kvwatch.planner.backends import choose_backend
 from kvwatch.planner.devices import preset
 from kvwatch.planner.geometry import geometry_from_config
 from kvwatch.planner.rules import priority_source, ruleset_for
+from kvwatch.vllm_releases import KNOWN
 
 MLA = geometry_from_config(deepseek_v2_config())
 
@@ -37,8 +38,9 @@ def test_a_release_with_no_list_of_its_own_takes_the_oldest() -> None:
 
 
 def test_unknown_or_missing_release_is_planned_as_the_default() -> None:
-    assert ruleset_for(None) is ruleset_for("0.33.0") is ruleset_for("not a version")
-    assert ruleset_for("0.40.1") is ruleset_for("0.33.0")
+    newest = str(max(KNOWN))
+    assert ruleset_for(None) is ruleset_for(newest) is ruleset_for("not a version")
+    assert ruleset_for("0.40.1") is ruleset_for(newest)
 
 
 _QWEN = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "num_hidden_layers": 2,

@@ -29,7 +29,9 @@ def diag(name: str, *extra_lines: str) -> Diagnosis:
 
 
 def cmd(*flags: str) -> EngineCommand:
-    return EngineCommand.parse(BASE + list(flags))
+    """The failed command, read as 0.33 reads it: these remedies are those of the profile's estimate-based
+    sizing (an unset utilization is 0.92); 0.34's extensible KV cache has its own (test_extensible_kv.py)."""
+    return EngineCommand.parse(BASE + list(flags), "0.33.0")
 
 
 # fixture, flags of the failed command, expected set, expected remove

@@ -118,7 +118,9 @@ def _race_create(state: Path) -> None:
                 if job == "run":
                     StateStore(str(state), "e").ensure_dir()
                 else:
-                    HostRegistry(str(state), "x").publish([os.getpid()])
+                    registry = HostRegistry(str(state), "x")
+                    registry.publish([os.getpid()])
+                    assert registry.flush(30)   # the claim's writer makes the directories
             except BaseException:
                 code = 1
             os._exit(code)
@@ -171,6 +173,7 @@ def test_a_claim_someone_else_wrote_hides_no_gpu_process(tmp_path: Path,
     state = tmp_path / "state"
     mine = HostRegistry(str(state), "mine")
     mine.publish([])
+    assert mine.flush(30)   # its writer made engines/
     me = proc_inspect.ref_of(os.getpid())
     assert me is not None
     claim = json.dumps({"name": "hog", "kvwatch": [me.pid, me.create_time], "pids": [[me.pid, me.create_time]]})

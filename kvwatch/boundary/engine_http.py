@@ -32,6 +32,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvwatch.boundary.sample_lines import plain_samples
+from kvwatch.vllm_releases.metrics import kv_usage_names
 
 _LOG = logging.getLogger(__name__)
 
@@ -44,7 +45,9 @@ _MAX_HEAD_LINES = 2000     # a page without the series kvwatch reads is checked 
 HEALTH_MAX_BYTES = 64 << 10
 
 CACHE_CONFIG = "vllm:cache_config_info"
-KV_USAGE = "vllm:kv_cache_usage_perc"
+# The KV cache usage series of every release kvwatch knows, newest name first (vllm_releases/metrics.py).
+KV_USAGE_NAMES = kv_usage_names()
+KV_USAGE = KV_USAGE_NAMES[0]
 # The engine's load: summed over its ranks, read for progress (watchdog/progress.py); Prometheus
 # scrapes these series from the engine as they are, kvwatch does not re-export them.
 RUNNING = "vllm:num_requests_running"
@@ -59,7 +62,7 @@ REQUEST_PROMPT = "vllm:request_prompt_tokens"
 REQUEST_GENERATION = "vllm:request_generation_tokens"
 _LENGTHS = tuple(f"{h}_{part}" for h in (REQUEST_PROMPT, REQUEST_GENERATION) for part in ("sum", "count", "bucket"))
 # Only the series kvwatch reads.
-_WANTED = (CACHE_CONFIG, KV_USAGE, *_LOAD, *_LENGTHS)
+_WANTED = (CACHE_CONFIG, *KV_USAGE_NAMES, *_LOAD, *_LENGTHS)
 # A line of one of them, found without splitting the page: group 1 is the line, group 2 says which.
 # It is sought after a newline (the page gets one in front): a literal first character lets the regex
 # engine skip ahead, 4x faster than ^ in multi-line mode.
@@ -278,7 +281,7 @@ def parse_page(page: bytes) -> EngineMetrics:
             return EngineMetrics.failed(f"not Prometheus text: {type(exc).__name__}: {exc}"[:300])
     if not vllm_seen:
         return EngineMetrics.failed("no vllm: metrics on the page")
-    usage = [v for _, v in samples.get(KV_USAGE, ()) if math.isfinite(v)]
+    usage = [v for _, v in _kv_usage(samples) if math.isfinite(v)]
     return EngineMetrics(
         ranks=_ranks(samples),
         ok=True,
@@ -322,6 +325,11 @@ def _rank_key(rank: str) -> tuple[int, str]:
     return (len(rank), rank)
 
 
+def _kv_usage(samples: dict[str, list[tuple[dict[str, str], float]]]) -> list[tuple[dict[str, str], float]]:
+    """The KV cache usage series the page has, by the newest name it exports (0.10 exports both)."""
+    return next((samples[name] for name in KV_USAGE_NAMES if samples.get(name)), [])
+
+
 def _ranks(samples: dict[str, list[tuple[dict[str, str], float]]]) -> tuple[RankMetrics, ...]:
     caches: dict[str, CacheConfig | None] = {}
     for labels, _ in samples.get(CACHE_CONFIG, ()):
@@ -329,7 +337,7 @@ def _ranks(samples: dict[str, list[tuple[dict[str, str], float]]]) -> tuple[Rank
         if len(rank) <= MAX_LABEL_CHARS:   # it becomes kvwatch's own `rank` label
             caches.setdefault(rank, _cache_config([(labels, 1.0)]))
     usage: dict[str, float] = {}
-    for labels, value in samples.get(KV_USAGE, ()):
+    for labels, value in _kv_usage(samples):
         rank = labels.get("engine", "0")
         if math.isfinite(value) and len(rank) <= MAX_LABEL_CHARS:
             usage[rank] = max(value, usage.get(rank, value))

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from kvwatch.watchdog.host_memory_watch import HostMemorySample
+from kvwatch.values.host_memory import HostMemorySample
 
 _MAX_READ = 64 << 10
 

@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvwatch.watchdog.kill_cause import HostMemory, OomCount
+from kvwatch.values.host_memory import HostMemory, OomCount
 
 _MAX_READ = 8 << 20        # mountinfo on a busy Kubernetes node runs to a few hundred KB
 _UNLIMITED = 1 << 62       # v1 writes "no limit" as LONG_MAX rounded down to a page

@@ -32,8 +32,9 @@ def cpu_kv_space_bytes(env: Mapping[str, str]) -> int | None:
     return value * GiB if value > 0 else None
 
 
-# The environment variables vLLM's memory profile reads (planner/gpu_budget.py).
-MEMORY_ENV = ("VLLM_USE_V1", "VLLM_USE_FLASHINFER_SAMPLER", "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS")
+# The engine environment the plan reads: the profile's switches, and (0.34) the runner and removed variables vLLM refuses.
+MEMORY_ENV = ("VLLM_USE_V1", "VLLM_USE_FLASHINFER_SAMPLER", "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS",
+              "VLLM_USE_V2_MODEL_RUNNER", "VLLM_MARLIN_INPUT_DTYPE")
 
 
 def plan_command(argv: Sequence[str], device: Device, rules: RuleSet,

@@ -140,7 +140,10 @@ def run(args: argparse.Namespace) -> int:
     _LOG.info("exporting engine %s at %s on %s/metrics%s", args.name, url, exporter.url,
               "" if context else " (no --model: no planned/actual KV figures)")
     try:
-        stop.wait()
+        # Never a wait without a timeout: the kernel may hand SIGTERM to another thread (the writer's,
+        # a probe's), and Python runs the handler only when the main thread runs again.
+        while not stop.wait(0.5):
+            pass
     finally:
         exporter.stop()
         if nvml is not None:

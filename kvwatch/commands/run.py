@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     return serve(config)
 
 
-# Signals (README "Signals"): SIGTERM and SIGINT stop the engine and kvwatch cleanly; a second
+# Signals (docs/reference.md "Signals"): SIGTERM and SIGINT stop the engine and kvwatch cleanly; a second
 # one while that stop runs is logged, never cuts it short. SIGHUP (a closed terminal, or an
 # operator's "reload") is ignored with one log line: the config is read at start only.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -85,8 +85,10 @@ def serve(config: Config, observers: Iterable[Observer] = ()) -> int:
     stdout = getattr(sys.stdout, "buffer", None)
     sink = LogSink(stdout) if stdout is not None else None
     # The supervisor hands its output to each launch's OutputPump, which takes a LogSink as it is.
-    supervisor = Supervisor(config, observers=observers, output=cast(BinaryIO, sink))
-    close = _attach_exporter(config, _WithLogDrops(supervisor, sink), nvml)
+    status_changed = threading.Event()   # the exporter's snapshot follows each new status at once
+    supervisor = Supervisor(config, observers=[*observers, lambda _status: status_changed.set()],
+                            output=cast(BinaryIO, sink))
+    close = _attach_exporter(config, _WithLogDrops(supervisor, sink), nvml, status_changed)
     result: dict[str, Any] = {}
 
     def target() -> None:
@@ -160,9 +162,10 @@ class _WithLogDrops:
         return self._supervisor.engine_page
 
 
-def _attach_exporter(config: Config, supervisor: Supervisor | _WithLogDrops, nvml: Nvml) -> Callable[[], None]:
+def _attach_exporter(config: Config, supervisor: Supervisor | _WithLogDrops, nvml: Nvml,
+                     status_changed: threading.Event | None = None) -> Callable[[], None]:
     """The exporter (kvwatch.exporter.hook) reads supervisor.status once per tick; close() stops it.
     Imported here, not at the top: `kvwatch --help` stays light."""
     from kvwatch.exporter import hook
 
-    return hook.attach(config, supervisor, nvml)
+    return hook.attach(config, supervisor, nvml, status_changed)

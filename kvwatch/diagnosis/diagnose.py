@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import IO, Any
 
 from kvwatch.diagnosis import normalise, refusals
@@ -40,6 +40,7 @@ from kvwatch.diagnosis.patterns import (
     WRAPPERS,
     Pattern,
 )
+from kvwatch.diagnosis.placement_wait import PROGRESS_MARKERS, SEEN_MARKERS, WAIT_MARKER, PlacementWait, fix_for
 from kvwatch.failure_kinds import ALWAYS_FATAL, HELP, FailureKind
 from kvwatch.planner.rules import FP8_KV_DTYPES, PACKED_MLA_BYTES
 
@@ -48,8 +49,8 @@ MAX_EVIDENCE_CHARS = 2000           # evidence reported (the line, trimmed)
 MAX_LINE_BYTES = MAX_LINE_CHARS * 4  # the same cut on undecoded UTF-8
 _BATCH_CHARS = 1 << 20              # feed_all joins lines into batches of about this size
 _BLOCK_BYTES = 1 << 20              # feed_stream reads blocks of this size
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
-_PREFIX = re.compile(r"\((?P<proc>[A-Za-z_][\w.-]*)(?: rank=\d+)? pid=(?P<pid>\d+)\)")
+_ANSI = normalise.ANSI
+_PREFIX = re.compile(r"\((?P<proc>[A-Za-z_][\w.-]*)(?: rank=\d+)? pid=(?P<pid>\d+)(?:, ip=[\d.]+)?\)")
 _API_SERVER = "APIServer"   # vLLM's front-end process: it serves requests, their text is anyone's
 # The wrappers that report a failure of an engine core or worker (all but a bare "original error:").
 _CORE_WRAPPERS = frozenset(name for _, name in WRAPPERS) - {"original_error"}
@@ -63,9 +64,9 @@ _FLAG_REASONS = ("block_size", "kv_cache_dtype", "kv cache dtype", "FP8 KV cache
 # process prefixes; a line with no level continues the record above it unless it starts a
 # traceback, an exception line or a process's own output.
 _OUTER = r"^(?:[\w.-]+\s+\|\s)?\s*(?:\[rank\d+\]:\s*)?"
-_RECORD_LEVEL = re.compile(_OUTER + r"(?:\([A-Za-z_][\w.-]*(?: rank=\d+)? pid=\d+\)\s+)*"
+_RECORD_LEVEL = re.compile(_OUTER + r"(?:\([A-Za-z_][\w.-]*(?: rank=\d+)? pid=\d+(?:, ip=[\d.]+)?\)\s+)*"
                            r"(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)(?::\s|\s+\d\d-\d\d\s)")
-_RECORD_START = re.compile(_OUTER + r"(?:\([A-Za-z_][\w.-]*(?: rank=\d+)? pid=\d+\)|Traceback \(most recent|"
+_RECORD_START = re.compile(_OUTER + r"(?:\([A-Za-z_][\w.-]*(?: rank=\d+)? pid=\d+(?:, ip=[\d.]+)?\)|Traceback \(most recent|"
                            r"(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Interrupt|Resources|Warning)\b)")
 _QUIET_LEVELS = frozenset({"DEBUG", "INFO", "WARNING", "WARN"})   # never evidence of a failure
 _LOOK_BACK_LINES = 400
@@ -76,7 +77,8 @@ _START_ONLY = frozenset({FailureKind.BLOCK_SIZE_UNSUPPORTED, FailureKind.KV_DTYP
                          FailureKind.NO_ATTENTION_BACKEND, FailureKind.CONFIG_REFUSED,
                          FailureKind.MAMBA_CACHE_TOO_SMALL, FailureKind.COMPILE_FAILED,
                          FailureKind.TOOL_PARSER_UNKNOWN, FailureKind.PLACEMENT_GROUP_UNAVAILABLE,
-                         FailureKind.PORT_IN_USE, FailureKind.MODEL_UNAVAILABLE,
+                         # (not PORT_IN_USE: uvicorn says "Application startup complete" before it binds)
+                         FailureKind.MODEL_UNAVAILABLE,
                          # NCCL fails a start for good; a serving engine's NCCL error may pass: restart it
                          FailureKind.NCCL_ERROR})
 
@@ -100,8 +102,13 @@ def _record_quiet(line: str) -> bool | None:
 _ALL_KEYWORDS: tuple[str, ...] = tuple(dict.fromkeys(
     ROOT_KEYWORDS + tuple(w for w, _ in WRAPPERS) + READY_MARKERS + RUN_START_MARKERS
     + tuple(k for k, *_ in CONTEXT_PATTERNS) + EXCEPTION_KEYWORDS + CONFIG_KEYWORDS
-    + (TRACEBACK_START,) + CHAIN_MARKERS + NEGATIVE_KV_KEYWORDS))
+    + (TRACEBACK_START,) + CHAIN_MARKERS + NEGATIVE_KV_KEYWORDS
+    + (WAIT_MARKER,) + SEEN_MARKERS + PROGRESS_MARKERS))
 _PATTERNS_BY_PRIORITY: tuple[Pattern, ...] = tuple(sorted(PATTERNS, key=lambda p: -p.priority))
+
+
+# The engine's version line: "vLLM API server version 0.34.0", "Initializing a V1 LLM engine (v0.34.0)".
+RELEASE_LINE = re.compile(r"(?:vLLM API server version |LLM engine \(v)(\d{1,3}\.\d{1,3}\.\d{1,3}(?:\.post\d{1,3})?)")
 
 
 @dataclass(frozen=True)
@@ -110,6 +117,7 @@ class Diagnosis:
     evidence: str | None          # the root-cause line as the engine printed it (ANSI stripped)
     facts: JsonFacts              # what the message says, as plain JSON values (the report's form)
     fatal: bool                   # no flag change can fix it
+    release: str | None = None    # the vLLM release the log's version line names (None: it names none)
 
     @property
     def typed_facts(self) -> FailureFacts:
@@ -123,7 +131,7 @@ class Diagnosis:
 
 @dataclass
 class _Candidate:
-    score: tuple[int, int]         # (priority, placement quality)
+    score: tuple[int, int, int]    # (priority, placement quality, whole message 1 or its head 0)
     line: str
     facts: JsonFacts
     pattern: str
@@ -172,6 +180,7 @@ class LogScanner:
         self.lines = 0
         self._tail = ""                            # the last line of the previous text fed
         self._tail_quiet = False                   # the previous text ended inside a quiet record
+        self.release: str | None = None            # from the log's version line (RELEASE_LINE)
         self._reset_run()
 
     def _reset_run(self) -> None:
@@ -189,6 +198,7 @@ class LogScanner:
         self._config_frame = False                 # the last traceback frame is vLLM's config code
         self._ready = False
         self._negative_kv: tuple[str, float] | None = None   # the profile left less than nothing for the cache
+        self._placement = PlacementWait()          # Ray's placement-group waits: a start's progress
 
     # -- input -------------------------------------------------------------------------
     def feed(self, line: str | bytes) -> None:
@@ -242,6 +252,9 @@ class LogScanner:
         """Whole lines joined by newlines. The prefilter runs on the whole text: one `in` per
         keyword; then only the lines holding a keyword are looked at, in order."""
         self.lines += text.count("\n") + 1
+        if self.release is None and ("version " in text or "LLM engine (v" in text):
+            found = RELEASE_LINE.search(text)
+            self.release = found[1] if found else None
         if "\x1b" in text:
             text = _ANSI.sub("", text)
         text = normalise.normalise(text)
@@ -307,6 +320,7 @@ class LogScanner:
                     self._context[name] = convert(m[1])
                 except ValueError:
                     pass
+        self._track_placement(line, hits)
         if any(k in NEGATIVE_KV_KEYWORDS for k in hits) and (m := NEGATIVE_KV.search(line)) is not None:
             # vLLM's own profile, at INFO: a start whose raise was cut off still says this much.
             self._negative_kv = (line[:MAX_EVIDENCE_CHARS], float(m[1]))
@@ -329,6 +343,9 @@ class LogScanner:
             if m is not None:
                 self._offer(pattern, m, line)
                 return
+            if pattern.head is not None and (m := pattern.head.search(line)) is not None:
+                self._offer(pattern, m, line, whole=False)      # the message cut after its head
+                return
         if not wrapped and any(k in hits for k in EXCEPTION_KEYWORDS) and EXCEPTION_LINE.search(line):
             if self._config_frame and (m := CONFIG_EXCEPTION.regex.search(line)) is not None:
                 self._offer(CONFIG_EXCEPTION, m, line)
@@ -338,6 +355,15 @@ class LogScanner:
             self._last_exception = line[:MAX_EVIDENCE_CHARS]
             if self._first_in_chain is None:
                 self._first_in_chain = self._last_exception
+
+    def _track_placement(self, line: str, hits: list[str]) -> None:
+        """Progress, whatever the record's level: the placement-group waits and what ends them."""
+        if WAIT_MARKER in hits:
+            self._placement.observe_wait(line)
+        elif any(k in PROGRESS_MARKERS or k in READY_MARKERS for k in hits):
+            self._placement.progressed()
+        if any(k in SEEN_MARKERS for k in hits):
+            self._placement.observe_figures(line)
 
     def _config_refusal(self, line: str, hits: list[str], previous: str) -> bool:
         """vLLM's validation refusing its configuration; True when the line was one."""
@@ -366,12 +392,13 @@ class LogScanner:
             return True
         return False
 
-    def _offer(self, pattern: Pattern, m: re.Match[str], line: str, facts: JsonFacts | None = None) -> None:
+    def _offer(self, pattern: Pattern, m: re.Match[str], line: str, facts: JsonFacts | None = None,
+               whole: bool = True) -> None:
         try:
             facts = pattern.extract(m) if facts is None else facts
         except (ValueError, IndexError, TypeError):   # a mangled number: keep the class, drop the facts
             facts = {}
-        score = (pattern.priority, _placement(line, m.start()))
+        score = (pattern.priority, _placement(line, m.start()), int(whole))
         best = self._best_api if process_of(line).get("process") == _API_SERVER else self._best
         current = best.get(pattern.kind)
         if current is None:
@@ -404,6 +431,11 @@ class LogScanner:
         return merged
 
     def result(self) -> Diagnosis:
+        """The diagnosis so far, with the release the log's version line names."""
+        found = self._result()
+        return replace(found, release=self.release) if self.release else found
+
+    def _result(self) -> Diagnosis:
         served = self.served or self._ready
         candidates = self._candidates()
         root = [c for k, c in candidates.items() if k is not FailureKind.ENGINE_DIED]
@@ -420,6 +452,11 @@ class LogScanner:
                 facts["context"] = dict(self._context)
             return Diagnosis(FailureKind.ENGINE_DIED, died.line if died else self._first_in_chain or self._last_exception,
                              facts, fatal=False)
+        if self._placement.stuck() and not served:
+            # No exception, and the start never got past Ray's placement group.
+            facts = {**self._placement.facts(), "pattern": "placement_group_wait", **process_of(self._placement.line)}
+            return Diagnosis(FailureKind.PLACEMENT_GROUP_UNAVAILABLE, self._placement.line[:MAX_EVIDENCE_CHARS],
+                             facts, fatal=True)
         died = candidates.get(FailureKind.ENGINE_DIED)
         if died is not None or served:   # the log's own READY counts as the probe's: one verdict either way
             facts = dict(died.merged) if died else {}
@@ -454,7 +491,7 @@ class LogScanner:
         fatal = False
         if kind is FailureKind.NO_ATTENTION_BACKEND:
             reasons = facts.get("reasons") or {}
-            fatal = (bool(reasons) and not flag_fixable_backends(reasons)
+            fatal = (bool(reasons) and not flag_fixable_backends(reasons) and not facts.get("reasons_cut")
                      and best.pattern != "selected_backend_invalid")   # a forced backend can be dropped
             if fatal:
                 facts["help"] = ("every attention backend is ruled out by the hardware or the model: "
@@ -479,6 +516,15 @@ class LogScanner:
             return Diagnosis(kind, (evidence or best.line)[:MAX_EVIDENCE_CHARS], facts, fatal)
         elif kind is FailureKind.NO_KV_CACHE_MEMORY:
             facts["help"] = _NO_KV_HELP
+        elif kind is FailureKind.PLACEMENT_GROUP_UNAVAILABLE:
+            fatal = True
+            gpus = facts.get("gpus")
+            asked = gpus if isinstance(gpus, (int, float)) else self._placement.gpus_asked
+            facts["help"] = fix_for(asked, self._placement.ray_gpus)
+            if self._placement.ray_gpus is not None:
+                facts["ray_gpus"] = self._placement.ray_gpus
+            if self._placement.waits:
+                facts.update(placement_group_waits=self._placement.waits, waited_s=self._placement.seconds)
         elif kind in ALWAYS_FATAL:
             fatal = True
             facts["help"] = HELP[kind]

@@ -18,17 +18,11 @@ from typing import Any
 
 from kvwatch.diagnosis import refusals
 from kvwatch.diagnosis.facts import JsonFacts
+from kvwatch.diagnosis.oom_figures import torch_oom_details
 from kvwatch.diagnosis.startup_lines import KV_TOKENS, KV_TOKENS_MARKER, kv_tokens_of
 from kvwatch.failure_kinds import FailureKind
 
 Extractor = Callable[["re.Match[str]"], JsonFacts]
-
-_UNIT_GIB = {"B": 1 / 2**30, "KiB": 1 / 2**20, "MiB": 1 / 2**10, "GiB": 1.0, "TiB": 1024.0}
-
-
-def _gib(number: str, unit: str) -> float:
-    return round(float(number) * _UNIT_GIB.get(unit, 1.0), 4)
-
 
 def _no_facts(m: re.Match[str]) -> JsonFacts:
     return {}
@@ -43,6 +37,9 @@ class Pattern:
     regex: re.Pattern[str]
     extract: Extractor = field(default=_no_facts)
     source: str = ""                # where the text comes from (vLLM file or version)
+    # The message's distinctive head, its facts' groups optional: names the class when the line was
+    # cut before the whole message (a paste, a log cut off), with the facts that are there.
+    head: re.Pattern[str] | None = None
 
 
 # -- fact extractors ---------------------------------------------------------------------
@@ -71,7 +68,7 @@ def _no_common_block_size(m: re.Match[str]) -> JsonFacts:
 
 def _aligned_block_size(m: re.Match[str]) -> JsonFacts:
     return {"block_size": int(m["block_size"]),
-            "backends": [b.strip() for b in m["backends"].split(",") if b.strip()]}
+            "backends": [b.strip() for b in (m["backends"] or "").split(",") if b.strip()]}
 
 
 def _multiple_of(m: re.Match[str]) -> JsonFacts:
@@ -84,8 +81,10 @@ def _unsupported_block_size(m: re.Match[str]) -> JsonFacts:
 
 
 def _block_size_choices(m: re.Match[str]) -> JsonFacts:
-    return {"block_size": int(m["block_size"]),
-            "backend_block_sizes": {"(argparse choices)": block_rules(m["choices"])}}
+    facts: JsonFacts = {"block_size": int(m["block_size"])}
+    if m["choices"]:
+        facts["backend_block_sizes"] = {"(argparse choices)": block_rules(m["choices"])}
+    return facts
 
 
 def _fp8_head_size(m: re.Match[str]) -> JsonFacts:
@@ -120,42 +119,20 @@ def _out_of_resource(m: re.Match[str]) -> JsonFacts:
 
 
 def _kv_too_small_new(m: re.Match[str]) -> JsonFacts:
-    facts: JsonFacts = {"max_model_len": int(m["max_model_len"]), "needed_gib": float(m["needed"]),
-                    "available_gib": float(m["available"]), "wording": "new"}
+    facts: JsonFacts = {"max_model_len": int(m["max_model_len"]), "wording": "new"}
+    if m["needed"]:
+        facts["needed_gib"] = float(m["needed"])
+    if m["available"]:
+        facts["available_gib"] = float(m["available"])
     if m["estimated"]:
         facts["estimated_max_model_len"] = int(m["estimated"])
     return facts
 
 
 def _kv_too_small_old(m: re.Match[str]) -> JsonFacts:
-    tokens = int(m["tokens"])
-    return {"max_model_len": int(m["max_model_len"]), "kv_cache_tokens": tokens,
-            "estimated_max_model_len": tokens, "wording": "old"}
-
-
-_ALLOC = re.compile(r"Tried to allocate ([\d.]+) ([KMGT]?i?B)")
-_CAPACITY = re.compile(r"GPU (\d+) has a total capac?ity of ([\d.]+) ([KMGT]?i?B) "
-                       r"of which ([\d.]+) ([KMGT]?i?B) is free")
-_PROCESS = re.compile(r"Process (\d+) has ([\d.]+) ([KMGT]?i?B) memory in use")
-_THIS_PROCESS = re.compile(r"this process has ([\d.]+) ([KMGT]?i?B) memory in use")
-_MAX_PROCESSES = 16
-
-
-def torch_oom_details(line: str) -> JsonFacts:
-    """The numbers of torch's CUDA OOM message, wherever it is embedded."""
-    facts: JsonFacts = {}
-    if (a := _ALLOC.search(line)):
-        facts["tried_to_allocate_gib"] = _gib(a[1], a[2])
-    if (c := _CAPACITY.search(line)):
-        facts["gpu_index"] = int(c[1])
-        facts["total_gib"] = _gib(c[2], c[3])
-        facts["free_gib"] = _gib(c[4], c[5])
-    holders = [{"pid": int(pid), "memory_gib": _gib(n, u)}
-               for pid, n, u in _PROCESS.findall(line)[:_MAX_PROCESSES]]
-    if holders:
-        facts["processes"] = holders
-    if (t := _THIS_PROCESS.search(line)):
-        facts["this_process_gib"] = _gib(t[1], t[2])
+    facts: JsonFacts = {"max_model_len": int(m["max_model_len"]), "wording": "old"}
+    if m["tokens"]:
+        facts["kv_cache_tokens"] = facts["estimated_max_model_len"] = int(m["tokens"])
     return facts
 
 
@@ -172,8 +149,11 @@ def _torch_oom(m: re.Match[str]) -> JsonFacts:
 
 
 def _memory_busy(m: re.Match[str]) -> JsonFacts:
-    facts: JsonFacts = {"free_gib": float(m["free"]), "total_gib": float(m["total"]),
-                    "utilization": float(m["util"]), "requested_gib": float(m["requested"])}
+    facts: JsonFacts = {"free_gib": float(m["free"]), "total_gib": float(m["total"])}
+    if m["util"]:
+        facts["utilization"] = float(m["util"])
+    if m["requested"]:
+        facts["requested_gib"] = float(m["requested"])
     if m["device"]:
         facts["device"] = m["device"]
     return facts
@@ -200,15 +180,19 @@ def _config_fields(text: str) -> JsonFacts:
 
 
 def _no_backend(m: re.Match[str]) -> JsonFacts:
-    return {"device": m["device"], "selector_config": _config_fields(m["config"]),
-            "reasons": parse_backend_reasons(m["reasons"])}
+    facts: JsonFacts = {"device": m["device"], "selector_config": _config_fields(m["config"] or ""),
+                        "reasons": parse_backend_reasons(m["reasons"] or "")}
+    if not (m["reasons"] or "").rstrip().endswith("}"):
+        facts["reasons_cut"] = True      # the reasons were cut off: those read may not be all
+    return facts
 
 
 def _selected_backend(m: re.Match[str]) -> JsonFacts:
     backend = (m["backend"] or m["platform_backend"]).rsplit(".", 1)[-1]
-    quoted = re.findall(r"'([^']*)'", m["reasons"])
-    reasons = quoted or [r.strip(" []") for r in m["reasons"].split(",") if r.strip(" []")]
-    return {"selected_backend": backend, "reasons": {backend: reasons}}
+    text = m["reasons"] or ""
+    quoted = re.findall(r"'([^']*)'", text)
+    reasons = quoted or [r.strip(" []") for r in text.split(",") if r.strip(" []")]
+    return {"selected_backend": backend, "reasons": {backend: reasons} if reasons else {}}
 
 
 _HF_REPO = re.compile(r"huggingface\.co/(?!api/)([\w.-]+/[\w.-]+)")
@@ -228,6 +212,29 @@ def _died(m: re.Match[str]) -> JsonFacts:
     return {"marker": m[0][:120]}
 
 
+def _kernel_sizes(m: re.Match[str]) -> JsonFacts:
+    # A kernel size must divide the block size: each size is a MultipleOf rule for the block.
+    facts: JsonFacts = {"backend_block_sizes": {"(kernel)": [f"MultipleOf({k})" for k in re.findall(r"\d+", m["sizes"])]}}
+    if m["block_size"]:
+        facts["block_size"] = int(m["block_size"])
+    return facts
+
+
+def _sentence(m: re.Match[str]) -> JsonFacts:
+    sentence = m["sentence"].strip()
+    return {"sentence": sentence, **refusals.classify(sentence)}
+
+
+CONFIG_PRIORITY = 87
+# A refusal's sentence that only vLLM's validation writes: named without its framing (the
+# "Value error, " or the traceback lost in a paste).
+_BARE_REFUSAL = re.compile(
+    r"(?P<sentence>(?:Total number of attention heads \(\d+\) must be divisible by tensor parallel size \(\d+\)"
+    r"|User-specified max_model_len \(\d+\) is greater than the derived max_model_len"
+    r"|max_num_batched_tokens \(\d+\) (?:is smaller than max_model_len|must be greater than or equal to "
+    r"max_num_seqs) \(\d+\)|Pipeline parallelism is not supported for this model"
+    r"|Model architecture \w+ was supported in vLLM until)[^\[]*)")
+
 # -- the table ---------------------------------------------------------------------------
 # Priorities: kernel limit 90 > backend / dtype 85 > block size 80 > GPU busy 75
 # > KV cache sizing 70 > CUDA OOM 60-65 > engine death 10 (only when nothing else explains it).
@@ -243,12 +250,16 @@ PATTERNS: tuple[Pattern, ...] = (
             ("No valid attention backend",),
             re.compile(r"No valid attention backend found for (?P<device>\S+) with (?P<config>.*?)\. "
                        r"Reasons: (?P<reasons>\{.*\})"),
-            _no_backend, "platforms/cuda.py, platforms/rocm.py (>= 0.11)"),
+            _no_backend, "platforms/cuda.py, platforms/rocm.py (>= 0.11)",
+            re.compile(r"No valid attention backend found for (?P<device>[^\s.,]+)(?: with (?P<config>.*?)"
+                       r"(?:\. Reasons: (?P<reasons>\{.*))?)?\s*$")),
     Pattern("selected_backend_invalid", FailureKind.NO_ATTENTION_BACKEND, 85,
             ("is not valid for this configuration",),
             re.compile(r"(?:Selected (?:[\w ]+ )?backend (?P<backend>\S+)|(?P<platform_backend>\w+) on \w+) is not valid "
                        r"for this configuration(?:\. Reason:|:) (?P<reasons>.*)"),
-            _selected_backend, "platforms/cuda.py (--attention-backend given)"),
+            _selected_backend, "platforms/cuda.py (--attention-backend given)",
+            re.compile(r"(?:Selected (?:[\w ]+ )?backend (?P<backend>\S+)|(?P<platform_backend>\w+) on \w+) is not valid "
+                       r"for this configuration(?:(?:\. Reason:|:) (?P<reasons>.*))?")),
 
     Pattern("cpu_fp8_head_size", FailureKind.KV_DTYPE_UNSUPPORTED, 85,
             ("FP8 KV cache requires head_size",),
@@ -258,6 +269,24 @@ PATTERNS: tuple[Pattern, ...] = (
             ("FP8 KV cache on CPU requires",),
             re.compile(r"FP8 KV cache on CPU requires x86 with AVX-512 or AMX"),
             _fp8_cpu_isa, "v1/attention/backends/cpu_attn.py"),
+    # 0.33+: an 8-bit KV dtype on CPU for an MLA model (vLLM 0.33.0, vllm/platforms/cpu.py:158-162)
+    Pattern("cpu_mla_kv_dtype", FailureKind.KV_DTYPE_UNSUPPORTED, 85,
+            ("is not supported by MLA attention on CPU",),
+            re.compile(r"--kv-cache-dtype (?P<dtype>[\w.-]+) is not supported by MLA attention on CPU"),
+            lambda m: {"kv_cache_dtype": m["dtype"], "platform": "cpu"}, "platforms/cpu.py (0.33+)"),
+    # the cache dtype validator, inside pydantic's "Value error, " line from 0.33 (vLLM 0.33.0,
+    # vllm/config/cache.py:470-474), the attention selector's before (0.11.2, attention/selector.py:86);
+    # above the generic config refusal
+    Pattern("invalid_kv_cache_dtype", FailureKind.KV_DTYPE_UNSUPPORTED, 88,
+            ("Invalid kv_cache_dtype: ",),
+            re.compile(r"Invalid kv_cache_dtype: '?(?P<dtype>[\w.-]{1,64})'?\. Valid values are"),
+            lambda m: {"kv_cache_dtype": m["dtype"]}, "config/cache.py _validate_cache_dtype (0.33+), attention/selector.py"),
+    # 0.33+: an explicit 16-bit KV dtype other than the model's (vLLM 0.33.0, vllm/config/vllm.py:1492-1508)
+    Pattern("mismatched_16bit_kv", FailureKind.KV_DTYPE_UNSUPPORTED, 88,
+            ("is incompatible with dtype=",),
+            re.compile(r'kv_cache_dtype="(?P<dtype>float16|bfloat16)" is incompatible with dtype="(?P<model>\w+)"'),
+            lambda m: {"kv_cache_dtype": m["dtype"], "model_dtype": m["model"]},
+            "config/vllm.py _reject_mismatched_float_kv_cache (0.33+)"),
     Pattern("triton_fp8_kv", FailureKind.KV_DTYPE_UNSUPPORTED, 85,
             ("FP8 KV cache is not supported by the Triton",),
             re.compile(r"FP8 KV cache is not supported by the (?P<backend>Triton[\w ]*?) backend"
@@ -291,7 +320,9 @@ PATTERNS: tuple[Pattern, ...] = (
             ("Aligned KV cache block size",),
             re.compile(r"Aligned KV cache block size (?P<block_size>\d+) is not supported by "
                        r"attention backend\(s\): (?P<backends>[\w, ]+)"),
-            _aligned_block_size, "platforms/interface.py"),
+            _aligned_block_size, "platforms/interface.py",
+            re.compile(r"Aligned KV cache block size (?P<block_size>\d+) is not supported by "
+                       r"attention backend(?:\(s\): (?P<backends>[\w, ]+))?")),
     Pattern("block_size_multiple", FailureKind.BLOCK_SIZE_UNSUPPORTED, 80,
             ("multiple of",),
             re.compile(r"(?:(?P<backend>[A-Z][\w]*) requires )?[Bb]lock[ _]size (?:must be|to be) "
@@ -304,15 +335,19 @@ PATTERNS: tuple[Pattern, ...] = (
     Pattern("block_size_choice", FailureKind.BLOCK_SIZE_UNSUPPORTED, 80,
             ("--block-size: invalid choice",),
             re.compile(r"--block-size: invalid choice: '?(?P<block_size>\d+)'? \(choose from (?P<choices>[^)]*)\)"),
-            _block_size_choices, "argparse (<= 0.6, --block-size had choices)"),
+            _block_size_choices, "argparse (<= 0.6, --block-size had choices)",
+            re.compile(r"--block-size: invalid choice: '?(?P<block_size>\d+)'?(?: \(choose from (?P<choices>[^)]*)\))?")),
 
     Pattern("free_memory_on_startup", FailureKind.GPU_MEMORY_BUSY, 75,
-            ("on startup is less than desired", "on startup is less than the engine's budget"),
+            ("on startup is less than",),
             re.compile(r"Free memory on device(?: (?P<device>\S+))? \((?P<free>[\d.]+)/(?P<total>[\d.]+) GiB\) "
                        r"on startup is less than (?:desired GPU memory utilization|the engine's budget after excluding "
                        r"external process's weights) "
                        r"\((?P<util>[\d.]+), (?P<requested>[\d.]+) GiB\)"),
-            _memory_busy, "v1/worker/utils.py"),
+            _memory_busy, "v1/worker/utils.py",
+            re.compile(r"Free memory on device(?: (?P<device>\S+))? \((?P<free>[\d.]+)/(?P<total>[\d.]+) GiB\) "
+                       r"on startup is less than(?: (?:desired GPU memory utilization|the engine's budget[^(]*) "
+                       r"\((?P<util>[\d.]+), (?P<requested>[\d.]+) GiB\))?")),
 
     Pattern("kv_cache_too_small", FailureKind.KV_CACHE_TOO_SMALL, 70,
             ("To serve at least one request",),
@@ -320,19 +355,27 @@ PATTERNS: tuple[Pattern, ...] = (
                        r"\((?P<needed>[\d.]+) GiB KV cache is needed, which is larger than the available KV "
                        r"cache memory \((?P<available>[\d.]+) GiB\)\.(?: Based on the available memory, the "
                        r"estimated maximum model length is (?P<estimated>\d+)\.)?"),
-            _kv_too_small_new, "v1/core/kv_cache_utils.py (0.9+)"),
+            _kv_too_small_new, "v1/core/kv_cache_utils.py (0.9+)",
+            re.compile(r"To serve at least one request with the models?'s max seq len \((?P<max_model_len>\d+)\)"
+                       r"(?:, \((?P<needed>[\d.]+) GiB KV cache is needed(?:, which is larger than the available KV "
+                       r"cache memory \((?P<available>[\d.]+) GiB\))?)?(?P<estimated>)")),
     Pattern("kv_cache_too_small_old", FailureKind.KV_CACHE_TOO_SMALL, 70,
-            ("maximum number of tokens that can be stored",),
+            ("maximum number of tokens that can be stored", "is larger than the maximum number of tokens"),
             re.compile(r"The model's max seq len \((?P<max_model_len>\d+)\) is larger than the maximum number "
                        r"of tokens that can be stored in KV cache \((?P<tokens>\d+)\)"),
-            _kv_too_small_old, "worker/worker.py, v1 kv_cache_utils.py (< 0.9)"),
+            _kv_too_small_old, "worker/worker.py, v1 kv_cache_utils.py (< 0.9)",
+            re.compile(r"The model's max seq len \((?P<max_model_len>\d+)\) is larger than the maximum number "
+                       r"of tokens(?: that can be stored in KV cache \((?P<tokens>\d+)\))?")),
 
     Pattern("mamba_cache_too_small", FailureKind.MAMBA_CACHE_TOO_SMALL, 72,
             ("exceeds available Mamba cache blocks",),
             re.compile(r"max_num_seqs \((?P<max_num_seqs>\d+)\) exceeds available Mamba cache blocks "
                        r"\((?P<blocks>\d+)\)"),
-            lambda m: {"max_num_seqs": int(m["max_num_seqs"]), "mamba_blocks": int(m["blocks"])},
-            "config/compilation.py (0.32: full CUDA graphs of a Mamba hybrid)"),
+            lambda m: {"max_num_seqs": int(m["max_num_seqs"]),
+                       **({"mamba_blocks": int(m["blocks"])} if m["blocks"] else {})},
+            "config/compilation.py (0.32: full CUDA graphs of a Mamba hybrid)",
+            re.compile(r"max_num_seqs \((?P<max_num_seqs>\d+)\) exceeds available Mamba cache blocks"
+                       r"(?: \((?P<blocks>\d+)\))?")),
     Pattern("no_cache_blocks", FailureKind.NO_KV_CACHE_MEMORY, 70,
             ("No available memory for the cache blocks",),
             re.compile(r"No available memory for the cache blocks"),
@@ -367,8 +410,9 @@ PATTERNS: tuple[Pattern, ...] = (
     Pattern("lora_rank_above_max", FailureKind.LORA_RANK_TOO_LARGE, 86,
             ("is greater than max_lora_rank",),
             re.compile(r"LoRA rank (?P<rank>\d+) is greater than max_lora_rank (?P<max>\d+)"),
-            lambda m: {"lora_rank": int(m["rank"]), "max_lora_rank": int(m["max"])},
-            "lora/peft_helper.py validate_legal (all releases)"),
+            lambda m: {"lora_rank": int(m["rank"]), **({"max_lora_rank": int(m["max"])} if m["max"] else {})},
+            "lora/peft_helper.py validate_legal (all releases)",
+            re.compile(r"LoRA rank (?P<rank>\d+) is greater than max_lora_rank(?: (?P<max>\d+))?")),
     Pattern("no_kernel_image", FailureKind.NO_KERNEL_IMAGE, 88,
             ("no kernel image is available", "invalid device function", "is not compatible with the current PyTorch"),
             re.compile(r"no kernel image is available for execution on the device|HIP error: invalid device function"
@@ -384,7 +428,7 @@ PATTERNS: tuple[Pattern, ...] = (
     Pattern("compile_failed", FailureKind.COMPILE_FAILED, 55,
             ("LoweringException", "InductorError", "BackendCompilerFailed", "CompilationError"),
             re.compile(r"(?:torch\._inductor\.exc\.)?(?P<error>LoweringException|InductorError"
-                       r"|BackendCompilerFailed|(?:triton\.compiler\.errors\.)?CompilationError): "),   # the exception, not its raise
+                       r"|BackendCompilerFailed|(?:triton\.compiler\.errors\.)?CompilationError):(?: |$)"),   # the exception, not its raise
             lambda m: {"error": m["error"].rsplit(".", 1)[-1]},
             "torch._inductor.exc, torch._dynamo.exc, triton.compiler.errors"),
     Pattern("tool_parser_unknown", FailureKind.TOOL_PARSER_UNKNOWN, 89,
@@ -410,7 +454,7 @@ PATTERNS: tuple[Pattern, ...] = (
     Pattern("port_in_use", FailureKind.PORT_IN_USE, 86,
             ("ddress already in use", "EADDRINUSE"),
             re.compile(r"(?:error while attempting to bind on address \('(?P<host>[^']*)', (?P<port>\d+)\): )?"
-                       r"\[?(?:Errno 98\]? )?[Aa]ddress already in use|EADDRINUSE"),
+                       r"\[?(?:[Ee]rrno 98\]? )?[Aa]ddress already in use|EADDRINUSE"),
             lambda m: {"port": int(m["port"]), "host": m["host"]} if m["port"] else {},
             "uvicorn / asyncio create_server, entrypoints/openai/api_server.py create_server_socket, "
             "torch TCPStore"),
@@ -439,6 +483,18 @@ PATTERNS: tuple[Pattern, ...] = (
             lambda m: {"sentence": m["sentence"], **refusals.classify(m["sentence"])},
             "the CPU conv kernel via model_executor/layers/utils.py dispatch_cpu_unquantized_gemm "
             "(vllm_releases/kv_layout.py CPU_CONV_PREPACK, CPU_CONV_PREPACK_FLOAT_REFUSED)"),
+    Pattern("config_sentence", FailureKind.CONFIG_REFUSED, CONFIG_PRIORITY,
+            ("must be divisible by tensor parallel size", "is greater than the derived max_model_len",
+             "is smaller than max_model_len", "must be greater than or equal to max_num_seqs",
+             "Pipeline parallelism is not supported for this model", "was supported in vLLM until"),
+            _BARE_REFUSAL, _sentence, "config/model.py, config/scheduler.py (the sentence alone)"),
+    Pattern("kernel_block_size_divide", FailureKind.BLOCK_SIZE_UNSUPPORTED, 80,
+            ("None of the kernel sizes",),
+            re.compile(r"None of the kernel sizes \[(?P<sizes>[\d, ]*)\] can divide physical block size "
+                       r"(?P<block_size>\d+)"),
+            _kernel_sizes, "v1/worker/utils.py select kernel block size (0.18+; Ascend's kernels: 128)",
+            re.compile(r"None of the kernel sizes \[(?P<sizes>[\d, ]*)\](?: can divide physical block size"
+                       r"(?: (?P<block_size>\d+))?)?")),
     Pattern("flashinfer_page_size", FailureKind.BLOCK_SIZE_UNSUPPORTED, 80,
             ("numTokensPerPage <= 128", "failed to dispatch page size"),
             re.compile(r"numTokensPerPage <= (?P<max>\d+)|failed to dispatch page size (?P<page>\d+)"),
@@ -457,7 +513,6 @@ PATTERNS: tuple[Pattern, ...] = (
 # vLLM's refusals of its configuration (diagnosis/refusals.py). Not in PATTERNS: the scanner runs
 # them itself, because a pydantic field error names its field on the line before, and a plain
 # ValueError is a refusal only when the frame that raised it is vLLM's configuration code.
-CONFIG_PRIORITY = 87
 
 
 def _value_error(m: re.Match[str]) -> JsonFacts:

@@ -86,6 +86,11 @@ REFUSALS: tuple[Refusal, ...] = (
                        r"equal to max_num_seqs \((?P<max_num_seqs>\d+)\)"),
             lambda m: {"max_num_batched_tokens": int(m[1]), "max_num_seqs": int(m[2])},
             "config/scheduler.py verify_max_model_len"),
+    # 0.34: the extensible KV cache asked for where it cannot be (vLLM 0.34.0, vllm/config/vllm.py:3263)
+    Refusal("extensible_kv_cache_unsupported",
+            re.compile(r"enable_extensible_kv_cache: (?P<why>.{1,300}?)\.?$"),
+            lambda m: {"why": m["why"]}, "config/vllm.py _resolve_extensible_kv_cache (0.34+)",
+            "drop --enable-extensible-kv-cache (vLLM then sizes the cache from its profile)"),
     Refusal("tensor_parallel_size_not_dividing_heads",
             re.compile(r"Total number of attention heads \((?P<heads>\d+)\) must be divisible by tensor "
                        r"parallel size \((?P<tp>\d+)\)"),
@@ -145,6 +150,7 @@ FIXABLE = frozenset({
     "max_num_batched_tokens_below_max_num_seqs",
     "field:gpu_memory_utilization",
     "field:block_size",
+    "extensible_kv_cache_unsupported",
 })
 _GENERIC_HELP = "a setting vLLM refuses that kvwatch has no remedy for: change the command as the sentence says"
 

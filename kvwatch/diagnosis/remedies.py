@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kvwatch.diagnosis.diagnose import Diagnosis, flag_fixable_backends, is_8bit_kv
@@ -38,15 +38,18 @@ from kvwatch.diagnosis.facts import (
     facts_as,
 )
 from kvwatch.diagnosis.host_memory_remedies import host_oom_options
+from kvwatch.errors import KvwatchError
 from kvwatch.failure_kinds import FailureKind
 from kvwatch.planner.engine_args import EngineCommand, EngineSettings
+from kvwatch.planner.extensible_kv import effective_utilization, extensible_for
 from kvwatch.planner.flag_change import NO_CHANGE, FlagChange
 from kvwatch.planner.plan import Plan
 from kvwatch.planner.predicted_refusal import KV_CACHE_TOO_SMALL
 from kvwatch.planner.rules import RuleSet, ruleset_for
 from kvwatch.policy import Policy, fixed_among
 from kvwatch.values.block_sizes import parse_block_rule, smallest_common_block_size
-from kvwatch.vllm_releases import DEFAULT_RELEASE
+from kvwatch.values.versions import parse_version
+from kvwatch.vllm_releases import DEFAULT_RELEASE, resolve
 from kvwatch.vllm_releases.release_defaults import api_batch_defaults, defaults_for
 from kvwatch.vllm_releases.texts import LORA_RANKS
 
@@ -107,6 +110,19 @@ class _Ctx:
         return facts_as(self.facts, cls)
 
 
+def _as_logged(command: EngineCommand, release: str | None) -> EngineCommand:
+    """The command read as the release the log's version line names (its defaults and semantics:
+    an unset utilization is 1.0 under 0.34's extensible KV cache), where that release's parser reads it."""
+    if release is None:
+        return command
+    try:
+        logged = replace(command, release=str(resolve(parse_version(release)).used))
+        logged.settings()
+    except KvwatchError:
+        return command
+    return logged
+
+
 def propose_remedy(diagnosis: Diagnosis, command: EngineCommand, *, policy: Policy = Policy(),
                    tried: Collection[tuple[str, ...]] = (), plan: Plan | None = None,
                    gpu: GpuContext | None = None, rules: RuleSet | None = None) -> Remedy | None:
@@ -116,6 +132,7 @@ def propose_remedy(diagnosis: Diagnosis, command: EngineCommand, *, policy: Poli
     options = _OPTIONS.get(diagnosis.kind)
     if options is None:
         return None
+    command = _as_logged(command, diagnosis.release)
     ctx = _Ctx(diagnosis, command, command.settings(), policy, plan, gpu, rules or ruleset_for(None),
                diagnosis.typed_facts)
     seen = {tuple(t) for t in tried}
@@ -223,10 +240,32 @@ def _kernel_options(ctx: _Ctx) -> Iterator[Remedy]:
 
 # -- memory ------------------------------------------------------------------------------
 
+def _utilization(ctx: _Ctx) -> float:
+    """The utilization the engine sized against (planner/extensible_kv.effective_utilization): an
+    unset flag is 1.0 under vLLM 0.34's extensible KV cache, not the estimate default."""
+    platform = "cpu" if ctx.plan is not None and ctx.plan.device.lower().startswith("cpu") else "cuda"
+    return effective_utilization(ctx.settings, platform, defaults_for(parse_version(ctx.command.release)))
+
+
+def _unset_utilization(ctx: _Ctx, why: str) -> Iterator[Remedy]:
+    """Under the extensible KV cache an explicit utilization below 1.0 is a cap: leaving it unset
+    gives the cache what is measured free after warm-up (vLLM 0.34.0, vllm/config/cache.py:495-501)."""
+    platform = "cpu" if ctx.plan is not None and ctx.plan.device.lower().startswith("cpu") else "cuda"
+    release = defaults_for(parse_version(ctx.command.release))
+    sizing = extensible_for(ctx.settings, platform, release).sizing
+    given = ctx.settings.gpu_memory_utilization
+    if sizing is None or not ctx.settings.gpu_memory_utilization_given or given >= sizing.utilization:
+        return
+    yield Remedy(FlagChange(remove=("--gpu-memory-utilization",)),
+                 f"{why}: --gpu-memory-utilization {given} caps vLLM {release.release}'s extensible KV cache; "
+                 f"unset it means {sizing.utilization}, the cache sized from the memory free after warm-up")
+
+
 def _raise_utilization(ctx: _Ctx, why: str) -> Iterator[Remedy]:
     if not ctx.policy.allow_gpu_memory_utilization_change:
         return
-    current = ctx.settings.gpu_memory_utilization
+    yield from _unset_utilization(ctx, why)
+    current = _utilization(ctx)
     step, cap = ctx.policy.gpu_memory_utilization_step, ctx.policy.max_gpu_memory_utilization
     value = current
     while True:
@@ -244,7 +283,7 @@ def _raise_utilization(ctx: _Ctx, why: str) -> Iterator[Remedy]:
 def _lower_utilization(ctx: _Ctx, why: str) -> Iterator[Remedy]:
     if not ctx.policy.allow_gpu_memory_utilization_change:
         return
-    current = ctx.settings.gpu_memory_utilization
+    current = _utilization(ctx)
     step, floor_ = ctx.policy.gpu_memory_utilization_step, ctx.policy.min_gpu_memory_utilization
     value = current
     while True:
@@ -335,7 +374,7 @@ def _busy_options(ctx: _Ctx) -> Iterator[Remedy]:
         free, total = int(said.free_gib * GiB), int(said.total_gib * GiB)
     else:
         return
-    current = ctx.settings.gpu_memory_utilization
+    current = _utilization(ctx)
     margin = max(_FIT_MARGIN_RATIO, _FIT_MARGIN_BYTES / total)
     fitted = math.floor((free / total - margin) * 100 + 1e-9) / 100
     others = ", ".join(f"{pid} ({name})" for pid, name, _ in holders) or "unknown processes"
@@ -421,6 +460,10 @@ def _config_refused_options(ctx: _Ctx) -> Iterator[Remedy]:
         elif ctx.command.has("--gpu-memory-utilization"):
             yield Remedy(FlagChange(remove=("--gpu-memory-utilization",)),
                          f"GPU memory utilization {given} is not a fraction in (0, 1]: vLLM's default")
+    elif refusal == "extensible_kv_cache_unsupported" and ctx.command.has("--enable-extensible-kv-cache"):
+        yield Remedy(FlagChange(remove=("--enable-extensible-kv-cache",)),
+                     f"vLLM cannot size this KV cache after warm-up ({f.sentence}): drop "
+                     f"--enable-extensible-kv-cache and let it size the cache from its profile")
     elif refusal == "field:block_size" and ctx.policy.allow_block_size_change and ctx.command.has("--block-size"):
         yield Remedy(FlagChange(remove=("--block-size",)),
                      f"block size {f.value} is refused ({f.sentence}): let vLLM pick the "

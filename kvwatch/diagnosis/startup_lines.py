@@ -8,6 +8,15 @@ went. vLLM 0.32 (v1/worker/gpu_worker.py, gpu_model_runner.py) and the V1 engine
 and the V0 workers of 0.6-0.8 (worker/worker.py) one line with the whole profile:
   "model weights take 19.86GiB; non_torch_memory takes 0.16GiB; PyTorch activation peak memory
    takes 36.63GiB; the rest of the memory reserved for KV Cache is 14.65GiB."
+vLLM 0.34's extensible KV cache (on by default on CUDA) logs the profile's "Available KV cache memory"
+as a tentative upper bound, then sizes the cache after warm-up and CUDA graph capture
+(vllm/v1/worker/extensible_kv_cache.py:693-707 and :536-540):
+  "Memory after warmup: 59.1 GiB free, 0.02 GiB committed to the KV cache, 2.72 GiB kept for transient
+   activations (2.72 GiB allocated at peak, 0.0 GiB of torch reservation growth); 17117 KV cache blocks
+   (58.51 GiB) fit within the requested 79.18 GiB. Torch may reserve up to 3.5 GiB."
+  "Extended KV cache to 17117 blocks (58.51 GiB)."
+The final figure replaces the tentative one (kept as tentative_kv_bytes); the "GPU KV cache size" line
+follows the extension there (vllm/v1/engine/core.py:382-414), so a figure is settled once it is seen.
 (0.6.5: one figure a line, "model weights take   14.96GiB", "available_kv_cache_memory    53.29GiB";
 0.7: "Loading model weights took 13.9 GB", vLLM's GB there being 2**30 bytes). GiB figures are
 printed rounded (0.01 GiB, weights 0.0001 GiB). With tensor parallelism each worker prints its own
@@ -40,6 +49,10 @@ _MEMORY = {
     "activation_peak_bytes": re.compile(r"PyTorch activation peak memory(?: takes)?\s+" + _GIB),
     "non_torch_bytes": re.compile(r"non_torch_memory(?: takes)?\s+" + _GIB),
 }
+# vLLM 0.34's post-warm-up sizing (extensible_kv_cache.py:693-707, :536-540): the final KV cache.
+_WARMUP_SIZED = re.compile(r"Memory after warmup: .{0,400}?\(" + _GIB + r" allocated at peak, .{0,200}?; "
+                           r"(\d{1,12}) KV cache blocks \(" + _GIB + r"\) fit within the requested " + _GIB)
+_EXTENDED = re.compile(r"Extended KV cache to (\d{1,12}) blocks \(" + _GIB + r"\)")
 # The parts of one GPU's memory the engine states, by the `part` label of kvwatch_engine_memory_bytes.
 MEMORY_PARTS = ("weights", "activation_peak", "non_torch", "cuda_graphs", "kv_cache")
 # vLLM's last start-up line (V0 and V1, GPU and CPU): every fact above comes before it.
@@ -49,6 +62,7 @@ STARTED_MARKER = "init engine (profile, create kv cache"
 FACT_MARKERS = (KV_TOKENS_MARKER, "KV cache memory:", "Model loading took", "model weights take",
                 "Loading model weights took", "available_kv_cache_memory", "reserved for KV Cache",
                 "Graph capturing finished", "activation peak memory", "non_torch_memory", STARTED_MARKER,
+                "Memory after warmup:", "Extended KV cache to",
                 *STARTUP_PLAN_MARKERS)
 
 
@@ -76,6 +90,17 @@ class LogFacts:
     started: bool = False                        # the engine logged the end of its start-up
     startup_plan_kv_bytes: int | None = None     # vLLM applied its persisted start-up plan: no profile ran
     startup_plan_path: str | None = None         # where vLLM saved its start-up plan
+    tentative_kv_bytes: int | None = None        # 0.34's profile figure, replaced by the post-warm-up one
+    sized_after_warmup: bool = False             # available_kv_bytes is the extensible cache's final size
+
+    @property
+    def settled_kv_bytes(self) -> int | None:
+        """The KV cache's memory once no later line can change it: after the "KV cache size" line
+        (which follows 0.34's extension), the post-warm-up sizing or a start-up plan; None while the
+        figure may still be 0.34's tentative one. What to learn from."""
+        if self.sized_after_warmup or self.kv_tokens is not None or self.available_kv_bytes is None:
+            return self.kv_cache_bytes
+        return None
 
     @property
     def kv_cache_bytes(self) -> int | None:
@@ -105,7 +130,15 @@ def parse_fact(line: str, facts: LogFacts) -> LogFacts:
     if (plan := parse_plan_line(line)) is not None:
         return replace(facts, startup_plan_kv_bytes=plan.applied_kv_bytes or facts.startup_plan_kv_bytes,
                        startup_plan_path=plan.saved_path or facts.startup_plan_path)
+    if (m := _EXTENDED.search(line) or _WARMUP_SIZED.search(line)) is not None:
+        final = _bytes(m[2]) if m.re is _EXTENDED else _bytes(m[3])
+        peak = facts.activation_peak_bytes if m.re is _EXTENDED else _bytes(m[1])
+        tentative = facts.tentative_kv_bytes if facts.sized_after_warmup else facts.available_kv_bytes
+        return replace(facts, available_kv_bytes=final, tentative_kv_bytes=tentative, sized_after_warmup=True,
+                       activation_peak_bytes=peak)
     found: dict[str, Any] = {name: _bytes(m[1]) for name, regex in _MEMORY.items() if (m := regex.search(line))}
+    if facts.sized_after_warmup:   # nothing logged after the sizing replaces its figure
+        found.pop("available_kv_bytes", None)
     return replace(facts, **found) if found else facts
 
 

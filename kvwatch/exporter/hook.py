@@ -8,6 +8,7 @@ the engine per interval) once per tick; it never calls into the supervisor other
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -29,12 +30,15 @@ def _readiness(supervisor: Any) -> tuple[bool, str]:
     return state == "ready", state
 
 
-def attach(config: Any, supervisor: Any, nvml: Nvml | None = None) -> Callable[[], None]:
+def attach(config: Any, supervisor: Any, nvml: Nvml | None = None,
+           status_changed: threading.Event | None = None) -> Callable[[], None]:
     """Serve kvwatch's metrics on ``config.listen`` (TLS/auth from ``config.web_config``),
     snapshotting every ``config.watch.interval_seconds``. KvwatchError when it cannot listen.
     ``nvml``: the process's Nvml, which its owner shuts down (`kvwatch run` passes its one); without
     it the hook opens its own and close() shuts that down. NVML is a source only where it fits the
-    host (kvwatch.exporter.sources.nvml_fits)."""
+    host (kvwatch.exporter.sources.nvml_fits). ``status_changed``: set by the supervisor's observer at
+    each new status, so the snapshot follows it at once (kvwatch_engine_up 0 as soon as the engine is
+    gone, not up to an interval later, nor never when kvwatch exits within the interval)."""
     import os
 
     from kvwatch.boundary import proc_inspect
@@ -59,7 +63,7 @@ def attach(config: Any, supervisor: Any, nvml: Nvml | None = None) -> Callable[[
                         listen=config.listen, web_config=config.web_config,
                         interval=config.watch.interval_seconds, nvml=nvml_source,
                         process_source=proc_inspect.rss, host=HostRegistry(config.state_dir, config.name),
-                        all_gpus=config.watch.all_gpus, readiness=lambda: _readiness(supervisor))
+                        all_gpus=config.watch.all_gpus, readiness=lambda: _readiness(supervisor), poke=status_changed)
     exporter.start(first_tick_inline=False)  # the supervisor starts at once; the first tick follows
 
     def close() -> None:

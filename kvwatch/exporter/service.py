@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,11 +34,11 @@ class Exporter:
                  nvml: NvmlSource | None = None, process_source: ProcessSource | None = None,
                  host: HostView | None = None, all_gpus: bool = False,
                  readiness: Callable[[], tuple[bool, str]] | None = None,
-                 judge: Callable[[str], ServingJudge] = ServingJudge) -> None:
+                 judge: Callable[[str], ServingJudge] = ServingJudge, poke: threading.Event | None = None) -> None:
         config = load_web_config(web_config) if web_config else None  # ConfigError: one line
         self.watch = Watch(engines, nvml=nvml, process_source=process_source, interval=interval,
                            on_snapshot=lambda _: self.server.prerender(), host=host, all_gpus=all_gpus,
-                           judge=judge)
+                           judge=judge, poke=poke)
         self._host = host
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(KvwatchCollector(lambda: self.watch.snapshot))

@@ -37,6 +37,7 @@ _LOG = logging.getLogger(__name__)
 ProcessSource = Callable[[Sequence[int]], Mapping[int, int]]
 NvmlSource = Callable[[], NvmlSnapshot]
 DEFAULT_INTERVAL = 5.0
+POKE_GAP = 0.1   # after a poke, changes this close together make one snapshot
 _MAX_WARNED = 1024   # distinct warnings remembered (each said once until then)
 _T = TypeVar("_T")
 
@@ -85,7 +86,8 @@ class Watch:
                  timeout: float | None = None, clock: Callable[[], float] = time.time,
                  on_snapshot: Callable[[WatchSnapshot], None] | None = None,
                  host: HostView | None = None, all_gpus: bool = False,
-                 judge: Callable[[str], ServingJudge] = ServingJudge) -> None:
+                 judge: Callable[[str], ServingJudge] = ServingJudge,
+                 poke: threading.Event | None = None) -> None:
         if interval <= 0:
             raise ValueError("interval must be positive")
         self._engines = engines
@@ -100,6 +102,9 @@ class Watch:
         self._snapshot = WatchSnapshot.empty()
         self._seen_up: set[str] = set()  # external engines that have answered /health
         self._stop = threading.Event()
+        # Set by the owner when what it exports changed (kvwatch run: the supervisor's status): a
+        # snapshot is taken at once, not up to an interval later (an engine that died, a stop).
+        self._poke = poke if poke is not None else threading.Event()
         self._thread: threading.Thread | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._warned: set[str] = set()
@@ -133,6 +138,7 @@ class Watch:
 
     def stop(self, timeout: float | None = None) -> None:
         self._stop.set()
+        self._poke.set()
         if self._thread is not None:
             self._thread.join(timeout if timeout is not None else self.timeout * 3 + 5)
             self._thread = None
@@ -149,11 +155,22 @@ class Watch:
 
     def _run(self, skip_first: bool) -> None:
         next_at = time.monotonic() + (self.interval if skip_first else 0.0)
-        while not self._stop.wait(max(0.0, next_at - time.monotonic())):
+        while True:
+            poked = self._poke.wait(max(0.0, next_at - time.monotonic()))
+            if self._stop.is_set():
+                return
+            if poked:
+                self._poke.clear()
+                self._stop.wait(POKE_GAP)   # a burst of changes (a restart loop) is one snapshot
+                if self._stop.is_set():
+                    return
+                self._poke.clear()
             try:
                 self.tick()
             except Exception:  # one bad tick must not end the loop
                 _LOG.exception("watch tick failed")
+            if poked:
+                continue   # an extra snapshot: the interval's own stay where they were
             next_at += self.interval
             if next_at < time.monotonic():  # a tick overran: skip, do not burst
                 next_at = time.monotonic() + self.interval

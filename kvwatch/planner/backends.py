@@ -7,6 +7,7 @@ from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.geometry import ModelGeometry
 from kvwatch.planner.rules import FP8_KV_DTYPES, PACKED_MLA_BYTES, BackendRule, RuleSet
+from kvwatch.values.block_sizes import MultipleOf
 from kvwatch.values.versions import VllmVersion
 from kvwatch.vllm_releases import DEFAULT_RELEASE
 from kvwatch.vllm_releases.cuda_kernel_blocks import (
@@ -15,6 +16,7 @@ from kvwatch.vllm_releases.cuda_kernel_blocks import (
     kernel_block_sizes,
     preferred_block_size,
 )
+from kvwatch.vllm_releases.release_defaults import defaults_for
 
 
 @dataclass(frozen=True)
@@ -89,11 +91,24 @@ def kernel_context(geometry: ModelGeometry, device: Device, settings: EngineSett
                          hybrid_state_float32=float32_state, softcap="attn_logit_softcapping" in geometry.present_fields)
 
 
+def default_preference(rule: BackendRule, default: int) -> int:
+    """The block size a backend takes when --block-size is unset, before any kernel row raises it:
+    the release's CacheConfig.DEFAULT_BLOCK_SIZE (16; 64 from 0.34) where the backend accepts it, else
+    its smallest kernel block (AttentionBackend.get_preferred_block_size, vLLM 0.34.0,
+    vllm/v1/attention/backend.py:158-166; the same in 0.33.0). So from 0.34 FLASH_ATTN, FLASHINFER,
+    TRITON_ATTN and the MultipleOf(16) MLA backends take 64, FLASHINFER_MLA 64 (32 before), CUTLASS_MLA
+    keeps 128."""
+    if rule.supports_block_size(default):
+        return default
+    return min(r.base if isinstance(r, MultipleOf) else r for r in rule.block_sizes)
+
+
 def with_release_kernel_blocks(rules: RuleSet, version: VllmVersion | None, context: KernelContext) -> RuleSet:
     """The rules with each CUDA backend's kernel block sizes (and the block size it prefers) as
     this release gives them for this model and card, and whether it accepts their multiples
     (vllm_releases/cuda_kernel_blocks.py)."""
     version = version or DEFAULT_RELEASE
+    default = defaults_for(version).block_size
     backends = []
     for rule in rules.backends:
         if rule.platform != "cuda":
@@ -102,8 +117,8 @@ def with_release_kernel_blocks(rules: RuleSet, version: VllmVersion | None, cont
         rule = replace(rule, accepts_multiples=accepts_multiples(version))
         sizes = kernel_block_sizes(rule.name, version, context)
         if sizes is not None:
-            rule = replace(rule, block_sizes=sizes,
-                           preferred_block_size=preferred_block_size(rule.name, version, context,
-                                                                     rule.preferred_block_size))
+            rule = replace(rule, block_sizes=sizes)
+        rule = replace(rule, preferred_block_size=preferred_block_size(
+            rule.name, version, context, default_preference(rule, default)))
         backends.append(rule)
     return replace(rules, backends=tuple(backends))

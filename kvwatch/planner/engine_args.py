@@ -160,6 +160,7 @@ class EngineSettings:
     gdn_prefill_backend: str | None = None   # --gdn-prefill-backend (None: vLLM's "auto")
     mamba_cache_mode: str | None = None      # --mamba-cache-mode (None: the release's default)
     kv_cache_dtype_skip_layers: tuple[str, ...] = ()   # layer indices or "sliding_window" kept unquantized
+    enable_extensible_kv_cache: bool | None = None   # 0.34+ --[no-]enable-extensible-kv-cache (None: vLLM decides)
 
 
 @dataclass(frozen=True)
@@ -290,6 +291,7 @@ class EngineCommand:
                                                               self._additional_config()),
             kv_cache_dtype_skip_layers=self._last_values("--kv-cache-dtype-skip-layers"),
             mamba_cache_mode=self.get("--mamba-cache-mode"),
+            enable_extensible_kv_cache=self._switch("--enable-extensible-kv-cache"),
         )
 
     def _converted(self, flag: str) -> object:

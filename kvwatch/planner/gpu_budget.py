@@ -48,10 +48,17 @@ from kvwatch.planner.encoder_cache import (
 )
 from kvwatch.planner.encoder_forward import encoder_forward_bytes
 from kvwatch.planner.engine_args import EngineSettings
+from kvwatch.planner.extensible_kv import (
+    CUDA_CONTEXT_BYTES,
+    Extensible,
+    extensible_for,
+    extensible_kv_bytes,
+    unset_utilization,
+)
 from kvwatch.planner.weights import WeightCount
 from kvwatch.values.versions import VllmVersion
 from kvwatch.vllm_releases import DEFAULT_RELEASE, resolve
-from kvwatch.vllm_releases.defaults_shape import CUDAGRAPH_ABSENT, ReleaseDefaults
+from kvwatch.vllm_releases.defaults_shape import CUDAGRAPH_ABSENT, ExtensibleSizing, ReleaseDefaults
 from kvwatch.vllm_releases.mllama_profile import (
     MLLAMA_ARCHITECTURE,
     V0_ONLY_SINCE,
@@ -185,9 +192,12 @@ def v0_only(version: VllmVersion, architectures: tuple[str, ...]) -> bool:
     return MLLAMA_ARCHITECTURE in architectures and V0_ONLY_SINCE <= version.parts and runs_v0_profile(version.parts)
 
 
-def utilization(settings: EngineSettings, release: Release) -> float:
-    """The fraction vLLM sizes against: the flag, else the release's default."""
-    return settings.gpu_memory_utilization if settings.gpu_memory_utilization_given else release.default_utilization
+def utilization(settings: EngineSettings, release: Release, extensible: Extensible | None = None) -> float:
+    """The fraction vLLM sizes against: the flag, else the release's default (1.0 where the
+    extensible KV cache is on, 0.34+)."""
+    if settings.gpu_memory_utilization_given:
+        return settings.gpu_memory_utilization
+    return release.default_utilization if extensible is None else unset_utilization(extensible, release.default_utilization)
 
 
 def api_defaults(device: Device, settings: EngineSettings, release: Release) -> tuple[int, int]:
@@ -236,6 +246,10 @@ class GpuBudget:
     # torch memory allocated after the worker's snapshot outside the loader's figure, which the budget
     # charges from 0.27 (vllm_releases/model_runner_v2.py): the V2 runner's sampler state
     runner_state_bytes: int = 0
+    # 0.34+: the extensible KV cache sizes the cache after warm-up (planner/extensible_kv.py); None: the
+    # profile's estimate sizes it (every release before 0.34, and 0.34 with it off)
+    extensible: ExtensibleSizing | None = None
+    free_at_start_bytes: int = 0   # the card's free memory at the worker's first snapshot (extensible only)
 
     @property
     def requested_bytes(self) -> int:
@@ -247,11 +261,27 @@ class GpuBudget:
                 + self.runner_state_bytes)
 
     @property
+    def resident_bytes(self) -> int:
+        """What the engine keeps after warm-up, the KV cache apart (the captured graphs included)."""
+        return self.weights_bytes + self.non_torch_bytes + self.cuda_graph_bytes + self.runner_state_bytes
+
+    @property
+    def transient_bytes(self) -> int:
+        """The peak the extensible cache keeps free: the activation peak and the graph estimate."""
+        return self.activation_peak_bytes + self.cuda_graph_bytes
+
+    @property
     def kv_cache_bytes(self) -> int:
+        if self.extensible is not None:
+            return extensible_kv_bytes(self.extensible, self.requested_bytes, self.free_at_start_bytes,
+                                       self.resident_bytes, self.transient_bytes)
         return max(0, self.requested_bytes - self.non_kv_bytes)
 
     def to_json(self) -> dict[str, object]:
-        return {**asdict(self), "requested_bytes": self.requested_bytes, "parts": self.parts()}
+        out = {**asdict(self), "requested_bytes": self.requested_bytes, "parts": self.parts()}
+        if self.extensible is None:   # the releases before 0.34 keep their JSON as it was
+            del out["extensible"], out["free_at_start_bytes"]
+        return out
 
     def parts(self) -> dict[str, int]:
         return {"weights": self.weights_bytes, "activation_peak": self.activation_peak_bytes,
@@ -456,22 +486,29 @@ def estimate_budget(settings: EngineSettings, device: Device, count: WeightCount
         vision = (v1_encoder_pass_bytes(count.encoder, version.parts, tokens, seqs, tp, dtype_bytes), 0)
         if version.parts >= MOE_WORKSPACE_SINCE and not quantized_experts:
             extra += moe_workspace_bytes(count, tokens, dtype_bytes, expert_width_shards(settings))
+    extensible = extensible_for(settings, device.platform, release.defaults)
+    total = cuda_total_bytes(device)
     return GpuBudget(
-        version=str(version or DEFAULT_RELEASE), release=release.why, cuda_total_bytes=cuda_total_bytes(device),
-        utilization=utilization(settings, release),
+        version=str(version or DEFAULT_RELEASE), release=release.why + (
+            f"; extensible KV cache {extensible.why}" if release.defaults.extensible is not None else ""),
+        cuda_total_bytes=total,
+        utilization=utilization(settings, release, extensible),
         weights_bytes=weights_on_gpu(weights_per_rank, settings, count, dtype_bytes) + loaded_buffer_bytes(count, tokens, dtype_bytes)
         + replicated_extra_bytes(count, tp, settings.pipeline_parallel_size, dtype_bytes, replicated_linear_bytes),
         activation_peak_bytes=activation_peak_bytes(count, tokens, seqs, dtype_bytes, tp, sampler, extra, vision),
         non_torch_bytes=non_torch_bytes(device, tp, version),
         cuda_graph_bytes=CUDA_GRAPH_BYTES if release.cuda_graphs_counted and not settings.enforce_eager else 0,
         max_num_batched_tokens=tokens, max_num_seqs=seqs,
-        runner_state_bytes=runner_state_bytes(count, seqs, version, device.platform, architectures, hybrid, env or {}))
+        runner_state_bytes=runner_state_bytes(count, seqs, version, device.platform, architectures, hybrid, env or {}),
+        extensible=extensible.sizing, free_at_start_bytes=total - CUDA_CONTEXT_BYTES if extensible.sizing else 0)
 
 
 def requested_bytes(device: Device, settings: EngineSettings, version: VllmVersion | None,
                     env: Mapping[str, str] | None = None) -> int:
     """CUDA total x the utilization vLLM of that version takes: the budget the KV cache is cut from."""
-    return int(cuda_total_bytes(device) * utilization(settings, release_for(version, env)))
+    release = release_for(version, env)
+    extensible = extensible_for(settings, device.platform, release.defaults)
+    return int(cuda_total_bytes(device) * utilization(settings, release, extensible))
 
 
 def profile_key(settings: EngineSettings, device: Device, version: VllmVersion | None) -> str:

@@ -242,31 +242,41 @@ def hybrid_block_size(alignment: HybridAlignment, backend: BackendRule, block_si
 
 
 def sliding_block_size(kernel_sizes: tuple[BlockSizeRule, ...], block_size: int, from_kernel: bool,
-                       within_primary_page: bool) -> int:
+                       within_primary_page: bool, divides_primary: bool = False) -> int:
     """The block size a sliding-window layer's spec starts from (`Attention.get_kv_cache_spec` with
     no padded page, `_largest_kernel_block_within`), as the release's rules say
     (vllm_releases/kv_layout.py SLIDING_BLOCK_*): the block size in force; or the backend's smallest
     kernel block; or its largest kernel block whose page fits the block size's (a MultipleOf
-    taken at the largest multiple not above it). Page unification then scales it up."""
+    taken at the largest multiple not above it; from 0.34 preferring one that divides the block size).
+    Page unification then scales it up."""
     if not from_kernel:
         return block_size
     fixed = [s for s in kernel_sizes if not isinstance(s, MultipleOf)]
     if not within_primary_page:
         candidates = fixed or [s.base for s in kernel_sizes if isinstance(s, MultipleOf)]
         return min(candidates) if candidates else block_size
-    return largest_kernel_block_within(kernel_sizes, 1, block_size, block_size)
+    return largest_kernel_block_within(kernel_sizes, 1, block_size, block_size,
+                                       divisor_of=block_size if divides_primary else None)
 
 
 def largest_kernel_block_within(kernel_sizes: tuple[BlockSizeRule, ...], token_bytes: int, page_budget: int,
-                                fallback: int) -> int:
+                                fallback: int, divisor_of: int | None = None) -> int:
     """`_largest_kernel_block_within`: the largest kernel block whose page of `token_bytes` a token
-    fits `page_budget` (a MultipleOf taken at its largest multiple that fits), else the smallest."""
+    fits `page_budget` (a MultipleOf taken at its largest multiple that fits), else the smallest; with
+    `divisor_of` (0.34+, kv_layout.SLIDING_BLOCK_DIVIDES_PRIMARY) the largest fitting one that divides
+    it, where one does."""
     most = page_budget // token_bytes
     candidates = [s for s in kernel_sizes if not isinstance(s, MultipleOf)] + \
         [max(s.base, most // s.base * s.base) for s in kernel_sizes if isinstance(s, MultipleOf)]
     if not candidates:
         return fallback
     fitting = [b for b in candidates if b * token_bytes <= page_budget]
+    if divisor_of is not None:
+        dividing = [b for b in fitting if divisor_of % b == 0] + [
+            b for s in kernel_sizes if isinstance(s, MultipleOf)
+            for b in range(s.base, most + 1, s.base) if divisor_of % b == 0]
+        if dividing:
+            return max(dividing)
     return max(fitting) if fitting else min(candidates)
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 from kvwatch.planner.devices import Device, GiB
 from kvwatch.planner.engine_args import EngineSettings
+from kvwatch.planner.extensible_kv import effective_utilization
 from kvwatch.planner.flag_change import NO_CHANGE, FlagChange
 from kvwatch.planner.geometry import ModelGeometry
 from kvwatch.planner.gpu_budget import GpuBudget, decoder_layer_bytes, estimate_budget
@@ -19,6 +20,7 @@ from kvwatch.planner.weights import (
 )
 from kvwatch.values.versions import VllmVersion
 from kvwatch.vllm_releases import DEFAULT_RELEASE
+from kvwatch.vllm_releases.release_defaults import defaults_for
 
 
 @dataclass(frozen=True)
@@ -115,8 +117,10 @@ def kv_memory(device: Device, settings: EngineSettings, geometry: ModelGeometry,
     if device.platform == "cuda" and device.total_memory_bytes:
         budget = _gpu_budget(device, settings, geometry, memory, model_bytes,
                              settings.max_model_len or geometry.default_max_model_len)
-        return (budget.kv_cache_bytes, "estimate: total x utilization - weights - activation - non-torch",
-                True, budget)
+        how = "estimate: total x utilization - weights - activation - non-torch" if budget.extensible is None else \
+            ("estimate: sized after warm-up (extensible KV cache): min(total x utilization, free at start - margin) "
+             "- weights - non-torch - CUDA graphs - the transient peak")
+        return budget.kv_cache_bytes, how, True, budget
     return 4 * GiB, "estimate: unknown device memory", True, None
 
 
@@ -129,7 +133,8 @@ def no_memory_warning(device: Device, settings: EngineSettings, geometry: ModelG
     if settings.kv_cache_memory_bytes is not None:   # the flag sets the KV memory: no other flag moves it
         return PredictedRefusal(NO_KV_CACHE_MEMORY, message + "; --kv-cache-memory-bytes sets it: raise it",
                                 NO_CHANGE, certain=not estimated)
-    if device.platform == "cuda" and device.total_memory_bytes and settings.gpu_memory_utilization < 0.95:
+    current = effective_utilization(settings, device.platform, defaults_for(memory.vllm_version or DEFAULT_RELEASE))
+    if device.platform == "cuda" and device.total_memory_bytes and current < 0.95:
         higher = replace(settings, gpu_memory_utilization=0.95, gpu_memory_utilization_given=True)
         if _estimate_gpu_kv_memory(device, higher, geometry, memory, model_bytes) >= 2 * bytes_per_block:
             return PredictedRefusal(NO_KV_CACHE_MEMORY, message, FlagChange({"--gpu-memory-utilization": 0.95}),

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from kvwatch.failure_kinds import FailureKind
-from kvwatch.planner.architecture_kinds import unknown_reasons
+from kvwatch.planner.architecture_kinds import builds_no_cache, unknown_reasons
 from kvwatch.planner.architectures import IN_TRANSFORMERS
 from kvwatch.planner.architectures import refusals as _architecture_refusals
 from kvwatch.planner.backend_legality import backend_refusals
@@ -19,10 +19,12 @@ from kvwatch.planner.backends import BackendChoice, choose_backend, kernel_conte
 from kvwatch.planner.config_refusals import config_refusals
 from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineSettings
+from kvwatch.planner.extensible_kv import extensible_for
 from kvwatch.planner.flag_change import NO_CHANGE, FlagChange
 from kvwatch.planner.geometry import ModelGeometry
 from kvwatch.planner.gpu_budget import GpuBudget, Release, api_defaults, release_for
 from kvwatch.planner.kv_bytes import TokenBytes, token_sizes
+from kvwatch.planner.kv_dtype_refusal import mismatched_16bit_kv
 from kvwatch.planner.kv_groups import (
     Demand,
     KvGroups,
@@ -38,6 +40,7 @@ from kvwatch.planner.kv_groups import (
 )
 from kvwatch.planner.kv_memory import NO_MEMORY_INPUTS, MemoryInputs, kv_memory, no_memory_warning
 from kvwatch.planner.layers import CHUNKED, MAMBA
+from kvwatch.planner.no_kv_cache import NO_KV_CACHE_ATTENTION, NO_KV_CACHE_SOURCE
 from kvwatch.planner.predicted_refusal import (
     CONFIG_REFUSED,
     KV_CACHE_TOO_SMALL,
@@ -46,8 +49,10 @@ from kvwatch.planner.predicted_refusal import (
 )
 from kvwatch.planner.rules import BackendRule, RuleSet
 from kvwatch.planner.scheduler import prefix_caching_on, request_demand
+from kvwatch.planner.scope import within_scope
 from kvwatch.values.block_sizes import BlockSizeRule
 from kvwatch.values.versions import VllmVersion
+from kvwatch.vllm_releases import DEFAULT_RELEASE
 from kvwatch.vllm_releases.gdn_checkpoint import GDN_CHECKPOINT_BLOCKS
 from kvwatch.vllm_releases.hybrid_alignment import hybrid_alignment_for
 from kvwatch.vllm_releases.kv_layout import (
@@ -58,11 +63,13 @@ from kvwatch.vllm_releases.kv_layout import (
     KV_PAGE_UNIFICATION,
     MAMBA2_PREFILL_CHECKPOINT,
     NULL_BLOCK_RESERVED_IN_CHECK,
+    SLIDING_BLOCK_DIVIDES_PRIMARY,
     SLIDING_BLOCK_FROM_KERNEL,
     SLIDING_BLOCK_WITHIN_PRIMARY_PAGE,
     grouping_rule_for,
 )
 from kvwatch.vllm_releases.kv_tokens_report import reported_kv_tokens
+from kvwatch.vllm_releases.model_runner_v2 import env_refusals
 from kvwatch.vllm_releases.skip_layer_pages import SKIP_LAYER_PAGE_ALIGNMENT
 
 # The planner's entry: make_plan, its inputs and its answer (the inputs' type lives with the KV memory it sizes).
@@ -111,6 +118,8 @@ class Plan:
     # GPU only: the sparse-attention indexer's cache, every layer, one token (DeepSeek-V3.2, GLM-5);
     # counted per token, not in the blocks above (its grouping with the latent is not planned).
     indexer_bytes_per_token: int = 0
+    # Why vLLM allocates no KV cache for this model (encoder-only: planner/no_kv_cache.py); "" when it does.
+    no_kv_cache: str = ""
 
     @property
     def engine_num_blocks(self) -> int:
@@ -123,9 +132,12 @@ class Plan:
     @property
     def source(self) -> str:
         """How the KV memory is known: "exact" (a flag or the environment fixes it), "learned" (from
-        the engine's own profile on an earlier launch) or "estimated" (from config.json and the card)."""
+        the engine's own profile on an earlier launch) or "estimated" (from config.json and the card);
+        "none" where vLLM allocates no KV cache at all."""
         if self.unknown_layer_types:
             return "unknown"
+        if self.no_kv_cache:
+            return "none"
         if self.estimated:
             return "estimated"
         return "learned" if self.kv_memory_source.startswith("learned") else "exact"
@@ -185,9 +197,14 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     refusals = config_refusals(geometry, settings, allow_long_max_model_len)
     release = release_for(memory.vllm_version, dict(memory.vllm_env))
     settings = _plannable(settings, release)
+    release_refused, settings = _release_refusals(geometry, settings, device, memory, release)
+    refusals += release_refused
     rules, choice, shape = _backend(geometry, settings, device, rules, memory)
     warnings: list[PredictedRefusal] = list(refusals) + architecture_refusals(geometry, settings, device,
                                                                                   memory.vllm_version)
+    if no_cache := builds_no_cache(geometry.architectures, str(memory.vllm_version) if memory.vllm_version else None):
+        return _no_kv_cache_plan(settings.model, no_cache, settings, device,
+                                settings.max_model_len or geometry.default_max_model_len, warnings)
     if geometry.attention != "none":
         warnings.extend(backend_refusals(choice, rules, device, geometry, settings))
     sizes = token_sizes(geometry, settings, device, memory.vllm_version, dict(memory.vllm_env))
@@ -202,6 +219,7 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     warnings.extend(_capacity_refusals(geometry, settings, device, memory, release, sizes, groups, blocks,
                                        demand, max_len))
     backend = choice.backend
+    unknown = geometry.layout.unknown_layer_types + architecture_unknowns(geometry, memory.vllm_version)
     return Plan(
         model=settings.model, device=device.name, compute_capability=device.sm,
         attention=geometry.attention, backend=backend.name if backend else None,
@@ -212,14 +230,14 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
         kv_memory_bytes=blocks.kv_memory, kv_memory_source=blocks.source, num_blocks=blocks.num_blocks,
         kv_cache_tokens=tokens, max_model_len=max_len, max_concurrency=concurrency,
         estimated=blocks.estimated, padding_bytes=_padding(settings, sizes, groups, blocks, demand, block_size),
-        warnings=tuple(warnings), backend_reasons=choice.reasons,
+        warnings=within_scope(warnings, unknown), backend_reasons=choice.reasons,
         data_parallel_size=max(1, settings.data_parallel_size),
         pipeline_parallel_size=max(1, settings.pipeline_parallel_size),
         kv_cache_groups=len(groups.groups), padding_layers=groups.padding_layers,
         blocks_per_request=groups.blocks_per_request(demand),
         recurrent_state_bytes=sizes.state_bytes, max_model_len_fitted=settings.max_model_len_auto,
         gpu_budget=blocks.budget,
-        unknown_layer_types=geometry.layout.unknown_layer_types + architecture_unknowns(geometry, memory.vllm_version),
+        unknown_layer_types=unknown,
         indexer_bytes_per_token=geometry.indexer_bytes_per_token if device.platform == "cuda" else 0)
 
 
@@ -232,6 +250,24 @@ def _plannable(settings: EngineSettings, release: Release) -> EngineSettings:
         settings = replace(settings, gpu_memory_utilization=release.default_utilization,
                            gpu_memory_utilization_given=False)
     return settings
+
+
+def _release_refusals(geometry: ModelGeometry, settings: EngineSettings, device: Device, memory: MemoryInputs,
+                      release: Release) -> tuple[list[PredictedRefusal], EngineSettings]:
+    """Step 1, the release's own refusals of the flags and the environment, in vLLM's words: the
+    runner and removed variables (0.34), a 16-bit KV dtype other than the model's (0.33), the
+    extensible KV cache asked for where it cannot be (0.34); and the settings planned once fixed."""
+    out = [PredictedRefusal(CONFIG_REFUSED, f"ValueError: {message}", NO_CHANGE)
+           for message in env_refusals((memory.vllm_version or DEFAULT_RELEASE).parts, dict(memory.vllm_env))]
+    mismatched = mismatched_16bit_kv(settings, geometry.config_dtype, memory.vllm_version)
+    if mismatched is not None:
+        out.append(mismatched)
+    refused = extensible_for(settings, device.platform, release.defaults).refusal
+    if refused is not None:   # vLLM 0.34.0, vllm/config/vllm.py:3263
+        out.append(PredictedRefusal(CONFIG_REFUSED, f"vLLM refuses it: {refused}",
+                                    FlagChange(remove=("--enable-extensible-kv-cache",))))
+        settings = replace(settings, enable_extensible_kv_cache=None)
+    return out, settings
 
 
 def _backend(geometry: ModelGeometry, settings: EngineSettings, device: Device, rules: RuleSet,
@@ -296,7 +332,8 @@ def _layers(geometry: ModelGeometry, settings: EngineSettings, version: VllmVers
     and the block size once the groups have theirs; vLLM's refusals of the grouping join `warnings`.
     Sliding-window layers start from a kernel block of their own in some releases (kv_layout.py)."""
     sliding_block = sliding_block_size(shape.block_sizes, block_size, SLIDING_BLOCK_FROM_KERNEL.holds(version),
-                                       SLIDING_BLOCK_WITHIN_PRIMARY_PAGE.holds(version)) \
+                                       SLIDING_BLOCK_WITHIN_PRIMARY_PAGE.holds(version),
+                                       SLIDING_BLOCK_DIVIDES_PRIMARY.holds(version)) \
         if shape is not None else block_size
     groups, grouping_refusals = _kv_groups(geometry, settings, block_size, sizes.layer_token_bytes, sizes.state_bytes,
                                            version, sliding_block, sizes.checkpoint_alignment is not None,
@@ -483,3 +520,15 @@ def _shared_layer_warnings(geometry: ModelGeometry, settings: EngineSettings, gr
                      f"layers differ in page size", fix)]
 
 
+def _no_kv_cache_plan(model: str, reason: str, settings: EngineSettings, device: Device,
+                     max_model_len: int | None, warnings: Sequence[PredictedRefusal]) -> Plan:
+    """The plan of a model vLLM gives no KV cache: 0 blocks, 0 bytes, exact (no estimate is involved)."""
+    return Plan(
+        model=model, device=device.name, compute_capability=device.sm, attention=NO_KV_CACHE_ATTENTION,
+        backend=None, block_size=settings.block_size or 0, block_size_source="no KV cache: no block is sized",
+        kv_cache_dtype=settings.kv_cache_dtype, dtype_bytes=0, kv_bytes_per_token_per_layer=0, kv_bytes_per_token=0,
+        page_size_bytes=0, layers_per_block=0, bytes_per_block=0, kv_memory_bytes=0,
+        kv_memory_source=f"none: {reason} ({NO_KV_CACHE_SOURCE})", num_blocks=0, kv_cache_tokens=0,
+        max_model_len=max_model_len, max_concurrency=None, estimated=False,
+        padding_bytes={}, warnings=tuple(warnings), data_parallel_size=max(1, settings.data_parallel_size),
+        pipeline_parallel_size=max(1, settings.pipeline_parallel_size), kv_cache_groups=0, no_kv_cache=reason)

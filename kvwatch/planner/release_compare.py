@@ -4,7 +4,7 @@ reason and the source line of the release that makes it (pure).
 The reasons come from the releases' own data (vllm_releases/defaults.py): a changed default
 utilization, a CUDA graph estimate now taken from the budget, another batch tier for the card, another
 default block size. A figure that only follows from those (blocks, tokens, the KV share) says so.
-The command's own flags are read by both releases' parsers (vllm_releases/flags.py): a flag whose
+The command's own flags are read by both releases' parsers (vllm_releases/generated/flags.py): a flag whose
 meaning changes (removed, now ambiguous, another option, the other polarity, an inverse gained,
 other choices or arity) is a difference with the release's source line.
 """
@@ -15,13 +15,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvwatch.planner.devices import Device
+from kvwatch.planner.extensible_kv import withheld_bytes
+from kvwatch.planner.gpu_budget import GpuBudget
 from kvwatch.planner.plan import Plan
 from kvwatch.planner.serve_options import Match, ReleaseOptions, ServeOption, release_options, vllm_spelling
 from kvwatch.planner.units import format_bytes
 from kvwatch.values.versions import VllmVersion
 from kvwatch.vllm_releases import resolve
 from kvwatch.vllm_releases.defaults_shape import ReleaseDefaults
-from kvwatch.vllm_releases.flags import PARSERS
+from kvwatch.vllm_releases.generated.flags import PARSERS
 from kvwatch.vllm_releases.release_defaults import defaults_for
 
 
@@ -68,8 +70,25 @@ def _cause_rows(a: Plan, b: Plan, da: ReleaseDefaults, db: ReleaseDefaults, devi
             given = da.gpu_memory_utilization != db.gpu_memory_utilization
             out.append(Difference("utilization", ga.utilization, gb.utilization,
                                   "the default --gpu-memory-utilization" if given else "the utilization",
-                                  f"{da.cite(da.gpu_memory_utilization_source)}; "
-                                  f"{db.cite(db.gpu_memory_utilization_source)}"))
+                                  f"{_utilization_source(da, ga.extensible is not None)}; "
+                                  f"{_utilization_source(db, gb.extensible is not None)}") if not (
+                ga.extensible is None and gb.extensible is not None) else Difference(
+                "utilization", ga.utilization, gb.utilization,
+                f"an unset --gpu-memory-utilization means {gb.utilization} with vLLM {db.release}'s extensible "
+                "KV cache, sized from the memory measured after warm-up and CUDA graph capture",
+                f"{da.cite(da.gpu_memory_utilization_source)}; {db.cite(db.extensible.utilization_source)}"
+                if db.extensible is not None else ""))
+        if (ga.extensible is None) != (gb.extensible is None):
+            side = db if gb.extensible is not None else da
+            assert side.extensible is not None
+            out.append(Difference("kv_sizing", "profile estimate" if ga.extensible is None else "after warm-up",
+                                  "after warm-up" if gb.extensible is not None else "profile estimate",
+                                  "the extensible KV cache: total x utilization less what the engine keeps "
+                                  "after warm-up, a margin of max(1 GiB, 0.75 x the transient peak) and that peak",
+                                  f"{side.cite(side.extensible.source)}; {side.cite(side.extensible.margin_source)}"))
+        cap = _explicit_cap(gb, db)
+        if cap is not None:
+            out.append(cap)
         if ga.cuda_graph_bytes != gb.cuda_graph_bytes:
             side = db if gb.cuda_graph_bytes else da
             out.append(Difference("cuda_graphs", ga.cuda_graph_bytes, gb.cuda_graph_bytes,
@@ -98,6 +117,29 @@ def _cause_rows(a: Plan, b: Plan, da: ReleaseDefaults, db: ReleaseDefaults, devi
     if a.backend != b.backend:
         out.append(Difference("backend", a.backend, b.backend, "the release's backend priorities", ""))
     return out
+
+
+def _utilization_source(d: ReleaseDefaults, extensible: bool) -> str:
+    if extensible and d.extensible is not None:
+        return d.cite(d.extensible.utilization_source)
+    return d.cite(d.gpu_memory_utilization_source)
+
+
+def _explicit_cap(budget: GpuBudget, d: ReleaseDefaults) -> Difference | None:
+    """An explicit utilization below 1.0 under the extensible KV cache caps it: what leaving it unset
+    would give back (vLLM warns from 1 GiB: vLLM 0.34.0, vllm/v1/worker/extensible_kv_cache.py:654-677)."""
+    sizing = budget.extensible
+    if sizing is None or budget.utilization >= sizing.utilization:
+        return None
+    withheld = withheld_bytes(sizing, budget.cuda_total_bytes, budget.utilization, budget.free_at_start_bytes,
+                              budget.resident_bytes, budget.transient_bytes)
+    if withheld <= 0:
+        return None
+    return Difference("utilization_cap", None, budget.utilization,
+                      f"--gpu-memory-utilization {budget.utilization} now caps the KV cache: it keeps "
+                      f"{format_bytes(withheld)} out of it that leaving the flag unset ({sizing.utilization}) would "
+                      f"give; keep it only to leave room for memory vLLM does not measure (another process)",
+                      d.cite(sizing.utilization_source))
 
 
 def _result_rows(a: Plan, b: Plan, causes: list[Difference]) -> list[Difference]:

@@ -1,6 +1,6 @@
 """A release's `vllm serve` options, matched as its argparse matches a token (pure).
 
-The options are data (kvwatch/vllm_releases/flags.py, generated from each release's parser). The
+The options are data (kvwatch/vllm_releases/generated/flags.py, generated from each release's parser). The
 matching is Python's argparse (3.11, the interpreter the table was read under), which vLLM's
 FlexibleArgumentParser keeps: an exact spelling, else `--opt=value`, else every spelling the token
 is a prefix of (allow_abbrev): one is that option, several are refused ("ambiguous option"),
@@ -18,7 +18,7 @@ from typing import Any
 
 from kvwatch.errors import KvwatchError
 from kvwatch.planner.units import parse_vllm_int
-from kvwatch.vllm_releases import flags
+from kvwatch.vllm_releases.generated import flags
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,20 @@
 """What kvwatch repeats of each vLLM release, as data (pure: no I/O, no vLLM import).
 
-One generated module per concern, each a table keyed by release, every fact with the source file
-and line of the release it was read from:
+The generated tables live in ``generated/`` (scripts/gen_*.py, each with --check; never edited by
+hand), each stored as the oldest release's data and every later release's changes against the one
+before (``release_chain``); the modules here expand them per release and hold the hand-written rules:
 
-- ``flags``: the ``vllm serve`` options and their action kinds (scripts/gen_vllm_flags.py);
-- ``defaults``: utilization, batch defaults by card, block sizes, what the profile counts;
+- ``defaults``: utilization, batch defaults by card, block sizes, the extensible KV cache, what the
+  profile counts (scripts/gen_release_defaults.py; types and lookups in ``release_defaults``);
+- ``generated.flags``: the ``vllm serve`` options and their action kinds (scripts/gen_vllm_flags.py);
 - ``backend_priorities``: the CUDA attention backend order (scripts/gen_backend_priorities.py);
 - ``max_len_rules``: the default max_model_len's RoPE rules (scripts/gen_max_len_rules.py);
-- ``hybrid_alignment``: the hybrid block-size alignment (by hand, one row per change);
-- ``texts``: the failure and start-up wordings the diagnosis matches.
+- ``architectures``: the KV cache layers of every registered architecture (scripts/gen_vllm_architectures.py);
+- ``texts``: the failure and start-up wordings the diagnosis matches (scripts/gen_vllm_texts.py);
+- ``metrics``: the Prometheus series each release exports (scripts/gen_metric_names.py);
+- ``hybrid_alignment``, ``kv_layout``, ``cuda_kernel_blocks``, ...: by hand, one row per change.
+
+scripts/absorb_release.py X.Y.Z reads a new release into all of them in one command.
 
 A release is known when kvwatch has read its source (``KNOWN``, one per minor release: the
 newest patch kvwatch read). Any other release is planned as the nearest known one, and
@@ -24,7 +30,7 @@ from kvwatch.values.versions import VllmVersion, parse_version
 KNOWN: tuple[VllmVersion, ...] = tuple(parse_version(v) for v in (
     "0.10.2", "0.11.2", "0.12.0", "0.13.0", "0.14.1", "0.15.1", "0.16.0", "0.17.1", "0.18.1", "0.19.1",
     "0.20.2", "0.21.0", "0.22.1", "0.23.0", "0.24.0", "0.25.1", "0.26.0", "0.27.1", "0.28.0", "0.29.0",
-    "0.30.0", "0.31.0", "0.32.0", "0.33.0"))
+    "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0"))
 # The release planned when none is given and none is installed: the newest kvwatch has read. The one
 # answer to "which release when none is given", for the flags, the rules and the budget alike.
 DEFAULT_RELEASE: VllmVersion = max(KNOWN)

@@ -28,6 +28,22 @@ class BatchTier:
 
 
 @dataclass(frozen=True)
+class ExtensibleSizing:
+    """The extensible KV cache (0.34+, on by default on CUDA unless --kv-cache-memory-bytes or
+    --num-gpu-blocks-override is given): the cache is sized from the memory measured after warm-up and
+    CUDA graph capture. An unset --gpu-memory-utilization then means `utilization` (1.0); the cache
+    gets min(budget - vLLM's own use, headroom - margin) - the transient peak, the margin being
+    max(margin_floor_bytes, margin_fraction x transient peak) (measure_kv_cache_bytes)."""
+    source: str                     # CacheConfig.enable_extensible_kv_cache
+    utilization: float              # resolved_gpu_memory_utilization with the cache extensible
+    utilization_source: str
+    margin_floor_bytes: int         # KV_CACHE_MARGIN_FLOOR_BYTES (CUDA)
+    margin_fraction: float          # KV_CACHE_MARGIN_FRACTION
+    non_torch_reserve_bytes: int    # KV_CACHE_NON_TORCH_RESERVE_BYTES (CUDA), inside the margin
+    margin_source: str
+
+
+@dataclass(frozen=True)
 class ReleaseDefaults:
     release: str
     gpu_memory_utilization: float
@@ -45,6 +61,7 @@ class ReleaseDefaults:
     startup_plan_source: str
     triton_sampler_source: str             # "" when the release has no Triton top-k/top-p kernel
     v0_switch_source: str = ""             # envs.py's VLLM_USE_V1 ("" once the V0 engine is gone)
+    extensible: ExtensibleSizing | None = None   # None: the release sizes the cache from the profile only
 
     def cite(self, source: str) -> str:
         return f"vLLM {self.release}, {source}"

@@ -156,6 +156,12 @@ SLIDING_BLOCK_FROM_KERNEL = Boundary((0, 25, 0), "vLLM 0.25.1, vllm/model_execut
 SLIDING_BLOCK_WITHIN_PRIMARY_PAGE = Boundary((0, 30, 0),
                                              "vLLM 0.30.0, vllm/model_executor/layers/attention/attention.py:648",
                                              "vLLM 0.29.0, vllm/model_executor/layers/attention/attention.py:118")
+# From 0.34, without a shared (skip-layer) page, the sliding layers prefer the largest fitting kernel
+# block that divides the primary block, so that their page scales to it by a whole ratio instead of
+# being padded (Gemma-like models on FLASHINFER at block 80: 16 tokens, not 64).
+SLIDING_BLOCK_DIVIDES_PRIMARY = Boundary((0, 34, 0),
+                                         "vLLM 0.34.0, vllm/model_executor/layers/attention/attention.py:134-144,:683-693",
+                                         "vLLM 0.33.0, vllm/model_executor/layers/attention/attention.py")
 
 # Layers of more than one type whose pages differ in size (sliding layers of 8 heads of 256 beside
 # full ones of 2 heads of 512): from 0.12 vLLM unifies the pages (a larger block, or padding) and

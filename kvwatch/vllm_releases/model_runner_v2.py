@@ -48,6 +48,31 @@ V2_RUNNER_RULES = (
 # words, int32) (vLLM 0.28.0, vllm/v1/worker/gpu/sample/penalties.py:32-42, created by Sampler at
 # vllm/v1/worker/gpu/sample/sampler.py:51 from model_runner.py:398, after the block at :356-379;
 # 0.27.1 model_runner.py:306/:352; the same tensors in 0.33.0 penalties.py:43-50).
+# 0.34 removed the V1 runner: every model runs on V2, VLLM_USE_V2_MODEL_RUNNER=1 is only warned
+# about and any other value refused (vLLM 0.34.0, vllm/platforms/interface.py:1481-1490).
+V1_RUNNER_REMOVED_SINCE = (0, 34, 0)
+V1_RUNNER_REMOVED_SOURCE = "vLLM 0.34.0, vllm/platforms/interface.py:1481-1490"
+# Environment variables a release refuses as removed, with its hint (vLLM 0.34.0, vllm/envs.py:654-660).
+REMOVED_ENV = {(0, 34, 0): {"VLLM_MARLIN_INPUT_DTYPE": (
+    "Marlin no longer supports 8-bit activations. Use `--quantization humming` and set the activation dtype "
+    "with VLLM_HUMMING_INPUT_QUANT_CONFIG, e.g. '{\"dtype\":\"int8\"}'.")}}
+REMOVED_ENV_SOURCE = "vLLM 0.34.0, vllm/envs.py:654-660 (refused by vllm/platforms/interface.py:1492-1493)"
+
+
+def env_refusals(parts: tuple[int, int, int], env: dict[str, str]) -> list[str]:
+    """vLLM's ValueErrors, in its words, for the engine environment's runner and removed variables."""
+    out = []
+    value = env.get("VLLM_USE_V2_MODEL_RUNNER")
+    if parts >= V1_RUNNER_REMOVED_SINCE and value is not None and value != "1":
+        out.append(f"VLLM_USE_V2_MODEL_RUNNER={value} is no longer supported: Model Runner V1 has been removed. "
+                   f"Unset this variable. ({V1_RUNNER_REMOVED_SOURCE})")
+    for since, removed in REMOVED_ENV.items():
+        if parts >= since:
+            out += [f"{name} has been removed. {hint} ({REMOVED_ENV_SOURCE})" for name, hint in removed.items()
+                    if name in env]
+    return out
+
+
 PENALTY_STATE_SOURCE = "vLLM 0.28.0, vllm/v1/worker/gpu/sample/penalties.py:32-42"
 PENALTY_STATE_ELEMENT_BYTES = 4   # int32
 PENALTY_MASK_BITS = 32
@@ -62,6 +87,8 @@ def runs_v2_runner(parts: tuple[int, int, int], architectures: tuple[str, ...], 
                    env_value: str | None = None) -> bool:
     """Whether the release's worker runs this model on the V2 runner (only known from 0.27).
     `env_value`: VLLM_USE_V2_MODEL_RUNNER as set (vllm/envs.py: maybe_convert_bool, int of the value)."""
+    if parts >= V1_RUNNER_REMOVED_SINCE:
+        return True   # the only runner left (a value other than 1 is refused: env_refusals)
     if env_value is not None and env_value.strip() in ("0", "1"):
         return env_value.strip() == "1"
     rule = rule_for(parts)

@@ -45,6 +45,13 @@ def default_changes(a: ReleaseDefaults, b: ReleaseDefaults) -> list[str]:
                for t in b.batch_tiers]
     if tiers_a != tiers_b:
         out.append(f"batch-default tiers by card ({b.cite(b.batch_tiers[0].source)})")
+    if (a.extensible is None) != (b.extensible is None):
+        if b.extensible is not None:
+            out.append(f"extensible KV cache on by default on CUDA: an unset --gpu-memory-utilization means "
+                       f"{b.extensible.utilization} and the cache is sized after warm-up "
+                       f"({b.cite(b.extensible.source)}); an explicit utilization below it caps the cache")
+        else:
+            out.append(f"extensible KV cache gone: the profile's estimate sizes the cache ({b.cite(b.gpu_memory_utilization_source)})")
     if a.block_size != b.block_size:
         out.append(f"default block size {a.block_size} -> {b.block_size} ({b.cite(b.block_size_source)})")
     if bool(a.startup_plan_schema) != bool(b.startup_plan_schema):

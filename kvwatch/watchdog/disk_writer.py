@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from kvwatch.watchdog.write_helper import HelperProcess
+
 _LOG = logging.getLogger(__name__)
 
 RETRY_SECONDS = 5.0
@@ -111,22 +113,61 @@ class DiskWriter:
                 self._cond.notify_all()
 
 
-_SHARED: DiskWriter | None = None
+_SHARED: dict[str, DiskWriter] = {}
 _SHARED_LOCK = threading.Lock()
+_HELPERS: dict[str, HelperProcess] = {}
+# Which helper process makes each writer's calls (write_helper.py: a write blocked in a frozen
+# filesystem holds that process, never kvwatch's own exit). The state dir's files share one; the
+# learned_dir, often another volume (a fleet's network share), has its own: one hung never holds
+# the other's writes.
+_HELPER_OF = {"state": "state_dir", "claims": "state_dir", "lock": "state_dir", "learned": "learned_dir"}
 
 
-def _write_in_private_dir(path: Path, data: bytes) -> None:
-    """state_store.write_atomic, the directory made again (private) first if someone removed it."""
-    from kvwatch.watchdog.state_dir import ensure_private_dir
-    from kvwatch.watchdog.state_store import write_atomic
-    ensure_private_dir(path.parent)
-    write_atomic(path, data)
+def _writer(kind: str) -> DiskWriter:
+    with _SHARED_LOCK:
+        if kind not in _SHARED:
+            helper = _HELPERS.setdefault(_HELPER_OF[kind], HelperProcess())
+            write = {"state": helper.write_private, "claims": helper.write_claim,
+                     "learned": helper.write_plain, "lock": helper.write_in_place}[kind]
+            _SHARED[kind] = DiskWriter(write, helper.remove)
+        return _SHARED[kind]
+
+
+def _forget_in_child() -> None:
+    """A forked child has neither the writer threads nor a helper of its own: it starts its own."""
+    global _SHARED_LOCK
+    _SHARED.clear()
+    _HELPERS.clear()
+    _SHARED_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def shared() -> DiskWriter:
-    """The process's one writer (state files and claims)."""
-    global _SHARED
+    """The process's writer of state files (the state dir made private first)."""
+    return _writer("state")
+
+
+def claims() -> DiskWriter:
+    """The process's writer of host claims (state dir/engines, both made private first)."""
+    return _writer("claims")
+
+
+def learned() -> DiskWriter:
+    """The process's writer of shared learned profiles (learned_dir, a directory other hosts share:
+    a hung network volume there holds neither the watchdog nor the state file)."""
+    return _writer("learned")
+
+
+def lock_files() -> DiskWriter:
+    """The process's writer of the pid line in a lock file (in place: the file's inode is the lock)."""
+    return _writer("lock")
+
+
+def flush_all(timeout: float) -> bool:
+    """Wait up to `timeout` in all for every writer: True when everything handed over is written."""
+    deadline = time.monotonic() + timeout
     with _SHARED_LOCK:
-        if _SHARED is None:
-            _SHARED = DiskWriter(_write_in_private_dir)
-        return _SHARED
+        writers = list(_SHARED.values())
+    return all([w.flush(max(0.0, deadline - time.monotonic())) for w in writers])

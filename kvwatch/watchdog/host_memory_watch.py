@@ -14,20 +14,10 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kvwatch.values.host_memory import HostMemorySample
 from kvwatch.watchdog.records import HostMemoryStop
 
 _GIB = 1 << 30
-
-
-@dataclass(frozen=True)
-class HostMemorySample:
-    """One read of /proc/meminfo and /proc/pressure/memory; None: not reported (an old kernel, no PSI)."""
-
-    time: float                          # monotonic seconds
-    available_bytes: int | None          # MemAvailable
-    total_bytes: int | None              # MemTotal
-    some_avg10: float | None = None      # % of the last 10 s some task stalled on memory
-    full_avg10: float | None = None      # % of the last 10 s every non-idle task stalled on memory
 
 
 @dataclass(frozen=True)

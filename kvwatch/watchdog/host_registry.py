@@ -25,8 +25,7 @@ from kvwatch.boundary import proc_inspect
 from kvwatch.boundary.proc_inspect import ProcRef
 from kvwatch.watchdog import disk_writer
 from kvwatch.watchdog.disk_writer import DiskWriter
-from kvwatch.watchdog.state_dir import ensure_private_dir
-from kvwatch.watchdog.state_store import UntrustedFile, read_regular, remove_stale_temporaries
+from kvwatch.watchdog.state_store import UntrustedFile, read_regular
 
 _LOG = logging.getLogger(__name__)
 
@@ -39,7 +38,7 @@ WITHDRAW_SECONDS = 2.0   # at exit, how long the claim's removal may take (a fro
 
 class HostRegistry:
     def __init__(self, state_dir: str, name: str, writer: DiskWriter | None = None) -> None:
-        self._writer = writer or disk_writer.shared()
+        self._writer = writer or disk_writer.claims()
         self.directory = os.path.join(state_dir, REGISTRY_DIR)
         self.name = name
         self.path = os.path.join(self.directory, f"{name}.json")
@@ -61,16 +60,10 @@ class HostRegistry:
         me = self._me
         data = {"name": self.name, "kvwatch": [me.pid, me.create_time] if me else None,
                 "pids": [[r.pid, r.create_time] for r in refs]}
-        try:
-            ensure_private_dir(os.path.dirname(self.directory))   # the state dir: kvwatch run may not be here yet
-            ensure_private_dir(self.directory)
-        except OSError as exc:
-            self._warn("publish", f"host registry: cannot create {self.directory}: {exc}")
-            return
-        if self._pids is None:
-            remove_stale_temporaries(Path(self.path))
-        # Off the watch loop: the writer retries a claim that cannot be written (a full disk) until
-        # it can, the newest claim first, so the claim never keeps the pids of an engine that is gone.
+        # Off the watch loop, directories included (a frozen disk must not stop the snapshots): the
+        # writer makes the state dir and engines/ private, removes what a killed write left, and
+        # retries a claim that cannot be written (a full disk) until it can, the newest first, so
+        # the claim never keeps the pids of an engine that is gone.
         self._writer.put(Path(self.path), json.dumps(data).encode())
         self._pids = wanted
 

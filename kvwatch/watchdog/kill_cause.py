@@ -13,22 +13,13 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from kvwatch.values.host_memory import HostMemory, OomCount
 from kvwatch.watchdog.outcomes import KernelRecord
 
 # Linux numbers (x86-64 and arm64 alike); the pure core does not import `signal`.
 _SIGNAL_NAMES = {1: "SIGHUP", 2: "SIGINT", 3: "SIGQUIT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE",
                  9: "SIGKILL", 11: "SIGSEGV", 13: "SIGPIPE", 15: "SIGTERM"}
 _MAX_SIGNAL = 64  # SIGRTMAX
-
-
-@dataclass(frozen=True)
-class OomCount:
-    """One read of a memory cgroup's OOM-kill counters."""
-
-    cgroup: str                       # the cgroup as /proc/PID/cgroup names it ("/system.slice/x.service")
-    version: int                      # 1 or 2
-    oom_kill: int                     # processes of the cgroup the OOM killer killed (v2: its children too)
-    oom_group_kill: int | None = None  # v2, kernel 5.17+: whole-group kills (memory.oom.group)
 
 
 class Killer(str, enum.Enum):
@@ -99,32 +90,6 @@ def kill_cause(before: OomCount | None, after: OomCount | None, signal: int | No
     else:
         text += "no cgroup OOM-kill count to tell whether it was the kernel's OOM killer)"
     return KillCause(Killer.SIGNAL, signum, text, counts)
-
-
-@dataclass(frozen=True)
-class HostMemory:
-    """What a give-up for host memory says the host has."""
-
-    total_bytes: int | None          # MemTotal; None: not read
-    cgroup_limit_bytes: int | None   # the tightest limit on the engine's cgroup and its parents; None: none
-    cgroup: str | None = None        # the engine's memory cgroup, as /proc/PID/cgroup names it
-
-    def effective_bytes(self) -> int | None:
-        """What the engine can have at most: the host's memory, or the cgroup's limit where lower."""
-        known = [n for n in (self.total_bytes, self.cgroup_limit_bytes) if n is not None]
-        return min(known) if known else None
-
-    def words(self) -> str:
-        """"X GiB, cgroup limit Y": a limit at or above the host's memory is none."""
-        total = _gib(self.total_bytes) if self.total_bytes is not None else "unknown"
-        limit = self.cgroup_limit_bytes
-        if limit is None or (self.total_bytes is not None and limit >= self.total_bytes):
-            return f"{total}, cgroup limit none"
-        where = f" (cgroup {self.cgroup})" if self.cgroup else ""
-        return f"{total}, cgroup limit {_gib(limit)}{where}"
-
-    def text(self) -> str:
-        return f"host memory: {self.words()}"
 
 
 def kernel_record(before: OomCount | None, after: OomCount | None, host: HostMemory | None) -> KernelRecord:

@@ -36,6 +36,7 @@ from kvwatch.diagnosis import GpuContext
 from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.vllm_releases import DEFAULT_RELEASE
+from kvwatch.watchdog import disk_writer
 from kvwatch.watchdog.preflight import learned_key
 from kvwatch.watchdog.state_store import read_regular, write_atomic
 
@@ -139,8 +140,12 @@ def write(directory: str | os.PathLike[str], profile: SharedProfile) -> Path:
     """Store the profile atomically (the last writer wins); OSError when the directory is not writable."""
     path = Path(directory) / file_name(profile.key, profile.rank)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, (json.dumps(profile.to_json(), sort_keys=True) + "\n").encode())
+    write_atomic(path, _encoded(profile))
     return path
+
+
+def _encoded(profile: SharedProfile) -> bytes:
+    return (json.dumps(profile.to_json(), sort_keys=True) + "\n").encode()
 
 
 def launch_of(command: EngineCommand, device: Device | None, free_bytes: int | None = None,
@@ -193,9 +198,8 @@ def publish(directory: str, command: EngineCommand, device: Device | None, reque
     profile = SharedProfile(launch.key, launch.rank, launch.card, launch.card_memory_bytes, launch.vllm_version,
                             requested_bytes, min(available_kv_bytes, requested_bytes), socket.gethostname(),
                             time.time())
-    try:
-        path = write(directory, profile)
-    except OSError as exc:
-        _LOG.warning("learned_dir: cannot write profile %s to %s: %s", launch.key, directory, exc)
-        return
-    _LOG.info("learned_dir: shared profile %s as %s", launch.key, path)
+    # Off the watchdog's thread: a learned_dir on a hung network volume must not hold it (the
+    # writer says once when a write fails, and retries).
+    path = Path(directory) / file_name(profile.key, profile.rank)
+    disk_writer.learned().put(path, _encoded(profile))
+    _LOG.info("learned_dir: sharing profile %s as %s", launch.key, path)

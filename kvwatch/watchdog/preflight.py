@@ -1,7 +1,8 @@
 """Before the first launch: plan the command, and apply the fixes for failures that are certain.
 
 A known-bad plan (an illegal block size, a kernel limit, a KV cache too small for the
-max model len) never starts. Fixes are applied one plan at a time, re-planning after
+max model len) never starts. A model kvwatch cannot classify (plan source "unknown") is launched
+as given: no rule is known to hold for it (kvwatch/planner/scope.py). Fixes are applied one plan at a time, re-planning after
 each, because one fix changes what the next should be (fp8 -> auto doubles the bytes
 per token, so the largest max model len halves). The policy's allow_* switches are
 honoured. Planning errors never stop kvwatch: the engine is then launched as given.
@@ -9,6 +10,7 @@ honoured. Planning errors never stop kvwatch: the engine is then launched as giv
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Mapping
 
 from kvwatch.boundary import device_probe
@@ -17,10 +19,13 @@ from kvwatch.boundary.plan_loader import plan_command
 from kvwatch.errors import KvwatchError
 from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineCommand
+from kvwatch.planner.flag_change import FlagChange
 from kvwatch.planner.gpu_budget import profile_key
 from kvwatch.planner.plan import Plan
 from kvwatch.planner.rules import RuleSet
 from kvwatch.policy import Policy
+from kvwatch.values.versions import parse_version
+from kvwatch.watchdog.memory_learning import pin_costs_extensible
 from kvwatch.watchdog.records import PreflightFix
 
 _LOG = logging.getLogger(__name__)
@@ -78,8 +83,12 @@ def preflight(command: EngineCommand, device: Device, rules: RuleSet, env: Mappi
     """The command with the certain fixes applied, what was changed, and the final plan."""
     fixes: list[PreflightFix] = []
     plan = plan_with_learned(command, device, rules, env, learned, read_model)
+    if plan is not None and plan.unknown_layer_types:
+        # planner/scope.py: no rule is known to hold for this model, so none changes its command
+        _LOG.warning("preflight: launching the command as given: kvwatch cannot classify %s",
+                     "; ".join(plan.unknown_layer_types))
     for _ in range(MAX_ROUNDS):
-        if plan is None:
+        if plan is None or plan.unknown_layer_types:
             break
         warning = next((w for w in plan.warnings
                         if w.certain and not w.fix.empty and all(allowed(f, policy) for f in w.fix.flags)), None)
@@ -97,3 +106,28 @@ def preflight(command: EngineCommand, device: Device, rules: RuleSet, env: Mappi
             level = "will fail, no allowed fix" if w.certain else "risk"
             _LOG.warning("preflight: %s: [%s] %s", level, w.kind, w.message)
     return command, fixes, plan
+
+
+# What an explicit utilization leaves beyond the other processes' memory when kvwatch sets one beside
+# them: the diagnosis' fit margin (diagnosis/remedies.py _FIT_MARGIN_BYTES).
+BESIDE_OTHERS_MARGIN_BYTES = 1 << 30
+
+
+def utilization_beside_others(command: EngineCommand, device: Device, foreign_bytes: int,
+                              policy: Policy) -> FlagChange | None:
+    """Where vLLM's extensible KV cache is on (0.34+, CUDA) with --gpu-memory-utilization unset, the
+    cache takes what is free after warm-up, with no room kept for other processes on the GPU (vLLM
+    0.34.0, vllm/config/cache.py:226-234; the start-up check is skipped, vllm/v1/worker/utils.py:
+    782-798). With other processes holding `foreign_bytes` (kvwatch measures them), the utilization
+    that leaves them that memory and a margin; None where it does not apply or the policy forbids it."""
+    settings = command.settings()
+    if (foreign_bytes <= 0 or device.platform != "cuda" or not device.total_memory_bytes
+            or settings.gpu_memory_utilization_given or not allowed("--gpu-memory-utilization", policy)):
+        return None
+    if not pin_costs_extensible(settings, device.platform, parse_version(command.release)):
+        return None
+    total = device.total_memory_bytes
+    value = math.floor((total - foreign_bytes - BESIDE_OTHERS_MARGIN_BYTES) / total * 100) / 100
+    if value < policy.min_gpu_memory_utilization:
+        return None
+    return FlagChange({"--gpu-memory-utilization": value})

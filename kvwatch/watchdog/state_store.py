@@ -11,7 +11,6 @@ import json
 import logging
 import os
 import stat
-import tempfile
 import time
 import types
 import typing
@@ -21,6 +20,8 @@ from typing import Any, Union
 
 from kvwatch.boundary.bounded_read import read_bounded
 from kvwatch.errors import KvwatchError
+from kvwatch.watchdog import disk_writer
+from kvwatch.watchdog.atomic_file import remove_stale_temporaries, write_atomic
 from kvwatch.watchdog.records import Constraint, CorrectionRecord, FailureRecord, HostMemoryStop, PreflightFix
 from kvwatch.watchdog.state_dir import ensure_private_dir, open_to_others, untrusted_file
 
@@ -263,50 +264,6 @@ class StateStore:
             _LOG.warning("state: %s %s; cannot move it aside (%s), starting fresh", self.path, why, exc)
 
 
-def _temporary_prefix(path: Path) -> str:
-    return f".{path.name}."
-
-
-def remove_stale_temporaries(path: Path) -> int:
-    """Remove write_atomic's temporary files of `path` (a kill -9 mid-write leaves one behind)."""
-    removed = 0
-    try:
-        names = os.listdir(path.parent)
-    except OSError:
-        return 0
-    prefix = _temporary_prefix(path)
-    for name in names:
-        if name.startswith(prefix) and name.endswith(".tmp"):
-            try:
-                os.unlink(path.parent / name)
-                removed += 1
-            except OSError:
-                pass
-    if removed:
-        _LOG.info("state: removed %d temporary file(s) of %s left by a kvwatch killed mid-write", removed, path.name)
-    return removed
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=_temporary_prefix(path), suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o640)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dir_fd)  # the rename itself must survive a power cut
-    finally:
-        os.close(dir_fd)
 
 
 def load_all(state_dir: str | os.PathLike[str]) -> list[tuple[Path, EngineRecord | None]]:
@@ -321,6 +278,9 @@ def load_all(state_dir: str | os.PathLike[str]) -> list[tuple[Path, EngineRecord
         except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError, RecursionError):
             out.append((path, None))
     return out
+
+
+LOCK_PID_SECONDS = 2.0
 
 
 class EngineLock:
@@ -352,15 +312,14 @@ class EngineLock:
             raise KvwatchError(f"another kvwatch (pid {holder}) already supervises engine "
                                f"{self.path.stem!r} in {self.path.parent}") from None
         self._fd = fd
-        try:   # the pid only names the holder in the message above; the flock is the lock
-            writer = os.open(self.path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_TRUNC)
-            try:
-                os.write(writer, f"{os.getpid()}\n".encode())
-            finally:
-                os.close(writer)
-        except OSError as exc:
-            _LOG.warning("lock file %s: cannot write kvwatch's pid: %s (the lock holds)", self.path,
-                         exc.strerror or exc)
+        # The pid only names the holder in the message above; the flock is the lock. Written in place
+        # (a rename would make another file, which another kvwatch could lock) by the write helper: on a
+        # frozen disk kvwatch starts, and answers SIGTERM, after LOCK_PID_SECONDS at most.
+        writer = disk_writer.lock_files()
+        writer.put(self.path, f"{os.getpid()}\n".encode())
+        if not writer.flush(LOCK_PID_SECONDS):
+            _LOG.warning("lock file %s: kvwatch's pid not written yet (the disk does not answer; the lock holds)",
+                         self.path)
 
     def release(self) -> None:
         if self._fd is not None:

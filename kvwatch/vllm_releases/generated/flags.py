@@ -42,6 +42,7 @@ PARSERS: dict[str, str] = {
     "0.31.0": "vLLM 0.31.0, vllm/entrypoints/launchers/cli_args.py:410 (read under Python 3.11.7)",
     "0.32.0": "vLLM 0.32.0, vllm/entrypoints/launchers/cli_args.py:421 (read under Python 3.11.7)",
     "0.33.0": "vLLM 0.33.0, vllm/entrypoints/common/cli_args.py:431 (read under Python 3.11.7)",
+    "0.34.0": "vLLM 0.34.0, vllm/entrypoints/common/cli_args.py:432 (read under Python 3.11.7)",
 }
 
 BASE_RELEASE = "0.10.2"
@@ -581,5 +582,18 @@ CHANGES: dict[str, tuple[dict[str, Option], tuple[str, ...]]] = {
         '--spec-method': (('--spec-method',), (), 'spec_method', 'value', None, ('None', 'bailing_hybrid_mtp', 'bailing_hybrid_v3_mtp', 'custom_class', 'deepseek_mtp', 'dflash', 'dots3_note_mtp', 'draft_model', 'dspark', 'eagle', 'eagle3', 'ernie_mtp', 'exaone4_5_mtp', 'exaone_moe_mtp', 'extract_hidden_states', 'gemma4_mtp', 'glm4_moe_lite_mtp', 'glm4_moe_mtp', 'glm5_next_mtp', 'glm_ocr_mtp', 'hy_v3_mtp', 'hy_v4_mtp', 'inkling_mtp', 'kimi_k3_mtp', 'longcat_flash_mtp', 'mimo_mtp', 'mimo_v2_mtp', 'minimax_m3_mtp', 'mtp', 'nemotron_h_mtp', 'ngram', 'ngram_gpu', 'pangu_ultra_moe_mtp', 'qwen3_5_mtp', 'qwen3_next_mtp', 'qwen4_exp_mtp', 'step3p5_mtp', 'step5_mtp', 'suffix'), None, 'optional_type(str)', 'vLLM 0.33.0, vllm/engine/arg_utils.py:1869'),
         '--tool-strict-level': (('--tool-strict-level',), (), 'tool_strict_level', 'value', None, ('None', 'auto', 'function', 'parameter'), None, 'optional_type(str)', 'vLLM 0.33.0, vllm/entrypoints/common/cli_args.py:282'),
         '--watchdog-config': (('--watchdog-config',), (), 'watchdog_config', 'value', None, None, None, '_compute_kwargs()', 'vLLM 0.33.0, vllm/engine/arg_utils.py:1909'),
+    }, ()),
+    "0.34.0": ({
+        '--all2all-backend': (('--all2all-backend',), (), 'all2all_backend', 'value', None, ('allgather_reducescatter', 'deepep_high_throughput', 'deepep_low_latency', 'deepep_v2', 'flashinfer_all2allv', 'flashinfer_nvlink_one_sided', 'flashinfer_nvlink_two_sided', 'moonep', 'mori', 'mori_high_throughput', 'mori_low_latency', 'naive', 'nixl_ep', 'pplx'), None, 'str', 'vLLM 0.34.0, vllm/engine/arg_utils.py:1332'),
+        '--cache-aware-admission-threshold': (('--cache-aware-admission-threshold',), (), 'cache_aware_admission_threshold', 'value', None, None, None, 'float', 'vLLM 0.34.0, vllm/engine/arg_utils.py:1833'),
+        '--cache-aware-admission-window': (('--cache-aware-admission-window',), (), 'cache_aware_admission_window', 'value', None, None, None, 'int', 'vLLM 0.34.0, vllm/engine/arg_utils.py:1829'),
+        '--checkpoint-prepare-on-startup': (('--checkpoint-prepare-on-startup',), ('--no-checkpoint-prepare-on-startup',), 'checkpoint_prepare_on_startup', 'bool', 0, None, None, None, 'vLLM 0.34.0, vllm/engine/arg_utils.py:1074'),
+        '--enable-extensible-kv-cache': (('--enable-extensible-kv-cache',), ('--disable-extensible-kv-cache', '--no-enable-extensible-kv-cache'), 'enable_extensible_kv_cache', 'bool', 0, None, None, None, 'vLLM 0.34.0, vllm/engine/arg_utils.py:1412'),
+        '--gdn-prefill-backend': (('--gdn-prefill-backend',), (), 'gdn_prefill_backend', 'value', None, ('aiter_flydsl', 'cutedsl', 'flashinfer', 'hip', 'sycl', 'triton'), None, None, 'vLLM 0.34.0, vllm/engine/arg_utils.py:1978'),
+        '--gpu-memory-utilization': (('--device-memory-utilization', '--gpu-memory-utilization'), (), 'gpu_memory_utilization', 'value', None, None, None, 'optional_type(float)', 'vLLM 0.34.0, vllm/engine/arg_utils.py:1403'),
+        '--headless-client-handshake-address': (('--headless-client-handshake-address',), (), 'headless_client_handshake_address', 'value', None, None, None, 'str', 'vLLM 0.34.0, vllm/entrypoints/common/cli_args.py:454'),
+        '--max-num-inflight-kv-loads': (('--max-num-inflight-kv-loads',), (), 'max_num_inflight_kv_loads', 'value', None, None, None, 'optional_type(int)', 'vLLM 0.34.0, vllm/engine/arg_utils.py:1783'),
+        '--shuffle-safetensors-files': (('--shuffle-safetensors-files',), ('--no-shuffle-safetensors-files',), 'shuffle_safetensors_files', 'bool', 0, None, None, None, 'vLLM 0.34.0, vllm/engine/arg_utils.py:1117'),
+        '--spec-method': (('--spec-method',), (), 'spec_method', 'value', None, None, None, 'optional_type(str)', 'vLLM 0.34.0, vllm/engine/arg_utils.py:1900'),
     }, ()),
 }
