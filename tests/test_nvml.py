@@ -270,3 +270,25 @@ def test_a_library_that_does_not_load_is_unavailable(nvml_standin: NvmlStandin, 
     result = run_child(nvml_standin.env, missing)
     assert not result["available"]
     assert result["error"].startswith(f"cannot load NVML library {missing}")
+
+
+def test_a_gpus_name_and_capability_are_read_once_per_init(nvml_standin: NvmlStandin,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """They are the card's (by UUID): each tick reads memory and processes, not them; a new init
+    (after a shutdown: the driver may have changed) reads them again."""
+    asked: list[str] = []
+    for call in ("nvmlDeviceGetName", "nvmlDeviceGetCudaComputeCapability"):
+        real = getattr(pynvml, call)
+        monkeypatch.setattr(pynvml, call, lambda handle, _real=real, _call=call: asked.append(_call) or _real(handle))
+    nvml_standin.write(two_gpus())
+    with Nvml() as nvml:
+        first = nvml.snapshot()
+        nvml_standin.write(two_gpus(gpu0_memory_used_bytes=40 * GIB))
+        second = nvml.snapshot()
+        assert second.gpus[0].memory_used_bytes == 40 * GIB
+        assert [(g.name, g.compute_capability) for g in second.gpus] == \
+            [(g.name, g.compute_capability) for g in first.gpus] == [("NVIDIA A100-SXM4-80GB", (8, 0)), ("NVIDIA L40S", (8, 9))]
+        assert len(asked) == 4   # two GPUs, two calls each, once
+        nvml.shutdown()
+        nvml.snapshot()
+        assert len(asked) == 8

@@ -75,6 +75,9 @@ class Nvml:
         self._no_driver = False   # the last init found no NVML library or no driver on this host
         self._memory_v2 = hasattr(pynvml, "nvmlMemory_v2")  # False once the driver lacks it
         self._processes_v3 = True  # False once the driver lacks _v3 (older drivers)
+        # A GPU's name and compute capability by UUID: fixed for the card, so read once per init, not
+        # every tick (2 of the 6 NVML calls a GPU takes; bench/bench_overhead.py reads 8 GPUs a second).
+        self._fixed: dict[str, tuple[str, tuple[int, int]]] = {}
 
     # -- public --------------------------------------------------------------
 
@@ -146,6 +149,7 @@ class Nvml:
             try:
                 pynvml.nvmlInit()
                 self._initialized = True
+                self._fixed.clear()
                 self._no_driver = False
                 error = self._check_loaded_library()
             except pynvml.NVMLError as exc:
@@ -216,18 +220,30 @@ class Nvml:
                 _LOG.debug("GPU %d: no handle or UUID, skipped", index)
                 return None
             total, used = self._memory(handle)
-            cc = self._query(pynvml.nvmlDeviceGetCudaComputeCapability, handle)
+            name, capability = self._fixed_fields(handle, uuid)
             return GpuInfo(
                 index=index,
                 uuid=uuid,
-                name=self._query(pynvml.nvmlDeviceGetName, handle),
+                name=name,
                 memory_total_bytes=total,
                 memory_used_bytes=used,
-                compute_capability=(int(cc[0]), int(cc[1])) if cc is not None else None,
+                compute_capability=capability,
                 processes=self._processes(handle),
             )
         except _GpuLost:
             return _GpuLost
+
+    def _fixed_fields(self, handle: Any, uuid: str) -> tuple[str | None, tuple[int, int] | None]:
+        """The GPU's name and compute capability, kept by UUID once both were read (a field the
+        driver did not give is asked again next time)."""
+        if uuid in self._fixed:
+            return self._fixed[uuid]
+        name = self._query(pynvml.nvmlDeviceGetName, handle)
+        cc = self._query(pynvml.nvmlDeviceGetCudaComputeCapability, handle)
+        capability = (int(cc[0]), int(cc[1])) if cc is not None else None
+        if name is not None and capability is not None:
+            self._fixed[uuid] = (name, capability)
+        return name, capability
 
     def _memory(self, handle: Any) -> tuple[int | None, int | None]:
         # v2 "used" leaves out memory the driver reserves for itself (what

@@ -18,17 +18,11 @@ from typing import Any
 
 from kvwatch.diagnosis import refusals
 from kvwatch.diagnosis.facts import JsonFacts
+from kvwatch.diagnosis.oom_figures import torch_oom_details
 from kvwatch.diagnosis.startup_lines import KV_TOKENS, KV_TOKENS_MARKER, kv_tokens_of
 from kvwatch.failure_kinds import FailureKind
 
 Extractor = Callable[["re.Match[str]"], JsonFacts]
-
-_UNIT_GIB = {"B": 1 / 2**30, "KiB": 1 / 2**20, "MiB": 1 / 2**10, "GiB": 1.0, "TiB": 1024.0}
-
-
-def _gib(number: str, unit: str) -> float:
-    return round(float(number) * _UNIT_GIB.get(unit, 1.0), 4)
-
 
 def _no_facts(m: re.Match[str]) -> JsonFacts:
     return {}
@@ -139,32 +133,6 @@ def _kv_too_small_old(m: re.Match[str]) -> JsonFacts:
     facts: JsonFacts = {"max_model_len": int(m["max_model_len"]), "wording": "old"}
     if m["tokens"]:
         facts["kv_cache_tokens"] = facts["estimated_max_model_len"] = int(m["tokens"])
-    return facts
-
-
-_ALLOC = re.compile(r"Tried to allocate ([\d.]+) ([KMGT]?i?B)")
-_CAPACITY = re.compile(r"GPU (\d+) has a total capac?ity of ([\d.]+) ([KMGT]?i?B) "
-                       r"of which ([\d.]+) ([KMGT]?i?B) is free")
-_PROCESS = re.compile(r"Process (\d+) has ([\d.]+) ([KMGT]?i?B) memory in use")
-_THIS_PROCESS = re.compile(r"this process has ([\d.]+) ([KMGT]?i?B) memory in use")
-_MAX_PROCESSES = 16
-
-
-def torch_oom_details(line: str) -> JsonFacts:
-    """The numbers of torch's CUDA OOM message, wherever it is embedded."""
-    facts: JsonFacts = {}
-    if (a := _ALLOC.search(line)):
-        facts["tried_to_allocate_gib"] = _gib(a[1], a[2])
-    if (c := _CAPACITY.search(line)):
-        facts["gpu_index"] = int(c[1])
-        facts["total_gib"] = _gib(c[2], c[3])
-        facts["free_gib"] = _gib(c[4], c[5])
-    holders = [{"pid": int(pid), "memory_gib": _gib(n, u)}
-               for pid, n, u in _PROCESS.findall(line)[:_MAX_PROCESSES]]
-    if holders:
-        facts["processes"] = holders
-    if (t := _THIS_PROCESS.search(line)):
-        facts["this_process_gib"] = _gib(t[1], t[2])
     return facts
 
 

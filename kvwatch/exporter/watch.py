@@ -23,11 +23,10 @@ from kvwatch.engine_status import EngineState, EngineStatus
 from kvwatch.exporter.actual import (
     ActualKv,
     KvContext,
-    actual_per_rank,
-    plan_for_reported,
     replan_reported,
     reported_settings,
 )
+from kvwatch.exporter.kv_figures import KvFiguresMemo
 from kvwatch.exporter.serving import ServingJudge
 from kvwatch.exporter.snapshot import ENGINE, HOST, NVML, PROCESS, CollectorResult, EngineSnapshot, WatchSnapshot
 from kvwatch.gpu_types import GpuInfo, NvmlSnapshot, parse_cuda_visible_devices
@@ -111,6 +110,7 @@ class Watch:
         self._warned: set[str] = set()
         self._judge = judge              # an external engine's stalls and KV pressure (kvwatch run: the supervisor's)
         self._judges: dict[str, ServingJudge] = {}
+        self._figures = KvFiguresMemo()   # each engine's KV figures, kept while their inputs are
         # The sources, each only where it was given (the wiring enables a source only where it can
         # work: kvwatch.exporter.sources); each is one `collector` of kvwatch_collector_success.
         candidates = ((NVML, nvml, self._nvml_once, False), (ENGINE, engines, self._poll_engines, True),
@@ -263,12 +263,10 @@ class Watch:
         ranks: dict[str, ActualKv] = {}
         if target.context is not None and cache is not None and metrics is not None:
             try:
-                if target.external:
-                    planned = plan_for_reported(target.context, cache)
-                    if len(metrics.ranks) > 1:   # the DP size, as the engine shows it
-                        planned = replace(planned, data_parallel_size=len(metrics.ranks))
-                ranks = actual_per_rank(target.context, metrics.ranks, status.log_kv_tokens,
-                                        status.log_available_kv_bytes)
+                figures = self._figures.figures(status.name, target.context, target.external, metrics,
+                                                status.log_kv_tokens, status.log_available_kv_bytes)
+                planned = figures.planned if target.external else planned
+                ranks = dict(figures.ranks)
             except Exception as exc:  # the planner is pure, but a model it cannot handle must not stop us
                 self._warn_once(status.name, f"engine {status.name}: cannot compute its KV figures: {exc!r}")
             actual = ranks.get("0") or next(iter(ranks.values()), None)
