@@ -16,6 +16,7 @@ from kvwatch.planner.kv_groups import Demand, LayerSpec, kv_groups
 from kvwatch.planner.layers import layer_layout
 from kvwatch.planner.plan import MemoryInputs, make_plan
 from kvwatch.planner.rules import ruleset_for
+from kvwatch.values.versions import parse_version
 
 CPU = Device("cpu", "cpu", cpu_avx512_bf16=False)
 RULES = ruleset_for(None)
@@ -189,12 +190,17 @@ def granite(max_num_seqs: str = "256") -> tuple[dict, list[str]]:
     return cfg, ["--max-model-len", "2048", "--max-num-seqs", max_num_seqs, "--kv-cache-memory-bytes", "256M"]
 
 
-def test_mamba_block_size_is_raised_until_a_page_holds_the_state() -> None:
+@pytest.mark.parametrize("release,step", [("0.33.0", 16), ("0.34.0", 64)])
+def test_mamba_block_size_is_raised_until_a_page_holds_the_state(release: str, step: int) -> None:
+    """The alignment starts from the block size in force: 16, 64 from 0.34 (vllm/config/cache.py:185)."""
     cfg, flags = granite()
-    h100 = plan(cfg, *flags, device=preset("h100"), kv_gib=None)
+    settings = EngineCommand.parse(["vllm", "serve", "m", *flags], release).settings()
+    h100 = make_plan(geometry_from_config(cfg), settings, preset("h100"), ruleset_for(release),
+                     MemoryInputs(vllm_version=parse_version(release)))
     # state: conv (3072 + 2*128) x 3 + ssm 48 x 64 x 128, bf16 = 806,400 B; page per token 4 x 128 x 2 x 2 = 2 KiB
     assert h100.recurrent_state_bytes == ((3072 + 256) * 3 + 48 * 64 * 128) * 2
-    assert h100.block_size * 2048 >= h100.recurrent_state_bytes > (h100.block_size - 16) * 2048
+    assert h100.block_size % step == 0
+    assert h100.block_size * 2048 >= h100.recurrent_state_bytes > (h100.block_size - step) * 2048
     assert h100.padding_bytes["state_padding"] > 0
 
 
