@@ -83,7 +83,7 @@ def verdict(c: Citation, src: Path, before: str | None, release: str, lines: dic
         return ("changed", "file gone") if prev is not None else ("stale", f"file gone before {release}")
     if function is not None and function in prev_functions and function not in new_functions:
         return "changed", f"`{function}` gone"
-    if not text:
+    if not text or c.release == release:   # a citation of the release itself was written from it
         return None
     prev_at, new_at = _at(prev, text), _at(new, text)
     where = lambda at: ", ".join(f":{n}" for n in at[:4])   # noqa: E731
