@@ -1,4 +1,4 @@
-"""Exit codes of the kvwatch CLI and daemon (documented in the README).
+"""Exit codes of the kvwatch CLI and daemon (documented in docs/reference.md).
 
 EXIT_GAVE_UP is what systemd's RestartPreventExitStatus= names: kvwatch has
 already retried with every remedy it knows, so restarting it cannot help.

@@ -14,11 +14,19 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from kvwatch.boundary import device_probe
 from kvwatch.boundary.engine_http import EngineLoad, EngineMetrics
 from kvwatch.boundary.proc_inspect import ProcInfo, ProcRef
+from kvwatch.diagnosis import GpuContext
+from kvwatch.errors import KvwatchError
+from kvwatch.planner.devices import Device
+from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.values.host_memory import HostMemory, HostMemorySample, OomCount
+from kvwatch.values.versions import VllmVersion, parse_version
+from kvwatch.vllm_releases.startup_plan import PersistedPlan
 from kvwatch.watchdog.leftovers import CleanupReport
 from kvwatch.watchdog.ownership import EngineProof
+from kvwatch.watchdog.stall_evidence import StallEvidence
 
 
 @dataclass(frozen=True)
@@ -140,6 +148,12 @@ class FakeOs:
     wall_base: float = 1_700_000_000.0
     oom_counts: list[OomCount] = field(default_factory=list)          # each read takes the next; then None
     memory_samples: list[HostMemorySample] = field(default_factory=list)   # likewise, one a tick
+    stall_found: StallEvidence | None = None    # what a look at a stalled engine's stacks finds
+    stall_looks: list[list[int]] = field(default_factory=list)
+    vllm_text: str | None = None          # the installed vLLM it reports (None: the host's own, as the planner reads)
+    persisted_plans: dict[str, PersistedPlan] = field(default_factory=dict)   # vLLM's start-up plans by path
+    learned: dict[str, int] = field(default_factory=dict)   # the fleet's learned store: non-KV bytes by profile
+    published: list[tuple[tuple[str, ...], int, int]] = field(default_factory=list)   # (argv, requested, available)
 
     def __post_init__(self) -> None:
         self.clock.on_advance = self._play
@@ -224,3 +238,31 @@ class FakeOs:
 
     def boot_id(self) -> str:
         return "fake-boot"
+
+    def stall_evidence(self, pids: Sequence[int], command: EngineCommand) -> StallEvidence | None:
+        self.stall_looks.append(sorted(pids))
+        return self.stall_found
+
+    def installed_vllm(self) -> VllmVersion | None:
+        if self.vllm_text is None:
+            return device_probe.installed_vllm()
+        try:
+            return parse_version(self.vllm_text)
+        except KvwatchError:
+            return None
+
+    def installed_vllm_text(self) -> str | None:
+        return self.vllm_text if self.vllm_text is not None else device_probe.installed_vllm_text()
+
+    def read_persisted_plan(self, path: str | None) -> PersistedPlan | None:
+        return self.persisted_plans.get(path) if path else None
+
+    def adopt_learned(self, learned: dict[str, int], directory: str, command: EngineCommand,
+                      device: Device | None, gpu: GpuContext | None) -> None:
+        for key, non_kv in self.learned.items():
+            learned.setdefault(key, non_kv)
+
+    def publish_learned(self, directory: str, command: EngineCommand, device: Device | None,
+                        requested_bytes: int, available_kv_bytes: int) -> None:
+        if directory:
+            self.published.append((command.argv, requested_bytes, available_kv_bytes))

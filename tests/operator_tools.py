@@ -48,13 +48,13 @@ _README_ROW = re.compile(r"^\|\s*`(kvwatch_[a-z0-9_]+)`\s*\|\s*([^|]+?)\s*\|\s*[
 
 
 def _readme_rows() -> list[re.Match[str]]:
-    rows = [m for line in (REPO / "README.md").read_text().splitlines() if (m := _README_ROW.match(line))]
-    assert rows, "no metric table found in README.md"
+    rows = [m for line in (REPO / "docs" / "reference.md").read_text().splitlines() if (m := _README_ROW.match(line))]
+    assert rows, "no metric table found in docs/reference.md"
     return rows
 
 
 def readme_metrics() -> dict[str, str]:
-    """Metric name -> type, from the metric table in README.md (the contract)."""
+    """Metric name -> type, from the metric table in docs/reference.md (the contract)."""
     return {m.group(1): m.group(2) for m in _readme_rows()}
 
 

@@ -96,7 +96,7 @@ def test_runbook_has_a_section_per_alert() -> None:
 
 
 def test_rules_only_use_contract_metrics() -> None:
-    """Every series a rule reads is a README metric, a recording rule, or Prometheus' up."""
+    """Every series a rule reads is a documented metric, a recording rule, or Prometheus' up."""
     known = set(readme_metrics()) | set(recording_rules()) | {"up"}
     rules = [r for g in yaml.safe_load(RULES_FILE.read_text())["groups"] for r in g["rules"]]
     for rule in rules:

@@ -20,6 +20,7 @@ from kvwatch.planner.architecture_kinds import (
     PLANNED_KINDS,
     REFUSED,
     UNKNOWN,
+    builds_no_cache,
     delegates,
     table_release,
     unknown_reasons,
@@ -155,10 +156,10 @@ def test_the_table_release_follows_the_minor_release() -> None:
     assert table_release("0.9.2") is None
 
 
-def test_an_encoder_only_model_is_unknown_not_planned_with_blocks_vllm_never_allocates() -> None:
+def test_an_encoder_only_model_is_planned_as_no_kv_cache_not_with_blocks_vllm_never_allocates() -> None:
     v = verdict("BertModel", "0.32.0")
-    assert v.handling == UNKNOWN and v.unclassified == ("EncoderOnlyAttention",)
-    assert "hold no KV cache" in v.reason
+    assert v.handling == PLANNED and v.unclassified == ()
+    assert "hold no KV cache" in builds_no_cache(("BertModel",), "0.32.0")   # tests/test_no_kv_cache.py
 
 
 def test_the_corpus_configs_get_no_architecture_mark_but_where_a_release_changed_the_spec() -> None:

@@ -1,5 +1,5 @@
 """The collector: the whole /metrics page of a fixed snapshot against a golden file, the
-README contract, and the watch loop on the NVML stand-in (real pynvml, fake driver).
+docs/reference.md contract, and the watch loop on the NVML stand-in (real pynvml, fake driver).
 
 Regenerate the golden file after an intended change:
     KVWATCH_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_collector.py
@@ -111,7 +111,7 @@ def test_golden_metrics_page() -> None:
 
 
 def test_golden_page_is_the_readme_contract() -> None:
-    """Every README metric is on the page with exactly its README labels, and nothing else is."""
+    """Every documented metric is on the page with exactly its documented labels, and nothing else is."""
     readme = readme_metric_labels()
     found = samples(GOLDEN.read_text())
     names = {name for name, _ in found}

@@ -1,5 +1,5 @@
 """The Grafana dashboard: provisioning-ready JSON whose every query reads only the
-README metrics and the recording rules of dashboards/kvwatch-alerts.yml."""
+documented metrics (docs/reference.md) and the recording rules of dashboards/kvwatch-alerts.yml."""
 from __future__ import annotations
 
 import json
@@ -117,13 +117,13 @@ def test_every_query_reads_contract_metrics_or_recording_rules() -> None:
     for where, expr in _queries(_dashboard()):
         names = promql_metric_names(expr)
         assert names, f"{where}: no metric in {expr!r}"
-        assert names <= known, f"{where}: not in README nor a recording rule: {sorted(names - known)}"
+        assert names <= known, f"{where}: not in docs/reference.md nor a recording rule: {sorted(names - known)}"
         seen += 1
     assert seen >= 15
 
 
 def test_dashboard_shows_every_contract_metric() -> None:
-    """Each README metric appears on the dashboard, directly or through a recording rule."""
+    """Each documented metric appears on the dashboard, directly or through a recording rule."""
     rules = recording_rules()
     shown: set[str] = set()
     for _, expr in _queries(_dashboard()):
@@ -132,7 +132,7 @@ def test_dashboard_shows_every_contract_metric() -> None:
             if name in rules:
                 shown |= promql_metric_names(rules[name])
     missing = set(readme_metrics()) - shown
-    assert not missing, f"README metrics not on the dashboard: {sorted(missing)}"
+    assert not missing, f"documented metrics (docs/reference.md) not on the dashboard: {sorted(missing)}"
 
 
 @pytest.mark.promtool
@@ -163,7 +163,7 @@ _TARGET = 'job="kvwatch",instance="gpu1:9400"'
 
 
 def _synthetic_series() -> list[dict[str, str]]:
-    """Every README metric with its documented labels, as kvwatch would export them for
+    """Every documented metric with its documented labels, as kvwatch would export them for
     one engine on one GPU over 30 minutes (counters rising, the engine READY)."""
     series = [{"series": f"up{{{_TARGET}}}", "values": "1x30"}]
     for metric, labels in readme_metric_labels().items():
@@ -187,7 +187,7 @@ def _synthetic_series() -> list[dict[str, str]]:
 
 @pytest.mark.promtool
 def test_every_query_returns_data_for_the_readme_metrics(tmp_path: Path) -> None:
-    """Given the README metrics (with the README's labels), every dashboard query, with
+    """Given the documented metrics (docs/reference.md) (with their documented labels), every dashboard query, with
     all variables at All, returns at least one series, recording rules included.
 
     Each query becomes an alert `count(<query>) > 0`; promtool's unit test expects each

@@ -161,7 +161,7 @@ def test_an_upgrade_between_launches_is_logged_and_exported(
     store.ensure_dir()
     store.save(EngineRecord(name="t", original_argv=list(cfg.engine.command), argv=list(cfg.engine.command),
                             vllm_release="0.19.1", log_kv_tokens=464_848))
-    monkeypatch.setattr("kvwatch.watchdog.supervisor.installed_vllm_text", lambda: "0.20.2")
+    monkeypatch.setattr("kvwatch.watchdog.os_interface.RealOs.installed_vllm_text", lambda self: "0.20.2")
     caplog.set_level(logging.WARNING, logger="kvwatch.watchdog.supervisor")
     run = Running(supervisor(cfg))
     run.wait_state(EngineState.READY)

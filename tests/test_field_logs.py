@@ -24,8 +24,13 @@ def diagnosis_of(entry: dict):
         return diagnose_stream(stream)
 
 
+# The corrections in index.json were worked out for 0.33's semantics, the newest before 0.34, whose unset
+# --gpu-memory-utilization means 1.0 (an extensible cache) where every earlier release's meant 0.9.
+REMEDY_RELEASE = "0.33.0"
+
+
 def remedy_of(entry: dict, d):
-    command = EngineCommand.parse([*BASE, *entry.get("command", [])])
+    command = EngineCommand.parse([*BASE, *entry.get("command", [])], REMEDY_RELEASE)
     return propose_remedy(d, command, tried=(command.argv,))
 
 

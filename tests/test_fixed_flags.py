@@ -42,13 +42,13 @@ KV_ARGV = SERVE + ("--max-model-len", "29000", "--gpu-memory-utilization", "0.9"
 ], ids=["free", "block-size fixed: give up", "max-model-len fixed: next remedy", "unrelated fixed flag"])
 def test_decide_keeps_the_fixed_flags(diagnosis: Diagnosis, argv: tuple[str, ...], policy: Policy, action: Action,
                                       next_argv: tuple[str, ...] | None, reason: str) -> None:
-    # read as 0.33 reads it: the remedies of estimate-based sizing (0.34's are in test_extensible_kv.py)
+    # 0.33's semantics, the release these remedies were written for: its unset utilization is 0.9, room to raise
     decision = recovery.decide(diagnosis, EngineCommand(argv, "0.33.0"), policy=policy)
     assert decision.action is action
     assert (decision.command.argv if decision.command else None) == next_argv
     assert reason in decision.reason
     for flag in policy.fixed_flags:
-        assert decision.command is None or decision.command.values(flag) == EngineCommand(argv).values(flag)
+        assert decision.command is None or decision.command.values(flag) == EngineCommand(argv, "0.33.0").values(flag)
 
 
 def test_the_next_remedy_says_what_the_fixed_flag_kept_from_being_applied() -> None:

@@ -145,9 +145,10 @@ def gemma3(layers: int = 12) -> dict:
             "sliding_window": 512, "max_position_embeddings": 32768, "torch_dtype": "bfloat16"}
 
 
-def plan(cfg: dict, *flags: str, device: Device = CPU, kv_gib: int | None = 1):
+def plan(cfg: dict, *flags: str, device: Device = CPU, kv_gib: int | None = 1, release: str | None = None):
     settings = EngineCommand.parse(["vllm", "serve", "m", *flags]).settings()
-    memory = MemoryInputs(cpu_kv_space_bytes=kv_gib * GiB if kv_gib else None)
+    memory = MemoryInputs(cpu_kv_space_bytes=kv_gib * GiB if kv_gib else None,
+                          vllm_version=parse_version(release) if release else None)
     return make_plan(geometry_from_config(cfg), settings, device, RULES, memory)
 
 
@@ -190,17 +191,16 @@ def granite(max_num_seqs: str = "256") -> tuple[dict, list[str]]:
     return cfg, ["--max-model-len", "2048", "--max-num-seqs", max_num_seqs, "--kv-cache-memory-bytes", "256M"]
 
 
-@pytest.mark.parametrize("release,step", [("0.33.0", 16), ("0.34.0", 64)])
-def test_mamba_block_size_is_raised_until_a_page_holds_the_state(release: str, step: int) -> None:
-    """The alignment starts from the block size in force: 16, 64 from 0.34 (vllm/config/cache.py:185)."""
+def test_mamba_block_size_is_raised_until_a_page_holds_the_state() -> None:
     cfg, flags = granite()
-    settings = EngineCommand.parse(["vllm", "serve", "m", *flags], release).settings()
-    h100 = make_plan(geometry_from_config(cfg), settings, preset("h100"), ruleset_for(release),
-                     MemoryInputs(vllm_version=parse_version(release)))
+    h100 = plan(cfg, *flags, device=preset("h100"), kv_gib=None, release="0.33.0")
     # state: conv (3072 + 2*128) x 3 + ssm 48 x 64 x 128, bf16 = 806,400 B; page per token 4 x 128 x 2 x 2 = 2 KiB
     assert h100.recurrent_state_bytes == ((3072 + 256) * 3 + 48 * 64 * 128) * 2
-    assert h100.block_size % step == 0
-    assert h100.block_size * 2048 >= h100.recurrent_state_bytes > (h100.block_size - step) * 2048
+    assert h100.block_size * 2048 >= h100.recurrent_state_bytes > (h100.block_size - 16) * 2048
+    # 0.34 aligns from its default block size, 64: the smallest multiple of 64 that holds the state
+    newer = plan(cfg, *flags, device=preset("h100"), kv_gib=None, release="0.34.0")
+    assert newer.block_size % 64 == 0
+    assert newer.block_size * 2048 >= newer.recurrent_state_bytes > (newer.block_size - 64) * 2048
     assert h100.padding_bytes["state_padding"] > 0
 
 

@@ -32,7 +32,8 @@ PURE_MODULES = ("errors.py", "policy.py", "exitcodes.py", "engine_status.py", "f
                 "watchdog/memory_learning.py", "watchdog/progress.py", "watchdog/pressure_window.py",
                 "watchdog/autopilot.py", "watchdog/pressure_watch.py", "watchdog/ownership.py",
                 "watchdog/kill_cause.py", "watchdog/gpu_release.py",
-                "watchdog/host_memory_watch.py", "watchdog/persisted_command.py")
+                "watchdog/host_memory_watch.py", "watchdog/persisted_command.py", "watchdog/next_command.py",
+                "watchdog/autopilot_record.py", "watchdog/reconcile.py")
 
 # What a pure module must not import (a name here covers its submodules: "http" covers "http.client").
 FORBIDDEN = {

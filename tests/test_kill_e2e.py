@@ -122,7 +122,7 @@ def namespaces_work() -> bool:
     return done.returncode == 0
 
 
-def three_kills(kv: Kvwatch, port: int, engine: list[str], serving_kill: bool) -> None:
+def three_kills(kv: Kvwatch, port: int, engine: list[str]) -> None:
     t0 = time.monotonic()
     kv.start()
     kill_while_loading(kv, 0)
@@ -133,13 +133,12 @@ def three_kills(kv: Kvwatch, port: int, engine: list[str], serving_kill: bool) -
     state = assert_restarted_as_a_kill(kv, 2, engine)
     log(f"{kv.name}: kill -9 at the first /health 200 ({race:.0f}s into the launch): restarted")
 
+    kv.wait_ready()
+    kill_api_server(kv)
+    assert_restarted_as_a_kill(kv, 3, engine)
     state = kv.wait_ready()
-    if serving_kill:
-        kill_api_server(kv)
-        assert_restarted_as_a_kill(kv, 3, engine)
-        state = kv.wait_ready()
-        log(f"{kv.name}: kill -9 while serving: serving again")
-    assert state["restarts"] == {"killed": 3 if serving_kill else 2}
+    log(f"{kv.name}: kill -9 while serving: serving again")
+    assert state["restarts"] == {"killed": 3}
     assert state["corrections"] == [] and state["state"] == "ready"
 
 
@@ -149,7 +148,7 @@ def test_kill_9_at_three_moments_is_restarted_never_given_up(tmp_path: Path) -> 
     engine = engine_argv(model, port)
     kv = Kvwatch(tmp_path, "kill9", engine, "--no-preflight")
     try:
-        three_kills(kv, port, engine, serving_kill=True)
+        three_kills(kv, port, engine)
         assert kv.proc is not None
         kv.proc.terminate()
         assert kv.exit_code() == 0
@@ -167,7 +166,7 @@ def test_kill_9_with_kvwatch_as_pid_1_beside_a_cpu_load(tmp_path: Path) -> None:
     kv = NamespacedKvwatch(tmp_path, "pid1", engine)
     load = subprocess.Popen([sys.executable, "-c", "while True: pass"])   # one core busy all along
     try:
-        three_kills(kv, port, engine, serving_kill=False)
+        three_kills(kv, port, engine)
         kv.terminate()
         assert kv.exit_code() == 0
     finally:

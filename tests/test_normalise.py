@@ -9,7 +9,7 @@ import pytest
 from kvwatch.diagnosis import FailureKind, LogScanner, diagnose
 from kvwatch.diagnosis.normalise import WORDS, normalise, split_pasted
 from kvwatch.diagnosis.prefixes import SHAPES, common_prefixes, signature
-from kvwatch.diagnosis.rejoin import continues, separator
+from kvwatch.diagnosis.rejoin import continues, reflowed, separator
 
 LOGS = Path(__file__).resolve().parent / "fixtures" / "logs"
 ROOT_CAUSE = ("(EngineCore_DP0 pid=7) ERROR 06-09 14:01:52 [core.py:1136] ValueError: No available memory for the "
@@ -31,6 +31,9 @@ SAMPLES = {
     "a bracketed time": "[2025-12-05 14:01:52] ",
     "kubectl over docker -t": "[pod/vllm-0/vllm] 2024-06-28T06:11:52.685Z ",
     "syslog with ISO time": "2025-12-05T14:01:52+0000 host vllm[123]: ",
+    # a 2026 harness logging a container's output (vllm-project/vllm#43410), and Ascend's CI logger (vllm-ascend#8480)
+    "a harness's logging of a container": "2026-05-29 09:14:45,594 - INFO - [container] ",
+    "Ascend's logger": "[2026-04-20 10:56:24.658054][UC][E] ",
 }
 
 
@@ -58,13 +61,16 @@ def test_vllms_own_heads_are_never_a_prefix():
     assert normalise("\n".join(heads)).splitlines() == heads
 
 
-def test_a_level_first_logger_gets_vllms_head_back():
-    # NVIDIA NIM's logger writes vLLM's records as LEVEL YYYY-MM-DD HH:MM:SS.mmm file.py:N]
-    nim = ["INFO 2025-03-11 08:10:08.362 api_server.py:489] vLLM API server version 0.6.3",
-           "ERROR 2025-03-11 08:10:09.100 engine.py:366] ValueError: No available memory for the cache blocks. "
-           "Try increasing `gpu_memory_utilization` when initializing the engine."]
-    assert normalise("\n".join(nim)).splitlines()[1].startswith("ERROR 03-11 08:10:09 [engine.py:366] ValueError")
-    assert diagnose(nim).kind is FailureKind.NO_KV_CACHE_MEMORY
+def test_nims_logger_is_read_as_vllms_records():
+    # NVIDIA NIM's logger: V0's head with hundredths of a second (the WARNING as canonical/bundle-kubeflow#1077
+    # shows it, the ERROR in the same head)
+    nim = ["WARNING 10-15 12:41:23.21 caches.py:27] /mnt/models/cache is read-only, application may fail if model is "
+           "not already present in cache",
+           "ERROR 10-15 12:41:30.5 worker.py:466] ValueError: No available memory for the cache blocks. Try increasing "
+           "`gpu_memory_utilization` when initializing the engine."]
+    assert normalise("\n".join(nim)).splitlines() == nim
+    d = diagnose(nim)
+    assert d.kind is FailureKind.NO_KV_CACHE_MEMORY and d.evidence == nim[1]
 
 
 def test_kubectl_prefix_with_timestamps_comes_off_in_two_steps():
@@ -194,3 +200,59 @@ def test_a_pasted_refusal_line_alone():
     d = diagnose(["Value error, Total number of attention heads (64) must be divisible by tensor parallel size (3)."])
     assert d.kind is FailureKind.CONFIG_REFUSED and d.fatal
     assert d.facts["num_attention_heads"] == 64 and d.facts["tensor_parallel_size"] == 3
+
+
+def test_a_selector_reflowed_one_field_per_line_and_cut_before_its_reasons():
+    # the issue's shape: vLLM's selector sentence pretty-printed one field per line, the paste cut before "Reasons:"
+    log = ["(EngineCore_DP0 pid=7) ERROR 01-20 13:03:50 [core.py:1] ValueError: No valid attention backend found "
+           "for cuda with AttentionSelectorConfig(",
+           "    head_size=576,", "    dtype=torch.bfloat16,", "    kv_cache_dtype=auto,", "    block_size=16,",
+           "    use_mla=True,"]
+    d = diagnose(log)
+    assert d.kind is FailureKind.NO_ATTENTION_BACKEND and not d.fatal and d.facts["reasons_cut"]
+    assert d.facts["selector_config"] == {"head_size": 576, "dtype": "torch.bfloat16", "kv_cache_dtype": "auto",
+                                          "block_size": 16, "use_mla": True}
+
+
+@pytest.mark.parametrize("previous, line, joined", [
+    ("AttentionSelectorConfig(", "    head_size=576,", True),
+    ("    head_size=576,", "    dtype=torch.bfloat16,", True),
+    ("    raise ValueError(", "        f'No common block size for {x}'", False),     # code a traceback echoes
+    ('  File "/x/vllm/config.py", line 1, in f', "    foo(", False),
+    ("Traceback (most recent call last):", "  File \"x.py\", line 1, in f", False),
+    ("engine_core = EngineCoreProc(", "                    ^^^^^^^^^^^^", False),      # a traceback's carets
+])
+def test_which_indented_line_is_a_reflowed_argument(previous, line, joined):
+    assert reflowed(previous, line) is joined
+
+
+@pytest.mark.parametrize("lines", [
+    ["  Value error, Total number of attention heads (12) must be divisible by",
+     "tensor parallel size (8). [type=value_error, input_value=ArgsKwargs((), {}), input_type=ArgsKwargs]"],
+    ["  Value error,",
+     "Total number of attention heads (12) must be divisible by tensor parallel size (8). [type=value_error, "
+     "input_value=ArgsKwargs((), {}), input_type=ArgsKwargs]"],
+    ["Total number of attention heads (12) must be divisible by tensor parallel size (8)"],   # the sentence alone
+])
+def test_a_reflowed_pydantic_refusal_keeps_its_refusal(lines):
+    d = diagnose(["pydantic_core._pydantic_core.ValidationError: 1 validation error for ParallelConfig", *lines])
+    assert d.kind is FailureKind.CONFIG_REFUSED and d.fatal
+    assert d.facts["refusal"] == "tensor_parallel_size_not_dividing_heads"
+    assert (d.facts["num_attention_heads"], d.facts["tensor_parallel_size"]) == (12, 8)
+
+
+@pytest.mark.parametrize("head", ["(RayWorkerWrapper pid=2931, ip=10.0.0.2) ", "[rank0]: ",
+                                  "(EngineCore_DP0 pid=7) (RayWorkerWrapper pid=2931, ip=10.0.0.2) "])
+def test_rays_and_torchs_own_heads_are_read_as_the_workers_record(head):
+    # Ray's worker prefix carries the node's ip: vLLM's own head, kept; torch's rank tag may come off: either
+    # way the record behind them is an error of a worker, not the API server's
+    log = ["(APIServer pid=1) INFO 06-09 14:01:50 [api_server.py:1] vLLM API server version 0.20.2",
+           head + "ERROR 06-09 14:01:52 [worker.py:1] ValueError: No common block size for 8 (CPU_ATTN: "
+                  "[MultipleOf(32)]).",
+           head + "ERROR 06-09 14:01:52 [worker.py:1] Worker failed with error 'x'"]
+    kept = normalise("\n".join(log)).splitlines()
+    assert kept == (log if "pid=" in head else [line.replace(head, "") for line in log])   # [rank0]: is a tag
+    d = diagnose(log)
+    assert d.kind is FailureKind.BLOCK_SIZE_UNSUPPORTED and d.facts["block_size"] == 8
+    if "RayWorkerWrapper" in head:
+        assert d.facts["process"] == "RayWorkerWrapper" and d.facts["pid"] == 2931

@@ -5,7 +5,8 @@ spaces), under each prefix shape a tool puts before lines (before or after the w
 line ends and ANSI colours, and cut at a random point after the line that names the failure.
 The verdict on each variant must be the verdict on the log as printed: the same class, the same
 facts (a log outside kvwatch's vocabulary stays unknown). Hypothesis draws the variants with a
-fixed seed (derandomize), so CI runs the same bounded set every time.
+fixed seed (derandomize), so CI runs the same bounded set every time; the grid of widths, wraps and three
+prefixes is run whole for every log.
 """
 from __future__ import annotations
 
@@ -106,10 +107,17 @@ def test_a_pasted_log_keeps_its_class_and_facts(name, width, page, prefix, prefi
     assert same(d, cut_verdict(name, at)), (d.kind, d.facts, cut_verdict(name, at).facts)
 
 
+WIDTHS = (60, 61, 66, 73, 80, 88, 97, 111, 120, 133, 147, 159, 177, 188, 199, 200)
+GRID_PREFIXES = (("", False), ("vllm-1  | ", True), (">   | ", False))
+
+
 @pytest.mark.parametrize("name", LOGS)
-def test_every_log_at_the_narrowest_width_under_a_prefix(name):
-    # every log once, at the width that breaks most lines, wrapped by a terminal and by a page
-    for page in (False, True):
-        text = variant(text_of(name), 60, page, "vllm-1  | ", False, True)
-        d = diagnose(text.split("\n"))
-        assert same(d, verdict(name)), (page, d.kind, d.facts, verdict(name).facts)
+def test_every_log_at_every_width_wrapped_both_ways_under_three_prefixes(name):
+    # the full grid, every log (bench/bench_pasted_logs.py prints the same count): 96 variants a log
+    want = cut_verdict(name, 0.0)
+    for width in WIDTHS:
+        for page in (False, True):
+            for prefix, first in GRID_PREFIXES:
+                text = variant(cut_after_evidence(name, 0.0), width, page, prefix, first, False)
+                d = diagnose(text.split("\n"))
+                assert same(d, want), (width, page, prefix, d.kind, d.facts, want.facts)

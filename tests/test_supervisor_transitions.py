@@ -238,3 +238,36 @@ def test_a_stop_for_host_memory_no_failure_followed_is_replanned_at_the_next_sta
     assert list(fake_os.engines[0].argv[-2:]) == ["--cpu-offload-gb", "4.0"]
     assert sup._record.failures[0].kind == "host_oom"
     assert "the host has rebooted since" in sup._record.failures[0].evidence
+
+
+def test_a_stall_is_restarted_with_its_stacks_and_where_it_stuck(tmp_path: Path) -> None:
+    """Issue 42: before a stall restart, the engine's stacks are read, where they say it stuck goes into the
+    failure's words, and the stacks into its record."""
+    from kvwatch.boundary.engine_http import EngineLoad
+    from kvwatch.boundary.stack_dump import StackText
+    from kvwatch.diagnosis.stall_stacks import parse_stacks, where_stuck
+    from kvwatch.watchdog.stall_evidence import StallEvidence
+
+    dump = ('Thread 0x7f (most recent call first):\n'
+            '  File "/venv/lib/python3.12/site-packages/torch/distributed/distributed_c10d.py", line 2501 '
+            'in all_reduce\n'
+            '  File "/venv/lib/python3.12/site-packages/vllm/distributed/parallel_state.py", line 400 in all_reduce\n')
+    stacks = (StackText("VLLM::Worker_TP0", "vllm", dump, None),)
+    found = StallEvidence(stacks, where_stuck([t for s in stacks for t in parse_stacks(s.text or "", s.process)]))
+    model = write_model(tmp_path / "tiny", llama_config())
+    argv = ("vllm", "serve", str(model), "--port", "8000")
+    engine = EngineConfig(command=argv, start_timeout_seconds=5.0, health_interval_seconds=1.0,
+                          hang_timeout_seconds=4.0, stop_timeout_seconds=3.0, stall_timeout_seconds=5.0)
+    config = Config(name="t", state_dir=str(tmp_path / "state"), policy=POLICY, engine=engine)
+    clock = FakeClock()
+    stuck = EngineLoad(running=2.0, waiting=0.0, prompt_tokens=100.0, generation_tokens=50.0)   # never moves
+    fake_os = FakeOs(clock, [Launch(ready_after=1), Launch(ready_after=1)], load=lambda argv, age: stuck,
+                     stall_found=found)
+    sup = Supervisor(config, clock=clock, device=CPU, rules=ruleset_for("0.32.0"), notifier=SdNotifier(None),
+                     output=io.BytesIO(), environ={}, probe=fake_os.probe, os_interface=fake_os)
+    clock.at(clock.now() + 14, lambda: sup.request_stop("test stop"))
+    assert sup.run() == EXIT_OK
+    failure = next(f for f in sup._record.failures if f.kind == "stalled")
+    assert fake_os.stall_looks and found.stuck is not None
+    assert found.summary() in failure.evidence and "all_reduce" in failure.stacks
+    assert sup.status.restarts.get("stalled") == 1

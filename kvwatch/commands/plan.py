@@ -179,7 +179,31 @@ def _budget_rows(budget: GpuBudget | None) -> list[tuple[str, str]]:
     ]
 
 
+def _warning_lines(plan: Plan) -> list[str]:
+    lines = []
+    for w in plan.warnings:
+        fix = "" if w.fix.empty else w.fix.describe()
+        level = "FAILS" if w.certain else "RISK"
+        lines.append(f"{level}: [{w.kind}] {w.message}")
+        lines.append(f"  fix: {fix or 'no flag change can fix this'}")
+    return lines
+
+
+def _render_no_kv_cache(plan: Plan) -> str:
+    rows = [("model", plan.model), ("device", f"{plan.device} (compute capability {plan.compute_capability})"),
+            ("KV cache", f"none, 0 blocks: {plan.kv_memory_source.removeprefix('none: ')}")]
+    if plan.max_model_len:
+        rows.append(("max model len", f"{plan.max_model_len:,}"))
+    width = max(len(k) for k, _ in rows)
+    lines = [f"{k:<{width}}  {v}" for k, v in rows] + _warning_lines(plan)
+    if not plan.warnings:
+        lines.append("OK: vLLM allocates no KV cache for this model")
+    return "\n".join(lines)
+
+
 def render(plan: Plan) -> str:
+    if plan.no_kv_cache:
+        return _render_no_kv_cache(plan)
     est = " (estimate)" if plan.estimated else ""
     rows = [
         ("model", plan.model),
@@ -211,15 +235,11 @@ def render(plan: Plan) -> str:
     rows.append(("padding", f"{padding or 'none'} ({plan.padding_ratio:.2%} of the KV cache)"))
     width = max(len(k) for k, _ in rows)
     lines = [f"{k:<{width}}  {v}" for k, v in rows]
-    for w in plan.warnings:
-        fix = "" if w.fix.empty else w.fix.describe()
-        level = "FAILS" if w.certain else "RISK"
-        lines.append(f"{level}: [{w.kind}] {w.message}")
-        lines.append(f"  fix: {fix or 'no flag change can fix this'}")
+    lines += _warning_lines(plan)
     if plan.unknown_layer_types:
         lines.append(f"UNKNOWN: kvwatch cannot classify: {'; '.join(plan.unknown_layer_types)}; "
                      f"planned with the layers kvwatch knows (full attention where unsure), so the figures above may "
-                     f"be wrong")
+                     f"be wrong; no rule of kvwatch claims a certain failure or changes the command for it")
     if not plan.warnings:
         lines.append("OK: vLLM should accept this plan")
     return "\n".join(lines)

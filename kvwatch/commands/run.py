@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     return serve(config)
 
 
-# Signals (README "Signals"): SIGTERM and SIGINT stop the engine and kvwatch cleanly; a second
+# Signals (docs/reference.md "Signals"): SIGTERM and SIGINT stop the engine and kvwatch cleanly; a second
 # one while that stop runs is logged, never cuts it short. SIGHUP (a closed terminal, or an
 # operator's "reload") is ignored with one log line: the config is read at start only.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)

@@ -77,7 +77,8 @@ _START_ONLY = frozenset({FailureKind.BLOCK_SIZE_UNSUPPORTED, FailureKind.KV_DTYP
                          FailureKind.NO_ATTENTION_BACKEND, FailureKind.CONFIG_REFUSED,
                          FailureKind.MAMBA_CACHE_TOO_SMALL, FailureKind.COMPILE_FAILED,
                          FailureKind.TOOL_PARSER_UNKNOWN, FailureKind.PLACEMENT_GROUP_UNAVAILABLE,
-                         FailureKind.PORT_IN_USE, FailureKind.MODEL_UNAVAILABLE,
+                         # (not PORT_IN_USE: uvicorn says "Application startup complete" before it binds)
+                         FailureKind.MODEL_UNAVAILABLE,
                          # NCCL fails a start for good; a serving engine's NCCL error may pass: restart it
                          FailureKind.NCCL_ERROR})
 

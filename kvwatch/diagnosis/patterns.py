@@ -486,7 +486,7 @@ PATTERNS: tuple[Pattern, ...] = (
     Pattern("port_in_use", FailureKind.PORT_IN_USE, 86,
             ("ddress already in use", "EADDRINUSE"),
             re.compile(r"(?:error while attempting to bind on address \('(?P<host>[^']*)', (?P<port>\d+)\): )?"
-                       r"\[?(?:Errno 98\]? )?[Aa]ddress already in use|EADDRINUSE"),
+                       r"\[?(?:[Ee]rrno 98\]? )?[Aa]ddress already in use|EADDRINUSE"),
             lambda m: {"port": int(m["port"]), "host": m["host"]} if m["port"] else {},
             "uvicorn / asyncio create_server, entrypoints/openai/api_server.py create_server_socket, "
             "torch TCPStore"),

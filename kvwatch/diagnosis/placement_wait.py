@@ -17,18 +17,25 @@ from dataclasses import dataclass
 from kvwatch.diagnosis.facts import JsonFacts
 
 WAIT_MARKER = "Waiting for creating a placement group"
+# vLLM's sentence (executor/ray_utils.py _wait_until_pg_ready), for the normaliser's words
+WAIT_TEXT = ("Waiting for creating a placement group of specs for %d seconds. specs=%s. Check `ray status` and "
+             "`ray list nodes` to see if you have enough resources, and make sure the IP addresses used by ray "
+             "cluster are the same as VLLM_HOST_IP environment variable specified in each node if you are running "
+             "on a multi-node.")
 _WAIT = re.compile(r"Waiting for creating a placement group of specs for (?P<seconds>\d+) seconds"
                    r"(?:\.\s*specs=(?P<specs>\[.*?\])(?:\.|$))?")
 _SPEC_GPUS = re.compile(r"'GPU':\s*(?P<n>[\d.]+)")
 # What Ray has: vLLM's own count, `ray status`'s "0.0/4.0 GPU", or its resource listing.
-SEEN_MARKERS: tuple[str, ...] = ("Total number of devices:", ".0 GPU", "cluster_resources")
+SEEN_MARKERS: tuple[str, ...] = ("Total number of devices:", ".0 GPU", "cluster_resources", "exceeds available GPUs")
 _SEEN = re.compile(r"Total number of devices: (?P<total>\d+)|(?:^|\s)[\d.]+/(?P<status>[\d.]+) GPU\b"
-                   r"|cluster_resources\(\)?[^{]*\{[^}]*'GPU': (?P<resources>[\d.]+)")
+                   r"|cluster_resources\(\)?[^{]*\{[^}]*'GPU': (?P<resources>[\d.]+)"
+                   r"|Tensor parallel size \((?P<tp>\d+)\) exceeds available GPUs \((?P<available>\d+)\)")
 _ASKED = re.compile(r"Required number of devices: (?P<n>\d+)")
 # The engine went on past the placement group: its workers started, its weights load, it serves.
 PROGRESS_MARKERS: tuple[str, ...] = ("RayWorkerWrapper pid=", "Loading model", "Starting to load model",
                                      "Model loading took", "Loading weights took")
 MIN_WAITS = 2           # one wait is a slow start; a repeated one, with nothing after it, is a start stuck
+MIN_WAITED_S = 60       # vLLM waits 10, 30, 70, ... s: a wait that reached this was repeated
 
 
 @dataclass
@@ -51,7 +58,10 @@ class PlacementWait:
 
     def observe_figures(self, line: str) -> None:
         if (m := _SEEN.search(line)) is not None:
-            self.ray_gpus = float(m["total"] or m["status"] or m["resources"])
+            self.ray_gpus = float(m["total"] or m["status"] or m["resources"] or m["available"])
+            if m["tp"]:
+                self.gpus_asked = float(m["tp"])
+                self.line = self.line or line
         if (a := _ASKED.search(line)) is not None:
             self.gpus_asked = float(a["n"])
 
@@ -60,9 +70,16 @@ class PlacementWait:
         self.waits = 0
         self.seconds = 0
         self.line = ""
+        self.gpus_asked = self.ray_gpus = None
 
     def stuck(self) -> bool:
-        return self.waits >= MIN_WAITS
+        """The start never got past the placement group: the waits repeated (or reached the seconds
+        only a repeated one does), or vLLM's own count says Ray has fewer GPUs than it asks for,
+        with nothing after it."""
+        if self.waits >= MIN_WAITS or self.seconds >= MIN_WAITED_S:
+            return True
+        return bool(self.line) and self.gpus_asked is not None and self.ray_gpus is not None \
+            and self.ray_gpus < self.gpus_asked
 
     def facts(self) -> JsonFacts:
         facts: JsonFacts = {"placement_group_waits": self.waits, "waited_s": self.seconds}

@@ -8,9 +8,8 @@ No product is named: a tool's prefix is whatever run of these shapes starts enou
 lines. vLLM's own heads are never a prefix: its process tag `(EngineCore_DP0 pid=7)` holds an
 `=` no tag shape takes, and its level record starts with a word no shape starts with.
 
-A logger that writes the level before a full date (NVIDIA NIM: `ERROR 2025-03-11 08:10:08.362
-api_server.py:489] `) is rewritten to vLLM's own head (`ERROR 03-11 08:10:08 [api_server.py:489] `),
-so its level still says whether the record is quiet.
+NVIDIA NIM's logger writes vLLM's records in V0's own head with hundredths of a second (`WARNING
+10-15 12:41:23.21 caches.py:27] `): a level record as vLLM's, no prefix to take off.
 """
 from __future__ import annotations
 
@@ -40,7 +39,7 @@ SHAPES: tuple[Shape, ...] = (
     Shape("name_pipe", re.compile(r"[A-Za-z0-9][\w.-]*\s+\| ?"), example="vllm-1  | "),
     Shape("pipe", re.compile(r" {0,3}\| ?"), example="  | "),
     Shape("quote", re.compile(r"> ?"), example="> "),
-    Shape("paren_tag", re.compile(r"\([\w .-]{1,60}\) "), example="(Process) "),
+    Shape("paren_tag", re.compile(r"\([A-Za-z][\w .-]{0,59}\) "), example="(Process) "),
     Shape("host_unit", re.compile(r"[\w.-]+ [\w@./-]+(?:\[\d+\])?: "), after_timestamp=True,
           example="gpu-host-3 vllm.service[4242]: "),
     Shape("dashed_fields", re.compile(r"(?:[\w.-]+ ){0,2}- (?:[\w.]+ - ){0,2}"), after_timestamp=True,
@@ -48,9 +47,6 @@ SHAPES: tuple[Shape, ...] = (
 )
 _MAX_TOKENS = 6
 _MIN_SHARE = 0.25       # a prefix counts when it starts at least this share of a block's non-blank lines
-# A level before a full date, then `file.py:N] `: a logger's own record of vLLM's line.
-_LEVEL_FIRST = re.compile(r"^(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) \d{4}-(?P<md>\d\d-\d\d) "
-                          r"(?P<time>\d\d:\d\d:\d\d)(?:[.,]\d+)? (?P<where>[\w.-]+:\d+)\] ", re.M)
 
 
 def _tokens(line: str) -> list[tuple[str, int]]:
@@ -88,31 +84,33 @@ def common_prefixes(lines: Sequence[str]) -> frozenset[tuple[str, ...]]:
         sig = signature(line)
         for n in range(1, len(sig) + 1):
             counts[sig[:n]] += 1
-    need = max(min(seen, 2), int(seen * _MIN_SHARE))     # in a block of lines, never one line alone
+    need = max(1, int(seen * _MIN_SHARE))
     return frozenset(sig for sig, n in counts.items() if n >= need)
+
+
+_BY_NAME = {shape.name: shape for shape in SHAPES}
+
+
+def stripper(accepted: frozenset[tuple[str, ...]]) -> re.Pattern[str]:
+    """One regex that takes the longest accepted prefix off each line of a text (re.M): one pass
+    of the text, not a walk of the shapes per line."""
+    runs = sorted(accepted, key=len, reverse=True)
+    alternatives = ["".join(f"(?:{_BY_NAME[name].regex.pattern})" for name in run) for run in runs]
+    return re.compile(r"^(?:" + "|".join(alternatives) + ")", re.M)
 
 
 def strip_line(line: str, accepted: frozenset[tuple[str, ...]]) -> str:
     """`line` without the longest accepted prefix that starts it."""
-    tokens = _tokens(line)
-    for n in range(len(tokens), 0, -1):
-        if tuple(name for name, _ in tokens[:n]) in accepted:
-            return line[tokens[n - 1][1]:]
-    return line
+    return stripper(accepted).sub("", line, count=1)
 
 
 def dedent(lines: list[str]) -> list[str]:
     """A block indented as a whole (a quote in an issue's body) without the indentation all its lines
     share; a lone line keeps its own (pydantic's indented sentence is read by its indentation)."""
+    if any(line[:1] not in (" ", "") and line.strip() for line in lines):
+        return lines                # a line at the margin: nothing is indented as a whole (the usual case)
     body = [line for line in lines if line.strip()]
     if len(body) < 2:
         return lines
     indent = min(len(line) - len(line.lstrip(" ")) for line in body)
     return [line[indent:] for line in lines] if indent else lines
-
-
-def vllm_heads(text: str) -> str:
-    """A logger's level-first records rewritten to vLLM's own head (`LEVEL MM-DD HH:MM:SS [file:N] `)."""
-    if "] " not in text:
-        return text
-    return _LEVEL_FIRST.sub(lambda m: f"{m['level']} {m['md']} {m['time']} [{m['where']}] ", text)

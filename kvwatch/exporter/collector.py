@@ -3,7 +3,7 @@
 Shaped after client_python's ProcessCollector: one ``collect()``, families built afresh,
 the source injected. No I/O and no lock: the snapshot is an immutable value read through
 one reference, so a GPU, engine or process that is gone simply has no series. Values a
-source did not report are left out, never NaN. Every metric is in the README's table.
+source did not report are left out, never NaN. Every metric is in docs/reference.md's table.
 """
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ GATED_KINDS: dict[str, str] = {"RSWAAttention": "rswa_window"}
 # reshaping its spec is unknown.
 KNOWN_SPEC_CLASSES = frozenset({"MambaMixer2", "KimiK3DeltaAttention", "QwenGatedDeltaNetAttention"})
 # Layers that hold no cache: a model of these alone (BERT-like encoders) gets no KV cache from vLLM,
-# which kvwatch does not plan (it plans attention blocks).
+# which kvwatch plans as 0 blocks (planner/no_kv_cache.py).
 _NO_CACHE = frozenset({"EncoderOnlyAttention"})
 # Fields that list a model's layer kinds: with one, a hybrid class may well hold attention layers only
 # (Granite 4.0's dense variants are GraniteMoeHybridForCausalLM with every layer attention).
@@ -93,10 +93,8 @@ def verdict(architecture: str, release: str, config: Mapping[str, Any] | None = 
         return Verdict(UNKNOWN, f"{architecture} (vLLM {release}, {found.source}): no cache layer found in its "
                                 f"source (a draft head or a non-language model): kvwatch cannot plan it",
                        (found.cls,))
-    if kinds and set(kinds) <= _NO_CACHE and not delegates(found):   # a multimodal encoder: see text_config
-        return Verdict(UNKNOWN, f"{architecture} (vLLM {release}, {found.source}) builds EncoderOnlyAttention "
-                                f"layers only, which hold no KV cache: kvwatch plans one vLLM does not allocate",
-                       ("EncoderOnlyAttention",))
+    if _no_cache(found, kinds):   # planned as no KV cache (planner/no_kv_cache.py)
+        return Verdict(PLANNED, "")
     unclassified = tuple(k for k in kinds if k not in PLANNED_KINDS)
     unclassified += tuple(f"{c.split(':')[1]} (its own get_kv_cache_spec)" for c in found.spec_classes
                           if c.split(":")[1] not in KNOWN_SPEC_CLASSES)
@@ -104,6 +102,24 @@ def verdict(architecture: str, release: str, config: Mapping[str, Any] | None = 
         return Verdict(UNKNOWN, f"{architecture} (vLLM {release}, {found.source}) builds layers kvwatch has no "
                                 f"rule for: {', '.join(unclassified)}", unclassified)
     return Verdict(PLANNED, "")
+
+
+def _no_cache(found: ArchitectureEntry, kinds: tuple[str, ...]) -> bool:
+    # a multimodal wrapper's encoder-only kinds are its vision tower's: its text_config decides
+    return bool(kinds) and set(kinds) <= _NO_CACHE and not delegates(found)
+
+
+def builds_no_cache(architectures: tuple[str, ...], version: str | None) -> str:
+    """Why vLLM allocates no KV cache for this model (every layer it builds holds none), or ""."""
+    release = table_release(version)
+    if release is None or not architectures:
+        return ""
+    arch = next((a for a in architectures if entry(a, release) is not None), architectures[0])
+    found = entry(arch, release)
+    if found is None or found.group == "previously_supported" or not _no_cache(found, found.kinds):
+        return ""
+    return (f"{arch} (vLLM {release}, {found.source}) builds {', '.join(found.kinds)} layers only, "
+            f"which hold no KV cache")
 
 
 def _gated_off(kind: str, config: Mapping[str, Any] | None) -> bool:

@@ -3,7 +3,8 @@
 vLLM reads a config through transformers, whose `attribute_map` answers `config.hidden_size` with
 GPT-2's `n_embd` and so on, and whose class defaults fill what the file leaves out. kvwatch reads
 config.json as JSON, so it applies the same map and defaults itself, for the families whose vLLM
-model file reads them (vLLM 0.22.1, vllm/model_executor/models/{gpt2,gpt_j,gpt_bigcode,bloom,mpt}.py).
+model file reads them (vLLM 0.22.1, vllm/model_executor/models/{gpt2,gpt_j,gpt_bigcode,bloom,mpt}.py;
+Whisper: vLLM 0.33.0, whisper.py).
 Read from transformers 5.19.0's configuration files, cited per row. A key the file states wins.
 """
 from __future__ import annotations
@@ -28,6 +29,14 @@ FAMILY_KEYS: dict[str, FamilyKeys] = {
                         True, "models/bloom/configuration_bloom.py:53-56, :73, :76-78 (n_embed)"),
     "mpt": FamilyKeys((("num_attention_heads", "n_heads"), ("hidden_size", "d_model"), ("num_hidden_layers", "n_layers")),
                       True, "models/mpt/configuration_mpt.py:113-117, :137"),
+    # Whisper's cache layers are its decoder's: vLLM 0.33.0 whisper.py:614 builds decoder_layers of them, each
+    # a self-attention and a cross-attention of decoder_attention_heads heads of d_model (:446-447, :455-456).
+    # transformers' attribute_map answers the encoder's instead (configuration_whisper.py:120-124), which
+    # the planner does not read; the released checkpoints have as many heads in both.
+    "whisper": FamilyKeys((("hidden_size", "d_model"), ("num_attention_heads", "decoder_attention_heads"),
+                           ("num_key_value_heads", "decoder_attention_heads"), ("num_hidden_layers", "decoder_layers")),
+                          True, "models/whisper/configuration_whisper.py:120-124, :164; vLLM 0.33.0 whisper.py:446-456, "
+                                ":614"),
 }
 # GPTBigCode's multi-query attention (transformers configuration_gpt_bigcode.py:78, :83, on by default;
 # vLLM 0.22.1 gpt_bigcode.py:77-82: one KV head) and MPT's MLP width (expansion_ratio x d_model, 4 by
@@ -55,3 +64,12 @@ def standard_keys(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
         if isinstance(out.get("hidden_size"), int):
             out["intermediate_size"] = ratio * out["hidden_size"]
     return out
+
+
+def own_key(cfg: Mapping[str, Any], standard: str) -> str:
+    """How this family's config.json names a standard key ("" when it uses the standard name), for an
+    error that names the field the user can add: Whisper's heads are its 'decoder_attention_heads'."""
+    model_type = cfg.get("model_type")
+    family = FAMILY_KEYS.get(model_type) if isinstance(model_type, str) else None
+    own = next((o for s, o in family.aliases if s == standard), "") if family is not None else ""
+    return f"{own!r} (its {standard!r})" if own else ""

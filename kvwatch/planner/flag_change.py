@@ -25,6 +25,8 @@ CHANGED_FLAGS = frozenset({
     "--tensor-parallel-size",
     # host memory, after the kernel's OOM killer (diagnosis/host_memory_remedies.py)
     "--cpu-offload-gb", "--kv-offloading-size", "--max-parallel-loading-workers",
+    # 0.34's extensible KV cache, removed where the platform refuses it (planner/plan.py)
+    "--enable-extensible-kv-cache",
 })
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from kvwatch.errors import ConfigError
 from kvwatch.planner.config_defaults import HEAD_DIM_DEFAULTS
-from kvwatch.planner.config_keys import standard_keys
+from kvwatch.planner.config_keys import own_key, standard_keys
 from kvwatch.planner.indexer import indexer_bytes_per_token
 from kvwatch.planner.layers import FULL, PURE_STATE_SPACE, LayerLayout, kimi_linear_layout, layer_layout
 from kvwatch.planner.weights import WeightCount, count_model_weights
@@ -104,7 +104,8 @@ def _positive_int(cfg: Mapping[str, Any], key: str, required: bool = True) -> in
     value = cfg.get(key)
     if value is None:
         if required:
-            raise ConfigError(f"config.json: missing field {key!r}")
+            own = own_key(cfg, key)   # the family's own name for it (planner/config_keys.py)
+            raise ConfigError(f"config.json: missing field {own}" if own else f"config.json: missing field {key!r}")
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ConfigError(f"config.json: field {key!r} must be a positive integer, got {str(value)[:40]!r}")

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from kvwatch.failure_kinds import FailureKind
-from kvwatch.planner.architecture_kinds import unknown_reasons
+from kvwatch.planner.architecture_kinds import builds_no_cache, unknown_reasons
 from kvwatch.planner.architectures import IN_TRANSFORMERS
 from kvwatch.planner.architectures import refusals as _architecture_refusals
 from kvwatch.planner.backend_legality import backend_refusals
@@ -40,6 +40,7 @@ from kvwatch.planner.kv_groups import (
 )
 from kvwatch.planner.kv_memory import NO_MEMORY_INPUTS, MemoryInputs, kv_memory, no_memory_warning
 from kvwatch.planner.layers import CHUNKED, MAMBA
+from kvwatch.planner.no_kv_cache import NO_KV_CACHE_ATTENTION, NO_KV_CACHE_SOURCE
 from kvwatch.planner.predicted_refusal import (
     CONFIG_REFUSED,
     KV_CACHE_TOO_SMALL,
@@ -48,6 +49,7 @@ from kvwatch.planner.predicted_refusal import (
 )
 from kvwatch.planner.rules import BackendRule, RuleSet
 from kvwatch.planner.scheduler import prefix_caching_on, request_demand
+from kvwatch.planner.scope import within_scope
 from kvwatch.values.block_sizes import BlockSizeRule
 from kvwatch.values.versions import VllmVersion
 from kvwatch.vllm_releases import DEFAULT_RELEASE
@@ -116,6 +118,8 @@ class Plan:
     # GPU only: the sparse-attention indexer's cache, every layer, one token (DeepSeek-V3.2, GLM-5);
     # counted per token, not in the blocks above (its grouping with the latent is not planned).
     indexer_bytes_per_token: int = 0
+    # Why vLLM allocates no KV cache for this model (encoder-only: planner/no_kv_cache.py); "" when it does.
+    no_kv_cache: str = ""
 
     @property
     def engine_num_blocks(self) -> int:
@@ -128,9 +132,12 @@ class Plan:
     @property
     def source(self) -> str:
         """How the KV memory is known: "exact" (a flag or the environment fixes it), "learned" (from
-        the engine's own profile on an earlier launch) or "estimated" (from config.json and the card)."""
+        the engine's own profile on an earlier launch) or "estimated" (from config.json and the card);
+        "none" where vLLM allocates no KV cache at all."""
         if self.unknown_layer_types:
             return "unknown"
+        if self.no_kv_cache:
+            return "none"
         if self.estimated:
             return "estimated"
         return "learned" if self.kv_memory_source.startswith("learned") else "exact"
@@ -195,6 +202,9 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     rules, choice, shape = _backend(geometry, settings, device, rules, memory)
     warnings: list[PredictedRefusal] = list(refusals) + architecture_refusals(geometry, settings, device,
                                                                                   memory.vllm_version)
+    if no_cache := builds_no_cache(geometry.architectures, str(memory.vllm_version) if memory.vllm_version else None):
+        return _no_kv_cache_plan(settings.model, no_cache, settings, device,
+                                settings.max_model_len or geometry.default_max_model_len, warnings)
     if geometry.attention != "none":
         warnings.extend(backend_refusals(choice, rules, device, geometry, settings))
     sizes = token_sizes(geometry, settings, device, memory.vllm_version, dict(memory.vllm_env))
@@ -209,6 +219,7 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     warnings.extend(_capacity_refusals(geometry, settings, device, memory, release, sizes, groups, blocks,
                                        demand, max_len))
     backend = choice.backend
+    unknown = geometry.layout.unknown_layer_types + architecture_unknowns(geometry, memory.vllm_version)
     return Plan(
         model=settings.model, device=device.name, compute_capability=device.sm,
         attention=geometry.attention, backend=backend.name if backend else None,
@@ -219,14 +230,14 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
         kv_memory_bytes=blocks.kv_memory, kv_memory_source=blocks.source, num_blocks=blocks.num_blocks,
         kv_cache_tokens=tokens, max_model_len=max_len, max_concurrency=concurrency,
         estimated=blocks.estimated, padding_bytes=_padding(settings, sizes, groups, blocks, demand, block_size),
-        warnings=tuple(warnings), backend_reasons=choice.reasons,
+        warnings=within_scope(warnings, unknown), backend_reasons=choice.reasons,
         data_parallel_size=max(1, settings.data_parallel_size),
         pipeline_parallel_size=max(1, settings.pipeline_parallel_size),
         kv_cache_groups=len(groups.groups), padding_layers=groups.padding_layers,
         blocks_per_request=groups.blocks_per_request(demand),
         recurrent_state_bytes=sizes.state_bytes, max_model_len_fitted=settings.max_model_len_auto,
         gpu_budget=blocks.budget,
-        unknown_layer_types=geometry.layout.unknown_layer_types + architecture_unknowns(geometry, memory.vllm_version),
+        unknown_layer_types=unknown,
         indexer_bytes_per_token=geometry.indexer_bytes_per_token if device.platform == "cuda" else 0)
 
 
@@ -509,3 +520,15 @@ def _shared_layer_warnings(geometry: ModelGeometry, settings: EngineSettings, gr
                      f"layers differ in page size", fix)]
 
 
+def _no_kv_cache_plan(model: str, reason: str, settings: EngineSettings, device: Device,
+                     max_model_len: int | None, warnings: Sequence[PredictedRefusal]) -> Plan:
+    """The plan of a model vLLM gives no KV cache: 0 blocks, 0 bytes, exact (no estimate is involved)."""
+    return Plan(
+        model=model, device=device.name, compute_capability=device.sm, attention=NO_KV_CACHE_ATTENTION,
+        backend=None, block_size=settings.block_size or 0, block_size_source="no KV cache: no block is sized",
+        kv_cache_dtype=settings.kv_cache_dtype, dtype_bytes=0, kv_bytes_per_token_per_layer=0, kv_bytes_per_token=0,
+        page_size_bytes=0, layers_per_block=0, bytes_per_block=0, kv_memory_bytes=0,
+        kv_memory_source=f"none: {reason} ({NO_KV_CACHE_SOURCE})", num_blocks=0, kv_cache_tokens=0,
+        max_model_len=max_model_len, max_concurrency=None, estimated=False,
+        padding_bytes={}, warnings=tuple(warnings), data_parallel_size=max(1, settings.data_parallel_size),
+        pipeline_parallel_size=max(1, settings.pipeline_parallel_size), kv_cache_groups=0, no_kv_cache=reason)

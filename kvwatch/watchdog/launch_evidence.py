@@ -11,17 +11,27 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Collection
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
+from kvwatch.diagnosis.start_phase import phase_of
 from kvwatch.gpu_types import NvmlSnapshot
+from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.values.host_memory import OomCount
 from kvwatch.watchdog.gpu_release import ReleaseOutcome, ReleaseVerdict, baseline_of
 from kvwatch.watchdog.gpu_release_wait import wait_for_release
-from kvwatch.watchdog.host_memory_watch import HostMemoryLevel, HostMemoryVerdict, HostMemoryWindow
+from kvwatch.watchdog.host_memory_watch import HostMemoryLevel, HostMemoryVerdict, HostMemoryWindow, stop_record
 from kvwatch.watchdog.kill_cause import kernel_record
+from kvwatch.watchdog.launch_watch import LaunchEnd
+
+if TYPE_CHECKING:
+    from kvwatch.watchdog.engine_processes import Running
 from kvwatch.watchdog.os_interface import WatchdogOs
-from kvwatch.watchdog.outcomes import KernelRecord
+from kvwatch.watchdog.outcomes import KernelRecord, LaunchOutcome
+from kvwatch.watchdog.records import HostMemoryStop
 
 _LOG = logging.getLogger(__name__)
+STACKS_KEPT_CHARS = 16 * 1024   # of a stall's stacks, in the state file (the log has the summary)
 RELEASE_TIMEOUT_S = 30.0     # at most this long before a relaunch onto GPUs a dead engine still holds
 
 
@@ -58,6 +68,25 @@ class LaunchEvidence:
             self._warned = True
         return verdict
 
+    def host_memory_stop(self, lines: Callable[[], list[str]], argv: list[str]) -> HostMemoryStop | None:
+        """The record of a stop for host memory when the host's memory says stop now (`lines`: the
+        engine's output, for the phase it had come to); None otherwise."""
+        verdict = self.host_memory()
+        if verdict is None or verdict.level is not HostMemoryLevel.STOP:
+            return None
+        return stop_record(verdict, phase_of(lines()), argv, self._os.wall_time(), self._os.boot_id())
+
+    def with_stacks(self, end: LaunchEnd, run: Running | None, command: EngineCommand) -> LaunchEnd:
+        """A stall, before its restart: the engine's stacks (vLLM's own dump, else py-spy), where they say
+        it is stuck in the failure's words, the stacks kept with its record. Bounded; never raises."""
+        if end.outcome is not LaunchOutcome.STALLED or run is None:
+            return end
+        found = self._os.stall_evidence(sorted(run.tree.live | {run.proc.pid}), command)
+        if found is None:
+            return end
+        _LOG.warning("stall: %s", found.summary())
+        return replace(end, detail=f"{end.detail}; {found.summary()}", stacks=found.text(STACKS_KEPT_CHARS))
+
     def wait_gpu_release(self, engine_pids: Collection[int], clock: Callable[[], float],
                          sleep: Callable[[float], object], stopping: Callable[[], bool]) -> ReleaseVerdict | None:
         """Wait, bounded, until the dead engine's GPUs are back to their memory before its launch; None off
@@ -71,6 +100,7 @@ class LaunchEvidence:
 
         verdict = wait_for_release(snapshot, engine_pids, self._baseline, RELEASE_TIMEOUT_S, clock=clock,
                                    sleep=sleep, stopping=stopping)
+        _LOG.info("gpu release: %s", verdict.text)
         if verdict.outcome is not ReleaseOutcome.UNAVAILABLE:
             self.release_waits[verdict.outcome.value] = self.release_waits.get(verdict.outcome.value, 0) + 1
             self.last_release_wait = verdict.elapsed_s

@@ -29,6 +29,7 @@ class LaunchEnd:
     detail: str = ""
     returncode: int | None = None
     served: bool = False        # it had been READY (the diagnosis reads a serving engine's death apart)
+    stacks: str = ""            # a stalled engine's thread stacks, read before it was stopped
 
 
 @dataclass(frozen=True)
@@ -128,3 +129,15 @@ def after_probe(state: LaunchState, ok: bool, now: float, timing: Timing, lines_
                                             f"{now - state.last_ok:.0f}s (hang_timeout {timing.hang_timeout:.0f}s)",
                                             served=True)
     return state, Event.NONE, None
+
+
+def died_in_log(lines: list[str]) -> str | None:
+    """/health failed: did the engine say, since READY, that it died (EngineCore gone, ...)?"""
+    if not lines:
+        return None
+    from kvwatch.diagnosis import FailureKind, diagnose  # here: the diagnosis is loaded only when asked
+
+    diagnosis = diagnose(lines)
+    if diagnosis.kind == FailureKind.UNKNOWN:
+        return None
+    return f"/health failed after the engine logged: {diagnosis.evidence or diagnosis.kind}"

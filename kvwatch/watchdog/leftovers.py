@@ -13,12 +13,13 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from kvwatch.boundary import proc_inspect, spawn
 from kvwatch.boundary.proc_inspect import HostProcess, ProcRef
 from kvwatch.watchdog.ownership import EngineProof, Judgement, Seen, Verdict, judge
+from kvwatch.watchdog.sd_notify import scrub_env
 
 _LOG = logging.getLogger(__name__)
 
@@ -28,6 +29,17 @@ MAX_SWEEPS = 3   # what forks while being ended is caught by the next sweep
 
 def marker(state_dir: str, name: str) -> str:
     return f"{name}@{os.path.abspath(state_dir)}"
+
+
+def engine_env(environ: Mapping[str, str], configured: Mapping[str, str], state_dir: str,
+               name: str) -> dict[str, str]:
+    """The engine's environment: kvwatch's less systemd's (scrub_env), the configured one, unbuffered
+    output, and the marker that names its processes this kvwatch's engine's."""
+    env = scrub_env(environ)
+    env.update(configured)
+    env.setdefault("PYTHONUNBUFFERED", "1")  # vLLM logs to stdout: unbuffered, so a crash loses nothing
+    env[MARKER_ENV] = marker(state_dir, name)
+    return env
 
 
 @dataclass

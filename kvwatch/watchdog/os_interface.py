@@ -1,6 +1,8 @@
 """Everything the supervisor asks of the operating system, behind one injected object (after
 supervisord's `options`): spawn the engine, stop its group, read its process tree, find and end what
-is left of earlier engines, reap orphans as PID 1, and the wall clock.
+is left of earlier engines, reap orphans as PID 1, the wall clock, and what the supervisor reads of the
+host beside the engine: the installed vLLM release, the engine's /metrics, vLLM's persisted start-up
+plan and the learned-profile store shared by a fleet.
 
 `RealOs` does it through kvwatch.boundary (spawn.py, proc_inspect.py, escalation.py) and leftovers.py;
 tests give the supervisor a fake (tests/fake_os.py) and run every transition without a child process.
@@ -10,20 +12,48 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
-from kvwatch.boundary import host_memory, oom_record, proc_inspect, spawn
+from kvwatch.boundary import device_probe, engine_http, host_memory, oom_record, proc_inspect, spawn
+from kvwatch.boundary.engine_http import EngineMetrics
 from kvwatch.boundary.proc_inspect import ProcInfo, ProcRef
+from kvwatch.boundary.startup_plan_file import read_persisted_plan
+from kvwatch.diagnosis import GpuContext
+from kvwatch.planner.devices import Device
+from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.values.host_memory import HostMemory, HostMemorySample, OomCount
-from kvwatch.watchdog import leftovers
+from kvwatch.values.versions import VllmVersion
+from kvwatch.vllm_releases.startup_plan import PersistedPlan
+from kvwatch.watchdog import learned_store, leftovers
 from kvwatch.watchdog.leftovers import CleanupReport
 from kvwatch.watchdog.ownership import EngineProof
+from kvwatch.watchdog.stall_evidence import StallEvidence, stall_evidence
 
 _LOG = logging.getLogger(__name__)
+STALL_STACKS_TIMEOUT_S = 10.0   # a stall's restart waits at most this long for the engine's stacks
 
 Sleep = Callable[[float], None]
+
+
+def probe_engine(url: str, timeout: float, starting: bool) -> bool:
+    """The supervisor's health probe: READY needs /health and a readable /metrics; once READY, /health
+    alone is watched."""
+    if not engine_http.health(url, timeout):
+        return False
+    return engine_http.scrape(url, timeout).ok if starting else True
+
+
+def signal_name(returncode: int | None) -> str:
+    """The name of the signal that ended a process (SIGKILL, ...), "" when it exited by itself."""
+    if returncode is None or returncode >= 0:
+        return ""
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return ""
 
 
 class EngineHandle(Protocol):
@@ -86,8 +116,31 @@ class WatchdogOs(Protocol):
     def host_memory_sample(self) -> HostMemorySample | None:
         """MemAvailable and memory pressure now."""
 
+    def stall_evidence(self, pids: Sequence[int], command: EngineCommand) -> StallEvidence | None:
+        """A stalled engine's stacks and where they say it is stuck (bounded; None: not looked)."""
+
     def boot_id(self) -> str:
         """This boot's id: a record of a stop for host memory says whether the host rebooted since."""
+
+    def installed_vllm(self) -> VllmVersion | None:
+        """The installed vLLM's release, parsed (None: none, or one kvwatch does not read)."""
+
+    def installed_vllm_text(self) -> str | None:
+        """The installed vLLM's version as its package metadata spells it."""
+
+    def scrape(self, url: str, timeout: float) -> EngineMetrics:
+        """The engine's /metrics page, read once within `timeout`."""
+
+    def read_persisted_plan(self, path: str | None) -> PersistedPlan | None:
+        """vLLM's persisted start-up plan at `path`, when vLLM would apply it."""
+
+    def adopt_learned(self, learned: dict[str, int], directory: str, command: EngineCommand,
+                      device: Device | None, gpu: GpuContext | None) -> None:
+        """Add what another host measured for this launch's profile to `learned`, unless it has one."""
+
+    def publish_learned(self, directory: str, command: EngineCommand, device: Device | None,
+                        requested_bytes: int, available_kv_bytes: int) -> None:
+        """Share what this host's engine measured for its profile (never fatal)."""
 
 
 class RealOs:
@@ -166,3 +219,26 @@ class RealOs:
 
     def boot_id(self) -> str:
         return host_memory.boot_id()
+
+    def installed_vllm(self) -> VllmVersion | None:
+        return device_probe.installed_vllm()
+
+    def installed_vllm_text(self) -> str | None:
+        return device_probe.installed_vllm_text()
+
+    def scrape(self, url: str, timeout: float) -> EngineMetrics:
+        return engine_http.scrape(url, timeout)
+
+    def read_persisted_plan(self, path: str | None) -> PersistedPlan | None:
+        return read_persisted_plan(path)
+
+    def adopt_learned(self, learned: dict[str, int], directory: str, command: EngineCommand,
+                      device: Device | None, gpu: GpuContext | None) -> None:
+        learned_store.adopt_into(learned, directory, command, device, gpu)
+
+    def publish_learned(self, directory: str, command: EngineCommand, device: Device | None,
+                        requested_bytes: int, available_kv_bytes: int) -> None:
+        learned_store.publish(directory, command, device, requested_bytes, available_kv_bytes)
+
+    def stall_evidence(self, pids: Sequence[int], command: EngineCommand) -> StallEvidence | None:
+        return stall_evidence(pids, command, timeout=STALL_STACKS_TIMEOUT_S)

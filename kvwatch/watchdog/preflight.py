@@ -1,7 +1,8 @@
 """Before the first launch: plan the command, and apply the fixes for failures that are certain.
 
 A known-bad plan (an illegal block size, a kernel limit, a KV cache too small for the
-max model len) never starts. Fixes are applied one plan at a time, re-planning after
+max model len) never starts. A model kvwatch cannot classify (plan source "unknown") is launched
+as given: no rule is known to hold for it (kvwatch/planner/scope.py). Fixes are applied one plan at a time, re-planning after
 each, because one fix changes what the next should be (fp8 -> auto doubles the bytes
 per token, so the largest max model len halves). The policy's allow_* switches are
 honoured. Planning errors never stop kvwatch: the engine is then launched as given.
@@ -82,8 +83,12 @@ def preflight(command: EngineCommand, device: Device, rules: RuleSet, env: Mappi
     """The command with the certain fixes applied, what was changed, and the final plan."""
     fixes: list[PreflightFix] = []
     plan = plan_with_learned(command, device, rules, env, learned, read_model)
+    if plan is not None and plan.unknown_layer_types:
+        # planner/scope.py: no rule is known to hold for this model, so none changes its command
+        _LOG.warning("preflight: launching the command as given: kvwatch cannot classify %s",
+                     "; ".join(plan.unknown_layer_types))
     for _ in range(MAX_ROUNDS):
-        if plan is None:
+        if plan is None or plan.unknown_layer_types:
             break
         warning = next((w for w in plan.warnings
                         if w.certain and not w.fix.empty and all(allowed(f, policy) for f in w.fix.flags)), None)

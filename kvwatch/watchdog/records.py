@@ -24,6 +24,7 @@ class FailureRecord:
     argv: list[str]
     reason: str = ""                # what kvwatch made of it
     phase: str = ""                 # how far the start had come (diagnosis/start_phase.py); "" in old files
+    stacks: str = ""                # a stall's thread stacks, as read before the restart (capped)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> FailureRecord:
@@ -31,7 +32,8 @@ class FailureRecord:
         if evidence is not None and not isinstance(evidence, str):
             raise ValueError("'evidence' is not a string")
         return cls(_kind(_str(data, "kind")), evidence, _number(data, "time"), _str_list(data, "argv"),
-                   _str(data, "reason") if "reason" in data else "", _str(data, "phase") if "phase" in data else "")
+                   _str(data, "reason") if "reason" in data else "", _str(data, "phase") if "phase" in data else "",
+                   _str(data, "stacks") if "stacks" in data else "")
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,8 @@ from kvwatch.planner.flag_change import NO_CHANGE, FlagChange
 from kvwatch.planner.plan import Plan
 from kvwatch.planner.rules import RuleSet
 from kvwatch.policy import Policy, fixed_among
+from kvwatch.watchdog.engine_ranks import lines_of_rank
+from kvwatch.watchdog.launch_watch import LaunchEnd
 from kvwatch.watchdog.outcomes import NO_KERNEL_RECORD, KernelRecord, LaunchOutcome
 from kvwatch.watchdog.records import FAILURE, Constraint, CorrectionRecord, FailureRecord
 
@@ -125,6 +127,24 @@ def with_rank(diagnosis: Diagnosis, rank: int, pid: int) -> Diagnosis:
         kind = FailureKind.ENGINE_DIED
     evidence = f"{died}: {diagnosis.evidence}" if diagnosis.evidence else died
     return Diagnosis(kind, evidence, {**diagnosis.facts, "rank": rank, "rank_pid": pid}, diagnosis.fatal)
+
+
+# How a launch ended that the kernel may have recorded (an OOM kill): read its record then.
+KERNEL_RECORDED = frozenset({LaunchOutcome.EXIT, LaunchOutcome.START_TIMEOUT, LaunchOutcome.HOST_MEMORY})
+
+
+def launch_failure(end: LaunchEnd, lines: list[str], lost: tuple[int, int] | None, kernel: KernelRecord,
+                   earlier: Sequence[FailureRecord], command: EngineCommand, now: float,
+                   signal_name: str = "") -> tuple[Diagnosis, FailureRecord]:
+    """The diagnosis of an ended launch and the state file's record of it. `lost`: the DP rank (and pid)
+    whose engine core died first, diagnosed by its own lines and named for it."""
+    if lost is not None:
+        lines = lines_of_rank(lines, lost[0])
+    diagnosis = diagnosis_of(end.outcome, end.detail, lines, end.served, returncode=end.returncode,
+                             signal_name=signal_name, kernel=kernel, earlier=earlier, argv=command.argv, now=now)
+    if lost is not None:
+        diagnosis = with_rank(diagnosis, *lost)
+    return diagnosis, replace(failure_record(diagnosis, end.detail, command, now), stacks=end.stacks)
 
 
 def kind_of(diagnosis: Diagnosis) -> FailureKind:
