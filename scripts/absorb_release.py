@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     if run(oracle + ([] if args.check else ["--write"])) != 0:
         failed.append("check_release_functions.py")
     if run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *ORACLE_TESTS],
-           env={"KVWATCH_VLLM_SRC": src}) != 0:
+           env={"KVWATCH_VLLM_SRC": src, "KVWATCH_ORACLE_RELEASES": release}) != 0:
         failed.append("oracle tests")
     report = review(release, cache / "src")
     out = REVIEWS / f"{release}.md"

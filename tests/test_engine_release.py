@@ -23,6 +23,7 @@ from kvwatch.exitcodes import EXIT_OK
 from kvwatch.exporter.snapshot import EngineSnapshot, WatchSnapshot
 from kvwatch.planner.devices import Device
 from kvwatch.values.versions import parse_version
+from kvwatch.vllm_releases import KNOWN
 from kvwatch.vllm_releases.release_defaults import defaults_for
 from kvwatch.vllm_releases.startup_plan import (
     PersistedPlan,
@@ -70,7 +71,7 @@ def test_the_new_releases_capacity_against_the_last() -> None:
 
 
 def test_planned_as_the_nearest_known_release() -> None:
-    assert planned_as("0.40.1") == "0.34.0" and planned_as("0.32.0") == "0.32.0" and planned_as(None) is None
+    assert planned_as("0.40.1") == str(max(KNOWN)) and planned_as("0.32.0") == "0.32.0" and planned_as(None) is None
 
 
 # -- vLLM's start-up plan (pure) --------------------------------------------------------------
@@ -232,3 +233,14 @@ def test_an_engine_on_its_own_startup_plan_is_learned_and_never_pinned_over(
     assert status.log_memory_parts["kv_cache"] == PLAN["kv_cache_memory_bytes"]
     assert status.plan is not None and status.plan.source == "learned"
     assert status.plan.kv_memory_bytes == PLAN["kv_cache_memory_bytes"]
+
+
+def test_a_schema_2_plan_is_read_for_the_release_that_writes_it(tmp_path) -> None:
+    """0.34 writes schema 2 (vLLM 0.34.0, vllm/v1/worker/startup_plan.py:39), the same fields."""
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({**PLAN, "schema": 2}))
+    schema = defaults_for(parse_version("0.34.0")).startup_plan_schema
+    assert schema == 2
+    plan = read_persisted_plan(str(path), schema)
+    assert plan is not None and plan.kv_cache_memory_bytes == PLAN["kv_cache_memory_bytes"]
+    assert read_persisted_plan(str(path)) is None   # a schema-1 reader ignores it, as 0.33 would

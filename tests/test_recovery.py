@@ -139,3 +139,11 @@ def test_a_dp_rank_that_died_first_names_the_diagnosis() -> None:
     record = recovery.failure_record(ranked, "exited with code 1", EngineCommand(SERVE), 5.0)
     assert (record.kind, record.time, record.argv, record.reason) == (FailureKind.ENGINE_DIED, 5.0, list(SERVE),
                                                                       "exited with code 1")
+
+
+def test_a_dp_rank_that_died_first_is_the_cause_not_the_api_servers_signal() -> None:
+    killed = Diagnosis(FailureKind.KILLED, "killed by signal 9 (SIGKILL) from outside while serving",
+                       {"signal": 9}, False)
+    ranked = recovery.with_rank(killed, 1, 4321)
+    assert ranked.kind is FailureKind.ENGINE_DIED
+    assert ranked.evidence == "the engine core of data-parallel rank 1 (EngineCore_DP1, pid 4321) died first"

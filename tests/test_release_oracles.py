@@ -215,6 +215,9 @@ def test_live_oracles_reproduce_the_fixture() -> None:
     if root is None:
         pytest.skip("no unpacked vLLM releases (set KVWATCH_VLLM_SRC to <root>/<version>/vllm/...)")
     releases = [r for r in FIXTURE["releases"] if (root / r / "vllm").is_dir()]
+    # KVWATCH_ORACLE_RELEASES (comma-separated) reruns only those: scripts/absorb_release.py names the new one
+    if only := os.environ.get("KVWATCH_ORACLE_RELEASES"):
+        releases = [r for r in releases if r in only.split(",")]
     checks = [c for c in ORACLES.CHECKS if c not in ("kv_groups", "kv_tokens") or ORACLES.torch_available()]
     live = ORACLES.run(root, releases, checks)
     recorded = [r for r in FIXTURE["results"] if r["release"] in releases and r["check"] in checks]

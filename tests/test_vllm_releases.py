@@ -11,8 +11,8 @@ from kvwatch.vllm_releases import KNOWN, resolve
     ("0.32.0", "0.32.0", True, ""),
     ("0.32.3", "0.32.0", True, ""),                  # a patch plans as its minor
     ("0.10.1.1", "0.10.2", True, ""),
-    ("0.40.1", "0.34.0", False, "newer than any release kvwatch has read"),
-    ("1.0.0", "0.34.0", False, "newer than any release kvwatch has read"),
+    ("0.40.1", str(max(KNOWN)), False, "newer than any release kvwatch has read"),
+    ("1.0.0", str(max(KNOWN)), False, "newer than any release kvwatch has read"),
     ("0.9.2", "0.10.2", False, "older than any release kvwatch has read"),
     ("0.6.5", "0.10.2", False, "older than any release kvwatch has read"),
 ])

@@ -123,9 +123,12 @@ def with_rank(diagnosis: Diagnosis, rank: int, pid: int) -> Diagnosis:
     """The diagnosis of an engine one of whose DP engine cores died first: named for that rank."""
     died = f"the engine core of data-parallel rank {rank} (EngineCore_DP{rank}, pid {pid}) died first"
     kind = diagnosis.kind
+    said = diagnosis.evidence
+    if kind is FailureKind.KILLED:   # the API server's own end followed the core's death: not the cause
+        kind, said = FailureKind.ENGINE_DIED, None
     if kind is FailureKind.UNKNOWN:
         kind = FailureKind.ENGINE_DIED
-    evidence = f"{died}: {diagnosis.evidence}" if diagnosis.evidence else died
+    evidence = f"{died}: {said}" if said else died
     return Diagnosis(kind, evidence, {**diagnosis.facts, "rank": rank, "rank_pid": pid}, diagnosis.fatal)
 
 
