@@ -81,3 +81,17 @@ def check_regular(path: str | os.PathLike[str]) -> None:
 
 def _size(n: int) -> str:
     return f"{n >> 20} MiB" if n >= 1 << 20 and n % (1 << 20) == 0 else f"{n} bytes"
+
+
+def read_kernel_file(path: str | os.PathLike[str], max_bytes: int = 64 << 10) -> str | None:
+    """A /proc, /sys or cgroup file's text (their size reads 0, so none is checked), at most `max_bytes`;
+    None when it cannot be read. Opened non-blocking, as every file here is."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            return f.read(max_bytes).decode("utf-8", "replace")
+    except OSError:
+        return None

@@ -5,26 +5,12 @@ PSI (CONFIG_PSI off, or psi=0, where the read fails) reports None.
 """
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from kvwatch.boundary.bounded_read import read_kernel_file
 from kvwatch.values.host_memory import HostMemorySample
-
-_MAX_READ = 64 << 10
-
-
-def _read(path: Path) -> str | None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        with os.fdopen(fd, "rb") as f:
-            return f.read(_MAX_READ).decode("ascii", "replace")
-    except OSError:
-        return None
 
 
 def _meminfo_bytes(text: str, key: str) -> int | None:
@@ -54,12 +40,12 @@ def _avg10(text: str, kind: str) -> float | None:
 
 def read_sample(root: Path | str = "/", clock: Callable[[], float] = time.monotonic) -> HostMemorySample:
     proc = Path(root) / "proc"
-    meminfo = _read(proc / "meminfo") or ""
-    pressure = _read(proc / "pressure" / "memory") or ""
+    meminfo = read_kernel_file(proc / "meminfo") or ""
+    pressure = read_kernel_file(proc / "pressure" / "memory") or ""
     return HostMemorySample(clock(), _meminfo_bytes(meminfo, "MemAvailable"), _meminfo_bytes(meminfo, "MemTotal"),
                             _avg10(pressure, "some"), _avg10(pressure, "full"))
 
 
 def boot_id(root: Path | str = "/") -> str:
     """This boot's id ("" when it cannot be read)."""
-    return (_read(Path(root) / "proc" / "sys" / "kernel" / "random" / "boot_id") or "").strip()
+    return (read_kernel_file(Path(root) / "proc" / "sys" / "kernel" / "random" / "boot_id") or "").strip()

@@ -11,14 +11,18 @@ tests read a fake tree. Nothing here raises: what cannot be read is None.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvwatch.boundary.bounded_read import read_kernel_file
 from kvwatch.values.host_memory import HostMemory, OomCount
 
 _MAX_READ = 8 << 20        # mountinfo on a busy Kubernetes node runs to a few hundred KB
 _UNLIMITED = 1 << 62       # v1 writes "no limit" as LONG_MAX rounded down to a page
+
+
+def _read(path: Path) -> str | None:
+    return read_kernel_file(path, _MAX_READ)
 
 
 @dataclass(frozen=True)
@@ -36,17 +40,6 @@ class _Mount:
     fstype: str
     options: frozenset[str]  # super options: a v1 mount's controllers
 
-
-def _read(path: Path) -> str | None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        with os.fdopen(fd, "rb") as f:
-            return f.read(_MAX_READ).decode("utf-8", "replace")
-    except OSError:
-        return None
 
 
 def _unescape(field: str) -> str:
