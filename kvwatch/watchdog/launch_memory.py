@@ -10,6 +10,7 @@ import logging
 from collections.abc import Callable
 
 from kvwatch.diagnosis.startup_lines import LogFacts
+from kvwatch.errors import KvwatchError
 from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.units import format_bytes
 from kvwatch.vllm_releases import DEFAULT_RELEASE
@@ -18,10 +19,10 @@ from kvwatch.vllm_releases.startup_plan import ENABLE_ENV as STARTUP_PLAN_ENV
 from kvwatch.vllm_releases.startup_plan import pin_decision, plan_enabled
 from kvwatch.vllm_releases.upgrade import ReleaseChange
 from kvwatch.watchdog.config import Config
-from kvwatch.watchdog.memory_learning import pin_for, remember_non_kv
+from kvwatch.watchdog.memory_learning import pin_costs_extensible, pin_for, remember_non_kv
 from kvwatch.watchdog.os_interface import WatchdogOs
 from kvwatch.watchdog.plan_in_force import PlanInForce
-from kvwatch.watchdog.preflight import learned_key
+from kvwatch.watchdog.preflight import learned_key, utilization_beside_others
 from kvwatch.watchdog.state_store import EngineRecord
 
 _LOG = logging.getLogger(__name__)
@@ -51,6 +52,16 @@ class LaunchMemory:
         self.pinned = None
         planner.compute(command, record.learned_non_kv)
         argv = self._pinned_argv(command, planner, record)
+        if self.pinned is None:   # 0.34's extensible cache takes all that is free: leave others theirs
+            try:
+                room = utilization_beside_others(command, planner.device, self._foreign_bytes() or 0,
+                                                 self._config.policy)
+            except KvwatchError:   # a command the release cannot read: launched as given, vLLM says why
+                room = None
+            if room is not None:
+                _LOG.warning("launch: other processes hold the GPU: %s (vLLM's extensible KV cache would take "
+                             "what they need)", room.describe())
+                argv = list(room.apply(EngineCommand(tuple(argv), command.release)).argv)
         self.requested = planner.requested_bytes(command)
         if self.pinned is not None:
             planner.compute(EngineCommand(tuple(argv), command.release))   # the plan in force is the pinned launch's: exact
@@ -74,11 +85,14 @@ class LaunchMemory:
             _LOG.info("pin: %s", decision.reason)
             return argv
         foreign = self._foreign_bytes() or 0
-        pin = pin_for(learned, foreign)
+        version = self._os.installed_vllm() or DEFAULT_RELEASE
+        try:
+            extensible = pin_costs_extensible(command.settings(), planner.device.platform, version)
+        except KvwatchError:
+            extensible = False
+        pin = pin_for(learned, foreign, extensible=extensible)
         if pin.kv_bytes is None:
-            _LOG.warning("pin: not pinned: other processes hold %s of the GPU, more than the learned KV cache "
-                         "(%s); vLLM profiles the memory itself", format_bytes(foreign),
-                         format_bytes(learned.kv_memory_bytes))
+            _LOG.info("pin: not pinned: %s", pin.why)
             return argv
         _LOG.info("pin: --kv-cache-memory-bytes %d (learned %s%s)", pin.kv_bytes, format_bytes(learned.kv_memory_bytes),
                   f", less {format_bytes(foreign)} other processes hold" if foreign else "")
@@ -101,7 +115,9 @@ class LaunchMemory:
                          or f"vLLM {self.upgrade.after}: {facts.kv_tokens:,} KV tokens")
             self.upgrade = None
         # A boot on vLLM's own plan logs no profile: its plan is the figure.
-        self._learn_non_kv(facts.kv_cache_bytes, record, command, planner)
+        # From 0.34 the profile's figure is tentative until the cache is sized after warm-up: never learned.
+        extensible = defaults_for(self._os.installed_vllm() or DEFAULT_RELEASE).extensible is not None
+        self._learn_non_kv(facts.settled_kv_bytes if extensible else facts.kv_cache_bytes, record, command, planner)
         return True
 
     def _learn_non_kv(self, available_kv_bytes: int | None, record: EngineRecord, command: EngineCommand,

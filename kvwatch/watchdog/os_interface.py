@@ -26,6 +26,8 @@ from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.values.host_memory import HostMemory, HostMemorySample, OomCount
 from kvwatch.values.versions import VllmVersion
+from kvwatch.vllm_releases import DEFAULT_RELEASE
+from kvwatch.vllm_releases.release_defaults import defaults_for
 from kvwatch.vllm_releases.startup_plan import PersistedPlan
 from kvwatch.watchdog import learned_store, leftovers
 from kvwatch.watchdog.leftovers import CleanupReport
@@ -230,7 +232,8 @@ class RealOs:
         return engine_http.scrape(url, timeout)
 
     def read_persisted_plan(self, path: str | None) -> PersistedPlan | None:
-        return read_persisted_plan(path)
+        schema = defaults_for(self.installed_vllm() or DEFAULT_RELEASE).startup_plan_schema   # 2 from 0.34
+        return read_persisted_plan(path, schema)
 
     def adopt_learned(self, learned: dict[str, int], directory: str, command: EngineCommand,
                       device: Device | None, gpu: GpuContext | None) -> None:
