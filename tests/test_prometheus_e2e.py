@@ -42,6 +42,7 @@ NOT_ON_THIS_HOST = {
     "kvwatch_recommendation_info": "the engine is under no KV pressure (no preemptions): nothing to recommend",
     "kvwatch_recommendation_kv_tokens": "no recommendation, so no expected figures",
     "kvwatch_recommendation_concurrency": "no recommendation, so no expected figures",
+    "kvwatch_gpu_release_wait_seconds": "the engine runs on the CPU: no GPU memory to wait for before a relaunch",
 }
 # Grafana's variables as "All" and the rate interval Grafana would pick for a 1 s scrape.
 VARIABLES = {"$__rate_interval": "15s", "$instance": ".*", "$engine": ".*", "$gpu": ".*"}
