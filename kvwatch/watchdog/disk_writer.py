@@ -133,6 +133,11 @@ def _writer(kind: str) -> DiskWriter:
         return _SHARED[kind]
 
 
+def helper_pids() -> frozenset[int]:
+    """kvwatch's own write helpers: its children, never the engine's (the ownership scan skips them)."""
+    return frozenset(pid for helper in list(_HELPERS.values()) if (pid := helper.pid) is not None)
+
+
 def _forget_in_child() -> None:
     """A forked child has neither the writer threads nor a helper of its own: it starts its own."""
     global _SHARED_LOCK

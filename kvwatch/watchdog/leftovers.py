@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from kvwatch.boundary import proc_inspect, spawn
 from kvwatch.boundary.proc_inspect import HostProcess, ProcRef
+from kvwatch.watchdog import disk_writer
 from kvwatch.watchdog.ownership import EngineProof, Judgement, Seen, Verdict, judge
 from kvwatch.watchdog.sd_notify import scrub_env
 
@@ -82,7 +83,8 @@ def scan(proof: EngineProof | None, recorded: Iterable[ProcRef], skip: Iterable[
          others: frozenset[int] = frozenset()) -> Scan:
     hosts = proc_inspect.host_processes()
     judged = judge([_seen(p) for p in hosts], proof, [(r.pid, r.create_time) for r in recorded],
-                   others=others, skip=frozenset(skip) | {os.getpid()}, adopter=adopter())
+                   others=others, skip=frozenset(skip) | {os.getpid()} | disk_writer.helper_pids(),
+                   adopter=adopter())
     by_pid = {p.pid: p for p in hosts}
     owned = tuple(ProcRef(pid, by_pid[pid].create_time) for pid, j in sorted(judged.items())
                   if j.verdict is Verdict.OWN)

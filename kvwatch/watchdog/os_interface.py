@@ -29,7 +29,7 @@ from kvwatch.values.versions import VllmVersion
 from kvwatch.vllm_releases import DEFAULT_RELEASE
 from kvwatch.vllm_releases.release_defaults import defaults_for
 from kvwatch.vllm_releases.startup_plan import PersistedPlan
-from kvwatch.watchdog import learned_store, leftovers
+from kvwatch.watchdog import disk_writer, learned_store, leftovers
 from kvwatch.watchdog.leftovers import CleanupReport
 from kvwatch.watchdog.ownership import EngineProof
 from kvwatch.watchdog.stall_evidence import StallEvidence, stall_evidence
@@ -167,7 +167,7 @@ class RealOs:
             return found
         # Orphans of the engine re-parented to kvwatch (its child subreaper): the engine's too, and
         # recorded with its tree, so that the next kvwatch proves them after a kill -9 of this one.
-        seen = {p.pid for p in found}
+        seen = {p.pid for p in found} | disk_writer.helper_pids()   # kvwatch's own children, not the engine's
         for info in proc_inspect.children_of(adopter):
             if info.pid not in seen and info.pid not in engine.own_pids and info.create_time >= engine.create_time:
                 found += [info, *(c for c in proc_inspect.tree(info.pid) if c.pid not in seen and c.pid != info.pid)]
