@@ -11,7 +11,7 @@ from kvwatch.diagnosis import FailureKind
 from kvwatch.diagnosis.start_phase import CAPTURING, LOADING, PROFILING, SERVING, STARTING, phase_of
 from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.watchdog import recovery
-from kvwatch.watchdog.outcomes import NO_KERNEL_RECORD, KernelRecord, LaunchOutcome
+from kvwatch.watchdog.outcomes import NO_KERNEL_RECORD, KernelRecord, LaunchOutcome, signal_of
 from kvwatch.watchdog.records import FailureRecord
 from kvwatch.watchdog.recovery import Action, BudgetState
 
@@ -153,3 +153,16 @@ def test_repeated_host_oom_with_nothing_left_gives_up_naming_host_memory():
 ])
 def test_the_phase_is_the_last_progress_line(lines, phase):
     assert phase_of(lines) == phase
+
+
+@pytest.mark.parametrize("returncode,signal", [(-9, 9), (-15, 15), (137, 9), (143, 15), (0, None), (1, None),
+                                               (78, None), (128, None), (255, None), (None, None)])
+def test_the_signal_that_ended_a_launch(returncode, signal):
+    """-N from Popen, 128+N from a shell, a container runtime or the vllm shim: the same kill."""
+    assert signal_of(returncode) == signal
+
+
+def test_a_shim_reporting_sigkill_as_137_is_a_kill_too():
+    d = recovery.diagnosis_of(LaunchOutcome.EXIT, "exited with code 137", PHASE_LINES[LOADING], served=False,
+                              returncode=137, signal_name="SIGKILL")
+    assert d.kind is K.KILLED and d.evidence == "killed by signal 9 (SIGKILL) from outside while loading weights"

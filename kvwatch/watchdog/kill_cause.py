@@ -14,12 +14,11 @@ import enum
 from dataclasses import dataclass
 
 from kvwatch.values.host_memory import HostMemory, OomCount
-from kvwatch.watchdog.outcomes import KernelRecord
+from kvwatch.watchdog.outcomes import KernelRecord, signal_of
 
 # Linux numbers (x86-64 and arm64 alike); the pure core does not import `signal`.
 _SIGNAL_NAMES = {1: "SIGHUP", 2: "SIGINT", 3: "SIGQUIT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE",
                  9: "SIGKILL", 11: "SIGSEGV", 13: "SIGPIPE", 15: "SIGTERM"}
-_MAX_SIGNAL = 64  # SIGRTMAX
 
 
 class Killer(str, enum.Enum):
@@ -58,9 +57,8 @@ def _how_it_ended(signal: int | None, exit_code: int | None) -> tuple[int | None
     """The signal (a shell's 128+N exit code read as signal N) and the words for the end."""
     if signal is not None:
         return signal, f"killed by signal {signal}"
-    if exit_code is not None and 128 < exit_code <= 128 + _MAX_SIGNAL:
-        # `sh -c`, a container runtime and the vllm shim report a child's death by signal N so
-        return exit_code - 128, f"killed by signal {exit_code - 128} (exit code {exit_code})"
+    if (from_code := signal_of(exit_code)) is not None:   # 128+N: a shell's or a runtime's report of signal N
+        return from_code, f"killed by signal {from_code} (exit code {exit_code})"
     return None, f"exited with code {exit_code}" if exit_code is not None else "ended, how unknown"
 
 

@@ -31,6 +31,7 @@ from kvwatch.vllm_releases.release_defaults import defaults_for
 from kvwatch.vllm_releases.startup_plan import PersistedPlan
 from kvwatch.watchdog import disk_writer, learned_store, leftovers
 from kvwatch.watchdog.leftovers import CleanupReport
+from kvwatch.watchdog.outcomes import signal_of
 from kvwatch.watchdog.ownership import EngineProof
 from kvwatch.watchdog.stall_evidence import StallEvidence, stall_evidence
 
@@ -50,10 +51,11 @@ def probe_engine(url: str, timeout: float, starting: bool) -> bool:
 
 def signal_name(returncode: int | None) -> str:
     """The name of the signal that ended a process (SIGKILL, ...), "" when it exited by itself."""
-    if returncode is None or returncode >= 0:
+    number = signal_of(returncode)
+    if number is None:
         return ""
     try:
-        return signal.Signals(-returncode).name
+        return signal.Signals(number).name
     except ValueError:
         return ""
 

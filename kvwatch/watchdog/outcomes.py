@@ -18,6 +18,19 @@ class LaunchOutcome(enum.Enum):
 
 
 
+_MAX_SIGNAL = 64   # SIGRTMAX on Linux
+
+
+def signal_of(returncode: int | None) -> int | None:
+    """The signal that ended a process, from its Popen returncode: -N, or 128+N as `sh -c`, a container
+    runtime and the image's vllm shim report a child's death by signal N; None for an exit of its own."""
+    if returncode is None:
+        return None
+    if returncode < 0:
+        return -returncode
+    return returncode - 128 if 128 < returncode <= 128 + _MAX_SIGNAL else None
+
+
 @dataclass(frozen=True)
 class KernelRecord:
     """What the kernel recorded while a launch ran (the watchdog reads it before and after): OOM kills in

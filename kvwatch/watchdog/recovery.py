@@ -23,7 +23,7 @@ from kvwatch.planner.rules import RuleSet
 from kvwatch.policy import Policy, fixed_among
 from kvwatch.watchdog.engine_ranks import lines_of_rank
 from kvwatch.watchdog.launch_watch import LaunchEnd
-from kvwatch.watchdog.outcomes import NO_KERNEL_RECORD, KernelRecord, LaunchOutcome
+from kvwatch.watchdog.outcomes import NO_KERNEL_RECORD, KernelRecord, LaunchOutcome, signal_of
 from kvwatch.watchdog.records import FAILURE, Constraint, CorrectionRecord, FailureRecord
 
 
@@ -74,8 +74,7 @@ def diagnosis_of(outcome: LaunchOutcome, detail: str, lines: Sequence[str], serv
         phase = phase_of(lines)
         if kernel.oom_kills > 0 and diagnosis.kind in _NO_CAUSE:
             return _host_oom(diagnosis, kernel, phase, earlier, argv, now)
-        signal_no = -returncode if outcome is LaunchOutcome.EXIT and returncode is not None and returncode < 0 \
-            else None
+        signal_no = signal_of(returncode) if outcome is LaunchOutcome.EXIT else None
         if signal_no is not None and (diagnosis.kind is FailureKind.UNKNOWN or not diagnosis.evidence):
             named = f"signal {signal_no} ({signal_name})" if signal_name else f"signal {signal_no}"
             return Diagnosis(FailureKind.KILLED, f"killed by {named} from outside while {phase}",
