@@ -37,6 +37,7 @@ class Launch:
     exit_code: int = 1
     log: str = ""                         # written just before it exits
     spawn_error: bool = False             # the command cannot be started (OSError)
+    at_stop: str = ""                     # the engine's other processes say this when kvwatch's stop signals them
 
 
 class FakeClock:
@@ -114,6 +115,11 @@ class FakeEngine:
     def close(self) -> None:
         os.close(self._read)
 
+    def close_output(self) -> None:
+        if self._write >= 0:
+            os.close(self._write)   # EOF: the pump ends
+            self._write = -1
+
     def healthy(self, now: float) -> bool:
         s, age = self.script, now - self.started
         if self._rc is not None or s.ready_after is None or age < s.ready_after:
@@ -129,7 +135,8 @@ class FakeEngine:
             return
         if log:
             os.write(self._write, log.encode())
-        os.close(self._write)   # EOF: the pump ends
+        if not self.script.at_stop:   # else its other processes hold the pipe open until the stop
+            self.close_output()
         self._rc = code
         for callback in self._callbacks:
             callback()
@@ -190,6 +197,9 @@ class FakeOs:
                    clock: Callable[[], float], sleep: Callable[[float], None]) -> bool:
         self.stops += 1
         engine.stopped = True
+        if engine.script.at_stop:
+            os.write(engine._write, engine.script.at_stop.encode())
+            engine.close_output()
         engine.exit(-15)
         return True
 

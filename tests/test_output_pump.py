@@ -249,3 +249,21 @@ def test_the_lines_kvwatchs_stdout_dropped_reach_kvwatchs_own_metrics() -> None:
     page = render(WatchSnapshot(taken_at=1.0, engines=(EngineSnapshot(status, up=True),)))
     assert 'kvwatch_engine_log_lines_dropped_total{engine="e"} 2.0' in page
     sink.close()
+
+
+def test_catch_up_reads_what_was_written_and_lines_before_leaves_out_what_came_later() -> None:
+    """kvwatch marks the engine's output before its own stop signal: the lines written before are all read
+    by then (the pipe left empty), and the lines after the mark are left out of lines_before."""
+    read_fd, write_fd = os.pipe()
+    pump = OutputPump("e", read_fd, None).start()
+    os.write(write_fd, b"".join(b"before %d\n" % i for i in range(500)))
+    mark = pump.catch_up(5.0)
+    assert mark == 500
+    os.write(write_fd, b"ERROR after the stop signal\n")
+    os.close(write_fd)
+    assert pump.join(5)
+    os.close(read_fd)
+    before = pump.lines_before(mark)
+    assert before[0] == "before 0" and before[-1] == "before 499" and len(before) == 500
+    assert pump.lines()[-1] == "ERROR after the stop signal"
+    assert pump.lines_before(pump.lines_seen) == pump.lines()

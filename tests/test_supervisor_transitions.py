@@ -167,6 +167,33 @@ def test_a_kill_from_outside_is_named_and_restarted(tmp_path: Path) -> None:
     assert fake_os.engines[0].argv == fake_os.engines[1].argv   # the same plan
 
 
+def test_what_the_engine_says_after_kvwatchs_own_stop_is_no_cause(tmp_path: Path) -> None:
+    """Its API server was killed from outside; kvwatch's SIGTERM to the rest of the group then made a worker die
+    and the engine core log it as an ERROR. That line answers kvwatch's signal: the failure is the kill."""
+    worker_died = ("(EngineCore pid=196) ERROR 12-07 00:21:46 [multiproc_executor.py:315] Worker proc VllmWorker-0 "
+                   "died unexpectedly (exit code: None), shutting down executor.\n")
+    sup, fake_os, _, code = run_table_row(
+        tmp_path, [Launch(exit_after=1, exit_code=-9, log="INFO Starting to load model m...\n", at_stop=worker_died),
+                   Launch(ready_after=1)], {}, 20)
+    assert code == EXIT_OK
+    assert sup.status.failures == {"killed": 1}, sup._record.failures
+    assert sup._record.failures[-1].evidence == "killed by signal 9 (SIGKILL) from outside while loading weights"
+    assert fake_os.engines[0].argv == fake_os.engines[1].argv
+
+
+def test_an_error_said_before_the_kill_still_names_the_cause(tmp_path: Path) -> None:
+    """The same ERROR line written before the API server's end (vLLM's API server SIGKILLs itself after a
+    core's death): that is the cause, said as the engine said it."""
+    worker_died = ("(EngineCore pid=196) ERROR 12-07 00:21:46 [multiproc_executor.py:315] Worker proc VllmWorker-0 "
+                   "died unexpectedly (exit code: None), shutting down executor.\n")
+    sup, _, _, code = run_table_row(
+        tmp_path, [Launch(exit_after=1, exit_code=-9, log=worker_died, at_stop="INFO shutting down\n"),
+                   Launch(ready_after=1)], {}, 20)
+    assert code == EXIT_OK
+    assert sup.status.failures == {"engine_died": 1}, sup._record.failures
+    assert "Worker proc VllmWorker-0 died unexpectedly" in sup._record.failures[-1].evidence
+
+
 def test_an_oom_kill_counted_by_the_cgroup_is_named_host_oom(tmp_path: Path) -> None:
     """The cgroup's oom_kill count rose during the launch: the kernel's OOM killer, said with the host's memory;
     the first in its phase is restarted as it is."""

@@ -34,6 +34,9 @@ class Running:
     started: float
     tree: EngineTree = field(default_factory=EngineTree)
     ended: bool = False
+    # The engine's output lines seen before kvwatch first signalled it at the end: what came after is
+    # the engine answering kvwatch's own SIGTERM, never evidence of why it died (None: not signalled).
+    lines_before_stop: int | None = None
 
 
 class EngineProcesses:
@@ -131,6 +134,7 @@ class EngineProcesses:
             if ref.pid not in seen:   # out of the tree kvwatch watches: say why it is ended
                 _LOG.warning("stop: pid %d is the engine's: %s; ending it with the group", ref.pid, why)
                 owned.append(ref)
+        run.lines_before_stop = run.pump.catch_up(0.5)
         self._os.stop_group(run.proc, timeout, owned, self._now, self._sleep)
         # What forked meanwhile, or left the session: a second look, then the lookalikes reported.
         stopped, escaped = self._os.end_owned(self.proof, owned, timeout, self._sleep, reaper, self._others)

@@ -17,6 +17,8 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import struct
+import termios
 import threading
 import time
 from collections import deque
@@ -42,6 +44,14 @@ _FACT_MARKERS_RAW = tuple(marker.encode() for marker in FACT_MARKERS)
 # probes over loopback; a scrape from another host (Prometheus reading the engine) still shows.
 _PROBE_MARKERS = (b'"GET /health HTTP/1.1" 200', b'"GET /metrics HTTP/1.1" 200')
 _LOOPBACK = (b" 127.0.0.1:", b" [::1]:", b" ::1:")
+
+
+def _unread(fd: int) -> int:
+    """Bytes written to the pipe and not read yet (0 when the fd is closed or not a pipe)."""
+    try:
+        return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+    except OSError:
+        return 0
 
 
 def _pipe_capacity(fd: int) -> int:
@@ -190,6 +200,26 @@ class OutputPump:
     def lines_since(self, seen: int) -> list[str]:
         """The lines after the first `seen` ones (as far as the tail still holds them)."""
         return self._texts(self._raw_tail(seen))
+
+    def lines_before(self, count: int) -> list[str]:
+        """The lines among the first `count` seen (as far as the tail still holds them): what the
+        engine said before a moment kvwatch marked, without what it said after."""
+        with self._lock:
+            later = self.lines_seen - count
+            tail = b"\n".join(self._tail)
+        if not tail:
+            return []
+        raw_lines = tail.split(b"\n")
+        return self._texts(raw_lines[:-later] if later > 0 else raw_lines)
+
+    def catch_up(self, timeout: float) -> int:
+        """Wait (at most `timeout` s) until nothing written to the pipe is left unread: the count of
+        lines seen then. What the engine wrote before this call is read by then."""
+        deadline = time.monotonic() + timeout
+        while self._thread.is_alive() and _unread(self._fd) > 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(_BATCH_PAUSE_S * 2)   # the last read's block handed on
+        return self.lines_seen
 
     def _raw_tail(self, seen: int | None) -> list[bytes]:
         with self._lock:

@@ -78,6 +78,15 @@ _ALLOWED = {(old, new) for old, news in {   # the state machine's transitions, f
 }.items() for new in news}
 
 
+def _said_before_stop(run: Running | None) -> list[str]:
+    """The engine's lines up to kvwatch's own stop signal: a worker that died of that SIGTERM is no cause."""
+    if run is None:
+        return []
+    if run.lines_before_stop is None:
+        return run.pump.lines()
+    return run.pump.lines_before(run.lines_before_stop)
+
+
 class Supervisor:
     def __init__(self, config: Config, *, observers: Iterable[Observer] = (), clock: Clock | None = None,
                  device: Device | None = None, rules: RuleSet | None = None,
@@ -414,8 +423,8 @@ class Supervisor:
         lost = next(iter(run.tree.ranks.lost.items()), None) if run is not None else None
         kernel = self._evidence.kernel_record() if end.outcome in recovery.KERNEL_RECORDED else NO_KERNEL_RECORD
         signal = signal_name(end.returncode) if end.outcome is LaunchOutcome.EXIT else ""
-        diagnosis, failure = recovery.launch_failure(end, run.pump.lines() if run is not None else [], lost, kernel,
-                                                     record.failures, self._command, self._os.wall_time(), signal)
+        diagnosis, failure = recovery.launch_failure(end, _said_before_stop(run), lost, kernel, record.failures,
+                                                     self._command, self._os.wall_time(), signal)
         kind = failure.kind.value   # the counters' keys: the metrics' label values
         _LOG.warning("failed: %s (%s): %s", kind, end.detail, failure.evidence)
         record.failure_counts[kind] = record.failure_counts.get(kind, 0) + 1
