@@ -16,7 +16,9 @@ determine_available_memory; worker/worker.py determine_num_available_blocks in t
   large: a sort-based top-k/top-p keeps ~9.7 logits-sized float32 copies live (the fp32 logits,
   sorted values, int64 indices, masks, softmax, cumulative sum, the sampling noise); FlashInfer's
   keeps ~3, vLLM's Triton kernel ~3.8. The forward pass holds the hidden states and one layer's MLP;
-  a multimodal model's dummy encoder outputs stay cached through both (planner/encoder_cache.py).
+  a multimodal model's dummy encoder outputs stay cached through both (planner/encoder_cache.py), and
+  so does the workspace buffer: the fused-MoE workspaces, or from 0.33 TRITON_MLA's decode logits where
+  larger (vllm_releases/mla_workspace.py).
   V0's profile of Llama 3.2 Vision first runs the vision encoder over one dummy image per dummy
   sequence, which peaks above both (vllm_releases/mllama_profile.py).
 - **Non-torch**: cuBLAS/NCCL workspaces allocated during the profile; more with tensor parallelism
@@ -39,7 +41,7 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
-from kvwatch.planner.devices import Device, GiB, card_for, cuda_total_bytes, scheduler_memory_bytes
+from kvwatch.planner.devices import Device, GiB, card_for, cuda_total_bytes, multiprocessors, scheduler_memory_bytes
 from kvwatch.planner.encoder_cache import (
     EncoderShape,
     counted_and_encoded_tokens,
@@ -59,6 +61,7 @@ from kvwatch.planner.weights import WeightCount
 from kvwatch.values.versions import VllmVersion
 from kvwatch.vllm_releases import DEFAULT_RELEASE, resolve
 from kvwatch.vllm_releases.defaults_shape import CUDAGRAPH_ABSENT, ExtensibleSizing, ReleaseDefaults
+from kvwatch.vllm_releases.mla_workspace import decode_logits_bytes, reserved_in_profile
 from kvwatch.vllm_releases.mllama_profile import (
     MLLAMA_ARCHITECTURE,
     V0_ONLY_SINCE,
@@ -296,7 +299,8 @@ def activation_peak_bytes(count: WeightCount | None, tokens: int, seqs: int, dty
     on this rank) and the sampler over min(seqs, tokens) requests x the whole vocabulary (V1 gathers
     the logits on every rank), plus what stays allocated through both: a multimodal model's cached
     dummy encoder outputs (planner/encoder_cache.py; every rank holds them whole) and the fused-MoE
-    workspaces (moe_workspace_bytes). `vision`: the vision encoder's own pass, which comes first, and
+    workspaces (moe_workspace_bytes) or TRITON_MLA's decode workspace, which share one buffer
+    (mla_decode_workspace_bytes). `vision`: the vision encoder's own pass, which comes first, and
     the vision states held through the language model's pass (V0 Mllama: v0_vision_profile; V1 Qwen-VL
     towers: v1_encoder_pass_bytes, nothing held beyond the cache)."""
     if count is None:
@@ -350,6 +354,16 @@ def moe_workspace_bytes(count: WeightCount | None, tokens: int, dtype_bytes: int
     width = -(-count.moe_width // max(1, expert_width_shards))   # the rank's share of each expert's width
     hidden = count.hidden_size
     return tokens * count.experts_per_token * (max(width, hidden) + max(2 * width, hidden)) * dtype_bytes
+
+
+def mla_decode_workspace_bytes(backend: str | None, version: VllmVersion | None, device: Device, seqs: int,
+                               tensor_parallel: int, max_model_len: int, heads_and_rank: tuple[int, int]) -> int:
+    """The decode workspace TRITON_MLA claims in the release's profile run (vllm_releases/mla_workspace.py);
+    0 for another backend, a release before 0.33 or a model that is not MLA."""
+    heads, rank = heads_and_rank
+    if device.platform != "cuda" or not rank or not reserved_in_profile(backend, (version or DEFAULT_RELEASE).parts):
+        return 0
+    return decode_logits_bytes(seqs, heads // max(1, tensor_parallel), rank, max_model_len, multiprocessors(device))
 
 
 def profile_sampler_bytes(release: Release, flashinfer_installed: bool | None) -> float:
@@ -468,7 +482,10 @@ def estimate_budget(settings: EngineSettings, device: Device, count: WeightCount
                     dtype_bytes: int, max_model_len: int, version: VllmVersion | None,
                     env: Mapping[str, str] | None = None, flashinfer_installed: bool | None = None,
                     quantized_experts: bool = False, mla: bool = False, replicated_linear_bytes: int = 0,
-                    architectures: tuple[str, ...] = (), hybrid: bool = False) -> GpuBudget:
+                    architectures: tuple[str, ...] = (), hybrid: bool = False, backend: str | None = None,
+                    mla_heads_and_rank: tuple[int, int] = (0, 0)) -> GpuBudget:
+    """The budget of one rank. `backend`: the attention backend the plan picks; `mla_heads_and_rank`:
+    an MLA model's query heads and kv_lora_rank (what TRITON_MLA's decode workspace is sized by)."""
     release = release_for(version, env, architectures)
     multimodal = count is not None and (count.vision_params > 0 or count.encoder is not None)
     tokens, seqs = batch_defaults(settings, device, release, max_model_len, not (multimodal or mla))
@@ -477,7 +494,8 @@ def estimate_budget(settings: EngineSettings, device: Device, count: WeightCount
     # V0 at tensor parallel: rank 0 gathers the logits and samples (vLLM 0.8.5.post1,
     # vllm/model_executor/layers/logits_processor.py:97-98, worker/model_runner.py:1810-1813), and the
     # executor keeps the fewest blocks any rank found (executor/executor_base.py:103-105): rank 0's, sampler included.
-    extra = 0   # live through the sampler's pass: the encoder cache, the MoE workspaces
+    extra = 0   # live through the sampler's pass: the encoder cache, the workspace (MoE, MLA decode)
+    workspace = 0
     vision = (0, 0)
     if release.engine == V0_ENGINE:
         vision = v0_vision_profile(count, seqs, tp, dtype_bytes, version)
@@ -485,7 +503,10 @@ def estimate_budget(settings: EngineSettings, device: Device, count: WeightCount
         extra = encoder_cache_bytes(count.encoder, version.parts, tokens, seqs, dtype_bytes)
         vision = (v1_encoder_pass_bytes(count.encoder, version.parts, tokens, seqs, tp, dtype_bytes), 0)
         if version.parts >= MOE_WORKSPACE_SINCE and not quantized_experts:
-            extra += moe_workspace_bytes(count, tokens, dtype_bytes, expert_width_shards(settings))
+            workspace = moe_workspace_bytes(count, tokens, dtype_bytes, expert_width_shards(settings))
+    # one workspace buffer, grown to the largest request: TRITON_MLA's decode logits share the MoE's
+    extra += max(workspace, mla_decode_workspace_bytes(backend, version, device, seqs, tp, max_model_len,
+                                                       mla_heads_and_rank))
     extensible = extensible_for(settings, device.platform, release.defaults)
     total = cuda_total_bytes(device)
     return GpuBudget(
