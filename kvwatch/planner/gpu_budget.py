@@ -60,6 +60,7 @@ from kvwatch.planner.extensible_kv import (
 from kvwatch.planner.weights import WeightCount
 from kvwatch.values.versions import VllmVersion
 from kvwatch.vllm_releases import DEFAULT_RELEASE, resolve
+from kvwatch.vllm_releases.cudagraph_sizes import capture_sizes, default_sizes
 from kvwatch.vllm_releases.defaults_shape import CUDAGRAPH_ABSENT, ExtensibleSizing, ReleaseDefaults
 from kvwatch.vllm_releases.mla_workspace import decode_logits_bytes, reserved_in_profile
 from kvwatch.vllm_releases.mllama_profile import (
@@ -305,14 +306,50 @@ def activation_peak_bytes(count: WeightCount | None, tokens: int, seqs: int, dty
     towers: v1_encoder_pass_bytes, nothing held beyond the cache)."""
     if count is None:
         return 0
-    # A gated MLP holds its gate-up output (2 x width) and the activation's (width); a two-matrix
-    # MLP its up output and the activation's: as many widths as it has matrices.
-    mlp = count.mlp_matrices * count.mlp_width_per_token // max(1, tensor_parallel)
-    forward = tokens * dtype_bytes * (4 * count.hidden_size + mlp)
+    forward = forward_pass_bytes(count, tokens, dtype_bytes, tensor_parallel)
     sampler = int(min(seqs, tokens) * count.vocab_size * sampler_bytes)
     encoder_peak, cross_states = vision
     # the encoder's pass comes first, before the cache and the MoE workspaces hold anything
     return max(max(forward + cross_states, sampler) + held_bytes, encoder_peak)
+
+
+def forward_pass_bytes(count: WeightCount, tokens: int, dtype_bytes: int, tensor_parallel: int) -> int:
+    """One forward pass's activations over `tokens` on a rank: the hidden states and one layer's MLP.
+    A gated MLP holds its gate-up output (2 x width) and the activation's (width); a two-matrix MLP its
+    up output and the activation's: as many widths as it has matrices."""
+    mlp = count.mlp_matrices * count.mlp_width_per_token // max(1, tensor_parallel)
+    return tokens * dtype_bytes * (4 * count.hidden_size + mlp)
+
+
+def wide_graph_bytes(count: WeightCount | None, version: VllmVersion | None, device: Device, settings: EngineSettings,
+                     tokens: int, seqs: int, dtype_bytes: int) -> int:
+    """What 0.34's wider capture grids on the SM100 family add to the CUDA graph pool
+    (vllm_releases/cudagraph_sizes.py); 0 wherever the default list stands, which CUDA_GRAPH_BYTES was
+    measured with. The graphs share one pool whose baseline is the largest graph's working set (vLLM's
+    own estimate takes the first, largest capture as the pool's baseline and adds a per-graph cost for
+    the others: vLLM 0.34.0, vllm/v1/worker/gpu/cudagraph_utils.py:1098-1106), modelled as one forward
+    pass's activations at its token count: the term is that working set at the widest graph less at
+    the default list's widest. No SM100 log of 0.34 measures it yet."""
+    if count is None or device.platform != "cuda":
+        return 0
+    sizes = capture_sizes((version or DEFAULT_RELEASE).parts, device.compute_capability, seqs, tokens,
+                          settings.cudagraph_sizes_given)
+    if not sizes.wide:
+        return 0
+    tp = settings.tensor_parallel_size
+    default = max(default_sizes(seqs, tokens, sm100=True), default=0)
+    return max(0, forward_pass_bytes(count, sizes.largest, dtype_bytes, tp) - forward_pass_bytes(count, default, dtype_bytes, tp))
+
+
+def graphs_note(version: VllmVersion | None, device: Device, settings: EngineSettings, tokens: int, seqs: int,
+                counted: bool) -> str:
+    """The release text's note of 0.34's wider SM100 capture grids, where the budget counts the graphs."""
+    if not counted or settings.enforce_eager or device.platform != "cuda":
+        return ""
+    sizes = capture_sizes((version or DEFAULT_RELEASE).parts, device.compute_capability, seqs, tokens,
+                          settings.cudagraph_sizes_given)
+    return f"; {len(sizes.tokens)} CUDA graph sizes up to {sizes.largest} tokens on SM100 ({sizes.source})" \
+        if sizes.wide else ""
 
 
 def v0_vision_profile(count: WeightCount | None, seqs: int, tensor_parallel: int, dtype_bytes: int,
@@ -511,14 +548,16 @@ def estimate_budget(settings: EngineSettings, device: Device, count: WeightCount
     total = cuda_total_bytes(device)
     return GpuBudget(
         version=str(version or DEFAULT_RELEASE), release=release.why + (
-            f"; extensible KV cache {extensible.why}" if release.defaults.extensible is not None else ""),
+            f"; extensible KV cache {extensible.why}" if release.defaults.extensible is not None else "")
+        + graphs_note(version, device, settings, tokens, seqs, release.cuda_graphs_counted),
         cuda_total_bytes=total,
         utilization=utilization(settings, release, extensible),
         weights_bytes=weights_on_gpu(weights_per_rank, settings, count, dtype_bytes) + loaded_buffer_bytes(count, tokens, dtype_bytes)
         + replicated_extra_bytes(count, tp, settings.pipeline_parallel_size, dtype_bytes, replicated_linear_bytes),
         activation_peak_bytes=activation_peak_bytes(count, tokens, seqs, dtype_bytes, tp, sampler, extra, vision),
         non_torch_bytes=non_torch_bytes(device, tp, version),
-        cuda_graph_bytes=CUDA_GRAPH_BYTES if release.cuda_graphs_counted and not settings.enforce_eager else 0,
+        cuda_graph_bytes=CUDA_GRAPH_BYTES + wide_graph_bytes(count, version, device, settings, tokens, seqs, dtype_bytes)
+        if release.cuda_graphs_counted and not settings.enforce_eager else 0,
         max_num_batched_tokens=tokens, max_num_seqs=seqs,
         runner_state_bytes=runner_state_bytes(count, seqs, version, device.platform, architectures, hybrid, env or {}),
         extensible=extensible.sizing, free_at_start_bytes=total - CUDA_CONTEXT_BYTES if extensible.sizing else 0)
