@@ -105,6 +105,16 @@ PRESETS: dict[str, Device] = {
     c.key: Device("cuda", c.name, c.capability, c.total_bytes, source="preset",
                   cuda_total_bytes=int(c.cuda_total_gib * GiB) if c.cuda_total_gib else None)
     for c in CARDS}
+# The streaming multiprocessors CUDA reports (torch's multi_processor_count, vLLM's
+# current_platform.num_compute_units: vLLM 0.33.0, vllm/platforms/cuda.py:704-705), as NVIDIA's
+# architecture whitepapers and datasheets give them for each card's configuration. Only TRITON_MLA's
+# decode workspace reads them (vllm_releases/mla_workspace.py); a card not here has none known.
+MULTIPROCESSORS: dict[str, int] = {
+    "h100-nvl": 132, "h100-pcie": 114, "h100": 132, "gh200": 132, "h200": 132, "b200": 148,
+    "rtx-pro-6000": 188, "rtx-5090": 170, "gb10": 48, "rtx-6000-ada": 142, "a100-80g": 108, "a100-40g": 108,
+    "l40s": 142, "a40": 84, "l40": 142, "l4": 58, "a10g": 80, "rtx-4090": 128, "rtx-4070-laptop": 36,
+    "rtx-3090": 82, "t4": 40,
+}
 _UNKNOWN_RESERVED = 0.006   # H100: NVML 79.65 GiB, CUDA 79.18 GiB
 # vLLM's WSL test: "microsoft" in the kernel's uname (vLLM 0.32.0, vllm/platforms/interface.py:66-68 in_wsl).
 # Under WSL2 the CUDA runtime (over Windows' WDDM) reports NVML's whole framebuffer as its total: the two
@@ -122,6 +132,12 @@ def card_for(name: str) -> Card | None:
     """The table's card a device name is (its words, most specific card first)."""
     key = name.lower().replace(" ", "").replace("-", "")
     return next((c for c in CARDS if all(w.replace("-", "") in key for w in c.words)), None)
+
+
+def multiprocessors(device: Device) -> int | None:
+    """The card's multiprocessor count (MULTIPROCESSORS); None for a card the table lacks, or a CPU."""
+    card = card_for(device.name) if device.platform == "cuda" else None
+    return MULTIPROCESSORS.get(card.key) if card is not None else None
 
 
 def unified_memory_bytes(name: str) -> int | None:

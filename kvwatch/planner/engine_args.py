@@ -12,6 +12,7 @@ unreadable (an ambiguous prefix, a missing or invalid value) is one CommandError
 """
 from __future__ import annotations
 
+import json
 import posixpath
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -126,6 +127,14 @@ def _read(argv: tuple[str, ...], start: int, options: ReleaseOptions) -> _Readin
 _UNREADABLE = ("ambiguous", "expected argument", "invalid value")
 
 
+_CUDAGRAPH_SIZE_FLAGS = ("--cudagraph-capture-sizes", "--max-cudagraph-capture-size")
+_CUDAGRAPH_SIZE_KEYS = frozenset({
+    "cudagraph_capture_sizes", "max_cudagraph_capture_size", "cudagraph_mode",
+    "prefill_cudagraph_capture_token_sizes", "max_prefill_cudagraph_capture_tokens",
+    "decode_cudagraph_capture_request_sizes", "max_decode_cudagraph_capture_requests",
+    "max_decode_cudagraph_capture_tokens"})
+
+
 @dataclass(frozen=True)
 class EngineSettings:
     """The flags the planner needs, typed, with vLLM's defaults where it has one."""
@@ -161,6 +170,7 @@ class EngineSettings:
     mamba_cache_mode: str | None = None      # --mamba-cache-mode (None: the release's default)
     kv_cache_dtype_skip_layers: tuple[str, ...] = ()   # layer indices or "sliding_window" kept unquantized
     enable_extensible_kv_cache: bool | None = None   # 0.34+ --[no-]enable-extensible-kv-cache (None: vLLM decides)
+    cudagraph_sizes_given: bool = False      # a flag or --compilation-config sets CUDA graph capture sizes
 
 
 @dataclass(frozen=True)
@@ -292,7 +302,21 @@ class EngineCommand:
             kv_cache_dtype_skip_layers=self._last_values("--kv-cache-dtype-skip-layers"),
             mamba_cache_mode=self.get("--mamba-cache-mode"),
             enable_extensible_kv_cache=self._switch("--enable-extensible-kv-cache"),
+            cudagraph_sizes_given=self._cudagraph_sizes_given(),
         )
+
+    def _cudagraph_sizes_given(self) -> bool:
+        """Whether the command sets CUDA graph capture sizes: the two flags, or the keys of
+        --compilation-config that size the graphs or choose which are captured (vLLM 0.34.0,
+        vllm/config/compilation.py:699 cudagraph_mode, :762-801 the prefill and decode sizes)."""
+        if any(self.get(flag) is not None for flag in _CUDAGRAPH_SIZE_FLAGS):
+            return True
+        value = self.get("--compilation-config")
+        try:
+            parsed = json.loads(value) if value else None
+        except ValueError:
+            return False
+        return isinstance(parsed, dict) and not _CUDAGRAPH_SIZE_KEYS.isdisjoint(parsed)
 
     def _converted(self, flag: str) -> object:
         """The value vLLM's parser makes of `flag`'s last value by the type the option table records

@@ -16,7 +16,9 @@ determine_available_memory; worker/worker.py determine_num_available_blocks in t
   large: a sort-based top-k/top-p keeps ~9.7 logits-sized float32 copies live (the fp32 logits,
   sorted values, int64 indices, masks, softmax, cumulative sum, the sampling noise); FlashInfer's
   keeps ~3, vLLM's Triton kernel ~3.8. The forward pass holds the hidden states and one layer's MLP;
-  a multimodal model's dummy encoder outputs stay cached through both (planner/encoder_cache.py).
+  a multimodal model's dummy encoder outputs stay cached through both (planner/encoder_cache.py), and
+  so does the workspace buffer: the fused-MoE workspaces, or from 0.33 TRITON_MLA's decode logits where
+  larger (vllm_releases/mla_workspace.py).
   V0's profile of Llama 3.2 Vision first runs the vision encoder over one dummy image per dummy
   sequence, which peaks above both (vllm_releases/mllama_profile.py).
 - **Non-torch**: cuBLAS/NCCL workspaces allocated during the profile; more with tensor parallelism
@@ -39,7 +41,7 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
-from kvwatch.planner.devices import Device, GiB, card_for, cuda_total_bytes, scheduler_memory_bytes
+from kvwatch.planner.devices import Device, GiB, card_for, cuda_total_bytes, multiprocessors, scheduler_memory_bytes
 from kvwatch.planner.encoder_cache import (
     EncoderShape,
     counted_and_encoded_tokens,
@@ -58,7 +60,9 @@ from kvwatch.planner.extensible_kv import (
 from kvwatch.planner.weights import WeightCount
 from kvwatch.values.versions import VllmVersion
 from kvwatch.vllm_releases import DEFAULT_RELEASE, resolve
+from kvwatch.vllm_releases.cudagraph_sizes import capture_sizes, default_sizes
 from kvwatch.vllm_releases.defaults_shape import CUDAGRAPH_ABSENT, ExtensibleSizing, ReleaseDefaults
+from kvwatch.vllm_releases.mla_workspace import decode_logits_bytes, reserved_in_profile
 from kvwatch.vllm_releases.mllama_profile import (
     MLLAMA_ARCHITECTURE,
     V0_ONLY_SINCE,
@@ -296,19 +300,56 @@ def activation_peak_bytes(count: WeightCount | None, tokens: int, seqs: int, dty
     on this rank) and the sampler over min(seqs, tokens) requests x the whole vocabulary (V1 gathers
     the logits on every rank), plus what stays allocated through both: a multimodal model's cached
     dummy encoder outputs (planner/encoder_cache.py; every rank holds them whole) and the fused-MoE
-    workspaces (moe_workspace_bytes). `vision`: the vision encoder's own pass, which comes first, and
+    workspaces (moe_workspace_bytes) or TRITON_MLA's decode workspace, which share one buffer
+    (mla_decode_workspace_bytes). `vision`: the vision encoder's own pass, which comes first, and
     the vision states held through the language model's pass (V0 Mllama: v0_vision_profile; V1 Qwen-VL
     towers: v1_encoder_pass_bytes, nothing held beyond the cache)."""
     if count is None:
         return 0
-    # A gated MLP holds its gate-up output (2 x width) and the activation's (width); a two-matrix
-    # MLP its up output and the activation's: as many widths as it has matrices.
-    mlp = count.mlp_matrices * count.mlp_width_per_token // max(1, tensor_parallel)
-    forward = tokens * dtype_bytes * (4 * count.hidden_size + mlp)
+    forward = forward_pass_bytes(count, tokens, dtype_bytes, tensor_parallel)
     sampler = int(min(seqs, tokens) * count.vocab_size * sampler_bytes)
     encoder_peak, cross_states = vision
     # the encoder's pass comes first, before the cache and the MoE workspaces hold anything
     return max(max(forward + cross_states, sampler) + held_bytes, encoder_peak)
+
+
+def forward_pass_bytes(count: WeightCount, tokens: int, dtype_bytes: int, tensor_parallel: int) -> int:
+    """One forward pass's activations over `tokens` on a rank: the hidden states and one layer's MLP.
+    A gated MLP holds its gate-up output (2 x width) and the activation's (width); a two-matrix MLP its
+    up output and the activation's: as many widths as it has matrices."""
+    mlp = count.mlp_matrices * count.mlp_width_per_token // max(1, tensor_parallel)
+    return tokens * dtype_bytes * (4 * count.hidden_size + mlp)
+
+
+def wide_graph_bytes(count: WeightCount | None, version: VllmVersion | None, device: Device, settings: EngineSettings,
+                     tokens: int, seqs: int, dtype_bytes: int) -> int:
+    """What 0.34's wider capture grids on the SM100 family add to the CUDA graph pool
+    (vllm_releases/cudagraph_sizes.py); 0 wherever the default list stands, which CUDA_GRAPH_BYTES was
+    measured with. The graphs share one pool whose baseline is the largest graph's working set (vLLM's
+    own estimate takes the first, largest capture as the pool's baseline and adds a per-graph cost for
+    the others: vLLM 0.34.0, vllm/v1/worker/gpu/cudagraph_utils.py:1098-1106), modelled as one forward
+    pass's activations at its token count: the term is that working set at the widest graph less at
+    the default list's widest. No SM100 log of 0.34 measures it yet."""
+    if count is None or device.platform != "cuda":
+        return 0
+    sizes = capture_sizes((version or DEFAULT_RELEASE).parts, device.compute_capability, seqs, tokens,
+                          settings.cudagraph_sizes_given)
+    if not sizes.wide:
+        return 0
+    tp = settings.tensor_parallel_size
+    default = max(default_sizes(seqs, tokens, sm100=True), default=0)
+    return max(0, forward_pass_bytes(count, sizes.largest, dtype_bytes, tp) - forward_pass_bytes(count, default, dtype_bytes, tp))
+
+
+def graphs_note(version: VllmVersion | None, device: Device, settings: EngineSettings, tokens: int, seqs: int,
+                counted: bool) -> str:
+    """The release text's note of 0.34's wider SM100 capture grids, where the budget counts the graphs."""
+    if not counted or settings.enforce_eager or device.platform != "cuda":
+        return ""
+    sizes = capture_sizes((version or DEFAULT_RELEASE).parts, device.compute_capability, seqs, tokens,
+                          settings.cudagraph_sizes_given)
+    return f"; {len(sizes.tokens)} CUDA graph sizes up to {sizes.largest} tokens on SM100 ({sizes.source})" \
+        if sizes.wide else ""
 
 
 def v0_vision_profile(count: WeightCount | None, seqs: int, tensor_parallel: int, dtype_bytes: int,
@@ -350,6 +391,16 @@ def moe_workspace_bytes(count: WeightCount | None, tokens: int, dtype_bytes: int
     width = -(-count.moe_width // max(1, expert_width_shards))   # the rank's share of each expert's width
     hidden = count.hidden_size
     return tokens * count.experts_per_token * (max(width, hidden) + max(2 * width, hidden)) * dtype_bytes
+
+
+def mla_decode_workspace_bytes(backend: str | None, version: VllmVersion | None, device: Device, seqs: int,
+                               tensor_parallel: int, max_model_len: int, heads_and_rank: tuple[int, int]) -> int:
+    """The decode workspace TRITON_MLA claims in the release's profile run (vllm_releases/mla_workspace.py);
+    0 for another backend, a release before 0.33 or a model that is not MLA."""
+    heads, rank = heads_and_rank
+    if device.platform != "cuda" or not rank or not reserved_in_profile(backend, (version or DEFAULT_RELEASE).parts):
+        return 0
+    return decode_logits_bytes(seqs, heads // max(1, tensor_parallel), rank, max_model_len, multiprocessors(device))
 
 
 def profile_sampler_bytes(release: Release, flashinfer_installed: bool | None) -> float:
@@ -468,7 +519,10 @@ def estimate_budget(settings: EngineSettings, device: Device, count: WeightCount
                     dtype_bytes: int, max_model_len: int, version: VllmVersion | None,
                     env: Mapping[str, str] | None = None, flashinfer_installed: bool | None = None,
                     quantized_experts: bool = False, mla: bool = False, replicated_linear_bytes: int = 0,
-                    architectures: tuple[str, ...] = (), hybrid: bool = False) -> GpuBudget:
+                    architectures: tuple[str, ...] = (), hybrid: bool = False, backend: str | None = None,
+                    mla_heads_and_rank: tuple[int, int] = (0, 0)) -> GpuBudget:
+    """The budget of one rank. `backend`: the attention backend the plan picks; `mla_heads_and_rank`:
+    an MLA model's query heads and kv_lora_rank (what TRITON_MLA's decode workspace is sized by)."""
     release = release_for(version, env, architectures)
     multimodal = count is not None and (count.vision_params > 0 or count.encoder is not None)
     tokens, seqs = batch_defaults(settings, device, release, max_model_len, not (multimodal or mla))
@@ -477,7 +531,8 @@ def estimate_budget(settings: EngineSettings, device: Device, count: WeightCount
     # V0 at tensor parallel: rank 0 gathers the logits and samples (vLLM 0.8.5.post1,
     # vllm/model_executor/layers/logits_processor.py:97-98, worker/model_runner.py:1810-1813), and the
     # executor keeps the fewest blocks any rank found (executor/executor_base.py:103-105): rank 0's, sampler included.
-    extra = 0   # live through the sampler's pass: the encoder cache, the MoE workspaces
+    extra = 0   # live through the sampler's pass: the encoder cache, the workspace (MoE, MLA decode)
+    workspace = 0
     vision = (0, 0)
     if release.engine == V0_ENGINE:
         vision = v0_vision_profile(count, seqs, tp, dtype_bytes, version)
@@ -485,19 +540,24 @@ def estimate_budget(settings: EngineSettings, device: Device, count: WeightCount
         extra = encoder_cache_bytes(count.encoder, version.parts, tokens, seqs, dtype_bytes)
         vision = (v1_encoder_pass_bytes(count.encoder, version.parts, tokens, seqs, tp, dtype_bytes), 0)
         if version.parts >= MOE_WORKSPACE_SINCE and not quantized_experts:
-            extra += moe_workspace_bytes(count, tokens, dtype_bytes, expert_width_shards(settings))
+            workspace = moe_workspace_bytes(count, tokens, dtype_bytes, expert_width_shards(settings))
+    # one workspace buffer, grown to the largest request: TRITON_MLA's decode logits share the MoE's
+    extra += max(workspace, mla_decode_workspace_bytes(backend, version, device, seqs, tp, max_model_len,
+                                                       mla_heads_and_rank))
     extensible = extensible_for(settings, device.platform, release.defaults)
     total = cuda_total_bytes(device)
     return GpuBudget(
         version=str(version or DEFAULT_RELEASE), release=release.why + (
-            f"; extensible KV cache {extensible.why}" if release.defaults.extensible is not None else ""),
+            f"; extensible KV cache {extensible.why}" if release.defaults.extensible is not None else "")
+        + graphs_note(version, device, settings, tokens, seqs, release.cuda_graphs_counted),
         cuda_total_bytes=total,
         utilization=utilization(settings, release, extensible),
         weights_bytes=weights_on_gpu(weights_per_rank, settings, count, dtype_bytes) + loaded_buffer_bytes(count, tokens, dtype_bytes)
         + replicated_extra_bytes(count, tp, settings.pipeline_parallel_size, dtype_bytes, replicated_linear_bytes),
         activation_peak_bytes=activation_peak_bytes(count, tokens, seqs, dtype_bytes, tp, sampler, extra, vision),
         non_torch_bytes=non_torch_bytes(device, tp, version),
-        cuda_graph_bytes=CUDA_GRAPH_BYTES if release.cuda_graphs_counted and not settings.enforce_eager else 0,
+        cuda_graph_bytes=CUDA_GRAPH_BYTES + wide_graph_bytes(count, version, device, settings, tokens, seqs, dtype_bytes)
+        if release.cuda_graphs_counted and not settings.enforce_eager else 0,
         max_num_batched_tokens=tokens, max_num_seqs=seqs,
         runner_state_bytes=runner_state_bytes(count, seqs, version, device.platform, architectures, hybrid, env or {}),
         extensible=extensible.sizing, free_at_start_bytes=total - CUDA_CONTEXT_BYTES if extensible.sizing else 0)

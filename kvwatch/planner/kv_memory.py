@@ -39,9 +39,10 @@ NO_MEMORY_INPUTS = MemoryInputs()   # nothing measured: the planner's own defaul
 
 
 def _gpu_budget(device: Device, settings: EngineSettings, geometry: ModelGeometry, memory: MemoryInputs,
-                model_bytes: int, max_model_len: int) -> GpuBudget:
+                model_bytes: int, max_model_len: int, backend: str | None = None) -> GpuBudget:
     """GPU: vLLM's own split of the card (planner/gpu_budget.py): total x utilization, minus the
-    weights, the profile's activation peak, non-torch memory and, where the release counts them, CUDA graphs."""
+    weights, the profile's activation peak, non-torch memory and, where the release counts them, CUDA graphs.
+    `backend`: the attention backend the plan picks (TRITON_MLA claims a decode workspace in the profile)."""
     ranks = settings.tensor_parallel_size * settings.pipeline_parallel_size
     weights = memory.weights_bytes if memory.weights_bytes is not None \
         else _weights_from_geometry(geometry, model_bytes, settings, device)
@@ -54,14 +55,16 @@ def _gpu_budget(device: Device, settings: EngineSettings, geometry: ModelGeometr
                            replicated_linear_bytes=replicated_linear_bytes(geometry.weight_count, geometry.quantization,
                                                                            model_bytes, settings.quantization)
                            if geometry.weight_count is not None else 0,
-                           architectures=geometry.architectures, hybrid="mamba" in geometry.layer_kinds)
+                           architectures=geometry.architectures, hybrid="mamba" in geometry.layer_kinds,
+                           backend=backend, mla_heads_and_rank=(geometry.num_attention_heads or 0, geometry.kv_lora_rank or 0)
+                           if geometry.attention == "mla" else (0, 0))
 
 
 def _estimate_gpu_kv_memory(device: Device, settings: EngineSettings, geometry: ModelGeometry,
-                            memory: MemoryInputs, model_bytes: int) -> int:
+                            memory: MemoryInputs, model_bytes: int, backend: str | None = None) -> int:
     """The KV memory on a GPU: learned from an earlier launch's non-KV memory, else estimated."""
     budget = _gpu_budget(device, settings, geometry, memory, model_bytes,
-                         settings.max_model_len or geometry.default_max_model_len)
+                         settings.max_model_len or geometry.default_max_model_len, backend)
     if memory.non_kv_bytes is not None:
         return max(0, budget.requested_bytes - memory.non_kv_bytes)
     return budget.kv_cache_bytes
@@ -103,20 +106,20 @@ def _weights_from_geometry(geometry: ModelGeometry, model_bytes: int, settings: 
 
 
 def kv_memory(device: Device, settings: EngineSettings, geometry: ModelGeometry, memory: MemoryInputs,
-               model_bytes: int) -> tuple[int, str, bool, GpuBudget | None]:
+               model_bytes: int, backend: str | None = None) -> tuple[int, str, bool, GpuBudget | None]:
     """The memory given to the KV cache, where it comes from, whether it is estimated, and the GPU
     budget it was estimated from: a flag or the environment fixes it, else the learned non-KV
-    memory, else vLLM's own profile estimated."""
+    memory, else vLLM's own profile estimated (for the attention `backend` the plan picks)."""
     if device.platform == "cpu" and memory.cpu_kv_space_bytes:
         return memory.cpu_kv_space_bytes, "VLLM_CPU_KVCACHE_SPACE", False, None
     if settings.kv_cache_memory_bytes is not None:
         return settings.kv_cache_memory_bytes, "--kv-cache-memory-bytes", False, None
     if device.platform == "cuda" and device.total_memory_bytes and memory.non_kv_bytes is not None:
-        return (_estimate_gpu_kv_memory(device, settings, geometry, memory, model_bytes),
+        return (_estimate_gpu_kv_memory(device, settings, geometry, memory, model_bytes, backend),
                 "learned: total x utilization - the non-KV memory of an earlier launch", False, None)
     if device.platform == "cuda" and device.total_memory_bytes:
         budget = _gpu_budget(device, settings, geometry, memory, model_bytes,
-                             settings.max_model_len or geometry.default_max_model_len)
+                             settings.max_model_len or geometry.default_max_model_len, backend)
         how = "estimate: total x utilization - weights - activation - non-torch" if budget.extensible is None else \
             ("estimate: sized after warm-up (extensible KV cache): min(total x utilization, free at start - margin) "
              "- weights - non-torch - CUDA graphs - the transient peak")
@@ -126,7 +129,7 @@ def kv_memory(device: Device, settings: EngineSettings, geometry: ModelGeometry,
 
 def no_memory_warning(device: Device, settings: EngineSettings, geometry: ModelGeometry,
                       memory: MemoryInputs, model_bytes: int, kv_memory: int, bytes_per_block: int,
-                      estimated: bool, budget: GpuBudget | None) -> PredictedRefusal:
+                      estimated: bool, budget: GpuBudget | None, backend: str | None = None) -> PredictedRefusal:
     """No KV block fits, and the flag that frees one: `budget` is the estimated split the KV memory
     came from (None: a flag, the CPU's space or a learned figure set it)."""
     message = f"no memory is left for KV cache blocks ({kv_memory:,} B for {bytes_per_block:,} B per block)"
@@ -136,7 +139,7 @@ def no_memory_warning(device: Device, settings: EngineSettings, geometry: ModelG
     current = effective_utilization(settings, device.platform, defaults_for(memory.vllm_version or DEFAULT_RELEASE))
     if device.platform == "cuda" and device.total_memory_bytes and current < 0.95:
         higher = replace(settings, gpu_memory_utilization=0.95, gpu_memory_utilization_given=True)
-        if _estimate_gpu_kv_memory(device, higher, geometry, memory, model_bytes) >= 2 * bytes_per_block:
+        if _estimate_gpu_kv_memory(device, higher, geometry, memory, model_bytes, backend) >= 2 * bytes_per_block:
             return PredictedRefusal(NO_KV_CACHE_MEMORY, message, FlagChange({"--gpu-memory-utilization": 0.95}),
                             certain=not estimated)
     # The profile's peak grows with its dummy sequences (the sampler's logits; V0 Llama 3.2 Vision's
@@ -145,7 +148,7 @@ def no_memory_warning(device: Device, settings: EngineSettings, geometry: ModelG
     while seqs > 1:
         seqs //= 2
         fewer = replace(settings, max_num_seqs=seqs)
-        if _estimate_gpu_kv_memory(device, fewer, geometry, memory, model_bytes) >= 2 * bytes_per_block:
+        if _estimate_gpu_kv_memory(device, fewer, geometry, memory, model_bytes, backend) >= 2 * bytes_per_block:
             return PredictedRefusal(NO_KV_CACHE_MEMORY, message + "; the memory profile's peak grows with "
                                     "max_num_seqs", FlagChange({"--max-num-seqs": seqs}), certain=not estimated)
     return PredictedRefusal(NO_KV_CACHE_MEMORY, message + "; no flag frees enough: more GPUs "

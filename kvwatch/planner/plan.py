@@ -212,7 +212,8 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     page = block_size * sizes.per_token_layer   # before the groups settle the engine's block size
     groups, block_size, block_source = _layers(geometry, settings, memory.vllm_version, shape, sizes, block_size,
                                                block_source, shared_page, warnings)
-    blocks = _blocks(device, settings, geometry, memory, sizes.model_bytes, groups.bytes_per_block)
+    blocks = _blocks(device, settings, geometry, memory, sizes.model_bytes, groups.bytes_per_block,
+                     choice.backend.name if choice.backend else None)
     max_len, demand = _fitted_length(geometry, settings, device, release, groups, blocks)
     tokens, concurrency = groups.capacity(blocks.num_blocks, demand) if blocks.num_blocks else (0, 0.0)
     tokens = reported_kv_tokens(tokens, blocks.num_blocks, len(groups.groups), block_size, memory.vllm_version)
@@ -361,13 +362,14 @@ class _Blocks:
     num_blocks: int
     bytes_per_block: int
     check_memory: int          # what vLLM checks one request against
+    backend: str | None = None  # the attention backend the budget was estimated for
 
 
 def _blocks(device: Device, settings: EngineSettings, geometry: ModelGeometry, memory: MemoryInputs,
-            model_bytes: int, bytes_per_block: int) -> _Blocks:
+            model_bytes: int, bytes_per_block: int, backend: str | None = None) -> _Blocks:
     """Step 6: the KV memory (a flag or the environment fixes it, else the learned non-KV memory,
     else vLLM's own profile estimated) and the blocks it holds."""
-    memory_bytes, source, estimated, budget = kv_memory(device, settings, geometry, memory, model_bytes)
+    memory_bytes, source, estimated, budget = kv_memory(device, settings, geometry, memory, model_bytes, backend)
     num_blocks = memory_bytes // bytes_per_block
     if settings.num_gpu_blocks_override is not None:
         num_blocks, source = settings.num_gpu_blocks_override, "--num-gpu-blocks-override"
@@ -377,7 +379,7 @@ def _blocks(device: Device, settings: EngineSettings, geometry: ModelGeometry, m
     null_block = bytes_per_block if NULL_BLOCK_RESERVED_IN_CHECK.holds(memory.vllm_version) else 0
     check_memory = num_blocks * bytes_per_block - null_block \
         if settings.num_gpu_blocks_override is not None else memory_bytes - null_block
-    return _Blocks(memory_bytes, source, estimated, budget, num_blocks, bytes_per_block, check_memory)
+    return _Blocks(memory_bytes, source, estimated, budget, num_blocks, bytes_per_block, check_memory, backend)
 
 
 def _fitted_length(geometry: ModelGeometry, settings: EngineSettings, device: Device, release: Release,
@@ -403,7 +405,7 @@ def _capacity_refusals(geometry: ModelGeometry, settings: EngineSettings, device
     found = []
     if num_blocks <= 1 or blocks.check_memory <= 0:
         found.append(no_memory_warning(device, settings, geometry, memory, sizes.model_bytes, blocks.kv_memory,
-                                       blocks.bytes_per_block, blocks.estimated, blocks.budget))
+                                       blocks.bytes_per_block, blocks.estimated, blocks.budget, blocks.backend))
     elif groups.memory_for(demand, max_len) > blocks.check_memory:
         fit = groups.auto_fit_max_model_len(blocks.check_memory, demand, max_len)
         needed = groups.blocks_per_request(demand)

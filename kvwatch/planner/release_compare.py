@@ -22,6 +22,7 @@ from kvwatch.planner.serve_options import Match, ReleaseOptions, ServeOption, re
 from kvwatch.planner.units import format_bytes
 from kvwatch.values.versions import VllmVersion
 from kvwatch.vllm_releases import resolve
+from kvwatch.vllm_releases.cudagraph_sizes import WIDE_SOURCE
 from kvwatch.vllm_releases.defaults_shape import ReleaseDefaults
 from kvwatch.vllm_releases.generated.flags import PARSERS
 from kvwatch.vllm_releases.release_defaults import defaults_for
@@ -89,7 +90,12 @@ def _cause_rows(a: Plan, b: Plan, da: ReleaseDefaults, db: ReleaseDefaults, devi
         cap = _explicit_cap(gb, db)
         if cap is not None:
             out.append(cap)
-        if ga.cuda_graph_bytes != gb.cuda_graph_bytes:
+        if ga.cuda_graph_bytes and gb.cuda_graph_bytes and ga.cuda_graph_bytes != gb.cuda_graph_bytes:
+            out.append(Difference("cuda_graphs", ga.cuda_graph_bytes, gb.cuda_graph_bytes,
+                                  "both count the graphs; 0.34 captures wider grids on the SM100 family, and the "
+                                  "graph pool holds the widest graph's working set (vllm_releases/cudagraph_sizes.py)",
+                                  WIDE_SOURCE))
+        elif ga.cuda_graph_bytes != gb.cuda_graph_bytes:
             side = db if gb.cuda_graph_bytes else da
             out.append(Difference("cuda_graphs", ga.cuda_graph_bytes, gb.cuda_graph_bytes,
                                   f"CUDA graph estimate taken from the KV budget in vLLM {side.release} "
