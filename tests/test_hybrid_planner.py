@@ -372,3 +372,35 @@ def test_mamba_cache_mode_is_the_releases(release: str, name: str, flags: tuple[
     geometry = geometry_from_config(corpus.config(name), release)
     settings = EngineCommand.parse(["vllm", "serve", "m", *flags], release).settings()
     assert mamba_cache_mode(geometry, settings, parse_version(release)) == mode
+
+
+@pytest.mark.parametrize(("name", "key"), [("granite4_h", "mamba_d_state"), ("granite4_h", "mamba_n_heads"),
+                                           ("qwen3_next", "linear_key_head_dim"), ("qwen3_next", "linear_conv_kernel_dim")])
+def test_a_state_of_a_billion_is_planned_or_refused_at_once(name: str, key: str) -> None:
+    """A state dimension of 10**9 made the hybrid block size run to billions, and the sliding layers' search
+    then stepped through every multiple of the kernel block below it: the planner never returned."""
+    import copy
+    import time
+
+    from fixtures.models import corpus
+
+    from kvwatch.errors import KvwatchError
+    cfg = copy.deepcopy(corpus.CORPUS[name]["config"])
+    cfg[key] = 10**9
+    started = time.process_time()
+    try:
+        for device in (CPU, preset("h100")):
+            make_plan(geometry_from_config(cfg), EngineCommand.parse(["vllm", "serve", "m"]).settings(), device, RULES,
+                      MemoryInputs(cpu_kv_space_bytes=GiB))
+    except KvwatchError as exc:
+        assert str(exc) and "\n" not in str(exc)
+    assert time.process_time() - started < 5.0   # CPU seconds: milliseconds in fact, minutes before
+
+
+def test_the_largest_dividing_multiple_equals_the_search_it_replaces() -> None:
+    from kvwatch.planner.kv_groups import _largest_dividing_multiple
+    for base in (1, 2, 16, 64):
+        for most in range(0, 300, 7):
+            for n in range(1, 600, 13):
+                stepped = [b for b in range(base, most + 1, base) if n % b == 0]
+                assert _largest_dividing_multiple(base, most, n) == (max(stepped) if stepped else 0)

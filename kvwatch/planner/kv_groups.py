@@ -274,10 +274,26 @@ def largest_kernel_block_within(kernel_sizes: tuple[BlockSizeRule, ...], token_b
     if divisor_of is not None:
         dividing = [b for b in fitting if divisor_of % b == 0] + [
             b for s in kernel_sizes if isinstance(s, MultipleOf)
-            for b in range(s.base, most + 1, s.base) if divisor_of % b == 0]
+            if (b := _largest_dividing_multiple(s.base, most, divisor_of))]
         if dividing:
             return max(dividing)
     return max(fitting) if fitting else min(candidates)
+
+
+def _largest_dividing_multiple(base: int, most: int, n: int) -> int:
+    """The largest multiple of `base` not above `most` that divides `n` (0: none). By the divisors of
+    n / base, not by stepping through the multiples: a malformed config's block size runs to billions."""
+    if base <= 0 or n % base:
+        return 0
+    whole, limit, best = n // base, most // base, 0
+    k = 1
+    while k * k <= whole:
+        if whole % k == 0:
+            for d in (k, whole // k):
+                if d <= limit:
+                    best = max(best, d)
+        k += 1
+    return best * base
 
 
 def platform_skip_pages(kv_heads: int, head_size: int, dtype_bytes: int, model_dtype_bytes: int) -> tuple[int, int]:
