@@ -10,7 +10,7 @@ import pytest
 
 from kvwatch.boundary.oom_record import MemoryCgroup, host_memory, memory_cgroup, read_oom_count
 from kvwatch.values.host_memory import HostMemory, OomCount
-from kvwatch.watchdog.kill_cause import Killer, kill_cause
+from kvwatch.watchdog.kill_cause import kernel_record
 
 SVC = "/system.slice/kvwatch.service"
 GIB = 1 << 30
@@ -177,10 +177,9 @@ def test_before_and_after_an_oom_kill_name_the_oom_killer(tmp_path: Path, make: 
     name = "memory.oom_control" if cgroup.version == 1 else "memory.events"
     counter = cgroup.directory / name
     counter.write_text(counter.read_text().replace(f"oom_kill {before.oom_kill}", f"oom_kill {before.oom_kill + 1}"))
-    cause = kill_cause(before, read_oom_count(cgroup), 9, None)
-    assert cause.killer is Killer.OOM_KILLER
-    assert cause.text == f"killed by the kernel's OOM killer (cgroup {SVC}, oom_kill {before.oom_kill}→" \
-                         f"{before.oom_kill + 1})"
-    # another kill -9, the count unchanged: from outside
+    record = kernel_record(before, read_oom_count(cgroup), None)
+    assert record.oom_kills == 1
+    assert record.where == f"cgroup {SVC}, oom_kill {before.oom_kill}→{before.oom_kill + 1}"
+    # another kill -9, the count unchanged: not the OOM killer
     again = read_oom_count(cgroup)
-    assert kill_cause(again, read_oom_count(cgroup), 9, None).text.startswith("killed by signal 9 from outside")
+    assert kernel_record(again, read_oom_count(cgroup), None).oom_kills == 0
