@@ -17,7 +17,9 @@ divided by the wall time; RSS is sampled every second (max and last printed).
 nvitop-exporter lives in its own venv (kvwatch's is left alone):
     python3 -m venv /tmp/nvitop-venv && /tmp/nvitop-venv/bin/pip install nvitop-exporter
 Run: .venv/bin/python bench/bench_overhead.py [--seconds 60] [--nvitop /tmp/nvitop-venv/bin/nvitop-exporter]
-     [--kvwatch-root DIR]   run the kvwatch package found in DIR (an experimental copy) instead
+     [--kvwatch-root DIR]...   run the kvwatch package found in DIR instead; given more than once, one
+                               `kvwatch export` per DIR, all at once against the same engine and GPUs
+                               (before/after side by side: e.g. DIR = a git worktree of an older commit)
 """
 from __future__ import annotations
 
@@ -76,6 +78,16 @@ def wait_ready(url: str, needle: str, proc: subprocess.Popen, timeout: float = 6
         time.sleep(0.5)
 
 
+def tree_name(root: str) -> str:
+    """A tree's label: its directory's name and the commit checked out there (with + when changed)."""
+    def git(*argv: str) -> str:
+        done = subprocess.run(["git", "-C", root, *argv], capture_output=True, text=True, check=False)
+        return done.stdout.strip() if done.returncode == 0 else ""
+    commit = git("rev-parse", "--short", "HEAD")
+    dirty = "+" if commit and git("status", "--porcelain", "--untracked-files=no", "--", "kvwatch") else ""
+    return f"{Path(root).resolve().name}@{commit}{dirty}" if commit else Path(root).resolve().name
+
+
 def series(text: str) -> int:
     return sum(1 for line in text.splitlines() if line and not line.startswith("#"))
 
@@ -84,8 +96,10 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--seconds", type=int, default=60)
     p.add_argument("--nvitop", default="/tmp/nvitop-venv/bin/nvitop-exporter")
-    p.add_argument("--kvwatch-root", default=str(ROOT), help="run the kvwatch package in this directory (an experiment)")
+    p.add_argument("--kvwatch-root", action="append", default=[],
+                   help="run the kvwatch package in this directory; repeat to run several trees side by side")
     args = p.parse_args()
+    roots = args.kvwatch_root or [str(ROOT)]
     tmp = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
     library = standin_library()
     state = tmp / "nvml-state.txt"
@@ -103,14 +117,20 @@ def main() -> None:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     engine_url = f"http://127.0.0.1:{server.server_address[1]}"
     env = {**os.environ, "NVML_STANDIN_STATE": str(state)}
-    kv_port, nv_port = free_port(), free_port()
-    kv_cmd = [sys.executable, "-m", "kvwatch.cli", "export", "--engine-url", engine_url, "--name", "bench",
-              "--model", str(model), "--device", "cpu", "--listen", f"127.0.0.1:{kv_port}", "--interval", "1",
-              "--state-dir", str(Path(tempfile.mkdtemp(prefix="kvwatch-bench-state-"))),
-              *[a for pid in engine_pids for a in ("--engine-pid", str(pid))], "--", "vllm", "serve", str(model), *argv]
-    procs = {"kvwatch export": subprocess.Popen(kv_cmd, cwd=args.kvwatch_root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                                env={**env, "KVWATCH_NVML_LIBRARY": str(library)})}
-    urls = {"kvwatch export": f"http://127.0.0.1:{kv_port}/metrics"}
+    nv_port = free_port()
+    procs: dict[str, subprocess.Popen] = {}
+    urls: dict[str, str] = {}
+    for root in roots:
+        name = "kvwatch export" if len(roots) == 1 else f"kvwatch {tree_name(root)}"
+        kv_port = free_port()
+        kv_cmd = [sys.executable, "-m", "kvwatch.cli", "export", "--engine-url", engine_url, "--name", "bench",
+                  "--model", str(model), "--device", "cpu", "--listen", f"127.0.0.1:{kv_port}", "--interval", "1",
+                  "--state-dir", str(Path(tempfile.mkdtemp(prefix="kvwatch-bench-state-"))),
+                  *[a for pid in engine_pids for a in ("--engine-pid", str(pid))], "--", "vllm", "serve", str(model), *argv]
+        procs[name] = subprocess.Popen(kv_cmd, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                       env={**env, "PYTHONPATH": root, "KVWATCH_NVML_LIBRARY": str(library)})
+        urls[name] = f"http://127.0.0.1:{kv_port}/metrics"
+    kvwatches = list(procs)
     nvitop_why = None
     if Path(args.nvitop).exists():
         procs["nvitop-exporter"] = subprocess.Popen(
@@ -121,7 +141,8 @@ def main() -> None:
     else:
         nvitop_why = f"{args.nvitop} not found (install nvitop-exporter into its own venv, see the docstring)"
     try:
-        wait_ready(urls["kvwatch export"], 'kvwatch_gpu_info{gpu="GPU-00000007', procs["kvwatch export"])
+        for k in kvwatches:
+            wait_ready(urls[k], 'kvwatch_gpu_info{gpu="GPU-00000007', procs[k])
         if "nvitop-exporter" in procs:
             try:
                 wait_ready(urls["nvitop-exporter"], 'gpu_utilization', procs["nvitop-exporter"])
@@ -155,19 +176,22 @@ def main() -> None:
 
     print(f"load average at the end: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; 8 GPUs (NVML stand-in), "
           f"interval 1 s, one scrape each per second, {wall:.0f} s measured")
-    print(f"{'process':<18}{'CPU % of a core':>16}{'RSS max MB':>12}{'RSS last MB':>12}{'series/scrape':>15}")
+    width = max(18, *(len(name) + 2 for name in procs))
+    print(f"{'process':<{width}}{'CPU % of a core':>16}{'RSS max MB':>12}{'RSS last MB':>12}{'series/scrape':>15}")
     for name in procs:
-        print(f"{name:<18}{cpu[name] * 100:16.2f}{max(rss[name]) / 2**20:12.1f}{rss[name][-1] / 2**20:12.1f}"
+        print(f"{name:<{width}}{cpu[name] * 100:16.2f}{max(rss[name]) / 2**20:12.1f}{rss[name][-1] / 2**20:12.1f}"
               f"{sizes[name]:15d}")
-    k = "kvwatch export"
-    if "nvitop-exporter" in procs:
-        n = "nvitop-exporter"
-        print(f"kvwatch / nvitop-exporter: CPU x{cpu[k] / cpu[n]:.2f}, RSS x{max(rss[k]) / max(rss[n]):.2f}")
-    else:
+    for k in kvwatches[1:]:   # side by side: each tree against the first (the 'before')
+        print(f"{k} / {kvwatches[0]}: CPU x{cpu[k] / cpu[kvwatches[0]]:.2f}, RSS x{max(rss[k]) / max(rss[kvwatches[0]]):.2f}")
+    for k in kvwatches:
+        if "nvitop-exporter" in procs:
+            n = "nvitop-exporter"
+            print(f"{k} / nvitop-exporter: CPU x{cpu[k] / cpu[n]:.2f}, RSS x{max(rss[k]) / max(rss[n]):.2f}")
+        ok_cpu, ok_rss = cpu[k] < BAR_CPU, max(rss[k]) < BAR_RSS
+        print(f"bar: {k} CPU < {BAR_CPU * 100:.0f} % of a core: {'PASS' if ok_cpu else 'MISS'}; "
+              f"RSS < {BAR_RSS >> 20} MB: {'PASS' if ok_rss else 'MISS'}")
+    if "nvitop-exporter" not in procs:
         print(f"nvitop-exporter not measured: {nvitop_why}")
-    ok_cpu, ok_rss = cpu[k] < BAR_CPU, max(rss[k]) < BAR_RSS
-    print(f"bar: kvwatch CPU < {BAR_CPU * 100:.0f} % of a core: {'PASS' if ok_cpu else 'MISS'}; "
-          f"RSS < {BAR_RSS >> 20} MB: {'PASS' if ok_rss else 'MISS'}")
 
 
 if __name__ == "__main__":

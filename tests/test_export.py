@@ -122,6 +122,33 @@ def test_export_without_a_model_has_no_kv_figures(engine) -> None:
         assert proc.wait(timeout=15) == 0
 
 
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM], ids=["SIGHUP", "SIGTERM"])
+def test_a_signal_taken_by_another_thread_reaches_the_main_one(engine, sig: int) -> None:
+    """The main thread sleeps until a signal, not looking every half second: a signal the kernel
+    hands to another thread (the watch loop's) wakes it all the same. SIGHUP is ignored, SIGTERM stops."""
+    import ctypes
+
+    tgkill = getattr(ctypes.CDLL(None, use_errno=True), "tgkill", None)
+    if tgkill is None:
+        pytest.skip("no tgkill in this libc")
+    url, _, _ = engine
+    port = free_port()
+    proc = kvwatch("export", "--engine-url", url, "--listen", f"127.0.0.1:{port}", "--interval", "0.2", "--no-nvml")
+    try:
+        scrape_when_ready(f"http://127.0.0.1:{port}", proc)
+        threads = sorted(int(t) for t in os.listdir(f"/proc/{proc.pid}/task") if int(t) != proc.pid)
+        assert threads and tgkill(proc.pid, threads[0], sig) == 0
+        if sig == signal.SIGHUP:
+            with pytest.raises(subprocess.TimeoutExpired):
+                proc.wait(timeout=1)
+            assert http_get(f"http://127.0.0.1:{port}/metrics")[0] == 200
+            assert tgkill(proc.pid, threads[0], signal.SIGTERM) == 0
+        assert proc.wait(timeout=15) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 @pytest.mark.parametrize("args,message", [
     (["--engine-url", "localhost:8000"], "expected http://HOST:PORT"),
     (["--engine-url", "http://127.0.0.1:99999"], "expected http://HOST:PORT"),   # was a ValueError traceback

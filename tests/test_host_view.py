@@ -396,3 +396,29 @@ def test_a_flood_of_big_claims_costs_one_look_at_each_running_process(tmp_path: 
     finally:
         engine.kill()
         engine.wait()
+
+
+def test_an_instance_alone_on_its_host_lists_no_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The process table is listed (once a tick) only when another instance's claim is there to check."""
+    from kvwatch.boundary import proc_inspect
+
+    listings = {"n": 0}
+    real = proc_inspect.running_pids
+
+    def counted() -> frozenset[int]:
+        listings["n"] += 1
+        return real()
+    monkeypatch.setattr(proc_inspect, "running_pids", counted)
+    engine = subprocess.Popen(["sleep", "300"])
+    try:
+        mine = HostRegistry(str(tmp_path), "mine")
+        mine.publish([engine.pid])
+        assert mine.flush(10)
+        assert mine.others() == frozenset() and listings["n"] == 0
+        theirs = HostRegistry(str(tmp_path), "theirs")
+        theirs.publish([engine.pid])
+        assert theirs.flush(10)
+        assert mine.others() == {engine.pid} and listings["n"] == 1
+    finally:
+        engine.kill()
+        engine.wait()

@@ -292,3 +292,35 @@ def test_a_gpus_name_and_capability_are_read_once_per_init(nvml_standin: NvmlSta
         nvml.shutdown()
         nvml.snapshot()
         assert len(asked) == 8
+
+
+def test_a_gpus_handle_uuid_and_the_driver_version_are_read_once_per_init(nvml_standin: NvmlStandin) -> None:
+    """NVML enumerates the devices at init and a handle stays its device's until shutdown: a tick asks
+    each GPU for its memory and processes only. A GPU that answers GPU_IS_LOST, a change in the device
+    count and a new init ask again."""
+    def asked() -> list[str]:
+        return [c for c in nvml_standin.calls() if c.startswith(("nvmlDeviceGetHandleByIndex", "nvmlDeviceGetUUID",
+                                                                   "nvmlSystemGetDriverVersion"))]
+    nvml_standin.write(two_gpus())
+    with Nvml() as nvml:
+        first = nvml.snapshot()
+        assert len(asked()) == 5   # two GPUs, two calls each, and the driver once
+        nvml_standin.write(two_gpus(gpu1_memory_used_bytes=7 * GIB))
+        second = nvml.snapshot()
+        assert len(asked()) == 5
+        assert [g.uuid for g in second.gpus] == [g.uuid for g in first.gpus] == [A100, L40S]
+        assert second.gpus[1].memory_used_bytes == 7 * GIB and second.driver_version == "570.124.06"
+        nvml_standin.write(two_gpus(gpu1_lost=True))
+        assert nvml.snapshot().lost_gpus == (1,)
+        nvml_standin.write(two_gpus())   # back after a reset: its handle and UUID are asked again
+        nvml_standin.clear_calls()
+        assert [g.uuid for g in nvml.snapshot().gpus] == [A100, L40S]
+        assert len(asked()) == 2
+        nvml_standin.clear_calls()
+        nvml_standin.write(StandinState(gpus=two_gpus().gpus[1:], driver_version="570.124.06"))
+        assert [g.uuid for g in nvml.snapshot().gpus] == [L40S]   # one device now, at index 0
+        assert len(asked()) == 2
+        nvml.shutdown()
+        nvml_standin.clear_calls()
+        nvml.snapshot()
+        assert len(asked()) == 3

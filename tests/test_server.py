@@ -407,6 +407,30 @@ def test_a_slowloris_client_is_cut_at_the_connection_deadline(serve, monkeypatch
         s.close()
 
 
+def test_the_deadline_reaper_sleeps_while_no_connection_is_open(serve, monkeypatch: pytest.MonkeyPatch) -> None:
+    """It wakes for the earliest deadline of an open connection, not every quarter second: an idle
+    exporter costs no wake-ups (bench/bench_overhead.py), and a connection opened later is still cut."""
+    import math
+    import socket as socketlib
+
+    from kvwatch.exporter import server as server_module
+    monkeypatch.setattr(server_module, "CONNECTION_DEADLINE", 0.5)
+    server = serve()
+    inner = server._server
+    assert get(server.url + "/metrics")[0] == 200
+    # the scrape's deadline passes: nothing is open, so the reaper waits for no time at all
+    assert eventually(lambda: inner._reaper_wakes_at == math.inf, 5, 0.05)
+    s = socketlib.create_connection(("127.0.0.1", server.port), timeout=10)
+    try:
+        s.sendall(b"GET /metrics HTTP/1.1\r\n")   # and then nothing: cut at its deadline
+        t0 = time.monotonic()
+        assert s.recv(100) == b""
+        assert time.monotonic() - t0 < 3
+    finally:
+        s.close()
+    assert eventually(lambda: inner._reaper_wakes_at == math.inf, 5, 0.05)
+
+
 def test_a_client_reset_prints_no_traceback(serve, capsys: pytest.CaptureFixture[str]) -> None:
     import socket as socketlib
     import struct

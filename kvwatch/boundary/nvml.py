@@ -78,6 +78,13 @@ class Nvml:
         # A GPU's name and compute capability by UUID: fixed for the card, so read once per init, not
         # every tick (2 of the 6 NVML calls a GPU takes; bench/bench_overhead.py reads 8 GPUs a second).
         self._fixed: dict[str, tuple[str, tuple[int, int]]] = {}
+        # A device's handle and UUID by index, and the driver's version: NVML enumerates the devices
+        # at init, and a handle is valid (the same device) until shutdown, so they too are read once
+        # per init, not every tick (another 2 of the 4 calls a GPU took, and 1 of the snapshot's 2).
+        # A device that answers GPU_IS_LOST, or a change in the device count, reads them again.
+        self._devices: dict[int, tuple[Any, str]] = {}
+        self._device_count: int | None = None
+        self._driver: str | None = None
 
     # -- public --------------------------------------------------------------
 
@@ -150,6 +157,8 @@ class Nvml:
                 pynvml.nvmlInit()
                 self._initialized = True
                 self._fixed.clear()
+                self._devices.clear()
+                self._device_count = self._driver = None
                 self._no_driver = False
                 error = self._check_loaded_library()
             except pynvml.NVMLError as exc:
@@ -184,8 +193,13 @@ class Nvml:
         if error is not None:
             return NvmlSnapshot.unavailable(error)
         try:
-            driver = self._query(pynvml.nvmlSystemGetDriverVersion)
+            if self._driver is None:
+                self._driver = self._query(pynvml.nvmlSystemGetDriverVersion)
+            driver = self._driver
             count = pynvml.nvmlDeviceGetCount()
+            if count != self._device_count:
+                self._devices.clear()
+                self._device_count = count
             gpus: list[GpuInfo] = []
             lost: list[int] = []
             for index in range(count):
@@ -214,11 +228,15 @@ class Nvml:
 
     def _read_device(self, index: int) -> GpuInfo | type[_GpuLost] | None:
         try:
-            handle = self._query(pynvml.nvmlDeviceGetHandleByIndex, index)
-            uuid = self._query(pynvml.nvmlDeviceGetUUID, handle) if handle is not None else None
-            if uuid is None:  # UUID is the GPU's identity in every metric; without it, skip
-                _LOG.debug("GPU %d: no handle or UUID, skipped", index)
-                return None
+            known = self._devices.get(index)
+            if known is None:
+                handle = self._query(pynvml.nvmlDeviceGetHandleByIndex, index)
+                found = self._query(pynvml.nvmlDeviceGetUUID, handle) if handle is not None else None
+                if found is None:  # UUID is the GPU's identity in every metric; without it, skip
+                    _LOG.debug("GPU %d: no handle or UUID, skipped", index)
+                    return None
+                known = self._devices[index] = (handle, found)
+            handle, uuid = known
             total, used = self._memory(handle)
             name, capability = self._fixed_fields(handle, uuid)
             return GpuInfo(
@@ -231,6 +249,7 @@ class Nvml:
                 processes=self._processes(handle),
             )
         except _GpuLost:
+            self._devices.pop(index, None)   # after a reset it may come back: asked afresh then
             return _GpuLost
 
     def _fixed_fields(self, handle: Any, uuid: str) -> tuple[str | None, tuple[int, int] | None]:

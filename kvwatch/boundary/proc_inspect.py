@@ -13,6 +13,8 @@ from typing import TypeVar
 
 import psutil
 
+from kvwatch.boundary.bounded_read import read_kernel_file
+
 T = TypeVar("T")
 
 _CT_TOLERANCE = 0.05  # seconds: psutil's create_time of one process is stable to the tick
@@ -253,26 +255,46 @@ def ref_of(pid: int) -> ProcRef | None:
     return ProcRef(info.pid, info.create_time) if info is not None else None
 
 
+# cpu_seconds and rss run each watch tick for every pid of the engine: they read the one /proc file
+# psutil's cpu_times and memory_info read, the same fields the same way, but not through a
+# psutil.Process per pid, whose constructor reads /proc/PID/stat first for the start time (twice the
+# files, and a NoSuchProcess built for every pid that is gone: bench/bench_overhead.py).
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _proc_numbers(pid: int, name: str, *at: int) -> list[int] | None:
+    """Fields `at` of /proc/PID/NAME as numbers (stat: counted after the command's name, which may
+    hold spaces and parentheses); None when the process is gone or hidden from us."""
+    text = read_kernel_file(f"/proc/{pid}/{name}", 4096)
+    if text is None:
+        return None
+    fields = text[text.rfind(")") + 2:].split() if name == "stat" else text.split()
+    try:
+        return [int(fields[i]) for i in at]
+    except (IndexError, ValueError):
+        return None
+
+
 def cpu_seconds(pids: Iterable[int]) -> float | None:
-    """The CPU time (user + system) the pids still running have used; None when none could be read."""
+    """The CPU time (user + system) the pids still running have used; None when none could be read.
+    psutil's cpu_times: /proc/PID/stat's utime and stime over the clock ticks per second."""
     total, seen = 0.0, False
     for pid in pids:
-        try:
-            times = psutil.Process(pid).cpu_times()
-        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
-            continue
-        total, seen = total + times.user + times.system, True
+        ticks = _proc_numbers(pid, "stat", 11, 12)   # utime, stime
+        if ticks is not None:
+            total, seen = total + ticks[0] / _CLOCK_TICKS + ticks[1] / _CLOCK_TICKS, True
     return total if seen else None
 
 
 def rss(pids: Iterable[int]) -> dict[int, int]:
-    """pid -> resident bytes for the pids still running (the exporter's per-process series)."""
+    """pid -> resident bytes for the pids still running (the exporter's per-process series).
+    psutil's memory_info().rss: /proc/PID/statm's second field, in pages."""
     out: dict[int, int] = {}
     for pid in pids:
-        try:
-            out[pid] = psutil.Process(pid).memory_info().rss
-        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
-            continue
+        pages = _proc_numbers(pid, "statm", 1)   # resident
+        if pages is not None:
+            out[pid] = pages[0] * _PAGE_SIZE
     return out
 
 

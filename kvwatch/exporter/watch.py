@@ -228,9 +228,12 @@ class Watch:
     def _poll_engines(self, targets: Sequence[EngineTarget]) -> tuple[list[tuple[bool, EngineMetrics | None]], str | None]:
         if not targets:
             return [], None
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="kvwatch-engine")
-        polled = list(self._pool.map(self._poll_one, targets))
+        if len(targets) == 1:   # nothing to overlap: no hand-off to a pool thread and back each tick
+            polled = [self._poll_one(targets[0])]
+        else:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="kvwatch-engine")
+            polled = list(self._pool.map(self._poll_one, targets))
         # The collector fails when an engine that answers /health serves no usable /metrics;
         # an engine that is down is kvwatch_engine_up 0, not a collector failure.
         errors = [f"{t.status.name}: {m.error}" for t, (up, m) in zip(targets, polled, strict=True)

@@ -85,16 +85,23 @@ class HostRegistry:
         Cheap whatever the claims say (256 claims of 4,095 pids each took 26 s a tick): a claim
         is parsed again only when its file changed, a pid that does not run is dropped against
         one listing of the process table, and each running pid's start time is read at most once
-        per tick, so a tick costs at most one look at each process of the host."""
+        per tick, so a tick costs at most one look at each process of the host. The process table
+        is listed only when there is another instance's claim to check: an instance alone on its
+        host (the usual case) lists nothing."""
         try:
             names = sorted(n for n in os.listdir(self.directory) if n.endswith(".json"))[:MAX_FILES]
         except OSError:
             return frozenset()
-        running = proc_inspect.running_pids()
+        listed: list[frozenset[int]] = []
         started: dict[int, float | None] = {}
 
+        def running() -> frozenset[int]:
+            if not listed:
+                listed.append(proc_inspect.running_pids())
+            return listed[0]
+
         def same(ref: ProcRef) -> bool:
-            if ref.pid not in running:
+            if ref.pid not in running():
                 return False
             if ref.pid not in started:
                 started[ref.pid] = proc_inspect.create_time(ref.pid)
@@ -114,7 +121,7 @@ class HostRegistry:
             owner, claimed = claim
             if not same(owner):
                 continue                      # that kvwatch is gone: its claim lapsed
-            out.update(pid for pid in claimed.keys() & running if same(ProcRef(pid, claimed[pid])))
+            out.update(pid for pid in claimed.keys() & running() if same(ProcRef(pid, claimed[pid])))
         for stale in set(self._claims) - seen:
             del self._claims[stale]
         return frozenset(out)

@@ -218,6 +218,11 @@ def nvml_standin_fixture(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Nvm
     standin.write(default_state())
     for name, value in standin.env.items():
         monkeypatch.setenv(name, value)
+    # A new state file is a new host: the process's shared Nvml inits again on its next call, as
+    # NVML enumerates the devices (handles, UUIDs) once per init and kvwatch keeps them for the init.
+    from kvwatch.boundary.nvml import shared
+
+    shared().shutdown()
     return standin
 
 
