@@ -274,6 +274,21 @@ def test_the_source_split_holds_out_whole_sources_and_never_one_tuned_to() -> No
     assert any(len({r["split"] for r in runs if r["source"] == s}) > 1 for s in sides)
 
 
+def test_the_source_held_out_runs_hold_the_published_figure(tmp_path: Path) -> None:
+    """Issue 38: the figure the README, docs and BENCHMARKS.md quote (section 12.13), printed by
+    bench/bench_gpu_budget.py: the whole sources held out, 35 runs, median |error| 1.9 %, 74 % within
+    3 %, no zero-KV plan (the issue's bar is 2 % and 80 %: the share is not met). Of them, the 19 the
+    by-run split held out too (never fitted on): median 2.6 %, 68 % within."""
+    split = source_split(all_runs())
+    held = [r for r in RUNS if split[r["name"]] == HELD_OUT]
+    summary = Summary.of(_errors(held, tmp_path))
+    assert summary.runs >= 35
+    assert summary.median <= 0.019
+    assert summary.within >= 0.74
+    clean = Summary.of(_errors([r for r in held if r["split"] == HELD_OUT], tmp_path))
+    assert clean.runs >= 19 and clean.median <= 0.026 and clean.within >= 0.68
+
+
 def test_the_residual_terms_add_up_to_the_error(tmp_path: Path) -> None:
     for run in RUNS:
         budget = plan_run(run, tmp_path / run["name"]).gpu_budget
