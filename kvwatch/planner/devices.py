@@ -20,6 +20,7 @@ class Device:
     cpu_avx512_bf16: bool = False              # CPU: AVX-512 BF16 (vLLM then keeps SSM states in float32)
     source: str = "given"                      # "nvml", "preset", "given", "cpu"
     cuda_total_bytes: int | None = None        # the total CUDA reports, when known (a vLLM log says it)
+    free_memory_bytes: int | None = None       # free before vLLM starts, as the user states it (planner/free_memory.py)
 
     @property
     def sm(self) -> str:

@@ -1,0 +1,97 @@
+"""The GPU's free memory at start (`--gpu-free-memory`, kvwatch/planner/free_memory.py): the budget with
+and without it, release by release, and the option's errors."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvwatch.errors import KvwatchError
+from kvwatch.planner.devices import Device, GiB, preset
+from kvwatch.planner.engine_args import EngineCommand
+from kvwatch.planner.extensible_kv import CUDA_CONTEXT_BYTES
+from kvwatch.planner.free_memory import snapshot_free_bytes, with_free_memory
+from kvwatch.planner.geometry import geometry_from_config
+from kvwatch.planner.plan import MemoryInputs, Plan, make_plan
+from kvwatch.planner.rules import ruleset_for
+from kvwatch.values.versions import parse_version
+
+QWEN_DIR = Path(__file__).resolve().parent.parent / "examples" / "qwen2-7b"
+QWEN = json.loads((QWEN_DIR / "config.json").read_text())
+CARD = preset("rtx-4090")                      # CUDA total 23.64 GiB (devices.CARDS)
+UTIL_09 = ("--gpu-memory-utilization", "0.9")  # 21.28 GiB of 23.64
+
+
+def _plan(version: str, free_gib: float | None, flags: tuple[str, ...] = UTIL_09,
+          env: tuple[tuple[str, str], ...] = ()) -> Plan:
+    device = CARD if free_gib is None else with_free_memory(CARD, int(free_gib * GiB))
+    settings = EngineCommand.parse(["vllm", "serve", "/m", *flags]).settings()
+    return make_plan(geometry_from_config(QWEN), settings, device, ruleset_for(version),
+                     MemoryInputs(vllm_version=parse_version(version), vllm_env=env))
+
+
+def _busy(plan: Plan) -> list[dict]:
+    return [w.to_json() for w in plan.warnings if w.kind.value == "gpu_memory_busy"]
+
+
+# (release, environment, extra flags, stated free GiB, the fix vLLM's refusal takes or None, the KV
+# memory's change against the same plan without a stated free memory, in GiB)
+CASES = [
+    # V1 from 0.9: the worker refuses a budget above its free memory (0.28.0 v1/worker/utils.py:453)
+    ("0.28.0", (), (), 23.0, None, 0.0),            # 22.50 GiB free at the snapshot >= 21.28: starts
+    ("0.28.0", (), (), 20.0, 0.82, 0.0),            # 19.50 < 21.28: refused; 0.82 x 23.64 = 19.38 fits
+    ("0.28.0", (), ("--gpu-memory-utilization", "0.8"), 20.0, None, 0.0),   # 18.91 GiB fits in 19.50
+    ("0.9.2", (), (), 20.0, 0.82, 0.0),             # the first release read with the check
+    # V1 before 0.9: no check; another process's memory is the profile's non-torch memory
+    ("0.8.5", (), (), 20.0, None, -(23.64 - 20.0)),
+    # V0: the baseline snapshot leaves it out, and nothing refuses: the budget is unchanged
+    ("0.8.5", (("VLLM_USE_V1", "0"),), (), 20.0, None, 0.0),
+    # 0.34 with the extensible KV cache: no refusal (utils.py:785), sized from the free memory
+    ("0.34.0", (), (), 20.0, None, None),
+    ("0.34.0", (), ("--no-enable-extensible-kv-cache",), 20.0, 0.82, 0.0),
+]
+
+
+@pytest.mark.parametrize("version,env,flags,free,fix,kv_change", CASES)
+def test_the_budget_with_and_without_a_stated_free_memory(version, env, flags, free, fix, kv_change) -> None:
+    without = _plan(version, None, UTIL_09 + flags, env)
+    stated = _plan(version, free, UTIL_09 + flags, env)
+    assert not _busy(without)
+    busy = _busy(stated)
+    if fix is None:
+        assert not busy and not stated.will_fail
+    else:
+        assert [b["fix"] for b in busy] == [{"--gpu-memory-utilization": fix}] and stated.will_fail
+        assert busy[0]["message"].startswith("Free memory on device (19.50/23.64 GiB) on startup is less than")
+        assert fix * 23.64 <= free - CUDA_CONTEXT_BYTES / GiB < (fix + 0.01) * 23.64
+    assert stated.gpu_budget is not None and without.gpu_budget is not None
+    assert stated.gpu_budget.requested_bytes == without.gpu_budget.requested_bytes   # the budget is total x util
+    assert stated.gpu_budget.stated_free_bytes == int(free * GiB) and without.gpu_budget.stated_free_bytes is None
+    change = (stated.kv_memory_bytes - without.kv_memory_bytes) / GiB
+    if kv_change is None:   # extensible: what the snapshot finds free, less the resident and transient memory
+        budget = stated.gpu_budget
+        assert budget.free_at_start_bytes == int(free * GiB) - CUDA_CONTEXT_BYTES
+        assert stated.kv_memory_bytes < without.kv_memory_bytes
+        assert stated.kv_memory_bytes <= budget.free_at_start_bytes - budget.resident_bytes - budget.transient_bytes
+    else:
+        assert change == pytest.approx(kv_change, abs=0.01)
+
+
+def test_a_stated_free_memory_above_the_cuda_total_is_a_clean_card() -> None:
+    """nvidia-smi's free on a clean card can exceed the CUDA total (NVML's framebuffer is larger)."""
+    clean = with_free_memory(CARD, int(23.9 * GiB))
+    assert snapshot_free_bytes(clean) == snapshot_free_bytes(CARD)
+    assert _plan("0.8.5", 23.9).kv_memory_bytes == _plan("0.8.5", None).kv_memory_bytes
+
+
+@pytest.mark.parametrize("device,free,needle", [
+    (CARD, 0, "must be more than 0"),
+    (CARD, -GiB, "must be more than 0"),
+    (CARD, 30 * GiB, "is more than NVIDIA GeForce RTX 4090's 23.99 GiB in all"),
+    (preset("gb10"), 122 * GiB, "is more than NVIDIA GB10's 121.69 GiB in all"),
+    (Device("cpu", "cpu"), GiB, "is for a GPU plan"),
+])
+def test_a_free_memory_that_cannot_be_is_one_clear_error(device, free, needle) -> None:
+    with pytest.raises(KvwatchError, match=needle):
+        with_free_memory(device, free)
