@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from kvwatch.cli import main
 from kvwatch.errors import KvwatchError
 from kvwatch.planner.devices import Device, GiB, preset
 from kvwatch.planner.engine_args import EngineCommand
@@ -95,3 +96,37 @@ def test_a_stated_free_memory_above_the_cuda_total_is_a_clean_card() -> None:
 def test_a_free_memory_that_cannot_be_is_one_clear_error(device, free, needle) -> None:
     with pytest.raises(KvwatchError, match=needle):
         with_free_memory(device, free)
+
+
+def test_cli_plans_with_the_stated_free_memory(capsys) -> None:
+    base = ["plan", "--preset", "rtx-4090", "--vllm-version", "0.28.0"]
+    serve = ["--", "vllm", "serve", str(QWEN_DIR), "--gpu-memory-utilization", "0.9"]
+    assert main([*base, *serve]) == 0
+    assert "free at start" not in capsys.readouterr().out
+    assert main([*base, "--gpu-free-memory", "23GiB", *serve]) == 0
+    assert "free at start    23.00 GiB stated (--gpu-free-memory)" in capsys.readouterr().out
+    assert main([*base, "--gpu-free-memory", "20GiB", *serve]) == 3
+    out = capsys.readouterr().out
+    assert "FAILS: [gpu_memory_busy] Free memory on device (19.50/23.64 GiB)" in out
+    assert "fix: --gpu-memory-utilization 0.82" in out
+    assert main([*base, "--gpu-free-memory", "20GiB", "--json", *serve]) == 3
+    data = json.loads(capsys.readouterr().out)
+    assert data["gpu_budget"]["stated_free_bytes"] == 20 * GiB
+    assert data["warnings"][0]["fix"] == {"--gpu-memory-utilization": 0.82}
+
+
+@pytest.mark.parametrize("value,needle", [
+    ("lots", "'lots' is not a size"),
+    ("0", "--gpu-free-memory must be more than 0"),
+    ("30GiB", "--gpu-free-memory 30.00 GiB is more than"),
+])
+def test_cli_bad_free_memory_is_one_line_exit_2(value, needle, capsys) -> None:
+    rc = main(["plan", "--preset", "rtx-4090", "--gpu-free-memory", value, "--", "vllm", "serve", str(QWEN_DIR)])
+    err = capsys.readouterr().err
+    assert rc == 2 and needle in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_cli_free_memory_needs_a_gpu(capsys) -> None:
+    assert main(["plan", "--device", "cpu", "--gpu-free-memory", "8GiB", "--", "vllm", "serve", str(QWEN_DIR)]) == 2
+    assert "--gpu-free-memory is for a GPU plan" in capsys.readouterr().err
