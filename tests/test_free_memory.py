@@ -9,7 +9,7 @@ import pytest
 
 from kvwatch.cli import main
 from kvwatch.errors import KvwatchError
-from kvwatch.planner.devices import Device, GiB, preset
+from kvwatch.planner.devices import CARDS, PLATFORMS, Device, GiB, preset
 from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.extensible_kv import CUDA_CONTEXT_BYTES
 from kvwatch.planner.free_memory import snapshot_free_bytes, with_free_memory
@@ -130,3 +130,35 @@ def test_cli_bad_free_memory_is_one_line_exit_2(value, needle, capsys) -> None:
 def test_cli_free_memory_needs_a_gpu(capsys) -> None:
     assert main(["plan", "--device", "cpu", "--gpu-free-memory", "8GiB", "--", "vllm", "serve", str(QWEN_DIR)]) == 2
     assert "--gpu-free-memory is for a GPU plan" in capsys.readouterr().err
+
+
+def _preset_plan(name: str, version: str, util: str, free_gib: float | None = None) -> Plan:
+    device = preset(name) if free_gib is None else with_free_memory(preset(name), int(free_gib * GiB))
+    settings = EngineCommand.parse(["vllm", "serve", "/m", "--gpu-memory-utilization", util]).settings()
+    return make_plan(geometry_from_config(QWEN), settings, device, ruleset_for(version),
+                     MemoryInputs(vllm_version=parse_version(version)))
+
+
+@pytest.mark.parametrize("name,version,util,fix", [
+    # GB10: a headless DGX OS box's snapshot, 114.54/121.69 GiB (devices.CARDS: its source)
+    ("gb10", "0.27.1", "0.9", None),         # 109.52 GiB requested
+    ("gb10", "0.27.1", "0.95", 0.94),        # 115.61 > 114.54; 0.94 x 121.69 = 114.39 fits
+    # WSL2: 22.45/23.99 GiB at the snapshot; the two logged runs started at 0.92 and 0.85
+    ("rtx-4090-wsl2", "0.27.1", "0.92", None),
+    ("rtx-4090-wsl2", "0.27.1", "0.85", None),
+    ("rtx-4090-wsl2", "0.27.1", "0.95", 0.93),
+])
+def test_a_platform_preset_carries_what_it_leaves_free(name, version, util, fix) -> None:
+    plan = _preset_plan(name, version, util)
+    assert [b["fix"] for b in _busy(plan)] == ([] if fix is None else [{"--gpu-memory-utilization": fix}])
+
+
+def test_the_platform_presets_state_their_logged_snapshot() -> None:
+    gb10, wsl2 = preset("gb10"), preset("rtx-4090-wsl2")
+    assert snapshot_free_bytes(gb10) == int(114.54 * GiB)
+    assert snapshot_free_bytes(wsl2) == int(22.45 * GiB)
+    assert wsl2.name == preset("rtx-4090").name and wsl2.cuda_total_bytes == int(23.99 * GiB)
+    assert preset("rtx-4090").free_memory_bytes is None   # a card alone: free memory unknown, none assumed
+    assert all(p.source and p.card in {c.key for c in CARDS} for p in PLATFORMS)
+    # a stated figure replaces the preset's
+    assert not _busy(_preset_plan("rtx-4090-wsl2", "0.27.1", "0.95", free_gib=23.5))
