@@ -6,11 +6,15 @@ tests/test_gpu_budget.py and bench/bench_gpu_budget.py.
 Every run carries a `split`: "fit" (the runs the memory terms were measured on, including every
 run kvwatch was tuned to before issue 27) or "held_out" (never looked at while fitting: drawn once,
 by the sha256 of the run's name among the runs added by issue 27, every other one in that order).
+That split is by run: runs of one source (a repository, an author's notes, an issue thread) fall on
+both sides of it. Issue 38's split holds out whole sources: every run carries its `source`, and
+`source_split` draws the sources, not the runs (the bench prints both).
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shlex
 import statistics
 from collections.abc import Iterable, Mapping
@@ -198,3 +202,32 @@ def drawn_split(runs: list[dict[str, Any]]) -> dict[str, str]:
     held = set(first[::2]) | {r["name"] for r in runs if r["draw"] > 1
                               and int(hashlib.sha256(r["name"].encode()).hexdigest(), 16) % 2 == 0}
     return {r["name"]: HELD_OUT if r["name"] in held else FIT for r in runs}
+
+
+def source_of_url(source_url: str) -> str:
+    """The source a run's `source_url` names: a GitHub repository (github.com/owner/name), a vLLM
+    issue or pull request thread (github.com/vllm-project/vllm#N), a web site (its host), or a stored
+    file the search tool names no repository for (search-index file N)."""
+    thread = re.match(r"(?:https://)?github\.com/vllm-project/vllm/(?:issues|pull)/(\d+)", source_url)
+    if thread:
+        return f"github.com/vllm-project/vllm#{thread.group(1)}"
+    repo = re.match(r"(?:https://)?github\.com/([^/\s]+)/([^/\s]+)", source_url)
+    if repo:
+        return f"github.com/{repo.group(1)}/{repo.group(2)}"
+    site = re.match(r"https://([^/\s]+)/", source_url)
+    if site:
+        return site.group(1)
+    stored = re.search(r"search-index file id (\d+)", source_url)
+    if stored:
+        return f"search-index file {stored.group(1)}"
+    raise ValueError(f"no source in {source_url!r}")
+
+
+def source_split(runs: list[dict[str, Any]]) -> dict[str, str]:
+    """Issue 38's split, by whole sources: a source with a run kvwatch was tuned to before issue 27
+    is fit; of the others, a source is held out when the sha256 of its name is even, so that all the
+    runs of one source fall on one side and an added run of a new source never moves another."""
+    tuned = {r["source"] for r in runs if r["tuned_before_issue_27"]}
+    held = {r["source"] for r in runs if r["source"] not in tuned
+            and int(hashlib.sha256(r["source"].encode()).hexdigest(), 16) % 2 == 0}
+    return {r["name"]: HELD_OUT if r["source"] in held else FIT for r in runs}

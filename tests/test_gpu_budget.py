@@ -16,6 +16,8 @@ from gpu_log_corpus import (
     logged_kv_bytes,
     plan_run,
     residual_terms,
+    source_of_url,
+    source_split,
     started_runs,
 )
 
@@ -236,6 +238,55 @@ def test_the_split_is_the_one_drawn_and_never_holds_out_a_run_tuned_to() -> None
     assert not any(r["tuned_before_issue_27"] for r in runs if r["split"] == HELD_OUT)
     started = started_runs()
     assert len(started_runs(HELD_OUT)) >= len(started) // 4 and len(started_runs(FIT)) > len(started) // 2
+
+
+def test_every_run_names_its_source_and_a_joined_one_says_why() -> None:
+    """Issue 38: the source of a run is the repository, thread, site or stored file its `source_url`
+    names; a run whose source names another file joins that run's source only with a `source_why`
+    (the README's provenance: the same author, box or host)."""
+    for run in all_runs():
+        if run["source"] != source_of_url(run["source_url"]):
+            assert run.get("source_why"), run["name"]
+            assert any(r["source"] == run["source"] and r["name"] in run["source_why"] for r in all_runs()), run["name"]
+    assert source_of_url("https://github.com/vllm-project/vllm/issues/10517") == "github.com/vllm-project/vllm#10517"
+    assert source_of_url("github.com/igabhix001/Finetuning_LLama") == "github.com/igabhix001/Finetuning_LLama"
+    assert source_of_url("public GitHub file, search-index file id 7884883735 (no repository)") == "search-index file 7884883735"
+    with pytest.raises(ValueError):
+        source_of_url("a blog")
+
+
+def test_the_source_split_holds_out_whole_sources_and_never_one_tuned_to() -> None:
+    """No source on both sides; a source of a run tuned to before issue 27 is fit; an added run of a
+    new source moves no other run; at least a quarter of the started runs are held out."""
+    runs = all_runs()
+    split = source_split(runs)
+    sides: dict[str, set[str]] = {}
+    for run in runs:
+        sides.setdefault(run["source"], set()).add(split[run["name"]])
+    assert all(len(s) == 1 for s in sides.values()), [k for k, s in sides.items() if len(s) > 1]
+    assert not any(r["tuned_before_issue_27"] for r in runs if split[r["name"]] == HELD_OUT)
+    added = {**runs[-1], "name": "added_run", "source": "search-index file 1", "tuned_before_issue_27": False}
+    assert {k: v for k, v in source_split([*runs, added]).items() if k != "added_run"} == split
+    started = started_runs()
+    held = [r for r in started if split[r["name"]] == HELD_OUT]
+    assert len(held) >= len(started) // 4 and len({r["source"] for r in held}) >= 20
+    # the by-run split holds sources out in part: the reason for the source split
+    assert any(len({r["split"] for r in runs if r["source"] == s}) > 1 for s in sides)
+
+
+def test_the_source_held_out_runs_hold_the_published_figure(tmp_path: Path) -> None:
+    """Issue 38: the figure the README, docs and BENCHMARKS.md quote (section 12.13), printed by
+    bench/bench_gpu_budget.py: the whole sources held out, 35 runs, median |error| 1.9 %, 74 % within
+    3 %, no zero-KV plan (the issue's bar is 2 % and 80 %: the share is not met). Of them, the 19 the
+    by-run split held out too (never fitted on): median 2.6 %, 68 % within."""
+    split = source_split(all_runs())
+    held = [r for r in RUNS if split[r["name"]] == HELD_OUT]
+    summary = Summary.of(_errors(held, tmp_path))
+    assert summary.runs >= 35
+    assert summary.median <= 0.019
+    assert summary.within >= 0.74
+    clean = Summary.of(_errors([r for r in held if r["split"] == HELD_OUT], tmp_path))
+    assert clean.runs >= 19 and clean.median <= 0.026 and clean.within >= 0.68
 
 
 def test_the_residual_terms_add_up_to_the_error(tmp_path: Path) -> None:

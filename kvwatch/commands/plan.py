@@ -10,6 +10,7 @@ from kvwatch.errors import CommandError, KvwatchError
 from kvwatch.exitcodes import EXIT_OK, EXIT_PLAN_WILL_FAIL
 from kvwatch.planner.devices import Device, parse_compute_capability, preset
 from kvwatch.planner.engine_args import EngineCommand
+from kvwatch.planner.free_memory import with_free_memory
 from kvwatch.planner.gpu_budget import GpuBudget
 from kvwatch.planner.plan import Plan
 from kvwatch.planner.rules import ruleset_for
@@ -39,9 +40,19 @@ def add_device_arguments(p: argparse.ArgumentParser) -> None:
     group.add_argument("--preset", metavar="NAME", help="a named GPU: h100, h200, b200, a100-80g, l40s, rtx-4090, gb10, ... (an unknown name lists them all)")
     group.add_argument("--compute-capability", metavar="X.Y", help="a simulated GPU (with --gpu-memory)")
     p.add_argument("--gpu-memory", metavar="SIZE", help="total memory of the simulated GPU, e.g. 96GiB")
+    p.add_argument("--gpu-free-memory", metavar="SIZE",
+                   help="the GPU's free memory before vLLM starts, where you know it (a desktop's use, WSL2's "
+                        "reserve, GB10's unified memory as the OS reports it), e.g. 20GiB: vLLM refuses a budget "
+                        "above it (V1 from 0.9; the fix is the utilization it covers)")
 
 
 def device_from_args(args: argparse.Namespace) -> Device:
+    device = _device(args)
+    free = getattr(args, "gpu_free_memory", None)
+    return device if free is None else with_free_memory(device, parse_size(free))
+
+
+def _device(args: argparse.Namespace) -> Device:
     if args.gpu_memory and not args.compute_capability:
         raise KvwatchError("--gpu-memory goes with --compute-capability")
     if args.compute_capability:
@@ -172,6 +183,8 @@ def _budget_rows(budget: GpuBudget | None) -> list[tuple[str, str]]:
     return [
         ("GPU budget", f"{format_bytes(budget.cuda_total_bytes)} (CUDA total) x {budget.utilization:g} = "
                        f"{format_bytes(budget.requested_bytes)}, for vLLM {budget.version}: {budget.release}"),
+        *([("free at start", f"{format_bytes(budget.stated_free_bytes)} stated (--gpu-free-memory)")]
+          if budget.stated_free_bytes is not None else []),
         ("non-KV", f"weights {format_bytes(budget.weights_bytes)}, activation peak "
                    f"{format_bytes(budget.activation_peak_bytes)} ({budget.max_num_batched_tokens:,} tokens, "
                    f"{budget.max_num_seqs:,} sequences), non-torch {format_bytes(budget.non_torch_bytes)}, "

@@ -6,6 +6,10 @@ from dataclasses import dataclass
 from kvwatch.errors import KvwatchError
 
 GiB = 2**30
+# What a clean card does not have free at the worker's first snapshot (the CUDA context, cuBLAS):
+# 0.41-0.53 GiB on H100 and 0.50 GiB on RTX 5090 in the "Free memory on device (free/total GiB)"
+# lines of tests/fixtures/gpu_logs (search_llama31_8b_80gb_v0310.log, ..._rtx5090_len32768_v0280.log).
+CUDA_CONTEXT_BYTES = int(0.5 * GiB)
 
 
 @dataclass(frozen=True)
@@ -20,6 +24,7 @@ class Device:
     cpu_avx512_bf16: bool = False              # CPU: AVX-512 BF16 (vLLM then keeps SSM states in float32)
     source: str = "given"                      # "nvml", "preset", "given", "cpu"
     cuda_total_bytes: int | None = None        # the total CUDA reports, when known (a vLLM log says it)
+    free_memory_bytes: int | None = None       # free before vLLM starts, as the user states it (planner/free_memory.py)
 
     @property
     def sm(self) -> str:
@@ -41,6 +46,9 @@ class Card:
     cuda_total_gib: float | None    # the CUDA total; None where no log states it (NVML less _UNKNOWN_RESERVED)
     source: str
     unified_memory: bool = False    # CPU and GPU share one memory (GB10): NVML has no framebuffer total
+    # what vLLM's first snapshot found free on the platform as a public log shows it (the host's own use of
+    # unified memory); the preset states it as the free memory before start (planner/free_memory.py)
+    free_at_start_gib: float | None = None
 
     @property
     def total_bytes(self) -> int:
@@ -70,7 +78,11 @@ CARDS: tuple[Card, ...] = (
     Card("b300", "NVIDIA B300", ("b300",), (10, 3), 275_040, None, "NVML 275040 MiB (nvidia-smi); vendor 288 GB"),
     Card("gb10", "NVIDIA GB10", ("gb10",), (12, 1), None, 121.69,
          "DGX Spark: 128 GB unified memory, NVML reports no framebuffer total; CUDA 121.69 GiB as "
-         "MiaAI-Lab/GLM-5.3-Flash-EXL3-2x-DGX-Sparks#47 and #204 state it", unified_memory=True),
+         "MiaAI-Lab/GLM-5.3-Flash-EXL3-2x-DGX-Sparks#47 and #204 state it; free at vLLM's first snapshot "
+         "114.54 GiB, the OS's available memory on a headless DGX OS box (vLLM 0.27.1: 'Free memory on device "
+         "(114.54/121.69 GiB) on startup', a DGX Spark set-up note, public GitHub file, search-index file id "
+         "68873638920); other boxes log 99.33-109.53 GiB (file ids 58554003578, 60305821358, 70878272967): "
+         "--gpu-free-memory states a box's own", unified_memory=True, free_at_start_gib=114.54),
     Card("rtx-pro-6000", "NVIDIA RTX PRO 6000 Blackwell", ("rtxpro6000",), (12, 0), 97_887, None,
          "NVML 97887 MiB (nvidia-smi); vendor 96 GB"),
     Card("rtx-5090", "NVIDIA GeForce RTX 5090", ("5090",), (12, 0), 32_607, 31.36,
@@ -101,10 +113,43 @@ CARDS: tuple[Card, ...] = (
     Card("t4", "Tesla T4", ("teslat4",), (7, 5), 15_360, 14.74,
          "NVML 15360 MiB; CUDA 14.74 GiB in a vLLM 0.8.2 log (Colab T4)"),
 )
+
+
+@dataclass(frozen=True)
+class Platform:
+    """A card on a platform that changes what CUDA reports and leaves free: its own --preset name."""
+
+    key: str
+    card: str                       # the key of its card in CARDS (the name, capability and NVML total)
+    cuda_total_gib: float
+    free_at_start_gib: float        # what vLLM's first snapshot logged free there
+    source: str
+
+
+PLATFORMS: tuple[Platform, ...] = (
+    Platform("rtx-4090-wsl2", "rtx-4090", 23.99, 22.45,
+             "WSL2: the CUDA runtime over WDDM reports NVML's whole framebuffer (WSL_UNAME_MARK below) and the "
+             "Windows host keeps its share: 'Free memory on device (22.45/23.99 GiB) on startup' in two vLLM 0.27.1 "
+             "logs of one author and box (public GitHub files, search-index file ids 61815222665 and 61918553602; "
+             "tests/fixtures/gpu_logs search_qwen25_05b_4090_wsl2_*)"),
+)
+
+
+def _free_before_start(free_at_start_gib: float | None) -> int | None:
+    """A logged snapshot's free memory as the free memory before start: vLLM's own context added back."""
+    return int(free_at_start_gib * GiB) + CUDA_CONTEXT_BYTES if free_at_start_gib else None
+
+
 PRESETS: dict[str, Device] = {
     c.key: Device("cuda", c.name, c.capability, c.total_bytes, source="preset",
-                  cuda_total_bytes=int(c.cuda_total_gib * GiB) if c.cuda_total_gib else None)
+                  cuda_total_bytes=int(c.cuda_total_gib * GiB) if c.cuda_total_gib else None,
+                  free_memory_bytes=_free_before_start(c.free_at_start_gib))
     for c in CARDS}
+for _p in PLATFORMS:
+    _c = next(c for c in CARDS if c.key == _p.card)
+    PRESETS[_p.key] = Device("cuda", _c.name, _c.capability, _c.total_bytes, source="preset",
+                             cuda_total_bytes=int(_p.cuda_total_gib * GiB),
+                             free_memory_bytes=_free_before_start(_p.free_at_start_gib))
 # The streaming multiprocessors CUDA reports (torch's multi_processor_count, vLLM's
 # current_platform.num_compute_units: vLLM 0.33.0, vllm/platforms/cuda.py:704-705), as NVIDIA's
 # architecture whitepapers and datasheets give them for each card's configuration. Only TRITON_MLA's

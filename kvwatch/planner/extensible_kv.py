@@ -27,15 +27,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvwatch.planner.devices import GiB
+from kvwatch.planner.devices import CUDA_CONTEXT_BYTES, GiB
 from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.vllm_releases.defaults_shape import ExtensibleSizing, ReleaseDefaults
 
 RESOLVE_SOURCE = "vllm/config/vllm.py:3180-3263"
-# What a clean card does not have free at the worker's first snapshot (the CUDA context, cuBLAS):
-# 0.41-0.53 GiB on H100 and 0.50 GiB on RTX 5090 in the "Free memory on device (free/total GiB)"
-# lines of tests/fixtures/gpu_logs (search_llama31_8b_80gb_v0310.log, ..._rtx5090_len32768_v0280.log).
-CUDA_CONTEXT_BYTES = int(0.5 * GiB)
+__all__ = ["CUDA_CONTEXT_BYTES"]   # devices.CUDA_CONTEXT_BYTES, what a clean card lacks at the first snapshot
 # vLLM warns that an explicit utilization below 1.0 caps the cache when it withholds this much
 # (vLLM 0.34.0, vllm/v1/worker/extensible_kv_cache.py:661).
 CAP_WARNING_BYTES = GiB

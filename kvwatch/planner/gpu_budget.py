@@ -51,12 +51,12 @@ from kvwatch.planner.encoder_cache import (
 from kvwatch.planner.encoder_forward import encoder_forward_bytes
 from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.extensible_kv import (
-    CUDA_CONTEXT_BYTES,
     Extensible,
     extensible_for,
     extensible_kv_bytes,
     unset_utilization,
 )
+from kvwatch.planner.free_memory import others_non_torch_bytes, snapshot_free_bytes
 from kvwatch.planner.weights import WeightCount
 from kvwatch.values.versions import VllmVersion
 from kvwatch.vllm_releases import DEFAULT_RELEASE, resolve
@@ -254,6 +254,7 @@ class GpuBudget:
     # profile's estimate sizes it (every release before 0.34, and 0.34 with it off)
     extensible: ExtensibleSizing | None = None
     free_at_start_bytes: int = 0   # the card's free memory at the worker's first snapshot (extensible only)
+    stated_free_bytes: int | None = None   # --gpu-free-memory: free before the start (planner/free_memory.py)
 
     @property
     def requested_bytes(self) -> int:
@@ -285,6 +286,8 @@ class GpuBudget:
         out = {**asdict(self), "requested_bytes": self.requested_bytes, "parts": self.parts()}
         if self.extensible is None:   # the releases before 0.34 keep their JSON as it was
             del out["extensible"], out["free_at_start_bytes"]
+        if self.stated_free_bytes is None:   # plans without a stated free memory keep their JSON as it was
+            del out["stated_free_bytes"]
         return out
 
     def parts(self) -> dict[str, int]:
@@ -555,12 +558,13 @@ def estimate_budget(settings: EngineSettings, device: Device, count: WeightCount
         weights_bytes=weights_on_gpu(weights_per_rank, settings, count, dtype_bytes) + loaded_buffer_bytes(count, tokens, dtype_bytes)
         + replicated_extra_bytes(count, tp, settings.pipeline_parallel_size, dtype_bytes, replicated_linear_bytes),
         activation_peak_bytes=activation_peak_bytes(count, tokens, seqs, dtype_bytes, tp, sampler, extra, vision),
-        non_torch_bytes=non_torch_bytes(device, tp, version),
+        non_torch_bytes=non_torch_bytes(device, tp, version) + others_non_torch_bytes(device, release.engine, version),
         cuda_graph_bytes=CUDA_GRAPH_BYTES + wide_graph_bytes(count, version, device, settings, tokens, seqs, dtype_bytes)
         if release.cuda_graphs_counted and not settings.enforce_eager else 0,
         max_num_batched_tokens=tokens, max_num_seqs=seqs,
         runner_state_bytes=runner_state_bytes(count, seqs, version, device.platform, architectures, hybrid, env or {}),
-        extensible=extensible.sizing, free_at_start_bytes=total - CUDA_CONTEXT_BYTES if extensible.sizing else 0)
+        extensible=extensible.sizing, free_at_start_bytes=snapshot_free_bytes(device) if extensible.sizing else 0,
+        stated_free_bytes=device.free_memory_bytes)
 
 
 def requested_bytes(device: Device, settings: EngineSettings, version: VllmVersion | None,

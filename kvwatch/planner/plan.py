@@ -21,8 +21,9 @@ from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.extensible_kv import extensible_for
 from kvwatch.planner.flag_change import NO_CHANGE, FlagChange
+from kvwatch.planner.free_memory import start_refusal
 from kvwatch.planner.geometry import ModelGeometry
-from kvwatch.planner.gpu_budget import GpuBudget, Release, api_defaults, release_for
+from kvwatch.planner.gpu_budget import GpuBudget, Release, api_defaults, release_for, utilization
 from kvwatch.planner.kv_bytes import TokenBytes, token_sizes
 from kvwatch.planner.kv_dtype_refusal import mismatched_16bit_kv
 from kvwatch.planner.kv_groups import (
@@ -257,7 +258,8 @@ def _release_refusals(geometry: ModelGeometry, settings: EngineSettings, device:
                       release: Release) -> tuple[list[PredictedRefusal], EngineSettings]:
     """Step 1, the release's own refusals of the flags and the environment, in vLLM's words: the
     runner and removed variables (0.34), a 16-bit KV dtype other than the model's (0.33), the
-    extensible KV cache asked for where it cannot be (0.34); and the settings planned once fixed."""
+    extensible KV cache asked for where it cannot be (0.34), a budget above the stated free memory
+    (V1 from 0.9); and the settings planned once fixed."""
     out = [PredictedRefusal(CONFIG_REFUSED, f"ValueError: {message}", NO_CHANGE)
            for message in env_refusals((memory.vllm_version or DEFAULT_RELEASE).parts, dict(memory.vllm_env))]
     mismatched = mismatched_16bit_kv(settings, geometry.config_dtype, memory.vllm_version)
@@ -268,7 +270,10 @@ def _release_refusals(geometry: ModelGeometry, settings: EngineSettings, device:
         out.append(PredictedRefusal(CONFIG_REFUSED, f"vLLM refuses it: {refused}",
                                     FlagChange(remove=("--enable-extensible-kv-cache",))))
         settings = replace(settings, enable_extensible_kv_cache=None)
-    return out, settings
+    extensible = extensible_for(settings, device.platform, release.defaults)
+    busy = start_refusal(device, release.engine, memory.vllm_version, utilization(settings, release, extensible),
+                         extensible.sizing is not None)   # a start short of free memory (planner/free_memory.py)
+    return out + ([busy] if busy is not None else []), settings
 
 
 def _backend(geometry: ModelGeometry, settings: EngineSettings, device: Device, rules: RuleSet,
