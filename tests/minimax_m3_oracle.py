@@ -8,7 +8,8 @@ vllm/transformers_utils/config.py:159): which layers are sparse (_sparse_attenti
 sparse layer's get_kv_cache_spec (both compiled out of vllm/models/minimax_m3/nvidia/model.py,
 whose module needs torchvision to import), MiniMaxM3IndexerCache.get_kv_cache_spec, the backends'
 kernel block sizes and Platform._preferred_block_size_for_backends (the block size),
-get_kv_cache_groups and get_kv_cache_config_from_groups (the groups and blocks of a KV budget).
+get_kv_cache_groups and get_kv_cache_config_from_groups (the groups and blocks of a KV budget),
+get_pp_indices (the first pipeline stage's layers).
 Only the layers' constructor arithmetic is the oracle's: the rank's KV heads, max(1, heads // tp),
 and the index key width the layer reads (0.33: sparse_attention_config's sparse_index_dim,
 model.py:441; 0.34: index_head_dim, model.py:898). It prints a JSON list, one answer per case.
@@ -55,6 +56,7 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     import torch
     from vllm.config.attention import AttentionConfig
     from vllm.config.cache import CacheConfig
+    from vllm.distributed.utils import get_pp_indices
     from vllm.models.minimax_m3.common.indexer import MiniMaxM3IndexerBackend, MiniMaxM3IndexerCache
     from vllm.models.minimax_m3.common.sparse_attention import MiniMaxM3SparseBackend
     from vllm.platforms.interface import Platform
@@ -89,7 +91,8 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                           kv_cache_dtype=case["kv_cache_dtype"])
         indexer = types.SimpleNamespace(head_dim=index_key, head_size=index_key, dtype=torch.bfloat16)
         specs = {}
-        for layer in range(text.num_hidden_layers):
+        first, last = get_pp_indices(text.num_hidden_layers, 0, case.get("pp", 1))   # the first stage's layers
+        for layer in range(first, last):
             # a dense layer's Attention builds the same FullAttentionSpec of the rank's heads
             specs[f"model.layers.{layer}.self_attn.attn"] = main_spec(attention, config)
             if layer in sparse:

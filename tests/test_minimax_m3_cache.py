@@ -61,6 +61,8 @@ CASES: dict[str, dict[str, Any]] = {
     "TP 1, fp8 KV, 40 GiB": {"config": PREVIEW, "tp": 1, "kv_cache_dtype": "fp8", "kv_memory_bytes": 40 * GiB},
     "TP 8, 17 GiB, --block-size 256": {"config": PREVIEW, "tp": 8, "kv_cache_dtype": "auto",
                                        "kv_memory_bytes": 17 * GiB, "block_size": 256},
+    "PP 2, TP 4, 20 GiB": {"config": PREVIEW, "tp": 4, "pp": 2, "kv_cache_dtype": "auto",
+                           "kv_memory_bytes": 20 * GiB},
     "layer_types schema, TP 2, 30 GiB": {"config": NEW_SCHEMA, "tp": 2, "kv_cache_dtype": "auto",
                                          "kv_memory_bytes": 30 * GiB},
 }
@@ -89,6 +91,8 @@ def _vllm(release: str) -> dict[str, dict[str, Any]]:
 def _plan(case: dict[str, Any], release: str) -> Plan:
     flags = ["-tp", str(case["tp"]), "--kv-cache-memory-bytes", str(case["kv_memory_bytes"]),
              "--kv-cache-dtype", case["kv_cache_dtype"]]
+    if case.get("pp"):
+        flags += ["-pp", str(case["pp"])]
     if case.get("block_size"):
         flags += ["--block-size", str(case["block_size"])]
     settings = EngineCommand.parse(["vllm", "serve", "m", *flags]).settings()

@@ -479,7 +479,8 @@ def _kv_groups(geometry: ModelGeometry, settings: EngineSettings, block_size: in
     that sliding-window layers pad up to (vllm_releases/skip_layer_pages.py)."""
     kinds = with_indexers(geometry.layout.kinds, geometry.sparse_indexer, FULL)   # MiniMax-M3's indexer caches
     if settings.pipeline_parallel_size > 1:   # the first stage holds the most layers
-        per_stage = -(-len(kinds) // settings.pipeline_parallel_size)
+        per_stage = -(-len(geometry.layout.kinds) // settings.pipeline_parallel_size)
+        per_stage = len(with_indexers(geometry.layout.kinds[:per_stage], geometry.sparse_indexer, FULL))
         kinds, token_bytes = kinds[:per_stage], token_bytes[:per_stage]
     pages = [block_size * b for b in token_bytes]
     rule = grouping_rule_for(version)
