@@ -14,6 +14,7 @@ from kvwatch.planner.config_defaults import HEAD_DIM_DEFAULTS
 from kvwatch.planner.config_keys import own_key, standard_keys
 from kvwatch.planner.indexer import indexer_bytes_per_token
 from kvwatch.planner.layers import FULL, PURE_STATE_SPACE, LayerLayout, kimi_linear_layout, layer_layout
+from kvwatch.planner.minimax_sparse import SparseIndexer, sparse_indexer
 from kvwatch.planner.weights import WeightCount, count_model_weights
 from kvwatch.values.versions import parse_version
 from kvwatch.vllm_releases import resolve
@@ -61,6 +62,8 @@ class ModelGeometry:
     layout: LayerLayout = None  # type: ignore[assignment]  # filled from layer_kinds when not given
     sparse_attention: bool = False   # MLA with the DeepSeek-V3.2 indexer (index_topk in config.json)
     indexer_bytes_per_token: int = 0   # that indexer's cache, every layer, one token (planner/indexer.py)
+    # MiniMax-M3's sparse layers, each with a key-only indexer cache in the blocks (planner/minimax_sparse.py)
+    sparse_indexer: SparseIndexer | None = None
     # vLLM's max_model_len when none is given (or auto) where it is not the derived one: LongRoPE
     # models default to original_max_position_embeddings (config/model.py _get_and_verify_max_len).
     default_len: int | None = None
@@ -257,7 +260,8 @@ def geometry_from_config(config: Mapping[str, Any], release: str | None = None) 
         config_dtype=config_dtype, sliding_window=layout.window, layer_kinds=layout.kinds, layout=layout,
         max_position_embeddings=max_len, num_attention_heads=num_heads, hidden_size=hidden,
         weight_count=count_model_weights(config, cfg), quantization=_quantization(config, cfg), derived_max_model_len=derived,
-        derived_max_model_len_key=derived_key, default_len=longrope_default_len(cfg, rules), present_fields=_present(cfg))
+        derived_max_model_len_key=derived_key, default_len=longrope_default_len(cfg, rules), present_fields=_present(cfg),
+        sparse_indexer=sparse_indexer(cfg, architectures, num_layers, parse_version(release) if release else None))
 
 
 def _state_space_geometry(config: Mapping[str, Any], cfg: Mapping[str, Any], model_type: str,

@@ -8,6 +8,7 @@ from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.geometry import ModelGeometry
 from kvwatch.planner.layers import MAMBA, SLIDING
+from kvwatch.planner.minimax_sparse import with_indexers
 from kvwatch.planner.rules import FP8_KV_DTYPES, PACKED_MLA_BYTES
 from kvwatch.planner.scheduler import prefix_caching_on
 from kvwatch.values.versions import VllmVersion
@@ -28,7 +29,7 @@ class TokenBytes:
     packed_extra: int                # what a packed MLA layout adds to the latent, per token and layer
     skip_layers: tuple[str, ...]     # --kv-cache-dtype-skip-layers, when the KV cache is quantized
     skip_token: int                  # one token of a layer kept in the model's dtype
-    layer_token_bytes: tuple[int, ...]   # per cache layer in model order (a state layer: 0)
+    layer_token_bytes: tuple[int, ...]   # per cache layer in model order (a state layer: 0; indexers included)
     state_bytes: int                 # one recurrent layer's state (0: none)
     checkpoint_alignment: int | None   # the gated delta net's prefill checkpoint alignment
 
@@ -57,6 +58,8 @@ def token_sizes(geometry: ModelGeometry, settings: EngineSettings, device: Devic
     skip_token = mla_entry_elements(geometry.head_size, model_bytes, version, device.platform, env) * model_bytes \
         if mla else token_bytes(geometry.num_kv_heads, geometry.head_size, settings, model_bytes)
     layers = layer_token_bytes(geometry, settings, dtype_bytes, per_token_layer, model_bytes, layer_skip, skip_token)
+    indexer = geometry.sparse_indexer   # MiniMax-M3: each sparse layer's indexer cache follows it
+    layers = with_indexers(layers, indexer, indexer.token_bytes() if indexer else 0)
     return TokenBytes(dtype_bytes, model_bytes, per_token_layer, packed_extra, skip, skip_token, tuple(layers),
                       recurrent_state_bytes(geometry, settings, model_bytes, device, version),
                       prefill_checkpoint_alignment(geometry, settings, device, version))

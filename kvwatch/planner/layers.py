@@ -34,6 +34,7 @@ _LAYER_TYPE_KINDS = {
     "full_attention": FULL, "attention": FULL, "global_attention": FULL, "full": FULL,
     "sliding_attention": SLIDING, "sliding_window_attention": SLIDING, "local_attention": SLIDING,
     "chunked_attention": CHUNKED,
+    "minimax_m3_sparse": FULL,   # MiniMax-M3: a full K/V cache beside its indexer's (planner/minimax_sparse.py)
     "linear_attention": MAMBA, "mamba": MAMBA, "mamba2": MAMBA, "gated_delta_net": MAMBA,
     "conv": MAMBA,   # LFM2's short convolution: a conv state per sequence (MambaSpec)
 }

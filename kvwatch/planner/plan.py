@@ -40,7 +40,8 @@ from kvwatch.planner.kv_groups import (
     sliding_block_size,
 )
 from kvwatch.planner.kv_memory import NO_MEMORY_INPUTS, MemoryInputs, kv_memory, no_memory_warning
-from kvwatch.planner.layers import CHUNKED, MAMBA
+from kvwatch.planner.layers import CHUNKED, FULL, MAMBA
+from kvwatch.planner.minimax_sparse import BLOCK_SIZE_SOURCE, SPARSE_KERNEL_BLOCKS, common_block_size, with_indexers
 from kvwatch.planner.no_kv_cache import NO_KV_CACHE_ATTENTION, NO_KV_CACHE_SOURCE
 from kvwatch.planner.predicted_refusal import (
     CONFIG_REFUSED,
@@ -298,6 +299,13 @@ def _block_size(geometry: ModelGeometry, settings: EngineSettings, device: Devic
     version, attention_free = memory.vllm_version, geometry.attention == "none"
     default_block = release.defaults.block_size   # vLLM's default --block-size (vllm_releases/defaults.py)
     block_size, block_source = _attention_block_size(shape, device, geometry, settings, default_block)
+    indexer = geometry.sparse_indexer
+    if indexer is not None and shape is not None and settings.block_size is None and device.platform == "cuda":
+        # MiniMax-M3: its sparse and indexer backends join the dense one (planner/minimax_sparse.py)
+        dense = [shape.block_sizes] if len(indexer.layers) < geometry.num_layers else []
+        common = common_block_size(dense + [SPARSE_KERNEL_BLOCKS, SPARSE_KERNEL_BLOCKS], default_block)
+        if common is not None:
+            block_size, block_source = common, f"the block every attention backend accepts ({BLOCK_SIZE_SOURCE})"
     state_bytes, mla = sizes.state_bytes, geometry.attention == "mla"
     if state_bytes and shape is not None and not attention_free:   # a hybrid: attention pages hold a state
         aligned = hybrid_block_size(hybrid_alignment_for(release.defaults.release), shape, block_size,
@@ -476,9 +484,10 @@ def _kv_groups(geometry: ModelGeometry, settings: EngineSettings, block_size: in
     (default: the block size in force), `gdn_checkpoint` whether the gated delta net layers export
     prefill checkpoints (vllm_releases/gdn_checkpoint.py), `shared_page` the skip layers' padded page
     that sliding-window layers pad up to (vllm_releases/skip_layer_pages.py)."""
-    kinds = list(geometry.layout.kinds)
+    kinds = with_indexers(geometry.layout.kinds, geometry.sparse_indexer, FULL)   # MiniMax-M3's indexer caches
     if settings.pipeline_parallel_size > 1:   # the first stage holds the most layers
-        per_stage = -(-len(kinds) // settings.pipeline_parallel_size)
+        per_stage = -(-len(geometry.layout.kinds) // settings.pipeline_parallel_size)
+        per_stage = len(with_indexers(geometry.layout.kinds[:per_stage], geometry.sparse_indexer, FULL))
         kinds, token_bytes = kinds[:per_stage], token_bytes[:per_stage]
     pages = [block_size * b for b in token_bytes]
     rule = grouping_rule_for(version)
