@@ -24,6 +24,7 @@ from kvwatch.planner.flag_change import NO_CHANGE, FlagChange
 from kvwatch.planner.free_memory import start_refusal
 from kvwatch.planner.geometry import ModelGeometry
 from kvwatch.planner.gpu_budget import GpuBudget, Release, api_defaults, release_for, utilization
+from kvwatch.planner.inkling import ring_specs
 from kvwatch.planner.kv_bytes import TokenBytes, token_sizes
 from kvwatch.planner.kv_dtype_refusal import mismatched_16bit_kv
 from kvwatch.planner.kv_groups import (
@@ -340,7 +341,7 @@ def _layers(geometry: ModelGeometry, settings: EngineSettings, version: VllmVers
     sliding_block = sliding_block_size(shape.block_sizes, block_size, SLIDING_BLOCK_FROM_KERNEL.holds(version),
                                        SLIDING_BLOCK_WITHIN_PRIMARY_PAGE.holds(version),
                                        SLIDING_BLOCK_DIVIDES_PRIMARY.holds(version)) \
-        if shape is not None else block_size
+        if shape is not None and not geometry.layout.conv_rings else block_size   # Inkling: its own specs
     groups, grouping_refusals = _kv_groups(geometry, settings, block_size, sizes.layer_token_bytes, sizes.state_bytes,
                                            version, sliding_block, sizes.checkpoint_alignment is not None,
                                            shared_page, shape.block_sizes if shape is not None else ())
@@ -500,6 +501,8 @@ def _kv_groups(geometry: ModelGeometry, settings: EngineSettings, block_size: in
         checkpoints = GDN_CHECKPOINT_BLOCKS
     specs = layer_specs(kinds, pages, block_size, geometry.layout.window, state_bytes, checkpoints, sliding_block,
                         shared_page, kernel_sizes)
+    rings = geometry.layout.conv_rings[:len(kinds)]   # Inkling: one per decoder layer of this stage
+    specs += ring_specs(rings, max(1, settings.tensor_parallel_size))
     if pages_refused(specs, KV_PAGE_UNIFICATION.holds(version), rule.uniform_type):
         refusals.append(PredictedRefusal(
             CONFIG_REFUSED, f"NotImplementedError: vLLM {version} groups layers of different types only when their "
