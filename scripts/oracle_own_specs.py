@@ -8,7 +8,7 @@ RELEASE_TREE is one unpacked wheel (RELEASE_TREE/vllm/...). Nothing of vLLM is i
 the modules named in REAL (scripts/oracle_kv_groups.py) and the family's own files below are loaded
 from the release; every other vllm module they import is a stand-in (oracle_kv_groups.ReleaseFinder).
 What the layers read from outside themselves is given, as the engine would give it: the tensor
-parallel world size, the current VllmConfig (model dtype bfloat16, --block-size, --kv-cache-dtype)
+parallel world size, the current VllmConfig (the model dtype, --block-size, --kv-cache-dtype)
 and `kv_cache_dtype_str_to_dtype` ("auto": the model dtype; an fp8 name: float8_e4m3fn); the
 backend module's `MultipleOf` is a class no spec here is an instance of (none has a block stride
 alignment).
@@ -19,7 +19,8 @@ Families:
   InklingAttention (models/inkling/nvidia/attention.py), built with the arguments
   InklingDecoderLayer passes (nvidia/model.py:140-170), each asked for get_kv_cache_spec.
 
-Each case: {"family", "config" (the text config.json), "tp", "block_size", "kv_cache_dtype",
+Each case: {"family", "config" (the text config.json), "tp", "block_size", "kv_cache_dtype", "dtype"
+(the model's, a torch name),
 "memory" (bytes for the KV cache), "max_model_len", "max_num_batched_tokens",
 "max_in_flight_tokens" (VllmConfig.max_in_flight_tokens: the batches in flight, two with a GPU's
 async scheduling, times max_num_batched_tokens)}. Each answer: the
@@ -51,7 +52,8 @@ FAMILY_MODULES = {"inkling": ("vllm.models.inkling.configs", "vllm.models.inklin
 def _vllm_config(case: dict[str, Any], layout: Any) -> Any:
     import torch
     config = groups_oracle._config({"disable_hybrid": False, "block_size": case["block_size"]}, layout)
-    config.model_config = types.SimpleNamespace(dtype=torch.bfloat16, max_model_len=case["max_model_len"])
+    config.model_config = types.SimpleNamespace(dtype=getattr(torch, case.get("dtype", "bfloat16")),
+                                                max_model_len=case["max_model_len"])
     config.scheduler_config.max_num_batched_tokens = case["max_num_batched_tokens"]
     config.scheduler_config.max_model_len = case["max_model_len"]
     config.max_in_flight_tokens = case["max_in_flight_tokens"]
@@ -63,9 +65,9 @@ def _vllm_config(case: dict[str, Any], layout: Any) -> Any:
     return config
 
 
-def _dtype(name: str) -> Any:
+def _dtype(name: str, model_config: Any) -> Any:
     import torch
-    return torch.bfloat16 if name == "auto" else torch.float8_e4m3fn
+    return model_config.dtype if name == "auto" else torch.float8_e4m3fn
 
 
 def inkling_specs(case: dict[str, Any], vllm_config: Any) -> dict[str, Any]:
@@ -75,7 +77,7 @@ def inkling_specs(case: dict[str, Any], vllm_config: Any) -> dict[str, Any]:
     for module in (sconv, attention):
         module.get_current_vllm_config = lambda: vllm_config   # type: ignore[attr-defined]
         module.get_tensor_model_parallel_world_size = lambda: case["tp"]   # type: ignore[attr-defined]
-    attention.kv_cache_dtype_str_to_dtype = lambda name, model_config: _dtype(name)   # type: ignore[attr-defined]
+    attention.kv_cache_dtype_str_to_dtype = lambda name, model_config: _dtype(name, model_config)   # type: ignore[attr-defined]
     text = {k: v for k, v in case["config"].items() if k not in ("model_type", "architectures")}
     config = configs.InklingModelConfig(**text)
     local = set(config.local_layer_ids)

@@ -28,15 +28,18 @@ MEMORY = 40 << 30          # a 40 GiB KV cache budget
 MAX_MODEL_LEN, BATCHED = 4096, 2048
 IN_FLIGHT = 2 * BATCHED    # async scheduling on a GPU keeps two batches in flight (planner/scheduler.py)
 FAMILIES = {"inkling_small": "inkling", "inkling": "inkling"}
-# (tensor parallel size, --block-size, --kv-cache-dtype): TP 16 is beyond the rings' 8 KV heads
-SETTINGS = ((1, 16, "auto"), (2, 16, "auto"), (8, 16, "auto"), (1, 64, "auto"), (1, 16, "fp8"), (16, 16, "auto"))
+# (tensor parallel size, --block-size, --kv-cache-dtype, the model dtype): TP 16 is beyond the rings'
+# 8 KV heads; the rings hold bfloat16 only
+SETTINGS = ((1, 16, "auto", "bfloat16"), (2, 16, "auto", "bfloat16"), (8, 16, "auto", "bfloat16"),
+            (1, 64, "auto", "bfloat16"), (1, 16, "fp8", "bfloat16"), (16, 16, "auto", "bfloat16"),
+            (1, 16, "auto", "float16"))
 
 
 def cases() -> list[dict[str, Any]]:
     return [{"name": name, "family": FAMILIES[name], "config": text_config(name), "tp": tp, "block_size": block,
-             "kv_cache_dtype": dtype, "memory": MEMORY, "max_model_len": MAX_MODEL_LEN,
+             "kv_cache_dtype": kv_dtype, "dtype": dtype, "memory": MEMORY, "max_model_len": MAX_MODEL_LEN,
              "max_num_batched_tokens": BATCHED, "max_in_flight_tokens": IN_FLIGHT}
-            for name in OWN_SPEC_CONFIGS for tp, block, dtype in SETTINGS]
+            for name in OWN_SPEC_CONFIGS for tp, block, kv_dtype, dtype in SETTINGS]
 
 
 def run_oracle(tree: Path, batch: list[dict[str, Any]]) -> list[Any]:
@@ -46,14 +49,17 @@ def run_oracle(tree: Path, batch: list[dict[str, Any]]) -> list[Any]:
     return answers
 
 
+def label(case: dict[str, Any]) -> str:
+    return f"{case['name']} tp{case['tp']} block{case['block_size']} {case['kv_cache_dtype']} {case['dtype']}"
+
+
 def main() -> int:
     src = Path(os.environ.get("KVWATCH_VLLM_SRC", ""))
     batch = cases()
     data = {"memory": MEMORY, "releases": {}}
     for release in RELEASES:
         answers = run_oracle(src / release, batch)
-        data["releases"][release] = [{"case": f"{c['name']} tp{c['tp']} block{c['block_size']} {c['kv_cache_dtype']}",
-                                      "vllm": a} for c, a in zip(batch, answers, strict=True)]
+        data["releases"][release] = [{"case": label(c), "vllm": a} for c, a in zip(batch, answers, strict=True)]
     fd, tmp = tempfile.mkstemp(dir=OUT.parent, prefix=".own_spec_oracle.", suffix=".json")
     with os.fdopen(fd, "w") as f:
         json.dump(data, f, indent=1)

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from fixtures.models.own_spec_configs import OWN_SPEC_CONFIGS, text_config
-from record_own_spec_oracle import BATCHED, MAX_MODEL_LEN, MEMORY, RELEASES, cases, run_oracle
+from record_own_spec_oracle import BATCHED, MAX_MODEL_LEN, MEMORY, RELEASES, cases, label, run_oracle
 
 from kvwatch.errors import ConfigError
 from kvwatch.planner.architecture_kinds import PLANNED, verdict
@@ -31,7 +31,7 @@ from kvwatch.values.versions import parse_version
 from kvwatch.vllm_releases.architectures import ARCHITECTURES
 
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "models" / "own_spec_oracle.json").read_text())
-CASES = {f"{c['name']} tp{c['tp']} block{c['block_size']} {c['kv_cache_dtype']}": c for c in cases()}
+CASES = {label(c): c for c in cases()}
 
 
 def _plan(case: dict[str, Any], release: str) -> Plan:
@@ -40,6 +40,8 @@ def _plan(case: dict[str, Any], release: str) -> Plan:
             "--tensor-parallel-size", str(case["tp"])]
     if case["kv_cache_dtype"] != "auto":
         argv += ["--kv-cache-dtype", case["kv_cache_dtype"]]
+    if case["dtype"] != "bfloat16":
+        argv += ["--dtype", case["dtype"]]
     geometry = geometry_from_config(OWN_SPEC_CONFIGS[case["name"]]["config"], release)
     return make_plan(geometry, EngineCommand.parse(argv).settings(), preset("h100"), ruleset_for(release),
                      MemoryInputs(vllm_version=parse_version(release)))
@@ -55,29 +57,37 @@ def test_the_fixture_covers_both_releases_and_every_case() -> None:
         assert [row["case"] for row in rows] == list(CASES)
 
 
-@pytest.mark.parametrize(("release", "label", "vllm"), _rows())
-def test_plan_equals_vllms_groups_blocks_and_tokens(release: str, label: str, vllm: Any) -> None:
+@pytest.mark.parametrize(("release", "case_label", "vllm"), _rows())
+def test_plan_equals_vllms_groups_blocks_and_tokens(release: str, case_label: str, vllm: Any) -> None:
     """At a 40 GiB budget: the groups, bytes per block, blocks and logged tokens of vLLM's own
     planning equal kvwatch's; where vLLM's layer asserts (TP beyond the rings' KV heads), kvwatch
-    refuses the configuration."""
-    case = CASES[label]
+    refuses the configuration; a float16 model gets the rings' bfloat16 assertion as a refusal."""
+    case = CASES[case_label]
+    if isinstance(vllm, str) and case["dtype"] != "bfloat16":
+        # the plan predicts vLLM's assertion, in its words, certain, with the flag that avoids it
+        refused = [w for w in _plan(case, release).warnings if "sconv SWA cache" in w.message]
+        assert len(refused) == 1 and refused[0].certain
+        assert refused[0].message.startswith(vllm.removeprefix("error: "))
+        assert refused[0].fix.as_flags() == {"--dtype": "bfloat16"}
+        return
     if isinstance(vllm, str):
         assert vllm.startswith("error: AssertionError: sconv SWA cache supports tp_size <= num_kv_heads")
         with pytest.raises(ConfigError, match="tensor parallelism up to its 8 KV heads"):
             _plan(case, release)
         return
     plan = _plan(case, release)
+    assert not plan.will_fail
     assert (plan.kv_cache_groups, plan.bytes_per_block, plan.num_blocks, plan.kv_cache_tokens) == \
         (len(vllm["groups"]), vllm["bytes_per_block"], vllm["num_blocks"], vllm["tokens"])
     assert plan.unknown_layer_types == ()
 
 
-@pytest.mark.parametrize(("release", "label", "vllm"), [r for r in _rows() if not isinstance(r[2], str)])
-def test_each_layers_page_equals_vllms_spec(release: str, label: str, vllm: Any) -> None:
+@pytest.mark.parametrize(("release", "case_label", "vllm"), [r for r in _rows() if not isinstance(r[2], str)])
+def test_each_layers_page_equals_vllms_spec(release: str, case_label: str, vllm: Any) -> None:
     """The pages of vLLM's specs before unification: the ring's (block sconv_kernel_size, window
     sconv_kernel_size, bfloat16 whatever the KV dtype) and the attention layers' (the block size in
     force; sliding ones on local_layer_ids with window sliding_window_size)."""
-    case = CASES[label]
+    case = CASES[case_label]
     layers = inkling_layers(text_config(case["name"]), text_config(case["name"])["num_hidden_layers"])
     dtype_bytes = 1 if case["kv_cache_dtype"] == "fp8" else 2
     kvwatch: dict[tuple[str, int, int, int | None], int] = {}

@@ -28,9 +28,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvwatch.errors import ConfigError
-from kvwatch.planner.inkling_ring import ConvRing, ring_head_size
+from kvwatch.planner.flag_change import FlagChange
+from kvwatch.planner.inkling_ring import RING_SOURCE, ConvRing, ring_head_size
+from kvwatch.planner.kv_dtype_refusal import model_dtype
 from kvwatch.planner.kv_groups import LayerSpec
 from kvwatch.planner.layers import FULL, SLIDING, LayerLayout
+from kvwatch.planner.predicted_refusal import CONFIG_REFUSED, PredictedRefusal
 
 INKLING_MODEL_TYPES = frozenset({"inkling_model", "inkling_mm_model"})
 # The cache kinds vLLM's Inkling classes build, for the architecture table (architecture_kinds.py).
@@ -102,3 +105,14 @@ def ring_specs(rings: tuple[ConvRing, ...], tp: int) -> list[LayerSpec]:
     """Each ring's spec as kv_groups plans it: a sliding-window layer of window and block
     sconv_kernel_size, its page fixed by the ring (page unification may scale its block later)."""
     return [LayerSpec(SLIDING, ring.kernel, ring.page_bytes(tp), ring.page_bytes(tp), ring.kernel) for ring in rings]
+
+
+def ring_dtype_refusal(layout: LayerLayout, dtype_flag: str, config_dtype: str | None) -> PredictedRefusal | None:
+    """InklingConvState asserts the model runs in bfloat16 (sconv_swa_attn.py:170-172), in its words;
+    `--dtype bfloat16` avoids it."""
+    model = model_dtype(dtype_flag, config_dtype)
+    if not layout.conv_rings or model == "bfloat16":
+        return None
+    return PredictedRefusal(CONFIG_REFUSED, f"AssertionError: sconv SWA cache supports bfloat16 only, got "
+                                            f"torch.{model} ({RING_SOURCE}:170-172)",
+                            FlagChange({"--dtype": "bfloat16"}))

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from kvwatch.errors import ConfigError
 
 _RING_DTYPE_BYTES = 2   # bfloat16, asserted (sconv_swa_attn.py:170): another model dtype is refused there
-_RING_SOURCE = "vLLM 0.33.0 models/inkling/nvidia/sconv_swa_attn.py"
+RING_SOURCE = "vLLM 0.33.0 models/inkling/nvidia/sconv_swa_attn.py"
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class ConvRing:
     def heads_per_rank(self, tp: int) -> int:
         if tp > self.kv_heads:
             raise ConfigError(f"Inkling's short-convolution cache supports tensor parallelism up to its "
-                              f"{self.kv_heads} KV heads, got {tp} (vLLM asserts it: {_RING_SOURCE}:142): "
+                              f"{self.kv_heads} KV heads, got {tp} (vLLM asserts it: {RING_SOURCE}:142): "
                               f"choose a -tp of at most {self.kv_heads}")
         return self.kv_heads // tp
 

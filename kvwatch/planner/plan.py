@@ -24,7 +24,7 @@ from kvwatch.planner.flag_change import NO_CHANGE, FlagChange
 from kvwatch.planner.free_memory import start_refusal
 from kvwatch.planner.geometry import ModelGeometry
 from kvwatch.planner.gpu_budget import GpuBudget, Release, api_defaults, release_for, utilization
-from kvwatch.planner.inkling import ring_specs
+from kvwatch.planner.inkling import ring_dtype_refusal, ring_specs
 from kvwatch.planner.kv_bytes import TokenBytes, token_sizes
 from kvwatch.planner.kv_dtype_refusal import mismatched_16bit_kv
 from kvwatch.planner.kv_groups import (
@@ -266,6 +266,8 @@ def _release_refusals(geometry: ModelGeometry, settings: EngineSettings, device:
     mismatched = mismatched_16bit_kv(settings, geometry.config_dtype, memory.vllm_version)
     if mismatched is not None:
         out.append(mismatched)
+    if (ring_dtype := ring_dtype_refusal(geometry.layout, settings.dtype, geometry.config_dtype)) is not None:
+        out.append(ring_dtype)   # Inkling's conv rings run in bfloat16 only (planner/inkling.py)
     refused = extensible_for(settings, device.platform, release.defaults).refusal
     if refused is not None:   # vLLM 0.34.0, vllm/config/vllm.py:3263
         out.append(PredictedRefusal(CONFIG_REFUSED, f"vLLM refuses it: {refused}",
