@@ -77,6 +77,8 @@ def test_plan_equals_vllms_groups_blocks_and_tokens(release: str, case_label: st
         return
     plan = _plan(case, release)
     assert not plan.will_fail
+    # the engine's block size: the smallest group's, the rings'
+    assert plan.block_size == min(g["block_size"] for g in vllm["groups"]) and "rings" in plan.block_size_source
     assert (plan.kv_cache_groups, plan.bytes_per_block, plan.num_blocks, plan.kv_cache_tokens) == \
         (len(vllm["groups"]), vllm["bytes_per_block"], vllm["num_blocks"], vllm["tokens"])
     assert plan.unknown_layer_types == ()

@@ -43,6 +43,10 @@ INKLING_KINDS: dict[str, str] = {
 }
 _DEFAULT_WINDOW = 512   # configs.py:34 sliding_window_size
 _DEFAULT_KERNEL = 4     # configs.py:99
+# The engine's block size is its smallest prefix-cacheable group's: the rings' (vLLM 0.33.0,
+# vllm/v1/engine/core.py:337-351; a SlidingWindowSpec is prefix cacheable).
+RING_BLOCK_SOURCE = "the short-convolution rings' block (sconv_kernel_size, after page unification), the " \
+                    "smallest KV cache group's (vLLM 0.33.0, vllm/v1/engine/core.py:337-351)"
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from kvwatch.planner.flag_change import NO_CHANGE, FlagChange
 from kvwatch.planner.free_memory import start_refusal
 from kvwatch.planner.geometry import ModelGeometry
 from kvwatch.planner.gpu_budget import GpuBudget, Release, api_defaults, release_for, utilization
-from kvwatch.planner.inkling import ring_dtype_refusal, ring_specs
+from kvwatch.planner.inkling import RING_BLOCK_SOURCE, ring_dtype_refusal, ring_specs
 from kvwatch.planner.kv_bytes import TokenBytes, token_sizes
 from kvwatch.planner.kv_dtype_refusal import mismatched_16bit_kv
 from kvwatch.planner.kv_groups import (
@@ -355,6 +355,8 @@ def _layers(geometry: ModelGeometry, settings: EngineSettings, version: VllmVers
             else SLIDING_BLOCK_FROM_KERNEL
         block_size = smallest_group_block
         block_source = f"the sliding-window layers' blocks, unified to the full ones' page ({rule.source})"
+        if geometry.layout.conv_rings:
+            block_source = RING_BLOCK_SOURCE
     warnings.extend(_shared_layer_warnings(geometry, settings, groups))
     return groups, block_size, block_source
 
