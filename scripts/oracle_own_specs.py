@@ -51,7 +51,8 @@ FAMILY_MODULES = {"inkling": ("vllm.models.inkling.configs", "vllm.models.inklin
 
 def _vllm_config(case: dict[str, Any], layout: Any) -> Any:
     import torch
-    config = groups_oracle._config({"disable_hybrid": False, "block_size": case["block_size"]}, layout)
+    config = groups_oracle._config({"disable_hybrid": case.get("disable_hybrid", False),
+                                    "block_size": case["block_size"]}, layout)
     config.model_config = types.SimpleNamespace(dtype=getattr(torch, case.get("dtype", "bfloat16")),
                                                 max_model_len=case["max_model_len"])
     config.scheduler_config.max_num_batched_tokens = case["max_num_batched_tokens"]
@@ -106,6 +107,14 @@ def _spec(spec: Any) -> dict[str, Any]:
             "window": getattr(spec, "sliding_window", None)}
 
 
+def _group_bytes(group: Any) -> int:
+    """A group's pages per block: a UniformTypeKVCacheSpecs' page is already its layers' sum."""
+    spec = group.kv_cache_spec
+    if type(spec).__name__ == "UniformTypeKVCacheSpecs":
+        return int(spec.page_size_bytes)
+    return int(spec.page_size_bytes) * len(group.layer_names)
+
+
 def answer(tree: Path, case: dict[str, Any], layout: Any) -> Any:
     planning = importlib.import_module(next(m for m in groups_oracle.GROUPING_MODULES
                                             if (tree / (m.replace(".", "/") + ".py")).exists()))
@@ -123,8 +132,7 @@ def answer(tree: Path, case: dict[str, Any], layout: Any) -> Any:
         entry["layers"] += 1
     return {"specs": sorted(by_spec.values(), key=lambda s: (s["class"], s["page_bytes"], str(s["window"]))),
             "groups": [{"kind": type(g.kv_cache_spec).__name__, "block_size": g.kv_cache_spec.block_size,
-                        "layers": len(g.layer_names),
-                        "bytes_per_block": g.kv_cache_spec.page_size_bytes * len(g.layer_names)} for g in groups],
+                        "layers": len(g.layer_names), "bytes_per_block": _group_bytes(g)} for g in groups],
             "bytes_per_block": per_block, "num_blocks": num_blocks,
             "tokens": groups_oracle._reported_tokens(tree, vllm_config, groups, num_blocks)}
 

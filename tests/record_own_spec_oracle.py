@@ -35,11 +35,23 @@ SETTINGS = ((1, 16, "auto", "bfloat16"), (2, 16, "auto", "bfloat16"), (8, 16, "a
             (1, 16, "auto", "float16"))
 
 
+def _case(name: str, config: dict[str, Any], tp: int, block: int, kv_dtype: str, dtype: str,
+          disable_hybrid: bool = False) -> dict[str, Any]:
+    return {"name": name, "family": FAMILIES[name.split("+")[0]], "config": config, "tp": tp, "block_size": block,
+            "kv_cache_dtype": kv_dtype, "dtype": dtype, "disable_hybrid": disable_hybrid, "memory": MEMORY,
+            "max_model_len": MAX_MODEL_LEN, "max_num_batched_tokens": BATCHED, "max_in_flight_tokens": IN_FLIGHT}
+
+
 def cases() -> list[dict[str, Any]]:
-    return [{"name": name, "family": FAMILIES[name], "config": text_config(name), "tp": tp, "block_size": block,
-             "kv_cache_dtype": kv_dtype, "dtype": dtype, "memory": MEMORY, "max_model_len": MAX_MODEL_LEN,
-             "max_num_batched_tokens": BATCHED, "max_in_flight_tokens": IN_FLIGHT}
-            for name in OWN_SPEC_CONFIGS for tp, block, kv_dtype, dtype in SETTINGS]
+    """SETTINGS on each real config; --disable-hybrid-kv-cache-manager on each (vLLM refuses it: the
+    rings' window beside the sliding layers'); and, derived from Inkling-Small with no local layer
+    ("+no_local": local_layer_ids emptied, nothing else changed), the rings promoted to full attention."""
+    out = [_case(name, text_config(name), *settings) for name in OWN_SPEC_CONFIGS for settings in SETTINGS]
+    out += [_case(name, text_config(name), 1, 16, "auto", "bfloat16", True) for name in OWN_SPEC_CONFIGS]
+    no_local = {**text_config("inkling_small"), "local_layer_ids": []}
+    out += [_case("inkling_small+no_local", no_local, 1, 16, "auto", "bfloat16", disable)
+            for disable in (False, True)]
+    return out
 
 
 def run_oracle(tree: Path, batch: list[dict[str, Any]]) -> list[Any]:
@@ -50,7 +62,8 @@ def run_oracle(tree: Path, batch: list[dict[str, Any]]) -> list[Any]:
 
 
 def label(case: dict[str, Any]) -> str:
-    return f"{case['name']} tp{case['tp']} block{case['block_size']} {case['kv_cache_dtype']} {case['dtype']}"
+    hybrid = " --disable-hybrid-kv-cache-manager" if case["disable_hybrid"] else ""
+    return f"{case['name']} tp{case['tp']} block{case['block_size']} {case['kv_cache_dtype']} {case['dtype']}{hybrid}"
 
 
 def main() -> int:

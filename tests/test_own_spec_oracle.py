@@ -42,7 +42,11 @@ def _plan(case: dict[str, Any], release: str) -> Plan:
         argv += ["--kv-cache-dtype", case["kv_cache_dtype"]]
     if case["dtype"] != "bfloat16":
         argv += ["--dtype", case["dtype"]]
-    geometry = geometry_from_config(OWN_SPEC_CONFIGS[case["name"]]["config"], release)
+    if case["disable_hybrid"]:
+        argv += ["--disable-hybrid-kv-cache-manager"]
+    # the real config.json, its text_config as the case has it (a derived case empties local_layer_ids)
+    config = {**OWN_SPEC_CONFIGS[case["name"].split("+")[0]]["config"], "text_config": case["config"]}
+    geometry = geometry_from_config(config, release)
     return make_plan(geometry, EngineCommand.parse(argv).settings(), preset("h100"), ruleset_for(release),
                      MemoryInputs(vllm_version=parse_version(release)))
 
@@ -70,6 +74,12 @@ def test_plan_equals_vllms_groups_blocks_and_tokens(release: str, case_label: st
         assert refused[0].message.startswith(vllm.removeprefix("error: "))
         assert refused[0].fix.as_flags() == {"--dtype": "bfloat16"}
         return
+    if isinstance(vllm, str) and case["disable_hybrid"]:
+        refused = [w for w in _plan(case, release).warnings if "same window size" in w.message]
+        assert len(refused) == 1 and refused[0].certain
+        assert refused[0].message.startswith(vllm.removeprefix("error: "))
+        assert refused[0].fix.as_flags() == {"--disable-hybrid-kv-cache-manager": None}
+        return
     if isinstance(vllm, str):
         assert vllm.startswith("error: AssertionError: sconv SWA cache supports tp_size <= num_kv_heads")
         with pytest.raises(ConfigError, match="tensor parallelism up to its 8 KV heads"):
@@ -77,20 +87,22 @@ def test_plan_equals_vllms_groups_blocks_and_tokens(release: str, case_label: st
         return
     plan = _plan(case, release)
     assert not plan.will_fail
-    # the engine's block size: the smallest group's, the rings'
-    assert plan.block_size == min(g["block_size"] for g in vllm["groups"]) and "rings" in plan.block_size_source
+    # the engine's block size: the smallest group's, the rings' (promoted: the full layers')
+    assert plan.block_size == min(g["block_size"] for g in vllm["groups"])
+    assert ("rings" in plan.block_size_source) == (plan.block_size < case["block_size"])
     assert (plan.kv_cache_groups, plan.bytes_per_block, plan.num_blocks, plan.kv_cache_tokens) == \
         (len(vllm["groups"]), vllm["bytes_per_block"], vllm["num_blocks"], vllm["tokens"])
     assert plan.unknown_layer_types == ()
 
 
-@pytest.mark.parametrize(("release", "case_label", "vllm"), [r for r in _rows() if not isinstance(r[2], str)])
+@pytest.mark.parametrize(("release", "case_label", "vllm"),
+                         [r for r in _rows() if not isinstance(r[2], str) and not CASES[r[1]]["disable_hybrid"]])
 def test_each_layers_page_equals_vllms_spec(release: str, case_label: str, vllm: Any) -> None:
     """The pages of vLLM's specs before unification: the ring's (block sconv_kernel_size, window
     sconv_kernel_size, bfloat16 whatever the KV dtype) and the attention layers' (the block size in
     force; sliding ones on local_layer_ids with window sliding_window_size)."""
     case = CASES[case_label]
-    layers = inkling_layers(text_config(case["name"]), text_config(case["name"])["num_hidden_layers"])
+    layers = inkling_layers(case["config"], case["config"]["num_hidden_layers"])
     dtype_bytes = 1 if case["kv_cache_dtype"] == "fp8" else 2
     kvwatch: dict[tuple[str, int, int, int | None], int] = {}
     for ring in layers.rings:

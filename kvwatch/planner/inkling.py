@@ -105,10 +105,29 @@ def inkling_layout(cfg: Mapping[str, Any], num_layers: int) -> LayerLayout:
                        kv_heads=layers.kv_heads, conv_rings=layers.rings)
 
 
-def ring_specs(rings: tuple[ConvRing, ...], tp: int) -> list[LayerSpec]:
+def ring_specs(rings: tuple[ConvRing, ...], tp: int, promoted_block: int | None = None) -> list[LayerSpec]:
     """Each ring's spec as kv_groups plans it: a sliding-window layer of window and block
-    sconv_kernel_size, its page fixed by the ring (page unification may scale its block later)."""
+    sconv_kernel_size, its page fixed by the ring (page unification may scale its block later).
+    `promoted_block`: --disable-hybrid-kv-cache-manager beside full attention layers, where vLLM keeps
+    each ring as a FullAttentionSpec at the full layers' block (_promote_local_kv_cache_specs,
+    v1/core/kv_cache_planning.py:744-818): a page of that many tokens, held for the whole request."""
+    if promoted_block is not None:
+        pages = [ring.page_bytes(tp) // ring.kernel * promoted_block for ring in rings]
+        return [LayerSpec(FULL, promoted_block, page, page) for page in pages]
     return [LayerSpec(SLIDING, ring.kernel, ring.page_bytes(tp), ring.page_bytes(tp), ring.kernel) for ring in rings]
+
+
+def ring_promotion_refusal(layout: LayerLayout, kinds: list[str]) -> PredictedRefusal | None:
+    """--disable-hybrid-kv-cache-manager on an Inkling with full and sliding attention layers: the
+    promoted specs keep their windows, the rings' sconv_kernel_size and the sliding layers', and
+    FullAttentionSpec.merge refuses two (vLLM 0.33.0, v1/kv_cache_interface.py:651-660, from
+    kv_cache_planning.py:811; recorded from vLLM's own code by scripts/oracle_own_specs.py)."""
+    if not layout.conv_rings or FULL not in kinds or SLIDING not in kinds:
+        return None
+    return PredictedRefusal(CONFIG_REFUSED, "ValueError: All attention layers in the same KV cache group must have "
+                                            "the same window size. (--disable-hybrid-kv-cache-manager keeps the "
+                                            "short-convolution rings' window beside the sliding layers')",
+                            FlagChange(remove=("--disable-hybrid-kv-cache-manager",)))
 
 
 def ring_dtype_refusal(layout: LayerLayout, dtype_flag: str, config_dtype: str | None) -> PredictedRefusal | None:

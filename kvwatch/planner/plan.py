@@ -24,7 +24,7 @@ from kvwatch.planner.flag_change import NO_CHANGE, FlagChange
 from kvwatch.planner.free_memory import start_refusal
 from kvwatch.planner.geometry import ModelGeometry
 from kvwatch.planner.gpu_budget import GpuBudget, Release, api_defaults, release_for, utilization
-from kvwatch.planner.inkling import RING_BLOCK_SOURCE, ring_dtype_refusal, ring_specs
+from kvwatch.planner.inkling import RING_BLOCK_SOURCE, ring_dtype_refusal, ring_promotion_refusal, ring_specs
 from kvwatch.planner.kv_bytes import TokenBytes, token_sizes
 from kvwatch.planner.kv_dtype_refusal import mismatched_16bit_kv
 from kvwatch.planner.kv_groups import (
@@ -41,7 +41,7 @@ from kvwatch.planner.kv_groups import (
     sliding_block_size,
 )
 from kvwatch.planner.kv_memory import NO_MEMORY_INPUTS, MemoryInputs, kv_memory, no_memory_warning
-from kvwatch.planner.layers import CHUNKED, MAMBA
+from kvwatch.planner.layers import CHUNKED, FULL, MAMBA
 from kvwatch.planner.no_kv_cache import NO_KV_CACHE_ATTENTION, NO_KV_CACHE_SOURCE
 from kvwatch.planner.predicted_refusal import (
     CONFIG_REFUSED,
@@ -489,6 +489,8 @@ def _kv_groups(geometry: ModelGeometry, settings: EngineSettings, block_size: in
     rule = grouping_rule_for(version)
     refusals = []
     if settings.disable_hybrid_kv_cache_manager:
+        if (ring_refused := ring_promotion_refusal(geometry.layout, kinds)) is not None:
+            refusals.append(ring_refused)   # Inkling's rings (planner/inkling.py)
         if promotion_refused(kinds, [p for k, p in zip(kinds, pages, strict=True) if k != MAMBA], rule.uniform_type):
             wording = HYBRID_PROMOTION_REFUSED if HYBRID_PROMOTION_WORDING.holds(version) \
                 else HYBRID_PROMOTION_REFUSED_BEFORE
@@ -506,7 +508,8 @@ def _kv_groups(geometry: ModelGeometry, settings: EngineSettings, block_size: in
     specs = layer_specs(kinds, pages, block_size, geometry.layout.window, state_bytes, checkpoints, sliding_block,
                         shared_page, kernel_sizes)
     rings = geometry.layout.conv_rings[:len(kinds)]   # Inkling: one per decoder layer of this stage
-    specs += ring_specs(rings, max(1, settings.tensor_parallel_size))
+    promoted = block_size if settings.disable_hybrid_kv_cache_manager and FULL in kinds else None
+    specs += ring_specs(rings, max(1, settings.tensor_parallel_size), promoted)
     if pages_refused(specs, KV_PAGE_UNIFICATION.holds(version), rule.uniform_type):
         refusals.append(PredictedRefusal(
             CONFIG_REFUSED, f"NotImplementedError: vLLM {version} groups layers of different types only when their "
