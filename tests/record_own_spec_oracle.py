@@ -23,7 +23,7 @@ from fixtures.models.own_spec_configs import OWN_SPEC_CONFIGS, text_config  # no
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests" / "fixtures" / "models" / "own_spec_oracle.json"
-RELEASES = ("0.33.0", "0.34.0")
+RELEASES = ("0.32.0", "0.33.0", "0.34.0")
 MEMORY = 40 << 30          # a 40 GiB KV cache budget
 MAX_MODEL_LEN, BATCHED = 4096, 2048
 IN_FLIGHT = 2 * BATCHED    # async scheduling on a GPU keeps two batches in flight (planner/scheduler.py)

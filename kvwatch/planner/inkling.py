@@ -1,6 +1,6 @@
 """Inkling's cache layers, as vLLM's own Inkling classes build them from config.json (pure).
 
-Facts, vLLM 0.33.0 and 0.34.0 (the files are the same in both), vllm/models/inkling/:
+Facts, vLLM 0.33.0 (0.32.0 and 0.34.0 have the same files), vllm/models/inkling/:
 
 - configs.py:70-101 InklingModelConfig (vLLM's own class for model types inkling_model and
   inkling_mm_model, transformers_utils/config.py:174-175): head_dim defaults to hidden_size /

@@ -1,7 +1,7 @@
 """Inkling's short-convolution ring: one decoder layer's InklingConvState spec (pure).
 
-vLLM 0.33.0 and 0.34.0, vllm/models/inkling/nvidia/sconv_swa_attn.py:121-193 (the same file in
-both): the layer's four short-convolution streams (K, V, attention output, MLP output) packed into
+vLLM 0.33.0, vllm/models/inkling/nvidia/sconv_swa_attn.py:121-193 (the same file in 0.32.0 and
+0.34.0): the layer's four short-convolution streams (K, V, attention output, MLP output) packed into
 one SlidingWindowSpec (get_kv_cache_spec, :185-193) of block_size = sliding_window = sconv_kernel_size, num_kv_heads = heads / TP,
 head_size the packed width rounded up to a power of two, head_size_v 0, bfloat16. Kept apart from
 planner/inkling.py so that planner/layers.py can name it without an import circle.
