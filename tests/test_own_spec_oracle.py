@@ -160,3 +160,18 @@ def test_the_recorded_answers_are_vllms_own(release: str) -> None:
     assert root is not None
     live = run_oracle(root / release, cases())
     assert live == [row["vllm"] for row in FIXTURE["releases"][release]]
+
+
+@pytest.mark.parametrize(("field", "value", "named"), [
+    ("local_layer_ids", "0,1,2", "local_layer_ids"), ("local_layer_ids", [0, True], "local_layer_ids"),
+    ("sconv_kernel_size", 0, "sconv_kernel_size"), ("swa_num_key_value_heads", "8", "swa_num_key_value_heads"),
+    ("hidden_size", None, "hidden_size")])
+def test_a_malformed_inkling_config_names_its_field(field: str, value: Any, named: str) -> None:
+    """A config.json vLLM's InklingModelConfig could not read is a ConfigError naming the field, not a
+    crash or a silent default."""
+    config = OWN_SPEC_CONFIGS["inkling_small"]["config"]
+    text = {**text_config("inkling_small"), field: value}
+    if value is None:
+        del text[field]
+    with pytest.raises(ConfigError, match=named):
+        geometry_from_config({**config, "text_config": text}, "0.33.0")
