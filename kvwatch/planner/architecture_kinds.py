@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kvwatch.planner.inkling import INKLING_KINDS
 from kvwatch.vllm_releases import DEFAULT_RELEASE
 from kvwatch.vllm_releases.architecture_entry import ArchitectureEntry
 from kvwatch.vllm_releases.architectures import ARCHITECTURES
@@ -42,6 +43,7 @@ GATED_KINDS: dict[str, str] = {"RSWAAttention": "rswa_window"}
 # gated delta net's prefill checkpoint from 0.33 (vllm_releases/gdn_checkpoint.py). Another class
 # reshaping its spec is unknown.
 KNOWN_SPEC_CLASSES = frozenset({"MambaMixer2", "KimiK3DeltaAttention", "QwenGatedDeltaNetAttention"})
+PLANNED_KINDS.update(INKLING_KINDS)   # Inkling's own attention and conv-ring specs (planner/inkling.py)
 # Layers that hold no cache: a model of these alone (BERT-like encoders) gets no KV cache from vLLM,
 # which kvwatch plans as 0 blocks (planner/no_kv_cache.py).
 _NO_CACHE = frozenset({"EncoderOnlyAttention"})

@@ -13,6 +13,7 @@ from kvwatch.errors import ConfigError
 from kvwatch.planner.config_defaults import HEAD_DIM_DEFAULTS
 from kvwatch.planner.config_keys import own_key, standard_keys
 from kvwatch.planner.indexer import indexer_bytes_per_token
+from kvwatch.planner.inkling import inkling_layout, is_inkling
 from kvwatch.planner.layers import FULL, PURE_STATE_SPACE, LayerLayout, kimi_linear_layout, layer_layout
 from kvwatch.planner.minimax_sparse import SparseIndexer, sparse_indexer
 from kvwatch.planner.weights import WeightCount, count_model_weights
@@ -253,7 +254,8 @@ def geometry_from_config(config: Mapping[str, Any], release: str | None = None) 
         head_size = hidden // num_heads
     if isinstance(head_size, bool) or not isinstance(head_size, int) or not 0 < head_size <= _MAX_FIELD:
         raise ConfigError(f"config.json: field 'head_dim' must be a positive integer, got {str(head_size)[:40]!r}")
-    layout = layer_layout(cfg, model_type, num_layers, head_size, kv_heads)
+    layout = inkling_layout(cfg, num_layers) if is_inkling(model_type) \
+        else layer_layout(cfg, model_type, num_layers, head_size, kv_heads)
     return ModelGeometry(
         model_type=model_type, architectures=architectures, num_layers=num_layers,
         attention="full", num_kv_heads=kv_heads, head_size=head_size, head_size_v=head_size,

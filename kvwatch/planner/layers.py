@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvwatch.errors import ConfigError
+from kvwatch.planner.inkling_ring import ConvRing
 
 FULL, SLIDING, CHUNKED, MAMBA = "full", "sliding", "chunked", "mamba"
 
@@ -116,6 +117,9 @@ class LayerLayout:
     kv_heads: tuple[int, ...] | None = None
     kv_shared_layers: int = 0           # layers reading another layer's cache (not in kinds)
     unknown_layer_types: tuple[str, ...] = ()   # layer types kvwatch could not classify (kept as full)
+    # Inkling: each decoder layer's short-convolution ring, a sliding-window spec of its own fixed
+    # block beside the attention layers (planner/inkling.py)
+    conv_rings: tuple[ConvRing, ...] = ()
 
     @property
     def attention_layers(self) -> int:

@@ -24,6 +24,7 @@ from kvwatch.planner.flag_change import NO_CHANGE, FlagChange
 from kvwatch.planner.free_memory import start_refusal
 from kvwatch.planner.geometry import ModelGeometry
 from kvwatch.planner.gpu_budget import GpuBudget, Release, api_defaults, release_for, utilization
+from kvwatch.planner.inkling import RING_BLOCK_SOURCE, ring_dtype_refusal, ring_promotion_refusal, ring_specs
 from kvwatch.planner.kv_bytes import TokenBytes, token_sizes
 from kvwatch.planner.kv_dtype_refusal import mismatched_16bit_kv
 from kvwatch.planner.kv_groups import (
@@ -266,6 +267,8 @@ def _release_refusals(geometry: ModelGeometry, settings: EngineSettings, device:
     mismatched = mismatched_16bit_kv(settings, geometry.config_dtype, memory.vllm_version)
     if mismatched is not None:
         out.append(mismatched)
+    if (ring_dtype := ring_dtype_refusal(geometry.layout, settings.dtype, geometry.config_dtype)) is not None:
+        out.append(ring_dtype)   # Inkling's conv rings run in bfloat16 only (planner/inkling.py)
     refused = extensible_for(settings, device.platform, release.defaults).refusal
     if refused is not None:   # vLLM 0.34.0, vllm/config/vllm.py:3263
         out.append(PredictedRefusal(CONFIG_REFUSED, f"vLLM refuses it: {refused}",
@@ -348,7 +351,7 @@ def _layers(geometry: ModelGeometry, settings: EngineSettings, version: VllmVers
     sliding_block = sliding_block_size(shape.block_sizes, block_size, SLIDING_BLOCK_FROM_KERNEL.holds(version),
                                        SLIDING_BLOCK_WITHIN_PRIMARY_PAGE.holds(version),
                                        SLIDING_BLOCK_DIVIDES_PRIMARY.holds(version)) \
-        if shape is not None else block_size
+        if shape is not None and not geometry.layout.conv_rings else block_size   # Inkling: its own specs
     groups, grouping_refusals = _kv_groups(geometry, settings, block_size, sizes.layer_token_bytes, sizes.state_bytes,
                                            version, sliding_block, sizes.checkpoint_alignment is not None,
                                            shared_page, shape.block_sizes if shape is not None else ())
@@ -360,6 +363,8 @@ def _layers(geometry: ModelGeometry, settings: EngineSettings, version: VllmVers
             else SLIDING_BLOCK_FROM_KERNEL
         block_size = smallest_group_block
         block_source = f"the sliding-window layers' blocks, unified to the full ones' page ({rule.source})"
+        if geometry.layout.conv_rings:
+            block_source = RING_BLOCK_SOURCE
     warnings.extend(_shared_layer_warnings(geometry, settings, groups))
     return groups, block_size, block_source
 
@@ -493,6 +498,8 @@ def _kv_groups(geometry: ModelGeometry, settings: EngineSettings, block_size: in
     rule = grouping_rule_for(version)
     refusals = []
     if settings.disable_hybrid_kv_cache_manager:
+        if (ring_refused := ring_promotion_refusal(geometry.layout, kinds)) is not None:
+            refusals.append(ring_refused)   # Inkling's rings (planner/inkling.py)
         if promotion_refused(kinds, [p for k, p in zip(kinds, pages, strict=True) if k != MAMBA], rule.uniform_type):
             wording = HYBRID_PROMOTION_REFUSED if HYBRID_PROMOTION_WORDING.holds(version) \
                 else HYBRID_PROMOTION_REFUSED_BEFORE
@@ -509,6 +516,9 @@ def _kv_groups(geometry: ModelGeometry, settings: EngineSettings, block_size: in
         checkpoints = GDN_CHECKPOINT_BLOCKS
     specs = layer_specs(kinds, pages, block_size, geometry.layout.window, state_bytes, checkpoints, sliding_block,
                         shared_page, kernel_sizes)
+    rings = geometry.layout.conv_rings[:len(kinds)]   # Inkling: one per decoder layer of this stage
+    promoted = block_size if settings.disable_hybrid_kv_cache_manager and FULL in kinds else None
+    specs += ring_specs(rings, max(1, settings.tensor_parallel_size), promoted)
     if pages_refused(specs, KV_PAGE_UNIFICATION.holds(version), rule.uniform_type):
         refusals.append(PredictedRefusal(
             CONFIG_REFUSED, f"NotImplementedError: vLLM {version} groups layers of different types only when their "
