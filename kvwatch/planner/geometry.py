@@ -14,6 +14,7 @@ from kvwatch.planner.config_defaults import HEAD_DIM_DEFAULTS
 from kvwatch.planner.config_keys import own_key, standard_keys
 from kvwatch.planner.indexer import indexer_bytes_per_token
 from kvwatch.planner.layers import FULL, PURE_STATE_SPACE, LayerLayout, kimi_linear_layout, layer_layout
+from kvwatch.planner.static_sink import sink_attention
 from kvwatch.planner.weights import WeightCount, count_model_weights
 from kvwatch.values.versions import parse_version
 from kvwatch.vllm_releases import resolve
@@ -66,6 +67,7 @@ class ModelGeometry:
     default_len: int | None = None
     # The (text) config.json's fields that are set: some layer kinds vLLM builds only when one is.
     present_fields: frozenset[str] = frozenset()
+    sink_len: int = 0   # openPangu's static sink tokens per layer (planner/static_sink.py; 0: none)
 
     def __post_init__(self) -> None:
         if self.layout is None:   # a geometry written by hand: its kinds and window are the layout
@@ -251,13 +253,18 @@ def geometry_from_config(config: Mapping[str, Any], release: str | None = None) 
     if isinstance(head_size, bool) or not isinstance(head_size, int) or not 0 < head_size <= _MAX_FIELD:
         raise ConfigError(f"config.json: field 'head_dim' must be a positive integer, got {str(head_size)[:40]!r}")
     layout = layer_layout(cfg, model_type, num_layers, head_size, kv_heads)
+    head_size_v = head_size
+    sink = sink_attention(cfg, architectures)
+    if sink is not None:   # openPangu's sink attention: K and V heads differ, no window (planner/static_sink.py)
+        head_size, head_size_v, layout = sink.head_size, sink.head_size_v, LayerLayout((FULL,) * num_layers)
     return ModelGeometry(
         model_type=model_type, architectures=architectures, num_layers=num_layers,
-        attention="full", num_kv_heads=kv_heads, head_size=head_size, head_size_v=head_size,
+        attention="full", num_kv_heads=kv_heads, head_size=head_size, head_size_v=head_size_v,
         config_dtype=config_dtype, sliding_window=layout.window, layer_kinds=layout.kinds, layout=layout,
         max_position_embeddings=max_len, num_attention_heads=num_heads, hidden_size=hidden,
         weight_count=count_model_weights(config, cfg), quantization=_quantization(config, cfg), derived_max_model_len=derived,
-        derived_max_model_len_key=derived_key, default_len=longrope_default_len(cfg, rules), present_fields=_present(cfg))
+        derived_max_model_len_key=derived_key, default_len=longrope_default_len(cfg, rules), present_fields=_present(cfg),
+        sink_len=sink.sink_len if sink is not None else 0)
 
 
 def _state_space_geometry(config: Mapping[str, Any], cfg: Mapping[str, Any], model_type: str,
