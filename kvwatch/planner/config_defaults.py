@@ -23,4 +23,5 @@ HEAD_DIM_DEFAULTS: dict[str, int] = {
     **dict.fromkeys(("gpt_oss", "openai_privacy_filter"), 64),
     **dict.fromkeys(("laguna", "mellum", "muse_glimmer_assistant"), 128),
     "mimo_v2_flash": 192,   # the K head; its V head (v_head_dim, 128) differs
+    "hrm_text": 128,   # HrmTextConfig's head_dim, which hrm_text.py:146 reads (planner/prefix_lm.py)
 }

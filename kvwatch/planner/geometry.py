@@ -14,6 +14,7 @@ from kvwatch.planner.config_defaults import HEAD_DIM_DEFAULTS
 from kvwatch.planner.config_keys import own_key, standard_keys
 from kvwatch.planner.indexer import indexer_bytes_per_token
 from kvwatch.planner.layers import FULL, PURE_STATE_SPACE, LayerLayout, kimi_linear_layout, layer_layout
+from kvwatch.planner.prefix_lm import prefix_lm_layers
 from kvwatch.planner.static_sink import sink_attention
 from kvwatch.planner.weights import WeightCount, count_model_weights
 from kvwatch.values.versions import parse_version
@@ -243,6 +244,8 @@ def geometry_from_config(config: Mapping[str, Any], release: str | None = None) 
             present_fields=_present(cfg))
 
     kv_heads = next((cfg[k] for k in _KV_HEAD_KEYS if cfg.get(k) is not None), num_heads)
+    if (prefix_lm := prefix_lm_layers(cfg, architectures)) is not None:   # HRM-Text (planner/prefix_lm.py)
+        num_layers, kv_heads = prefix_lm
     if isinstance(kv_heads, bool) or not isinstance(kv_heads, int) or not 0 < kv_heads <= _MAX_FIELD:
         raise ConfigError(f"config.json: the number of KV heads must be a positive integer, got {str(kv_heads)[:40]!r}")
     head_size = cfg.get("head_dim") or cfg.get("hidden_size_per_head") or HEAD_DIM_DEFAULTS.get(model_type)
