@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Run one vLLM release's own spec, grouping and sizing code on openPangu's sink-attention layers, on
-this CPU, in a process of its own.
+"""Run one vLLM release's own spec, grouping and sizing code on openPangu's sink-attention layers (or
+HRM-Text's prefix-LM layers), on this CPU, in a process of its own.
 
     python scripts/oracle_sink_spec.py RELEASE_TREE < case.json > answer.json
 
@@ -15,6 +15,10 @@ built with the fields its get_kv_cache_spec passes (layers/attention/static_sink
 :630-643): num_kv_heads = KV heads / TP, head_size = qk_rope_dim + qk_nope_dim, head_size_v =
 v_channels, sink_len = param_sink_number, the dtype the KV cache dtype's (bf16 here).
 
+HRM-Text's PrefillPrefixLMAttention (case "kind": "prefix_lm") returns the decoder layer's
+FullAttentionSpec with non_causal=True (prefill_prefix_lm_attention.py:73-86): built so here, with
+num_kv_heads = num_attention_heads / TP and head_size = head_dim (hrm_text.py:142-147).
+
 The case: {"layers", "kv_heads", "tp", "qk_rope_dim", "qk_nope_dim", "v_channels", "sink_len",
 "block_size", "max_model_len", "budget"}. The answer: the spec's class and kind, page_size_bytes,
 max_memory_usage_bytes, the groups (kind, block size, layers), the bytes of one block of the pool,
@@ -23,6 +27,7 @@ tokens" the release logs for them; or {"error": type} where vLLM refuses.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import json
@@ -62,21 +67,32 @@ def answer(tree: Path, case: dict[str, Any]) -> dict[str, Any]:
     config = og._config({"disable_hybrid": False, "block_size": block}, layout)
     config.model_config.max_model_len = case["max_model_len"]
     config.scheduler_config.max_model_len = case["max_model_len"]
-    specs = {f"model.layers.{i}.self_attn.attn": ki.SinkFullAttentionSpec(
-        block_size=block, num_kv_heads=max(1, case["kv_heads"] // case["tp"]),
-        head_size=case["qk_rope_dim"] + case["qk_nope_dim"], head_size_v=case["v_channels"],
-        sink_len=case["sink_len"], dtype=torch.bfloat16) for i in range(case["layers"])}
+    heads = max(1, case["kv_heads"] // case["tp"])
+    if case.get("kind") == "prefix_lm":   # the decoder spec with non_causal flipped, as the layer returns it
+        def spec() -> Any:
+            return dataclasses.replace(ki.FullAttentionSpec(block_size=block, num_kv_heads=heads,
+                                                            head_size=case["head_size"], dtype=torch.bfloat16),
+                                       non_causal=True)
+    else:
+        def spec() -> Any:
+            return ki.SinkFullAttentionSpec(block_size=block, num_kv_heads=heads,
+                                            head_size=case["qk_rope_dim"] + case["qk_nope_dim"],
+                                            head_size_v=case["v_channels"], sink_len=case["sink_len"],
+                                            dtype=torch.bfloat16)
+    specs = {f"model.layers.{i}.self_attn.attn": spec() for i in range(case["layers"])}
     first = next(iter(specs.values()))
     try:
-        # the manager's own check on this block size (SinkFullAttentionManager.__init__), on a stand-in pool
-        managers.SinkFullAttentionManager(kv_cache_spec=first, block_pool=og.Inert("block_pool"),
-                                          enable_caching=False, kv_cache_group_id=0, scheduler_block_size=block)
+        if case.get("kind") != "prefix_lm":
+            # the manager's own check on this block size (SinkFullAttentionManager.__init__), on a stand-in pool
+            managers.SinkFullAttentionManager(kv_cache_spec=first, block_pool=og.Inert("block_pool"),
+                                              enable_caching=False, kv_cache_group_id=0, scheduler_block_size=block)
         groups = planning.get_kv_cache_groups(config, specs)
     except (ValueError, NotImplementedError, AssertionError) as exc:
         return {"error": type(exc).__name__}
     per_block = planning._get_kv_cache_bytes_per_block(groups, layout)
     num_blocks = case["budget"] // per_block
     return {"spec": type(first).__name__, "kind": _kind(ki.get_kv_cache_spec_kind(first)),
+            "non_causal": bool(first.non_causal),
             "page_size_bytes": first.page_size_bytes,
             "max_memory_usage_bytes": first.max_memory_usage_bytes(config),
             "groups": [{"kind": _kind(ki.get_kv_cache_spec_kind(g.kv_cache_spec)), "block_size": g.kv_cache_spec.block_size,
