@@ -65,6 +65,9 @@ def test_one_cache_layer_per_stack_layer_and_recurrence_step() -> None:
     g = geometry_from_config(HRM, "0.34.0")
     assert (g.num_layers, g.num_kv_heads, g.head_size, g.head_size_v) == (128, 12, 128, 128)
     assert set(g.layer_kinds) == {FULL} and len(g.layer_kinds) == 128
+    # the weights are the two stacks' 32 layers, run at every step: about 1.1 B parameters, not 4x that
+    assert g.weight_count is not None and g.weight_count.num_layers == 32
+    assert 1.0e9 < g.weight_count.linear_params + g.weight_count.embedding_params < 1.2e9
     # vLLM counts the layers from the stacks, not num_hidden_layers, and its heads from the
     # attention heads (MHA), not num_key_value_heads
     odd = geometry_from_config({**HRM, "num_hidden_layers": 16, "num_key_value_heads": 4}, "0.34.0")

@@ -14,7 +14,7 @@ from kvwatch.planner.config_defaults import HEAD_DIM_DEFAULTS
 from kvwatch.planner.config_keys import own_key, standard_keys
 from kvwatch.planner.indexer import indexer_bytes_per_token
 from kvwatch.planner.layers import FULL, PURE_STATE_SPACE, LayerLayout, kimi_linear_layout, layer_layout
-from kvwatch.planner.prefix_lm import prefix_lm_layers
+from kvwatch.planner.prefix_lm import prefix_lm_layers, weight_layers
 from kvwatch.planner.static_sink import sink_attention
 from kvwatch.planner.weights import WeightCount, count_model_weights
 from kvwatch.values.versions import parse_version
@@ -257,6 +257,8 @@ def geometry_from_config(config: Mapping[str, Any], release: str | None = None) 
         raise ConfigError(f"config.json: field 'head_dim' must be a positive integer, got {str(head_size)[:40]!r}")
     layout = layer_layout(cfg, model_type, num_layers, head_size, kv_heads)
     head_size_v = head_size
+    # HRM-Text's weights are two stacks, run at every recurrence step (planner/prefix_lm.py)
+    weighed = cfg if (stacks := weight_layers(cfg, architectures)) is None else {**cfg, "num_hidden_layers": stacks}
     sink = sink_attention(cfg, architectures)
     if sink is not None:   # openPangu's sink attention: K and V heads differ, no window (planner/static_sink.py)
         head_size, head_size_v, layout = sink.head_size, sink.head_size_v, LayerLayout((FULL,) * num_layers)
@@ -265,7 +267,7 @@ def geometry_from_config(config: Mapping[str, Any], release: str | None = None) 
         attention="full", num_kv_heads=kv_heads, head_size=head_size, head_size_v=head_size_v,
         config_dtype=config_dtype, sliding_window=layout.window, layer_kinds=layout.kinds, layout=layout,
         max_position_embeddings=max_len, num_attention_heads=num_heads, hidden_size=hidden,
-        weight_count=count_model_weights(config, cfg), quantization=_quantization(config, cfg), derived_max_model_len=derived,
+        weight_count=count_model_weights(config, weighed), quantization=_quantization(config, cfg), derived_max_model_len=derived,
         derived_max_model_len_key=derived_key, default_len=longrope_default_len(cfg, rules), present_fields=_present(cfg),
         sink_len=sink.sink_len if sink is not None else 0)
 

@@ -7,6 +7,9 @@ vLLM 0.33.0 and 0.34.0 (the same code in both; citations are 0.34.0's):
   steps, each a layer of its own with its own cache (model_executor/models/hrm_text.py:185-224). The
   cache layers are num_layers_per_stack x H_cycles x (L_cycles + 1); vLLM reads the three fields
   from config.json, not num_hidden_layers.
+- Its weights: two stacks (L and H) of num_layers_per_stack decoder layers each, shared by every
+  recurrence step (hrm_text.py:320-331, :389-401): 2 x num_layers_per_stack layers of weights,
+  whatever num_hidden_layers (the cache layers) says.
 - Its shape: multi-head, KV heads = num_attention_heads whatever num_key_value_heads says
   (hrm_text.py:142-147), / TP per rank; head_dim from config.json, else hidden_size / heads.
 - Its spec: the decoder layer's FullAttentionSpec with non_causal=True
@@ -40,3 +43,10 @@ def prefix_lm_layers(cfg: Mapping[str, Any], architectures: tuple[str, ...]) -> 
     stack = _positive(cfg, "num_layers_per_stack")
     high, low = _positive(cfg, "H_cycles"), _positive(cfg, "L_cycles")
     return stack * high * (low + 1), _positive(cfg, "num_attention_heads")
+
+
+def weight_layers(cfg: Mapping[str, Any], architectures: tuple[str, ...]) -> int | None:
+    """The decoder layers HRM-Text holds weights for (two stacks), or None for another architecture."""
+    if not PREFIX_LM_ARCHITECTURES & set(architectures):
+        return None
+    return 2 * _positive(cfg, "num_layers_per_stack")
