@@ -34,6 +34,8 @@ PLANNED_KINDS: dict[str, str] = {
     "MiniMaxM3SparseAttention": "MiniMax-M3 sparse attention", "MiniMaxM3IndexerCache": "MiniMax-M3 indexer",
     "MAMBA1": "Mamba state", "MAMBA2": "Mamba2 state", "SHORT_CONV": "short-convolution state",
     "GDN_ATTN": "gated delta net (or KDA) state", "KimiK3DeltaAttention": "Kimi delta attention state",
+    "StaticSinkAttention": "full attention with static sink tokens (planner/static_sink.py)",
+    "PrefillPrefixLMAttention": "full attention, non-causal prefill (planner/prefix_lm.py)",
 }
 # Kinds kvwatch does not plan that vLLM builds only when config.json has the field (the file
 # otherwise builds a planned kind): vLLM 0.32, model_executor/models/deepseek_v2.py:209 (rswa_window).

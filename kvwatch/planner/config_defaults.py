@@ -24,4 +24,5 @@ HEAD_DIM_DEFAULTS: dict[str, int] = {
     **dict.fromkeys(("laguna", "mellum", "muse_glimmer_assistant"), 128),
     "mimo_v2_flash": 192,   # the K head; its V head (v_head_dim, 128) differs
     "inkling_text": 128,    # transformers' InklingTextConfig (HF-format Inkling; vLLM's own class derives it)
+    "hrm_text": 128,   # HrmTextConfig's head_dim, which hrm_text.py:146 reads (planner/prefix_lm.py)
 }

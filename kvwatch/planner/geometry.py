@@ -16,6 +16,8 @@ from kvwatch.planner.indexer import indexer_bytes_per_token
 from kvwatch.planner.inkling import inkling_layout, is_inkling
 from kvwatch.planner.layers import FULL, PURE_STATE_SPACE, LayerLayout, kimi_linear_layout, layer_layout
 from kvwatch.planner.minimax_sparse import SparseIndexer, sparse_indexer
+from kvwatch.planner.prefix_lm import prefix_lm_layers, weight_layers
+from kvwatch.planner.static_sink import sink_attention
 from kvwatch.planner.weights import WeightCount, count_model_weights
 from kvwatch.values.versions import parse_version
 from kvwatch.vllm_releases import resolve
@@ -70,6 +72,7 @@ class ModelGeometry:
     default_len: int | None = None
     # The (text) config.json's fields that are set: some layer kinds vLLM builds only when one is.
     present_fields: frozenset[str] = frozenset()
+    sink_len: int = 0   # openPangu's static sink tokens per layer (planner/static_sink.py; 0: none)
 
     def __post_init__(self) -> None:
         if self.layout is None:   # a geometry written by hand: its kinds and window are the layout
@@ -245,6 +248,8 @@ def geometry_from_config(config: Mapping[str, Any], release: str | None = None) 
             present_fields=_present(cfg))
 
     kv_heads = next((cfg[k] for k in _KV_HEAD_KEYS if cfg.get(k) is not None), num_heads)
+    if (prefix_lm := prefix_lm_layers(cfg, architectures)) is not None:   # HRM-Text (planner/prefix_lm.py)
+        num_layers, kv_heads = prefix_lm
     if isinstance(kv_heads, bool) or not isinstance(kv_heads, int) or not 0 < kv_heads <= _MAX_FIELD:
         raise ConfigError(f"config.json: the number of KV heads must be a positive integer, got {str(kv_heads)[:40]!r}")
     head_size = cfg.get("head_dim") or cfg.get("hidden_size_per_head") or HEAD_DIM_DEFAULTS.get(model_type)
@@ -256,14 +261,21 @@ def geometry_from_config(config: Mapping[str, Any], release: str | None = None) 
         raise ConfigError(f"config.json: field 'head_dim' must be a positive integer, got {str(head_size)[:40]!r}")
     layout = inkling_layout(cfg, num_layers) if is_inkling(model_type) \
         else layer_layout(cfg, model_type, num_layers, head_size, kv_heads)
+    head_size_v = head_size
+    # HRM-Text's weights are two stacks, run at every recurrence step (planner/prefix_lm.py)
+    weighed = cfg if (stacks := weight_layers(cfg, architectures)) is None else {**cfg, "num_hidden_layers": stacks}
+    sink = sink_attention(cfg, architectures)
+    if sink is not None:   # openPangu's sink attention: K and V heads differ, no window (planner/static_sink.py)
+        head_size, head_size_v, layout = sink.head_size, sink.head_size_v, LayerLayout((FULL,) * num_layers)
     return ModelGeometry(
         model_type=model_type, architectures=architectures, num_layers=num_layers,
-        attention="full", num_kv_heads=kv_heads, head_size=head_size, head_size_v=head_size,
+        attention="full", num_kv_heads=kv_heads, head_size=head_size, head_size_v=head_size_v,
         config_dtype=config_dtype, sliding_window=layout.window, layer_kinds=layout.kinds, layout=layout,
         max_position_embeddings=max_len, num_attention_heads=num_heads, hidden_size=hidden,
-        weight_count=count_model_weights(config, cfg), quantization=_quantization(config, cfg), derived_max_model_len=derived,
+        weight_count=count_model_weights(config, weighed), quantization=_quantization(config, cfg), derived_max_model_len=derived,
         derived_max_model_len_key=derived_key, default_len=longrope_default_len(cfg, rules), present_fields=_present(cfg),
-        sparse_indexer=sparse_indexer(cfg, architectures, num_layers, parse_version(release) if release else None))
+        sparse_indexer=sparse_indexer(cfg, architectures, num_layers, parse_version(release) if release else None),
+        sink_len=sink.sink_len if sink is not None else 0)
 
 
 def _state_space_geometry(config: Mapping[str, Any], cfg: Mapping[str, Any], model_type: str,

@@ -47,7 +47,8 @@ def token_sizes(geometry: ModelGeometry, settings: EngineSettings, device: Devic
         per_token_layer = PACKED_MLA_BYTES.get(kv_dtype, entry)
         packed_extra = max(0, per_token_layer - entry)
     else:
-        per_token_layer = token_bytes(geometry.num_kv_heads, geometry.head_size, settings, dtype_bytes)
+        per_token_layer = token_bytes(geometry.num_kv_heads, geometry.head_size, settings, dtype_bytes,
+                                      geometry.head_size_v)
         packed_extra = 0
     # Per cache layer where layers differ (Gemma 4: wider full-attention heads, fewer KV heads).
     # Layers kept out of quantization (--kv-cache-dtype-skip-layers) keep the model's dtype.
@@ -56,7 +57,7 @@ def token_sizes(geometry: ModelGeometry, settings: EngineSettings, device: Devic
     layer_skip = tuple(s for s in skip if s.isdigit()) if mla and MLA_SKIP_LAYERS.holds(version) \
         else () if mla else skip
     skip_token = mla_entry_elements(geometry.head_size, model_bytes, version, device.platform, env) * model_bytes \
-        if mla else token_bytes(geometry.num_kv_heads, geometry.head_size, settings, model_bytes)
+        if mla else token_bytes(geometry.num_kv_heads, geometry.head_size, settings, model_bytes, geometry.head_size_v)
     layers = layer_token_bytes(geometry, settings, dtype_bytes, per_token_layer, model_bytes, layer_skip, skip_token)
     indexer = geometry.sparse_indexer   # MiniMax-M3: each sparse layer's indexer cache follows it
     layers = with_indexers(layers, indexer, indexer.token_bytes() if indexer else 0)
@@ -116,10 +117,12 @@ def _cpu_resets_ssm_to_float32(device: Device, family: str, ssm_name: str | None
     return device.cpu_avx512_bf16 and not (family == "gated_delta_net" and ssm_name in ("float16", "bfloat16"))
 
 
-def token_bytes(kv_heads: int, head_size: int, settings: EngineSettings, dtype_bytes: int) -> int:
+def token_bytes(kv_heads: int, head_size: int, settings: EngineSettings, dtype_bytes: int,
+                head_size_v: int | None = None) -> int:
     """One token of one attention layer on one TP rank: K and V of its KV heads (at least one head
-    per rank: vLLM replicates KV heads when TP exceeds them)."""
-    return max(1, kv_heads // settings.tensor_parallel_size) * 2 * head_size * dtype_bytes
+    per rank: vLLM replicates KV heads when TP exceeds them); a V head of its own size where it
+    differs (AttentionSpec.head_size_v: openPangu's sink attention, planner/static_sink.py)."""
+    return max(1, kv_heads // settings.tensor_parallel_size) * (head_size + (head_size_v or head_size)) * dtype_bytes
 
 
 def layer_token_bytes(geometry: ModelGeometry, settings: EngineSettings, dtype_bytes: int,
@@ -136,7 +139,7 @@ def layer_token_bytes(geometry: ModelGeometry, settings: EngineSettings, dtype_b
 
     if layout.head_sizes is None or layout.kv_heads is None or geometry.attention == "mla":
         wide = uniform if not skip else skip_token if skip_token is not None else \
-            token_bytes(geometry.num_kv_heads, geometry.head_size, settings, model_bytes)
+            token_bytes(geometry.num_kv_heads, geometry.head_size, settings, model_bytes, geometry.head_size_v)
         return [0 if layer_kind == MAMBA else wide if skipped(i, layer_kind) else uniform
                 for i, layer_kind in enumerate(layout.kinds)]
     return [0 if layer_kind == MAMBA else

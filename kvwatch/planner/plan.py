@@ -53,6 +53,7 @@ from kvwatch.planner.predicted_refusal import (
 from kvwatch.planner.rules import BackendRule, RuleSet
 from kvwatch.planner.scheduler import prefix_caching_on, request_demand
 from kvwatch.planner.scope import within_scope
+from kvwatch.planner.static_sink import sink_backend, sink_refusals
 from kvwatch.values.block_sizes import BlockSizeRule
 from kvwatch.values.versions import VllmVersion
 from kvwatch.vllm_releases import DEFAULT_RELEASE
@@ -215,6 +216,8 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     page = block_size * sizes.per_token_layer   # before the groups settle the engine's block size
     groups, block_size, block_source = _layers(geometry, settings, memory.vllm_version, shape, sizes, block_size,
                                                block_source, shared_page, warnings)
+    # openPangu's sink layers: their TP split and block size (planner/static_sink.py)
+    warnings.extend(sink_refusals(geometry.sink_len, geometry.num_kv_heads, settings.tensor_parallel_size, block_size))
     blocks = _blocks(device, settings, geometry, memory, sizes.model_bytes, groups.bytes_per_block,
                      choice.backend.name if choice.backend else None)
     max_len, demand = _fitted_length(geometry, settings, device, release, groups, blocks)
@@ -289,7 +292,8 @@ def _backend(geometry: ModelGeometry, settings: EngineSettings, device: Device, 
         rules = with_release_kernel_blocks(rules, memory.vllm_version, kernel_context(geometry, device, settings))
     # A pure state-space model has no attention layer, so no attention backend to choose.
     choice = BackendChoice(None, (), {}) if geometry.attention == "none" else choose_backend(
-        rules, device, geometry, settings.kv_cache_dtype, settings.block_size, settings.attention_backend)
+        rules, device, geometry, settings.kv_cache_dtype, settings.block_size,
+        sink_backend(geometry.sink_len, device.platform) or settings.attention_backend)
     shape = choice.backend or next((b for b in map(rules.backend, choice.candidates) if b is not None), None)
     return rules, choice, shape
 
