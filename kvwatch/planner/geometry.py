@@ -12,6 +12,7 @@ from typing import Any
 from kvwatch.errors import ConfigError
 from kvwatch.planner.config_defaults import HEAD_DIM_DEFAULTS
 from kvwatch.planner.config_keys import own_key, standard_keys
+from kvwatch.planner.cross_attention import with_cross_attention
 from kvwatch.planner.indexer import indexer_bytes_per_token
 from kvwatch.planner.layers import FULL, PURE_STATE_SPACE, LayerLayout, kimi_linear_layout, layer_layout
 from kvwatch.planner.weights import WeightCount, count_model_weights
@@ -66,6 +67,8 @@ class ModelGeometry:
     default_len: int | None = None
     # The (text) config.json's fields that are set: some layer kinds vLLM builds only when one is.
     present_fields: frozenset[str] = frozenset()
+    # An encoder-decoder model's encoder length (Whisper: max_source_positions; planner/cross_attention.py)
+    max_source_positions: int = 0
 
     def __post_init__(self) -> None:
         if self.layout is None:   # a geometry written by hand: its kinds and window are the layout
@@ -250,14 +253,15 @@ def geometry_from_config(config: Mapping[str, Any], release: str | None = None) 
         head_size = hidden // num_heads
     if isinstance(head_size, bool) or not isinstance(head_size, int) or not 0 < head_size <= _MAX_FIELD:
         raise ConfigError(f"config.json: field 'head_dim' must be a positive integer, got {str(head_size)[:40]!r}")
-    layout = layer_layout(cfg, model_type, num_layers, head_size, kv_heads)
+    layout = with_cross_attention(layer_layout(cfg, model_type, num_layers, head_size, kv_heads), model_type)
     return ModelGeometry(
         model_type=model_type, architectures=architectures, num_layers=num_layers,
         attention="full", num_kv_heads=kv_heads, head_size=head_size, head_size_v=head_size,
         config_dtype=config_dtype, sliding_window=layout.window, layer_kinds=layout.kinds, layout=layout,
         max_position_embeddings=max_len, num_attention_heads=num_heads, hidden_size=hidden,
         weight_count=count_model_weights(config, cfg), quantization=_quantization(config, cfg), derived_max_model_len=derived,
-        derived_max_model_len_key=derived_key, default_len=longrope_default_len(cfg, rules), present_fields=_present(cfg))
+        derived_max_model_len_key=derived_key, default_len=longrope_default_len(cfg, rules), present_fields=_present(cfg),
+        max_source_positions=_positive_int(cfg, "max_source_positions", required=False) or 0)
 
 
 def _state_space_geometry(config: Mapping[str, Any], cfg: Mapping[str, Any], model_type: str,
