@@ -250,8 +250,18 @@ def test_the_whisper_encoder_wrappers_build_no_cross_attention(release: str) -> 
 def test_kvwatch_plan_of_whisper_exits_0_and_is_classified(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "whisper").mkdir()
     (tmp_path / "whisper" / "config.json").write_text(json.dumps(CONFIGS["whisper_large_v3"]))
-    assert main(["plan", "--preset", "h100", "--", "vllm", "serve", str(tmp_path / "whisper")]) == 0
-    assert "UNKNOWN" not in capsys.readouterr().out
+    assert main(["plan", "--preset", "h100", "--", "vllm", "serve", str(tmp_path / "whisper"), "--block-size", "16",
+                 "--max-num-batched-tokens", "8192"]) == 0
+    out = capsys.readouterr().out
+    assert "UNKNOWN" not in out and "KV cache groups  2 of 32 layers" in out
+    assert "cross-attention  1,342,177,280 B per request" in out   # 32 layers x 512 blocks x 81,920 B
+
+
+def test_the_refused_hybrid_manager_names_the_cross_attention() -> None:
+    plan = _plan(CONFIGS["whisper_tiny"], ("--disable-hybrid-kv-cache-manager",), "0.34.0")
+    assert [w.message for w in plan.warnings if w.kind == CONFIG_REFUSED] == [
+        "ValueError: Failed to promote local KV cache specs to one unified type. (--disable-hybrid-kv-cache-manager "
+        "keeps cross-attention layers beside attention layers, which vLLM cannot make one type)"]
 
 
 if __name__ == "__main__":   # record the oracle's answers (KVWATCH_VLLM_SRC must name the unpacked releases)

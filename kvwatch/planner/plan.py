@@ -17,7 +17,7 @@ from kvwatch.planner.architectures import refusals as _architecture_refusals
 from kvwatch.planner.backend_legality import backend_refusals
 from kvwatch.planner.backends import BackendChoice, choose_backend, kernel_context, with_release_kernel_blocks
 from kvwatch.planner.config_refusals import config_refusals
-from kvwatch.planner.cross_attention import cross_bytes_per_request, per_token_bytes
+from kvwatch.planner.cross_attention import CROSS, cross_bytes_per_request, per_token_bytes
 from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.extensible_kv import extensible_for
@@ -488,8 +488,9 @@ def _kv_groups(geometry: ModelGeometry, settings: EngineSettings, block_size: in
             wording = HYBRID_PROMOTION_REFUSED if HYBRID_PROMOTION_WORDING.holds(version) \
                 else HYBRID_PROMOTION_REFUSED_BEFORE
             refusals.append(PredictedRefusal(
-                CONFIG_REFUSED, f"ValueError: {wording} (--disable-hybrid-kv-cache-manager keeps state layers "
-                f"beside attention layers, which vLLM cannot make one type)",
+                CONFIG_REFUSED, f"ValueError: {wording} (--disable-hybrid-kv-cache-manager keeps "
+                f"{'cross-attention' if CROSS in kinds else 'state'} layers beside attention layers, which vLLM "
+                f"cannot make one type)",
                 FlagChange(remove=("--disable-hybrid-kv-cache-manager",))))
         kinds = promote_local_layers(kinds)
     elif CHUNKED in kinds and not CHUNKED_LOCAL_KEEPS_HYBRID_MANAGER.holds(version):
