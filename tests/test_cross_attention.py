@@ -3,7 +3,7 @@
 vLLM's own code is the oracle: scripts/oracle_cross_attention.py builds each release's
 FullAttentionSpec and CrossAttentionSpec for a real Whisper config (one of each per decoder layer,
 as whisper.py builds them) and runs the release's grouping, block sizing, concurrency, reported
-tokens and per-request memory on this CPU. Its answers for vLLM 0.33.0 and 0.34.0 are recorded in
+tokens and per-request memory on this CPU. Its answers for vLLM 0.32.0, 0.33.0 and 0.34.0 are recorded in
 tests/fixtures/cross_attention_oracle.json, so kvwatch is checked against them without the sources;
 where the unpacked releases are there (KVWATCH_VLLM_SRC=<root>/<version>/vllm/...), the oracle is
 run again and must give the recorded answers. Record them anew with
@@ -38,7 +38,7 @@ from kvwatch.vllm_releases.architectures import ARCHITECTURES
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "cross_attention_oracle.json"
 ORACLE = ROOT / "scripts" / "oracle_cross_attention.py"
-RELEASES = ("0.33.0", "0.34.0")
+RELEASES = ("0.32.0", "0.33.0", "0.34.0")
 CONFIGS = {"whisper_large_v3": NEWEST["whisper_large_v3"]["config"],
            "whisper_tiny": ENCODER_DECODER["whisper_tiny"]["config"]}
 GiB = 1 << 30
@@ -271,6 +271,6 @@ if __name__ == "__main__":   # record the oracle's answers (KVWATCH_VLLM_SRC mus
         found = _source_tree(r)
         assert found is not None, f"vLLM {r} is not unpacked under KVWATCH_VLLM_SRC"
         answers[r] = _run_oracle(found, cases[r])
-    FIXTURE.write_text(json.dumps({"source": "scripts/oracle_cross_attention.py on vLLM 0.33.0 and 0.34.0's own "
+    FIXTURE.write_text(json.dumps({"source": "scripts/oracle_cross_attention.py on vLLM 0.32.0, 0.33.0 and 0.34.0's own "
                                              "kv_cache_interface.py, kv_cache_planning.py and kv_cache_utils.py",
                                    "cases": cases, "answers": answers}, indent=1) + "\n")
