@@ -168,6 +168,9 @@ def _hybrid_rows(plan: Plan) -> list[tuple[str, str]]:
     if plan.indexer_bytes_per_token:
         rows.append(("indexer cache", f"{plan.indexer_bytes_per_token:,} B per token (sparse attention, every "
                                       f"layer; not in the blocks below)"))
+    if plan.cross_attention_bytes_per_request:
+        rows.append(("cross-attention", f"{plan.cross_attention_bytes_per_request:,} B per request (the encoder's "
+                                        f"tokens vLLM reserves whatever the input's length; not in the bytes per token)"))
     if plan.recurrent_state_bytes and not plan.page_size_bytes:   # a state-space model: nothing to pad to
         rows.append(("recurrent state", f"{plan.recurrent_state_bytes:,} B per layer and sequence"))
     elif plan.recurrent_state_bytes:

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kvwatch.planner.cross_attention import cross_attention_planned
 from kvwatch.planner.inkling import INKLING_KINDS
 from kvwatch.vllm_releases import DEFAULT_RELEASE
 from kvwatch.vllm_releases.architecture_entry import ArchitectureEntry
@@ -101,7 +102,7 @@ def verdict(architecture: str, release: str, config: Mapping[str, Any] | None = 
                        (found.cls,))
     if _no_cache(found, kinds):   # planned as no KV cache (planner/no_kv_cache.py)
         return Verdict(PLANNED, "")
-    unclassified = tuple(k for k in kinds if k not in PLANNED_KINDS)
+    unclassified = tuple(k for k in kinds if k not in PLANNED_KINDS and not cross_attention_planned(k, architecture))
     unclassified += tuple(f"{c.split(':')[1]} (its own get_kv_cache_spec)" for c in found.spec_classes
                           if c.split(":")[1] not in KNOWN_SPEC_CLASSES)
     if unclassified:

@@ -12,6 +12,7 @@ from typing import Any
 from kvwatch.errors import ConfigError
 from kvwatch.planner.config_defaults import HEAD_DIM_DEFAULTS
 from kvwatch.planner.config_keys import own_key, standard_keys
+from kvwatch.planner.cross_attention import with_cross_attention
 from kvwatch.planner.indexer import indexer_bytes_per_token
 from kvwatch.planner.inkling import inkling_layout, is_inkling
 from kvwatch.planner.layers import FULL, PURE_STATE_SPACE, LayerLayout, kimi_linear_layout, layer_layout
@@ -73,6 +74,8 @@ class ModelGeometry:
     # The (text) config.json's fields that are set: some layer kinds vLLM builds only when one is.
     present_fields: frozenset[str] = frozenset()
     sink_len: int = 0   # openPangu's static sink tokens per layer (planner/static_sink.py; 0: none)
+    # An encoder-decoder model's encoder length (Whisper: max_source_positions; planner/cross_attention.py)
+    max_source_positions: int = 0
 
     def __post_init__(self) -> None:
         if self.layout is None:   # a geometry written by hand: its kinds and window are the layout
@@ -260,7 +263,7 @@ def geometry_from_config(config: Mapping[str, Any], release: str | None = None) 
     if isinstance(head_size, bool) or not isinstance(head_size, int) or not 0 < head_size <= _MAX_FIELD:
         raise ConfigError(f"config.json: field 'head_dim' must be a positive integer, got {str(head_size)[:40]!r}")
     layout = inkling_layout(cfg, num_layers) if is_inkling(model_type) \
-        else layer_layout(cfg, model_type, num_layers, head_size, kv_heads)
+        else with_cross_attention(layer_layout(cfg, model_type, num_layers, head_size, kv_heads), model_type)
     head_size_v = head_size
     # HRM-Text's weights are two stacks, run at every recurrence step (planner/prefix_lm.py)
     weighed = cfg if (stacks := weight_layers(cfg, architectures)) is None else {**cfg, "num_hidden_layers": stacks}
@@ -275,7 +278,8 @@ def geometry_from_config(config: Mapping[str, Any], release: str | None = None) 
         weight_count=count_model_weights(config, weighed), quantization=_quantization(config, cfg), derived_max_model_len=derived,
         derived_max_model_len_key=derived_key, default_len=longrope_default_len(cfg, rules), present_fields=_present(cfg),
         sparse_indexer=sparse_indexer(cfg, architectures, num_layers, parse_version(release) if release else None),
-        sink_len=sink.sink_len if sink is not None else 0)
+        sink_len=sink.sink_len if sink is not None else 0,
+        max_source_positions=_positive_int(cfg, "max_source_positions", required=False) or 0)
 
 
 def _state_space_geometry(config: Mapping[str, Any], cfg: Mapping[str, Any], model_type: str,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from kvwatch.planner.cross_attention import CROSS, cross_blocks_per_request
 from kvwatch.planner.layers import CHUNKED, FULL, MAMBA, SLIDING
 from kvwatch.planner.rules import BackendRule
 from kvwatch.values.block_sizes import BlockSizeRule, MultipleOf
@@ -41,6 +42,7 @@ class Demand:
     max_in_flight_tokens: int     # max_concurrent_batches x max_num_batched_tokens (config/vllm.py)
     mamba_align: bool = False     # mamba_cache_mode "align" (prefix caching on a hybrid, vLLM's default)
     mamba_all: bool = False       # mamba_cache_mode "all": a state per block of tokens (0.15-0.31)
+    encoder_tokens: int = 0       # a cross-attention layer's reservation (planner/cross_attention.py)
 
 
 def blocks_per_request(spec: LayerSpec, demand: Demand, max_model_len: int | None = None) -> int:
@@ -56,6 +58,8 @@ def blocks_per_request(spec: LayerSpec, demand: Demand, max_model_len: int | Non
         if demand.mamba_all:
             return cdiv(length, spec.block_size)
         return 2 + spec.checkpoint_blocks if demand.mamba_align else 1
+    if spec.layer_kind == CROSS:
+        return cross_blocks_per_request(demand.encoder_tokens, spec.block_size)
     return cdiv(length, spec.block_size)
 
 

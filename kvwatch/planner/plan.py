@@ -17,6 +17,7 @@ from kvwatch.planner.architectures import refusals as _architecture_refusals
 from kvwatch.planner.backend_legality import backend_refusals
 from kvwatch.planner.backends import BackendChoice, choose_backend, kernel_context, with_release_kernel_blocks
 from kvwatch.planner.config_refusals import config_refusals
+from kvwatch.planner.cross_attention import CROSS, cross_bytes_per_request, per_token_bytes
 from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.extensible_kv import extensible_for
@@ -124,6 +125,9 @@ class Plan:
     indexer_bytes_per_token: int = 0
     # Why vLLM allocates no KV cache for this model (encoder-only: planner/no_kv_cache.py); "" when it does.
     no_kv_cache: str = ""
+    # An encoder-decoder model's cross-attention, reserved per request whatever its length, all its
+    # layers on one rank (planner/cross_attention.py); not in kv_bytes_per_token.
+    cross_attention_bytes_per_request: int = 0
 
     @property
     def engine_num_blocks(self) -> int:
@@ -232,7 +236,8 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
         attention=geometry.attention, backend=backend.name if backend else None,
         block_size=block_size, block_size_source=block_source, kv_cache_dtype=settings.kv_cache_dtype,
         dtype_bytes=sizes.dtype_bytes, kv_bytes_per_token_per_layer=sizes.per_token_layer,
-        kv_bytes_per_token=sum(sizes.layer_token_bytes), page_size_bytes=page,
+        kv_bytes_per_token=per_token_bytes(tuple(with_indexers(geometry.layout.kinds, geometry.sparse_indexer, FULL)),
+                                           sizes.layer_token_bytes), page_size_bytes=page,
         layers_per_block=groups.group_size, bytes_per_block=groups.bytes_per_block,
         kv_memory_bytes=blocks.kv_memory, kv_memory_source=blocks.source, num_blocks=blocks.num_blocks,
         kv_cache_tokens=tokens, max_model_len=max_len, max_concurrency=concurrency,
@@ -245,7 +250,8 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
         recurrent_state_bytes=sizes.state_bytes, max_model_len_fitted=settings.max_model_len_auto,
         gpu_budget=blocks.budget,
         unknown_layer_types=unknown,
-        indexer_bytes_per_token=geometry.indexer_bytes_per_token if device.platform == "cuda" else 0)
+        indexer_bytes_per_token=geometry.indexer_bytes_per_token if device.platform == "cuda" else 0,
+        cross_attention_bytes_per_request=cross_bytes_per_request(groups.specs, demand.encoder_tokens))
 
 
 def _plannable(settings: EngineSettings, release: Release) -> EngineSettings:
@@ -508,8 +514,9 @@ def _kv_groups(geometry: ModelGeometry, settings: EngineSettings, block_size: in
             wording = HYBRID_PROMOTION_REFUSED if HYBRID_PROMOTION_WORDING.holds(version) \
                 else HYBRID_PROMOTION_REFUSED_BEFORE
             refusals.append(PredictedRefusal(
-                CONFIG_REFUSED, f"ValueError: {wording} (--disable-hybrid-kv-cache-manager keeps state layers "
-                f"beside attention layers, which vLLM cannot make one type)",
+                CONFIG_REFUSED, f"ValueError: {wording} (--disable-hybrid-kv-cache-manager keeps "
+                f"{'cross-attention' if CROSS in kinds else 'state'} layers beside attention layers, which vLLM "
+                f"cannot make one type)",
                 FlagChange(remove=("--disable-hybrid-kv-cache-manager",))))
         kinds = promote_local_layers(kinds)
     elif CHUNKED in kinds and not CHUNKED_LOCAL_KEEPS_HYBRID_MANAGER.holds(version):

