@@ -1,0 +1,190 @@
+"""DeepSeek-V4's cache kinds and vLLM 0.34's packing of them into blocks (pure).
+
+One DeepSeek-V4 decoder layer carries up to five caches, each its own spec (vLLM 0.34.0):
+
+- a sliding-window latent cache on every layer, MTP layers included: SlidingWindowMLASpec, block 64,
+  window `sliding_window` (DeepseekV4SWACache, vllm/v1/attention/backends/mla/sparse_swa.py:85-88,
+  :120-147);
+- on layers whose compress ratio is above 1, the compressed latent: an MLAAttentionSpec of block 256
+  (the DSv4 sparse MLA backend's kernel block, vllm/models/deepseek_v4/sparse_mla.py:60) holding
+  one row per `ratio` tokens (tokens_per_state, vllm/models/deepseek_v4/attention.py:817-840);
+- on those layers, a float32 compressor state: SlidingWindowMLASpec of `2 * coff * head_dim`
+  floats a row, block 4 for ratio 4 and 8 for ratio 128, window `coff * ratio`, coff 2 for ratio 4
+  and 1 otherwise (CompressorStateCache, vllm/models/deepseek_v4/compressor.py:150-192, :296);
+- on ratio-4 layers only, the indexer's key cache: an MLAAttentionSpec of block 256, one
+  `index_head_dim + index_head_dim // 128 * 4`-byte uint8 key per 4 tokens
+  (vllm/models/deepseek_v4/attention.py:868-881, :983-986), and the indexer's own compressor state
+  (as above, of `index_head_dim`).
+
+The layer's ratio is `compress_rates[layer_types[i]]` (at least 1) for decoder layers and 1 for MTP
+layers (attention.py:238-243); a config.json that has only `compress_ratios` lists it per layer, as
+transformers' DeepseekV4Config turns it into layer_types. Both `--kv-cache-dtype auto` and `fp8`
+become the fp8_ds_mla layout on the attention classes CUDA picks by default on SM 9.0/10.0
+(FlashMLA) and SM 12.0 (FlashInfer SM120), both with use_fp8_ds_mla_layout
+(attention.py:95-130, nvidia/model.py:567-570, nvidia/flashinfer_sparse.py:622): a latent row is
+584 bytes (448 NoPE + 128 RoPE + 8 scale) and every page is padded to 576 bytes
+(_apply_alignment_padding, vllm/v1/kv_cache_interface.py:731-737).
+
+vLLM groups them with _get_packed_kv_cache_groups (vllm/v1/core/kv_cache_planning.py:958-1077):
+layers bucket by uniform type (here: spec kind, block size and window); a bucket whose page sizes
+each hold the same number of layers is "balanced", and the balanced buckets are split into groups
+of `repeats` layers per page size, `repeats` the value in [floor, max] that pads the balanced
+buckets' layer counts least (ties to the larger; _approximate_gcd, :923-955), the floor being the
+largest layer count of a balanced bucket that mixes page sizes. Every group shares one block pool,
+so a block is as large as the largest group's pages and a KV budget holds
+`budget // largest group page` blocks (_get_kv_cache_bytes_per_block, :620-648, and
+get_kv_cache_config_from_groups, :724).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+ARCHITECTURES = frozenset({"DeepseekV4ForCausalLM", "DeepseekV4ForConditionalGeneration", "DeepseekV41ForCausalLM",
+                           "DeepSeekV4MTPModel"})
+MODEL_TYPES = frozenset({"deepseek_v4", "deepseek_v41"})
+SOURCE = "vLLM 0.34.0, vllm/models/deepseek_v4/attention.py:817-881, compressor.py:150-192, " \
+         "vllm/v1/core/kv_cache_planning.py:958-1077"
+
+MAIN_BLOCK = 256          # sparse_mla.py:60 and indexer.py:306: the latent and indexer kernel block
+SWA_BLOCK = 64            # sparse_swa.py:85
+ROW_BYTES = 584           # fp8_ds_mla latent row: 448 NoPE + 128 RoPE + 8 scale (attention.py:837-839)
+PAGE_ALIGNMENT = 576      # fp8_ds_mla page alignment (attention.py:834, sparse_swa.py:87)
+STATE_BLOCK = {4: 4, 128: 8}   # compressor.py:166-171
+QUANT_BLOCK = 128         # the indexer's fp8 key scale block (attention.py:964)
+_LAYER_RATIO = {"sliding_attention": 1}
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    """One layer's cache as vLLM specifies it: the bucket it joins and its page."""
+
+    name: str            # the layer name's tail: swa_cache, latent, indexer, state, indexer.state
+    kind: str            # "mla" (full attention) or "swa_mla" (sliding window)
+    block_size: int      # tokens per block
+    window: int          # the sliding window (0 for full attention)
+    page_bytes: int      # bytes of one block of this layer, padded
+    dtype: str
+
+    @property
+    def bucket(self) -> tuple[str, int, int]:
+        return self.kind, self.block_size, self.window
+
+
+@dataclass(frozen=True)
+class Group:
+    """One KV cache group: its bucket and its layers' pages."""
+
+    kind: str
+    block_size: int
+    pages: tuple[int, ...]
+
+    @property
+    def page_bytes(self) -> int:
+        return sum(self.pages)
+
+
+def _pad(size: int) -> int:
+    return -(-size // PAGE_ALIGNMENT) * PAGE_ALIGNMENT
+
+
+def is_deepseek_v4(cfg: Mapping[str, Any], architectures: Sequence[str]) -> bool:
+    return bool(ARCHITECTURES & set(architectures)) or cfg.get("model_type") in MODEL_TYPES
+
+
+def compress_ratios(cfg: Mapping[str, Any]) -> list[int]:
+    """Each decoder layer's compress ratio (1: sliding window only)."""
+    layers = int(cfg.get("num_hidden_layers") or 0)
+    types, rates = cfg.get("layer_types"), cfg.get("compress_rates")
+    if isinstance(types, list) and isinstance(rates, Mapping):
+        return [max(1, int(rates.get(t, 0) or 0)) for t in types[:layers]]
+    listed = cfg.get("compress_ratios")
+    if isinstance(listed, list) and len(listed) >= layers:
+        return [max(1, int(r or 0)) for r in listed[:layers]]
+    raise ValueError("DeepSeek-V4 config.json names no compress_ratios (nor layer_types and compress_rates)")
+
+
+def _state(name: str, ratio: int, head_dim: int) -> CacheSpec:
+    coff = 1 + (ratio == 4)
+    block = STATE_BLOCK[ratio]
+    return CacheSpec(name, "swa_mla", block, coff * ratio, _pad(2 * coff * head_dim * 4 * block), "float32")
+
+
+def layer_specs(cfg: Mapping[str, Any], mtp_layers: int = 0) -> list[list[CacheSpec]]:
+    """Per layer (decoder layers, then `mtp_layers` MTP layers), its caches in vLLM's order."""
+    head, window = int(cfg.get("head_dim") or 512), int(cfg.get("sliding_window") or 128)
+    index_head = int(cfg.get("index_head_dim") or 128)
+    out: list[list[CacheSpec]] = []
+    for ratio in [*compress_ratios(cfg), *[1] * mtp_layers]:
+        if ratio > 1 and ratio not in STATE_BLOCK:
+            raise ValueError(f"DeepSeek-V4 compress ratio {ratio}: vLLM 0.34 takes 4 or 128 (compressor.py:160)")
+        # the order the layer's constructor registers them (attention.py:304-373)
+        layer: list[CacheSpec] = []
+        if ratio == 4:
+            key = index_head + index_head // QUANT_BLOCK * 4
+            layer += [CacheSpec("indexer", "mla", MAIN_BLOCK, 0, _pad(MAIN_BLOCK // ratio * key), "uint8"),
+                      _state("indexer.state", ratio, index_head)]
+        layer.append(CacheSpec("swa_cache", "swa_mla", SWA_BLOCK, window, _pad(SWA_BLOCK * ROW_BYTES), "uint8"))
+        if ratio > 1:
+            layer += [CacheSpec("latent", "mla", MAIN_BLOCK, 0, _pad(MAIN_BLOCK // ratio * ROW_BYTES), "uint8"),
+                      _state("state", ratio, head)]
+        out.append(layer)
+    return out
+
+
+def _least_padding(values: Sequence[int], floor: int) -> int:
+    """The chunk in [floor, max(values)] that rounds `values` up least; ties to the larger."""
+    best, best_pad = max(1, floor), None
+    for d in range(max(1, floor), max(values) + 1):
+        pad = sum(-x % d for x in values)
+        if best_pad is None or pad <= best_pad:
+            best, best_pad = d, pad
+    return best
+
+
+def packed_groups(specs: Sequence[CacheSpec]) -> list[Group]:
+    """The groups vLLM packs these layer caches into (kv_cache_planning.py:958-1077)."""
+    buckets: dict[tuple[str, int, int], dict[int, list[int]]] = {}
+    for spec in specs:
+        buckets.setdefault(spec.bucket, {}).setdefault(spec.page_bytes, []).append(spec.page_bytes)
+    if len({s.page_bytes for s in specs}) <= 1:
+        return [Group(k, b, tuple(p for ps in pages.values() for p in ps)) for (k, b, _), pages in buckets.items()]
+
+    def balanced(pages: dict[int, list[int]]) -> bool:
+        return len({len(v) for v in pages.values()}) == 1
+
+    widest = {key: max(len(v) for v in pages.values()) for key, pages in buckets.items()}
+    floor = max((widest[k] for k, p in buckets.items() if balanced(p) and len(p) > 1), default=0)
+    repeats = _least_padding([widest[k] for k, p in buckets.items() if balanced(p)], floor) if floor else None
+    state = {k for k in buckets if repeats is None and k[0] == "swa_mla"}
+
+    def split(key: tuple[str, int, int], pages: dict[int, list[int]]) -> int:
+        return -(-widest[key] // repeats) if repeats is not None and balanced(pages) else 1
+
+    def widest_group(pages: dict[int, list[int]], n: int) -> int:
+        return sum(-(-len(v) // n) * page for page, v in pages.items())
+
+    anchor = max(widest_group(p, sum(map(len, p.values())) if k in state else split(k, p)) for k, p in buckets.items())
+    groups: list[Group] = []
+    for key, pages in buckets.items():
+        n = split(key, pages)
+        if key in state:
+            per_block = max(anchor // next(iter(pages)), 1)
+            n = max(n, -(-sum(map(len, pages.values())) // per_block))
+        columns = list(zip(*pages.values(), strict=False)) if n > 1 else [tuple(p for v in pages.values() for p in v)]
+        for i in range(n if n > 1 else 1):
+            chunk = columns[i::n] if n > 1 else columns
+            groups.append(Group(key[0], key[1], tuple(p for repeat in chunk for p in repeat)))
+    return groups
+
+
+def bytes_per_block(groups: Sequence[Group]) -> int:
+    """The shared block: the largest group's pages (every spec here has a block-stride alignment of 1)."""
+    return max(g.page_bytes for g in groups)
+
+
+def num_blocks(cfg: Mapping[str, Any], kv_memory_bytes: int, mtp_layers: int = 0) -> int:
+    """Blocks vLLM 0.34 allocates for DeepSeek-V4 in `kv_memory_bytes` of one rank."""
+    specs = [s for layer in layer_specs(cfg, mtp_layers) for s in layer]
+    return kv_memory_bytes // bytes_per_block(packed_groups(specs))
