@@ -9,7 +9,8 @@ DeepseekV4SWACache for the sliding window, CompressorStateCache for the float32 
 DeepseekV4IndexerCache for the index keys, vllm/models/deepseek_v4/{attention,compressor}.py and
 vllm/v1/attention/backends/mla/sparse_swa.py), called on the attributes the constructors set,
 then get_kv_cache_groups (whose _get_packed_kv_cache_groups packs them) and
-get_kv_cache_config_from_groups for a KV budget.
+get_kv_cache_config_from_groups for a KV budget, and get_kv_cache_capacity for the tokens vLLM
+logs ("GPU KV cache size: N tokens") at a max_model_len and max_in_flight_tokens.
 Only the constructors' arithmetic is the oracle's own, each line citing the 0.34.0 source:
 the layer's compress ratio (attention.py:238-243: layer_types through compress_rates, 1 for MTP
 layers), the KV dtype (attention.py:95-130 with use_fp8_ds_mla_layout True, the class CUDA picks
@@ -48,7 +49,7 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     from vllm.config.cache import CacheConfig
     from vllm.models.deepseek_v4.attention import DeepseekV4Attention, DeepseekV4IndexerCache
     from vllm.v1.attention.backends.mla.sparse_swa import DeepseekV4SWACache
-    from vllm.v1.core import kv_cache_planning
+    from vllm.v1.core import kv_cache_planning, kv_cache_utils
 
     ns = types.SimpleNamespace
     answers = []
@@ -82,6 +83,8 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
                           kv_cache_torch_dtype=torch.uint8)
                 specs[prefix] = DeepseekV4Attention.get_kv_cache_spec(attn, config)
                 specs[f"{prefix}.compressor.state_cache"] = _state(ratio, text.head_dim, config)
+        config.model_config = ns(max_model_len=case["max_model_len"])
+        config.max_in_flight_tokens = case["max_in_flight_tokens"]   # VllmConfig.max_in_flight_tokens (config/vllm.py:569)
         groups = kv_cache_planning.get_kv_cache_groups(config, specs)
         planned = kv_cache_planning.get_kv_cache_config_from_groups(config, groups, case["kv_memory_bytes"])
         kinds: dict[str, dict[str, Any]] = {}
@@ -94,7 +97,8 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "groups": [{"type": type(g.kv_cache_spec).__name__, "layers": len(g.layer_names),
                         "block_size": g.kv_cache_spec.block_size,
                         "page_size_bytes": g.kv_cache_spec.page_size_bytes} for g in groups],
-            "num_blocks": planned.num_blocks, "kinds": kinds})
+            "num_blocks": planned.num_blocks, "kinds": kinds,
+            "tokens": kv_cache_utils.get_kv_cache_capacity(config, planned)[0]})
     return answers
 
 

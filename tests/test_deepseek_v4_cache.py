@@ -30,11 +30,16 @@ FLASH = NEWEST["deepseek_v4_flash"]["config"]
 
 # TP and --kv-cache-dtype auto/fp8 change no spec (one TP-replicated latent head; both dtypes become
 # fp8_ds_mla), so the cases vary the budget and MTP; the oracle is asked each combination anyway.
+# max_in_flight_tokens: two concurrent batches (async scheduling) of max_num_batched_tokens.
 CASES: dict[str, dict[str, Any]] = {
-    "issue 39 run: MTP, 10.29 GiB": {"config": FLASH, "mtp": True, "kv_memory_bytes": int(10.29 * GiB)},
-    "no MTP, 10.29 GiB": {"config": FLASH, "mtp": False, "kv_memory_bytes": int(10.29 * GiB)},
-    "no MTP, 40 GiB": {"config": FLASH, "mtp": False, "kv_memory_bytes": 40 * GiB},
-    "MTP, 3 GiB": {"config": FLASH, "mtp": True, "kv_memory_bytes": 3 * GiB},
+    "issue 39 run: MTP, 10.29 GiB, 1M": {"config": FLASH, "mtp": True, "kv_memory_bytes": int(10.29 * GiB),
+                                         "max_model_len": 1048576, "max_in_flight_tokens": 2 * 8192},
+    "no MTP, 10.29 GiB, 1M": {"config": FLASH, "mtp": False, "kv_memory_bytes": int(10.29 * GiB),
+                              "max_model_len": 1048576, "max_in_flight_tokens": 2 * 8192},
+    "no MTP, 40 GiB, 128k": {"config": FLASH, "mtp": False, "kv_memory_bytes": 40 * GiB,
+                             "max_model_len": 131072, "max_in_flight_tokens": 2 * 2048},
+    "MTP, 3 GiB, 4096, batches of 16k": {"config": FLASH, "mtp": True, "kv_memory_bytes": 3 * GiB,
+                                         "max_model_len": 4096, "max_in_flight_tokens": 2 * 16384},
 }
 
 
@@ -68,7 +73,10 @@ def test_groups_and_blocks_equal_vllms(label: str) -> None:
     assert [(g.block_size, len(g.pages), g.page_bytes) for g in groups] == \
         [(g["block_size"], g["layers"], g["page_size_bytes"]) for g in truth["groups"]]
     mtp = FLASH["num_nextn_predict_layers"] if case["mtp"] else 0
-    assert deepseek_v4.num_blocks(case["config"], case["kv_memory_bytes"], mtp) == truth["num_blocks"]
+    blocks = deepseek_v4.num_blocks(case["config"], case["kv_memory_bytes"], mtp)
+    assert blocks == truth["num_blocks"]
+    tokens, _ = deepseek_v4.capacity(groups, blocks, case["max_model_len"], case["max_in_flight_tokens"])
+    assert tokens == truth["tokens"]
 
 
 @pytest.mark.parametrize("label", list(CASES))
@@ -85,9 +93,9 @@ def test_each_kind_page_block_and_dtype_equal_vllms(label: str) -> None:
 
 def test_the_packing_splits_the_sliding_layers_in_two() -> None:
     """43 sliding caches, 21 + 21 block-4 states, 20 block-8 states: vLLM packs 22 layers a group."""
-    truth = _vllm()["no MTP, 10.29 GiB"]
+    truth = _vllm()["no MTP, 10.29 GiB, 1M"]
     assert [g["layers"] for g in truth["groups"]][:2] == [22, 21]
-    assert len(deepseek_v4.packed_groups(_specs(CASES["no MTP, 10.29 GiB"]))) == len(truth["groups"]) == 5
+    assert len(deepseek_v4.packed_groups(_specs(CASES["no MTP, 10.29 GiB, 1M"]))) == len(truth["groups"]) == 5
 
 
 @pytest.mark.skipif(_source() is None, reason="set KVWATCH_VLLM_SRC to the unpacked releases")

@@ -78,11 +78,22 @@ class Group:
 
     kind: str
     block_size: int
+    window: int
     pages: tuple[int, ...]
 
     @property
     def page_bytes(self) -> int:
         return sum(self.pages)
+
+    def blocks_per_request(self, max_model_len: int, max_in_flight_tokens: int, extra_retained: int = 0) -> int:
+        """Blocks one request of max_model_len holds in this group: a full-attention spec's
+        cdiv(len, block) (FullAttentionSpec.max_memory_usage_bytes, vllm/v1/kv_cache_interface.py:654-659),
+        a sliding one's window - 1 + retained + in-flight tokens, at most len, plus one
+        (SlidingWindowSpec.max_admission_blocks_per_request, :932-958)."""
+        if self.kind == "mla":
+            return -(-max_model_len // self.block_size)
+        held = min(self.window - 1 + extra_retained + max_in_flight_tokens, max_model_len)
+        return -(-held // self.block_size) + 1
 
 
 def _pad(size: int) -> int:
@@ -149,7 +160,7 @@ def packed_groups(specs: Sequence[CacheSpec]) -> list[Group]:
     for spec in specs:
         buckets.setdefault(spec.bucket, {}).setdefault(spec.page_bytes, []).append(spec.page_bytes)
     if len({s.page_bytes for s in specs}) <= 1:
-        return [Group(k, b, tuple(p for ps in pages.values() for p in ps)) for (k, b, _), pages in buckets.items()]
+        return [Group(k, b, w, tuple(p for ps in pages.values() for p in ps)) for (k, b, w), pages in buckets.items()]
 
     def balanced(pages: dict[int, list[int]]) -> bool:
         return len({len(v) for v in pages.values()}) == 1
@@ -175,7 +186,7 @@ def packed_groups(specs: Sequence[CacheSpec]) -> list[Group]:
         columns = list(zip(*pages.values(), strict=False)) if n > 1 else [tuple(p for v in pages.values() for p in v)]
         for i in range(n if n > 1 else 1):
             chunk = columns[i::n] if n > 1 else columns
-            groups.append(Group(key[0], key[1], tuple(p for repeat in chunk for p in repeat)))
+            groups.append(Group(*key, tuple(p for repeat in chunk for p in repeat)))
     return groups
 
 
@@ -184,7 +195,23 @@ def bytes_per_block(groups: Sequence[Group]) -> int:
     return max(g.page_bytes for g in groups)
 
 
+def groups_for(cfg: Mapping[str, Any], mtp_layers: int = 0) -> list[Group]:
+    """The KV cache groups of a DeepSeek-V4 config.json, with `mtp_layers` MTP layers."""
+    return packed_groups([s for layer in layer_specs(cfg, mtp_layers) for s in layer])
+
+
 def num_blocks(cfg: Mapping[str, Any], kv_memory_bytes: int, mtp_layers: int = 0) -> int:
     """Blocks vLLM 0.34 allocates for DeepSeek-V4 in `kv_memory_bytes` of one rank."""
-    specs = [s for layer in layer_specs(cfg, mtp_layers) for s in layer]
-    return kv_memory_bytes // bytes_per_block(packed_groups(specs))
+    return kv_memory_bytes // bytes_per_block(groups_for(cfg, mtp_layers))
+
+
+def capacity(groups: Sequence[Group], blocks: int, max_model_len: int, max_in_flight_tokens: int,
+             extra_retained: int = 0) -> tuple[int, float]:
+    """The tokens vLLM logs and its max concurrency: every group draws a request's blocks from the one
+    pool, so concurrency is blocks over their sum, and the tokens are concurrency x max_model_len
+    (get_max_concurrency_for_kv_cache_config and get_kv_cache_capacity, vllm/v1/core/kv_cache_utils.py:
+    1082-1149). `extra_retained`: num_prefill_lookahead_tokens - 1, 0 but for multi-module MTP
+    (vllm/v1/core/kv_cache_planning.py:1742)."""
+    per_request = sum(g.blocks_per_request(max_model_len, max_in_flight_tokens, extra_retained) for g in groups)
+    concurrency = blocks / per_request
+    return int(concurrency * max_model_len), concurrency
