@@ -2,9 +2,10 @@
 
 vLLM's answers come from its own code (tests/deepseek_v4_oracle.py: transformers' DeepseekV4Config,
 the layers' get_kv_cache_spec methods, get_kv_cache_groups and get_kv_cache_config_from_groups),
-run live where the unpacked release is (KVWATCH_VLLM_SRC=<root>, holding <root>/0.34.0/vllm) and
-recorded in tests/fixtures/deepseek_v4_oracle.json by that same script for runs without it; a live
-run also checks the record. The config is DeepSeek-V4-Flash's published config.json
+run live where the unpacked releases are (KVWATCH_VLLM_SRC=<root>, holding <root>/<release>/vllm)
+and recorded in tests/fixtures/deepseek_v4_oracle.json by that same script for runs without them; a
+live run also checks the record. kvwatch's plan (make_plan) is held to the same figures at a fixed
+KV budget, at TP 1 and 2, with fp8 and auto KV, with and without MTP. The config is DeepSeek-V4-Flash's published config.json
 (tests/fixtures/models/newest.py, with its source).
 """
 from __future__ import annotations
@@ -20,11 +21,18 @@ from typing import Any
 import pytest
 
 from kvwatch.planner import deepseek_v4
+from kvwatch.planner.architecture_kinds import PLANNED, UNKNOWN, verdict
+from kvwatch.planner.devices import preset
+from kvwatch.planner.engine_args import EngineCommand
+from kvwatch.planner.geometry import geometry_from_config
+from kvwatch.planner.plan import MemoryInputs, Plan, make_plan
+from kvwatch.planner.rules import ruleset_for
+from kvwatch.values.versions import parse_version
 from tests.fixtures.models.newest import NEWEST
 
 HERE = Path(__file__).resolve().parent
 RECORD = HERE / "fixtures" / "deepseek_v4_oracle.json"
-RELEASE = "0.34.0"
+RELEASES = ("0.33.0", "0.34.0")
 GiB = 1 << 30
 FLASH = NEWEST["deepseek_v4_flash"]["config"]
 
@@ -43,37 +51,44 @@ CASES: dict[str, dict[str, Any]] = {
 }
 
 
-def _source() -> Path | None:
+def _source(release: str) -> Path | None:
     root = os.environ.get("KVWATCH_VLLM_SRC")
-    return Path(root) / RELEASE if root and (Path(root) / RELEASE / "vllm").is_dir() else None
+    return Path(root) / release if root and (Path(root) / release / "vllm").is_dir() else None
 
 
 @cache
-def _live() -> dict[str, dict[str, Any]]:
-    src = _source()
+def _live(release: str) -> dict[str, dict[str, Any]]:
+    src = _source(release)
     assert src is not None
     out = subprocess.run([sys.executable, str(HERE / "deepseek_v4_oracle.py"), str(src), json.dumps(list(CASES.values()))],
                          capture_output=True, text=True, timeout=600, check=True)
     return dict(zip(CASES, json.loads(out.stdout.strip().splitlines()[-1]), strict=True))
 
 
-def _vllm() -> dict[str, dict[str, Any]]:
-    return _live() if _source() is not None else json.loads(RECORD.read_text())[RELEASE]  # type: ignore[no-any-return]
+def _vllm(release: str = "0.34.0") -> dict[str, dict[str, Any]]:
+    if _source(release) is not None:
+        return _live(release)
+    return json.loads(RECORD.read_text())[release]  # type: ignore[no-any-return]
+
+
+def _shape(case: dict[str, Any]) -> deepseek_v4.DeepseekV4Shape:
+    shape = deepseek_v4.deepseek_v4_shape(case["config"], case["config"]["architectures"])
+    assert shape is not None
+    return shape
 
 
 def _specs(case: dict[str, Any]) -> list[deepseek_v4.CacheSpec]:
-    mtp = FLASH["num_nextn_predict_layers"] if case["mtp"] else 0
-    return [s for layer in deepseek_v4.layer_specs(case["config"], mtp) for s in layer]
+    return [s for layer in deepseek_v4.layer_specs(_shape(case), case["mtp"]) for s in layer]
 
 
+@pytest.mark.parametrize("release", RELEASES)
 @pytest.mark.parametrize("label", list(CASES))
-def test_groups_and_blocks_equal_vllms(label: str) -> None:
-    case, truth = CASES[label], _vllm()[label]
+def test_groups_and_blocks_equal_vllms(release: str, label: str) -> None:
+    case, truth = CASES[label], _vllm(release)[label]
     groups = deepseek_v4.packed_groups(_specs(case))
     assert [(g.block_size, len(g.pages), g.page_bytes) for g in groups] == \
         [(g["block_size"], g["layers"], g["page_size_bytes"]) for g in truth["groups"]]
-    mtp = FLASH["num_nextn_predict_layers"] if case["mtp"] else 0
-    blocks = deepseek_v4.num_blocks(case["config"], case["kv_memory_bytes"], mtp)
+    blocks = deepseek_v4.num_blocks(_shape(case), case["kv_memory_bytes"], case["mtp"])
     assert blocks == truth["num_blocks"]
     tokens, _ = deepseek_v4.capacity(groups, blocks, case["max_model_len"], case["max_in_flight_tokens"])
     assert tokens == truth["tokens"]
@@ -98,6 +113,59 @@ def test_the_packing_splits_the_sliding_layers_in_two() -> None:
     assert len(deepseek_v4.packed_groups(_specs(CASES["no MTP, 10.29 GiB, 1M"]))) == len(truth["groups"]) == 5
 
 
-@pytest.mark.skipif(_source() is None, reason="set KVWATCH_VLLM_SRC to the unpacked releases")
+@pytest.mark.skipif(not all(_source(r) for r in RELEASES), reason="set KVWATCH_VLLM_SRC to the unpacked releases")
 def test_the_record_is_what_vllms_code_answers_now() -> None:
-    assert json.loads(RECORD.read_text()) == {RELEASE: _live()}
+    assert json.loads(RECORD.read_text()) == {r: _live(r) for r in RELEASES}
+
+
+def _plan(case: dict[str, Any], release: str, tp: int, kv_dtype: str, card: str = "h100") -> Plan:
+    flags = ["-tp", str(tp), "--kv-cache-memory-bytes", str(case["kv_memory_bytes"]), "--kv-cache-dtype", kv_dtype,
+             "--max-model-len", str(case["max_model_len"]),
+             "--max-num-batched-tokens", str(case["max_in_flight_tokens"] // 2)]
+    if case["mtp"]:
+        flags += ["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 2}']
+    settings = EngineCommand.parse(["vllm", "serve", "deepseek-ai/DeepSeek-V4-Flash", *flags]).settings()
+    return make_plan(geometry_from_config(case["config"], release), settings, preset(card), ruleset_for(release),
+                     MemoryInputs(vllm_version=parse_version(release)))
+
+
+@pytest.mark.parametrize("release", RELEASES)
+@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("kv_dtype", ["fp8", "auto"])
+@pytest.mark.parametrize("label", list(CASES))
+def test_the_plan_has_vllms_groups_blocks_and_tokens(release: str, tp: int, kv_dtype: str, label: str) -> None:
+    """TP and the KV dtype change no DeepSeek-V4 spec: one TP-replicated latent head, fp8_ds_mla for both."""
+    truth = _vllm(release)[label]
+    plan = _plan(CASES[label], release, tp, kv_dtype)
+    assert (plan.kv_cache_groups, plan.bytes_per_block, plan.num_blocks, plan.kv_cache_tokens) == \
+        (len(truth["groups"]), max(g["page_size_bytes"] for g in truth["groups"]), truth["num_blocks"], truth["tokens"])
+    assert plan.source == "exact" and plan.unknown_layer_types == () and not plan.will_fail
+
+
+def test_the_issue_run_plans_its_logged_kv_and_no_certain_failure() -> None:
+    """Issue 39: MTP 2, TP 2 on RTX PRO 6000 (SM 12.0), fp8 KV, 1M context logged 10.29 GiB a rank.
+    kvwatch planned 0 KV and a certain TRITON_MLA failure whose fix rewrote --kv-cache-dtype."""
+    plan = _plan(CASES["issue 39 run: MTP, 10.29 GiB, 1M"], "0.34.0", 2, "fp8", "rtx-pro-6000")
+    assert plan.backend == "FLASHINFER_MLA_SPARSE_DSV4" and plan.num_blocks == 11_024
+    assert abs(plan.planned_kv_bytes - 10.29 * GiB) < 0.001 * GiB
+    assert not plan.will_fail and plan.fixes().empty
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_deepseek_v4_is_planned_and_v41_says_why_not(release: str) -> None:
+    for arch in ("DeepseekV4ForCausalLM", "DeepseekV4ForConditionalGeneration", "DeepSeekV4MTPModel"):
+        assert verdict(arch, release).handling == PLANNED
+    v41 = verdict("DeepseekV41ForCausalLM", release)
+    assert v41.handling == UNKNOWN and "block 32" in v41.reason
+
+
+def test_another_draft_or_an_unchecked_release_is_unsure() -> None:
+    case = CASES["no MTP, 10.29 GiB, 1M"]
+    settings = EngineCommand.parse(["vllm", "serve", "m", "--kv-cache-memory-bytes", str(case["kv_memory_bytes"]),
+                                    "--speculative-config", '{"method": "dspark", "num_speculative_tokens": 4}']).settings()
+    drafted = make_plan(geometry_from_config(FLASH, "0.34.0"), settings, preset("h100"), ruleset_for("0.34.0"),
+                        MemoryInputs(vllm_version=parse_version("0.34.0")))
+    assert drafted.source == "unknown" and "'dspark'" in drafted.unknown_layer_types[0]
+    older = make_plan(geometry_from_config(FLASH, "0.32.0"), settings, preset("h100"), ruleset_for("0.32.0"),
+                      MemoryInputs(vllm_version=parse_version("0.32.0")))
+    assert older.source == "unknown" and "not vLLM 0.32.0" in older.unknown_layer_types[0]

@@ -41,9 +41,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-ARCHITECTURES = frozenset({"DeepseekV4ForCausalLM", "DeepseekV4ForConditionalGeneration", "DeepseekV41ForCausalLM",
-                           "DeepSeekV4MTPModel"})
-MODEL_TYPES = frozenset({"deepseek_v4", "deepseek_v41"})
+from kvwatch.errors import ConfigError
+from kvwatch.values.versions import VllmVersion
+
+# DeepSeek-V4.1 (DeepseekV41ForCausalLM, model_type deepseek_v41) is not one: see NOT_PLANNED.
+ARCHITECTURES = frozenset({"DeepseekV4ForCausalLM", "DeepseekV4ForConditionalGeneration", "DeepSeekV4MTPModel"})
+MODEL_TYPES = frozenset({"deepseek_v4"})
+# The releases whose code the oracle ran (tests/deepseek_v4_oracle.py): the same specs, groups and
+# blocks (0.33.0: _get_packed_kv_cache_groups at vllm/v1/core/kv_cache_planning.py:914, _approximate_gcd :879).
+CHECKED_MINORS = frozenset({(0, 33), (0, 34)})
 SOURCE = "vLLM 0.34.0, vllm/models/deepseek_v4/attention.py:817-881, compressor.py:150-192, " \
          "vllm/v1/core/kv_cache_planning.py:958-1077"
 
@@ -100,20 +106,66 @@ def _pad(size: int) -> int:
     return -(-size // PAGE_ALIGNMENT) * PAGE_ALIGNMENT
 
 
-def is_deepseek_v4(cfg: Mapping[str, Any], architectures: Sequence[str]) -> bool:
-    return bool(ARCHITECTURES & set(architectures)) or cfg.get("model_type") in MODEL_TYPES
+@dataclass(frozen=True)
+class DeepseekV4Shape:
+    """What vLLM's DeepSeek-V4 layers read from config.json to build their caches."""
+
+    ratios: tuple[int, ...]   # each decoder layer's compress ratio (1: sliding window only)
+    head_dim: int
+    index_head_dim: int
+    window: int
+    mtp_layers: int           # num_nextn_predict_layers: the MTP draft's layers, when it runs
+
+    def layer_ratios(self, mtp: bool) -> list[int]:
+        """Per cache layer: the decoder layers', then the MTP layers' (ratio 1) when MTP drafts."""
+        return [*self.ratios, *[1] * (self.mtp_layers if mtp else 0)]
+
+
+def is_deepseek_v4(model_type: str | None, architectures: Sequence[str]) -> bool:
+    if NOT_PLANNED.keys() & set(architectures):
+        return False
+    return bool(ARCHITECTURES & set(architectures)) or (isinstance(model_type, str) and model_type in MODEL_TYPES)
+
+
+def unchecked_release(version: VllmVersion | None) -> str:
+    """Why a plan for this release is unsure ("" for a release the oracle checked)."""
+    if version is None or version.parts[:2] in CHECKED_MINORS:
+        return ""
+    return (f"DeepSeek-V4's caches and their packing are checked against vLLM 0.33 and 0.34 only, "
+            f"not vLLM {version}")
+
+
+def _count(value: object, field: str, default: int | None = None) -> int:
+    """A non-negative whole number of config.json (`default` where the field is unset)."""
+    if value is None and default is not None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"config.json: DeepSeek-V4 field {field!r} must be a whole number, got {str(value)[:40]!r}")
+    return value
 
 
 def compress_ratios(cfg: Mapping[str, Any]) -> list[int]:
     """Each decoder layer's compress ratio (1: sliding window only)."""
-    layers = int(cfg.get("num_hidden_layers") or 0)
+    layers = _count(cfg.get("num_hidden_layers"), "num_hidden_layers")
     types, rates = cfg.get("layer_types"), cfg.get("compress_rates")
-    if isinstance(types, list) and isinstance(rates, Mapping):
-        return [max(1, int(rates.get(t, 0) or 0)) for t in types[:layers]]
+    if isinstance(types, list) and isinstance(rates, Mapping) and len(types) >= layers:
+        return [max(1, _count(rates.get(t) if isinstance(t, str) else None, "compress_rates", 0))
+                for t in types[:layers]]
     listed = cfg.get("compress_ratios")
     if isinstance(listed, list) and len(listed) >= layers:
-        return [max(1, int(r or 0)) for r in listed[:layers]]
-    raise ValueError("DeepSeek-V4 config.json names no compress_ratios (nor layer_types and compress_rates)")
+        return [max(1, _count(r, "compress_ratios", 0)) for r in listed[:layers]]
+    raise ConfigError("config.json: DeepSeek-V4 needs compress_ratios (or layer_types and compress_rates), "
+                      "one a layer")
+
+
+def deepseek_v4_shape(cfg: Mapping[str, Any], architectures: Sequence[str]) -> DeepseekV4Shape | None:
+    """The shape of a DeepSeek-V4 (text) config.json; None for any other model."""
+    if not is_deepseek_v4(cfg.get("model_type"), architectures):
+        return None
+    return DeepseekV4Shape(tuple(compress_ratios(cfg)), _count(cfg.get("head_dim"), "head_dim", 512),
+                           _count(cfg.get("index_head_dim"), "index_head_dim", 128),
+                           _count(cfg.get("sliding_window"), "sliding_window", 128),
+                           _count(cfg.get("num_nextn_predict_layers"), "num_nextn_predict_layers", 0))
 
 
 def _state(name: str, ratio: int, head_dim: int) -> CacheSpec:
@@ -122,14 +174,13 @@ def _state(name: str, ratio: int, head_dim: int) -> CacheSpec:
     return CacheSpec(name, "swa_mla", block, coff * ratio, _pad(2 * coff * head_dim * 4 * block), "float32")
 
 
-def layer_specs(cfg: Mapping[str, Any], mtp_layers: int = 0) -> list[list[CacheSpec]]:
-    """Per layer (decoder layers, then `mtp_layers` MTP layers), its caches in vLLM's order."""
-    head, window = int(cfg.get("head_dim") or 512), int(cfg.get("sliding_window") or 128)
-    index_head = int(cfg.get("index_head_dim") or 128)
+def layer_specs(shape: DeepseekV4Shape, mtp: bool = False) -> list[list[CacheSpec]]:
+    """Per layer (decoder layers, then the MTP layers where MTP drafts), its caches in vLLM's order."""
+    head, window, index_head = shape.head_dim, shape.window, shape.index_head_dim
     out: list[list[CacheSpec]] = []
-    for ratio in [*compress_ratios(cfg), *[1] * mtp_layers]:
+    for ratio in shape.layer_ratios(mtp):
         if ratio > 1 and ratio not in STATE_BLOCK:
-            raise ValueError(f"DeepSeek-V4 compress ratio {ratio}: vLLM 0.34 takes 4 or 128 (compressor.py:160)")
+            raise ConfigError(f"config.json: DeepSeek-V4 compress ratio {ratio}: vLLM takes 4 or 128 (compressor.py:160)")
         # the order the layer's constructor registers them (attention.py:304-373)
         layer: list[CacheSpec] = []
         if ratio == 4:
@@ -195,14 +246,14 @@ def bytes_per_block(groups: Sequence[Group]) -> int:
     return max(g.page_bytes for g in groups)
 
 
-def groups_for(cfg: Mapping[str, Any], mtp_layers: int = 0) -> list[Group]:
-    """The KV cache groups of a DeepSeek-V4 config.json, with `mtp_layers` MTP layers."""
-    return packed_groups([s for layer in layer_specs(cfg, mtp_layers) for s in layer])
+def groups_for(shape: DeepseekV4Shape, mtp: bool = False) -> list[Group]:
+    """The KV cache groups of a DeepSeek-V4 model, with its MTP layers where MTP drafts."""
+    return packed_groups([s for layer in layer_specs(shape, mtp) for s in layer])
 
 
-def num_blocks(cfg: Mapping[str, Any], kv_memory_bytes: int, mtp_layers: int = 0) -> int:
+def num_blocks(shape: DeepseekV4Shape, kv_memory_bytes: int, mtp: bool = False) -> int:
     """Blocks vLLM 0.34 allocates for DeepSeek-V4 in `kv_memory_bytes` of one rank."""
-    return kv_memory_bytes // bytes_per_block(groups_for(cfg, mtp_layers))
+    return kv_memory_bytes // bytes_per_block(groups_for(shape, mtp))
 
 
 def capacity(groups: Sequence[Group], blocks: int, max_model_len: int, max_in_flight_tokens: int,
@@ -215,3 +266,36 @@ def capacity(groups: Sequence[Group], blocks: int, max_model_len: int, max_in_fl
     per_request = sum(g.blocks_per_request(max_model_len, max_in_flight_tokens, extra_retained) for g in groups)
     concurrency = blocks / per_request
     return int(concurrency * max_model_len), concurrency
+
+
+def drafts_with_mtp(method: str | None, num_speculative_tokens: int) -> bool:
+    """--speculative-config's method is MTP: "mtp", or a model-specific "*_mtp" name vLLM renames to it
+    (vLLM 0.34.0, vllm/config/speculative.py:53-80 and :1375-1379). The DeepSeek-V4 MTP draft's
+    layers (num_nextn_predict_layers, one in V4-Flash) then join the target's KV cache; more
+    speculative tokens reuse them (one module: no extra retained tokens, kv_cache_planning.py:1742)."""
+    return num_speculative_tokens > 0 and method is not None and (method == "mtp" or method.endswith("_mtp"))
+
+
+def backend_name(sm_major: int) -> str:
+    """The DSv4 attention backend CUDA picks without --attention-backend: FlashInfer's SM120 kernels on
+    SM 12.x, FlashMLA elsewhere (vLLM 0.34.0, vllm/models/deepseek_v4/nvidia/model.py:567-570)."""
+    return "FLASHINFER_MLA_SPARSE_DSV4" if sm_major == 12 else "FLASHMLA_SPARSE_DSV4"
+
+
+def token_bytes(groups: Sequence[Group]) -> int:
+    """Bytes a long context adds per token: the full-attention groups' pages over their block
+    (the sliding groups hold a bounded window)."""
+    return -(-sum(g.page_bytes for g in groups if g.kind == "mla") // MAIN_BLOCK)
+
+
+# The layer classes whose caches this module plans (architecture_kinds.PLANNED_KINDS).
+DEEPSEEK_V4_KINDS: dict[str, str] = {
+    "DeepseekV4Attention": "DeepSeek-V4 sliding-window and compressed latents, compressor states",
+    "DeepseekV4IndexerCache": "DeepSeek-V4 indexer keys"}
+# Architectures that build those classes with caches of other shapes, which this module does not plan.
+NOT_PLANNED: dict[str, str] = {
+    "DeepseekV41ForCausalLM": "DeepSeek-V4.1 builds its own sliding cache (block 32, its own row and page "
+                              "alignment, bounded replay: vLLM 0.34.0, vllm/models/deepseek_v41/attention.py:"
+                              "615-632), which kvwatch does not plan",
+    "DSparkDraftModel": "the DSpark draft's own layers are not planned",
+    "DSparkV41DraftModel": "the DSpark draft's own layers are not planned"}

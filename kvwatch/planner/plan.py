@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from kvwatch.failure_kinds import FailureKind
+from kvwatch.planner import deepseek_v4
 from kvwatch.planner.architecture_kinds import builds_no_cache, unknown_reasons
 from kvwatch.planner.architectures import IN_TRANSFORMERS
 from kvwatch.planner.architectures import refusals as _architecture_refusals
@@ -208,6 +209,8 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     if no_cache := builds_no_cache(geometry.architectures, str(memory.vllm_version) if memory.vllm_version else None):
         return _no_kv_cache_plan(settings.model, no_cache, settings, device,
                                 settings.max_model_len or geometry.default_max_model_len, warnings)
+    if geometry.deepseek_v4 is not None:   # its own cache kinds and packing (planner/deepseek_v4.py)
+        return _deepseek_v4_plan(geometry, geometry.deepseek_v4, settings, device, memory, release, warnings)
     if geometry.attention != "none":
         warnings.extend(backend_refusals(choice, rules, device, geometry, settings))
     sizes = token_sizes(geometry, settings, device, memory.vllm_version, dict(memory.vllm_env))
@@ -544,6 +547,40 @@ def _shared_layer_warnings(geometry: ModelGeometry, settings: EngineSettings, gr
                      f"KeyError: 'model.layers.{first}.self_attn.attn': vLLM sizes this cache, then fails to set up "
                      f"attention for layer {first}, which reads another layer's cache from a KV cache group whose "
                      f"layers differ in page size", fix)]
+
+
+def _deepseek_v4_plan(geometry: ModelGeometry, shape: deepseek_v4.DeepseekV4Shape, settings: EngineSettings,
+                      device: Device, memory: MemoryInputs, release: Release,
+                      warnings: list[PredictedRefusal]) -> Plan:
+    """DeepSeek-V4: its five cache kinds packed into groups that share one block pool. Its DSv4 backend
+    is not one kvwatch's backend rules know, so none of their refusals applies."""
+    mtp = deepseek_v4.drafts_with_mtp(settings.speculative_method, settings.num_speculative_tokens)
+    groups = deepseek_v4.groups_for(shape, mtp)
+    per_block = deepseek_v4.bytes_per_block(groups)
+    backend = deepseek_v4.backend_name(int(device.sm.split(".")[0])) if device.platform == "cuda" else None
+    sizes = token_sizes(geometry, settings, device, memory.vllm_version, dict(memory.vllm_env))
+    blocks = _blocks(device, settings, geometry, memory, sizes.model_bytes, per_block, backend)
+    max_len = settings.max_model_len or geometry.default_max_model_len
+    demand = request_demand(geometry, settings, device, max_len, release)
+    tokens, concurrency = deepseek_v4.capacity(groups, blocks.num_blocks, max_len, demand.max_in_flight_tokens) \
+        if blocks.num_blocks else (0, 0.0)
+    unknown = tuple(filter(None, (deepseek_v4.unchecked_release(memory.vllm_version), "" if mtp or not settings.speculative_method else
+        f"--speculative-config method {settings.speculative_method!r}: its draft's KV cache is not planned "
+        f"for DeepSeek-V4 (only MTP's layers are)")))
+    return Plan(
+        model=settings.model, device=device.name, compute_capability=device.sm, attention="deepseek_v4",
+        backend=backend, block_size=deepseek_v4.MAIN_BLOCK, block_size_source=deepseek_v4.SOURCE,
+        kv_cache_dtype=settings.kv_cache_dtype, dtype_bytes=1, kv_bytes_per_token_per_layer=0,
+        kv_bytes_per_token=deepseek_v4.token_bytes(groups), page_size_bytes=per_block,
+        layers_per_block=max(len(g.pages) for g in groups), bytes_per_block=per_block,
+        kv_memory_bytes=blocks.kv_memory, kv_memory_source=blocks.source, num_blocks=blocks.num_blocks,
+        kv_cache_tokens=tokens, max_model_len=max_len, max_concurrency=concurrency, estimated=blocks.estimated,
+        padding_bytes={"remainder": max(0, blocks.kv_memory - blocks.num_blocks * per_block),
+                       "null_block": per_block if blocks.num_blocks else 0},
+        warnings=within_scope(warnings, unknown), data_parallel_size=max(1, settings.data_parallel_size),
+        pipeline_parallel_size=max(1, settings.pipeline_parallel_size), kv_cache_groups=len(groups),
+        blocks_per_request=sum(g.blocks_per_request(max_len, demand.max_in_flight_tokens) for g in groups),
+        gpu_budget=blocks.budget, unknown_layer_types=unknown)
 
 
 def _no_kv_cache_plan(model: str, reason: str, settings: EngineSettings, device: Device,
