@@ -27,6 +27,7 @@ from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.geometry import geometry_from_config
 from kvwatch.planner.plan import MemoryInputs, Plan, make_plan
 from kvwatch.planner.rules import ruleset_for
+from kvwatch.planner.weights import gpu_weights_bytes
 from kvwatch.values.versions import parse_version
 from tests.fixtures.models.newest import NEWEST
 
@@ -169,3 +170,28 @@ def test_another_draft_or_an_unchecked_release_is_unsure() -> None:
     older = make_plan(geometry_from_config(FLASH, "0.32.0"), settings, preset("h100"), ruleset_for("0.32.0"),
                       MemoryInputs(vllm_version=parse_version("0.32.0")))
     assert older.source == "unknown" and "not vLLM 0.32.0" in older.unknown_layer_types[0]
+
+
+def test_the_issue_run_estimated_is_within_a_tenth_of_its_logged_kv() -> None:
+    """Issue 39's GPU start-up (DeepSeek-V4-Flash, MTP 2, TP 2 on RTX PRO 6000, fp8 KV, 1M context)
+    logged 10.29 GiB of KV cache a rank; kvwatch planned 0 (its routed experts counted as FP8 bytes,
+    not the MXFP4 vLLM loads them as) and a certain failure."""
+    flags = ["-tp", "2", "--kv-cache-dtype", "fp8", "--max-model-len", "1048576",
+             "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 2}']
+    settings = EngineCommand.parse(["vllm", "serve", "deepseek-ai/DeepSeek-V4-Flash", *flags]).settings()
+    plan = make_plan(geometry_from_config(FLASH, "0.34.0"), settings, preset("rtx-pro-6000"), ruleset_for("0.34.0"),
+                     MemoryInputs(vllm_version=parse_version("0.34.0")))
+    assert plan.source == "estimated" and not plan.will_fail and plan.fixes(certain_only=False).empty
+    assert abs(plan.planned_kv_bytes / (10.29 * GiB) - 1) < 0.10
+
+
+def test_the_routed_experts_weigh_as_mxfp4_and_the_rest_as_fp8() -> None:
+    geometry = geometry_from_config(FLASH, "0.34.0")
+    assert geometry.quantization is not None and geometry.quantization["expert_dtype"] == "fp4"
+    base = geometry_from_config({**FLASH, "expert_dtype": "fp8"}, "0.34.0")   # Flash-Base: FP8 experts
+    count = geometry.weight_count
+    assert count is not None
+    experts = count.expert_matrices * 3 * count.hidden_size * count.moe_width
+    fp4 = gpu_weights_bytes(count, geometry.quantization, 2)
+    fp8 = gpu_weights_bytes(count, base.quantization, 2)
+    assert fp8 - fp4 == int(experts * (1 - deepseek_v4.MXFP4_BYTES_PER_PARAM))

@@ -299,3 +299,21 @@ NOT_PLANNED: dict[str, str] = {
                               "615-632), which kvwatch does not plan",
     "DSparkDraftModel": "the DSpark draft's own layers are not planned",
     "DSparkV41DraftModel": "the DSpark draft's own layers are not planned"}
+
+
+# One MXFP4 value and its share of the UE8M0 scale per 32 values (OCP MX, as weights.py's mxfp4).
+MXFP4_BYTES_PER_PARAM = 0.5 + 1 / 32
+
+
+def weight_quantization(quantization: Mapping[str, Any] | None, cfg: Mapping[str, Any],
+                        architectures: Sequence[str]) -> Mapping[str, Any] | None:
+    """DeepSeek-V4's quantization_config as vLLM loads it: an "fp8" checkpoint becomes
+    deepseek_v4_fp8 (vLLM 0.34.0, vllm/model_executor/models/config.py:763-769), whose routed experts
+    take config.json's `expert_dtype` ("fp4" when unset): MXFP4 experts (Mxfp4MoEMethod), the other
+    linear layers FP8 blocks (vllm/models/deepseek_v4/quant_config.py:60-109, :209-229). The expert
+    dtype rides along as `expert_dtype` (weights.gpu_weights_bytes reads it)."""
+    if quantization is None or not is_deepseek_v4(cfg.get("model_type"), architectures) \
+            or str(quantization.get("quant_method", "")).lower() != "fp8":
+        return quantization
+    expert = cfg.get("expert_dtype", "fp4")
+    return {**quantization, "expert_dtype": expert} if isinstance(expert, str) else quantization
