@@ -317,3 +317,26 @@ def weight_quantization(quantization: Mapping[str, Any] | None, cfg: Mapping[str
         return quantization
     expert = cfg.get("expert_dtype", "fp4")
     return {**quantization, "expert_dtype": expert} if isinstance(expert, str) else quantization
+
+
+@dataclass(frozen=True)
+class Packing:
+    """DeepSeek-V4's KV cache for one command: its groups, the shared block, the backend, and why the
+    figures are unsure (empty: checked against vLLM's own code)."""
+
+    groups: tuple[Group, ...]
+    bytes_per_block: int
+    backend: str | None
+    unsure: tuple[str, ...]
+
+
+def packing(shape: DeepseekV4Shape, speculative_method: str | None, num_speculative_tokens: int, platform: str,
+            sm: str, version: VllmVersion | None) -> Packing:
+    """The groups of a DeepSeek-V4 model under this command (MTP's layers where it drafts with MTP)."""
+    mtp = drafts_with_mtp(speculative_method, num_speculative_tokens)
+    groups = tuple(groups_for(shape, mtp))
+    draft = "" if mtp or not speculative_method else (
+        f"--speculative-config method {speculative_method!r}: its draft's KV cache is not planned for "
+        f"DeepSeek-V4 (only MTP's layers are)")
+    return Packing(groups, bytes_per_block(groups), backend_name(int(sm.split(".")[0])) if platform == "cuda" else None,
+                   tuple(r for r in (unchecked_release(version), draft) if r))

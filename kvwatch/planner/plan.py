@@ -554,33 +554,28 @@ def _deepseek_v4_plan(geometry: ModelGeometry, shape: deepseek_v4.DeepseekV4Shap
                       warnings: list[PredictedRefusal]) -> Plan:
     """DeepSeek-V4: its five cache kinds packed into groups that share one block pool. Its DSv4 backend
     is not one kvwatch's backend rules know, so none of their refusals applies."""
-    mtp = deepseek_v4.drafts_with_mtp(settings.speculative_method, settings.num_speculative_tokens)
-    groups = deepseek_v4.groups_for(shape, mtp)
-    per_block = deepseek_v4.bytes_per_block(groups)
-    backend = deepseek_v4.backend_name(int(device.sm.split(".")[0])) if device.platform == "cuda" else None
+    kv = deepseek_v4.packing(shape, settings.speculative_method, settings.num_speculative_tokens, device.platform,
+                             device.sm, memory.vllm_version)
     sizes = token_sizes(geometry, settings, device, memory.vllm_version, dict(memory.vllm_env))
-    blocks = _blocks(device, settings, geometry, memory, sizes.model_bytes, per_block, backend)
+    blocks = _blocks(device, settings, geometry, memory, sizes.model_bytes, kv.bytes_per_block, kv.backend)
     max_len = settings.max_model_len or geometry.default_max_model_len
-    demand = request_demand(geometry, settings, device, max_len, release)
-    tokens, concurrency = deepseek_v4.capacity(groups, blocks.num_blocks, max_len, demand.max_in_flight_tokens) \
+    in_flight = request_demand(geometry, settings, device, max_len, release).max_in_flight_tokens
+    tokens, concurrency = deepseek_v4.capacity(kv.groups, blocks.num_blocks, max_len, in_flight) \
         if blocks.num_blocks else (0, 0.0)
-    unknown = tuple(filter(None, (deepseek_v4.unchecked_release(memory.vllm_version), "" if mtp or not settings.speculative_method else
-        f"--speculative-config method {settings.speculative_method!r}: its draft's KV cache is not planned "
-        f"for DeepSeek-V4 (only MTP's layers are)")))
     return Plan(
         model=settings.model, device=device.name, compute_capability=device.sm, attention="deepseek_v4",
-        backend=backend, block_size=deepseek_v4.MAIN_BLOCK, block_size_source=deepseek_v4.SOURCE,
+        backend=kv.backend, block_size=deepseek_v4.MAIN_BLOCK, block_size_source=deepseek_v4.SOURCE,
         kv_cache_dtype=settings.kv_cache_dtype, dtype_bytes=1, kv_bytes_per_token_per_layer=0,
-        kv_bytes_per_token=deepseek_v4.token_bytes(groups), page_size_bytes=per_block,
-        layers_per_block=max(len(g.pages) for g in groups), bytes_per_block=per_block,
+        kv_bytes_per_token=deepseek_v4.token_bytes(kv.groups), page_size_bytes=kv.bytes_per_block,
+        layers_per_block=max(len(g.pages) for g in kv.groups), bytes_per_block=kv.bytes_per_block,
         kv_memory_bytes=blocks.kv_memory, kv_memory_source=blocks.source, num_blocks=blocks.num_blocks,
         kv_cache_tokens=tokens, max_model_len=max_len, max_concurrency=concurrency, estimated=blocks.estimated,
-        padding_bytes={"remainder": max(0, blocks.kv_memory - blocks.num_blocks * per_block),
-                       "null_block": per_block if blocks.num_blocks else 0},
-        warnings=within_scope(warnings, unknown), data_parallel_size=max(1, settings.data_parallel_size),
-        pipeline_parallel_size=max(1, settings.pipeline_parallel_size), kv_cache_groups=len(groups),
-        blocks_per_request=sum(g.blocks_per_request(max_len, demand.max_in_flight_tokens) for g in groups),
-        gpu_budget=blocks.budget, unknown_layer_types=unknown)
+        padding_bytes={"remainder": max(0, blocks.kv_memory - blocks.num_blocks * kv.bytes_per_block),
+                       "null_block": kv.bytes_per_block if blocks.num_blocks else 0},
+        warnings=within_scope(warnings, kv.unsure), data_parallel_size=max(1, settings.data_parallel_size),
+        pipeline_parallel_size=max(1, settings.pipeline_parallel_size), kv_cache_groups=len(kv.groups),
+        blocks_per_request=sum(g.blocks_per_request(max_len, in_flight) for g in kv.groups),
+        gpu_budget=blocks.budget, unknown_layer_types=kv.unsure)
 
 
 def _no_kv_cache_plan(model: str, reason: str, settings: EngineSettings, device: Device,
