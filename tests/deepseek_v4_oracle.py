@@ -16,8 +16,8 @@ the layer's compress ratio (attention.py:238-243: layer_types through compress_r
 layers), the KV dtype (attention.py:95-130 with use_fp8_ds_mla_layout True, the class CUDA picks
 on SM 9.0 and SM 12.0 by default, nvidia/model.py:567-570), the main block size (the sparse MLA
 and indexer backends' kernel block size 256, sparse_mla.py:60, indexer.py:306), the SWA cache's
-defaults (sparse_swa.py:85-88), the state cache's block size and window (compressor.py:150-172),
-its width 2 * coff * head_dim (compressor.py:296) and the layout (indexer.py:300-303, BLHNC first) and the FP8 indexer key width
+defaults (sparse_swa.py:85-88), the state cache's block size and window (compressor.py:158-171),
+its width 2 * coff * head_dim (compressor.py:298) and the layout (indexer.py:300-303, BLHNC first) and the FP8 indexer key width
 head_dim + head_dim // 128 * 4 (attention.py:983-986). MTP layers (num_nextn_predict_layers,
 nvidia/mtp.py:214-215) join the same KV cache config when a speculative config asks for them.
 It prints a JSON list, one answer per case.
@@ -32,7 +32,7 @@ from typing import Any
 
 
 def _state(ratio: int, head_dim: int, config: Any) -> Any:
-    """CompressorStateCache's spec, on the attributes its constructor sets (compressor.py:150-172, :296)."""
+    """CompressorStateCache's spec, on the attributes its constructor sets (compressor.py:139-172, :298)."""
     import torch
     from vllm.models.deepseek_v4.compressor import CompressorStateCache
     coff = 1 + (ratio == 4)

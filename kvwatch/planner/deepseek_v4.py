@@ -10,7 +10,7 @@ One DeepSeek-V4 decoder layer carries up to five caches, each its own spec (vLLM
   one row per `ratio` tokens (tokens_per_state, vllm/models/deepseek_v4/attention.py:817-840);
 - on those layers, a float32 compressor state: SlidingWindowMLASpec of `2 * coff * head_dim`
   floats a row, block 4 for ratio 4 and 8 for ratio 128, window `coff * ratio`, coff 2 for ratio 4
-  and 1 otherwise (CompressorStateCache, vllm/models/deepseek_v4/compressor.py:150-192, :296);
+  and 1 otherwise (CompressorStateCache, vllm/models/deepseek_v4/compressor.py:139-192, :298);
 - on ratio-4 layers only, the indexer's key cache: an MLAAttentionSpec of block 256, one
   `index_head_dim + index_head_dim // 128 * 4`-byte uint8 key per 4 tokens
   (vllm/models/deepseek_v4/attention.py:868-881, :983-986), and the indexer's own compressor state
@@ -25,7 +25,7 @@ become the fp8_ds_mla layout on the attention classes CUDA picks by default on S
 584 bytes (448 NoPE + 128 RoPE + 8 scale) and every page is padded to 576 bytes
 (_apply_alignment_padding, vllm/v1/kv_cache_interface.py:731-737).
 
-vLLM groups them with _get_packed_kv_cache_groups (vllm/v1/core/kv_cache_planning.py:958-1077):
+vLLM groups them with _get_packed_kv_cache_groups (vllm/v1/core/kv_cache_planning.py:958-1085):
 layers bucket by uniform type (here: spec kind, block size and window); a bucket whose page sizes
 each hold the same number of layers is "balanced", and the balanced buckets are split into groups
 of `repeats` layers per page size, `repeats` the value in [floor, max] that pads the balanced
@@ -50,14 +50,14 @@ MODEL_TYPES = frozenset({"deepseek_v4"})
 # The releases whose code the oracle ran (tests/deepseek_v4_oracle.py): the same specs, groups and
 # blocks (0.33.0: _get_packed_kv_cache_groups at vllm/v1/core/kv_cache_planning.py:914, _approximate_gcd :879).
 CHECKED_MINORS = frozenset({(0, 33), (0, 34)})
-SOURCE = "vLLM 0.34.0, vllm/models/deepseek_v4/attention.py:817-881, compressor.py:150-192, " \
-         "vllm/v1/core/kv_cache_planning.py:958-1077"
+SOURCE = "vLLM 0.34.0, vllm/models/deepseek_v4/attention.py:817-881, compressor.py:139-192, " \
+         "vllm/v1/core/kv_cache_planning.py:958-1085"
 
 MAIN_BLOCK = 256          # sparse_mla.py:60 and indexer.py:306: the latent and indexer kernel block
 SWA_BLOCK = 64            # sparse_swa.py:85
 ROW_BYTES = 584           # fp8_ds_mla latent row: 448 NoPE + 128 RoPE + 8 scale (attention.py:837-839)
 PAGE_ALIGNMENT = 576      # fp8_ds_mla page alignment (attention.py:834, sparse_swa.py:87)
-STATE_BLOCK = {4: 4, 128: 8}   # compressor.py:166-171
+STATE_BLOCK = {4: 4, 128: 8}   # compressor.py:168-171
 QUANT_BLOCK = 128         # the indexer's fp8 key scale block (attention.py:964)
 _LAYER_RATIO = {"sliding_attention": 1}
 
@@ -180,7 +180,7 @@ def layer_specs(shape: DeepseekV4Shape, mtp: bool = False) -> list[list[CacheSpe
     out: list[list[CacheSpec]] = []
     for ratio in shape.layer_ratios(mtp):
         if ratio > 1 and ratio not in STATE_BLOCK:
-            raise ConfigError(f"config.json: DeepSeek-V4 compress ratio {ratio}: vLLM takes 4 or 128 (compressor.py:160)")
+            raise ConfigError(f"config.json: DeepSeek-V4 compress ratio {ratio}: vLLM takes 4 or 128 (compressor.py:158)")
         # the order the layer's constructor registers them (attention.py:304-373)
         layer: list[CacheSpec] = []
         if ratio == 4:
@@ -206,7 +206,7 @@ def _least_padding(values: Sequence[int], floor: int) -> int:
 
 
 def packed_groups(specs: Sequence[CacheSpec]) -> list[Group]:
-    """The groups vLLM packs these layer caches into (kv_cache_planning.py:958-1077)."""
+    """The groups vLLM packs these layer caches into (kv_cache_planning.py:958-1085)."""
     buckets: dict[tuple[str, int, int], dict[int, list[int]]] = {}
     for spec in specs:
         buckets.setdefault(spec.bucket, {}).setdefault(spec.page_bytes, []).append(spec.page_bytes)
