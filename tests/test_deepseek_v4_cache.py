@@ -195,3 +195,12 @@ def test_the_routed_experts_weigh_as_mxfp4_and_the_rest_as_fp8() -> None:
     fp4 = gpu_weights_bytes(count, geometry.quantization, 2)
     fp8 = gpu_weights_bytes(count, base.quantization, 2)
     assert fp8 - fp4 == int(experts * (1 - deepseek_v4.MXFP4_BYTES_PER_PARAM))
+
+
+def test_another_backend_than_cudas_default_is_unsure() -> None:
+    """FLASHINFER_MLA_SPARSE_DSV4 on SM 10.0 stores plain rows (use_fp8_ds_mla_layout False): other pages."""
+    settings = EngineCommand.parse(["vllm", "serve", "m", "--kv-cache-memory-bytes", str(10 * GiB),
+                                    "--attention-backend", "FLASHINFER_MLA_SPARSE_DSV4"]).settings()
+    plan = make_plan(geometry_from_config(FLASH, "0.34.0"), settings, preset("b200"), ruleset_for("0.34.0"),
+                     MemoryInputs(vllm_version=parse_version("0.34.0")))
+    assert plan.source == "unknown" and "FLASHINFER_MLA_SPARSE_DSV4" in plan.unknown_layer_types[0]

@@ -331,12 +331,18 @@ class Packing:
 
 
 def packing(shape: DeepseekV4Shape, speculative_method: str | None, num_speculative_tokens: int, platform: str,
-            sm: str, version: VllmVersion | None) -> Packing:
+            sm: str, version: VllmVersion | None, attention_backend: str | None = None) -> Packing:
     """The groups of a DeepSeek-V4 model under this command (MTP's layers where it drafts with MTP)."""
     mtp = drafts_with_mtp(speculative_method, num_speculative_tokens)
     groups = tuple(groups_for(shape, mtp))
     draft = "" if mtp or not speculative_method else (
         f"--speculative-config method {speculative_method!r}: its draft's KV cache is not planned for "
         f"DeepSeek-V4 (only MTP's layers are)")
-    return Packing(groups, bytes_per_block(groups), backend_name(int(sm.split(".")[0])) if platform == "cuda" else None,
-                   tuple(r for r in (unchecked_release(version), draft) if r))
+    backend = backend_name(int(sm.split(".")[0])) if platform == "cuda" else None
+    # FLASHINFER_MLA_SPARSE_DSV4 off SM 12.x takes plain rows (use_fp8_ds_mla_layout False,
+    # nvidia/flashinfer_sparse.py:205), and other platforms have their own classes: not planned here.
+    chosen = "" if backend is not None and attention_backend in (None, backend) else (
+        f"DeepSeek-V4 with --attention-backend {attention_backend} on {platform} SM {sm}: only the fp8_ds_mla "
+        f"layout CUDA picks by default is planned")
+    return Packing(groups, bytes_per_block(groups), backend,
+                   tuple(r for r in (unchecked_release(version), draft, chosen) if r))

@@ -555,7 +555,7 @@ def _deepseek_v4_plan(geometry: ModelGeometry, shape: deepseek_v4.DeepseekV4Shap
     """DeepSeek-V4: its five cache kinds packed into groups that share one block pool. Its DSv4 backend
     is not one kvwatch's backend rules know, so none of their refusals applies."""
     kv = deepseek_v4.packing(shape, settings.speculative_method, settings.num_speculative_tokens, device.platform,
-                             device.sm, memory.vllm_version)
+                             device.sm, memory.vllm_version, settings.attention_backend)
     sizes = token_sizes(geometry, settings, device, memory.vllm_version, dict(memory.vllm_env))
     blocks = _blocks(device, settings, geometry, memory, sizes.model_bytes, kv.bytes_per_block, kv.backend)
     max_len = settings.max_model_len or geometry.default_max_model_len
