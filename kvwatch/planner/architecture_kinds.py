@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvwatch.planner.cross_attention import cross_attention_planned
+from kvwatch.planner.deepseek_v4 import DEEPSEEK_V4_KINDS, NOT_PLANNED
 from kvwatch.planner.inkling import INKLING_KINDS
 from kvwatch.vllm_releases import DEFAULT_RELEASE
 from kvwatch.vllm_releases.architecture_entry import ArchitectureEntry
@@ -47,6 +48,7 @@ GATED_KINDS: dict[str, str] = {"RSWAAttention": "rswa_window"}
 # reshaping its spec is unknown.
 KNOWN_SPEC_CLASSES = frozenset({"MambaMixer2", "KimiK3DeltaAttention", "QwenGatedDeltaNetAttention"})
 PLANNED_KINDS.update(INKLING_KINDS)   # Inkling's own attention and conv-ring specs (planner/inkling.py)
+PLANNED_KINDS.update(DEEPSEEK_V4_KINDS)   # DeepSeek-V4's five cache kinds (planner/deepseek_v4.py)
 # Layers that hold no cache: a model of these alone (BERT-like encoders) gets no KV cache from vLLM,
 # which kvwatch plans as 0 blocks (planner/no_kv_cache.py).
 _NO_CACHE = frozenset({"EncoderOnlyAttention"})
@@ -102,6 +104,9 @@ def verdict(architecture: str, release: str, config: Mapping[str, Any] | None = 
                        (found.cls,))
     if _no_cache(found, kinds):   # planned as no KV cache (planner/no_kv_cache.py)
         return Verdict(PLANNED, "")
+    if architecture in NOT_PLANNED:   # a planned layer class, built with caches of other shapes
+        return Verdict(UNKNOWN, f"{architecture} (vLLM {release}, {found.source}): {NOT_PLANNED[architecture]}",
+                       (architecture,))
     unclassified = tuple(k for k in kinds if k not in PLANNED_KINDS and not cross_attention_planned(k, architecture))
     unclassified += tuple(f"{c.split(':')[1]} (its own get_kv_cache_spec)" for c in found.spec_classes
                           if c.split(":")[1] not in KNOWN_SPEC_CLASSES)

@@ -17,6 +17,7 @@ import posixpath
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from typing import Any
 
 from kvwatch.errors import CommandError
 from kvwatch.planner.serve_options import (
@@ -171,6 +172,9 @@ class EngineSettings:
     kv_cache_dtype_skip_layers: tuple[str, ...] = ()   # layer indices or "sliding_window" kept unquantized
     enable_extensible_kv_cache: bool | None = None   # 0.34+ --[no-]enable-extensible-kv-cache (None: vLLM decides)
     cudagraph_sizes_given: bool = False      # a flag or --compilation-config sets CUDA graph capture sizes
+    # --speculative-config's method and num_speculative_tokens (None, 0: no speculative decoding)
+    speculative_method: str | None = None
+    num_speculative_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -303,7 +307,22 @@ class EngineCommand:
             mamba_cache_mode=self.get("--mamba-cache-mode"),
             enable_extensible_kv_cache=self._switch("--enable-extensible-kv-cache"),
             cudagraph_sizes_given=self._cudagraph_sizes_given(),
+            **self._speculative(),
         )
+
+    def _speculative(self) -> dict[str, Any]:
+        """--speculative-config's method and num_speculative_tokens, where it is a JSON object."""
+        value = self.get("--speculative-config")
+        try:
+            parsed = json.loads(value) if value else None
+        except ValueError:
+            return {}
+        if not isinstance(parsed, dict):
+            return {}
+        tokens = parsed.get("num_speculative_tokens")
+        method = parsed.get("method")
+        return {"speculative_method": method if isinstance(method, str) else None,
+                "num_speculative_tokens": tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else 0}
 
     def _cudagraph_sizes_given(self) -> bool:
         """Whether the command sets CUDA graph capture sizes: the two flags, or the keys of

@@ -27,6 +27,8 @@ CHANGED_FLAGS = frozenset({
     "--cpu-offload-gb", "--kv-offloading-size", "--max-parallel-loading-workers",
     # 0.34's extensible KV cache, removed where the platform refuses it (planner/plan.py)
     "--enable-extensible-kv-cache",
+    # Inkling's convolution rings assert bfloat16: a float16 model is refused (planner/inkling.py)
+    "--dtype",
 })
 
 

@@ -13,6 +13,7 @@ from kvwatch.errors import ConfigError
 from kvwatch.planner.config_defaults import HEAD_DIM_DEFAULTS
 from kvwatch.planner.config_keys import own_key, standard_keys
 from kvwatch.planner.cross_attention import with_cross_attention
+from kvwatch.planner.deepseek_v4 import DeepseekV4Shape, deepseek_v4_shape, weight_quantization
 from kvwatch.planner.indexer import indexer_bytes_per_token
 from kvwatch.planner.inkling import inkling_layout, is_inkling
 from kvwatch.planner.layers import FULL, PURE_STATE_SPACE, LayerLayout, kimi_linear_layout, layer_layout
@@ -68,6 +69,8 @@ class ModelGeometry:
     indexer_bytes_per_token: int = 0   # that indexer's cache, every layer, one token (planner/indexer.py)
     # MiniMax-M3's sparse layers, each with a key-only indexer cache in the blocks (planner/minimax_sparse.py)
     sparse_indexer: SparseIndexer | None = None
+    # DeepSeek-V4's compressed, sliding and indexer caches, packed by their own rule (planner/deepseek_v4.py)
+    deepseek_v4: DeepseekV4Shape | None = None
     # vLLM's max_model_len when none is given (or auto) where it is not the derived one: LongRoPE
     # models default to original_max_position_embeddings (config/model.py _get_and_verify_max_len).
     default_len: int | None = None
@@ -275,11 +278,13 @@ def geometry_from_config(config: Mapping[str, Any], release: str | None = None) 
         attention="full", num_kv_heads=kv_heads, head_size=head_size, head_size_v=head_size_v,
         config_dtype=config_dtype, sliding_window=layout.window, layer_kinds=layout.kinds, layout=layout,
         max_position_embeddings=max_len, num_attention_heads=num_heads, hidden_size=hidden,
-        weight_count=count_model_weights(config, weighed), quantization=_quantization(config, cfg), derived_max_model_len=derived,
+        weight_count=count_model_weights(config, weighed),
+        quantization=weight_quantization(_quantization(config, cfg), cfg, architectures), derived_max_model_len=derived,
         derived_max_model_len_key=derived_key, default_len=longrope_default_len(cfg, rules), present_fields=_present(cfg),
         sparse_indexer=sparse_indexer(cfg, architectures, num_layers, parse_version(release) if release else None),
         sink_len=sink.sink_len if sink is not None else 0,
-        max_source_positions=_positive_int(cfg, "max_source_positions", required=False) or 0)
+        max_source_positions=_positive_int(cfg, "max_source_positions", required=False) or 0,
+        deepseek_v4=deepseek_v4_shape(cfg, architectures))
 
 
 def _state_space_geometry(config: Mapping[str, Any], cfg: Mapping[str, Any], model_type: str,

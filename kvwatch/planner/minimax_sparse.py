@@ -129,3 +129,14 @@ def common_block_size(per_backend: Sequence[Sequence[BlockSizeRule]], default: i
         if all(_accepts(rules, candidate) for rules in per_backend):
             return candidate
     return None
+
+
+def sparse_block_size(indexer: SparseIndexer | None, num_layers: int, dense: Sequence[BlockSizeRule],
+                      default: int) -> tuple[int, str] | None:
+    """The block size a model with sparse layers gets where the user set none (GPU), and why: the one
+    its dense, sparse and indexer backends all accept; None for a model without them, or none shared."""
+    if indexer is None:
+        return None
+    dense_rules = [dense] if len(indexer.layers) < num_layers else []
+    common = common_block_size(dense_rules + [SPARSE_KERNEL_BLOCKS, SPARSE_KERNEL_BLOCKS], default)
+    return (common, f"the block every attention backend accepts ({BLOCK_SIZE_SOURCE})") if common else None

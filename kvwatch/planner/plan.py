@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from kvwatch.failure_kinds import FailureKind
+from kvwatch.planner import deepseek_v4
 from kvwatch.planner.architecture_kinds import builds_no_cache, unknown_reasons
 from kvwatch.planner.architectures import IN_TRANSFORMERS
 from kvwatch.planner.architectures import refusals as _architecture_refusals
@@ -43,7 +44,7 @@ from kvwatch.planner.kv_groups import (
 )
 from kvwatch.planner.kv_memory import NO_MEMORY_INPUTS, MemoryInputs, kv_memory, no_memory_warning
 from kvwatch.planner.layers import CHUNKED, FULL, MAMBA
-from kvwatch.planner.minimax_sparse import BLOCK_SIZE_SOURCE, SPARSE_KERNEL_BLOCKS, common_block_size, with_indexers
+from kvwatch.planner.minimax_sparse import sparse_block_size, with_indexers
 from kvwatch.planner.no_kv_cache import NO_KV_CACHE_ATTENTION, NO_KV_CACHE_SOURCE
 from kvwatch.planner.predicted_refusal import (
     CONFIG_REFUSED,
@@ -213,6 +214,8 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     if no_cache := builds_no_cache(geometry.architectures, str(memory.vllm_version) if memory.vllm_version else None):
         return _no_kv_cache_plan(settings.model, no_cache, settings, device,
                                 settings.max_model_len or geometry.default_max_model_len, warnings)
+    if geometry.deepseek_v4 is not None:   # its own cache kinds and packing (planner/deepseek_v4.py)
+        return _deepseek_v4_plan(geometry, geometry.deepseek_v4, settings, device, memory, release, warnings)
     if geometry.attention != "none":
         warnings.extend(backend_refusals(choice, rules, device, geometry, settings))
     sizes = token_sizes(geometry, settings, device, memory.vllm_version, dict(memory.vllm_env))
@@ -312,13 +315,9 @@ def _block_size(geometry: ModelGeometry, settings: EngineSettings, device: Devic
     version, attention_free = memory.vllm_version, geometry.attention == "none"
     default_block = release.defaults.block_size   # vLLM's default --block-size (vllm_releases/defaults.py)
     block_size, block_source = _attention_block_size(shape, device, geometry, settings, default_block)
-    indexer = geometry.sparse_indexer
-    if indexer is not None and shape is not None and settings.block_size is None and device.platform == "cuda":
-        # MiniMax-M3: its sparse and indexer backends join the dense one (planner/minimax_sparse.py)
-        dense = [shape.block_sizes] if len(indexer.layers) < geometry.num_layers else []
-        common = common_block_size(dense + [SPARSE_KERNEL_BLOCKS, SPARSE_KERNEL_BLOCKS], default_block)
-        if common is not None:
-            block_size, block_source = common, f"the block every attention backend accepts ({BLOCK_SIZE_SOURCE})"
+    if shape is not None and settings.block_size is None and device.platform == "cuda" and \
+            (common := sparse_block_size(geometry.sparse_indexer, geometry.num_layers, shape.block_sizes, default_block)):
+        block_size, block_source = common   # MiniMax-M3: its sparse and indexer backends join the dense one
     state_bytes, mla = sizes.state_bytes, geometry.attention == "mla"
     if state_bytes and shape is not None and not attention_free:   # a hybrid: attention pages hold a state
         aligned = hybrid_block_size(hybrid_alignment_for(release.defaults.release), shape, block_size,
@@ -555,6 +554,35 @@ def _shared_layer_warnings(geometry: ModelGeometry, settings: EngineSettings, gr
                      f"KeyError: 'model.layers.{first}.self_attn.attn': vLLM sizes this cache, then fails to set up "
                      f"attention for layer {first}, which reads another layer's cache from a KV cache group whose "
                      f"layers differ in page size", fix)]
+
+
+def _deepseek_v4_plan(geometry: ModelGeometry, shape: deepseek_v4.DeepseekV4Shape, settings: EngineSettings,
+                      device: Device, memory: MemoryInputs, release: Release,
+                      warnings: list[PredictedRefusal]) -> Plan:
+    """DeepSeek-V4: its five cache kinds packed into groups that share one block pool. Its DSv4 backend
+    is not one kvwatch's backend rules know, so none of their refusals applies."""
+    kv = deepseek_v4.packing(shape, settings.speculative_method, settings.num_speculative_tokens, device.platform,
+                             device.sm, memory.vllm_version, settings.attention_backend)
+    sizes = token_sizes(geometry, settings, device, memory.vllm_version, dict(memory.vllm_env))
+    blocks = _blocks(device, settings, geometry, memory, sizes.model_bytes, kv.bytes_per_block, kv.backend)
+    max_len = settings.max_model_len or geometry.default_max_model_len
+    in_flight = request_demand(geometry, settings, device, max_len, release).max_in_flight_tokens
+    tokens, concurrency = deepseek_v4.capacity(kv.groups, blocks.num_blocks, max_len, in_flight) \
+        if blocks.num_blocks else (0, 0.0)
+    return Plan(
+        model=settings.model, device=device.name, compute_capability=device.sm, attention="deepseek_v4",
+        backend=kv.backend, block_size=deepseek_v4.MAIN_BLOCK, block_size_source=deepseek_v4.SOURCE,
+        kv_cache_dtype=settings.kv_cache_dtype, dtype_bytes=1, kv_bytes_per_token_per_layer=0,
+        kv_bytes_per_token=deepseek_v4.token_bytes(kv.groups), page_size_bytes=kv.bytes_per_block,
+        layers_per_block=max(len(g.pages) for g in kv.groups), bytes_per_block=kv.bytes_per_block,
+        kv_memory_bytes=blocks.kv_memory, kv_memory_source=blocks.source, num_blocks=blocks.num_blocks,
+        kv_cache_tokens=tokens, max_model_len=max_len, max_concurrency=concurrency, estimated=blocks.estimated,
+        padding_bytes={"remainder": max(0, blocks.kv_memory - blocks.num_blocks * kv.bytes_per_block),
+                       "null_block": kv.bytes_per_block if blocks.num_blocks else 0},
+        warnings=within_scope(warnings, kv.unsure), data_parallel_size=max(1, settings.data_parallel_size),
+        pipeline_parallel_size=max(1, settings.pipeline_parallel_size), kv_cache_groups=len(kv.groups),
+        blocks_per_request=sum(g.blocks_per_request(max_len, in_flight) for g in kv.groups),
+        gpu_budget=blocks.budget, unknown_layer_types=kv.unsure)
 
 
 def _no_kv_cache_plan(model: str, reason: str, settings: EngineSettings, device: Device,

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from kvwatch.planner.deepseek_v4 import MXFP4_BYTES_PER_PARAM
 from kvwatch.planner.encoder_cache import EncoderShape, encoder_shape
 from kvwatch.planner.encoder_forward import vision_mlp_width
 from kvwatch.values.config_values import positive_int as _int
@@ -406,6 +407,10 @@ def gpu_weights_bytes(count: WeightCount, quantization: Mapping[str, Any] | None
         return int(bytes_of(count, quantization, dtype_bytes) + padding * linear_bytes_per_param(quantization, dtype_bytes)
                    + count.vision_params * dtype_bytes)
     vision = count.vision_params * dtype_bytes
+    if quantization and quantization.get("expert_dtype") == "fp4":   # DeepSeek-V4's MXFP4 experts (planner/deepseek_v4.py)
+        experts = count.expert_matrices * 3 * count.hidden_size * count.moe_width
+        fp8 = linear_bytes_per_param(quantization, dtype_bytes)
+        return bytes_of(count, quantization, dtype_bytes) - int(experts * (fp8 - MXFP4_BYTES_PER_PARAM)) + vision
     if method == "gguf":
         per_param = gguf_bytes_per_param(model)
         if per_param is not None:
