@@ -94,3 +94,12 @@ def test_the_recorded_answers_are_the_releases_own() -> None:
         pytest.skip("the unpacked vLLM 0.33.0/0.34.0 sources are not here (KVWATCH_VLLM_SRC)")
     answers = {_label(*c): _oracle(root, c[0], _case(_plan(*c), c[1])) for c in CASES}
     assert answers == _recorded()
+
+
+@pytest.mark.parametrize("fields", [{"num_layers_per_stack": 10**9}, {"H_cycles": 10**9}, {"L_cycles": True},
+                                    {"num_layers_per_stack": 4096, "H_cycles": 4096, "L_cycles": 4096}],
+                         ids=["stack", "cycles", "bool", "product"])
+def test_a_malformed_stack_is_one_config_error_not_a_memory_error(fields: dict[str, Any]) -> None:
+    """num_layers_per_stack of 10**9 built a list of billions of layer kinds: a MemoryError traceback."""
+    with pytest.raises(ConfigError, match="config.json: .*(num_layers_per_stack|H_cycles|L_cycles)"):
+        geometry_from_config({**HRM, **fields}, "0.34.0")

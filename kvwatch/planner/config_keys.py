@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from kvwatch.errors import ConfigError
+
 
 class FamilyKeys(NamedTuple):
     aliases: tuple[tuple[str, str], ...]   # (the standard key, the key this family's config.json uses)
@@ -73,3 +75,23 @@ def own_key(cfg: Mapping[str, Any], standard: str) -> str:
     family = FAMILY_KEYS.get(model_type) if isinstance(model_type, str) else None
     own = next((o for s, o in family.aliases if s == standard), "") if family is not None else ""
     return f"{own!r} (its {standard!r})" if own else ""
+
+
+# A config field no model has come near (2**24): above it, a value is malformed, not a model's, and
+# would have the planner build per-layer tables of that length.
+MAX_FIELD = 1 << 24
+
+
+def positive_field(cfg: Mapping[str, Any], key: str, default: int | None = None, needs: str = "") -> int:
+    """A positive integer field of config.json, at most MAX_FIELD: its value, else `default`; a missing
+    field with no default, or a bad value, is one ConfigError naming the field (`needs`: who reads it)."""
+    value = cfg.get(key)
+    if value is None and default is not None:
+        return default
+    who = f" ({needs})" if needs else ""
+    if value is None:
+        raise ConfigError(f"config.json: missing field {key!r}{who}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_FIELD:
+        raise ConfigError(f"config.json: field {key!r} must be a positive integer of at most {MAX_FIELD}{who}, "
+                          f"got {str(value)[:40]!r}")
+    return value

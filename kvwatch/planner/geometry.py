@@ -11,7 +11,7 @@ from typing import Any
 
 from kvwatch.errors import ConfigError
 from kvwatch.planner.config_defaults import HEAD_DIM_DEFAULTS
-from kvwatch.planner.config_keys import own_key, standard_keys
+from kvwatch.planner.config_keys import MAX_FIELD, own_key, standard_keys
 from kvwatch.planner.cross_attention import with_cross_attention
 from kvwatch.planner.deepseek_v4 import DeepseekV4Shape, deepseek_v4_shape, weight_quantization
 from kvwatch.planner.indexer import indexer_bytes_per_token
@@ -104,7 +104,6 @@ def _text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 # Far above any real model, far below what would exhaust memory or overflow the arithmetic.
-_MAX_FIELD = 1 << 24
 
 
 def _required_int(cfg: Mapping[str, Any], key: str) -> int:
@@ -122,8 +121,8 @@ def _positive_int(cfg: Mapping[str, Any], key: str, required: bool = True) -> in
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ConfigError(f"config.json: field {key!r} must be a positive integer, got {str(value)[:40]!r}")
-    if value > _MAX_FIELD:
-        raise ConfigError(f"config.json: field {key!r} = {value} is not a model's (at most {_MAX_FIELD})")
+    if value > MAX_FIELD:
+        raise ConfigError(f"config.json: field {key!r} = {value} is not a model's (at most {MAX_FIELD})")
     return value
 
 
@@ -256,14 +255,14 @@ def geometry_from_config(config: Mapping[str, Any], release: str | None = None) 
     kv_heads = next((cfg[k] for k in _KV_HEAD_KEYS if cfg.get(k) is not None), num_heads)
     if (prefix_lm := prefix_lm_layers(cfg, architectures)) is not None:   # HRM-Text (planner/prefix_lm.py)
         num_layers, kv_heads = prefix_lm
-    if isinstance(kv_heads, bool) or not isinstance(kv_heads, int) or not 0 < kv_heads <= _MAX_FIELD:
+    if isinstance(kv_heads, bool) or not isinstance(kv_heads, int) or not 0 < kv_heads <= MAX_FIELD:
         raise ConfigError(f"config.json: the number of KV heads must be a positive integer, got {str(kv_heads)[:40]!r}")
     head_size = cfg.get("head_dim") or cfg.get("hidden_size_per_head") or HEAD_DIM_DEFAULTS.get(model_type)
     if head_size is None:
         if hidden is None:
             raise ConfigError("config.json: missing field 'head_dim' (or 'hidden_size' to derive it)")
         head_size = hidden // num_heads
-    if isinstance(head_size, bool) or not isinstance(head_size, int) or not 0 < head_size <= _MAX_FIELD:
+    if isinstance(head_size, bool) or not isinstance(head_size, int) or not 0 < head_size <= MAX_FIELD:
         raise ConfigError(f"config.json: field 'head_dim' must be a positive integer, got {str(head_size)[:40]!r}")
     layout = inkling_layout(cfg, num_layers) if is_inkling(model_type) \
         else with_cross_attention(layer_layout(cfg, model_type, num_layers, head_size, kv_heads), model_type)

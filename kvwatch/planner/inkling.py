@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvwatch.errors import ConfigError
+from kvwatch.planner.config_keys import positive_field
 from kvwatch.planner.flag_change import FlagChange
 from kvwatch.planner.inkling_ring import RING_SOURCE, ConvRing, ring_head_size
 from kvwatch.planner.kv_dtype_refusal import model_dtype
@@ -65,14 +66,7 @@ def is_inkling(model_type: str) -> bool:
 
 
 def _positive(cfg: Mapping[str, Any], key: str, default: int | None) -> int:
-    value = cfg.get(key)
-    if value is None:
-        if default is None:
-            raise ConfigError(f"config.json: missing field {key!r}")
-        return default
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"config.json: field {key!r} must be a positive integer, got {str(value)[:40]!r}")
-    return value
+    return positive_field(cfg, key, default)
 
 
 def inkling_layers(cfg: Mapping[str, Any], num_layers: int) -> InklingLayers:

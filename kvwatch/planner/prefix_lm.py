@@ -24,16 +24,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvwatch.errors import ConfigError
+from kvwatch.planner.config_keys import MAX_FIELD, positive_field
 
 PREFIX_LM_ARCHITECTURES = frozenset({"HrmTextForCausalLM"})
 
 
 def _positive(cfg: Mapping[str, Any], key: str) -> int:
-    value = cfg.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"config.json: HRM-Text needs field {key!r} as a positive integer (vLLM reads it), "
-                          f"got {str(value)[:40]!r}")
-    return value
+    return positive_field(cfg, key, needs="HRM-Text: vLLM reads it")
 
 
 def prefix_lm_layers(cfg: Mapping[str, Any], architectures: tuple[str, ...]) -> tuple[int, int] | None:
@@ -42,7 +39,11 @@ def prefix_lm_layers(cfg: Mapping[str, Any], architectures: tuple[str, ...]) -> 
         return None
     stack = _positive(cfg, "num_layers_per_stack")
     high, low = _positive(cfg, "H_cycles"), _positive(cfg, "L_cycles")
-    return stack * high * (low + 1), _positive(cfg, "num_attention_heads")
+    layers = stack * high * (low + 1)
+    if layers > MAX_FIELD:   # each field in bounds, their product a malformed config's
+        raise ConfigError(f"config.json: HRM-Text's num_layers_per_stack x H_cycles x (L_cycles + 1) = {layers} "
+                          f"cache layers is not a model's (at most {MAX_FIELD})")
+    return layers, _positive(cfg, "num_attention_heads")
 
 
 def weight_layers(cfg: Mapping[str, Any], architectures: tuple[str, ...]) -> int | None:

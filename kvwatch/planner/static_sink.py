@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvwatch.errors import ConfigError
+from kvwatch.planner.config_keys import positive_field
 from kvwatch.planner.flag_change import NO_CHANGE
 from kvwatch.planner.predicted_refusal import CONFIG_REFUSED, PredictedRefusal
 
@@ -44,11 +44,7 @@ class SinkAttention:
 
 
 def _positive(cfg: Mapping[str, Any], key: str) -> int:
-    value = cfg.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"config.json: openPangu's sink attention needs field {key!r} as a positive integer "
-                          f"(vLLM asserts it is set), got {str(value)[:40]!r}")
-    return value
+    return positive_field(cfg, key, needs="openPangu's sink attention: vLLM asserts it is set")
 
 
 def sink_attention(cfg: Mapping[str, Any], architectures: tuple[str, ...]) -> SinkAttention | None:
