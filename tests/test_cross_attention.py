@@ -12,7 +12,6 @@ run again and must give the recorded answers. Record them anew with
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any
 import pytest
 from fixtures.models.encoder_decoder import ENCODER_DECODER
 from fixtures.models.newest import NEWEST
+from vllm_sources import release_tree
 
 from kvwatch.cli import main
 from kvwatch.planner.architecture_kinds import PLANNED, UNKNOWN, verdict
@@ -100,9 +100,7 @@ def _recorded() -> dict[str, Any]:
 
 
 def _source_tree(release: str) -> Path | None:
-    root = os.environ.get("KVWATCH_VLLM_SRC")
-    tree = Path(root) / release if root else None
-    return tree if tree is not None and (tree / "vllm" / "v1" / "kv_cache_interface.py").exists() else None
+    return release_tree(release, "vllm/v1/kv_cache_interface.py")
 
 
 @pytest.mark.parametrize("release", RELEASES)

@@ -11,14 +11,12 @@ KV budget, at TP 1 and 2, with fp8 and auto KV, with and without MTP. The config
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import pytest
+from vllm_sources import oracle_answers, release_tree
 
 from kvwatch.planner import deepseek_v4
 from kvwatch.planner.architecture_kinds import PLANNED, UNKNOWN, verdict
@@ -52,24 +50,9 @@ CASES: dict[str, dict[str, Any]] = {
 }
 
 
-def _source(release: str) -> Path | None:
-    root = os.environ.get("KVWATCH_VLLM_SRC")
-    return Path(root) / release if root and (Path(root) / release / "vllm").is_dir() else None
-
-
 @cache
-def _live(release: str) -> dict[str, dict[str, Any]]:
-    src = _source(release)
-    assert src is not None
-    out = subprocess.run([sys.executable, str(HERE / "deepseek_v4_oracle.py"), str(src), json.dumps(list(CASES.values()))],
-                         capture_output=True, text=True, timeout=600, check=True)
-    return dict(zip(CASES, json.loads(out.stdout.strip().splitlines()[-1]), strict=True))
-
-
 def _vllm(release: str = "0.34.0") -> dict[str, dict[str, Any]]:
-    if _source(release) is not None:
-        return _live(release)
-    return json.loads(RECORD.read_text())[release]  # type: ignore[no-any-return]
+    return oracle_answers(HERE / "deepseek_v4_oracle.py", release, CASES, RECORD)
 
 
 def _shape(case: dict[str, Any]) -> deepseek_v4.DeepseekV4Shape:
@@ -114,9 +97,9 @@ def test_the_packing_splits_the_sliding_layers_in_two() -> None:
     assert len(deepseek_v4.packed_groups(_specs(CASES["no MTP, 10.29 GiB, 1M"]))) == len(truth["groups"]) == 5
 
 
-@pytest.mark.skipif(not all(_source(r) for r in RELEASES), reason="set KVWATCH_VLLM_SRC to the unpacked releases")
+@pytest.mark.skipif(not all(release_tree(r) for r in RELEASES), reason="set KVWATCH_VLLM_SRC to the unpacked releases")
 def test_the_record_is_what_vllms_code_answers_now() -> None:
-    assert json.loads(RECORD.read_text()) == {r: _live(r) for r in RELEASES}
+    assert json.loads(RECORD.read_text()) == {r: _vllm(r) for r in RELEASES}
 
 
 def _plan(case: dict[str, Any], release: str, tp: int, kv_dtype: str, card: str = "h100") -> Plan:

@@ -8,14 +8,12 @@ by that same script for runs without them; a live run also checks the record.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import pytest
+from vllm_sources import oracle_answers, release_tree
 
 from kvwatch.planner.architecture_kinds import PLANNED, verdict
 from kvwatch.planner.devices import GiB, preset
@@ -68,24 +66,9 @@ CASES: dict[str, dict[str, Any]] = {
 }
 
 
-def _source(release: str) -> Path | None:
-    root = os.environ.get("KVWATCH_VLLM_SRC")
-    return Path(root) / release if root and (Path(root) / release / "vllm").is_dir() else None
-
-
 @cache
-def _live(release: str) -> dict[str, dict[str, Any]]:
-    src = _source(release)
-    assert src is not None
-    out = subprocess.run([sys.executable, str(HERE / "minimax_m3_oracle.py"), str(src), json.dumps(list(CASES.values()))],
-                         capture_output=True, text=True, timeout=600, check=True)
-    return dict(zip(CASES, json.loads(out.stdout.strip().splitlines()[-1]), strict=True))
-
-
 def _vllm(release: str) -> dict[str, dict[str, Any]]:
-    if _source(release) is not None:
-        return _live(release)
-    return json.loads(RECORD.read_text())[release]   # type: ignore[no-any-return]
+    return oracle_answers(HERE / "minimax_m3_oracle.py", release, CASES, RECORD)
 
 
 def _plan(case: dict[str, Any], release: str) -> Plan:
@@ -120,9 +103,9 @@ def test_the_issue_figures_are_vllms_and_no_longer_plain_attention() -> None:
     assert (plan.block_size, plan.kv_cache_tokens) == (16, 1_398_096)   # what a plain attention model gets
 
 
-@pytest.mark.skipif(not all(_source(r) for r in RELEASES), reason="set KVWATCH_VLLM_SRC to the unpacked releases")
+@pytest.mark.skipif(not all(release_tree(r) for r in RELEASES), reason="set KVWATCH_VLLM_SRC to the unpacked releases")
 def test_the_record_is_what_vllms_code_answers_now() -> None:
-    assert json.loads(RECORD.read_text()) == {r: _live(r) for r in RELEASES}
+    assert json.loads(RECORD.read_text()) == {r: _vllm(r) for r in RELEASES}
 
 
 @pytest.mark.parametrize("release", RELEASES)

@@ -10,13 +10,13 @@ releases are present (KVWATCH_VLLM_SRC=<root>/<version>/vllm/...), the oracle is
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fixtures.models.own_spec_configs import OWN_SPEC_CONFIGS, text_config
 from record_own_spec_oracle import BATCHED, MAX_MODEL_LEN, MEMORY, RELEASES, cases, label, run_oracle
+from vllm_sources import unpacked_root
 
 from kvwatch.errors import ConfigError
 from kvwatch.planner.architecture_kinds import PLANNED, verdict
@@ -146,10 +146,7 @@ def test_inkling_architectures_are_planned(release: str) -> None:
 
 
 def _source_root() -> Path | None:
-    root = os.environ.get("KVWATCH_VLLM_SRC")
-    if not root or not all((Path(root) / r / "vllm" / "models" / "inkling").is_dir() for r in RELEASES):
-        return None
-    return Path(root)
+    return unpacked_root(RELEASES, "vllm/models/inkling")
 
 
 @pytest.mark.skipif(_source_root() is None, reason="the unpacked releases (KVWATCH_VLLM_SRC) are not here")

@@ -5,13 +5,12 @@ no MLA fields; their spec is SinkFullAttentionSpec (kvwatch/planner/static_sink.
 release). vLLM's answers (scripts/oracle_sink_spec.py: the release's own SinkFullAttentionSpec,
 SinkFullAttentionManager, get_kv_cache_groups, bytes per block and logged token count, run on this
 CPU) are recorded in tests/fixtures/models/sink_oracle.json; kvwatch's plan is checked against them,
-and where the unpacked releases are present (KVWATCH_VLLM_SRC, or /work/wheels/src) the oracle is
+and where the unpacked releases are present (KVWATCH_VLLM_SRC) the oracle is
 run again and must give the recorded answers.
 """
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 
 import pytest
 from fixtures.models.newest import NEWEST
+from vllm_sources import unpacked_root
 
 from kvwatch.planner.architecture_kinds import PLANNED, verdict
 from kvwatch.planner.devices import preset
@@ -63,10 +63,7 @@ def _recorded() -> dict[str, Any]:
 
 
 def _source_root() -> Path | None:
-    for root in (os.environ.get("KVWATCH_VLLM_SRC"), "/work/wheels/src"):
-        if root and all((Path(root) / r / "vllm" / "v1" / "kv_cache_interface.py").exists() for r, _, _ in CASES):
-            return Path(root)
-    return None
+    return unpacked_root({r for r, _, _ in CASES}, "vllm/v1/kv_cache_interface.py")
 
 
 def _oracle(root: Path, release: str, case: dict[str, Any]) -> dict[str, Any]:
