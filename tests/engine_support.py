@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -92,10 +93,45 @@ def write_model(directory: Path, config: dict) -> Path:
     return directory
 
 
+_HANDED_OUT: set[int] = set()
+
+
+def _ephemeral_floor() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _bindable(port: int) -> bool:
+    for host in ("127.0.0.1", "0.0.0.0"):
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                return False
+    return True
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A port nobody listens on, below the kernel's ephemeral range.
+
+    A port the kernel handed out for bind(0) is ephemeral: before the engine binds it seconds
+    later, any outgoing connection on the box may take it as its local port, and the engine
+    dies of "Address already in use" (it failed CI once that way). Ports under the range are
+    never given to connections; each is handed out once per test process.
+    """
+    floor = _ephemeral_floor()
+    low = 10000 if floor > 12000 else 1024
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(low, floor)
+        if port not in _HANDED_OUT and _bindable(port):
+            _HANDED_OUT.add(port)
+            return port
+    with socket.socket() as s:   # a box whose low ports are all taken: the old way
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
 def engine_argv(model: Path, port: int, *extra: str, python: str | None = None) -> list[str]:

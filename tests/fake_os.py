@@ -161,6 +161,7 @@ class FakeOs:
     persisted_plans: dict[str, PersistedPlan] = field(default_factory=dict)   # vLLM's start-up plans by path
     learned: dict[str, int] = field(default_factory=dict)   # the fleet's learned store: non-KV bytes by profile
     published: list[tuple[tuple[str, ...], int, int]] = field(default_factory=list)   # (argv, requested, available)
+    listeners: dict[int, list[int | None]] = field(default_factory=dict)   # port -> pids listening on it
 
     def __post_init__(self) -> None:
         self.clock.on_advance = self._play
@@ -224,6 +225,9 @@ class FakeOs:
                         gpu_holders: Callable[[], Iterable[tuple[str, int]]], timeout: float,
                         sleep: Callable[[float], None], others: Callable[[], frozenset[int]] = frozenset) -> CleanupReport:
         return CleanupReport()
+
+    def port_listeners(self, port: int) -> list[int | None]:
+        return list(self.listeners.get(port, []))
 
     def reap_orphans(self, keep: frozenset[int]) -> list[int]:
         return []

@@ -86,14 +86,14 @@ class Recorder:
 
 
 def run_table_row(tmp_path: Path, launches: list[Launch], policy: dict, stop_after: float | None,
-                  ) -> tuple[Supervisor, FakeOs, Recorder, int]:
+                  listeners: dict[int, list[int | None]] | None = None) -> tuple[Supervisor, FakeOs, Recorder, int]:
     model = write_model(tmp_path / "tiny", llama_config())
     argv = ("vllm", "serve", str(model), "--port", "8000", "--block-size", "8")
     engine = EngineConfig(command=argv, start_timeout_seconds=5.0, health_interval_seconds=1.0,
                           hang_timeout_seconds=4.0, stop_timeout_seconds=3.0)
     config = Config(name="t", state_dir=str(tmp_path / "state"), policy=replace(POLICY, **policy), engine=engine)
     clock = FakeClock()
-    fake_os = FakeOs(clock, launches)
+    fake_os = FakeOs(clock, launches, listeners=listeners or {})
     recorder = Recorder()
     sup = Supervisor(config, observers=[recorder], clock=clock, device=CPU, rules=ruleset_for("0.32.0"),
                      notifier=SdNotifier(None), output=io.BytesIO(), environ={}, probe=fake_os.probe,
@@ -192,6 +192,33 @@ def test_an_error_said_before_the_kill_still_names_the_cause(tmp_path: Path) -> 
     assert code == EXIT_OK
     assert sup.status.failures == {"engine_died": 1}, sup._record.failures
     assert "Worker proc VllmWorker-0 died unexpectedly" in sup._record.failures[-1].evidence
+
+
+ADDRESS_IN_USE = ("(APIServer pid=8) ERROR 12-07 03:55:30 [api_server.py:1] OSError: [Errno 98] "
+                  "Address already in use\n")
+
+
+@pytest.mark.parametrize("listeners,states,code,said", [
+    ({}, [S, "starting", "backoff", "starting", "ready", "stopping", S], EXIT_OK,
+     "nothing listens on port 8000 any more: it was taken only for a moment"),
+    ({8000: [31337]}, [S, "starting", "fatal"], EXIT_GAVE_UP, "port 8000 is held by pid 31337"),
+    ({8000: [None]}, [S, "starting", "fatal"], EXIT_GAVE_UP, "port 8000 is held by a process kvwatch cannot see"),
+], ids=["taken for a moment: restarted", "held by a process: FATAL, named", "held by a hidden owner: FATAL"])
+def test_a_port_in_use_is_fatal_only_while_a_process_listens_on_it(
+        tmp_path: Path, listeners: dict[int, list[int | None]], states: list[str], code: int, said: str) -> None:
+    """An outgoing connection may be given the engine's port as its local one for a moment (CI saw it): that is
+    a crash, restarted as it is; a process listening on the port is a cause no restart fixes, named."""
+    sup, fake_os, recorder, got = run_table_row(
+        tmp_path, [Launch(exit_after=1, log=ADDRESS_IN_USE), Launch(ready_after=1)], {}, 20, listeners)
+    assert (recorder.states(), got) == (states, code)
+    assert sup.status.failures == {"port_in_use": 1}
+    failure = sup._record.failures[-1]
+    assert "Address already in use" in failure.evidence and said in failure.evidence
+    if code == EXIT_OK:
+        assert sup.status.restarts == {"port_in_use": 1}
+        assert fake_os.spawned[0] == fake_os.spawned[1]   # the same plan: the port is not moved
+    else:
+        assert said in sup.status.reason and len(fake_os.spawned) == 1
 
 
 def test_an_oom_kill_counted_by_the_cgroup_is_named_host_oom(tmp_path: Path) -> None:

@@ -497,6 +497,11 @@ def _killed_options(ctx: _Ctx) -> Iterator[Remedy]:
     yield Remedy(NO_CHANGE, f"a kill from outside says nothing against the plan: {SAME_PLAN_REASON}")
 
 
+def _port_freed_options(ctx: _Ctx) -> Iterator[Remedy]:
+    # Only when nothing listens on the port any more (recovery.port_verdict): a holder is fatal.
+    yield Remedy(NO_CHANGE, f"the port was taken only for a moment: {SAME_PLAN_REASON}, within the restart budget")
+
+
 def _unknown_options(ctx: _Ctx) -> Iterator[Remedy]:
     # No failure line names a cause: no flag is known to help, and a crash is not a verdict.
     yield Remedy(NO_CHANGE, f"no failure line names a cause: {SAME_PLAN_REASON}, within the restart budget")
@@ -520,6 +525,7 @@ _OPTIONS = {
     FailureKind.ENGINE_DIED: _engine_died_options,
     FailureKind.STALLED: _engine_died_options,      # a wedged kernel or worker: restarted as it is
     FailureKind.KILLED: _killed_options,
+    FailureKind.PORT_IN_USE: _port_freed_options,
     FailureKind.UNKNOWN: _unknown_options,
     FailureKind.HOST_OOM: _host_oom_options,
     FailureKind.CONFIG_REFUSED: _config_refused_options,

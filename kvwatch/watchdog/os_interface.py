@@ -102,6 +102,8 @@ class WatchdogOs(Protocol):
                         gpu_holders: Callable[[], Iterable[tuple[str, int]]], timeout: float,
                         sleep: Sleep, others: Callable[[], frozenset[int]] = frozenset) -> CleanupReport:
         """Before a launch: end what is left of our earlier engines, report anyone else's."""
+    def port_listeners(self, port: int) -> list[int | None]:
+        """Pids listening on `port` now (None: one whose owner we cannot see)."""
     def reap_orphans(self, keep: frozenset[int]) -> list[int]:
         """As PID 1 (a container's entrypoint), reap the orphans re-parented to us; [] otherwise."""
     def cpu_seconds(self, pids: Iterable[int]) -> float | None:
@@ -192,6 +194,9 @@ class RealOs:
                         gpu_holders: Callable[[], Iterable[tuple[str, int]]], timeout: float,
                         sleep: Sleep, others: Callable[[], frozenset[int]] = frozenset) -> CleanupReport:
         return leftovers.clean(refs, proof, port, gpu_holders, timeout, sleep=sleep, others=others())
+
+    def port_listeners(self, port: int) -> list[int | None]:
+        return proc_inspect.listening_on(port)
 
     def reap_orphans(self, keep: frozenset[int]) -> list[int]:
         if os.getpid() != 1 and not spawn.is_subreaper():

@@ -149,6 +149,19 @@ def launch_failure(end: LaunchEnd, lines: list[str], lost: tuple[int, int] | Non
     return diagnosis, replace(failure_record(diagnosis, end.detail, command, now), stacks=end.stacks)
 
 
+def port_verdict(diagnosis: Diagnosis, port: int, listeners: Sequence[int | None]) -> Diagnosis:
+    """An engine that could not bind its port: fatal while a process listens on it (kvwatch does not
+    move the engine's port; the holder is named), restarted when nothing does any more. The port
+    was taken for a moment then: a holder that has since gone, or an outgoing connection given it
+    as its local port by the kernel."""
+    if listeners:
+        holders = ", ".join("a process kvwatch cannot see" if pid is None else f"pid {pid}" for pid in listeners)
+        return replace(diagnosis, evidence=f"{diagnosis.evidence}; port {port} is held by {holders}", fatal=True)
+    said = f"nothing listens on port {port} any more: it was taken only for a moment"
+    return replace(diagnosis, evidence=f"{diagnosis.evidence}; {said}", fatal=False,
+                   facts={**diagnosis.facts, "port": port, "port_free_again": True})
+
+
 def kind_of(diagnosis: Diagnosis) -> FailureKind:
     return FailureKind(diagnosis.kind)
 
@@ -160,9 +173,10 @@ def failure_record(diagnosis: Diagnosis, detail: str, command: EngineCommand, no
 
 
 # Failures that say nothing against the plan: a crash, a stall, a kill from outside, an exit no failure line
-# names, the kernel's OOM killer (host memory, not the plan's GPU figures). Their plan is restarted.
+# names, the kernel's OOM killer (host memory, not the plan's GPU figures), a port taken for a moment.
+# Their plan is restarted.
 _PLAN_NOT_CONDEMNED = frozenset({FailureKind.ENGINE_DIED, FailureKind.STALLED, FailureKind.KILLED,
-                                 FailureKind.UNKNOWN, FailureKind.HOST_OOM})
+                                 FailureKind.UNKNOWN, FailureKind.HOST_OOM, FailureKind.PORT_IN_USE})
 
 
 def tried_plans(failures: Iterable[FailureRecord]) -> set[tuple[str, ...]]:

@@ -14,6 +14,7 @@ through the injected WatchdogOs, time through the Clock, every wait on the stop 
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -25,6 +26,7 @@ from kvwatch.boundary.engine_http import EngineMetrics, EnginePage
 from kvwatch.boundary.plan_loader import flags_release
 from kvwatch.engine_status import EngineState, EngineStatus
 from kvwatch.exitcodes import EXIT_GAVE_UP, EXIT_OK
+from kvwatch.failure_kinds import FailureKind
 from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.plan import Plan
@@ -425,6 +427,10 @@ class Supervisor:
         signal = signal_name(end.returncode) if end.outcome is LaunchOutcome.EXIT else ""
         diagnosis, failure = recovery.launch_failure(end, _said_before_stop(run), lost, kernel, record.failures,
                                                      self._command, self._os.wall_time(), signal)
+        if diagnosis.kind is FailureKind.PORT_IN_USE:   # fatal only while a process still listens on it
+            port = self._command.settings().port
+            diagnosis = recovery.port_verdict(diagnosis, port, self._os.port_listeners(port))
+            failure = dataclasses.replace(failure, evidence=diagnosis.evidence)
         kind = failure.kind.value   # the counters' keys: the metrics' label values
         _LOG.warning("failed: %s (%s): %s", kind, end.detail, failure.evidence)
         record.failure_counts[kind] = record.failure_counts.get(kind, 0) + 1
