@@ -12,6 +12,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+from vllm_sources import release_tree_or_skip
 
 from kvwatch.planner.devices import CARDS, preset
 from kvwatch.planner.engine_args import EngineCommand
@@ -36,10 +37,7 @@ CASES = [((10, 0), 1024, 8192), ((10, 0), 1024, 16384), ((10, 3), 1024, 16384), 
 
 @cache
 def release_sizes(release: str) -> tuple[tuple[int, ...], ...]:
-    root = os.environ.get("KVWATCH_VLLM_SRC")
-    source = Path(root or "") / release
-    if not root or not (source / "vllm" / "config" / "vllm.py").exists():
-        pytest.skip(f"vLLM {release} is not unpacked (set KVWATCH_VLLM_SRC to <root>/<version>/vllm/...)")
+    source = release_tree_or_skip(release, "vllm/config/vllm.py")
     cases = json.dumps([[*cc, seqs, tokens] for cc, seqs, tokens in CASES])
     done = subprocess.run([sys.executable, str(ORACLE), cases], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": str(source)}, cwd=source)

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from script_loader import load_script
+from vllm_sources import release_tree_or_skip
 
 from kvwatch.errors import CommandError
 from kvwatch.planner.engine_args import EngineCommand
@@ -51,11 +51,7 @@ def test_the_recorded_answers_are_not_all_alike() -> None:
 
 
 def _tree(release: str) -> Path:
-    src = os.environ.get("KVWATCH_VLLM_SRC", "")
-    tree = Path(src) / release if src else None
-    if tree is None or not (tree / "vllm").is_dir():
-        pytest.skip(f"no unpacked vLLM {release} wheel: set KVWATCH_VLLM_SRC to a folder holding {release}/vllm/")
-    return tree
+    return release_tree_or_skip(release)
 
 
 def _run_oracle(*where: str) -> str:

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import ast
 import math
-import os
 import re
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from engine_support import deepseek_v2_config
+from vllm_sources import release_tree_or_skip
 
 from kvwatch.planner.devices import CARDS, MULTIPROCESSORS, Device, GiB, multiprocessors, preset
 from kvwatch.planner.engine_args import EngineCommand
@@ -41,11 +40,7 @@ PROFILE_CALL = "vllm/model_executor/layers/attention/mla_attention.py"
 
 
 def _source(release: str, path: str) -> str:
-    root = os.environ.get("KVWATCH_VLLM_SRC")
-    source = Path(root or "") / release / path
-    if not root or not source.exists():
-        pytest.skip(f"vLLM {release} is not unpacked (set KVWATCH_VLLM_SRC to <root>/<version>/vllm/...)")
-    return source.read_text(encoding="utf-8")
+    return (release_tree_or_skip(release, path) / path).read_text(encoding="utf-8")
 
 
 def _top_level(tree: ast.Module, names: set[str]) -> list[ast.stmt]:

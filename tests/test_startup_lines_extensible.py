@@ -6,10 +6,10 @@ The format strings are vLLM 0.34.0's (cited by file:line); where the unpacked re
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
+from vllm_sources import release_tree_or_skip
 
 from kvwatch.diagnosis.startup_lines import GiB, parse_facts
 
@@ -83,10 +83,7 @@ def test_the_memory_parts_report_the_final_kv_cache() -> None:
 
 @pytest.mark.parametrize("where", [AVAILABLE, WARMUP, EXTENDED])
 def test_the_format_strings_are_vllm_0_34s(where: tuple[str, int, str]) -> None:
-    root = os.environ.get("KVWATCH_VLLM_SRC")
-    source = Path(root or "") / "0.34.0" / where[0]
-    if not root or not source.exists():
-        pytest.skip("vLLM 0.34.0 is not unpacked (set KVWATCH_VLLM_SRC to <root>/<version>/vllm/...)")
+    source = release_tree_or_skip("0.34.0", where[0]) / where[0]
     lines = source.read_text(encoding="utf-8").splitlines()
     # the format string starts at the cited line, as implicitly joined literals
     joined = ""

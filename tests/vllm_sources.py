@@ -10,12 +10,22 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 
 def release_tree(release: str, needs: str = "vllm") -> Path | None:
     """<root>/<release> where KVWATCH_VLLM_SRC holds the release's `needs` (a path under the tree)."""
     root = os.environ.get("KVWATCH_VLLM_SRC")
     tree = Path(root) / release if root else None
     return tree if tree is not None and (tree / needs).exists() else None
+
+
+def release_tree_or_skip(release: str, needs: str = "vllm") -> Path:
+    """release_tree(), or the test skips saying how to unpack the release."""
+    tree = release_tree(release, needs)
+    if tree is None:
+        pytest.skip(f"vLLM {release} is not unpacked (set KVWATCH_VLLM_SRC to <root>/<version>/vllm/...)")
+    return tree
 
 
 def unpacked_root(releases: Iterable[str], needs: str = "vllm") -> Path | None:

@@ -195,21 +195,19 @@ class OutputPump:
 
     def lines(self) -> list[str]:
         """The last lines (at most ring_lines) as text."""
-        return self._texts(self._raw_tail(None))
+        return self._texts(self._tail_lines()[1])
 
     def lines_since(self, seen: int) -> list[str]:
         """The lines after the first `seen` ones (as far as the tail still holds them)."""
-        return self._texts(self._raw_tail(seen))
+        count, raw_lines = self._tail_lines()
+        newer = count - seen
+        return self._texts(raw_lines[-newer:]) if newer > 0 else []
 
     def lines_before(self, count: int) -> list[str]:
         """The lines among the first `count` seen (as far as the tail still holds them): what the
         engine said before a moment kvwatch marked, without what it said after."""
-        with self._lock:
-            later = self.lines_seen - count
-            tail = b"\n".join(self._tail)
-        if not tail:
-            return []
-        raw_lines = tail.split(b"\n")
+        seen, raw_lines = self._tail_lines()
+        later = seen - count
         return self._texts(raw_lines[:-later] if later > 0 else raw_lines)
 
     def catch_up(self, timeout: float) -> int:
@@ -221,14 +219,12 @@ class OutputPump:
         time.sleep(_BATCH_PAUSE_S * 2)   # the last read's block handed on
         return self.lines_seen
 
-    def _raw_tail(self, seen: int | None) -> list[bytes]:
+    def _tail_lines(self) -> tuple[int, list[bytes]]:
+        """The count of lines seen and the tail's raw lines, read together under the lock."""
         with self._lock:
-            newer = self.lines_seen - (seen or 0)
-            tail = b"\n".join(self._tail) if newer > 0 else b""
-        if not tail:
-            return []
-        raw_lines = tail.split(b"\n")
-        return raw_lines[-newer:] if seen is not None else raw_lines
+            seen = self.lines_seen
+            tail = b"\n".join(self._tail)
+        return seen, tail.split(b"\n") if tail else []
 
     def _texts(self, raw_lines: list[bytes]) -> list[str]:
         size = self._max_line
