@@ -6,15 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvwatch.vllm_releases.generated.architecture_details import BASE, BASE_RELEASE, CHANGES
+from kvwatch.vllm_releases.release_chain import expand
 
-
-def _expand() -> dict[str, dict[str, dict[str, Any]]]:
-    out = {BASE_RELEASE: dict(BASE)}
-    current = dict(BASE)
-    for release, (changed, dropped) in CHANGES.items():
-        current = {k: v for k, v in current.items() if k not in dropped} | changed
-        out[release] = dict(sorted(current.items()))
-    return out
-
-
-DETAILS: dict[str, dict[str, dict[str, Any]]] = _expand()
+DETAILS: dict[str, dict[str, dict[str, Any]]] = {
+    release: dict(sorted(table.items())) for release, table in expand(BASE_RELEASE, BASE, CHANGES).items()}

@@ -5,15 +5,7 @@ from __future__ import annotations
 
 from kvwatch.vllm_releases.architecture_entry import ArchitectureEntry
 from kvwatch.vllm_releases.generated.architectures import BASE, BASE_RELEASE, CHANGES
+from kvwatch.vllm_releases.release_chain import expand
 
-
-def _expand() -> dict[str, dict[str, ArchitectureEntry]]:
-    out = {BASE_RELEASE: dict(BASE)}
-    current = dict(BASE)
-    for release, (changed, dropped) in CHANGES.items():
-        current = {k: v for k, v in current.items() if k not in dropped} | changed
-        out[release] = dict(sorted(current.items()))
-    return out
-
-
-ARCHITECTURES: dict[str, dict[str, ArchitectureEntry]] = _expand()
+ARCHITECTURES: dict[str, dict[str, ArchitectureEntry]] = {
+    release: dict(sorted(table.items())) for release, table in expand(BASE_RELEASE, BASE, CHANGES).items()}

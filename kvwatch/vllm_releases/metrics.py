@@ -8,23 +8,18 @@ vllm:kv_cache_usage_perc from V1 on (vLLM 0.10.2, vllm/v1/metrics/loggers.py:244
 from __future__ import annotations
 
 from kvwatch.vllm_releases.generated.metric_names import BASE, BASE_RELEASE, CHANGES
+from kvwatch.vllm_releases.release_chain import expand
 
+_TABLES = expand(BASE_RELEASE, BASE, CHANGES)
 KV_USAGE_NEW = "vllm:kv_cache_usage_perc"
 KV_USAGE_OLD = "vllm:gpu_cache_usage_perc"
 
 
 def series_of(release: str) -> dict[str, tuple[bool, str]]:
     """The series `release` (a release of the table) registers: name -> (hidden, source)."""
-    if release != BASE_RELEASE and release not in CHANGES:
+    if release not in _TABLES:
         raise KeyError(f"vLLM {release} is not in the metric table")
-    current = dict(BASE)
-    for name, (changed, dropped) in CHANGES.items():
-        if release == BASE_RELEASE:
-            break
-        current = {**{k: v for k, v in current.items() if k not in dropped}, **changed}
-        if name == release:
-            break
-    return current
+    return dict(_TABLES[release])
 
 
 def kv_usage_names() -> tuple[str, ...]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from kvwatch.vllm_releases.generated.texts import BASE, BASE_RELEASE, CHANGES, LORA_RANKS_CHANGES
+from kvwatch.vllm_releases.release_chain import expand
 
 
 class ReleaseText(NamedTuple):
@@ -19,11 +20,9 @@ class ReleaseText(NamedTuple):
 
 def _expand() -> dict[str, tuple[ReleaseText, ...]]:
     out: dict[str, tuple[ReleaseText, ...]] = {}
-    current = dict(BASE)
-    for release, (changed, dropped) in (BASE_RELEASE, ({}, ())), *CHANGES.items():
-        current = {key: value for key, value in current.items() if key not in dropped} | changed
+    for release, table in expand(BASE_RELEASE, BASE, CHANGES).items():
         texts = [ReleaseText(text_id, kind, template, file, line)
-                 for (text_id, template), (kind, file, line) in current.items()]
+                 for (text_id, template), (kind, file, line) in table.items()]
         out[release] = tuple(sorted(texts, key=lambda t: (t.text_id, t.file, t.line)))
     return out
 
