@@ -40,7 +40,8 @@ class FailureKind(str, Enum):
         return self.value
 
 
-# Classes no flag change fixes, whatever their facts: the watchdog gives up on them at once.
+# Classes no flag change fixes, whatever their facts: the watchdog gives up on them at once (a port in use
+# only while a process listens on it: watchdog/recovery.port_verdict).
 ALWAYS_FATAL: frozenset[FailureKind] = frozenset({
     FailureKind.NO_KERNEL_IMAGE, FailureKind.JIT_TOOLCHAIN_MISSING, FailureKind.COMPILE_FAILED,
     FailureKind.TOOL_PARSER_UNKNOWN, FailureKind.PLACEMENT_GROUP_UNAVAILABLE, FailureKind.NCCL_ERROR,
