@@ -47,6 +47,12 @@ GATED_KINDS: dict[str, str] = {"RSWAAttention": "rswa_window"}
 # gated delta net's prefill checkpoint from 0.33 (vllm_releases/gdn_checkpoint.py). Another class
 # reshaping its spec is unknown.
 KNOWN_SPEC_CLASSES = frozenset({"MambaMixer2", "KimiK3DeltaAttention", "QwenGatedDeltaNetAttention"})
+# Multimodal wrappers whose language model is an architecture of the same release that the table
+# does not list under the wrapper: its verdict is theirs. vLLM 0.34.0 (and 0.33.0):
+# Step5ForConditionalGeneration is the Step3p7 frontend over the Step5 text model
+# (models/step5/nvidia/vl.py:12-13), built by init_vllm_registered_model from text_config
+# (model_executor/models/step3p7.py:70-75), a Step5Config (transformers_utils/configs/step5.py:211-219).
+LANGUAGE_MODELS: dict[str, str] = {"Step5ForConditionalGeneration": "Step5ForCausalLM"}
 PLANNED_KINDS.update(INKLING_KINDS)   # Inkling's own attention and conv-ring specs (planner/inkling.py)
 PLANNED_KINDS.update(DEEPSEEK_V4_KINDS)   # DeepSeek-V4's five cache kinds (planner/deepseek_v4.py)
 # Layers that hold no cache: a model of these alone (BERT-like encoders) gets no KV cache from vLLM,
@@ -104,6 +110,12 @@ def verdict(architecture: str, release: str, config: Mapping[str, Any] | None = 
                        (found.cls,))
     if _no_cache(found, kinds):   # planned as no KV cache (planner/no_kv_cache.py)
         return Verdict(PLANNED, "")
+    language_model = LANGUAGE_MODELS.get(architecture)
+    if language_model is not None and entry(language_model, release) is not None:
+        inner = verdict(language_model, release, config, in_transformers)
+        if inner.handling == UNKNOWN:
+            return Verdict(UNKNOWN, f"{architecture} (vLLM {release}): its language model {inner.reason}",
+                           inner.unclassified)
     if architecture in NOT_PLANNED:   # a planned layer class, built with caches of other shapes
         return Verdict(UNKNOWN, f"{architecture} (vLLM {release}, {found.source}): {NOT_PLANNED[architecture]}",
                        (architecture,))
