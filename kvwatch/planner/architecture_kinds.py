@@ -35,7 +35,7 @@ PLANNED_KINDS: dict[str, str] = {
     # MiniMax-M3 (vLLM 0.33 and 0.34): a full K/V cache, and a key-only indexer's (planner/minimax_sparse.py)
     "MiniMaxM3SparseAttention": "MiniMax-M3 sparse attention", "MiniMaxM3IndexerCache": "MiniMax-M3 indexer",
     "MAMBA1": "Mamba state", "MAMBA2": "Mamba2 state", "SHORT_CONV": "short-convolution state",
-    "GDN_ATTN": "gated delta net (or KDA) state", "KimiK3DeltaAttention": "Kimi delta attention state",
+    "GDN_ATTN": "gated delta net (or KDA) state", "LINEAR": "lightning attention state (planner/bailing_linear.py)", "KimiK3DeltaAttention": "Kimi delta attention state",
     "StaticSinkAttention": "full attention with static sink tokens (planner/static_sink.py)",
     "PrefillPrefixLMAttention": "full attention, non-causal prefill (planner/prefix_lm.py)",
 }

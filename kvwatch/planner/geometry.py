@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvwatch.errors import ConfigError
+from kvwatch.planner.bailing_linear import bailing_linear_layout
 from kvwatch.planner.config_defaults import HEAD_DIM_DEFAULTS
 from kvwatch.planner.config_keys import MAX_FIELD, own_key, standard_keys
 from kvwatch.planner.cross_attention import with_cross_attention
@@ -241,7 +242,8 @@ def geometry_from_config(config: Mapping[str, Any], release: str | None = None) 
     if model_type in MLA_MODEL_TYPES and cfg.get("kv_lora_rank") is not None:
         rank = _required_int(cfg, "kv_lora_rank")
         rope = _required_int(cfg, "qk_rope_head_dim")
-        mla_layout = kimi_linear_layout(cfg, num_layers) or LayerLayout((FULL,) * num_layers)
+        mla_layout = kimi_linear_layout(cfg, num_layers) or bailing_linear_layout(cfg, architectures, num_layers) \
+            or LayerLayout((FULL,) * num_layers)
         return ModelGeometry(
             model_type=model_type, architectures=architectures, num_layers=num_layers,
             attention="mla", num_kv_heads=1, head_size=rank + rope, head_size_v=0,

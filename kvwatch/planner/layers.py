@@ -59,6 +59,8 @@ class RecurrentState:
     family "kda":             conv (3 x heads x head_dim, kernel - 1), ssm (heads, head_dim, head_dim)
                               (Kimi Delta Attention; its recurrent state is float32 unless asked:
                               MambaStateDtypeCalculator.kda_state_dtype)
+    family "linear":          one (heads, head_dim, head_dim) tensor in the conv state's dtype, counted as
+                              conv (Bailing V2.5's lightning attention: planner/bailing_linear.py)
     (model_executor/layers/mamba/mamba_utils.py MambaStateShapeCalculator)
     """
 
@@ -93,6 +95,8 @@ class RecurrentState:
             groups = self.n_groups + (0 if self.n_groups % tp == 0 else tp - self.n_groups)
             conv = split(self.intermediate_size + 2 * groups * self.state_size, "conv width") * (self.conv_kernel - 1)
             return conv, split(self.num_heads, "heads") * self.head_dim * self.state_size
+        if self.family == "linear":   # its one state takes --mamba-cache-dtype, the conv state's rule
+            return split(self.num_heads, "heads") * self.head_dim * self.head_dim, 0
         if self.family == "kda":
             conv = split(3 * self.num_heads * self.head_dim, "conv width") * (self.conv_kernel - 1)
             return conv, split(self.num_heads, "heads") * self.head_dim * self.head_dim
