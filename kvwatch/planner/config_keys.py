@@ -46,9 +46,40 @@ FAMILY_KEYS: dict[str, FamilyKeys] = {
 MPT_EXPANSION_RATIO = 4
 
 
+# Cohere ASR's decoder (vLLM 0.32.0-0.34.0, model_executor/models/cohere_asr.py:343-350, :438-440) reads
+# its layers from config.json's NeMo-style `transf_decoder.config_dict`, not from the top-level keys
+# transformers' CohereAsrConfig fills: num_layers decoder layers, each a self-attention and a
+# cross-attention of num_attention_heads heads (KV heads too, :124) of hidden_size / heads (:125).
+# vLLM's max_model_len comes from the top level as for any model: config.json's own keys, else the
+# class's max_position_embeddings default, 1024 (transformers 5.19.0, configuration_cohere_asr.py:71).
+COHERE_ASR_DECODER = (("hidden_size", "hidden_size"), ("num_attention_heads", "num_attention_heads"),
+                      ("num_key_value_heads", "num_attention_heads"), ("num_hidden_layers", "num_layers"))
+COHERE_ASR_MAX_POSITIONS = 1024
+# The keys vLLM derives max_model_len from, the smallest wins (vLLM 0.34.0,
+# transformers_utils/model_arch_config_convertor.py:375-408 derive_max_model_len_and_key).
+MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+                "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len")
+
+
+def _cohere_asr_keys(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
+    decoder = cfg.get("transf_decoder")
+    fields = decoder.get("config_dict") if isinstance(decoder, Mapping) else None
+    if not isinstance(fields, Mapping):
+        raise ConfigError("config.json: Cohere ASR needs 'transf_decoder' with its 'config_dict', which vLLM's "
+                          "cohere_asr.py reads its decoder layers from")
+    out = {**cfg, **{standard: fields.get(own) for standard, own in COHERE_ASR_DECODER}}
+    heads, hidden = out["num_attention_heads"], out["hidden_size"]
+    out["head_dim"] = hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads > 0 else None
+    if not any(cfg.get(k) is not None for k in MAX_LEN_KEYS):
+        out["max_position_embeddings"] = COHERE_ASR_MAX_POSITIONS
+    return out
+
+
 def standard_keys(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
     """`cfg` with the standard keys its family's transformers class answers (unchanged for other families)."""
     model_type = cfg.get("model_type")
+    if model_type == "cohere_asr":
+        return _cohere_asr_keys(cfg)
     family = FAMILY_KEYS.get(model_type) if isinstance(model_type, str) else None
     if family is None:
         return cfg
