@@ -321,9 +321,13 @@ def test_canary_reads_its_decoder_config_as_vllm_does(tmp_path: Path) -> None:
         assert geometry.layout.kinds == ("full", CROSS) * text.num_hidden_layers
 
 
-def test_a_cohere_asr_config_without_its_decoder_is_refused_with_the_field() -> None:
-    config = {k: v for k, v in CONFIGS["cohere_transcribe"].items() if k != "transf_decoder"}
-    with pytest.raises(ConfigError, match="transf_decoder"):
+@pytest.mark.parametrize(("decoder", "named"), [
+    (None, "'transf_decoder'"), ({"config_dict": None}, "'config_dict'"),
+    ({"config_dict": {"hidden_size": 1024, "num_attention_heads": 8}}, "'num_layers'"),
+    ({"config_dict": {"num_layers": 8, "num_attention_heads": 8}}, "'hidden_size'")])
+def test_a_cohere_asr_config_without_its_decoder_fields_is_refused_naming_them(decoder: Any, named: str) -> None:
+    config = {**CONFIGS["cohere_transcribe"], "transf_decoder": decoder}
+    with pytest.raises(ConfigError, match=named):
         geometry_from_config(config, "0.34.0")
 
 

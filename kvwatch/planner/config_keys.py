@@ -89,6 +89,10 @@ def _cohere_asr_keys(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
     if not isinstance(fields, Mapping):
         raise ConfigError("config.json: Cohere ASR needs 'transf_decoder' with its 'config_dict', which vLLM's "
                           "cohere_asr.py reads its decoder layers from")
+    missing = next((own for _, own in COHERE_ASR_DECODER if fields.get(own) is None), None)
+    if missing is not None:   # vLLM has no default for them: config_dict.get() gives None (cohere_asr.py:347-350)
+        raise ConfigError(f"config.json: Cohere ASR's transf_decoder.config_dict lacks {missing!r}, which vLLM's "
+                          f"cohere_asr.py reads its decoder layers from")
     out = _decoder_keys(cfg, fields, COHERE_ASR_DECODER)
     if not any(cfg.get(k) is not None for k in MAX_LEN_KEYS):
         out["max_position_embeddings"] = COHERE_ASR_MAX_POSITIONS
