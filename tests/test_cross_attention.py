@@ -1,13 +1,14 @@
-"""Encoder-decoder models (issue 39): Whisper's cross-attention planned per request, as vLLM reserves it.
+"""Encoder-decoder models (issue 39): Whisper's and Cohere ASR's cross-attention planned per request, as
+vLLM reserves it.
 
 vLLM's own code is the oracle: scripts/oracle_cross_attention.py builds each release's
-FullAttentionSpec and CrossAttentionSpec for a real Whisper config (one of each per decoder layer,
-as whisper.py builds them) and runs the release's grouping, block sizing, concurrency, reported
-tokens and per-request memory on this CPU. Its answers for vLLM 0.32.0, 0.33.0 and 0.34.0 are recorded in
-tests/fixtures/cross_attention_oracle.json, so kvwatch is checked against them without the sources;
-where the unpacked releases are there (KVWATCH_VLLM_SRC=<root>/<version>/vllm/...), the oracle is
-run again and must give the recorded answers. Record them anew with
-`KVWATCH_VLLM_SRC=... python tests/test_cross_attention.py`.
+FullAttentionSpec and CrossAttentionSpec for a real Whisper or Cohere ASR config (one of each per
+decoder layer, as whisper.py and cohere_asr.py build them) and runs the release's grouping, block
+sizing, concurrency, reported tokens and per-request memory on this CPU. Its answers for vLLM 0.32.0,
+0.33.0 and 0.34.0 are recorded in tests/fixtures/cross_attention_oracle.json, so kvwatch is checked
+against them without the sources; where the unpacked releases are there
+(KVWATCH_VLLM_SRC=<root>/<version>/vllm/...), the oracle is run again and must give the recorded
+answers. Record them anew with `KVWATCH_VLLM_SRC=... python tests/test_cross_attention.py`.
 """
 from __future__ import annotations
 
@@ -23,8 +24,9 @@ from fixtures.models.newest import NEWEST
 from vllm_sources import release_tree
 
 from kvwatch.cli import main
+from kvwatch.errors import ConfigError
 from kvwatch.planner.architecture_kinds import PLANNED, UNKNOWN, verdict
-from kvwatch.planner.cross_attention import CROSS, WHISPER_ENCODER_ONLY
+from kvwatch.planner.cross_attention import CROSS, CROSS_ATTENTION_ARCHITECTURES, WHISPER_ENCODER_ONLY
 from kvwatch.planner.devices import Device, preset
 from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.geometry import geometry_from_config
@@ -40,7 +42,11 @@ FIXTURE = ROOT / "tests" / "fixtures" / "cross_attention_oracle.json"
 ORACLE = ROOT / "scripts" / "oracle_cross_attention.py"
 RELEASES = ("0.32.0", "0.33.0", "0.34.0")
 CONFIGS = {"whisper_large_v3": NEWEST["whisper_large_v3"]["config"],
-           "whisper_tiny": ENCODER_DECODER["whisper_tiny"]["config"]}
+           "whisper_tiny": ENCODER_DECODER["whisper_tiny"]["config"],
+           "cohere_transcribe": ENCODER_DECODER["cohere_transcribe_03_2026"]["config"],
+           "canary_1b_v2": ENCODER_DECODER["canary_1b_v2"]["config"]}
+# The releases that register a config's architecture (the others: every release here)
+ONLY = {"canary_1b_v2": ("0.34.0",)}
 GiB = 1 << 30
 # (config, flags): every case names its encoder tokens (--max-num-batched-tokens: vLLM's
 # max_num_encoder_input_tokens, config/scheduler.py:350) and its KV memory.
@@ -55,7 +61,21 @@ CASES: list[tuple[str, tuple[str, ...]]] = [
                           "--kv-cache-memory-bytes", str(GiB))),   # one request does not fit
     ("whisper_large_v3", ("--block-size", "16", "--max-num-batched-tokens", "8192", "--disable-hybrid-kv-cache-manager",
                           "--kv-cache-memory-bytes", str(40 * GiB))),
+    ("cohere_transcribe", ("--dtype", "bfloat16", "--block-size", "16", "--max-num-batched-tokens", "8192",
+                           "--kv-cache-memory-bytes", str(8 * GiB))),
+    ("cohere_transcribe", ("--dtype", "bfloat16", "--block-size", "32", "-tp", "2", "--max-model-len", "512",
+                           "--max-num-batched-tokens", "4096", "--kv-cache-memory-bytes", str(2 * GiB))),
+    ("cohere_transcribe", ("--dtype", "bfloat16", "--block-size", "16", "--max-num-batched-tokens", "65536",
+                           "--kv-cache-memory-bytes", str(GiB // 4))),   # one request does not fit
+    ("canary_1b_v2", ("--dtype", "bfloat16", "--block-size", "16", "--max-num-batched-tokens", "8192",
+                      "--kv-cache-memory-bytes", str(8 * GiB))),
+    ("canary_1b_v2", ("--dtype", "float16", "--block-size", "32", "-tp", "4", "--max-model-len", "448",
+                      "--max-num-batched-tokens", "2048", "--kv-cache-memory-bytes", str(GiB))),
 ]
+
+
+def _cases(release: str) -> list[tuple[str, tuple[str, ...]]]:
+    return [(name, flags) for name, flags in CASES if release in ONLY.get(name, RELEASES)]
 CPU = Device("cpu", "cpu", cpu_fp8_kv=True)
 # Wrappers whose WhisperEncoder is built in another model module: Voxtral Realtime extends Voxtral's
 # model, Ming its audio encoder.
@@ -73,13 +93,27 @@ def _flag(flags: tuple[str, ...], name: str, default: str) -> str:
     return flags[flags.index(name) + 1] if name in flags else default
 
 
+def _decoder(config: dict[str, Any]) -> tuple[int, int, int]:
+    """The decoder's layers, heads and width as the model file reads them: whisper.py's decoder_layers,
+    decoder_attention_heads, d_model; cohere_asr.py's transf_decoder.config_dict (cohere_asr.py:343-350, :440);
+    canary.py's decoder_config (canary.py:115-123, :174-186)."""
+    if config["model_type"] == "canary":
+        fields = config["decoder_config"]
+        return fields["num_hidden_layers"], fields["num_attention_heads"], fields["hidden_size"]
+    if config["model_type"] == "cohere_asr":
+        fields = config["transf_decoder"]["config_dict"]
+        return fields["num_layers"], fields["num_attention_heads"], fields["hidden_size"]
+    return config["decoder_layers"], config["decoder_attention_heads"], config["d_model"]
+
+
 def _oracle_case(name: str, flags: tuple[str, ...], release: str) -> dict[str, Any]:
-    """The specs vLLM builds, from config.json as whisper.py reads it (WhisperAttention: heads split
-    over the TP ranks, head size d_model / heads), at the plan's block size."""
+    """The specs vLLM builds, from config.json as whisper.py and cohere_asr.py read it (heads split over
+    the TP ranks, at least one, head size width / heads), at the plan's block size."""
     config, plan = CONFIGS[name], _plan(CONFIGS[name], flags, release)
-    heads, tp = config["decoder_attention_heads"], int(_flag(flags, "-tp", "1"))
+    layers, heads, width = _decoder(config)
+    tp = int(_flag(flags, "-tp", "1"))
     kv_dtype = _flag(flags, "--kv-cache-dtype", "auto")
-    return {"layers": config["decoder_layers"], "kv_heads": max(1, heads // tp), "head_size": config["d_model"] // heads,
+    return {"layers": layers, "kv_heads": max(1, heads // tp), "head_size": width // heads,
             "dtype": "fp8" if kv_dtype == "fp8" else "float16" if config.get("torch_dtype") == "float16"
             or _flag(flags, "--dtype", "") == "float16" else "bfloat16",
             "block_size": plan.block_size, "max_num_encoder_input_tokens": int(_flag(flags, "--max-num-batched-tokens", "0")),
@@ -106,15 +140,14 @@ def _source_tree(release: str) -> Path | None:
 @pytest.mark.parametrize("release", RELEASES)
 def test_the_recorded_oracle_is_for_these_cases(release: str) -> None:
     recorded = _recorded()
-    assert recorded["cases"][release] == [_oracle_case(n, f, release) for n, f in CASES]
-    assert len(recorded["answers"][release]) == len(CASES)
+    assert recorded["cases"][release] == [_oracle_case(n, f, release) for n, f in _cases(release)]
+    assert len(recorded["answers"][release]) == len(_cases(release))
 
 
-@pytest.mark.parametrize("release", RELEASES)
-@pytest.mark.parametrize("index", range(len(CASES)))
-def test_whisper_plan_equals_vllms_own_sizing(release: str, index: int) -> None:
+@pytest.mark.parametrize(("release", "index"), [(r, i) for r in RELEASES for i in range(len(_cases(r)))])
+def test_the_plan_equals_vllms_own_sizing(release: str, index: int) -> None:
     """Groups, pages, blocks, blocks per request, concurrency and the logged tokens: vLLM's figures."""
-    name, flags = CASES[index]
+    name, flags = _cases(release)[index]
     answer = _recorded()["answers"][release][index]
     plan = _plan(CONFIGS[name], flags, release)
     assert plan.source == "exact" and plan.unknown_layer_types == ()
@@ -212,15 +245,16 @@ def test_every_cross_attention_architecture_has_its_verdict() -> None:
     for release in RELEASES:
         table = ARCHITECTURES[release]
         listed = {a for a, e in table.items() if "CrossAttention" in e.kinds}
-        assert verdict("WhisperForConditionalGeneration", release).handling == PLANNED
+        registered = CROSS_ATTENTION_ARCHITECTURES & set(table)
+        assert {a: verdict(a, release).handling for a in registered} == dict.fromkeys(registered, PLANNED)
         for arch in listed:
             v = verdict(arch, release)
-            if arch == "WhisperForConditionalGeneration" or arch in WHISPER_ENCODER_ONLY:
+            if arch in CROSS_ATTENTION_ARCHITECTURES or arch in WHISPER_ENCODER_ONLY:
                 assert "CrossAttention" not in v.unclassified, arch
             else:
                 assert v.handling == UNKNOWN and "CrossAttention" in v.unclassified, arch
         assert {a for a in listed if verdict(a, release).handling == UNKNOWN and "CrossAttention" in
-                verdict(a, release).unclassified} == listed - WHISPER_ENCODER_ONLY - {"WhisperForConditionalGeneration"}
+                verdict(a, release).unclassified} == listed - WHISPER_ENCODER_ONLY - CROSS_ATTENTION_ARCHITECTURES
     assert verdict("UltravoxModel", "0.34.0").handling == PLANNED
     assert verdict("VoxtralForConditionalGeneration", "0.34.0").unclassified == (
         "WhisperCausalAttentionWithBlockPooling",)
@@ -245,6 +279,58 @@ def test_the_whisper_encoder_wrappers_build_no_cross_attention(release: str) -> 
     assert "class WhisperEncoderAttention(MMEncoderAttention)" in whisper
 
 
+def test_cohere_asr_reads_its_decoder_and_length_as_vllm_does(tmp_path: Path) -> None:
+    """vLLM 0.32's own reading of the Cohere ASR config (transformers' CohereAsrConfig, then vLLM's
+    CohereAsrModelArchConfigConvertor): max_model_len 1024 from the class's max_position_embeddings
+    default, the decoder's head size and KV heads from transf_decoder.config_dict; kvwatch's geometry
+    gives the same, and each decoder layer a self-attention and a cross-attention."""
+    pytest.importorskip("vllm.config")
+    from transformers import AutoConfig
+    from vllm.transformers_utils.config import get_hf_text_config
+    from vllm.transformers_utils.model_arch_config_convertor import MODEL_ARCH_CONFIG_CONVERTORS
+    config = CONFIGS["cohere_transcribe"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    hf = AutoConfig.from_pretrained(str(tmp_path))
+    vllm_reads = MODEL_ARCH_CONFIG_CONVERTORS["cohere_asr"](hf, get_hf_text_config(hf))
+    geometry = geometry_from_config(config, "0.32.0")
+    length, key = vllm_reads.derive_max_model_len_and_key()
+    assert (geometry.default_max_model_len, geometry.derived_max_model_len_key) == (length, key) == (1024, "max_position_embeddings")
+    assert (geometry.head_size, geometry.num_kv_heads) == (vllm_reads.get_head_size(), vllm_reads.get_total_num_kv_heads())
+    assert geometry.layout.kinds == ("full", CROSS) * _decoder(config)[0]
+
+
+def test_canary_reads_its_decoder_config_as_vllm_does(tmp_path: Path) -> None:
+    """vLLM's text config for Canary is transformers' CanaryConfig.decoder_config (get_hf_text_config);
+    its length from that config's keys (vLLM 0.34 has no convertor of its own for canary: the base
+    one, whose derive_max_model_len_and_key and get_hf_text_config are 0.32's, run here). kvwatch's
+    geometry gives the same length, and the decoder's layers, heads and width, with its defaults
+    when the file leaves decoder_config out."""
+    pytest.importorskip("vllm.config")
+    from transformers import AutoConfig
+    from vllm.transformers_utils.config import get_hf_text_config
+    from vllm.transformers_utils.model_arch_config_convertor import ModelArchConfigConvertorBase
+    for config in (CONFIGS["canary_1b_v2"], {k: v for k, v in CONFIGS["canary_1b_v2"].items() if k != "decoder_config"}):
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        hf = AutoConfig.from_pretrained(str(tmp_path))
+        text = get_hf_text_config(hf)
+        length, key = ModelArchConfigConvertorBase(hf, text).derive_max_model_len_and_key()
+        geometry = geometry_from_config(config, "0.34.0")
+        assert (geometry.default_max_model_len, geometry.derived_max_model_len_key) == (length, key)
+        assert (geometry.num_kv_heads, geometry.head_size) == (text.num_attention_heads,
+                                                               text.hidden_size // text.num_attention_heads)
+        assert geometry.layout.kinds == ("full", CROSS) * text.num_hidden_layers
+
+
+@pytest.mark.parametrize(("decoder", "named"), [
+    (None, "'transf_decoder'"), ({"config_dict": None}, "'config_dict'"),
+    ({"config_dict": {"hidden_size": 1024, "num_attention_heads": 8}}, "'num_layers'"),
+    ({"config_dict": {"num_layers": 8, "num_attention_heads": 8}}, "'hidden_size'")])
+def test_a_cohere_asr_config_without_its_decoder_fields_is_refused_naming_them(decoder: Any, named: str) -> None:
+    config = {**CONFIGS["cohere_transcribe"], "transf_decoder": decoder}
+    with pytest.raises(ConfigError, match=named):
+        geometry_from_config(config, "0.34.0")
+
+
 def test_kvwatch_plan_of_whisper_exits_0_and_is_classified(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "whisper").mkdir()
     (tmp_path / "whisper" / "config.json").write_text(json.dumps(CONFIGS["whisper_large_v3"]))
@@ -263,7 +349,7 @@ def test_the_refused_hybrid_manager_names_the_cross_attention() -> None:
 
 
 if __name__ == "__main__":   # record the oracle's answers (KVWATCH_VLLM_SRC must name the unpacked releases)
-    cases = {r: [_oracle_case(n, f, r) for n, f in CASES] for r in RELEASES}
+    cases = {r: [_oracle_case(n, f, r) for n, f in _cases(r)] for r in RELEASES}
     answers = {}
     for r in RELEASES:
         found = _source_tree(r)

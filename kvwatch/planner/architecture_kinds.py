@@ -18,6 +18,7 @@ from typing import Any
 
 from kvwatch.planner.cross_attention import cross_attention_planned
 from kvwatch.planner.deepseek_v4 import DEEPSEEK_V4_KINDS, NOT_PLANNED
+from kvwatch.planner.draft_heads import draft_reason
 from kvwatch.planner.inkling import INKLING_KINDS
 from kvwatch.vllm_releases import DEFAULT_RELEASE
 from kvwatch.vllm_releases.architecture_entry import ArchitectureEntry
@@ -104,6 +105,8 @@ def verdict(architecture: str, release: str, config: Mapping[str, Any] | None = 
         return Verdict(UNKNOWN, f"{architecture}: its class {found.cls} was not found in {found.source}",
                        (found.cls,))
     kinds = tuple(k for k in found.kinds if not _gated_off(k, config))
+    if (draft := draft_reason(architecture)) is not None:   # planner/draft_heads.py: a draft's own verdict
+        return Verdict(UNKNOWN, f"{architecture} (vLLM {release}, {found.source}): {draft}", kinds or (found.cls,))
     if not kinds and not delegates(found):
         return Verdict(UNKNOWN, f"{architecture} (vLLM {release}, {found.source}): no cache layer found in its "
                                 f"source (a draft head or a non-language model): kvwatch cannot plan it",

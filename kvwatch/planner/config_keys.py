@@ -46,9 +46,78 @@ FAMILY_KEYS: dict[str, FamilyKeys] = {
 MPT_EXPANSION_RATIO = 4
 
 
+# Cohere ASR's decoder (vLLM 0.32.0-0.34.0, model_executor/models/cohere_asr.py:343-350, :438-440) reads
+# its layers from config.json's NeMo-style `transf_decoder.config_dict`, not from the top-level keys
+# transformers' CohereAsrConfig fills: num_layers decoder layers, each a self-attention and a
+# cross-attention of num_attention_heads heads (KV heads too, :124) of hidden_size / heads (:125).
+# vLLM's max_model_len comes from the top level as for any model: config.json's own keys, else the
+# class's max_position_embeddings default, 1024 (transformers 5.19.0, configuration_cohere_asr.py:71).
+COHERE_ASR_DECODER = (("hidden_size", "hidden_size"), ("num_attention_heads", "num_attention_heads"),
+                      ("num_key_value_heads", "num_attention_heads"), ("num_hidden_layers", "num_layers"))
+COHERE_ASR_MAX_POSITIONS = 1024
+# The keys vLLM derives max_model_len from, the smallest wins (vLLM 0.34.0,
+# transformers_utils/model_arch_config_convertor.py:375-408 derive_max_model_len_and_key).
+MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+                "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len")
+
+
+# Canary (vLLM 0.34.0, model_executor/models/canary.py:112-190) builds its decoder from transformers'
+# CanaryConfig.decoder_config: num_hidden_layers layers, each a self-attention and a cross-attention
+# (Cohere ASR's classes: num_attention_heads heads, KV heads too, of hidden_size / heads; its
+# num_key_value_heads and head_dim are not read). vLLM's text config is that decoder config
+# (CanaryConfig.get_text_config, vllm/transformers_utils/config.py:1303-1317), so max_model_len comes
+# from its keys. The class's defaults fill what the file leaves out (transformers 5.19.0,
+# configuration_canary.py:48-55; an absent decoder_config is all defaults, :138-141).
+CANARY_DECODER_DEFAULTS = {"hidden_size": 1024, "num_hidden_layers": 8, "num_attention_heads": 8,
+                           "max_position_embeddings": 1024}
+
+
+def _decoder_keys(cfg: Mapping[str, Any], fields: Mapping[str, Any], aliases: tuple[tuple[str, str], ...]
+                  ) -> dict[str, Any]:
+    """`cfg` with the decoder's layer keys (`aliases`: standard key, the decoder's own) and the head
+    size the decoder's attention derives (hidden_size / heads, cohere_asr.py:125)."""
+    out = {**cfg, **{standard: fields.get(own) for standard, own in aliases}}
+    heads, hidden = out["num_attention_heads"], out["hidden_size"]
+    ok = isinstance(hidden, int) and isinstance(heads, int) and not isinstance(heads, bool) and heads > 0
+    out["head_dim"] = hidden // heads if ok else None
+    return out
+
+
+def _cohere_asr_keys(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
+    decoder = cfg.get("transf_decoder")
+    fields = decoder.get("config_dict") if isinstance(decoder, Mapping) else None
+    if not isinstance(fields, Mapping):
+        raise ConfigError("config.json: Cohere ASR needs 'transf_decoder' with its 'config_dict', which vLLM's "
+                          "cohere_asr.py reads its decoder layers from")
+    missing = next((own for _, own in COHERE_ASR_DECODER if fields.get(own) is None), None)
+    if missing is not None:   # vLLM has no default for them: config_dict.get() gives None (cohere_asr.py:347-350)
+        raise ConfigError(f"config.json: Cohere ASR's transf_decoder.config_dict lacks {missing!r}, which vLLM's "
+                          f"cohere_asr.py reads its decoder layers from")
+    out = _decoder_keys(cfg, fields, COHERE_ASR_DECODER)
+    if not any(cfg.get(k) is not None for k in MAX_LEN_KEYS):
+        out["max_position_embeddings"] = COHERE_ASR_MAX_POSITIONS
+    return out
+
+
+def _canary_keys(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
+    decoder = cfg.get("decoder_config")
+    if decoder is not None and not isinstance(decoder, Mapping):
+        raise ConfigError("config.json: Canary's 'decoder_config' must be an object")
+    fields = {**CANARY_DECODER_DEFAULTS, **{k: v for k, v in (decoder or {}).items() if v is not None}}
+    lengths = {k: fields.get(k) for k in MAX_LEN_KEYS}   # the decoder config's, not the top level's
+    out = _decoder_keys(cfg, fields, (("hidden_size", "hidden_size"), ("num_attention_heads", "num_attention_heads"),
+                                      ("num_key_value_heads", "num_attention_heads"),
+                                      ("num_hidden_layers", "num_hidden_layers")))
+    return {**out, **lengths}
+
+
 def standard_keys(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
     """`cfg` with the standard keys its family's transformers class answers (unchanged for other families)."""
     model_type = cfg.get("model_type")
+    if model_type == "cohere_asr":
+        return _cohere_asr_keys(cfg)
+    if model_type == "canary":
+        return _canary_keys(cfg)
     family = FAMILY_KEYS.get(model_type) if isinstance(model_type, str) else None
     if family is None:
         return cfg

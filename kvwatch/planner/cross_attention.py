@@ -52,9 +52,18 @@ SCHEDULER_SOURCE = "vLLM 0.34.0, vllm/config/scheduler.py:350"
 # max_num_seqs x max_model_len (vLLM 0.34.0, vllm/engine/arg_utils.py:3227-3262; 0.33.0 :3190-3225).
 BATCHED_TOKENS_SOURCE = "vLLM 0.34.0, vllm/engine/arg_utils.py:3227-3262"
 
-# The model types whose cross-attention layers kvwatch places, and the architecture that builds them.
-ENCODER_DECODER_MODEL_TYPES = frozenset({"whisper"})
-CROSS_ATTENTION_ARCHITECTURES = frozenset({"WhisperForConditionalGeneration"})
+# The model types whose cross-attention layers kvwatch places, and the architectures that build them.
+# Cohere ASR's decoder layers are Whisper's in cache terms (vLLM 0.32.0-0.34.0,
+# model_executor/models/cohere_asr.py:152-171, :354-372): a self-attention (Attention), then a
+# cross-attention (CrossAttention), of the same heads and head size (first_sub_layer and
+# second_sub_layer); its Conformer encoder attends in plain torch (CohereASRMultiHeadAttention, :987),
+# no vLLM attention layer. Its keys: planner/config_keys.py COHERE_ASR_DECODER. Canary (vLLM 0.34.0,
+# canary.py:112-140) builds the same two layers per decoder layer from Cohere ASR's classes
+# (self_attn, encoder_attn); its FastConformer encoder is transformers' ParakeetEncoder (canary.py:215),
+# no vLLM attention layer. Its keys: config_keys.py CANARY_DECODER_DEFAULTS.
+ENCODER_DECODER_MODEL_TYPES = frozenset({"whisper", "cohere_asr", "canary"})
+CROSS_ATTENTION_ARCHITECTURES = frozenset({"WhisperForConditionalGeneration", "CohereAsrForConditionalGeneration",
+                                           "CanaryForConditionalGeneration"})
 # Architectures the release's table lists with CrossAttention only because their audio tower is vLLM's
 # WhisperEncoder (whisper.py's WhisperAttention can build one, but the encoder's layers build none):
 # their language model, from text_config, holds the cache (vLLM 0.34.0, models/ultravox.py:548, :694,

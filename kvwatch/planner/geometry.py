@@ -12,7 +12,7 @@ from typing import Any
 from kvwatch.errors import ConfigError
 from kvwatch.planner.bailing_linear import bailing_linear_layout
 from kvwatch.planner.config_defaults import HEAD_DIM_DEFAULTS
-from kvwatch.planner.config_keys import MAX_FIELD, own_key, standard_keys
+from kvwatch.planner.config_keys import MAX_FIELD, MAX_LEN_KEYS, own_key, standard_keys
 from kvwatch.planner.cross_attention import with_cross_attention
 from kvwatch.planner.deepseek_v4 import DeepseekV4Shape, deepseek_v4_shape, weight_quantization
 from kvwatch.planner.indexer import indexer_bytes_per_token
@@ -36,9 +36,7 @@ MLA_MODEL_TYPES = frozenset({
 })
 _KV_HEAD_KEYS = ("n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num",
                  "num_attention_groups")
-_MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
-                 "model_max_length", "max_target_positions", "max_sequence_length",
-                 "max_seq_length", "seq_len")
+_MAX_LEN_KEYS = MAX_LEN_KEYS   # planner/config_keys.py
 _ASSUMED_MAX_LEN = 2048   # vLLM's assumption when config.json names no length
 _DTYPE_NAMES = {"float16": "float16", "half": "float16", "bfloat16": "bfloat16",
                 "float32": "float32", "float": "float32"}

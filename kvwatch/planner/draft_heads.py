@@ -1,0 +1,48 @@
+"""Speculative-decoding drafts kvwatch gives a verdict of their own, with the reason (pure).
+
+A draft architecture is loaded next to the target through --speculative-config; whatever cache
+layers it builds join the target's KV cache. Two of vLLM 0.33's and 0.34's drafts build no cache
+kvwatch plans, for different reasons:
+
+- ParseAuxMTPModel, Nemotron Parse 3.5's one-step auxiliary MTP proposer, builds no cache layer at
+  all: an embedding and two linear projections over the target's hidden state, then the tied LM head
+  (vLLM 0.34.0, vllm/model_executor/models/nemotron_parse3_5_mtp.py:16-55; 0.33.0 the same lines).
+  vLLM picks it for a RadioMBartPrefixForCausalLM checkpoint with `causal_vision_prefix`
+  (vllm/config/speculative.py:810-820), so it adds nothing to the target's cache.
+- ExtractHiddenStatesModel (method "extract_hidden_states") builds one CacheOnlyAttentionLayer that
+  stores the target's auxiliary hidden states: a HiddenStateCacheSpec (an MLAAttentionSpec,
+  vllm/v1/kv_cache_interface.py:822-825) of len(eagle_aux_hidden_state_layer_ids) heads of the
+  target's hidden size, in the model dtype whatever --kv-cache-dtype says
+  (vllm/model_executor/models/extract_hidden_states.py:306-313, :331-357; 0.33.0 the same lines).
+  It asserts a speculative config (:325), so it never runs as the served model, and kvwatch does not
+  plan a draft's cache layers next to the target's: its verdict stays unknown, with that reason.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class DraftVerdict(NamedTuple):
+    builds_cache: bool   # whether the draft adds a cache layer to the target's KV cache
+    reason: str
+
+
+DRAFTS: dict[str, DraftVerdict] = {
+    "ParseAuxMTPModel": DraftVerdict(
+        False, "a draft head with no cache layer at all (Nemotron Parse 3.5's one-step auxiliary MTP proposer: "
+               "an embedding and two linear projections over the target's hidden state, "
+               "vllm/model_executor/models/nemotron_parse3_5_mtp.py:16-55); it adds nothing to the target's "
+               "KV cache, and served alone there is no cache to plan"),
+    "ExtractHiddenStatesModel": DraftVerdict(
+        True, "a draft only (--speculative-config method extract_hidden_states; it asserts a speculative "
+              "config, vllm/model_executor/models/extract_hidden_states.py:325) whose one CacheOnlyAttentionLayer "
+              "adds a HiddenStateCacheSpec of len(eagle_aux_hidden_state_layer_ids) heads x the target's hidden "
+              "size, in the model dtype (:306-313, :331-357), to the target's KV cache; kvwatch does not plan a "
+              "draft's cache layers"),
+}
+
+
+def draft_reason(architecture: str) -> str | None:
+    """Why kvwatch does not plan this draft architecture (None: not one of these drafts)."""
+    found = DRAFTS.get(architecture)
+    return None if found is None else found.reason

@@ -1,0 +1,73 @@
+"""The drafts kvwatch gives a verdict of their own (kvwatch/planner/draft_heads.py): ParseAuxMTPModel
+builds no cache layer at all, ExtractHiddenStatesModel a hidden-state cache that only joins a target's.
+
+The generated architecture table (read from each release's source) must agree with what the module
+says each builds; where the releases are unpacked (KVWATCH_VLLM_SRC), the cited source is read again:
+the draft head's module defines no attention layer, and the hidden-state layer's spec is an MLA spec
+that only a speculative config builds."""
+from __future__ import annotations
+
+import ast
+
+import pytest
+from vllm_sources import release_tree
+
+from kvwatch.planner.architecture_kinds import UNKNOWN, verdict
+from kvwatch.planner.draft_heads import DRAFTS, draft_reason
+from kvwatch.vllm_releases.architectures import ARCHITECTURES
+
+RELEASES = ("0.33.0", "0.34.0")
+# (architecture, the cache layer kinds the release's table lists for it)
+CASES = [("ParseAuxMTPModel", ()), ("ExtractHiddenStatesModel", ("CacheOnlyAttentionLayer",))]
+
+
+@pytest.mark.parametrize("release", RELEASES)
+@pytest.mark.parametrize(("architecture", "kinds"), CASES)
+def test_the_table_agrees_with_what_the_draft_builds(release: str, architecture: str, kinds: tuple[str, ...]) -> None:
+    found = ARCHITECTURES[release][architecture]
+    assert found.group == "speculative_decoding"
+    assert found.kinds == kinds
+    assert DRAFTS[architecture].builds_cache == bool(kinds)
+
+
+@pytest.mark.parametrize("release", RELEASES)
+@pytest.mark.parametrize(("architecture", "kinds"), CASES)
+def test_the_verdict_gives_the_drafts_own_reason(release: str, architecture: str, kinds: tuple[str, ...]) -> None:
+    v = verdict(architecture, release)
+    reason = draft_reason(architecture)
+    assert v.handling == UNKNOWN and reason is not None and v.reason.endswith(reason)
+    assert v.unclassified == (kinds or (ARCHITECTURES[release][architecture].cls,))
+    assert ("no cache layer at all" in v.reason) == (not kinds)
+
+
+def test_other_architectures_have_no_draft_reason() -> None:
+    assert draft_reason("EagleLlamaForCausalLM") is None
+    assert verdict("EagleLlamaForCausalLM", "0.34.0").handling != UNKNOWN
+
+
+def _source(release: str, path: str) -> str:
+    tree = release_tree(release, f"vllm/{path}")
+    if tree is None:
+        pytest.skip(f"vLLM {release} is not unpacked (set KVWATCH_VLLM_SRC to <root>/<version>/vllm/...)")
+    return (tree / "vllm" / path).read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_draft_head_builds_no_attention_layer(release: str) -> None:
+    module = ast.parse(_source(release, "model_executor/models/nemotron_parse3_5_mtp.py"))
+    names = {n.id if isinstance(n, ast.Name) else n.attr for n in ast.walk(module) if isinstance(n, ast.Name | ast.Attribute)}
+    names |= {n.name for n in ast.walk(module) if isinstance(n, ast.ClassDef | ast.FunctionDef)}
+    assert {"ParseAuxMTPModel", "Linear", "Embedding"} <= names
+    assert not {n for n in names if "Attention" in n or n == "get_kv_cache_spec"}
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_hidden_state_cache_is_an_mla_spec_built_for_a_draft_only(release: str) -> None:
+    lines = _source(release, "model_executor/models/extract_hidden_states.py").splitlines()
+    assert "assert speculative_config is not None" in lines[325 - 1]
+    assert "return HiddenStateCacheSpec(" in lines[308 - 1]
+    assert "eagle_aux_hidden_state_layer_ids" in lines[332 - 1]
+    assert "CacheOnlyAttentionLayer(" in lines[348 - 1]
+    interface = ast.parse(_source(release, "v1/kv_cache_interface.py"))
+    spec = next(c for c in ast.walk(interface) if isinstance(c, ast.ClassDef) and c.name == "HiddenStateCacheSpec")
+    assert [b.id for b in spec.bases if isinstance(b, ast.Name)] == ["MLAAttentionSpec"]
