@@ -173,9 +173,21 @@ MIXED = {"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION", "quantized
     # the router (`mlp.gate`) excluded by regex, the experts not
     (_ct(_W4A16, ["lm_head", "re:.*mlp.gate$"]), "router", 1, 2.0),
     (_ct(_W4A16, ["lm_head", "re:.*mlp.gate$"]), "experts", 1, 0.5 + 2 / 128),
-    # gpt-oss style wildcards in modules_to_not_convert
-    ({"quant_method": "awq", "bits": 4, "group_size": 128, "modules_to_not_convert": ["model.layers.*.self_attn"]},
+    # AWQ matches substrings, not wildcards (quant_utils.py is_layer_skipped, skip_with_substr)
+    ({"quant_method": "awq", "bits": 4, "group_size": 128, "modules_to_not_convert": ["self_attn"]},
      "attention", 3, 2.0),
+    ({"quant_method": "awq", "bits": 4, "group_size": 128, "modules_to_not_convert": ["model.layers.*.self_attn"]},
+     "attention", 3, 0.5 + 2.5 / 128),
+    # FP8 matches full names: one of four attention modules of the first of two layers
+    ({"quant_method": "fp8", "ignored_layers": ["model.layers.0.self_attn.k_proj"]}, "attention", 2, (2 + 7) / 8),
+    # ModelOpt's hf_quant_config.json form: the fields under "quantization"
+    ({"quant_method": "modelopt", "quantization": {"quant_algo": "NVFP4", "exclude_modules": ["lm_head", "mlp"]}},
+     "mlp", 1, 2.0),
+    ({"quant_method": "modelopt", "quantization": {"quant_algo": "NVFP4", "exclude_modules": ["lm_head", "mlp"]}},
+     "attention", 1, 0.5 + 1 / 16),
+    # GPTQ reads no exclusion list
+    ({"quant_method": "gptq", "bits": 4, "group_size": 128, "modules_to_not_convert": ["self_attn"]},
+     "attention", 1, 0.5 + 2 / 128),
     ({"quant_method": "awq", "bits": 4, "group_size": 128, "modules_to_not_convert": None}, "attention", 3,
      0.5 + 2.5 / 128),
 ])

@@ -14,7 +14,8 @@ Each scheme's bytes per weight are the tensors vLLM's `create_weights` allocates
   FP8_PB_WO a float32 scale per 128 x 128 block (:655-684); NVFP4 two values a byte plus an fp8 scale per
   `group_size` (16) values (:1113-1144); MXFP8 one byte plus a uint8 scale per 32 (:1594-1610,
   utils/mxfp8_utils.py:21-23); MIXED_PRECISION each layer by `quantized_layers` (:2053-2170), FP8 or NVFP4.
-  Excluded: `exclude_modules` (hf_quant_config.json) or `ignore` (config.json) wildcards (:151-180, :295, :313).
+  Excluded: `exclude_modules` (hf_quant_config.json's form, its fields under "quantization": :285-296) or
+  `ignore` (config.json's form: :313).
 - compressed-tensors, per config group whose `targets` match the layer ("Linear" all of them, "re:" a regex
   from the name's start), its `ignore` list excluded: integer weights packed into int32 with group scales in the
   model dtype and int32 zero points when not symmetric (schemes/compressed_tensors_wNa16.py:127-198); 8-bit
@@ -22,7 +23,7 @@ Each scheme's bytes per weight are the tensors vLLM's `create_weights` allocates
   (w4a4_nvfp4.py:50-80) two values a byte and an fp8 scale per 16; MXFP4/MXFP8 an 8-bit scale per 32.
 - `--quantization mxfp8` on an unquantized checkpoint (mxfp8.py:56-82, online): one byte and a scale per 32.
 Per-tensor and per-channel scales (a few numbers per output row) are left out: under 0.1 % of a layer.
-Layers a scheme excludes stay in the model dtype. The module names tested against a scheme's lists are the
+Layers a scheme excludes (_SKIP_KEYS) stay in the model dtype. The module names tested against a scheme's lists are the
 Hugging Face ones a decoder's checkpoint holds (`model.layers.N.self_attn.q_proj`, `.mlp.experts.E.up_proj`,
 `.mlp.gate` the router), each part's names weighted alike.
 """
@@ -77,7 +78,7 @@ def gptq_rate(bits: int, group: int, dtype_bytes: int, symmetric: bool) -> float
 
 
 def modelopt_rate(algo: str, dtype_bytes: int, group: Any = None) -> float:
-    """ModelOpt's quant_algo (upper-cased as vLLM does, modelopt.py:323)."""
+    """ModelOpt's quant_algo (upper-cased as vLLM does, modelopt.py:320)."""
     algo = algo.upper()
     if algo == "NVFP4":
         return 0.5 + 1 / (_positive(group) or 16)
@@ -111,27 +112,46 @@ def compressed_tensors_rate(weights: Mapping[str, Any], dtype_bytes: int) -> flo
     return bits / 8
 
 
+# The key each method reads its excluded modules from, and how vLLM 0.19.1 matches a module's name
+# against them (quantization/utils/quant_utils.py:437-451 is_layer_skipped: a full name, or with
+# skip_with_substr a substring): compressed-tensors `ignore`, a full name or a "re:" regex from the name's
+# start (compressed_tensors/utils.py:153-165); ModelOpt `exclude_modules`/`ignore`, a full name, a substring
+# or an fnmatch wildcard (modelopt.py:148-180); AWQ `modules_to_not_convert`, substrings (awq.py:95-105);
+# FP8 `ignored_layers`, else `modules_to_not_convert`, full names (fp8.py:161-183). GPTQ reads none.
+_SKIP_KEYS: Mapping[str, tuple[str, ...]] = {
+    "compressed-tensors": ("ignore",), "modelopt": ("exclude_modules", "ignore"),
+    "awq": ("modules_to_not_convert",), "awq_marlin": ("modules_to_not_convert",),
+    "fp8": ("ignored_layers", "modules_to_not_convert"), "mxfp8": ("ignored_layers", "modules_to_not_convert"),
+}
+
+
+def _flat(quantization: Mapping[str, Any]) -> Mapping[str, Any]:
+    """ModelOpt's hf_quant_config.json form keeps its fields under "quantization" (modelopt.py:285-296)."""
+    inner = quantization.get("quantization")
+    return {**quantization, **inner} if isinstance(inner, Mapping) else quantization
+
+
 def _skip_list(quantization: Mapping[str, Any]) -> list[str]:
-    skipped = quantization.get("modules_to_not_convert") or quantization.get("ignore") \
-        or quantization.get("exclude_modules") or []
-    return [m for m in skipped if isinstance(m, str)] if isinstance(skipped, (list, tuple)) else []
+    method = str(quantization.get("quant_method", "")).lower()
+    for key in _SKIP_KEYS.get(method, ()):
+        skipped = quantization.get(key)
+        if isinstance(skipped, (list, tuple)) and skipped:
+            return [m for m in skipped if isinstance(m, str)]
+    return []
 
 
 def _skipped(name: str, patterns: Sequence[str], method: str) -> bool:
-    """vLLM's matching of a module name against a scheme's exclusion list: compressed-tensors exact names
-    or "re:" regexes (compressed_tensors/utils.py _is_equal_or_regex_match), ModelOpt wildcards, and
-    AWQ/GPTQ/MXFP4's substrings (`module_name in prefix`: awq.py is_layer_skipped_awq) or wildcards."""
+    """Whether vLLM leaves this module unquantized under the method's exclusion list (_SKIP_KEYS)."""
     for pattern in patterns:
-        if pattern.startswith("re:"):
-            try:
-                if re.match(pattern[3:], name):
-                    return True
-            except re.error:
-                continue
-        elif "*" in pattern or "?" in pattern:
-            if fnmatchcase(name, pattern) or fnmatchcase(name, pattern + ".*"):
+        if name == pattern:
+            return True
+        if method == "compressed-tensors":
+            if pattern.startswith("re:") and _regex(pattern[3:], name):
                 return True
-        elif name == pattern or (method != "compressed-tensors" and pattern in name):
+        elif method == "modelopt":
+            if pattern in name or fnmatchcase(name, pattern):
+                return True
+        elif method in ("awq", "awq_marlin") and pattern in name:
             return True
     return False
 
@@ -192,6 +212,7 @@ def _layer_rate(quantization: Mapping[str, Any], name: str, dtype_bytes: int, un
 def part_rate(quantization: Mapping[str, Any], part: str, num_layers: int, dtype_bytes: int,
               prefix: str = "model.layers") -> float:
     """Mean bytes per weight of one part's modules over the decoder's layers under this scheme."""
+    quantization = _flat(quantization)
     uniform = _uniform_rate(quantization, dtype_bytes)
     if uniform is not None and not _skip_list(quantization):
         return uniform
@@ -211,6 +232,7 @@ _HANDLED = ("awq", "awq_marlin", "gptq", "gptq_marlin", "fp8", "mxfp8", "modelop
 def scheme_rate(quantization: Mapping[str, Any], dtype_bytes: int) -> float:
     """Bytes per weight of a quantized linear layer under the scheme, no layer excluded: a uniform
     scheme's, compressed-tensors' first group's, or MIXED_PRECISION's most common quant_algo."""
+    quantization = _flat(quantization)
     uniform = _uniform_rate(quantization, dtype_bytes)
     if uniform is not None:
         return uniform
@@ -230,4 +252,5 @@ def scheme_rate(quantization: Mapping[str, Any], dtype_bytes: int) -> float:
 
 def module_rate(quantization: Mapping[str, Any], name: str, dtype_bytes: int) -> float:
     """Bytes per weight of one named linear module (`model.layers.3.self_attn.q_proj`) under the scheme."""
+    quantization = _flat(quantization)
     return _layer_rate(quantization, name, dtype_bytes, _uniform_rate(quantization, dtype_bytes))
