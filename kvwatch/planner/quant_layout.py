@@ -4,8 +4,8 @@ Each scheme's bytes per weight are the tensors vLLM's `create_weights` allocates
 `process_weights_after_loading` frees (vLLM 0.19.1, vllm/model_executor/layers/quantization/):
 - AWQ (awq.py:207-240; awq_marlin.py:413-445, the same three tensors): qweight int32 packing 32/bits values,
   qzeros int32 (groups x out / pack) and scales in the model dtype (groups x out): bits/8 + (dtype + bits/8) / group.
-  Marlin repacks in place (kernels/linear/mixed_precision/marlin.py:96-118) and keeps the zero points
-  (:145-160, `zero_points` on for AWQ).
+  Marlin repacks to the same sizes (kernels/linear/mixed_precision/marlin.py:96-118) and keeps the zero points
+  (:145-160, `zero_points` on for AWQ); its workspace is one int32 per SM (utils/marlin_utils.py:257-265), noise.
 - GPTQ (gptq_marlin.py:401-435): qweight, g_idx, qzeros, scales. Marlin empties g_idx without `desc_act` and
   the zero points of a symmetric checkpoint (marlin.py:135-165); an asymmetric one keeps them. Cards below
   compute capability 8.0 run gptq.py instead, which keeps qzeros (gptq.py:325-353): counted as Marlin.

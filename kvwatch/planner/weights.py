@@ -5,8 +5,9 @@ hidden x heads x head_dim, k and v hidden x kv_heads x head_dim (GQA), or the ML
 the MLP (gate, up, down; up and down for the families vLLM builds without a gate,
 vllm_releases/mlp_shapes.py) per dense layer and per expert (routed and shared) of MoE layers; the
 embeddings once when `tie_word_embeddings`, twice otherwise; norms are noise and left out.
-Bytes per parameter follow `quantization_config`: 8-bit methods (fp8, int8, compressed-tensors
-8-bit) 1 byte for the linear layers, 4-bit methods (awq, gptq, bitsandbytes 4-bit, mxfp4, nvfp4)
+Bytes per parameter follow `quantization_config`: AWQ, GPTQ, FP8, MXFP8, ModelOpt and compressed-tensors
+as vLLM allocates them, part by part with the modules they leave unquantized (planner/quant_layout.py);
+other 8-bit methods 1 byte for the linear layers, other 4-bit ones (bitsandbytes 4-bit, mxfp4, nvfp4)
 half a byte plus their group scales; embeddings and norms stay in the model dtype. A quantization
 the engine applies itself (`--quantization fp8` or `bitsandbytes` on an unquantized checkpoint)
 counts the same way; a GGUF file stores every tensor, embeddings included, in its file type.
