@@ -5,8 +5,9 @@ hidden x heads x head_dim, k and v hidden x kv_heads x head_dim (GQA), or the ML
 the MLP (gate, up, down; up and down for the families vLLM builds without a gate,
 vllm_releases/mlp_shapes.py) per dense layer and per expert (routed and shared) of MoE layers; the
 embeddings once when `tie_word_embeddings`, twice otherwise; norms are noise and left out.
-Bytes per parameter follow `quantization_config`: 8-bit methods (fp8, int8, compressed-tensors
-8-bit) 1 byte for the linear layers, 4-bit methods (awq, gptq, bitsandbytes 4-bit, mxfp4, nvfp4)
+Bytes per parameter follow `quantization_config`: AWQ, GPTQ, FP8, MXFP8, ModelOpt and compressed-tensors
+as vLLM allocates them, part by part with the modules they leave unquantized (planner/quant_layout.py);
+other 8-bit methods 1 byte for the linear layers, other 4-bit ones (bitsandbytes 4-bit, mxfp4, nvfp4)
 half a byte plus their group scales; embeddings and norms stay in the model dtype. A quantization
 the engine applies itself (`--quantization fp8` or `bitsandbytes` on an unquantized checkpoint)
 counts the same way; a GGUF file stores every tensor, embeddings included, in its file type.
@@ -18,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from kvwatch.planner import quant_layout
 from kvwatch.planner.deepseek_v4 import MXFP4_BYTES_PER_PARAM
 from kvwatch.planner.encoder_cache import EncoderShape, encoder_shape
 from kvwatch.planner.encoder_forward import vision_mlp_width
@@ -239,7 +241,7 @@ def gguf_bytes_per_param(model: str) -> float | None:
 
 
 # What `--quantization` asks the engine to do to an unquantized checkpoint, as a quantization_config.
-_ONLINE = {"fp8": {"quant_method": "fp8"}, "ptpc_fp8": {"quant_method": "fp8"}, "fbgemm_fp8": {"quant_method": "fp8"},
+_ONLINE = {"fp8": {"quant_method": "fp8"}, "mxfp8": {"quant_method": "mxfp8"}, "ptpc_fp8": {"quant_method": "fp8"}, "fbgemm_fp8": {"quant_method": "fp8"},
            "bitsandbytes": {"quant_method": "bitsandbytes"}, "experts_int8": {"quant_method": "experts_int8"}}
 
 
@@ -248,9 +250,12 @@ _FOUR_BIT = ("awq", "gptq", "bitsandbytes", "mxfp4", "nvfp4", "marlin", "int4", 
 
 
 def linear_bytes_per_param(quantization: Mapping[str, Any] | None, dtype_bytes: int) -> float:
-    """Bytes per parameter of the linear layers under `quantization_config` (model dtype without one)."""
+    """Bytes per parameter of the linear layers under `quantization_config` (model dtype without one):
+    the schemes planner/quant_layout.py reads from vLLM's own tensors, else bits and group scales."""
     if not quantization:
         return float(dtype_bytes)
+    if quant_layout.handled(quantization):
+        return quant_layout.scheme_rate(quantization, dtype_bytes)
     method = str(quantization.get("quant_method", "")).lower()
     bits = quantization.get("bits") or quantization.get("w_bit")
     if method == "bitsandbytes":
@@ -298,9 +303,23 @@ def attention_unquantized(quantization: Mapping[str, Any] | None) -> bool:
 def bytes_of(count: WeightCount, quantization: Mapping[str, Any] | None, dtype_bytes: int) -> int:
     """The bytes of these parameters on the GPU: linear layers as `quantization_config` stores them,
     embeddings, MoE routers (and attention the scheme skips) in the model dtype."""
+    if quantization and quant_layout.handled(quantization):
+        return _bytes_by_part(count, quantization, dtype_bytes)
     per_param = linear_bytes_per_param(quantization, dtype_bytes)
     plain = (count.attention_params if attention_unquantized(quantization) else 0) + count.router_params
     return int((count.linear_params - plain) * per_param) + (count.embedding_params + plain) * dtype_bytes
+
+
+def _bytes_by_part(count: WeightCount, quantization: Mapping[str, Any], dtype_bytes: int) -> int:
+    """Each part of the linear layers (attention, dense MLPs and shared experts, routed experts) at the rate
+    the checkpoint's scheme gives its modules (planner/quant_layout.py); routers and embeddings in the dtype."""
+    experts = count.expert_matrices * 3 * count.hidden_size * count.moe_width
+    mlp = count.linear_params - count.attention_params - count.router_params - experts
+    layers = count.num_layers
+    quantized = (count.attention_params * quant_layout.part_rate(quantization, "attention", layers, dtype_bytes)
+                 + mlp * quant_layout.part_rate(quantization, "mlp", layers, dtype_bytes)
+                 + experts * quant_layout.part_rate(quantization, "experts", layers, dtype_bytes))
+    return int(quantized) + (count.embedding_params + count.router_params) * dtype_bytes
 
 
 def _round_up(value: int, multiple: int) -> int:
