@@ -210,6 +210,9 @@ def test_the_draft_weights_are_its_layers_without_embeddings() -> None:
     one_layer = five.weight_count.linear_params - geometry.weight_count.linear_params
     assert draft.weights.linear_params == one_layer + 2 * hidden * hidden
     assert draft.weights.expert_matrices == five.weight_count.expert_matrices - geometry.weight_count.expert_matrices
+    # eh_proj is an nn.Linear: counted with the routers (model dtype, whole on every rank)
+    routers = five.weight_count.router_params - geometry.weight_count.router_params
+    assert draft.weights.router_params == routers + 2 * hidden * hidden
     plain = _plan("deepseek_v3", ("--max-model-len", "32768"), "0.32.0")
     drafted = _plan("deepseek_v3", ("--max-model-len", "32768", *_mtp(1)), "0.32.0")
     assert drafted.gpu_budget is not None and plain.gpu_budget is not None

@@ -15,14 +15,15 @@ MTP head as a draft model beside the target, in the same engine:
   speculative steps (step i runs layer `i % num_nextn_predict_layers`: deepseek_mtp.py:217,
   glm4_moe_mtp.py:172), so N does not multiply them.
 - their KV cache: the drafter finds the attention layers loading the draft added to the forward
-  context (v1/spec_decode/llm_base_proposer.py:1319-1339); the model runner's get_kv_cache_spec
+  context (vLLM 0.32.0, v1/spec_decode/llm_base_proposer.py:1319-1339; 0.34.0
+  v1/worker/gpu/spec_decode/speculator.py:286-305); the model runner's get_kv_cache_spec
   reads every attention layer of that context (v1/worker/gpu_model_runner.py:7146-7160), so the
   draft's layers get specs like the target's and join the same KV cache groups
   (v1/core/kv_cache_utils.py get_kv_cache_groups): one more latent per token for DeepSeek-V3, one more
   full-attention layer beside Qwen3-Next's gated delta nets (the groups' size follows).
 - their weights: the draft's own decoder layers and its `eh_proj`/`fc` (2 hidden x hidden); an MTP
   draft shares the target's embedding and LM head with one pipeline stage
-  (llm_base_proposer.py:1465-1471 and :1547-1551).
+  (vLLM 0.32.0, llm_base_proposer.py:1466-1471 and :1545-1566).
 
 Apart from MTP, any speculative decoding gives each Mamba-style layer `num_speculative_tokens` more
 state blocks per request (vLLM 0.32.0, model_executor/layers/mamba/abstract.py:79-83:
@@ -47,8 +48,19 @@ from kvwatch.values.config_values import positive_int
 from kvwatch.values.versions import VllmVersion
 from kvwatch.vllm_releases.kv_layout import MAMBA_SPECULATIVE_BLOCKS
 
-# model_type -> the count of MTP layers when config.json names none (None: vLLM needs the field).
-MTP_FAMILIES: dict[str, int | None] = {"deepseek_v3": None, "glm4_moe": None, "qwen3_next": 1}
+
+@dataclass(frozen=True)
+class MtpFamily:
+    default_layers: int | None   # the MTP layers when config.json names none (None: vLLM needs the field)
+    # The hidden-state projection (2 hidden x hidden) is an nn.Linear, unquantized and whole on every
+    # tensor-parallel rank (counted as the MoE routers are), else a quantized linear split over the ranks.
+    plain_projection: bool
+
+
+# vLLM 0.32.0: deepseek_mtp.py:87 and glm4_moe_mtp.py:92 `eh_proj = nn.Linear(...)`; qwen3_next_mtp.py:79
+# `fc = ColumnParallelLinear(...)` (quantized but for modelopt_fp4 checkpoints), one layer by default (:63).
+MTP_FAMILIES = {"deepseek_v3": MtpFamily(None, True), "glm4_moe": MtpFamily(None, True),
+                "qwen3_next": MtpFamily(1, False)}
 
 
 @dataclass(frozen=True)
@@ -59,26 +71,28 @@ class MtpDraft:
 
 def mtp_draft(cfg: Mapping[str, Any], model_type: str) -> MtpDraft | None:
     """The MTP head a (text) config.json describes, for the families planned here; None otherwise."""
-    if model_type not in MTP_FAMILIES:
+    family = MTP_FAMILIES.get(model_type)
+    if family is None:
         return None
     layers = positive_int(cfg, "num_nextn_predict_layers") if "num_nextn_predict_layers" in cfg \
-        else MTP_FAMILIES[model_type]
+        else family.default_layers
     if not layers:
         return None
-    return MtpDraft(layers, draft_weights(cfg, layers))
+    return MtpDraft(layers, draft_weights(cfg, layers, family.plain_projection))
 
 
-def draft_weights(cfg: Mapping[str, Any], layers: int) -> WeightCount | None:
+def draft_weights(cfg: Mapping[str, Any], layers: int, plain_projection: bool) -> WeightCount | None:
     """The draft's parameters: `layers` decoder layers as the MTP head builds them (DeepSeek's and
     GLM's an MoE layer, Qwen3-Next's full attention), plus the hidden-state projection, 2 hidden x hidden
-    per layer (deepseek_mtp.py eh_proj, qwen3_next_mtp.py:86-95 fc); no embedding, no LM head."""
+    per layer (MtpFamily.plain_projection says how it is held); no embedding, no LM head."""
     draft_cfg = {**cfg, "num_hidden_layers": layers, "first_k_dense_replace": 0,
                  "layer_types": ["full_attention"] * layers, "tie_word_embeddings": True, "vocab_size": 0}
     count = count_weights(draft_cfg)
     if count is None:
         return None
     projection = layers * 2 * count.hidden_size * count.hidden_size
-    return replace(count, linear_params=count.linear_params + projection, embedding_params=0)
+    return replace(count, linear_params=count.linear_params + projection, embedding_params=0,
+                   router_params=count.router_params + (projection if plain_projection else 0))
 
 
 def _with_draft_weights(target: WeightCount | None, draft: WeightCount | None) -> WeightCount | None:
