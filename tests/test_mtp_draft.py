@@ -39,12 +39,25 @@ RELEASES = ("0.32.0", "0.33.0", "0.34.0")
 GiB = 1 << 30
 # Real configs (tests/fixtures/models/corpus.py): DeepSeek-V3 with its published MTP head
 # (num_nextn_predict_layers 1, which the shrunk copy set to 0), also at its published 61 layers;
-# Qwen3-Next, whose config.json names no count (vLLM's default: one layer), also at its published 48.
+# Qwen3-Next, whose config.json names no count (vLLM's default: one layer), also at its published 48;
+# GLM-4.5-Air's config.json (zai-org/GLM-4.5-Air, as transformers 4.54.1's Glm4MoeConfig prints it).
+GLM45_AIR = {
+    "architectures": ["Glm4MoeForCausalLM"], "attention_bias": True, "attention_dropout": 0.0,
+    "eos_token_id": [151329, 151336, 151338], "first_k_dense_replace": 1, "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 10944, "max_position_embeddings": 131072,
+    "model_type": "glm4_moe", "moe_intermediate_size": 1408, "n_group": 1, "n_routed_experts": 128,
+    "n_shared_experts": 1, "norm_topk_prob": True, "num_attention_heads": 96, "num_experts_per_tok": 8,
+    "num_hidden_layers": 46, "num_key_value_heads": 8, "num_nextn_predict_layers": 1, "pad_token_id": 151329,
+    "partial_rotary_factor": 0.5, "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 1000000,
+    "routed_scaling_factor": 1.0, "tie_word_embeddings": False, "topk_group": 1, "torch_dtype": "bfloat16",
+    "transformers_version": "4.54.1", "use_cache": True, "use_qk_norm": False, "vocab_size": 151552,
+}
 CONFIGS = {
     "deepseek_v3": {**CORPUS["deepseek_v3"]["config"], "num_nextn_predict_layers": 1},
     "deepseek_v3_61": {**CORPUS["deepseek_v3"]["config"], "num_nextn_predict_layers": 1, "num_hidden_layers": 61},
     "qwen3_next": CORPUS["qwen3_next"]["config"],
     "qwen3_next_48": {**CORPUS["qwen3_next"]["config"], "num_hidden_layers": 48},
+    "glm45_air": GLM45_AIR,
 }
 
 
@@ -61,6 +74,7 @@ CASES: list[tuple[str, tuple[str, ...]]] = [
     ("qwen3_next_48", (*COMMON, "--kv-cache-memory-bytes", str(20 * GiB), *_mtp(1))),
     ("qwen3_next_48", (*COMMON, "--kv-cache-memory-bytes", str(20 * GiB), *_mtp(3), "--no-enable-prefix-caching")),
     ("qwen3_next_48", (*COMMON, "--kv-cache-memory-bytes", str(20 * GiB))),
+    ("glm45_air", (*COMMON, "--kv-cache-memory-bytes", str(30 * GiB), *_mtp(3))),
 ]
 
 
@@ -86,6 +100,9 @@ def _oracle_case(name: str, flags: tuple[str, ...], release: str) -> dict[str, A
     if config["model_type"] == "deepseek_v3":
         heads, head_size = 1, config["kv_lora_rank"] + config["qk_rope_head_dim"]
         layers, state, kinds = ["mla"] * config["num_hidden_layers"], 0, ()
+    elif config["model_type"] == "glm4_moe":
+        heads, head_size = config["num_key_value_heads"], config["head_dim"]
+        layers, state, kinds = ["full"] * config["num_hidden_layers"], 0, ()
     else:
         heads, head_size = config["num_key_value_heads"], config["head_dim"]
         kinds = geometry.layout.kinds
@@ -181,6 +198,7 @@ def test_the_draft_layers_a_config_describes() -> None:
     assert mtp_draft({**CONFIGS["deepseek_v3"], "num_nextn_predict_layers": 0}, "deepseek_v3") is None
     assert mtp_draft(CONFIGS["qwen3_next"], "qwen3_next").layers == 1   # type: ignore[union-attr]
     assert mtp_draft({**CONFIGS["qwen3_next"], "num_nextn_predict_layers": 2}, "qwen3_next").layers == 2  # type: ignore[union-attr]
+    assert mtp_draft(GLM45_AIR, "glm4_moe").layers == 1   # type: ignore[union-attr]
     assert mtp_draft({"num_nextn_predict_layers": 1}, "mimo") is None
 
 
