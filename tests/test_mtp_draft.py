@@ -24,8 +24,9 @@ from vllm_sources import release_tree
 from kvwatch.planner.devices import preset
 from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.geometry import geometry_from_config
+from kvwatch.planner.kv_groups import Demand, LayerSpec, kv_groups
 from kvwatch.planner.layers import FULL, MAMBA
-from kvwatch.planner.mtp_draft import mtp_draft, planned_draft_layers
+from kvwatch.planner.mtp_draft import mtp_draft, planned_draft_layers, with_speculative_states
 from kvwatch.planner.plan import MemoryInputs, Plan, make_plan
 from kvwatch.planner.rules import ruleset_for
 from kvwatch.planner.scheduler import mamba_cache_mode
@@ -244,6 +245,24 @@ def test_a_plan_without_speculative_decoding_leaves_the_mamba_states_alone() -> 
     # ngram adds no layer, but each of the 3 state groups keeps 3 more states per request
     assert (ngram.kv_cache_groups, ngram.bytes_per_block) == (plain.kv_cache_groups, plain.bytes_per_block)
     assert ngram.blocks_per_request == plain.blocks_per_request + 3 * 3
+
+
+@pytest.mark.parametrize(("release", "mode", "tokens", "state_blocks"), [
+    ("0.14.1", "none", 2, 1),    # no speculative states counted before 0.15
+    ("0.15.1", "none", 2, 3),    # 1 + N
+    ("0.15.1", "align", 2, 4),   # 2 + N
+    ("0.21.0", "all", 2, 4),     # cdiv(64, 16), no speculative ones in mode "all" yet
+    ("0.22.1", "all", 2, 6),     # cdiv(64, 16) + N
+    ("0.32.0", "align", 0, 2),   # no speculative decoding
+])
+def test_the_states_speculative_decoding_adds(release: str, mode: str, tokens: int, state_blocks: int) -> None:
+    """MambaSpec.max_memory_usage_bytes per release and mode (vllm_releases/kv_layout.py
+    MAMBA_SPECULATIVE_BLOCKS, MAMBA_ALL_SPECULATIVE_BLOCKS); attention layers are left alone."""
+    groups = kv_groups([LayerSpec(FULL, 16, 4096, 4096), LayerSpec(MAMBA, 16, 4096, 3000)])
+    out = with_speculative_states(groups, tokens, parse_version(release), mode)
+    demand = Demand(max_model_len=64, max_in_flight_tokens=64, mamba_align=mode == "align", mamba_all=mode == "all")
+    assert out.blocks_per_request(demand) == 4 + state_blocks   # 4 attention blocks of 16 tokens
+    assert out.specs[0] == groups.specs[0]
 
 
 if __name__ == "__main__":   # record the oracle's answers (KVWATCH_VLLM_SRC must name the unpacked releases)

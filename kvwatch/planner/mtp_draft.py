@@ -28,7 +28,7 @@ MTP head as a draft model beside the target, in the same engine:
 Apart from MTP, any speculative decoding gives each Mamba-style layer `num_speculative_tokens` more
 state blocks per request (vLLM 0.32.0, model_executor/layers/mamba/abstract.py:79-83:
 `num_speculative_blocks`; counted in `MambaSpec.max_memory_usage_bytes`, v1/kv_cache_interface.py:1076-1082,
-from vllm_releases/kv_layout.py MAMBA_SPECULATIVE_BLOCKS).
+from vllm_releases/kv_layout.py MAMBA_SPECULATIVE_BLOCKS; in mode "all" MAMBA_ALL_SPECULATIVE_BLOCKS).
 
 Not planned: other MTP families (their geometry stays the target's), an MTP draft under pipeline
 stages (its layers sit on the last stage), DeepSeek-V4 (planner/deepseek_v4.py plans its own).
@@ -46,7 +46,7 @@ from kvwatch.planner.layers import FULL, MAMBA
 from kvwatch.planner.weights import WeightCount, count_weights
 from kvwatch.values.config_values import positive_int
 from kvwatch.values.versions import VllmVersion
-from kvwatch.vllm_releases.kv_layout import MAMBA_SPECULATIVE_BLOCKS
+from kvwatch.vllm_releases.kv_layout import MAMBA_ALL_SPECULATIVE_BLOCKS, MAMBA_SPECULATIVE_BLOCKS
 
 
 @dataclass(frozen=True)
@@ -135,10 +135,12 @@ def with_mtp_draft(geometry: Any, settings: EngineSettings) -> Any:
                    weight_count=_with_draft_weights(geometry.weight_count, geometry.mtp_draft.weights))
 
 
-def with_speculative_states(groups: KvGroups, num_speculative_tokens: int, version: VllmVersion | None) -> KvGroups:
-    """Each Mamba-style layer's spec with the state blocks speculative decoding adds per request."""
-    if num_speculative_tokens <= 0 or not MAMBA_SPECULATIVE_BLOCKS.holds(version) \
-            or not any(s.layer_kind == MAMBA for s in groups.specs):
+def with_speculative_states(groups: KvGroups, num_speculative_tokens: int, version: VllmVersion | None,
+                            mamba_cache_mode: str) -> KvGroups:
+    """Each Mamba-style layer's spec with the state blocks speculative decoding adds per request, as the
+    release counts them in this mamba_cache_mode (planner/scheduler.py)."""
+    counted = MAMBA_ALL_SPECULATIVE_BLOCKS if mamba_cache_mode == "all" else MAMBA_SPECULATIVE_BLOCKS
+    if num_speculative_tokens <= 0 or not counted.holds(version) or not any(s.layer_kind == MAMBA for s in groups.specs):
         return groups
     specs = tuple(replace(s, speculative_blocks=num_speculative_tokens) if s.layer_kind == MAMBA else s
                   for s in groups.specs)

@@ -60,7 +60,7 @@ from kvwatch.planner.predicted_refusal import (
     PredictedRefusal,
 )
 from kvwatch.planner.rules import BackendRule, RuleSet
-from kvwatch.planner.scheduler import prefix_caching_on, request_demand
+from kvwatch.planner.scheduler import mamba_cache_mode, prefix_caching_on, request_demand
 from kvwatch.planner.scope import within_scope
 from kvwatch.planner.static_sink import sink_backend, sink_refusals
 from kvwatch.values.block_sizes import BlockSizeRule
@@ -231,7 +231,8 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     page = block_size * sizes.per_token_layer   # before the groups settle the engine's block size
     groups, block_size, block_source = _layers(geometry, settings, memory.vllm_version, shape, sizes, block_size,
                                                block_source, shared_page, warnings)
-    groups = with_speculative_states(groups, settings.num_speculative_tokens, memory.vllm_version)
+    groups = with_speculative_states(groups, settings.num_speculative_tokens, memory.vllm_version,
+                                     mamba_cache_mode(geometry, settings, memory.vllm_version))
     # openPangu's sink layers: their TP split and block size (planner/static_sink.py)
     warnings.extend(sink_refusals(geometry.sink_len, geometry.num_kv_heads, settings.tensor_parallel_size, block_size))
     blocks = _blocks(device, settings, geometry, memory, sizes.model_bytes, groups.bytes_per_block,
