@@ -36,13 +36,13 @@ stages (its layers sit on the last stage), DeepSeek-V4 (planner/deepseek_v4.py p
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import Field, dataclass, replace
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from kvwatch.planner.deepseek_v4 import drafts_with_mtp
 from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.kv_groups import KvGroups
-from kvwatch.planner.layers import FULL, MAMBA
+from kvwatch.planner.layers import FULL, MAMBA, LayerLayout
 from kvwatch.planner.weights import WeightCount, count_weights
 from kvwatch.values.config_values import positive_int
 from kvwatch.values.versions import VllmVersion
@@ -113,7 +113,25 @@ def planned_draft_layers(draft: MtpDraft | None, settings: EngineSettings) -> in
     return draft.layers if drafts_with_mtp(settings.speculative_method, settings.num_speculative_tokens) else 0
 
 
-def with_mtp_draft(geometry: Any, settings: EngineSettings) -> Any:
+class _Geometry(Protocol):
+    """What the hook reads of planner/geometry.py's ModelGeometry (which imports this module)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
+
+    @property
+    def layout(self) -> LayerLayout: ...
+
+    @property
+    def weight_count(self) -> WeightCount | None: ...
+
+    @property
+    def mtp_draft(self) -> MtpDraft | None: ...
+
+
+G = TypeVar("G", bound=_Geometry)
+
+
+def with_mtp_draft(geometry: G, settings: EngineSettings) -> G:
     """The geometry (planner/geometry.py ModelGeometry) of the target and its MTP draft together,
     where this command drafts with MTP: the draft's layers appended as the target's full-attention
     (or MLA) layers, its weights added; the geometry unchanged otherwise."""
@@ -131,8 +149,9 @@ def with_mtp_draft(geometry: Any, settings: EngineSettings) -> Any:
 
     kinds = (*layout.kinds, *[FULL] * layers)
     new_layout = replace(layout, kinds=kinds, head_sizes=extended(layout.head_sizes), kv_heads=extended(layout.kv_heads))
+    weights = geometry.mtp_draft.weights if geometry.mtp_draft is not None else None
     return replace(geometry, layer_kinds=kinds, layout=new_layout,
-                   weight_count=_with_draft_weights(geometry.weight_count, geometry.mtp_draft.weights))
+                   weight_count=_with_draft_weights(geometry.weight_count, weights))
 
 
 def with_speculative_states(groups: KvGroups, num_speculative_tokens: int, version: VllmVersion | None,
