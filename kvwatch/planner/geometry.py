@@ -19,6 +19,7 @@ from kvwatch.planner.indexer import indexer_bytes_per_token
 from kvwatch.planner.inkling import inkling_layout, is_inkling
 from kvwatch.planner.layers import FULL, PURE_STATE_SPACE, LayerLayout, kimi_linear_layout, layer_layout
 from kvwatch.planner.minimax_sparse import SparseIndexer, sparse_indexer
+from kvwatch.planner.mtp_draft import MtpDraft, mtp_draft
 from kvwatch.planner.prefix_lm import prefix_lm_layers, weight_layers
 from kvwatch.planner.static_sink import sink_attention
 from kvwatch.planner.weights import WeightCount, count_model_weights
@@ -78,6 +79,8 @@ class ModelGeometry:
     sink_len: int = 0   # openPangu's static sink tokens per layer (planner/static_sink.py; 0: none)
     # An encoder-decoder model's encoder length (Whisper: max_source_positions; planner/cross_attention.py)
     max_source_positions: int = 0
+    # The checkpoint's MTP head, planned where --speculative-config drafts with it (planner/mtp_draft.py)
+    mtp_draft: MtpDraft | None = None
 
     def __post_init__(self) -> None:
         if self.layout is None:   # a geometry written by hand: its kinds and window are the layout
@@ -250,7 +253,7 @@ def geometry_from_config(config: Mapping[str, Any], release: str | None = None) 
             num_attention_heads=num_heads, hidden_size=hidden, weight_count=count_model_weights(config, cfg), quantization=_quantization(config, cfg),
             derived_max_model_len=derived, derived_max_model_len_key=derived_key,
             sparse_attention="index_topk" in cfg, indexer_bytes_per_token=indexer_bytes_per_token(cfg),
-            present_fields=_present(cfg))
+            present_fields=_present(cfg), mtp_draft=mtp_draft(cfg, model_type))
 
     kv_heads = next((cfg[k] for k in _KV_HEAD_KEYS if cfg.get(k) is not None), num_heads)
     if (prefix_lm := prefix_lm_layers(cfg, architectures)) is not None:   # HRM-Text (planner/prefix_lm.py)
@@ -283,7 +286,7 @@ def geometry_from_config(config: Mapping[str, Any], release: str | None = None) 
         sparse_indexer=sparse_indexer(cfg, architectures, num_layers, parse_version(release) if release else None),
         sink_len=sink.sink_len if sink is not None else 0,
         max_source_positions=_positive_int(cfg, "max_source_positions", required=False) or 0,
-        deepseek_v4=deepseek_v4_shape(cfg, architectures))
+        deepseek_v4=deepseek_v4_shape(cfg, architectures), mtp_draft=mtp_draft(cfg, model_type))
 
 
 def _state_space_geometry(config: Mapping[str, Any], cfg: Mapping[str, Any], model_type: str,

@@ -32,6 +32,7 @@ class LayerSpec:
     real_page_bytes: int      # without padding
     window: int | None = None  # sliding window / attention chunk size
     checkpoint_blocks: int = 0    # mamba: prefill checkpoint states kept in align mode (MambaMixer2: 1)
+    speculative_blocks: int = 0   # mamba: num_speculative_tokens states more (planner/mtp_draft.py)
 
 
 @dataclass(frozen=True)
@@ -56,8 +57,8 @@ def blocks_per_request(spec: LayerSpec, demand: Demand, max_model_len: int | Non
         return cdiv(min(spec.window + demand.max_in_flight_tokens, length), spec.block_size)
     if spec.layer_kind == MAMBA:   # MambaSpec.max_memory_usage_bytes: 2 (+ checkpoints) in align mode, else 1
         if demand.mamba_all:
-            return cdiv(length, spec.block_size)
-        return 2 + spec.checkpoint_blocks if demand.mamba_align else 1
+            return cdiv(length, spec.block_size) + spec.speculative_blocks
+        return (2 + spec.checkpoint_blocks if demand.mamba_align else 1) + spec.speculative_blocks
     if spec.layer_kind == CROSS:
         return cross_blocks_per_request(demand.encoder_tokens, spec.block_size)
     return cdiv(length, spec.block_size)

@@ -16,7 +16,13 @@ from kvwatch.planner.architecture_kinds import builds_no_cache, unknown_reasons
 from kvwatch.planner.architectures import IN_TRANSFORMERS
 from kvwatch.planner.architectures import refusals as _architecture_refusals
 from kvwatch.planner.backend_legality import backend_refusals
-from kvwatch.planner.backends import BackendChoice, choose_backend, kernel_context, with_release_kernel_blocks
+from kvwatch.planner.backends import (
+    BackendChoice,
+    attention_block_size,
+    choose_backend,
+    kernel_context,
+    with_release_kernel_blocks,
+)
 from kvwatch.planner.config_refusals import config_refusals
 from kvwatch.planner.cross_attention import CROSS, cross_bytes_per_request, per_token_bytes
 from kvwatch.planner.devices import Device
@@ -45,6 +51,7 @@ from kvwatch.planner.kv_groups import (
 from kvwatch.planner.kv_memory import NO_MEMORY_INPUTS, MemoryInputs, kv_memory, no_memory_warning
 from kvwatch.planner.layers import CHUNKED, FULL, MAMBA
 from kvwatch.planner.minimax_sparse import sparse_block_size, with_indexers
+from kvwatch.planner.mtp_draft import with_mtp_draft, with_speculative_states
 from kvwatch.planner.no_kv_cache import NO_KV_CACHE_ATTENTION, NO_KV_CACHE_SOURCE
 from kvwatch.planner.predicted_refusal import (
     CONFIG_REFUSED,
@@ -53,7 +60,7 @@ from kvwatch.planner.predicted_refusal import (
     PredictedRefusal,
 )
 from kvwatch.planner.rules import BackendRule, RuleSet
-from kvwatch.planner.scheduler import prefix_caching_on, request_demand
+from kvwatch.planner.scheduler import mamba_cache_mode, prefix_caching_on, request_demand
 from kvwatch.planner.scope import within_scope
 from kvwatch.planner.static_sink import sink_backend, sink_refusals
 from kvwatch.values.block_sizes import BlockSizeRule
@@ -218,11 +225,14 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
         return _deepseek_v4_plan(geometry, geometry.deepseek_v4, settings, device, memory, release, warnings)
     if geometry.attention != "none":
         warnings.extend(backend_refusals(choice, rules, device, geometry, settings))
+    geometry = with_mtp_draft(geometry, settings)   # an MTP draft's layers and weights (planner/mtp_draft.py)
     sizes = token_sizes(geometry, settings, device, memory.vllm_version, dict(memory.vllm_env))
     block_size, block_source, shared_page = _block_size(geometry, settings, device, memory, release, shape, sizes)
     page = block_size * sizes.per_token_layer   # before the groups settle the engine's block size
     groups, block_size, block_source = _layers(geometry, settings, memory.vllm_version, shape, sizes, block_size,
                                                block_source, shared_page, warnings)
+    groups = with_speculative_states(groups, settings.num_speculative_tokens, memory.vllm_version,
+                                     mamba_cache_mode(geometry, settings, memory.vllm_version))
     # openPangu's sink layers: their TP split and block size (planner/static_sink.py)
     warnings.extend(sink_refusals(geometry.sink_len, geometry.num_kv_heads, settings.tensor_parallel_size, block_size))
     blocks = _blocks(device, settings, geometry, memory, sizes.model_bytes, groups.bytes_per_block,
@@ -314,7 +324,7 @@ def _block_size(geometry: ModelGeometry, settings: EngineSettings, device: Devic
     holds the recurrent state, and so a quantized page covers the skip layers' page."""
     version, attention_free = memory.vllm_version, geometry.attention == "none"
     default_block = release.defaults.block_size   # vLLM's default --block-size (vllm_releases/defaults.py)
-    block_size, block_source = _attention_block_size(shape, device, geometry, settings, default_block)
+    block_size, block_source = attention_block_size(shape, device, geometry, settings, default_block)
     if shape is not None and settings.block_size is None and device.platform == "cuda" and \
             (common := sparse_block_size(geometry.sparse_indexer, geometry.num_layers, shape.block_sizes, default_block)):
         block_size, block_source = common   # MiniMax-M3: its sparse and indexer backends join the dense one
@@ -465,22 +475,6 @@ def _padding(settings: EngineSettings, sizes: TokenBytes, groups: KvGroups, bloc
         if settings.num_gpu_blocks_override is None else 0,
         "null_block": blocks.bytes_per_block if blocks.num_blocks else 0,
     }
-
-
-def _attention_block_size(shape: BackendRule | None, device: Device, geometry: ModelGeometry,
-                          settings: EngineSettings, default_block: int) -> tuple[int, str]:
-    """The block size of the attention layers and where it comes from: the flag, else the backend's
-    preference; some platforms override both."""
-    # platforms/cpu.py: with AMX tiles MLA runs on the AMX kernel, which forces no block size
-    # (the CPU's 128 by default, the flag otherwise); without them the reference kernel forces 16.
-    amx_mla = device.platform == "cpu" and device.cpu_amx and geometry.attention == "mla"
-    if shape is not None and shape.forced_block_size is not None and not amx_mla:
-        return shape.forced_block_size, "platform override"
-    if amx_mla and settings.block_size is None:
-        return 128, "platform default (AMX MLA kernel)"
-    if settings.block_size is not None:
-        return settings.block_size, "flag"
-    return (shape.preferred_block_size if shape else default_block), "backend default"
 
 
 def architecture_unknowns(geometry: ModelGeometry, version: VllmVersion | None) -> tuple[str, ...]:

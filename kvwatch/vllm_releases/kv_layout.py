@@ -74,6 +74,14 @@ MAMBA_ALIGN_BY_DEFAULT = Boundary((0, 28, 0), "vLLM 0.28.0, vllm/model_executor/
 MAMBA_PREFIX_CACHING_CLASSES = frozenset({   # and Bamba's while vLLM had it (vLLM 0.15.1, models/bamba.py)
     "BambaForCausalLM", "FalconH1ForCausalLM", "GraniteMoeHybridForCausalLM", "JambaForCausalLM", "Mamba2ForCausalLM",
     "MambaForCausalLM", "NemotronHForCausalLM", "Zamba2ForCausalLM"})
+# Speculative decoding: MambaSpec.max_memory_usage_bytes counts num_speculative_blocks (num_speculative_tokens,
+# model_executor/layers/mamba/abstract.py) more states per request, from 0.15 (vLLM 0.15.1,
+# vllm/v1/kv_cache_interface.py:293-300; 0.14.1 :292-294 sized a state per block of max_model_len instead).
+MAMBA_SPECULATIVE_BLOCKS = Boundary((0, 15, 0), "vLLM 0.15.1, vllm/v1/kv_cache_interface.py:293-300",
+                                    "vLLM 0.14.1, vllm/v1/kv_cache_interface.py:292-294")
+# ... and in mode "all" (a state per block of max_model_len) from 0.22 (vLLM 0.22.1, kv_cache_interface.py:583-587).
+MAMBA_ALL_SPECULATIVE_BLOCKS = Boundary((0, 22, 0), "vLLM 0.22.1, vllm/v1/kv_cache_interface.py:583-587",
+                                        "vLLM 0.21.0, vllm/v1/kv_cache_interface.py:563-565")
 # MambaSpec.max_memory_usage_bytes per mode (vLLM 0.27.1, vllm/v1/kv_cache_interface.py:729-738)
 MAMBA_MODE_SOURCE = "vLLM 0.27.1, vllm/v1/kv_cache_interface.py:729-738"
 

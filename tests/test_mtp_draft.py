@@ -1,0 +1,277 @@
+"""MTP draft heads (issues 38 and 39): their KV cache layers and weights are in the plan.
+
+vLLM's own code is the oracle: scripts/oracle_mtp_draft.py builds each release's KV cache specs of a
+target model plus its MTP draft's layers (DeepSeek-V3's MLA latent; Qwen3-Next's full-attention layer
+beside its gated delta nets, whose Mamba specs carry num_speculative_tokens more states) and runs the
+release's grouping, block sizing, concurrency and reported tokens on this CPU. Its answers for vLLM
+0.32.0, 0.33.0 and 0.34.0 are recorded in tests/fixtures/mtp_draft_oracle.json, so kvwatch is checked
+against them without the sources; where the unpacked releases are there
+(KVWATCH_VLLM_SRC=<root>/<version>/vllm/...), the oracle is run again and must give the recorded
+answers. Record them anew with `KVWATCH_VLLM_SRC=... python tests/test_mtp_draft.py`.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fixtures.models.corpus import CORPUS
+from vllm_sources import release_tree
+
+from kvwatch.planner.devices import preset
+from kvwatch.planner.engine_args import EngineCommand
+from kvwatch.planner.geometry import geometry_from_config
+from kvwatch.planner.kv_groups import Demand, LayerSpec, kv_groups
+from kvwatch.planner.layers import FULL, MAMBA
+from kvwatch.planner.mtp_draft import mtp_draft, planned_draft_layers, with_speculative_states
+from kvwatch.planner.plan import MemoryInputs, Plan, make_plan
+from kvwatch.planner.rules import ruleset_for
+from kvwatch.planner.scheduler import mamba_cache_mode
+from kvwatch.values.versions import parse_version
+from kvwatch.vllm_releases.gdn_checkpoint import GDN_CHECKPOINT_BLOCKS, GDN_PREFILL_CHECKPOINT
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURE = ROOT / "tests" / "fixtures" / "mtp_draft_oracle.json"
+ORACLE = ROOT / "scripts" / "oracle_mtp_draft.py"
+RELEASES = ("0.32.0", "0.33.0", "0.34.0")
+GiB = 1 << 30
+# Real configs (tests/fixtures/models/corpus.py): DeepSeek-V3 with its published MTP head
+# (num_nextn_predict_layers 1, which the shrunk copy set to 0), also at its published 61 layers;
+# Qwen3-Next, whose config.json names no count (vLLM's default: one layer), also at its published 48;
+# GLM-4.5-Air's config.json (zai-org/GLM-4.5-Air, as transformers 4.54.1's Glm4MoeConfig prints it).
+GLM45_AIR = {
+    "architectures": ["Glm4MoeForCausalLM"], "attention_bias": True, "attention_dropout": 0.0,
+    "eos_token_id": [151329, 151336, 151338], "first_k_dense_replace": 1, "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 10944, "max_position_embeddings": 131072,
+    "model_type": "glm4_moe", "moe_intermediate_size": 1408, "n_group": 1, "n_routed_experts": 128,
+    "n_shared_experts": 1, "norm_topk_prob": True, "num_attention_heads": 96, "num_experts_per_tok": 8,
+    "num_hidden_layers": 46, "num_key_value_heads": 8, "num_nextn_predict_layers": 1, "pad_token_id": 151329,
+    "partial_rotary_factor": 0.5, "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 1000000,
+    "routed_scaling_factor": 1.0, "tie_word_embeddings": False, "topk_group": 1, "torch_dtype": "bfloat16",
+    "transformers_version": "4.54.1", "use_cache": True, "use_qk_norm": False, "vocab_size": 151552,
+}
+CONFIGS = {
+    "deepseek_v3": {**CORPUS["deepseek_v3"]["config"], "num_nextn_predict_layers": 1},
+    "deepseek_v3_61": {**CORPUS["deepseek_v3"]["config"], "num_nextn_predict_layers": 1, "num_hidden_layers": 61},
+    "qwen3_next": CORPUS["qwen3_next"]["config"],
+    "qwen3_next_48": {**CORPUS["qwen3_next"]["config"], "num_hidden_layers": 48},
+    "glm45_air": GLM45_AIR,
+}
+
+
+def _mtp(tokens: int) -> tuple[str, ...]:
+    return ("--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": tokens}))
+
+
+COMMON = ("--max-model-len", "32768", "--max-num-batched-tokens", "4096")
+CASES: list[tuple[str, tuple[str, ...]]] = [
+    ("deepseek_v3", (*COMMON, "--kv-cache-memory-bytes", str(8 * GiB), *_mtp(1))),
+    ("deepseek_v3_61", (*COMMON, "--kv-cache-memory-bytes", str(40 * GiB), *_mtp(3))),
+    ("deepseek_v3_61", (*COMMON, "--kv-cache-memory-bytes", str(40 * GiB))),
+    ("qwen3_next", (*COMMON, "--kv-cache-memory-bytes", str(8 * GiB), *_mtp(2))),
+    ("qwen3_next_48", (*COMMON, "--kv-cache-memory-bytes", str(20 * GiB), *_mtp(1))),
+    ("qwen3_next_48", (*COMMON, "--kv-cache-memory-bytes", str(20 * GiB), *_mtp(3), "--no-enable-prefix-caching")),
+    ("qwen3_next_48", (*COMMON, "--kv-cache-memory-bytes", str(20 * GiB))),
+    ("glm45_air", (*COMMON, "--kv-cache-memory-bytes", str(30 * GiB), *_mtp(3))),
+]
+
+
+def _settings(flags: tuple[str, ...]) -> Any:
+    return EngineCommand.parse(["vllm", "serve", "some/model", *flags]).settings()
+
+
+def _plan(name: str, flags: tuple[str, ...], release: str) -> Plan:
+    memory = MemoryInputs(vllm_version=parse_version(release))
+    return make_plan(geometry_from_config(CONFIGS[name], release), _settings(flags), preset("h100"),
+                     ruleset_for(release), memory)
+
+
+def _oracle_case(name: str, flags: tuple[str, ...], release: str) -> dict[str, Any]:
+    """The specs vLLM builds, from config.json as the models read it, at the plan's block size: MLA
+    (one latent of kv_lora_rank + qk_rope_head_dim), or Qwen3-Next's attention (num_key_value_heads of
+    head_dim) and gated delta net state (conv: (kernel - 1) x (2 key_dim + value_dim); temporal: value
+    heads x key head dim x value head dim, model_executor/layers/mamba/mamba_utils.py
+    gated_delta_net_state_shape), padded to the attention page."""
+    config, plan, settings = CONFIGS[name], _plan(name, flags, release), _settings(flags)
+    geometry = geometry_from_config(config, release)
+    draft = planned_draft_layers(geometry.mtp_draft, settings)
+    if config["model_type"] == "deepseek_v3":
+        heads, head_size = 1, config["kv_lora_rank"] + config["qk_rope_head_dim"]
+        layers, state, kinds = ["mla"] * config["num_hidden_layers"], 0, ()
+    elif config["model_type"] == "glm4_moe":
+        heads, head_size = config["num_key_value_heads"], config["head_dim"]
+        layers, state, kinds = ["full"] * config["num_hidden_layers"], 0, ()
+    else:
+        heads, head_size = config["num_key_value_heads"], config["head_dim"]
+        kinds = geometry.layout.kinds
+        layers = ["full" if k == FULL else "mamba" for k in kinds]
+        key_dim = config["linear_num_key_heads"] * config["linear_key_head_dim"]
+        value_dim = config["linear_num_value_heads"] * config["linear_value_head_dim"]
+        state = (config["linear_conv_kernel_dim"] - 1) * (2 * key_dim + value_dim) + \
+            config["linear_num_value_heads"] * config["linear_key_head_dim"] * config["linear_value_head_dim"]
+    mode = mamba_cache_mode(geometry, settings, parse_version(release)) if MAMBA in kinds else "none"
+    # 0.33+: the gated delta nets export a prefill checkpoint in align mode on FlashInfer's GDN prefill,
+    # which an H100 (9.0) runs (vllm_releases/gdn_checkpoint.py)
+    checkpoints = GDN_CHECKPOINT_BLOCKS if state and mode == "align" and GDN_PREFILL_CHECKPOINT.holds(
+        parse_version(release)) else 0
+    return {"layers": layers, "draft_layers": draft, "heads": heads, "head_size": head_size,
+            "block_size": plan.block_size, "mamba_block_size": plan.block_size if mode == "align" else plan.max_model_len,
+            "state_elements": state, "state_page_padded": plan.page_size_bytes if state else None,
+            "checkpoint_blocks": checkpoints,
+            "num_speculative_tokens": settings.num_speculative_tokens, "mamba_cache_mode": mode,
+            "max_model_len": plan.max_model_len, "max_num_batched_tokens": settings.max_num_batched_tokens,
+            "memory": settings.kv_cache_memory_bytes}
+
+
+def _run_oracle(tree: Path, cases: list[dict[str, Any]]) -> list[Any]:
+    done = subprocess.run([sys.executable, str(ORACLE), str(tree)], input=json.dumps(cases), capture_output=True,
+                          text=True, check=True, timeout=300)
+    answers: list[Any] = json.loads(done.stdout)
+    return answers
+
+
+def _recorded() -> dict[str, Any]:
+    recorded: dict[str, Any] = json.loads(FIXTURE.read_text())
+    return recorded
+
+
+def _source_tree(release: str) -> Path | None:
+    return release_tree(release, "vllm/v1/kv_cache_interface.py")
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_recorded_oracle_is_for_these_cases(release: str) -> None:
+    recorded = _recorded()
+    assert recorded["cases"][release] == [_oracle_case(n, f, release) for n, f in CASES]
+    assert len(recorded["answers"][release]) == len(CASES)
+
+
+@pytest.mark.parametrize("release", RELEASES)
+@pytest.mark.parametrize("index", range(len(CASES)))
+def test_the_plan_with_an_mtp_draft_equals_vllms_own_sizing(release: str, index: int) -> None:
+    """Groups, layers per group, bytes per block, blocks, blocks per request, concurrency and the
+    logged tokens: vLLM's figures for the target's layers and the draft's together."""
+    name, flags = CASES[index]
+    answer = _recorded()["answers"][release][index]
+    plan = _plan(name, flags, release)
+    assert plan.source == "exact"
+    assert plan.kv_cache_groups == len(answer["groups"])
+    assert plan.layers_per_block == max(g["layers"] for g in answer["groups"])
+    assert (plan.bytes_per_block, plan.num_blocks) == (answer["bytes_per_block"], answer["num_blocks"])
+    assert plan.blocks_per_request == sum(g["blocks_per_request"] for g in answer["groups"])
+    assert plan.max_concurrency == answer["max_concurrency"]
+    assert plan.kv_cache_tokens == answer["kv_cache_tokens"]
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_oracle_gives_the_recorded_answers(release: str) -> None:
+    tree = _source_tree(release)
+    if tree is None:
+        pytest.skip(f"vLLM {release} is not unpacked (set KVWATCH_VLLM_SRC to <root>/<version>/vllm/...)")
+    pytest.importorskip("torch")
+    recorded = _recorded()
+    assert _run_oracle(tree, recorded["cases"][release]) == recorded["answers"][release]
+
+
+def test_the_recorded_figures_of_the_draft_layers() -> None:
+    """DeepSeek-V3 (61 layers): the MTP layer is a 62nd latent in the one group, 1,152 B a token each
+    (576 bf16 elements), so MTP costs 1/62 of the blocks. Qwen3-Next (48 layers: 12 attention, 36 gated
+    delta nets): the draft's attention layer makes 13, so a group holds up to 13 layers (the 36 states
+    in 3 groups of 12, each a padding slot short) where it held 12, and each block is 13/12 as large."""
+    for release in RELEASES:
+        answers, block = _recorded()["answers"][release], _recorded()["cases"][release][1]["block_size"]
+        mtp, plain = answers[1], answers[2]
+        assert [g["layers"] for g in mtp["groups"]] == [62] and [g["layers"] for g in plain["groups"]] == [61]
+        assert (mtp["bytes_per_block"], plain["bytes_per_block"]) == (62 * 1152 * block, 61 * 1152 * block)
+        hybrid, hybrid_plain = answers[4], answers[6]
+        assert [g["layers"] for g in hybrid["groups"]] == [12, 12, 12, 13]
+        assert [g["layers"] for g in hybrid_plain["groups"]] == [12, 12, 12, 12]
+        assert hybrid["bytes_per_block"] * 12 == hybrid_plain["bytes_per_block"] * 13
+
+
+def test_the_draft_layers_a_config_describes() -> None:
+    """num_nextn_predict_layers where config.json names it; Qwen3-Next's one layer where it does not;
+    nothing for a family whose draft kvwatch does not plan, or a head of no layers."""
+    assert mtp_draft(CONFIGS["deepseek_v3"], "deepseek_v3").layers == 1   # type: ignore[union-attr]
+    assert mtp_draft({**CONFIGS["deepseek_v3"], "num_nextn_predict_layers": 0}, "deepseek_v3") is None
+    assert mtp_draft(CONFIGS["qwen3_next"], "qwen3_next").layers == 1   # type: ignore[union-attr]
+    assert mtp_draft({**CONFIGS["qwen3_next"], "num_nextn_predict_layers": 2}, "qwen3_next").layers == 2  # type: ignore[union-attr]
+    assert mtp_draft(GLM45_AIR, "glm4_moe").layers == 1   # type: ignore[union-attr]
+    assert mtp_draft({"num_nextn_predict_layers": 1}, "mimo") is None
+
+
+@pytest.mark.parametrize(("flags", "layers"), [
+    ((), 0),
+    (_mtp(2), 1),
+    (("--speculative-config", '{"method": "deepseek_mtp", "num_speculative_tokens": 1}'), 1),
+    (("--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'), 0),
+    (("--speculative-config", '{"method": "mtp"}'), 0),   # no count given: vLLM takes n_predict; not planned
+    ((*_mtp(1), "-pp", "2"), 0),                            # the draft's layers sit on the last stage
+])
+def test_which_commands_add_the_draft_layers(flags: tuple[str, ...], layers: int) -> None:
+    geometry = geometry_from_config(CONFIGS["deepseek_v3"])
+    assert planned_draft_layers(geometry.mtp_draft, _settings(flags)) == layers
+
+
+def test_the_draft_weights_are_its_layers_without_embeddings() -> None:
+    """One more MoE decoder layer (what a 5th layer adds to the 4-layer target) and its 2 hidden x hidden
+    projection; the embedding and LM head are the target's (shared by the drafter)."""
+    geometry = geometry_from_config(CONFIGS["deepseek_v3"])
+    five = geometry_from_config({**CONFIGS["deepseek_v3"], "num_hidden_layers": 5})
+    draft = geometry.mtp_draft
+    assert draft is not None and draft.weights is not None
+    assert geometry.weight_count is not None and five.weight_count is not None
+    assert draft.weights.embedding_params == 0
+    hidden = CONFIGS["deepseek_v3"]["hidden_size"]
+    one_layer = five.weight_count.linear_params - geometry.weight_count.linear_params
+    assert draft.weights.linear_params == one_layer + 2 * hidden * hidden
+    assert draft.weights.expert_matrices == five.weight_count.expert_matrices - geometry.weight_count.expert_matrices
+    # eh_proj is an nn.Linear: counted with the routers (model dtype, whole on every rank)
+    routers = five.weight_count.router_params - geometry.weight_count.router_params
+    assert draft.weights.router_params == routers + 2 * hidden * hidden
+    plain = _plan("deepseek_v3", ("--max-model-len", "32768"), "0.32.0")
+    drafted = _plan("deepseek_v3", ("--max-model-len", "32768", *_mtp(1)), "0.32.0")
+    assert drafted.gpu_budget is not None and plain.gpu_budget is not None
+    assert drafted.gpu_budget.weights_bytes > plain.gpu_budget.weights_bytes
+
+
+def test_a_plan_without_speculative_decoding_leaves_the_mamba_states_alone() -> None:
+    plain = _plan("qwen3_next", COMMON + ("--kv-cache-memory-bytes", str(8 * GiB)), "0.32.0")
+    ngram = _plan("qwen3_next", COMMON + ("--kv-cache-memory-bytes", str(8 * GiB), "--speculative-config",
+                                          '{"method": "ngram", "num_speculative_tokens": 3}'), "0.32.0")
+    # ngram adds no layer, but each of the 3 state groups keeps 3 more states per request
+    assert (ngram.kv_cache_groups, ngram.bytes_per_block) == (plain.kv_cache_groups, plain.bytes_per_block)
+    assert ngram.blocks_per_request == plain.blocks_per_request + 3 * 3
+
+
+@pytest.mark.parametrize(("release", "mode", "tokens", "state_blocks"), [
+    ("0.14.1", "none", 2, 1),    # no speculative states counted before 0.15
+    ("0.15.1", "none", 2, 3),    # 1 + N
+    ("0.15.1", "align", 2, 4),   # 2 + N
+    ("0.21.0", "all", 2, 4),     # cdiv(64, 16), no speculative ones in mode "all" yet
+    ("0.22.1", "all", 2, 6),     # cdiv(64, 16) + N
+    ("0.32.0", "align", 0, 2),   # no speculative decoding
+])
+def test_the_states_speculative_decoding_adds(release: str, mode: str, tokens: int, state_blocks: int) -> None:
+    """MambaSpec.max_memory_usage_bytes per release and mode (vllm_releases/kv_layout.py
+    MAMBA_SPECULATIVE_BLOCKS, MAMBA_ALL_SPECULATIVE_BLOCKS); attention layers are left alone."""
+    groups = kv_groups([LayerSpec(FULL, 16, 4096, 4096), LayerSpec(MAMBA, 16, 4096, 3000)])
+    out = with_speculative_states(groups, tokens, parse_version(release), mode)
+    demand = Demand(max_model_len=64, max_in_flight_tokens=64, mamba_align=mode == "align", mamba_all=mode == "all")
+    assert out.blocks_per_request(demand) == 4 + state_blocks   # 4 attention blocks of 16 tokens
+    assert out.specs[0] == groups.specs[0]
+
+
+if __name__ == "__main__":   # record the oracle's answers (KVWATCH_VLLM_SRC must name the unpacked releases)
+    cases = {r: [_oracle_case(n, f, r) for n, f in CASES] for r in RELEASES}
+    answers = {}
+    for r in RELEASES:
+        found = _source_tree(r)
+        assert found is not None, f"vLLM {r} is not unpacked under KVWATCH_VLLM_SRC"
+        answers[r] = _run_oracle(found, cases[r])
+    FIXTURE.write_text(json.dumps({"source": "scripts/oracle_mtp_draft.py on vLLM 0.32.0, 0.33.0 and 0.34.0's own "
+                                             "kv_cache_interface.py, kv_cache_planning.py and kv_cache_utils.py",
+                                   "cases": cases, "answers": answers}, indent=1) + "\n")
