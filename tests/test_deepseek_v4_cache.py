@@ -177,7 +177,9 @@ def test_the_routed_experts_weigh_as_mxfp4_and_the_rest_as_fp8() -> None:
     experts = count.expert_matrices * 3 * count.hidden_size * count.moe_width
     fp4 = gpu_weights_bytes(count, geometry.quantization, 2)
     fp8 = gpu_weights_bytes(count, base.quantization, 2)
-    assert fp8 - fp4 == int(experts * (1 - deepseek_v4.MXFP4_BYTES_PER_PARAM))
+    # FP8 experts carry a float32 scale per 128 x 128 block (the config's weight_block_size)
+    fp8_rate = 1 + 4 / (128 * 128)
+    assert fp8 - fp4 == int(experts * (fp8_rate - deepseek_v4.MXFP4_BYTES_PER_PARAM))
 
 
 def test_another_backend_than_cudas_default_is_unsure() -> None:
