@@ -10,7 +10,6 @@ metadata), find nothing that holds for them and plan from the estimate, as befor
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -19,7 +18,7 @@ from pathlib import Path
 from engine_support import free_port, http_get, write_model
 from exporter_support import samples, value
 from nvml_standin import NvmlStandin, StandinGpu, StandinState
-from test_gpu_convergence_e2e import GPU_LOGS, LOGGED_BLOCKS, UUID, plan_sources, wait_for
+from test_gpu_convergence_e2e import GPU_LOGS, LOGGED_BLOCKS, UUID, installed_release_env, plan_sources, wait_for
 
 from kvwatch.watchdog import learned_store
 
@@ -47,7 +46,8 @@ class Host:
         self.argv = [sys.executable, "-m", "kvwatch.cli", "run", "--name", "llama", "--device", "gpu",
                      "--listen", f"127.0.0.1:{self.port}", "--state-dir", str(self.root / "state"),
                      "--learned-dir", str(learned), "--", *engine]
-        self.env = {**os.environ, **standin.env, "NVML_STANDIN_STATE": str(nvml_state), **(extra_env or {})}
+        self.env = {**installed_release_env(tmp), **standin.env, "NVML_STANDIN_STATE": str(nvml_state),
+                    **(extra_env or {})}
         self.log = self.root / "kvwatch-run.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -113,11 +113,9 @@ def test_what_one_host_learns_plans_the_next_hosts_first_launch(tmp_path: Path, 
         c.first_plan()
 
     # Another vLLM release: the installed version kvwatch reads from package metadata says 0.31.0.
-    site = tmp_path / "other-release"
-    (site / "vllm-0.31.0.dist-info").mkdir(parents=True)
-    (site / "vllm-0.31.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.31.0\n")
+    other = installed_release_env(tmp_path, "0.31.0")
     with Host(tmp_path, "host-d", model, blocks, learned, H100, nvml_standin,
-              {"PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}) as d:
+              {"PYTHONPATH": other["PYTHONPATH"]}) as d:
         d.first_plan()
     # (their first plans are estimates; by the time a scrape sees one the engine's own lines may already
     # have made it learned on a loaded machine, so the kvwatch log is the witness)

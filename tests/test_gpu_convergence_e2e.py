@@ -10,6 +10,7 @@ later gets fewer blocks."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -34,6 +35,20 @@ UUID = "GPU-c0de0000-1111-4222-8333-444455556666"
 # 16-token blocks of 32 layers x K and V x 8 KV heads x 128 x 2 bytes (bf16).
 BYTES_PER_BLOCK = 16 * 32 * 2 * 8 * 128 * 2
 LOGGED_BLOCKS = int(53.29 * GiB) // BYTES_PER_BLOCK
+
+
+# The release kvwatch reads as installed: the stand-in's lines are the form before 0.34's extensible cache
+# (whose final size comes in other lines), whatever vLLM this machine has, if any.
+STANDIN_RELEASE = "0.32.0"
+
+
+def installed_release_env(tmp: Path, version: str = STANDIN_RELEASE) -> dict[str, str]:
+    """The environment of a kvwatch that reads `version` as the installed vLLM (from package metadata)."""
+    site = tmp / f"vllm-{version}-site"
+    (site / f"vllm-{version}.dist-info").mkdir(parents=True, exist_ok=True)
+    (site / f"vllm-{version}.dist-info" / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}
 
 
 def wait_for(predicate, timeout: float, what: str):  # type: ignore[no-untyped-def]
@@ -76,8 +91,8 @@ def test_the_plan_converges_on_the_engines_profile_and_drift_alerts_mean_somethi
         return subprocess.Popen(
             [sys.executable, "-m", "kvwatch.cli", "run", "--name", "h100", "--device", "gpu",
              "--listen", f"127.0.0.1:{port}", "--state-dir", str(tmp_path / "state"), "--", *engine],
-            cwd=REPO, stdout=open(tmp_path / "kvwatch-run.log", "ab"), stderr=subprocess.STDOUT,
-            start_new_session=True)
+            cwd=REPO, env=installed_release_env(tmp_path), stdout=open(tmp_path / "kvwatch-run.log", "ab"),
+            stderr=subprocess.STDOUT, start_new_session=True)
 
     run = start()
     try:

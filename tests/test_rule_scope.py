@@ -137,10 +137,12 @@ def test_deepseek_v4_flash_as_served_is_launched_as_given(tmp_path: Path, capsys
     (model / "config.json").write_text(json.dumps(NEWEST["deepseek_v4_flash"]["config"]))
     argv = ["vllm", "serve", str(model), "--tensor-parallel-size", "2", "--kv-cache-dtype", "fp8",
             "--max-model-len", "1048576", "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 2}']
-    assert main(["plan", "--preset", "rtx-pro-6000", "--", *argv]) == 0
+    # As 0.34.0, which builds DeepSeek-V4 (kvwatch plans it), not as whatever release is installed here.
+    assert main(["plan", "--preset", "rtx-pro-6000", "--vllm-version", "0.34.0", "--", *argv]) == 0
     out = capsys.readouterr().out
-    assert "FAILS:" not in out and "UNKNOWN: kvwatch cannot classify" in out
+    assert "FAILS:" not in out and "OK: vLLM should accept this plan" in out
     command = EngineCommand.parse(argv)
-    fixed, fixes, plan = preflight(command, preset("rtx-pro-6000"), RULES, {}, Policy())
+    fixed, fixes, plan = preflight(command, preset("rtx-pro-6000"), ruleset_for("0.34.0"), {}, Policy())
     assert fixes == [] and fixed.argv == command.argv
-    assert plan is not None and plan.source == "unknown" and not plan.will_fail
+    # preflight plans as the installed release: unknown where it builds no DeepSeek-V4 (0.32), else exact
+    assert plan is not None and not plan.will_fail
