@@ -24,6 +24,11 @@ Each rule is one of vLLM 0.32's refusals of a model, before any KV cache is size
   set with --enable-prefix-caching"; with --no-enable-prefix-caching (or AMX) Kimi Delta Attention
   itself: models/kimi_k3 imports NVIDIA's implementation, "No module named 'cutlass'" (a GPU is the fix).
 
+- (any platform) an EXAONE 4 or EXAONE-MoE config.json with no `layer_types` whose
+  `sliding_window_pattern` is a string ("LLLG") or null, or whose window is null: transformers' config
+  class takes a modulo by it while vLLM loads the configuration (planner/layer_pattern.py), e.g.
+  "TypeError: unsupported operand type(s) for %: 'int' and 'str'".
+
 The sentences themselves, as vLLM prints them, are what kvwatch diagnose matches in a log
 (kvwatch/diagnosis/refusals.py); here the planner predicts them.
 """
@@ -34,6 +39,7 @@ from dataclasses import dataclass
 from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.geometry import ModelGeometry
+from kvwatch.planner.layer_pattern import DEFAULT_PATTERN, GET_CONFIG_SOURCE
 from kvwatch.planner.layers import FULL, MAMBA, SLIDING
 from kvwatch.values.versions import VllmVersion
 from kvwatch.vllm_releases.architectures import ARCHITECTURES
@@ -98,6 +104,15 @@ def refusals(geometry: ModelGeometry, settings: EngineSettings, device: Device,
              version: VllmVersion | None = None) -> list[ArchitectureRefusal]:
     """What vLLM 0.32 (or `version`) refuses about this architecture on this platform, in the order it checks."""
     out: list[ArchitectureRefusal] = []
+    if (error := geometry.config_class_error) is not None:   # raised loading config.json, before all else
+        out.append(ArchitectureRefusal(
+            "config_refused",
+            f"{error.sentence}: transformers' {geometry.model_type} config class lists layer_types from "
+            f"sliding_window_pattern with a modulo that takes an integer only ({error.source}), and vLLM loads "
+            f"config.json through it ({GET_CONFIG_SOURCE}): list layer_types in config.json, or give "
+            f"sliding_window_pattern as the period of its full layers (\"LLLG\" is {DEFAULT_PATTERN}) and a "
+            f"sliding_window", {}))
+        return out
     for arch in geometry.architectures:
         if arch not in PREVIOUSLY_SUPPORTED:
             continue

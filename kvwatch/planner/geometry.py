@@ -16,6 +16,7 @@ from kvwatch.planner.cross_attention import with_cross_attention
 from kvwatch.planner.deepseek_v4 import DeepseekV4Shape, deepseek_v4_shape, weight_quantization
 from kvwatch.planner.indexer import indexer_bytes_per_token
 from kvwatch.planner.inkling import inkling_layout, is_inkling
+from kvwatch.planner.layer_pattern import PatternError, pattern_error
 from kvwatch.planner.layers import FULL, PURE_STATE_SPACE, LayerLayout, kimi_linear_layout, layer_layout
 from kvwatch.planner.minimax_sparse import SparseIndexer, sparse_indexer
 from kvwatch.planner.prefix_lm import prefix_lm_layers, weight_layers
@@ -79,6 +80,8 @@ class ModelGeometry:
     sink_len: int = 0   # openPangu's static sink tokens per layer (planner/static_sink.py; 0: none)
     # An encoder-decoder model's encoder length (Whisper: max_source_positions; planner/cross_attention.py)
     max_source_positions: int = 0
+    # What transformers' config class raises loading this config.json (planner/layer_pattern.py; None: loads)
+    config_class_error: PatternError | None = None
 
     def __post_init__(self) -> None:
         if self.layout is None:   # a geometry written by hand: its kinds and window are the layout
@@ -283,7 +286,7 @@ def geometry_from_config(config: Mapping[str, Any], release: str | None = None) 
         sparse_indexer=sparse_indexer(cfg, architectures, num_layers, parse_version(release) if release else None),
         sink_len=sink.sink_len if sink is not None else 0,
         max_source_positions=_positive_int(cfg, "max_source_positions", required=False) or 0,
-        deepseek_v4=deepseek_v4_shape(cfg, architectures))
+        deepseek_v4=deepseek_v4_shape(cfg, architectures), config_class_error=pattern_error(cfg, model_type))
 
 
 def _state_space_geometry(config: Mapping[str, Any], cfg: Mapping[str, Any], model_type: str,
