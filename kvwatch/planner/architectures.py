@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvwatch.planner.cpu_mla import runs_amx_mla
 from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.geometry import ModelGeometry
@@ -146,7 +147,8 @@ def refusals(geometry: ModelGeometry, settings: EngineSettings, device: Device,
             f"{SPARSE_ATTENTION_ON_CPU} This model's attention is sparse (a DeepSeek-V3.2 indexer): "
             f"serve it on a GPU", {}))
     kda = geometry.layout.state is not None and geometry.layout.state.family == "kda"
-    if kda and device.platform == "cpu" and (device.cpu_amx or settings.enable_prefix_caching is False):
+    amx_mla = runs_amx_mla(device, version, settings.attention_backend)   # planner/cpu_mla.py
+    if kda and device.platform == "cpu" and (amx_mla or settings.enable_prefix_caching is False):
         feature, source = cpu_conv_prepack(version)
         cutlass_first = KDA_CUTLASS_AT_MODEL_INIT.holds(version)   # 0.31+: imported while the model is built
         # 0.28: building the MLA layers fails first (below), before cutlass or any weight is reached
@@ -168,7 +170,7 @@ def refusals(geometry: ModelGeometry, settings: EngineSettings, device: Device,
                 "config_refused", f"{KDA_NEEDS_CUTLASS}: vLLM's Kimi Delta Attention is NVIDIA's (and ROCm's) "
                 f"implementation only: serve it on a GPU", {}))
     elif (geometry.attention == "mla" and MAMBA in geometry.layout.kinds and device.platform == "cpu"
-            and not device.cpu_amx and settings.enable_prefix_caching is not False):
+            and not amx_mla and settings.enable_prefix_caching is not False):
         # A hybrid's Mamba hook aligns its state blocks for prefix caching, then the CPU platform turns
         # prefix caching off for MLA without AMX (platforms/cpu.py:519), and config/vllm.py:3312 refuses.
         out.append(ArchitectureRefusal(

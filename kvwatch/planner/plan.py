@@ -18,6 +18,7 @@ from kvwatch.planner.architectures import refusals as _architecture_refusals
 from kvwatch.planner.backend_legality import backend_refusals
 from kvwatch.planner.backends import BackendChoice, choose_backend, kernel_context, with_release_kernel_blocks
 from kvwatch.planner.config_refusals import config_refusals
+from kvwatch.planner.cpu_mla import AMX_MLA, runs_amx_mla
 from kvwatch.planner.cross_attention import CROSS, cross_bytes_per_request, per_token_bytes
 from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineSettings
@@ -300,9 +301,11 @@ def _backend(geometry: ModelGeometry, settings: EngineSettings, device: Device, 
     if device.platform == "cuda":   # the release's kernel block sizes for this model and card
         rules = with_release_kernel_blocks(rules, memory.vllm_version, kernel_context(geometry, device, settings))
     # A pure state-space model has no attention layer, so no attention backend to choose.
+    requested = sink_backend(geometry.sink_len, device.platform) or settings.attention_backend
+    if geometry.attention == "mla" and runs_amx_mla(device, memory.vllm_version, requested):
+        requested = AMX_MLA   # the host's AMX tiles pick it (planner/cpu_mla.py)
     choice = BackendChoice(None, (), {}) if geometry.attention == "none" else choose_backend(
-        rules, device, geometry, settings.kv_cache_dtype, settings.block_size,
-        sink_backend(geometry.sink_len, device.platform) or settings.attention_backend)
+        rules, device, geometry, settings.kv_cache_dtype, settings.block_size, requested)
     shape = choice.backend or next((b for b in map(rules.backend, choice.candidates) if b is not None), None)
     return rules, choice, shape
 
@@ -471,13 +474,9 @@ def _attention_block_size(shape: BackendRule | None, device: Device, geometry: M
                           settings: EngineSettings, default_block: int) -> tuple[int, str]:
     """The block size of the attention layers and where it comes from: the flag, else the backend's
     preference; some platforms override both."""
-    # platforms/cpu.py: with AMX tiles MLA runs on the AMX kernel, which forces no block size
-    # (the CPU's 128 by default, the flag otherwise); without them the reference kernel forces 16.
-    amx_mla = device.platform == "cpu" and device.cpu_amx and geometry.attention == "mla"
-    if shape is not None and shape.forced_block_size is not None and not amx_mla:
+    # platforms/cpu.py: CPU_MLA's kernel forces 16; AMX_MLA (an AMX host's pick, 0.29+) forces none
+    if shape is not None and shape.forced_block_size is not None:
         return shape.forced_block_size, "platform override"
-    if amx_mla and settings.block_size is None:
-        return 128, "platform default (AMX MLA kernel)"
     if settings.block_size is not None:
         return settings.block_size, "flag"
     return (shape.preferred_block_size if shape else default_block), "backend default"
