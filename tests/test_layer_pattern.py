@@ -6,6 +6,9 @@ The oracle is vLLM's own get_config, run on each variant in a subprocess by
 scripts/oracle_layer_pattern.py (no engine); its answers are recorded in
 tests/fixtures/layer_pattern_oracle.json, so kvwatch is checked against them without vLLM. Where the
 recorded vLLM and transformers import here, the oracle runs again and must give the recorded answers.
+The tracebacks `vllm serve` would end with (vLLM's own EngineArgs.create_model_config on the variants
+that raise) are recorded too (tests/fixtures/layer_pattern_tracebacks.json), and kvwatch diagnose must
+name them config_refused with the config class's sentence.
 Record them anew with `python tests/test_layer_pattern.py` under that vLLM.
 """
 from __future__ import annotations
@@ -21,6 +24,8 @@ import pytest
 from fixtures.models.corpus_beyond import BEYOND
 
 from kvwatch.cli import main
+from kvwatch.diagnosis.diagnose import LogScanner
+from kvwatch.failure_kinds import FailureKind
 from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.geometry import geometry_from_config
@@ -32,6 +37,7 @@ from kvwatch.values.versions import parse_version
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "layer_pattern_oracle.json"
+TRACEBACKS = ROOT / "tests" / "fixtures" / "layer_pattern_tracebacks.json"
 ORACLE = ROOT / "scripts" / "oracle_layer_pattern.py"
 RELEASES = ("0.32.0", "0.33.0", "0.34.0")
 _EXAONE4 = BEYOND["exaone4"]["config"]   # EXAONE-4.0-32B's layout: layer_types listed, pattern "LLLG"
@@ -65,6 +71,7 @@ CASES: dict[str, dict[str, Any]] = {
     "moe, int pattern": _variant(_MOE, sliding_window_pattern=4),
 }
 _KINDS = {"sliding_attention": "sliding", "full_attention": "full"}
+RAISING = ("string pattern", "null pattern", "null window, string pattern", "moe, string pattern")
 
 
 def _recorded() -> dict[str, Any]:
@@ -76,6 +83,23 @@ def _run_oracle() -> dict[str, Any]:
                          capture_output=True, text=True, timeout=600, check=True)
     answer = json.loads(out.stdout.strip().splitlines()[-1])
     return {**answer, "answers": dict(zip(CASES, answer["answers"], strict=True))}
+
+
+def _tracebacks() -> dict[str, str]:
+    out = {}
+    for name in RAISING:
+        run = subprocess.run([sys.executable, str(ORACLE), "--traceback"], input=json.dumps(CASES[name]),
+                             capture_output=True, text=True, timeout=600, check=True)
+        out[name] = run.stdout
+    return out
+
+
+def _installed_is_recorded() -> bool:
+    probe = subprocess.run([sys.executable, "-c", "import transformers, vllm.transformers_utils.config as c, vllm; "
+                            "print(vllm.__version__, transformers.__version__)"],
+                           capture_output=True, text=True, timeout=600)
+    recorded = _recorded()
+    return probe.returncode == 0 and probe.stdout.split()[-2:] == [recorded["vllm"], recorded["transformers"]]
 
 
 def _cpu_plan(config: dict[str, Any], release: str) -> Any:
@@ -129,17 +153,22 @@ def test_kvwatch_plan_exits_3_with_the_sentence(tmp_path: Path, capsys: pytest.C
 
 def test_the_oracle_gives_the_recorded_answers() -> None:
     """vLLM's own get_config, run again where the recorded vLLM and transformers import."""
-    probe = subprocess.run([sys.executable, "-c", "import transformers, vllm.transformers_utils.config as c, vllm; "
-                            "print(vllm.__version__, transformers.__version__)"],
-                           capture_output=True, text=True, timeout=600)
-    if probe.returncode:
-        pytest.skip("vLLM's get_config does not import here")
-    recorded = _recorded()
-    if probe.stdout.split()[-2:] != [recorded["vllm"], recorded["transformers"]]:
-        pytest.skip(f"recorded with vLLM {recorded['vllm']} and transformers {recorded['transformers']}")
-    assert _run_oracle() == recorded
+    if not _installed_is_recorded():
+        pytest.skip("the recorded vLLM and transformers do not import here")
+    assert _run_oracle() == _recorded()
+    assert _tracebacks() == json.loads(TRACEBACKS.read_text())
+
+
+@pytest.mark.parametrize("name", RAISING)
+def test_diagnose_names_the_config_class_refusal(name: str) -> None:
+    text = json.loads(TRACEBACKS.read_text())[name]
+    sentence = _recorded()["answers"][name]["error"].split(": ", 1)[1]
+    diagnosis = LogScanner().feed_all(text.splitlines()).result()
+    assert diagnosis.kind is FailureKind.CONFIG_REFUSED and diagnosis.fatal
+    assert diagnosis.evidence == sentence and diagnosis.facts["refusal"] == "layer_types_from_pattern"
 
 
 if __name__ == "__main__":
     FIXTURE.write_text(json.dumps(_run_oracle(), indent=1) + "\n")
-    print(f"recorded {FIXTURE}")
+    TRACEBACKS.write_text(json.dumps(_tracebacks(), indent=1) + "\n")
+    print(f"recorded {FIXTURE} and {TRACEBACKS}")
