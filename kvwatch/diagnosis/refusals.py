@@ -40,9 +40,13 @@ FIELD_ERROR_LINE = re.compile(_PREFIX + r"\s+(?P<sentence>(?:Input|Value|Extra i
                               r"(?:, input_type=\w+)?\])?\s*$")
 FIELD_NAME_LINE = re.compile(_PREFIX + r"(?P<field>[A-Za-z_][\w.]*)\s*$")
 VALIDATION_HEADER = re.compile(r"ValidationError: \d+ validation errors? for (?P<config>\w+)")
-# A frame of vLLM's configuration code: an exception raised there is a refusal of the configuration.
-CONFIG_FRAME = re.compile(r'File "[^"]*/vllm/(?:config(?:/\w+)?|engine/arg_utils)\.py", line \d+')
-CONFIG_EXCEPTION = re.compile(_PREFIX + r"(?:\w+\.)*(?:ValueError|NotImplementedError|TypeError): (?P<sentence>.+)$")
+# A frame of vLLM's configuration code, or of the transformers config class vLLM loads config.json
+# through (vLLM 0.32.0, vllm/transformers_utils/config.py:399): an exception raised there is a refusal
+# of the configuration.
+CONFIG_FRAME = re.compile(r'File "[^"]*/(?:vllm/(?:config(?:/\w+)?|engine/arg_utils)'
+                          r'|transformers/models/\w+/configuration_\w+)\.py", line \d+')
+CONFIG_EXCEPTION = re.compile(_PREFIX + r"(?:\w+\.)*(?:ValueError|NotImplementedError|TypeError|ZeroDivisionError): "
+                              r"(?P<sentence>.+)$")
 
 
 def _num(text: str) -> int | float:
@@ -134,6 +138,16 @@ REFUSALS: tuple[Refusal, ...] = (
             f"({CPU_CONV_PREPACK_NO_FLAG}), and its kernel takes no float32 weight, which Kimi Delta "
             f"Attention's conv is: no flag avoids it. From 0.31 the model needs NVIDIA's cutlass on the CPU "
             f"as well ({KDA_CUTLASS_AT_MODEL_INIT.source}): serve it on a GPU"),
+    # EXAONE's config classes list layer_types with a modulo by sliding_window_pattern (planner/layer_pattern.py)
+    Refusal("layer_types_from_pattern",
+            re.compile(r"unsupported operand type\(s\) for %: 'int' and '(?P<pattern_type>str|NoneType)'"
+                       r"|integer modulo by zero"),
+            lambda m: {"pattern_type": m["pattern_type"] or "0"},
+            "transformers' Exaone4Config / ExaoneMoeConfig __post_init__, reached from "
+            "transformers_utils/config.py get_config",
+            "config.json has no layer_types and a sliding_window_pattern (or sliding_window) the config class "
+            "cannot take a modulo by: list layer_types in config.json, or give the pattern as the period of "
+            "its full layers (\"LLLG\" is 4) with a sliding_window"),
     Refusal("unknown_dtype",
             re.compile(r"Unknown dtype: '?(?P<dtype>[\w.]+)'?"),
             lambda m: {"dtype": m["dtype"]}, "config/model.py _get_and_verify_dtype"),

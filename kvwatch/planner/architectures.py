@@ -24,6 +24,11 @@ Each rule is one of vLLM 0.32's refusals of a model, before any KV cache is size
   set with --enable-prefix-caching"; with --no-enable-prefix-caching (or AMX) Kimi Delta Attention
   itself: models/kimi_k3 imports NVIDIA's implementation, "No module named 'cutlass'" (a GPU is the fix).
 
+- (any platform) an EXAONE 4 or EXAONE-MoE config.json with no `layer_types` whose
+  `sliding_window_pattern` is a string ("LLLG") or null, or whose window is null: transformers' config
+  class takes a modulo by it while vLLM loads the configuration (planner/layer_pattern.py), e.g.
+  "TypeError: unsupported operand type(s) for %: 'int' and 'str'".
+
 The sentences themselves, as vLLM prints them, are what kvwatch diagnose matches in a log
 (kvwatch/diagnosis/refusals.py); here the planner predicts them.
 """
@@ -31,9 +36,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvwatch.planner.cpu_mla import runs_amx_mla
 from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.geometry import ModelGeometry
+from kvwatch.planner.layer_pattern import DEFAULT_PATTERN, GET_CONFIG_SOURCE
 from kvwatch.planner.layers import FULL, MAMBA, SLIDING
 from kvwatch.values.versions import VllmVersion
 from kvwatch.vllm_releases.architectures import ARCHITECTURES
@@ -98,6 +105,15 @@ def refusals(geometry: ModelGeometry, settings: EngineSettings, device: Device,
              version: VllmVersion | None = None) -> list[ArchitectureRefusal]:
     """What vLLM 0.32 (or `version`) refuses about this architecture on this platform, in the order it checks."""
     out: list[ArchitectureRefusal] = []
+    if (error := geometry.config_class_error) is not None:   # raised loading config.json, before all else
+        out.append(ArchitectureRefusal(
+            "config_refused",
+            f"{error.sentence}: transformers' {geometry.model_type} config class lists layer_types from "
+            f"sliding_window_pattern with a modulo that takes an integer only ({error.source}), and vLLM loads "
+            f"config.json through it ({GET_CONFIG_SOURCE}): list layer_types in config.json, or give "
+            f"sliding_window_pattern as the period of its full layers (\"LLLG\" is {DEFAULT_PATTERN}) and a "
+            f"sliding_window", {}))
+        return out
     for arch in geometry.architectures:
         if arch not in PREVIOUSLY_SUPPORTED:
             continue
@@ -131,7 +147,8 @@ def refusals(geometry: ModelGeometry, settings: EngineSettings, device: Device,
             f"{SPARSE_ATTENTION_ON_CPU} This model's attention is sparse (a DeepSeek-V3.2 indexer): "
             f"serve it on a GPU", {}))
     kda = geometry.layout.state is not None and geometry.layout.state.family == "kda"
-    if kda and device.platform == "cpu" and (device.cpu_amx or settings.enable_prefix_caching is False):
+    amx_mla = runs_amx_mla(device, version, settings.attention_backend)   # planner/cpu_mla.py
+    if kda and device.platform == "cpu" and (amx_mla or settings.enable_prefix_caching is False):
         feature, source = cpu_conv_prepack(version)
         cutlass_first = KDA_CUTLASS_AT_MODEL_INIT.holds(version)   # 0.31+: imported while the model is built
         # 0.28: building the MLA layers fails first (below), before cutlass or any weight is reached
@@ -153,7 +170,7 @@ def refusals(geometry: ModelGeometry, settings: EngineSettings, device: Device,
                 "config_refused", f"{KDA_NEEDS_CUTLASS}: vLLM's Kimi Delta Attention is NVIDIA's (and ROCm's) "
                 f"implementation only: serve it on a GPU", {}))
     elif (geometry.attention == "mla" and MAMBA in geometry.layout.kinds and device.platform == "cpu"
-            and not device.cpu_amx and settings.enable_prefix_caching is not False):
+            and not amx_mla and settings.enable_prefix_caching is not False):
         # A hybrid's Mamba hook aligns its state blocks for prefix caching, then the CPU platform turns
         # prefix caching off for MLA without AMX (platforms/cpu.py:519), and config/vllm.py:3312 refuses.
         out.append(ArchitectureRefusal(

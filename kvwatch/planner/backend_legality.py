@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from kvwatch.planner.backends import BackendChoice, kv_dtype_reason
+from kvwatch.planner.cpu_mla import AMX_MLA, amx_head_size_risk
 from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.flag_change import NO_CHANGE, FlagChange
@@ -21,10 +22,12 @@ def backend_refusals(choice: BackendChoice, rules: RuleSet, device: Device, geom
     flag change that would make one valid, in vLLM's priority order."""
     kv_dtype = settings.kv_cache_dtype
     if choice.backend is not None:
+        risk = amx_head_size_risk(geometry.head_size) if choice.backend.name == AMX_MLA else None
         return [PredictedRefusal(limit.kind, limit.message, limit.fix)
                 for limit in rules.kernel_limits
                 if limit.backend == choice.backend.name and kv_dtype in limit.kv_dtypes
-                and device.compute_capability and device.compute_capability[0] in limit.capability_majors]
+                and device.compute_capability and device.compute_capability[0] in limit.capability_majors] + \
+            ([PredictedRefusal(NO_ATTENTION_BACKEND, risk, NO_CHANGE, certain=False)] if risk else [])
     # No backend: say which single flag change would make one valid, in priority order.
     candidates = [b for n in choice.candidates if (b := rules.backend(n)) is not None
                   and b.supports_capability(device.compute_capability)

@@ -125,16 +125,12 @@ def with_release_kernel_blocks(rules: RuleSet, version: VllmVersion | None, cont
 
 
 def attention_block_size(shape: BackendRule | None, device: Device, geometry: ModelGeometry,
-                          settings: EngineSettings, default_block: int) -> tuple[int, str]:
+                         settings: EngineSettings, default_block: int) -> tuple[int, str]:
     """The block size of the attention layers and where it comes from: the flag, else the backend's
     preference; some platforms override both."""
-    # platforms/cpu.py: with AMX tiles MLA runs on the AMX kernel, which forces no block size
-    # (the CPU's 128 by default, the flag otherwise); without them the reference kernel forces 16.
-    amx_mla = device.platform == "cpu" and device.cpu_amx and geometry.attention == "mla"
-    if shape is not None and shape.forced_block_size is not None and not amx_mla:
+    # platforms/cpu.py: CPU_MLA's kernel forces 16; AMX_MLA (an AMX host's pick, 0.29+) forces none
+    if shape is not None and shape.forced_block_size is not None:
         return shape.forced_block_size, "platform override"
-    if amx_mla and settings.block_size is None:
-        return 128, "platform default (AMX MLA kernel)"
     if settings.block_size is not None:
         return settings.block_size, "flag"
     return (shape.preferred_block_size if shape else default_block), "backend default"

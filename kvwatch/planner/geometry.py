@@ -17,6 +17,7 @@ from kvwatch.planner.cross_attention import with_cross_attention
 from kvwatch.planner.deepseek_v4 import DeepseekV4Shape, deepseek_v4_shape, weight_quantization
 from kvwatch.planner.indexer import indexer_bytes_per_token
 from kvwatch.planner.inkling import inkling_layout, is_inkling
+from kvwatch.planner.layer_pattern import PatternError, pattern_error
 from kvwatch.planner.layers import FULL, PURE_STATE_SPACE, LayerLayout, kimi_linear_layout, layer_layout
 from kvwatch.planner.minimax_sparse import SparseIndexer, sparse_indexer
 from kvwatch.planner.mtp_draft import MtpDraft, mtp_draft
@@ -81,6 +82,8 @@ class ModelGeometry:
     max_source_positions: int = 0
     # The checkpoint's MTP head, planned where --speculative-config drafts with it (planner/mtp_draft.py)
     mtp_draft: MtpDraft | None = None
+    # What transformers' config class raises loading this config.json (planner/layer_pattern.py; None: loads)
+    config_class_error: PatternError | None = None
 
     def __post_init__(self) -> None:
         if self.layout is None:   # a geometry written by hand: its kinds and window are the layout
@@ -286,7 +289,8 @@ def geometry_from_config(config: Mapping[str, Any], release: str | None = None) 
         sparse_indexer=sparse_indexer(cfg, architectures, num_layers, parse_version(release) if release else None),
         sink_len=sink.sink_len if sink is not None else 0,
         max_source_positions=_positive_int(cfg, "max_source_positions", required=False) or 0,
-        deepseek_v4=deepseek_v4_shape(cfg, architectures), mtp_draft=mtp_draft(cfg, model_type))
+        deepseek_v4=deepseek_v4_shape(cfg, architectures), mtp_draft=mtp_draft(cfg, model_type),
+        config_class_error=pattern_error(cfg, model_type))
 
 
 def _state_space_geometry(config: Mapping[str, Any], cfg: Mapping[str, Any], model_type: str,

@@ -27,6 +27,7 @@ from typing import Any
 
 from kvwatch.errors import ConfigError
 from kvwatch.planner.inkling_ring import ConvRing
+from kvwatch.planner.layer_pattern import pattern_layers
 
 FULL, SLIDING, CHUNKED, MAMBA = "full", "sliding", "chunked", "mamba"
 
@@ -178,6 +179,8 @@ def _attention_kinds(cfg: Mapping[str, Any], model_type: str, num_layers: int) -
         return [FULL if (i + 1) % 5 == 0 else SLIDING for i in range(num_layers)], window
     if model_type == "gemma2":                       # transformers: (i + 1) % 2 -> sliding
         return [SLIDING if (i + 1) % 2 else FULL for i in range(num_layers)], window
+    if (exaone := pattern_layers(cfg, model_type, num_layers)) is not None:   # EXAONE 4: planner/layer_pattern.py
+        return [SLIDING if slides else FULL for slides in exaone[0]], exaone[1]
     if model_type in ("gemma3", "gemma3_text", "cohere2"):
         pattern = _int(cfg, "sliding_window_pattern", 6 if model_type != "cohere2" else 4)
         return [SLIDING if (i + 1) % pattern else FULL for i in range(num_layers)], window

@@ -24,6 +24,7 @@ from kvwatch.planner.backends import (
     with_release_kernel_blocks,
 )
 from kvwatch.planner.config_refusals import config_refusals
+from kvwatch.planner.cpu_mla import AMX_MLA, runs_amx_mla
 from kvwatch.planner.cross_attention import CROSS, cross_bytes_per_request, per_token_bytes
 from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineSettings
@@ -310,9 +311,11 @@ def _backend(geometry: ModelGeometry, settings: EngineSettings, device: Device, 
     if device.platform == "cuda":   # the release's kernel block sizes for this model and card
         rules = with_release_kernel_blocks(rules, memory.vllm_version, kernel_context(geometry, device, settings))
     # A pure state-space model has no attention layer, so no attention backend to choose.
+    requested = sink_backend(geometry.sink_len, device.platform) or settings.attention_backend
+    if geometry.attention == "mla" and runs_amx_mla(device, memory.vllm_version, requested):
+        requested = AMX_MLA   # the host's AMX tiles pick it (planner/cpu_mla.py)
     choice = BackendChoice(None, (), {}) if geometry.attention == "none" else choose_backend(
-        rules, device, geometry, settings.kv_cache_dtype, settings.block_size,
-        sink_backend(geometry.sink_len, device.platform) or settings.attention_backend)
+        rules, device, geometry, settings.kv_cache_dtype, settings.block_size, requested)
     shape = choice.backend or next((b for b in map(rules.backend, choice.candidates) if b is not None), None)
     return rules, choice, shape
 

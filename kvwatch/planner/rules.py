@@ -131,6 +131,10 @@ VLLM_0_1X_TO_0_3X = RuleSet(
         # The reference CPU MLA kernel only compiles for block 16; vLLM overrides the user's size.
         BackendRule("CPU_MLA", "cpu", "mla", (16,), frozenset({"auto"}), preferred_block_size=16,
                     forced_block_size=16, head_sizes=frozenset({576})),
+        # What an AMX host runs MLA on from 0.29 (planner/cpu_mla.py picks it): the platform forces no
+        # block size and checks none (only a warning below multiples of 32: vLLM 0.32.0 platforms/cpu.py:295),
+        # nor a head size, so the rule has none; 128 is the CPU's default (platforms/cpu.py:292-293).
+        BackendRule("AMX_MLA", "cpu", "mla", (MultipleOf(1),), frozenset({"auto"}), preferred_block_size=128),
     ),
     # CUDA's order is release data (vllm_releases.backend_priorities), added by ruleset_for.
     priorities={

@@ -1,6 +1,7 @@
 """vLLM's scheduler limits as the KV cache sees them: prefix caching, and what one request may hold (pure)."""
 from __future__ import annotations
 
+from kvwatch.planner.cpu_mla import runs_amx_mla
 from kvwatch.planner.cross_attention import CROSS, max_num_encoder_input_tokens
 from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineSettings
@@ -46,7 +47,9 @@ def request_demand(geometry: ModelGeometry, settings: EngineSettings, device: De
     chunked layers keep on top of their window (VllmConfig.max_in_flight_tokens)."""
     batched = settings.max_num_batched_tokens or api_defaults(device, settings, release)[0]
     chunked_prefill = settings.enable_chunked_prefill
-    if device.platform == "cpu" and geometry.attention == "mla" and not device.cpu_amx:
+    version = parse_version(release.defaults.release)
+    if device.platform == "cpu" and geometry.attention == "mla" and not runs_amx_mla(device, version,
+                                                                                      settings.attention_backend):
         chunked_prefill = False            # platforms/cpu.py: the reference MLA kernel turns chunked prefill off
         batched = max(max_model_len, 2048) if settings.max_num_batched_tokens is None else batched
     elif chunked_prefill is False and settings.max_num_batched_tokens is None:
@@ -56,7 +59,6 @@ def request_demand(geometry: ModelGeometry, settings: EngineSettings, device: De
     concurrent_batches = 2 if pp == 1 and device.platform != "cpu" else pp
     # prefix caching is on by default (off on CPU for MLA); on a hybrid it keeps states aligned, or
     # (before 0.28, a class that supports it) one state per block of tokens
-    version = parse_version(release.defaults.release)
     mode = mamba_cache_mode(geometry, settings, version)
     encoder_tokens = 0
     if CROSS in geometry.layout.kinds:

@@ -28,6 +28,11 @@ class Boundary:
 CPU_MLA_BACKEND = Boundary((0, 28, 0), "vLLM 0.28.0, vllm/platforms/cpu.py:90",
                            "vLLM 0.27.0, vllm/platforms/cpu.py:84")
 MLA_NOT_SUPPORTED_ON_CPU = "MLA is not supported on CPU."
+# From 0.29 an x86 host with AMX tiles (torch.cpu._is_amx_tile_supported) runs MLA on AMX_MLA instead,
+# unless --attention-backend CPU_MLA; its platform then forces no 16-token block and keeps chunked
+# prefill and prefix caching on (cpu.py:215-221, :442 in 0.29). 0.28 always picks CPU_MLA.
+AMX_MLA_BACKEND = Boundary((0, 29, 0), "vLLM 0.29.0, vllm/platforms/cpu.py:147-159",
+                           "vLLM 0.28.0, vllm/platforms/cpu.py:91-98")
 
 # 0.28's CPU MLA backend cannot start: every dense MLA layer picks its prefill backend
 # (vLLM 0.28.0, vllm/model_executor/layers/attention/mla_attention.py:560) by the device's
