@@ -175,6 +175,7 @@ class EngineSettings:
     # --speculative-config's method and num_speculative_tokens (None, 0: no speculative decoding)
     speculative_method: str | None = None
     num_speculative_tokens: int = 0
+    speculative_config: bool = False   # --speculative-config is a JSON object (with or without a method)
 
 
 @dataclass(frozen=True)
@@ -321,7 +322,7 @@ class EngineCommand:
             return {}
         tokens = parsed.get("num_speculative_tokens")
         method = parsed.get("method")
-        return {"speculative_method": method if isinstance(method, str) else None,
+        return {"speculative_method": method if isinstance(method, str) else None, "speculative_config": True,
                 "num_speculative_tokens": tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else 0}
 
     def _cudagraph_sizes_given(self) -> bool:

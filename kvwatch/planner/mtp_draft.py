@@ -31,7 +31,11 @@ state blocks per request (vLLM 0.32.0, model_executor/layers/mamba/abstract.py:7
 from vllm_releases/kv_layout.py MAMBA_SPECULATIVE_BLOCKS; in mode "all" MAMBA_ALL_SPECULATIVE_BLOCKS).
 
 Not planned: other MTP families (their geometry stays the target's), an MTP draft under pipeline
-stages (its layers sit on the last stage), DeepSeek-V4 (planner/deepseek_v4.py plans its own).
+stages (its layers sit on the last stage), DeepSeek-V4 (planner/deepseek_v4.py plans its own), and
+every draft with a checkpoint or cache of its own (EAGLE heads, a draft model, extract_hidden_states'
+hidden-state cache). A plan never leaves such a draft out silently: `unplanned_draft` names it, the plan
+marks its figures unsure with that reason (Plan.unknown_layer_types: planner/scope.py, so no rule changes
+the command) and carries `draft_warning`, a risk only (certain=False, no flag change).
 """
 from __future__ import annotations
 
@@ -39,10 +43,13 @@ from collections.abc import Mapping
 from dataclasses import Field, dataclass, replace
 from typing import Any, ClassVar, Protocol, TypeVar
 
+from kvwatch.failure_kinds import FailureKind
 from kvwatch.planner.deepseek_v4 import drafts_with_mtp
 from kvwatch.planner.engine_args import EngineSettings
+from kvwatch.planner.flag_change import NO_CHANGE
 from kvwatch.planner.kv_groups import KvGroups
 from kvwatch.planner.layers import FULL, MAMBA, LayerLayout
+from kvwatch.planner.predicted_refusal import PredictedRefusal
 from kvwatch.planner.weights import WeightCount, count_weights
 from kvwatch.values.config_values import positive_int
 from kvwatch.values.versions import VllmVersion
@@ -61,6 +68,7 @@ class MtpFamily:
 # `fc = ColumnParallelLinear(...)` (quantized but for modelopt_fp4 checkpoints), one layer by default (:63).
 MTP_FAMILIES = {"deepseek_v3": MtpFamily(None, True), "glm4_moe": MtpFamily(None, True),
                 "qwen3_next": MtpFamily(1, False)}
+MTP_FAMILY_NAMES = {"deepseek_v3": "DeepSeek-V3", "glm4_moe": "GLM-4.5", "qwen3_next": "Qwen3-Next"}
 
 
 @dataclass(frozen=True)
@@ -164,3 +172,56 @@ def with_speculative_states(groups: KvGroups, num_speculative_tokens: int, versi
     specs = tuple(replace(s, speculative_blocks=num_speculative_tokens) if s.layer_kind == MAMBA else s
                   for s in groups.specs)
     return replace(groups, specs=specs)
+
+
+# Methods that load no draft model and add no cache layer: n-gram and suffix matching over the tokens
+# (vLLM 0.34.0, vllm/config/speculative.py:91-97 and :1368-1369, "[ngram]" renamed to "ngram" at :1380-1381).
+NO_DRAFT_METHODS = frozenset({"ngram", "[ngram]", "ngram_gpu", "suffix"})
+# Why the draft of each other method kvwatch knows is not planned (vllm/config/speculative.py:84-97).
+_NOT_PLANNED = {
+    "eagle": "an EAGLE head: its own checkpoint and attention layers",
+    "eagle3": "an EAGLE-3 head: its own checkpoint and attention layers",
+    "dflash": "a DFlash draft: its own checkpoint and attention layers",
+    "dspark": "a DSpark draft: its own checkpoint and layers",
+    "draft_model": "a separate draft model: its own config.json and KV cache layers",
+    "extract_hidden_states": "its hidden-state cache layer (planner/draft_heads.py ExtractHiddenStatesModel)",
+}
+
+
+def _is_mtp(method: str) -> bool:
+    return method == "mtp" or method.endswith("_mtp")
+
+
+def unplanned_draft(settings: EngineSettings, planned_layers: int, planned_families: str) -> str:
+    """Why this command's draft is not in the plan ("": no draft, a method with no draft model, or a
+    planned MTP draft of `planned_layers` layers). `planned_families`: which MTP heads the plan covers."""
+    method = settings.speculative_method
+    if not settings.speculative_config or method in NO_DRAFT_METHODS or planned_layers > 0:
+        return ""
+    if method is None:
+        why = "no method given: vLLM detects it from the draft checkpoint (vllm/config/speculative.py:1349-1372)"
+    elif not _is_mtp(method):
+        why = _NOT_PLANNED.get(method, "a draft kvwatch does not plan")
+    elif settings.num_speculative_tokens <= 0:
+        why = "no num_speculative_tokens given: vLLM takes the MTP head's own count, which kvwatch does not plan"
+    elif settings.pipeline_parallel_size > 1:
+        why = "under pipeline parallelism the MTP layers sit on the last stage, which kvwatch does not plan"
+    else:
+        why = f"kvwatch plans the MTP heads of {planned_families} only"
+    return (f"--speculative-config method {method or '(none)'!r}: the draft's KV cache and weights are not "
+            f"counted in this plan ({why})")
+
+
+def command_unplanned_draft(draft: MtpDraft | None, settings: EngineSettings) -> str:
+    """unplanned_draft for a model planned here (not DeepSeek-V4, which planner/deepseek_v4.py plans)."""
+    families = ", ".join(MTP_FAMILY_NAMES[f] for f in MTP_FAMILIES)
+    return unplanned_draft(settings, planned_draft_layers(draft, settings), families)
+
+
+def draft_warning(reason: str) -> tuple[PredictedRefusal, ...]:
+    """The plan's warning of an unplanned draft: a risk (the cache holds fewer blocks, the weights take
+    more than planned), never certain, with no flag change."""
+    if not reason:
+        return ()
+    return (PredictedRefusal(FailureKind.KV_CACHE_TOO_SMALL, f"{reason}: the KV cache may hold fewer tokens than planned",
+                             NO_CHANGE, certain=False),)

@@ -52,7 +52,7 @@ from kvwatch.planner.kv_groups import (
 from kvwatch.planner.kv_memory import NO_MEMORY_INPUTS, MemoryInputs, kv_memory, no_memory_warning
 from kvwatch.planner.layers import CHUNKED, FULL, MAMBA
 from kvwatch.planner.minimax_sparse import sparse_block_size, with_indexers
-from kvwatch.planner.mtp_draft import with_mtp_draft, with_speculative_states
+from kvwatch.planner.mtp_draft import command_unplanned_draft, draft_warning, with_mtp_draft, with_speculative_states
 from kvwatch.planner.no_kv_cache import NO_KV_CACHE_ATTENTION, NO_KV_CACHE_SOURCE
 from kvwatch.planner.predicted_refusal import (
     CONFIG_REFUSED,
@@ -244,7 +244,9 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     warnings.extend(_capacity_refusals(geometry, settings, device, memory, release, sizes, groups, blocks,
                                        demand, max_len))
     backend = choice.backend
-    unknown = geometry.layout.unknown_layer_types + architecture_unknowns(geometry, memory.vllm_version)
+    draft = command_unplanned_draft(geometry.mtp_draft, settings)   # a draft left out is named (mtp_draft.py)
+    unknown = geometry.layout.unknown_layer_types + architecture_unknowns(geometry, memory.vllm_version) + \
+        ((draft,) if draft else ())
     return Plan(
         model=settings.model, device=device.name, compute_capability=device.sm,
         attention=geometry.attention, backend=backend.name if backend else None,
@@ -256,7 +258,7 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
         kv_memory_bytes=blocks.kv_memory, kv_memory_source=blocks.source, num_blocks=blocks.num_blocks,
         kv_cache_tokens=tokens, max_model_len=max_len, max_concurrency=concurrency,
         estimated=blocks.estimated, padding_bytes=_padding(settings, sizes, groups, blocks, demand, block_size),
-        warnings=within_scope(warnings, unknown), backend_reasons=choice.reasons,
+        warnings=(*within_scope(warnings, unknown), *draft_warning(draft)), backend_reasons=choice.reasons,
         data_parallel_size=max(1, settings.data_parallel_size),
         pipeline_parallel_size=max(1, settings.pipeline_parallel_size),
         kv_cache_groups=len(groups.groups), padding_layers=groups.padding_layers,
