@@ -10,7 +10,7 @@ scripts/oracle_kv_groups.py loads them (every other vllm module a stand-in; torc
 Each case gives the target's layers in model order (`layers`: "mla", "full" or "mamba"), the MTP draft's
 layers (`draft_layers`, registered after the target's as the drafter loads them: v1/spec_decode/
 llm_base_proposer.py load_model; each of the target's attention kind), the attention shapes (`heads`,
-`head_size`, bfloat16), a Mamba-style layer's state (`state_elements` bfloat16 elements, padded to
+`head_size`, bfloat16), a Mamba-style layer's state (`state_elements` bfloat16 elements and `state_fp32_elements` float32 ones, padded to
 `state_page_padded` bytes, with `checkpoint_blocks` prefill checkpoints), the block size and Mamba block size, `num_speculative_tokens` (the Mamba
 spec's num_speculative_blocks, model_executor/layers/mamba/abstract.py), `mamba_cache_mode`,
 `max_model_len`, `max_num_batched_tokens` and the KV memory. The answer, from the release's own
@@ -64,12 +64,16 @@ def _specs(ki: Any, case: dict[str, Any]) -> dict[str, Any]:
             return shared._make(ki.MLAAttentionSpec, **attention, cache_dtype_str="auto")
         return shared._make(ki.FullAttentionSpec, **attention)
 
+    # the conv state in bfloat16; the temporal state in float32 where config.json's mamba_ssm_dtype says so
+    fp32 = case.get("state_fp32_elements", 0)
+    state_shapes = ((case["state_elements"],), *([(fp32,)] if fp32 else []))
+    state_dtypes = (bf16, *([torch.float32] if fp32 else []))
     specs: dict[str, Any] = {}
     for i, layer in enumerate(case["layers"]):   # the target's layers, then the drafter's
         if layer == "mamba":
             specs[f"model.layers.{i}.linear_attn"] = shared._make(
-                ki.MambaSpec, block_size=case["mamba_block_size"], shapes=((case["state_elements"],),),
-                dtypes=(bf16,), page_size_padded=case["state_page_padded"], mamba_cache_mode=case["mamba_cache_mode"],
+                ki.MambaSpec, block_size=case["mamba_block_size"], shapes=state_shapes,
+                dtypes=state_dtypes, page_size_padded=case["state_page_padded"], mamba_cache_mode=case["mamba_cache_mode"],
                 num_speculative_blocks=case["num_speculative_tokens"],
                 num_prefill_checkpoint_blocks=case["checkpoint_blocks"])
         else:

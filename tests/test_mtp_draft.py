@@ -53,12 +53,34 @@ GLM45_AIR = {
     "routed_scaling_factor": 1.0, "tie_word_embeddings": False, "topk_group": 1, "torch_dtype": "bfloat16",
     "transformers_version": "4.54.1", "use_cache": True, "use_qk_norm": False, "vocab_size": 151552,
 }
+# Qwen3.6-27B's config.json (Qwen3_5ForConditionalGeneration, model_type qwen3_5, transformers 4.57.1: 64
+# layers, every 4th full attention, the rest gated delta nets, mtp_num_hidden_layers 1), as a public model
+# report prints it; the vision tower (not in the KV cache) left out.
+QWEN36_27B = {
+    "architectures": ["Qwen3_5ForConditionalGeneration"], "image_token_id": 248056, "language_model_only": False,
+    "model_type": "qwen3_5", "tie_word_embeddings": False, "transformers_version": "4.57.1",
+    "video_token_id": 248057, "vision_end_token_id": 248054, "vision_start_token_id": 248053,
+    "text_config": {
+        "attention_bias": False, "attention_dropout": 0.0, "attn_output_gate": True, "bos_token_id": 248044,
+        "dtype": "bfloat16", "eos_token_id": 248044, "full_attention_interval": 4, "head_dim": 256,
+        "hidden_act": "silu", "hidden_size": 5120, "initializer_range": 0.02, "intermediate_size": 17408,
+        "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 16, "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 128, "linear_num_key_heads": 16, "linear_num_value_heads": 48,
+        "linear_value_head_dim": 128, "mamba_ssm_dtype": "float32", "max_position_embeddings": 262144,
+        "model_type": "qwen3_5_text", "mtp_num_hidden_layers": 1, "mtp_use_dedicated_embeddings": False,
+        "num_attention_heads": 24, "num_hidden_layers": 64, "num_key_value_heads": 4, "output_gate_type": "swish",
+        "pad_token_id": None, "partial_rotary_factor": 0.25, "rms_norm_eps": 1e-06,
+        "rope_parameters": {"mrope_interleaved": True, "mrope_section": [11, 11, 10], "partial_rotary_factor": 0.25,
+                            "rope_theta": 10000000, "rope_type": "default"},
+        "tie_word_embeddings": False, "use_cache": True, "vocab_size": 248320},
+}
 CONFIGS = {
     "deepseek_v3": {**CORPUS["deepseek_v3"]["config"], "num_nextn_predict_layers": 1},
     "deepseek_v3_61": {**CORPUS["deepseek_v3"]["config"], "num_nextn_predict_layers": 1, "num_hidden_layers": 61},
     "qwen3_next": CORPUS["qwen3_next"]["config"],
     "qwen3_next_48": {**CORPUS["qwen3_next"]["config"], "num_hidden_layers": 48},
     "glm45_air": GLM45_AIR,
+    "qwen36_27b": QWEN36_27B,
 }
 
 
@@ -76,6 +98,10 @@ CASES: list[tuple[str, tuple[str, ...]]] = [
     ("qwen3_next_48", (*COMMON, "--kv-cache-memory-bytes", str(20 * GiB), *_mtp(3), "--no-enable-prefix-caching")),
     ("qwen3_next_48", (*COMMON, "--kv-cache-memory-bytes", str(20 * GiB))),
     ("glm45_air", (*COMMON, "--kv-cache-memory-bytes", str(30 * GiB), *_mtp(3))),
+    ("qwen36_27b", (*COMMON, "--kv-cache-memory-bytes", str(20 * GiB), *_mtp(2))),
+    ("qwen36_27b", (*COMMON, "--kv-cache-memory-bytes", str(20 * GiB), "--speculative-config",
+                    '{"method": "qwen3_5_mtp", "num_speculative_tokens": 1}', "--no-enable-prefix-caching")),
+    ("qwen36_27b", (*COMMON, "--kv-cache-memory-bytes", str(20 * GiB))),
 ]
 
 
@@ -95,23 +121,27 @@ def _oracle_case(name: str, flags: tuple[str, ...], release: str) -> dict[str, A
     head_dim) and gated delta net state (conv: (kernel - 1) x (2 key_dim + value_dim); temporal: value
     heads x key head dim x value head dim, model_executor/layers/mamba/mamba_utils.py
     gated_delta_net_state_shape), padded to the attention page."""
-    config, plan, settings = CONFIGS[name], _plan(name, flags, release), _settings(flags)
-    geometry = geometry_from_config(config, release)
+    plan, settings = _plan(name, flags, release), _settings(flags)
+    geometry = geometry_from_config(CONFIGS[name], release)
+    config = CONFIGS[name].get("text_config", CONFIGS[name])
     draft = planned_draft_layers(geometry.mtp_draft, settings)
     if config["model_type"] == "deepseek_v3":
         heads, head_size = 1, config["kv_lora_rank"] + config["qk_rope_head_dim"]
-        layers, state, kinds = ["mla"] * config["num_hidden_layers"], 0, ()
+        layers, state, fp32_state, kinds = ["mla"] * config["num_hidden_layers"], 0, 0, ()
     elif config["model_type"] == "glm4_moe":
         heads, head_size = config["num_key_value_heads"], config["head_dim"]
-        layers, state, kinds = ["full"] * config["num_hidden_layers"], 0, ()
+        layers, state, fp32_state, kinds = ["full"] * config["num_hidden_layers"], 0, 0, ()
     else:
         heads, head_size = config["num_key_value_heads"], config["head_dim"]
         kinds = geometry.layout.kinds
         layers = ["full" if k == FULL else "mamba" for k in kinds]
         key_dim = config["linear_num_key_heads"] * config["linear_key_head_dim"]
         value_dim = config["linear_num_value_heads"] * config["linear_value_head_dim"]
-        state = (config["linear_conv_kernel_dim"] - 1) * (2 * key_dim + value_dim) + \
-            config["linear_num_value_heads"] * config["linear_key_head_dim"] * config["linear_value_head_dim"]
+        state = (config["linear_conv_kernel_dim"] - 1) * (2 * key_dim + value_dim)
+        temporal = config["linear_num_value_heads"] * config["linear_key_head_dim"] * config["linear_value_head_dim"]
+        # Qwen3.5: the temporal state in config.json's mamba_ssm_dtype (vLLM 0.32.0 models/config.py:866)
+        fp32 = config.get("mamba_ssm_dtype") == "float32"
+        state, fp32_state = (state, temporal) if fp32 else (state + temporal, 0)
     mode = mamba_cache_mode(geometry, settings, parse_version(release)) if MAMBA in kinds else "none"
     # 0.33+: the gated delta nets export a prefill checkpoint in align mode on FlashInfer's GDN prefill,
     # which an H100 (9.0) runs (vllm_releases/gdn_checkpoint.py)
@@ -119,7 +149,7 @@ def _oracle_case(name: str, flags: tuple[str, ...], release: str) -> dict[str, A
         parse_version(release)) else 0
     return {"layers": layers, "draft_layers": draft, "heads": heads, "head_size": head_size,
             "block_size": plan.block_size, "mamba_block_size": plan.block_size if mode == "align" else plan.max_model_len,
-            "state_elements": state, "state_page_padded": plan.page_size_bytes if state else None,
+            "state_elements": state, "state_fp32_elements": fp32_state, "state_page_padded": plan.page_size_bytes if state else None,
             "checkpoint_blocks": checkpoints,
             "num_speculative_tokens": settings.num_speculative_tokens, "mamba_cache_mode": mode,
             "max_model_len": plan.max_model_len, "max_num_batched_tokens": settings.max_num_batched_tokens,
@@ -190,17 +220,28 @@ def test_the_recorded_figures_of_the_draft_layers() -> None:
         assert [g["layers"] for g in hybrid["groups"]] == [12, 12, 12, 13]
         assert [g["layers"] for g in hybrid_plain["groups"]] == [12, 12, 12, 12]
         assert hybrid["bytes_per_block"] * 12 == hybrid_plain["bytes_per_block"] * 13
+        # Qwen3.6-27B (Qwen3.5: 16 attention, 48 gated delta nets): the draft's attention layer makes 17
+        qwen35, qwen35_plain = answers[8], answers[10]
+        assert [g["layers"] for g in qwen35["groups"]] == [16, 16, 16, 17]
+        assert [g["layers"] for g in qwen35_plain["groups"]] == [16, 16, 16, 16]
+        assert qwen35["bytes_per_block"] * 16 == qwen35_plain["bytes_per_block"] * 17
 
 
 def test_the_draft_layers_a_config_describes() -> None:
-    """num_nextn_predict_layers where config.json names it; Qwen3-Next's one layer where it does not;
+    """num_nextn_predict_layers (Qwen3.5: mtp_num_hidden_layers) where config.json names it; Qwen3-Next's
+    and Qwen3.5's one layer where it does not;
     nothing for a family whose draft kvwatch does not plan, or a head of no layers."""
     assert mtp_draft(CONFIGS["deepseek_v3"], "deepseek_v3").layers == 1   # type: ignore[union-attr]
     assert mtp_draft({**CONFIGS["deepseek_v3"], "num_nextn_predict_layers": 0}, "deepseek_v3") is None
     assert mtp_draft(CONFIGS["qwen3_next"], "qwen3_next").layers == 1   # type: ignore[union-attr]
     assert mtp_draft({**CONFIGS["qwen3_next"], "num_nextn_predict_layers": 2}, "qwen3_next").layers == 2  # type: ignore[union-attr]
     assert mtp_draft(GLM45_AIR, "glm4_moe").layers == 1   # type: ignore[union-attr]
-    assert mtp_draft({"num_nextn_predict_layers": 1}, "mimo") is None
+    text = QWEN36_27B["text_config"]
+    assert mtp_draft(text, "qwen3_5_text").layers == 1   # type: ignore[union-attr,arg-type]
+    assert mtp_draft({**text, "mtp_num_hidden_layers": 2}, "qwen3_5_moe_text").layers == 2  # type: ignore[union-attr,arg-type]
+    no_field = {k: v for k, v in text.items() if k != "mtp_num_hidden_layers"}   # type: ignore[union-attr]
+    assert mtp_draft(no_field, "qwen3_5_text").layers == 1   # type: ignore[union-attr]
+    assert mtp_draft({"num_nextn_predict_layers": 1}, "ernie4_5_moe") is None
 
 
 @pytest.mark.parametrize(("flags", "layers"), [

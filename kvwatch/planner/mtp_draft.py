@@ -10,7 +10,7 @@ MTP head as a draft model beside the target, in the same engine:
   model_executor/models/deepseek_mtp.py:106 and :151-162 (DeepseekV2DecoderLayer: MLA),
   glm4_moe_mtp.py:98 and :135-136 (Glm4MoeDecoderLayer), qwen3_next_mtp.py:63 and :90-95
   (Qwen3NextDecoderLayer with `layer_type="full_attention"`, one layer when the config names no
-  count; 0.34.0 :71 and :98-103). config/speculative.py:679-694, :778-786 and :838-844 (0.34.0 :852,
+  count; 0.34.0 :71 and :98-103), qwen3_5_mtp.py (Qwen3.5: MTP_FAMILIES). config/speculative.py:679-694, :778-786 and :838-844 (0.34.0 :852,
   :947, :1026) map the target's config to these drafts. The layers are shared across the
   speculative steps (step i runs layer `i % num_nextn_predict_layers`: deepseek_mtp.py:217,
   glm4_moe_mtp.py:172), so N does not multiply them.
@@ -58,17 +58,24 @@ from kvwatch.vllm_releases.kv_layout import MAMBA_ALL_SPECULATIVE_BLOCKS, MAMBA_
 
 @dataclass(frozen=True)
 class MtpFamily:
+    name: str
     default_layers: int | None   # the MTP layers when config.json names none (None: vLLM needs the field)
     # The hidden-state projection (2 hidden x hidden) is an nn.Linear, unquantized and whole on every
     # tensor-parallel rank (counted as the MoE routers are), else a quantized linear split over the ranks.
     plain_projection: bool
+    count_field: str = "num_nextn_predict_layers"   # the (text) config.json field that counts the layers
 
 
 # vLLM 0.32.0: deepseek_mtp.py:87 and glm4_moe_mtp.py:92 `eh_proj = nn.Linear(...)`; qwen3_next_mtp.py:79
 # `fc = ColumnParallelLinear(...)` (quantized but for modelopt_fp4 checkpoints), one layer by default (:63).
-MTP_FAMILIES = {"deepseek_v3": MtpFamily(None, True), "glm4_moe": MtpFamily(None, True),
-                "qwen3_next": MtpFamily(1, False)}
-MTP_FAMILY_NAMES = {"deepseek_v3": "DeepSeek-V3", "glm4_moe": "GLM-4.5", "qwen3_next": "Qwen3-Next"}
+# Qwen3.5 and Qwen3.5-MoE (the text config's model type): Qwen3_5MultiTokenPredictor builds
+# `mtp_num_hidden_layers` (default 1) Qwen3_5DecoderLayer(layer_type="full_attention") and the same `fc`
+# (vLLM 0.32.0 and 0.33.0 qwen3_5_mtp.py:82, :98-106, :119-125; 0.34.0 :84, :100-108, :120-127), picked
+# for qwen3_5(_moe)(_text) with n_predict = mtp_num_hidden_layers (0.34.0 config/speculative.py:1104-1123).
+_QWEN3_5 = MtpFamily("Qwen3.5", 1, False, "mtp_num_hidden_layers")
+MTP_FAMILIES = {"deepseek_v3": MtpFamily("DeepSeek-V3", None, True), "glm4_moe": MtpFamily("GLM-4.5", None, True),
+                "qwen3_next": MtpFamily("Qwen3-Next", 1, False),
+                "qwen3_5_text": _QWEN3_5, "qwen3_5_moe_text": _QWEN3_5}
 
 
 @dataclass(frozen=True)
@@ -82,7 +89,7 @@ def mtp_draft(cfg: Mapping[str, Any], model_type: str) -> MtpDraft | None:
     family = MTP_FAMILIES.get(model_type)
     if family is None:
         return None
-    layers = positive_int(cfg, "num_nextn_predict_layers") if "num_nextn_predict_layers" in cfg \
+    layers = positive_int(cfg, family.count_field) if family.count_field in cfg \
         else family.default_layers
     if not layers:
         return None
@@ -214,7 +221,7 @@ def unplanned_draft(settings: EngineSettings, planned_layers: int, planned_famil
 
 def command_unplanned_draft(draft: MtpDraft | None, settings: EngineSettings) -> str:
     """unplanned_draft for a model planned here (not DeepSeek-V4, which planner/deepseek_v4.py plans)."""
-    families = ", ".join(MTP_FAMILY_NAMES[f] for f in MTP_FAMILIES)
+    families = ", ".join(dict.fromkeys(f.name for f in MTP_FAMILIES.values()))
     return unplanned_draft(settings, planned_draft_layers(draft, settings), families)
 
 
