@@ -74,6 +74,15 @@ QWEN36_27B = {
                             "rope_theta": 10000000, "rope_type": "default"},
         "tie_word_embeddings": False, "use_cache": True, "vocab_size": 248320},
 }
+# MiMo-7B's config.json (XiaomiMiMo/MiMo-7B-RL: MiMoForCausalLM, 36 Qwen2 layers, one MTP layer), as NVIDIA
+# Megatron-Bridge's MiMo bridge test reproduces it.
+MIMO_7B = {
+    "architectures": ["MiMoForCausalLM"], "attention_bias": True, "attention_dropout": 0.0, "bos_token_id": 151643,
+    "eos_token_id": 151645, "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 11008,
+    "max_position_embeddings": 32768, "model_type": "mimo", "num_attention_heads": 32, "num_hidden_layers": 36,
+    "num_key_value_heads": 8, "num_nextn_predict_layers": 1, "rms_norm_eps": 1e-05, "rope_theta": 640000.0,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 151680,
+}
 CONFIGS = {
     "deepseek_v3": {**CORPUS["deepseek_v3"]["config"], "num_nextn_predict_layers": 1},
     "deepseek_v3_61": {**CORPUS["deepseek_v3"]["config"], "num_nextn_predict_layers": 1, "num_hidden_layers": 61},
@@ -81,6 +90,7 @@ CONFIGS = {
     "qwen3_next_48": {**CORPUS["qwen3_next"]["config"], "num_hidden_layers": 48},
     "glm45_air": GLM45_AIR,
     "qwen36_27b": QWEN36_27B,
+    "mimo_7b": MIMO_7B,
 }
 
 
@@ -102,6 +112,8 @@ CASES: list[tuple[str, tuple[str, ...]]] = [
     ("qwen36_27b", (*COMMON, "--kv-cache-memory-bytes", str(20 * GiB), "--speculative-config",
                     '{"method": "qwen3_5_mtp", "num_speculative_tokens": 1}', "--no-enable-prefix-caching")),
     ("qwen36_27b", (*COMMON, "--kv-cache-memory-bytes", str(20 * GiB))),
+    ("mimo_7b", (*COMMON, "--kv-cache-memory-bytes", str(10 * GiB), *_mtp(1))),
+    ("mimo_7b", (*COMMON, "--kv-cache-memory-bytes", str(10 * GiB))),
 ]
 
 
@@ -128,8 +140,9 @@ def _oracle_case(name: str, flags: tuple[str, ...], release: str) -> dict[str, A
     if config["model_type"] == "deepseek_v3":
         heads, head_size = 1, config["kv_lora_rank"] + config["qk_rope_head_dim"]
         layers, state, fp32_state, kinds = ["mla"] * config["num_hidden_layers"], 0, 0, ()
-    elif config["model_type"] == "glm4_moe":
-        heads, head_size = config["num_key_value_heads"], config["head_dim"]
+    elif config["model_type"] in ("glm4_moe", "mimo"):
+        heads = config["num_key_value_heads"]
+        head_size = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
         layers, state, fp32_state, kinds = ["full"] * config["num_hidden_layers"], 0, 0, ()
     else:
         heads, head_size = config["num_key_value_heads"], config["head_dim"]
@@ -225,6 +238,10 @@ def test_the_recorded_figures_of_the_draft_layers() -> None:
         assert [g["layers"] for g in qwen35["groups"]] == [16, 16, 16, 17]
         assert [g["layers"] for g in qwen35_plain["groups"]] == [16, 16, 16, 16]
         assert qwen35["bytes_per_block"] * 16 == qwen35_plain["bytes_per_block"] * 17
+        # MiMo-7B: one more Qwen2 attention layer beside its 36 (8 KV heads of 128: 4 KiB a token each)
+        mimo, mimo_plain = answers[11], answers[12]
+        assert [g["layers"] for g in mimo["groups"]] == [37] and [g["layers"] for g in mimo_plain["groups"]] == [36]
+        assert (mimo["bytes_per_block"], mimo_plain["bytes_per_block"]) == (37 * 4096 * block, 36 * 4096 * block)
 
 
 def test_the_draft_layers_a_config_describes() -> None:
@@ -242,6 +259,7 @@ def test_the_draft_layers_a_config_describes() -> None:
     no_field = {k: v for k, v in text.items() if k != "mtp_num_hidden_layers"}   # type: ignore[union-attr]
     assert mtp_draft(no_field, "qwen3_5_text").layers == 1   # type: ignore[union-attr]
     assert mtp_draft({"num_nextn_predict_layers": 1}, "ernie4_5_moe") is None
+    assert mtp_draft(MIMO_7B, "mimo").layers == 1   # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(("flags", "layers"), [

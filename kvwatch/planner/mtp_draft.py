@@ -72,10 +72,14 @@ class MtpFamily:
 # `mtp_num_hidden_layers` (default 1) Qwen3_5DecoderLayer(layer_type="full_attention") and the same `fc`
 # (vLLM 0.32.0 and 0.33.0 qwen3_5_mtp.py:82, :98-106, :119-125; 0.34.0 :84, :100-108, :120-127), picked
 # for qwen3_5(_moe)(_text) with n_predict = mtp_num_hidden_layers (0.34.0 config/speculative.py:1104-1123).
+# MiMo (MiMoForCausalLM, Qwen2's layers): MiMoMultiTokenPredictor builds config.num_nextn_predict_layers
+# MiMoMultiTokenPredictorLayer, each a Qwen2DecoderLayer (the target's attention) and an
+# `input_proj = nn.Linear(2 hidden, hidden)` (vLLM 0.32.0, 0.33.0 and 0.34.0 mimo_mtp.py:56-64, :97),
+# picked for MiMoForCausalLM (0.34.0 config/speculative.py:893-902).
 _QWEN3_5 = MtpFamily("Qwen3.5", 1, False, "mtp_num_hidden_layers")
 MTP_FAMILIES = {"deepseek_v3": MtpFamily("DeepSeek-V3", None, True), "glm4_moe": MtpFamily("GLM-4.5", None, True),
                 "qwen3_next": MtpFamily("Qwen3-Next", 1, False),
-                "qwen3_5_text": _QWEN3_5, "qwen3_5_moe_text": _QWEN3_5}
+                "qwen3_5_text": _QWEN3_5, "qwen3_5_moe_text": _QWEN3_5, "mimo": MtpFamily("MiMo", None, True)}
 
 
 @dataclass(frozen=True)
