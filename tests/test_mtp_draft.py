@@ -83,6 +83,18 @@ MIMO_7B = {
     "num_key_value_heads": 8, "num_nextn_predict_layers": 1, "rms_norm_eps": 1e-05, "rope_theta": 640000.0,
     "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 151680,
 }
+# ERNIE-4.5-300B-A47B's config.json as PaddlePaddle FastDeploy's model tests write it (shrunk to 5 layers;
+# one MTP layer).
+ERNIE45 = {
+    "architectures": ["Ernie4_5_MoeForCausalLM"], "bos_token_id": 1, "eos_token_id": 2, "dtype": "bfloat16",
+    "hidden_act": "silu", "hidden_size": 8192, "intermediate_size": 28672, "max_position_embeddings": 131072,
+    "model_type": "ernie4_5_moe", "num_attention_heads": 64, "num_key_value_heads": 8, "num_hidden_layers": 5,
+    "pad_token_id": 0, "rms_norm_eps": 1e-05, "use_cache": False, "vocab_size": 103424, "rope_theta": 500000,
+    "use_rmsnorm": True, "use_bias": False, "moe_num_experts": 64, "moe_layer_start_index": 1,
+    "moe_intermediate_size": 3584, "moe_capacity": [64, 64, 64], "moe_gate": "topk", "moe_k": 4,
+    "moe_layer_interval": 1, "moe_use_aux_free": True, "num_nextn_predict_layers": 1, "tie_word_embeddings": False,
+    "is_quantized": False,
+}
 CONFIGS = {
     "deepseek_v3": {**CORPUS["deepseek_v3"]["config"], "num_nextn_predict_layers": 1},
     "deepseek_v3_61": {**CORPUS["deepseek_v3"]["config"], "num_nextn_predict_layers": 1, "num_hidden_layers": 61},
@@ -91,6 +103,7 @@ CONFIGS = {
     "glm45_air": GLM45_AIR,
     "qwen36_27b": QWEN36_27B,
     "mimo_7b": MIMO_7B,
+    "ernie45": ERNIE45,
 }
 
 
@@ -114,6 +127,8 @@ CASES: list[tuple[str, tuple[str, ...]]] = [
     ("qwen36_27b", (*COMMON, "--kv-cache-memory-bytes", str(20 * GiB))),
     ("mimo_7b", (*COMMON, "--kv-cache-memory-bytes", str(10 * GiB), *_mtp(1))),
     ("mimo_7b", (*COMMON, "--kv-cache-memory-bytes", str(10 * GiB))),
+    ("ernie45", (*COMMON, "--kv-cache-memory-bytes", str(4 * GiB), "--speculative-config",
+                 '{"method": "ernie_mtp", "num_speculative_tokens": 1}')),
 ]
 
 
@@ -140,7 +155,7 @@ def _oracle_case(name: str, flags: tuple[str, ...], release: str) -> dict[str, A
     if config["model_type"] == "deepseek_v3":
         heads, head_size = 1, config["kv_lora_rank"] + config["qk_rope_head_dim"]
         layers, state, fp32_state, kinds = ["mla"] * config["num_hidden_layers"], 0, 0, ()
-    elif config["model_type"] in ("glm4_moe", "mimo"):
+    elif config["model_type"] in ("glm4_moe", "mimo", "ernie4_5_moe"):
         heads = config["num_key_value_heads"]
         head_size = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
         layers, state, fp32_state, kinds = ["full"] * config["num_hidden_layers"], 0, 0, ()
@@ -258,8 +273,9 @@ def test_the_draft_layers_a_config_describes() -> None:
     assert mtp_draft({**text, "mtp_num_hidden_layers": 2}, "qwen3_5_moe_text").layers == 2  # type: ignore[union-attr,arg-type]
     no_field = {k: v for k, v in text.items() if k != "mtp_num_hidden_layers"}   # type: ignore[union-attr]
     assert mtp_draft(no_field, "qwen3_5_text").layers == 1   # type: ignore[union-attr]
-    assert mtp_draft({"num_nextn_predict_layers": 1}, "ernie4_5_moe") is None
+    assert mtp_draft({"num_nextn_predict_layers": 1}, "longcat_flash") is None
     assert mtp_draft(MIMO_7B, "mimo").layers == 1   # type: ignore[union-attr]
+    assert mtp_draft(ERNIE45, "ernie4_5_moe").layers == 1   # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(("flags", "layers"), [
@@ -334,3 +350,18 @@ if __name__ == "__main__":   # record the oracle's answers (KVWATCH_VLLM_SRC mus
     FIXTURE.write_text(json.dumps({"source": "scripts/oracle_mtp_draft.py on vLLM 0.32.0, 0.33.0 and 0.34.0's own "
                                              "kv_cache_interface.py, kv_cache_planning.py and kv_cache_utils.py",
                                    "cases": cases, "answers": answers}, indent=1) + "\n")
+
+
+def test_ernies_draft_layer_is_dense() -> None:
+    """ERNIE 4.5's MTP layer is a LlamaDecoderLayer: the target's attention, a dense MLP of
+    intermediate_size (no experts, no router), and its nn.Linear projection."""
+    draft = mtp_draft(ERNIE45, "ernie4_5_moe")
+    assert draft is not None and draft.weights is not None
+    hidden, heads, kv_heads = ERNIE45["hidden_size"], ERNIE45["num_attention_heads"], ERNIE45["num_key_value_heads"]
+    head = hidden // heads
+    attention = 2 * hidden * heads * head + 2 * hidden * kv_heads * head
+    assert draft.weights.expert_matrices == 0
+    assert draft.weights.attention_params == attention
+    projection = 2 * hidden * hidden
+    assert draft.weights.linear_params == attention + 3 * hidden * ERNIE45["intermediate_size"] + projection
+    assert draft.weights.router_params == projection

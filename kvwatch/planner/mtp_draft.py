@@ -64,6 +64,7 @@ class MtpFamily:
     # tensor-parallel rank (counted as the MoE routers are), else a quantized linear split over the ranks.
     plain_projection: bool
     count_field: str = "num_nextn_predict_layers"   # the (text) config.json field that counts the layers
+    dense: bool = False   # each draft layer's MLP is dense (intermediate_size) whatever the target's experts
 
 
 # vLLM 0.32.0: deepseek_mtp.py:87 and glm4_moe_mtp.py:92 `eh_proj = nn.Linear(...)`; qwen3_next_mtp.py:79
@@ -76,10 +77,17 @@ class MtpFamily:
 # MiMoMultiTokenPredictorLayer, each a Qwen2DecoderLayer (the target's attention) and an
 # `input_proj = nn.Linear(2 hidden, hidden)` (vLLM 0.32.0, 0.33.0 and 0.34.0 mimo_mtp.py:56-64, :97),
 # picked for MiMoForCausalLM (0.34.0 config/speculative.py:893-902).
+# ERNIE 4.5 MoE: ErnieMultiTokenPredictor builds config.num_nextn_predict_layers layers, each a
+# LlamaDecoderLayer (the target's attention shapes, a dense MLP of intermediate_size) and an
+# `mtp_linear_proj = nn.Linear(2 hidden, hidden)` (vLLM 0.32.0, 0.33.0 and 0.34.0 ernie_mtp.py:55-58, :92),
+# picked for ernie4_5_moe (0.34.0 config/speculative.py:978-983).
 _QWEN3_5 = MtpFamily("Qwen3.5", 1, False, "mtp_num_hidden_layers")
 MTP_FAMILIES = {"deepseek_v3": MtpFamily("DeepSeek-V3", None, True), "glm4_moe": MtpFamily("GLM-4.5", None, True),
                 "qwen3_next": MtpFamily("Qwen3-Next", 1, False),
-                "qwen3_5_text": _QWEN3_5, "qwen3_5_moe_text": _QWEN3_5, "mimo": MtpFamily("MiMo", None, True)}
+                "qwen3_5_text": _QWEN3_5, "qwen3_5_moe_text": _QWEN3_5, "mimo": MtpFamily("MiMo", None, True),
+                "ernie4_5_moe": MtpFamily("ERNIE 4.5", None, True, dense=True)}
+# The fields that give a config routed experts (planner/weights.py count_weights).
+_EXPERT_FIELDS = frozenset({"n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts"})
 
 
 @dataclass(frozen=True)
@@ -97,7 +105,8 @@ def mtp_draft(cfg: Mapping[str, Any], model_type: str) -> MtpDraft | None:
         else family.default_layers
     if not layers:
         return None
-    return MtpDraft(layers, draft_weights(cfg, layers, family.plain_projection))
+    dense = {k: v for k, v in cfg.items() if k not in _EXPERT_FIELDS} if family.dense else cfg
+    return MtpDraft(layers, draft_weights(dense, layers, family.plain_projection))
 
 
 def draft_weights(cfg: Mapping[str, Any], layers: int, plain_projection: bool) -> WeightCount | None:
