@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from fixtures.models.corpus import CORPUS
-from test_mtp_draft import GLM45_AIR
+from test_mtp_draft import ERNIE45, GLM45_AIR, MIMO_7B, QWEN36_27B
 
 from kvwatch.failure_kinds import FailureKind
 from kvwatch.planner.devices import preset
@@ -30,10 +30,13 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "deepseek_v3": {**CORPUS["deepseek_v3"]["config"], "num_nextn_predict_layers": 1},   # MTP planned
     "qwen3_next": CORPUS["qwen3_next"]["config"],                                         # MTP planned
     "glm4_moe": GLM45_AIR,                                                                # MTP planned
+    "qwen3_5": QWEN36_27B,                                                                # MTP planned
+    "mimo": MIMO_7B,                                                                      # MTP planned
+    "ernie4_5_moe": ERNIE45,                                                              # MTP planned
     "llama3": CORPUS["llama3"]["config"],                                                 # no MTP head
     "nemotron_h": CORPUS["nemotron_h"]["config"],                                         # MTP not planned
 }
-PLANNED_MTP = {"deepseek_v3", "qwen3_next", "glm4_moe"}
+PLANNED_MTP = {"deepseek_v3", "qwen3_next", "glm4_moe", "qwen3_5", "mimo", "ernie4_5_moe"}
 COMMON = ("--max-model-len", "8192", "--kv-cache-memory-bytes", str(8 << 30))
 
 
@@ -107,7 +110,8 @@ def test_the_reason_a_draft_is_left_out(flags: tuple[str, ...], why: str) -> Non
 
 def test_an_mtp_head_of_another_family_names_the_families_planned() -> None:
     (warning,) = _draft_warnings(_plan("nemotron_h", _spec(method="mtp", num_speculative_tokens=1)))
-    assert "kvwatch plans the MTP heads of DeepSeek-V3, GLM-4.5, Qwen3-Next" in warning.message
+    assert "kvwatch plans the MTP heads of DeepSeek-V3, GLM-4.5, Qwen3-Next, Qwen3.5, MiMo, ERNIE 4.5 only" \
+        in warning.message
 
 
 def test_an_unplanned_draft_leaves_the_targets_figures_alone() -> None:
