@@ -71,7 +71,7 @@ class MtpFamily:
 # `fc = ColumnParallelLinear(...)` (quantized but for modelopt_fp4 checkpoints), one layer by default (:63).
 # Qwen3.5 and Qwen3.5-MoE (the text config's model type): Qwen3_5MultiTokenPredictor builds
 # `mtp_num_hidden_layers` (default 1) Qwen3_5DecoderLayer(layer_type="full_attention") and the same `fc`
-# (vLLM 0.32.0 and 0.33.0 qwen3_5_mtp.py:82, :98-106, :119-125; 0.34.0 :84, :100-108, :120-127), picked
+# (vLLM 0.32.0 and 0.33.0 qwen3_5_mtp.py:82, :98-106, :119-124; 0.34.0 :84, :100-108, :121-126), picked
 # for qwen3_5(_moe)(_text) with n_predict = mtp_num_hidden_layers (0.34.0 config/speculative.py:1104-1123).
 # MiMo (MiMoForCausalLM, Qwen2's layers): MiMoMultiTokenPredictor builds config.num_nextn_predict_layers
 # MiMoMultiTokenPredictorLayer, each a Qwen2DecoderLayer (the target's attention) and an
