@@ -11,6 +11,7 @@ from kvwatch.planner.extensible_kv import effective_utilization
 from kvwatch.planner.flag_change import NO_CHANGE, FlagChange
 from kvwatch.planner.geometry import ModelGeometry
 from kvwatch.planner.gpu_budget import GpuBudget, decoder_layer_bytes, estimate_budget
+from kvwatch.planner.pooling_run import lm_head_params, run_of
 from kvwatch.planner.predicted_refusal import NO_KV_CACHE_MEMORY, PredictedRefusal
 from kvwatch.planner.weights import (
     gpu_weights_bytes,
@@ -45,7 +46,7 @@ def _gpu_budget(device: Device, settings: EngineSettings, geometry: ModelGeometr
     `backend`: the attention backend the plan picks (TRITON_MLA claims a decode workspace in the profile)."""
     ranks = settings.tensor_parallel_size * settings.pipeline_parallel_size
     weights = memory.weights_bytes if memory.weights_bytes is not None \
-        else _weights_from_geometry(geometry, model_bytes, settings, device)
+        else _weights_from_geometry(geometry, model_bytes, settings, device, memory.vllm_version)
     weights = (weights + _kernel_format_bytes(geometry, settings, device, memory.vllm_version, weights,
                                               model_bytes)) // ranks
     return estimate_budget(settings, device, geometry.weight_count, weights, model_bytes, max_model_len,
@@ -95,12 +96,19 @@ def _kernel_format_bytes(geometry: ModelGeometry, settings: EngineSettings, devi
     return mxfp4_triton_hopper_bytes(count, settings.tensor_parallel_size, device.compute_capability, parts)
 
 
-def _weights_from_geometry(geometry: ModelGeometry, model_bytes: int, settings: EngineSettings, device: Device) -> int:
+def _weights_from_geometry(geometry: ModelGeometry, model_bytes: int, settings: EngineSettings, device: Device,
+                           version: VllmVersion | None) -> int:
     """The weights from config.json's shapes and quantization_config (or `--quantization`); their
-    files, when present, win (MemoryInputs.weights_bytes)."""
-    if geometry.weight_count is None:
+    files, when present, win (MemoryInputs.weights_bytes). A model vLLM converts to a pooling model
+    loads no LM head (planner/pooling_run.py)."""
+    count = geometry.weight_count
+    if count is None:
         return 0
-    return gpu_weights_bytes(geometry.weight_count, geometry.quantization, model_bytes,
+    head = lm_head_params(run_of(settings, geometry.architectures, version), count.vocab_size, count.hidden_size,
+                          count.embedding_params, (version or DEFAULT_RELEASE).parts)
+    if head:
+        count = replace(count, embedding_params=count.embedding_params - head)
+    return gpu_weights_bytes(count, geometry.quantization, model_bytes,
                              settings.quantization, settings.model, settings.tensor_parallel_size,
                              device.compute_capability)
 
