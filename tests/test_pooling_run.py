@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from vllm_sources import release_tree
 
+from kvwatch.boundary.plan_loader import plan_command
 from kvwatch.planner.devices import GiB, preset
 from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.geometry import geometry_from_config
@@ -22,6 +23,7 @@ from kvwatch.planner.pooling_run import (
     pooler_peak_bytes,
     pooling_run,
     registered_runners,
+    sentence_transformers_pooling,
     suffix_defaults,
 )
 from kvwatch.planner.rules import ruleset_for
@@ -188,3 +190,30 @@ def test_the_v2_runner_keeps_no_sampler_state_for_a_pooling_model() -> None:
 
     assert budget().runner_state_bytes > 0
     assert budget("--runner", "pooling").runner_state_bytes == 0
+
+
+@pytest.mark.parametrize(("modules", "pooling"), [
+    # Qwen3-Embedding-8B's modules.json
+    ([{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+      {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+      {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}], True),
+    ([{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}], False),
+    ([], False), ({"type": "sentence_transformers.models.Pooling"}, False), (None, False), (["x"], False),
+])
+def test_a_sentence_transformers_pooling_module_is_what_vllm_finds(modules: object, pooling: bool) -> None:
+    assert sentence_transformers_pooling(modules) is pooling
+
+
+def test_the_plan_of_a_sentence_transformers_checkpoint_is_a_pooling_run(tmp_path: Path) -> None:
+    """`vllm serve Qwen/Qwen3-Embedding-8B` without flags: its modules.json makes it a pooling run."""
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_EMBEDDING_8B))
+    argv = ["vllm", "serve", str(tmp_path)]
+    plain = plan_command(argv, H100, ruleset_for("0.19.1"), env={}, vllm_version=V0_19)
+    (tmp_path / "modules.json").write_text(json.dumps(
+        [{"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]))
+    embedding = plan_command(argv, H100, ruleset_for("0.19.1"), env={}, vllm_version=V0_19)
+    flagged = plan_command([*argv, "--runner", "pooling"], H100, ruleset_for("0.19.1"), env={}, vllm_version=V0_19)
+    assert plain.gpu_budget is not None and embedding.gpu_budget is not None
+    assert embedding.gpu_budget.activation_peak_bytes < plain.gpu_budget.activation_peak_bytes
+    assert embedding.gpu_budget.weights_bytes == plain.gpu_budget.weights_bytes - 151665 * 4096 * 2
+    assert embedding.to_json() == flagged.to_json()

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from kvwatch.boundary.bounded_read import FileTooLarge, NotRegularFile, open_regular, read_bounded
 from kvwatch.errors import ConfigError
+from kvwatch.planner.pooling_run import sentence_transformers_pooling
 from kvwatch.vllm_releases.weight_files import HF_PATTERNS, index_name, index_weight_files, loaded_files
 
 
@@ -22,6 +23,16 @@ class ModelSource:
         """The tensors vLLM loads from the weight files, when they are there. Read on first use
         (their headers): the exporter reads a model only for its config."""
         return _weights_bytes(self.path)
+
+    @functools.cached_property
+    def sentence_transformers_pooling(self) -> bool:
+        """Whether modules.json beside config.json names a Sentence Transformers Pooling module, which
+        makes vLLM serve the model with its pooling runner (planner/pooling_run.py). Read on first use."""
+        try:
+            modules = json.loads(read_bounded(self.path / "modules.json", MAX_CONFIG_BYTES).decode("utf-8"))
+        except (OSError, FileTooLarge, NotRegularFile, UnicodeDecodeError, ValueError, RecursionError):
+            return False
+        return sentence_transformers_pooling(modules)
 
 
 def _hf_cache_dirs() -> list[Path]:

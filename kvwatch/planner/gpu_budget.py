@@ -527,14 +527,15 @@ def estimate_budget(settings: EngineSettings, device: Device, count: WeightCount
                     env: Mapping[str, str] | None = None, flashinfer_installed: bool | None = None,
                     quantized_experts: bool = False, mla: bool = False, replicated_linear_bytes: int = 0,
                     architectures: tuple[str, ...] = (), hybrid: bool = False, backend: str | None = None,
-                    mla_heads_and_rank: tuple[int, int] = (0, 0)) -> GpuBudget:
+                    mla_heads_and_rank: tuple[int, int] = (0, 0), sentence_transformers: bool = False) -> GpuBudget:
     """The budget of one rank. `backend`: the attention backend the plan picks; `mla_heads_and_rank`:
-    an MLA model's query heads and kv_lora_rank (what TRITON_MLA's decode workspace is sized by)."""
+    an MLA model's query heads and kv_lora_rank (what TRITON_MLA's decode workspace is sized by);
+    `sentence_transformers`: the checkpoint names a Sentence Transformers Pooling module."""
     release = release_for(version, env, architectures)
     multimodal = count is not None and (count.vision_params > 0 or count.encoder is not None)
     tokens, seqs = batch_defaults(settings, device, release, max_model_len, not (multimodal or mla))
     tp = max(1, settings.tensor_parallel_size)
-    pooling = run_of(settings, architectures, version)
+    pooling = run_of(settings, architectures, version, sentence_transformers)
     # a pooling run profiles its pooler, not the sampler (planner/pooling_run.py)
     sampler = 0.0 if pooling.pooling else profile_sampler_bytes(release, flashinfer_installed)
     # V0 at tensor parallel: rank 0 gathers the logits and samples (vLLM 0.8.5.post1,

@@ -168,12 +168,24 @@ def pooling_run(runner_flag: str, convert_flag: str, architectures: tuple[str, .
     return PoolingRun(runner, convert)
 
 
-def run_of(settings: EngineSettings, architectures: tuple[str, ...], version: VllmVersion | None) -> PoolingRun:
-    """The run an engine command asks for, for the release that serves it (a Sentence Transformers
-    config beside the checkpoint is not read: name `--runner pooling` for such a model)."""
+SENTENCE_TRANSFORMERS_POOLING = "sentence_transformers.models.Pooling"
+
+
+def sentence_transformers_pooling(modules: object) -> bool:
+    """Whether a checkpoint's modules.json (parsed) names a Sentence Transformers Pooling module: what
+    vLLM's get_pooling_config answers a pooling config for (vLLM 0.19.1, vllm/transformers_utils/config.py:822-875),
+    which makes `--runner auto` pick the pooling runner (config/model.py:836-837)."""
+    return isinstance(modules, list) and any(
+        isinstance(item, dict) and item.get("type") == SENTENCE_TRANSFORMERS_POOLING for item in modules)
+
+
+def run_of(settings: EngineSettings, architectures: tuple[str, ...], version: VllmVersion | None,
+           sentence_transformers: bool = False) -> PoolingRun:
+    """The run an engine command asks for, for the release that serves it. `sentence_transformers`:
+    the checkpoint's modules.json names a Pooling module (sentence_transformers_pooling)."""
     version = version or DEFAULT_RELEASE
     return pooling_run(settings.runner, settings.convert, architectures, registered_runners(str(version)),
-                       version=version.parts)
+                       sentence_transformers, version.parts)
 
 
 def lm_head_params(run: PoolingRun, vocab_size: int, hidden_size: int, embedding_params: int,
