@@ -7,8 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
+from test_weight_files import write_safetensors
 from vllm_sources import release_tree
 
+from kvwatch.boundary.model_source import load_model_source
 from kvwatch.boundary.plan_loader import plan_command
 from kvwatch.planner.devices import GiB, preset
 from kvwatch.planner.engine_args import EngineCommand
@@ -217,3 +219,21 @@ def test_the_plan_of_a_sentence_transformers_checkpoint_is_a_pooling_run(tmp_pat
     assert embedding.gpu_budget.activation_peak_bytes < plain.gpu_budget.activation_peak_bytes
     assert embedding.gpu_budget.weights_bytes == plain.gpu_budget.weights_bytes - 151665 * 4096 * 2
     assert embedding.to_json() == flagged.to_json()
+
+
+def test_the_lm_head_in_the_weight_files_is_left_out_of_a_converted_model(tmp_path: Path) -> None:
+    """Where the weight files are on disk they win over config.json's shapes: a converted model still
+    never allocates the `lm_head.weight` they hold. Small shapes: the files, not the figures, matter."""
+    config = {**QWEN3_EMBEDDING_8B, "vocab_size": 1000, "hidden_size": 64, "intermediate_size": 128,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    body = write_safetensors(tmp_path / "model.safetensors", {
+        "model.embed_tokens.weight": ("BF16", [1000, 64], 2), "model.layers.0.mlp.down_proj.weight": ("BF16", [64, 128], 2),
+        "lm_head.weight": ("BF16", [1000, 64], 2)})
+    source = load_model_source(str(tmp_path))
+    assert (source.weights_bytes, source.lm_head_file_bytes) == (body, 1000 * 64 * 2)
+    argv = ["vllm", "serve", str(tmp_path)]
+    plain = plan_command(argv, H100, ruleset_for("0.19.1"), env={}, vllm_version=V0_19)
+    pooling = plan_command([*argv, "--runner", "pooling"], H100, ruleset_for("0.19.1"), env={}, vllm_version=V0_19)
+    assert plain.gpu_budget is not None and pooling.gpu_budget is not None
+    assert plain.gpu_budget.weights_bytes - pooling.gpu_budget.weights_bytes == 1000 * 64 * 2

@@ -11,7 +11,7 @@ from kvwatch.planner.extensible_kv import effective_utilization
 from kvwatch.planner.flag_change import NO_CHANGE, FlagChange
 from kvwatch.planner.geometry import ModelGeometry
 from kvwatch.planner.gpu_budget import GpuBudget, decoder_layer_bytes, estimate_budget
-from kvwatch.planner.pooling_run import lm_head_params, run_of
+from kvwatch.planner.pooling_run import NO_LM_HEAD_SINCE, lm_head_params, run_of
 from kvwatch.planner.predicted_refusal import NO_KV_CACHE_MEMORY, PredictedRefusal
 from kvwatch.planner.weights import (
     gpu_weights_bytes,
@@ -35,6 +35,7 @@ class MemoryInputs:
     vllm_env: tuple[tuple[str, str], ...] = ()   # the environment variables its memory profile reads
     flashinfer_installed: bool | None = None  # FlashInfer beside that vLLM (None: not known)
     sentence_transformers_pooling: bool = False   # modules.json names a Pooling module (planner/pooling_run.py)
+    lm_head_file_bytes: int = 0              # the LM head tensors among the weight files
 
 
 NO_MEMORY_INPUTS = MemoryInputs()   # nothing measured: the planner's own defaults
@@ -46,7 +47,7 @@ def _gpu_budget(device: Device, settings: EngineSettings, geometry: ModelGeometr
     weights, the profile's activation peak, non-torch memory and, where the release counts them, CUDA graphs.
     `backend`: the attention backend the plan picks (TRITON_MLA claims a decode workspace in the profile)."""
     ranks = settings.tensor_parallel_size * settings.pipeline_parallel_size
-    weights = memory.weights_bytes if memory.weights_bytes is not None \
+    weights = _weights_from_files(geometry, settings, memory) if memory.weights_bytes is not None \
         else _weights_from_geometry(geometry, model_bytes, settings, device, memory)
     weights = (weights + _kernel_format_bytes(geometry, settings, device, memory.vllm_version, weights,
                                               model_bytes)) // ranks
@@ -96,6 +97,14 @@ def _kernel_format_bytes(geometry: ModelGeometry, settings: EngineSettings, devi
     if method != "mxfp4":
         return 0
     return mxfp4_triton_hopper_bytes(count, settings.tensor_parallel_size, device.compute_capability, parts)
+
+
+def _weights_from_files(geometry: ModelGeometry, settings: EngineSettings, memory: MemoryInputs) -> int:
+    """The weight files' tensors, less the LM head a model converted to pooling never allocates."""
+    weights = memory.weights_bytes or 0
+    version = memory.vllm_version or DEFAULT_RELEASE
+    run = run_of(settings, geometry.architectures, version, memory.sentence_transformers_pooling)
+    return weights - memory.lm_head_file_bytes if run.converted and version.parts >= NO_LM_HEAD_SINCE else weights
 
 
 def _weights_from_geometry(geometry: ModelGeometry, model_bytes: int, settings: EngineSettings, device: Device,
