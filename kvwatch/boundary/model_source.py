@@ -9,6 +9,7 @@ from pathlib import Path
 
 from kvwatch.boundary.bounded_read import FileTooLarge, NotRegularFile, open_regular, read_bounded
 from kvwatch.errors import ConfigError
+from kvwatch.planner.pooling_run import sentence_transformers_pooling
 from kvwatch.vllm_releases.weight_files import HF_PATTERNS, index_name, index_weight_files, loaded_files
 
 
@@ -18,10 +19,30 @@ class ModelSource:
     config: dict
 
     @functools.cached_property
+    def _tensors(self) -> tuple[int, int] | None:
+        return _weights_bytes(self.path)
+
+    @property
     def weights_bytes(self) -> int | None:
         """The tensors vLLM loads from the weight files, when they are there. Read on first use
         (their headers): the exporter reads a model only for its config."""
-        return _weights_bytes(self.path)
+        return self._tensors[0] if self._tensors is not None else None
+
+    @property
+    def lm_head_file_bytes(self) -> int:
+        """The LM head tensors among them (`lm_head.weight`), which a model vLLM converts to pooling
+        never allocates (planner/pooling_run.py); 0 without weight files."""
+        return self._tensors[1] if self._tensors is not None else 0
+
+    @functools.cached_property
+    def sentence_transformers_pooling(self) -> bool:
+        """Whether modules.json beside config.json names a Sentence Transformers Pooling module, which
+        makes vLLM serve the model with its pooling runner (planner/pooling_run.py). Read on first use."""
+        try:
+            modules = json.loads(read_bounded(self.path / "modules.json", MAX_CONFIG_BYTES).decode("utf-8"))
+        except (OSError, FileTooLarge, NotRegularFile, UnicodeDecodeError, ValueError, RecursionError):
+            return False
+        return sentence_transformers_pooling(modules)
 
 
 def _hf_cache_dirs() -> list[Path]:
@@ -56,14 +77,16 @@ MAX_INDEX_BYTES = 64 << 20            # an index maps tensor names to files: som
 MAX_SAFETENSORS_HEADER = 100_000_000  # the safetensors format's own limit on its JSON header
 
 
-def _weights_bytes(directory: Path) -> int | None:
+def _weights_bytes(directory: Path) -> tuple[int, int] | None:
     """The bytes of the tensors vLLM's loader reads from this directory (vllm_releases/weight_files):
-    each safetensors file's tensors from its header, other files by their size; None without weights."""
+    each safetensors file's tensors from its header, other files by their size; and of those the LM
+    head's (safetensors only); None without weights."""
     names = [p.name for pattern in HF_PATTERNS for p in directory.glob(pattern)]
     files = loaded_files(names, _index_files(directory / index_name(names)))
     if not files:
         return None
-    return sum(_tensor_bytes(directory / name) for name in files)
+    sizes = [_tensor_bytes(directory / name) for name in files]
+    return sum(total for total, _ in sizes), sum(head for _, head in sizes)
 
 
 def _index_files(path: Path) -> list[str] | None:
@@ -75,23 +98,30 @@ def _index_files(path: Path) -> list[str] | None:
         return None   # an unreadable index: vLLM would refuse it; the plan counts every file
 
 
-def _tensor_bytes(path: Path) -> int:
+def _is_lm_head(name: str) -> bool:
+    return name == "lm_head.weight" or name.endswith(".lm_head.weight")
+
+
+def _tensor_bytes(path: Path) -> tuple[int, int]:
     """A safetensors file's tensor bytes (its header's data_offsets), else the file's size (stat
-    follows the HF cache's blob links); a header that does not parse counts as the file."""
+    follows the HF cache's blob links); a header that does not parse counts as the file. Second:
+    the bytes of its LM head tensors."""
     size = path.stat().st_size
     if path.suffix != ".safetensors":
-        return size
+        return size, 0
     try:
         with open_regular(path) as (f, _):
             length = int.from_bytes(f.read(8), "little")
             if not 0 < length <= min(MAX_SAFETENSORS_HEADER, size - 8):
-                return size
+                return size, 0
             header = json.loads(f.read(length))
-        spans = [t["data_offsets"] for k, t in header.items() if k != "__metadata__"]
-        total = sum(int(end) - int(begin) for begin, end in spans)
-        return total if 0 <= total <= size else size
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError, TypeError, KeyError, AttributeError):
-        return size
+        spans = {k: int(t["data_offsets"][1]) - int(t["data_offsets"][0]) for k, t in header.items() if k != "__metadata__"}
+        total = sum(spans.values())
+        if not 0 <= total <= size:
+            return size, 0
+        return total, sum(n for k, n in spans.items() if _is_lm_head(k))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError, TypeError, KeyError, AttributeError, IndexError):
+        return size, 0
 
 
 MAX_CONFIG_BYTES = 16 << 20   # a config.json is a few KB; a multimodal one under a MB

@@ -54,7 +54,9 @@ def plan_command(argv: Sequence[str], device: Device, rules: RuleSet,
                           vllm_version=vllm_version or installed_vllm(),
                           vllm_env=tuple((k, env[k]) for k in MEMORY_ENV if k in env),
                           # FlashInfer's presence only speaks for the vLLM installed here
-                          flashinfer_installed=None if vllm_version else installed_flashinfer())
+                          flashinfer_installed=None if vllm_version else installed_flashinfer(),
+                          sentence_transformers_pooling=source.sentence_transformers_pooling,
+                          lm_head_file_bytes=source.lm_head_file_bytes)
     # vLLM's own override of its max_model_len check (envs.py: "1" or "true").
     allow_long = env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "").strip().lower() in ("1", "true")
     return make_plan(geometry, settings, device, rules, memory, allow_long_max_model_len=allow_long)

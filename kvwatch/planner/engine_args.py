@@ -176,6 +176,8 @@ class EngineSettings:
     speculative_method: str | None = None
     num_speculative_tokens: int = 0
     speculative_config: bool = False   # --speculative-config is a JSON object (with or without a method)
+    runner: str = "auto"     # --runner (0.10.2+): generate, pooling, draft; auto: vLLM decides (planner/pooling_run.py)
+    convert: str = "auto"    # --convert (0.10.2+): embed, classify, ... ; auto: vLLM decides
 
 
 @dataclass(frozen=True)
@@ -308,6 +310,8 @@ class EngineCommand:
             mamba_cache_mode=self.get("--mamba-cache-mode"),
             enable_extensible_kv_cache=self._switch("--enable-extensible-kv-cache"),
             cudagraph_sizes_given=self._cudagraph_sizes_given(),
+            runner=self.get("--runner") or "auto",
+            convert=self.get("--convert") or "auto",
             **self._speculative(),
         )
 

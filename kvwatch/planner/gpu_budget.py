@@ -19,6 +19,8 @@ determine_available_memory; worker/worker.py determine_num_available_blocks in t
   a multimodal model's dummy encoder outputs stay cached through both (planner/encoder_cache.py), and
   so does the workspace buffer: the fused-MoE workspaces, or from 0.33 TRITON_MLA's decode logits where
   larger (vllm_releases/mla_workspace.py).
+  A pooling run (embedding, reranking, classification) has no sampler pass: its pooler's peak instead,
+  and no LM head where vLLM converts a generative model (planner/pooling_run.py).
   V0's profile of Llama 3.2 Vision first runs the vision encoder over one dummy image per dummy
   sequence, which peaks above both (vllm_releases/mllama_profile.py).
 - **Non-torch**: cuBLAS/NCCL workspaces allocated during the profile; more with tensor parallelism
@@ -57,6 +59,7 @@ from kvwatch.planner.extensible_kv import (
     unset_utilization,
 )
 from kvwatch.planner.free_memory import others_non_torch_bytes, snapshot_free_bytes
+from kvwatch.planner.pooling_run import DEFAULT_NUM_LABELS, pooler_peak_bytes, run_of
 from kvwatch.planner.weights import WeightCount
 from kvwatch.values.versions import VllmVersion
 from kvwatch.vllm_releases import DEFAULT_RELEASE, resolve
@@ -298,7 +301,7 @@ class GpuBudget:
 
 def activation_peak_bytes(count: WeightCount | None, tokens: int, seqs: int, dtype_bytes: int,
                           tensor_parallel: int, sampler_bytes: float, held_bytes: int = 0,
-                          vision: tuple[int, int] = (0, 0)) -> int:
+                          vision: tuple[int, int] = (0, 0), pooler_bytes: int = 0) -> int:
     """The profile run's peak: the larger of the forward pass (hidden states plus one layer's MLP
     on this rank) and the sampler over min(seqs, tokens) requests x the whole vocabulary (V1 gathers
     the logits on every rank), plus what stays allocated through both: a multimodal model's cached
@@ -306,14 +309,15 @@ def activation_peak_bytes(count: WeightCount | None, tokens: int, seqs: int, dty
     workspaces (moe_workspace_bytes) or TRITON_MLA's decode workspace, which share one buffer
     (mla_decode_workspace_bytes). `vision`: the vision encoder's own pass, which comes first, and
     the vision states held through the language model's pass (V0 Mllama: v0_vision_profile; V1 Qwen-VL
-    towers: v1_encoder_pass_bytes, nothing held beyond the cache)."""
+    towers: v1_encoder_pass_bytes, nothing held beyond the cache). A pooling run has no sampler pass
+    (sampler_bytes 0) and runs its pooler over the hidden states instead (`pooler_bytes`, planner/pooling_run.py)."""
     if count is None:
         return 0
     forward = forward_pass_bytes(count, tokens, dtype_bytes, tensor_parallel)
     sampler = int(min(seqs, tokens) * count.vocab_size * sampler_bytes)
     encoder_peak, cross_states = vision
     # the encoder's pass comes first, before the cache and the MoE workspaces hold anything
-    return max(max(forward + cross_states, sampler) + held_bytes, encoder_peak)
+    return max(max(forward + cross_states, sampler, pooler_bytes) + held_bytes, encoder_peak)
 
 
 def forward_pass_bytes(count: WeightCount, tokens: int, dtype_bytes: int, tensor_parallel: int) -> int:
@@ -523,14 +527,17 @@ def estimate_budget(settings: EngineSettings, device: Device, count: WeightCount
                     env: Mapping[str, str] | None = None, flashinfer_installed: bool | None = None,
                     quantized_experts: bool = False, mla: bool = False, replicated_linear_bytes: int = 0,
                     architectures: tuple[str, ...] = (), hybrid: bool = False, backend: str | None = None,
-                    mla_heads_and_rank: tuple[int, int] = (0, 0)) -> GpuBudget:
+                    mla_heads_and_rank: tuple[int, int] = (0, 0), sentence_transformers: bool = False) -> GpuBudget:
     """The budget of one rank. `backend`: the attention backend the plan picks; `mla_heads_and_rank`:
-    an MLA model's query heads and kv_lora_rank (what TRITON_MLA's decode workspace is sized by)."""
+    an MLA model's query heads and kv_lora_rank (what TRITON_MLA's decode workspace is sized by);
+    `sentence_transformers`: the checkpoint names a Sentence Transformers Pooling module."""
     release = release_for(version, env, architectures)
     multimodal = count is not None and (count.vision_params > 0 or count.encoder is not None)
     tokens, seqs = batch_defaults(settings, device, release, max_model_len, not (multimodal or mla))
     tp = max(1, settings.tensor_parallel_size)
-    sampler = profile_sampler_bytes(release, flashinfer_installed)
+    pooling = run_of(settings, architectures, version, sentence_transformers)
+    # a pooling run profiles its pooler, not the sampler (planner/pooling_run.py)
+    sampler = 0.0 if pooling.pooling else profile_sampler_bytes(release, flashinfer_installed)
     # V0 at tensor parallel: rank 0 gathers the logits and samples (vLLM 0.8.5.post1,
     # vllm/model_executor/layers/logits_processor.py:97-98, worker/model_runner.py:1810-1813), and the
     # executor keeps the fewest blocks any rank found (executor/executor_base.py:103-105): rank 0's, sampler included.
@@ -557,12 +564,17 @@ def estimate_budget(settings: EngineSettings, device: Device, count: WeightCount
         utilization=utilization(settings, release, extensible),
         weights_bytes=weights_on_gpu(weights_per_rank, settings, count, dtype_bytes) + loaded_buffer_bytes(count, tokens, dtype_bytes)
         + replicated_extra_bytes(count, tp, settings.pipeline_parallel_size, dtype_bytes, replicated_linear_bytes),
-        activation_peak_bytes=activation_peak_bytes(count, tokens, seqs, dtype_bytes, tp, sampler, extra, vision),
+        activation_peak_bytes=activation_peak_bytes(count, tokens, seqs, dtype_bytes, tp, sampler, extra, vision,
+                                                    pooler_peak_bytes(pooling, tokens, count.hidden_size, dtype_bytes,
+                                                                      DEFAULT_NUM_LABELS) if count else 0),
         non_torch_bytes=non_torch_bytes(device, tp, version) + others_non_torch_bytes(device, release.engine, version),
         cuda_graph_bytes=CUDA_GRAPH_BYTES + wide_graph_bytes(count, version, device, settings, tokens, seqs, dtype_bytes)
         if release.cuda_graphs_counted and not settings.enforce_eager else 0,
         max_num_batched_tokens=tokens, max_num_seqs=seqs,
-        runner_state_bytes=runner_state_bytes(count, seqs, version, device.platform, architectures, hybrid, env or {}),
+        # the V2 runner builds no sampler, so no penalty state, for a pooling model (vLLM 0.27.1,
+        # v1/worker/gpu/model_runner.py:351-352; 0.34.0 :486-513)
+        runner_state_bytes=0 if pooling.pooling else runner_state_bytes(count, seqs, version, device.platform,
+                                                                         architectures, hybrid, env or {}),
         extensible=extensible.sizing, free_at_start_bytes=snapshot_free_bytes(device) if extensible.sizing else 0,
         stated_free_bytes=device.free_memory_bytes)
 

@@ -11,6 +11,7 @@ from kvwatch.planner.extensible_kv import effective_utilization
 from kvwatch.planner.flag_change import NO_CHANGE, FlagChange
 from kvwatch.planner.geometry import ModelGeometry
 from kvwatch.planner.gpu_budget import GpuBudget, decoder_layer_bytes, estimate_budget
+from kvwatch.planner.pooling_run import NO_LM_HEAD_SINCE, lm_head_params, run_of
 from kvwatch.planner.predicted_refusal import NO_KV_CACHE_MEMORY, PredictedRefusal
 from kvwatch.planner.weights import (
     gpu_weights_bytes,
@@ -33,6 +34,8 @@ class MemoryInputs:
     vllm_version: VllmVersion | None = None  # the vLLM the plan is for (None: the newest kvwatch knows)
     vllm_env: tuple[tuple[str, str], ...] = ()   # the environment variables its memory profile reads
     flashinfer_installed: bool | None = None  # FlashInfer beside that vLLM (None: not known)
+    sentence_transformers_pooling: bool = False   # modules.json names a Pooling module (planner/pooling_run.py)
+    lm_head_file_bytes: int = 0              # the LM head tensors among the weight files
 
 
 NO_MEMORY_INPUTS = MemoryInputs()   # nothing measured: the planner's own defaults
@@ -44,8 +47,8 @@ def _gpu_budget(device: Device, settings: EngineSettings, geometry: ModelGeometr
     weights, the profile's activation peak, non-torch memory and, where the release counts them, CUDA graphs.
     `backend`: the attention backend the plan picks (TRITON_MLA claims a decode workspace in the profile)."""
     ranks = settings.tensor_parallel_size * settings.pipeline_parallel_size
-    weights = memory.weights_bytes if memory.weights_bytes is not None \
-        else _weights_from_geometry(geometry, model_bytes, settings, device)
+    weights = _weights_from_files(geometry, settings, memory) if memory.weights_bytes is not None \
+        else _weights_from_geometry(geometry, model_bytes, settings, device, memory)
     weights = (weights + _kernel_format_bytes(geometry, settings, device, memory.vllm_version, weights,
                                               model_bytes)) // ranks
     return estimate_budget(settings, device, geometry.weight_count, weights, model_bytes, max_model_len,
@@ -56,7 +59,8 @@ def _gpu_budget(device: Device, settings: EngineSettings, geometry: ModelGeometr
                                                                            model_bytes, settings.quantization)
                            if geometry.weight_count is not None else 0,
                            architectures=geometry.architectures, hybrid="mamba" in geometry.layer_kinds,
-                           backend=backend, mla_heads_and_rank=(geometry.num_attention_heads or 0, geometry.kv_lora_rank or 0)
+                           backend=backend, sentence_transformers=memory.sentence_transformers_pooling,
+                           mla_heads_and_rank=(geometry.num_attention_heads or 0, geometry.kv_lora_rank or 0)
                            if geometry.attention == "mla" else (0, 0))
 
 
@@ -95,12 +99,28 @@ def _kernel_format_bytes(geometry: ModelGeometry, settings: EngineSettings, devi
     return mxfp4_triton_hopper_bytes(count, settings.tensor_parallel_size, device.compute_capability, parts)
 
 
-def _weights_from_geometry(geometry: ModelGeometry, model_bytes: int, settings: EngineSettings, device: Device) -> int:
+def _weights_from_files(geometry: ModelGeometry, settings: EngineSettings, memory: MemoryInputs) -> int:
+    """The weight files' tensors, less the LM head a model converted to pooling never allocates."""
+    weights = memory.weights_bytes or 0
+    version = memory.vllm_version or DEFAULT_RELEASE
+    run = run_of(settings, geometry.architectures, version, memory.sentence_transformers_pooling)
+    return weights - memory.lm_head_file_bytes if run.converted and version.parts >= NO_LM_HEAD_SINCE else weights
+
+
+def _weights_from_geometry(geometry: ModelGeometry, model_bytes: int, settings: EngineSettings, device: Device,
+                           memory: MemoryInputs) -> int:
     """The weights from config.json's shapes and quantization_config (or `--quantization`); their
-    files, when present, win (MemoryInputs.weights_bytes)."""
-    if geometry.weight_count is None:
+    files, when present, win (MemoryInputs.weights_bytes). A model vLLM converts to a pooling model
+    loads no LM head (planner/pooling_run.py)."""
+    count = geometry.weight_count
+    if count is None:
         return 0
-    return gpu_weights_bytes(geometry.weight_count, geometry.quantization, model_bytes,
+    version = memory.vllm_version or DEFAULT_RELEASE
+    run = run_of(settings, geometry.architectures, version, memory.sentence_transformers_pooling)
+    head = lm_head_params(run, count.vocab_size, count.hidden_size, count.embedding_params, version.parts)
+    if head:
+        count = replace(count, embedding_params=count.embedding_params - head)
+    return gpu_weights_bytes(count, geometry.quantization, model_bytes,
                              settings.quantization, settings.model, settings.tensor_parallel_size,
                              device.compute_capability)
 
