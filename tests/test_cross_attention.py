@@ -13,15 +13,13 @@ answers. Record them anew with `KVWATCH_VLLM_SRC=... python tests/test_cross_att
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fixtures.models.encoder_decoder import ENCODER_DECODER
 from fixtures.models.newest import NEWEST
-from vllm_sources import release_tree
+from vllm_sources import SpecOracle
 
 from kvwatch.cli import main
 from kvwatch.errors import ConfigError
@@ -39,7 +37,9 @@ from kvwatch.vllm_releases.architectures import ARCHITECTURES
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "cross_attention_oracle.json"
-ORACLE = ROOT / "scripts" / "oracle_cross_attention.py"
+ORACLE = SpecOracle(ROOT / "scripts/oracle_cross_attention.py", FIXTURE,
+                    "scripts/oracle_cross_attention.py on vLLM 0.32.0, 0.33.0 and 0.34.0's own kv_cache_interface.py, kv_cache_planning.py "
+                    "and kv_cache_utils.py")
 RELEASES = ("0.32.0", "0.33.0", "0.34.0")
 CONFIGS = {"whisper_large_v3": NEWEST["whisper_large_v3"]["config"],
            "whisper_tiny": ENCODER_DECODER["whisper_tiny"]["config"],
@@ -121,25 +121,9 @@ def _oracle_case(name: str, flags: tuple[str, ...], release: str) -> dict[str, A
             "disable_hybrid": "--disable-hybrid-kv-cache-manager" in flags}
 
 
-def _run_oracle(tree: Path, cases: list[dict[str, Any]]) -> list[Any]:
-    done = subprocess.run([sys.executable, str(ORACLE), str(tree)], input=json.dumps(cases), capture_output=True,
-                          text=True, check=True, timeout=300)
-    answers: list[Any] = json.loads(done.stdout)
-    return answers
-
-
-def _recorded() -> dict[str, Any]:
-    recorded: dict[str, Any] = json.loads(FIXTURE.read_text())
-    return recorded
-
-
-def _source_tree(release: str) -> Path | None:
-    return release_tree(release, "vllm/v1/kv_cache_interface.py")
-
-
 @pytest.mark.parametrize("release", RELEASES)
 def test_the_recorded_oracle_is_for_these_cases(release: str) -> None:
-    recorded = _recorded()
+    recorded = ORACLE.recorded()
     assert recorded["cases"][release] == [_oracle_case(n, f, release) for n, f in _cases(release)]
     assert len(recorded["answers"][release]) == len(_cases(release))
 
@@ -148,7 +132,7 @@ def test_the_recorded_oracle_is_for_these_cases(release: str) -> None:
 def test_the_plan_equals_vllms_own_sizing(release: str, index: int) -> None:
     """Groups, pages, blocks, blocks per request, concurrency and the logged tokens: vLLM's figures."""
     name, flags = _cases(release)[index]
-    answer = _recorded()["answers"][release][index]
+    answer = ORACLE.recorded()["answers"][release][index]
     plan = _plan(CONFIGS[name], flags, release)
     assert plan.source == "exact" and plan.unknown_layer_types == ()
     if isinstance(answer, str):   # vLLM refuses the specs: kvwatch predicts it, in vLLM's words
@@ -173,19 +157,14 @@ def test_the_plan_equals_vllms_own_sizing(release: str, index: int) -> None:
 
 @pytest.mark.parametrize("release", RELEASES)
 def test_the_oracle_gives_the_recorded_answers(release: str) -> None:
-    tree = _source_tree(release)
-    if tree is None:
-        pytest.skip(f"vLLM {release} is not unpacked (set KVWATCH_VLLM_SRC to <root>/<version>/vllm/...)")
-    pytest.importorskip("torch")
-    recorded = _recorded()
-    assert _run_oracle(tree, recorded["cases"][release]) == recorded["answers"][release]
+    ORACLE.check_live(release)
 
 
 def test_the_recorded_figures_of_whisper_large_v3() -> None:
     """40 GiB, block 16, 8,192 encoder tokens: 32 layers of 81,920 B pages in each group; a request
     reserves 28 self-attention blocks (448 tokens) and 512 cross-attention blocks (8,192 tokens)."""
     for release in RELEASES:
-        answer = _recorded()["answers"][release][0]
+        answer = ORACLE.recorded()["answers"][release][0]
         assert [(g["layers"], g["page_size_bytes"], g["blocks_per_request"]) for g in answer["groups"]] == \
             [(32, 81920, 28), (32, 81920, 512)]
         assert (answer["num_blocks"], answer["kv_cache_tokens"]) == (16384, 13592)
@@ -264,7 +243,7 @@ def test_every_cross_attention_architecture_has_its_verdict() -> None:
 def test_the_whisper_encoder_wrappers_build_no_cross_attention(release: str) -> None:
     """Their model files build vLLM's WhisperEncoder (whose layers hold no cache) and no decoder
     cross-attention of their own: the table lists CrossAttention from whisper.py's classes."""
-    tree = _source_tree(release)
+    tree = ORACLE.tree(release)
     if tree is None:
         pytest.skip(f"vLLM {release} is not unpacked (set KVWATCH_VLLM_SRC to <root>/<version>/vllm/...)")
     models = tree / "vllm" / "model_executor" / "models"
@@ -349,12 +328,4 @@ def test_the_refused_hybrid_manager_names_the_cross_attention() -> None:
 
 
 if __name__ == "__main__":   # record the oracle's answers (KVWATCH_VLLM_SRC must name the unpacked releases)
-    cases = {r: [_oracle_case(n, f, r) for n, f in _cases(r)] for r in RELEASES}
-    answers = {}
-    for r in RELEASES:
-        found = _source_tree(r)
-        assert found is not None, f"vLLM {r} is not unpacked under KVWATCH_VLLM_SRC"
-        answers[r] = _run_oracle(found, cases[r])
-    FIXTURE.write_text(json.dumps({"source": "scripts/oracle_cross_attention.py on vLLM 0.32.0, 0.33.0 and 0.34.0's own "
-                                             "kv_cache_interface.py, kv_cache_planning.py and kv_cache_utils.py",
-                                   "cases": cases, "answers": answers}, indent=1) + "\n")
+    ORACLE.record({r: [_oracle_case(n, f, r) for n, f in _cases(r)] for r in RELEASES})

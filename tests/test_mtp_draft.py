@@ -12,14 +12,12 @@ answers. Record them anew with `KVWATCH_VLLM_SRC=... python tests/test_mtp_draft
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fixtures.models.corpus import CORPUS
-from vllm_sources import release_tree
+from vllm_sources import SpecOracle
 
 from kvwatch.planner.devices import preset
 from kvwatch.planner.engine_args import EngineCommand
@@ -35,7 +33,9 @@ from kvwatch.vllm_releases.gdn_checkpoint import GDN_CHECKPOINT_BLOCKS, GDN_PREF
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "mtp_draft_oracle.json"
-ORACLE = ROOT / "scripts" / "oracle_mtp_draft.py"
+ORACLE = SpecOracle(ROOT / "scripts/oracle_mtp_draft.py", FIXTURE,
+                    "scripts/oracle_mtp_draft.py on vLLM 0.32.0, 0.33.0 and 0.34.0's own kv_cache_interface.py, kv_cache_planning.py "
+                    "and kv_cache_utils.py")
 RELEASES = ("0.32.0", "0.33.0", "0.34.0")
 GiB = 1 << 30
 # Real configs (tests/fixtures/models/corpus.py): DeepSeek-V3 with its published MTP head
@@ -184,25 +184,9 @@ def _oracle_case(name: str, flags: tuple[str, ...], release: str) -> dict[str, A
             "memory": settings.kv_cache_memory_bytes}
 
 
-def _run_oracle(tree: Path, cases: list[dict[str, Any]]) -> list[Any]:
-    done = subprocess.run([sys.executable, str(ORACLE), str(tree)], input=json.dumps(cases), capture_output=True,
-                          text=True, check=True, timeout=300)
-    answers: list[Any] = json.loads(done.stdout)
-    return answers
-
-
-def _recorded() -> dict[str, Any]:
-    recorded: dict[str, Any] = json.loads(FIXTURE.read_text())
-    return recorded
-
-
-def _source_tree(release: str) -> Path | None:
-    return release_tree(release, "vllm/v1/kv_cache_interface.py")
-
-
 @pytest.mark.parametrize("release", RELEASES)
 def test_the_recorded_oracle_is_for_these_cases(release: str) -> None:
-    recorded = _recorded()
+    recorded = ORACLE.recorded()
     assert recorded["cases"][release] == [_oracle_case(n, f, release) for n, f in CASES]
     assert len(recorded["answers"][release]) == len(CASES)
 
@@ -213,7 +197,7 @@ def test_the_plan_with_an_mtp_draft_equals_vllms_own_sizing(release: str, index:
     """Groups, layers per group, bytes per block, blocks, blocks per request, concurrency and the
     logged tokens: vLLM's figures for the target's layers and the draft's together."""
     name, flags = CASES[index]
-    answer = _recorded()["answers"][release][index]
+    answer = ORACLE.recorded()["answers"][release][index]
     plan = _plan(name, flags, release)
     assert plan.source == "exact"
     assert plan.kv_cache_groups == len(answer["groups"])
@@ -226,12 +210,7 @@ def test_the_plan_with_an_mtp_draft_equals_vllms_own_sizing(release: str, index:
 
 @pytest.mark.parametrize("release", RELEASES)
 def test_the_oracle_gives_the_recorded_answers(release: str) -> None:
-    tree = _source_tree(release)
-    if tree is None:
-        pytest.skip(f"vLLM {release} is not unpacked (set KVWATCH_VLLM_SRC to <root>/<version>/vllm/...)")
-    pytest.importorskip("torch")
-    recorded = _recorded()
-    assert _run_oracle(tree, recorded["cases"][release]) == recorded["answers"][release]
+    ORACLE.check_live(release)
 
 
 def test_the_recorded_figures_of_the_draft_layers() -> None:
@@ -240,7 +219,7 @@ def test_the_recorded_figures_of_the_draft_layers() -> None:
     delta nets): the draft's attention layer makes 13, so a group holds up to 13 layers (the 36 states
     in 3 groups of 12, each a padding slot short) where it held 12, and each block is 13/12 as large."""
     for release in RELEASES:
-        answers, block = _recorded()["answers"][release], _recorded()["cases"][release][1]["block_size"]
+        answers, block = ORACLE.recorded()["answers"][release], ORACLE.recorded()["cases"][release][1]["block_size"]
         mtp, plain = answers[1], answers[2]
         assert [g["layers"] for g in mtp["groups"]] == [62] and [g["layers"] for g in plain["groups"]] == [61]
         assert (mtp["bytes_per_block"], plain["bytes_per_block"]) == (62 * 1152 * block, 61 * 1152 * block)
@@ -340,16 +319,6 @@ def test_the_states_speculative_decoding_adds(release: str, mode: str, tokens: i
     assert out.specs[0] == groups.specs[0]
 
 
-if __name__ == "__main__":   # record the oracle's answers (KVWATCH_VLLM_SRC must name the unpacked releases)
-    cases = {r: [_oracle_case(n, f, r) for n, f in CASES] for r in RELEASES}
-    answers = {}
-    for r in RELEASES:
-        found = _source_tree(r)
-        assert found is not None, f"vLLM {r} is not unpacked under KVWATCH_VLLM_SRC"
-        answers[r] = _run_oracle(found, cases[r])
-    FIXTURE.write_text(json.dumps({"source": "scripts/oracle_mtp_draft.py on vLLM 0.32.0, 0.33.0 and 0.34.0's own "
-                                             "kv_cache_interface.py, kv_cache_planning.py and kv_cache_utils.py",
-                                   "cases": cases, "answers": answers}, indent=1) + "\n")
 
 
 def test_ernies_draft_layer_is_dense() -> None:
@@ -365,3 +334,7 @@ def test_ernies_draft_layer_is_dense() -> None:
     projection = 2 * hidden * hidden
     assert draft.weights.linear_params == attention + 3 * hidden * ERNIE45["intermediate_size"] + projection
     assert draft.weights.router_params == projection
+
+
+if __name__ == "__main__":   # record the oracle's answers (KVWATCH_VLLM_SRC must name the unpacked releases)
+    ORACLE.record({r: [_oracle_case(n, f, r) for n, f in CASES] for r in RELEASES})

@@ -44,3 +44,44 @@ def oracle_answers(script: Path, release: str, cases: dict[str, dict[str, Any]],
     out = subprocess.run([sys.executable, str(script), str(tree), json.dumps(list(cases.values()))],
                          capture_output=True, text=True, timeout=600, check=True)
     return dict(zip(cases, json.loads(out.stdout.strip().splitlines()[-1]), strict=True))
+
+
+class SpecOracle:
+    """A script that runs a release's own KV cache spec and sizing code on cases given as JSON (stdin), one
+    answer each (stdout), and the answers recorded from it per release in `fixture` ({"cases", "answers"}
+    by release), for the tests that check kvwatch against them without the sources."""
+
+    def __init__(self, script: Path, fixture: Path, source: str) -> None:
+        self.script, self.fixture, self.source = script, fixture, source
+
+    def recorded(self) -> dict[str, Any]:
+        recorded: dict[str, Any] = json.loads(self.fixture.read_text())
+        return recorded
+
+    def run(self, tree: Path, cases: list[dict[str, Any]]) -> list[Any]:
+        done = subprocess.run([sys.executable, str(self.script), str(tree)], input=json.dumps(cases),
+                              capture_output=True, text=True, check=True, timeout=300)
+        answers: list[Any] = json.loads(done.stdout)
+        return answers
+
+    @staticmethod
+    def tree(release: str) -> Path | None:
+        return release_tree(release, "vllm/v1/kv_cache_interface.py")
+
+    def check_live(self, release: str) -> None:
+        """The release's code, where it is unpacked here, gives the recorded answers."""
+        tree = self.tree(release)
+        if tree is None:
+            pytest.skip(f"vLLM {release} is not unpacked (set KVWATCH_VLLM_SRC to <root>/<version>/vllm/...)")
+        pytest.importorskip("torch")
+        recorded = self.recorded()
+        assert self.run(tree, recorded["cases"][release]) == recorded["answers"][release]
+
+    def record(self, cases: dict[str, list[dict[str, Any]]]) -> None:
+        """Run the oracle on every release's cases and write the fixture (KVWATCH_VLLM_SRC must name them)."""
+        answers = {}
+        for release, release_cases in cases.items():
+            found = self.tree(release)
+            assert found is not None, f"vLLM {release} is not unpacked under KVWATCH_VLLM_SRC"
+            answers[release] = self.run(found, release_cases)
+        self.fixture.write_text(json.dumps({"source": self.source, "cases": cases, "answers": answers}, indent=1) + "\n")
