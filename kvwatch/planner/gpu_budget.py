@@ -51,6 +51,7 @@ from kvwatch.planner.encoder_cache import (
     profile_items,
 )
 from kvwatch.planner.encoder_forward import encoder_forward_bytes
+from kvwatch.planner.encoder_held import profile_inputs_held_bytes
 from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.extensible_kv import (
     Extensible,
@@ -547,7 +548,9 @@ def estimate_budget(settings: EngineSettings, device: Device, count: WeightCount
     if release.engine == V0_ENGINE:
         vision = v0_vision_profile(count, seqs, tp, dtype_bytes, version)
     if release.engine == V1_ENGINE and count is not None and version is not None:
-        extra = encoder_cache_bytes(count.encoder, version.parts, tokens, seqs, dtype_bytes)
+        extra = encoder_cache_bytes(count.encoder, version.parts, tokens, seqs, dtype_bytes) + profile_inputs_held_bytes(
+            count.encoder, version.parts, tokens, seqs, dtype_bytes, runs_v2_runner(version.parts, architectures, bool(
+                count.experts_per_token), hybrid, (env or {}).get("VLLM_USE_V2_MODEL_RUNNER")))
         vision = (v1_encoder_pass_bytes(count.encoder, version.parts, tokens, seqs, tp, dtype_bytes), 0)
         if version.parts >= MOE_WORKSPACE_SINCE and not quantized_experts:
             workspace = moe_workspace_bytes(count, tokens, dtype_bytes, expert_width_shards(settings))
