@@ -10,13 +10,18 @@ import pytest
 from gpu_log_corpus import all_runs, plan_run
 from vllm_sources import release_tree_or_skip
 
+from kvwatch.planner.devices import preset
 from kvwatch.planner.encoder_cache import PADDED_SINCE, PADDED_UNTIL, EncoderShape, encoder_shape
 from kvwatch.planner.encoder_held import (
     PIXELS_CAST_SINCE,
     dummy_pixel_bytes,
+    mm_limits,
     profile_inputs_held_bytes,
+    profiled_shape,
     unpadded_output_bytes,
 )
+from kvwatch.planner.engine_args import EngineCommand
+from kvwatch.planner.gpu_budget import profile_key
 from kvwatch.values.versions import parse_version
 
 # Qwen/Qwen3-VL-30B-A3B-Instruct's config.json (text hidden 2048; vision as published)
@@ -126,3 +131,69 @@ def test_the_fit_qwen3_vl_start_up_is_planned_within_half_a_percent(tmp_path: Pa
     assert budget is not None
     logged = run["logged"]["available_kv_cache_gib"] * 2**30
     assert abs(budget.kv_cache_bytes - logged) / logged < 0.005
+
+
+@pytest.mark.parametrize("value, limits", [
+    (None, ()),
+    ('{"image": 2, "video": 0}', (("image", 2), ("video", 0))),
+    ('{"video": {"count": 1, "num_frames": 32}, "image": 0}', (("video", 1), ("image", 0))),   # 0.11's per-item options
+    ("image=3,video=0", (("image", 3), ("video", 0))),   # the older key=value form
+    ('{"image": "x"}', ()),
+    ("[1, 2]", ()),
+])
+def test_limit_mm_per_prompt_is_read_as_counts(value: str | None, limits: tuple) -> None:
+    assert mm_limits(value) == limits
+
+
+@pytest.mark.parametrize("limits, skip, image, video", [
+    ({}, False, 16384, 12288),
+    ({}, True, None, None),                          # --skip-mm-profiling: no encoder profile at all
+    ({"video": 0}, False, 16384, 0),                 # the image is profiled instead of the video
+    ({"image": 0}, False, 0, 12288),
+    ({"image": 0, "video": 0}, False, None, None),   # every modality of the model off: no encoder budget
+    ({"image": 1, "video": 1}, False, 16384, 12288),
+])
+def test_the_users_flags_shape_the_profile(limits: dict, skip: bool, image: int | None, video: int | None) -> None:
+    shape = profiled_shape(shape_of(QWEN3_VL_30B), limits, skip)
+    assert (shape.image_tokens, shape.video_tokens) == (image, video) if shape else (image, video) == (None, None)
+
+
+def test_a_model_of_unknown_modalities_keeps_its_profile() -> None:
+    """Only the Qwen-VL families' and Gemma 3's modalities are known: another model may profile audio."""
+    omni = shape_of({"model_type": "qwen2_5_omni", "hidden_size": 3584, "vision_config": {"hidden_size": 1280}})
+    assert profiled_shape(omni, {"image": 0}, False) == omni
+    gemma = shape_of({"model_type": "gemma3", "text_config": {"hidden_size": 2560}, "mm_tokens_per_image": 256,
+                      "vision_config": {"hidden_size": 1152}})
+    assert profiled_shape(gemma, {"image": 0}, False) is None
+
+
+def test_the_flags_reach_the_settings() -> None:
+    settings = EngineCommand.parse(["vllm", "serve", "m", "--skip-mm-profiling",
+                                    "--limit-mm-per-prompt", '{"video": 0}']).settings()
+    assert settings.skip_mm_profiling and settings.mm_limits == (("video", 0),)
+
+
+def test_the_flags_change_the_planned_profile(tmp_path: Path) -> None:
+    """The held-out Qwen3-VL start-up (0.11.0, TP 4) planned under each flag: skipping the encoder's profile
+    and turning every modality off plan the same peak, below the default's; video off profiles the
+    16,384-token image, without the video's 153,600-token padded budget."""
+    run = next(r for r in all_runs() if r["name"] == "search_qwen3_vl_30b_a3b_4x3090_v0110")
+
+    def peak(*flags: str) -> int:
+        budget = plan_run({**run, "flags": [*run["flags"], *flags]}, tmp_path / str(len(flags)) / flags[0]
+                          if flags else tmp_path / "default").gpu_budget
+        assert budget is not None
+        return budget.activation_peak_bytes
+
+    default, skipped = peak(), peak("--skip-mm-profiling")
+    assert skipped == peak("--limit-mm-per-prompt '{\"image\": 0, \"video\": 0}'") < peak(
+        "--limit-mm-per-prompt '{\"video\": 0}'") < default
+
+
+def test_the_flags_are_part_of_a_learned_profiles_key() -> None:
+    """A profile learned under one encoder profile does not stand for another; keys without the flags are kept."""
+    def key(*flags: str) -> str:
+        return profile_key(EngineCommand.parse(["vllm", "serve", "m", *flags]).settings(), preset("h100"),
+                           parse_version("0.13.0"))
+
+    assert len({key(), key("--skip-mm-profiling"), key("--limit-mm-per-prompt", '{"video": 0}')}) == 3

@@ -26,8 +26,22 @@ like the encoder cache (planner/encoder_cache.py):
 The V2 runner (planner's vllm_releases/model_runner_v2.py; the only runner from 0.34) builds its
 dummy items on the host and moves them to the device inside its encoder call (vLLM 0.33.0,
 vllm/v1/worker/gpu/mm/encoder_runner.py:150-158 execute_mm_encoder), so nothing is held: 0.
+
+What the user's flags leave of the profile (`profiled_shape`), for every term of the encoder's profile:
+- `--skip-mm-profiling`: no encoder pass and no encoder cache (vLLM 0.11.2,
+  vllm/v1/worker/gpu_model_runner.py:4070-4074; 0.28.0 :6562-6566; 0.34.0,
+  vllm/v1/worker/gpu/model_runner.py:1077).
+- `--limit-mm-per-prompt` with a modality at 0: the profile leaves that modality out (vLLM 0.11.2,
+  vllm/multimodal/registry.py:174, only modalities with `limit > 0`); with every modality of the model
+  at 0 nothing is left, the encoder budget is 0 (v1/core/encoder_cache_manager.py:315-321) and the
+  profile runs no encoder (gpu_model_runner.py:4079). The modalities are known for the Qwen-VL families
+  (image and video) and Gemma 3 (image); another model's shape only loses the zeroed image's size.
 """
 from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import replace
 
 from kvwatch.planner.encoder_cache import (
     PADDED_SINCE,
@@ -40,6 +54,40 @@ from kvwatch.planner.encoder_cache import (
 PIXELS_CAST_SINCE = (0, 9, 0)       # the processor's floating outputs cast to the model dtype
 FLOAT32_BYTES = 4
 SPLIT_VIEW_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
+_MODALITIES = {**dict.fromkeys(SPLIT_VIEW_FAMILIES, ("image", "video")), "gemma3": ("image",)}
+
+
+def mm_limits(value: str | None) -> tuple[tuple[str, int], ...]:
+    """--limit-mm-per-prompt's counts: a JSON object of counts (or of {"count": n, ...} from 0.11),
+    or the older `image=2,video=0` form; () when not given or not readable."""
+    if not value:
+        return ()
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        parsed = dict(part.split("=", 1) for part in value.split(",") if "=" in part)
+    if not isinstance(parsed, dict):
+        return ()
+    counts = []
+    for modality, limit in parsed.items():
+        count = limit.get("count") if isinstance(limit, dict) else limit
+        if isinstance(count, str) and count.strip().isdigit():
+            count = int(count)
+        if isinstance(count, int) and not isinstance(count, bool):
+            counts.append((str(modality).strip(), count))
+    return tuple(counts)
+
+
+def profiled_shape(shape: EncoderShape | None, limits: Mapping[str, int], skip_mm_profiling: bool
+                   ) -> EncoderShape | None:
+    """The encoder shape the profile runs under the user's flags (the module's list); None: no encoder profile."""
+    if shape is None or skip_mm_profiling:
+        return None
+    modalities = _MODALITIES.get(shape.family)
+    if modalities is not None and all(limits.get(m) == 0 for m in modalities):
+        return None
+    return replace(shape, image_tokens=0 if limits.get("image") == 0 else shape.image_tokens,
+                   video_tokens=0 if limits.get("video") == 0 else shape.video_tokens)
 
 
 def dummy_pixel_bytes(shape: EncoderShape, version: tuple[int, int, int], items: int, encoded_tokens: int,
