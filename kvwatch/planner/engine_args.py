@@ -20,6 +20,7 @@ from functools import cached_property
 from typing import Any
 
 from kvwatch.errors import CommandError
+from kvwatch.planner.encoder_held import mm_limits
 from kvwatch.planner.serve_options import (
     ReleaseOptions,
     ServeOption,
@@ -178,6 +179,9 @@ class EngineSettings:
     speculative_config: bool = False   # --speculative-config is a JSON object (with or without a method)
     runner: str = "auto"     # --runner (0.10.2+): generate, pooling, draft; auto: vLLM decides (planner/pooling_run.py)
     convert: str = "auto"    # --convert (0.10.2+): embed, classify, ... ; auto: vLLM decides
+    skip_mm_profiling: bool = False   # --skip-mm-profiling (0.10+): no encoder pass nor encoder cache in the profile
+    # --limit-mm-per-prompt's items per modality, as (modality, count) pairs given (planner/encoder_held.py)
+    mm_limits: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -312,6 +316,8 @@ class EngineCommand:
             cudagraph_sizes_given=self._cudagraph_sizes_given(),
             runner=self.get("--runner") or "auto",
             convert=self.get("--convert") or "auto",
+            skip_mm_profiling=bool(self._switch("--skip-mm-profiling")),
+            mm_limits=mm_limits(self.get("--limit-mm-per-prompt")),
             **self._speculative(),
         )
 

@@ -44,13 +44,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 from kvwatch.planner.devices import Device, GiB, card_for, cuda_total_bytes, multiprocessors, scheduler_memory_bytes
-from kvwatch.planner.encoder_cache import (
-    EncoderShape,
-    counted_and_encoded_tokens,
-    encoder_cache_bytes,
-    profile_items,
-)
+from kvwatch.planner.encoder_cache import EncoderShape, counted_and_encoded_tokens, encoder_cache_bytes, profile_items
 from kvwatch.planner.encoder_forward import encoder_forward_bytes
+from kvwatch.planner.encoder_held import profile_inputs_held_bytes, profiled_shape
 from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.extensible_kv import (
     Extensible,
@@ -547,8 +543,11 @@ def estimate_budget(settings: EngineSettings, device: Device, count: WeightCount
     if release.engine == V0_ENGINE:
         vision = v0_vision_profile(count, seqs, tp, dtype_bytes, version)
     if release.engine == V1_ENGINE and count is not None and version is not None:
-        extra = encoder_cache_bytes(count.encoder, version.parts, tokens, seqs, dtype_bytes)
-        vision = (v1_encoder_pass_bytes(count.encoder, version.parts, tokens, seqs, tp, dtype_bytes), 0)
+        shape = profiled_shape(count.encoder, dict(settings.mm_limits), settings.skip_mm_profiling)   # the user's flags
+        extra = encoder_cache_bytes(shape, version.parts, tokens, seqs, dtype_bytes) + profile_inputs_held_bytes(
+            shape, version.parts, tokens, seqs, dtype_bytes, runs_v2_runner(version.parts, architectures, bool(
+                count.experts_per_token), hybrid, (env or {}).get("VLLM_USE_V2_MODEL_RUNNER")))
+        vision = (v1_encoder_pass_bytes(shape, version.parts, tokens, seqs, tp, dtype_bytes), 0)
         if version.parts >= MOE_WORKSPACE_SINCE and not quantized_experts:
             workspace = moe_workspace_bytes(count, tokens, dtype_bytes, expert_width_shards(settings))
     # one workspace buffer, grown to the largest request: TRITON_MLA's decode logits share the MoE's
@@ -594,4 +593,6 @@ def profile_key(settings: EngineSettings, device: Device, version: VllmVersion |
              settings.max_model_len, settings.max_num_seqs, settings.max_num_batched_tokens,
              settings.enable_chunked_prefill, settings.enforce_eager, device.name, device.total_memory_bytes,
              str(version or DEFAULT_RELEASE))
-    return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
+    # the encoder's profile flags, only where given: the keys learned without them stand
+    encoder = (settings.skip_mm_profiling, settings.mm_limits) if settings.skip_mm_profiling or settings.mm_limits else ()
+    return hashlib.sha256(repr(parts + encoder if encoder else parts).encode()).hexdigest()[:16]
