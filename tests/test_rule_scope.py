@@ -34,9 +34,9 @@ RULES = ruleset_for(None)
 CPU = Device("cpu", "cpu", cpu_fp8_kv=True)
 CPU_NO_AVX512 = Device("cpu", "cpu", cpu_fp8_kv=False)
 KIMI = json.loads((Path(__file__).parent.parent / "examples/kimi-k2/config.json").read_text())
-# DeepSeek-V4.1 builds DeepseekV4Attention with caches of its own shapes, which kvwatch does not plan
+# The DSpark draft builds DeepseekV4Attention with caches of its own shapes, which kvwatch does not plan
 # (planner/deepseek_v4.py NOT_PLANNED); no rule of kvwatch was read for it.
-OUTSIDE = "DeepseekV41ForCausalLM"
+OUTSIDE = "DSparkV41DraftModel"
 DROPPED = sorted(a for a in PREVIOUSLY_SUPPORTED if a not in IN_TRANSFORMERS)[0]
 
 K = FailureKind

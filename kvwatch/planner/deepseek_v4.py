@@ -44,7 +44,7 @@ from typing import Any
 from kvwatch.errors import ConfigError
 from kvwatch.values.versions import VllmVersion
 
-# DeepSeek-V4.1 (DeepseekV41ForCausalLM, model_type deepseek_v41) is not one: see NOT_PLANNED.
+# DeepSeek-V4.1 (DeepseekV41ForCausalLM, model_type deepseek_v41) is not one: planner/deepseek_v41.py plans it.
 ARCHITECTURES = frozenset({"DeepseekV4ForCausalLM", "DeepseekV4ForConditionalGeneration", "DeepSeekV4MTPModel"})
 MODEL_TYPES = frozenset({"deepseek_v4"})
 # The releases whose code the oracle ran (tests/deepseek_v4_oracle.py): the same specs, groups and
@@ -67,7 +67,7 @@ class CacheSpec:
     """One layer's cache as vLLM specifies it: the bucket it joins and its page."""
 
     name: str            # the layer name's tail: swa_cache, latent, indexer, state, indexer.state
-    kind: str            # "mla" (full attention) or "swa_mla" (sliding window)
+    kind: str            # "mla" (full attention), "swa_mla" (sliding window) or "ring" (DeepSeek-V4.1's)
     block_size: int      # tokens per block
     window: int          # the sliding window (0 for full attention)
     page_bytes: int      # bytes of one block of this layer, padded
@@ -98,6 +98,8 @@ class Group:
         (SlidingWindowSpec.max_admission_blocks_per_request, :932-958)."""
         if self.kind == "mla":
             return -(-max_model_len // self.block_size)
+        if self.kind == "ring":   # a compressor ring: one block a request (CircularBufferSpec, :1001-1003)
+            return 1
         held = min(self.window - 1 + extra_retained + max_in_flight_tokens, max_model_len)
         return -(-held // self.block_size) + 1
 
@@ -219,7 +221,8 @@ def packed_groups(specs: Sequence[CacheSpec]) -> list[Group]:
     widest = {key: max(len(v) for v in pages.values()) for key, pages in buckets.items()}
     floor = max((widest[k] for k, p in buckets.items() if balanced(p) and len(p) > 1), default=0)
     repeats = _least_padding([widest[k] for k, p in buckets.items() if balanced(p)], floor) if floor else None
-    state = {k for k in buckets if repeats is None and k[0] == "swa_mla"}
+    # state buckets: rings always, unsplit sliding windows (kv_cache_planning.py:1037-1042)
+    state = {k for k in buckets if k[0] == "ring" or (repeats is None and k[0] == "swa_mla")}
 
     def split(key: tuple[str, int, int], pages: dict[int, list[int]]) -> int:
         return -(-widest[key] // repeats) if repeats is not None and balanced(pages) else 1
@@ -282,23 +285,19 @@ def backend_name(sm_major: int) -> str:
     return "FLASHINFER_MLA_SPARSE_DSV4" if sm_major == 12 else "FLASHMLA_SPARSE_DSV4"
 
 
-def token_bytes(groups: Sequence[Group]) -> int:
+def token_bytes(groups: Sequence[Group], block: int = MAIN_BLOCK) -> int:
     """Bytes a long context adds per token: the full-attention groups' pages over their block
     (the sliding groups hold a bounded window)."""
-    return -(-sum(g.page_bytes for g in groups if g.kind == "mla") // MAIN_BLOCK)
+    return -(-sum(g.page_bytes for g in groups if g.kind == "mla") // block)
 
 
 # The layer classes whose caches this module plans (architecture_kinds.PLANNED_KINDS).
 DEEPSEEK_V4_KINDS: dict[str, str] = {
     "DeepseekV4Attention": "DeepSeek-V4 sliding-window and compressed latents, compressor states",
     "DeepseekV4IndexerCache": "DeepSeek-V4 indexer keys"}
-# Architectures that build those classes with caches of other shapes, which this module does not plan.
-NOT_PLANNED: dict[str, str] = {
-    "DeepseekV41ForCausalLM": "DeepSeek-V4.1 builds its own sliding cache (block 32, its own row and page "
-                              "alignment, bounded replay: vLLM 0.34.0, vllm/models/deepseek_v41/attention.py:"
-                              "615-632), which kvwatch does not plan",
-    "DSparkDraftModel": "the DSpark draft's own layers are not planned",
-    "DSparkV41DraftModel": "the DSpark draft's own layers are not planned"}
+# Architectures that build those classes with caches of other shapes, which this module does not plan
+# (none in vLLM 0.34: V4.1 is planner/deepseek_v41.py's, the DSpark drafts have planner/draft_heads.py's verdict).
+NOT_PLANNED: dict[str, str] = {}
 
 
 # One MXFP4 value and its share of the UE8M0 scale per 32 values (OCP MX, as weights.py's mxfp4).
@@ -328,6 +327,8 @@ class Packing:
     bytes_per_block: int
     backend: str | None
     unsure: tuple[str, ...]
+    block_size: int = MAIN_BLOCK   # the compressed caches' block (DeepSeek-V4.1: planner/deepseek_v41.py)
+    source: str = SOURCE
 
 
 def packing(shape: DeepseekV4Shape, speculative_method: str | None, num_speculative_tokens: int, platform: str,

@@ -2,7 +2,7 @@
 
 A draft architecture is loaded next to the target through --speculative-config; whatever cache
 layers it builds join the target's KV cache. Two of vLLM 0.33's and 0.34's drafts build no cache
-kvwatch plans, for different reasons:
+kvwatch plans, for different reasons (and DeepSeek's DSpark drafts, last):
 
 - ParseAuxMTPModel, Nemotron Parse 3.5's one-step auxiliary MTP proposer, builds no cache layer at
   all: an embedding and two linear projections over the target's hidden state, then the tied LM head
@@ -16,6 +16,11 @@ kvwatch plans, for different reasons:
   (vllm/model_executor/models/extract_hidden_states.py:306-313, :331-357; 0.33.0 the same lines).
   It asserts a speculative config (:325), so it never runs as the served model, and kvwatch does not
   plan a draft's cache layers next to the target's: its verdict stays unknown, with that reason.
+- DSparkDraftModel and DSparkV41DraftModel, DeepSeek-V4's and V4.1's DSpark drafts
+  (--speculative-config method dspark), each build more DeepSeek-V4 decoder layers whose sliding caches
+  join the target's, read by a non-causal draft block; V4.1's also widen the target's compressor rings.
+  Their verdict stays unknown, with that reason (planner/deepseek_v4.py and deepseek_v41.py plan the
+  targets).
 """
 from __future__ import annotations
 
@@ -39,6 +44,22 @@ DRAFTS: dict[str, DraftVerdict] = {
               "adds a HiddenStateCacheSpec of len(eagle_aux_hidden_state_layer_ids) heads x the target's hidden "
               "size, in the model dtype (:306-313, :331-357), to the target's KV cache; kvwatch does not plan a "
               "draft's cache layers"),
+    "DSparkDraftModel": DraftVerdict(
+        True, "a draft only (DeepSeek-V4's DSpark draft, --speculative-config method dspark): `n_mtp_layers` (3 "
+              "when unset) more decoder layers of DeepseekV4Attention at layers.{num_hidden_layers + i} (vLLM 0.34.0, "
+              "vllm/models/deepseek_v4/nvidia/dspark.py:106, :132-141) whose caches join the target's, their "
+              "sliding caches read by a non-causal draft block of its own index width "
+              "(vllm/v1/attention/backends/mla/sparse_swa.py:566-576); kvwatch does not plan a draft's cache "
+              "layers"),
+    "DSparkV41DraftModel": DraftVerdict(
+        True, "a draft only (DeepSeek-V4.1's DSpark draft, --speculative-config method dspark): `n_mtp_layers` "
+              "or `num_nextn_predict_layers` (3 when unset) more decoder layers of DeepseekV4Attention at "
+              "layers.{num_hidden_layers + i} (vLLM 0.34.0, vllm/models/deepseek_v41/nvidia/dspark.py:90-94, "
+              ":125-134), sliding-only (compress ratio 0 past the backbone, attention.py:381-401), each adding a "
+              "block-32 sliding cache to the target's, read by a non-causal draft block "
+              "(vllm/v1/attention/backends/mla/sparse_swa.py:566-576); drafting also widens the target's "
+              "compressor rings to max(8, next power of two of num_speculative_tokens + 2) rows "
+              "(vllm/models/deepseek_v41/compressor.py:251-252); kvwatch does not plan a draft's cache layers"),
 }
 
 

@@ -15,6 +15,7 @@ from kvwatch.planner.config_defaults import HEAD_DIM_DEFAULTS
 from kvwatch.planner.config_keys import MAX_FIELD, MAX_LEN_KEYS, own_key, standard_keys
 from kvwatch.planner.cross_attention import with_cross_attention
 from kvwatch.planner.deepseek_v4 import DeepseekV4Shape, deepseek_v4_shape, weight_quantization
+from kvwatch.planner.deepseek_v41 import DeepseekV41Shape, deepseek_v41_shape
 from kvwatch.planner.indexer import indexer_bytes_per_token
 from kvwatch.planner.inkling import inkling_layout, is_inkling
 from kvwatch.planner.layer_pattern import PatternError, pattern_error
@@ -71,7 +72,7 @@ class ModelGeometry:
     # MiniMax-M3's sparse layers, each with a key-only indexer cache in the blocks (planner/minimax_sparse.py)
     sparse_indexer: SparseIndexer | None = None
     # DeepSeek-V4's compressed, sliding and indexer caches, packed by their own rule (planner/deepseek_v4.py)
-    deepseek_v4: DeepseekV4Shape | None = None
+    deepseek_v4: DeepseekV4Shape | DeepseekV41Shape | None = None   # V4.1's: planner/deepseek_v41.py
     # vLLM's max_model_len when none is given (or auto) where it is not the derived one: LongRoPE
     # models default to original_max_position_embeddings (config/model.py _get_and_verify_max_len).
     default_len: int | None = None
@@ -289,7 +290,7 @@ def geometry_from_config(config: Mapping[str, Any], release: str | None = None) 
         sparse_indexer=sparse_indexer(cfg, architectures, num_layers, parse_version(release) if release else None),
         sink_len=sink.sink_len if sink is not None else 0,
         max_source_positions=_positive_int(cfg, "max_source_positions", required=False) or 0,
-        deepseek_v4=deepseek_v4_shape(cfg, architectures), mtp_draft=mtp_draft(cfg, model_type),
+        deepseek_v4=deepseek_v4_shape(cfg, architectures) or deepseek_v41_shape(cfg, architectures), mtp_draft=mtp_draft(cfg, model_type),
         config_class_error=pattern_error(cfg, model_type))
 
 

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from kvwatch.failure_kinds import FailureKind
-from kvwatch.planner import deepseek_v4
+from kvwatch.planner import deepseek_v4, deepseek_v41
 from kvwatch.planner.architecture_kinds import builds_no_cache, unknown_reasons
 from kvwatch.planner.architectures import IN_TRANSFORMERS
 from kvwatch.planner.architectures import refusals as _architecture_refusals
@@ -555,13 +555,14 @@ def _shared_layer_warnings(geometry: ModelGeometry, settings: EngineSettings, gr
                      f"layers differ in page size", fix)]
 
 
-def _deepseek_v4_plan(geometry: ModelGeometry, shape: deepseek_v4.DeepseekV4Shape, settings: EngineSettings,
+def _deepseek_v4_plan(geometry: ModelGeometry, shape: deepseek_v41.AnyShape, settings: EngineSettings,
                       device: Device, memory: MemoryInputs, release: Release,
                       warnings: list[PredictedRefusal]) -> Plan:
     """DeepSeek-V4: its five cache kinds packed into groups that share one block pool. Its DSv4 backend
     is not one kvwatch's backend rules know, so none of their refusals applies."""
-    kv = deepseek_v4.packing(shape, settings.speculative_method, settings.num_speculative_tokens, device.platform,
-                             device.sm, memory.vllm_version, settings.attention_backend)
+    kv = deepseek_v41.packing_for(shape, settings.speculative_method, settings.num_speculative_tokens, device.platform,
+                                  device.sm, memory.vllm_version, settings.attention_backend, settings.kv_cache_dtype,
+                                  settings.block_size)
     sizes = token_sizes(geometry, settings, device, memory.vllm_version, dict(memory.vllm_env))
     blocks = _blocks(device, settings, geometry, memory, sizes.model_bytes, kv.bytes_per_block, kv.backend)
     max_len = settings.max_model_len or geometry.default_max_model_len
@@ -570,9 +571,9 @@ def _deepseek_v4_plan(geometry: ModelGeometry, shape: deepseek_v4.DeepseekV4Shap
         if blocks.num_blocks else (0, 0.0)
     return Plan(
         model=settings.model, device=device.name, compute_capability=device.sm, attention="deepseek_v4",
-        backend=kv.backend, block_size=deepseek_v4.MAIN_BLOCK, block_size_source=deepseek_v4.SOURCE,
+        backend=kv.backend, block_size=kv.block_size, block_size_source=kv.source,
         kv_cache_dtype=settings.kv_cache_dtype, dtype_bytes=1, kv_bytes_per_token_per_layer=0,
-        kv_bytes_per_token=deepseek_v4.token_bytes(kv.groups), page_size_bytes=kv.bytes_per_block,
+        kv_bytes_per_token=deepseek_v4.token_bytes(kv.groups, kv.block_size), page_size_bytes=kv.bytes_per_block,
         layers_per_block=max(len(g.pages) for g in kv.groups), bytes_per_block=kv.bytes_per_block,
         kv_memory_bytes=blocks.kv_memory, kv_memory_source=blocks.source, num_blocks=blocks.num_blocks,
         kv_cache_tokens=tokens, max_model_len=max_len, max_concurrency=concurrency, estimated=blocks.estimated,

@@ -1,0 +1,166 @@
+"""DeepSeek-V4.1's cache kinds and vLLM 0.34's packing of them, on CUDA SM 9.x (pure).
+
+DeepSeek-V4.1 (DeepseekV41ForCausalLM) builds the DeepSeek-V4 layer classes with caches of other
+shapes (vLLM 0.34.0, vllm/models/deepseek_v41/):
+
+- every layer's compress ratio is `compress_ratios[i]`, 0 (sliding window only), 1 or 2
+  (attention.py:381-392);
+- only the `kv_source_layer_ids` layers own a compressed latent cache (an MLAAttentionSpec of the
+  cache block size, one `bytes_per_token` row per `ratio` tokens, attention.py:1256-1288) and a
+  compressor, whose float32 state (ratio 2 only: a ratio-1 compressor keeps none) is a
+  CircularBufferSpec of `2 * head_dim` a row and `max(8, next power of two of num_speculative_tokens
+  + 2)` rows, one block a request (compressor.py:238-266, :335-342; kv_cache_interface.py:982-1018);
+- only the kv sources that are also `index_source_layer_ids` own the indexer's FP8 keys,
+  `index_head_dim + index_head_dim // 128 * 4` bytes per state (attention.py:181-189, :503-517,
+  :1324-1359); the other layers read their source's caches;
+- every layer has a sliding-window cache of block 32 (attention.py:614-632), with bounded replay on by
+  default (vllm/config/cache.py:379), which keeps it out of prefix caching and changes no size.
+
+The records depend on the GPU (_use_v41_mxfp8_kv_record, attention.py:198-199): on SM 10.x they are
+528 bytes with 512-byte page alignment and a block-stride alignment, and the default class there is
+FlashMLA mega attention with NVFP4 compressed records (nvidia/model.py:256-268). kvwatch plans one
+scope exactly: CUDA SM 9.x with the class CUDA picks there (DeepseekV4FlashMLAAttention, FlashMLA
+sparse), `--kv-cache-dtype` auto or fp8 (both the fp8_ds_mla layout, attention.py:220-229), no
+speculative decoding, no `--block-size`, no context parallelism. There every row is 584 bytes, every
+packed page is padded to 576 bytes and no spec has a block-stride alignment, and the cache block size
+is 64: the one every backend the layers name takes (the V4.1 FlashMLA and indexer backends' 64-token
+kernel blocks on SM 9.x, sparse_mla.py:116-117 and vllm/v1/attention/backends/mla/indexer.py:317-322;
+vllm/platforms/interface.py:710-757). Anything else keeps its figures marked unsure, with the reason.
+The groups are DeepSeek-V4's packing rule (planner/deepseek_v4.py), the compressor rings being state
+buckets (kv_cache_planning.py:1037-1042).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvwatch.errors import ConfigError
+from kvwatch.planner import deepseek_v4
+from kvwatch.planner.deepseek_v4 import CacheSpec, DeepseekV4Shape, Packing
+from kvwatch.values.versions import VllmVersion
+
+ARCHITECTURES = frozenset({"DeepseekV41ForCausalLM"})
+MODEL_TYPES = frozenset({"deepseek_v41", "deepseek_v41_text"})
+CHECKED_MINORS = frozenset({(0, 34)})   # the release the oracle ran (tests/deepseek_v41_oracle.py)
+SOURCE = "vLLM 0.34.0, vllm/models/deepseek_v41/attention.py:570-632, :1256-1359, compressor.py:238-266, " \
+         "sparse_mla.py:116-117, vllm/platforms/interface.py:710-757"
+
+BLOCK = 64            # the cache block size on SM 9.x (see above)
+SWA_BLOCK = 32        # attention.py:622
+ROW_BYTES = 584       # the SM 9.x record (attention.py:577)
+RING_ROWS = 8         # max(8, 2 ** ceil(log2(0 + 2))) without speculative decoding (compressor.py:251-252)
+QUANT_BLOCK = 128     # the indexer's FP8 key scale block (attention.py:189)
+BACKEND = "FLASHMLA_SPARSE_DSV41"
+
+
+@dataclass(frozen=True)
+class DeepseekV41Shape:
+    """What vLLM's DeepSeek-V4.1 layers read from config.json to build their caches."""
+
+    ratios: tuple[int, ...]        # each decoder layer's compress ratio (0: sliding window only)
+    kv_sources: frozenset[int]
+    index_sources: frozenset[int]
+    head_dim: int
+    index_head_dim: int
+    window: int
+
+
+AnyShape = DeepseekV4Shape | DeepseekV41Shape
+
+
+def _ids(value: object, field: str) -> frozenset[int]:
+    if not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
+        raise ConfigError(f"config.json: DeepSeek-V4.1 field {field!r} must list layer ids")
+    return frozenset(value)
+
+
+def deepseek_v41_shape(cfg: Mapping[str, Any], architectures: Sequence[str]) -> DeepseekV41Shape | None:
+    """The shape of a DeepSeek-V4.1 (text) config.json; None for any other model."""
+    if not (ARCHITECTURES & set(architectures) or cfg.get("model_type") in MODEL_TYPES):
+        return None
+    layers = deepseek_v4._count(cfg.get("num_hidden_layers"), "num_hidden_layers")
+    listed = cfg.get("compress_ratios")
+    if not isinstance(listed, list):
+        raise ConfigError("config.json: DeepSeek-V4.1 needs compress_ratios, one a layer")
+    # MTP layers past the list are pure sliding window (attention.py:382-387)
+    ratios = tuple(deepseek_v4._count(r, "compress_ratios") for r in listed[:layers]) + (0,) * (layers - len(listed))
+    if bad := sorted({r for r in ratios if r not in (0, 1, 2)}):
+        raise ConfigError(f"config.json: DeepSeek-V4.1 compress ratio {bad[0]}: vLLM takes 0, 1 or 2 "
+                          f"(vllm/models/deepseek_v41/attention.py:388-392)")
+    shape = DeepseekV41Shape(ratios, _ids(cfg.get("kv_source_layer_ids", []), "kv_source_layer_ids"),
+                             _ids(cfg.get("index_source_layer_ids", []), "index_source_layer_ids"),
+                             deepseek_v4._count(cfg.get("head_dim"), "head_dim", 512),
+                             deepseek_v4._count(cfg.get("index_head_dim"), "index_head_dim", 128),
+                             deepseek_v4._count(cfg.get("sliding_window"), "sliding_window", 128))
+    if any(ratios) and not (shape.kv_sources and shape.index_sources):   # attention.py:407-414
+        raise ConfigError("config.json: DeepSeek-V4.1 needs kv_source_layer_ids and index_source_layer_ids "
+                          "for its compressed layers")
+    return shape
+
+
+def _pad(size: int) -> int:
+    return -(-size // deepseek_v4.PAGE_ALIGNMENT) * deepseek_v4.PAGE_ALIGNMENT
+
+
+def layer_specs(shape: DeepseekV41Shape) -> list[list[CacheSpec]]:
+    """Per layer, its own caches in the order vLLM registers them: the compressed latent (the attention
+    layer itself, attention.py:490-498), the index keys, the sliding window, the compressor ring."""
+    out: list[list[CacheSpec]] = []
+    for layer, ratio in enumerate(shape.ratios):
+        source = layer in shape.kv_sources
+        own: list[CacheSpec] = []
+        if source:
+            own.append(CacheSpec("latent", "mla", BLOCK, 0, _pad(BLOCK // max(ratio, 1) * ROW_BYTES), "uint8"))
+            if layer in shape.index_sources:
+                key = shape.index_head_dim + shape.index_head_dim // QUANT_BLOCK * 4
+                own.append(CacheSpec("indexer", "mla", BLOCK, 0, _pad(BLOCK // max(ratio, 1) * key), "uint8"))
+        own.append(CacheSpec("swa_cache", "swa_mla", SWA_BLOCK, shape.window, _pad(SWA_BLOCK * ROW_BYTES), "uint8"))
+        if source and ratio > 1:
+            own.append(CacheSpec("state", "ring", RING_ROWS, 0, RING_ROWS * 2 * shape.head_dim * 4, "float32"))
+        out.append(own)
+    return out
+
+
+def groups_for(shape: DeepseekV41Shape) -> list[deepseek_v4.Group]:
+    """The KV cache groups of a DeepSeek-V4.1 model (SM 9.x scope)."""
+    return deepseek_v4.packed_groups([s for layer in layer_specs(shape) for s in layer])
+
+
+def num_blocks(shape: DeepseekV41Shape, kv_memory_bytes: int) -> int:
+    """Blocks vLLM 0.34 allocates for DeepSeek-V4.1 in `kv_memory_bytes` of one rank (SM 9.x scope)."""
+    return kv_memory_bytes // deepseek_v4.bytes_per_block(groups_for(shape))
+
+
+def out_of_scope(version: VllmVersion | None, platform: str, sm: str, kv_cache_dtype: str | None,
+                 attention_backend: str | None, speculative_method: str | None, block_size: int | None) -> tuple[str, ...]:
+    """Why the plan of this command is unsure: each way it leaves the scope vLLM's code was checked in."""
+    reasons = []
+    if version is not None and version.parts[:2] not in CHECKED_MINORS:
+        reasons.append(f"DeepSeek-V4.1's caches are checked against vLLM 0.34 only, not vLLM {version}")
+    if platform != "cuda" or sm.split(".")[0] != "9":
+        reasons.append(f"DeepSeek-V4.1 on {platform} SM {sm}: only CUDA SM 9.x is planned (SM 10.x takes "
+                       f"528-byte records, a block-stride alignment and NVFP4 compressed rows)")
+    if attention_backend not in (None, BACKEND, "FLASHMLA_SPARSE", "FLASHMLA_SPARSE_DSV4"):   # nvidia/model.py:248-254
+        reasons.append(f"DeepSeek-V4.1 with --attention-backend {attention_backend}: only FlashMLA sparse is planned")
+    if (kv_cache_dtype or "auto") not in ("auto", "fp8", "fp8_ds_mla"):
+        reasons.append(f"DeepSeek-V4.1 with --kv-cache-dtype {kv_cache_dtype}: only the fp8_ds_mla layout is planned")
+    if speculative_method:
+        reasons.append(f"--speculative-config method {speculative_method!r}: DeepSeek-V4.1's compressor rings "
+                       f"and its draft's caches with speculative decoding are not planned")
+    if block_size is not None and block_size != BLOCK:
+        reasons.append(f"DeepSeek-V4.1 with --block-size {block_size}: only the default block {BLOCK} is planned")
+    return tuple(reasons)
+
+
+def packing_for(shape: AnyShape, speculative_method: str | None,
+                num_speculative_tokens: int, platform: str, sm: str, version: VllmVersion | None,
+                attention_backend: str | None, kv_cache_dtype: str | None, block_size: int | None) -> Packing:
+    """The packing of a DeepSeek-V4 or V4.1 model under this command, with why its figures are unsure."""
+    if isinstance(shape, DeepseekV4Shape):
+        return deepseek_v4.packing(shape, speculative_method, num_speculative_tokens, platform, sm, version,
+                                   attention_backend)
+    groups = tuple(groups_for(shape))
+    unsure = out_of_scope(version, platform, sm, kv_cache_dtype, attention_backend, speculative_method, block_size)
+    return Packing(groups, deepseek_v4.bytes_per_block(groups), BACKEND if platform == "cuda" else None, unsure,
+                   BLOCK, SOURCE)
