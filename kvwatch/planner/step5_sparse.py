@@ -1,0 +1,156 @@
+"""Step5's caches and vLLM 0.34's packing of them into blocks (pure), on one scope only.
+
+The scope: vLLM 0.34 on CUDA SM 9.0 with its default backends, a bf16 KV cache (`--kv-cache-dtype
+auto` on a bf16 model), no `--block-size`, no speculative decoding, no decode or prefill context
+parallelism, the hybrid KV cache manager on, and every attention layer of head_dim 192. Anything
+else is unsure (`out_of_scope`), not planned. Each rule cites vLLM 0.34.0:
+
+- a Step5 checkpoint needs a `sparse_config` section (models/step5/nvidia/model.py:1844-1849); a
+  layer's type is `layer_types_with_mtp` or `layer_types` (common/config.py:226-236), else even
+  layers are `sliding_attention` and odd ones `full_attention` (model.py:886-893); a sliding layer
+  keeps the config's `sliding_window`, any other layer drops it (:899-904); a layer runs the DSA
+  backend when the sparse section is enabled (common/config.py:74-90), its type (`full_attention`
+  past the end of the list) is in `apply_to_layer_types` (model.py:450-464, only
+  `("full_attention",)` is accepted: common/config.py:127-139) and it has no window (model.py:1008);
+- KV heads per rank: `num_attention_groups` (or `attention_other_setting`'s for a layer of its
+  `attention_type`, model.py:1858-1872) over TP, at least 1 (:944); head_dim: `head_dim` or
+  `hidden_size // heads` (:951), heads being `swa_num_attention_heads` on a windowed layer (:899-902);
+- every backend accepts CacheConfig.DEFAULT_BLOCK_SIZE 64 (config/cache.py:185): FLASH_ATTN and
+  STEP5_DSA take multiples of 16 (v1/attention/backends/flash_attn.py:357-367), the summary and the
+  tail ring any (v1/attention/backend.py:74-77, common/csa_tail_ring.py:144-150 when the ring fits),
+  so platforms/interface.py:733-734 keeps 64; a sliding layer takes the same block
+  (model_executor/layers/attention/attention.py:655-702);
+- STEP5_DSA lists only the BLNHC layout (sparse_attention.py:823-826), so the whole model gets it
+  (v1/attention/backends/utils.py:252-270): a block-outermost layout;
+- a sliding layer: SlidingWindowSpec, page `block x 2 x heads x head_dim x 2` B; a DSA layer: the
+  same page as FullAttentionSpec with a block stride of whole 8-token kernel pages
+  (sparse_attention.py:890-893, v1/kv_cache_interface.py:213-223), its summary a FullAttentionSpec
+  of one 256-B row per 8 tokens (common/sparse_summary_cache.py:143-154) and its tail ring a
+  CircularBufferSpec of the main page, block stride a multiple of 1,024 B
+  (common/csa_tail_ring.py:188-212);
+- _get_packed_kv_cache_groups (v1/core/kv_cache_planning.py:958) packs them as for DeepSeek-V4
+  (planner/deepseek_v4.py `packed_groups`); a BLNHC block is the largest group's pages rounded up
+  to the least common multiple of every layer's block-stride alignment (:620-648), and a budget
+  holds `budget // block` blocks (:724).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvwatch.planner.deepseek_v4 import CacheSpec, Group, packed_groups
+
+ARCHITECTURES = frozenset({"Step5ForCausalLM"})   # Step5ForConditionalGeneration: LANGUAGE_MODELS
+SOURCE = "vLLM 0.34.0, vllm/models/step5/nvidia/model.py:886-1008, :1844-1915, " \
+         "vllm/models/step5/nvidia/sparse_attention.py:823-901, vllm/v1/core/kv_cache_planning.py:620-724"
+BLOCK_SIZE = 64           # CacheConfig.DEFAULT_BLOCK_SIZE (config/cache.py:185)
+LAYOUT = "BLNHC"          # sparse_attention.py:823-826
+DSA_HEAD_DIM = 192        # sparse_attention.py:829-830
+DSA_KERNEL_BLOCK = 8      # customize_spec's MultipleOf(8) (sparse_attention.py:890-893)
+SUMMARY_ROW_BYTES = 256   # sparse_summary_cache.py:143-154: one uint8 row per 8 tokens
+SUMMARY_TOKENS = 8
+RING_ROW_BYTES = 1024     # csa_tail_ring.py:24-26
+SM = (9, 0)               # the scope's SM family; STEP5_DSA runs on 9.0, 10.0, 10.3 (sparse_attention.py:896-901)
+KV_BYTES = 2              # bf16
+
+
+@dataclass(frozen=True)
+class Step5Layer:
+    """One decoder layer as vLLM builds it: its kind, per-rank KV heads, head_dim and window."""
+
+    kind: str        # "sliding", "dsa" or "full" (full attention without DSA)
+    kv_heads: int
+    head_dim: int
+    window: int      # 0 but for sliding
+
+
+@dataclass(frozen=True)
+class Step5Packing:
+    """The groups, the block and the reason a case is outside the scope ("" when inside)."""
+
+    groups: tuple[Group, ...]
+    bytes_per_block: int
+    out_of_scope: str
+
+
+def _layer_types(cfg: Mapping[str, Any]) -> list[str]:
+    total = int(cfg.get("num_hidden_layers") or 0) + int(cfg.get("num_nextn_predict_layers") or 0)
+    return list((cfg.get("layer_types_with_mtp") or cfg.get("layer_types") or [])[:total])
+
+
+def _sparse_enabled(cfg: Mapping[str, Any]) -> bool:
+    section = cfg.get("sparse_config")
+    return isinstance(section, Mapping) and section.get("enabled") is not False
+
+
+def step5_layers(cfg: Mapping[str, Any], tp: int) -> list[Step5Layer]:
+    """The decoder layers of a Step5 text config.json at tensor-parallel size `tp`."""
+    types = _layer_types(cfg)
+    other = cfg.get("attention_other_setting") or {}
+    window = cfg.get("sliding_window")
+    layers = []
+    for i in range(int(cfg["num_hidden_layers"])):
+        layer_type = types[i] if types else ("sliding_attention" if i % 2 == 0 else "full_attention")
+        own = bool(other) and i < len(types) and types[i] == other.get("attention_type")
+        heads = int((other["num_attention_heads"] if own else 0) or cfg["num_attention_heads"])
+        layer_window = window if window is not None and layer_type == "sliding_attention" else None
+        if layer_window is not None and cfg.get("swa_num_attention_heads") is not None:
+            heads = int(cfg["swa_num_attention_heads"])
+        kv = int((other["num_attention_groups"] if own else 0) or cfg["num_attention_groups"])
+        head_dim = int((other["head_dim"] if own else 0) or cfg.get("head_dim") or cfg["hidden_size"] // heads)
+        full = (types[i] if i < len(types) else "full_attention") == "full_attention"
+        kind = "sliding" if layer_window is not None else \
+            "dsa" if _sparse_enabled(cfg) and full else "full"
+        layers.append(Step5Layer(kind, max(1, kv // tp), head_dim, int(layer_window or 0)))
+    return layers
+
+
+def out_of_scope(cfg: Mapping[str, Any], layers: Sequence[Step5Layer], *, sm: tuple[int, int], kv_cache_dtype: str,
+                 dtype: str, block_size: int | None, num_speculative_tokens: int) -> str:
+    """Why this case lies outside the one scope planned here; "" when it lies inside."""
+    apply_to = ((cfg.get("sparse_config") or {}).get("apply_to_layer_types") or ["full_attention"])
+    reasons = [
+        (not isinstance(cfg.get("sparse_config"), Mapping), "no sparse_config section (vLLM refuses the model)"),
+        (not any(layer.kind == "dsa" for layer in layers), "no DSA layer"),
+        ([str(t).strip().lower() for t in apply_to] != ["full_attention"], "apply_to_layer_types other than "
+                                                                            "full_attention (vLLM refuses it)"),
+        (any(layer.kind == "full" for layer in layers), "a full-attention layer without DSA"),
+        (any(layer.head_dim != DSA_HEAD_DIM for layer in layers), f"a head_dim other than {DSA_HEAD_DIM}"),
+        (sm != SM, f"SM {sm[0]}.{sm[1]}: only SM {SM[0]}.{SM[1]} is checked"),
+        (kv_cache_dtype not in ("auto", "bfloat16") or dtype != "bfloat16", "a KV cache other than bf16"),
+        (block_size is not None, "--block-size set"),
+        (num_speculative_tokens > 0, "speculative decoding"),
+    ]
+    return "; ".join(why for hit, why in reasons if hit)
+
+
+def layer_specs(layers: Sequence[Step5Layer]) -> list[tuple[CacheSpec, int]]:
+    """Each cache's spec and its block-stride alignment in bytes, in vLLM's registration order."""
+    specs: list[tuple[CacheSpec, int]] = []
+    for layer in layers:
+        per_token = 2 * layer.kv_heads * layer.head_dim * KV_BYTES
+        page = BLOCK_SIZE * per_token
+        if layer.kind == "sliding":
+            specs.append((CacheSpec("attn", "sliding", BLOCK_SIZE, layer.window, page, "bfloat16"), 1))
+            continue
+        specs.append((CacheSpec("attn", "full", BLOCK_SIZE, 0, page, "bfloat16"), DSA_KERNEL_BLOCK * per_token))
+        summary = BLOCK_SIZE // SUMMARY_TOKENS * SUMMARY_ROW_BYTES
+        specs.append((CacheSpec("sparse_summary_cache", "full", BLOCK_SIZE, 0, summary, "uint8"), 1))
+        specs.append((CacheSpec("csa_tail_ring", "ring", BLOCK_SIZE, 0, page, "bfloat16"), RING_ROW_BYTES))
+    return specs
+
+
+def packing(layers: Sequence[Step5Layer], scope: str = "") -> Step5Packing:
+    """vLLM 0.34's groups and BLNHC block for these layers (meaningful only when `scope` is "")."""
+    specs = layer_specs(layers)
+    groups = packed_groups([spec for spec, _ in specs])
+    widest = max(g.page_bytes for g in groups)
+    alignment = math.lcm(*(align for _, align in specs))
+    return Step5Packing(tuple(groups), -(-widest // alignment) * alignment, scope)
+
+
+def num_blocks(kv: Step5Packing, kv_memory_bytes: int) -> int:
+    """Blocks vLLM 0.34 allocates in `kv_memory_bytes` of one rank."""
+    return kv_memory_bytes // kv.bytes_per_block
