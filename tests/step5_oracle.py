@@ -9,7 +9,8 @@ the block size every backend accepts (Platform._preferred_block_size_for_backend
 CacheConfig.DEFAULT_BLOCK_SIZE), the layout they all list (get_supported_kv_cache_layouts), each
 cache's spec (Attention.get_kv_cache_spec for the sliding and DSA layers,
 Step5SparseSummaryCacheLayer and Step5CSATailRing.get_kv_cache_spec, each through the runner's
-customize_attention_spec), get_kv_cache_groups and get_kv_cache_config_from_groups for a KV budget.
+customize_attention_spec), get_kv_cache_groups and get_kv_cache_config_from_groups for a KV budget,
+and get_kv_cache_capacity for the tokens vLLM logs at a max_model_len and max_in_flight_tokens.
 Only the constructor's arithmetic is the oracle's own, citing vLLM 0.34.0
 vllm/models/step5/nvidia/model.py: the layer's default type (:886-893), its window (:899-904), its
 heads and head_dim (:1858-1872, :944, :951) and its DSA backend (:1008). It prints a JSON list, one
@@ -43,7 +44,7 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     from vllm.transformers_utils.configs.step5 import Step5Config
     from vllm.v1.attention.backend import AttentionType
     from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts
-    from vllm.v1.core import kv_cache_planning
+    from vllm.v1.core import kv_cache_planning, kv_cache_utils
     from vllm.v1.worker.utils import customize_attention_spec
 
     ns = types.SimpleNamespace
@@ -95,6 +96,8 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 ring = ns(_static_forward_context={name: attn}, main_layer_name=name, required_rows=7)
                 specs[f"{name}.csa_tail_ring"] = customize_attention_spec(
                     Step5CSATailRingBackend, Step5CSATailRing.get_kv_cache_spec(ring, config))
+        config.model_config = ns(max_model_len=case["max_model_len"])
+        config.max_in_flight_tokens = case["max_in_flight_tokens"]   # VllmConfig.max_in_flight_tokens
         groups = kv_cache_planning.get_kv_cache_groups(config, specs)
         planned = kv_cache_planning.get_kv_cache_config_from_groups(config, groups, case["kv_memory_bytes"])
         answers.append({
@@ -104,7 +107,7 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
                         "page_size_bytes": g.kv_cache_spec.page_size_bytes} for g in groups],
             "bytes_per_block": kv_cache_planning._get_kv_cache_bytes_per_block(
                 groups, cache.get_resolved_kv_cache_layout()),
-            "num_blocks": planned.num_blocks})
+            "num_blocks": planned.num_blocks, "tokens": kv_cache_utils.get_kv_cache_capacity(config, planned)[0]})
     return answers
 
 

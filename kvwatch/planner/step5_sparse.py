@@ -37,10 +37,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from kvwatch.planner.deepseek_v4 import CacheSpec, Group, packed_groups
+from kvwatch.errors import ConfigError
+from kvwatch.planner.deepseek_v4 import CacheSpec, Group, Packing, packed_groups
+from kvwatch.planner.devices import Device
+from kvwatch.planner.engine_args import EngineSettings
+from kvwatch.values.versions import VllmVersion
 
 ARCHITECTURES = frozenset({"Step5ForCausalLM"})   # Step5ForConditionalGeneration: LANGUAGE_MODELS
 SOURCE = "vLLM 0.34.0, vllm/models/step5/nvidia/model.py:886-1008, :1844-1915, " \
@@ -54,6 +58,7 @@ SUMMARY_TOKENS = 8
 RING_ROW_BYTES = 1024     # csa_tail_ring.py:24-26
 SM = (9, 0)               # the scope's SM family; STEP5_DSA runs on 9.0, 10.0, 10.3 (sparse_attention.py:896-901)
 KV_BYTES = 2              # bf16
+CHECKED_MINOR = (0, 34)   # the release whose code the oracle ran (tests/step5_oracle.py)
 
 
 @dataclass(frozen=True)
@@ -86,20 +91,24 @@ def _sparse_enabled(cfg: Mapping[str, Any]) -> bool:
 
 
 def step5_layers(cfg: Mapping[str, Any], tp: int) -> list[Step5Layer]:
-    """The decoder layers of a Step5 text config.json at tensor-parallel size `tp`."""
+    """The decoder layers of a Step5 text config.json at tensor-parallel size `tp` (unset fields take
+    Step5Config's defaults: 40 heads, 8 KV heads, hidden size 5120, transformers_utils/configs/step5.py:60-64)."""
     types = _layer_types(cfg)
+    if types and len(types) < int(cfg["num_hidden_layers"]):
+        raise ConfigError("config.json: Step5's layer_types must list every layer (vLLM refuses a shorter list)")
     other = cfg.get("attention_other_setting") or {}
     window = cfg.get("sliding_window")
     layers = []
     for i in range(int(cfg["num_hidden_layers"])):
         layer_type = types[i] if types else ("sliding_attention" if i % 2 == 0 else "full_attention")
         own = bool(other) and i < len(types) and types[i] == other.get("attention_type")
-        heads = int((other["num_attention_heads"] if own else 0) or cfg["num_attention_heads"])
+        heads = int((other["num_attention_heads"] if own else 0) or cfg.get("num_attention_heads") or 40)
         layer_window = window if window is not None and layer_type == "sliding_attention" else None
         if layer_window is not None and cfg.get("swa_num_attention_heads") is not None:
             heads = int(cfg["swa_num_attention_heads"])
-        kv = int((other["num_attention_groups"] if own else 0) or cfg["num_attention_groups"])
-        head_dim = int((other["head_dim"] if own else 0) or cfg.get("head_dim") or cfg["hidden_size"] // heads)
+        kv = int((other["num_attention_groups"] if own else 0) or cfg.get("num_attention_groups") or 8)
+        head_dim = int((other["head_dim"] if own else 0) or cfg.get("head_dim") or int(cfg.get("hidden_size") or 5120)
+                       // heads)
         full = (types[i] if i < len(types) else "full_attention") == "full_attention"
         kind = "sliding" if layer_window is not None else \
             "dsa" if _sparse_enabled(cfg) and full else "full"
@@ -107,21 +116,57 @@ def step5_layers(cfg: Mapping[str, Any], tp: int) -> list[Step5Layer]:
     return layers
 
 
-def out_of_scope(cfg: Mapping[str, Any], layers: Sequence[Step5Layer], *, sm: tuple[int, int], kv_cache_dtype: str,
-                 dtype: str, block_size: int | None, num_speculative_tokens: int) -> str:
-    """Why this case lies outside the one scope planned here; "" when it lies inside."""
-    apply_to = ((cfg.get("sparse_config") or {}).get("apply_to_layer_types") or ["full_attention"])
+@dataclass(frozen=True)
+class Step5Shape:
+    """A Step5 text config.json as vLLM builds it: its layers (KV heads before TP) and why the config
+    itself lies outside the scope ("" when it does not)."""
+
+    layers: tuple[Step5Layer, ...]
+    config_reasons: str
+
+
+def step5_shape(cfg: Mapping[str, Any], architectures: Sequence[str]) -> Step5Shape | None:
+    """The shape of a Step5 (text) config.json; None for any other model."""
+    if not (ARCHITECTURES | {"Step5ForConditionalGeneration"}) & set(architectures) \
+            and cfg.get("model_type") != "step5":
+        return None
+    try:
+        layers = step5_layers(cfg, 1)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as error:
+        raise ConfigError(f"config.json: Step5 field {error} is not one vLLM builds layers from") from error
+    section = cfg.get("sparse_config")
+    apply_to = (section if isinstance(section, Mapping) else {}).get("apply_to_layer_types") or ["full_attention"]
     reasons = [
-        (not isinstance(cfg.get("sparse_config"), Mapping), "no sparse_config section (vLLM refuses the model)"),
+        (not isinstance(section, Mapping), "no sparse_config section (vLLM refuses the model)"),
         (not any(layer.kind == "dsa" for layer in layers), "no DSA layer"),
         ([str(t).strip().lower() for t in apply_to] != ["full_attention"], "apply_to_layer_types other than "
                                                                             "full_attention (vLLM refuses it)"),
         (any(layer.kind == "full" for layer in layers), "a full-attention layer without DSA"),
         (any(layer.head_dim != DSA_HEAD_DIM for layer in layers), f"a head_dim other than {DSA_HEAD_DIM}"),
-        (sm != SM, f"SM {sm[0]}.{sm[1]}: only SM {SM[0]}.{SM[1]} is checked"),
-        (kv_cache_dtype not in ("auto", "bfloat16") or dtype != "bfloat16", "a KV cache other than bf16"),
+    ]
+    return Step5Shape(tuple(layers), "; ".join(why for hit, why in reasons if hit))
+
+
+def per_rank(shape: Step5Shape, tp: int) -> list[Step5Layer]:
+    """The layers on one of `tp` ranks: KV heads over TP, at least 1 (model.py:944)."""
+    return [replace(layer, kv_heads=max(1, layer.kv_heads // tp)) for layer in shape.layers]
+
+
+def out_of_scope(shape: Step5Shape, *, sm: tuple[int, int], kv_cache_dtype: str, dtype: str,
+                 block_size: int | None, num_speculative_tokens: int, platform: str = "cuda",
+                 minor: tuple[int, int] | None = CHECKED_MINOR, other: str = "") -> str:
+    """Why this case lies outside the one scope planned here; "" when it lies inside. `other`: the
+    command's own reasons (parallelism, backend, cache manager)."""
+    reasons = [
+        (bool(shape.config_reasons), shape.config_reasons),
+        (minor is not None and minor != CHECKED_MINOR, f"vLLM {minor and '.'.join(map(str, minor))}: only "
+                                                       f"{CHECKED_MINOR[0]}.{CHECKED_MINOR[1]} is checked"),
+        (platform != "cuda" or sm != SM, f"{platform} SM {sm[0]}.{sm[1]}: only CUDA SM {SM[0]}.{SM[1]} is checked"
+                                         if platform == "cuda" else f"{platform}: only CUDA SM {SM[0]}.{SM[1]} is checked"),
+        (kv_cache_dtype not in ("auto", "bfloat16") or dtype not in ("auto", "bfloat16"), "a KV cache other than bf16"),
         (block_size is not None, "--block-size set"),
         (num_speculative_tokens > 0, "speculative decoding"),
+        (bool(other), other),
     ]
     return "; ".join(why for hit, why in reasons if hit)
 
@@ -154,3 +199,34 @@ def packing(layers: Sequence[Step5Layer], scope: str = "") -> Step5Packing:
 def num_blocks(kv: Step5Packing, kv_memory_bytes: int) -> int:
     """Blocks vLLM 0.34 allocates in `kv_memory_bytes` of one rank."""
     return kv_memory_bytes // kv.bytes_per_block
+
+
+def plan_packing(shape: Step5Shape, settings: EngineSettings, device: Device, version: VllmVersion | None,
+                 config_dtype: str | None) -> Packing:
+    """The packing make_plan reports for this command: unsure, with its reason, outside the scope."""
+    other = [why for hit, why in (
+        (settings.pipeline_parallel_size > 1, "pipeline parallelism"),
+        (settings.attention_backend is not None, "--attention-backend set"),
+        (settings.disable_hybrid_kv_cache_manager, "--disable-hybrid-kv-cache-manager"),
+        (settings.speculative_config, "--speculative-config")) if hit]
+    major, _, minor = device.sm.partition(".")
+    sm = (int(major), int(minor or 0)) if device.platform == "cuda" and major.isdigit() and minor.isdigit() else (0, 0)
+    dtype = (config_dtype or "not given") if settings.dtype == "auto" else settings.dtype
+    scope = out_of_scope(shape, sm=sm, kv_cache_dtype=settings.kv_cache_dtype,
+                         dtype=dtype, block_size=settings.block_size,
+                         num_speculative_tokens=settings.num_speculative_tokens, platform=device.platform,
+                         minor=(version.parts[0], version.parts[1]) if version is not None else None,
+                         other="; ".join(other))
+    kv = packing(per_rank(shape, max(1, settings.tensor_parallel_size)), scope)
+    unsure = (f"Step5 outside the one scope kvwatch checked against vLLM's own code: {scope}",) if scope else ()
+    return Packing(kv.groups, kv.bytes_per_block, "STEP5_DSA" if device.platform == "cuda" else None, unsure, attention="step5_dsa", block_size=BLOCK_SIZE,
+                   source=SOURCE, dtype_bytes=KV_BYTES)
+
+
+# The layer classes whose caches this module plans (architecture_kinds.PLANNED_KINDS), and the
+# architecture that builds them with caches it does not plan.
+STEP5_KINDS: dict[str, str] = {
+    "Step5CSATailRing": "Step5 CSA tail ring (planner/step5_sparse.py)",
+    "Step5SparseSummaryCacheLayer": "Step5 CSA summary (planner/step5_sparse.py)"}
+STEP5_NOT_PLANNED: dict[str, str] = {
+    "Step5MTP": "Step5's MTP draft layers (models/step5/nvidia/mtp.py) are not planned"}
