@@ -117,6 +117,7 @@ def test_the_vl_wrapper_plans_as_its_text_model() -> None:
     ("0.34.0", "h100", ("--kv-cache-dtype", "fp8"), "a KV cache other than bf16"),
     ("0.34.0", "h100", ("--block-size", "16"), "--block-size set"),
     ("0.34.0", "h100", ("-pp", "2"), "pipeline parallelism"),
+    ("0.34.0", "h100", ("-tp", "3"), "TP 3 not dividing the heads"),
     ("0.34.0", "h100", ("--speculative-config", '{"method": "mtp", "num_speculative_tokens": 1}'),
      "speculative decoding"),
 ])
@@ -143,6 +144,12 @@ def test_live_oracle_matches_its_record() -> None:
     ({}, {"block_size": 16}, "--block-size set"),
     ({}, {"num_speculative_tokens": 2}, "speculative decoding"),
     ({}, {"minor": (0, 33)}, "vLLM 0.33: only 0.34 is checked"),
+    ({"sparse_config": {"enabled": True, "topk": 2048, "proxy_dim": 128, "index_tp_size": 4,
+                        "attention_impl": " Sparse_GQA "}}, {},
+     "sparse_config proxy_dim, topk other than vLLM's defaults (which kvwatch checked)"),
+    ({"step3p5_sparse_config": {}}, {},
+     "a step5_sparse_config or step3p5_sparse_config section (vLLM refuses it: common/config.py:55-62)"),
+    ({"att_impl_type": "MFA"}, {}, "an att_impl_type other than GQA (vLLM refuses it)"),
     ({"sparse_config": {"apply_to_layer_types": ["sliding_attention"]}}, {},
      "apply_to_layer_types other than full_attention (vLLM refuses it)"),
 ])

@@ -69,6 +69,7 @@ class Step5Layer:
     kv_heads: int
     head_dim: int
     window: int      # 0 but for sliding
+    heads: int = 0   # query heads (before TP)
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,7 @@ def step5_layers(cfg: Mapping[str, Any], tp: int) -> list[Step5Layer]:
         full = (types[i] if i < len(types) else "full_attention") == "full_attention"
         kind = "sliding" if layer_window is not None else \
             "dsa" if _sparse_enabled(cfg) and full else "full"
-        layers.append(Step5Layer(kind, max(1, kv // tp), head_dim, int(layer_window or 0)))
+        layers.append(Step5Layer(kind, max(1, kv // tp), head_dim, int(layer_window or 0), heads))
     return layers
 
 
@@ -123,6 +124,31 @@ class Step5Shape:
 
     layers: tuple[Step5Layer, ...]
     config_reasons: str
+
+
+# The sparse_config fields vLLM validates (models/step5/common/config.py:12-29, :74-198): their
+# defaults. They shape no cache, but another value may be refused, so it is not planned here.
+_SPARSE_DEFAULTS: dict[str, object] = {
+    "proxy_dim": 256, "region_block_size": 8, "sparse_indexer_num_k_heads": 1, "sparse_indexer_use_rope": True,
+    "sparse_indexer_q_norm_type": "rmsnorm", "sparse_indexer_k_norm_type": "layernorm",
+    "sparse_indexer_csa_z_norm_type": "none", "compression_method": "csa_block_compress",
+    "attention_impl": "sparse_gqa", "sparse_indexer_ssmax_s_granularity": "q_head", "sparse_indexer_num_heads": 16,
+    "index_tp_size": 4, "num_provider_groups": 4, "sparse_indexer_rope_dim": 32,
+    "sparse_indexer_softmax_variant": "softmax", "softmax_variant": None}
+
+
+def _unchecked_sparse_fields(section: Mapping[str, Any]) -> list[str]:
+    def same(value: object, default: object) -> bool:
+        if isinstance(default, str) and isinstance(value, str):
+            return value.strip().lower() == default
+        return value == default and type(value) is type(default)
+    fields = [k for k, d in _SPARSE_DEFAULTS.items() if section.get(k) not in (None, "") and not same(section[k], d)]
+    if not isinstance(section.get("enabled"), (bool, type(None))):
+        fields.append("enabled")
+    topk = section.get("topk")
+    if topk not in (None, "") and not (isinstance(topk, int) and 1 <= topk <= 1024):
+        fields.append("topk")
+    return fields
 
 
 def step5_shape(cfg: Mapping[str, Any], architectures: Sequence[str]) -> Step5Shape | None:
@@ -143,6 +169,11 @@ def step5_shape(cfg: Mapping[str, Any], architectures: Sequence[str]) -> Step5Sh
                                                                             "full_attention (vLLM refuses it)"),
         (any(layer.kind == "full" for layer in layers), "a full-attention layer without DSA"),
         (any(layer.head_dim != DSA_HEAD_DIM for layer in layers), f"a head_dim other than {DSA_HEAD_DIM}"),
+        (cfg.get("att_impl_type", "GQA") != "GQA", "an att_impl_type other than GQA (vLLM refuses it)"),
+        (any(cfg.get(name) is not None for name in ("step5_sparse_config", "step3p5_sparse_config")),
+         "a step5_sparse_config or step3p5_sparse_config section (vLLM refuses it: common/config.py:55-62)"),
+        (bool(unchecked := _unchecked_sparse_fields(section if isinstance(section, Mapping) else {})),
+         f"sparse_config {', '.join(unchecked)} other than vLLM's defaults (which kvwatch checked)"),
     ]
     return Step5Shape(tuple(layers), "; ".join(why for hit, why in reasons if hit))
 
@@ -201,6 +232,13 @@ def num_blocks(kv: Step5Packing, kv_memory_bytes: int) -> int:
     return kv_memory_bytes // kv.bytes_per_block
 
 
+def divides(shape: Step5Shape, tp: int) -> bool:
+    """Whether vLLM takes this TP: it divides every layer's query heads, and the KV heads divide by it or
+    it by them (model.py:914-942)."""
+    return all(layer.heads % tp == 0 and (layer.kv_heads % tp == 0 if layer.kv_heads >= tp else tp % layer.kv_heads == 0)
+               for layer in shape.layers)
+
+
 def plan_packing(shape: Step5Shape, settings: EngineSettings, device: Device, version: VllmVersion | None,
                  config_dtype: str | None) -> Packing:
     """The packing make_plan reports for this command: unsure, with its reason, outside the scope."""
@@ -208,7 +246,9 @@ def plan_packing(shape: Step5Shape, settings: EngineSettings, device: Device, ve
         (settings.pipeline_parallel_size > 1, "pipeline parallelism"),
         (settings.attention_backend is not None, "--attention-backend set"),
         (settings.disable_hybrid_kv_cache_manager, "--disable-hybrid-kv-cache-manager"),
-        (settings.speculative_config, "--speculative-config")) if hit]
+        (settings.speculative_config, "--speculative-config"),
+        (not divides(shape, max(1, settings.tensor_parallel_size)),
+         f"TP {settings.tensor_parallel_size} not dividing the heads (vLLM refuses it: model.py:914-942)")) if hit]
     major, _, minor = device.sm.partition(".")
     sm = (int(major), int(minor or 0)) if device.platform == "cuda" and major.isdigit() and minor.isdigit() else (0, 0)
     dtype = (config_dtype or "not given") if settings.dtype == "auto" else settings.dtype
