@@ -1,12 +1,15 @@
 """Step5's caches and vLLM 0.34's packing of them into blocks (pure), on one scope only.
 
 The scope: vLLM 0.34 on CUDA SM 9.0 with its default backends, a bf16 KV cache (`--kv-cache-dtype
-auto` on a bf16 model), no `--block-size`, no speculative decoding, no decode or prefill context
-parallelism, the hybrid KV cache manager on, and every attention layer of head_dim 192. Anything
-else is unsure (`out_of_scope`), not planned. Each rule cites vLLM 0.34.0:
+auto` on a bf16 model), no `--block-size`, no speculative decoding, no pipeline parallelism, no
+`--attention-backend`, the hybrid KV cache manager on, every attention layer of head_dim 192 and the
+sparse_config fields vLLM validates at their defaults. Anything else is unsure (`out_of_scope`), not
+planned. kvwatch reads no context-parallel or KV-connector flag (a connector may turn the hybrid
+manager off: config/vllm.py:2144-2210), so a command with one is planned as one without. Each rule
+cites vLLM 0.34.0:
 
 - a Step5 checkpoint needs a `sparse_config` section (models/step5/nvidia/model.py:1844-1849); a
-  layer's type is `layer_types_with_mtp` or `layer_types` (common/config.py:226-236), else even
+  layer's type is `layer_types_with_mtp` or `layer_types` (model.py:226-236), else even
   layers are `sliding_attention` and odd ones `full_attention` (model.py:886-893); a sliding layer
   keeps the config's `sliding_window`, any other layer drops it (:899-904); a layer runs the DSA
   backend when the sparse section is enabled (common/config.py:74-90), its type (`full_attention`
