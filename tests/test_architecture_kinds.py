@@ -239,7 +239,7 @@ def test_a_hybrid_class_without_state_layers_or_a_layer_list_is_marked_unknown()
 def test_a_wrapper_takes_its_language_models_verdict(wrapper: str) -> None:
     """A multimodal wrapper the table lists with no cache kind of its own (it delegates to text_config)
     is planned only where its language model is: Step5's VL model builds the Step5 text model, whose
-    tail ring and summary cache kvwatch does not plan."""
+    tail ring and summary cache planner/step5_sparse.py plans."""
     language_model = LANGUAGE_MODELS[wrapper]
     releases = [r for r, table in sorted(ARCHITECTURES.items()) if wrapper in table]
     assert releases
@@ -247,11 +247,10 @@ def test_a_wrapper_takes_its_language_models_verdict(wrapper: str) -> None:
         outer, inner = ARCHITECTURES[release][wrapper], ARCHITECTURES[release][language_model]
         assert delegates(outer) and not outer.kinds and outer.source == inner.source
         assert verdict(wrapper, release).handling == verdict(language_model, release).handling
-    assert verdict("Step5ForConditionalGeneration", "0.34.0").unclassified == \
-        ("Step5CSATailRing", "Step5SparseSummaryCacheLayer")
+    assert verdict("Step5ForConditionalGeneration", "0.34.0").handling == PLANNED
 
 
-def test_a_step5_vl_config_is_planned_as_unknown_not_as_full_attention(tmp_path: Path, capsys) -> None:
+def test_a_step5_vl_config_is_planned_as_its_text_model_not_as_full_attention(tmp_path: Path, capsys) -> None:
     text = {"model_type": "step5", "hidden_size": 512, "num_attention_heads": 8, "num_attention_groups": 2,
             "head_dim": 192, "num_hidden_layers": 4, "vocab_size": 1000, "sliding_window": 64,
             "att_impl_type": "GQA", "sparse_config": {"enabled": True}, "max_position_embeddings": 4096}
@@ -259,5 +258,5 @@ def test_a_step5_vl_config_is_planned_as_unknown_not_as_full_attention(tmp_path:
               "text_config": text, "torch_dtype": "bfloat16"}
     rc, out = _plan(config, tmp_path, capsys, "--vllm-version", "0.34.0")
     assert rc == 0
-    assert "UNKNOWN: kvwatch cannot classify: Step5ForConditionalGeneration (vLLM 0.34.0): its language " \
-           "model Step5ForCausalLM" in out
+    assert "step5_dsa" in out and "Step5 outside the one scope kvwatch checked against vLLM's own code: " \
+           "cpu: only CUDA SM 9.0 is checked" in out

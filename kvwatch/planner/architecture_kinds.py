@@ -20,6 +20,7 @@ from kvwatch.planner.cross_attention import cross_attention_planned
 from kvwatch.planner.deepseek_v4 import DEEPSEEK_V4_KINDS, NOT_PLANNED
 from kvwatch.planner.draft_heads import draft_reason
 from kvwatch.planner.inkling import INKLING_KINDS
+from kvwatch.planner.step5_sparse import STEP5_KINDS, STEP5_NOT_PLANNED
 from kvwatch.vllm_releases import DEFAULT_RELEASE
 from kvwatch.vllm_releases.architecture_entry import ArchitectureEntry
 from kvwatch.vllm_releases.architectures import ARCHITECTURES
@@ -56,6 +57,8 @@ KNOWN_SPEC_CLASSES = frozenset({"MambaMixer2", "KimiK3DeltaAttention", "QwenGate
 LANGUAGE_MODELS: dict[str, str] = {"Step5ForConditionalGeneration": "Step5ForCausalLM"}
 PLANNED_KINDS.update(INKLING_KINDS)   # Inkling's own attention and conv-ring specs (planner/inkling.py)
 PLANNED_KINDS.update(DEEPSEEK_V4_KINDS)   # DeepSeek-V4's five cache kinds (planner/deepseek_v4.py)
+PLANNED_KINDS.update(STEP5_KINDS)   # Step5's CSA summary and tail ring (planner/step5_sparse.py)
+NOT_PLANNED = {**NOT_PLANNED, **STEP5_NOT_PLANNED}
 # Layers that hold no cache: a model of these alone (BERT-like encoders) gets no KV cache from vLLM,
 # which kvwatch plans as 0 blocks (planner/no_kv_cache.py).
 _NO_CACHE = frozenset({"EncoderOnlyAttention"})

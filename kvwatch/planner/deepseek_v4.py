@@ -96,9 +96,9 @@ class Group:
         cdiv(len, block) (FullAttentionSpec.max_memory_usage_bytes, vllm/v1/kv_cache_interface.py:654-659),
         a sliding one's window - 1 + retained + in-flight tokens, at most len, plus one
         (SlidingWindowSpec.max_admission_blocks_per_request, :932-958)."""
-        if self.kind == "mla":
+        if self.kind in ("mla", "full"):
             return -(-max_model_len // self.block_size)
-        if self.kind == "ring":   # a compressor ring: one block a request (CircularBufferSpec, :1001-1003)
+        if self.kind == "ring":   # CircularBufferSpec: one block (vllm/v1/kv_cache_interface.py:996-1003)
             return 1
         held = min(self.window - 1 + extra_retained + max_in_flight_tokens, max_model_len)
         return -(-held // self.block_size) + 1
@@ -285,10 +285,10 @@ def backend_name(sm_major: int) -> str:
     return "FLASHINFER_MLA_SPARSE_DSV4" if sm_major == 12 else "FLASHMLA_SPARSE_DSV4"
 
 
-def token_bytes(groups: Sequence[Group], block: int = MAIN_BLOCK) -> int:
+def token_bytes(groups: Sequence[Group], block_size: int = MAIN_BLOCK) -> int:
     """Bytes a long context adds per token: the full-attention groups' pages over their block
     (the sliding groups hold a bounded window)."""
-    return -(-sum(g.page_bytes for g in groups if g.kind == "mla") // block)
+    return -(-sum(g.page_bytes for g in groups if g.kind in ("mla", "full")) // block_size)
 
 
 # The layer classes whose caches this module plans (architecture_kinds.PLANNED_KINDS).
@@ -327,8 +327,15 @@ class Packing:
     bytes_per_block: int
     backend: str | None
     unsure: tuple[str, ...]
-    block_size: int = MAIN_BLOCK   # the compressed caches' block (DeepSeek-V4.1: planner/deepseek_v41.py)
+    # what the plan reports: Step5 (planner/step5_sparse.py) packs its caches by the same rule
+    attention: str = "deepseek_v4"
+    block_size: int = MAIN_BLOCK
     source: str = SOURCE
+    dtype_bytes: int = 1
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return token_bytes(self.groups, self.block_size)
 
 
 def packing(shape: DeepseekV4Shape, speculative_method: str | None, num_speculative_tokens: int, platform: str,

@@ -38,6 +38,8 @@ from typing import Any
 from kvwatch.errors import ConfigError
 from kvwatch.planner import deepseek_v4
 from kvwatch.planner.deepseek_v4 import CacheSpec, DeepseekV4Shape, Packing
+from kvwatch.planner.devices import Device
+from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.values.versions import VllmVersion
 
 ARCHITECTURES = frozenset({"DeepseekV41ForCausalLM"})
@@ -153,14 +155,13 @@ def out_of_scope(version: VllmVersion | None, platform: str, sm: str, kv_cache_d
     return tuple(reasons)
 
 
-def packing_for(shape: AnyShape, speculative_method: str | None,
-                num_speculative_tokens: int, platform: str, sm: str, version: VllmVersion | None,
-                attention_backend: str | None, kv_cache_dtype: str | None, block_size: int | None) -> Packing:
+def packing_for(shape: AnyShape, settings: EngineSettings, device: Device, version: VllmVersion | None) -> Packing:
     """The packing of a DeepSeek-V4 or V4.1 model under this command, with why its figures are unsure."""
     if isinstance(shape, DeepseekV4Shape):
-        return deepseek_v4.packing(shape, speculative_method, num_speculative_tokens, platform, sm, version,
-                                   attention_backend)
+        return deepseek_v4.packing(shape, settings.speculative_method, settings.num_speculative_tokens,
+                                   device.platform, device.sm, version, settings.attention_backend)
     groups = tuple(groups_for(shape))
-    unsure = out_of_scope(version, platform, sm, kv_cache_dtype, attention_backend, speculative_method, block_size)
-    return Packing(groups, deepseek_v4.bytes_per_block(groups), BACKEND if platform == "cuda" else None, unsure,
-                   BLOCK, SOURCE)
+    unsure = out_of_scope(version, device.platform, device.sm, settings.kv_cache_dtype, settings.attention_backend,
+                          settings.speculative_method, settings.block_size)
+    return Packing(groups, deepseek_v4.bytes_per_block(groups), BACKEND if device.platform == "cuda" else None, unsure,
+                   block_size=BLOCK, source=SOURCE)

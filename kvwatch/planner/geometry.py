@@ -24,6 +24,7 @@ from kvwatch.planner.minimax_sparse import SparseIndexer, sparse_indexer
 from kvwatch.planner.mtp_draft import MtpDraft, mtp_draft
 from kvwatch.planner.prefix_lm import prefix_lm_layers, weight_layers
 from kvwatch.planner.static_sink import sink_attention
+from kvwatch.planner.step5_sparse import Step5Shape, step5_shape
 from kvwatch.planner.weights import WeightCount, count_model_weights
 from kvwatch.values.versions import parse_version
 from kvwatch.vllm_releases import resolve
@@ -73,6 +74,7 @@ class ModelGeometry:
     sparse_indexer: SparseIndexer | None = None
     # DeepSeek-V4's compressed, sliding and indexer caches, packed by their own rule (planner/deepseek_v4.py)
     deepseek_v4: DeepseekV4Shape | DeepseekV41Shape | None = None   # V4.1's: planner/deepseek_v41.py
+    step5: Step5Shape | None = None   # Step5's sliding, DSA, summary and tail-ring caches (planner/step5_sparse.py)
     # vLLM's max_model_len when none is given (or auto) where it is not the derived one: LongRoPE
     # models default to original_max_position_embeddings (config/model.py _get_and_verify_max_len).
     default_len: int | None = None
@@ -290,7 +292,8 @@ def geometry_from_config(config: Mapping[str, Any], release: str | None = None) 
         sparse_indexer=sparse_indexer(cfg, architectures, num_layers, parse_version(release) if release else None),
         sink_len=sink.sink_len if sink is not None else 0,
         max_source_positions=_positive_int(cfg, "max_source_positions", required=False) or 0,
-        deepseek_v4=deepseek_v4_shape(cfg, architectures) or deepseek_v41_shape(cfg, architectures), mtp_draft=mtp_draft(cfg, model_type),
+        deepseek_v4=deepseek_v4_shape(cfg, architectures) or deepseek_v41_shape(cfg, architectures),
+        mtp_draft=mtp_draft(cfg, model_type), step5=step5_shape(cfg, architectures),
         config_class_error=pattern_error(cfg, model_type))
 
 

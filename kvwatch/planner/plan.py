@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from kvwatch.failure_kinds import FailureKind
-from kvwatch.planner import deepseek_v4, deepseek_v41
+from kvwatch.planner import deepseek_v4, deepseek_v41, step5_sparse
 from kvwatch.planner.architecture_kinds import builds_no_cache, unknown_reasons
 from kvwatch.planner.architectures import IN_TRANSFORMERS
 from kvwatch.planner.architectures import refusals as _architecture_refusals
@@ -223,7 +223,11 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
         return _no_kv_cache_plan(settings.model, no_cache, settings, device,
                                 settings.max_model_len or geometry.default_max_model_len, warnings)
     if geometry.deepseek_v4 is not None:   # its own cache kinds and packing (planner/deepseek_v4.py)
-        return _deepseek_v4_plan(geometry, geometry.deepseek_v4, settings, device, memory, release, warnings)
+        kv = deepseek_v41.packing_for(geometry.deepseek_v4, settings, device, memory.vllm_version)
+        return _packed_plan(geometry, kv, settings, device, memory, release, warnings)
+    if geometry.step5 is not None:   # Step5's caches on one scope (planner/step5_sparse.py)
+        kv = step5_sparse.plan_packing(geometry.step5, settings, device, memory.vllm_version, geometry.config_dtype)
+        return _packed_plan(geometry, kv, settings, device, memory, release, warnings)
     if geometry.attention != "none":
         warnings.extend(backend_refusals(choice, rules, device, geometry, settings))
     geometry = with_mtp_draft(geometry, settings)   # an MTP draft's layers and weights (planner/mtp_draft.py)
@@ -555,14 +559,10 @@ def _shared_layer_warnings(geometry: ModelGeometry, settings: EngineSettings, gr
                      f"layers differ in page size", fix)]
 
 
-def _deepseek_v4_plan(geometry: ModelGeometry, shape: deepseek_v41.AnyShape, settings: EngineSettings,
-                      device: Device, memory: MemoryInputs, release: Release,
-                      warnings: list[PredictedRefusal]) -> Plan:
-    """DeepSeek-V4: its five cache kinds packed into groups that share one block pool. Its DSv4 backend
-    is not one kvwatch's backend rules know, so none of their refusals applies."""
-    kv = deepseek_v41.packing_for(shape, settings.speculative_method, settings.num_speculative_tokens, device.platform,
-                                  device.sm, memory.vllm_version, settings.attention_backend, settings.kv_cache_dtype,
-                                  settings.block_size)
+def _packed_plan(geometry: ModelGeometry, kv: deepseek_v4.Packing, settings: EngineSettings,
+                 device: Device, memory: MemoryInputs, release: Release, warnings: list[PredictedRefusal]) -> Plan:
+    """DeepSeek-V4 and Step5: their cache kinds packed into groups that share one block pool. Their own
+    backends are not ones kvwatch's backend rules know, so none of their refusals applies."""
     sizes = token_sizes(geometry, settings, device, memory.vllm_version, dict(memory.vllm_env))
     blocks = _blocks(device, settings, geometry, memory, sizes.model_bytes, kv.bytes_per_block, kv.backend)
     max_len = settings.max_model_len or geometry.default_max_model_len
@@ -570,10 +570,10 @@ def _deepseek_v4_plan(geometry: ModelGeometry, shape: deepseek_v41.AnyShape, set
     tokens, concurrency = deepseek_v4.capacity(kv.groups, blocks.num_blocks, max_len, in_flight) \
         if blocks.num_blocks else (0, 0.0)
     return Plan(
-        model=settings.model, device=device.name, compute_capability=device.sm, attention="deepseek_v4",
+        model=settings.model, device=device.name, compute_capability=device.sm, attention=kv.attention,
         backend=kv.backend, block_size=kv.block_size, block_size_source=kv.source,
-        kv_cache_dtype=settings.kv_cache_dtype, dtype_bytes=1, kv_bytes_per_token_per_layer=0,
-        kv_bytes_per_token=deepseek_v4.token_bytes(kv.groups, kv.block_size), page_size_bytes=kv.bytes_per_block,
+        kv_cache_dtype=settings.kv_cache_dtype, dtype_bytes=kv.dtype_bytes, kv_bytes_per_token_per_layer=0,
+        kv_bytes_per_token=kv.kv_bytes_per_token, page_size_bytes=kv.bytes_per_block,
         layers_per_block=max(len(g.pages) for g in kv.groups), bytes_per_block=kv.bytes_per_block,
         kv_memory_bytes=blocks.kv_memory, kv_memory_source=blocks.source, num_blocks=blocks.num_blocks,
         kv_cache_tokens=tokens, max_model_len=max_len, max_concurrency=concurrency, estimated=blocks.estimated,

@@ -1,0 +1,179 @@
+"""Issue 39: Step5's caches and their packed groups, as vLLM 0.34 builds them, on one scope.
+
+No Step5 config.json is public: tests/fixtures/models/step5_config.json is vLLM 0.34.0's Step5Config
+defaults (vllm/transformers_utils/configs/step5.py) with the three fields the DSA layers need set:
+head_dim 192 (the only one STEP5_DSA takes; the default, hidden_size // heads, is 128), a
+sliding_window of 512 and an empty sparse_config section (vLLM refuses a checkpoint without one),
+and max_seq_len 131072 (the default 4096 would refuse the longer cases' --max-model-len).
+The cases vary it. vLLM's answers come from its own code (tests/step5_oracle.py), run live where the
+unpacked releases are (KVWATCH_VLLM_SRC=<root>) and recorded in tests/fixtures/step5_oracle.json by
+that same script for runs without them; a live run also checks the record.
+"""
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+from vllm_sources import oracle_answers, release_tree
+
+from kvwatch.errors import ConfigError
+from kvwatch.planner import step5_sparse
+from kvwatch.planner.architecture_kinds import PLANNED, UNKNOWN, verdict
+from kvwatch.planner.deepseek_v4 import capacity
+from kvwatch.planner.devices import preset
+from kvwatch.planner.engine_args import EngineCommand
+from kvwatch.planner.geometry import geometry_from_config
+from kvwatch.planner.plan import MemoryInputs, Plan, make_plan
+from kvwatch.planner.rules import ruleset_for
+from kvwatch.values.versions import parse_version
+
+HERE = Path(__file__).resolve().parent
+RECORD = HERE / "fixtures" / "step5_oracle.json"
+GiB = 1 << 30
+BASE: dict[str, Any] = json.loads((HERE / "fixtures" / "models" / "step5_config.json").read_text())
+ALTERNATING = ["sliding_attention", "full_attention"] * 24
+
+CASES: dict[str, dict[str, Any]] = {
+    "fixture, TP 1, 40 GiB, 64k": {"config": BASE, "tp": 1, "kv_memory_bytes": 40 * GiB, "max_model_len": 65536},
+    "fixture, TP 2, 20 GiB, 128k": {"config": BASE, "tp": 2, "kv_memory_bytes": 20 * GiB, "max_model_len": 131072},
+    "no window: every layer DSA, TP 8, 10 GiB, 4096": {"config": {**BASE, "sliding_window": None}, "tp": 8,
+                                                       "kv_memory_bytes": 10 * GiB, "max_model_len": 4096},
+    "3 sliding : 1 DSA, TP 1, 40 GiB, 32k": {"config": {**BASE, "layer_types": ["sliding_attention"] * 3 * 12
+                                                        + ["full_attention"] * 12},
+                                             "tp": 1, "kv_memory_bytes": 40 * GiB, "max_model_len": 32768},
+    "sliding layers of 4 KV heads (attention_other_setting), TP 2, 30 GiB, 64k": {
+        "config": {**BASE, "layer_types": ALTERNATING, "swa_num_attention_heads": 64,
+                   "attention_other_setting": {"attention_type": "sliding_attention", "num_attention_heads": 64,
+                                               "num_attention_groups": 4, "head_dim": 192}},
+        "tp": 2, "kv_memory_bytes": 30 * GiB, "max_model_len": 65536},
+}
+for _case in CASES.values():   # two concurrent batches (async scheduling) of max_num_batched_tokens 2048
+    _case["max_in_flight_tokens"] = 2 * 2048
+
+
+@cache
+def _vllm(release: str = "0.34.0") -> dict[str, dict[str, Any]]:
+    return oracle_answers(HERE / "step5_oracle.py", release, CASES, RECORD)
+
+
+def _shape(config: dict[str, Any]) -> step5_sparse.Step5Shape:
+    shape = step5_sparse.step5_shape(config, config["architectures"])
+    assert shape is not None
+    return shape
+
+
+def _scope(shape: step5_sparse.Step5Shape, **settings: Any) -> str:
+    args: dict[str, Any] = {"sm": (9, 0), "kv_cache_dtype": "auto", "dtype": "bfloat16", "block_size": None,
+                            "num_speculative_tokens": 0, **settings}
+    return step5_sparse.out_of_scope(shape, **args)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_groups_block_blocks_and_tokens_equal_vllms(name: str) -> None:
+    case, want = CASES[name], _vllm()[name]
+    shape = _shape(case["config"])
+    assert _scope(shape) == ""
+    kv = step5_sparse.packing(step5_sparse.per_rank(shape, case["tp"]))
+    assert (step5_sparse.BLOCK_SIZE, step5_sparse.LAYOUT) == (want["block_size"], want["layout"])
+    assert [(len(g.pages), g.block_size, g.page_bytes) for g in kv.groups] == \
+        [(g["layers"], g["block_size"], g["page_size_bytes"]) for g in want["groups"]]
+    assert kv.bytes_per_block == want["bytes_per_block"]
+    blocks = step5_sparse.num_blocks(kv, case["kv_memory_bytes"])
+    assert blocks == want["num_blocks"]
+    tokens, _ = capacity(kv.groups, blocks, case["max_model_len"], case["max_in_flight_tokens"])
+    assert tokens == want["tokens"]
+
+
+def _plan(case: dict[str, Any], release: str = "0.34.0", card: str = "h100", *flags: str) -> Plan:
+    argv = ["vllm", "serve", "stepfun/step5", "-tp", str(case["tp"]), "--kv-cache-memory-bytes",
+            str(case["kv_memory_bytes"]), "--max-model-len", str(case["max_model_len"]),
+            "--max-num-batched-tokens", str(case["max_in_flight_tokens"] // 2), *flags]
+    return make_plan(geometry_from_config(case["config"], release), EngineCommand.parse(argv).settings(),
+                     preset(card), ruleset_for(release), MemoryInputs(vllm_version=parse_version(release)))
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_the_plan_has_vllms_block_groups_blocks_and_tokens(name: str) -> None:
+    want, plan = _vllm()[name], _plan(CASES[name])
+    assert (plan.block_size, plan.kv_cache_groups, plan.bytes_per_block, plan.num_blocks, plan.kv_cache_tokens) == \
+        (want["block_size"], len(want["groups"]), want["bytes_per_block"], want["num_blocks"], want["tokens"])
+    assert plan.source == "exact" and plan.unknown_layer_types == () and not plan.will_fail
+
+
+def test_the_vl_wrapper_plans_as_its_text_model() -> None:
+    case = CASES["fixture, TP 1, 40 GiB, 64k"]
+    wrapped = {**case, "config": {"architectures": ["Step5ForConditionalGeneration"], "model_type": "step5_vl",
+                                  "text_config": case["config"]}}
+    assert verdict("Step5ForConditionalGeneration", "0.34.0").handling == PLANNED
+    assert _plan(wrapped).num_blocks == _plan(case).num_blocks == _vllm()["fixture, TP 1, 40 GiB, 64k"]["num_blocks"]
+
+
+@pytest.mark.parametrize(("release", "card", "flags", "reason"), [
+    ("0.33.0", "h100", (), "vLLM 0.33: only 0.34 is checked"),
+    ("0.34.0", "b200", (), "cuda SM 10.0: only CUDA SM 9.0 is checked"),
+    ("0.34.0", "h100", ("--kv-cache-dtype", "fp8"), "a KV cache other than bf16"),
+    ("0.34.0", "h100", ("--block-size", "16"), "--block-size set"),
+    ("0.34.0", "h100", ("-pp", "2"), "pipeline parallelism"),
+    ("0.34.0", "h100", ("-tp", "3"), "TP 3 not dividing the heads"),
+    ("0.34.0", "h100", ("--speculative-config", '{"method": "mtp", "num_speculative_tokens": 1}'),
+     "speculative decoding"),
+])
+def test_outside_the_scope_the_plan_is_unsure(release: str, card: str, flags: tuple[str, ...], reason: str) -> None:
+    plan = _plan(CASES["fixture, TP 1, 40 GiB, 64k"], release, card, *flags)
+    assert plan.source == "unknown" and reason in plan.unknown_layer_types[0]
+
+
+def test_live_oracle_matches_its_record() -> None:
+    if release_tree("0.34.0") is None:
+        pytest.skip("vLLM 0.34.0 is not unpacked (KVWATCH_VLLM_SRC)")
+    assert json.loads(RECORD.read_text())["0.34.0"] == _vllm()
+
+
+@pytest.mark.parametrize(("change", "settings", "reason"), [
+    ({}, {}, ""),
+    ({"sparse_config": None}, {}, "no sparse_config section (vLLM refuses the model); no DSA layer; "
+                                  "a full-attention layer without DSA"),
+    ({"sparse_config": {"enabled": False}}, {}, "no DSA layer; a full-attention layer without DSA"),
+    ({"head_dim": 128}, {}, "a head_dim other than 192"),
+    ({}, {"sm": (10, 0)}, "cuda SM 10.0: only CUDA SM 9.0 is checked"),
+    ({}, {"kv_cache_dtype": "fp8"}, "a KV cache other than bf16"),
+    ({}, {"dtype": "float16"}, "a KV cache other than bf16"),
+    ({}, {"block_size": 16}, "--block-size set"),
+    ({}, {"num_speculative_tokens": 2}, "speculative decoding"),
+    ({}, {"minor": (0, 33)}, "vLLM 0.33: only 0.34 is checked"),
+    ({"sparse_config": {"enabled": True, "topk": 2048, "proxy_dim": 128, "index_tp_size": 4,
+                        "attention_impl": " Sparse_GQA "}}, {},
+     "sparse_config proxy_dim, topk other than vLLM's defaults (which kvwatch checked)"),
+    ({"step3p5_sparse_config": {}}, {},
+     "a step5_sparse_config or step3p5_sparse_config section (vLLM refuses it: common/config.py:55-62)"),
+    ({"att_impl_type": "MFA"}, {}, "an att_impl_type other than GQA (vLLM refuses it)"),
+    ({"sparse_config": {"apply_to_layer_types": ["sliding_attention"]}}, {},
+     "apply_to_layer_types other than full_attention (vLLM refuses it)"),
+])
+def test_out_of_scope(change: dict[str, Any], settings: dict[str, Any], reason: str) -> None:
+    assert _scope(_shape({**BASE, **change}), **settings) == reason
+
+
+@pytest.mark.parametrize(("change", "kinds"), [
+    ({}, ["sliding", "dsa"] * 24),
+    ({"sliding_window": None}, ["dsa"] * 48),
+    ({"layer_types": ["full_attention"] * 47 + ["sliding_attention"]}, ["dsa"] * 47 + ["sliding"]),
+])
+def test_layer_kinds(change: dict[str, Any], kinds: list[str]) -> None:
+    assert [layer.kind for layer in _shape({**BASE, **change}).layers] == kinds
+
+
+def test_step5_is_planned_and_its_mtp_draft_says_why_not() -> None:
+    assert verdict("Step5ForCausalLM", "0.34.0").handling == PLANNED
+    mtp = verdict("Step5MTP", "0.34.0")
+    assert mtp.handling == UNKNOWN and "MTP draft" in mtp.reason
+
+
+@pytest.mark.parametrize("change", [{"layer_types": ["full_attention"] * 3}, {"num_attention_groups": "eight"},
+                                    {"num_hidden_layers": None}])
+def test_a_config_vllm_cannot_build_is_a_config_error(change: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError):
+        step5_sparse.step5_shape({**BASE, **change}, ["Step5ForCausalLM"])
