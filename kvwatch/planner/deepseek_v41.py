@@ -79,7 +79,8 @@ def _ids(value: object, field: str) -> frozenset[int]:
 
 def deepseek_v41_shape(cfg: Mapping[str, Any], architectures: Sequence[str]) -> DeepseekV41Shape | None:
     """The shape of a DeepSeek-V4.1 (text) config.json; None for any other model."""
-    if not (ARCHITECTURES & set(architectures) or cfg.get("model_type") in MODEL_TYPES):
+    model_type = cfg.get("model_type")
+    if not (ARCHITECTURES & set(architectures) or (isinstance(model_type, str) and model_type in MODEL_TYPES)):
         return None
     layers = deepseek_v4._count(cfg.get("num_hidden_layers"), "num_hidden_layers")
     listed = cfg.get("compress_ratios")
