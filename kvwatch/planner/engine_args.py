@@ -164,6 +164,7 @@ class EngineSettings:
     mamba_cache_dtype: str = "auto"
     mamba_ssm_cache_dtype: str = "auto"
     enforce_eager: bool = False
+    compilation_off: bool = False   # no torch.compile in the profile (planner/uma_host.py): eager, -O 0, mode 0
     enable_expert_parallel: bool = False     # --enable-expert-parallel: each rank holds whole experts
     gpu_memory_utilization_given: bool = False   # False: the value above is a default (the version's decides)
     quantization: str | None = None          # --quantization: what the engine does to the weights (fp8, gguf, ...)
@@ -304,6 +305,7 @@ class EngineCommand:
             mamba_cache_dtype=self.get("--mamba-cache-dtype") or "auto",
             mamba_ssm_cache_dtype=self.get("--mamba-ssm-cache-dtype") or "auto",
             enforce_eager=bool(self._switch("--enforce-eager")),
+            compilation_off=bool(self._switch("--enforce-eager")) or self._compilation_off(),
             enable_expert_parallel=bool(self._switch("--enable-expert-parallel")),
             gpu_memory_utilization_given=self.get("--gpu-memory-utilization") is not None,
             quantization=self.get("--quantization"),
@@ -334,6 +336,20 @@ class EngineCommand:
         method = parsed.get("method")
         return {"speculative_method": method if isinstance(method, str) else None, "speculative_config": True,
                 "num_speculative_tokens": tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else 0}
+
+    def _compilation_off(self) -> bool:
+        """--optimization-level 0 (vLLM 0.12+), or --compilation-config's mode (0.11.2+) or level set to 0
+        (vLLM 0.11.2, vllm/config/compilation.py:609-618 maps level to mode): vLLM compiles nothing."""
+        if (self.get("--optimization-level") or "").strip() == "0":
+            return True
+        value = (self.get("--compilation-config") or "").strip()
+        try:
+            parsed = json.loads(value) if value else None
+        except ValueError:
+            return False
+        if isinstance(parsed, dict):
+            parsed = parsed.get("mode", parsed.get("level"))
+        return parsed == 0 and not isinstance(parsed, bool)
 
     def _cudagraph_sizes_given(self) -> bool:
         """Whether the command sets CUDA graph capture sizes: the two flags, or the keys of

@@ -56,6 +56,7 @@ from kvwatch.planner.extensible_kv import (
 )
 from kvwatch.planner.free_memory import others_non_torch_bytes, snapshot_free_bytes
 from kvwatch.planner.pooling_run import DEFAULT_NUM_LABELS, pooler_peak_bytes, run_of
+from kvwatch.planner.uma_host import uma_host_bytes
 from kvwatch.planner.weights import WeightCount
 from kvwatch.values.versions import VllmVersion
 from kvwatch.vllm_releases import DEFAULT_RELEASE, resolve
@@ -90,14 +91,9 @@ NON_TORCH_TP_EXTRA_BYTES = int(0.0625 * GiB)  # tensor parallel: NCCL and custom
 NON_TORCH_TP_BYTES = int(2.0 * GiB)
 NON_TORCH_TP_SINCE = (0, 19, 0)
 # Unified memory (Orin, Thor, GB10: compute capability 8.7, 11.0, 12.1, vLLM 0.13.0 vllm/utils/mem_utils.py:86;
-# from 0.27 torch's is_integrated, vLLM 0.27.1 vllm/utils/mem_utils.py:148): the profile reads free memory as the
-# host's psutil.virtual_memory().available (0.13.0 mem_utils.py:102), so what the host allocates between the
-# worker's first snapshot and the profile's end counts as non-torch memory. Its size is no code's: 1.47 and
-# 1.90 GiB beyond NON_TORCH_BYTES on the two GB10 fit runs (vLLM 0.13.0 in NVIDIA's 26.01 container), their
-# mean. The rule is absent from 0.11.0 and present in 0.11.2 (the first release seen with it).
+# from 0.27 torch's is_integrated, vLLM 0.27.1 vllm/utils/mem_utils.py:148): the host's allocations during the
+# profile count as non-torch memory, compiled or eager (planner/uma_host.py, measured).
 UMA_CAPABILITIES = ((8, 7), (11, 0), (12, 1))
-UMA_HOST_NON_TORCH_BYTES = int(1.68 * GiB)
-UMA_FREE_FROM_PSUTIL_SINCE = (0, 11, 2)
 CUDA_GRAPH_BYTES = int(0.5 * GiB)             # a graph pool as logged: 0.27-0.65 GiB on one GPU
 # From 0.14 unquantized MoE layers run vLLM's modular fused-MoE kernel (vLLM 0.14.1,
 # model_executor/layers/fused_moe/unquantized_fused_moe_method.py: self.kernel), whose two workspaces
@@ -420,12 +416,12 @@ def profile_sampler_bytes(release: Release, flashinfer_installed: bool | None) -
     return release.sampler_bytes
 
 
-def non_torch_bytes(device: Device, tensor_parallel: int, version: VllmVersion | None) -> int:
+def non_torch_bytes(device: Device, tensor_parallel: int, version: VllmVersion | None, compiled: bool = True) -> int:
     """Memory outside torch's allocator that the profile charges: cuBLAS/NCCL workspaces; NCCL's
     buffers at tensor parallel from 0.19 (measured, NON_TORCH_TP_BYTES); on unified memory, the host's
-    allocations during start-up (UMA_HOST_NON_TORCH_BYTES, measured)."""
+    allocations during start-up, more where the profile compiles the model (planner/uma_host.py, measured)."""
     parts = (version or DEFAULT_RELEASE).parts
-    host = UMA_HOST_NON_TORCH_BYTES if unified_memory(device) and parts >= UMA_FREE_FROM_PSUTIL_SINCE else 0
+    host = uma_host_bytes(unified_memory(device), compiled, parts)
     if tensor_parallel <= 1:
         return NON_TORCH_BYTES + host
     if device.platform == "cuda" and parts >= NON_TORCH_TP_SINCE:
@@ -566,7 +562,7 @@ def estimate_budget(settings: EngineSettings, device: Device, count: WeightCount
         activation_peak_bytes=activation_peak_bytes(count, tokens, seqs, dtype_bytes, tp, sampler, extra, vision,
                                                     pooler_peak_bytes(pooling, tokens, count.hidden_size, dtype_bytes,
                                                                       DEFAULT_NUM_LABELS) if count else 0),
-        non_torch_bytes=non_torch_bytes(device, tp, version) + others_non_torch_bytes(device, release.engine, version),
+        non_torch_bytes=non_torch_bytes(device, tp, version, not settings.compilation_off) + others_non_torch_bytes(device, release.engine, version),
         cuda_graph_bytes=CUDA_GRAPH_BYTES + wide_graph_bytes(count, version, device, settings, tokens, seqs, dtype_bytes)
         if release.cuda_graphs_counted and not settings.enforce_eager else 0,
         max_num_batched_tokens=tokens, max_num_seqs=seqs,
@@ -595,4 +591,6 @@ def profile_key(settings: EngineSettings, device: Device, version: VllmVersion |
              str(version or DEFAULT_RELEASE))
     # the encoder's profile flags, only where given: the keys learned without them stand
     encoder = (settings.skip_mm_profiling, settings.mm_limits) if settings.skip_mm_profiling or settings.mm_limits else ()
-    return hashlib.sha256(repr(parts + encoder if encoder else parts).encode()).hexdigest()[:16]
+    # compilation off without --enforce-eager (-O 0, mode 0), only where so: the keys learned without it stand
+    uncompiled = ("compilation_off",) if settings.compilation_off and not settings.enforce_eager else ()
+    return hashlib.sha256(repr(parts + encoder + uncompiled).encode()).hexdigest()[:16]
