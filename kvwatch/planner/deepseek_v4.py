@@ -67,7 +67,7 @@ class CacheSpec:
     """One layer's cache as vLLM specifies it: the bucket it joins and its page."""
 
     name: str            # the layer name's tail: swa_cache, latent, indexer, state, indexer.state
-    kind: str            # "mla" (full attention), "swa_mla" (sliding window) or "ring" (DeepSeek-V4.1's)
+    kind: str            # "mla" (full attention), "swa_mla" (sliding window), "ring" (DeepSeek-V4.1's), "mamba" (GLM-5-Next's KDA)
     block_size: int      # tokens per block
     window: int          # the sliding window (0 for full attention)
     page_bytes: int      # bytes of one block of this layer, padded
