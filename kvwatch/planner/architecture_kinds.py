@@ -19,6 +19,7 @@ from typing import Any
 from kvwatch.planner.cross_attention import cross_attention_planned
 from kvwatch.planner.deepseek_v4 import DEEPSEEK_V4_KINDS, NOT_PLANNED
 from kvwatch.planner.draft_heads import draft_reason
+from kvwatch.planner.glm5_next import GLM5_NEXT_KINDS, GLM5_NEXT_NOT_PLANNED, GLM5_NEXT_SPEC_CLASSES
 from kvwatch.planner.inkling import INKLING_KINDS
 from kvwatch.planner.step5_sparse import STEP5_KINDS, STEP5_NOT_PLANNED
 from kvwatch.vllm_releases import DEFAULT_RELEASE
@@ -48,7 +49,8 @@ GATED_KINDS: dict[str, str] = {"RSWAAttention": "rswa_window"}
 # checkpoint block (RecurrentState.checkpoint_blocks), Kimi delta attention's float32 state, the Qwen
 # gated delta net's prefill checkpoint from 0.33 (vllm_releases/gdn_checkpoint.py). Another class
 # reshaping its spec is unknown.
-KNOWN_SPEC_CLASSES = frozenset({"MambaMixer2", "KimiK3DeltaAttention", "QwenGatedDeltaNetAttention"})
+KNOWN_SPEC_CLASSES = frozenset({"MambaMixer2", "KimiK3DeltaAttention", "QwenGatedDeltaNetAttention"}) \
+    | GLM5_NEXT_SPEC_CLASSES   # GLM-5-Next's KDA prefill checkpoint (planner/glm5_next.py)
 # Multimodal wrappers whose language model is an architecture of the same release that the table
 # does not list under the wrapper: its verdict is theirs. vLLM 0.34.0 (and 0.33.0):
 # Step5ForConditionalGeneration is the Step3p7 frontend over the Step5 text model
@@ -58,7 +60,8 @@ LANGUAGE_MODELS: dict[str, str] = {"Step5ForConditionalGeneration": "Step5ForCau
 PLANNED_KINDS.update(INKLING_KINDS)   # Inkling's own attention and conv-ring specs (planner/inkling.py)
 PLANNED_KINDS.update(DEEPSEEK_V4_KINDS)   # DeepSeek-V4's five cache kinds (planner/deepseek_v4.py)
 PLANNED_KINDS.update(STEP5_KINDS)   # Step5's CSA summary and tail ring (planner/step5_sparse.py)
-NOT_PLANNED = {**NOT_PLANNED, **STEP5_NOT_PLANNED}
+PLANNED_KINDS.update(GLM5_NEXT_KINDS)   # GLM-5-Next's indexer keys and tail ring (planner/glm5_next.py)
+NOT_PLANNED = {**NOT_PLANNED, **STEP5_NOT_PLANNED, **GLM5_NEXT_NOT_PLANNED}
 # Layers that hold no cache: a model of these alone (BERT-like encoders) gets no KV cache from vLLM,
 # which kvwatch plans as 0 blocks (planner/no_kv_cache.py).
 _NO_CACHE = frozenset({"EncoderOnlyAttention"})

@@ -16,6 +16,7 @@ from kvwatch.planner.config_keys import MAX_FIELD, MAX_LEN_KEYS, own_key, standa
 from kvwatch.planner.cross_attention import with_cross_attention
 from kvwatch.planner.deepseek_v4 import DeepseekV4Shape, deepseek_v4_shape, weight_quantization
 from kvwatch.planner.deepseek_v41 import DeepseekV41Shape, deepseek_v41_shape
+from kvwatch.planner.glm5_next import Glm5NextShape, glm5_next_shape
 from kvwatch.planner.indexer import indexer_bytes_per_token
 from kvwatch.planner.inkling import inkling_layout, is_inkling
 from kvwatch.planner.layer_pattern import PatternError, pattern_error
@@ -75,6 +76,7 @@ class ModelGeometry:
     # DeepSeek-V4's compressed, sliding and indexer caches, packed by their own rule (planner/deepseek_v4.py)
     deepseek_v4: DeepseekV4Shape | DeepseekV41Shape | None = None   # V4.1's: planner/deepseek_v41.py
     step5: Step5Shape | None = None   # Step5's sliding, DSA, summary and tail-ring caches (planner/step5_sparse.py)
+    glm5_next: Glm5NextShape | None = None   # GLM-5-Next's KDA, MLA, indexer and tail-ring caches (planner/glm5_next.py)
     # vLLM's max_model_len when none is given (or auto) where it is not the derived one: LongRoPE
     # models default to original_max_position_embeddings (config/model.py _get_and_verify_max_len).
     default_len: int | None = None
@@ -248,7 +250,8 @@ def geometry_from_config(config: Mapping[str, Any], release: str | None = None) 
 
     if model_type in MLA_MODEL_TYPES and cfg.get("kv_lora_rank") is not None:
         rank = _required_int(cfg, "kv_lora_rank")
-        rope = _required_int(cfg, "qk_rope_head_dim")
+        glm5_next = glm5_next_shape(cfg, architectures)   # a NoPE latent: qk_rope_head_dim 0 (planner/glm5_next.py)
+        rope = 0 if glm5_next is not None and cfg.get("qk_rope_head_dim") == 0 else _required_int(cfg, "qk_rope_head_dim")
         mla_layout = kimi_linear_layout(cfg, num_layers) or bailing_linear_layout(cfg, architectures, num_layers) \
             or LayerLayout((FULL,) * num_layers)
         return ModelGeometry(
@@ -259,7 +262,8 @@ def geometry_from_config(config: Mapping[str, Any], release: str | None = None) 
             num_attention_heads=num_heads, hidden_size=hidden, weight_count=count_model_weights(config, cfg), quantization=_quantization(config, cfg),
             derived_max_model_len=derived, derived_max_model_len_key=derived_key,
             sparse_attention="index_topk" in cfg, indexer_bytes_per_token=indexer_bytes_per_token(cfg),
-            present_fields=_present(cfg), mtp_draft=mtp_draft(cfg, model_type))
+            present_fields=_present(cfg), mtp_draft=mtp_draft(cfg, model_type),
+            glm5_next=glm5_next)
 
     kv_heads = next((cfg[k] for k in _KV_HEAD_KEYS if cfg.get(k) is not None), num_heads)
     if (prefix_lm := prefix_lm_layers(cfg, architectures)) is not None:   # HRM-Text (planner/prefix_lm.py)

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from kvwatch.failure_kinds import FailureKind
-from kvwatch.planner import deepseek_v4, deepseek_v41, step5_sparse
+from kvwatch.planner import deepseek_v4
 from kvwatch.planner.architecture_kinds import builds_no_cache, unknown_reasons
 from kvwatch.planner.architectures import IN_TRANSFORMERS
 from kvwatch.planner.architectures import refusals as _architecture_refusals
@@ -54,6 +54,7 @@ from kvwatch.planner.layers import CHUNKED, FULL, MAMBA
 from kvwatch.planner.minimax_sparse import sparse_block_size, with_indexers
 from kvwatch.planner.mtp_draft import command_unplanned_draft, draft_warning, with_mtp_draft, with_speculative_states
 from kvwatch.planner.no_kv_cache import NO_KV_CACHE_ATTENTION, NO_KV_CACHE_SOURCE
+from kvwatch.planner.own_packing import own_packing
 from kvwatch.planner.predicted_refusal import (
     CONFIG_REFUSED,
     KV_CACHE_TOO_SMALL,
@@ -222,11 +223,8 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     if no_cache := builds_no_cache(geometry.architectures, str(memory.vllm_version) if memory.vllm_version else None):
         return _no_kv_cache_plan(settings.model, no_cache, settings, device,
                                 settings.max_model_len or geometry.default_max_model_len, warnings)
-    if geometry.deepseek_v4 is not None:   # its own cache kinds and packing (planner/deepseek_v4.py)
-        kv = deepseek_v41.packing_for(geometry.deepseek_v4, settings, device, memory.vllm_version)
-        return _packed_plan(geometry, kv, settings, device, memory, release, warnings)
-    if geometry.step5 is not None:   # Step5's caches on one scope (planner/step5_sparse.py)
-        kv = step5_sparse.plan_packing(geometry.step5, settings, device, memory.vllm_version, geometry.config_dtype)
+    # DeepSeek-V4/V4.1, Step5, GLM-5-Next: cache kinds of their own and their packing (planner/own_packing.py)
+    if (kv := own_packing(geometry, settings, device, memory.vllm_version)) is not None:
         return _packed_plan(geometry, kv, settings, device, memory, release, warnings)
     if geometry.attention != "none":
         warnings.extend(backend_refusals(choice, rules, device, geometry, settings))
@@ -561,7 +559,7 @@ def _shared_layer_warnings(geometry: ModelGeometry, settings: EngineSettings, gr
 
 def _packed_plan(geometry: ModelGeometry, kv: deepseek_v4.Packing, settings: EngineSettings,
                  device: Device, memory: MemoryInputs, release: Release, warnings: list[PredictedRefusal]) -> Plan:
-    """DeepSeek-V4 and Step5: their cache kinds packed into groups that share one block pool. Their own
+    """DeepSeek-V4, Step5, GLM-5-Next: their cache kinds packed into groups that share one block pool. Their own
     backends are not ones kvwatch's backend rules know, so none of their refusals applies."""
     sizes = token_sizes(geometry, settings, device, memory.vllm_version, dict(memory.vllm_env))
     blocks = _blocks(device, settings, geometry, memory, sizes.model_bytes, kv.bytes_per_block, kv.backend)

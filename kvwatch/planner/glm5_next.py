@@ -1,0 +1,221 @@
+"""GLM-5-Next's caches and vLLM 0.34's block size and packing of them, on one scope only (pure).
+
+The scope: vLLM 0.34 on CUDA SM 9.0, a bf16 model with a bf16 KV cache (`--kv-cache-dtype auto`),
+FlashInfer >= 0.6.18 installed (kvwatch cannot see it: it is assumed), no `--block-size`, no
+speculative decoding, no pipeline parallelism, no `--attention-backend`, prefix caching and the
+hybrid KV cache manager on, default Mamba cache settings, a sparse config (`index_topk` set) of
+`kv_lora_rank + qk_rope_head_dim` 512, `index_head_dim` 128, KDA `linear_head_dim` 128 and a bounded
+gate (`linear_lower_bound` set). Anything else is unsure (`out_of_scope`), not planned. Each rule
+cites vLLM 0.34.0:
+
+- a layer is KDA where `layer_types[i]` is "linear_attention", else MLA
+  (models/glm5next/common/model.py:147-153); transformers' Glm5NextTextConfig makes every fourth
+  layer MLA when the list is unset;
+- an MLA layer registers, in this order, its indexer's keys (Glm5NextIndexerCache: an
+  MLAAttentionSpec of `index_head_dim + index_head_dim // 128 * 4` uint8 bytes per state, one state
+  per `index_kpool` tokens), the indexer's tail ring (Glm5NextTailCache: a CircularBufferSpec of
+  `index_kpool` rows of 2 x `index_head_dim` bf16) and the MLA latent (`kv_lora_rank +
+  qk_rope_head_dim` bf16 a token) (common/attention.py:79-175, :260-275, :536-574);
+- on SM 9.0 with head size 512 vLLM's first sparse MLA backend is FLASHINFER_MLA_SPARSE_SM90
+  (platforms/cuda.py:136-152), kernel blocks a multiple of 64, its block stride whole 1-token rows
+  (flashinfer_mla_sparse_sm90.py:156-161); the indexer's kernel blocks are `index_kpool` x 32 or 64
+  states (v1/attention/backends/mla/indexer.py:249-260, utils/deep_gemm.py:40-43), which
+  customize_attention_spec makes its block-stride alignment (v1/worker/utils.py:469-479); the tail
+  ring's backend takes any block (indexer.py:262-283) and lists BLHNC only, a block-outermost layout;
+- the block: the smallest size every backend takes (platforms/interface.py:709-757), then
+  _align_hybrid_block_size (:950-1150): at least the indexer's smallest kernel block and 128 (MLA),
+  enough tokens of 1,024-B latent rows to hold one KDA state, a multiple of every backend's smallest
+  kernel block; the KDA page is padded to the latent page;
+- a KDA layer: conv state 3 x heads x head_dim / TP channels x (kernel - 1) bf16, recurrent state
+  heads / TP x head_dim^2 float32 (model_executor/layers/mamba/mamba_utils.py:304-327), with FlashKDA
+  one prefill checkpoint block (common/kda.py:141-164, :202-210), prefix caching making the Mamba
+  cache mode "align" (model_executor/models/config.py:1094-1110): 3 blocks a request
+  (v1/kv_cache_interface.py:1168-1174);
+- _get_packed_kv_cache_groups packs them as for DeepSeek-V4 (planner/deepseek_v4.py `packed_groups`,
+  the KDA bucket a state bucket: v1/core/kv_cache_planning.py:1037-1042), and a BLHNC block is the
+  largest group's pages rounded up to the least common multiple of every layer's block-stride
+  alignment (:620-648).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from kvwatch.errors import ConfigError
+from kvwatch.planner.deepseek_v4 import CacheSpec, Group, Packing, packed_groups
+from kvwatch.planner.devices import Device
+from kvwatch.planner.engine_args import EngineSettings
+from kvwatch.values.versions import VllmVersion
+
+ARCHITECTURES = frozenset({"Glm5NextForCausalLM", "Glm5NextForConditionalGeneration"})
+MODEL_TYPES = frozenset({"glm5_next", "glm5_next_text"})
+SOURCE = "vLLM 0.34.0, vllm/models/glm5next/common/attention.py:79-175, common/kda.py:141-210, " \
+         "vllm/platforms/interface.py:709-1150, vllm/v1/core/kv_cache_planning.py:620-648, :958-1085"
+BACKEND = "FLASHINFER_MLA_SPARSE_SM90"   # platforms/cuda.py:136-152 (head size 512 on SM 9.0)
+DEFAULT_BLOCK = 64        # CacheConfig.DEFAULT_BLOCK_SIZE (config/cache.py:185)
+MLA_KERNEL = 64           # MultipleOf(64) (flashinfer_mla_sparse_sm90.py:156-157)
+MLA_FLOOR = 128           # hybrid MLA blocks (platforms/interface.py:1095-1100)
+PAGED_MQA_PAGES = (32, 64)   # utils/deep_gemm.py:43 off SM 12.x
+QUANT_BLOCK = 128         # the indexer's FP8 scale block (common/attention.py:253)
+KV_BYTES = 2              # bf16
+SM = (9, 0)
+CHECKED_MINOR = (0, 34)   # the release whose code the oracle ran (tests/glm5_next_oracle.py)
+# transformers' Glm5NextTextConfig defaults, which vLLM loads the config with
+DEFAULTS: dict[str, Any] = {"num_hidden_layers": 45, "kv_lora_rank": 512, "qk_rope_head_dim": 0,
+                            "index_topk": 2048, "index_head_dim": 128, "index_kpool": 16, "linear_head_dim": 128,
+                            "linear_num_heads": 64, "linear_conv_kernel_dim": 4, "linear_lower_bound": -5.0}
+
+
+@dataclass(frozen=True)
+class Glm5NextShape:
+    """What vLLM's GLM-5-Next layers read from config.json to build their caches."""
+
+    kda: tuple[bool, ...]     # per decoder layer: KDA (True) or MLA
+    latent: int               # kv_lora_rank + qk_rope_head_dim
+    index_head_dim: int
+    index_kpool: int
+    linear_heads: int
+    linear_head_dim: int
+    conv_kernel: int
+    config_reasons: str       # the config's own ways out of the scope ("" when inside)
+
+
+def _int(cfg: Mapping[str, Any], key: str) -> int:
+    value = cfg.get(key, DEFAULTS[key])
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"config.json: GLM-5-Next field {key!r} must be a whole number, got {str(value)[:40]!r}")
+    return value
+
+
+def glm5_next_shape(cfg: Mapping[str, Any], architectures: Sequence[str]) -> Glm5NextShape | None:
+    """The shape of a GLM-5-Next (text) config.json; None for any other model."""
+    if not (ARCHITECTURES & set(architectures) or cfg.get("model_type") in MODEL_TYPES):
+        return None
+    layers = _int(cfg, "num_hidden_layers")
+    types = cfg.get("layer_types")
+    if types is None:   # Glm5NextTextConfig.__post_init__: every fourth layer MLA
+        types = ["linear_attention" if i % 4 != 3 else "indexed_attention" for i in range(layers)]
+    if not isinstance(types, list):
+        raise ConfigError("config.json: GLM-5-Next's layer_types must be a list")
+    kda = tuple(i < len(types) and types[i] == "linear_attention" for i in range(layers))
+    shape = Glm5NextShape(kda, _int(cfg, "kv_lora_rank") + _int(cfg, "qk_rope_head_dim"), _int(cfg, "index_head_dim"),
+                          _int(cfg, "index_kpool"), _int(cfg, "linear_num_heads"), _int(cfg, "linear_head_dim"),
+                          _int(cfg, "linear_conv_kernel_dim"), "")
+    reasons = [why for hit, why in (
+        (cfg.get("index_topk", DEFAULTS["index_topk"]) is None, "no index_topk (full MLA, no indexer)"),
+        (not any(kda) or all(kda), "not a KDA and MLA hybrid"),
+        (shape.latent != 512, f"an MLA latent of {shape.latent} (only 512 is checked)"),
+        (shape.index_head_dim != QUANT_BLOCK, f"index_head_dim {shape.index_head_dim} (vLLM asserts 128)"),
+        (shape.index_kpool < 2, f"index_kpool {shape.index_kpool} (vLLM asserts > 1)"),
+        (shape.linear_head_dim != 128 or cfg.get("linear_lower_bound", -5.0) is None,
+         "KDA without FlashKDA (its head_dim 128 and a bounded gate, common/kda.py:141-164)"),
+    ) if hit]
+    return replace(shape, config_reasons="; ".join(reasons))
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def kda_state_bytes(shape: Glm5NextShape, tp: int) -> int:
+    """One KDA layer's conv (bf16) and recurrent (float32) state on one of `tp` ranks."""
+    heads = shape.linear_heads // tp
+    return 3 * heads * shape.linear_head_dim * (shape.conv_kernel - 1) * KV_BYTES + heads * shape.linear_head_dim ** 2 * 4
+
+
+def block_size(shape: Glm5NextShape, tp: int) -> int:
+    """The cache block vLLM settles on (platforms/interface.py:709-757, :950-1120)."""
+    index_sizes = [shape.index_kpool * n for n in PAGED_MQA_PAGES]
+    # Phase 1: the default 64 unless a backend refuses it; then the least LCM every backend takes
+    preferred = DEFAULT_BLOCK if all(DEFAULT_BLOCK % s == 0 for s in index_sizes[:1]) \
+        else math.lcm(min(index_sizes), MLA_KERNEL)
+    kernel = max(min(index_sizes), preferred, MLA_FLOOR)
+    backends = math.lcm(min(index_sizes), 1, MLA_KERNEL)
+    block = kernel * _cdiv(kda_state_bytes(shape, tp), kernel * shape.latent * KV_BYTES)
+    return max(preferred, backends * _cdiv(block, backends))
+
+
+def layer_specs(shape: Glm5NextShape, tp: int) -> list[tuple[CacheSpec, int]]:
+    """Each cache's spec and its block-stride alignment in bytes, in vLLM's registration order."""
+    block = block_size(shape, tp)
+    latent_page = block * shape.latent * KV_BYTES
+    key = shape.index_head_dim + shape.index_head_dim // QUANT_BLOCK * 4
+    kernel = math.gcd(shape.index_kpool * max(PAGED_MQA_PAGES), block)   # MultipleOf(max) (kv_cache_interface.py:213-223)
+    index_align = 1 if kernel == block else kernel // shape.index_kpool * key
+    specs: list[tuple[CacheSpec, int]] = []
+    for kda in shape.kda:
+        if kda:   # padded to the latent page (platforms/interface.py:1129-1150)
+            specs.append((CacheSpec("kda", "mamba", block, 0, latent_page, "float32"), 1))
+            continue
+        specs.append((CacheSpec("indexer.k_cache", "mla", block, 0, block // shape.index_kpool * key, "uint8"),
+                      index_align))
+        ring = shape.index_kpool   # kpool x next_power_of_2(cdiv(kpool + 0 drafts, kpool)) rows
+        specs.append((CacheSpec("indexer.tail_cache", "ring", ring, 0, ring * 2 * shape.index_head_dim * KV_BYTES,
+                                "bfloat16"), 1))
+        specs.append((CacheSpec("mla_attn", "mla", block, 0, latent_page, "bfloat16"), shape.latent * KV_BYTES))
+    return specs
+
+
+@dataclass(frozen=True)
+class Glm5NextPacking:
+    block_size: int
+    groups: tuple[Group, ...]
+    bytes_per_block: int
+
+
+def packing(shape: Glm5NextShape, tp: int) -> Glm5NextPacking:
+    """vLLM 0.34's block, groups and BLHNC bytes per block on one of `tp` ranks (the scope's)."""
+    specs = layer_specs(shape, tp)
+    groups = packed_groups([spec for spec, _ in specs])
+    widest = max(g.page_bytes for g in groups)
+    alignment = math.lcm(*(align for _, align in specs))
+    return Glm5NextPacking(block_size(shape, tp), tuple(groups), _cdiv(widest, alignment) * alignment)
+
+
+def out_of_scope(shape: Glm5NextShape, settings: EngineSettings, device: Device, version: VllmVersion | None,
+                 config_dtype: str | None) -> str:
+    """Why this command lies outside the one scope planned here; "" when it lies inside."""
+    major, _, minor = device.sm.partition(".")
+    sm = (int(major), int(minor or 0)) if device.platform == "cuda" and major.isdigit() and minor.isdigit() else (0, 0)
+    dtype = (config_dtype or "not given") if settings.dtype == "auto" else settings.dtype
+    tp = max(1, settings.tensor_parallel_size)
+    reasons = [why for hit, why in (
+        (bool(shape.config_reasons), shape.config_reasons),
+        (version is not None and version.parts[:2] != CHECKED_MINOR, f"vLLM {version}: only 0.34 is checked"),
+        (device.platform != "cuda" or sm != SM, f"{device.platform} SM {device.sm}: only CUDA SM 9.0 is checked"),
+        (settings.kv_cache_dtype not in ("auto", "bfloat16") or dtype not in ("bfloat16", "bf16"),
+         "a model or KV cache other than bf16"),
+        (settings.block_size is not None, "--block-size set"),
+        (settings.num_speculative_tokens > 0 or bool(settings.speculative_config), "speculative decoding"),
+        (settings.pipeline_parallel_size > 1, "pipeline parallelism"),
+        (settings.attention_backend not in (None, BACKEND), "--attention-backend set"),
+        (settings.disable_hybrid_kv_cache_manager, "--disable-hybrid-kv-cache-manager"),
+        (settings.enable_prefix_caching is False or settings.mamba_cache_mode not in (None, "align"),
+         "no prefix caching or another Mamba cache mode"),
+        ((settings.mamba_cache_dtype, settings.mamba_ssm_cache_dtype) != ("auto", "auto"), "a Mamba cache dtype set"),
+        (shape.linear_heads % tp != 0, f"TP {tp} not dividing the KDA heads (vLLM asserts it: common/kda.py:255)"),
+    ) if hit]
+    return "; ".join(reasons)
+
+
+def plan_packing(shape: Glm5NextShape, settings: EngineSettings, device: Device, version: VllmVersion | None,
+                 config_dtype: str | None) -> Packing:
+    """The packing make_plan reports for this command: unsure, with its reason, outside the scope."""
+    scope = out_of_scope(shape, settings, device, version, config_dtype)
+    tp = max(1, settings.tensor_parallel_size)
+    kv = packing(shape, tp if shape.linear_heads % tp == 0 else 1)
+    unsure = (f"GLM-5-Next outside the one scope kvwatch checked against vLLM's own code "
+              f"(CUDA SM 9.0, FlashInfer >= 0.6.18 assumed, bf16, defaults): {scope}",) if scope else ()
+    return Packing(kv.groups, kv.bytes_per_block, BACKEND if device.platform == "cuda" else None, unsure,
+                   attention="glm5_next", block_size=kv.block_size, source=SOURCE, dtype_bytes=KV_BYTES)
+
+
+# The layer classes whose caches this module plans (architecture_kinds), and the draft it does not plan.
+GLM5_NEXT_KINDS: dict[str, str] = {
+    "Glm5NextIndexerCache": "GLM-5-Next kpool indexer keys (planner/glm5_next.py)",
+    "Glm5NextTailCache": "GLM-5-Next indexer tail ring (planner/glm5_next.py)"}
+GLM5_NEXT_SPEC_CLASSES = frozenset({"Glm5NextLinearAttention"})
+GLM5_NEXT_NOT_PLANNED: dict[str, str] = {
+    "Glm5NextMTPModel": "GLM-5-Next's MTP draft layers (models/glm5next/common/mtp.py) are not planned"}

@@ -1,0 +1,26 @@
+"""Which models pack their own cache kinds into one block pool, and their packing (pure).
+
+DeepSeek-V4 and V4.1 (planner/deepseek_v41.py), Step5 (planner/step5_sparse.py) and GLM-5-Next
+(planner/glm5_next.py) each build caches kvwatch's layer rules do not place; make_plan reports their
+packing through plan.py's `_packed_plan`.
+"""
+from __future__ import annotations
+
+from kvwatch.planner import deepseek_v41, glm5_next, step5_sparse
+from kvwatch.planner.deepseek_v4 import Packing
+from kvwatch.planner.devices import Device
+from kvwatch.planner.engine_args import EngineSettings
+from kvwatch.planner.geometry import ModelGeometry
+from kvwatch.values.versions import VllmVersion
+
+
+def own_packing(geometry: ModelGeometry, settings: EngineSettings, device: Device,
+                version: VllmVersion | None) -> Packing | None:
+    """The packing of a model with cache kinds of its own under this command; None for any other."""
+    if geometry.deepseek_v4 is not None:
+        return deepseek_v41.packing_for(geometry.deepseek_v4, settings, device, version)
+    if geometry.step5 is not None:   # on one scope
+        return step5_sparse.plan_packing(geometry.step5, settings, device, version, geometry.config_dtype)
+    if geometry.glm5_next is not None:   # on one scope
+        return glm5_next.plan_packing(geometry.glm5_next, settings, device, version, geometry.config_dtype)
+    return None
