@@ -189,3 +189,18 @@ def test_another_backend_than_cudas_default_is_unsure() -> None:
     plan = make_plan(geometry_from_config(FLASH, "0.34.0"), settings, preset("b200"), ruleset_for("0.34.0"),
                      MemoryInputs(vllm_version=parse_version("0.34.0")))
     assert plan.source == "unknown" and "FLASHINFER_MLA_SPARSE_DSV4" in plan.unknown_layer_types[0]
+
+
+@pytest.mark.parametrize("flags,certain", [
+    (["--kv-cache-memory-bytes", "1000000"], True),      # the flag sets it: a certain refusal
+    (["-tp", "1"], False),                               # estimated: 284B parameters on one H100 leave none
+])
+def test_a_packed_plan_with_no_block_says_so(flags: list[str], certain: bool) -> None:
+    """The packed path (DeepSeek-V4, V4.1, Step5, GLM-5-Next) warns of no KV memory as any other plan does."""
+    settings = EngineCommand.parse(["vllm", "serve", "deepseek-ai/DeepSeek-V4-Flash", *flags]).settings()
+    plan = make_plan(geometry_from_config(FLASH, "0.34.0"), settings, preset("h100"), ruleset_for("0.34.0"),
+                     MemoryInputs(vllm_version=parse_version("0.34.0")))
+    assert plan.num_blocks <= 1
+    found = [w for w in plan.warnings if w.kind == "no_kv_cache_memory"]
+    assert len(found) == 1 and "no memory is left for KV cache blocks" in found[0].message
+    assert found[0].certain == certain and plan.will_fail == certain

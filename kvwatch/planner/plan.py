@@ -567,6 +567,9 @@ def _packed_plan(geometry: ModelGeometry, kv: deepseek_v4.Packing, settings: Eng
     in_flight = request_demand(geometry, settings, device, max_len, release).max_in_flight_tokens
     tokens, concurrency = deepseek_v4.capacity(kv.groups, blocks.num_blocks, max_len, in_flight) \
         if blocks.num_blocks else (0, 0.0)
+    if blocks.num_blocks <= 1 or blocks.check_memory <= 0:   # as step 8 says it of any other model
+        warnings = [*warnings, no_memory_warning(device, settings, geometry, memory, sizes.model_bytes,
+                    blocks.kv_memory, kv.bytes_per_block, blocks.estimated, blocks.budget, kv.backend)]
     return Plan(
         model=settings.model, device=device.name, compute_capability=device.sm, attention=kv.attention,
         backend=kv.backend, block_size=kv.block_size, block_size_source=kv.source,
