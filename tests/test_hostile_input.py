@@ -201,3 +201,42 @@ def test_a_vision_mlp_ratio_that_is_no_number_is_the_default(ratio: object) -> N
             with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
                 code = main(["plan", *device, "--json", "--", "vllm", "serve", tmp])
         assert code in (0, 3) and "Traceback" not in err.getvalue(), (preset, code, err.getvalue())
+
+
+def _with(config: dict, path: tuple[str, ...], value: object) -> dict:
+    out = json.loads(json.dumps(config))
+    inner = out
+    for key in path[:-1]:
+        inner = inner[key]
+    inner[path[-1]] = value
+    return out
+
+
+def _newest_configs() -> dict[str, dict]:
+    from fixtures.models.newest import NEWEST
+    from test_glm5_next import CASES as GLM5
+    from test_mtp_draft import GLM45_AIR
+    return {"deepseek_v4_flash": NEWEST["deepseek_v4_flash"]["config"],
+            "deepseek_v41_flash": NEWEST["deepseek_v41_flash"]["config"],
+            "hrm_text_1b": NEWEST["hrm_text_1b"]["config"],
+            "glm5_next": next(iter(GLM5.values()))["config"], "glm45_air": GLM45_AIR}
+
+
+# Values a fuzz of this session's new config readers found reaching a traceback (a set lookup of a list,
+# a division by a zero size, a list of 10**15 MTP layers): now one line and exit 2, or a plan.
+@pytest.mark.parametrize("model,path,value,codes", [
+    ("deepseek_v4_flash", ("rope_scaling", "type"), [], (0, 3)),
+    ("hrm_text_1b", ("rope_parameters", "rope_type"), {}, (0, 3)),
+    ("deepseek_v41_flash", ("text_config", "head_dim"), 0, (2,)),
+    ("deepseek_v41_flash", ("text_config", "rope_scaling", "rope_type"), [], (0, 3)),
+    ("glm5_next", ("index_head_dim",), 0, (2,)),
+    ("glm5_next", ("index_kpool",), 0, (2,)),
+    ("glm5_next", ("model_type",), [], (2,)),
+    ("glm45_air", ("num_nextn_predict_layers",), 10**15, (2,)),
+])
+def test_the_newest_readers_give_a_plan_or_one_line(model: str, path: tuple[str, ...], value: object,
+                                                     codes: tuple[int, ...]) -> None:
+    code, err = run_plan(_with(_newest_configs()[model], path, value), [])
+    assert code in codes, (code, err)
+    if code == 2:
+        assert err.count("\n") == 1 and err.startswith("kvwatch: "), err

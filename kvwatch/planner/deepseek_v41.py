@@ -37,6 +37,7 @@ from typing import Any
 
 from kvwatch.errors import ConfigError
 from kvwatch.planner import deepseek_v4
+from kvwatch.planner.config_keys import positive_field
 from kvwatch.planner.deepseek_v4 import CacheSpec, DeepseekV4Shape, Packing
 from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineSettings
@@ -93,9 +94,9 @@ def deepseek_v41_shape(cfg: Mapping[str, Any], architectures: Sequence[str]) -> 
                           f"(vllm/models/deepseek_v41/attention.py:388-392)")
     shape = DeepseekV41Shape(ratios, _ids(cfg.get("kv_source_layer_ids", []), "kv_source_layer_ids"),
                              _ids(cfg.get("index_source_layer_ids", []), "index_source_layer_ids"),
-                             deepseek_v4._count(cfg.get("head_dim"), "head_dim", 512),
-                             deepseek_v4._count(cfg.get("index_head_dim"), "index_head_dim", 128),
-                             deepseek_v4._count(cfg.get("sliding_window"), "sliding_window", 128))
+                             positive_field(cfg, "head_dim", 512, "DeepSeek-V4.1"),
+                             positive_field(cfg, "index_head_dim", 128, "DeepSeek-V4.1"),
+                             positive_field(cfg, "sliding_window", 128, "DeepSeek-V4.1"))
     if any(ratios) and not (shape.kv_sources and shape.index_sources):   # attention.py:407-414
         raise ConfigError("config.json: DeepSeek-V4.1 needs kv_source_layer_ids and index_source_layer_ids "
                           "for its compressed layers")

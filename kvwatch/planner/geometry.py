@@ -215,7 +215,7 @@ def longrope_default_len(cfg: Mapping[str, Any], rules: MaxLenRules | None = Non
     performance degradation for shorter sequences" (from 0.11: MaxLenRules.longrope_default_source)."""
     if not (rules or max_len_rules(None)).longrope_default_source:
         return None
-    types = {p.get("rope_type", p.get("type")) for p in _rope_parameter_sets(cfg)}
+    types = {t for p in _rope_parameter_sets(cfg) if isinstance(t := p.get("rope_type", p.get("type")), str)}
     if not types & {"longrope", "su"}:
         return None
     original = cfg.get("original_max_position_embeddings")

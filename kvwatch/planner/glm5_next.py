@@ -44,6 +44,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kvwatch.errors import ConfigError
+from kvwatch.planner.config_keys import positive_field
 from kvwatch.planner.deepseek_v4 import CacheSpec, Group, Packing, packed_groups
 from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineSettings
@@ -83,15 +84,17 @@ class Glm5NextShape:
 
 
 def _int(cfg: Mapping[str, Any], key: str) -> int:
-    value = cfg.get(key, DEFAULTS[key])
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"config.json: GLM-5-Next field {key!r} must be a whole number, got {str(value)[:40]!r}")
-    return value
+    """A size of config.json (Glm5NextTextConfig's default where unset): positive, at most MAX_FIELD; only
+    the rope dimension may be 0 (a latent without rope)."""
+    if key == "qk_rope_head_dim" and cfg.get(key, DEFAULTS[key]) == 0:
+        return 0
+    return positive_field(cfg, key, DEFAULTS[key], "GLM-5-Next")
 
 
 def glm5_next_shape(cfg: Mapping[str, Any], architectures: Sequence[str]) -> Glm5NextShape | None:
     """The shape of a GLM-5-Next (text) config.json; None for any other model."""
-    if not (ARCHITECTURES & set(architectures) or cfg.get("model_type") in MODEL_TYPES):
+    model_type = cfg.get("model_type")
+    if not (ARCHITECTURES & set(architectures) or (isinstance(model_type, str) and model_type in MODEL_TYPES)):
         return None
     layers = _int(cfg, "num_hidden_layers")
     types = cfg.get("layer_types")

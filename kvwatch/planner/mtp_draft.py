@@ -43,7 +43,9 @@ from collections.abc import Mapping
 from dataclasses import Field, dataclass, replace
 from typing import Any, ClassVar, Protocol, TypeVar
 
+from kvwatch.errors import ConfigError
 from kvwatch.failure_kinds import FailureKind
+from kvwatch.planner.config_keys import MAX_FIELD
 from kvwatch.planner.deepseek_v4 import drafts_with_mtp
 from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.flag_change import NO_CHANGE
@@ -103,6 +105,8 @@ def mtp_draft(cfg: Mapping[str, Any], model_type: str) -> MtpDraft | None:
         return None
     layers = positive_int(cfg, family.count_field) if family.count_field in cfg \
         else family.default_layers
+    if layers and layers > MAX_FIELD:   # geometry's bound on any count of config.json
+        raise ConfigError(f"config.json: field {family.count_field!r} must be at most {MAX_FIELD}, got {layers}")
     if not layers:
         return None
     dense = {k: v for k, v in cfg.items() if k not in _EXPERT_FIELDS} if family.dense else cfg
