@@ -142,13 +142,9 @@ def test_a_learned_profile_is_keyed_by_what_changes_the_profile_run() -> None:
 
 
 RUNS = started_runs()
-# A started run whose corpus entry names a planner miss (`known_planner_miss`, as the failed runs below)
-# is expected to be planned with no KV cache until that term is planned; strict, so a fix shows.
-_STARTED_PARAMS = [pytest.param(r, id=r["name"], marks=pytest.mark.xfail(strict=True, reason=r["known_planner_miss"]))
-                   if r.get("known_planner_miss") else pytest.param(r, id=r["name"]) for r in RUNS]
 
 
-@pytest.mark.parametrize("run", _STARTED_PARAMS)
+@pytest.mark.parametrize("run", RUNS, ids=[r["name"] for r in RUNS])
 def test_every_real_start_up_is_planned_with_a_kv_cache(run: dict, tmp_path: Path) -> None:
     """No plan of zero KV where vLLM started, and every plan's budget adds up."""
     plan = plan_run(run, tmp_path / "model")

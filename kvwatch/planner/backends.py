@@ -124,8 +124,7 @@ def with_release_kernel_blocks(rules: RuleSet, version: VllmVersion | None, cont
     return replace(rules, backends=tuple(backends))
 
 
-def attention_block_size(shape: BackendRule | None, device: Device, geometry: ModelGeometry,
-                         settings: EngineSettings, default_block: int) -> tuple[int, str]:
+def attention_block_size(shape: BackendRule | None, settings: EngineSettings, default_block: int) -> tuple[int, str]:
     """The block size of the attention layers and where it comes from: the flag, else the backend's
     preference; some platforms override both."""
     # platforms/cpu.py: CPU_MLA's kernel forces 16; AMX_MLA (an AMX host's pick, 0.29+) forces none

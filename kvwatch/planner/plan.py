@@ -331,7 +331,7 @@ def _block_size(geometry: ModelGeometry, settings: EngineSettings, device: Devic
     holds the recurrent state, and so a quantized page covers the skip layers' page."""
     version, attention_free = memory.vllm_version, geometry.attention == "none"
     default_block = release.defaults.block_size   # vLLM's default --block-size (vllm_releases/defaults.py)
-    block_size, block_source = attention_block_size(shape, device, geometry, settings, default_block)
+    block_size, block_source = attention_block_size(shape, settings, default_block)
     if shape is not None and settings.block_size is None and device.platform == "cuda" and \
             (common := sparse_block_size(geometry.sparse_indexer, geometry.num_layers, shape.block_sizes, default_block)):
         block_size, block_source = common   # MiniMax-M3: its sparse and indexer backends join the dense one
