@@ -260,25 +260,10 @@ def linear_bytes_per_param(quantization: Mapping[str, Any] | None, dtype_bytes: 
     bits = quantization.get("bits") or quantization.get("w_bit")
     if method == "bitsandbytes":
         return 1.0 if quantization.get("load_in_8bit") else 0.5 + 0.5 / 64
+    # compressed-tensors and ModelOpt are quant_layout's (handled above): what is left is bits and group scales
     group = quantization.get("group_size") or quantization.get("q_group_size") or 128
-    scale_bytes = float(dtype_bytes)
-    if method == "compressed-tensors":
-        groups = quantization.get("config_groups") or {}
-        weights = [g.get("weights") or {} for g in groups.values() if isinstance(g, Mapping)]
-        scheme = next((w for w in weights if isinstance(w, Mapping) and w.get("num_bits")), {})
-        bits = scheme.get("num_bits", bits)
-        # group scales only for the "group" strategy (channel/tensor/block scales are negligible);
-        # NVFP4's are fp8 per 16 values
-        group = scheme.get("group_size") if scheme.get("strategy", "group") in ("group", "tensor_group") else 0
-        if scheme.get("type") == "float" and bits == 4:
-            scale_bytes = 1.0
-    if method == "modelopt":
-        algo = str(quantization.get("quant_algo", "")).upper()
-        if "NVFP4" in algo or "FP4" in algo:
-            return 0.5 + 1 / 16          # fp8 scale per 16 values (modelopt.py NVFP4)
-        return 1.0                       # FP8 variants: one byte, per-tensor/channel/block scales
     if isinstance(bits, int) and not isinstance(bits, bool) and 0 < bits <= 16:
-        scale = scale_bytes / group if isinstance(group, int) and not isinstance(group, bool) and group > 0 else 0.0
+        scale = dtype_bytes / group if isinstance(group, int) and not isinstance(group, bool) and group > 0 else 0.0
         return bits / 8 + scale
     if method == "mxfp4":
         return 0.5 + 1 / 32          # OCP MX: one 8-bit scale per 32 values
