@@ -240,3 +240,15 @@ def test_the_newest_readers_give_a_plan_or_one_line(model: str, path: tuple[str,
     assert code in codes, (code, err)
     if code == 2:
         assert err.count("\n") == 1 and err.startswith("kvwatch: "), err
+
+
+@pytest.mark.parametrize("flag", ["--limit-mm-per-prompt", "--speculative-config", "--compilation-config",
+                                  "--additional-config", "--hf-overrides"])
+@pytest.mark.parametrize("value", ["[" * 5000 + "]" * 5000, '{"a": ' + "[" * 5000 + "]" * 5000 + "}"])
+def test_json_flags_nested_too_deep_give_a_plan_or_one_line(flag: str, value: str) -> None:
+    """json.loads recurses into nested arrays: a few thousand brackets raised RecursionError through every
+    `except ValueError` around it (values/json_text.parse_json now says ValueError)."""
+    code, err = run_plan(BASE, [flag, value])
+    assert code in (0, 2, 3), (code, err[-300:])
+    if code == 2:
+        assert err.count("\n") == 1 and err.startswith("kvwatch: "), err[-300:]

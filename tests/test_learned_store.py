@@ -55,8 +55,9 @@ def test_written_profile_reads_back_with_its_provenance(tmp_path: Path) -> None:
     json.dumps({**PROFILE.to_json(), "written_at": float("nan")}).encode(),
     json.dumps({**PROFILE.to_json(), "key": "fedcba9876543210"}).encode(),   # another profile's file renamed
     json.dumps({**PROFILE.to_json(), "rank": 1}).encode(),
+    b"[" * 50_000 + b"]" * 50_000,   # json.loads recurses: RecursionError, not ValueError
 ], ids=["empty", "half", "fields missing", "not utf-8", "not an object", "schema", "type", "kv above budget",
-        "nan", "another key", "another rank"])
+        "nan", "another key", "another rank", "nested too deep"])
 def test_a_file_that_is_not_a_valid_profile_is_ignored(tmp_path: Path, content: bytes) -> None:
     (tmp_path / f"{KEY}-rank0.json").write_bytes(content)
     assert learned_store.read(tmp_path, KEY) is None

@@ -12,7 +12,6 @@ The text goes to diagnosis/stall_stacks.py (pure), which says where the engine i
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 from kvwatch.boundary.bounded_read import open_regular
 from kvwatch.errors import CommandError
 from kvwatch.planner.engine_args import EngineCommand
+from kvwatch.values.json_text import parse_json
 
 MAX_DUMP_BYTES = 1 << 20      # one process's stacks: a few KB; a runaway recursion is cut here
 _DUMP_FILE = re.compile(r"^VLLM_STACK_DUMP_for_(.+)_(\d+)\.log$")
@@ -51,7 +51,7 @@ def vllm_dump_dir(command: EngineCommand) -> str | None:
     except CommandError:   # a command the release's parser cannot read: no dump dir known
         return None
     try:
-        config = json.loads(raw) if raw else None
+        config = parse_json(raw) if raw else None
     except ValueError:
         return None
     directory = config.get("dump_dir") if isinstance(config, dict) else None

@@ -39,7 +39,6 @@ What the user's flags leave of the profile (`profiled_shape`), for every term of
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import replace
 
@@ -50,6 +49,7 @@ from kvwatch.planner.encoder_cache import (
     counted_and_encoded_tokens,
     profile_items,
 )
+from kvwatch.values.json_text import parse_json
 
 PIXELS_CAST_SINCE = (0, 9, 0)       # the processor's floating outputs cast to the model dtype
 FLOAT32_BYTES = 4
@@ -63,7 +63,7 @@ def mm_limits(value: str | None) -> tuple[tuple[str, int], ...]:
     if not value:
         return ()
     try:
-        parsed = json.loads(value)
+        parsed = parse_json(value)
     except ValueError:
         parsed = dict(part.split("=", 1) for part in value.split(",") if "=" in part)
     if not isinstance(parsed, dict):

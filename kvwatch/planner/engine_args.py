@@ -12,7 +12,6 @@ unreadable (an ambiguous prefix, a missing or invalid value) is one CommandError
 """
 from __future__ import annotations
 
-import json
 import posixpath
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -30,6 +29,7 @@ from kvwatch.planner.serve_options import (
     vllm_spelling,
 )
 from kvwatch.planner.units import parse_vllm_int
+from kvwatch.values.json_text import parse_json
 from kvwatch.values.versions import parse_version
 from kvwatch.vllm_releases import DEFAULT_RELEASE
 from kvwatch.vllm_releases.gdn_checkpoint import requested_gdn_prefill_backend
@@ -327,7 +327,7 @@ class EngineCommand:
         """--speculative-config's method and num_speculative_tokens, where it is a JSON object."""
         value = self.get("--speculative-config")
         try:
-            parsed = json.loads(value) if value else None
+            parsed = parse_json(value) if value else None
         except ValueError:
             return {}
         if not isinstance(parsed, dict):
@@ -344,7 +344,7 @@ class EngineCommand:
             return True
         value = (self.get("--compilation-config") or "").strip()
         try:
-            parsed = json.loads(value) if value else None
+            parsed = parse_json(value) if value else None
         except ValueError:
             return False
         if isinstance(parsed, dict):
@@ -359,7 +359,7 @@ class EngineCommand:
             return True
         value = self.get("--compilation-config")
         try:
-            parsed = json.loads(value) if value else None
+            parsed = parse_json(value) if value else None
         except ValueError:
             return False
         return isinstance(parsed, dict) and not _CUDAGRAPH_SIZE_KEYS.isdisjoint(parsed)

@@ -18,6 +18,7 @@ from typing import Any
 
 from kvwatch.errors import KvwatchError
 from kvwatch.planner.units import parse_vllm_int
+from kvwatch.values.json_text import parse_json
 from kvwatch.vllm_releases.generated import flags
 
 
@@ -136,7 +137,7 @@ _IN_BRACES = re.compile(r"(?s)^\s*{.*}\s*$")
 
 def union_dict_and_str(text: str) -> object:
     """The value vLLM's parser makes of `text` for a union_dict_and_str option (a dict or a string)."""
-    return json.loads(text) if _IN_BRACES.match(text) else str(text)
+    return parse_json(text) if _IN_BRACES.match(text) else str(text)
 
 
 # The value types kvwatch can check as the parser does (by the name the table records). Others pass.

@@ -17,10 +17,10 @@ its own plan kvwatch does not pin over it.
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 
+from kvwatch.values.json_text import parse_json
 from kvwatch.vllm_releases.defaults_shape import ReleaseDefaults
 
 ENABLE_ENV = "VLLM_ENABLE_STARTUP_PLAN"
@@ -62,8 +62,8 @@ def parse_plan_file(data: bytes, schema: int = 1) -> PersistedPlan:
     if len(data) > MAX_PLAN_BYTES:
         raise ValueError(f"larger than {MAX_PLAN_BYTES} bytes: not a vLLM start-up plan")
     try:
-        plan = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        plan = parse_json(data.decode("utf-8"))
+    except ValueError as exc:   # UnicodeDecodeError, malformed or too deeply nested JSON
         raise ValueError(f"not JSON: {exc}") from None
     if not isinstance(plan, dict) or plan.get("schema") != schema:
         raise ValueError(f"not a vLLM start-up plan of schema {schema}")

@@ -35,6 +35,7 @@ from kvwatch.boundary.device_probe import installed_vllm
 from kvwatch.diagnosis import GpuContext
 from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineCommand
+from kvwatch.values.json_text import parse_json
 from kvwatch.vllm_releases import DEFAULT_RELEASE
 from kvwatch.watchdog import disk_writer
 from kvwatch.watchdog.preflight import learned_key
@@ -124,7 +125,7 @@ def read(directory: str | os.PathLike[str], key: str, rank: int = 0) -> SharedPr
     """The profile stored for (key, rank), or None when there is none or it is not valid (logged)."""
     path = Path(directory) / file_name(key, rank)
     try:
-        profile = SharedProfile.from_json(json.loads(read_regular(path, MAX_PROFILE_BYTES).decode("utf-8")))
+        profile = SharedProfile.from_json(parse_json(read_regular(path, MAX_PROFILE_BYTES).decode("utf-8")))
     except FileNotFoundError:
         return None
     except (OSError, ValueError, TypeError) as exc:   # UnicodeDecodeError and JSONDecodeError are ValueErrors
