@@ -18,11 +18,12 @@ answer per case.
 """
 from __future__ import annotations
 
-import json
 import sys
 import types
 from pathlib import Path
 from typing import Any
+
+from vllm_sources import packed_answer, run_oracle_script
 
 
 def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -98,18 +99,9 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     Step5CSATailRingBackend, Step5CSATailRing.get_kv_cache_spec(ring, config))
         config.model_config = ns(max_model_len=case["max_model_len"])
         config.max_in_flight_tokens = case["max_in_flight_tokens"]   # VllmConfig.max_in_flight_tokens
-        groups = kv_cache_planning.get_kv_cache_groups(config, specs)
-        planned = kv_cache_planning.get_kv_cache_config_from_groups(config, groups, case["kv_memory_bytes"])
-        answers.append({
-            "block_size": cache.block_size, "layout": cache.kv_cache_layout,
-            "groups": [{"type": type(g.kv_cache_spec).__name__, "layers": len(g.layer_names),
-                        "block_size": g.kv_cache_spec.block_size,
-                        "page_size_bytes": g.kv_cache_spec.page_size_bytes} for g in groups],
-            "bytes_per_block": kv_cache_planning._get_kv_cache_bytes_per_block(
-                groups, cache.get_resolved_kv_cache_layout()),
-            "num_blocks": planned.num_blocks, "tokens": kv_cache_utils.get_kv_cache_capacity(config, planned)[0]})
+        answers.append(packed_answer(config, specs, case["kv_memory_bytes"], kv_cache_planning, kv_cache_utils))
     return answers
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(Path(sys.argv[1]), json.loads(sys.argv[2]))))
+    run_oracle_script(main)

@@ -15,17 +15,13 @@ from typing import Any
 
 import pytest
 from fixtures.models.newest import NEWEST
-from test_static_sink import _oracle, _source_root
+from packed_plan_support import assert_sizes_are_the_sink_oracles, serve_plan, sink_oracle_answers
 
 from kvwatch.errors import ConfigError
 from kvwatch.planner.architecture_kinds import PLANNED, verdict
-from kvwatch.planner.devices import preset
-from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.geometry import geometry_from_config
 from kvwatch.planner.layers import FULL
-from kvwatch.planner.plan import MemoryInputs, Plan, make_plan
-from kvwatch.planner.rules import ruleset_for
-from kvwatch.values.versions import parse_version
+from kvwatch.planner.plan import Plan
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "models" / "prefix_lm_oracle.json"
@@ -35,10 +31,7 @@ CASES = [("0.33.0", 1), ("0.34.0", 1), ("0.34.0", 4)]
 
 
 def _plan(release: str, tp: int, config: dict[str, Any] = HRM) -> Plan:
-    settings = EngineCommand.parse(["vllm", "serve", "m", "--kv-cache-memory-bytes", str(BUDGET),
-                                    "-tp", str(tp)]).settings()
-    return make_plan(geometry_from_config(config, release), settings, preset("h100"), ruleset_for(release),
-                     MemoryInputs(vllm_version=parse_version(release)))
+    return serve_plan(config, release, "m", "--kv-cache-memory-bytes", str(BUDGET), "-tp", str(tp))
 
 
 def _case(plan: Plan, tp: int) -> dict[str, Any]:
@@ -83,17 +76,11 @@ def test_kvwatch_plans_what_vllms_spec_and_grouping_give(release: str, tp: int) 
     assert plan.source == "exact" and plan.unknown_layer_types == ()
     assert (truth["spec"], truth["kind"], truth["non_causal"]) == ("FullAttentionSpec", "full_attention", True)
     assert len(truth["groups"]) == plan.kv_cache_groups == 1 and len(truth["groups"][0]["layers"]) == 128
-    assert (plan.page_size_bytes, plan.bytes_per_block, plan.num_blocks, plan.kv_cache_tokens) == \
-        (truth["page_size_bytes"], truth["bytes_per_block"], truth["num_blocks"], truth["tokens"])
-    assert plan.blocks_per_request * plan.page_size_bytes == truth["max_memory_usage_bytes"]
+    assert_sizes_are_the_sink_oracles(plan, truth)
 
 
 def test_the_recorded_answers_are_the_releases_own() -> None:
-    root = _source_root()
-    if root is None:
-        pytest.skip("the unpacked vLLM 0.33.0/0.34.0 sources are not here (KVWATCH_VLLM_SRC)")
-    answers = {_label(*c): _oracle(root, c[0], _case(_plan(*c), c[1])) for c in CASES}
-    assert answers == _recorded()
+    assert sink_oracle_answers({_label(*c): (c[0], _case(_plan(*c), c[1])) for c in CASES}) == _recorded()
 
 
 @pytest.mark.parametrize("fields", [{"num_layers_per_stack": 10**9}, {"H_cycles": 10**9}, {"L_cycles": True},

@@ -11,23 +11,17 @@ run again and must give the recorded answers.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fixtures.models.newest import NEWEST
-from vllm_sources import unpacked_root
+from packed_plan_support import assert_sizes_are_the_sink_oracles, serve_plan, sink_oracle_answers
 
 from kvwatch.planner.architecture_kinds import PLANNED, verdict
-from kvwatch.planner.devices import preset
-from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.geometry import geometry_from_config
 from kvwatch.planner.layers import FULL
-from kvwatch.planner.plan import MemoryInputs, Plan, make_plan
-from kvwatch.planner.rules import ruleset_for
-from kvwatch.values.versions import parse_version
+from kvwatch.planner.plan import Plan
 from kvwatch.vllm_releases.architectures import ARCHITECTURES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,9 +36,7 @@ SINK_ARCHITECTURES = sorted({(r, a) for r, table in ARCHITECTURES.items() for a,
 
 def _plan(release: str, tp: int, block: int | None, config: dict[str, Any] = PANGU) -> Plan:
     flags = ["--kv-cache-memory-bytes", str(BUDGET), "-tp", str(tp)] + (["--block-size", str(block)] if block else [])
-    settings = EngineCommand.parse(["vllm", "serve", "m", *flags]).settings()
-    return make_plan(geometry_from_config(config, release), settings, preset("h100"), ruleset_for(release),
-                     MemoryInputs(vllm_version=parse_version(release)))
+    return serve_plan(config, release, "m", *flags)
 
 
 def _case(plan: Plan, tp: int) -> dict[str, Any]:
@@ -60,16 +52,6 @@ def _label(release: str, tp: int, block: int | None) -> str:
 
 def _recorded() -> dict[str, Any]:
     return json.loads(FIXTURE.read_text())["answers"]   # type: ignore[no-any-return]
-
-
-def _source_root() -> Path | None:
-    return unpacked_root({r for r, _, _ in CASES}, "vllm/v1/kv_cache_interface.py")
-
-
-def _oracle(root: Path, release: str, case: dict[str, Any]) -> dict[str, Any]:
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "oracle_sink_spec.py"), str(root / release)],
-                          input=json.dumps(case), capture_output=True, text=True, check=True)
-    return json.loads(done.stdout)   # type: ignore[no-any-return]
 
 
 @pytest.mark.parametrize("release,arch", SINK_ARCHITECTURES)
@@ -105,17 +87,11 @@ def test_kvwatch_plans_what_vllms_spec_and_grouping_give(release: str, tp: int, 
     assert truth["spec"] == "SinkFullAttentionSpec" and truth["kind"] == "sink_full_attention"
     assert len(truth["groups"]) == plan.kv_cache_groups == 1
     assert truth["groups"][0]["layers"] == list(range(PANGU["num_hidden_layers"]))
-    assert (plan.page_size_bytes, plan.bytes_per_block, plan.num_blocks, plan.kv_cache_tokens) == \
-        (truth["page_size_bytes"], truth["bytes_per_block"], truth["num_blocks"], truth["tokens"])
-    assert plan.blocks_per_request * plan.page_size_bytes == truth["max_memory_usage_bytes"]
+    assert_sizes_are_the_sink_oracles(plan, truth)
 
 
 def test_the_recorded_answers_are_the_releases_own() -> None:
-    root = _source_root()
-    if root is None:
-        pytest.skip("the unpacked vLLM 0.33.0/0.34.0 sources are not here (KVWATCH_VLLM_SRC)")
-    answers = {_label(*c): _oracle(root, c[0], _case(_plan(*c), c[1])) for c in CASES}
-    assert answers == _recorded()
+    assert sink_oracle_answers({_label(*c): (c[0], _case(_plan(*c), c[1])) for c in CASES}) == _recorded()
 
 
 def test_kv_heads_split_over_tp_never_replicate() -> None:

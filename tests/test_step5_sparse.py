@@ -12,23 +12,17 @@ that same script for runs without them; a live run also checks the record.
 from __future__ import annotations
 
 import json
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 import pytest
-from vllm_sources import oracle_answers, release_tree
+from packed_plan_support import assert_live_oracle_is_its_record, assert_plan_is_vllms, packed_oracle, packed_plan
 
 from kvwatch.errors import ConfigError
 from kvwatch.planner import step5_sparse
 from kvwatch.planner.architecture_kinds import PLANNED, UNKNOWN, verdict
 from kvwatch.planner.deepseek_v4 import capacity
-from kvwatch.planner.devices import preset
-from kvwatch.planner.engine_args import EngineCommand
-from kvwatch.planner.geometry import geometry_from_config
-from kvwatch.planner.plan import MemoryInputs, Plan, make_plan
-from kvwatch.planner.rules import ruleset_for
-from kvwatch.values.versions import parse_version
+from kvwatch.planner.plan import Plan
 
 HERE = Path(__file__).resolve().parent
 RECORD = HERE / "fixtures" / "step5_oracle.json"
@@ -54,9 +48,7 @@ for _case in CASES.values():   # two concurrent batches (async scheduling) of ma
     _case["max_in_flight_tokens"] = 2 * 2048
 
 
-@cache
-def _vllm(release: str = "0.34.0") -> dict[str, dict[str, Any]]:
-    return oracle_answers(HERE / "step5_oracle.py", release, CASES, RECORD)
+_vllm = packed_oracle(HERE / "step5_oracle.py", CASES, RECORD)
 
 
 def _shape(config: dict[str, Any]) -> step5_sparse.Step5Shape:
@@ -88,19 +80,12 @@ def test_groups_block_blocks_and_tokens_equal_vllms(name: str) -> None:
 
 
 def _plan(case: dict[str, Any], release: str = "0.34.0", card: str = "h100", *flags: str) -> Plan:
-    argv = ["vllm", "serve", "stepfun/step5", "-tp", str(case["tp"]), "--kv-cache-memory-bytes",
-            str(case["kv_memory_bytes"]), "--max-model-len", str(case["max_model_len"]),
-            "--max-num-batched-tokens", str(case["max_in_flight_tokens"] // 2), *flags]
-    return make_plan(geometry_from_config(case["config"], release), EngineCommand.parse(argv).settings(),
-                     preset(card), ruleset_for(release), MemoryInputs(vllm_version=parse_version(release)))
+    return packed_plan("stepfun/step5", case, release, card, *flags)
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_the_plan_has_vllms_block_groups_blocks_and_tokens(name: str) -> None:
-    want, plan = _vllm()[name], _plan(CASES[name])
-    assert (plan.block_size, plan.kv_cache_groups, plan.bytes_per_block, plan.num_blocks, plan.kv_cache_tokens) == \
-        (want["block_size"], len(want["groups"]), want["bytes_per_block"], want["num_blocks"], want["tokens"])
-    assert plan.source == "exact" and plan.unknown_layer_types == () and not plan.will_fail
+    assert_plan_is_vllms(_plan(CASES[name]), _vllm()[name])
 
 
 def test_the_vl_wrapper_plans_as_its_text_model() -> None:
@@ -127,9 +112,7 @@ def test_outside_the_scope_the_plan_is_unsure(release: str, card: str, flags: tu
 
 
 def test_live_oracle_matches_its_record() -> None:
-    if release_tree("0.34.0") is None:
-        pytest.skip("vLLM 0.34.0 is not unpacked (KVWATCH_VLLM_SRC)")
-    assert json.loads(RECORD.read_text())["0.34.0"] == _vllm()
+    assert_live_oracle_is_its_record(_vllm, RECORD)
 
 
 @pytest.mark.parametrize(("change", "settings", "reason"), [

@@ -6,7 +6,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -85,3 +85,24 @@ class SpecOracle:
             assert found is not None, f"vLLM {release} is not unpacked under KVWATCH_VLLM_SRC"
             answers[release] = self.run(found, release_cases)
         self.fixture.write_text(json.dumps({"source": self.source, "cases": cases, "answers": answers}, indent=1) + "\n")
+
+
+def packed_answer(config: Any, specs: dict[str, Any], kv_memory_bytes: int, planning: Any, utils: Any) -> dict[str, Any]:
+    """A packed oracle's answer for one case: the release's get_kv_cache_groups of the layers' `specs`,
+    get_kv_cache_config_from_groups for the KV budget and get_kv_cache_capacity for the tokens it logs
+    (`planning` and `utils` are its vllm.v1.core kv_cache_planning and kv_cache_utils)."""
+    cache = config.cache_config
+    groups = planning.get_kv_cache_groups(config, specs)
+    planned = planning.get_kv_cache_config_from_groups(config, groups, kv_memory_bytes)
+    return {
+        "block_size": cache.block_size, "layout": cache.kv_cache_layout,
+        "groups": [{"type": type(g.kv_cache_spec).__name__, "layers": len(g.layer_names),
+                    "block_size": g.kv_cache_spec.block_size,
+                    "page_size_bytes": g.kv_cache_spec.page_size_bytes} for g in groups],
+        "bytes_per_block": planning._get_kv_cache_bytes_per_block(groups, cache.get_resolved_kv_cache_layout()),
+        "num_blocks": planned.num_blocks, "tokens": utils.get_kv_cache_capacity(config, planned)[0]}
+
+
+def run_oracle_script(main: Callable[[Path, list[dict[str, Any]]], list[Any]]) -> None:
+    """An oracle script's entry: main(<unpacked release root>, <cases as JSON>) printed as JSON."""
+    print(json.dumps(main(Path(sys.argv[1]), json.loads(sys.argv[2]))))
