@@ -38,6 +38,10 @@ class Running:
     # the engine answering kvwatch's own SIGTERM, never evidence of why it died (None: not signalled).
     lines_before_stop: int | None = None
 
+    def said_before_stop(self) -> list[str]:
+        """The engine's lines up to kvwatch's own stop signal: a worker that died of that SIGTERM is no cause."""
+        return self.pump.lines() if self.lines_before_stop is None else self.pump.lines_before(self.lines_before_stop)
+
 
 class EngineProcesses:
     def __init__(self, config: Config, os: WatchdogOs, running: Callable[[], Running | None],

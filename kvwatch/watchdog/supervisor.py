@@ -8,8 +8,8 @@
 Every transition goes through `_transition`, with its reason; it saves the state file, tells systemd
 and publishes a fresh immutable EngineStatus (`status`, which the exporter polls). This module is the
 loop; the rest is held: start-up (startup.py), the engine's processes (engine_processes.py), each
-launch's memory (launch_memory.py), the autopilot (autopilot_controller.py); the command in force is
-next_command.py's, a tick's decisions launch_watch.py's, a failure's recovery.py's. Every OS call goes
+launch's memory (launch_memory.py), the autopilot (autopilot_controller.py), the status (status_view.py);
+the command in force is next_command.py's, a tick's decisions launch_watch.py's, a failure's recovery.py's. Every OS call goes
 through the injected WatchdogOs, time through the Clock, every wait on the stop Event.
 """
 from __future__ import annotations
@@ -31,8 +31,7 @@ from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.plan import Plan
 from kvwatch.planner.rules import RuleSet
-from kvwatch.vllm_releases.upgrade import planned_as
-from kvwatch.watchdog import disk_writer, leftovers, recovery
+from kvwatch.watchdog import disk_writer, leftovers, recovery, status_view
 from kvwatch.watchdog.autopilot_controller import AutopilotController
 from kvwatch.watchdog.budget import Budget
 from kvwatch.watchdog.clock import Clock, MonotonicClock
@@ -78,15 +77,6 @@ _ALLOWED = {(old, new) for old, news in {   # the state machine's transitions, f
     EngineState.BACKOFF: (EngineState.STARTING, EngineState.STOPPED),
     EngineState.STOPPING: (EngineState.STOPPED,),
 }.items() for new in news}
-
-
-def _said_before_stop(run: Running | None) -> list[str]:
-    """The engine's lines up to kvwatch's own stop signal: a worker that died of that SIGTERM is no cause."""
-    if run is None:
-        return []
-    if run.lines_before_stop is None:
-        return run.pump.lines()
-    return run.pump.lines_before(run.lines_before_stop)
 
 
 class Supervisor:
@@ -425,7 +415,7 @@ class Supervisor:
         lost = next(iter(run.tree.ranks.lost.items()), None) if run is not None else None
         kernel = self._evidence.kernel_record() if end.outcome in recovery.KERNEL_RECORDED else NO_KERNEL_RECORD
         signal = signal_name(end.returncode) if end.outcome is LaunchOutcome.EXIT else ""
-        diagnosis, failure = recovery.launch_failure(end, _said_before_stop(run), lost, kernel, record.failures,
+        diagnosis, failure = recovery.launch_failure(end, run.said_before_stop() if run else [], lost, kernel, record.failures,
                                                      self._command, self._os.wall_time(), signal)
         if diagnosis.kind is FailureKind.PORT_IN_USE:   # fatal only while a process still listens on it
             port = self._command.settings().port
@@ -483,24 +473,9 @@ class Supervisor:
             _LOG.warning("state: cannot write %s: %s", self._store.path, exc)
 
     def _make_status(self) -> EngineStatus:
-        record = self._record
-        last = record.last_failure()
-        return EngineStatus(
-            name=self.name, state=self._state, reason=self._reason, plan=self._plan, argv=self._command.argv,
-            pids=tuple(int(p["pid"]) for p in record.pids),
-            pid_ranks=dict(self._running.tree.pid_ranks) if self._running is not None else {},
-            restarts=dict(record.restarts), failures=dict(record.failure_counts),
-            corrections=dict(record.correction_counts), last_failure=last.kind.value if last else None,
-            log_kv_tokens=record.log_kv_tokens, log_available_kv_bytes=record.log_available_kv_bytes,
-            log_memory_parts=dict(record.log_memory_parts), memory_requested_bytes=self._memory.requested,
-            vllm_release=record.vllm_release, release_changes=self._memory.release_changes,
-            vllm_release_planned_as=planned_as(record.vllm_release),
-            recommendation=self._pressure.recommendation, ending=self._ending,
-            escaped_processes=self._procs.escaped,
-            autopilot=dict(record.autopilot_counts),
-            gpu_release_waits=dict(self._evidence.release_waits),
-            gpu_release_wait_seconds=self._evidence.last_release_wait,
-            autopilot_trial=trial.change.describe() if (trial := self._autopilot.trial) is not None else None)
+        return status_view.engine_status(self.name, self._state, self._reason, self._plan, self._command,
+                                         self._record, self._running, self._memory, self._pressure, self._ending,
+                                         self._procs, self._evidence, self._autopilot)
 
     def _save_and_publish(self) -> None:
         self._save()
