@@ -123,10 +123,15 @@ def free_port() -> int:
     """
     floor = _ephemeral_floor()
     low = 10000 if floor > 12000 else 1024
+    # pytest-xdist workers share the box: each takes the ports of its own residue, so two workers
+    # never hand out the same port in the seconds before an engine binds it.
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
     rng = random.Random()
     for _ in range(200):
         port = rng.randrange(low, floor)
-        if port not in _HANDED_OUT and _bindable(port):
+        port -= (port - worker) % workers
+        if port >= low and port not in _HANDED_OUT and _bindable(port):
             _HANDED_OUT.add(port)
             return port
     with socket.socket() as s:   # a box whose low ports are all taken: the old way

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -221,15 +220,13 @@ def test_a_refusal_that_moved_between_releases_is_the_releases_own(release: str,
 # -- live: a few cases on an older release's real engine ------------------------------------------
 
 # One per cache layout kind, cheap: plain, sliding window beside full, linear attention (whose
-# hybrid block-size alignment moved between releases). Probed two at a time (CI budget: issue 23).
+# hybrid block-size alignment moved between releases). One engine per test (CI budget: issues 23, 43).
 LIVE_OLD = [("llama3", []), ("gemma3_text", []), ("qwen3_next", [])]
 
 
 @pytest.fixture(scope="module")
-def old_release(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, dict]]:
-    """The older release's engine (KVWATCH_OLD_VENV, default .venv-0.30): its version and the
-    LIVE_OLD cases probed on it."""
-    from kv_probe import probe
+def old_release() -> tuple[str, str]:
+    """The older release's engine (KVWATCH_OLD_VENV, default .venv-0.30): its version and its python."""
     from record_kv_truth import engine_version
     venv = Path(os.environ.get("KVWATCH_OLD_VENV", Path(__file__).resolve().parent.parent / ".venv-0.30"))
     python = venv / "bin" / "python"
@@ -237,24 +234,20 @@ def old_release(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str
         if os.environ.get("CI"):
             pytest.fail(f"no older release's venv at {venv} (scripts/test installs it)")
         pytest.skip(f"no older release's venv at {venv} (KVWATCH_OLD_VENV)")
-    release = engine_version(str(python))
-    root = tmp_path_factory.mktemp("old-release")
-
-    def run(case: tuple[str, list[str]]) -> tuple[str, dict]:
-        name, flags = case
-        return name, probe(corpus.config(name), flags, root / name, python=str(python))
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return release, dict(pool.map(run, LIVE_OLD))
+    return engine_version(str(python)), str(python)
 
 
 @pytest.mark.engine
 @pytest.mark.parametrize(("name", "flags"), LIVE_OLD, ids=[n for n, _ in LIVE_OLD])
 def test_plan_for_an_older_release_equals_its_live_engine(name: str, flags: list[str], tmp_path: Path,
-                                                          old_release: tuple[str, dict[str, dict]]) -> None:
+                                                          old_release: tuple[str, str]) -> None:
+    """Each case probes its own engine of the older release: scripts/test runs two tests at a time."""
+    from kv_probe import probe
+
     from kvwatch.boundary.device_probe import cpu_device
-    release, live = old_release
+    release, python = old_release
     assert release != "0.32.0", "the older release's venv holds the lab's release"
-    assert live[name]["kv_cache_tokens"] is not None, live[name]["error"]
+    live = probe(corpus.config(name), flags, tmp_path / "probe", python=python)
+    assert live["kv_cache_tokens"] is not None, live["error"]
     plan = plan_case(name, flags, tmp_path / "model", device=cpu_device(), vllm_version=release)
-    assert plan_figures(plan) == engine_figures(live[name])
+    assert plan_figures(plan) == engine_figures(live)

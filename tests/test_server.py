@@ -30,7 +30,8 @@ from cryptography.hazmat.primitives import hashes, serialization  # noqa: E402
 from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID  # noqa: E402
 
-PASSWORD_HASH = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
+# A fixed salt: the hash appears in parametrize ids, which must be the same in every pytest-xdist worker.
+PASSWORD_HASH = bcrypt.hashpw(b"s3cret", b"$2b$04$" + b"kvwatchTestSaltKvwatcO").decode()
 
 
 def _cert(tmp: Path, name: str, issuer: tuple | None = None, ca: bool = False, client: bool = False):
