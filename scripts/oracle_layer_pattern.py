@@ -3,6 +3,7 @@
 
     python scripts/oracle_layer_pattern.py < cases.json     (a JSON list of config.json dicts)
     python scripts/oracle_layer_pattern.py --traceback < config.json
+    python scripts/oracle_layer_pattern.py --tracebacks < cases.json   (a JSON list: a JSON list of tracebacks)
 
 vLLM reads config.json with vllm.transformers_utils.config.get_config, which hands it to transformers'
 config class of its model_type (AutoConfig.from_pretrained); no engine is started. The last line
@@ -10,7 +11,8 @@ printed is a JSON object: the vLLM and transformers versions, and one answer per
 types and window the loaded config has, or "error": "<type>: <message>" where loading raises.
 With --traceback, one config.json goes through vLLM's own EngineArgs.create_model_config (what
 `vllm serve` runs first), and the traceback it raises is printed as Python prints it, with the
-site-packages folder written as /venv/lib/python3/site-packages.
+site-packages folder written as /venv/lib/python3/site-packages; --tracebacks does the same for each
+config.json of a list in one process (one import of vLLM, not one per case) and prints them as a JSON list.
 """
 from __future__ import annotations
 
@@ -57,6 +59,9 @@ def main() -> None:
     logging.disable(logging.CRITICAL)
     if sys.argv[1:] == ["--traceback"]:
         print(_traceback(json.load(sys.stdin)), end="")
+        return
+    if sys.argv[1:] == ["--tracebacks"]:
+        print(json.dumps([_traceback(c) for c in json.load(sys.stdin)]))
         return
     import transformers
     import vllm
