@@ -14,16 +14,16 @@ built by their own constructors; the other layers are bare objects holding the a
 get_kv_cache_spec reads. The scope and the constructors' arithmetic are the oracle's own, citing vLLM
 0.34.0 vllm/models/qwen4_exp/nvidia: a layer's PLE state on `ple_layer_ids` (1-based, model.py:216-231)
 is built before its GDN or QSA layer (:232-265); a QSA layer's indexer registers its raw-key ring and
-compressed key before the layer's K/V (qsa.py:419-473, qsa_indexer.py:165-181); KV heads per rank
-`max(1, num_key_value_heads // TP)` and head_dim `head_dim or hidden_size // heads` (qsa.py:338-345);
+compressed key before the layer's K/V (qsa.py:406-473, qsa_indexer.py:165-181); KV heads per rank
+`max(1, num_key_value_heads // TP)` and head_dim `head_dim or hidden_size // heads` (qsa.py:344-345);
 the ring carries MRoPE positions where the model keeps M-RoPE (qsa_indexer.py:168: a VL wrapper whose
 rope_parameters have an mrope_section; the text model strips it, model_executor/models/config.py:
-1334-1395); CUDA SM 9.0, where FlashInfer is the GDN prefill backend and a GDN layer exports
+1334-1399); CUDA SM 9.0, where FlashInfer is the GDN prefill backend and a GDN layer exports
 prefill checkpoints every 64 tokens in align mode (model_executor/layers/mamba/gdn/
 qwen_gdn_linear_attn.py:187-330, :846-857); the Mamba cache mode "align" and mamba_block_size =
 block_size that prefix caching, on by default, sets (model_executor/models/config.py:1094-1110); no
 speculative decoding. Of Qwen4ExpForConditionalGenerationConfig.verify_and_update_config only the
-Qwen3.5 part that sizes a cache runs (config.py:1293-1318, 1352: the SSM state's dtype from the
+Qwen3.5 part that sizes a cache runs (config.py:1293-1318, :1357: the SSM state's dtype from the
 config's mamba_ssm_dtype). The model module imports the Qwen2-VL image processor, whose transformers module
 needs torchvision: where it is not installed an empty package stands in (glm5_next_oracle.py). It
 prints a JSON list, one answer per case.
@@ -75,13 +75,13 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                      if k not in ("architectures", "model_type", "torch_dtype")})
         tp = case["tp"]
         architecture = case["config"]["architectures"][0]
-        if architecture != "Qwen4ExpForConditionalGeneration":   # the text model drops M-RoPE (config.py:1387-1392)
+        if architecture != "Qwen4ExpForConditionalGeneration":   # the text model drops M-RoPE (config.py:1394-1399)
             _strip_qwen4_exp_mrope(ns(hf_config=text, hf_text_config=text))
         mrope = uses_mrope(text)
         cache = CacheConfig()
         cache.mamba_cache_mode = "align"
-        kv_heads = max(1, text.num_key_value_heads // tp)                                   # qsa.py:345
-        head_dim = text.head_dim or text.hidden_size // text.num_attention_heads            # qsa.py:346
+        kv_heads = max(1, text.num_key_value_heads // tp)                                   # qsa.py:344
+        head_dim = text.head_dim or text.hidden_size // text.num_attention_heads            # qsa.py:345
         model = ns(use_mla=False, dtype=torch.bfloat16, architecture=architecture, hf_text_config=text,
                    is_hybrid=True, model_impl="auto", get_num_kv_heads=lambda _, k=kv_heads: k,
                    get_head_size=lambda h=head_dim: h, max_model_len=case["max_model_len"], uses_mrope=mrope)

@@ -138,10 +138,14 @@ def test_live_oracle_matches_its_record() -> None:
     ({"ple_layer_ids": [4]}, "ple_layer_ids off the linear_attention layers (transformers refuses them)"),
     ({"ple_layer_ids": [41]}, "ple_layer_ids off the linear_attention layers (transformers refuses them)"),
     ({"hc_count": 1}, "hc_count 1 (vLLM refuses it)"),
-    ({"mamba_ssm_dtype": "float64"}, "mamba_ssm_dtype 'float64'"),
+    ({"mamba_ssm_dtype": "float64"}, "mamba_ssm_dtype float64 (only float32, bfloat16 and float16 are checked)"),
+    ({"mamba_ssm_dtype": ["float32"]}, "mamba_ssm_dtype ['float32'] (only float32, bfloat16 and float16 are checked)"),
 ])
 def test_config_out_of_scope(change: dict[str, Any], reason: str) -> None:
     assert _shape({**BASE, **change}).config_reasons == reason
+    if reason:   # the plan of such a config is unsure, naming why
+        plan = _plan({**CASES["fixture, TP 1, 40 GiB, 64k"], "config": {**BASE, **change}})
+        assert plan.source == "unknown" and reason in plan.unknown_layer_types[0]
 
 
 @pytest.mark.parametrize(("change", "qsa"), [

@@ -1,12 +1,13 @@
 """Qwen4-Exp's caches and vLLM 0.34's block size and packing of them, on one scope only (pure).
 
-The scope: vLLM 0.34 on CUDA SM 9.0 (FlashInfer, which vLLM 0.34 needs on CUDA, runs the GDN prefill),
-a bf16 model with a bf16 KV cache (`--kv-cache-dtype auto`), the QSA indexer on (`indexer_n_heads`
+The scope: vLLM 0.34 on CUDA SM 9.0 (where FlashInfer runs the GDN prefill: vLLM picks it there with
+no further check, model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py:187-348), a bf16 model with a bf16 KV cache (`--kv-cache-dtype auto`), the QSA indexer on (`indexer_n_heads`
 set) with its bf16 compressed key (vLLM's default `indexer_kv_dtype`), no `--block-size`, no
 speculative decoding, no pipeline parallelism, no `--attention-backend`, prefix caching and the
 hybrid KV cache manager on, default Mamba cache settings, and a model of both GDN and QSA layers.
-kvwatch reads no `--language-model-only`: the VL wrapper is planned without it (its ring then keeps
-the M-RoPE positions). Anything else is unsure (`out_of_scope`), not planned. Each rule cites vLLM
+kvwatch reads neither `--language-model-only` (the VL wrapper is planned without it: its ring then
+keeps the M-RoPE positions) nor `--additional-config` (a `gdn_prefill_backend` there is planned as
+none). Anything else is unsure (`out_of_scope`), not planned. Each rule cites vLLM
 0.34.0:
 
 - a layer is GDN where `layer_types[i]` is "linear_attention", QSA where it is "indexed_attention"
@@ -15,7 +16,7 @@ the M-RoPE positions). Anything else is unsure (`out_of_scope`), not planned. Ea
   QSA when the list is unset and renames "full_attention" to "indexed_attention";
 - on a layer listed (1-based) in `ple_layer_ids` a PLE short-conv state is built first (model.py:
   216-231): `hidden_size x hc_count` channels, `(ple_conv_kernel_size - 1) x ngram_size` rows, bf16,
-  replicated over TP (nvidia/ple_layer.py:180-203); in align mode it keeps one prefill checkpoint
+  replicated over TP (nvidia/ple_layer.py:178-203); in align mode it keeps one prefill checkpoint
   (ple_layer.py:205-220), as a GDN layer does with FlashInfer's prefill (model_executor/layers/mamba/
   gdn/qwen_gdn_linear_attn.py:846-857, :901-912): 3 blocks a request (v1/kv_cache_interface.py:1168-1174);
 - a GDN state: conv `(2 x key_heads x key_dim + value_heads x value_dim) / TP` channels x
@@ -25,7 +26,7 @@ the M-RoPE positions). Anything else is unsure (`out_of_scope`), not planned. Ea
   rows of `indexer_head_dim` bf16, `round_up(indexer_head_dim, 4) + 12` with M-RoPE positions), its
   compressed key (one `indexer_head_dim` bf16 row per `indexer_compress_ratio` tokens) and then its
   K/V (FullAttentionSpec, `max(1, num_key_value_heads // TP)` heads of `head_dim`)
-  (common/qsa_indexer.py:817-880, nvidia/qsa_indexer.py:165-181, nvidia/qsa.py:338-346, :492-500);
+  (common/qsa_indexer.py:817-880, nvidia/qsa_indexer.py:165-181, nvidia/qsa.py:330-345, :492-500);
   the indexer's caches need the construction-time block 64 to be a multiple of the ratio (:783);
 - the block: the default 64 (both QSA backends take it), then _align_hybrid_block_size
   (platforms/interface.py:950-1150): the fewest 64-token steps (the prefill checkpoint grid) whose
@@ -128,12 +129,13 @@ def qwen4_exp_shape(cfg: Mapping[str, Any], architectures: Sequence[str]) -> Qwe
     rope = cfg.get("rope_parameters")
     mrope = VL_ARCHITECTURE in architectures and isinstance(rope, Mapping) and "mrope_section" in rope
     ssm = cfg.get("mamba_ssm_dtype")
+    ssm_bytes = _SSM_BYTES.get(ssm, 0) if ssm is None or isinstance(ssm, str) else 0
     shape = Qwen4ExpShape(
         tuple(t in QSA_LAYER_TYPES for t in types), tuple(i + 1 in ple_ids for i in range(layers)),
         _int(cfg, "num_attention_heads"), _int(cfg, "num_key_value_heads"),
         int(cfg.get("head_dim") or _int(cfg, "hidden_size") // _int(cfg, "num_attention_heads")),
         _int(cfg, "linear_num_key_heads"), _int(cfg, "linear_num_value_heads"), _int(cfg, "linear_key_head_dim"),
-        _int(cfg, "linear_value_head_dim"), _int(cfg, "linear_conv_kernel_dim"), _SSM_BYTES.get(ssm, 0),
+        _int(cfg, "linear_value_head_dim"), _int(cfg, "linear_conv_kernel_dim"), ssm_bytes,
         _int(cfg, "hidden_size") * _int(cfg, "hc_count"),
         (_int(cfg, "ple_conv_kernel_size") - 1) * _int(cfg, "ngram_size"),
         _int(cfg, "indexer_head_dim") if on else 0, ratio, mrope, "")
@@ -148,7 +150,7 @@ def qwen4_exp_shape(cfg: Mapping[str, Any], architectures: Sequence[str]) -> Qwe
         (any(i < 1 or i > layers or shape.qsa[i - 1] for i in ple_ids),
          "ple_layer_ids off the linear_attention layers (transformers refuses them)"),
         (_int(cfg, "hc_count") <= 1, "hc_count 1 (vLLM refuses it)"),
-        (shape.ssm_bytes == 0, f"mamba_ssm_dtype {str(ssm)[:20]!r}"),
+        (shape.ssm_bytes == 0, f"mamba_ssm_dtype {str(ssm)[:20]} (only float32, bfloat16 and float16 are checked)"),
     ) if hit]
     return replace(shape, config_reasons="; ".join(reasons))
 
@@ -196,9 +198,10 @@ def layer_specs(shape: Qwen4ExpShape, tp: int) -> list[CacheSpec]:
             specs.append(CacheSpec("linear_attn", "mamba", block, 0, page if padded else gdn_state_bytes(shape, tp),
                                    "bfloat16"))
             continue
-        specs.append(CacheSpec("indexer.raw_key_cache", "ring", ratio, 0, ratio * width * KV_BYTES, "bfloat16"))
-        specs.append(CacheSpec("indexer.compressed_key_cache", "full", block, 0,
-                               block // ratio * shape.index_head_dim * KV_BYTES, "bfloat16"))
+        if shape.index_head_dim:   # no indexer: out of the scope, its K/V alone keeps the figures defined
+            specs.append(CacheSpec("indexer.raw_key_cache", "ring", ratio, 0, ratio * width * KV_BYTES, "bfloat16"))
+            specs.append(CacheSpec("indexer.compressed_key_cache", "full", block, 0,
+                                   block // ratio * shape.index_head_dim * KV_BYTES, "bfloat16"))
         specs.append(CacheSpec("attn", "full", block, 0, page, "bfloat16"))
     return specs
 
@@ -218,7 +221,7 @@ def packing(shape: Qwen4ExpShape, tp: int) -> Qwen4ExpPacking:
 
 def divides(shape: Qwen4ExpShape, tp: int) -> bool:
     """Whether vLLM takes this TP: it divides the attention heads and the GDN heads, and the KV heads
-    divide by it or it by them (nvidia/qsa.py:328-344, mamba_utils.py:290-300)."""
+    divide by it or it by them (nvidia/qsa.py:330-344, mamba_utils.py:290-300)."""
     kv = shape.kv_heads % tp == 0 if shape.kv_heads >= tp else tp % shape.kv_heads == 0
     return kv and all(n % tp == 0 for n in (shape.heads, shape.key_heads, shape.value_heads))
 
