@@ -7,7 +7,7 @@ Qwen4ExpTextConfig loads it, the block size (Platform._preferred_block_size_for_
 CacheConfig.DEFAULT_BLOCK_SIZE, then Platform._align_hybrid_block_size, which resolves the model class
 through vLLM's registry for its GDN and PLE state pages), the layout every backend lists
 (get_supported_kv_cache_layouts), each cache's spec (QwenGatedDeltaNetAttention, Qwen4ExpPLELayer,
-QSARawKeyCache, QSACompressedKeyCache and Qwen4ExpQSAAttention.get_kv_cache_spec, the attention specs
+QSARawKeyCache (0.33: QSAKeyStateCache), QSACompressedKeyCache and Qwen4ExpQSAAttention.get_kv_cache_spec, the attention specs
 through the runner's customize_attention_spec), get_kv_cache_groups and get_kv_cache_config_from_groups
 for a KV budget, and get_kv_cache_capacity for the tokens vLLM logs. The two QSA indexer caches are
 built by their own constructors; the other layers are bare objects holding the attributes their
@@ -48,10 +48,17 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     _stub_torchvision()
     from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import QwenGatedDeltaNetAttention
     from vllm.model_executor.models.config import Qwen3_5ForConditionalGenerationConfig, _strip_qwen4_exp_mrope
-    from vllm.models.qwen4_exp.common.qsa_indexer import QSACompressedKeyCache, QSARawKeyCache
     from vllm.models.qwen4_exp.nvidia import model as _model  # noqa: F401  (first: qsa.py imports it back)
+    from vllm.models.qwen4_exp.nvidia import qsa
     from vllm.models.qwen4_exp.nvidia.ple_layer import Qwen4ExpPLELayer
-    from vllm.models.qwen4_exp.nvidia.qsa import Qwen4ExpQSAAttention, Qwen4ExpQSABackend
+    try:   # 0.34: common/qsa_indexer.py; 0.33: the same caches in common/qsa_cache.py
+        from vllm.models.qwen4_exp.common.qsa_indexer import QSACompressedKeyCache
+        from vllm.models.qwen4_exp.common.qsa_indexer import QSARawKeyCache as RawKeyCache
+    except ImportError:
+        from vllm.models.qwen4_exp.common.qsa_cache import QSACompressedKeyCache  # type: ignore[no-redef]
+        from vllm.models.qwen4_exp.common.qsa_cache import QSAKeyStateCache as RawKeyCache  # type: ignore[no-redef]
+    # the K/V's backend: Qwen4ExpQSABackend in 0.34, Qwen4ExpQSAFlashAttentionBackend in 0.33 (nvidia/qsa.py:146)
+    qsa_backend = getattr(qsa, "Qwen4ExpQSABackend", None) or qsa.Qwen4ExpQSAFlashAttentionBackend
     from vllm.platforms.interface import Platform
     from vllm.transformers_utils.config import uses_mrope
     from vllm.v1.attention.backends.gdn_attn import FLASHINFER_GDN_CHECKPOINT_ALIGNMENT
@@ -113,15 +120,15 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     _max_num_batched_tokens=2048)
                 continue
             indexer = f"{p}.self_attn.indexer"
-            QSARawKeyCache(head_size=text.indexer_head_dim, dtype=torch.bfloat16, cache_rope_positions=mrope,
+            RawKeyCache(head_size=text.indexer_head_dim, dtype=torch.bfloat16, cache_rope_positions=mrope,
                            prefix=f"{indexer}.raw_key_cache", cache_config=cache,
                            compress_ratio=text.indexer_compress_ratio, vllm_config=config)
             QSACompressedKeyCache(head_size=text.indexer_head_dim, dtype=torch.bfloat16,
                                   compress_ratio=text.indexer_compress_ratio, prefix=f"{indexer}.compressed_key_cache",
                                   cache_config=cache, vllm_config=config)
             context[f"{p}.self_attn.attn"] = bare(
-                Qwen4ExpQSAAttention, num_kv_heads=kv_heads, head_dim=head_dim, kv_cache_dtype="auto",
-                kv_cache_torch_dtype=torch.bfloat16, attn_backend=Qwen4ExpQSABackend)
+                qsa.Qwen4ExpQSAAttention, num_kv_heads=kv_heads, head_dim=head_dim, kv_cache_dtype="auto",
+                kv_cache_torch_dtype=torch.bfloat16, attn_backend=qsa_backend)
         backends: list[Any] = []   # Platform._find_non_ssm_backends' walk, and every backend for the layout
         for layer in context.values():
             if layer.get_attn_backend() not in backends:

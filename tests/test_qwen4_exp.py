@@ -1,4 +1,4 @@
-"""Issue 39: Qwen4-Exp's caches, block size and packed groups, as vLLM 0.34 builds them, on one scope.
+"""Issue 39: Qwen4-Exp's caches, block size and packed groups, as vLLM 0.33 and 0.34 build them, on one scope.
 
 No Qwen4-Exp config.json is public (transformers names the checkpoint Qwen/Qwen4-Exp):
 tests/fixtures/models/qwen4_exp_config.json is transformers' Qwen4ExpTextConfig defaults
@@ -66,9 +66,13 @@ def _shape(config: dict[str, Any]) -> qwen4_exp.Qwen4ExpShape:
     return shape
 
 
+RELEASES = ("0.33.0", "0.34.0")
+
+
+@pytest.mark.parametrize("release", RELEASES)
 @pytest.mark.parametrize("name", CASES)
-def test_block_groups_blocks_and_tokens_equal_vllms(name: str) -> None:
-    case, want = CASES[name], _vllm()[name]
+def test_block_groups_blocks_and_tokens_equal_vllms(name: str, release: str) -> None:
+    case, want = CASES[name], _vllm(release)[name]
     shape = _shape(case["config"])
     assert shape.config_reasons == ""
     kv = qwen4_exp.packing(shape, case["tp"])
@@ -93,9 +97,10 @@ def _plan(case: dict[str, Any], release: str = "0.34.0", card: str = "h100", *fl
     return packed_plan("Qwen/Qwen4-Exp", _wrapped(case), release, card, *flags)
 
 
+@pytest.mark.parametrize("release", RELEASES)
 @pytest.mark.parametrize("name", CASES)
-def test_the_plan_has_vllms_block_groups_blocks_and_tokens(name: str) -> None:
-    assert_plan_is_vllms(_plan(CASES[name]), _vllm()[name])
+def test_the_plan_has_vllms_block_groups_blocks_and_tokens(name: str, release: str) -> None:
+    assert_plan_is_vllms(_plan(CASES[name], release), _vllm(release)[name])
 
 
 def test_the_vl_wrappers_ring_keeps_the_mrope_positions() -> None:
@@ -105,7 +110,7 @@ def test_the_vl_wrappers_ring_keeps_the_mrope_positions() -> None:
 
 
 @pytest.mark.parametrize(("release", "card", "flags", "reason"), [
-    ("0.33.0", "h100", (), "vLLM 0.33.0: only 0.34 is checked"),
+    ("0.32.0", "h100", (), "vLLM 0.32.0: only 0.33 and 0.34 are checked"),
     ("0.34.0", "b200", (), "cuda SM 10.0: only CUDA SM 9.0 is checked"),
     ("0.34.0", "h100", ("--kv-cache-dtype", "fp8"), "a model or KV cache other than bf16"),
     ("0.34.0", "h100", ("--block-size", "256"), "--block-size set"),
@@ -122,8 +127,9 @@ def test_outside_the_scope_the_plan_is_unsure(release: str, card: str, flags: tu
     assert plan.source == "unknown" and reason in plan.unknown_layer_types[0]
 
 
-def test_live_oracle_matches_its_record() -> None:
-    assert_live_oracle_is_its_record(_vllm, RECORD)
+@pytest.mark.parametrize("release", RELEASES)
+def test_live_oracle_matches_its_record(release: str) -> None:
+    assert_live_oracle_is_its_record(_vllm, RECORD, release)
 
 
 @pytest.mark.parametrize(("change", "reason"), [

@@ -1,6 +1,7 @@
 """Qwen4-Exp's caches and vLLM 0.34's block size and packing of them, on one scope only (pure).
 
-The scope: vLLM 0.34 on CUDA SM 9.0 (where FlashInfer runs the GDN prefill: vLLM picks it there with
+The scope: vLLM 0.34 or 0.33 (whose code gives the same answers: the caches from common/qsa_cache.py:
+811-874, nvidia/qsa.py:385-400, :552-560) on CUDA SM 9.0 (where FlashInfer runs the GDN prefill: vLLM picks it there with
 no further check, model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py:187-348), a bf16 model with a bf16 KV cache (`--kv-cache-dtype auto`), the QSA indexer on (`indexer_n_heads`
 set) with its bf16 compressed key (vLLM's default `indexer_kv_dtype`), no `--block-size`, no
 speculative decoding, no pipeline parallelism, no `--attention-backend`, prefix caching and the
@@ -64,7 +65,7 @@ QSA_LAYER_TYPES = ("qwen_sparse_attention", "indexed_attention")   # nvidia/mode
 ROPE_POSITION_COLUMNS = 12   # three int64 M-RoPE positions as bf16 (common/qsa_indexer.py:820-836)
 KV_BYTES = 2              # bf16
 SM = (9, 0)
-CHECKED_MINOR = (0, 34)   # the release whose code the oracle ran (tests/qwen4_exp_oracle.py)
+CHECKED_MINORS = frozenset({(0, 33), (0, 34)})   # the releases whose code the oracle ran (tests/qwen4_exp_oracle.py)
 _SSM_BYTES = {None: KV_BYTES, "bfloat16": 2, "float16": 2, "float32": 4}
 # transformers' Qwen4ExpTextConfig defaults (models/qwen4_exp/configuration_qwen4_exp.py), which vLLM
 # loads the config with
@@ -214,7 +215,7 @@ class Qwen4ExpPacking:
 
 
 def packing(shape: Qwen4ExpShape, tp: int) -> Qwen4ExpPacking:
-    """vLLM 0.34's block, groups and BLNHC bytes per block on one of `tp` ranks (the scope's)."""
+    """vLLM 0.34's (and 0.33's) block, groups and BLNHC bytes per block on one of `tp` ranks (the scope's)."""
     groups = packed_groups(layer_specs(shape, tp))
     return Qwen4ExpPacking(block_size(shape, tp), tuple(groups), max(g.page_bytes for g in groups))
 
@@ -235,7 +236,7 @@ def out_of_scope(shape: Qwen4ExpShape, settings: EngineSettings, device: Device,
     tp = max(1, settings.tensor_parallel_size)
     reasons = [why for hit, why in (
         (bool(shape.config_reasons), shape.config_reasons),
-        (version is not None and version.parts[:2] != CHECKED_MINOR, f"vLLM {version}: only 0.34 is checked"),
+        (version is not None and version.parts[:2] not in CHECKED_MINORS, f"vLLM {version}: only 0.33 and 0.34 are checked"),
         (device.platform != "cuda" or sm != SM, f"{device.platform} SM {device.sm}: only CUDA SM 9.0 is checked"),
         (settings.kv_cache_dtype not in ("auto", "bfloat16") or dtype not in ("bfloat16", "bf16"),
          "a model or KV cache other than bf16"),
