@@ -21,6 +21,7 @@ from kvwatch.planner.deepseek_v4 import DEEPSEEK_V4_KINDS, NOT_PLANNED
 from kvwatch.planner.draft_heads import draft_reason
 from kvwatch.planner.glm5_next import GLM5_NEXT_KINDS, GLM5_NEXT_NOT_PLANNED, GLM5_NEXT_SPEC_CLASSES
 from kvwatch.planner.inkling import INKLING_KINDS
+from kvwatch.planner.qwen4_exp import QWEN4_EXP_KINDS, QWEN4_EXP_NOT_PLANNED, QWEN4_EXP_SPEC_CLASSES
 from kvwatch.planner.step5_sparse import STEP5_KINDS, STEP5_NOT_PLANNED
 from kvwatch.vllm_releases import DEFAULT_RELEASE
 from kvwatch.vllm_releases.architecture_entry import ArchitectureEntry
@@ -50,7 +51,7 @@ GATED_KINDS: dict[str, str] = {"RSWAAttention": "rswa_window"}
 # gated delta net's prefill checkpoint from 0.33 (vllm_releases/gdn_checkpoint.py). Another class
 # reshaping its spec is unknown.
 KNOWN_SPEC_CLASSES = frozenset({"MambaMixer2", "KimiK3DeltaAttention", "QwenGatedDeltaNetAttention"}) \
-    | GLM5_NEXT_SPEC_CLASSES   # GLM-5-Next's KDA prefill checkpoint (planner/glm5_next.py)
+    | GLM5_NEXT_SPEC_CLASSES | QWEN4_EXP_SPEC_CLASSES   # KDA and PLE prefill checkpoints (glm5_next.py, qwen4_exp.py)
 # Multimodal wrappers whose language model is an architecture of the same release that the table
 # does not list under the wrapper: its verdict is theirs. vLLM 0.34.0 (and 0.33.0):
 # Step5ForConditionalGeneration is the Step3p7 frontend over the Step5 text model
@@ -61,7 +62,8 @@ PLANNED_KINDS.update(INKLING_KINDS)   # Inkling's own attention and conv-ring sp
 PLANNED_KINDS.update(DEEPSEEK_V4_KINDS)   # DeepSeek-V4's five cache kinds (planner/deepseek_v4.py)
 PLANNED_KINDS.update(STEP5_KINDS)   # Step5's CSA summary and tail ring (planner/step5_sparse.py)
 PLANNED_KINDS.update(GLM5_NEXT_KINDS)   # GLM-5-Next's indexer keys and tail ring (planner/glm5_next.py)
-NOT_PLANNED = {**NOT_PLANNED, **STEP5_NOT_PLANNED, **GLM5_NEXT_NOT_PLANNED}
+PLANNED_KINDS.update(QWEN4_EXP_KINDS)   # Qwen4-Exp's QSA caches (planner/qwen4_exp.py)
+NOT_PLANNED = {**NOT_PLANNED, **STEP5_NOT_PLANNED, **GLM5_NEXT_NOT_PLANNED, **QWEN4_EXP_NOT_PLANNED}
 # Layers that hold no cache: a model of these alone (BERT-like encoders) gets no KV cache from vLLM,
 # which kvwatch plans as 0 blocks (planner/no_kv_cache.py).
 _NO_CACHE = frozenset({"EncoderOnlyAttention"})

@@ -60,6 +60,7 @@ PAGE_ALIGNMENT = 576      # fp8_ds_mla page alignment (attention.py:834, sparse_
 STATE_BLOCK = {4: 4, 128: 8}   # compressor.py:168-171
 QUANT_BLOCK = 128         # the indexer's fp8 key scale block (attention.py:964)
 _LAYER_RATIO = {"sliding_attention": 1}
+STATE_KINDS = ("ring", "mamba", "replicated_mamba")   # the buckets split to fit the block (below)
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,9 @@ class CacheSpec:
     """One layer's cache as vLLM specifies it: the bucket it joins and its page."""
 
     name: str            # the layer name's tail: swa_cache, latent, indexer, state, indexer.state
-    kind: str            # "mla" (full attention), "swa_mla" (sliding window), "ring" (DeepSeek-V4.1's), "mamba" (GLM-5-Next's KDA)
+    # "mla" (full attention), "swa_mla" (sliding window), "ring" (DeepSeek-V4.1's), "mamba" (GLM-5-Next's KDA),
+    # "replicated_mamba" (a state every TP rank holds whole: Qwen4-Exp's PLE, its own bucket)
+    kind: str
     block_size: int      # tokens per block
     window: int          # the sliding window (0 for full attention)
     page_bytes: int      # bytes of one block of this layer, padded
@@ -100,7 +103,7 @@ class Group:
             return -(-max_model_len // self.block_size)
         if self.kind == "ring":   # CircularBufferSpec: one block (vllm/v1/kv_cache_interface.py:996-1003)
             return 1
-        if self.kind == "mamba":   # align mode, one prefill checkpoint (:1168-1172; planner/glm5_next.py)
+        if self.kind in STATE_KINDS[1:]:   # align mode, one prefill checkpoint (:1168-1172; planner/glm5_next.py)
             return 3
         held = min(self.window - 1 + extra_retained + max_in_flight_tokens, max_model_len)
         return -(-held // self.block_size) + 1
@@ -224,7 +227,7 @@ def packed_groups(specs: Sequence[CacheSpec]) -> list[Group]:
     floor = max((widest[k] for k, p in buckets.items() if balanced(p) and len(p) > 1), default=0)
     repeats = _least_padding([widest[k] for k, p in buckets.items() if balanced(p)], floor) if floor else None
     # state buckets: Mamba and rings always, unsplit sliding windows (kv_cache_planning.py:1037-1042)
-    state = {k for k in buckets if k[0] in ("ring", "mamba") or (repeats is None and k[0] == "swa_mla")}
+    state = {k for k in buckets if k[0] in STATE_KINDS or (repeats is None and k[0] == "swa_mla")}
 
     def split(key: tuple[str, int, int], pages: dict[int, list[int]]) -> int:
         return -(-widest[key] // repeats) if repeats is not None and balanced(pages) else 1

@@ -24,6 +24,7 @@ from kvwatch.planner.layers import FULL, PURE_STATE_SPACE, LayerLayout, kimi_lin
 from kvwatch.planner.minimax_sparse import SparseIndexer, sparse_indexer
 from kvwatch.planner.mtp_draft import MtpDraft, mtp_draft
 from kvwatch.planner.prefix_lm import prefix_lm_layers, weight_layers
+from kvwatch.planner.qwen4_exp import Qwen4ExpShape, qwen4_exp_shape
 from kvwatch.planner.static_sink import sink_attention
 from kvwatch.planner.step5_sparse import Step5Shape, step5_shape
 from kvwatch.planner.weights import WeightCount, count_model_weights
@@ -77,6 +78,7 @@ class ModelGeometry:
     deepseek_v4: DeepseekV4Shape | DeepseekV41Shape | None = None   # V4.1's: planner/deepseek_v41.py
     step5: Step5Shape | None = None   # Step5's sliding, DSA, summary and tail-ring caches (planner/step5_sparse.py)
     glm5_next: Glm5NextShape | None = None   # GLM-5-Next's KDA, MLA, indexer and tail-ring caches (planner/glm5_next.py)
+    qwen4_exp: Qwen4ExpShape | None = None   # Qwen4-Exp's GDN, PLE and QSA caches (planner/qwen4_exp.py)
     # vLLM's max_model_len when none is given (or auto) where it is not the derived one: LongRoPE
     # models default to original_max_position_embeddings (config/model.py _get_and_verify_max_len).
     default_len: int | None = None
@@ -298,6 +300,7 @@ def geometry_from_config(config: Mapping[str, Any], release: str | None = None) 
         max_source_positions=_positive_int(cfg, "max_source_positions", required=False) or 0,
         deepseek_v4=deepseek_v4_shape(cfg, architectures) or deepseek_v41_shape(cfg, architectures),
         mtp_draft=mtp_draft(cfg, model_type), step5=step5_shape(cfg, architectures),
+        qwen4_exp=qwen4_exp_shape(cfg, architectures),
         config_class_error=pattern_error(cfg, model_type))
 
 
