@@ -16,6 +16,7 @@ from kvwatch.planner.config_keys import MAX_FIELD, MAX_LEN_KEYS, own_key, standa
 from kvwatch.planner.cross_attention import with_cross_attention
 from kvwatch.planner.deepseek_v4 import DeepseekV4Shape, deepseek_v4_shape, weight_quantization
 from kvwatch.planner.deepseek_v41 import DeepseekV41Shape, deepseek_v41_shape
+from kvwatch.planner.dots3_note import Dots3Shape, dots3_shape
 from kvwatch.planner.glm5_next import Glm5NextShape, glm5_next_shape
 from kvwatch.planner.indexer import indexer_bytes_per_token
 from kvwatch.planner.inkling import inkling_layout, is_inkling
@@ -77,6 +78,7 @@ class ModelGeometry:
     deepseek_v4: DeepseekV4Shape | DeepseekV41Shape | None = None   # V4.1's: planner/deepseek_v41.py
     step5: Step5Shape | None = None   # Step5's sliding, DSA, summary and tail-ring caches (planner/step5_sparse.py)
     glm5_next: Glm5NextShape | None = None   # GLM-5-Next's KDA, MLA, indexer and tail-ring caches (planner/glm5_next.py)
+    dots3_note: Dots3Shape | None = None   # Dots3's sliding and padded DSA latents, indexer keys (planner/dots3_note.py)
     # vLLM's max_model_len when none is given (or auto) where it is not the derived one: LongRoPE
     # models default to original_max_position_embeddings (config/model.py _get_and_verify_max_len).
     default_len: int | None = None
@@ -263,7 +265,7 @@ def geometry_from_config(config: Mapping[str, Any], release: str | None = None) 
             derived_max_model_len=derived, derived_max_model_len_key=derived_key,
             sparse_attention="index_topk" in cfg, indexer_bytes_per_token=indexer_bytes_per_token(cfg),
             present_fields=_present(cfg), mtp_draft=mtp_draft(cfg, model_type),
-            glm5_next=glm5_next)
+            glm5_next=glm5_next, dots3_note=dots3_shape(cfg, architectures))
 
     kv_heads = next((cfg[k] for k in _KV_HEAD_KEYS if cfg.get(k) is not None), num_heads)
     if (prefix_lm := prefix_lm_layers(cfg, architectures)) is not None:   # HRM-Text (planner/prefix_lm.py)
