@@ -18,7 +18,8 @@ padded to the sliding latent, its backend Dots3NotePaddedSparseBackend, its inde
 indexer registering before the latent, on the layers DeepseekV2MLAAttention's IndexCache rule keeps
 (deepseek_v2.py:1138-1169); the backends in that registration order stand for
 Platform._find_non_ssm_backends' walk over the built layers. What lets the model module import on a CPU
-is `_cpu_imports`'s (two package __init__s skipped, one name set as vLLM sets it off CUDA). It prints a JSON list, one answer per case.
+is vllm_sources.cpu_imports's (two package __init__s skipped, one name set as vLLM sets it off CUDA).
+It prints a JSON list, one answer per case.
 """
 from __future__ import annotations
 
@@ -27,35 +28,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-from vllm_sources import packed_answer, run_oracle_script
-
-
-def _bare_package(root: Path, name: str, attrs_from: str = "") -> None:
-    """Package `name` of the release registered without running its __init__: its submodules import from
-    the release's files; `attrs_from`: a submodule its own names resolve from."""
-    import importlib
-    import importlib.machinery
-    package = types.ModuleType(name)
-    package.__path__ = [str(root.joinpath(*name.split(".")))]
-    package.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
-    package.__spec__.submodule_search_locations = package.__path__
-    if attrs_from:
-        package.__getattr__ = lambda attr: getattr(  # type: ignore[attr-defined]
-            importlib.import_module(f"{name}.{attrs_from}"), attr)
-    sys.modules[name] = package
-
-
-def _cpu_imports(root: Path) -> None:
-    """What lets the Dots3 model module import on this CPU (no answer calls a kernel): vllm_flash_attn's
-    __init__ refuses to import without the CUDA flash-attention extensions, and models/dots3_note's
-    imports the vision tower, whose DeepGEMM extension needs CUDA libraries: both are registered
-    without their __init__; fa_utils has no compile_flash_attn_varlen_func_from_specs off CUDA and gets
-    the None its XPU and ROCm branches set (v1/attention/backends/fa_utils.py:22-45)."""
-    _bare_package(root, "vllm.vllm_flash_attn", "flash_attn_interface")
-    _bare_package(root, "vllm.models.dots3_note")
-    from vllm.v1.attention.backends import fa_utils
-    if not hasattr(fa_utils, "compile_flash_attn_varlen_func_from_specs"):
-        fa_utils.compile_flash_attn_varlen_func_from_specs = None
+from vllm_sources import cpu_imports, packed_answer, run_oracle_script
 
 
 def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -63,7 +36,7 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     import torch
     import vllm
     assert Path(vllm.__file__).is_relative_to(root)
-    _cpu_imports(root)
+    cpu_imports(root, "vllm.models.dots3_note")
     from torch import nn
     from vllm.config.cache import CacheConfig
     from vllm.model_executor.layers.attention.mla_attention import MLAAttention
