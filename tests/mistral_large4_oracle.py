@@ -39,7 +39,8 @@ READ_FIELDS = ("model_type", "architectures", "num_hidden_layers", "num_attentio
                "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "index_topk", "index_head_dim",
                "index_n_heads", "kv_source_layers", "index_sharing", "fp8_kv_cache", "n_routed_experts",
                "num_experts_per_tok", "n_shared_experts", "moe_intermediate_size", "first_k_dense_replace",
-               "moe_layer_freq", "tie_word_embeddings", "quantization_config")
+               "moe_layer_freq", "tie_word_embeddings", "quantization_config", "max_seq_len", "hidden_act",
+               "rope_theta", "rope_parameters")
 
 
 def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:

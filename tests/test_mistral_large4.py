@@ -38,8 +38,8 @@ _DSA = BASE["dsa"]
 CASES: dict[str, dict[str, Any]] = {
     "fixture, TP 1, 40 GiB, 64k": {"params": BASE, "tp": 1, "kv_memory_bytes": 40 * GiB, "max_model_len": 65536},
     "fixture, TP 8, 20 GiB, 256k": {"params": BASE, "tp": 8, "kv_memory_bytes": 20 * GiB, "max_model_len": 262144},
-    "no KV sharing, an indexer on every layer, TP 2, 30 GiB, 32k": {
-        "params": {**{k: v for k, v in BASE.items() if k != "kv_sharing"},
+    "no KV sharing, an indexer on every layer, no max_position_embeddings, TP 2, 30 GiB, 32k": {
+        "params": {**{k: v for k, v in BASE.items() if k not in ("kv_sharing", "max_position_embeddings")},
                    "dsa": {k: v for k, v in _DSA.items() if k != "sharing"}},
         "tp": 2, "kv_memory_bytes": 30 * GiB, "max_model_len": 32768},
     "KV in threes, NoPE threes, an indexer every third layer, TP 4, 10 GiB, 4096": {
@@ -47,8 +47,9 @@ CASES: dict[str, dict[str, Any]] = {
                    "kv_sharing": {"source_layers_str": ",".join(str(i - i % 3) for i in range(60))},
                    "dsa": {**_DSA, "sharing": "full,shared,shared"}},
         "tp": 4, "kv_memory_bytes": 10 * GiB, "max_model_len": 4096},
-    "prefixed dsa keys, KV sharing but every layer indexed, TP 1, 40 GiB, 128k": {
-        "params": {**BASE, "dsa": {"index_topk": 1024, "index_n_heads": 32, "index_head_dim": 128,
+    "prefixed dsa keys, KV sharing but every layer indexed, yarn, TP 1, 40 GiB, 128k": {
+        "params": {**BASE, "yarn": {"factor": 4.0, "original_max_position_embeddings": 65536, "beta": 32, "alpha": 1},
+                   "dsa": {"index_topk": 1024, "index_n_heads": 32, "index_head_dim": 128,
                                    "indexer_norm_eps": 1e-06, "indexer_ssmax_scaling": True}},
         "tp": 1, "kv_memory_bytes": 40 * GiB, "max_model_len": 131072},
 }
@@ -110,8 +111,13 @@ def test_kvwatch_reads_the_checkpoints_params_json(tmp_path: Path) -> None:
     assert load_model_source(str(tmp_path)).config == {"model_type": "mistral3"}     # consolidated weights
     (tmp_path / "consolidated-00001-of-00002.safetensors").write_bytes(b"")
     assert load_model_source(str(tmp_path)).config["architectures"] == ["MistralLarge4ForCausalLM"]
+    (tmp_path / "params.json").write_text(json.dumps({k: v for k, v in BASE.items() if k != "max_position_embeddings"}))
+    assert load_model_source(str(tmp_path)).config["max_position_embeddings"] == 128_000   # vLLM's default
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mistral3", "text_config": {
+        "max_position_embeddings": 32768}}))   # vLLM takes the HF config's where params.json names none
+    assert load_model_source(str(tmp_path)).config["max_position_embeddings"] == 32768
     (tmp_path / "params.json").write_text(json.dumps({k: v for k, v in BASE.items() if k != "dsa"}))
-    assert load_model_source(str(tmp_path)).config == {"model_type": "mistral3"}   # not Mistral Large 4
+    assert load_model_source(str(tmp_path)).config["model_type"] == "mistral3"   # not Mistral Large 4
 
 
 @pytest.mark.parametrize(("flags", "card", "release", "reason"), [

@@ -169,7 +169,12 @@ def _mistral_large4(directory: Path, config_path: Path) -> dict | None:
     if config_path.name == "config.json" and config_path.exists() and not any(directory.glob("consolidated*.safetensors")):
         return None
     params = _read_json(params_path)
-    return hf_config(params) if is_large4_params(params) else None
+    if not is_large4_params(params):
+        return None
+    beside = _read_json(directory / "config.json") if (directory / "config.json").is_file() else {}
+    text = beside.get("text_config")
+    max_len = (text if isinstance(text, dict) else beside).get("max_position_embeddings")
+    return hf_config(params, max_len if isinstance(max_len, int) and not isinstance(max_len, bool) else None)
 
 
 def _read_json(config_path: Path) -> dict:

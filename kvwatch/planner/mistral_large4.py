@@ -57,7 +57,7 @@ INDEX_HEAD_DIM = 128      # the only index_head_dim checked
 KV_BYTES = 2              # bf16
 SM = (9, 0)
 CHECKED_MINOR = (0, 34)   # the release whose code the oracle ran (tests/mistral_large4_oracle.py)
-DEFAULT_MAX_LEN = 128_000   # params.json without max_position_embeddings (configs/mistral.py:175-176)
+DEFAULT_MAX_LEN = 128_000   # params.json and config.json without max_position_embeddings (config.py:1618)
 
 # params.json key -> vLLM's (configs/mistral.py:161-169, :300-324, :353-363)
 _GENERAL = {"dim": "hidden_size", "norm_eps": "rms_norm_eps", "n_kv_heads": "num_key_value_heads",
@@ -70,6 +70,8 @@ _MOE = {"route_every_n": "moe_layer_freq", "first_k_dense_replace": "first_k_den
 _DSA = {"topk": "index_topk", "n_heads": "index_n_heads", "head_dim": "index_head_dim", "norm_eps": "indexer_norm_eps",
         "ssmax_scaling": "indexer_ssmax_scaling", "sharing": "index_sharing", "nope": "index_nope",
         "rope_head_dim": "index_rope_head_dim"}
+# params.json sections and keys adapt_config_dict consumes (renames or drops)
+_CONSUMED = frozenset({"moe", "dsa", "kv_sharing", "nope", "mtp", "yarn", "quantization", "activation", "tied_embeddings"})
 _YARN = {"factor": ("factor", float), "original_max_position_embeddings": ("original_max_position_embeddings", int),
          "beta": ("beta_fast", float), "alpha": ("beta_slow", float)}
 
@@ -87,16 +89,20 @@ def _pattern(value: Any, layers: int, what: str) -> list[str]:
     return (items * math.ceil(layers / len(items)))[:layers]
 
 
-def hf_config(params: Mapping[str, Any]) -> dict[str, Any]:
+def hf_config(params: Mapping[str, Any], hf_max_len: int | None = None) -> dict[str, Any]:
     """The fields vLLM's adapt_config_dict gives a Mistral Large 4 params.json (configs/mistral.py:14-101,
-    :160-184, :300-324, :380-445); what vLLM asserts is a ConfigError."""
+    :160-184, :300-324, :380-445); what vLLM asserts is a ConfigError. `hf_max_len`: the
+    max_position_embeddings of a config.json beside it, which vLLM takes where params.json names none
+    (else 128,000: transformers_utils/config.py:516-522, :1617-1637)."""
     if not (params.get("qk_nope_head_dim") and params.get("moe") and (params["moe"].get("num_shared_experts") or 0) > 0):
         raise ConfigError("params.json: a dsa section needs MLA (qk_nope_head_dim) and MoE with shared experts "
                           "(vLLM asserts it: configs/mistral.py:35)")
-    cfg: dict[str, Any] = {_GENERAL.get(k, k): v for k, v in params.items() if k not in ("moe", "dsa", "kv_sharing")}
+    cfg: dict[str, Any] = {_GENERAL.get(k, k): v for k, v in params.items() if k not in _CONSUMED}
+    max_len = params.get("max_position_embeddings")
+    max_len = (hf_max_len or DEFAULT_MAX_LEN) if max_len is None else max_len
     cfg.update({"model_type": MODEL_TYPE, "architectures": ["MistralLarge4ForCausalLM"],
                 "hidden_act": params.get("activation", "silu"), "tie_word_embeddings": params.get("tied_embeddings", False),
-                "max_position_embeddings": params.get("max_position_embeddings", DEFAULT_MAX_LEN),
+                "max_position_embeddings": max_len, "max_seq_len": params.get("max_seq_len", max_len),
                 "dtype": params.get("dtype")})
     cfg.update({new: params["moe"][old] for old, new in _MOE.items() if old in params["moe"]})
     if quantization := params.get("quantization"):
@@ -130,6 +136,8 @@ def hf_config(params: Mapping[str, Any]) -> dict[str, Any]:
     if not set(cfg["index_sharing"]) <= {"full", "shared"} or cfg["index_sharing"][0] != "full":
         raise ConfigError("params.json: dsa.sharing must be full or shared a layer, the first full "
                           "(vLLM asserts it: configs/mistral.py:442-443)")
+    if params.get("mtp") is not None:
+        cfg["mtp_config"] = params["mtp"]
     if isinstance(yarn := params.get("yarn"), Mapping) and yarn:
         rope: dict[str, Any] = {"rope_type": "yarn", "mscale_all_dim": 1}
         if params.get("rope_theta"):
