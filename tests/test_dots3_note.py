@@ -146,6 +146,7 @@ def test_the_command_scope_is_a_table() -> None:
     ({}, [i for i in range(46) if i % 7 in (3, 6)]),
     ({"index_topk_freq": 3, "index_skip_topk_offset": 1}, [3, 6, 24, 27, 45]),
     ({"index_topk_pattern": "S" * 10 + "F" * 36}, [i for i in range(10, 46) if i % 7 in (3, 6)]),
+    ({"index_topk_pattern": ["S"] * 10}, [i for i in range(10, 46) if i % 7 in (3, 6)]),   # past its end: kept
 ])
 def test_which_dsa_layers_keep_indexer_keys(change: dict[str, Any], indexed: list[int]) -> None:
     assert [i for i, kept in enumerate(_shape({**BASE, **change}).indexer) if kept] == indexed

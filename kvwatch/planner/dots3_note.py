@@ -33,7 +33,8 @@ planned. Each rule cites vLLM 0.34.0 (0.33.0 has the same code, its model.py a l
 
 MLA caches are TP-replicated: tensor parallelism changes no page, only whether vLLM takes it (the
 sliding and DSA heads must divide by it: model.py:373 and deepseek_v2.py's column-parallel
-projections).
+projections). kvwatch reads no context-parallel or KV-connector flag, so a command with one is planned
+as one without.
 """
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ def indexer_flags(cfg: Mapping[str, Any], layers: int | None = None) -> tuple[bo
         return (False,) * (layers or 0)
     count = _int(cfg, "num_hidden_layers", 0) if layers is None else layers
     pattern = cfg.get("index_topk_pattern")
-    if isinstance(pattern, str):
+    if isinstance(pattern, (str, list)):   # a layer past its end keeps its indexer
         return tuple(not (i < len(pattern) and pattern[i] == "S") for i in range(count))
     freq = max(1, _int(cfg, "index_topk_freq", 1))
     offset = _int(cfg, "index_skip_topk_offset", 2)

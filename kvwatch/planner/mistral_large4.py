@@ -10,7 +10,8 @@ The scope: vLLM 0.34 (0.33 does not register the model) on CUDA SM 9.0, a bf16 l
 `auto` with no `fp8_kv_cache` in the dsa section, or `--kv-cache-dtype bfloat16`, which vLLM turns back
 to auto: model_executor/models/config.py:141-155), no `--block-size`, no speculative decoding, no
 pipeline parallelism, no `--attention-backend`, the hybrid KV cache manager on, an `index_head_dim` of
-128 and no sliding window. Anything else is unsure (`out_of_scope`), not planned. Each rule cites
+128 and no sliding window. Anything else is unsure (`out_of_scope`), not planned; kvwatch reads no
+context-parallel or KV-connector flag, so a command with one is planned as one without. Each rule cites
 vLLM 0.34.0:
 
 - a layer's KV source is `kv_sharing.source_layers_str` (else itself) and it runs its own indexer where
