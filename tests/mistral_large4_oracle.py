@@ -17,7 +17,8 @@ a layer's indexer registers its keys before the latent (models/mistral/nvidia/at
 `kv_lora_rank + qk_rope_head_dim` on every owning layer, NoPE ones included (attention.py:44-46,
 :151-166); the KV cache dtype stays `auto` (bf16) where params.json's dsa section has no
 `fp8_kv_cache` (model_executor/models/config.py:141-155); the sparse MLA backend is
-FLASH_ATTN_MLA_SPARSE, CUDA SM 9.0's first for a 576 latent (platforms/cuda.py:137-152), and the
+FLASH_ATTN_MLA_SPARSE, CUDA SM 9.0's first for a 576 latent (platforms/cuda.py:137-152), which
+takes a bf16 KV cache and a model with index_topk (flashattn_mla_sparse.py:81-116), and the
 indexer's DeepseekV32IndexerBackend (nvidia/indexer.py:79-80); the backends in registration order
 stand for Platform._find_non_ssm_backends' walk. What lets the model modules import on a CPU is
 vllm_sources.cpu_imports's. It prints a JSON list, one answer per case.

@@ -23,8 +23,10 @@ vLLM 0.34.0:
 - a layer that owns its KV keeps an MLA latent of `kv_lora_rank + qk_rope_head_dim` bf16 a token, NoPE
   layers too (models/mistral/nvidia/attention.py:44-46, :151-166; MLAAttention.get_kv_cache_spec,
   model_executor/layers/attention/mla_attention.py:1567-1599); a KV-sharing layer registers none
-  (v1/worker/gpu/attn_utils.py:145-147). Its sparse backend on SM 9.0 is FLASH_ATTN_MLA_SPARSE
-  (platforms/cuda.py:137-152), blocks a multiple of 64 tokens, whole latent rows apart
+  (v1/worker/gpu/attn_utils.py:145-147). Its sparse backend on SM 9.0 is FLASH_ATTN_MLA_SPARSE, the first
+  for a latent other than 512 (platforms/cuda.py:137-152), which takes SM 9.x with FA3, a bf16 KV cache, a
+  model with index_topk and no DCP (flashattn_mla_sparse.py:81-116); blocks a multiple of 64 tokens, whole
+  latent rows apart
   (flashattn_mla_sparse.py:50-55, mla/sparse_utils.py:43-46);
 - both backends take CacheConfig.DEFAULT_BLOCK_SIZE 64 (platforms/interface.py:731-734), neither lists a
   layout, so the first default one, LBNHC, holds (v1/attention/backends/utils.py:229-270): not
