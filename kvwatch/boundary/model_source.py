@@ -1,4 +1,5 @@
-"""Find and read a model's config.json: a local directory or the HF cache, never the network."""
+"""Find and read a model's config.json (or Mistral Large 4's params.json): a local directory or the HF cache,
+never the network."""
 from __future__ import annotations
 
 import functools
@@ -9,6 +10,7 @@ from pathlib import Path
 
 from kvwatch.boundary.bounded_read import FileTooLarge, NotRegularFile, open_regular, read_bounded
 from kvwatch.errors import ConfigError
+from kvwatch.planner.mistral_large4 import hf_config, is_large4_params
 from kvwatch.planner.pooling_run import sentence_transformers_pooling
 from kvwatch.vllm_releases.weight_files import HF_PATTERNS, index_name, index_weight_files, loaded_files
 
@@ -149,8 +151,33 @@ def _load(model: str) -> ModelSource:
         if snapshot is None:
             raise ConfigError(f"model {model!r}: no such directory, and not in the local Hugging Face cache")
         directory, config_path = snapshot, snapshot / "config.json"
+    if (large4 := _mistral_large4(directory, config_path)) is not None:
+        return ModelSource(path=directory, config=large4)
     if not config_path.exists():
         raise ConfigError(f"{directory}: no config.json")
+    return ModelSource(path=directory, config=_read_json(config_path))
+
+
+def _mistral_large4(directory: Path, config_path: Path) -> dict | None:
+    """Mistral Large 4's config, read from its params.json as vLLM reads it (planner/mistral_large4.py), where
+    vLLM takes the Mistral format, consolidated*.safetensors beside params.json (vLLM 0.34.0,
+    transformers_utils/config.py:936-943), or where there is no config.json; None for any other model
+    (kvwatch reads no other Mistral-format params.json)."""
+    params_path = directory / "params.json"
+    if config_path.name not in ("config.json", "params.json") or not params_path.is_file():
+        return None
+    if config_path.name == "config.json" and config_path.exists() and not any(directory.glob("consolidated*.safetensors")):
+        return None
+    params = _read_json(params_path)
+    if not is_large4_params(params):
+        return None
+    beside = _read_json(directory / "config.json") if (directory / "config.json").is_file() else {}
+    text = beside.get("text_config")
+    max_len = (text if isinstance(text, dict) else beside).get("max_position_embeddings")
+    return hf_config(params, max_len if isinstance(max_len, int) and not isinstance(max_len, bool) else None)
+
+
+def _read_json(config_path: Path) -> dict:
     try:
         config = json.loads(read_bounded(config_path, MAX_CONFIG_BYTES).decode("utf-8"))
     except FileTooLarge as exc:
@@ -165,4 +192,4 @@ def _load(model: str) -> ModelSource:
         raise ConfigError(f"{config_path}: nested too deeply to be a model config") from None
     if not isinstance(config, dict):
         raise ConfigError(f"{config_path}: expected a JSON object")
-    return ModelSource(path=directory, config=config)
+    return config

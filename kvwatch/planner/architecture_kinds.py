@@ -18,9 +18,11 @@ from typing import Any
 
 from kvwatch.planner.cross_attention import cross_attention_planned
 from kvwatch.planner.deepseek_v4 import DEEPSEEK_V4_KINDS, NOT_PLANNED
+from kvwatch.planner.dots3_note import DOTS3_KINDS, DOTS3_NOT_PLANNED
 from kvwatch.planner.draft_heads import draft_reason
 from kvwatch.planner.glm5_next import GLM5_NEXT_KINDS, GLM5_NEXT_NOT_PLANNED, GLM5_NEXT_SPEC_CLASSES
 from kvwatch.planner.inkling import INKLING_KINDS
+from kvwatch.planner.mistral_large4 import LARGE4_KINDS, LARGE4_NOT_PLANNED
 from kvwatch.planner.qwen4_exp import QWEN4_EXP_KINDS, QWEN4_EXP_NOT_PLANNED, QWEN4_EXP_SPEC_CLASSES
 from kvwatch.planner.step5_sparse import STEP5_KINDS, STEP5_NOT_PLANNED
 from kvwatch.vllm_releases import DEFAULT_RELEASE
@@ -63,7 +65,10 @@ PLANNED_KINDS.update(DEEPSEEK_V4_KINDS)   # DeepSeek-V4's five cache kinds (plan
 PLANNED_KINDS.update(STEP5_KINDS)   # Step5's CSA summary and tail ring (planner/step5_sparse.py)
 PLANNED_KINDS.update(GLM5_NEXT_KINDS)   # GLM-5-Next's indexer keys and tail ring (planner/glm5_next.py)
 PLANNED_KINDS.update(QWEN4_EXP_KINDS)   # Qwen4-Exp's QSA caches (planner/qwen4_exp.py)
-NOT_PLANNED = {**NOT_PLANNED, **STEP5_NOT_PLANNED, **GLM5_NEXT_NOT_PLANNED, **QWEN4_EXP_NOT_PLANNED}
+PLANNED_KINDS.update(DOTS3_KINDS)   # Dots3's padded DSA latent (planner/dots3_note.py)
+PLANNED_KINDS.update(LARGE4_KINDS)   # Mistral Large 4's indexer keys (planner/mistral_large4.py)
+NOT_PLANNED = {**NOT_PLANNED, **STEP5_NOT_PLANNED, **GLM5_NEXT_NOT_PLANNED, **QWEN4_EXP_NOT_PLANNED,
+               **DOTS3_NOT_PLANNED, **LARGE4_NOT_PLANNED}
 # Layers that hold no cache: a model of these alone (BERT-like encoders) gets no KV cache from vLLM,
 # which kvwatch plans as 0 blocks (planner/no_kv_cache.py).
 _NO_CACHE = frozenset({"EncoderOnlyAttention"})
