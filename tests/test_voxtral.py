@@ -1,0 +1,161 @@
+"""Voxtral (issue 39): planned as its language model where vLLM builds its audio encoder without a
+cache, unknown where vLLM builds the causal encoder, whose pooled sliding-window cache kvwatch does not
+plan (planner/voxtral.py).
+
+vLLM's own code is the oracle: scripts/oracle_voxtral.py runs each release's Mistral-format parser
+(transformers_utils/configs/mistral.py adapt_config_dict, what vLLM reads a params.json with) on the
+real Voxtral Mini 4B Realtime params.json, and on the same file without `encoder_args.causal`. Its
+answers for vLLM 0.33.0 and 0.34.0 are recorded in tests/fixtures/voxtral_oracle.json; where the
+unpacked releases are there (KVWATCH_VLLM_SRC=<root>/<version>/vllm/...), the oracle is run again and
+must give them. Record them anew with `KVWATCH_VLLM_SRC=... python tests/test_voxtral.py`.
+"""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fixtures.models.voxtral import VOXTRAL
+from vllm_sources import SpecOracle
+
+from kvwatch.cli import main
+from kvwatch.planner.architecture_kinds import PLANNED, UNKNOWN, verdict
+from kvwatch.planner.devices import preset
+from kvwatch.planner.engine_args import EngineCommand
+from kvwatch.planner.geometry import geometry_from_config
+from kvwatch.planner.layers import FULL
+from kvwatch.planner.plan import MemoryInputs, make_plan
+from kvwatch.planner.rules import ruleset_for
+from kvwatch.planner.voxtral import CAUSAL_AUDIO_FIELD, CAUSAL_POOLING, CAUSAL_WHEN_FLAGGED, audio_fields
+from kvwatch.values.versions import parse_version
+from kvwatch.vllm_releases.architectures import ARCHITECTURES
+
+ROOT = Path(__file__).resolve().parent.parent
+ORACLE = SpecOracle(ROOT / "scripts/oracle_voxtral.py", ROOT / "tests" / "fixtures" / "voxtral_oracle.json",
+                    "scripts/oracle_voxtral.py on vLLM 0.33.0 and 0.34.0's own transformers_utils/configs/mistral.py")
+RELEASES = ("0.33.0", "0.34.0")
+MINI_3B = VOXTRAL["voxtral_mini_3b_2507"]["config"]
+REALTIME = VOXTRAL["voxtral_mini_4b_realtime_2602"]["params"]
+VOXTRAL_ARCHITECTURES = ("VoxtralForConditionalGeneration", "VoxtralRealtimeGeneration")
+
+
+def _without_causal(params: dict[str, Any]) -> dict[str, Any]:
+    changed = copy.deepcopy(params)
+    del changed["multimodal"]["whisper_model_args"]["encoder_args"]["causal"]
+    return changed
+
+
+CASES = [REALTIME, _without_causal(REALTIME)]
+
+
+def test_the_recorded_oracle_is_for_these_cases() -> None:
+    assert ORACLE.recorded()["cases"] == dict.fromkeys(RELEASES, CASES)
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_oracle_gives_the_recorded_answers(release: str) -> None:
+    ORACLE.check_live(release)
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_kvwatchs_verdict_follows_the_encoder_vllms_parser_gives(release: str) -> None:
+    """The architecture vLLM derives from a params.json, with the audio config it derives: kvwatch plans
+    it exactly where that encoder is the cacheless WhisperEncoder, and names the causal one otherwise."""
+    answers = ORACLE.recorded()["answers"][release]
+    assert [a["audio"]["is_causal"] for a in answers] == [True, False]
+    for answer in answers:
+        (arch,) = answer["architectures"]
+        flags = dict.fromkeys(audio_fields({"audio_config": answer["audio"]}), True)
+        v = verdict(arch, release, flags)
+        if answer["audio"]["is_causal"]:
+            assert (v.handling, v.unclassified) == (UNKNOWN, (CAUSAL_POOLING,)), arch
+            assert answer["audio"]["block_pool_size"] > 1   # the pooled window kvwatch has no rule for
+        else:
+            assert (v.handling, arch in CAUSAL_WHEN_FLAGGED) == (PLANNED, True)
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_vllms_parser_names_realtime_after_the_causal_encoder(release: str) -> None:
+    """The one architecture kvwatch plans unless flagged never gets the causal encoder from vLLM's
+    Mistral-format parser: a causal params.json is VoxtralRealtimeGeneration."""
+    for answer in ORACLE.recorded()["answers"][release]:
+        assert (answer["architectures"][0] in CAUSAL_WHEN_FLAGGED) == (not answer["audio"]["is_causal"])
+    causal = ORACLE.recorded()["answers"][release][0]
+    assert (causal["audio"]["sliding_window"], causal["audio"]["block_pool_size"]) == (750, 4)
+
+
+@pytest.mark.parametrize("release", ["0.32.0", *RELEASES])
+def test_the_table_plans_voxtral_and_leaves_realtime_unknown(release: str) -> None:
+    assert {a: verdict(a, release).handling for a in VOXTRAL_ARCHITECTURES if a in ARCHITECTURES[release]} == {
+        "VoxtralForConditionalGeneration": PLANNED, "VoxtralRealtimeGeneration": UNKNOWN}
+    assert CAUSAL_POOLING in ARCHITECTURES[release]["VoxtralForConditionalGeneration"].kinds
+
+
+def test_voxtral_mini_3b_is_planned_as_its_language_model() -> None:
+    geometry = geometry_from_config(MINI_3B, "0.34.0")
+    text = MINI_3B["text_config"]
+    assert (geometry.layout.kinds, geometry.num_kv_heads, geometry.head_size, geometry.default_max_model_len) == (
+        (FULL,) * text["num_hidden_layers"], text["num_key_value_heads"], text["head_dim"],
+        text["max_position_embeddings"])
+    settings = EngineCommand.parse(["vllm", "serve", "mistralai/Voxtral-Mini-3B-2507", "--max-model-len", "32768"]).settings()
+    plan = make_plan(geometry, settings, preset("h100"), ruleset_for("0.34.0"),
+                     MemoryInputs(vllm_version=parse_version("0.34.0")))
+    assert plan.unknown_layer_types == () and plan.kv_cache_groups == 1
+    assert plan.kv_bytes_per_token == 2 * text["num_hidden_layers"] * text["num_key_value_heads"] * text["head_dim"] * 2
+
+
+def test_a_config_json_asking_for_the_causal_encoder_is_marked_unknown() -> None:
+    causal = {**MINI_3B, "audio_config": {**MINI_3B["audio_config"], "is_causal": True}}
+    assert CAUSAL_AUDIO_FIELD in geometry_from_config(causal).present_fields
+    settings = EngineCommand.parse(["vllm", "serve", "voxtral", "--max-model-len", "4096"]).settings()
+    plan = make_plan(geometry_from_config(causal, "0.34.0"), settings, preset("h100"), ruleset_for("0.34.0"),
+                     MemoryInputs(vllm_version=parse_version("0.34.0")))
+    assert len(plan.unknown_layer_types) == 1 and CAUSAL_POOLING in plan.unknown_layer_types[0]
+
+
+def test_kvwatch_plan_of_voxtral_mini_3b_exits_0_and_is_classified(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "voxtral").mkdir()
+    (tmp_path / "voxtral" / "config.json").write_text(json.dumps(MINI_3B))
+    assert main(["plan", "--preset", "h100", "--", "vllm", "serve", str(tmp_path / "voxtral"),
+                 "--max-model-len", "32768"]) == 0
+    assert "UNKNOWN" not in capsys.readouterr().out
+
+
+def test_the_hf_config_reads_as_vllm_reads_it(tmp_path: Path) -> None:
+    """vLLM 0.32's own reading of the HF-format config (transformers' VoxtralConfig): its text config's
+    length, head size and KV heads are kvwatch's, and its audio config has no `is_causal`, so
+    VoxtralEncoderModel builds the cacheless WhisperEncoder (`getattr(config, "is_causal", False)`)."""
+    pytest.importorskip("vllm.config")
+    from transformers import AutoConfig
+    from vllm.transformers_utils.config import get_hf_text_config
+    from vllm.transformers_utils.model_arch_config_convertor import ModelArchConfigConvertorBase
+    (tmp_path / "config.json").write_text(json.dumps(MINI_3B))
+    hf = AutoConfig.from_pretrained(str(tmp_path))
+    text = get_hf_text_config(hf)
+    vllm_reads = ModelArchConfigConvertorBase(hf, text)
+    geometry = geometry_from_config(MINI_3B, "0.32.0")
+    length, key = vllm_reads.derive_max_model_len_and_key()
+    assert (geometry.default_max_model_len, geometry.derived_max_model_len_key) == (length, key)
+    assert (geometry.head_size, geometry.num_kv_heads, geometry.num_layers) == (
+        vllm_reads.get_head_size(), vllm_reads.get_total_num_kv_heads(), text.num_hidden_layers)
+    assert getattr(hf.audio_config, "is_causal", False) is False
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_release_builds_the_causal_encoder_only_for_a_causal_audio_config(release: str) -> None:
+    tree = ORACLE.tree(release)
+    if tree is None:
+        pytest.skip(f"vLLM {release} is not unpacked (set KVWATCH_VLLM_SRC to <root>/<version>/vllm/...)")
+    models = tree / "vllm" / "model_executor" / "models"
+    encoder = (models / "voxtral.py").read_text(encoding="utf-8").split("class VoxtralEncoderModel", 1)[1]
+    assert 'self.is_causal = getattr(self.config, "is_causal", False)' in encoder
+    assert "if self.is_causal:\n            WhisperEncoderCls = WhisperCausalEncoder" in encoder
+    causal = (models / "whisper_causal.py").read_text(encoding="utf-8")
+    assert f"class {CAUSAL_POOLING}(Attention)" in causal and "tokens_per_state=Fraction(1, self.block_pool_size)" in causal
+
+
+if __name__ == "__main__":   # record the oracle's answers (KVWATCH_VLLM_SRC must name the unpacked releases)
+    ORACLE.record(dict.fromkeys(RELEASES, CASES))
