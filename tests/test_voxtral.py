@@ -20,6 +20,7 @@ import pytest
 from fixtures.models.voxtral import VOXTRAL
 from vllm_sources import SpecOracle
 
+from kvwatch.boundary.model_source import load_model_source
 from kvwatch.cli import main
 from kvwatch.planner.architecture_kinds import PLANNED, UNKNOWN, verdict
 from kvwatch.planner.devices import preset
@@ -28,7 +29,15 @@ from kvwatch.planner.geometry import geometry_from_config
 from kvwatch.planner.layers import FULL
 from kvwatch.planner.plan import MemoryInputs, make_plan
 from kvwatch.planner.rules import ruleset_for
-from kvwatch.planner.voxtral import CAUSAL_AUDIO_FIELD, CAUSAL_POOLING, CAUSAL_WHEN_FLAGGED, audio_fields
+from kvwatch.planner.voxtral import (
+    CAUSAL_AUDIO_FIELD,
+    CAUSAL_POOLING,
+    CAUSAL_WHEN_FLAGGED,
+    DEFAULT_MAX_POSITIONS,
+    audio_fields,
+    is_audio_params,
+    params_config,
+)
 from kvwatch.values.versions import parse_version
 from kvwatch.vllm_releases.architectures import ARCHITECTURES
 
@@ -155,6 +164,93 @@ def test_the_release_builds_the_causal_encoder_only_for_a_causal_audio_config(re
     assert "if self.is_causal:\n            WhisperEncoderCls = WhisperCausalEncoder" in encoder
     causal = (models / "whisper_causal.py").read_text(encoding="utf-8")
     assert f"class {CAUSAL_POOLING}(Attention)" in causal and "tokens_per_state=Fraction(1, self.block_pool_size)" in causal
+
+
+def _as_the_oracle_answers(config: dict[str, Any]) -> dict[str, Any]:
+    """kvwatch's reading of a params.json (params_config) in the oracle's answer's terms."""
+    audio, text = config["audio_config"], config["text_config"]
+    return {
+        "architectures": config["architectures"], "model_type": config["model_type"],
+        "audio": {"is_causal": audio["is_causal"], "block_pool_size": audio["block_pool_size"],
+                  "sliding_window": audio["sliding_window"], "layers": audio["encoder_layers"],
+                  "heads": audio["encoder_attention_heads"], "head_dim": audio["encoder_head_dim"],
+                  "d_model": audio["d_model"]},
+        "text": {"architectures": text["architectures"], "layers": text["num_hidden_layers"],
+                 "kv_heads": text["num_key_value_heads"], "head_dim": text["head_dim"],
+                 "sliding_window": text.get("sliding_window"), "layer_types": sorted(set(text.get("layer_types") or ())),
+                 "max_position_embeddings": text["max_position_embeddings"]},
+    }
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_kvwatch_reads_a_params_json_as_vllms_parser_does(release: str) -> None:
+    """params_config of each case gives the architecture, encoder and language model vLLM's own parser
+    gives (no HF config.json beside it: max_position_embeddings its default)."""
+    answers = ORACLE.recorded()["answers"][release]
+    assert [_as_the_oracle_answers(params_config(case, None)) for case in CASES] == answers
+    assert answers[0]["text"]["max_position_embeddings"] == DEFAULT_MAX_POSITIONS
+
+
+def test_the_length_comes_from_params_json_then_the_hf_config_beside_it() -> None:
+    assert params_config(REALTIME, 131072)["text_config"]["max_position_embeddings"] == 131072
+    assert params_config({**REALTIME, "max_position_embeddings": 32768}, 131072)["text_config"][
+        "max_position_embeddings"] == 32768
+    layered = params_config({**REALTIME, "sliding_window": [None, 4096]}, None)["text_config"]
+    assert (layered["layer_types"][:2], layered["sliding_window"]) == (["full_attention", "sliding_attention"], 4096)
+
+
+@pytest.mark.parametrize(("params", "audio"), [
+    (REALTIME, True), (_without_causal(REALTIME), True), ({"dim": 4096, "n_layers": 32}, False),
+    ({**REALTIME, "multimodal": {"whisper_model_args": {"encoder_args": []}}}, False),
+    ({**REALTIME, "multimodal": {"vision_encoder_args": {"n_layers": 24}}}, False)])
+def test_only_voxtrals_params_json_is_read(params: dict[str, Any], audio: bool) -> None:
+    assert is_audio_params(params) is audio
+
+
+def _mistral_repo(path: Path, params: dict[str, Any], config: dict[str, Any] | None = None,
+                  consolidated: bool = True) -> Path:
+    path.mkdir()
+    (path / "params.json").write_text(json.dumps(params))
+    if consolidated:
+        (path / "consolidated.safetensors").write_bytes(b"")
+    if config is not None:
+        (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+def test_a_mistral_repository_is_read_from_its_params_json(tmp_path: Path) -> None:
+    """Where vLLM reads params.json (consolidated*.safetensors beside it), kvwatch does too, taking the
+    HF config.json's length when params.json names none; without the consolidated weights, config.json."""
+    hf = {**MINI_3B, "text_config": {**MINI_3B["text_config"], "max_position_embeddings": 65536}}
+    source = load_model_source(str(_mistral_repo(tmp_path / "realtime", REALTIME, hf)))
+    assert source.config == params_config(REALTIME, 65536)
+    assert load_model_source(str(_mistral_repo(tmp_path / "hf", REALTIME, MINI_3B, consolidated=False))).config == MINI_3B
+    plain = {"dim": 4096, "n_layers": 32, "n_heads": 32, "n_kv_heads": 8, "head_dim": 128}
+    assert load_model_source(str(_mistral_repo(tmp_path / "text", plain, MINI_3B))).config == MINI_3B
+
+
+def test_the_hf_cache_snapshot_of_a_params_json_only_repository_is_found(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    repo = tmp_path / "models--mistralai--Voxtral-Mini-4B-Realtime-2602"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0123abc")
+    (repo / "snapshots").mkdir()
+    _mistral_repo(repo / "snapshots" / "0123abc", REALTIME)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    assert load_model_source("mistralai/Voxtral-Mini-4B-Realtime-2602").config == params_config(REALTIME, None)
+
+
+def test_kvwatch_plan_of_voxtral_realtime_names_the_causal_encoder(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Voxtral Mini 4B Realtime's repository (params.json, consolidated.safetensors, no config.json): the
+    language model is planned, the plan marked unknown for the encoder's pooled caches, exit 0."""
+    repo = _mistral_repo(tmp_path / "realtime", REALTIME)
+    assert main(["plan", "--preset", "h100", "--", "vllm", "serve", str(repo), "--max-model-len", "16384"]) == 0
+    out = capsys.readouterr().out
+    assert "UNKNOWN" in out and CAUSAL_POOLING in out
+    geometry = geometry_from_config(params_config(REALTIME, None), "0.34.0")
+    assert (set(geometry.layout.kinds), geometry.sliding_window, geometry.num_kv_heads, geometry.num_layers) == (
+        {"sliding"}, REALTIME["sliding_window"], REALTIME["n_kv_heads"], REALTIME["n_layers"])
 
 
 if __name__ == "__main__":   # record the oracle's answers (KVWATCH_VLLM_SRC must name the unpacked releases)

@@ -1,4 +1,9 @@
-"""Find and read a model's config.json: a local directory or the HF cache, never the network."""
+"""Find and read a model's config.json: a local directory or the HF cache, never the network.
+
+Where vLLM reads a Mistral-format params.json instead (a directory with consolidated*.safetensors and
+params.json: vLLM 0.34.0 transformers_utils/config.py:934-943), kvwatch reads it too for Voxtral's,
+as the config vLLM builds from it (planner/voxtral.py params_config); any other params.json is left
+for config.json, as before."""
 from __future__ import annotations
 
 import functools
@@ -10,6 +15,7 @@ from pathlib import Path
 from kvwatch.boundary.bounded_read import FileTooLarge, NotRegularFile, open_regular, read_bounded
 from kvwatch.errors import ConfigError
 from kvwatch.planner.pooling_run import sentence_transformers_pooling
+from kvwatch.planner.voxtral import is_audio_params, params_config
 from kvwatch.vllm_releases.weight_files import HF_PATTERNS, index_name, index_weight_files, loaded_files
 
 
@@ -64,14 +70,16 @@ def _snapshot_dir(repo_id: str) -> Path | None:
             except (OSError, ValueError):
                 name = ""   # an odd ref: the newest snapshot below, as when there is none
             snapshot = repo_dir / "snapshots" / name
-            if name and "/" not in name and (snapshot / "config.json").is_file():
+            if name and "/" not in name and any((snapshot / f).is_file() for f in CONFIG_FILES):
                 return snapshot
-        snapshots = sorted((repo_dir / "snapshots").glob("*/config.json")) if repo_dir.is_dir() else []
+        snapshots = sorted(p for f in CONFIG_FILES for p in (repo_dir / "snapshots").glob(f"*/{f}")) \
+            if repo_dir.is_dir() else []
         if snapshots:
             return snapshots[-1].parent
     return None
 
 
+CONFIG_FILES = ("config.json", "params.json")
 MAX_REF_BYTES = 4096                  # refs/main holds one commit hash
 MAX_INDEX_BYTES = 64 << 20            # an index maps tensor names to files: some MB for the largest models
 MAX_SAFETENSORS_HEADER = 100_000_000  # the safetensors format's own limit on its JSON header
@@ -149,8 +157,37 @@ def _load(model: str) -> ModelSource:
         if snapshot is None:
             raise ConfigError(f"model {model!r}: no such directory, and not in the local Hugging Face cache")
         directory, config_path = snapshot, snapshot / "config.json"
+    if config_path.name == "config.json" and (params := _mistral_params(directory)) is not None:
+        return ModelSource(path=directory, config=params_config(params, _hf_max_positions(config_path)))
     if not config_path.exists():
         raise ConfigError(f"{directory}: no config.json")
+    config = _read_json(config_path)
+    return ModelSource(path=directory, config=config)
+
+
+def _mistral_params(directory: Path) -> dict | None:
+    """Voxtral's params.json where vLLM reads it in place of config.json: the directory holds it and a
+    consolidated*.safetensors file (transformers_utils/repo_utils.py is_mistral_model_repo)."""
+    path = directory / "params.json"
+    if not path.is_file() or not any(directory.glob("consolidated*.safetensors")):
+        return None
+    params = _read_json(path)
+    return params if is_audio_params(params) else None
+
+
+def _hf_max_positions(config_path: Path) -> int | None:
+    """The HF config.json's text max_position_embeddings, which vLLM takes for a params.json that has
+    none (planner/voxtral.py DEFAULT_MAX_POSITIONS); None where there is no readable one."""
+    try:
+        config = _read_json(config_path) if config_path.is_file() else {}
+    except ConfigError:
+        return None
+    text = config.get("text_config")
+    value = (text if isinstance(text, dict) else config).get("max_position_embeddings")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _read_json(config_path: Path) -> dict:
     try:
         config = json.loads(read_bounded(config_path, MAX_CONFIG_BYTES).decode("utf-8"))
     except FileTooLarge as exc:
@@ -165,4 +202,4 @@ def _load(model: str) -> ModelSource:
         raise ConfigError(f"{config_path}: nested too deeply to be a model config") from None
     if not isinstance(config, dict):
         raise ConfigError(f"{config_path}: expected a JSON object")
-    return ModelSource(path=directory, config=config)
+    return config

@@ -18,9 +18,10 @@ So VoxtralForConditionalGeneration builds the causal encoder only from a config.
 sets `is_causal` itself, and VoxtralRealtimeGeneration always builds it (its processing asserts it,
 voxtral_realtime.py:460). tests/test_voxtral.py runs vLLM's own parser on a real params.json.
 
-Scope: kvwatch reads config.json (boundary/model_source.py), not params.json; for a Mistral repository
-it takes the language model's figures in config.json's text_config to be those vLLM reads from
-params.json. The causal encoder's caches are not planned: a plan of one is marked unknown.
+Scope: where vLLM reads a Voxtral params.json, kvwatch reads it too (boundary/model_source.py), as
+params_config translates it: the architecture, the encoder's fields and the language model's text
+config (any other params.json is left for config.json). The causal encoder's caches are not planned:
+a plan of one plans the language model and is marked unknown.
 """
 from __future__ import annotations
 
@@ -49,3 +50,55 @@ def causal_pooling_off(kind: str, architecture: str, config: Mapping[str, Any] |
     config None, the architecture as vLLM's own config parsers give it, never causal)."""
     return (kind == CAUSAL_POOLING and architecture in CAUSAL_WHEN_FLAGGED
             and (config is None or config.get(CAUSAL_AUDIO_FIELD) is None))
+
+
+# vLLM's Mistral-format parser (vLLM 0.34.0, transformers_utils/configs/mistral.py; 0.33.0 the same
+# code): params.json keys -> the text config's (_remap_general_mistral_args, :155-182).
+_TEXT_KEYS = {"dim": "hidden_size", "norm_eps": "rms_norm_eps", "n_kv_heads": "num_key_value_heads",
+              "n_layers": "num_hidden_layers", "n_heads": "num_attention_heads", "hidden_dim": "intermediate_size"}
+# A params.json without max_position_embeddings takes the HF config.json's text config's, else this
+# (transformers_utils/config.py:517-522, :1617-1636 in 0.34.0; :484-489, :1569-1588 in 0.33.0).
+DEFAULT_MAX_POSITIONS = 128_000
+
+
+def is_audio_params(params: Mapping[str, Any]) -> bool:
+    """Whether a params.json is Voxtral's: `multimodal.whisper_model_args.encoder_args` (adapt_config_dict,
+    mistral.py:84-88); the only params.json kvwatch reads (planner/voxtral.py scope)."""
+    multimodal = params.get("multimodal")
+    whisper = multimodal.get("whisper_model_args") if isinstance(multimodal, Mapping) else None
+    return isinstance(whisper, Mapping) and isinstance(whisper.get("encoder_args"), Mapping) \
+        and bool(whisper["encoder_args"]) and isinstance(whisper.get("downsample_args", {}), Mapping)
+
+
+def params_config(params: Mapping[str, Any], hf_max_positions: int | None) -> dict[str, Any]:
+    """The config vLLM builds from a Voxtral params.json (is_audio_params), as a config.json kvwatch reads:
+    the architecture and `audio_config.is_causal` from `encoder_args.causal`, the audio config's encoder
+    layers, heads, head size and window, and the language model's text config with a list
+    `sliding_window` or an int turned into `layer_types` (_remap_mistral_sliding_window, mistral.py:185-205)
+    and its length keys (`max_seq_len` defaults to `max_position_embeddings`); `hf_max_positions`: the HF
+    config.json's text max_position_embeddings beside it, if any. Its figures are checked against vLLM's
+    own parser by tests/test_voxtral.py."""
+    text: dict[str, Any] = {_TEXT_KEYS.get(k, k): v for k, v in params.items() if k != "multimodal"}
+    positions = params.get("max_position_embeddings") or hf_max_positions or DEFAULT_MAX_POSITIONS
+    text["max_position_embeddings"] = positions
+    text["max_seq_len"] = params.get("max_seq_len", positions)
+    text["model_type"] = params.get("model_type", "transformer")
+    text["architectures"] = ["MistralForCausalLM"]
+    window = text.get("sliding_window")
+    if isinstance(window, list) and window and isinstance(text.get("num_hidden_layers"), int):
+        repeats = text["num_hidden_layers"] // len(window)
+        text["layer_types"] = ["full_attention" if w is None else "sliding_attention" for w in window * repeats]
+        text["sliding_window"] = next((w for w in window if w is not None), None)
+    elif isinstance(window, int) and not isinstance(window, bool) and window and text.get("layer_types") is None:
+        text["layer_types"] = ["sliding_attention"] * int(text.get("num_hidden_layers") or 0)
+    whisper = params["multimodal"]["whisper_model_args"]
+    encoder = whisper["encoder_args"]
+    causal = bool(encoder.get("causal"))
+    pool = whisper.get("downsample_args", {}).get("downsample_factor") if causal else 1
+    return {
+        "architectures": ["VoxtralRealtimeGeneration" if causal else "VoxtralForConditionalGeneration"],
+        "model_type": "voxtral", "text_config": text,
+        "audio_config": {"is_causal": causal, "block_pool_size": pool, "sliding_window": encoder.get("sliding_window"),
+                         "encoder_layers": encoder.get("n_layers"), "encoder_attention_heads": encoder.get("n_heads"),
+                         "encoder_head_dim": encoder.get("head_dim"), "d_model": encoder.get("dim")},
+    }
