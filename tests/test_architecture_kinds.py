@@ -36,7 +36,6 @@ from kvwatch.planner.geometry import MLA_MODEL_TYPES, geometry_from_config
 from kvwatch.planner.layers import PURE_STATE_SPACE
 from kvwatch.planner.plan import architecture_unknowns
 from kvwatch.planner.rules import ruleset_for
-from kvwatch.planner.voxtral import causal_pooling_off
 from kvwatch.values.versions import parse_version
 from kvwatch.vllm_releases.architecture_details import DETAILS
 from kvwatch.vllm_releases.architectures import ARCHITECTURES
@@ -90,8 +89,7 @@ def test_every_registered_architecture_gets_one_of_three_verdicts(release: str, 
     assert v.handling in (PLANNED, REFUSED, UNKNOWN)
     if v.handling == PLANNED:
         assert v.reason == ""
-        assert all(k in PLANNED_KINDS or k in GATED_KINDS or cross_attention_planned(k, arch)
-                   or causal_pooling_off(k, arch, None) for k in entry.kinds)
+        assert all(k in PLANNED_KINDS or k in GATED_KINDS or cross_attention_planned(k, arch) for k in entry.kinds)
     elif v.handling == REFUSED:
         assert entry.group == "previously_supported" and arch not in IN_TRANSFORMERS
     else:   # unknown: the reason names what kvwatch cannot classify

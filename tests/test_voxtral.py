@@ -1,13 +1,15 @@
 """Voxtral (issue 39): planned as its language model where vLLM builds its audio encoder without a
-cache, unknown where vLLM builds the causal encoder, whose pooled sliding-window cache kvwatch does not
-plan (planner/voxtral.py).
+cache, and with its causal encoder's pooled sliding-window caches where vLLM builds that one
+(planner/voxtral.py, planner/voxtral_encoder.py); a Voxtral params.json read where vLLM reads it.
 
-vLLM's own code is the oracle: scripts/oracle_voxtral.py runs each release's Mistral-format parser
-(transformers_utils/configs/mistral.py adapt_config_dict, what vLLM reads a params.json with) on the
-real Voxtral Mini 4B Realtime params.json, and on the same file without `encoder_args.causal`. Its
-answers for vLLM 0.33.0 and 0.34.0 are recorded in tests/fixtures/voxtral_oracle.json; where the
-unpacked releases are there (KVWATCH_VLLM_SRC=<root>/<version>/vllm/...), the oracle is run again and
-must give them. Record them anew with `KVWATCH_VLLM_SRC=... python tests/test_voxtral.py`.
+vLLM's own code is the oracle, twice. scripts/oracle_voxtral.py runs each release's Mistral-format
+parser (transformers_utils/configs/mistral.py adapt_config_dict) on the real Voxtral Mini 4B Realtime
+params.json and on the same file without `encoder_args.causal`; scripts/oracle_voxtral_cache.py runs the
+release's own WhisperCausalAttentionWithBlockPooling.get_kv_cache_spec, spec classes, grouping, sizing,
+per-request reservation, concurrency and reported tokens on that model's layers. Their answers for vLLM
+0.33.0 and 0.34.0 are recorded in tests/fixtures/voxtral_oracle.json and voxtral_cache_oracle.json;
+where the unpacked releases are there (KVWATCH_VLLM_SRC=<root>/<version>/vllm/...), the oracles are run
+again and must give them. Record them anew with `KVWATCH_VLLM_SRC=... python tests/test_voxtral.py`.
 """
 from __future__ import annotations
 
@@ -18,23 +20,23 @@ from typing import Any
 
 import pytest
 from fixtures.models.voxtral import VOXTRAL
+from packed_plan_support import serve_plan
 from vllm_sources import SpecOracle
 
 from kvwatch.boundary.model_source import load_model_source
 from kvwatch.cli import main
-from kvwatch.planner.architecture_kinds import PLANNED, UNKNOWN, verdict
+from kvwatch.errors import ConfigError
+from kvwatch.planner.architecture_kinds import PLANNED, verdict
 from kvwatch.planner.devices import preset
 from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.geometry import geometry_from_config
 from kvwatch.planner.layers import FULL
-from kvwatch.planner.plan import MemoryInputs, make_plan
+from kvwatch.planner.plan import MemoryInputs, Plan, make_plan
 from kvwatch.planner.rules import ruleset_for
 from kvwatch.planner.voxtral import (
-    CAUSAL_AUDIO_FIELD,
     CAUSAL_POOLING,
-    CAUSAL_WHEN_FLAGGED,
     DEFAULT_MAX_POSITIONS,
-    audio_fields,
+    causal_encoder,
     is_audio_params,
     params_config,
 )
@@ -57,6 +59,29 @@ def _without_causal(params: dict[str, Any]) -> dict[str, Any]:
 
 
 CASES = [REALTIME, _without_causal(REALTIME)]
+CACHE = SpecOracle(ROOT / "scripts/oracle_voxtral_cache.py", ROOT / "tests" / "fixtures" / "voxtral_cache_oracle.json",
+                   "scripts/oracle_voxtral_cache.py on vLLM 0.33.0 and 0.34.0's own whisper_causal.py, "
+                   "kv_cache_interface.py, kv_cache_planning.py and kv_cache_utils.py")
+GiB = 1 << 30
+# (TP, block size, KV dtype, max_model_len, tokens in flight: two batches of --max-num-batched-tokens, KV memory)
+CACHE_RUNS = [(1, 16, "bfloat16", 16384, 16384, 40 * GiB), (2, 16, "bfloat16", 131072, 16384, 20 * GiB),
+              (1, 32, "fp8", 32768, 4096, 10 * GiB), (4, 16, "bfloat16", 4096, 2048, 8 * GiB)]
+
+
+def _cache_case(tp: int, block: int, dtype: str, max_len: int, in_flight: int, memory: int) -> dict[str, Any]:
+    """The cache oracle's case for Voxtral Mini 4B Realtime as kvwatch reads its params.json."""
+    config = params_config(REALTIME, None)
+    text, encoder = config["text_config"], causal_encoder(config)
+    assert encoder is not None
+    return {"lm": {"layers": text["num_hidden_layers"], "kv_heads": text["num_key_value_heads"],
+                   "head_size": text["head_dim"], "window": text["sliding_window"]},
+            "encoder": {"layers": encoder.layers, "heads": encoder.heads, "head_dim": encoder.head_dim,
+                        "window": encoder.window, "pool": encoder.pool},
+            "tp": tp, "block_size": block, "dtype": dtype, "max_model_len": max_len, "max_in_flight_tokens": in_flight,
+            "memory": memory}
+
+
+CACHE_CASES = [_cache_case(*run) for run in CACHE_RUNS]
 
 
 def test_the_recorded_oracle_is_for_these_cases() -> None:
@@ -69,37 +94,20 @@ def test_the_oracle_gives_the_recorded_answers(release: str) -> None:
 
 
 @pytest.mark.parametrize("release", RELEASES)
-def test_kvwatchs_verdict_follows_the_encoder_vllms_parser_gives(release: str) -> None:
-    """The architecture vLLM derives from a params.json, with the audio config it derives: kvwatch plans
-    it exactly where that encoder is the cacheless WhisperEncoder, and names the causal one otherwise."""
+def test_the_encoder_follows_the_causal_flag_as_vllms_parser_sets_it(release: str) -> None:
+    """vLLM names a causal params.json VoxtralRealtimeGeneration and pools its encoder (block_pool_size the
+    downsample factor); kvwatch's reading places the causal encoder exactly there."""
     answers = ORACLE.recorded()["answers"][release]
-    assert [a["audio"]["is_causal"] for a in answers] == [True, False]
-    for answer in answers:
-        (arch,) = answer["architectures"]
-        flags = dict.fromkeys(audio_fields({"audio_config": answer["audio"]}), True)
-        v = verdict(arch, release, flags)
-        if answer["audio"]["is_causal"]:
-            assert (v.handling, v.unclassified) == (UNKNOWN, (CAUSAL_POOLING,)), arch
-            assert answer["audio"]["block_pool_size"] > 1   # the pooled window kvwatch has no rule for
-        else:
-            assert (v.handling, arch in CAUSAL_WHEN_FLAGGED) == (PLANNED, True)
-
-
-@pytest.mark.parametrize("release", RELEASES)
-def test_vllms_parser_names_realtime_after_the_causal_encoder(release: str) -> None:
-    """The one architecture kvwatch plans unless flagged never gets the causal encoder from vLLM's
-    Mistral-format parser: a causal params.json is VoxtralRealtimeGeneration."""
-    for answer in ORACLE.recorded()["answers"][release]:
-        assert (answer["architectures"][0] in CAUSAL_WHEN_FLAGGED) == (not answer["audio"]["is_causal"])
-    causal = ORACLE.recorded()["answers"][release][0]
-    assert (causal["audio"]["sliding_window"], causal["audio"]["block_pool_size"]) == (750, 4)
+    assert [(a["architectures"], a["audio"]["is_causal"], a["audio"]["block_pool_size"]) for a in answers] == [
+        (["VoxtralRealtimeGeneration"], True, 4), (["VoxtralForConditionalGeneration"], False, 1)]
+    assert [causal_encoder(params_config(case, None)) is not None for case in CASES] == [True, False]
 
 
 @pytest.mark.parametrize("release", ["0.32.0", *RELEASES])
-def test_the_table_plans_voxtral_and_leaves_realtime_unknown(release: str) -> None:
-    assert {a: verdict(a, release).handling for a in VOXTRAL_ARCHITECTURES if a in ARCHITECTURES[release]} == {
-        "VoxtralForConditionalGeneration": PLANNED, "VoxtralRealtimeGeneration": UNKNOWN}
-    assert CAUSAL_POOLING in ARCHITECTURES[release]["VoxtralForConditionalGeneration"].kinds
+def test_the_table_plans_both_voxtrals(release: str) -> None:
+    assert {a: verdict(a, release).handling for a in VOXTRAL_ARCHITECTURES} == dict.fromkeys(VOXTRAL_ARCHITECTURES,
+                                                                                            PLANNED)
+    assert CAUSAL_POOLING in ARCHITECTURES[release]["VoxtralRealtimeGeneration"].kinds
 
 
 def test_voxtral_mini_3b_is_planned_as_its_language_model() -> None:
@@ -115,13 +123,14 @@ def test_voxtral_mini_3b_is_planned_as_its_language_model() -> None:
     assert plan.kv_bytes_per_token == 2 * text["num_hidden_layers"] * text["num_key_value_heads"] * text["head_dim"] * 2
 
 
-def test_a_config_json_asking_for_the_causal_encoder_is_marked_unknown() -> None:
-    causal = {**MINI_3B, "audio_config": {**MINI_3B["audio_config"], "is_causal": True}}
-    assert CAUSAL_AUDIO_FIELD in geometry_from_config(causal).present_fields
-    settings = EngineCommand.parse(["vllm", "serve", "voxtral", "--max-model-len", "4096"]).settings()
-    plan = make_plan(geometry_from_config(causal, "0.34.0"), settings, preset("h100"), ruleset_for("0.34.0"),
-                     MemoryInputs(vllm_version=parse_version("0.34.0")))
-    assert len(plan.unknown_layer_types) == 1 and CAUSAL_POOLING in plan.unknown_layer_types[0]
+@pytest.mark.parametrize(("audio", "named"), [
+    ({"is_causal": True}, "audio_config.encoder_layers"),
+    ({"is_causal": True, "encoder_layers": 32, "encoder_attention_heads": 32, "encoder_head_dim": 64,
+      "sliding_window": 750, "block_pool_size": 1}, "block_pool_size must be above 1")])
+def test_a_causal_audio_config_without_its_encoder_sizes_is_refused_naming_them(audio: dict[str, Any],
+                                                                               named: str) -> None:
+    with pytest.raises(ConfigError, match=named):
+        geometry_from_config({**MINI_3B, "audio_config": audio})
 
 
 def test_kvwatch_plan_of_voxtral_mini_3b_exits_0_and_is_classified(tmp_path: Path,
@@ -164,6 +173,60 @@ def test_the_release_builds_the_causal_encoder_only_for_a_causal_audio_config(re
     assert "if self.is_causal:\n            WhisperEncoderCls = WhisperCausalEncoder" in encoder
     causal = (models / "whisper_causal.py").read_text(encoding="utf-8")
     assert f"class {CAUSAL_POOLING}(Attention)" in causal and "tokens_per_state=Fraction(1, self.block_pool_size)" in causal
+
+
+def test_the_recorded_cache_oracle_is_for_these_cases() -> None:
+    assert CACHE.recorded()["cases"] == dict.fromkeys(RELEASES, CACHE_CASES)
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_cache_oracle_gives_the_recorded_answers(release: str) -> None:
+    CACHE.check_live(release)
+
+
+def _realtime_plan(case: dict[str, Any], release: str, *more: str) -> Plan:
+    flags = ["-tp", str(case["tp"]), "--block-size", str(case["block_size"]), "--max-model-len",
+             str(case["max_model_len"]), "--max-num-batched-tokens", str(case["max_in_flight_tokens"] // 2),
+             "--kv-cache-memory-bytes", str(case["memory"]), *(("--kv-cache-dtype", "fp8") if case["dtype"] == "fp8" else ())]
+    return serve_plan(params_config(REALTIME, None), release, "mistralai/Voxtral-Mini-4B-Realtime-2602", *flags, *more)
+
+
+@pytest.mark.parametrize("release", RELEASES)
+@pytest.mark.parametrize("index", range(len(CACHE_RUNS)))
+def test_the_realtime_plan_equals_vllms_own_specs_and_sizing(release: str, index: int) -> None:
+    """The encoder's pooled window and page, the groups, the bytes per block, the blocks, the blocks one
+    request reserves, the concurrency and the tokens vLLM logs: kvwatch's plan gives vLLM's own."""
+    case, answer = CACHE_CASES[index], CACHE.recorded()["answers"][release][index]
+    encoder = causal_encoder(params_config(REALTIME, None))
+    assert encoder is not None
+    dtype_bytes = 1 if case["dtype"] == "fp8" else 2
+    assert (encoder.pooled_window, encoder.page_bytes(case["block_size"], case["tp"], dtype_bytes)) == (
+        answer["encoder"]["window"], answer["encoder"]["page_size_bytes"])
+    assert answer["encoder"]["tokens_per_state"] == f"1/{encoder.pool}"
+    plan = _realtime_plan(case, release)
+    assert plan.unknown_layer_types == ()
+    assert (plan.kv_cache_groups, plan.bytes_per_block, plan.num_blocks, plan.blocks_per_request,
+            plan.kv_cache_tokens) == (len(answer["groups"]), answer["bytes_per_block"], answer["num_blocks"],
+                                      sum(g["blocks_per_request"] for g in answer["groups"]), answer["kv_cache_tokens"])
+    assert plan.max_concurrency == pytest.approx(answer["max_concurrency"])
+    assert plan.block_size == min(g["block_size"] for g in answer["groups"])
+
+
+def test_the_recorded_figures_of_voxtral_realtime() -> None:
+    """At TP 1, block 16, bf16: the encoder's 524,288-B pages (32 heads x 16 tokens x 4 frames x 2 x 64 x
+    2 B), the language model's blocks scaled to 128 tokens to match, two groups of 32 layers' pages."""
+    answer = CACHE.recorded()["answers"]["0.34.0"][0]
+    assert [(g["layers"], g["encoder_layers"], g["block_size"], g["page_size_bytes"]) for g in answer["groups"]] == [
+        (26, 0, 128, 524288), (32, 32, 16, 524288)]
+    assert (answer["bytes_per_block"], answer["num_blocks"], answer["kv_cache_tokens"]) == (16777216, 2560, 36345)
+
+
+@pytest.mark.parametrize(("flags", "named"), [
+    (("-pp", "2"), "pipeline parallelism"),
+    (("--disable-hybrid-kv-cache-manager",), "--disable-hybrid-kv-cache-manager")])
+def test_a_command_beyond_the_checked_scope_is_marked_unknown(flags: tuple[str, ...], named: str) -> None:
+    plan = _realtime_plan(CACHE_CASES[0], "0.34.0", *flags)
+    assert any(named in u and CAUSAL_POOLING in u for u in plan.unknown_layer_types)
 
 
 def _as_the_oracle_answers(config: dict[str, Any]) -> dict[str, Any]:
@@ -240,18 +303,19 @@ def test_the_hf_cache_snapshot_of_a_params_json_only_repository_is_found(tmp_pat
     assert load_model_source("mistralai/Voxtral-Mini-4B-Realtime-2602").config == params_config(REALTIME, None)
 
 
-def test_kvwatch_plan_of_voxtral_realtime_names_the_causal_encoder(tmp_path: Path,
-                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_kvwatch_plan_of_voxtral_realtime_is_planned_with_its_encoder(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
     """Voxtral Mini 4B Realtime's repository (params.json, consolidated.safetensors, no config.json): the
-    language model is planned, the plan marked unknown for the encoder's pooled caches, exit 0."""
+    language model's 26 sliding layers and the encoder's 32 pooled ones, two groups, exit 0."""
     repo = _mistral_repo(tmp_path / "realtime", REALTIME)
     assert main(["plan", "--preset", "h100", "--", "vllm", "serve", str(repo), "--max-model-len", "16384"]) == 0
     out = capsys.readouterr().out
-    assert "UNKNOWN" in out and CAUSAL_POOLING in out
+    assert "UNKNOWN" not in out and "KV cache groups  2 of 32 layers, 6 padding layer(s)" in out
     geometry = geometry_from_config(params_config(REALTIME, None), "0.34.0")
     assert (set(geometry.layout.kinds), geometry.sliding_window, geometry.num_kv_heads, geometry.num_layers) == (
         {"sliding"}, REALTIME["sliding_window"], REALTIME["n_kv_heads"], REALTIME["n_layers"])
 
 
-if __name__ == "__main__":   # record the oracle's answers (KVWATCH_VLLM_SRC must name the unpacked releases)
+if __name__ == "__main__":   # record the oracles' answers (KVWATCH_VLLM_SRC must name the unpacked releases)
     ORACLE.record(dict.fromkeys(RELEASES, CASES))
+    CACHE.record(dict.fromkeys(RELEASES, CACHE_CASES))

@@ -22,7 +22,6 @@ from kvwatch.planner.draft_heads import draft_reason
 from kvwatch.planner.glm5_next import GLM5_NEXT_KINDS, GLM5_NEXT_NOT_PLANNED, GLM5_NEXT_SPEC_CLASSES
 from kvwatch.planner.inkling import INKLING_KINDS
 from kvwatch.planner.step5_sparse import STEP5_KINDS, STEP5_NOT_PLANNED
-from kvwatch.planner.voxtral import causal_pooling_off
 from kvwatch.vllm_releases import DEFAULT_RELEASE
 from kvwatch.vllm_releases.architecture_entry import ArchitectureEntry
 from kvwatch.vllm_releases.architectures import ARCHITECTURES
@@ -42,13 +41,12 @@ PLANNED_KINDS: dict[str, str] = {
     "GDN_ATTN": "gated delta net (or KDA) state", "LINEAR": "lightning attention state (planner/bailing_linear.py)", "KimiK3DeltaAttention": "Kimi delta attention state",
     "StaticSinkAttention": "full attention with static sink tokens (planner/static_sink.py)",
     "PrefillPrefixLMAttention": "full attention, non-causal prefill (planner/prefix_lm.py)",
+    # Voxtral's causal audio encoder: pooled sliding-window caches (planner/voxtral_encoder.py)
+    "WhisperCausalAttentionWithBlockPooling": "Voxtral's causal audio encoder (planner/voxtral_encoder.py)",
 }
 # Kinds kvwatch does not plan that vLLM builds only when config.json has the field (the file
 # otherwise builds a planned kind): vLLM 0.32, model_executor/models/deepseek_v2.py:209 (rswa_window).
 GATED_KINDS: dict[str, str] = {"RSWAAttention": "rswa_window"}
-# Voxtral's causal audio encoder (WhisperCausalAttentionWithBlockPooling) is gated the same way, per
-# architecture: VoxtralForConditionalGeneration builds it only for an audio config with `is_causal`
-# (planner/voxtral.py causal_pooling_off); VoxtralRealtimeGeneration always, and stays unknown.
 # Mamba-backend classes that redefine get_kv_cache_spec in a way kvwatch plans: MambaMixer2's prefill
 # checkpoint block (RecurrentState.checkpoint_blocks), Kimi delta attention's float32 state, the Qwen
 # gated delta net's prefill checkpoint from 0.33 (vllm_releases/gdn_checkpoint.py). Another class
@@ -114,7 +112,7 @@ def verdict(architecture: str, release: str, config: Mapping[str, Any] | None = 
     if "class_not_found" in found.features:
         return Verdict(UNKNOWN, f"{architecture}: its class {found.cls} was not found in {found.source}",
                        (found.cls,))
-    kinds = tuple(k for k in found.kinds if not _gated_off(k, config) and not causal_pooling_off(k, architecture, config))
+    kinds = tuple(k for k in found.kinds if not _gated_off(k, config))
     if (draft := draft_reason(architecture)) is not None:   # planner/draft_heads.py: a draft's own verdict
         return Verdict(UNKNOWN, f"{architecture} (vLLM {release}, {found.source}): {draft}", kinds or (found.cls,))
     if not kinds and not delegates(found):

@@ -6,7 +6,7 @@ the same attribute fallbacks for kv heads and head size, the same MLA model-type
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kvwatch.errors import ConfigError
@@ -26,7 +26,7 @@ from kvwatch.planner.mtp_draft import MtpDraft, mtp_draft
 from kvwatch.planner.prefix_lm import prefix_lm_layers, weight_layers
 from kvwatch.planner.static_sink import sink_attention
 from kvwatch.planner.step5_sparse import Step5Shape, step5_shape
-from kvwatch.planner.voxtral import audio_fields
+from kvwatch.planner.voxtral import causal_encoder
 from kvwatch.planner.weights import WeightCount, count_model_weights
 from kvwatch.values.versions import parse_version
 from kvwatch.vllm_releases import resolve
@@ -263,7 +263,7 @@ def geometry_from_config(config: Mapping[str, Any], release: str | None = None) 
             num_attention_heads=num_heads, hidden_size=hidden, weight_count=count_model_weights(config, cfg), quantization=_quantization(config, cfg),
             derived_max_model_len=derived, derived_max_model_len_key=derived_key,
             sparse_attention="index_topk" in cfg, indexer_bytes_per_token=indexer_bytes_per_token(cfg),
-            present_fields=_present(cfg, config), mtp_draft=mtp_draft(cfg, model_type),
+            present_fields=_present(cfg), mtp_draft=mtp_draft(cfg, model_type),
             glm5_next=glm5_next)
 
     kv_heads = next((cfg[k] for k in _KV_HEAD_KEYS if cfg.get(k) is not None), num_heads)
@@ -280,6 +280,8 @@ def geometry_from_config(config: Mapping[str, Any], release: str | None = None) 
         raise ConfigError(f"config.json: field 'head_dim' must be a positive integer, got {str(head_size)[:40]!r}")
     layout = inkling_layout(cfg, num_layers) if is_inkling(model_type) \
         else with_cross_attention(layer_layout(cfg, model_type, num_layers, head_size, kv_heads), model_type)
+    if (encoder := causal_encoder(config)) is not None:   # Voxtral Realtime's audio encoder (planner/voxtral.py)
+        layout = replace(layout, causal_encoder=encoder)
     head_size_v = head_size
     # HRM-Text's weights are two stacks, run at every recurrence step (planner/prefix_lm.py)
     weighed = cfg if (stacks := weight_layers(cfg, architectures)) is None else {**cfg, "num_hidden_layers": stacks}
@@ -293,7 +295,7 @@ def geometry_from_config(config: Mapping[str, Any], release: str | None = None) 
         max_position_embeddings=max_len, num_attention_heads=num_heads, hidden_size=hidden,
         weight_count=count_model_weights(config, weighed),
         quantization=weight_quantization(_quantization(config, cfg), cfg, architectures), derived_max_model_len=derived,
-        derived_max_model_len_key=derived_key, default_len=longrope_default_len(cfg, rules), present_fields=_present(cfg, config),
+        derived_max_model_len_key=derived_key, default_len=longrope_default_len(cfg, rules), present_fields=_present(cfg),
         sparse_indexer=sparse_indexer(cfg, architectures, num_layers, parse_version(release) if release else None),
         sink_len=sink.sink_len if sink is not None else 0,
         max_source_positions=_positive_int(cfg, "max_source_positions", required=False) or 0,
@@ -315,10 +317,8 @@ def _state_space_geometry(config: Mapping[str, Any], cfg: Mapping[str, Any], mod
         layer_kinds=layout.kinds, layout=layout, max_position_embeddings=None, num_attention_heads=None,
         hidden_size=_positive_int(cfg, "hidden_size", required=False), weight_count=count_model_weights(config, cfg),
         quantization=_quantization(config, cfg), derived_max_model_len=derived,
-        derived_max_model_len_key=derived_key, present_fields=_present(cfg, config))
+        derived_max_model_len_key=derived_key, present_fields=_present(cfg))
 
 
-def _present(cfg: Mapping[str, Any], config: Mapping[str, Any]) -> frozenset[str]:
-    """The text config's fields that are set, and the multimodal config's that decide a layer kind
-    (Voxtral's causal audio encoder: planner/voxtral.py)."""
-    return frozenset(k for k, v in cfg.items() if v is not None) | audio_fields(config)
+def _present(cfg: Mapping[str, Any]) -> frozenset[str]:
+    return frozenset(k for k, v in cfg.items() if v is not None)

@@ -1,4 +1,4 @@
-"""Voxtral's audio encoder, as vLLM builds it: no cache, or a causal one kvwatch does not plan (pure).
+"""Voxtral's audio encoder, as vLLM builds it: no cache, or a causal one with caches of its own (pure).
 
 VoxtralForConditionalGeneration and VoxtralRealtimeGeneration build their audio tower with
 VoxtralEncoderModel (vLLM 0.34.0, model_executor/models/voxtral.py:727-732; 0.33.0 :726-731; 0.32.0
@@ -20,36 +20,18 @@ voxtral_realtime.py:460). tests/test_voxtral.py runs vLLM's own parser on a real
 
 Scope: where vLLM reads a Voxtral params.json, kvwatch reads it too (boundary/model_source.py), as
 params_config translates it: the architecture, the encoder's fields and the language model's text
-config (any other params.json is left for config.json). The causal encoder's caches are not planned:
-a plan of one plans the language model and is marked unknown.
+config (any other params.json is left for config.json). The causal encoder's caches are planned by
+planner/voxtral_encoder.py from CausalEncoder.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
+from kvwatch.errors import ConfigError
+
 CAUSAL_POOLING = "WhisperCausalAttentionWithBlockPooling"
-# The marker a config.json's `audio_config.is_causal` adds to the fields the architecture verdict reads
-# (planner/geometry.py present_fields): the one thing that makes VoxtralForConditionalGeneration build
-# the causal encoder.
-CAUSAL_AUDIO_FIELD = "audio_config.is_causal"
-# The architecture whose causal encoder depends on that flag (VoxtralRealtimeGeneration's never does).
-CAUSAL_WHEN_FLAGGED = frozenset({"VoxtralForConditionalGeneration"})
-
-
-def audio_fields(config: Mapping[str, Any]) -> frozenset[str]:
-    """CAUSAL_AUDIO_FIELD where the config.json's audio config asks for vLLM's causal encoder
-    (VoxtralEncoderModel reads `getattr(config, "is_causal", False)`), else nothing."""
-    audio = config.get("audio_config")
-    return frozenset({CAUSAL_AUDIO_FIELD}) if isinstance(audio, Mapping) and audio.get("is_causal") else frozenset()
-
-
-def causal_pooling_off(kind: str, architecture: str, config: Mapping[str, Any] | None) -> bool:
-    """Whether vLLM leaves this kind out of this architecture for this config: the causal encoder's
-    pooled attention of a VoxtralForConditionalGeneration whose audio config is not causal (for
-    config None, the architecture as vLLM's own config parsers give it, never causal)."""
-    return (kind == CAUSAL_POOLING and architecture in CAUSAL_WHEN_FLAGGED
-            and (config is None or config.get(CAUSAL_AUDIO_FIELD) is None))
 
 
 # vLLM's Mistral-format parser (vLLM 0.34.0, transformers_utils/configs/mistral.py; 0.33.0 the same
@@ -102,3 +84,52 @@ def params_config(params: Mapping[str, Any], hf_max_positions: int | None) -> di
                          "encoder_layers": encoder.get("n_layers"), "encoder_attention_heads": encoder.get("n_heads"),
                          "encoder_head_dim": encoder.get("head_dim"), "d_model": encoder.get("dim")},
     }
+
+
+@dataclass(frozen=True)
+class CausalEncoder:
+    """The causal audio encoder's cache layers as WhisperCausalEncoder builds them (whisper_causal.py):
+    `layers` encoder layers (encoder_layers), each of `heads` KV heads (encoder_attention_heads, no GQA)
+    of `head_dim` (encoder_head_dim), a sliding window of `window` encoder frames (sliding_window),
+    `pool` frames pooled into one language-model token (block_pool_size, the downsample_factor)."""
+
+    layers: int
+    heads: int
+    head_dim: int
+    window: int
+    pool: int
+
+    def heads_per_rank(self, tp: int) -> int:
+        """WhisperCausalAttention's KV heads on one rank: max(1, heads / TP) (whisper_causal.py:447-458)."""
+        return max(1, self.heads // tp)
+
+    @property
+    def pooled_window(self) -> int:
+        """The spec's window, in pooled tokens: cdiv(sliding_window, block_pool_size) + 1 (whisper_causal.py:424)."""
+        return -(-self.window // self.pool) + 1
+
+    def page_bytes(self, block_size: int, tp: int, dtype_bytes: int) -> int:
+        """The spec's page: one block of `block_size` tokens holds block_size / tokens_per_state =
+        block_size x pool states of K and V per head (AttentionSpec.page_size_bytes, tokens_per_state
+        1 / block_pool_size: v1/kv_cache_interface.py)."""
+        return self.heads_per_rank(tp) * block_size * self.pool * 2 * self.head_dim * dtype_bytes
+
+
+def causal_encoder(config: Mapping[str, Any]) -> CausalEncoder | None:
+    """The causal encoder of a config whose audio config sets `is_causal` (params_config gives one for a
+    causal params.json), else None; a causal one without its sizes is refused naming the field, as
+    vLLM cannot build it either (WhisperCausalEncoderLayer reads them and asserts a pool above 1, whisper_causal.py:538-560)."""
+    audio = config.get("audio_config")
+    if not isinstance(audio, Mapping) or not audio.get("is_causal"):
+        return None
+    sizes = []
+    for key in ("encoder_layers", "encoder_attention_heads", "encoder_head_dim", "sliding_window", "block_pool_size"):
+        value = audio.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ConfigError(f"config.json: audio_config.{key} must be a positive integer for a causal audio "
+                              f"encoder, got {str(value)[:40]!r}")
+        sizes.append(value)
+    if sizes[4] < 2:
+        raise ConfigError("config.json: audio_config.block_pool_size must be above 1 for a causal audio encoder "
+                          "(WhisperCausalEncoderLayer asserts it)")
+    return CausalEncoder(*sizes)
