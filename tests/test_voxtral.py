@@ -7,7 +7,7 @@ parser (transformers_utils/configs/mistral.py adapt_config_dict) on the real Vox
 params.json and on the same file without `encoder_args.causal`; scripts/oracle_voxtral_cache.py runs the
 release's own WhisperCausalAttentionWithBlockPooling.get_kv_cache_spec, spec classes, grouping, sizing,
 per-request reservation, concurrency and reported tokens on that model's layers. Their answers for vLLM
-0.33.0 and 0.34.0 are recorded in tests/fixtures/voxtral_oracle.json and voxtral_cache_oracle.json;
+0.32.0, 0.33.0 and 0.34.0 are recorded in tests/fixtures/voxtral_oracle.json and voxtral_cache_oracle.json;
 where the unpacked releases are there (KVWATCH_VLLM_SRC=<root>/<version>/vllm/...), the oracles are run
 again and must give them. Record them anew with `KVWATCH_VLLM_SRC=... python tests/test_voxtral.py`.
 """
@@ -45,8 +45,8 @@ from kvwatch.vllm_releases.architectures import ARCHITECTURES
 
 ROOT = Path(__file__).resolve().parent.parent
 ORACLE = SpecOracle(ROOT / "scripts/oracle_voxtral.py", ROOT / "tests" / "fixtures" / "voxtral_oracle.json",
-                    "scripts/oracle_voxtral.py on vLLM 0.33.0 and 0.34.0's own transformers_utils/configs/mistral.py")
-RELEASES = ("0.33.0", "0.34.0")
+                    "scripts/oracle_voxtral.py on vLLM 0.32.0, 0.33.0 and 0.34.0's own transformers_utils/configs/mistral.py")
+RELEASES = ("0.32.0", "0.33.0", "0.34.0")
 MINI_3B = VOXTRAL["voxtral_mini_3b_2507"]["config"]
 REALTIME = VOXTRAL["voxtral_mini_4b_realtime_2602"]["params"]
 VOXTRAL_ARCHITECTURES = ("VoxtralForConditionalGeneration", "VoxtralRealtimeGeneration")
@@ -60,7 +60,7 @@ def _without_causal(params: dict[str, Any]) -> dict[str, Any]:
 
 CASES = [REALTIME, _without_causal(REALTIME)]
 CACHE = SpecOracle(ROOT / "scripts/oracle_voxtral_cache.py", ROOT / "tests" / "fixtures" / "voxtral_cache_oracle.json",
-                   "scripts/oracle_voxtral_cache.py on vLLM 0.33.0 and 0.34.0's own whisper_causal.py, "
+                   "scripts/oracle_voxtral_cache.py on vLLM 0.32.0, 0.33.0 and 0.34.0's own whisper_causal.py, "
                    "kv_cache_interface.py, kv_cache_planning.py and kv_cache_utils.py")
 GiB = 1 << 30
 # (TP, block size, KV dtype, max_model_len, tokens in flight: two batches of --max-num-batched-tokens, KV memory)
@@ -103,7 +103,7 @@ def test_the_encoder_follows_the_causal_flag_as_vllms_parser_sets_it(release: st
     assert [causal_encoder(params_config(case, None)) is not None for case in CASES] == [True, False]
 
 
-@pytest.mark.parametrize("release", ["0.32.0", *RELEASES])
+@pytest.mark.parametrize("release", RELEASES)
 def test_the_table_plans_both_voxtrals(release: str) -> None:
     assert {a: verdict(a, release).handling for a in VOXTRAL_ARCHITECTURES} == dict.fromkeys(VOXTRAL_ARCHITECTURES,
                                                                                             PLANNED)

@@ -9,7 +9,7 @@ language-model tokens holds B x pool encoder frames, so its page is `pool` times
 request holds cdiv(min(pooled window - 1 + in-flight tokens, max_model_len), B) + 1 blocks of it
 (SlidingWindowSpec.max_admission_blocks_per_request). Its pages are the largest, so page unification
 scales the language model's blocks up to them (kv_groups). tests/test_voxtral.py checks the specs, the
-groups, blocks, per-request blocks and tokens against vLLM 0.33/0.34's own code
+groups, blocks, per-request blocks and tokens against vLLM 0.32/0.33/0.34's own code
 (scripts/oracle_voxtral_cache.py).
 """
 from __future__ import annotations
