@@ -270,6 +270,19 @@ def test_only_voxtrals_params_json_is_read(params: dict[str, Any], audio: bool) 
     assert is_audio_params(params) is audio
 
 
+@pytest.mark.parametrize("bad", [
+    {"n_layers": "26"}, {"n_layers": True}, {"sliding_window": [None, "x"], "n_layers": "x"},
+    {"multimodal": {"whisper_model_args": {"encoder_args": {"causal": True, "n_layers": 32},
+                                           "downsample_args": {"downsample_factor": 4}}}},
+    {"multimodal": {"whisper_model_args": {"encoder_args": {**REALTIME["multimodal"]["whisper_model_args"]["encoder_args"],
+                                                            "sliding_window": "750"},
+                                           "downsample_args": {}}}}])
+def test_a_malformed_params_json_is_one_config_error(bad: dict[str, Any]) -> None:
+    """A params.json kvwatch reads is refused naming its field, never a traceback."""
+    with pytest.raises(ConfigError):
+        geometry_from_config(params_config({**REALTIME, **bad}, None))
+
+
 def _mistral_repo(path: Path, params: dict[str, Any], config: dict[str, Any] | None = None,
                   consolidated: bool = True) -> Path:
     path.mkdir()

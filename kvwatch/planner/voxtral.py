@@ -66,13 +66,15 @@ def params_config(params: Mapping[str, Any], hf_max_positions: int | None) -> di
     text["max_seq_len"] = params.get("max_seq_len", positions)
     text["model_type"] = params.get("model_type", "transformer")
     text["architectures"] = ["MistralForCausalLM"]
-    window = text.get("sliding_window")
-    if isinstance(window, list) and window and isinstance(text.get("num_hidden_layers"), int):
-        repeats = text["num_hidden_layers"] // len(window)
-        text["layer_types"] = ["full_attention" if w is None else "sliding_attention" for w in window * repeats]
+    window, layers = text.get("sliding_window"), text.get("num_hidden_layers")
+    layers = layers if isinstance(layers, int) and not isinstance(layers, bool) and layers > 0 else None
+    if isinstance(window, list) and window and layers is not None:
+        text["layer_types"] = ["full_attention" if w is None else "sliding_attention"
+                               for w in window * (layers // len(window))]
         text["sliding_window"] = next((w for w in window if w is not None), None)
-    elif isinstance(window, int) and not isinstance(window, bool) and window and text.get("layer_types") is None:
-        text["layer_types"] = ["sliding_attention"] * int(text.get("num_hidden_layers") or 0)
+    elif isinstance(window, int) and not isinstance(window, bool) and window and layers is not None \
+            and text.get("layer_types") is None:
+        text["layer_types"] = ["sliding_attention"] * layers
     whisper = params["multimodal"]["whisper_model_args"]
     encoder = whisper["encoder_args"]
     causal = bool(encoder.get("causal"))
