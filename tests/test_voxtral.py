@@ -133,6 +133,14 @@ def test_a_causal_audio_config_without_its_encoder_sizes_is_refused_naming_them(
         geometry_from_config({**MINI_3B, "audio_config": audio})
 
 
+def test_only_a_voxtral_config_gets_the_causal_encoder() -> None:
+    causal = {"is_causal": True, "encoder_layers": 32, "encoder_attention_heads": 32, "encoder_head_dim": 64,
+              "sliding_window": 750, "block_pool_size": 4}
+    assert geometry_from_config({**MINI_3B, "audio_config": causal}).layout.causal_encoder is not None
+    other = {**MINI_3B, "model_type": "qwen2_audio", "audio_config": {"is_causal": True}}
+    assert geometry_from_config(other).layout.causal_encoder is None
+
+
 def test_kvwatch_plan_of_voxtral_mini_3b_exits_0_and_is_classified(tmp_path: Path,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "voxtral").mkdir()

@@ -118,12 +118,13 @@ class CausalEncoder:
 
 
 def causal_encoder(config: Mapping[str, Any]) -> CausalEncoder | None:
-    """The causal encoder of a config whose audio config sets `is_causal` (params_config gives one for a
-    causal params.json), else None; a causal one without its sizes is refused naming the field, as
+    """The causal encoder of a Voxtral config (model_type `voxtral`, as vLLM's parser and transformers'
+    VoxtralConfig name it) whose audio config sets `is_causal` (params_config gives one for a causal
+    params.json), else None; a causal one without its sizes is refused naming the field, as
     vLLM cannot build it either (WhisperCausalEncoderLayer reads them and asserts a pool above 1, whisper_causal.py:538-560)."""
     audio = config.get("audio_config")
-    if not isinstance(audio, Mapping) or not audio.get("is_causal"):
-        return None
+    if config.get("model_type") != "voxtral" or not isinstance(audio, Mapping) or not audio.get("is_causal"):
+        return None   # VoxtralEncoderModel's reading: other models' audio configs are their own
     sizes = []
     for key in ("encoder_layers", "encoder_attention_heads", "encoder_head_dim", "sliding_window", "block_pool_size"):
         value = audio.get(key)
