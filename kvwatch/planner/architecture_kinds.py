@@ -44,6 +44,8 @@ PLANNED_KINDS: dict[str, str] = {
     "GDN_ATTN": "gated delta net (or KDA) state", "LINEAR": "lightning attention state (planner/bailing_linear.py)", "KimiK3DeltaAttention": "Kimi delta attention state",
     "StaticSinkAttention": "full attention with static sink tokens (planner/static_sink.py)",
     "PrefillPrefixLMAttention": "full attention, non-causal prefill (planner/prefix_lm.py)",
+    # Voxtral's causal audio encoder: pooled sliding-window caches (planner/voxtral_encoder.py)
+    "WhisperCausalAttentionWithBlockPooling": "Voxtral's causal audio encoder (planner/voxtral_encoder.py)",
 }
 # Kinds kvwatch does not plan that vLLM builds only when config.json has the field (the file
 # otherwise builds a planned kind): vLLM 0.32, model_executor/models/deepseek_v2.py:209 (rswa_window).

@@ -6,7 +6,7 @@ the same attribute fallbacks for kv heads and head size, the same MLA model-type
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kvwatch.errors import ConfigError
@@ -29,6 +29,7 @@ from kvwatch.planner.prefix_lm import prefix_lm_layers, weight_layers
 from kvwatch.planner.qwen4_exp import Qwen4ExpShape, qwen4_exp_shape
 from kvwatch.planner.static_sink import sink_attention
 from kvwatch.planner.step5_sparse import Step5Shape, step5_shape
+from kvwatch.planner.voxtral import causal_encoder
 from kvwatch.planner.weights import WeightCount, count_model_weights
 from kvwatch.values.versions import parse_version
 from kvwatch.vllm_releases import resolve
@@ -286,6 +287,8 @@ def geometry_from_config(config: Mapping[str, Any], release: str | None = None) 
         raise ConfigError(f"config.json: field 'head_dim' must be a positive integer, got {str(head_size)[:40]!r}")
     layout = inkling_layout(cfg, num_layers) if is_inkling(model_type) \
         else with_cross_attention(layer_layout(cfg, model_type, num_layers, head_size, kv_heads), model_type)
+    if (encoder := causal_encoder(config)) is not None:   # Voxtral Realtime's audio encoder (planner/voxtral.py)
+        layout = replace(layout, causal_encoder=encoder)
     head_size_v = head_size
     # HRM-Text's weights are two stacks, run at every recurrence step (planner/prefix_lm.py)
     weighed = cfg if (stacks := weight_layers(cfg, architectures)) is None else {**cfg, "num_hidden_layers": stacks}
