@@ -281,6 +281,17 @@ def drafts_with_mtp(method: str | None, num_speculative_tokens: int) -> bool:
     return num_speculative_tokens > 0 and method is not None and (method == "mtp" or method.endswith("_mtp"))
 
 
+def mtp_retained_tokens(modules: int, num_speculative_tokens: int, index_share: bool) -> int:
+    """The tokens every sliding window retains past its own for an MTP draft of `modules` layers: with more
+    than one module and more than one speculative token (and no index_share_for_mtp_iteration) vLLM drafts
+    with MultiModuleMTPSpeculator, whose prefill lookahead is the k tokens, so the windows keep k - 1 more;
+    any other MTP draft looks one token ahead, none more (vLLM 0.34.0, vllm/config/speculative.py:1813-1827,
+    v1/worker/gpu/spec_decode/multi_module_mtp/config.py:13-18, speculator_config.py:122-125,
+    v1/core/kv_cache_planning.py:1742-1748)."""
+    multi = min(modules, num_speculative_tokens) > 1 and not index_share
+    return num_speculative_tokens - 1 if multi else 0
+
+
 def backend_name(sm_major: int) -> str:
     """The DSv4 attention backend CUDA picks without --attention-backend: FlashInfer's SM120 kernels on
     SM 12.x, FlashMLA elsewhere (vLLM 0.34.0, vllm/models/deepseek_v4/nvidia/model.py:567-570)."""
@@ -334,6 +345,7 @@ class Packing:
     block_size: int = MAIN_BLOCK
     source: str = SOURCE
     dtype_bytes: int = 1
+    extra_retained: int = 0   # tokens every sliding window retains for a multi-module MTP draft (mtp_retained_tokens)
 
     @property
     def kv_bytes_per_token(self) -> int:

@@ -30,6 +30,7 @@ from typing import NamedTuple
 class DraftVerdict(NamedTuple):
     builds_cache: bool   # whether the draft adds a cache layer to the target's KV cache
     reason: str
+    planned_with: str = ""   # the planner module that plans its cache layers with its target's ("": none)
 
 
 DRAFTS: dict[str, DraftVerdict] = {
@@ -60,10 +61,21 @@ DRAFTS: dict[str, DraftVerdict] = {
               "(vllm/v1/attention/backends/mla/sparse_swa.py:566-576); drafting also widens the target's "
               "compressor rings to max(8, next power of two of num_speculative_tokens + 2) rows "
               "(vllm/models/deepseek_v41/compressor.py:251-252); kvwatch does not plan a draft's cache layers"),
+    "Step5MTP": DraftVerdict(
+        True, "a draft head only (Step5's MTP head, --speculative-config method mtp or step5_mtp: vLLM maps a Step5 "
+              "target to it, vllm/config/speculative.py:1170-1185; its forward needs the target's hidden states, "
+              "vllm/models/step5/nvidia/mtp.py:120-126) whose num_nextn_predict_layers Step5 decoder layers "
+              "(:175-201) join the target's KV cache", "planner/step5_sparse.py"),
 }
 
 
 def draft_reason(architecture: str) -> str | None:
-    """Why kvwatch does not plan this draft architecture (None: not one of these drafts)."""
+    """Why kvwatch gives this draft architecture a verdict of its own (None: not one of these drafts)."""
     found = DRAFTS.get(architecture)
     return None if found is None else found.reason
+
+
+def planned_with_target(architecture: str) -> str:
+    """The planner module that plans this draft's cache layers with its target's ("": none does)."""
+    found = DRAFTS.get(architecture)
+    return "" if found is None else found.planned_with
