@@ -22,7 +22,7 @@ from typing import Any
 from kvwatch.planner.cross_attention import cross_attention_planned
 from kvwatch.planner.deepseek_v4 import DEEPSEEK_V4_KINDS, NOT_PLANNED
 from kvwatch.planner.draft_heads import draft_reason, planned_with_target
-from kvwatch.planner.glm5_next import GLM5_NEXT_KINDS, GLM5_NEXT_NOT_PLANNED, GLM5_NEXT_SPEC_CLASSES
+from kvwatch.planner.glm5_next import GLM5_NEXT_KINDS, GLM5_NEXT_SPEC_CLASSES
 from kvwatch.planner.inkling import INKLING_KINDS
 from kvwatch.planner.step5_sparse import STEP5_KINDS
 from kvwatch.vllm_releases import DEFAULT_RELEASE
@@ -64,7 +64,6 @@ PLANNED_KINDS.update(INKLING_KINDS)   # Inkling's own attention and conv-ring sp
 PLANNED_KINDS.update(DEEPSEEK_V4_KINDS)   # DeepSeek-V4's five cache kinds (planner/deepseek_v4.py)
 PLANNED_KINDS.update(STEP5_KINDS)   # Step5's CSA summary and tail ring (planner/step5_sparse.py)
 PLANNED_KINDS.update(GLM5_NEXT_KINDS)   # GLM-5-Next's indexer keys and tail ring (planner/glm5_next.py)
-NOT_PLANNED = {**NOT_PLANNED, **GLM5_NEXT_NOT_PLANNED}
 # Layers that hold no cache: a model of these alone (BERT-like encoders) gets no KV cache from vLLM,
 # which kvwatch plans as 0 blocks (planner/no_kv_cache.py).
 _NO_CACHE = frozenset({"EncoderOnlyAttention"})

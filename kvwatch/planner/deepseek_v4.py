@@ -86,6 +86,7 @@ class Group:
     block_size: int
     window: int
     pages: tuple[int, ...]
+    speculative_blocks: int = 0   # a Mamba group's state blocks for the speculative tokens (GLM-5-Next's KDA)
 
     @property
     def page_bytes(self) -> int:
@@ -100,8 +101,8 @@ class Group:
             return -(-max_model_len // self.block_size)
         if self.kind == "ring":   # CircularBufferSpec: one block (vllm/v1/kv_cache_interface.py:996-1003)
             return 1
-        if self.kind == "mamba":   # align mode, one prefill checkpoint (:1168-1172; planner/glm5_next.py)
-            return 3
+        if self.kind == "mamba":   # align mode, one prefill checkpoint, the speculative tokens' (:1168-1172)
+            return 3 + self.speculative_blocks
         held = min(self.window - 1 + extra_retained + max_in_flight_tokens, max_model_len)
         return -(-held // self.block_size) + 1
 

@@ -1,8 +1,17 @@
 """Speculative-decoding drafts kvwatch gives a verdict of their own, with the reason (pure).
 
 A draft architecture is loaded next to the target through --speculative-config; whatever cache
-layers it builds join the target's KV cache. Two of vLLM 0.33's and 0.34's drafts build no cache
-kvwatch plans, for different reasons (and DeepSeek's DSpark drafts, last):
+layers it builds join the target's KV cache. vLLM never serves one alone. Two MTP heads are planned
+with their target (`planned_with`: their verdict is architecture_kinds' DRAFT, "a draft head,
+planned with its target"):
+
+- Step5MTP: planner/step5_sparse.py adds its num_nextn_predict_layers Step5 decoder layers to the
+  target's when the command drafts with mtp;
+- Glm5NextMTPModel: planner/glm5_next.py adds its MLA layers, and the wider KDA states and tail rings
+  the speculative tokens make.
+
+Two of vLLM 0.33's and 0.34's drafts build no cache kvwatch plans, for different reasons (and
+DeepSeek's DSpark drafts, last):
 
 - ParseAuxMTPModel, Nemotron Parse 3.5's one-step auxiliary MTP proposer, builds no cache layer at
   all: an embedding and two linear projections over the target's hidden state, then the tied LM head
@@ -61,6 +70,11 @@ DRAFTS: dict[str, DraftVerdict] = {
               "(vllm/v1/attention/backends/mla/sparse_swa.py:566-576); drafting also widens the target's "
               "compressor rings to max(8, next power of two of num_speculative_tokens + 2) rows "
               "(vllm/models/deepseek_v41/compressor.py:251-252); kvwatch does not plan a draft's cache layers"),
+    "Glm5NextMTPModel": DraftVerdict(
+        True, "a draft head only (GLM-5-Next's MTP head, --speculative-config method mtp or glm5_next_mtp: vLLM maps a "
+              "GLM-5-Next target to it, vllm/config/speculative.py:1281-1293; it asserts a speculative config, "
+              "vllm/models/glm5next/common/mtp.py:51) whose num_nextn_predict_layers MLA decoder layers (:112-128, "
+              ":70-81) join the target's KV cache", "planner/glm5_next.py"),
     "Step5MTP": DraftVerdict(
         True, "a draft head only (Step5's MTP head, --speculative-config method mtp or step5_mtp: vLLM maps a Step5 "
               "target to it, vllm/config/speculative.py:1170-1185; its forward needs the target's hidden states, "
