@@ -55,12 +55,10 @@ DRAFTS: dict[str, DraftVerdict] = {
               "size, in the model dtype (:306-313, :331-357), to the target's KV cache; kvwatch does not plan a "
               "draft's cache layers"),
     "DSparkDraftModel": DraftVerdict(
-        True, "a draft only (DeepSeek-V4's DSpark draft, --speculative-config method dspark): `n_mtp_layers` (3 "
-              "when unset) more decoder layers of DeepseekV4Attention at layers.{num_hidden_layers + i} (vLLM 0.34.0, "
-              "vllm/models/deepseek_v4/nvidia/dspark.py:106, :132-141) whose caches join the target's, their "
-              "sliding caches read by a non-causal draft block of its own index width "
-              "(vllm/v1/attention/backends/mla/sparse_swa.py:566-576); kvwatch does not plan a draft's cache "
-              "layers"),
+        True, "a draft only (DeepSeek-V4's DSpark draft, --speculative-config method dspark; it asserts a speculative "
+              "config, vllm/models/deepseek_v4/nvidia/dspark.py:92): `n_mtp_layers` (3 when unset) more decoder "
+              "layers of DeepseekV4Attention at layers.{num_hidden_layers + i} (vLLM 0.34.0, :106, :132-141), "
+              "sliding-only (attention.py:238-243), whose caches join the target's", "planner/deepseek_v4.py"),
     "DSparkV41DraftModel": DraftVerdict(
         True, "a draft only (DeepSeek-V4.1's DSpark draft, --speculative-config method dspark): `n_mtp_layers` "
               "or `num_nextn_predict_layers` (3 when unset) more decoder layers of DeepseekV4Attention at "
