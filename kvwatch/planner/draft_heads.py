@@ -1,17 +1,19 @@
 """Speculative-decoding drafts kvwatch gives a verdict of their own, with the reason (pure).
 
 A draft architecture is loaded next to the target through --speculative-config; whatever cache
-layers it builds join the target's KV cache. vLLM never serves one alone. Two MTP heads are planned
-with their target (`planned_with`: their verdict is architecture_kinds' DRAFT, "a draft head,
-planned with its target"):
+layers it builds join the target's KV cache. vLLM never serves one alone. Four are planned with their
+target (`planned_with`: their verdict is architecture_kinds' DRAFT, "a draft head, planned with its
+target"):
 
 - Step5MTP: planner/step5_sparse.py adds its num_nextn_predict_layers Step5 decoder layers to the
   target's when the command drafts with mtp;
 - Glm5NextMTPModel: planner/glm5_next.py adds its MLA layers, and the wider KDA states and tail rings
-  the speculative tokens make.
+  the speculative tokens make;
+- DSparkDraftModel and DSparkV41DraftModel, DeepSeek-V4's and V4.1's DSpark drafts (method dspark):
+  planner/deepseek_v4.py and deepseek_v41.py add their sliding-only layers (and V4.1's wider
+  compressor rings).
 
-Two of vLLM 0.33's and 0.34's drafts build no cache kvwatch plans, for different reasons (and
-DeepSeek's DSpark drafts, last):
+Two of vLLM 0.33's and 0.34's drafts build no cache kvwatch plans, for different reasons:
 
 - ParseAuxMTPModel, Nemotron Parse 3.5's one-step auxiliary MTP proposer, builds no cache layer at
   all: an embedding and two linear projections over the target's hidden state, then the tied LM head
@@ -24,12 +26,7 @@ DeepSeek's DSpark drafts, last):
   target's hidden size, in the model dtype whatever --kv-cache-dtype says
   (vllm/model_executor/models/extract_hidden_states.py:306-313, :331-357; 0.33.0 the same lines).
   It asserts a speculative config (:325), so it never runs as the served model, and kvwatch does not
-  plan a draft's cache layers next to the target's: its verdict stays unknown, with that reason.
-- DSparkDraftModel and DSparkV41DraftModel, DeepSeek-V4's and V4.1's DSpark drafts
-  (--speculative-config method dspark), each build more DeepSeek-V4 decoder layers whose sliding caches
-  join the target's, read by a non-causal draft block; V4.1's also widen the target's compressor rings.
-  Their verdict stays unknown, with that reason (planner/deepseek_v4.py and deepseek_v41.py plan the
-  targets).
+  plan its cache layer next to the target's: its verdict stays unknown, with that reason.
 """
 from __future__ import annotations
 
@@ -60,14 +57,13 @@ DRAFTS: dict[str, DraftVerdict] = {
               "layers of DeepseekV4Attention at layers.{num_hidden_layers + i} (vLLM 0.34.0, :106, :132-141), "
               "sliding-only (attention.py:238-243), whose caches join the target's", "planner/deepseek_v4.py"),
     "DSparkV41DraftModel": DraftVerdict(
-        True, "a draft only (DeepSeek-V4.1's DSpark draft, --speculative-config method dspark): `n_mtp_layers` "
-              "or `num_nextn_predict_layers` (3 when unset) more decoder layers of DeepseekV4Attention at "
-              "layers.{num_hidden_layers + i} (vLLM 0.34.0, vllm/models/deepseek_v41/nvidia/dspark.py:90-94, "
-              ":125-134), sliding-only (compress ratio 0 past the backbone, attention.py:381-401), each adding a "
-              "block-32 sliding cache to the target's, read by a non-causal draft block "
-              "(vllm/v1/attention/backends/mla/sparse_swa.py:566-576); drafting also widens the target's "
-              "compressor rings to max(8, next power of two of num_speculative_tokens + 2) rows "
-              "(vllm/models/deepseek_v41/compressor.py:251-252); kvwatch does not plan a draft's cache layers"),
+        True, "a draft only (DeepSeek-V4.1's DSpark draft, --speculative-config method dspark; it asserts a "
+              "speculative config, vllm/models/deepseek_v41/nvidia/dspark.py:76): `n_mtp_layers` or "
+              "`num_nextn_predict_layers` (3 when unset) more decoder layers of DeepseekV4Attention at "
+              "layers.{num_hidden_layers + i} (vLLM 0.34.0, :90-94, :125-134), never kv or index sources "
+              "(attention.py:403-405), each adding a block-32 sliding cache to the target's; drafting also widens "
+              "the target's compressor rings to max(8, next power of two of num_speculative_tokens + 2) rows "
+              "(vllm/models/deepseek_v41/compressor.py:250-252)", "planner/deepseek_v41.py"),
     "Glm5NextMTPModel": DraftVerdict(
         True, "a draft head only (GLM-5-Next's MTP head, --speculative-config method mtp or glm5_next_mtp: vLLM maps a "
               "GLM-5-Next target to it, vllm/config/speculative.py:1281-1293; it asserts a speculative config, "
