@@ -66,12 +66,12 @@ DRAFTS: dict[str, DraftVerdict] = {
               "(vllm/models/deepseek_v41/compressor.py:250-252)", "planner/deepseek_v41.py"),
     "Glm5NextMTPModel": DraftVerdict(
         True, "a draft head only (GLM-5-Next's MTP head, --speculative-config method mtp or glm5_next_mtp: vLLM maps a "
-              "GLM-5-Next target to it, vllm/config/speculative.py:1281-1293; it asserts a speculative config, "
+              "GLM-5-Next target to it, vLLM 0.34.0 vllm/config/speculative.py:1281-1293; it asserts a speculative config, "
               "vllm/models/glm5next/common/mtp.py:51) whose num_nextn_predict_layers MLA decoder layers (:112-128, "
               ":70-81) join the target's KV cache", "planner/glm5_next.py"),
     "Step5MTP": DraftVerdict(
         True, "a draft head only (Step5's MTP head, --speculative-config method mtp or step5_mtp: vLLM maps a Step5 "
-              "target to it, vllm/config/speculative.py:1170-1185; its forward needs the target's hidden states, "
+              "target to it, vLLM 0.34.0 vllm/config/speculative.py:1170-1185; its forward needs the target's hidden states, "
               "vllm/models/step5/nvidia/mtp.py:120-126) whose num_nextn_predict_layers Step5 decoder layers "
               "(:175-201) join the target's KV cache", "planner/step5_sparse.py"),
 }
