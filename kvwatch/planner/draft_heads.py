@@ -26,7 +26,10 @@ Two of vLLM 0.33's and 0.34's drafts build no cache kvwatch plans, for different
   target's hidden size, in the model dtype whatever --kv-cache-dtype says
   (vllm/model_executor/models/extract_hidden_states.py:306-313, :331-357; 0.33.0 the same lines).
   It asserts a speculative config (:325), so it never runs as the served model, and kvwatch does not
-  plan its cache layer next to the target's: its verdict stays unknown, with that reason.
+  plan its cache layer next to the target's: vLLM groups hidden-state specs apart, each its own group,
+  and may scale every group's block so that the common page holds one token's hidden states
+  (v1/core/kv_cache_planning.py:1125-1156, :1192-1209), a grouping kvwatch's planners do not follow
+  yet. Its verdict stays unknown, with that reason.
 """
 from __future__ import annotations
 
@@ -49,8 +52,9 @@ DRAFTS: dict[str, DraftVerdict] = {
         True, "a draft only (--speculative-config method extract_hidden_states; it asserts a speculative "
               "config, vllm/model_executor/models/extract_hidden_states.py:325) whose one CacheOnlyAttentionLayer "
               "adds a HiddenStateCacheSpec of len(eagle_aux_hidden_state_layer_ids) heads x the target's hidden "
-              "size, in the model dtype (:306-313, :331-357), to the target's KV cache; kvwatch does not plan a "
-              "draft's cache layers"),
+              "size, in the model dtype (:306-313, :331-357), to the target's KV cache; kvwatch does not plan that "
+              "layer: vLLM groups hidden-state specs apart from the target's and may scale every group's block up "
+              "to hold one (vLLM 0.34.0, vllm/v1/core/kv_cache_planning.py:1125-1156, :1192-1209)"),
     "DSparkDraftModel": DraftVerdict(
         True, "a draft only (DeepSeek-V4's DSpark draft, --speculative-config method dspark; it asserts a speculative "
               "config, vllm/models/deepseek_v4/nvidia/dspark.py:92): `n_mtp_layers` (3 when unset) more decoder "
