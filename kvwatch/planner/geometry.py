@@ -257,7 +257,7 @@ def geometry_from_config(config: Mapping[str, Any], release: str | None = None) 
 
     if model_type in MLA_MODEL_TYPES and cfg.get("kv_lora_rank") is not None:
         rank = _required_int(cfg, "kv_lora_rank")
-        glm5_next = glm5_next_shape(cfg, architectures)   # a NoPE latent: qk_rope_head_dim 0 (planner/glm5_next.py)
+        glm5_next = glm5_next_shape(cfg, architectures, config.get("model_type"))   # a NoPE latent: qk_rope_head_dim 0 (planner/glm5_next.py)
         rope = 0 if glm5_next is not None and cfg.get("qk_rope_head_dim") == 0 else _required_int(cfg, "qk_rope_head_dim")
         mla_layout = kimi_linear_layout(cfg, num_layers) or bailing_linear_layout(cfg, architectures, num_layers) \
             or LayerLayout((FULL,) * num_layers)

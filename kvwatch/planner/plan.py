@@ -564,7 +564,7 @@ def _packed_plan(geometry: ModelGeometry, kv: deepseek_v4.Packing, settings: Eng
     blocks = _blocks(device, settings, geometry, memory, sizes.model_bytes, kv.bytes_per_block, kv.backend)
     max_len = settings.max_model_len or geometry.default_max_model_len
     in_flight = request_demand(geometry, settings, device, max_len, release).max_in_flight_tokens
-    tokens, concurrency = deepseek_v4.capacity(kv.groups, blocks.num_blocks, max_len, in_flight) \
+    tokens, concurrency = deepseek_v4.capacity(kv.groups, blocks.num_blocks, max_len, in_flight, kv.extra_retained) \
         if blocks.num_blocks else (0, 0.0)
     if blocks.num_blocks <= 1 or blocks.check_memory <= 0:   # as step 8 says it of any other model
         warnings = [*warnings, no_memory_warning(device, settings, geometry, memory, sizes.model_bytes,
@@ -581,7 +581,7 @@ def _packed_plan(geometry: ModelGeometry, kv: deepseek_v4.Packing, settings: Eng
                        "null_block": kv.bytes_per_block if blocks.num_blocks else 0},
         warnings=within_scope(warnings, kv.unsure), data_parallel_size=max(1, settings.data_parallel_size),
         pipeline_parallel_size=max(1, settings.pipeline_parallel_size), kv_cache_groups=len(kv.groups),
-        blocks_per_request=sum(g.blocks_per_request(max_len, in_flight) for g in kv.groups),
+        blocks_per_request=sum(g.blocks_per_request(max_len, in_flight, kv.extra_retained) for g in kv.groups),
         gpu_budget=blocks.budget, unknown_layer_types=kv.unsure)
 
 
