@@ -19,7 +19,11 @@ layers own a compressed cache and index keys (:393-421, :503-517), the record si
 (:570-632, the FlashMLA class: nvidia/flashmla.py:70-71, attention.py:266), the FP8 indexer key width
 (attention.py:181-189), the compressor state (compressor.py:238-266, :335-342: 2 * head_dim float32
 rows, ring of max(8, next power of two of num_speculative_tokens + 2)) and bounded replay on
-(vllm/config/cache.py:379). It prints a JSON list, one answer per case.
+(vllm/config/cache.py:379). A case with "dspark" (k speculative tokens) drafts with DSpark: k widens
+the rings (compressor.py:250-252), and the draft's n_mtp_layers or num_nextn_predict_layers (3 when
+neither) layers at layers.{num_hidden_layers + i} (nvidia/dspark.py:90-94, :125-134), registered after
+the target's, are built as above: never kv or index sources past the backbone (attention.py:403-405).
+It prints a JSON list, one answer per case.
 """
 from __future__ import annotations
 
@@ -68,17 +72,19 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
         index_sources = set(text["index_source_layer_ids"])
         record, alignment = 584, 576   # attention.py:577, :586 (kv_mxfp8 False)
         specs: dict[str, Any] = {}
-        for layer in range(text["num_hidden_layers"]):
+        k, backbone = case.get("dspark", 0), text["num_hidden_layers"]
+        drafts = (text.get("n_mtp_layers") or text.get("num_nextn_predict_layers") or 3) if k else 0
+        for layer in range(backbone + drafts):
             ratio = int(ratios[layer]) if layer < len(ratios) else 0
             prefix = f"model.layers.{layer}.attn"
-            source = layer in kv_sources
+            source = layer < backbone and layer in kv_sources
             attn = ns(is_kv_source=source, kv_cache_dtype="fp8_ds_mla", compress_ratio=ratio,
                       head_dim=text["head_dim"], kv_cache_torch_dtype=torch.uint8, kv_page_alignment=alignment,
                       compressed_bytes_per_token=record)
             spec = attention.DeepseekV4Attention.get_kv_cache_spec(attn, config)
             if spec is not None:
                 specs[prefix] = spec
-            if layer in index_sources and source:
+            if layer < backbone and layer in index_sources and source:
                 key = attention._indexer_k_cache_head_dim(text["index_head_dim"], False)
                 index = ns(cache_config=cache, head_dim=key, dtype=torch.uint8, compress_ratio=ratio,
                            sparse_logits=False, rocm_mxfp4=False)
@@ -88,7 +94,7 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
                      packed_page_alignment=alignment, packed_block_stride_alignment=None)
             specs[f"{prefix}.swa_cache"] = DeepseekV4SWACache.get_kv_cache_spec(swa, config)
             if source and ratio > 1:
-                state = ns(block_size=max(8, 1 << (0 + 2 - 1).bit_length()), state_dim=2 * text["head_dim"],
+                state = ns(block_size=max(8, 1 << (k + 2 - 1).bit_length()), state_dim=2 * text["head_dim"],
                            dtype=torch.float32)
                 specs[f"{prefix}.compressor.state_cache"] = CompressorStateCache.get_kv_cache_spec(state, config)
         config.model_config = ns(max_model_len=case["max_model_len"])

@@ -19,8 +19,10 @@ and indexer backends' kernel block size 256, sparse_mla.py:60, indexer.py:306), 
 defaults (sparse_swa.py:85-88), the state cache's block size and window (compressor.py:158-171),
 its width 2 * coff * head_dim (compressor.py:298) and the layout (indexer.py:300-303, BLHNC first) and the FP8 indexer key width
 head_dim + head_dim // 128 * 4 (attention.py:983-986). MTP layers (num_nextn_predict_layers,
-nvidia/mtp.py:214-215) join the same KV cache config when a speculative config asks for them.
-It prints a JSON list, one answer per case.
+nvidia/mtp.py:214-215) join the same KV cache config when a speculative config asks for them; so do
+a DSpark draft's `n_mtp_layers` (3 when unset or 0) DeepseekV4DecoderLayer at
+layers.{num_hidden_layers + i} (nvidia/dspark.py:106, :132-141, the same lines in 0.33.0) for a case
+with "dspark". It prints a JSON list, one answer per case.
 """
 from __future__ import annotations
 
@@ -62,7 +64,9 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
         config = ns(cache_config=cache, attention_config=AttentionConfig(), model_config=None,
                     scheduler_config=ns(disable_hybrid_kv_cache_manager=False),
                     parallel_config=ns(decode_context_parallel_size=1, prefill_context_parallel_size=1))
-        layers = text.num_hidden_layers + (text.num_nextn_predict_layers if case.get("mtp") else 0)
+        drafts = text.num_nextn_predict_layers if case.get("mtp") else \
+            (getattr(text, "n_mtp_layers", None) or 3) if case.get("dspark") else 0
+        layers = text.num_hidden_layers + drafts
         specs: dict[str, Any] = {}
         for layer in range(layers):
             ratio = max(1, text.compress_rates.get(text.layer_types[layer], 0)) \

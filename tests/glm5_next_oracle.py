@@ -18,7 +18,12 @@ latent: models/glm5next/common/attention.py:260-275, :536-574), standing for
 Platform._find_non_ssm_backends' walk over the built layers; FlashKDA as the KDA prefill backend on
 SM 9.0 for a bf16 model of head_dim 128 and a bounded gate (common/kda.py:141-164); the Mamba cache
 mode "align" and mamba_block_size = block_size that prefix caching, on by default, sets
-(model_executor/models/config.py:1094-1110); no speculative decoding. glm5next's model module imports
+(model_executor/models/config.py:1094-1110). A case with "mtp" (k speculative tokens) drafts with the
+checkpoint's MTP head: the speculative config the KDA layers, the tail rings and the block read
+(num_speculative_tokens), and the draft's num_nextn_predict_layers MLA layers at
+model.layers.{num_hidden_layers + i}, registered after the target's and built as its MLA layers
+(models/glm5next/common/mtp.py:70-81, :112-128, model.py:472); else no speculative decoding.
+glm5next's model module imports
 the GLM-4.1V image processor, whose transformers module needs torchvision: where it is not
 installed an empty package stands in (no answer reads it). It prints a JSON list, one answer per case.
 """
@@ -85,7 +90,7 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for case in cases:
         text = Glm5NextTextConfig(**{k: v for k, v in case["config"].items()
                                      if k not in ("architectures", "model_type", "torch_dtype")})
-        tp = case["tp"]
+        tp, k = case["tp"], case.get("mtp", 0)
         cache = CacheConfig()
         cache.mamba_cache_mode = "align"
         latent = text.kv_lora_rank + text.qk_rope_head_dim   # an MLA model's head size: the latent a token
@@ -97,7 +102,8 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     attention_config=ns(hisparse_config=None), num_gpu_blocks_override=None,
                     parallel_config=ns(tensor_parallel_size=tp, decode_context_parallel_size=1,
                                        prefill_context_parallel_size=1),
-                    speculative_config=None, num_speculative_tokens=0, use_flashinfer_replayssm=False)
+                    speculative_config=ns(num_speculative_tokens=k) if k else None, num_speculative_tokens=k,
+                    use_flashinfer_replayssm=False)
         cache.block_size = Cuda._preferred_block_size_for_backends(backends, CacheConfig.DEFAULT_BLOCK_SIZE, config)
         Cuda._align_hybrid_block_size(config, backends[0])
         cache.mamba_block_size = cache.block_size   # MambaModelConfig in align mode (models/config.py:1106-1110)
@@ -113,11 +119,12 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
         specs: dict[str, Any] = {}
         kpool = text.index_kpool
         kda_backend = "flashkda" if text.linear_head_dim == 128 and text.linear_lower_bound is not None else "triton"
-        for i, kind in enumerate(text.layer_types):
-            p = f"model.layers.{i}.self_attn"
+        draft = ["indexed_attention"] * (text.num_nextn_predict_layers if k else 0)   # MTP: MLA (model.py:472)
+        for i, kind in enumerate([*text.layer_types, *draft]):
+            p = f"model.layers.{i}.self_attn"   # the draft's decoder layer takes its own prefix (mtp.py:74-78)
             if kind == "linear_attention":
                 kda = bare(Glm5NextLinearAttention, tp_size=tp, num_heads=text.linear_num_heads,
-                           head_dim=text.linear_head_dim, conv_size=text.linear_conv_kernel_dim, num_spec=0,
+                           head_dim=text.linear_head_dim, conv_size=text.linear_conv_kernel_dim, num_spec=k,
                            model_config=model, cache_config=cache, kda_prefill_backend=kda_backend)
                 specs[p] = kda.get_kv_cache_spec(config)
                 continue

@@ -13,11 +13,19 @@ customize_attention_spec), get_kv_cache_groups and get_kv_cache_config_from_grou
 and get_kv_cache_capacity for the tokens vLLM logs at a max_model_len and max_in_flight_tokens.
 Only the constructor's arithmetic is the oracle's own, citing vLLM 0.34.0
 vllm/models/step5/nvidia/model.py: the layer's default type (:886-893), its window (:899-904), its
-heads and head_dim (:1858-1872, :944, :951) and its DSA backend (:1008). It prints a JSON list, one
-answer per case.
+heads and head_dim (:1858-1872, :944, :951) and its DSA backend (:1008). A case with "mtp" (k
+speculative tokens) adds the MTP draft's layers: Step5MultiTokenPredictor's decoder layers at
+indices num_hidden_layers .. + num_nextn_predict_layers - 1, registered after the target's
+(models/step5/nvidia/mtp.py:175-201), each built as above; the tail ring's 7 + k rows
+(common/csa_tail_ring.py:182); and the sliding windows' retained tokens, which
+get_global_kv_cache_groups sets from VllmConfig.num_prefill_lookahead_tokens
+(v1/core/kv_cache_planning.py:1742-1748), here from the release's own
+SpeculativeConfig.use_multi_module_mtp and its speculator config's num_prefill_lookahead_tokens.
+It prints a JSON list, one answer per case.
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 import types
 from pathlib import Path
@@ -30,6 +38,7 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     sys.path.insert(0, str(root))
     import torch
     from vllm.config.cache import CacheConfig
+    from vllm.config.speculative import SpeculativeConfig
     from vllm.model_executor.layers.attention.attention import Attention
     from vllm.models.step5.common.csa_tail_ring import Step5CSATailRing, Step5CSATailRingBackend
     from vllm.models.step5.common.sparse_summary_cache import (
@@ -46,6 +55,9 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     from vllm.v1.attention.backend import AttentionType
     from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts
     from vllm.v1.core import kv_cache_planning, kv_cache_utils
+    from vllm.v1.kv_cache_interface import SlidingWindowSpec
+    from vllm.v1.worker.gpu.spec_decode.mtp.config import MTPSpeculatorConfig
+    from vllm.v1.worker.gpu.spec_decode.multi_module_mtp.config import MultiModuleMTPSpeculatorConfig
     from vllm.v1.worker.utils import customize_attention_spec
 
     ns = types.SimpleNamespace
@@ -62,7 +74,8 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     attention_config=ns(hisparse_config=None), num_gpu_blocks_override=None,
                     parallel_config=ns(decode_context_parallel_size=1, prefill_context_parallel_size=1))
         layers = []
-        for i in range(text.num_hidden_layers):
+        k = case.get("mtp", 0)
+        for i in range(text.num_hidden_layers + (text.num_nextn_predict_layers if k else 0)):
             default = "sliding_attention" if i % 2 == 0 else "full_attention"   # model.py:886-893
             layer_type = step5._per_layer_value(layer_types, i, name="layer_types", default=default)
             window = text.sliding_window if layer_type == "sliding_attention" else None   # :899-904
@@ -74,7 +87,8 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
             head_dim = (other["head_dim"] if own else None) or text.head_dim or text.hidden_size // heads  # :951
             dsa = sparse is not None and step5._is_step5_full_attention_layer(text, i, sparse) and window is None
             backend = Step5DSAAttentionBackend if dsa else Step5SplitKVFlashAttentionBackend   # :1008, :1163-1169
-            layers.append((f"model.layers.{i}.self_attn.attn", backend, ns(
+            block = "" if i < text.num_hidden_layers else ".mtp_block"   # the draft's (mtp.py:115-118)
+            layers.append((f"model.layers.{i}{block}.self_attn.attn", backend, ns(
                 attn_type=AttentionType.DECODER, kv_cache_dtype="auto", sliding_window=window,
                 attn_backend=backend, num_kv_heads=max(1, kv // tp), head_size=head_dim, head_size_v=head_dim,
                 kv_cache_torch_dtype=torch.bfloat16)))                                    # :944
@@ -94,9 +108,21 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if backend is Step5DSAAttentionBackend:
                 summary = Step5SparseSummaryCacheLayer.get_kv_cache_spec(ns(), config)
                 specs[f"{name}.sparse_summary_cache"] = customize_attention_spec(Step5SparseSummaryBackend, summary)
-                ring = ns(_static_forward_context={name: attn}, main_layer_name=name, required_rows=7)
+                ring = ns(_static_forward_context={name: attn}, main_layer_name=name, required_rows=7 + k)
                 specs[f"{name}.csa_tail_ring"] = customize_attention_spec(
                     Step5CSATailRingBackend, Step5CSATailRing.get_kv_cache_spec(ring, config))
+        if k:   # the draft's hf_config as config/speculative.py:1172-1185 makes it
+            draft = ns(method="mtp", num_speculative_tokens=k, index_share_for_mtp_iteration=None,
+                       draft_model_config=ns(hf_config=ns(model_type="step5_mtp",
+                                                          n_predict=text.num_nextn_predict_layers)))
+            draft.num_mtp_modules = types.MethodType(SpeculativeConfig.num_mtp_modules, draft)
+            speculator = MultiModuleMTPSpeculatorConfig if SpeculativeConfig.use_multi_module_mtp(draft) \
+                else MTPSpeculatorConfig
+            lookahead = speculator.num_prefill_lookahead_tokens.fget(   # type: ignore[attr-defined]
+                ns(num_speculative_tokens=k, uses_target_hidden_states=speculator.uses_target_hidden_states))
+            for name, spec in specs.items():   # kv_cache_planning.py:1742-1748
+                if isinstance(spec, SlidingWindowSpec):
+                    specs[name] = dataclasses.replace(spec, extra_retained_tokens=max(0, lookahead - 1))
         config.model_config = ns(max_model_len=case["max_model_len"])
         config.max_in_flight_tokens = case["max_in_flight_tokens"]   # VllmConfig.max_in_flight_tokens
         answers.append(packed_answer(config, specs, case["kv_memory_bytes"], kv_cache_planning, kv_cache_utils))

@@ -15,6 +15,7 @@ from fixtures.models.corpus_beyond import BEYOND
 from kvwatch.boundary.plan_loader import plan_command
 from kvwatch.cli import main
 from kvwatch.planner.architecture_kinds import (
+    DRAFT,
     GATED_KINDS,
     LANGUAGE_MODELS,
     PLANNED,
@@ -83,13 +84,16 @@ def test_the_table_covers_the_installed_release_with_a_source_per_entry() -> Non
 
 
 @pytest.mark.parametrize(("release", "arch"), ALL)
-def test_every_registered_architecture_gets_one_of_three_verdicts(release: str, arch: str) -> None:
+def test_every_registered_architecture_gets_one_of_four_verdicts(release: str, arch: str) -> None:
     entry = ARCHITECTURES[release][arch]
     v = verdict(arch, release, in_transformers=IN_TRANSFORMERS)
-    assert v.handling in (PLANNED, REFUSED, UNKNOWN)
+    assert v.handling in (PLANNED, REFUSED, UNKNOWN, DRAFT)
     if v.handling == PLANNED:
         assert v.reason == ""
         assert all(k in PLANNED_KINDS or k in GATED_KINDS or cross_attention_planned(k, arch) for k in entry.kinds)
+    elif v.handling == DRAFT:   # a draft head planned with its target: a speculative-decoding entry of planned kinds
+        assert entry.group == "speculative_decoding" and "planned with its target" in v.reason
+        assert entry.kinds and all(k in PLANNED_KINDS for k in entry.kinds)
     elif v.handling == REFUSED:
         assert entry.group == "previously_supported" and arch not in IN_TRANSFORMERS
     else:   # unknown: the reason names what kvwatch cannot classify

@@ -21,7 +21,7 @@ from vllm_sources import oracle_answers, release_tree
 
 from kvwatch.errors import ConfigError
 from kvwatch.planner import deepseek_v4, deepseek_v41
-from kvwatch.planner.architecture_kinds import PLANNED, UNKNOWN, verdict
+from kvwatch.planner.architecture_kinds import DRAFT, PLANNED, verdict
 from kvwatch.planner.devices import preset
 from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.geometry import geometry_from_config
@@ -44,10 +44,24 @@ CASES: dict[str, dict[str, Any]] = {
                                     "max_model_len": 131072, "max_in_flight_tokens": 2 * 2048},
     "3 GiB, 4096, batches of 16k": {"config": FLASH, "kv_memory_bytes": 3 * GiB,
                                     "max_model_len": 4096, "max_in_flight_tokens": 2 * 16384},
+    # the DSpark draft (issue 39): the config's 3 num_nextn_predict_layers as sliding layers, k wider rings
+    "DSpark k 5 (the config's block), 10.29 GiB, 1M": {"config": FLASH, "dspark": 5,
+                                                       "kv_memory_bytes": int(10.29 * GiB),
+                                                       "max_model_len": 1048576, "max_in_flight_tokens": 2 * 8192},
+    "DSpark k 15, 3 GiB, 4096, batches of 16k": {"config": FLASH, "dspark": 15, "kv_memory_bytes": 3 * GiB,
+                                                 "max_model_len": 4096, "max_in_flight_tokens": 2 * 16384},
+    "DSpark n_mtp_layers 2, k 2, 40 GiB, 128k": {
+        "config": {**FLASH, "text_config": {**FLASH["text_config"], "n_mtp_layers": 2}}, "dspark": 2,
+        "kv_memory_bytes": 40 * GiB, "max_model_len": 131072, "max_in_flight_tokens": 2 * 2048},
 }
 # the kvwatch command of each case: its budget, length and batch (two in flight, as above)
 ARGS = {label: ("--kv-cache-memory-bytes", str(c["kv_memory_bytes"]), "--max-model-len", str(c["max_model_len"]),
-                "--max-num-batched-tokens", str(c["max_in_flight_tokens"] // 2)) for label, c in CASES.items()}
+                "--max-num-batched-tokens", str(c["max_in_flight_tokens"] // 2),
+                # k 5 is the config's dspark_block_size: the command leaves it to vLLM
+                *(("--speculative-config", json.dumps({"method": "dspark"} if c["dspark"] == 5 else
+                                                      {"method": "dspark", "num_speculative_tokens": c["dspark"]}))
+                  if c.get("dspark") else ()))
+        for label, c in CASES.items()}
 
 
 @cache
@@ -55,15 +69,15 @@ def _vllm() -> dict[str, dict[str, Any]]:
     return oracle_answers(HERE / "deepseek_v41_oracle.py", RELEASE, CASES, RECORD)
 
 
-def _shape() -> deepseek_v41.DeepseekV41Shape:
-    shape = deepseek_v41.deepseek_v41_shape(FLASH["text_config"], FLASH["architectures"])
+def _shape(config: dict[str, Any] = FLASH) -> deepseek_v41.DeepseekV41Shape:
+    shape = deepseek_v41.deepseek_v41_shape(config["text_config"], config["architectures"])
     assert shape is not None
     return shape
 
 
 def _plan(label: str, *extra: str, device: str = "h100", release: str = RELEASE) -> Plan:
     settings = EngineCommand.parse(["vllm", "serve", "m", *ARGS[label], *extra]).settings()
-    return make_plan(geometry_from_config(FLASH, release), settings, preset(device), ruleset_for(release),
+    return make_plan(geometry_from_config(CASES[label]["config"], release), settings, preset(device), ruleset_for(release),
                      MemoryInputs(vllm_version=parse_version(release)))
 
 
@@ -71,12 +85,13 @@ def _plan(label: str, *extra: str, device: str = "h100", release: str = RELEASE)
 def test_specs_groups_and_blocks_equal_vllms(label: str) -> None:
     case, truth = CASES[label], _vllm()[label]
     assert truth["block_size"] == deepseek_v41.BLOCK
-    specs = [s for layer in deepseek_v41.layer_specs(_shape()) for s in layer]
+    shape, k = _shape(case["config"]), case.get("dspark", 0)
+    specs = [s for layer in deepseek_v41.layer_specs(shape, k) for s in layer]
     assert [(s.block_size, s.page_bytes) for s in specs] == [(b, p) for _, _, b, p in truth["specs"]]
-    groups = deepseek_v41.groups_for(_shape())
+    groups = deepseek_v41.groups_for(shape, k)
     assert [(g.block_size, len(g.pages), g.page_bytes) for g in groups] == \
         [(g["block_size"], g["layers"], g["page_size_bytes"]) for g in truth["groups"]]
-    blocks = deepseek_v41.num_blocks(_shape(), case["kv_memory_bytes"])
+    blocks = deepseek_v41.num_blocks(shape, case["kv_memory_bytes"], k)
     assert blocks == truth["num_blocks"]
     tokens, _ = deepseek_v4.capacity(groups, blocks, case["max_model_len"], case["max_in_flight_tokens"])
     assert tokens == truth["tokens"]
@@ -99,7 +114,7 @@ def test_the_plan_on_an_h100_is_vllms(label: str, kv_dtype: str, tp: str) -> Non
     ((), "b200", RELEASE, "SM 10.0: only CUDA SM 9.x"),
     (("--attention-backend", "FLASHINFER_MLA_SPARSE_DSV41"), "h100", RELEASE, "only FlashMLA sparse"),
     (("--kv-cache-dtype", "bfloat16"), "h100", RELEASE, "only the fp8_ds_mla layout"),
-    (("--speculative-config", '{"method": "dspark", "num_speculative_tokens": 4}'), "h100", RELEASE, "'dspark'"),
+    (("--speculative-config", '{"method": "eagle3", "num_speculative_tokens": 4}'), "h100", RELEASE, "'eagle3'"),
     (("--block-size", "128"), "h100", RELEASE, "--block-size 128"),
     ((), "h100", "0.33.0", "not vLLM 0.33.0"),
 ])
@@ -109,10 +124,29 @@ def test_outside_the_checked_scope_the_plan_says_why(extra: tuple[str, ...], dev
     assert plan.source == "unknown" and any(says in r for r in plan.unknown_layer_types)
 
 
-def test_v41_is_planned_and_its_dspark_drafts_are_not() -> None:
+def test_v41_is_planned_and_its_dspark_draft_with_it() -> None:
     assert verdict("DeepseekV41ForCausalLM", RELEASE).handling == PLANNED
     draft = verdict("DSparkV41DraftModel", RELEASE)
-    assert draft.handling == UNKNOWN and "DSpark" in draft.reason
+    assert draft.handling == DRAFT and "planned with its target (planner/deepseek_v41.py)" in draft.reason
+
+
+def test_the_dspark_draft_adds_sliding_layers_and_widens_the_rings() -> None:
+    target, drafted = _vllm()["10.29 GiB, 1M, batches of 8k"], _vllm()["DSpark k 5 (the config's block), 10.29 GiB, 1M"]
+    assert len(drafted["specs"]) == len(target["specs"]) + 3   # one sliding cache each, no source past the backbone
+    rings = {tuple(s[1:]) for s in drafted["specs"] if s[0].endswith("compressor.state_cache")}
+    assert {b for _, b, _ in rings} == {deepseek_v41.ring_rows(5)} == {8}
+    wide = {s[2] for s in _vllm()["DSpark k 15, 3 GiB, 4096, batches of 16k"]["specs"]
+            if s[0].endswith("compressor.state_cache")}
+    assert wide == {deepseek_v41.ring_rows(15)} == {32}
+
+
+def test_a_dspark_draft_with_no_block_is_unsure() -> None:
+    config = {**FLASH, "text_config": {k: v for k, v in FLASH["text_config"].items() if k != "dspark_block_size"}}
+    settings = EngineCommand.parse(["vllm", "serve", "m", *ARGS["40 GiB, 128k, batches of 2k"],
+                                    "--speculative-config", '{"method": "dspark"}']).settings()
+    plan = make_plan(geometry_from_config(config, RELEASE), settings, preset("h100"), ruleset_for(RELEASE),
+                     MemoryInputs(vllm_version=parse_version(RELEASE)))
+    assert plan.source == "unknown" and "names no DSpark block" in plan.unknown_layer_types[0]
 
 
 @pytest.mark.parametrize(("change", "says"), [

@@ -19,7 +19,7 @@ import pytest
 from vllm_sources import oracle_answers, release_tree
 
 from kvwatch.planner import deepseek_v4
-from kvwatch.planner.architecture_kinds import PLANNED, UNKNOWN, verdict
+from kvwatch.planner.architecture_kinds import DRAFT, PLANNED, verdict
 from kvwatch.planner.devices import preset
 from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.geometry import geometry_from_config
@@ -47,6 +47,13 @@ CASES: dict[str, dict[str, Any]] = {
                              "max_model_len": 131072, "max_in_flight_tokens": 2 * 2048},
     "MTP, 3 GiB, 4096, batches of 16k": {"config": FLASH, "mtp": True, "kv_memory_bytes": 3 * GiB,
                                          "max_model_len": 4096, "max_in_flight_tokens": 2 * 16384},
+    # the DSpark draft (issue 39): n_mtp_layers sliding-only layers, 3 where config.json names none
+    "DSpark 3 layers, 10.29 GiB, 1M": {"config": FLASH, "mtp": False, "dspark": True,
+                                       "kv_memory_bytes": int(10.29 * GiB), "max_model_len": 1048576,
+                                       "max_in_flight_tokens": 2 * 8192},
+    "DSpark n_mtp_layers 2, 3 GiB, 4096, batches of 16k": {
+        "config": {**FLASH, "n_mtp_layers": 2}, "mtp": False, "dspark": True, "kv_memory_bytes": 3 * GiB,
+        "max_model_len": 4096, "max_in_flight_tokens": 2 * 16384},
 }
 
 
@@ -62,7 +69,7 @@ def _shape(case: dict[str, Any]) -> deepseek_v4.DeepseekV4Shape:
 
 
 def _specs(case: dict[str, Any]) -> list[deepseek_v4.CacheSpec]:
-    return [s for layer in deepseek_v4.layer_specs(_shape(case), case["mtp"]) for s in layer]
+    return [s for layer in deepseek_v4.layer_specs(_shape(case), case["mtp"], case.get("dspark", False)) for s in layer]
 
 
 @pytest.mark.parametrize("release", RELEASES)
@@ -72,7 +79,7 @@ def test_groups_and_blocks_equal_vllms(release: str, label: str) -> None:
     groups = deepseek_v4.packed_groups(_specs(case))
     assert [(g.block_size, len(g.pages), g.page_bytes) for g in groups] == \
         [(g["block_size"], g["layers"], g["page_size_bytes"]) for g in truth["groups"]]
-    blocks = deepseek_v4.num_blocks(_shape(case), case["kv_memory_bytes"], case["mtp"])
+    blocks = deepseek_v4.num_blocks(_shape(case), case["kv_memory_bytes"], case["mtp"], case.get("dspark", False))
     assert blocks == truth["num_blocks"]
     tokens, _ = deepseek_v4.capacity(groups, blocks, case["max_model_len"], case["max_in_flight_tokens"])
     assert tokens == truth["tokens"]
@@ -108,6 +115,8 @@ def _plan(case: dict[str, Any], release: str, tp: int, kv_dtype: str, card: str 
              "--max-num-batched-tokens", str(case["max_in_flight_tokens"] // 2)]
     if case["mtp"]:
         flags += ["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 2}']
+    if case.get("dspark"):   # vLLM takes the draft's block size when no num_speculative_tokens is given
+        flags += ["--speculative-config", '{"method": "dspark"}']
     settings = EngineCommand.parse(["vllm", "serve", "deepseek-ai/DeepSeek-V4-Flash", *flags]).settings()
     return make_plan(geometry_from_config(case["config"], release), settings, preset(card), ruleset_for(release),
                      MemoryInputs(vllm_version=parse_version(release)))
@@ -136,20 +145,31 @@ def test_the_issue_run_plans_its_logged_kv_and_no_certain_failure() -> None:
 
 
 @pytest.mark.parametrize("release", RELEASES)
-def test_deepseek_v4_is_planned_and_its_dspark_drafts_say_why_not(release: str) -> None:
+def test_deepseek_v4_is_planned_and_its_dspark_draft_with_it(release: str) -> None:
     for arch in ("DeepseekV4ForCausalLM", "DeepseekV4ForConditionalGeneration", "DeepSeekV4MTPModel"):
         assert verdict(arch, release).handling == PLANNED
     draft = verdict("DSparkDraftModel", release)
-    assert draft.handling == UNKNOWN and "DSpark draft" in draft.reason
+    assert draft.handling == DRAFT and "planned with its target (planner/deepseek_v4.py)" in draft.reason
+
+
+def test_the_dspark_draft_adds_its_sliding_layers_to_the_targets() -> None:
+    target, drafted = _vllm()["no MTP, 10.29 GiB, 1M"], _vllm()["DSpark 3 layers, 10.29 GiB, 1M"]
+    assert sum(g["layers"] for g in drafted["groups"]) == sum(g["layers"] for g in target["groups"]) + 3
+    swa = target["kinds"]["swa_cache block 64"]["page_size_bytes"]   # every layer's sliding latent: one page size
+    assert drafted["kinds"]["swa_cache block 64"]["page_size_bytes"] == swa + swa[:1] * 3
+    assert {k: v for k, v in drafted["kinds"].items() if k != "swa_cache block 64"} == \
+        {k: v for k, v in target["kinds"].items() if k != "swa_cache block 64"}
+    assert _shape(CASES["DSpark n_mtp_layers 2, 3 GiB, 4096, batches of 16k"]).dspark_layers == 2
+    assert _shape({"config": {**FLASH, "n_mtp_layers": 0}}).dspark_layers == 3   # `or 3` (dspark.py:106)
 
 
 def test_another_draft_or_an_unchecked_release_is_unsure() -> None:
     case = CASES["no MTP, 10.29 GiB, 1M"]
     settings = EngineCommand.parse(["vllm", "serve", "m", "--kv-cache-memory-bytes", str(case["kv_memory_bytes"]),
-                                    "--speculative-config", '{"method": "dspark", "num_speculative_tokens": 4}']).settings()
+                                    "--speculative-config", '{"method": "eagle3", "num_speculative_tokens": 4}']).settings()
     drafted = make_plan(geometry_from_config(FLASH, "0.34.0"), settings, preset("h100"), ruleset_for("0.34.0"),
                         MemoryInputs(vllm_version=parse_version("0.34.0")))
-    assert drafted.source == "unknown" and "'dspark'" in drafted.unknown_layer_types[0]
+    assert drafted.source == "unknown" and "'eagle3'" in drafted.unknown_layer_types[0]
     older = make_plan(geometry_from_config(FLASH, "0.32.0"), settings, preset("h100"), ruleset_for("0.32.0"),
                       MemoryInputs(vllm_version=parse_version("0.32.0")))
     assert older.source == "unknown" and "not vLLM 0.32.0" in older.unknown_layer_types[0]

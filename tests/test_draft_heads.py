@@ -1,5 +1,6 @@
 """The drafts kvwatch gives a verdict of their own (kvwatch/planner/draft_heads.py): ParseAuxMTPModel
-builds no cache layer at all, ExtractHiddenStatesModel a hidden-state cache that only joins a target's.
+builds no cache layer at all, ExtractHiddenStatesModel a hidden-state cache that only joins a target's,
+and four draft heads whose layers kvwatch plans with their target (the verdict DRAFT).
 
 The generated architecture table (read from each release's source) must agree with what the module
 says each builds; where the releases are unpacked (KVWATCH_VLLM_SRC), the cited source is read again:
@@ -8,12 +9,13 @@ that only a speculative config builds."""
 from __future__ import annotations
 
 import ast
+from pathlib import Path
 
 import pytest
 from vllm_sources import release_tree
 
-from kvwatch.planner.architecture_kinds import UNKNOWN, verdict
-from kvwatch.planner.draft_heads import DRAFTS, draft_reason
+from kvwatch.planner.architecture_kinds import DRAFT, PLANNED_KINDS, UNKNOWN, unknown_reasons, verdict
+from kvwatch.planner.draft_heads import DRAFTS, draft_reason, planned_with_target
 from kvwatch.vllm_releases.architectures import ARCHITECTURES
 
 RELEASES = ("0.33.0", "0.34.0")
@@ -38,6 +40,41 @@ def test_the_verdict_gives_the_drafts_own_reason(release: str, architecture: str
     assert v.handling == UNKNOWN and reason is not None and v.reason.endswith(reason)
     assert v.unclassified == (kinds or (ARCHITECTURES[release][architecture].cls,))
     assert ("no cache layer at all" in v.reason) == (not kinds)
+
+
+# The draft heads planned with their target, and where vLLM's code shows it never serves one alone: the
+# line (0.33.0, 0.34.0) that asserts a speculative config, or the forward that takes the target's hidden states.
+ASSERTS = "assert vllm_config.speculative_config is not None"
+PLANNED_DRAFTS = {
+    "Step5MTP": ("models/step5/nvidia/mtp.py", (120, 124), "previous_hidden_states: torch.Tensor"),
+    "Glm5NextMTPModel": ("models/glm5next/common/mtp.py", (48, 51), ASSERTS),
+    "DSparkDraftModel": ("models/deepseek_v4/nvidia/dspark.py", (92, 92), ASSERTS),
+    "DSparkV41DraftModel": ("models/deepseek_v41/nvidia/dspark.py", (71, 76), ASSERTS),
+}
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("release", RELEASES)
+@pytest.mark.parametrize("architecture", PLANNED_DRAFTS)
+def test_a_draft_planned_with_its_target_is_a_draft_head_of_planned_kinds(release: str, architecture: str) -> None:
+    found, v = ARCHITECTURES[release][architecture], verdict(architecture, release)
+    assert found.group == "speculative_decoding" and found.kinds and all(k in PLANNED_KINDS for k in found.kinds)
+    assert v.handling == DRAFT and v.reason.endswith(f"planned with its target ({planned_with_target(architecture)}): "
+                                                     f"plan the target's config.json with that method")
+    assert (ROOT / "kvwatch" / planned_with_target(architecture)).is_file()
+
+
+@pytest.mark.parametrize("architecture", PLANNED_DRAFTS)
+def test_a_config_of_the_draft_alone_is_planned_unknown(architecture: str) -> None:
+    reasons = unknown_reasons((architecture,), {}, False, "0.34.0")
+    assert len(reasons) == 1 and "a draft head, planned with its target" in reasons[0]
+
+
+@pytest.mark.parametrize("release", RELEASES)
+@pytest.mark.parametrize("architecture", PLANNED_DRAFTS)
+def test_vllm_builds_the_draft_only_beside_its_target(release: str, architecture: str) -> None:
+    path, lines, text = PLANNED_DRAFTS[architecture]
+    assert text in _source(release, path).splitlines()[lines[RELEASES.index(release)] - 1]
 
 
 def test_other_architectures_have_no_draft_reason() -> None:

@@ -147,6 +147,11 @@ def _preset_plan(name: str, version: str, util: str, free_gib: float | None = No
     ("rtx-4090-wsl2", "0.27.1", "0.92", None),
     ("rtx-4090-wsl2", "0.27.1", "0.85", None),
     ("rtx-4090-wsl2", "0.27.1", "0.95", 0.93),
+    # RTX 5090 under WSL2 on a desktop: 30.12/31.84 GiB; refused at 0.95 (30.25 GiB requested) three times,
+    # started at 0.93 and 0.92 (devices.PLATFORMS: its source); the fix is the utilization 30.12 GiB covers
+    ("rtx-5090-wsl2", "0.28.0", "0.95", 0.94),
+    ("rtx-5090-wsl2", "0.28.0", "0.93", None),
+    ("rtx-5090-wsl2", "0.28.0", "0.92", None),
 ])
 def test_a_platform_preset_carries_what_it_leaves_free(name, version, util, fix) -> None:
     plan = _preset_plan(name, version, util)
@@ -159,6 +164,9 @@ def test_the_platform_presets_state_their_logged_snapshot() -> None:
     assert snapshot_free_bytes(wsl2) == int(22.45 * GiB)
     assert wsl2.name == preset("rtx-4090").name and wsl2.cuda_total_bytes == int(23.99 * GiB)
     assert preset("rtx-4090").free_memory_bytes is None   # a card alone: free memory unknown, none assumed
+    desktop = preset("rtx-5090-wsl2")
+    assert snapshot_free_bytes(desktop) == int(30.12 * GiB) and desktop.cuda_total_bytes == int(31.84 * GiB)
+    assert desktop.name == preset("rtx-5090").name and desktop.compute_capability == (12, 0)
     assert all(p.source and p.card in {c.key for c in CARDS} for p in PLATFORMS)
     # a stated figure replaces the preset's
     assert not _busy(_preset_plan("rtx-4090-wsl2", "0.27.1", "0.95", free_gib=23.5))

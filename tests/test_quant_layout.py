@@ -196,6 +196,46 @@ def test_a_parts_rate_follows_the_schemes_lists(quantization: dict[str, Any], pa
     assert quant_layout.part_rate(quantization, part, layers, 2) == pytest.approx(rate)
 
 
+# A Qwen3.5-MoE checkpoint's MIXED_PRECISION layers as NVIDIA's NVFP4 export names them (a public test mirrors
+# nvidia/Qwen3.6-35B-A3B-NVFP4's hf_quant_config.json in miniature: search-index file id 55831486223): the
+# decoder under `model.language_model.`, the routed experts under one `mlp.experts` key, the shared expert's
+# projections, FP8 self-attention on full-attention layers and FP8 linear_attn on Gated DeltaNet ones.
+_NV = {"quant_algo": "W4A16_NVFP4", "group_size": 16}
+MIXED_QWEN35 = {"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION", "exclude_modules": ["mtp*"],
+                "quantized_layers": {
+                    "model.language_model.layers.0.mlp.experts": _NV,
+                    "model.language_model.layers.0.mlp.shared_expert.gate_proj": _NV,
+                    "model.language_model.layers.0.linear_attn.in_proj_qkv": {"quant_algo": "FP8"},
+                    "model.language_model.layers.0.linear_attn.out_proj": {"quant_algo": "FP8"},
+                    "language_model.model.layers.1.mlp.experts.7.down_proj": _NV,
+                    "model.language_model.layers.1.self_attn.q_proj": {"quant_algo": "FP8"},
+                    "lm_head": _NV}}
+
+
+@pytest.mark.parametrize("name,algo", [
+    # vLLM 0.33.0 modelopt.py:1748-1842: the `model.language_model.` and `language_model.model.` spellings of a
+    # multimodal checkpoint's decoder, a fused-MoE prefix found directly or by a key below it
+    ("model.layers.0.mlp.experts.0.up_proj", "W4A16_NVFP4"),
+    ("model.layers.1.mlp.experts.0.gate_proj", "W4A16_NVFP4"),
+    ("model.layers.0.mlp.gate_proj", "W4A16_NVFP4"),          # the shared expert's projection
+    ("model.layers.0.self_attn.q_proj", "FP8"),               # a Gated DeltaNet layer's in_proj_qkv
+    ("model.layers.0.self_attn.o_proj", "FP8"),               # ... and its out_proj
+    ("model.layers.1.self_attn.q_proj", "FP8"),
+    ("model.layers.1.self_attn.k_proj", None),                # not listed: unquantized (:1876-1881)
+    ("model.layers.0.mlp.gate", None),                        # the router
+    ("model.layers.2.mlp.experts.0.up_proj", None),           # a layer the config does not list
+])
+def test_mixed_precision_resolves_a_module_as_vllm_resolves_its_prefix(name: str, algo: str | None) -> None:
+    entry = quant_layout._mixed_entry(MIXED_QWEN35["quantized_layers"], name)
+    assert (entry or {}).get("quant_algo") == algo
+
+
+def test_w4a16_nvfp4_packs_as_nvfp4() -> None:
+    """vLLM 0.33.0 modelopt.py:150-153: W4A16_NVFP4 loads into the NVFP4 sub-config, its packing."""
+    assert quant_layout.modelopt_rate("W4A16_NVFP4", 2, 16) == quant_layout.modelopt_rate("NVFP4", 2, 16) == 0.5 + 1 / 16
+    assert quant_layout.part_rate(MIXED_QWEN35, "experts", 2, 2) == pytest.approx(0.5 + 1 / 16)
+
+
 LLAMA = {"hidden_size": 4096, "num_hidden_layers": 4, "num_attention_heads": 32, "num_key_value_heads": 8,
          "intermediate_size": 14336, "vocab_size": 128256}
 

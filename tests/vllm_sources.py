@@ -2,10 +2,13 @@
 oracles that run a release's own code from it, or their answers recorded from such a run."""
 from __future__ import annotations
 
+import importlib
+import importlib.machinery
 import json
 import os
 import subprocess
 import sys
+import types
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -106,3 +109,31 @@ def packed_answer(config: Any, specs: dict[str, Any], kv_memory_bytes: int, plan
 def run_oracle_script(main: Callable[[Path, list[dict[str, Any]]], list[Any]]) -> None:
     """An oracle script's entry: main(<unpacked release root>, <cases as JSON>) printed as JSON."""
     print(json.dumps(main(Path(sys.argv[1]), json.loads(sys.argv[2]))))
+
+
+def _bare_package(root: Path, name: str, attrs_from: str = "") -> None:
+    """Package `name` of the release registered without running its __init__: its submodules import from
+    the release's files; `attrs_from`: a submodule its own names resolve from."""
+    package = types.ModuleType(name)
+    package.__path__ = [str(root.joinpath(*name.split(".")))]
+    package.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
+    package.__spec__.submodule_search_locations = package.__path__
+    if attrs_from:
+        package.__getattr__ = lambda attr: getattr(  # type: ignore[attr-defined]
+            importlib.import_module(f"{name}.{attrs_from}"), attr)
+    sys.modules[name] = package
+
+
+def cpu_imports(root: Path, *bare: str) -> None:
+    """What lets a CUDA-only model module import on this CPU (no answer calls a kernel), after the release
+    is first on sys.path: vllm_flash_attn's __init__ refuses to import without the CUDA flash-attention
+    extensions, so it is registered without it, as are the `bare` packages (a model package whose
+    __init__ imports what needs CUDA libraries, such as models/dots3_note's vision tower and its
+    DeepGEMM extension); fa_utils has no compile_flash_attn_varlen_func_from_specs off CUDA and gets the
+    None its XPU and ROCm branches set (v1/attention/backends/fa_utils.py:22-45)."""
+    _bare_package(root, "vllm.vllm_flash_attn", "flash_attn_interface")
+    for name in bare:
+        _bare_package(root, name)
+    from vllm.v1.attention.backends import fa_utils
+    if not hasattr(fa_utils, "compile_flash_attn_varlen_func_from_specs"):
+        fa_utils.compile_flash_attn_varlen_func_from_specs = None

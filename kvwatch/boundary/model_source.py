@@ -1,4 +1,10 @@
-"""Find and read a model's config.json: a local directory or the HF cache, never the network."""
+"""Find and read a model's config.json: a local directory or the HF cache, never the network.
+
+Where vLLM reads a Mistral-format params.json instead (consolidated*.safetensors beside it: vLLM 0.34.0
+transformers_utils/config.py:934-943), kvwatch reads it too for the models it translates, as the
+config vLLM builds from it: Mistral Large 4 (planner/mistral_large4.py, also where there is no
+config.json) and Voxtral (planner/voxtral.py params_config); any other params.json is left for
+config.json, as before."""
 from __future__ import annotations
 
 import functools
@@ -9,7 +15,9 @@ from pathlib import Path
 
 from kvwatch.boundary.bounded_read import FileTooLarge, NotRegularFile, open_regular, read_bounded
 from kvwatch.errors import ConfigError
+from kvwatch.planner.mistral_large4 import hf_config, is_large4_params
 from kvwatch.planner.pooling_run import sentence_transformers_pooling
+from kvwatch.planner.voxtral import is_audio_params, params_config
 from kvwatch.vllm_releases.weight_files import HF_PATTERNS, index_name, index_weight_files, loaded_files
 
 
@@ -64,14 +72,16 @@ def _snapshot_dir(repo_id: str) -> Path | None:
             except (OSError, ValueError):
                 name = ""   # an odd ref: the newest snapshot below, as when there is none
             snapshot = repo_dir / "snapshots" / name
-            if name and "/" not in name and (snapshot / "config.json").is_file():
+            if name and "/" not in name and any((snapshot / f).is_file() for f in CONFIG_FILES):
                 return snapshot
-        snapshots = sorted((repo_dir / "snapshots").glob("*/config.json")) if repo_dir.is_dir() else []
+        snapshots = sorted(p for f in CONFIG_FILES for p in (repo_dir / "snapshots").glob(f"*/{f}")) \
+            if repo_dir.is_dir() else []
         if snapshots:
             return snapshots[-1].parent
     return None
 
 
+CONFIG_FILES = ("config.json", "params.json")
 MAX_REF_BYTES = 4096                  # refs/main holds one commit hash
 MAX_INDEX_BYTES = 64 << 20            # an index maps tensor names to files: some MB for the largest models
 MAX_SAFETENSORS_HEADER = 100_000_000  # the safetensors format's own limit on its JSON header
@@ -149,8 +159,44 @@ def _load(model: str) -> ModelSource:
         if snapshot is None:
             raise ConfigError(f"model {model!r}: no such directory, and not in the local Hugging Face cache")
         directory, config_path = snapshot, snapshot / "config.json"
+    if (mistral := _mistral_format(directory, config_path)) is not None:
+        return ModelSource(path=directory, config=mistral)
     if not config_path.exists():
         raise ConfigError(f"{directory}: no config.json")
+    return ModelSource(path=directory, config=_read_json(config_path))
+
+
+def _mistral_format(directory: Path, config_path: Path) -> dict | None:
+    """The config vLLM builds from a Mistral-format params.json where vLLM reads one in place of config.json:
+    consolidated*.safetensors beside it (transformers_utils/repo_utils.py is_mistral_model_repo), or, for
+    Mistral Large 4, no config.json at all; None for a model kvwatch does not translate."""
+    params_path = directory / "params.json"
+    if config_path.name not in ("config.json", "params.json") or not params_path.is_file():
+        return None
+    consolidated = any(directory.glob("consolidated*.safetensors"))
+    if config_path.name == "config.json" and config_path.exists() and not consolidated:
+        return None
+    params = _read_json(params_path)
+    if is_large4_params(params):
+        return hf_config(params, _hf_max_positions(directory / "config.json"))
+    if consolidated and config_path.name == "config.json" and is_audio_params(params):
+        return params_config(params, _hf_max_positions(config_path))
+    return None
+
+
+def _hf_max_positions(config_path: Path) -> int | None:
+    """The HF config.json's text max_position_embeddings, which vLLM takes for a params.json that has
+    none (planner/voxtral.py DEFAULT_MAX_POSITIONS); None where there is no readable one."""
+    try:
+        config = _read_json(config_path) if config_path.is_file() else {}
+    except ConfigError:
+        return None
+    text = config.get("text_config")
+    value = (text if isinstance(text, dict) else config).get("max_position_embeddings")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _read_json(config_path: Path) -> dict:
     try:
         config = json.loads(read_bounded(config_path, MAX_CONFIG_BYTES).decode("utf-8"))
     except FileTooLarge as exc:
@@ -165,4 +211,4 @@ def _load(model: str) -> ModelSource:
         raise ConfigError(f"{config_path}: nested too deeply to be a model config") from None
     if not isinstance(config, dict):
         raise ConfigError(f"{config_path}: expected a JSON object")
-    return ModelSource(path=directory, config=config)
+    return config

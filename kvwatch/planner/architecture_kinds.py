@@ -2,13 +2,16 @@
 
 kvwatch/vllm_releases/architectures.py lists, per release and architecture, the cache layer kinds
 vLLM's model classes can build (scripts/gen_vllm_architectures.py reads them from the release).
-Every architecture gets one of three verdicts, never a silent default:
+Every architecture gets one of four verdicts, never a silent default:
 
 - "planned": kvwatch plans every layer kind the architecture can build (kvwatch/planner/layers.py
   places them from config.json);
 - "refused": vLLM refuses it before sizing a cache (architectures.refusals predicts the sentence);
 - "unknown": it can build a layer kind kvwatch has no rule for, or the release does not register it;
-  the plan is then marked unknown, naming what kvwatch could not classify (exit 0).
+  the plan is then marked unknown, naming what kvwatch could not classify (exit 0);
+- "draft": a draft head vLLM builds only as a target's --speculative-config draft, never served alone,
+  whose cache layers kvwatch plans with its target's (planner/draft_heads.py names the planner); a
+  config.json of the draft alone is planned unknown, with that reason.
 """
 from __future__ import annotations
 
@@ -18,15 +21,18 @@ from typing import Any
 
 from kvwatch.planner.cross_attention import cross_attention_planned
 from kvwatch.planner.deepseek_v4 import DEEPSEEK_V4_KINDS, NOT_PLANNED
-from kvwatch.planner.draft_heads import draft_reason
-from kvwatch.planner.glm5_next import GLM5_NEXT_KINDS, GLM5_NEXT_NOT_PLANNED, GLM5_NEXT_SPEC_CLASSES
+from kvwatch.planner.dots3_note import DOTS3_KINDS, DOTS3_NOT_PLANNED
+from kvwatch.planner.draft_heads import draft_reason, planned_with_target
+from kvwatch.planner.glm5_next import GLM5_NEXT_KINDS, GLM5_NEXT_SPEC_CLASSES
 from kvwatch.planner.inkling import INKLING_KINDS
-from kvwatch.planner.step5_sparse import STEP5_KINDS, STEP5_NOT_PLANNED
+from kvwatch.planner.mistral_large4 import LARGE4_KINDS, LARGE4_NOT_PLANNED
+from kvwatch.planner.qwen4_exp import QWEN4_EXP_KINDS, QWEN4_EXP_NOT_PLANNED, QWEN4_EXP_SPEC_CLASSES
+from kvwatch.planner.step5_sparse import STEP5_KINDS
 from kvwatch.vllm_releases import DEFAULT_RELEASE
 from kvwatch.vllm_releases.architecture_entry import ArchitectureEntry
 from kvwatch.vllm_releases.architectures import ARCHITECTURES
 
-PLANNED, REFUSED, UNKNOWN = "planned", "refused", "unknown"
+PLANNED, REFUSED, UNKNOWN, DRAFT = "planned", "refused", "unknown", "draft"
 
 # The cache kinds kvwatch plans, by the class (or Mamba backend) vLLM builds them with.
 PLANNED_KINDS: dict[str, str] = {
@@ -41,6 +47,8 @@ PLANNED_KINDS: dict[str, str] = {
     "GDN_ATTN": "gated delta net (or KDA) state", "LINEAR": "lightning attention state (planner/bailing_linear.py)", "KimiK3DeltaAttention": "Kimi delta attention state",
     "StaticSinkAttention": "full attention with static sink tokens (planner/static_sink.py)",
     "PrefillPrefixLMAttention": "full attention, non-causal prefill (planner/prefix_lm.py)",
+    # Voxtral's causal audio encoder: pooled sliding-window caches (planner/voxtral_encoder.py)
+    "WhisperCausalAttentionWithBlockPooling": "Voxtral's causal audio encoder (planner/voxtral_encoder.py)",
 }
 # Kinds kvwatch does not plan that vLLM builds only when config.json has the field (the file
 # otherwise builds a planned kind): vLLM 0.32, model_executor/models/deepseek_v2.py:209 (rswa_window).
@@ -50,7 +58,7 @@ GATED_KINDS: dict[str, str] = {"RSWAAttention": "rswa_window"}
 # gated delta net's prefill checkpoint from 0.33 (vllm_releases/gdn_checkpoint.py). Another class
 # reshaping its spec is unknown.
 KNOWN_SPEC_CLASSES = frozenset({"MambaMixer2", "KimiK3DeltaAttention", "QwenGatedDeltaNetAttention"}) \
-    | GLM5_NEXT_SPEC_CLASSES   # GLM-5-Next's KDA prefill checkpoint (planner/glm5_next.py)
+    | GLM5_NEXT_SPEC_CLASSES | QWEN4_EXP_SPEC_CLASSES   # KDA and PLE prefill checkpoints (glm5_next.py, qwen4_exp.py)
 # Multimodal wrappers whose language model is an architecture of the same release that the table
 # does not list under the wrapper: its verdict is theirs. vLLM 0.34.0 (and 0.33.0):
 # Step5ForConditionalGeneration is the Step3p7 frontend over the Step5 text model
@@ -61,7 +69,10 @@ PLANNED_KINDS.update(INKLING_KINDS)   # Inkling's own attention and conv-ring sp
 PLANNED_KINDS.update(DEEPSEEK_V4_KINDS)   # DeepSeek-V4's five cache kinds (planner/deepseek_v4.py)
 PLANNED_KINDS.update(STEP5_KINDS)   # Step5's CSA summary and tail ring (planner/step5_sparse.py)
 PLANNED_KINDS.update(GLM5_NEXT_KINDS)   # GLM-5-Next's indexer keys and tail ring (planner/glm5_next.py)
-NOT_PLANNED = {**NOT_PLANNED, **STEP5_NOT_PLANNED, **GLM5_NEXT_NOT_PLANNED}
+PLANNED_KINDS.update(QWEN4_EXP_KINDS)   # Qwen4-Exp's QSA caches (planner/qwen4_exp.py)
+PLANNED_KINDS.update(DOTS3_KINDS)   # Dots3's padded DSA latent (planner/dots3_note.py)
+PLANNED_KINDS.update(LARGE4_KINDS)   # Mistral Large 4's indexer keys (planner/mistral_large4.py)
+NOT_PLANNED = {**NOT_PLANNED, **QWEN4_EXP_NOT_PLANNED, **DOTS3_NOT_PLANNED, **LARGE4_NOT_PLANNED}
 # Layers that hold no cache: a model of these alone (BERT-like encoders) gets no KV cache from vLLM,
 # which kvwatch plans as 0 blocks (planner/no_kv_cache.py).
 _NO_CACHE = frozenset({"EncoderOnlyAttention"})
@@ -75,7 +86,7 @@ _RECURRENT = frozenset({"MAMBA1", "MAMBA2", "SHORT_CONV", "GDN_ATTN", "KimiK3Del
 
 @dataclass(frozen=True)
 class Verdict:
-    handling: str                 # PLANNED, REFUSED or UNKNOWN
+    handling: str                 # PLANNED, REFUSED, UNKNOWN or DRAFT
     reason: str                   # one line for the plan ("" when planned)
     unclassified: tuple[str, ...] = ()   # the layer kinds kvwatch cannot classify
 
@@ -112,6 +123,9 @@ def verdict(architecture: str, release: str, config: Mapping[str, Any] | None = 
                        (found.cls,))
     kinds = tuple(k for k in found.kinds if not _gated_off(k, config))
     if (draft := draft_reason(architecture)) is not None:   # planner/draft_heads.py: a draft's own verdict
+        if planner := planned_with_target(architecture):
+            return Verdict(DRAFT, f"{architecture} (vLLM {release}, {found.source}): {draft}; a draft head, planned "
+                                  f"with its target ({planner}): plan the target's config.json with that method")
         return Verdict(UNKNOWN, f"{architecture} (vLLM {release}, {found.source}): {draft}", kinds or (found.cls,))
     if not kinds and not delegates(found):
         return Verdict(UNKNOWN, f"{architecture} (vLLM {release}, {found.source}): no cache layer found in its "
@@ -174,7 +188,7 @@ def unknown_reasons(architectures: tuple[str, ...], config: Mapping[str, Any], h
     # vLLM serves the first listed architecture it registers (registry.py inspect_model_cls); none: the first
     arch = next((a for a in architectures if entry(a, release) is not None), architectures[0])
     v = verdict(arch, release, config, in_transformers)
-    if v.handling == UNKNOWN:
+    if v.handling in (UNKNOWN, DRAFT):   # a draft alone is no model vLLM serves
         return (v.reason,)
     found = entry(arch, release)
     if v.handling == PLANNED and found is not None and not has_state_layers and "hybrid" in found.features \

@@ -14,7 +14,7 @@ from __future__ import annotations
 # model_type -> the head_dim the config class fills when config.json has none.
 HEAD_DIM_DEFAULTS: dict[str, int] = {
     **dict.fromkeys(("gemma", "gemma2", "gemma3_text", "gemma3n_text", "gemma4_text", "vaultgemma",
-                     "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"), 256),
+                     "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "qwen4_exp_text"), 256),
     **dict.fromkeys(("qwen3", "qwen3_vl_text", "llama4_text", "glm", "glm4", "ernie4_5", "seed_oss",
                      "minimax_m2", "nemotron_h", "step3p5", "helium", "cohere2_moe", "ministral3",
                      "mistral4", "afmoe", "cwm", "hy_v3", "solar_open"), 128),

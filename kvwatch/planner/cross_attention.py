@@ -67,7 +67,8 @@ CROSS_ATTENTION_ARCHITECTURES = frozenset({"WhisperForConditionalGeneration", "C
 # Architectures the release's table lists with CrossAttention only because their audio tower is vLLM's
 # WhisperEncoder (whisper.py's WhisperAttention can build one, but the encoder's layers build none):
 # their language model, from text_config, holds the cache (vLLM 0.34.0, models/ultravox.py:548, :694,
-# kimi_audio.py:78, moss_transcribe_diarize.py:268, voxtral.py:30-34, ming_audio.py:32).
+# kimi_audio.py:78, moss_transcribe_diarize.py:268, voxtral.py:30-34, ming_audio.py:32). Voxtral's causal
+# encoder, which does hold a cache, is judged apart (planner/voxtral.py).
 WHISPER_ENCODER_ONLY = frozenset({
     "UltravoxModel", "MoonshotKimiaForCausalLM", "MossTranscribeDiarizeForConditionalGeneration",
     "VoxtralForConditionalGeneration", "VoxtralRealtimeGeneration", "MingV3ASRForConditionalGeneration"})

@@ -17,7 +17,7 @@ One DeepSeek-V4 decoder layer carries up to five caches, each its own spec (vLLM
   (as above, of `index_head_dim`).
 
 The layer's ratio is `compress_rates[layer_types[i]]` (at least 1) for decoder layers and 1 for MTP
-layers (attention.py:238-243); a config.json that has only `compress_ratios` lists it per layer, as
+and DSpark layers (attention.py:238-243); a config.json that has only `compress_ratios` lists it per layer, as
 transformers' DeepseekV4Config turns it into layer_types. Both `--kv-cache-dtype auto` and `fp8`
 become the fp8_ds_mla layout on the attention classes CUDA picks by default on SM 9.0/10.0
 (FlashMLA) and SM 12.0 (FlashInfer SM120), both with use_fp8_ds_mla_layout
@@ -34,6 +34,15 @@ largest layer count of a balanced bucket that mixes page sizes. Every group shar
 so a block is as large as the largest group's pages and a KV budget holds
 `budget // largest group page` blocks (_get_kv_cache_bytes_per_block, :620-648, and
 get_kv_cache_config_from_groups, :724).
+
+The DSpark draft (`--speculative-config` method "dspark"): DeepSeek-V4's reuses the target's
+config.json and checkpoint, as DSparkDraftModel (v1/worker/gpu/spec_decode/dspark/config.py:56-68; 0.33.0 config/speculative.py:1555-1565),
+whose `n_mtp_layers` (3 when unset or 0) DeepseekV4DecoderLayer at `layers.{num_hidden_layers + i}`
+(models/deepseek_v4/nvidia/dspark.py:106, :132-141) are sliding-only (ratio 1) layers whose caches join
+the target's; the draft block reads them non-causally in the attention metadata, not in the spec
+(sparse_swa.py:566-580), and a DSpark speculator looks one prefill token ahead, as any drafter of the
+target's hidden states, so the windows retain no more (dflash/config.py:19, speculator_config.py:122-125).
+0.33.0 builds the same (its dspark.py:106, :132-141).
 """
 from __future__ import annotations
 
@@ -60,6 +69,7 @@ PAGE_ALIGNMENT = 576      # fp8_ds_mla page alignment (attention.py:834, sparse_
 STATE_BLOCK = {4: 4, 128: 8}   # compressor.py:168-171
 QUANT_BLOCK = 128         # the indexer's fp8 key scale block (attention.py:964)
 _LAYER_RATIO = {"sliding_attention": 1}
+STATE_KINDS = ("ring", "mamba", "replicated_mamba")   # the buckets split to fit the block (below)
 
 
 @dataclass(frozen=True)
@@ -67,7 +77,9 @@ class CacheSpec:
     """One layer's cache as vLLM specifies it: the bucket it joins and its page."""
 
     name: str            # the layer name's tail: swa_cache, latent, indexer, state, indexer.state
-    kind: str            # "mla" (full attention), "swa_mla" (sliding window), "ring" (DeepSeek-V4.1's), "mamba" (GLM-5-Next's KDA)
+    # "mla" (full attention), "swa_mla" (sliding window), "ring" (DeepSeek-V4.1's), "mamba" (GLM-5-Next's KDA),
+    # "replicated_mamba" (a state every TP rank holds whole: Qwen4-Exp's PLE, its own bucket)
+    kind: str
     block_size: int      # tokens per block
     window: int          # the sliding window (0 for full attention)
     page_bytes: int      # bytes of one block of this layer, padded
@@ -86,6 +98,7 @@ class Group:
     block_size: int
     window: int
     pages: tuple[int, ...]
+    speculative_blocks: int = 0   # a Mamba group's state blocks for the speculative tokens (GLM-5-Next's KDA)
 
     @property
     def page_bytes(self) -> int:
@@ -100,8 +113,8 @@ class Group:
             return -(-max_model_len // self.block_size)
         if self.kind == "ring":   # CircularBufferSpec: one block (vllm/v1/kv_cache_interface.py:996-1003)
             return 1
-        if self.kind == "mamba":   # align mode, one prefill checkpoint (:1168-1172; planner/glm5_next.py)
-            return 3
+        if self.kind in STATE_KINDS[1:]:   # align mode, one prefill checkpoint, the speculative tokens' (:1168-1172; planner/glm5_next.py)
+            return 3 + self.speculative_blocks
         held = min(self.window - 1 + extra_retained + max_in_flight_tokens, max_model_len)
         return -(-held // self.block_size) + 1
 
@@ -119,10 +132,12 @@ class DeepseekV4Shape:
     index_head_dim: int
     window: int
     mtp_layers: int           # num_nextn_predict_layers: the MTP draft's layers, when it runs
+    dspark_layers: int = 3    # n_mtp_layers (3 when unset or 0): the DSpark draft's layers, when it runs
 
-    def layer_ratios(self, mtp: bool) -> list[int]:
-        """Per cache layer: the decoder layers', then the MTP layers' (ratio 1) when MTP drafts."""
-        return [*self.ratios, *[1] * (self.mtp_layers if mtp else 0)]
+    def layer_ratios(self, mtp: bool, dspark: bool = False) -> list[int]:
+        """Per cache layer: the decoder layers', then the MTP (or DSpark) layers' (ratio 1) when they draft."""
+        drafts = self.mtp_layers if mtp else self.dspark_layers if dspark else 0
+        return [*self.ratios, *[1] * drafts]
 
 
 def is_deepseek_v4(model_type: str | None, architectures: Sequence[str]) -> bool:
@@ -169,7 +184,8 @@ def deepseek_v4_shape(cfg: Mapping[str, Any], architectures: Sequence[str]) -> D
     return DeepseekV4Shape(tuple(compress_ratios(cfg)), _count(cfg.get("head_dim"), "head_dim", 512),
                            _count(cfg.get("index_head_dim"), "index_head_dim", 128),
                            _count(cfg.get("sliding_window"), "sliding_window", 128),
-                           _count(cfg.get("num_nextn_predict_layers"), "num_nextn_predict_layers", 0))
+                           _count(cfg.get("num_nextn_predict_layers"), "num_nextn_predict_layers", 0),
+                           _count(cfg.get("n_mtp_layers"), "n_mtp_layers", 0) or 3)
 
 
 def _state(name: str, ratio: int, head_dim: int) -> CacheSpec:
@@ -178,11 +194,11 @@ def _state(name: str, ratio: int, head_dim: int) -> CacheSpec:
     return CacheSpec(name, "swa_mla", block, coff * ratio, _pad(2 * coff * head_dim * 4 * block), "float32")
 
 
-def layer_specs(shape: DeepseekV4Shape, mtp: bool = False) -> list[list[CacheSpec]]:
-    """Per layer (decoder layers, then the MTP layers where MTP drafts), its caches in vLLM's order."""
+def layer_specs(shape: DeepseekV4Shape, mtp: bool = False, dspark: bool = False) -> list[list[CacheSpec]]:
+    """Per layer (decoder layers, then the MTP or DSpark layers where they draft), its caches in vLLM's order."""
     head, window, index_head = shape.head_dim, shape.window, shape.index_head_dim
     out: list[list[CacheSpec]] = []
-    for ratio in shape.layer_ratios(mtp):
+    for ratio in shape.layer_ratios(mtp, dspark):
         if ratio > 1 and ratio not in STATE_BLOCK:
             raise ConfigError(f"config.json: DeepSeek-V4 compress ratio {ratio}: vLLM takes 4 or 128 (compressor.py:158)")
         # the order the layer's constructor registers them (attention.py:304-373)
@@ -224,7 +240,7 @@ def packed_groups(specs: Sequence[CacheSpec]) -> list[Group]:
     floor = max((widest[k] for k, p in buckets.items() if balanced(p) and len(p) > 1), default=0)
     repeats = _least_padding([widest[k] for k, p in buckets.items() if balanced(p)], floor) if floor else None
     # state buckets: Mamba and rings always, unsplit sliding windows (kv_cache_planning.py:1037-1042)
-    state = {k for k in buckets if k[0] in ("ring", "mamba") or (repeats is None and k[0] == "swa_mla")}
+    state = {k for k in buckets if k[0] in STATE_KINDS or (repeats is None and k[0] == "swa_mla")}
 
     def split(key: tuple[str, int, int], pages: dict[int, list[int]]) -> int:
         return -(-widest[key] // repeats) if repeats is not None and balanced(pages) else 1
@@ -251,14 +267,14 @@ def bytes_per_block(groups: Sequence[Group]) -> int:
     return max(g.page_bytes for g in groups)
 
 
-def groups_for(shape: DeepseekV4Shape, mtp: bool = False) -> list[Group]:
-    """The KV cache groups of a DeepSeek-V4 model, with its MTP layers where MTP drafts."""
-    return packed_groups([s for layer in layer_specs(shape, mtp) for s in layer])
+def groups_for(shape: DeepseekV4Shape, mtp: bool = False, dspark: bool = False) -> list[Group]:
+    """The KV cache groups of a DeepSeek-V4 model, with its MTP (or DSpark) layers where they draft."""
+    return packed_groups([s for layer in layer_specs(shape, mtp, dspark) for s in layer])
 
 
-def num_blocks(shape: DeepseekV4Shape, kv_memory_bytes: int, mtp: bool = False) -> int:
+def num_blocks(shape: DeepseekV4Shape, kv_memory_bytes: int, mtp: bool = False, dspark: bool = False) -> int:
     """Blocks vLLM 0.34 allocates for DeepSeek-V4 in `kv_memory_bytes` of one rank."""
-    return kv_memory_bytes // bytes_per_block(groups_for(shape, mtp))
+    return kv_memory_bytes // bytes_per_block(groups_for(shape, mtp, dspark))
 
 
 def capacity(groups: Sequence[Group], blocks: int, max_model_len: int, max_in_flight_tokens: int,
@@ -281,6 +297,17 @@ def drafts_with_mtp(method: str | None, num_speculative_tokens: int) -> bool:
     return num_speculative_tokens > 0 and method is not None and (method == "mtp" or method.endswith("_mtp"))
 
 
+def mtp_retained_tokens(modules: int, num_speculative_tokens: int, index_share: bool) -> int:
+    """The tokens every sliding window retains past its own for an MTP draft of `modules` layers: with more
+    than one module and more than one speculative token (and no index_share_for_mtp_iteration) vLLM drafts
+    with MultiModuleMTPSpeculator, whose prefill lookahead is the k tokens, so the windows keep k - 1 more;
+    any other MTP draft looks one token ahead, none more (vLLM 0.34.0, vllm/config/speculative.py:1813-1827,
+    v1/worker/gpu/spec_decode/multi_module_mtp/config.py:13-18, speculator_config.py:122-125,
+    v1/core/kv_cache_planning.py:1742-1748)."""
+    multi = min(modules, num_speculative_tokens) > 1 and not index_share
+    return num_speculative_tokens - 1 if multi else 0
+
+
 def backend_name(sm_major: int) -> str:
     """The DSv4 attention backend CUDA picks without --attention-backend: FlashInfer's SM120 kernels on
     SM 12.x, FlashMLA elsewhere (vLLM 0.34.0, vllm/models/deepseek_v4/nvidia/model.py:567-570)."""
@@ -298,7 +325,8 @@ DEEPSEEK_V4_KINDS: dict[str, str] = {
     "DeepseekV4Attention": "DeepSeek-V4 sliding-window and compressed latents, compressor states",
     "DeepseekV4IndexerCache": "DeepSeek-V4 indexer keys"}
 # Architectures that build those classes with caches of other shapes, which this module does not plan
-# (none in vLLM 0.34: V4.1 is planner/deepseek_v41.py's, the DSpark drafts have planner/draft_heads.py's verdict).
+# (none in vLLM 0.34: V4.1 is planner/deepseek_v41.py's, the DSpark drafts have planner/draft_heads.py's verdict,
+# DeepSeek-V4's planned here with its target).
 NOT_PLANNED: dict[str, str] = {}
 
 
@@ -334,6 +362,7 @@ class Packing:
     block_size: int = MAIN_BLOCK
     source: str = SOURCE
     dtype_bytes: int = 1
+    extra_retained: int = 0   # tokens every sliding window retains for a multi-module MTP draft (mtp_retained_tokens)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -342,12 +371,12 @@ class Packing:
 
 def packing(shape: DeepseekV4Shape, speculative_method: str | None, num_speculative_tokens: int, platform: str,
             sm: str, version: VllmVersion | None, attention_backend: str | None = None) -> Packing:
-    """The groups of a DeepSeek-V4 model under this command (MTP's layers where it drafts with MTP)."""
-    mtp = drafts_with_mtp(speculative_method, num_speculative_tokens)
-    groups = tuple(groups_for(shape, mtp))
-    draft = "" if mtp or not speculative_method else (
+    """The groups of a DeepSeek-V4 model under this command (MTP's or DSpark's layers where they draft)."""
+    mtp, dspark = drafts_with_mtp(speculative_method, num_speculative_tokens), speculative_method == "dspark"
+    groups = tuple(groups_for(shape, mtp, dspark))
+    draft = "" if mtp or dspark or not speculative_method else (
         f"--speculative-config method {speculative_method!r}: its draft's KV cache is not planned for "
-        f"DeepSeek-V4 (only MTP's layers are)")
+        f"DeepSeek-V4 (only MTP's and DSpark's layers are)")
     backend = backend_name(int(sm.split(".")[0])) if platform == "cuda" else None
     # FLASHINFER_MLA_SPARSE_DSV4 off SM 12.x takes plain rows (use_fp8_ds_mla_layout False,
     # nvidia/flashinfer_sparse.py:205), and other platforms have their own classes: not planned here.

@@ -28,11 +28,21 @@ kernel blocks on SM 9.x, sparse_mla.py:116-117 and vllm/v1/attention/backends/ml
 vllm/platforms/interface.py:710-757). Anything else keeps its figures marked unsure, with the reason.
 The groups are DeepSeek-V4's packing rule (planner/deepseek_v4.py), the compressor rings being state
 buckets (kv_cache_planning.py:1037-1042).
+
+The DSpark draft (`--speculative-config` method "dspark") is planned with the target in that scope: it
+reuses the target's config, as DSparkV41DraftModel (v1/worker/gpu/spec_decode/dspark/config.py:56-68),
+k = num_speculative_tokens or, unset, the config's `block_size` or `dspark_block_size` (:77-85); it
+builds `n_mtp_layers` or `num_nextn_predict_layers` (3 when neither) DeepseekV4DecoderLayer at
+`layers.{num_hidden_layers + i}` (nvidia/dspark.py:90-94, :125-134), which are never kv or index sources
+(attention.py:403-405) and so own only their block-32 sliding cache; and every compressor ring holds
+max(8, next power of two of k + 2) rows (compressor.py:250-252). A drafter of the target's hidden
+states looks one token ahead, so the windows retain no more (dflash/config.py:19,
+speculator_config.py:122-125).
 """
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kvwatch.errors import ConfigError
@@ -53,6 +63,7 @@ BLOCK = 64            # the cache block size on SM 9.x (see above)
 SWA_BLOCK = 32        # attention.py:622
 ROW_BYTES = 584       # the SM 9.x record (attention.py:577)
 RING_ROWS = 8         # max(8, 2 ** ceil(log2(0 + 2))) without speculative decoding (compressor.py:251-252)
+DSPARK_LAYERS = 3     # nvidia/dspark.py:90-94, when config.json names none
 QUANT_BLOCK = 128     # the indexer's FP8 key scale block (attention.py:189)
 BACKEND = "FLASHMLA_SPARSE_DSV41"
 
@@ -67,6 +78,14 @@ class DeepseekV41Shape:
     head_dim: int
     index_head_dim: int
     window: int
+    dspark_layers: int = DSPARK_LAYERS   # the DSpark draft's layers, when it drafts
+    dspark_block: int = 0                # the config's DSpark block (0: none), k when the command names none
+
+
+def ring_rows(num_speculative_tokens: int) -> int:
+    """A compressor ring's rows: drafts, bonus token and the previous row, a power of two >= 8
+    (compressor.py:250-252)."""
+    return max(RING_ROWS, 1 << (num_speculative_tokens + 2 - 1).bit_length())
 
 
 AnyShape = DeepseekV4Shape | DeepseekV41Shape
@@ -97,6 +116,10 @@ def deepseek_v41_shape(cfg: Mapping[str, Any], architectures: Sequence[str]) -> 
                              positive_field(cfg, "head_dim", 512, "DeepSeek-V4.1"),
                              positive_field(cfg, "index_head_dim", 128, "DeepSeek-V4.1"),
                              positive_field(cfg, "sliding_window", 128, "DeepSeek-V4.1"))
+    drafts = [cfg.get(k) for k in ("n_mtp_layers", "num_nextn_predict_layers")]
+    blocks = [cfg.get(k) for k in ("block_size", "dspark_block_size")]
+    shape = replace(shape, dspark_layers=next((deepseek_v4._count(d, "n_mtp_layers") for d in drafts if d), DSPARK_LAYERS),
+                    dspark_block=next((deepseek_v4._count(b, "dspark_block_size") for b in blocks if b is not None), 0))
     if any(ratios) and not (shape.kv_sources and shape.index_sources):   # attention.py:407-414
         raise ConfigError("config.json: DeepSeek-V4.1 needs kv_source_layer_ids and index_source_layer_ids "
                           "for its compressed layers")
@@ -107,11 +130,14 @@ def _pad(size: int) -> int:
     return -(-size // deepseek_v4.PAGE_ALIGNMENT) * deepseek_v4.PAGE_ALIGNMENT
 
 
-def layer_specs(shape: DeepseekV41Shape) -> list[list[CacheSpec]]:
+def layer_specs(shape: DeepseekV41Shape, dspark: int = 0) -> list[list[CacheSpec]]:
     """Per layer, its own caches in the order vLLM registers them: the compressed latent (the attention
-    layer itself, attention.py:490-498), the index keys, the sliding window, the compressor ring."""
+    layer itself, attention.py:490-498), the index keys, the sliding window, the compressor ring; with a
+    DSpark draft of `dspark` speculative tokens (0: none), its layers' sliding windows after the target's
+    and the rings it widens."""
     out: list[list[CacheSpec]] = []
-    for layer, ratio in enumerate(shape.ratios):
+    rows = ring_rows(dspark)
+    for layer, ratio in enumerate((*shape.ratios, *[0] * (shape.dspark_layers if dspark else 0))):
         source = layer in shape.kv_sources
         own: list[CacheSpec] = []
         if source:
@@ -121,23 +147,31 @@ def layer_specs(shape: DeepseekV41Shape) -> list[list[CacheSpec]]:
                 own.append(CacheSpec("indexer", "mla", BLOCK, 0, _pad(BLOCK // max(ratio, 1) * key), "uint8"))
         own.append(CacheSpec("swa_cache", "swa_mla", SWA_BLOCK, shape.window, _pad(SWA_BLOCK * ROW_BYTES), "uint8"))
         if source and ratio > 1:
-            own.append(CacheSpec("state", "ring", RING_ROWS, 0, RING_ROWS * 2 * shape.head_dim * 4, "float32"))
+            own.append(CacheSpec("state", "ring", rows, 0, rows * 2 * shape.head_dim * 4, "float32"))
         out.append(own)
     return out
 
 
-def groups_for(shape: DeepseekV41Shape) -> list[deepseek_v4.Group]:
-    """The KV cache groups of a DeepSeek-V4.1 model (SM 9.x scope)."""
-    return deepseek_v4.packed_groups([s for layer in layer_specs(shape) for s in layer])
+def groups_for(shape: DeepseekV41Shape, dspark: int = 0) -> list[deepseek_v4.Group]:
+    """The KV cache groups of a DeepSeek-V4.1 model (SM 9.x scope), with a DSpark draft of `dspark` tokens."""
+    return deepseek_v4.packed_groups([s for layer in layer_specs(shape, dspark) for s in layer])
 
 
-def num_blocks(shape: DeepseekV41Shape, kv_memory_bytes: int) -> int:
+def num_blocks(shape: DeepseekV41Shape, kv_memory_bytes: int, dspark: int = 0) -> int:
     """Blocks vLLM 0.34 allocates for DeepSeek-V4.1 in `kv_memory_bytes` of one rank (SM 9.x scope)."""
-    return kv_memory_bytes // deepseek_v4.bytes_per_block(groups_for(shape))
+    return kv_memory_bytes // deepseek_v4.bytes_per_block(groups_for(shape, dspark))
+
+
+def dspark_tokens(shape: DeepseekV41Shape, settings: EngineSettings) -> int:
+    """The k a DSpark draft of this command runs with (0: it drafts with no DSpark, or k is unknown)."""
+    if settings.speculative_method != "dspark":
+        return 0
+    return settings.num_speculative_tokens if settings.num_speculative_tokens > 0 else shape.dspark_block
 
 
 def out_of_scope(version: VllmVersion | None, platform: str, sm: str, kv_cache_dtype: str | None,
-                 attention_backend: str | None, speculative_method: str | None, block_size: int | None) -> tuple[str, ...]:
+                 attention_backend: str | None, speculative_method: str | None, block_size: int | None,
+                 dspark: int = 0) -> tuple[str, ...]:
     """Why the plan of this command is unsure: each way it leaves the scope vLLM's code was checked in."""
     reasons = []
     if version is not None and version.parts[:2] not in CHECKED_MINORS:
@@ -149,9 +183,12 @@ def out_of_scope(version: VllmVersion | None, platform: str, sm: str, kv_cache_d
         reasons.append(f"DeepSeek-V4.1 with --attention-backend {attention_backend}: only FlashMLA sparse is planned")
     if (kv_cache_dtype or "auto") not in ("auto", "fp8", "fp8_ds_mla"):
         reasons.append(f"DeepSeek-V4.1 with --kv-cache-dtype {kv_cache_dtype}: only the fp8_ds_mla layout is planned")
-    if speculative_method:
+    if speculative_method == "dspark" and not dspark:
+        reasons.append("--speculative-config method 'dspark' without num_speculative_tokens, and config.json "
+                       "names no DSpark block (vLLM takes k from it: dspark/config.py:77-85)")
+    elif speculative_method and speculative_method != "dspark":
         reasons.append(f"--speculative-config method {speculative_method!r}: DeepSeek-V4.1's compressor rings "
-                       f"and its draft's caches with speculative decoding are not planned")
+                       f"and its draft's caches with speculative decoding are planned for DSpark only")
     if block_size is not None and block_size != BLOCK:
         reasons.append(f"DeepSeek-V4.1 with --block-size {block_size}: only the default block {BLOCK} is planned")
     return tuple(reasons)
@@ -162,8 +199,9 @@ def packing_for(shape: AnyShape, settings: EngineSettings, device: Device, versi
     if isinstance(shape, DeepseekV4Shape):
         return deepseek_v4.packing(shape, settings.speculative_method, settings.num_speculative_tokens,
                                    device.platform, device.sm, version, settings.attention_backend)
-    groups = tuple(groups_for(shape))
+    dspark = dspark_tokens(shape, settings)
+    groups = tuple(groups_for(shape, dspark))
     unsure = out_of_scope(version, device.platform, device.sm, settings.kv_cache_dtype, settings.attention_backend,
-                          settings.speculative_method, settings.block_size)
+                          settings.speculative_method, settings.block_size, dspark)
     return Packing(groups, deepseek_v4.bytes_per_block(groups), BACKEND if device.platform == "cuda" else None, unsure,
                    block_size=BLOCK, source=SOURCE)

@@ -132,6 +132,12 @@ PLATFORMS: tuple[Platform, ...] = (
              "Windows host keeps its share: 'Free memory on device (22.45/23.99 GiB) on startup' in two vLLM 0.27.1 "
              "logs of one author and box (public GitHub files, search-index file ids 61815222665 and 61918553602; "
              "tests/fixtures/gpu_logs search_qwen25_05b_4090_wsl2_*)"),
+    Platform("rtx-5090-wsl2", "rtx-5090", 31.84, 30.12,
+             "WSL2 on a Windows 11 desktop: NVML's whole 32,607 MiB framebuffer as the CUDA total, and 'Free memory "
+             "on device cuda:0 (30.12/31.84 GiB) on startup is less than desired GPU memory utilization (0.95, "
+             "30.25 GiB)', logged the same in three start-ups of one box (github.com/Alex8791-cyber/cognithor "
+             "pull 318, 2026-05-02; pull 289 names the card and platform: RTX 5090, WSL2, Ubuntu 24.04, CUDA 13.0; "
+             "it started at 0.92 and 0.93)"),
 )
 
 

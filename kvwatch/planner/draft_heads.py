@@ -1,8 +1,19 @@
 """Speculative-decoding drafts kvwatch gives a verdict of their own, with the reason (pure).
 
 A draft architecture is loaded next to the target through --speculative-config; whatever cache
-layers it builds join the target's KV cache. Two of vLLM 0.33's and 0.34's drafts build no cache
-kvwatch plans, for different reasons (and DeepSeek's DSpark drafts, last):
+layers it builds join the target's KV cache. vLLM never serves one alone. Four are planned with their
+target (`planned_with`: their verdict is architecture_kinds' DRAFT, "a draft head, planned with its
+target"):
+
+- Step5MTP: planner/step5_sparse.py adds its num_nextn_predict_layers Step5 decoder layers to the
+  target's when the command drafts with mtp;
+- Glm5NextMTPModel: planner/glm5_next.py adds its MLA layers, and the wider KDA states and tail rings
+  the speculative tokens make;
+- DSparkDraftModel and DSparkV41DraftModel, DeepSeek-V4's and V4.1's DSpark drafts (method dspark):
+  planner/deepseek_v4.py and deepseek_v41.py add their sliding-only layers (and V4.1's wider
+  compressor rings).
+
+Two of vLLM 0.33's and 0.34's drafts build no cache kvwatch plans, for different reasons:
 
 - ParseAuxMTPModel, Nemotron Parse 3.5's one-step auxiliary MTP proposer, builds no cache layer at
   all: an embedding and two linear projections over the target's hidden state, then the tied LM head
@@ -15,12 +26,10 @@ kvwatch plans, for different reasons (and DeepSeek's DSpark drafts, last):
   target's hidden size, in the model dtype whatever --kv-cache-dtype says
   (vllm/model_executor/models/extract_hidden_states.py:306-313, :331-357; 0.33.0 the same lines).
   It asserts a speculative config (:325), so it never runs as the served model, and kvwatch does not
-  plan a draft's cache layers next to the target's: its verdict stays unknown, with that reason.
-- DSparkDraftModel and DSparkV41DraftModel, DeepSeek-V4's and V4.1's DSpark drafts
-  (--speculative-config method dspark), each build more DeepSeek-V4 decoder layers whose sliding caches
-  join the target's, read by a non-causal draft block; V4.1's also widen the target's compressor rings.
-  Their verdict stays unknown, with that reason (planner/deepseek_v4.py and deepseek_v41.py plan the
-  targets).
+  plan its cache layer next to the target's: vLLM groups hidden-state specs apart, each its own group,
+  and may scale every group's block so that the common page holds one token's hidden states
+  (v1/core/kv_cache_planning.py:1125-1156, :1192-1209), a grouping kvwatch's planners do not follow
+  yet. Its verdict stays unknown, with that reason.
 """
 from __future__ import annotations
 
@@ -30,6 +39,7 @@ from typing import NamedTuple
 class DraftVerdict(NamedTuple):
     builds_cache: bool   # whether the draft adds a cache layer to the target's KV cache
     reason: str
+    planned_with: str = ""   # the planner module that plans its cache layers with its target's ("": none)
 
 
 DRAFTS: dict[str, DraftVerdict] = {
@@ -42,28 +52,42 @@ DRAFTS: dict[str, DraftVerdict] = {
         True, "a draft only (--speculative-config method extract_hidden_states; it asserts a speculative "
               "config, vllm/model_executor/models/extract_hidden_states.py:325) whose one CacheOnlyAttentionLayer "
               "adds a HiddenStateCacheSpec of len(eagle_aux_hidden_state_layer_ids) heads x the target's hidden "
-              "size, in the model dtype (:306-313, :331-357), to the target's KV cache; kvwatch does not plan a "
-              "draft's cache layers"),
+              "size, in the model dtype (:306-313, :331-357), to the target's KV cache; kvwatch does not plan that "
+              "layer: vLLM groups hidden-state specs apart from the target's and may scale every group's block up "
+              "to hold one (vLLM 0.34.0, vllm/v1/core/kv_cache_planning.py:1125-1156, :1192-1209)"),
     "DSparkDraftModel": DraftVerdict(
-        True, "a draft only (DeepSeek-V4's DSpark draft, --speculative-config method dspark): `n_mtp_layers` (3 "
-              "when unset) more decoder layers of DeepseekV4Attention at layers.{num_hidden_layers + i} (vLLM 0.34.0, "
-              "vllm/models/deepseek_v4/nvidia/dspark.py:106, :132-141) whose caches join the target's, their "
-              "sliding caches read by a non-causal draft block of its own index width "
-              "(vllm/v1/attention/backends/mla/sparse_swa.py:566-576); kvwatch does not plan a draft's cache "
-              "layers"),
+        True, "a draft only (DeepSeek-V4's DSpark draft, --speculative-config method dspark; it asserts a speculative "
+              "config, vllm/models/deepseek_v4/nvidia/dspark.py:92): `n_mtp_layers` (3 when unset) more decoder "
+              "layers of DeepseekV4Attention at layers.{num_hidden_layers + i} (vLLM 0.34.0, :106, :132-141), "
+              "sliding-only (attention.py:238-243), whose caches join the target's", "planner/deepseek_v4.py"),
     "DSparkV41DraftModel": DraftVerdict(
-        True, "a draft only (DeepSeek-V4.1's DSpark draft, --speculative-config method dspark): `n_mtp_layers` "
-              "or `num_nextn_predict_layers` (3 when unset) more decoder layers of DeepseekV4Attention at "
-              "layers.{num_hidden_layers + i} (vLLM 0.34.0, vllm/models/deepseek_v41/nvidia/dspark.py:90-94, "
-              ":125-134), sliding-only (compress ratio 0 past the backbone, attention.py:381-401), each adding a "
-              "block-32 sliding cache to the target's, read by a non-causal draft block "
-              "(vllm/v1/attention/backends/mla/sparse_swa.py:566-576); drafting also widens the target's "
-              "compressor rings to max(8, next power of two of num_speculative_tokens + 2) rows "
-              "(vllm/models/deepseek_v41/compressor.py:251-252); kvwatch does not plan a draft's cache layers"),
+        True, "a draft only (DeepSeek-V4.1's DSpark draft, --speculative-config method dspark; it asserts a "
+              "speculative config, vllm/models/deepseek_v41/nvidia/dspark.py:76): `n_mtp_layers` or "
+              "`num_nextn_predict_layers` (3 when unset) more decoder layers of DeepseekV4Attention at "
+              "layers.{num_hidden_layers + i} (vLLM 0.34.0, :90-94, :125-134), never kv or index sources "
+              "(attention.py:403-405), each adding a block-32 sliding cache to the target's; drafting also widens "
+              "the target's compressor rings to max(8, next power of two of num_speculative_tokens + 2) rows "
+              "(vllm/models/deepseek_v41/compressor.py:250-252)", "planner/deepseek_v41.py"),
+    "Glm5NextMTPModel": DraftVerdict(
+        True, "a draft head only (GLM-5-Next's MTP head, --speculative-config method mtp or glm5_next_mtp: vLLM maps a "
+              "GLM-5-Next target to it, vLLM 0.34.0 vllm/config/speculative.py:1281-1293; it asserts a speculative config, "
+              "vllm/models/glm5next/common/mtp.py:51) whose num_nextn_predict_layers MLA decoder layers (:112-128, "
+              ":70-81) join the target's KV cache", "planner/glm5_next.py"),
+    "Step5MTP": DraftVerdict(
+        True, "a draft head only (Step5's MTP head, --speculative-config method mtp or step5_mtp: vLLM maps a Step5 "
+              "target to it, vLLM 0.34.0 vllm/config/speculative.py:1170-1185; its forward needs the target's hidden states, "
+              "vllm/models/step5/nvidia/mtp.py:120-126) whose num_nextn_predict_layers Step5 decoder layers "
+              "(:175-201) join the target's KV cache", "planner/step5_sparse.py"),
 }
 
 
 def draft_reason(architecture: str) -> str | None:
-    """Why kvwatch does not plan this draft architecture (None: not one of these drafts)."""
+    """Why kvwatch gives this draft architecture a verdict of its own (None: not one of these drafts)."""
     found = DRAFTS.get(architecture)
     return None if found is None else found.reason
+
+
+def planned_with_target(architecture: str) -> str:
+    """The planner module that plans this draft's cache layers with its target's ("": none does)."""
+    found = DRAFTS.get(architecture)
+    return "" if found is None else found.planned_with

@@ -6,7 +6,7 @@ the same attribute fallbacks for kv heads and head size, the same MLA model-type
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kvwatch.errors import ConfigError
@@ -16,16 +16,20 @@ from kvwatch.planner.config_keys import MAX_FIELD, MAX_LEN_KEYS, own_key, standa
 from kvwatch.planner.cross_attention import with_cross_attention
 from kvwatch.planner.deepseek_v4 import DeepseekV4Shape, deepseek_v4_shape, weight_quantization
 from kvwatch.planner.deepseek_v41 import DeepseekV41Shape, deepseek_v41_shape
+from kvwatch.planner.dots3_note import Dots3Shape, dots3_shape
 from kvwatch.planner.glm5_next import Glm5NextShape, glm5_next_shape
 from kvwatch.planner.indexer import indexer_bytes_per_token
 from kvwatch.planner.inkling import inkling_layout, is_inkling
 from kvwatch.planner.layer_pattern import PatternError, pattern_error
 from kvwatch.planner.layers import FULL, PURE_STATE_SPACE, LayerLayout, kimi_linear_layout, layer_layout
 from kvwatch.planner.minimax_sparse import SparseIndexer, sparse_indexer
+from kvwatch.planner.mistral_large4 import Large4Shape, large4_shape
 from kvwatch.planner.mtp_draft import MtpDraft, mtp_draft
 from kvwatch.planner.prefix_lm import prefix_lm_layers, weight_layers
+from kvwatch.planner.qwen4_exp import Qwen4ExpShape, qwen4_exp_shape
 from kvwatch.planner.static_sink import sink_attention
 from kvwatch.planner.step5_sparse import Step5Shape, step5_shape
+from kvwatch.planner.voxtral import causal_encoder
 from kvwatch.planner.weights import WeightCount, count_model_weights
 from kvwatch.values.versions import parse_version
 from kvwatch.vllm_releases import resolve
@@ -35,7 +39,7 @@ from kvwatch.vllm_releases.max_len_rules import MAX_LEN_RULES, MaxLenRules
 MLA_MODEL_TYPES = frozenset({
     "axk1", "deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_v4", "deepseek_v41",
     "dots3_note", "deepseek_mtp", "k3_dspark", "glm5_next", "glm5_next_text", "glm_moe_dsa",
-    "glm4_moe_lite", "glm4_moe_lite_mtp", "kimi_k2", "kimi_linear", "longcat_flash",
+    "glm4_moe_lite", "glm4_moe_lite_mtp", "kimi_k2", "kimi_linear", "longcat_flash", "mistral_large_4",
     "pangu_ultra_moe", "pangu_ultra_moe_mtp", "bailing_hybrid", "bailing_hybrid_mtp",
     "bailing_hybrid_v3_mtp", "hy_v4", "hy_v4_mtp",
 })
@@ -77,6 +81,9 @@ class ModelGeometry:
     deepseek_v4: DeepseekV4Shape | DeepseekV41Shape | None = None   # V4.1's: planner/deepseek_v41.py
     step5: Step5Shape | None = None   # Step5's sliding, DSA, summary and tail-ring caches (planner/step5_sparse.py)
     glm5_next: Glm5NextShape | None = None   # GLM-5-Next's KDA, MLA, indexer and tail-ring caches (planner/glm5_next.py)
+    qwen4_exp: Qwen4ExpShape | None = None   # Qwen4-Exp's GDN, PLE and QSA caches (planner/qwen4_exp.py)
+    dots3_note: Dots3Shape | None = None   # Dots3's sliding and padded DSA latents, indexer keys (planner/dots3_note.py)
+    mistral_large4: Large4Shape | None = None   # Mistral Large 4's latents and indexer keys (planner/mistral_large4.py)
     # vLLM's max_model_len when none is given (or auto) where it is not the derived one: LongRoPE
     # models default to original_max_position_embeddings (config/model.py _get_and_verify_max_len).
     default_len: int | None = None
@@ -250,7 +257,7 @@ def geometry_from_config(config: Mapping[str, Any], release: str | None = None) 
 
     if model_type in MLA_MODEL_TYPES and cfg.get("kv_lora_rank") is not None:
         rank = _required_int(cfg, "kv_lora_rank")
-        glm5_next = glm5_next_shape(cfg, architectures)   # a NoPE latent: qk_rope_head_dim 0 (planner/glm5_next.py)
+        glm5_next = glm5_next_shape(cfg, architectures, config.get("model_type"))   # a NoPE latent: qk_rope_head_dim 0 (planner/glm5_next.py)
         rope = 0 if glm5_next is not None and cfg.get("qk_rope_head_dim") == 0 else _required_int(cfg, "qk_rope_head_dim")
         mla_layout = kimi_linear_layout(cfg, num_layers) or bailing_linear_layout(cfg, architectures, num_layers) \
             or LayerLayout((FULL,) * num_layers)
@@ -263,7 +270,8 @@ def geometry_from_config(config: Mapping[str, Any], release: str | None = None) 
             derived_max_model_len=derived, derived_max_model_len_key=derived_key,
             sparse_attention="index_topk" in cfg, indexer_bytes_per_token=indexer_bytes_per_token(cfg),
             present_fields=_present(cfg), mtp_draft=mtp_draft(cfg, model_type),
-            glm5_next=glm5_next)
+            glm5_next=glm5_next, dots3_note=dots3_shape(cfg, architectures),
+            mistral_large4=large4_shape(cfg, architectures))
 
     kv_heads = next((cfg[k] for k in _KV_HEAD_KEYS if cfg.get(k) is not None), num_heads)
     if (prefix_lm := prefix_lm_layers(cfg, architectures)) is not None:   # HRM-Text (planner/prefix_lm.py)
@@ -279,6 +287,8 @@ def geometry_from_config(config: Mapping[str, Any], release: str | None = None) 
         raise ConfigError(f"config.json: field 'head_dim' must be a positive integer, got {str(head_size)[:40]!r}")
     layout = inkling_layout(cfg, num_layers) if is_inkling(model_type) \
         else with_cross_attention(layer_layout(cfg, model_type, num_layers, head_size, kv_heads), model_type)
+    if (encoder := causal_encoder(config)) is not None:   # Voxtral Realtime's audio encoder (planner/voxtral.py)
+        layout = replace(layout, causal_encoder=encoder)
     head_size_v = head_size
     # HRM-Text's weights are two stacks, run at every recurrence step (planner/prefix_lm.py)
     weighed = cfg if (stacks := weight_layers(cfg, architectures)) is None else {**cfg, "num_hidden_layers": stacks}
@@ -298,6 +308,7 @@ def geometry_from_config(config: Mapping[str, Any], release: str | None = None) 
         max_source_positions=_positive_int(cfg, "max_source_positions", required=False) or 0,
         deepseek_v4=deepseek_v4_shape(cfg, architectures) or deepseek_v41_shape(cfg, architectures),
         mtp_draft=mtp_draft(cfg, model_type), step5=step5_shape(cfg, architectures),
+        qwen4_exp=qwen4_exp_shape(cfg, architectures),
         config_class_error=pattern_error(cfg, model_type))
 
 

@@ -2,7 +2,8 @@
 
 The scope: vLLM 0.34 on CUDA SM 9.0, a bf16 model with a bf16 KV cache (`--kv-cache-dtype auto`),
 FlashInfer >= 0.6.18 installed (kvwatch cannot see it: it is assumed), no `--block-size`, no
-speculative decoding, no pipeline parallelism, no `--attention-backend`, prefix caching and the
+speculative decoding but with the checkpoint's MTP draft (below), no pipeline parallelism, no
+`--attention-backend`, prefix caching and the
 hybrid KV cache manager on, default Mamba cache settings, a sparse config (`index_topk` set) of
 `kv_lora_rank + qk_rope_head_dim` 512, `index_head_dim` 128, KDA `linear_head_dim` 128 and a bounded
 gate (`linear_lower_bound` set). Anything else is unsure (`out_of_scope`), not planned. Each rule
@@ -34,7 +35,19 @@ cites vLLM 0.34.0:
 - _get_packed_kv_cache_groups packs them as for DeepSeek-V4 (planner/deepseek_v4.py `packed_groups`,
   the KDA bucket a state bucket: v1/core/kv_cache_planning.py:1037-1042), and a BLHNC block is the
   largest group's pages rounded up to the least common multiple of every layer's block-stride
-  alignment (:620-648).
+  alignment (:620-648);
+- the MTP draft (`--speculative-config` method "mtp" or "glm5_next_mtp", k speculative tokens > 0):
+  vLLM maps a target of model_type "glm5_next" (the config.json's own, not its text config's) to
+  Glm5NextMTPModel with n_predict = `num_nextn_predict_layers` (config/speculative.py:1281-1293,
+  which reads the field), whose layers at
+  `model.layers.{num_hidden_layers + i}` are MLA decoder layers whatever `layer_types` says
+  (models/glm5next/common/mtp.py:112-128, :70-81; model.py:472), with the target MLA layer's three
+  caches; the k tokens widen every KDA conv state by k columns (model_executor/layers/mamba/gdn/base.py:43-47,
+  common/kda.py:224-236, mamba_utils.py:304-326; the block's from model.py:1224-1236), which may raise
+  the block, add k state blocks
+  a request (model_executor/layers/mamba/abstract.py:94-98, v1/kv_cache_interface.py:1168-1174), and
+  make each tail ring `index_kpool x next_power_of_2(cdiv(index_kpool + k, index_kpool))` rows, which
+  must divide the block (common/attention.py:162-170).
 """
 from __future__ import annotations
 
@@ -45,7 +58,7 @@ from typing import Any
 
 from kvwatch.errors import ConfigError
 from kvwatch.planner.config_keys import positive_field
-from kvwatch.planner.deepseek_v4 import CacheSpec, Group, Packing, packed_groups
+from kvwatch.planner.deepseek_v4 import CacheSpec, Group, Packing, drafts_with_mtp, packed_groups
 from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.values.versions import VllmVersion
@@ -81,6 +94,8 @@ class Glm5NextShape:
     linear_head_dim: int
     conv_kernel: int
     config_reasons: str       # the config's own ways out of the scope ("" when inside)
+    mtp_layers: int = 0       # num_nextn_predict_layers: the MTP draft's MLA layers
+    mtp_reasons: str = ""     # why its MTP draft is not planned ("" when it is)
 
 
 def _int(cfg: Mapping[str, Any], key: str) -> int:
@@ -91,8 +106,10 @@ def _int(cfg: Mapping[str, Any], key: str) -> int:
     return positive_field(cfg, key, DEFAULTS[key], "GLM-5-Next")
 
 
-def glm5_next_shape(cfg: Mapping[str, Any], architectures: Sequence[str]) -> Glm5NextShape | None:
-    """The shape of a GLM-5-Next (text) config.json; None for any other model."""
+def glm5_next_shape(cfg: Mapping[str, Any], architectures: Sequence[str],
+                    top_model_type: object = "glm5_next") -> Glm5NextShape | None:
+    """The shape of a GLM-5-Next (text) config.json; None for any other model. `top_model_type`: the
+    config.json's own model_type (its text config's otherwise), which decides whether vLLM finds the MTP head."""
     model_type = cfg.get("model_type")
     if not (ARCHITECTURES & set(architectures) or (isinstance(model_type, str) and model_type in MODEL_TYPES)):
         return None
@@ -115,46 +132,60 @@ def glm5_next_shape(cfg: Mapping[str, Any], architectures: Sequence[str]) -> Glm
         (shape.linear_head_dim != 128 or cfg.get("linear_lower_bound", -5.0) is None,
          "KDA without FlashKDA (its head_dim 128 and a bounded gate, common/kda.py:141-164)"),
     ) if hit]
-    return replace(shape, config_reasons="; ".join(reasons))
+    mtp = cfg.get("num_nextn_predict_layers")
+    layers = mtp if isinstance(mtp, int) and not isinstance(mtp, bool) and 0 < mtp <= 64 else 0
+    mtp_reasons = f"a config.json of model_type {top_model_type!r}, which vLLM does not map to its MTP head (only " \
+        f"glm5_next: config/speculative.py:1281)" if top_model_type != "glm5_next" else \
+        "no num_nextn_predict_layers (vLLM's MTP mapping reads it: config/speculative.py:1281-1293)" if mtp is None \
+        else "" if layers else f"num_nextn_predict_layers {mtp!r}: an MTP draft of 1 to 64 layers is planned"
+    return replace(shape, config_reasons="; ".join(reasons), mtp_layers=layers, mtp_reasons=mtp_reasons)
 
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def kda_state_bytes(shape: Glm5NextShape, tp: int) -> int:
-    """One KDA layer's conv (bf16) and recurrent (float32) state on one of `tp` ranks."""
+def kda_state_bytes(shape: Glm5NextShape, tp: int, spec: int = 0) -> int:
+    """One KDA layer's conv (bf16, k = `spec` more columns) and recurrent (float32) state on one of `tp` ranks."""
     heads = shape.linear_heads // tp
-    return 3 * heads * shape.linear_head_dim * (shape.conv_kernel - 1) * KV_BYTES + heads * shape.linear_head_dim ** 2 * 4
+    return 3 * heads * shape.linear_head_dim * (shape.conv_kernel - 1 + spec) * KV_BYTES \
+        + heads * shape.linear_head_dim ** 2 * 4
 
 
-def block_size(shape: Glm5NextShape, tp: int) -> int:
-    """The cache block vLLM settles on (platforms/interface.py:709-757, :950-1120)."""
+def tail_rows(shape: Glm5NextShape, spec: int = 0) -> int:
+    """A tail ring's rows: kpool x next_power_of_2(cdiv(kpool + k, kpool)) (common/attention.py:162-163)."""
+    pools = _cdiv(shape.index_kpool + spec, shape.index_kpool)
+    return shape.index_kpool * (1 << (pools - 1).bit_length())
+
+
+def block_size(shape: Glm5NextShape, tp: int, spec: int = 0) -> int:
+    """The cache block vLLM settles on (platforms/interface.py:709-757, :950-1120) at k = `spec`."""
     index_sizes = [shape.index_kpool * n for n in PAGED_MQA_PAGES]
     # Phase 1: the default 64 unless a backend refuses it; then the least LCM every backend takes
     preferred = DEFAULT_BLOCK if all(DEFAULT_BLOCK % s == 0 for s in index_sizes[:1]) \
         else math.lcm(min(index_sizes), MLA_KERNEL)
     kernel = max(min(index_sizes), preferred, MLA_FLOOR)
     backends = math.lcm(min(index_sizes), 1, MLA_KERNEL)
-    block = kernel * _cdiv(kda_state_bytes(shape, tp), kernel * shape.latent * KV_BYTES)
+    block = kernel * _cdiv(kda_state_bytes(shape, tp, spec), kernel * shape.latent * KV_BYTES)
     return max(preferred, backends * _cdiv(block, backends))
 
 
-def layer_specs(shape: Glm5NextShape, tp: int) -> list[tuple[CacheSpec, int]]:
-    """Each cache's spec and its block-stride alignment in bytes, in vLLM's registration order."""
-    block = block_size(shape, tp)
+def layer_specs(shape: Glm5NextShape, tp: int, spec: int = 0, mtp: bool = False) -> list[tuple[CacheSpec, int]]:
+    """Each cache's spec and its block-stride alignment in bytes, in vLLM's registration order, at k = `spec`
+    speculative tokens (with `mtp`, the MTP draft's MLA layers after the target's)."""
+    block = block_size(shape, tp, spec)
     latent_page = block * shape.latent * KV_BYTES
     key = shape.index_head_dim + shape.index_head_dim // QUANT_BLOCK * 4
     kernel = math.gcd(shape.index_kpool * max(PAGED_MQA_PAGES), block)   # MultipleOf(max) (kv_cache_interface.py:213-223)
     index_align = 1 if kernel == block else kernel // shape.index_kpool * key
     specs: list[tuple[CacheSpec, int]] = []
-    for kda in shape.kda:
+    for kda in (*shape.kda, *[False] * (shape.mtp_layers if mtp else 0)):
         if kda:   # padded to the latent page (platforms/interface.py:1129-1150)
             specs.append((CacheSpec("kda", "mamba", block, 0, latent_page, "float32"), 1))
             continue
         specs.append((CacheSpec("indexer.k_cache", "mla", block, 0, block // shape.index_kpool * key, "uint8"),
                       index_align))
-        ring = shape.index_kpool   # kpool x next_power_of_2(cdiv(kpool + 0 drafts, kpool)) rows
+        ring = tail_rows(shape, spec)
         specs.append((CacheSpec("indexer.tail_cache", "ring", ring, 0, ring * 2 * shape.index_head_dim * KV_BYTES,
                                 "bfloat16"), 1))
         specs.append((CacheSpec("mla_attn", "mla", block, 0, latent_page, "bfloat16"), shape.latent * KV_BYTES))
@@ -168,13 +199,30 @@ class Glm5NextPacking:
     bytes_per_block: int
 
 
-def packing(shape: Glm5NextShape, tp: int) -> Glm5NextPacking:
-    """vLLM 0.34's block, groups and BLHNC bytes per block on one of `tp` ranks (the scope's)."""
-    specs = layer_specs(shape, tp)
-    groups = packed_groups([spec for spec, _ in specs])
+def packing(shape: Glm5NextShape, tp: int, spec: int = 0, mtp: bool = False) -> Glm5NextPacking:
+    """vLLM 0.34's block, groups and BLHNC bytes per block on one of `tp` ranks (the scope's), at k = `spec`
+    speculative tokens (with `mtp`, the MTP draft's layers too)."""
+    specs = layer_specs(shape, tp, spec, mtp)
+    groups = [replace(g, speculative_blocks=spec) if g.kind == "mamba" else g
+              for g in packed_groups([s for s, _ in specs])]
     widest = max(g.page_bytes for g in groups)
     alignment = math.lcm(*(align for _, align in specs))
-    return Glm5NextPacking(block_size(shape, tp), tuple(groups), _cdiv(widest, alignment) * alignment)
+    return Glm5NextPacking(block_size(shape, tp, spec), tuple(groups), _cdiv(widest, alignment) * alignment)
+
+
+def draft_reasons(shape: Glm5NextShape, settings: EngineSettings) -> str:
+    """Why this command's draft is not planned with the target ("" where it drafts with the checkpoint's
+    MTP head kvwatch plans, or drafts not at all)."""
+    if not (settings.num_speculative_tokens > 0 or settings.speculative_config):
+        return ""
+    if not drafts_with_mtp(settings.speculative_method, settings.num_speculative_tokens):
+        return f"--speculative-config method {settings.speculative_method!r}: only GLM-5-Next's MTP draft is planned"
+    if shape.mtp_reasons:
+        return shape.mtp_reasons
+    k, tp = settings.num_speculative_tokens, max(1, settings.tensor_parallel_size)
+    block, ring = block_size(shape, tp if shape.linear_heads % tp == 0 else 1, k), tail_rows(shape, k)
+    return f"a tail ring of {ring} rows not dividing the block of {block} (vLLM asserts it: " \
+           f"common/attention.py:165-169)" if block % ring else ""
 
 
 def out_of_scope(shape: Glm5NextShape, settings: EngineSettings, device: Device, version: VllmVersion | None,
@@ -184,6 +232,7 @@ def out_of_scope(shape: Glm5NextShape, settings: EngineSettings, device: Device,
     sm = (int(major), int(minor or 0)) if device.platform == "cuda" and major.isdigit() and minor.isdigit() else (0, 0)
     dtype = (config_dtype or "not given") if settings.dtype == "auto" else settings.dtype
     tp = max(1, settings.tensor_parallel_size)
+    draft = draft_reasons(shape, settings)
     reasons = [why for hit, why in (
         (bool(shape.config_reasons), shape.config_reasons),
         (version is not None and version.parts[:2] != CHECKED_MINOR, f"vLLM {version}: only 0.34 is checked"),
@@ -191,7 +240,7 @@ def out_of_scope(shape: Glm5NextShape, settings: EngineSettings, device: Device,
         (settings.kv_cache_dtype not in ("auto", "bfloat16") or dtype not in ("bfloat16", "bf16"),
          "a model or KV cache other than bf16"),
         (settings.block_size is not None, "--block-size set"),
-        (settings.num_speculative_tokens > 0 or bool(settings.speculative_config), "speculative decoding"),
+        (bool(draft), draft),
         (settings.pipeline_parallel_size > 1, "pipeline parallelism"),
         (settings.attention_backend not in (None, BACKEND), "--attention-backend set"),
         (settings.disable_hybrid_kv_cache_manager, "--disable-hybrid-kv-cache-manager"),
@@ -208,17 +257,16 @@ def plan_packing(shape: Glm5NextShape, settings: EngineSettings, device: Device,
     """The packing make_plan reports for this command: unsure, with its reason, outside the scope."""
     scope = out_of_scope(shape, settings, device, version, config_dtype)
     tp = max(1, settings.tensor_parallel_size)
-    kv = packing(shape, tp if shape.linear_heads % tp == 0 else 1)
+    mtp = drafts_with_mtp(settings.speculative_method, settings.num_speculative_tokens) and not shape.mtp_reasons
+    kv = packing(shape, tp if shape.linear_heads % tp == 0 else 1, settings.num_speculative_tokens if mtp else 0, mtp)
     unsure = (f"GLM-5-Next outside the one scope kvwatch checked against vLLM's own code "
               f"(CUDA SM 9.0, FlashInfer >= 0.6.18 assumed, bf16, defaults): {scope}",) if scope else ()
     return Packing(kv.groups, kv.bytes_per_block, BACKEND if device.platform == "cuda" else None, unsure,
                    attention="glm5_next", block_size=kv.block_size, source=SOURCE, dtype_bytes=KV_BYTES)
 
 
-# The layer classes whose caches this module plans (architecture_kinds), and the draft it does not plan.
+# The layer classes whose caches this module plans (architecture_kinds).
 GLM5_NEXT_KINDS: dict[str, str] = {
     "Glm5NextIndexerCache": "GLM-5-Next kpool indexer keys (planner/glm5_next.py)",
     "Glm5NextTailCache": "GLM-5-Next indexer tail ring (planner/glm5_next.py)"}
 GLM5_NEXT_SPEC_CLASSES = frozenset({"Glm5NextLinearAttention"})
-GLM5_NEXT_NOT_PLANNED: dict[str, str] = {
-    "Glm5NextMTPModel": "GLM-5-Next's MTP draft layers (models/glm5next/common/mtp.py) are not planned"}

@@ -36,17 +36,22 @@ def indexer_bytes_per_token_per_layer(cfg: Mapping[str, Any]) -> int:
     return head + head // QUANT_BLOCK * SCALE_BYTES
 
 
-def indexer_layers(cfg: Mapping[str, Any]) -> int:
-    """How many decoder layers build an indexer (and so hold its cache)."""
+def indexer_flags(cfg: Mapping[str, Any], layers: int | None = None) -> tuple[bool, ...]:
+    """Per decoder layer (the first `layers`, else num_hidden_layers): whether it builds an indexer."""
     if "index_topk" not in cfg:
-        return 0
-    layers = _int(cfg, "num_hidden_layers", 0)
+        return (False,) * (layers or 0)
+    count = _int(cfg, "num_hidden_layers", 0) if layers is None else layers
     pattern = cfg.get("index_topk_pattern")
-    if isinstance(pattern, str):
-        return sum(1 for i in range(layers) if not (i < len(pattern) and pattern[i] == "S"))
+    if isinstance(pattern, (str, list)):   # a layer past its end keeps its indexer
+        return tuple(not (i < len(pattern) and pattern[i] == "S") for i in range(count))
     freq = max(1, _int(cfg, "index_topk_freq", 1))
     offset = _int(cfg, "index_skip_topk_offset", 2)
-    return sum(1 for i in range(layers) if max(i - offset + 1, 0) % freq == 0)
+    return tuple(max(i - offset + 1, 0) % freq == 0 for i in range(count))
+
+
+def indexer_layers(cfg: Mapping[str, Any]) -> int:
+    """How many decoder layers build an indexer (and so hold its cache)."""
+    return sum(indexer_flags(cfg))
 
 
 def indexer_bytes_per_token(cfg: Mapping[str, Any]) -> int:

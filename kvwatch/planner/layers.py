@@ -28,6 +28,7 @@ from typing import Any
 from kvwatch.errors import ConfigError
 from kvwatch.planner.inkling_ring import ConvRing
 from kvwatch.planner.layer_pattern import pattern_layers
+from kvwatch.planner.voxtral import CausalEncoder
 
 FULL, SLIDING, CHUNKED, MAMBA = "full", "sliding", "chunked", "mamba"
 
@@ -125,6 +126,8 @@ class LayerLayout:
     # Inkling: each decoder layer's short-convolution ring, a sliding-window spec of its own fixed
     # block beside the attention layers (planner/inkling.py)
     conv_rings: tuple[ConvRing, ...] = ()
+    # Voxtral Realtime: its causal audio encoder's pooled sliding-window caches (planner/voxtral.py)
+    causal_encoder: CausalEncoder | None = None
 
     @property
     def attention_layers(self) -> int:

@@ -65,6 +65,7 @@ from kvwatch.planner.rules import BackendRule, RuleSet
 from kvwatch.planner.scheduler import mamba_cache_mode, prefix_caching_on, request_demand
 from kvwatch.planner.scope import within_scope
 from kvwatch.planner.static_sink import sink_backend, sink_refusals
+from kvwatch.planner.voxtral_encoder import encoder_specs, encoder_unsure
 from kvwatch.values.block_sizes import BlockSizeRule
 from kvwatch.values.versions import VllmVersion
 from kvwatch.vllm_releases import DEFAULT_RELEASE
@@ -248,7 +249,7 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     backend = choice.backend
     draft = command_unplanned_draft(geometry.mtp_draft, settings)   # a draft left out is named (mtp_draft.py)
     unknown = geometry.layout.unknown_layer_types + architecture_unknowns(geometry, memory.vllm_version) + \
-        ((draft,) if draft else ())
+        tuple(u for u in (draft, encoder_unsure(geometry.layout.causal_encoder, settings)) if u)   # voxtral_encoder
     return Plan(
         model=settings.model, device=device.name, compute_capability=device.sm,
         attention=geometry.attention, backend=backend.name if backend else None,
@@ -474,10 +475,8 @@ def _padding(settings: EngineSettings, sizes: TokenBytes, groups: KvGroups, bloc
     by_cause = groups.padding_bytes(blocks.num_blocks, demand)
     return {
         "packed_layout": sizes.packed_extra * block_size * groups.group_size * blocks.num_blocks,
-        "page_padding": by_cause["page_padding"],
-        "state_padding": by_cause["state_padding"],
-        "alignment": 0,
-        "layer_padding": by_cause["layer_padding"],
+        "page_padding": by_cause["page_padding"], "state_padding": by_cause["state_padding"],
+        "alignment": 0, "layer_padding": by_cause["layer_padding"],
         "remainder": max(0, blocks.kv_memory - blocks.num_blocks * blocks.bytes_per_block)
         if settings.num_gpu_blocks_override is None else 0,
         "null_block": blocks.bytes_per_block if blocks.num_blocks else 0,
@@ -516,8 +515,7 @@ def _kv_groups(geometry: ModelGeometry, settings: EngineSettings, block_size: in
             refusals.append(PredictedRefusal(
                 CONFIG_REFUSED, f"ValueError: {wording} (--disable-hybrid-kv-cache-manager keeps "
                 f"{'cross-attention' if CROSS in kinds else 'state'} layers beside attention layers, which vLLM "
-                f"cannot make one type)",
-                FlagChange(remove=("--disable-hybrid-kv-cache-manager",))))
+                f"cannot make one type)", FlagChange(remove=("--disable-hybrid-kv-cache-manager",))))
         kinds = promote_local_layers(kinds)
     elif CHUNKED in kinds and not CHUNKED_LOCAL_KEEPS_HYBRID_MANAGER.holds(version):
         kinds = promote_local_layers(kinds)   # the release turns the hybrid manager off by itself
@@ -530,6 +528,7 @@ def _kv_groups(geometry: ModelGeometry, settings: EngineSettings, block_size: in
     rings = geometry.layout.conv_rings[:len(kinds)]   # Inkling: one per decoder layer of this stage
     promoted = block_size if settings.disable_hybrid_kv_cache_manager and FULL in kinds else None
     specs += ring_specs(rings, max(1, settings.tensor_parallel_size), promoted)
+    specs += encoder_specs(geometry.layout.causal_encoder, settings, geometry.config_dtype, block_size)   # Voxtral's
     if pages_refused(specs, KV_PAGE_UNIFICATION.holds(version), rule.uniform_type):
         refusals.append(PredictedRefusal(
             CONFIG_REFUSED, f"NotImplementedError: vLLM {version} groups layers of different types only when their "
@@ -565,7 +564,7 @@ def _packed_plan(geometry: ModelGeometry, kv: deepseek_v4.Packing, settings: Eng
     blocks = _blocks(device, settings, geometry, memory, sizes.model_bytes, kv.bytes_per_block, kv.backend)
     max_len = settings.max_model_len or geometry.default_max_model_len
     in_flight = request_demand(geometry, settings, device, max_len, release).max_in_flight_tokens
-    tokens, concurrency = deepseek_v4.capacity(kv.groups, blocks.num_blocks, max_len, in_flight) \
+    tokens, concurrency = deepseek_v4.capacity(kv.groups, blocks.num_blocks, max_len, in_flight, kv.extra_retained) \
         if blocks.num_blocks else (0, 0.0)
     if blocks.num_blocks <= 1 or blocks.check_memory <= 0:   # as step 8 says it of any other model
         warnings = [*warnings, no_memory_warning(device, settings, geometry, memory, sizes.model_bytes,
@@ -582,7 +581,7 @@ def _packed_plan(geometry: ModelGeometry, kv: deepseek_v4.Packing, settings: Eng
                        "null_block": kv.bytes_per_block if blocks.num_blocks else 0},
         warnings=within_scope(warnings, kv.unsure), data_parallel_size=max(1, settings.data_parallel_size),
         pipeline_parallel_size=max(1, settings.pipeline_parallel_size), kv_cache_groups=len(kv.groups),
-        blocks_per_request=sum(g.blocks_per_request(max_len, in_flight) for g in kv.groups),
+        blocks_per_request=sum(g.blocks_per_request(max_len, in_flight, kv.extra_retained) for g in kv.groups),
         gpu_budget=blocks.budget, unknown_layer_types=kv.unsure)
 
 

@@ -25,7 +25,8 @@ Each scheme's bytes per weight are the tensors vLLM's `create_weights` allocates
 Per-tensor and per-channel scales (a few numbers per output row) are left out: under 0.1 % of a layer.
 Layers a scheme excludes (_SKIP_KEYS) stay in the model dtype. The module names tested against a scheme's lists are the
 Hugging Face ones a decoder's checkpoint holds (`model.layers.N.self_attn.q_proj`, `.mlp.experts.E.up_proj`,
-`.mlp.gate` the router), each part's names weighted alike.
+`.mlp.gate` the router), each part's names weighted alike; MIXED_PRECISION looks each one up as vLLM resolves a
+layer's prefix (_mixed_entry below).
 """
 from __future__ import annotations
 
@@ -80,7 +81,9 @@ def gptq_rate(bits: int, group: int, dtype_bytes: int, symmetric: bool) -> float
 def modelopt_rate(algo: str, dtype_bytes: int, group: Any = None) -> float:
     """ModelOpt's quant_algo (upper-cased as vLLM does, modelopt.py:320)."""
     algo = algo.upper()
-    if algo == "NVFP4":
+    if algo in ("NVFP4", "W4A16_NVFP4"):
+        # W4A16_NVFP4 loads into the same NVFP4 sub-config and packing, only its activations stay 16-bit
+        # (vLLM 0.33.0 quantization/modelopt.py:150-153 LINEAR_ALGOS, :1692-1698)
         return 0.5 + 1 / (_positive(group) or 16)
     if algo == "MXFP8":
         return 1 + 1 / _MX_BLOCK
@@ -203,10 +206,59 @@ def _layer_rate(quantization: Mapping[str, Any], name: str, dtype_bytes: int, un
         return float(dtype_bytes)
     layers = quantization.get("quantized_layers")   # ModelOpt MIXED_PRECISION
     if isinstance(layers, Mapping):
-        entry = layers.get(name)
-        if isinstance(entry, Mapping):
+        entry = _mixed_entry(layers, name)
+        if entry is not None:
             return modelopt_rate(str(entry.get("quant_algo", "")), dtype_bytes, entry.get("group_size"))
     return float(dtype_bytes)
+
+
+# ModelOpt MIXED_PRECISION: vLLM resolves each layer's algorithm from its prefix (vLLM 0.33.0
+# model_executor/layers/quantization/modelopt.py:1748-1825 _resolve_quant_algo): the prefix itself, then
+# a packed module's shards, then any key below the prefix (routed experts listed one by one), the prefix
+# also spelled as the other form of a multimodal checkpoint's decoder (`model.language_model.` for
+# `language_model.model.`, :1827-1842); a layer found nowhere stays unquantized (:1876-1881). kvwatch names
+# a module `model.layers.N.<module>`; it is looked up under each spelling of the decoder's layers, a routed
+# expert (`mlp.experts.0.up_proj`) also as the fused-MoE layer vLLM builds (`mlp.experts`), a dense MLP
+# projection also as a shared expert's, and a Gated DeltaNet layer's attention (no `self_attn`) as its
+# `linear_attn` projections (qwen3_5.py:307-317: in_proj_qkvz packs in_proj_qkv and in_proj_z).
+_LAYER_SPELLINGS = ("model.layers.", "model.language_model.layers.", "language_model.model.layers.")
+_MIXED_ALTERNATIVES: Mapping[str, tuple[str, ...]] = {
+    "self_attn.q_proj": ("linear_attn.in_proj_qkvz", "linear_attn.in_proj_qkv"),
+    "self_attn.k_proj": ("linear_attn.in_proj_qkvz", "linear_attn.in_proj_qkv"),
+    "self_attn.v_proj": ("linear_attn.in_proj_qkvz", "linear_attn.in_proj_z"),
+    "self_attn.o_proj": ("linear_attn.out_proj",),
+    "mlp.gate_proj": ("mlp.shared_expert.gate_proj", "mlp.shared_experts.gate_proj"),
+    "mlp.up_proj": ("mlp.shared_expert.up_proj", "mlp.shared_experts.up_proj"),
+    "mlp.down_proj": ("mlp.shared_expert.down_proj", "mlp.shared_experts.down_proj"),
+}
+
+
+def _mixed_candidates(name: str) -> list[str]:
+    match = re.match(r"model\.layers\.(\d+)\.(.+)$", name)
+    if not match:
+        return [name]
+    index, module = match.groups()
+    modules = [module]
+    expert = re.match(r"(mlp\.experts)\.\d+\.", module)
+    if expert:
+        modules.append(expert.group(1))
+    modules += _MIXED_ALTERNATIVES.get(module, ())
+    return [f"{spelling}{index}.{m}" for m in modules for spelling in _LAYER_SPELLINGS]
+
+
+def _mixed_entry(layers: Mapping[str, Any], name: str) -> Mapping[str, Any] | None:
+    """The `quantized_layers` entry vLLM would resolve a module to (None: left unquantized)."""
+    candidates = _mixed_candidates(name)
+    for candidate in candidates:
+        entry = layers.get(candidate)
+        if isinstance(entry, Mapping):
+            return entry
+    for candidate in candidates:
+        below = candidate + "."
+        for key, entry in layers.items():
+            if isinstance(key, str) and key.startswith(below) and isinstance(entry, Mapping):
+                return entry
+    return None
 
 
 def part_rate(quantization: Mapping[str, Any], part: str, num_layers: int, dtype_bytes: int,

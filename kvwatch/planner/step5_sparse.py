@@ -1,7 +1,8 @@
 """Step5's caches and vLLM 0.34's packing of them into blocks (pure), on one scope only.
 
 The scope: vLLM 0.34 on CUDA SM 9.0 with its default backends, a bf16 KV cache (`--kv-cache-dtype
-auto` on a bf16 model), no `--block-size`, no speculative decoding, no pipeline parallelism, no
+auto` on a bf16 model), no `--block-size`, no speculative decoding but with the checkpoint's MTP draft
+(Step5MTP, below), no pipeline parallelism, no
 `--attention-backend`, the hybrid KV cache manager on, every attention layer of head_dim 192 and the
 sparse_config fields vLLM validates at their defaults. Anything else is unsure (`out_of_scope`), not
 planned. kvwatch reads no context-parallel or KV-connector flag (a connector may turn the hybrid
@@ -34,7 +35,20 @@ cites vLLM 0.34.0:
 - _get_packed_kv_cache_groups (v1/core/kv_cache_planning.py:958) packs them as for DeepSeek-V4
   (planner/deepseek_v4.py `packed_groups`); a BLNHC block is the largest group's pages rounded up
   to the least common multiple of every layer's block-stride alignment (:620-648), and a budget
-  holds `budget // block` blocks (:724).
+  holds `budget // block` blocks (:724);
+- the MTP draft (`--speculative-config` method "mtp" or "step5_mtp", renamed to "mtp", with
+  num_speculative_tokens k > 0): vLLM maps the target to Step5MTP with n_predict =
+  `num_nextn_predict_layers` (config/speculative.py:1170-1185), which builds that many
+  Step5DecoderLayer at `model.layers.{num_hidden_layers + i}` (models/step5/nvidia/mtp.py:175-201;
+  it refuses 0 layers, :185-189, and an MoE draft layer, :304-305: `moe_layers_enum` or
+  `moe_layer_list`, else layers 1 .. num_hidden_layers - 1, model.py:256-285). Each is a target
+  decoder layer of its index (`layer_types_with_mtp`, whose length Step5Config checks,
+  transformers_utils/configs/step5.py:163-185; the parity default without one), so its caches are
+  the target's kinds and join the target's groups; its tail ring needs 7 + k rows of one main page
+  (common/csa_tail_ring.py:182, :192-197). With more than one module and k > 1 (no
+  `index_share_for_mtp_iteration`) vLLM drafts with MultiModuleMTPSpeculator, whose prefill lookahead
+  of k tokens makes every sliding window retain k - 1 more (config/speculative.py:1813-1827,
+  v1/worker/gpu/spec_decode/multi_module_mtp/config.py:13-18, v1/core/kv_cache_planning.py:1742-1748).
 """
 from __future__ import annotations
 
@@ -44,7 +58,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kvwatch.errors import ConfigError
-from kvwatch.planner.deepseek_v4 import CacheSpec, Group, Packing, packed_groups
+from kvwatch.planner.deepseek_v4 import CacheSpec, Group, Packing, drafts_with_mtp, mtp_retained_tokens, packed_groups
 from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.values.versions import VllmVersion
@@ -94,16 +108,19 @@ def _sparse_enabled(cfg: Mapping[str, Any]) -> bool:
     return isinstance(section, Mapping) and section.get("enabled") is not False
 
 
-def step5_layers(cfg: Mapping[str, Any], tp: int) -> list[Step5Layer]:
+def step5_layers(cfg: Mapping[str, Any], tp: int, mtp: bool = False) -> list[Step5Layer]:
     """The decoder layers of a Step5 text config.json at tensor-parallel size `tp` (unset fields take
-    Step5Config's defaults: 40 heads, 8 KV heads, hidden size 5120, transformers_utils/configs/step5.py:60-64)."""
+    Step5Config's defaults: 40 heads, 8 KV heads, hidden size 5120, transformers_utils/configs/step5.py:60-64);
+    with `mtp`, the MTP draft's layers (indices num_hidden_layers on) instead."""
     types = _layer_types(cfg)
     if types and len(types) < int(cfg["num_hidden_layers"]):
         raise ConfigError("config.json: Step5's layer_types must list every layer (vLLM refuses a shorter list)")
     other = cfg.get("attention_other_setting") or {}
     window = cfg.get("sliding_window")
     layers = []
-    for i in range(int(cfg["num_hidden_layers"])):
+    first = int(cfg["num_hidden_layers"])
+    indices = range(first, first + mtp_layer_count(cfg)) if mtp else range(first)
+    for i in indices:
         layer_type = types[i] if types else ("sliding_attention" if i % 2 == 0 else "full_attention")
         own = bool(other) and i < len(types) and types[i] == other.get("attention_type")
         heads = int((other["num_attention_heads"] if own else 0) or cfg.get("num_attention_heads") or 40)
@@ -120,13 +137,47 @@ def step5_layers(cfg: Mapping[str, Any], tp: int) -> list[Step5Layer]:
     return layers
 
 
+def mtp_layer_count(cfg: Mapping[str, Any]) -> int:
+    """num_nextn_predict_layers: the MTP draft's layers (Step5Config's default 0, configs/step5.py:92)."""
+    count = cfg.get("num_nextn_predict_layers") or 0
+    if not isinstance(count, int) or count < 0:
+        raise ConfigError("config.json: Step5's num_nextn_predict_layers must be a non-negative integer")
+    return count
+
+
+def _moe_layers(cfg: Mapping[str, Any]) -> set[int]:
+    """The MoE layer indices (models/step5/nvidia/model.py:256-285): moe_layers_enum or moe_layer_list
+    (a comma-separated string or a list), else layers 1 .. num_hidden_layers - 1."""
+    for key in ("moe_layers_enum", "moe_layer_list"):
+        value = cfg.get(key)
+        if value is not None:
+            items = value.split(",") if isinstance(value, str) else value
+            return {int(item) for item in items if str(item).strip()}
+    return set(range(1, int(cfg["num_hidden_layers"])))
+
+
+def _mtp_reasons(cfg: Mapping[str, Any]) -> str:
+    """Why vLLM refuses this config's MTP draft ("" when it builds it)."""
+    count, first = mtp_layer_count(cfg), int(cfg["num_hidden_layers"])
+    if count == 0:
+        return "an MTP draft of num_nextn_predict_layers 0 (vLLM refuses it: models/step5/nvidia/mtp.py:185-189)"
+    if _moe_layers(cfg) & set(range(first, first + count)):
+        return "an MoE MTP layer (vLLM refuses it: models/step5/nvidia/mtp.py:304-305)"
+    return ""
+
+
 @dataclass(frozen=True)
 class Step5Shape:
     """A Step5 text config.json as vLLM builds it: its layers (KV heads before TP) and why the config
-    itself lies outside the scope ("" when it does not)."""
+    itself lies outside the scope ("" when it does not); its MTP draft's layers and why vLLM refuses
+    that draft ("" when it builds it)."""
 
     layers: tuple[Step5Layer, ...]
     config_reasons: str
+    mtp_layers: tuple[Step5Layer, ...] = ()
+    mtp_reasons: str = ""
+    mtp_modules: int = 0   # num_nextn_predict_layers
+    index_share: bool = False   # index_share_for_mtp_iteration
 
 
 # The sparse_config fields vLLM validates (models/step5/common/config.py:12-29, :74-198): their
@@ -161,6 +212,8 @@ def step5_shape(cfg: Mapping[str, Any], architectures: Sequence[str]) -> Step5Sh
         return None
     try:
         layers = step5_layers(cfg, 1)
+        mtp = step5_layers(cfg, 1, mtp=True)
+        mtp_reasons = _mtp_reasons(cfg)
     except (KeyError, TypeError, ValueError, ZeroDivisionError) as error:
         raise ConfigError(f"config.json: Step5 field {error} is not one vLLM builds layers from") from error
     section = cfg.get("sparse_config")
@@ -178,19 +231,37 @@ def step5_shape(cfg: Mapping[str, Any], architectures: Sequence[str]) -> Step5Sh
         (bool(unchecked := _unchecked_sparse_fields(section if isinstance(section, Mapping) else {})),
          f"sparse_config {', '.join(unchecked)} other than vLLM's defaults (which kvwatch checked)"),
     ]
-    return Step5Shape(tuple(layers), "; ".join(why for hit, why in reasons if hit))
+    return Step5Shape(tuple(layers), "; ".join(why for hit, why in reasons if hit), tuple(mtp), mtp_reasons,
+                      mtp_layer_count(cfg), cfg.get("index_share_for_mtp_iteration") is True)
 
 
-def per_rank(shape: Step5Shape, tp: int) -> list[Step5Layer]:
-    """The layers on one of `tp` ranks: KV heads over TP, at least 1 (model.py:944)."""
-    return [replace(layer, kv_heads=max(1, layer.kv_heads // tp)) for layer in shape.layers]
+def per_rank(shape: Step5Shape, tp: int, mtp: bool = False) -> list[Step5Layer]:
+    """The layers on one of `tp` ranks (with `mtp`, the MTP draft's after the target's): KV heads over TP,
+    at least 1 (model.py:944)."""
+    layers = (*shape.layers, *shape.mtp_layers) if mtp else shape.layers
+    return [replace(layer, kv_heads=max(1, layer.kv_heads // tp)) for layer in layers]
+
+
+def ring_too_small(layers: Sequence[Step5Layer], num_speculative_tokens: int) -> str:
+    """Why vLLM refuses the tail rings of these (per-rank) layers at k speculative tokens: a DSA layer's
+    main page holds fewer than 7 + k 1,024-B rows (common/csa_tail_ring.py:182, :192-197); "" otherwise."""
+    rows = min((BLOCK_SIZE * 2 * layer.kv_heads * layer.head_dim * KV_BYTES // RING_ROW_BYTES
+                for layer in layers if layer.kind == "dsa"), default=0)
+    need = 7 + num_speculative_tokens
+    return f"a CSA tail ring of {rows} rows, short of {need} (vLLM refuses it)" if 0 < rows < need else ""
+
+
+def draft_retained_tokens(shape: Step5Shape, num_speculative_tokens: int) -> int:
+    """The tokens every sliding window retains past its own for the MTP draft (see above)."""
+    return mtp_retained_tokens(shape.mtp_modules, num_speculative_tokens, shape.index_share)
 
 
 def out_of_scope(shape: Step5Shape, *, sm: tuple[int, int], kv_cache_dtype: str, dtype: str,
                  block_size: int | None, num_speculative_tokens: int, platform: str = "cuda",
-                 minor: tuple[int, int] | None = CHECKED_MINOR, other: str = "") -> str:
+                 minor: tuple[int, int] | None = CHECKED_MINOR, other: str = "", mtp: bool = False) -> str:
     """Why this case lies outside the one scope planned here; "" when it lies inside. `other`: the
-    command's own reasons (parallelism, backend, cache manager)."""
+    command's own reasons (parallelism, backend, cache manager); `mtp`: the speculative tokens are the
+    checkpoint's MTP draft's, planned with the target."""
     reasons = [
         (bool(shape.config_reasons), shape.config_reasons),
         (minor is not None and minor != CHECKED_MINOR, f"vLLM {minor and '.'.join(map(str, minor))}: only "
@@ -199,7 +270,8 @@ def out_of_scope(shape: Step5Shape, *, sm: tuple[int, int], kv_cache_dtype: str,
                                          if platform == "cuda" else f"{platform}: only CUDA SM {SM[0]}.{SM[1]} is checked"),
         (kv_cache_dtype not in ("auto", "bfloat16") or dtype not in ("auto", "bfloat16"), "a KV cache other than bf16"),
         (block_size is not None, "--block-size set"),
-        (num_speculative_tokens > 0, "speculative decoding"),
+        (num_speculative_tokens > 0 and not mtp, "speculative decoding"),
+        (mtp and bool(shape.mtp_reasons), shape.mtp_reasons),
         (bool(other), other),
     ]
     return "; ".join(why for hit, why in reasons if hit)
@@ -244,13 +316,19 @@ def divides(shape: Step5Shape, tp: int) -> bool:
 
 def plan_packing(shape: Step5Shape, settings: EngineSettings, device: Device, version: VllmVersion | None,
                  config_dtype: str | None) -> Packing:
-    """The packing make_plan reports for this command: unsure, with its reason, outside the scope."""
+    """The packing make_plan reports for this command (with the MTP draft's layers where the command drafts
+    with it): unsure, with its reason, outside the scope."""
+    tp = max(1, settings.tensor_parallel_size)
+    mtp = drafts_with_mtp(settings.speculative_method, settings.num_speculative_tokens)
+    too_small = ring_too_small(per_rank(shape, tp, mtp), settings.num_speculative_tokens) if mtp else ""
     other = [why for hit, why in (
         (settings.pipeline_parallel_size > 1, "pipeline parallelism"),
         (settings.attention_backend is not None, "--attention-backend set"),
         (settings.disable_hybrid_kv_cache_manager, "--disable-hybrid-kv-cache-manager"),
-        (settings.speculative_config, "--speculative-config"),
-        (not divides(shape, max(1, settings.tensor_parallel_size)),
+        (bool(settings.speculative_config) and not mtp, f"--speculative-config method {settings.speculative_method!r}: "
+                                                        f"only Step5's MTP draft is planned"),
+        (bool(too_small), too_small),
+        (not divides(shape, tp),
          f"TP {settings.tensor_parallel_size} not dividing the heads (vLLM refuses it: model.py:914-942)")) if hit]
     major, _, minor = device.sm.partition(".")
     sm = (int(major), int(minor or 0)) if device.platform == "cuda" and major.isdigit() and minor.isdigit() else (0, 0)
@@ -259,17 +337,15 @@ def plan_packing(shape: Step5Shape, settings: EngineSettings, device: Device, ve
                          dtype=dtype, block_size=settings.block_size,
                          num_speculative_tokens=settings.num_speculative_tokens, platform=device.platform,
                          minor=(version.parts[0], version.parts[1]) if version is not None else None,
-                         other="; ".join(other))
-    kv = packing(per_rank(shape, max(1, settings.tensor_parallel_size)), scope)
+                         other="; ".join(other), mtp=mtp)
+    kv = packing(per_rank(shape, tp, mtp), scope)
     unsure = (f"Step5 outside the one scope kvwatch checked against vLLM's own code: {scope}",) if scope else ()
-    return Packing(kv.groups, kv.bytes_per_block, "STEP5_DSA" if device.platform == "cuda" else None, unsure, attention="step5_dsa", block_size=BLOCK_SIZE,
-                   source=SOURCE, dtype_bytes=KV_BYTES)
+    return Packing(kv.groups, kv.bytes_per_block, "STEP5_DSA" if device.platform == "cuda" else None, unsure,
+                   attention="step5_dsa", block_size=BLOCK_SIZE, source=SOURCE, dtype_bytes=KV_BYTES,
+                   extra_retained=draft_retained_tokens(shape, settings.num_speculative_tokens) if mtp else 0)
 
 
-# The layer classes whose caches this module plans (architecture_kinds.PLANNED_KINDS), and the
-# architecture that builds them with caches it does not plan.
+# The layer classes whose caches this module plans (architecture_kinds.PLANNED_KINDS).
 STEP5_KINDS: dict[str, str] = {
     "Step5CSATailRing": "Step5 CSA tail ring (planner/step5_sparse.py)",
     "Step5SparseSummaryCacheLayer": "Step5 CSA summary (planner/step5_sparse.py)"}
-STEP5_NOT_PLANNED: dict[str, str] = {
-    "Step5MTP": "Step5's MTP draft layers (models/step5/nvidia/mtp.py) are not planned"}

@@ -1,0 +1,125 @@
+"""vLLM's own KV cache for a Dots3 (dots3_note) config.json: run as a script, one release per process.
+
+    python tests/dots3_note_oracle.py <unpacked release root> '<list of cases as JSON>'
+
+The release's source goes first on sys.path and its own code answers: the config as its Dots3NoteConfig
+loads it (vllm/transformers_utils/configs/dots3_note.py), the block size every backend accepts (Platform._preferred_block_size_for_backends from
+CacheConfig.DEFAULT_BLOCK_SIZE), the layout they all list (get_supported_kv_cache_layouts), each cache's
+spec (MLAAttention.get_kv_cache_spec for a sliding layer, Dots3NotePaddedMLAAttention.get_kv_cache_spec
+for a DSA layer's padded latent, DeepseekV32IndexerCache.get_kv_cache_spec for its indexer keys, each
+through the runner's customize_attention_spec with the layer's backend), get_kv_cache_groups and
+get_kv_cache_config_from_groups for a KV budget, and get_kv_cache_capacity for the tokens vLLM logs.
+Only the constructor's arithmetic is the oracle's own, citing vllm/models/dots3_note/nvidia/model.py
+(0.34.0; 0.33.0 has the same lines): a layer is sliding where `layer_types[i]` is "sliding_attention"
+(:525-529), its latent `swa_kv_lora_rank + swa_qk_rope_head_dim` with window `sliding_window_size`
+and Dots3NoteTritonMLABackend (:353-481); a DSA layer's latent `kv_lora_rank + qk_rope_head_dim`
+padded to the sliding latent, its backend Dots3NotePaddedSparseBackend, its indexer key
+`index_head_dim + index_head_dim // 128 * 4` uint8 bytes (:228-307, deepseek_v2.py:731-736), the
+indexer registering before the latent, on the layers DeepseekV2MLAAttention's IndexCache rule keeps
+(deepseek_v2.py:1138-1169); the backends in that registration order stand for
+Platform._find_non_ssm_backends' walk over the built layers. What lets the model module import on a CPU
+is vllm_sources.cpu_imports's (two package __init__s skipped, one name set as vLLM sets it off CUDA).
+It prints a JSON list, one answer per case.
+"""
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+from vllm_sources import cpu_imports, packed_answer, run_oracle_script
+
+
+def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    sys.path.insert(0, str(root))
+    import torch
+    import vllm
+    assert Path(vllm.__file__).is_relative_to(root)
+    cpu_imports(root, "vllm.models.dots3_note")
+    from torch import nn
+    from vllm.config.cache import CacheConfig
+    from vllm.model_executor.layers.attention.mla_attention import MLAAttention
+    from vllm.model_executor.models.deepseek_v2 import DeepseekV32IndexerCache
+    from vllm.models.dots3_note.nvidia.attention import Dots3NotePaddedSparseBackend, Dots3NoteTritonMLABackend
+    from vllm.models.dots3_note.nvidia.model import Dots3NotePaddedMLAAttention
+    from vllm.platforms.interface import Platform
+    from vllm.transformers_utils.configs.dots3_note import Dots3NoteConfig
+    from vllm.v1.attention.backends.mla.indexer import DeepseekV32IndexerBackend
+    from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts
+    from vllm.v1.core import kv_cache_planning, kv_cache_utils
+    from vllm.v1.worker.utils import customize_attention_spec
+
+    ns = types.SimpleNamespace
+
+    def bare(cls: type, **attrs: Any) -> Any:   # a layer with the attributes its get_kv_cache_spec reads
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        for k, v in attrs.items():
+            object.__setattr__(layer, k, v)
+        return layer
+
+    def has_indexer(text: Any, layer: int) -> bool:
+        """DeepseekV2MLAAttention.__init__'s own rule, run up to its decision (deepseek_v2.py:1138-1169)."""
+        freq = getattr(text, "index_topk_freq", 1)
+        pattern = getattr(text, "index_topk_pattern", None)
+        offset = getattr(text, "index_skip_topk_offset", 2)
+        skip = (max(layer - offset + 1, 0) % freq != 0) if pattern is None \
+            else (0 <= layer < len(pattern) and pattern[layer] == "S")
+        return hasattr(text, "index_topk") and not skip
+
+    answers = []
+    for case in cases:
+        text = Dots3NoteConfig(**{k: v for k, v in case["config"].items()
+                                  if k not in ("architectures", "model_type", "torch_dtype")})
+        cache = CacheConfig()
+        model = ns(dtype=torch.bfloat16, max_model_len=case["max_model_len"], hf_text_config=text)
+        config = ns(cache_config=cache, model_config=model, compilation_config=ns(static_forward_context={}),
+                    scheduler_config=ns(disable_hybrid_kv_cache_manager=False),
+                    attention_config=ns(hisparse_config=None), num_gpu_blocks_override=None,
+                    parallel_config=ns(tensor_parallel_size=case["tp"], decode_context_parallel_size=1,
+                                       prefill_context_parallel_size=1),
+                    speculative_config=None, num_speculative_tokens=0)
+        swa = text.swa_kv_lora_rank + text.swa_qk_rope_head_dim
+        latent = text.kv_lora_rank + text.qk_rope_head_dim
+        kinds = ["sliding" if text.layer_types[i] == "sliding_attention" else "dsa"
+                 for i in range(text.num_hidden_layers)]
+        backends: list[Any] = []
+        for i, kind in enumerate(kinds):
+            layer_backends = [Dots3NoteTritonMLABackend] if kind == "sliding" else \
+                [DeepseekV32IndexerBackend] * has_indexer(text, i) + [Dots3NotePaddedSparseBackend]
+            backends += [b for b in layer_backends if b not in backends]
+        cache.block_size = Platform._preferred_block_size_for_backends(
+            backends, CacheConfig.DEFAULT_BLOCK_SIZE, config)
+        cache.kv_cache_layout = get_supported_kv_cache_layouts(backends)[0].name
+        specs: dict[str, Any] = {}
+        for i, kind in enumerate(kinds):
+            p = f"model.layers.{i}.self_attn"
+            if kind == "sliding":
+                mla = ns(kv_cache_dtype="auto", head_size=swa, sliding_window=text.sliding_window_size,
+                         non_causal_multi_token_decode=False)
+                specs[f"{p}.attn"] = customize_attention_spec(
+                    Dots3NoteTritonMLABackend, MLAAttention.get_kv_cache_spec(mla, config))
+                continue
+            indexer = has_indexer(text, i)
+            if indexer:
+                keys = bare(DeepseekV32IndexerCache, cache_config=cache, dtype=torch.uint8,
+                            head_dim=text.index_head_dim + text.index_head_dim // 128 * 4)
+                specs[f"{p}.indexer.k_cache"] = customize_attention_spec(
+                    DeepseekV32IndexerBackend, keys.get_kv_cache_spec(config))
+            padded = bare(Dots3NotePaddedMLAAttention, kv_cache_dtype="auto", head_size=latent,
+                          physical_head_size=swa, sliding_window=None, topk_buffer_width=text.index_topk,
+                          indexer=object() if indexer else None, non_causal_multi_token_decode=False)
+            specs[f"{p}.mla_attn"] = customize_attention_spec(
+                Dots3NotePaddedSparseBackend, padded.get_kv_cache_spec(config))
+        config.max_in_flight_tokens = case["max_in_flight_tokens"]
+        answer = packed_answer(config, specs, case["kv_memory_bytes"], kv_cache_planning, kv_cache_utils)
+        answer["specs"] = [[name.split(".self_attn.")[1], type(s).__name__, s.block_size, s.page_size_bytes,
+                            str(s.dtype).removeprefix("torch."), getattr(s, "sliding_window", None) or 0,
+                            s.get_block_stride_alignment()] for name, s in specs.items()]
+        answers.append(answer)
+    return answers
+
+
+if __name__ == "__main__":
+    run_oracle_script(main)
