@@ -1,7 +1,7 @@
 """Speculative-decoding drafts kvwatch gives a verdict of their own, with the reason (pure).
 
 A draft architecture is loaded next to the target through --speculative-config; whatever cache
-layers it builds join the target's KV cache. vLLM never serves one alone. Five are planned with their
+layers it builds join the target's KV cache. vLLM never serves one alone. Six are planned with their
 target (`planned_with`: their verdict is architecture_kinds' DRAFT, "a draft head, planned with its
 target"):
 
@@ -9,6 +9,8 @@ target"):
   target's when the command drafts with mtp;
 - Dots3NoteMTPModel: planner/dots3_note.py adds its sliding or DSA MLA layers (each DSA one with its
   indexer keys), and the tokens a multi-module draft keeps in every sliding window;
+- Qwen4ExpMTP: planner/qwen4_exp.py adds its QSA layers, and the wider GDN and PLE states and QSA
+  rings the speculative tokens make;
 - Glm5NextMTPModel: planner/glm5_next.py adds its MLA layers, and the wider KDA states and tail rings
   the speculative tokens make;
 - DSparkDraftModel and DSparkV41DraftModel, DeepSeek-V4's and V4.1's DSpark drafts (method dspark):
@@ -81,6 +83,11 @@ DRAFTS: dict[str, DraftVerdict] = {
               "GLM-5-Next target to it, vLLM 0.34.0 vllm/config/speculative.py:1281-1293; it asserts a speculative config, "
               "vllm/models/glm5next/common/mtp.py:51) whose num_nextn_predict_layers MLA decoder layers (:112-128, "
               ":70-81) join the target's KV cache", "planner/glm5_next.py"),
+    "Qwen4ExpMTP": DraftVerdict(
+        True, "a draft head only (Qwen4-Exp's MTP head, --speculative-config method mtp or qwen4_exp_mtp: vLLM maps a "
+              "Qwen4-Exp target to it, vLLM 0.34.0 vllm/config/speculative.py:1032-1053; it raises without a draft model "
+              "config, vllm/models/qwen4_exp/nvidia/mtp.py:131-133) whose mtp_num_hidden_layers QSA decoder layers "
+              "(:198-249) join the target's KV cache", "planner/qwen4_exp.py"),
     "Step5MTP": DraftVerdict(
         True, "a draft head only (Step5's MTP head, --speculative-config method mtp or step5_mtp: vLLM maps a Step5 "
               "target to it, vLLM 0.34.0 vllm/config/speculative.py:1170-1185; its forward needs the target's hidden states, "
