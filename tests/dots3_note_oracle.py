@@ -19,10 +19,19 @@ indexer registering before the latent, on the layers DeepseekV2MLAAttention's In
 (deepseek_v2.py:1138-1169); the backends in that registration order stand for
 Platform._find_non_ssm_backends' walk over the built layers. What lets the model module import on a CPU
 is vllm_sources.cpu_imports's (two package __init__s skipped, one name set as vLLM sets it off CUDA).
+A case with "mtp" (k speculative tokens) adds the MTP draft's layers: the release's own
+SpeculativeConfig.hf_config_override appends `mtp_layer_types` to `layer_types` and sets n_predict
+(config/speculative.py:832-846), and Dots3NoteMultiTokenPredictor's decoder layers at indices
+num_hidden_layers .. + n_predict - 1 (models/dots3_note/nvidia/mtp.py:103-120) are built as above,
+a DSA one always with its indexer (deepseek_v2.py:1157-1168); every sliding window then retains
+num_prefill_lookahead_tokens - 1 more tokens (v1/core/kv_cache_planning.py:1742-1748), here from the
+release's own SpeculativeConfig.use_multi_module_mtp and, in 0.34, its speculator config's
+num_prefill_lookahead_tokens (in 0.33, VllmConfig.num_prefill_lookahead_tokens, config/vllm.py:655-675).
 It prints a JSON list, one answer per case.
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 import types
 from pathlib import Path
@@ -38,7 +47,9 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     assert Path(vllm.__file__).is_relative_to(root)
     cpu_imports(root, "vllm.models.dots3_note")
     from torch import nn
+    from vllm.config import VllmConfig
     from vllm.config.cache import CacheConfig
+    from vllm.config.speculative import SpeculativeConfig
     from vllm.model_executor.layers.attention.mla_attention import MLAAttention
     from vllm.model_executor.models.deepseek_v2 import DeepseekV32IndexerCache
     from vllm.models.dots3_note.nvidia.attention import Dots3NotePaddedSparseBackend, Dots3NoteTritonMLABackend
@@ -48,6 +59,7 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     from vllm.v1.attention.backends.mla.indexer import DeepseekV32IndexerBackend
     from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts
     from vllm.v1.core import kv_cache_planning, kv_cache_utils
+    from vllm.v1.kv_cache_interface import SlidingWindowSpec
     from vllm.v1.worker.utils import customize_attention_spec
 
     ns = types.SimpleNamespace
@@ -66,12 +78,32 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
         offset = getattr(text, "index_skip_topk_offset", 2)
         skip = (max(layer - offset + 1, 0) % freq != 0) if pattern is None \
             else (0 <= layer < len(pattern) and pattern[layer] == "S")
-        return hasattr(text, "index_topk") and not skip
+        mtp = layer >= text.num_hidden_layers   # a draft layer always builds its indexer (:1157-1168)
+        return hasattr(text, "index_topk") and (not skip or mtp)
+
+    def lookahead(text: Any, k: int) -> int:
+        """num_prefill_lookahead_tokens of an MTP draft of k tokens, by the release's own code."""
+        draft = ns(method="mtp", num_speculative_tokens=k, index_share_for_mtp_iteration=None,
+                   draft_model_config=ns(hf_config=text))
+        for method in ("num_mtp_modules", "use_multi_module_mtp", "use_eagle"):
+            if hasattr(SpeculativeConfig, method):
+                setattr(draft, method, types.MethodType(getattr(SpeculativeConfig, method), draft))
+        try:   # 0.34: the speculator config's (v1/worker/gpu/spec_decode/*/config.py)
+            from vllm.v1.worker.gpu.spec_decode.mtp.config import MTPSpeculatorConfig
+            from vllm.v1.worker.gpu.spec_decode.multi_module_mtp.config import MultiModuleMTPSpeculatorConfig
+        except ImportError:   # 0.33: VllmConfig's own
+            return int(VllmConfig.num_prefill_lookahead_tokens.fget(   # type: ignore[attr-defined]
+                ns(speculative_config=draft, num_speculative_tokens=k)))
+        speculator = MultiModuleMTPSpeculatorConfig if draft.use_multi_module_mtp() else MTPSpeculatorConfig
+        return int(speculator.num_prefill_lookahead_tokens.fget(   # type: ignore[attr-defined]
+            ns(num_speculative_tokens=k, uses_target_hidden_states=speculator.uses_target_hidden_states)))
 
     answers = []
     for case in cases:
-        text = Dots3NoteConfig(**{k: v for k, v in case["config"].items()
-                                  if k not in ("architectures", "model_type", "torch_dtype")})
+        text = Dots3NoteConfig(**{k: v for k, v in case["config"].items() if k not in ("model_type", "torch_dtype")})
+        k = case.get("mtp", 0)
+        if k:   # the draft's hf_config as the release makes it
+            text = SpeculativeConfig.hf_config_override(text)
         cache = CacheConfig()
         model = ns(dtype=torch.bfloat16, max_model_len=case["max_model_len"], hf_text_config=text)
         config = ns(cache_config=cache, model_config=model, compilation_config=ns(static_forward_context={}),
@@ -83,7 +115,7 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
         swa = text.swa_kv_lora_rank + text.swa_qk_rope_head_dim
         latent = text.kv_lora_rank + text.qk_rope_head_dim
         kinds = ["sliding" if text.layer_types[i] == "sliding_attention" else "dsa"
-                 for i in range(text.num_hidden_layers)]
+                 for i in range(text.num_hidden_layers + (text.n_predict if k else 0))]
         backends: list[Any] = []
         for i, kind in enumerate(kinds):
             layer_backends = [Dots3NoteTritonMLABackend] if kind == "sliding" else \
@@ -112,6 +144,11 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
                           indexer=object() if indexer else None, non_causal_multi_token_decode=False)
             specs[f"{p}.mla_attn"] = customize_attention_spec(
                 Dots3NotePaddedSparseBackend, padded.get_kv_cache_spec(config))
+        if k:
+            extra = max(0, lookahead(text, k) - 1)
+            for name, spec in specs.items():   # kv_cache_planning.py:1742-1748
+                if isinstance(spec, SlidingWindowSpec):
+                    specs[name] = dataclasses.replace(spec, extra_retained_tokens=extra)
         config.max_in_flight_tokens = case["max_in_flight_tokens"]
         answer = packed_answer(config, specs, case["kv_memory_bytes"], kv_cache_planning, kv_cache_utils)
         answer["specs"] = [[name.split(".self_attn.")[1], type(s).__name__, s.block_size, s.page_size_bytes,

@@ -21,8 +21,13 @@ rope_parameters have an mrope_section; the text model strips it, model_executor/
 1334-1399); CUDA SM 9.0, where FlashInfer is the GDN prefill backend and a GDN layer exports
 prefill checkpoints every 64 tokens in align mode (model_executor/layers/mamba/gdn/
 qwen_gdn_linear_attn.py:187-330, :846-857); the Mamba cache mode "align" and mamba_block_size =
-block_size that prefix caching, on by default, sets (model_executor/models/config.py:1094-1110); no
-speculative decoding. Of Qwen4ExpForConditionalGenerationConfig.verify_and_update_config only the
+block_size that prefix caching, on by default, sets (model_executor/models/config.py:1094-1110). A
+case with "mtp" (k speculative tokens) drafts with the MTP head: the speculative config's k reaches the
+GDN and PLE state shapes (the block's, nvidia/model.py:817-867, and the layers' own num_spec), the
+raw-key rings and every Mamba spec's speculative blocks through the release's own code, and
+Qwen4ExpMultiTokenPredictor's `mtp_num_hidden_layers` (1 when unset) QSA decoder layers at
+`mtp.layers.{num_hidden_layers + i}` (nvidia/mtp.py:198-249, Qwen4ExpMTP's prefix "mtp") register after
+the target's, built as the target's QSA layers (none is on `ple_layer_ids`). Of Qwen4ExpForConditionalGenerationConfig.verify_and_update_config only the
 Qwen3.5 part that sizes a cache runs (config.py:1293-1318, :1357: the SSM state's dtype from the
 config's mamba_ssm_dtype). The model module imports the Qwen2-VL image processor, whose transformers module
 needs torchvision: where it is not installed an empty package stands in (glm5_next_oracle.py). It
@@ -81,6 +86,7 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
         text = Qwen4ExpTextConfig(**{k: v for k, v in case["config"].items()
                                      if k not in ("architectures", "model_type", "torch_dtype")})
         tp = case["tp"]
+        k = case.get("mtp", 0)
         architecture = case["config"]["architectures"][0]
         if architecture != "Qwen4ExpForConditionalGeneration":   # the text model drops M-RoPE (config.py:1394-1399)
             _strip_qwen4_exp_mrope(ns(hf_config=text, hf_text_config=text))
@@ -97,25 +103,28 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     attention_config=ns(hisparse_config=None), num_gpu_blocks_override=None,
                     parallel_config=ns(tensor_parallel_size=tp, decode_context_parallel_size=1,
                                        prefill_context_parallel_size=1),
-                    speculative_config=None, num_speculative_tokens=0, use_flashinfer_replayssm=False,
+                    speculative_config=ns(num_speculative_tokens=k) if k else None, num_speculative_tokens=k,
+                    use_flashinfer_replayssm=False,
                     additional_config={})
         # the Qwen3.5 contract Qwen4-Exp's config class applies first: the SSM state in mamba_ssm_dtype
         Qwen3_5ForConditionalGenerationConfig.verify_and_update_config(config)
         context = config.compilation_config.static_forward_context
         ple_ids = set(text.ple_layer_ids)
-        for i, kind in enumerate(text.layer_types):   # the layers in the order they register (see above)
-            p = f"model.layers.{i}"
+        first = text.num_hidden_layers   # the draft's layers after the target's (nvidia/mtp.py:198-249)
+        drafted = [("qwen_sparse_attention", f"mtp.layers.{first + i}")
+                   for i in range(getattr(text, "mtp_num_hidden_layers", 1) if k else 0)]
+        for i, (kind, p) in enumerate([*((t, f"model.layers.{i}") for i, t in enumerate(text.layer_types)), *drafted]):
             if i + 1 in ple_ids:
                 context[f"{p}.ple"] = bare(Qwen4ExpPLELayer, model_config=model, cache_config=cache,
                                            hc_hidden_size=text.hidden_size * text.hc_count,
                                            conv_state_len=(text.ple_conv_kernel_size - 1) * text.ngram_size,
-                                           num_spec_tokens=0)
+                                           num_spec_tokens=k)
             if kind == "linear_attention":
                 context[f"{p}.linear_attn"] = bare(
                     QwenGatedDeltaNetAttention, tp_size=tp, num_k_heads=text.linear_num_key_heads,
                     num_v_heads=text.linear_num_value_heads, head_k_dim=text.linear_key_head_dim,
                     head_v_dim=text.linear_value_head_dim,
-                    conv_kernel_size=text.linear_conv_kernel_dim, num_spec=0, model_config=model, cache_config=cache,
+                    conv_kernel_size=text.linear_conv_kernel_dim, num_spec=k, model_config=model, cache_config=cache,
                     vllm_config=config, _checkpoint_alignment=FLASHINFER_GDN_CHECKPOINT_ALIGNMENT,
                     _max_num_batched_tokens=2048)
                 continue

@@ -22,7 +22,7 @@ from packed_plan_support import assert_live_oracle_is_its_record, assert_plan_is
 
 from kvwatch.errors import ConfigError
 from kvwatch.planner import dots3_note
-from kvwatch.planner.architecture_kinds import PLANNED, UNKNOWN, verdict
+from kvwatch.planner.architecture_kinds import DRAFT, PLANNED, verdict
 from kvwatch.planner.deepseek_v4 import capacity
 from kvwatch.planner.devices import preset
 from kvwatch.planner.engine_args import EngineCommand
@@ -51,6 +51,22 @@ CASES: dict[str, dict[str, Any]] = {
         "config": {**BASE, "index_topk_freq": 3, "index_skip_topk_offset": 1},
         "tp": 4, "kv_memory_bytes": 40 * GiB, "max_model_len": 65536},
 }
+# The checkpoint's MTP draft, planned with the target: its layers at indices num_hidden_layers on, of mtp_layer_types
+# (sliding when unset), "mtp" the speculative tokens k; more than one layer at k > 1 (without
+# index_share_for_mtp_iteration in 0.34) keeps k - 1 more tokens in every sliding window.
+TWO = {**BASE, "num_nextn_predict_layers": 2, "mtp_layer_types": ["sliding_attention", "full_attention"]}
+CASES.update({
+    "MTP 1 sliding layer, k 1, TP 1, 40 GiB, 64k": {"config": BASE, "mtp": 1, "tp": 1, "kv_memory_bytes": 40 * GiB,
+                                                  "max_model_len": 65536},
+    "MTP 1 layer, k 3, TP 8, 20 GiB, 128k": {"config": BASE, "mtp": 3, "tp": 8, "kv_memory_bytes": 20 * GiB,
+                                           "max_model_len": 131072},
+    "MTP sliding + DSA past IndexCache, k 3, TP 2, 30 GiB, 32k": {
+        "config": {**TWO, "index_topk_freq": 3, "index_skip_topk_offset": 1}, "mtp": 3, "tp": 2,
+        "kv_memory_bytes": 30 * GiB, "max_model_len": 32768},
+    "MTP 3 sliding layers, index_share, k 2, TP 4, 10 GiB, 64k": {
+        "config": {**BASE, "num_nextn_predict_layers": 3, "index_share_for_mtp_iteration": True}, "mtp": 2, "tp": 4,
+        "kv_memory_bytes": 10 * GiB, "max_model_len": 65536},
+})
 for _case in CASES.values():   # two concurrent batches (async scheduling) of max_num_batched_tokens 2048
     _case["max_in_flight_tokens"] = 2 * 2048
 
@@ -70,21 +86,25 @@ def test_specs_groups_block_blocks_and_tokens_equal_vllms(name: str, release: st
     case, want = CASES[name], _vllm(release)[name]
     shape = _shape(case["config"])
     assert shape.config_reasons == ""
+    mtp = "mtp" in case
     assert [[s.name, s.block_size, s.page_bytes, s.dtype, s.window, align]
-            for s, align in dots3_note.layer_specs(shape)] == \
+            for s, align in dots3_note.layer_specs(shape, mtp)] == \
         [[n, b, p, d, w, a] for n, _, b, p, d, w, a in want["specs"]]
-    kv = dots3_note.packing(shape)
+    kv = dots3_note.packing(shape, mtp)
     assert (dots3_note.BLOCK_SIZE, "BLHNC") == (want["block_size"], want["layout"])
     assert [(len(g.pages), g.block_size, g.page_bytes) for g in kv.groups] == \
         [(g["layers"], g["block_size"], g["page_size_bytes"]) for g in want["groups"]]
     assert kv.bytes_per_block == want["bytes_per_block"]
     blocks = case["kv_memory_bytes"] // kv.bytes_per_block
     assert blocks == want["num_blocks"]
-    tokens, _ = capacity(kv.groups, blocks, case["max_model_len"], case["max_in_flight_tokens"])
+    retained = dots3_note.retained_tokens(shape, case["mtp"], parse_version(release)) if mtp else 0
+    tokens, _ = capacity(kv.groups, blocks, case["max_model_len"], case["max_in_flight_tokens"], retained)
     assert tokens == want["tokens"]
 
 
 def _plan(case: dict[str, Any], release: str = "0.34.0", card: str = "h100", *flags: str) -> Plan:
+    if case.get("mtp"):   # the command drafts with the checkpoint's MTP head
+        flags = ("--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": case["mtp"]}), *flags)
     return packed_plan("rednote-hilab/dots3-note", case, release, card, *flags)
 
 
@@ -107,8 +127,8 @@ def test_live_oracle_matches_its_record(release: str) -> None:
     ("0.34.0", "h100", ("-pp", "2"), "pipeline parallelism"),
     ("0.34.0", "h100", ("--attention-backend", "TRITON_MLA"), "--attention-backend set"),
     ("0.34.0", "h100", ("-tp", "3"), "TP 3 not dividing the attention heads"),
-    ("0.34.0", "h100", ("--speculative-config", '{"method": "mtp", "num_speculative_tokens": 1}'),
-     "speculative decoding"),
+    ("0.34.0", "h100", ("--speculative-config", '{"method": "eagle3", "num_speculative_tokens": 1}'),
+     "method 'eagle3': only Dots3's MTP draft is planned"),
 ])
 def test_outside_the_scope_the_plan_is_unsure(release: str, card: str, flags: tuple[str, ...], reason: str) -> None:
     plan = _plan(CASES["fixture, TP 1, 40 GiB, 64k"], release, card, *flags)
@@ -152,11 +172,36 @@ def test_which_dsa_layers_keep_indexer_keys(change: dict[str, Any], indexed: lis
     assert [i for i, kept in enumerate(_shape({**BASE, **change}).indexer) if kept] == indexed
 
 
-def test_dots3_is_planned_and_its_mtp_draft_says_why_not() -> None:
+def test_dots3_is_planned_and_its_mtp_draft_with_it() -> None:
     for release in ("0.32.0", *RELEASES):
         assert verdict("Dots3NoteForCausalLM", release).handling == PLANNED
         mtp = verdict("Dots3NoteMTPModel", release)
-        assert mtp.handling == UNKNOWN and "MTP draft" in mtp.reason
+        assert mtp.handling == DRAFT and "planned with its target (planner/dots3_note.py)" in mtp.reason
+
+
+def test_the_draft_adds_its_layers_and_a_multi_module_one_widens_the_windows() -> None:
+    target, drafted = _vllm()["fixture, TP 1, 40 GiB, 64k"], _vllm()["MTP 1 sliding layer, k 1, TP 1, 40 GiB, 64k"]
+    assert sum(g["layers"] for g in drafted["groups"]) == sum(g["layers"] for g in target["groups"]) + 1
+    assert drafted["num_blocks"] <= target["num_blocks"] and drafted["tokens"] <= target["tokens"]
+    shared = "MTP 3 sliding layers, index_share, k 2, TP 4, 10 GiB, 64k"   # one more token a window in 0.33
+    assert _vllm("0.33.0")[shared]["tokens"] < _vllm("0.34.0")[shared]["tokens"]
+    shape = _shape(TWO)
+    assert [s.name for s, _ in dots3_note.layer_specs(shape, mtp=True)[-3:]] == ["attn", "indexer.k_cache", "mla_attn"]
+    assert [dots3_note.retained_tokens(shape, k, parse_version("0.34.0")) for k in (1, 2, 5)] == [0, 1, 4]
+    shared = _shape({**BASE, "num_nextn_predict_layers": 3, "index_share_for_mtp_iteration": True})
+    assert [dots3_note.retained_tokens(shared, 3, parse_version(r)) for r in RELEASES] == [2, 0]
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    ({"model_type": "dots3"}, "a config.json of model_type 'dots3', which vLLM does not map to its MTP head"),
+    ({"num_nextn_predict_layers": 0}, "num_nextn_predict_layers 0: an MTP draft of 1 to 64 layers is planned"),
+    ({"mtp_layer_types": ["sliding_attention"] * 2}, "mtp_layer_types not one entry per MTP layer (vLLM refuses it"),
+])
+def test_an_mtp_head_kvwatch_does_not_plan_is_unsure(change: dict[str, Any], reason: str) -> None:
+    assert _shape({**BASE, **change}).mtp_reasons.startswith(reason)
+    if "model_type" not in change:   # kvwatch reads a Dots3 config.json by its model_type
+        plan = _plan({**CASES["MTP 1 sliding layer, k 1, TP 1, 40 GiB, 64k"], "config": {**BASE, **change}})
+        assert plan.source == "unknown" and reason in plan.unknown_layer_types[0]
 
 
 @pytest.mark.parametrize("change", [{"layer_types": ["full_attention"] * 3}, {"swa_kv_lora_rank": None},

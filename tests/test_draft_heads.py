@@ -1,6 +1,6 @@
 """The drafts kvwatch gives a verdict of their own (kvwatch/planner/draft_heads.py): ParseAuxMTPModel
 builds no cache layer at all, ExtractHiddenStatesModel a hidden-state cache that only joins a target's,
-and four draft heads whose layers kvwatch plans with their target (the verdict DRAFT).
+and six draft heads whose layers kvwatch plans with their target (the verdict DRAFT).
 
 The generated architecture table (read from each release's source) must agree with what the module
 says each builds; where the releases are unpacked (KVWATCH_VLLM_SRC), the cited source is read again:
@@ -47,7 +47,9 @@ def test_the_verdict_gives_the_drafts_own_reason(release: str, architecture: str
 ASSERTS = "assert vllm_config.speculative_config is not None"
 PLANNED_DRAFTS = {
     "Step5MTP": ("models/step5/nvidia/mtp.py", (120, 124), "previous_hidden_states: torch.Tensor"),
+    "Dots3NoteMTPModel": ("models/dots3_note/nvidia/mtp.py", (37, 37), ASSERTS),
     "Glm5NextMTPModel": ("models/glm5next/common/mtp.py", (48, 51), ASSERTS),
+    "Qwen4ExpMTP": ("models/qwen4_exp/nvidia/mtp.py", (133, 133), "raise ValueError(\"speculative_config.draft_model_config"),
     "DSparkDraftModel": ("models/deepseek_v4/nvidia/dspark.py", (92, 92), ASSERTS),
     "DSparkV41DraftModel": ("models/deepseek_v41/nvidia/dspark.py", (71, 76), ASSERTS),
 }

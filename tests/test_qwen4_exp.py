@@ -24,7 +24,7 @@ from packed_plan_support import assert_live_oracle_is_its_record, assert_plan_is
 
 from kvwatch.errors import ConfigError
 from kvwatch.planner import qwen4_exp
-from kvwatch.planner.architecture_kinds import PLANNED, UNKNOWN, verdict
+from kvwatch.planner.architecture_kinds import DRAFT, PLANNED, verdict
 from kvwatch.planner.deepseek_v4 import capacity
 from kvwatch.planner.plan import Plan
 
@@ -53,6 +53,25 @@ CASES: dict[str, dict[str, Any]] = {
         "config": {**BASE, "architectures": [VL], "rope_parameters": MROPE}, "tp": 1, "kv_memory_bytes": 40 * GiB,
         "max_model_len": 65536},
 }
+# The checkpoint's MTP draft, planned with the target: mtp_num_hidden_layers (1 when unset) QSA layers at indices
+# num_hidden_layers on, "mtp" the speculative tokens k (GDN and PLE states k rows wider, k more state blocks a
+# request, raw-key rings of round_up(ratio + k, ratio) rows).
+CASES.update({
+    "MTP 1 layer, k 1, TP 1, 40 GiB, 64k": {"config": BASE, "mtp": 1, "tp": 1, "kv_memory_bytes": 40 * GiB,
+                                          "max_model_len": 65536},
+    "MTP 2 layers, k 3, PLE on 3 layers, TP 2, 20 GiB, 128k": {
+        "config": {**BASE, "ple_layer_ids": [1, 2, 5], "mtp_num_hidden_layers": 2}, "mtp": 3, "tp": 2,
+        "kv_memory_bytes": 20 * GiB, "max_model_len": 131072},
+    "MTP, k 4, PLE's state sets the block, TP 8, 10 GiB, 32k": {
+        "config": {**BASE, "ple_layer_ids": [1, 6, 7, 38]}, "mtp": 4, "tp": 8, "kv_memory_bytes": 10 * GiB,
+        "max_model_len": 32768},
+    "MTP 3 layers, k 7, ratio 16, float32 SSM state, TP 4, 20 GiB, 64k": {
+        "config": {**BASE, "indexer_compress_ratio": 16, "mamba_ssm_dtype": "float32", "mtp_num_hidden_layers": 3},
+        "mtp": 7, "tp": 4, "kv_memory_bytes": 20 * GiB, "max_model_len": 65536},
+    "MTP, k 2, VL wrapper with M-RoPE, TP 1, 40 GiB, 64k": {
+        "config": {**BASE, "architectures": [VL], "rope_parameters": MROPE}, "mtp": 2, "tp": 1,
+        "kv_memory_bytes": 40 * GiB, "max_model_len": 65536},
+})
 for _case in CASES.values():   # two concurrent batches (async scheduling) of max_num_batched_tokens 2048
     _case["max_in_flight_tokens"] = 2 * 2048
 
@@ -75,7 +94,7 @@ def test_block_groups_blocks_and_tokens_equal_vllms(name: str, release: str) -> 
     case, want = CASES[name], _vllm(release)[name]
     shape = _shape(case["config"])
     assert shape.config_reasons == ""
-    kv = qwen4_exp.packing(shape, case["tp"])
+    kv = qwen4_exp.packing(shape, case["tp"], case.get("mtp", 0), mtp="mtp" in case)
     assert (kv.block_size, "BLNHC") == (want["block_size"], want["layout"])
     assert [(len(g.pages), g.block_size, g.page_bytes) for g in kv.groups] == \
         [(g["layers"], g["block_size"], g["page_size_bytes"]) for g in want["groups"]]
@@ -94,6 +113,8 @@ def _wrapped(case: dict[str, Any]) -> dict[str, Any]:
 
 
 def _plan(case: dict[str, Any], release: str = "0.34.0", card: str = "h100", *flags: str) -> Plan:
+    if case.get("mtp"):   # the command drafts with the checkpoint's MTP head
+        flags = ("--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": case["mtp"]}), *flags)
     return packed_plan("Qwen/Qwen4-Exp", _wrapped(case), release, card, *flags)
 
 
@@ -119,8 +140,8 @@ def test_the_vl_wrappers_ring_keeps_the_mrope_positions() -> None:
     ("0.34.0", "h100", ("--no-enable-prefix-caching",), "no prefix caching or another Mamba cache mode"),
     ("0.34.0", "h100", ("--mamba-ssm-cache-dtype", "float32"), "a Mamba cache dtype set"),
     ("0.34.0", "h100", ("--attention-backend", "FLASH_ATTN"), "--attention-backend set"),
-    ("0.34.0", "h100", ("--speculative-config", '{"method": "mtp", "num_speculative_tokens": 1}'),
-     "speculative decoding"),
+    ("0.34.0", "h100", ("--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'),
+     "method 'ngram': only Qwen4-Exp's MTP draft is planned"),
 ])
 def test_outside_the_scope_the_plan_is_unsure(release: str, card: str, flags: tuple[str, ...], reason: str) -> None:
     plan = _plan(CASES["fixture, TP 1, 40 GiB, 64k"], release, card, *flags)
@@ -164,12 +185,43 @@ def test_layer_kinds(change: dict[str, Any], qsa: list[bool]) -> None:
     assert list(_shape({**BASE, **change}).qsa) == qsa
 
 
-def test_qwen4_exp_is_planned_and_its_mtp_draft_says_why_not() -> None:
+def test_qwen4_exp_is_planned_and_its_mtp_draft_with_it() -> None:
     for release in ("0.33.0", "0.34.0"):
         assert verdict("Qwen4ExpForCausalLM", release).handling == PLANNED
         assert verdict(VL, release).handling == PLANNED
         mtp = verdict("Qwen4ExpMTP", release)
-        assert mtp.handling == UNKNOWN and "MTP draft" in mtp.reason
+        assert mtp.handling == DRAFT and "planned with its target (planner/qwen4_exp.py)" in mtp.reason
+
+
+def test_the_draft_adds_qsa_layers_and_widens_the_targets_states_and_rings() -> None:
+    target, drafted = _vllm()["fixture, TP 1, 40 GiB, 64k"], _vllm()["MTP 1 layer, k 1, TP 1, 40 GiB, 64k"]
+    # one QSA layer: its ring, compressed key and K/V; the rings twice as long (round_up(4 + 1, 4) rows)
+    assert sum(g["layers"] for g in drafted["groups"]) == sum(g["layers"] for g in target["groups"]) + 3
+    assert [g["block_size"] for g in drafted["groups"] if g["block_size"] < 64] == [8]
+    assert drafted["tokens"] < target["tokens"]
+    shape = _shape(BASE)
+    assert [qwen4_exp.ring_rows(shape, k) for k in (0, 1, 4, 5)] == [4, 8, 8, 12]
+    assert qwen4_exp.gdn_state_bytes(shape, 1, 2) > qwen4_exp.gdn_state_bytes(shape, 1, 1)
+    assert [g.speculative_blocks for g in qwen4_exp.packing(shape, 1, 3, mtp=True).groups if g.kind == "mamba"] \
+        == [3] * 3
+
+
+@pytest.mark.parametrize(("change", "k", "reason"), [
+    ({"mtp_num_hidden_layers": 0}, 1, "mtp_num_hidden_layers 0: an MTP draft of 1 to 64 layers is planned"),
+    ({"mtp_num_hidden_layers": None}, 1, "mtp_num_hidden_layers None"),
+    # TP 8, PLE on 4 layers: a block of 256 tokens at k 5, a ring of round_up(4 + 5, 4) = 12 rows (vLLM's own
+    # oracle raises the same assertion)
+    ({"ple_layer_ids": [1, 6, 7, 38]}, 5, "a QSA ring of 12 rows not dividing the block of 256 (vLLM asserts it"),
+])
+def test_an_mtp_head_kvwatch_does_not_plan_is_unsure(change: dict[str, Any], k: int, reason: str) -> None:
+    plan = _plan({**CASES["MTP 1 layer, k 1, TP 1, 40 GiB, 64k"], "config": {**BASE, **change}, "mtp": k, "tp": 8})
+    assert plan.source == "unknown" and reason in plan.unknown_layer_types[0]
+
+
+def test_only_a_qwen4_exp_model_type_finds_the_mtp_head() -> None:
+    assert _shape({**BASE, "model_type": "qwen4_exp"}).mtp_reasons == ""
+    assert _shape({**BASE, "model_type": "qwen3_5_text"}).mtp_reasons.startswith(
+        "a config.json of model_type 'qwen3_5_text', which vLLM does not map to its MTP head")
 
 
 @pytest.mark.parametrize("change", [{"layer_types": "linear_attention"}, {"indexer_head_dim": "wide"},

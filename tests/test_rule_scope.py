@@ -34,9 +34,9 @@ RULES = ruleset_for(None)
 CPU = Device("cpu", "cpu", cpu_fp8_kv=True)
 CPU_NO_AVX512 = Device("cpu", "cpu", cpu_fp8_kv=False)
 KIMI = json.loads((Path(__file__).parent.parent / "examples/kimi-k2/config.json").read_text())
-# Dots3's MTP draft: its draft layers are not planned (registered in 0.32, 0.33 and 0.34), so kvwatch
-# cannot classify a config it leads; no rule of kvwatch was read for it.
-OUTSIDE = "Dots3NoteMTPModel"
+# Nemotron Parse: its decoder's cross-attention layers have no rule of kvwatch's (registered in 0.32, 0.33
+# and 0.34), so kvwatch cannot classify a config it leads; no rule of kvwatch was read for it.
+OUTSIDE = "NemotronParseForConditionalGeneration"
 DROPPED = sorted(a for a in PREVIOUSLY_SUPPORTED if a not in IN_TRANSFORMERS)[0]
 
 K = FailureKind

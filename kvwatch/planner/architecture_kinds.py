@@ -21,12 +21,12 @@ from typing import Any
 
 from kvwatch.planner.cross_attention import cross_attention_planned
 from kvwatch.planner.deepseek_v4 import DEEPSEEK_V4_KINDS, NOT_PLANNED
-from kvwatch.planner.dots3_note import DOTS3_KINDS, DOTS3_NOT_PLANNED
+from kvwatch.planner.dots3_note import DOTS3_KINDS
 from kvwatch.planner.draft_heads import draft_reason, planned_with_target
 from kvwatch.planner.glm5_next import GLM5_NEXT_KINDS, GLM5_NEXT_SPEC_CLASSES
 from kvwatch.planner.inkling import INKLING_KINDS
 from kvwatch.planner.mistral_large4 import LARGE4_KINDS, LARGE4_NOT_PLANNED
-from kvwatch.planner.qwen4_exp import QWEN4_EXP_KINDS, QWEN4_EXP_NOT_PLANNED, QWEN4_EXP_SPEC_CLASSES
+from kvwatch.planner.qwen4_exp import QWEN4_EXP_KINDS, QWEN4_EXP_SPEC_CLASSES
 from kvwatch.planner.step5_sparse import STEP5_KINDS
 from kvwatch.vllm_releases import DEFAULT_RELEASE
 from kvwatch.vllm_releases.architecture_entry import ArchitectureEntry
@@ -72,7 +72,7 @@ PLANNED_KINDS.update(GLM5_NEXT_KINDS)   # GLM-5-Next's indexer keys and tail rin
 PLANNED_KINDS.update(QWEN4_EXP_KINDS)   # Qwen4-Exp's QSA caches (planner/qwen4_exp.py)
 PLANNED_KINDS.update(DOTS3_KINDS)   # Dots3's padded DSA latent (planner/dots3_note.py)
 PLANNED_KINDS.update(LARGE4_KINDS)   # Mistral Large 4's indexer keys (planner/mistral_large4.py)
-NOT_PLANNED = {**NOT_PLANNED, **QWEN4_EXP_NOT_PLANNED, **DOTS3_NOT_PLANNED, **LARGE4_NOT_PLANNED}
+NOT_PLANNED = {**NOT_PLANNED, **LARGE4_NOT_PLANNED}
 # Layers that hold no cache: a model of these alone (BERT-like encoders) gets no KV cache from vLLM,
 # which kvwatch plans as 0 blocks (planner/no_kv_cache.py).
 _NO_CACHE = frozenset({"EncoderOnlyAttention"})

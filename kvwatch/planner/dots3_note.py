@@ -3,7 +3,8 @@
 Dots3 is MLA with two latents: its sliding layers keep a wider one than its DSA layers, and vLLM pads
 the DSA layers' latent rows to the sliding width so that both share one row size (the "padded MLA").
 The scope: vLLM 0.33 or 0.34 on CUDA SM 9.0, a bf16 model with a bf16 KV cache (`--kv-cache-dtype
-auto`), no `--block-size`, no speculative decoding, no pipeline parallelism, no `--attention-backend`,
+auto`), no `--block-size`, no speculative decoding but with the checkpoint's MTP draft (below), no
+pipeline parallelism, no `--attention-backend`,
 the hybrid KV cache manager on, a config with `index_topk`, `layer_types`, an `index_head_dim` of 128
 and the sliding latent of 1,088 its backend takes. Anything else is unsure (`out_of_scope`), not
 planned. Each rule cites vLLM 0.34.0 (0.33.0 has the same code, its model.py a line earlier from
@@ -29,7 +30,22 @@ planned. Each rule cites vLLM 0.34.0 (0.33.0 has the same code, its model.py a l
   one, so _get_packed_kv_cache_groups (v1/core/kv_cache_planning.py:958; :914 in 0.33) packs the
   caches as for DeepSeek-V4 (planner/deepseek_v4.py `packed_groups`: the sliding latents one bucket,
   the DSA latents and indexer keys another), and a block is the largest group's pages rounded up to
-  the least common multiple of every layer's block-stride alignment (:620-648).
+  the least common multiple of every layer's block-stride alignment (:620-648);
+- the MTP draft (`--speculative-config` method "mtp" or "dots3_note_mtp", k speculative tokens > 0):
+  vLLM maps a config.json of model_type "dots3_note" to Dots3NoteMTPModel with n_predict =
+  `num_nextn_predict_layers` (Dots3NoteConfig's default 1, transformers_utils/configs/dots3_note.py:24)
+  and appends `mtp_layer_types` (one sliding_attention a layer when unset; another length is a
+  ValueError) to `layer_types` (config/speculative.py:832-846; 0.33.0 :734-748). Its layers at
+  `model.layers.{num_hidden_layers + i}` are Dots3 decoder layers of that type (models/dots3_note/
+  nvidia/mtp.py:53-57, :103-120; model.py:520-529), so their caches are the target's kinds and join
+  its groups; a DSA draft layer always builds its indexer, whatever the IndexCache rule says of the
+  target's (model_executor/models/deepseek_v2.py:1157-1168). With more than one draft layer and k > 1
+  vLLM drafts with the multi-module MTP speculator, whose prefill lookahead of k tokens makes every
+  sliding window retain k - 1 more (v1/core/kv_cache_planning.py:1742-1748, config/speculative.py:
+  1813-1827, v1/worker/gpu/spec_decode/multi_module_mtp/config.py:13-18; 0.33.0 the same through
+  config/vllm.py:655-675 and speculative.py:2188-2194, which does not read
+  `index_share_for_mtp_iteration`). kvwatch reads that field from config.json only, not from
+  `--speculative-config`.
 
 MLA caches are TP-replicated: tensor parallelism changes no page, only whether vLLM takes it (the
 sliding and DSA heads must divide by it: model.py:373 and deepseek_v2.py's column-parallel
@@ -40,12 +56,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kvwatch.errors import ConfigError
 from kvwatch.planner.config_keys import positive_field
-from kvwatch.planner.deepseek_v4 import CacheSpec, Group, Packing, packed_groups
+from kvwatch.planner.deepseek_v4 import CacheSpec, Group, Packing, drafts_with_mtp, mtp_retained_tokens, packed_groups
 from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.indexer import QUANT_BLOCK, SCALE_BYTES, indexer_flags
@@ -78,6 +94,9 @@ class Dots3Shape:
     index_key: int              # an indexer key's bytes
     heads: tuple[int, int]      # num_attention_heads, swa_num_attention_heads (TP must divide both)
     config_reasons: str         # the config's own ways out of the scope ("" when inside)
+    mtp_sliding: tuple[bool, ...] = ()   # per MTP draft layer: sliding (True) or DSA (which keeps its indexer)
+    mtp_reasons: str = ""       # why its MTP draft is not planned ("" when it is)
+    index_share: bool = False   # index_share_for_mtp_iteration (0.34 drafts with one module when set)
 
 
 def dots3_shape(cfg: Mapping[str, Any], architectures: Sequence[str]) -> Dots3Shape | None:
@@ -106,15 +125,35 @@ def dots3_shape(cfg: Mapping[str, Any], architectures: Sequence[str]) -> Dots3Sh
         (shape.latent > shape.swa_latent, "a DSA latent wider than the sliding one (vLLM asserts it: model.py:234)"),
         (not any(shape.sliding) or all(shape.sliding), "not a sliding and DSA hybrid"),
     ) if hit]
-    return Dots3Shape(shape.sliding, shape.indexer, shape.latent, shape.swa_latent, shape.window, shape.index_key,
-                      shape.heads, "; ".join(reasons))
+    mtp_sliding, mtp_reasons = _mtp_layers(cfg)
+    return replace(shape, config_reasons="; ".join(reasons), mtp_sliding=mtp_sliding, mtp_reasons=mtp_reasons,
+                   index_share=cfg.get("index_share_for_mtp_iteration") is True)
 
 
-def layer_specs(shape: Dots3Shape) -> list[tuple[CacheSpec, int]]:
-    """Each cache's spec and its block-stride alignment in bytes, in vLLM's registration order."""
+def _mtp_layers(cfg: Mapping[str, Any]) -> tuple[tuple[bool, ...], str]:
+    """The MTP draft's layers (sliding or DSA) as config/speculative.py:832-846 appends them, and why vLLM
+    would not build the draft ("" when it does)."""
+    if cfg.get("model_type") != "dots3_note":
+        return (), f"a config.json of model_type {cfg.get('model_type')!r}, which vLLM does not map to its MTP head " \
+                   f"(only dots3_note: config/speculative.py:832)"
+    count = cfg.get("num_nextn_predict_layers", 1)
+    if not isinstance(count, int) or isinstance(count, bool) or not 0 < count <= 64:
+        return (), f"num_nextn_predict_layers {count!r}: an MTP draft of 1 to 64 layers is planned"
+    types = cfg.get("mtp_layer_types")
+    if types is None:
+        return (True,) * count, ""
+    if not isinstance(types, list) or len(types) != count:
+        return (), "mtp_layer_types not one entry per MTP layer (vLLM refuses it: config/speculative.py:837-841)"
+    return tuple(t == "sliding_attention" for t in types), ""
+
+
+def layer_specs(shape: Dots3Shape, mtp: bool = False) -> list[tuple[CacheSpec, int]]:
+    """Each cache's spec and its block-stride alignment in bytes, in vLLM's registration order (with `mtp`,
+    the MTP draft's layers after the target's, each DSA one with its indexer)."""
     page = BLOCK_SIZE * shape.swa_latent * KV_BYTES
     specs: list[tuple[CacheSpec, int]] = []
-    for sliding, indexer in zip(shape.sliding, shape.indexer, strict=True):
+    draft = [(sliding, not sliding) for sliding in shape.mtp_sliding] if mtp else []
+    for sliding, indexer in (*zip(shape.sliding, shape.indexer, strict=True), *draft):
         if sliding:
             specs.append((CacheSpec("attn", "swa_mla", BLOCK_SIZE, shape.window, page, "bfloat16"), 1))
             continue
@@ -130,13 +169,30 @@ class Dots3Packing:
     bytes_per_block: int
 
 
-def packing(shape: Dots3Shape) -> Dots3Packing:
-    """vLLM's groups and BLHNC bytes per block (the same on every TP rank)."""
-    specs = layer_specs(shape)
+def packing(shape: Dots3Shape, mtp: bool = False) -> Dots3Packing:
+    """vLLM's groups and BLHNC bytes per block (the same on every TP rank; with `mtp`, the MTP draft's too)."""
+    specs = layer_specs(shape, mtp)
     groups = packed_groups([spec for spec, _ in specs])
     widest = max(g.page_bytes for g in groups)
     alignment = math.lcm(*(align for _, align in specs))
     return Dots3Packing(tuple(groups), -(-widest // alignment) * alignment)
+
+
+def draft_reasons(shape: Dots3Shape, settings: EngineSettings) -> str:
+    """Why this command's draft is not planned with the target ("" where it drafts with the checkpoint's
+    MTP head, or drafts not at all)."""
+    if not (settings.num_speculative_tokens > 0 or settings.speculative_config):
+        return ""
+    if not drafts_with_mtp(settings.speculative_method, settings.num_speculative_tokens):
+        return f"--speculative-config method {settings.speculative_method!r}: only Dots3's MTP draft is planned"
+    return shape.mtp_reasons
+
+
+def retained_tokens(shape: Dots3Shape, num_speculative_tokens: int, version: VllmVersion | None) -> int:
+    """The tokens every sliding window retains past its own for the MTP draft (0.33 does not read
+    index_share_for_mtp_iteration: config/speculative.py:2188-2194 there)."""
+    share = shape.index_share and (version is None or version.parts[:2] != (0, 33))
+    return mtp_retained_tokens(len(shape.mtp_sliding), num_speculative_tokens, share)
 
 
 def out_of_scope(shape: Dots3Shape, settings: EngineSettings, device: Device, version: VllmVersion | None,
@@ -146,6 +202,7 @@ def out_of_scope(shape: Dots3Shape, settings: EngineSettings, device: Device, ve
     sm = (int(major), int(minor or 0)) if device.platform == "cuda" and major.isdigit() and minor.isdigit() else (0, 0)
     dtype = (config_dtype or "not given") if settings.dtype == "auto" else settings.dtype
     tp = max(1, settings.tensor_parallel_size)
+    draft = draft_reasons(shape, settings)
     reasons = [why for hit, why in (
         (bool(shape.config_reasons), shape.config_reasons),
         (version is not None and version.parts[:2] not in CHECKED_MINORS, f"vLLM {version}: only 0.33 and 0.34 are checked"),
@@ -153,7 +210,7 @@ def out_of_scope(shape: Dots3Shape, settings: EngineSettings, device: Device, ve
         (settings.kv_cache_dtype not in ("auto", "bfloat16") or dtype not in ("bfloat16", "bf16"),
          "a model or KV cache other than bf16"),
         (settings.block_size is not None, "--block-size set"),
-        (settings.num_speculative_tokens > 0 or bool(settings.speculative_config), "speculative decoding"),
+        (bool(draft), draft),
         (settings.pipeline_parallel_size > 1, "pipeline parallelism"),
         (settings.attention_backend is not None, "--attention-backend set"),
         (settings.disable_hybrid_kv_cache_manager, "--disable-hybrid-kv-cache-manager"),
@@ -166,15 +223,15 @@ def plan_packing(shape: Dots3Shape, settings: EngineSettings, device: Device, ve
                  config_dtype: str | None) -> Packing:
     """The packing make_plan reports for this command: unsure, with its reason, outside the scope."""
     scope = out_of_scope(shape, settings, device, version, config_dtype)
-    kv = packing(shape)
+    mtp = drafts_with_mtp(settings.speculative_method, settings.num_speculative_tokens) and not shape.mtp_reasons
+    kv = packing(shape, mtp)
     unsure = (f"Dots3 outside the one scope kvwatch checked against vLLM's own code "
               f"(CUDA SM 9.0, bf16, defaults): {scope}",) if scope else ()
     return Packing(kv.groups, kv.bytes_per_block, BACKEND if device.platform == "cuda" else None, unsure,
-                   attention="dots3_note", block_size=BLOCK_SIZE, source=SOURCE, dtype_bytes=KV_BYTES)
+                   attention="dots3_note", block_size=BLOCK_SIZE, source=SOURCE, dtype_bytes=KV_BYTES,
+                   extra_retained=retained_tokens(shape, settings.num_speculative_tokens, version) if mtp else 0)
 
 
-# The layer class whose cache this module plans (architecture_kinds), and the draft it does not plan.
+# The layer class whose cache this module plans (architecture_kinds).
 DOTS3_KINDS: dict[str, str] = {
     "Dots3NotePaddedMLAAttention": "Dots3 DSA latent padded to the sliding latent (planner/dots3_note.py)"}
-DOTS3_NOT_PLANNED: dict[str, str] = {
-    "Dots3NoteMTPModel": "Dots3's MTP draft layers (models/dots3_note/nvidia/mtp.py) are not planned"}

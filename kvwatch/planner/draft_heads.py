@@ -1,12 +1,16 @@
 """Speculative-decoding drafts kvwatch gives a verdict of their own, with the reason (pure).
 
 A draft architecture is loaded next to the target through --speculative-config; whatever cache
-layers it builds join the target's KV cache. vLLM never serves one alone. Four are planned with their
+layers it builds join the target's KV cache. vLLM never serves one alone. Six are planned with their
 target (`planned_with`: their verdict is architecture_kinds' DRAFT, "a draft head, planned with its
 target"):
 
 - Step5MTP: planner/step5_sparse.py adds its num_nextn_predict_layers Step5 decoder layers to the
   target's when the command drafts with mtp;
+- Dots3NoteMTPModel: planner/dots3_note.py adds its sliding or DSA MLA layers (each DSA one with its
+  indexer keys), and the tokens a multi-module draft keeps in every sliding window;
+- Qwen4ExpMTP: planner/qwen4_exp.py adds its QSA layers, and the wider GDN and PLE states and QSA
+  rings the speculative tokens make;
 - Glm5NextMTPModel: planner/glm5_next.py adds its MLA layers, and the wider KDA states and tail rings
   the speculative tokens make;
 - DSparkDraftModel and DSparkV41DraftModel, DeepSeek-V4's and V4.1's DSpark drafts (method dspark):
@@ -68,11 +72,22 @@ DRAFTS: dict[str, DraftVerdict] = {
               "(attention.py:403-405), each adding a block-32 sliding cache to the target's; drafting also widens "
               "the target's compressor rings to max(8, next power of two of num_speculative_tokens + 2) rows "
               "(vllm/models/deepseek_v41/compressor.py:250-252)", "planner/deepseek_v41.py"),
+    "Dots3NoteMTPModel": DraftVerdict(
+        True, "a draft head only (Dots3's MTP head, --speculative-config method mtp or dots3_note_mtp: vLLM maps a Dots3 "
+              "target to it, vLLM 0.34.0 vllm/config/speculative.py:832-846; it asserts a speculative config, "
+              "vllm/models/dots3_note/nvidia/mtp.py:37, :106) whose num_nextn_predict_layers Dots3 decoder layers of "
+              "`mtp_layer_types` (sliding when unset; :103-120, :53-57) join the target's KV cache",
+        "planner/dots3_note.py"),
     "Glm5NextMTPModel": DraftVerdict(
         True, "a draft head only (GLM-5-Next's MTP head, --speculative-config method mtp or glm5_next_mtp: vLLM maps a "
               "GLM-5-Next target to it, vLLM 0.34.0 vllm/config/speculative.py:1281-1293; it asserts a speculative config, "
               "vllm/models/glm5next/common/mtp.py:51) whose num_nextn_predict_layers MLA decoder layers (:112-128, "
               ":70-81) join the target's KV cache", "planner/glm5_next.py"),
+    "Qwen4ExpMTP": DraftVerdict(
+        True, "a draft head only (Qwen4-Exp's MTP head, --speculative-config method mtp or qwen4_exp_mtp: vLLM maps a "
+              "Qwen4-Exp target to it, vLLM 0.34.0 vllm/config/speculative.py:1032-1053; it raises without a draft model "
+              "config, vllm/models/qwen4_exp/nvidia/mtp.py:131-133) whose mtp_num_hidden_layers QSA decoder layers "
+              "(:198-249) join the target's KV cache", "planner/qwen4_exp.py"),
     "Step5MTP": DraftVerdict(
         True, "a draft head only (Step5's MTP head, --speculative-config method mtp or step5_mtp: vLLM maps a Step5 "
               "target to it, vLLM 0.34.0 vllm/config/speculative.py:1170-1185; its forward needs the target's hidden states, "

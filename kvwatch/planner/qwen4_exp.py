@@ -4,7 +4,7 @@ The scope: vLLM 0.34 or 0.33 (whose code gives the same answers: the caches from
 811-874, nvidia/qsa.py:385-400, :552-560) on CUDA SM 9.0 (where FlashInfer runs the GDN prefill: vLLM picks it there with
 no further check, model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py:187-348), a bf16 model with a bf16 KV cache (`--kv-cache-dtype auto`), the QSA indexer on (`indexer_n_heads`
 set) with its bf16 compressed key (vLLM's default `indexer_kv_dtype`), no `--block-size`, no
-speculative decoding, no pipeline parallelism, no `--attention-backend`, prefix caching and the
+speculative decoding but with the checkpoint's MTP draft (below), no pipeline parallelism, no `--attention-backend`, prefix caching and the
 hybrid KV cache manager on, default Mamba cache settings, and a model of both GDN and QSA layers.
 kvwatch reads neither `--language-model-only` (the VL wrapper is planned without it: its ring then
 keeps the M-RoPE positions) nor `--additional-config` (a `gdn_prefill_backend` there is planned as
@@ -37,7 +37,19 @@ none). Anything else is unsure (`out_of_scope`), not planned. Each rule cites vL
   _get_packed_kv_cache_groups packs the caches as for DeepSeek-V4 (planner/deepseek_v4.py
   `packed_groups`; the K/V and compressed key share a bucket, the GDN states, the PLE states and
   the rings are state buckets: v1/core/kv_cache_planning.py:958-1085); every alignment is 1, so a
-  block is the largest group's pages (:620-648).
+  block is the largest group's pages (:620-648);
+- the MTP draft (`--speculative-config` method "mtp" or "qwen4_exp_mtp", k speculative tokens > 0):
+  vLLM maps a config.json of model_type "qwen4_exp" or "qwen4_exp_text" to Qwen4ExpMTP
+  (config/speculative.py:1032-1053; 0.33.0 :915-936), which builds `mtp_num_hidden_layers` (1 when
+  unset: transformers' Qwen4ExpTextConfig has no such field) QSA decoder layers at
+  `layers.{num_hidden_layers + i}`, past `ple_layer_ids`, so with no PLE state (nvidia/mtp.py:198-249,
+  model.py:216-265): each the target QSA layer's three caches, joining their groups. The k tokens widen
+  every GDN conv state and every PLE state by k rows (mamba_utils.py:257-301, ple_layer.py:108, :194-200,
+  qwen_gdn_linear_attn.py:684-694; the block's from model.py:817-867), which may raise the block, give
+  every GDN and PLE group k state blocks a request (model_executor/layers/mamba/abstract.py:94-98,
+  v1/kv_cache_interface.py:1168-1174), and make every raw-key ring `round_up(ratio + k, ratio)` rows,
+  which vLLM asserts divide the block (common/qsa_indexer.py:848-859). Qwen4-Exp has no sliding window,
+  so a multi-module draft's lookahead retains nothing more (v1/core/kv_cache_planning.py:1742-1748).
 """
 from __future__ import annotations
 
@@ -47,7 +59,7 @@ from typing import Any
 
 from kvwatch.errors import ConfigError
 from kvwatch.planner.config_keys import positive_field
-from kvwatch.planner.deepseek_v4 import CacheSpec, Group, Packing, packed_groups
+from kvwatch.planner.deepseek_v4 import CacheSpec, Group, Packing, drafts_with_mtp, packed_groups
 from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.values.versions import VllmVersion
@@ -98,6 +110,8 @@ class Qwen4ExpShape:
     compress_ratio: int
     mrope: bool               # the ring keeps M-RoPE positions (the VL wrapper with an mrope_section)
     config_reasons: str       # the config's own ways out of the scope ("" when inside)
+    mtp_layers: int = 0       # mtp_num_hidden_layers: the MTP draft's QSA layers
+    mtp_reasons: str = ""     # why its MTP draft is not planned ("" when it is)
 
 
 def _int(cfg: Mapping[str, Any], key: str) -> int:
@@ -153,7 +167,20 @@ def qwen4_exp_shape(cfg: Mapping[str, Any], architectures: Sequence[str]) -> Qwe
         (_int(cfg, "hc_count") <= 1, "hc_count 1 (vLLM refuses it)"),
         (shape.ssm_bytes == 0, f"mamba_ssm_dtype {str(ssm)[:20]} (only float32, bfloat16 and float16 are checked)"),
     ) if hit]
-    return replace(shape, config_reasons="; ".join(reasons))
+    return replace(shape, config_reasons="; ".join(reasons), **_mtp(cfg, model_type))
+
+
+def _mtp(cfg: Mapping[str, Any], model_type: object) -> dict[str, Any]:
+    """The MTP draft's layer count and why vLLM would not build it ("" when it does)."""
+    if model_type not in MODEL_TYPES:
+        return {"mtp_layers": 0, "mtp_reasons": f"a config.json of model_type {model_type!r}, which vLLM does not map "
+                                                f"to its MTP head (only qwen4_exp and qwen4_exp_text: "
+                                                f"config/speculative.py:1032)"}
+    count = cfg.get("mtp_num_hidden_layers", 1)
+    if not isinstance(count, int) or isinstance(count, bool) or not 0 < count <= 64:
+        return {"mtp_layers": 0, "mtp_reasons": f"mtp_num_hidden_layers {count!r}: an MTP draft of 1 to 64 layers is "
+                                                f"planned"}
+    return {"mtp_layers": count, "mtp_reasons": ""}
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -165,42 +192,49 @@ def kv_token_bytes(shape: Qwen4ExpShape, tp: int) -> int:
     return 2 * max(1, shape.kv_heads // tp) * shape.head_dim * KV_BYTES
 
 
-def gdn_state_bytes(shape: Qwen4ExpShape, tp: int) -> int:
-    """One GDN layer's conv (bf16) and recurrent state on one of `tp` ranks."""
+def gdn_state_bytes(shape: Qwen4ExpShape, tp: int, spec: int = 0) -> int:
+    """One GDN layer's conv (bf16, k = `spec` more rows) and recurrent state on one of `tp` ranks."""
     conv = (2 * shape.key_heads * shape.key_dim + shape.value_heads * shape.value_dim) // tp
-    return conv * (shape.conv_kernel - 1) * KV_BYTES + shape.value_heads // tp * shape.value_dim * shape.key_dim \
+    return conv * (shape.conv_kernel - 1 + spec) * KV_BYTES + shape.value_heads // tp * shape.value_dim * shape.key_dim \
         * shape.ssm_bytes
 
 
-def ple_state_bytes(shape: Qwen4ExpShape) -> int:
-    """One PLE layer's short-conv state (bf16), the same on every rank."""
-    return shape.ple_channels * shape.ple_rows * KV_BYTES
+def ple_state_bytes(shape: Qwen4ExpShape, spec: int = 0) -> int:
+    """One PLE layer's short-conv state (bf16, k = `spec` more rows), the same on every rank."""
+    return shape.ple_channels * (shape.ple_rows + spec) * KV_BYTES
 
 
-def block_size(shape: Qwen4ExpShape, tp: int) -> int:
+def ring_rows(shape: Qwen4ExpShape, spec: int = 0) -> int:
+    """A raw-key ring's rows: round_up(ratio + k, ratio) (common/qsa_indexer.py:854-855)."""
+    return -(-(shape.compress_ratio + spec) // shape.compress_ratio) * shape.compress_ratio
+
+
+def block_size(shape: Qwen4ExpShape, tp: int, spec: int = 0) -> int:
     """The block vLLM settles on: the fewest 64-token steps whose K/V page holds the larger state page."""
-    state = max(gdn_state_bytes(shape, tp), ple_state_bytes(shape))
+    state = max(gdn_state_bytes(shape, tp, spec), ple_state_bytes(shape, spec))
     return CHECKPOINT_GRID * max(1, _cdiv(state, CHECKPOINT_GRID * kv_token_bytes(shape, tp)))
 
 
-def layer_specs(shape: Qwen4ExpShape, tp: int) -> list[CacheSpec]:
-    """Each cache's spec, in vLLM's registration order (alignment 1 each)."""
-    block = block_size(shape, tp)
+def layer_specs(shape: Qwen4ExpShape, tp: int, spec: int = 0, mtp: bool = False) -> list[CacheSpec]:
+    """Each cache's spec, in vLLM's registration order (alignment 1 each), at k = `spec` speculative tokens
+    (with `mtp`, the MTP draft's QSA layers after the target's)."""
+    block = block_size(shape, tp, spec)
     page = block * kv_token_bytes(shape, tp)
-    padded = page != max(gdn_state_bytes(shape, tp), ple_state_bytes(shape))
+    padded = page != max(gdn_state_bytes(shape, tp, spec), ple_state_bytes(shape, spec))
     width = (-(-shape.index_head_dim // 4) * 4 + ROPE_POSITION_COLUMNS) if shape.mrope else shape.index_head_dim
-    ratio = shape.compress_ratio
+    ratio, ring = shape.compress_ratio, ring_rows(shape, spec)
+    draft = [(True, False)] * (shape.mtp_layers if mtp else 0)
     specs: list[CacheSpec] = []
-    for qsa, ple in zip(shape.qsa, shape.ple, strict=True):
+    for qsa, ple in (*zip(shape.qsa, shape.ple, strict=True), *draft):
         if ple:
             specs.append(CacheSpec("ple", "replicated_mamba", block, 0,
-                                   page if padded else ple_state_bytes(shape), "bfloat16"))
+                                   page if padded else ple_state_bytes(shape, spec), "bfloat16"))
         if not qsa:
-            specs.append(CacheSpec("linear_attn", "mamba", block, 0, page if padded else gdn_state_bytes(shape, tp),
-                                   "bfloat16"))
+            specs.append(CacheSpec("linear_attn", "mamba", block, 0,
+                                   page if padded else gdn_state_bytes(shape, tp, spec), "bfloat16"))
             continue
         if shape.index_head_dim:   # no indexer: out of the scope, its K/V alone keeps the figures defined
-            specs.append(CacheSpec("indexer.raw_key_cache", "ring", ratio, 0, ratio * width * KV_BYTES, "bfloat16"))
+            specs.append(CacheSpec("indexer.raw_key_cache", "ring", ring, 0, ring * width * KV_BYTES, "bfloat16"))
             specs.append(CacheSpec("indexer.compressed_key_cache", "full", block, 0,
                                    block // ratio * shape.index_head_dim * KV_BYTES, "bfloat16"))
         specs.append(CacheSpec("attn", "full", block, 0, page, "bfloat16"))
@@ -214,10 +248,12 @@ class Qwen4ExpPacking:
     bytes_per_block: int
 
 
-def packing(shape: Qwen4ExpShape, tp: int) -> Qwen4ExpPacking:
-    """vLLM 0.34's (and 0.33's) block, groups and BLNHC bytes per block on one of `tp` ranks (the scope's)."""
-    groups = packed_groups(layer_specs(shape, tp))
-    return Qwen4ExpPacking(block_size(shape, tp), tuple(groups), max(g.page_bytes for g in groups))
+def packing(shape: Qwen4ExpShape, tp: int, spec: int = 0, mtp: bool = False) -> Qwen4ExpPacking:
+    """vLLM 0.34's (and 0.33's) block, groups and BLNHC bytes per block on one of `tp` ranks (the scope's), at
+    k = `spec` speculative tokens (with `mtp`, the MTP draft's layers too)."""
+    groups = [replace(g, speculative_blocks=spec) if g.kind in ("mamba", "replicated_mamba") else g
+              for g in packed_groups(layer_specs(shape, tp, spec, mtp))]
+    return Qwen4ExpPacking(block_size(shape, tp, spec), tuple(groups), max(g.page_bytes for g in groups))
 
 
 def divides(shape: Qwen4ExpShape, tp: int) -> bool:
@@ -227,6 +263,21 @@ def divides(shape: Qwen4ExpShape, tp: int) -> bool:
     return kv and all(n % tp == 0 for n in (shape.heads, shape.key_heads, shape.value_heads))
 
 
+def draft_reasons(shape: Qwen4ExpShape, settings: EngineSettings) -> str:
+    """Why this command's draft is not planned with the target ("" where it drafts with the checkpoint's
+    MTP head, or drafts not at all)."""
+    if not (settings.num_speculative_tokens > 0 or settings.speculative_config):
+        return ""
+    if not drafts_with_mtp(settings.speculative_method, settings.num_speculative_tokens):
+        return f"--speculative-config method {settings.speculative_method!r}: only Qwen4-Exp's MTP draft is planned"
+    if shape.mtp_reasons:
+        return shape.mtp_reasons
+    k, tp = settings.num_speculative_tokens, max(1, settings.tensor_parallel_size)
+    block, ring = block_size(shape, tp if divides(shape, tp) else 1, k), ring_rows(shape, k)
+    return f"a QSA ring of {ring} rows not dividing the block of {block} (vLLM asserts it: " \
+           f"common/qsa_indexer.py:856-859)" if block % ring else ""
+
+
 def out_of_scope(shape: Qwen4ExpShape, settings: EngineSettings, device: Device, version: VllmVersion | None,
                  config_dtype: str | None) -> str:
     """Why this command lies outside the one scope planned here; "" when it lies inside."""
@@ -234,6 +285,7 @@ def out_of_scope(shape: Qwen4ExpShape, settings: EngineSettings, device: Device,
     sm = (int(major), int(minor or 0)) if device.platform == "cuda" and major.isdigit() and minor.isdigit() else (0, 0)
     dtype = (config_dtype or "not given") if settings.dtype == "auto" else settings.dtype
     tp = max(1, settings.tensor_parallel_size)
+    draft = draft_reasons(shape, settings)
     reasons = [why for hit, why in (
         (bool(shape.config_reasons), shape.config_reasons),
         (version is not None and version.parts[:2] not in CHECKED_MINORS, f"vLLM {version}: only 0.33 and 0.34 are checked"),
@@ -242,7 +294,7 @@ def out_of_scope(shape: Qwen4ExpShape, settings: EngineSettings, device: Device,
          "a model or KV cache other than bf16"),
         (bool(settings.kv_cache_dtype_skip_layers), "--kv-cache-dtype-skip-layers set"),
         (settings.block_size is not None, "--block-size set"),
-        (settings.num_speculative_tokens > 0 or bool(settings.speculative_config), "speculative decoding"),
+        (bool(draft), draft),
         (settings.pipeline_parallel_size > 1, "pipeline parallelism"),
         (settings.attention_backend not in (None, BACKEND), "--attention-backend set"),
         (settings.disable_hybrid_kv_cache_manager, "--disable-hybrid-kv-cache-manager"),
@@ -259,19 +311,15 @@ def plan_packing(shape: Qwen4ExpShape, settings: EngineSettings, device: Device,
     """The packing make_plan reports for this command: unsure, with its reason, outside the scope."""
     scope = out_of_scope(shape, settings, device, version, config_dtype)
     tp = max(1, settings.tensor_parallel_size)
-    kv = packing(shape, tp if divides(shape, tp) else 1)
+    mtp = drafts_with_mtp(settings.speculative_method, settings.num_speculative_tokens) and not shape.mtp_reasons
+    kv = packing(shape, tp if divides(shape, tp) else 1, settings.num_speculative_tokens if mtp else 0, mtp)
     unsure = (f"Qwen4-Exp outside the one scope kvwatch checked against vLLM's own code "
               f"(CUDA SM 9.0, bf16, defaults): {scope}",) if scope else ()
     return Packing(kv.groups, kv.bytes_per_block, BACKEND if device.platform == "cuda" else None, unsure,
                    attention="qwen4_exp", block_size=kv.block_size, source=SOURCE, dtype_bytes=KV_BYTES)
 
 
-# The layer classes whose caches this module plans (architecture_kinds), and the draft it does not plan.
+# The layer classes whose caches this module plans (architecture_kinds).
 QWEN4_EXP_KINDS: dict[str, str] = {
     "Qwen4ExpQSAAttention": "Qwen4-Exp QSA K/V, raw-key ring and compressed key (planner/qwen4_exp.py)"}
 QWEN4_EXP_SPEC_CLASSES = frozenset({"Qwen4ExpPLELayer"})   # its SHORT_CONV state's prefill checkpoint
-QWEN4_EXP_NOT_PLANNED: dict[str, str] = {
-    "Qwen4ExpMTP": "Qwen4-Exp's MTP draft layers (models/qwen4_exp/nvidia/mtp.py:199-247: "
-                   "`mtp_num_hidden_layers` QSA layers) are not planned: they join the target's cache only under "
-                   "speculative decoding, which widens every QSA ring and gives the GDN and PLE states speculative "
-                   "blocks (common/qsa_indexer.py:848-866), outside the one scope planned"}
