@@ -363,6 +363,7 @@ class Packing:
     source: str = SOURCE
     dtype_bytes: int = 1
     extra_retained: int = 0   # tokens every sliding window retains for a multi-module MTP draft (mtp_retained_tokens)
+    drafted: bool = False   # the MTP draft's layers are planned: its weights load too (planner/packed_draft.py)
 
     @property
     def kv_bytes_per_token(self) -> int:

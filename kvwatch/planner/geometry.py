@@ -25,6 +25,7 @@ from kvwatch.planner.layers import FULL, PURE_STATE_SPACE, LayerLayout, kimi_lin
 from kvwatch.planner.minimax_sparse import SparseIndexer, sparse_indexer
 from kvwatch.planner.mistral_large4 import Large4Shape, large4_shape
 from kvwatch.planner.mtp_draft import MtpDraft, mtp_draft
+from kvwatch.planner.packed_draft import packed_draft_weights
 from kvwatch.planner.prefix_lm import prefix_lm_layers, weight_layers
 from kvwatch.planner.qwen4_exp import Qwen4ExpShape, qwen4_exp_shape
 from kvwatch.planner.static_sink import sink_attention
@@ -94,6 +95,8 @@ class ModelGeometry:
     max_source_positions: int = 0
     # The checkpoint's MTP head, planned where --speculative-config drafts with it (planner/mtp_draft.py)
     mtp_draft: MtpDraft | None = None
+    # Step5's, GLM-5-Next's or Qwen4-Exp's MTP head, loaded where their planner plans it (planner/packed_draft.py)
+    packed_draft: WeightCount | None = None
     # What transformers' config class raises loading this config.json (planner/layer_pattern.py; None: loads)
     config_class_error: PatternError | None = None
 
@@ -271,6 +274,7 @@ def geometry_from_config(config: Mapping[str, Any], release: str | None = None) 
             sparse_attention="index_topk" in cfg, indexer_bytes_per_token=indexer_bytes_per_token(cfg),
             present_fields=_present(cfg), mtp_draft=mtp_draft(cfg, model_type),
             glm5_next=glm5_next, dots3_note=dots3_shape(cfg, architectures),
+            packed_draft=packed_draft_weights(cfg, glm5_next),
             mistral_large4=large4_shape(cfg, architectures))
 
     kv_heads = next((cfg[k] for k in _KV_HEAD_KEYS if cfg.get(k) is not None), num_heads)
@@ -307,8 +311,8 @@ def geometry_from_config(config: Mapping[str, Any], release: str | None = None) 
         sink_len=sink.sink_len if sink is not None else 0,
         max_source_positions=_positive_int(cfg, "max_source_positions", required=False) or 0,
         deepseek_v4=deepseek_v4_shape(cfg, architectures) or deepseek_v41_shape(cfg, architectures),
-        mtp_draft=mtp_draft(cfg, model_type), step5=step5_shape(cfg, architectures),
-        qwen4_exp=qwen4_exp_shape(cfg, architectures),
+        mtp_draft=mtp_draft(cfg, model_type), step5=(step5 := step5_shape(cfg, architectures)),
+        qwen4_exp=(qwen4 := qwen4_exp_shape(cfg, architectures)), packed_draft=packed_draft_weights(cfg, step5 or qwen4),
         config_class_error=pattern_error(cfg, model_type))
 
 

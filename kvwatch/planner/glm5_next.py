@@ -262,7 +262,7 @@ def plan_packing(shape: Glm5NextShape, settings: EngineSettings, device: Device,
     unsure = (f"GLM-5-Next outside the one scope kvwatch checked against vLLM's own code "
               f"(CUDA SM 9.0, FlashInfer >= 0.6.18 assumed, bf16, defaults): {scope}",) if scope else ()
     return Packing(kv.groups, kv.bytes_per_block, BACKEND if device.platform == "cuda" else None, unsure,
-                   attention="glm5_next", block_size=kv.block_size, source=SOURCE, dtype_bytes=KV_BYTES)
+                   attention="glm5_next", block_size=kv.block_size, source=SOURCE, dtype_bytes=KV_BYTES, drafted=mtp)
 
 
 # The layer classes whose caches this module plans (architecture_kinds).

@@ -89,7 +89,7 @@ MTP_FAMILIES = {"deepseek_v3": MtpFamily("DeepSeek-V3", None, True), "glm4_moe":
                 "qwen3_5_text": _QWEN3_5, "qwen3_5_moe_text": _QWEN3_5, "mimo": MtpFamily("MiMo", None, True),
                 "ernie4_5_moe": MtpFamily("ERNIE 4.5", None, True, dense=True)}
 # The fields that give a config routed experts (planner/weights.py count_weights).
-_EXPERT_FIELDS = frozenset({"n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts"})
+EXPERT_FIELDS = frozenset({"n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts"})
 
 
 @dataclass(frozen=True)
@@ -109,29 +109,34 @@ def mtp_draft(cfg: Mapping[str, Any], model_type: str) -> MtpDraft | None:
         raise ConfigError(f"config.json: field {family.count_field!r} must be at most {MAX_FIELD}, got {layers}")
     if not layers:
         return None
-    dense = {k: v for k, v in cfg.items() if k not in _EXPERT_FIELDS} if family.dense else cfg
+    dense = {k: v for k, v in cfg.items() if k not in EXPERT_FIELDS} if family.dense else cfg
     return MtpDraft(layers, draft_weights(dense, layers, family.plain_projection))
 
 
-def draft_weights(cfg: Mapping[str, Any], layers: int, plain_projection: bool) -> WeightCount | None:
+def draft_weights(cfg: Mapping[str, Any], layers: int, plain_projection: bool,
+                  projection_matrices: int | None = None) -> WeightCount | None:
     """The draft's parameters: `layers` decoder layers as the MTP head builds them (DeepSeek's and
-    GLM's an MoE layer, Qwen3-Next's full attention), plus the hidden-state projection, 2 hidden x hidden
-    per layer (MtpFamily.plain_projection says how it is held); no embedding, no LM head."""
+    GLM's an MoE layer, Qwen3-Next's full attention), plus the hidden-state projection,
+    `projection_matrices` hidden x hidden (2 per layer unless given; MtpFamily.plain_projection says how
+    it is held); no embedding, no LM head."""
     draft_cfg = {**cfg, "num_hidden_layers": layers, "first_k_dense_replace": 0,
                  "layer_types": ["full_attention"] * layers, "tie_word_embeddings": True, "vocab_size": 0}
     count = count_weights(draft_cfg)
     if count is None:
         return None
-    projection = layers * 2 * count.hidden_size * count.hidden_size
+    matrices = 2 * layers if projection_matrices is None else projection_matrices
+    projection = matrices * count.hidden_size * count.hidden_size
     return replace(count, linear_params=count.linear_params + projection, embedding_params=0,
                    router_params=count.router_params + (projection if plain_projection else 0))
 
 
-def _with_draft_weights(target: WeightCount | None, draft: WeightCount | None) -> WeightCount | None:
-    """The target's count with the draft's layers added (the parts a draft layer holds)."""
+def with_draft_weights(target: WeightCount | None, draft: WeightCount | None) -> WeightCount | None:
+    """The target's count with the draft's layers added (the parts a draft layer holds, and the LM
+    heads of a draft that keeps its own: planner/packed_draft.py)."""
     if target is None or draft is None:
         return target
     return replace(target, linear_params=target.linear_params + draft.linear_params,
+                   embedding_params=target.embedding_params + draft.embedding_params,
                    attention_params=target.attention_params + draft.attention_params,
                    expert_matrices=target.expert_matrices + draft.expert_matrices,
                    router_params=target.router_params + draft.router_params,
@@ -183,7 +188,7 @@ def with_mtp_draft(geometry: G, settings: EngineSettings) -> G:
     new_layout = replace(layout, kinds=kinds, head_sizes=extended(layout.head_sizes), kv_heads=extended(layout.kv_heads))
     weights = geometry.mtp_draft.weights if geometry.mtp_draft is not None else None
     return replace(geometry, layer_kinds=kinds, layout=new_layout,
-                   weight_count=_with_draft_weights(geometry.weight_count, weights))
+                   weight_count=with_draft_weights(geometry.weight_count, weights))
 
 
 def with_speculative_states(groups: KvGroups, num_speculative_tokens: int, version: VllmVersion | None,

@@ -7,11 +7,14 @@ packing through plan.py's `_packed_plan`.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from kvwatch.planner import deepseek_v41, dots3_note, glm5_next, mistral_large4, qwen4_exp, step5_sparse
 from kvwatch.planner.deepseek_v4 import Packing
 from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.geometry import ModelGeometry
+from kvwatch.planner.mtp_draft import with_draft_weights
 from kvwatch.values.versions import VllmVersion
 
 
@@ -31,3 +34,11 @@ def own_packing(geometry: ModelGeometry, settings: EngineSettings, device: Devic
     if geometry.mistral_large4 is not None:   # on one scope
         return mistral_large4.plan_packing(geometry.mistral_large4, settings, device, version, geometry.config_dtype)
     return None
+
+
+def with_packed_draft(geometry: ModelGeometry, kv: Packing) -> ModelGeometry:
+    """The geometry whose weights hold the MTP draft's (planner/packed_draft.py) where the packing plans
+    the draft's layers: they load beside the target's and come out of the KV cache's memory."""
+    if not kv.drafted:
+        return geometry
+    return replace(geometry, weight_count=with_draft_weights(geometry.weight_count, geometry.packed_draft))

@@ -54,7 +54,7 @@ from kvwatch.planner.layers import CHUNKED, FULL, MAMBA
 from kvwatch.planner.minimax_sparse import sparse_block_size, with_indexers
 from kvwatch.planner.mtp_draft import command_unplanned_draft, draft_warning, with_mtp_draft, with_speculative_states
 from kvwatch.planner.no_kv_cache import NO_KV_CACHE_ATTENTION, NO_KV_CACHE_SOURCE
-from kvwatch.planner.own_packing import own_packing
+from kvwatch.planner.own_packing import own_packing, with_packed_draft
 from kvwatch.planner.predicted_refusal import (
     CONFIG_REFUSED,
     KV_CACHE_TOO_SMALL,
@@ -226,7 +226,7 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
                                 settings.max_model_len or geometry.default_max_model_len, warnings)
     # DeepSeek-V4/V4.1, Step5, GLM-5-Next: cache kinds of their own and their packing (planner/own_packing.py)
     if (kv := own_packing(geometry, settings, device, memory.vllm_version)) is not None:
-        return _packed_plan(geometry, kv, settings, device, memory, release, warnings)
+        return _packed_plan(with_packed_draft(geometry, kv), kv, settings, device, memory, release, warnings)
     if geometry.attention != "none":
         warnings.extend(backend_refusals(choice, rules, device, geometry, settings))
     geometry = with_mtp_draft(geometry, settings)   # an MTP draft's layers and weights (planner/mtp_draft.py)

@@ -316,7 +316,7 @@ def plan_packing(shape: Qwen4ExpShape, settings: EngineSettings, device: Device,
     unsure = (f"Qwen4-Exp outside the one scope kvwatch checked against vLLM's own code "
               f"(CUDA SM 9.0, bf16, defaults): {scope}",) if scope else ()
     return Packing(kv.groups, kv.bytes_per_block, BACKEND if device.platform == "cuda" else None, unsure,
-                   attention="qwen4_exp", block_size=kv.block_size, source=SOURCE, dtype_bytes=KV_BYTES)
+                   attention="qwen4_exp", block_size=kv.block_size, source=SOURCE, dtype_bytes=KV_BYTES, drafted=mtp)
 
 
 # The layer classes whose caches this module plans (architecture_kinds).

@@ -342,7 +342,8 @@ def plan_packing(shape: Step5Shape, settings: EngineSettings, device: Device, ve
     unsure = (f"Step5 outside the one scope kvwatch checked against vLLM's own code: {scope}",) if scope else ()
     return Packing(kv.groups, kv.bytes_per_block, "STEP5_DSA" if device.platform == "cuda" else None, unsure,
                    attention="step5_dsa", block_size=BLOCK_SIZE, source=SOURCE, dtype_bytes=KV_BYTES,
-                   extra_retained=draft_retained_tokens(shape, settings.num_speculative_tokens) if mtp else 0)
+                   extra_retained=draft_retained_tokens(shape, settings.num_speculative_tokens) if mtp else 0,
+                   drafted=mtp and bool(shape.mtp_layers))
 
 
 # The layer classes whose caches this module plans (architecture_kinds.PLANNED_KINDS).

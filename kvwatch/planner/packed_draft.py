@@ -1,0 +1,86 @@
+"""The weights of the MTP drafts planned with an own-packed target (pure).
+
+Step5 (planner/step5_sparse.py), GLM-5-Next (planner/glm5_next.py) and Qwen4-Exp (planner/qwen4_exp.py)
+plan their MTP draft's cache layers with the target's where `--speculative-config` drafts with `mtp`.
+The draft's weights load beside the target's in the same engine, so without `--kv-cache-memory-bytes`
+they come out of the KV cache's memory as the older MTP heads' do (planner/mtp_draft.py
+`draft_weights`, added to the target's count by `with_draft_weights`). What each head holds, as vLLM
+0.34.0 builds it:
+
+- Step5MTP (vllm/models/step5/nvidia/mtp.py): `num_nextn_predict_layers` Step5DecoderLayer (:115-118,
+  :190-201), dense only (:304-305: Step5MLP of `intermediate_size`, model.py:1941-1944); per layer an
+  `eh_proj = nn.Linear(2 hidden, hidden)` (:111: unquantized, whole on every rank) and a
+  `shared_head.head = ParallelLMHead(vocab, hidden)` (:85-90, :112-114), which the draft keeps
+  (`has_own_lm_head = True`, :273; "each MTP layer retains its own checkpoint head", :291-295); the
+  embedding is the target's (`has_own_embed_tokens` unset, model_executor/models/interfaces.py:1562:
+  v1/worker/gpu/spec_decode/eagle/utils.py:20-27, :84-112, :143). vLLM drops the per-layer heads only
+  where the loaded values equal the target's LM head (eagle/utils.py:28-42, :145-160), which config.json
+  cannot tell: kvwatch counts them.
+- Glm5NextMTPModel (vllm/models/glm5next/common/mtp.py): `num_nextn_predict_layers` Glm5NextDecoderLayer
+  (:74-81: an MLA layer with the MoE MLP, :227-238), per layer an `eh_proj = nn.Linear(2 hidden, hidden)`
+  (:57) and no LM head (`SharedHead(defer_lm_head=True)`, :65-69; model_executor/models/deepseek_mtp.py:59-60);
+  the embedding (:129-133) and LM head are the target's (eagle/utils.py:45-72, :84-112).
+- Qwen4ExpMTP (vllm/models/qwen4_exp/nvidia/mtp.py): `mtp_num_hidden_layers` (1 when unset, :199)
+  Qwen4ExpDecoderLayer (:241-249) and, once for the draft, `fc_embedding` and `fc_hidden`, two
+  ColumnParallelLinear(hidden, hidden) quantized as the target (:223-240: split over the ranks); its
+  embedding (:204) and LM head (:446-456) are replaced by the target's (eagle/utils.py:45-72, :84-112).
+
+Each draft decoder layer counts as planner/weights.py counts the target's (count_weights), a full-attention
+layer of the target's shapes; the draft's norms, like the target's, are left out.
+
+Not counted here: DeepSeek-V4's and V4.1's DSpark drafts (vllm/models/deepseek_v4/nvidia/dspark.py:89-170:
+`main_proj` of len(dspark_target_layer_ids) x hidden, `context_wkv_proj`, the hyper-connection head and the
+Markov and confidence heads beside DeepseekV4DecoderLayer) and Dots3's MTP head (a target whose weights
+count_weights does not count: no weight estimate to extend).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from kvwatch.planner.glm5_next import Glm5NextShape
+from kvwatch.planner.mtp_draft import EXPERT_FIELDS, draft_weights
+from kvwatch.planner.qwen4_exp import Qwen4ExpShape
+from kvwatch.planner.step5_sparse import Step5Shape
+from kvwatch.planner.weights import WeightCount
+from kvwatch.values.config_values import positive_int
+
+
+@dataclass(frozen=True)
+class DraftHead:
+    name: str
+    plain_projection: bool   # the hidden-state projection is an nn.Linear: unquantized, whole on every rank
+    projection_per_layer: bool   # 2 hidden x hidden per draft layer (else 2 for the whole draft)
+    dense: bool = False       # each draft layer's MLP is dense (intermediate_size) whatever the target's experts
+    own_lm_heads: bool = False   # each draft layer keeps a ParallelLMHead(vocab, hidden) of its own
+
+
+STEP5 = DraftHead("Step5MTP", plain_projection=True, projection_per_layer=True, dense=True, own_lm_heads=True)
+GLM5_NEXT = DraftHead("Glm5NextMTPModel", plain_projection=True, projection_per_layer=True)
+QWEN4_EXP = DraftHead("Qwen4ExpMTP", plain_projection=False, projection_per_layer=False)
+
+
+def head_weights(cfg: Mapping[str, Any], layers: int, head: DraftHead) -> WeightCount | None:
+    """The parameters a draft head of `layers` decoder layers loads beside the target (None: none, or the
+    config lacks the shapes): its layers and projections, and the LM heads of a head that keeps its own."""
+    if layers <= 0:
+        return None
+    base = {k: v for k, v in cfg.items() if k not in EXPERT_FIELDS} if head.dense else cfg
+    count = draft_weights(base, layers, head.plain_projection, None if head.projection_per_layer else 2)
+    if count is None or not head.own_lm_heads:
+        return count
+    return replace(count, embedding_params=layers * (positive_int(cfg, "vocab_size") or 0) * count.hidden_size)
+
+
+def packed_draft_weights(cfg: Mapping[str, Any], shape: Step5Shape | Glm5NextShape | Qwen4ExpShape | None
+                         ) -> WeightCount | None:
+    """The MTP draft's weights of a Step5, GLM-5-Next or Qwen4-Exp (text) config.json (None: another model,
+    or no draft); the layer count as the model's planner reads it."""
+    if isinstance(shape, Step5Shape):
+        return head_weights(cfg, shape.mtp_modules, STEP5)
+    if isinstance(shape, Glm5NextShape):
+        return head_weights(cfg, shape.mtp_layers, GLM5_NEXT)
+    if isinstance(shape, Qwen4ExpShape):
+        return head_weights(cfg, shape.mtp_layers, QWEN4_EXP)
+    return None
