@@ -16,11 +16,12 @@ import pytest
 from kvwatch.planner.devices import preset
 from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.geometry import ModelGeometry, geometry_from_config
-from kvwatch.planner.packed_draft import GLM5_NEXT, QWEN4_EXP, STEP5, DraftHead, head_weights
+from kvwatch.planner.packed_draft import GLM5_NEXT, QWEN4_EXP, STEP5, DraftHead, dspark_weights, head_weights
 from kvwatch.planner.plan import MemoryInputs, Plan, make_plan
 from kvwatch.planner.rules import ruleset_for
-from kvwatch.planner.weights import WeightCount
+from kvwatch.planner.weights import WeightCount, gpu_weights_bytes, replicated_linear_bytes
 from kvwatch.values.versions import parse_version
+from tests.fixtures.models.newest import NEWEST
 
 MODELS = Path(__file__).resolve().parent / "fixtures" / "models"
 H, HEADS, HEAD_DIM, KV_HEADS, WIDTH, VOCAB = 64, 4, 16, 2, 96, 1000
@@ -53,6 +54,30 @@ def test_each_heads_parameters(name: str) -> None:
     assert got == (linear, whole, embedding)
 
 
+RANK, TARGETS, HEAD_DIM_V4 = 16, 3, 32
+DSPARK = {**MOE, "dspark_markov_rank": RANK, "dspark_target_layer_ids": [5, 6, 7], "head_dim": HEAD_DIM_V4}
+ATTENTION_V4 = 2 * H * HEADS * HEAD_DIM_V4 + 2 * H * KV_HEADS * HEAD_DIM_V4
+MOE_LAYER_V4 = ATTENTION_V4 + EXPERTS * 3 * H * MOE_WIDTH + H * EXPERTS
+# DSpark: MoE layers; main_proj and context_wkv_proj whole on every rank (quantized); the Markov head's two
+# vocab x rank matrices whole and unquantized; (layers) -> (linear, whole unquantized, whole quantized)
+DSPARK_CASES = {
+    "3 layers (the default)": (DSPARK, 3, (3 * MOE_LAYER_V4 + TARGETS * H * H + 3 * H * HEAD_DIM_V4 + 2 * VOCAB * RANK,
+                                           3 * H * EXPERTS + 2 * VOCAB * RANK, TARGETS * H * H + 3 * H * HEAD_DIM_V4)),
+    "1 layer, a draft vocabulary of 500": ({**DSPARK, "draft_vocab_size": 500}, 1,
+                                           (MOE_LAYER_V4 + TARGETS * H * H + H * HEAD_DIM_V4 + (VOCAB + 500) * RANK,
+                                            H * EXPERTS + (VOCAB + 500) * RANK, TARGETS * H * H + H * HEAD_DIM_V4)),
+}
+
+
+@pytest.mark.parametrize("name", DSPARK_CASES)
+def test_dspark_parameters(name: str) -> None:
+    cfg, layers, want = DSPARK_CASES[name]
+    count = dspark_weights(cfg, layers)
+    assert count is not None
+    assert (count.linear_params, count.router_params, count.replicated_linear_params) == want
+    assert count.embedding_params == 0   # the target's embedding and LM head
+
+
 def _config(name: str, **change: Any) -> dict[str, Any]:
     return {**json.loads((MODELS / f"{name}_config.json").read_text()), **change}
 
@@ -63,7 +88,11 @@ DRAFTS = {
     "GLM-5-Next, 1 MTP layer, TP 8": (_config("glm5_next", model_type="glm5_next", num_nextn_predict_layers=1), 8),
     "Qwen4-Exp, 1 MTP layer, TP 1": (_config("qwen4_exp"), 1),
     "Qwen4-Exp, 1 MTP layer, TP 2": (_config("qwen4_exp"), 2),
+    "DeepSeek-V4-Flash, DSpark, TP 2": (NEWEST["deepseek_v4_flash"]["config"], 2),
+    "DeepSeek-V4.1-Flash, DSpark, TP 4": (NEWEST["deepseek_v41_flash"]["config"], 4),
 }
+MTP = ("--speculative-config", '{"method": "mtp", "num_speculative_tokens": 1}')
+DSPARK_FLAGS = ("--speculative-config", '{"method": "dspark", "num_speculative_tokens": 3}')
 
 
 def _plan(geometry: ModelGeometry, tp: int, *flags: str) -> Plan:
@@ -73,11 +102,12 @@ def _plan(geometry: ModelGeometry, tp: int, *flags: str) -> Plan:
                      MemoryInputs(vllm_version=parse_version("0.34.0")))
 
 
-def _per_rank(draft: WeightCount, tp: int) -> int:
-    """bf16 weights: an even share of every parameter, and the parts every rank holds whole (nn.Linear
-    projections, MoE routers, MLA's replicated projections) in full."""
-    whole = 2 * (draft.router_params + draft.replicated_linear_params)
-    return 2 * (draft.linear_params + draft.embedding_params) // tp + whole - whole // tp
+def _per_rank(draft: WeightCount, geometry: ModelGeometry, tp: int) -> int:
+    """The draft's weights (bf16, or the checkpoint's quantization) on one rank: an even share of every
+    parameter, and the parts every rank holds whole (nn.Linear projections, MoE routers, the Markov head,
+    replicated projections) in full."""
+    whole = 2 * draft.router_params + replicated_linear_bytes(draft, geometry.quantization, 2)
+    return gpu_weights_bytes(draft, geometry.quantization, 2) // tp + whole - whole // tp
 
 
 @pytest.mark.parametrize("name", DRAFTS)
@@ -86,20 +116,23 @@ def test_the_kv_budget_shrinks_by_the_drafts_weights_per_rank(name: str) -> None
     geometry = geometry_from_config(cfg, "0.34.0")
     draft = geometry.packed_draft
     assert draft is not None and draft.linear_params > 0
-    mtp = ("--speculative-config", '{"method": "mtp", "num_speculative_tokens": 1}')
-    with_draft, without = _plan(geometry, tp, *mtp), _plan(replace(geometry, packed_draft=None), tp, *mtp)
+    flags = DSPARK_FLAGS if geometry.deepseek_v4 is not None else MTP   # DeepSeek-V4/V4.1: the DSpark draft
+    with_draft, without = _plan(geometry, tp, *flags), _plan(replace(geometry, packed_draft=None), tp, *flags)
     assert with_draft.gpu_budget is not None and without.gpu_budget is not None
-    assert with_draft.gpu_budget.weights_bytes - without.gpu_budget.weights_bytes == _per_rank(draft, tp)
+    assert with_draft.gpu_budget.weights_bytes - without.gpu_budget.weights_bytes == _per_rank(draft, geometry, tp)
     assert with_draft.kv_memory_bytes > 0
-    assert without.kv_memory_bytes - with_draft.kv_memory_bytes == _per_rank(draft, tp)
+    assert without.kv_memory_bytes - with_draft.kv_memory_bytes == _per_rank(draft, geometry, tp)
 
 
 @pytest.mark.parametrize("name", DRAFTS)
 def test_without_the_draft_the_weights_are_the_targets(name: str) -> None:
+    """No draft, n-gram matching (no draft model), and for DeepSeek-V4 its own MTP head (not this draft)."""
     cfg, tp = DRAFTS[name]
     geometry = geometry_from_config(cfg, "0.34.0")
-    plain, ngram = _plan(geometry, tp), _plan(geometry, tp, "--speculative-config",
-                                               '{"method": "ngram", "num_speculative_tokens": 1}')
-    target = _plan(replace(geometry, packed_draft=None), tp)
-    assert plain.gpu_budget is not None and ngram.gpu_budget is not None and target.gpu_budget is not None
-    assert plain.gpu_budget.weights_bytes == ngram.gpu_budget.weights_bytes == target.gpu_budget.weights_bytes > 0
+    others = [(), ("--speculative-config", '{"method": "ngram", "num_speculative_tokens": 1}'),
+              *([MTP] if geometry.deepseek_v4 is not None else [])]
+    target = _plan(replace(geometry, packed_draft=None), tp).gpu_budget
+    assert target is not None and target.weights_bytes > 0
+    for flags in others:
+        budget = _plan(geometry, tp, *flags).gpu_budget
+        assert budget is not None and budget.weights_bytes == target.weights_bytes, flags

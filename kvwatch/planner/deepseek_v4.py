@@ -363,7 +363,7 @@ class Packing:
     source: str = SOURCE
     dtype_bytes: int = 1
     extra_retained: int = 0   # tokens every sliding window retains for a multi-module MTP draft (mtp_retained_tokens)
-    drafted: bool = False   # the MTP draft's layers are planned: its weights load too (planner/packed_draft.py)
+    drafted: bool = False   # the draft's layers planned are ModelGeometry.packed_draft's: its weights load too
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -385,4 +385,4 @@ def packing(shape: DeepseekV4Shape, speculative_method: str | None, num_speculat
         f"DeepSeek-V4 with --attention-backend {attention_backend} on {platform} SM {sm}: only the fp8_ds_mla "
         f"layout CUDA picks by default is planned")
     return Packing(groups, bytes_per_block(groups), backend,
-                   tuple(r for r in (unchecked_release(version), draft, chosen) if r))
+                   tuple(r for r in (unchecked_release(version), draft, chosen) if r), drafted=dspark)

@@ -204,4 +204,4 @@ def packing_for(shape: AnyShape, settings: EngineSettings, device: Device, versi
     unsure = out_of_scope(version, device.platform, device.sm, settings.kv_cache_dtype, settings.attention_backend,
                           settings.speculative_method, settings.block_size, dspark)
     return Packing(groups, deepseek_v4.bytes_per_block(groups), BACKEND if device.platform == "cuda" else None, unsure,
-                   block_size=BLOCK, source=SOURCE)
+                   block_size=BLOCK, source=SOURCE, drafted=dspark > 0)

@@ -310,9 +310,10 @@ def geometry_from_config(config: Mapping[str, Any], release: str | None = None) 
         sparse_indexer=sparse_indexer(cfg, architectures, num_layers, parse_version(release) if release else None),
         sink_len=sink.sink_len if sink is not None else 0,
         max_source_positions=_positive_int(cfg, "max_source_positions", required=False) or 0,
-        deepseek_v4=deepseek_v4_shape(cfg, architectures) or deepseek_v41_shape(cfg, architectures),
+        deepseek_v4=(v4 := deepseek_v4_shape(cfg, architectures) or deepseek_v41_shape(cfg, architectures)),
         mtp_draft=mtp_draft(cfg, model_type), step5=(step5 := step5_shape(cfg, architectures)),
-        qwen4_exp=(qwen4 := qwen4_exp_shape(cfg, architectures)), packed_draft=packed_draft_weights(cfg, step5 or qwen4),
+        qwen4_exp=(qwen4 := qwen4_exp_shape(cfg, architectures)),
+        packed_draft=packed_draft_weights(cfg, step5 or qwen4 or v4),
         config_class_error=pattern_error(cfg, model_type))
 
 

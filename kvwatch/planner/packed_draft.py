@@ -1,7 +1,8 @@
-"""The weights of the MTP drafts planned with an own-packed target (pure).
+"""The weights of the drafts planned with an own-packed target (pure).
 
 Step5 (planner/step5_sparse.py), GLM-5-Next (planner/glm5_next.py) and Qwen4-Exp (planner/qwen4_exp.py)
-plan their MTP draft's cache layers with the target's where `--speculative-config` drafts with `mtp`.
+plan their MTP draft's cache layers with the target's where `--speculative-config` drafts with `mtp`,
+DeepSeek-V4 and V4.1 (planner/deepseek_v4.py, deepseek_v41.py) their DSpark draft's with `dspark`.
 The draft's weights load beside the target's in the same engine, so without `--kv-cache-memory-bytes`
 they come out of the KV cache's memory as the older MTP heads' do (planner/mtp_draft.py
 `draft_weights`, added to the target's count by `with_draft_weights`). What each head holds, as vLLM
@@ -28,10 +29,22 @@ they come out of the KV cache's memory as the older MTP heads' do (planner/mtp_d
 Each draft decoder layer counts as planner/weights.py counts the target's (count_weights), a full-attention
 layer of the target's shapes; the draft's norms, like the target's, are left out.
 
-Not counted here: DeepSeek-V4's and V4.1's DSpark drafts (vllm/models/deepseek_v4/nvidia/dspark.py:89-170:
-`main_proj` of len(dspark_target_layer_ids) x hidden, `context_wkv_proj`, the hyper-connection head and the
-Markov and confidence heads beside DeepseekV4DecoderLayer) and Dots3's MTP head (a target whose weights
-count_weights does not count: no weight estimate to extend).
+- DSparkDraftModel and DSparkV41DraftModel (vllm/models/deepseek_v4/nvidia/dspark.py and
+  deepseek_v41/nvidia/dspark.py): `n_mtp_layers` (V4.1: or `num_nextn_predict_layers`; 3 when unset)
+  DeepseekV4DecoderLayer with the MoE MLP (V4 :106, :132-141; V4.1 :90-94, :125-134); a
+  `main_proj = ReplicatedLinear(hidden x len(dspark_target_layer_ids), hidden)` (V4 :115-122, V4.1 :103-110)
+  and a `context_wkv_proj = MergedColumnParallelLinear(hidden, [head_dim] x layers, disable_tp=True)`
+  (V4 :142-149, V4.1 :136-144), both quantized as the target and whole on every rank; a Markov head
+  (V4 :169-174, V4.1 :155-160): `markov_w1 = nn.Embedding(vocab, dspark_markov_rank)` and
+  `markov_w2 = ParallelLMHead(draft_vocab_size or vocab, dspark_markov_rank, disable_tp=True)`, unquantized
+  and whole on every rank (model_executor/models/qwen3_dspark.py:49-80). Embedding and LM head are the
+  target's (`has_own_embed_tokens = has_own_lm_head = False`, V4 :351-352, V4.1 :294-295, shared by
+  v1/worker/gpu/spec_decode/dspark/utils.py:134-145). Left out as the norms are: V4's hyper-connection
+  head (hc_mult x hc_mult x hidden floats, :156-165) and the confidence head (hidden + rank floats,
+  qwen3_dspark.py:165-184).
+
+Not counted here: DeepSeek-V4's own MTP head (method `mtp`, planner/deepseek_v4.py plans its layers) and
+Dots3's MTP head, whose target count_weights does not weigh (no weight estimate to extend).
 """
 from __future__ import annotations
 
@@ -39,6 +52,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from kvwatch.planner.deepseek_v4 import DeepseekV4Shape
+from kvwatch.planner.deepseek_v41 import DeepseekV41Shape
 from kvwatch.planner.glm5_next import Glm5NextShape
 from kvwatch.planner.mtp_draft import EXPERT_FIELDS, draft_weights
 from kvwatch.planner.qwen4_exp import Qwen4ExpShape
@@ -73,14 +88,36 @@ def head_weights(cfg: Mapping[str, Any], layers: int, head: DraftHead) -> Weight
     return replace(count, embedding_params=layers * (positive_int(cfg, "vocab_size") or 0) * count.hidden_size)
 
 
-def packed_draft_weights(cfg: Mapping[str, Any], shape: Step5Shape | Glm5NextShape | Qwen4ExpShape | None
-                         ) -> WeightCount | None:
-    """The MTP draft's weights of a Step5, GLM-5-Next or Qwen4-Exp (text) config.json (None: another model,
-    or no draft); the layer count as the model's planner reads it."""
+def dspark_weights(cfg: Mapping[str, Any], layers: int) -> WeightCount | None:
+    """The parameters DeepSeek-V4's or V4.1's DSpark draft of `layers` layers loads beside the target: its
+    MoE decoder layers, `main_proj` and `context_wkv_proj` (quantized, whole on every rank) and the Markov
+    head (unquantized, whole on every rank)."""
+    count = draft_weights(cfg, layers, False, 0) if layers > 0 else None
+    if count is None:
+        return None
+    hidden, vocab, rank = count.hidden_size, positive_int(cfg, "vocab_size"), positive_int(cfg, "dspark_markov_rank")
+    targets = cfg.get("dspark_target_layer_ids")
+    replicated = (len(targets) if isinstance(targets, list) else 0) * hidden * hidden \
+        + hidden * positive_int(cfg, "head_dim") * layers
+    markov = vocab * rank + (positive_int(cfg, "draft_vocab_size") or vocab) * rank
+    return replace(count, linear_params=count.linear_params + replicated + markov,
+                   replicated_linear_params=count.replicated_linear_params + replicated,
+                   router_params=count.router_params + markov)
+
+
+AnyShape = Step5Shape | Glm5NextShape | Qwen4ExpShape | DeepseekV4Shape | DeepseekV41Shape
+
+
+def packed_draft_weights(cfg: Mapping[str, Any], shape: AnyShape | None) -> WeightCount | None:
+    """The draft's weights of a Step5, GLM-5-Next or Qwen4-Exp (text) config.json (its MTP head), or of a
+    DeepSeek-V4 or V4.1 one (its DSpark draft) (None: another model, or no draft); the layer count as the
+    model's planner reads it."""
     if isinstance(shape, Step5Shape):
         return head_weights(cfg, shape.mtp_modules, STEP5)
     if isinstance(shape, Glm5NextShape):
         return head_weights(cfg, shape.mtp_layers, GLM5_NEXT)
     if isinstance(shape, Qwen4ExpShape):
         return head_weights(cfg, shape.mtp_layers, QWEN4_EXP)
+    if isinstance(shape, (DeepseekV4Shape, DeepseekV41Shape)):
+        return dspark_weights(cfg, shape.dspark_layers)
     return None
