@@ -16,7 +16,7 @@ import pytest
 from kvwatch.planner.devices import preset
 from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.geometry import ModelGeometry, geometry_from_config
-from kvwatch.planner.packed_draft import GLM5_NEXT, QWEN4_EXP, STEP5, DraftHead, dspark_weights, head_weights
+from kvwatch.planner.packed_draft import DOTS3, GLM5_NEXT, QWEN4_EXP, STEP5, DraftHead, dspark_weights, head_weights
 from kvwatch.planner.plan import MemoryInputs, Plan, make_plan
 from kvwatch.planner.rules import ruleset_for
 from kvwatch.planner.weights import WeightCount, gpu_weights_bytes, replicated_linear_bytes
@@ -42,6 +42,8 @@ CASES: dict[str, tuple[dict[str, Any], int, DraftHead, tuple[int, int, int]]] = 
     # Qwen4-Exp: fc_embedding and fc_hidden once (split, quantized), no LM head
     "Qwen4-Exp, 1 layer": (MOE, 1, QWEN4_EXP, (MOE_LAYER + 2 * H * H, H * EXPERTS, 0)),
     "Qwen4-Exp, 2 layers": (MOE, 2, QWEN4_EXP, (2 * MOE_LAYER + 2 * H * H, 2 * H * EXPERTS, 0)),
+    # Dots3: the target's MoE layer and a ReplicatedLinear eh_proj (quantized, whole) per layer, its own embedding
+    "Dots3, 2 layers": (MOE, 2, DOTS3, (2 * MOE_LAYER + 2 * 2 * H * H, 2 * H * EXPERTS, VOCAB * H)),
     "no layer": (DENSE, 0, GLM5_NEXT, (0, 0, 0)),
 }
 
@@ -52,6 +54,8 @@ def test_each_heads_parameters(name: str) -> None:
     count = head_weights(cfg, layers, head)
     got = (0, 0, 0) if count is None else (count.linear_params, count.router_params, count.embedding_params)
     assert got == (linear, whole, embedding)
+    if count is not None:   # only Dots3's projection is a quantized layer held whole
+        assert count.replicated_linear_params == (2 * layers * H * H if head is DOTS3 else 0)
 
 
 RANK, TARGETS, HEAD_DIM_V4 = 16, 3, 32
@@ -88,6 +92,10 @@ DRAFTS = {
     "GLM-5-Next, 1 MTP layer, TP 8": (_config("glm5_next", model_type="glm5_next", num_nextn_predict_layers=1), 8),
     "Qwen4-Exp, 1 MTP layer, TP 1": (_config("qwen4_exp"), 1),
     "Qwen4-Exp, 1 MTP layer, TP 2": (_config("qwen4_exp"), 2),
+    # The fixture is vLLM's Dots3NoteConfig with no hidden_size: DeepseekV3Config's defaults, which it inherits
+    # (transformers' configuration_deepseek_v3.py), give the shapes the weights need.
+    "Dots3, 1 MTP layer, TP 8": (_config("dots3_note", hidden_size=7168, vocab_size=129280, intermediate_size=18432,
+                                         moe_intermediate_size=2048, n_shared_experts=1), 8),
     "DeepSeek-V4-Flash, DSpark, TP 2": (NEWEST["deepseek_v4_flash"]["config"], 2),
     "DeepSeek-V4.1-Flash, DSpark, TP 4": (NEWEST["deepseek_v41_flash"]["config"], 4),
 }

@@ -229,7 +229,8 @@ def plan_packing(shape: Dots3Shape, settings: EngineSettings, device: Device, ve
               f"(CUDA SM 9.0, bf16, defaults): {scope}",) if scope else ()
     return Packing(kv.groups, kv.bytes_per_block, BACKEND if device.platform == "cuda" else None, unsure,
                    attention="dots3_note", block_size=BLOCK_SIZE, source=SOURCE, dtype_bytes=KV_BYTES,
-                   extra_retained=retained_tokens(shape, settings.num_speculative_tokens, version) if mtp else 0)
+                   extra_retained=retained_tokens(shape, settings.num_speculative_tokens, version) if mtp else 0,
+                   drafted=mtp)
 
 
 # The layer class whose cache this module plans (architecture_kinds).

@@ -273,8 +273,8 @@ def geometry_from_config(config: Mapping[str, Any], release: str | None = None) 
             derived_max_model_len=derived, derived_max_model_len_key=derived_key,
             sparse_attention="index_topk" in cfg, indexer_bytes_per_token=indexer_bytes_per_token(cfg),
             present_fields=_present(cfg), mtp_draft=mtp_draft(cfg, model_type),
-            glm5_next=glm5_next, dots3_note=dots3_shape(cfg, architectures),
-            packed_draft=packed_draft_weights(cfg, glm5_next),
+            glm5_next=glm5_next, dots3_note=(dots3 := dots3_shape(cfg, architectures)),
+            packed_draft=packed_draft_weights(cfg, glm5_next or dots3),
             mistral_large4=large4_shape(cfg, architectures))
 
     kv_heads = next((cfg[k] for k in _KV_HEAD_KEYS if cfg.get(k) is not None), num_heads)

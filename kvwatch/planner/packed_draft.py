@@ -1,7 +1,7 @@
 """The weights of the drafts planned with an own-packed target (pure).
 
-Step5 (planner/step5_sparse.py), GLM-5-Next (planner/glm5_next.py) and Qwen4-Exp (planner/qwen4_exp.py)
-plan their MTP draft's cache layers with the target's where `--speculative-config` drafts with `mtp`,
+Step5 (planner/step5_sparse.py), GLM-5-Next (planner/glm5_next.py), Qwen4-Exp (planner/qwen4_exp.py) and
+Dots3 (planner/dots3_note.py) plan their MTP draft's cache layers with the target's where `--speculative-config` drafts with `mtp`,
 DeepSeek-V4 and V4.1 (planner/deepseek_v4.py, deepseek_v41.py) their DSpark draft's with `dspark`.
 The draft's weights load beside the target's in the same engine, so without `--kv-cache-memory-bytes`
 they come out of the KV cache's memory as the older MTP heads' do (planner/mtp_draft.py
@@ -43,8 +43,16 @@ layer of the target's shapes; the draft's norms, like the target's, are left out
   head (hc_mult x hc_mult x hidden floats, :156-165) and the confidence head (hidden + rank floats,
   qwen3_dspark.py:165-184).
 
-Not counted here: DeepSeek-V4's own MTP head (method `mtp`, planner/deepseek_v4.py plans its layers) and
-Dots3's MTP head, whose target count_weights does not weigh (no weight estimate to extend).
+- Dots3NoteMTPModel (vllm/models/dots3_note/nvidia/mtp.py): `num_nextn_predict_layers` Dots3NoteDecoderLayer
+  (:53-57, :110-120: MLA layers with the MoE MLP, :168), per layer an `eh_proj = ReplicatedLinear(2 hidden,
+  hidden)` quantized as the target and whole on every rank (:43-49); its per-layer SharedHead LM heads
+  (:50-52) are replaced by the target's (`has_own_lm_head = False`, :159; eagle/utils.py:145-160), but it
+  keeps its own embedding (`has_own_embed_tokens = True`, :158; VocabParallelEmbedding(vocab, hidden),
+  :121-125) unless its loaded values equal the target's (eagle/utils.py:20-42, :112), which config.json
+  cannot tell: kvwatch counts it. A config.json without the shapes count_weights needs (hidden_size) has no
+  weight estimate, the target's nor the draft's.
+
+Not counted here: DeepSeek-V4's own MTP head (method `mtp`, planner/deepseek_v4.py plans its layers).
 """
 from __future__ import annotations
 
@@ -54,6 +62,7 @@ from typing import Any
 
 from kvwatch.planner.deepseek_v4 import DeepseekV4Shape
 from kvwatch.planner.deepseek_v41 import DeepseekV41Shape
+from kvwatch.planner.dots3_note import Dots3Shape
 from kvwatch.planner.glm5_next import Glm5NextShape
 from kvwatch.planner.mtp_draft import EXPERT_FIELDS, draft_weights
 from kvwatch.planner.qwen4_exp import Qwen4ExpShape
@@ -69,11 +78,15 @@ class DraftHead:
     projection_per_layer: bool   # 2 hidden x hidden per draft layer (else 2 for the whole draft)
     dense: bool = False       # each draft layer's MLP is dense (intermediate_size) whatever the target's experts
     own_lm_heads: bool = False   # each draft layer keeps a ParallelLMHead(vocab, hidden) of its own
+    replicated_projection: bool = False   # a ReplicatedLinear projection: quantized, whole on every rank
+    own_embedding: bool = False   # the draft keeps a VocabParallelEmbedding(vocab, hidden) of its own
 
 
 STEP5 = DraftHead("Step5MTP", plain_projection=True, projection_per_layer=True, dense=True, own_lm_heads=True)
 GLM5_NEXT = DraftHead("Glm5NextMTPModel", plain_projection=True, projection_per_layer=True)
 QWEN4_EXP = DraftHead("Qwen4ExpMTP", plain_projection=False, projection_per_layer=False)
+DOTS3 = DraftHead("Dots3NoteMTPModel", plain_projection=False, projection_per_layer=True, replicated_projection=True,
+                  own_embedding=True)
 
 
 def head_weights(cfg: Mapping[str, Any], layers: int, head: DraftHead) -> WeightCount | None:
@@ -83,9 +96,12 @@ def head_weights(cfg: Mapping[str, Any], layers: int, head: DraftHead) -> Weight
         return None
     base = {k: v for k, v in cfg.items() if k not in EXPERT_FIELDS} if head.dense else cfg
     count = draft_weights(base, layers, head.plain_projection, None if head.projection_per_layer else 2)
-    if count is None or not head.own_lm_heads:
-        return count
-    return replace(count, embedding_params=layers * (positive_int(cfg, "vocab_size") or 0) * count.hidden_size)
+    if count is None:
+        return None
+    vocab_rows = (layers if head.own_lm_heads else 0) + (1 if head.own_embedding else 0)
+    projection = 2 * layers * count.hidden_size * count.hidden_size if head.replicated_projection else 0
+    return replace(count, embedding_params=vocab_rows * positive_int(cfg, "vocab_size") * count.hidden_size,
+                   replicated_linear_params=count.replicated_linear_params + projection)
 
 
 def dspark_weights(cfg: Mapping[str, Any], layers: int) -> WeightCount | None:
@@ -105,11 +121,11 @@ def dspark_weights(cfg: Mapping[str, Any], layers: int) -> WeightCount | None:
                    router_params=count.router_params + markov)
 
 
-AnyShape = Step5Shape | Glm5NextShape | Qwen4ExpShape | DeepseekV4Shape | DeepseekV41Shape
+AnyShape = Step5Shape | Glm5NextShape | Qwen4ExpShape | Dots3Shape | DeepseekV4Shape | DeepseekV41Shape
 
 
 def packed_draft_weights(cfg: Mapping[str, Any], shape: AnyShape | None) -> WeightCount | None:
-    """The draft's weights of a Step5, GLM-5-Next or Qwen4-Exp (text) config.json (its MTP head), or of a
+    """The draft's weights of a Step5, GLM-5-Next, Qwen4-Exp or Dots3 (text) config.json (its MTP head), or of a
     DeepSeek-V4 or V4.1 one (its DSpark draft) (None: another model, or no draft); the layer count as the
     model's planner reads it."""
     if isinstance(shape, Step5Shape):
@@ -118,6 +134,8 @@ def packed_draft_weights(cfg: Mapping[str, Any], shape: AnyShape | None) -> Weig
         return head_weights(cfg, shape.mtp_layers, GLM5_NEXT)
     if isinstance(shape, Qwen4ExpShape):
         return head_weights(cfg, shape.mtp_layers, QWEN4_EXP)
+    if isinstance(shape, Dots3Shape):
+        return head_weights(cfg, len(shape.mtp_sliding), DOTS3)
     if isinstance(shape, (DeepseekV4Shape, DeepseekV41Shape)):
         return dspark_weights(cfg, shape.dspark_layers)
     return None
