@@ -106,6 +106,17 @@ def packed_answer(config: Any, specs: dict[str, Any], kv_memory_bytes: int, plan
         "num_blocks": planned.num_blocks, "tokens": utils.get_kv_cache_capacity(config, planned)[0]}
 
 
+def bare_layer(cls: type, **attrs: Any) -> Any:
+    """A layer of `cls` with only the attributes its get_kv_cache_spec reads: its constructor, which
+    wants a GPU and a model, is skipped (an nn.Module's own bookkeeping set up first)."""
+    from torch import nn
+    layer = cls.__new__(cls)
+    nn.Module.__init__(layer)
+    for k, v in attrs.items():
+        object.__setattr__(layer, k, v)
+    return layer
+
+
 def run_oracle_script(main: Callable[[Path, list[dict[str, Any]]], list[Any]]) -> None:
     """An oracle script's entry: main(<unpacked release root>, <cases as JSON>) printed as JSON."""
     print(json.dumps(main(Path(sys.argv[1]), json.loads(sys.argv[2]))))
