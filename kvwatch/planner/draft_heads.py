@@ -1,7 +1,7 @@
 """Speculative-decoding drafts kvwatch gives a verdict of their own, with the reason (pure).
 
 A draft architecture is loaded next to the target through --speculative-config; whatever cache
-layers it builds join the target's KV cache. vLLM never serves one alone. Four are planned with their
+layers it builds join the target's KV cache. vLLM never serves one alone. Five are planned with their
 target (`planned_with`: their verdict is architecture_kinds' DRAFT, "a draft head, planned with its
 target"):
 
@@ -11,7 +11,9 @@ target"):
   the speculative tokens make;
 - DSparkDraftModel and DSparkV41DraftModel, DeepSeek-V4's and V4.1's DSpark drafts (method dspark):
   planner/deepseek_v4.py and deepseek_v41.py add their sliding-only layers (and V4.1's wider
-  compressor rings).
+  compressor rings);
+- MistralLarge4DSparkModel, Mistral Large 4's DSpark draft (method dspark, vLLM 0.34 only):
+  planner/mistral_large4.py adds its dense MLA latents to the target's one group.
 
 Two of vLLM 0.33's and 0.34's drafts build no cache kvwatch plans, for different reasons:
 
@@ -68,6 +70,12 @@ DRAFTS: dict[str, DraftVerdict] = {
               "(attention.py:403-405), each adding a block-32 sliding cache to the target's; drafting also widens "
               "the target's compressor rings to max(8, next power of two of num_speculative_tokens + 2) rows "
               "(vllm/models/deepseek_v41/compressor.py:250-252)", "planner/deepseek_v41.py"),
+    "MistralLarge4DSparkModel": DraftVerdict(
+        True, "a draft only (Mistral Large 4's DSpark draft, --speculative-config method dspark, read from the target's "
+              "params.json `mtp` section, vLLM 0.34.0 vllm/transformers_utils/configs/mistral.py:477-545; it asserts a "
+              "speculative config, vllm/models/mistral/mistral_large4/nvidia/dspark.py:88) whose `mtp.n_layers` dense, "
+              "non-causal MLA layers at layers.{n_layers + i} (:122-146, :283-287) each add a latent of the target's "
+              "width to its one group", "planner/mistral_large4.py"),
     "Glm5NextMTPModel": DraftVerdict(
         True, "a draft head only (GLM-5-Next's MTP head, --speculative-config method mtp or glm5_next_mtp: vLLM maps a "
               "GLM-5-Next target to it, vLLM 0.34.0 vllm/config/speculative.py:1281-1293; it asserts a speculative config, "
