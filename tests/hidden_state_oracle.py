@@ -11,7 +11,7 @@ ExtractHiddenStatesModel gives it: len(eagle_aux_hidden_state_layer_ids) heads o
 model dtype where the KV cache is quantized (:331-357, :338-339), then get_kv_cache_groups,
 get_kv_cache_config_from_groups for a KV budget and get_kv_cache_capacity (vllm_sources.packed_answer), at
 the block size Platform._preferred_block_size_for_backends picks from CacheConfig.DEFAULT_BLOCK_SIZE for
-the target's FLASH_ATTN (CUDA SM 9.0's first decoder backend: platforms/cuda.py:165-178 in 0.34) and the
+the target's FLASH_ATTN (CUDA SM 9.0's first decoder backend: platforms/cuda.py:166-178 in 0.34) and the
 hidden-state layer's CACHE_ONLY_ATTN. A case names the target's layers, KV heads per rank, head size and
 KV dtype. It prints a JSON list, one answer per case.
 """
