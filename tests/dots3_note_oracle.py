@@ -37,7 +37,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-from vllm_sources import cpu_imports, packed_answer, run_oracle_script
+from vllm_sources import bare_layer, cpu_imports, packed_answer, run_oracle_script
 
 
 def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -46,7 +46,6 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     import vllm
     assert Path(vllm.__file__).is_relative_to(root)
     cpu_imports(root, "vllm.models.dots3_note")
-    from torch import nn
     from vllm.config import VllmConfig
     from vllm.config.cache import CacheConfig
     from vllm.config.speculative import SpeculativeConfig
@@ -64,12 +63,6 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
     ns = types.SimpleNamespace
 
-    def bare(cls: type, **attrs: Any) -> Any:   # a layer with the attributes its get_kv_cache_spec reads
-        layer = cls.__new__(cls)
-        nn.Module.__init__(layer)
-        for k, v in attrs.items():
-            object.__setattr__(layer, k, v)
-        return layer
 
     def has_indexer(text: Any, layer: int) -> bool:
         """DeepseekV2MLAAttention.__init__'s own rule, run up to its decision (deepseek_v2.py:1138-1169)."""
@@ -135,11 +128,11 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 continue
             indexer = has_indexer(text, i)
             if indexer:
-                keys = bare(DeepseekV32IndexerCache, cache_config=cache, dtype=torch.uint8,
+                keys = bare_layer(DeepseekV32IndexerCache, cache_config=cache, dtype=torch.uint8,
                             head_dim=text.index_head_dim + text.index_head_dim // 128 * 4)
                 specs[f"{p}.indexer.k_cache"] = customize_attention_spec(
                     DeepseekV32IndexerBackend, keys.get_kv_cache_spec(config))
-            padded = bare(Dots3NotePaddedMLAAttention, kv_cache_dtype="auto", head_size=latent,
+            padded = bare_layer(Dots3NotePaddedMLAAttention, kv_cache_dtype="auto", head_size=latent,
                           physical_head_size=swa, sliding_window=None, topk_buffer_width=text.index_topk,
                           indexer=object() if indexer else None, non_causal_multi_token_decode=False)
             specs[f"{p}.mla_attn"] = customize_attention_spec(

@@ -34,7 +34,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-from vllm_sources import packed_answer, run_oracle_script
+from vllm_sources import bare_layer, packed_answer, run_oracle_script
 
 
 def _stub_torchvision() -> None:
@@ -63,7 +63,6 @@ def _stub_torchvision() -> None:
 def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     sys.path.insert(0, str(root))
     import torch
-    from torch import nn
     from transformers import Glm5NextTextConfig
     from vllm.config.cache import CacheConfig
     _stub_torchvision()
@@ -110,12 +109,6 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
         cache.kv_cache_layout = get_supported_kv_cache_layouts(backends)[0].name
         config.compilation_config.static_forward_context = {}
 
-        def bare(cls: type, **attrs: Any) -> Any:   # a layer with the attributes its get_kv_cache_spec reads
-            layer = cls.__new__(cls)
-            nn.Module.__init__(layer)
-            for k, v in attrs.items():
-                object.__setattr__(layer, k, v)
-            return layer
         specs: dict[str, Any] = {}
         kpool = text.index_kpool
         kda_backend = "flashkda" if text.linear_head_dim == 128 and text.linear_lower_bound is not None else "triton"
@@ -123,16 +116,16 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for i, kind in enumerate([*text.layer_types, *draft]):
             p = f"model.layers.{i}.self_attn"   # the draft's decoder layer takes its own prefix (mtp.py:74-78)
             if kind == "linear_attention":
-                kda = bare(Glm5NextLinearAttention, tp_size=tp, num_heads=text.linear_num_heads,
+                kda = bare_layer(Glm5NextLinearAttention, tp_size=tp, num_heads=text.linear_num_heads,
                            head_dim=text.linear_head_dim, conv_size=text.linear_conv_kernel_dim, num_spec=k,
                            model_config=model, cache_config=cache, kda_prefill_backend=kda_backend)
                 specs[p] = kda.get_kv_cache_spec(config)
                 continue
-            index = bare(Glm5NextIndexerCache, cache_config=cache, dtype=torch.uint8, _index_kpool=kpool,
+            index = bare_layer(Glm5NextIndexerCache, cache_config=cache, dtype=torch.uint8, _index_kpool=kpool,
                          head_dim=text.index_head_dim + text.index_head_dim // 128 * 4)   # attention.py:260-266
             specs[f"{p}.indexer.k_cache"] = customize_attention_spec(
                 Glm5NextIndexerBackend, index.get_kv_cache_spec(config))
-            tail = bare(Glm5NextTailCache, cache_config=cache, _index_kpool=kpool, head_dim=text.index_head_dim)
+            tail = bare_layer(Glm5NextTailCache, cache_config=cache, _index_kpool=kpool, head_dim=text.index_head_dim)
             specs[f"{p}.indexer.tail_cache"] = customize_attention_spec(KpoolTailBackend, tail.get_kv_cache_spec(config))
             mla = ns(kv_cache_dtype="auto", head_size=latent, sliding_window=None,
                      topk_buffer_width=get_sparse_topk_buffer_width(text), indexer=object(),

@@ -20,8 +20,17 @@ a layer's indexer registers its keys before the latent (models/mistral/nvidia/at
 FLASH_ATTN_MLA_SPARSE, CUDA SM 9.0's first for a 576 latent (platforms/cuda.py:137-152), which
 takes a bf16 KV cache and a model with index_topk (flashattn_mla_sparse.py:81-116), and the
 indexer's DeepseekV32IndexerBackend (nvidia/indexer.py:79-80); the backends in registration order
-stand for Platform._find_non_ssm_backends' walk. What lets the model modules import on a CPU is
-vllm_sources.cpu_imports's. It prints a JSON list, one answer per case.
+stand for Platform._find_non_ssm_backends' walk. A case with "dspark" adds the DSpark draft of
+`--speculative-config` method dspark: vLLM's get_mistral_large_4_dspark_config reads the params.json's
+`mtp` section (transformers_utils/configs/mistral.py:477-545), and its `n_layers` dense MLA layers at
+layers.{n_layers of the target + i} (models/mistral/mistral_large4/nvidia/dspark.py:122-146,
+:283-287) each register a latent of the target's width (no indexer, no KV sharing), non-causal, of the
+window draft_attention_windows gives (none without `mtp.ragged_attention`: the oracle's scope), in the
+`auto` dtype the DSpark config sets (v1/worker/gpu/spec_decode/dspark/config.py:69-74), on
+FLASH_ATTN_MLA, CUDA SM 9.0's first dense MLA backend (platforms/cuda.py:146-154), which takes FA3 on
+SM 9.x (flashattn_mla.py:69-88); the drafter loads before the block size is chosen
+(v1/executor/uniproc_executor.py:74-75), so its backend joins the walk. What lets the model modules
+import on a CPU is vllm_sources.cpu_imports's. It prints a JSON list, one answer per case.
 """
 from __future__ import annotations
 
@@ -49,14 +58,16 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     import torch
     import vllm
     assert Path(vllm.__file__).is_relative_to(root)
-    cpu_imports(root)
+    cpu_imports(root, "vllm.models.mistral.mistral_large4")   # its __init__ refuses a CPU platform
     from torch import nn
     from vllm.config.cache import CacheConfig
     from vllm.model_executor.layers.attention.mla_attention import MLAAttention
     from vllm.models.mistral.common.layer_spec import get_layer_specs
+    from vllm.models.mistral.mistral_large4.nvidia.dspark import draft_attention_windows
     from vllm.models.mistral.nvidia.indexer import MistralIndexerCache
     from vllm.platforms.interface import Platform
-    from vllm.transformers_utils.configs.mistral import adapt_config_dict
+    from vllm.transformers_utils.configs.mistral import adapt_config_dict, get_mistral_large_4_dspark_config
+    from vllm.v1.attention.backends.mla.flashattn_mla import FlashAttnMLABackend
     from vllm.v1.attention.backends.mla.flashattn_mla_sparse import FlashAttnMLASparseBackend
     from vllm.v1.attention.backends.mla.indexer import DeepseekV32IndexerBackend
     from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts
@@ -90,6 +101,11 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for b in [DeepseekV32IndexerBackend] * spec.has_indexer + [FlashAttnMLASparseBackend]:
                 if b not in backends:
                     backends.append(b)
+        draft = get_mistral_large_4_dspark_config(text) if case.get("dspark") else None
+        windows = draft_attention_windows(draft, case["dspark"]) if draft is not None else []
+        assert not any(windows), "the oracle's scope: a DSpark draft with no sliding window"
+        if draft is not None:
+            backends.append(FlashAttnMLABackend)
         cache.block_size = Platform._preferred_block_size_for_backends(
             backends, CacheConfig.DEFAULT_BLOCK_SIZE, config)
         cache.kv_cache_layout = get_supported_kv_cache_layouts(backends)[0].name
@@ -108,6 +124,11 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
                      non_causal_multi_token_decode=False)
             specs[f"{p}.attn"] = customize_attention_spec(
                 FlashAttnMLASparseBackend, MLAAttention.get_kv_cache_spec(mla, config))
+        for i, window in enumerate(windows):   # the DSpark draft's dense, non-causal latents
+            mla = ns(kv_cache_dtype="auto", head_size=draft.kv_lora_rank + draft.qk_rope_head_dim,
+                     sliding_window=window, topk_buffer_width=None, indexer=None, non_causal_multi_token_decode=True)
+            specs[f"model.layers.{text.num_hidden_layers + i}.self_attn.attn"] = customize_attention_spec(
+                FlashAttnMLABackend, MLAAttention.get_kv_cache_spec(mla, config))
         config.max_in_flight_tokens = case["max_in_flight_tokens"]
         answer = packed_answer(config, specs, case["kv_memory_bytes"], kv_cache_planning, kv_cache_utils)
         answer["specs"] = [[name.split(".self_attn.")[1], type(s).__name__, s.block_size, s.page_size_bytes,

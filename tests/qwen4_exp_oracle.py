@@ -41,13 +41,12 @@ from pathlib import Path
 from typing import Any
 
 from glm5_next_oracle import _stub_torchvision
-from vllm_sources import packed_answer, run_oracle_script
+from vllm_sources import bare_layer, packed_answer, run_oracle_script
 
 
 def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     sys.path.insert(0, str(root))
     import torch
-    from torch import nn
     from transformers import Qwen4ExpTextConfig
     from vllm.config.cache import CacheConfig
     _stub_torchvision()
@@ -74,12 +73,6 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
     ns = types.SimpleNamespace
 
-    def bare(cls: type, **attrs: Any) -> Any:   # a layer with the attributes its get_kv_cache_spec reads
-        layer = cls.__new__(cls)
-        nn.Module.__init__(layer)
-        for k, v in attrs.items():
-            object.__setattr__(layer, k, v)
-        return layer
 
     answers = []
     for case in cases:
@@ -115,12 +108,12 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
                    for i in range(getattr(text, "mtp_num_hidden_layers", 1) if k else 0)]
         for i, (kind, p) in enumerate([*((t, f"model.layers.{i}") for i, t in enumerate(text.layer_types)), *drafted]):
             if i + 1 in ple_ids:
-                context[f"{p}.ple"] = bare(Qwen4ExpPLELayer, model_config=model, cache_config=cache,
+                context[f"{p}.ple"] = bare_layer(Qwen4ExpPLELayer, model_config=model, cache_config=cache,
                                            hc_hidden_size=text.hidden_size * text.hc_count,
                                            conv_state_len=(text.ple_conv_kernel_size - 1) * text.ngram_size,
                                            num_spec_tokens=k)
             if kind == "linear_attention":
-                context[f"{p}.linear_attn"] = bare(
+                context[f"{p}.linear_attn"] = bare_layer(
                     QwenGatedDeltaNetAttention, tp_size=tp, num_k_heads=text.linear_num_key_heads,
                     num_v_heads=text.linear_num_value_heads, head_k_dim=text.linear_key_head_dim,
                     head_v_dim=text.linear_value_head_dim,
@@ -135,7 +128,7 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
             QSACompressedKeyCache(head_size=text.indexer_head_dim, dtype=torch.bfloat16,
                                   compress_ratio=text.indexer_compress_ratio, prefix=f"{indexer}.compressed_key_cache",
                                   cache_config=cache, vllm_config=config)
-            context[f"{p}.self_attn.attn"] = bare(
+            context[f"{p}.self_attn.attn"] = bare_layer(
                 qsa.Qwen4ExpQSAAttention, num_kv_heads=kv_heads, head_dim=head_dim, kv_cache_dtype="auto",
                 kv_cache_torch_dtype=torch.bfloat16, attn_backend=qsa_backend)
         backends: list[Any] = []   # Platform._find_non_ssm_backends' walk, and every backend for the layout

@@ -5,7 +5,9 @@ Mistral-format params.json with every field vLLM's adapt_config_dict requires of
 section (vllm/transformers_utils/configs/mistral.py:33-41, :380-445): DeepSeek-V3's latent (512 + 64,
 no q-LoRA, which vLLM asserts), 60 layers sharing KV in pairs (`kv_sharing.source_layers_str`), an
 indexer on every other layer (`dsa.sharing` "full,shared") of 64 heads of 128, top 2048, a MoE with one
-shared expert; its sizes are this test's choice. The cases vary it. vLLM's answers come from its own
+shared expert; its sizes are this test's choice. The cases vary it, and the DSpark cases give it an
+`mtp` section (the shape get_mistral_large_4_dspark_config documents, configs/mistral.py:480-490) and
+draft with --speculative-config method dspark. vLLM's answers come from its own
 code (tests/mistral_large4_oracle.py), run live where the unpacked release is (KVWATCH_VLLM_SRC=<root>)
 and recorded in tests/fixtures/mistral_large4_oracle.json by that same script for runs without it; a
 live run also checks the record.
@@ -22,7 +24,7 @@ from packed_plan_support import assert_live_oracle_is_its_record, assert_plan_is
 from kvwatch.boundary.model_source import load_model_source
 from kvwatch.errors import ConfigError
 from kvwatch.planner import mistral_large4
-from kvwatch.planner.architecture_kinds import PLANNED, UNKNOWN, verdict
+from kvwatch.planner.architecture_kinds import DRAFT, PLANNED, verdict
 from kvwatch.planner.deepseek_v4 import capacity
 from kvwatch.planner.devices import preset
 from kvwatch.planner.engine_args import EngineCommand
@@ -34,6 +36,8 @@ RECORD = HERE / "fixtures" / "mistral_large4_oracle.json"
 GiB = 1 << 30
 BASE: dict[str, Any] = json.loads((HERE / "fixtures" / "models" / "mistral_large4_params.json").read_text())
 _DSA = BASE["dsa"]
+_MTP: dict[str, Any] = {"n_layers": 2, "depth": 4, "target_activation_layers": "10,30,59", "ragged_attention": None,
+                        "dspark": {"markov_rank": 256}}
 
 CASES: dict[str, dict[str, Any]] = {
     "fixture, TP 1, 40 GiB, 64k": {"params": BASE, "tp": 1, "kv_memory_bytes": 40 * GiB, "max_model_len": 65536},
@@ -52,6 +56,14 @@ CASES: dict[str, dict[str, Any]] = {
                    "dsa": {"index_topk": 1024, "index_n_heads": 32, "index_head_dim": 128,
                                    "indexer_norm_eps": 1e-06, "indexer_ssmax_scaling": True}},
         "tp": 1, "kv_memory_bytes": 40 * GiB, "max_model_len": 131072},
+    # the DSpark draft (issue 39): mtp.n_layers dense MLA layers whose latents join the one group
+    "DSpark 2 layers, fixture, TP 1, 40 GiB, 64k": {
+        "params": {**BASE, "mtp": _MTP}, "dspark": 4, "tp": 1, "kv_memory_bytes": 40 * GiB, "max_model_len": 65536},
+    "DSpark 3 layers, rnn head, position-specific masks, no KV sharing, TP 8, 20 GiB, 256k": {
+        "params": {**{k: v for k, v in BASE.items() if k != "kv_sharing"},
+                   "mtp": {**_MTP, "n_layers": 3, "depth": 8, "ragged_attention": "",
+                           "dspark": {"markov_rank": 128, "head_type": "rnn", "draft_input": "position_specific"}}},
+        "dspark": 8, "tp": 8, "kv_memory_bytes": 20 * GiB, "max_model_len": 262144},
 }
 for _case in CASES.values():   # two concurrent batches (async scheduling) of max_num_batched_tokens 2048
     _case["max_in_flight_tokens"] = 2 * 2048
@@ -78,8 +90,10 @@ def test_specs_group_block_blocks_and_tokens_equal_vllms(name: str) -> None:
     case, want = CASES[name], _vllm()[name]
     shape = _shape(case["params"])
     assert shape.config_reasons == ""
-    assert [list(p) for p in mistral_large4.layer_pages(shape)] == [[n, p, a] for n, _, _, p, _, a in want["specs"]]
-    group = mistral_large4.group(shape)
+    dspark = bool(case.get("dspark"))
+    assert [list(p) for p in mistral_large4.layer_pages(shape, dspark)] == \
+        [[n, p, a] for n, _, _, p, _, a in want["specs"]]
+    group = mistral_large4.group(shape, dspark)
     assert (mistral_large4.BLOCK_SIZE, want["layout"]) == (want["block_size"], "LBNHC")
     assert [(len(group.pages), group.block_size)] == [(g["layers"], g["block_size"]) for g in want["groups"]]
     assert group.page_bytes == want["bytes_per_block"]
@@ -89,6 +103,9 @@ def test_specs_group_block_blocks_and_tokens_equal_vllms(name: str) -> None:
 
 
 def _plan(case: dict[str, Any], release: str = "0.34.0", card: str = "h100", *flags: str) -> Plan:
+    if case.get("dspark"):
+        flags = ("--speculative-config", json.dumps({"method": "dspark", "num_speculative_tokens": case["dspark"]}),
+                 *flags)
     return serve_plan(case["config"], release, "mistralai/Mistral-Large-4", "-tp", str(case["tp"]),
                       "--kv-cache-memory-bytes", str(case["kv_memory_bytes"]), "--max-model-len",
                       str(case["max_model_len"]), "--max-num-batched-tokens", str(case["max_in_flight_tokens"] // 2),
@@ -128,7 +145,9 @@ def test_kvwatch_reads_the_checkpoints_params_json(tmp_path: Path) -> None:
     (("-pp", "2"), "h100", "0.34.0", "pipeline parallelism"),
     (("-tp", "5"), "h100", "0.34.0", "TP 5 not dividing the attention heads"),
     (("--speculative-config", '{"method": "dspark", "num_speculative_tokens": 2}'), "h100", "0.34.0",
-     "speculative decoding"),
+     "method dspark with no mtp.dspark section in params.json"),
+    (("--speculative-config", '{"method": "eagle3", "num_speculative_tokens": 2}'), "h100", "0.34.0",
+     "speculative decoding with method 'eagle3' (only DSpark's draft is checked)"),
 ])
 def test_outside_the_scope_the_plan_is_unsure(flags: tuple[str, ...], card: str, release: str, reason: str) -> None:
     plan = _plan(CASES["fixture, TP 1, 40 GiB, 64k"], release, card, *flags)
@@ -163,7 +182,26 @@ def test_a_params_json_vllm_refuses_is_a_config_error(change: dict[str, Any]) ->
         mistral_large4.hf_config({**BASE, **change})
 
 
-def test_mistral_large4_is_planned_and_its_dspark_draft_says_why_not() -> None:
+def test_mistral_large4_is_planned_and_its_dspark_draft_with_it() -> None:
     assert verdict("MistralLarge4ForCausalLM", "0.34.0").handling == PLANNED
     draft = verdict("MistralLarge4DSparkModel", "0.34.0")
-    assert draft.handling == UNKNOWN and "DSpark draft" in draft.reason
+    assert draft.handling == DRAFT and "planned with its target (planner/mistral_large4.py)" in draft.reason
+
+
+def test_the_dspark_draft_adds_one_target_latent_per_layer() -> None:
+    target, drafted = _vllm()["fixture, TP 1, 40 GiB, 64k"], _vllm()["DSpark 2 layers, fixture, TP 1, 40 GiB, 64k"]
+    assert drafted["specs"][:-2] == target["specs"]
+    latent = [s for s in target["specs"] if s[0] == "attn"][0]
+    assert drafted["specs"][-2:] == [[*latent[:5], 1]] * 2   # FLASH_ATTN_MLA: no stride alignment
+    assert drafted["bytes_per_block"] == target["bytes_per_block"] + 2 * latent[3]
+    assert _shape(CASES["DSpark 2 layers, fixture, TP 1, 40 GiB, 64k"]["params"]).dspark_layers == 2
+    # an mtp section without a dspark block, or without n_layers, plans no draft (vLLM reads them only to draft)
+    assert [_shape({**BASE, "mtp": mtp}).dspark_layers for mtp in (
+        {k: v for k, v in _MTP.items() if k != "dspark"}, {k: v for k, v in _MTP.items() if k != "n_layers"})] == [0, 0]
+
+
+def test_a_windowed_dspark_draft_is_unsure() -> None:
+    case = CASES["DSpark 2 layers, fixture, TP 1, 40 GiB, 64k"]
+    windowed = {**case, "config": mistral_large4.hf_config({**BASE, "mtp": {**_MTP, "ragged_attention": "4096"}})}
+    plan = _plan(windowed)
+    assert plan.source == "unknown" and "mtp.ragged_attention" in plan.unknown_layer_types[0]

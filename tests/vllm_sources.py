@@ -106,6 +106,17 @@ def packed_answer(config: Any, specs: dict[str, Any], kv_memory_bytes: int, plan
         "num_blocks": planned.num_blocks, "tokens": utils.get_kv_cache_capacity(config, planned)[0]}
 
 
+def bare_layer(cls: type, **attrs: Any) -> Any:
+    """A layer of `cls` with only the attributes its get_kv_cache_spec reads: its constructor, which
+    wants a GPU and a model, is skipped (an nn.Module's own bookkeeping set up first)."""
+    from torch import nn
+    layer = cls.__new__(cls)
+    nn.Module.__init__(layer)
+    for k, v in attrs.items():
+        object.__setattr__(layer, k, v)
+    return layer
+
+
 def run_oracle_script(main: Callable[[Path, list[dict[str, Any]]], list[Any]]) -> None:
     """An oracle script's entry: main(<unpacked release root>, <cases as JSON>) printed as JSON."""
     print(json.dumps(main(Path(sys.argv[1]), json.loads(sys.argv[2]))))
@@ -130,10 +141,15 @@ def cpu_imports(root: Path, *bare: str) -> None:
     extensions, so it is registered without it, as are the `bare` packages (a model package whose
     __init__ imports what needs CUDA libraries, such as models/dots3_note's vision tower and its
     DeepGEMM extension); fa_utils has no compile_flash_attn_varlen_func_from_specs off CUDA and gets the
-    None its XPU and ROCm branches set (v1/attention/backends/fa_utils.py:22-45)."""
+    None its XPU and ROCm branches set (v1/attention/backends/fa_utils.py:22-45), and None for the
+    kernels its CUDA branch binds from vllm_flash_attn (:22-27), which a backend module such as
+    mla/flashattn_mla.py imports by name but no answer calls."""
     _bare_package(root, "vllm.vllm_flash_attn", "flash_attn_interface")
     for name in bare:
         _bare_package(root, name)
     from vllm.v1.attention.backends import fa_utils
     if not hasattr(fa_utils, "compile_flash_attn_varlen_func_from_specs"):
         fa_utils.compile_flash_attn_varlen_func_from_specs = None
+    for kernel in ("flash_attn_varlen_func", "get_scheduler_metadata"):
+        if not hasattr(fa_utils, kernel):
+            setattr(fa_utils, kernel, None)

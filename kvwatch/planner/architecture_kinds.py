@@ -49,6 +49,8 @@ PLANNED_KINDS: dict[str, str] = {
     "PrefillPrefixLMAttention": "full attention, non-causal prefill (planner/prefix_lm.py)",
     # Voxtral's causal audio encoder: pooled sliding-window caches (planner/voxtral_encoder.py)
     "WhisperCausalAttentionWithBlockPooling": "Voxtral's causal audio encoder (planner/voxtral_encoder.py)",
+    # extract_hidden_states' hidden-state cache, beside a full-attention target (planner/hidden_states.py)
+    "CacheOnlyAttentionLayer": "extract_hidden_states' hidden-state cache (planner/hidden_states.py)",
 }
 # Kinds kvwatch does not plan that vLLM builds only when config.json has the field (the file
 # otherwise builds a planned kind): vLLM 0.32, model_executor/models/deepseek_v2.py:209 (rswa_window).

@@ -1,7 +1,7 @@
 """Speculative-decoding drafts kvwatch gives a verdict of their own, with the reason (pure).
 
 A draft architecture is loaded next to the target through --speculative-config; whatever cache
-layers it builds join the target's KV cache. vLLM never serves one alone. Six are planned with their
+layers it builds join the target's KV cache. vLLM never serves one alone. Eight are planned with their
 target (`planned_with`: their verdict is architecture_kinds' DRAFT, "a draft head, planned with its
 target"):
 
@@ -15,25 +15,21 @@ target"):
   the speculative tokens make;
 - DSparkDraftModel and DSparkV41DraftModel, DeepSeek-V4's and V4.1's DSpark drafts (method dspark):
   planner/deepseek_v4.py and deepseek_v41.py add their sliding-only layers (and V4.1's wider
-  compressor rings).
+  compressor rings);
+- MistralLarge4DSparkModel, Mistral Large 4's DSpark draft (method dspark, vLLM 0.34 only):
+  planner/mistral_large4.py adds its dense MLA latents to the target's one group;
+- ExtractHiddenStatesModel (method "extract_hidden_states"): planner/hidden_states.py adds its one
+  CacheOnlyAttentionLayer, a HiddenStateCacheSpec (an MLAAttentionSpec, vllm/v1/kv_cache_interface.py:822-825)
+  of len(eagle_aux_hidden_state_layer_ids) heads of the target's hidden size in the model dtype
+  (vllm/model_executor/models/extract_hidden_states.py:306-313, :331-357; 0.33.0 the same lines), to a
+  full-attention target's one group; beside a hybrid target, which vLLM groups apart
+  (v1/core/kv_cache_planning.py:1125-1156, :1192-1209), the plan names it unplanned.
 
-Two of vLLM 0.33's and 0.34's drafts build no cache kvwatch plans, for different reasons:
-
-- ParseAuxMTPModel, Nemotron Parse 3.5's one-step auxiliary MTP proposer, builds no cache layer at
-  all: an embedding and two linear projections over the target's hidden state, then the tied LM head
-  (vLLM 0.34.0, vllm/model_executor/models/nemotron_parse3_5_mtp.py:16-55; 0.33.0 the same lines).
-  vLLM picks it for a RadioMBartPrefixForCausalLM checkpoint with `causal_vision_prefix`
-  (vllm/config/speculative.py:810-820), so it adds nothing to the target's cache.
-- ExtractHiddenStatesModel (method "extract_hidden_states") builds one CacheOnlyAttentionLayer that
-  stores the target's auxiliary hidden states: a HiddenStateCacheSpec (an MLAAttentionSpec,
-  vllm/v1/kv_cache_interface.py:822-825) of len(eagle_aux_hidden_state_layer_ids) heads of the
-  target's hidden size, in the model dtype whatever --kv-cache-dtype says
-  (vllm/model_executor/models/extract_hidden_states.py:306-313, :331-357; 0.33.0 the same lines).
-  It asserts a speculative config (:325), so it never runs as the served model, and kvwatch does not
-  plan its cache layer next to the target's: vLLM groups hidden-state specs apart, each its own group,
-  and may scale every group's block so that the common page holds one token's hidden states
-  (v1/core/kv_cache_planning.py:1125-1156, :1192-1209), a grouping kvwatch's planners do not follow
-  yet. Its verdict stays unknown, with that reason.
+One draft of vLLM 0.33's and 0.34's builds no cache at all: ParseAuxMTPModel, Nemotron Parse 3.5's
+one-step auxiliary MTP proposer: an embedding and two linear projections over the target's hidden
+state, then the tied LM head (vLLM 0.34.0, vllm/model_executor/models/nemotron_parse3_5_mtp.py:16-55;
+0.33.0 the same lines). vLLM picks it for a RadioMBartPrefixForCausalLM checkpoint with
+`causal_vision_prefix` (vllm/config/speculative.py:810-820), so it adds nothing to the target's cache.
 """
 from __future__ import annotations
 
@@ -56,9 +52,10 @@ DRAFTS: dict[str, DraftVerdict] = {
         True, "a draft only (--speculative-config method extract_hidden_states; it asserts a speculative "
               "config, vllm/model_executor/models/extract_hidden_states.py:325) whose one CacheOnlyAttentionLayer "
               "adds a HiddenStateCacheSpec of len(eagle_aux_hidden_state_layer_ids) heads x the target's hidden "
-              "size, in the model dtype (:306-313, :331-357), to the target's KV cache; kvwatch does not plan that "
-              "layer: vLLM groups hidden-state specs apart from the target's and may scale every group's block up "
-              "to hold one (vLLM 0.34.0, vllm/v1/core/kv_cache_planning.py:1125-1156, :1192-1209)"),
+              "size, in the model dtype (:306-313, :331-357), to the target's KV cache: one page more in a "
+              "full-attention target's one group (a hybrid target's grouping of it, vLLM 0.34.0 "
+              "vllm/v1/core/kv_cache_planning.py:1125-1156, :1192-1209, is named unplanned)",
+        "planner/hidden_states.py"),
     "DSparkDraftModel": DraftVerdict(
         True, "a draft only (DeepSeek-V4's DSpark draft, --speculative-config method dspark; it asserts a speculative "
               "config, vllm/models/deepseek_v4/nvidia/dspark.py:92): `n_mtp_layers` (3 when unset) more decoder "
@@ -78,6 +75,12 @@ DRAFTS: dict[str, DraftVerdict] = {
               "vllm/models/dots3_note/nvidia/mtp.py:37, :106) whose num_nextn_predict_layers Dots3 decoder layers of "
               "`mtp_layer_types` (sliding when unset; :103-120, :53-57) join the target's KV cache",
         "planner/dots3_note.py"),
+    "MistralLarge4DSparkModel": DraftVerdict(
+        True, "a draft only (Mistral Large 4's DSpark draft, --speculative-config method dspark, read from the target's "
+              "params.json `mtp` section, vLLM 0.34.0 vllm/transformers_utils/configs/mistral.py:477-545; it asserts a "
+              "speculative config, vllm/models/mistral/mistral_large4/nvidia/dspark.py:88) whose `mtp.n_layers` dense, "
+              "non-causal MLA layers at layers.{n_layers + i} (:122-146, :283-287) each add a latent of the target's "
+              "width to its one group", "planner/mistral_large4.py"),
     "Glm5NextMTPModel": DraftVerdict(
         True, "a draft head only (GLM-5-Next's MTP head, --speculative-config method mtp or glm5_next_mtp: vLLM maps a "
               "GLM-5-Next target to it, vLLM 0.34.0 vllm/config/speculative.py:1281-1293; it asserts a speculative config, "

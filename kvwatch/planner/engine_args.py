@@ -178,6 +178,8 @@ class EngineSettings:
     speculative_method: str | None = None
     num_speculative_tokens: int = 0
     speculative_config: bool = False   # --speculative-config is a JSON object (with or without a method)
+    # len(draft_model_config.hf_config.eagle_aux_hidden_state_layer_ids) in it (0: none; planner/hidden_states.py)
+    speculative_aux_layers: int = 0
     runner: str = "auto"     # --runner (0.10.2+): generate, pooling, draft; auto: vLLM decides (planner/pooling_run.py)
     convert: str = "auto"    # --convert (0.10.2+): embed, classify, ... ; auto: vLLM decides
     skip_mm_profiling: bool = False   # --skip-mm-profiling (0.10+): no encoder pass nor encoder cache in the profile
@@ -334,8 +336,12 @@ class EngineCommand:
             return {}
         tokens = parsed.get("num_speculative_tokens")
         method = parsed.get("method")
+        draft = parsed.get("draft_model_config")
+        hf_config = draft.get("hf_config") if isinstance(draft, dict) else None
+        aux = hf_config.get("eagle_aux_hidden_state_layer_ids") if isinstance(hf_config, dict) else None
         return {"speculative_method": method if isinstance(method, str) else None, "speculative_config": True,
-                "num_speculative_tokens": tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else 0}
+                "num_speculative_tokens": tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else 0,
+                "speculative_aux_layers": len(aux) if isinstance(aux, list) else 0}
 
     def _compilation_off(self) -> bool:
         """--optimization-level 0 (vLLM 0.12+), or --compilation-config's mode (0.11.2+) or level set to 0

@@ -8,7 +8,8 @@ kvwatch reads no other Mistral-format params.json.
 
 The scope: vLLM 0.34 (0.33 does not register the model) on CUDA SM 9.0, a bf16 latent (the KV cache
 `auto` with no `fp8_kv_cache` in the dsa section, or `--kv-cache-dtype bfloat16`, which vLLM turns back
-to auto: model_executor/models/config.py:141-155), no `--block-size`, no speculative decoding, no
+to auto: model_executor/models/config.py:141-155), no `--block-size`, no speculative decoding but the
+DSpark draft of a params.json whose `mtp` section has no `ragged_attention` (below), no
 pipeline parallelism, no `--attention-backend`, the hybrid KV cache manager on, an `index_head_dim` of
 128 and no sliding window. Anything else is unsure (`out_of_scope`), not planned; kvwatch reads no
 context-parallel or KV-connector flag, so a command with one is planned as one without. Each rule cites
@@ -34,6 +35,18 @@ vLLM 0.34.0:
   group (UniformTypeKVCacheSpecs, v1/core/kv_cache_planning.py:1188-1192), a block is the sum of the
   layers' pages, each rounded up to its block-stride alignment (:620-632), and a budget holds
   `budget // block` blocks.
+
+The DSpark draft (`--speculative-config` method dspark): vLLM reads it from the target's own params.json,
+whose `mtp` section needs a `dspark` block (get_mistral_large_4_dspark_config,
+transformers_utils/configs/mistral.py:477-545, reached for a Mistral Large 4 draft config by
+config/speculative.py:822-830). Its `mtp.n_layers` decoder layers at layers.{n_layers + i}
+(models/mistral/mistral_large4/nvidia/dspark.py:122-146, :283-287) are dense MLA (no indexer, no KV
+sharing), non-causal, each registering one latent of the target's width in the `auto` dtype the DSpark
+config sets (v1/worker/gpu/spec_decode/dspark/config.py:69-74): an MLAAttentionSpec of block 64 that joins
+the one group. Their backend, FLASH_ATTN_MLA (CUDA SM 9.0's first dense MLA backend, platforms/cuda.py:146-154),
+takes blocks in multiples of 16 (flashattn_mla.py:49-50), so block 64 holds and their pages need no
+stride alignment. An `mtp.ragged_attention` window makes the draft layers sliding-window MLA, on a backend
+and in groups not checked: out of scope.
 """
 from __future__ import annotations
 
@@ -178,6 +191,8 @@ class Large4Shape:
     heads: int                  # num_attention_heads (TP must divide them)
     fp8_kv_cache: bool          # the dsa section's default latent dtype
     config_reasons: str
+    dspark_layers: int = 0      # mtp.n_layers where params.json's mtp section has a dspark block (0: none or unread)
+    dspark_window: bool = False   # that section names a ragged_attention window (sliding draft layers)
 
 
 def large4_shape(cfg: Mapping[str, Any], architectures: Sequence[str]) -> Large4Shape | None:
@@ -193,6 +208,12 @@ def large4_shape(cfg: Mapping[str, Any], architectures: Sequence[str]) -> Large4
     latent = positive_field(cfg, "kv_lora_rank", None, "Mistral Large 4") + \
         positive_field(cfg, "qk_rope_head_dim", None, "Mistral Large 4")
     sparse = cfg.get("index_topk") is not None
+    mtp = cfg.get("mtp_config")
+    mtp = mtp if isinstance(mtp, Mapping) else {}
+    dspark = isinstance(mtp.get("dspark"), Mapping)
+    n_layers = mtp.get("n_layers")   # read only when the command drafts with DSpark (configs/mistral.py:509)
+    dspark_layers = n_layers if dspark and isinstance(n_layers, int) and not isinstance(n_layers, bool) \
+        and 0 < n_layers <= 1024 else 0
     reasons = [why for hit, why in (
         (not sparse, "no index_topk (not sparse)"),
         (index_dim != INDEX_HEAD_DIM, f"index_head_dim {index_dim} (only {INDEX_HEAD_DIM} is checked)"),
@@ -202,23 +223,40 @@ def large4_shape(cfg: Mapping[str, Any], architectures: Sequence[str]) -> Large4
     return Large4Shape(tuple(s == i for i, s in enumerate(sources)), tuple(sparse and x == "full" for x in sharing),
                        latent, index_dim + index_dim // QUANT_BLOCK * SCALE_BYTES,
                        positive_field(cfg, "num_attention_heads", None, "Mistral Large 4"),
-                       bool(cfg.get("fp8_kv_cache")), "; ".join(reasons))
+                       bool(cfg.get("fp8_kv_cache")), "; ".join(reasons), dspark_layers,
+                       dspark and bool(mtp.get("ragged_attention")))
 
 
-def layer_pages(shape: Large4Shape) -> list[tuple[str, int, int]]:
-    """Each cache's name, page and block-stride alignment in bytes, in vLLM's registration order."""
+def layer_pages(shape: Large4Shape, dspark: bool = False) -> list[tuple[str, int, int]]:
+    """Each cache's name, page and block-stride alignment in bytes, in vLLM's registration order, with the
+    DSpark draft's latents last where it drafts."""
     pages: list[tuple[str, int, int]] = []
     for owns, indexer in zip(shape.owns_kv, shape.indexer, strict=True):
         if indexer:   # its kernel block is the block itself: no stride alignment (v1/worker/utils.py:469-479)
             pages.append(("indexer.k_cache", BLOCK_SIZE * shape.index_key, 1))
         if owns:
             pages.append(("attn", BLOCK_SIZE * shape.latent * KV_BYTES, shape.latent * KV_BYTES))
+    # FLASH_ATTN_MLA's kernel blocks are multiples of 16, not fixed sizes: no stride alignment
+    pages += [("attn", BLOCK_SIZE * shape.latent * KV_BYTES, 1)] * (shape.dspark_layers if dspark else 0)
     return pages
 
 
-def group(shape: Large4Shape) -> Group:
+def group(shape: Large4Shape, dspark: bool = False) -> Group:
     """The one group of every cache, each page rounded up to its block-stride alignment (layer-outer)."""
-    return Group("mla", BLOCK_SIZE, 0, tuple(-(-page // align) * align for _, page, align in layer_pages(shape)))
+    return Group("mla", BLOCK_SIZE, 0, tuple(-(-page // align) * align for _, page, align in layer_pages(shape, dspark)))
+
+
+def speculative_reason(shape: Large4Shape, settings: EngineSettings) -> str:
+    """Why this command's speculative decoding is not planned ("" where it drafts with a planned DSpark, or not
+    at all)."""
+    if settings.speculative_method == "dspark":
+        if not shape.dspark_layers:
+            return ("--speculative-config method dspark with no mtp.dspark section in params.json (vLLM refuses it: "
+                    "transformers_utils/configs/mistral.py:493-498), or no positive mtp.n_layers")
+        return "a DSpark draft with mtp.ragged_attention (sliding-window draft layers)" if shape.dspark_window else ""
+    if settings.num_speculative_tokens > 0 or settings.speculative_config:
+        return f"speculative decoding with method {settings.speculative_method!r} (only DSpark's draft is checked)"
+    return ""
 
 
 def out_of_scope(shape: Large4Shape, settings: EngineSettings, device: Device, version: VllmVersion | None,
@@ -229,6 +267,7 @@ def out_of_scope(shape: Large4Shape, settings: EngineSettings, device: Device, v
     dtype = (config_dtype or "not given") if settings.dtype == "auto" else settings.dtype
     bf16_latent = settings.kv_cache_dtype == "bfloat16" or (settings.kv_cache_dtype == "auto" and not shape.fp8_kv_cache)
     tp = max(1, settings.tensor_parallel_size)
+    speculative = speculative_reason(shape, settings)
     reasons = [why for hit, why in (
         (bool(shape.config_reasons), shape.config_reasons),
         (version is not None and version.parts[:2] != CHECKED_MINOR, f"vLLM {version}: only 0.34 is checked"),
@@ -236,7 +275,7 @@ def out_of_scope(shape: Large4Shape, settings: EngineSettings, device: Device, v
         (not bf16_latent or dtype not in ("bfloat16", "bf16"), "a model or latent other than bf16 (the dsa section's "
                                                                "fp8_kv_cache makes it fp8_ds_mla)"),
         (settings.block_size is not None, "--block-size set"),
-        (settings.num_speculative_tokens > 0 or bool(settings.speculative_config), "speculative decoding"),
+        (bool(speculative), speculative),
         (settings.pipeline_parallel_size > 1, "pipeline parallelism"),
         (settings.attention_backend is not None, "--attention-backend set"),
         (settings.disable_hybrid_kv_cache_manager, "--disable-hybrid-kv-cache-manager"),
@@ -249,15 +288,15 @@ def plan_packing(shape: Large4Shape, settings: EngineSettings, device: Device, v
                  config_dtype: str | None) -> Packing:
     """The one group make_plan reports for this command: unsure, with its reason, outside the scope."""
     scope = out_of_scope(shape, settings, device, version, config_dtype)
-    kv = group(shape)
+    kv = group(shape, settings.speculative_method == "dspark")
     unsure = (f"Mistral Large 4 outside the one scope kvwatch checked against vLLM's own code "
               f"(CUDA SM 9.0, bf16, defaults): {scope}",) if scope else ()
     return Packing((kv,), kv.page_bytes, BACKEND if device.platform == "cuda" else None, unsure,
                    attention="mistral_large4", block_size=BLOCK_SIZE, source=SOURCE, dtype_bytes=KV_BYTES)
 
 
-# The layer class whose cache this module plans (architecture_kinds), and the draft it does not plan.
+# The layer class whose cache this module plans (architecture_kinds), and the architectures building it with
+# caches this module does not plan (none: the DSpark draft, MistralLarge4DSparkModel, is planned here with its
+# target and has planner/draft_heads.py's verdict).
 LARGE4_KINDS: dict[str, str] = {"MistralIndexerCache": "Mistral Large 4 indexer keys (planner/mistral_large4.py)"}
-LARGE4_NOT_PLANNED: dict[str, str] = {
-    "MistralLarge4DSparkModel": "Mistral Large 4's DSpark draft layers (models/mistral/mistral_large4/nvidia/dspark.py), "
-                                "whose caches join the target's, are not planned"}
+LARGE4_NOT_PLANNED: dict[str, str] = {}

@@ -33,6 +33,7 @@ from kvwatch.planner.flag_change import NO_CHANGE, FlagChange
 from kvwatch.planner.free_memory import start_refusal
 from kvwatch.planner.geometry import ModelGeometry
 from kvwatch.planner.gpu_budget import GpuBudget, Release, api_defaults, release_for, utilization
+from kvwatch.planner.hidden_states import with_draft_caches
 from kvwatch.planner.inkling import RING_BLOCK_SOURCE, ring_dtype_refusal, ring_promotion_refusal, ring_specs
 from kvwatch.planner.kv_bytes import TokenBytes, token_sizes
 from kvwatch.planner.kv_dtype_refusal import mismatched_16bit_kv
@@ -52,7 +53,7 @@ from kvwatch.planner.kv_groups import (
 from kvwatch.planner.kv_memory import NO_MEMORY_INPUTS, MemoryInputs, kv_memory, no_memory_warning
 from kvwatch.planner.layers import CHUNKED, FULL, MAMBA
 from kvwatch.planner.minimax_sparse import sparse_block_size, with_indexers
-from kvwatch.planner.mtp_draft import command_unplanned_draft, draft_warning, with_mtp_draft, with_speculative_states
+from kvwatch.planner.mtp_draft import command_unplanned_draft, draft_warning, with_mtp_draft
 from kvwatch.planner.no_kv_cache import NO_KV_CACHE_ATTENTION, NO_KV_CACHE_SOURCE
 from kvwatch.planner.own_packing import own_packing, with_packed_draft
 from kvwatch.planner.predicted_refusal import (
@@ -235,8 +236,8 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     page = block_size * sizes.per_token_layer   # before the groups settle the engine's block size
     groups, block_size, block_source = _layers(geometry, settings, memory.vllm_version, shape, sizes, block_size,
                                                block_source, shared_page, warnings)
-    groups = with_speculative_states(groups, settings.num_speculative_tokens, memory.vllm_version,
-                                     mamba_cache_mode(geometry, settings, memory.vllm_version))
+    groups, hidden_draft = with_draft_caches(groups, settings, geometry.hidden_size, sizes.model_bytes, memory.vllm_version,
+                                             mamba_cache_mode(geometry, settings, memory.vllm_version), geometry.attention == "mla")
     # openPangu's sink layers: their TP split and block size (planner/static_sink.py)
     warnings.extend(sink_refusals(geometry.sink_len, geometry.num_kv_heads, settings.tensor_parallel_size, block_size))
     blocks = _blocks(device, settings, geometry, memory, sizes.model_bytes, groups.bytes_per_block,
@@ -247,7 +248,7 @@ def make_plan(geometry: ModelGeometry, settings: EngineSettings, device: Device,
     warnings.extend(_capacity_refusals(geometry, settings, device, memory, release, sizes, groups, blocks,
                                        demand, max_len))
     backend = choice.backend
-    draft = command_unplanned_draft(geometry.mtp_draft, settings)   # a draft left out is named (mtp_draft.py)
+    draft = command_unplanned_draft(geometry.mtp_draft, settings) if hidden_draft is None else hidden_draft
     unknown = geometry.layout.unknown_layer_types + architecture_unknowns(geometry, memory.vllm_version) + \
         tuple(u for u in (draft, encoder_unsure(geometry.layout.causal_encoder, settings)) if u)   # voxtral_encoder
     return Plan(
