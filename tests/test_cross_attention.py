@@ -44,7 +44,8 @@ RELEASES = ("0.32.0", "0.33.0", "0.34.0")
 CONFIGS = {"whisper_large_v3": NEWEST["whisper_large_v3"]["config"],
            "whisper_tiny": ENCODER_DECODER["whisper_tiny"]["config"],
            "cohere_transcribe": ENCODER_DECODER["cohere_transcribe_03_2026"]["config"],
-           "canary_1b_v2": ENCODER_DECODER["canary_1b_v2"]["config"]}
+           "canary_1b_v2": ENCODER_DECODER["canary_1b_v2"]["config"],
+           "nemotron_parse_v1_1": ENCODER_DECODER["nemotron_parse_v1_1"]["config"]}
 # The releases that register a config's architecture (the others: every release here)
 ONLY = {"canary_1b_v2": ("0.34.0",)}
 GiB = 1 << 30
@@ -71,6 +72,12 @@ CASES: list[tuple[str, tuple[str, ...]]] = [
                       "--kv-cache-memory-bytes", str(8 * GiB))),
     ("canary_1b_v2", ("--dtype", "float16", "--block-size", "32", "-tp", "4", "--max-model-len", "448",
                       "--max-num-batched-tokens", "2048", "--kv-cache-memory-bytes", str(GiB))),
+    ("nemotron_parse_v1_1", ("--dtype", "bfloat16", "--block-size", "16", "--max-num-batched-tokens", "9000",
+                             "--kv-cache-memory-bytes", str(4 * GiB))),
+    ("nemotron_parse_v1_1", ("--dtype", "bfloat16", "--block-size", "32", "-tp", "2", "--kv-cache-dtype", "fp8",
+                             "--max-num-batched-tokens", "16384", "--kv-cache-memory-bytes", str(GiB))),
+    ("nemotron_parse_v1_1", ("--dtype", "bfloat16", "--block-size", "16", "--max-num-batched-tokens", "65536",
+                             "--kv-cache-memory-bytes", str(GiB))),   # one request does not fit
 ]
 
 
@@ -96,7 +103,11 @@ def _flag(flags: tuple[str, ...], name: str, default: str) -> str:
 def _decoder(config: dict[str, Any]) -> tuple[int, int, int]:
     """The decoder's layers, heads and width as the model file reads them: whisper.py's decoder_layers,
     decoder_attention_heads, d_model; cohere_asr.py's transf_decoder.config_dict (cohere_asr.py:343-350, :440);
-    canary.py's decoder_config (canary.py:115-123, :174-186)."""
+    canary.py's decoder_config (canary.py:115-123, :174-186); nemotron_parse.py's config.decoder
+    (0.34.0 nemotron_parse.py:88-116, :263)."""
+    if config["model_type"] == "nemotron_parse":
+        fields = config["decoder"]
+        return fields["decoder_layers"], fields["decoder_attention_heads"], fields["d_model"]
     if config["model_type"] == "canary":
         fields = config["decoder_config"]
         return fields["num_hidden_layers"], fields["num_attention_heads"], fields["hidden_size"]
