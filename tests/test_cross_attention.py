@@ -312,6 +312,51 @@ def test_canary_reads_its_decoder_config_as_vllm_does(tmp_path: Path) -> None:
         assert geometry.layout.kinds == ("full", CROSS) * text.num_hidden_layers
 
 
+NEMOTRON = CONFIGS["nemotron_parse_v1_1"]
+
+
+@pytest.mark.parametrize(("config", "read"), [
+    # the file's decoder: its decoder_layers (not its num_hidden_layers, 12), heads and width; the top
+    # level's max_sequence_length is the decoder's (NemotronParseConfig: decoder["max_sequence_length"] = ...)
+    (NEMOTRON, (10, 16, 64, 9000, "max_sequence_length")),
+    ({**NEMOTRON, "max_sequence_length": 4096, "decoder": {**NEMOTRON["decoder"], "max_sequence_length": 2048}},
+     (10, 16, 64, 4096, "max_sequence_length")),
+    # the class's defaults where the file leaves them out: 12 layers of 16 heads, 1024 wide, 9000 tokens
+    ({k: v for k, v in NEMOTRON.items() if k not in ("decoder", "max_sequence_length")},
+     (12, 16, 64, 9000, "max_sequence_length")),
+    # a length key of the decoder's own is one of vLLM's candidates, the smallest wins
+    ({**NEMOTRON, "decoder": {**NEMOTRON["decoder"], "max_position_embeddings": 1024, "decoder_attention_heads": 8}},
+     (10, 8, 128, 1024, "max_position_embeddings")),
+])
+def test_nemotron_parse_reads_its_decoder_as_vllm_does(config: dict[str, Any],
+                                                        read: tuple[int, int, int, int, str]) -> None:
+    """vLLM's text config for Nemotron-Parse is `config.decoder` (get_text_config takes `decoder`); the
+    model builds decoder_layers layers of decoder_attention_heads heads of d_model / heads, each a
+    self-attention and a cross-attention (nemotron_parse.py:88-116, :263)."""
+    geometry = geometry_from_config(config, "0.34.0")
+    layers, heads, head_size, length, key = read
+    assert (geometry.num_kv_heads, geometry.head_size) == (heads, head_size)
+    assert (geometry.default_max_model_len, geometry.derived_max_model_len_key) == (length, key)
+    assert geometry.layout.kinds == ("full", CROSS) * layers
+
+
+@pytest.mark.parametrize("release", ("0.33.0", "0.34.0"))
+def test_nemotron_parses_decoder_is_read_from_these_fields(release: str) -> None:
+    """The release's own lines: the decoder is built from config.decoder, its layers from
+    decoder_layers, its two attentions' heads from decoder_attention_heads and width d_model; vLLM's
+    length keys include max_sequence_length."""
+    tree = ORACLE.tree(release)
+    if tree is None:
+        pytest.skip(f"vLLM {release} is not unpacked (set KVWATCH_VLLM_SRC to <root>/<version>/vllm/...)")
+    source = (tree / ARCHITECTURES[release]["NemotronParseForConditionalGeneration"].source).read_text(encoding="utf-8")
+    layer = source.split("class BartDecoderLayer", 1)[1].split("class MBartDecoderLayer", 1)[0]
+    assert "self.embed_dim = config.d_model" in layer and layer.count("config.decoder_attention_heads") == 2
+    assert "self.self_attn = WhisperAttention(" in layer and "self.encoder_attn = WhisperCrossAttention(" in layer
+    assert "for layer_idx in range(config.decoder_layers)" in source and "config.decoder,\n" in source
+    convertor = (tree / "vllm/transformers_utils/model_arch_config_convertor.py").read_text(encoding="utf-8")
+    assert '"max_sequence_length",' in convertor
+
+
 @pytest.mark.parametrize(("decoder", "named"), [
     (None, "'transf_decoder'"), ({"config_dict": None}, "'config_dict'"),
     ({"config_dict": {"hidden_size": 1024, "num_attention_heads": 8}}, "'num_layers'"),
