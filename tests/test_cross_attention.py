@@ -1,14 +1,16 @@
-"""Encoder-decoder models (issue 39): Whisper's and Cohere ASR's cross-attention planned per request, as
-vLLM reserves it.
+"""Encoder-decoder models (issue 39): Whisper's, Cohere ASR's, Canary's and Nemotron-Parse's
+cross-attention planned per request, as vLLM reserves it.
 
 vLLM's own code is the oracle: scripts/oracle_cross_attention.py builds each release's
-FullAttentionSpec and CrossAttentionSpec for a real Whisper or Cohere ASR config (one of each per
-decoder layer, as whisper.py and cohere_asr.py build them) and runs the release's grouping, block
+FullAttentionSpec and CrossAttentionSpec for a real Whisper, Cohere ASR, Canary or Nemotron-Parse
+config (one of each per decoder layer, as whisper.py, cohere_asr.py, canary.py and nemotron_parse.py
+build them) and runs the release's grouping, block
 sizing, concurrency, reported tokens and per-request memory on this CPU. Its answers for vLLM 0.32.0,
 0.33.0 and 0.34.0 are recorded in tests/fixtures/cross_attention_oracle.json, so kvwatch is checked
 against them without the sources; where the unpacked releases are there
 (KVWATCH_VLLM_SRC=<root>/<version>/vllm/...), the oracle is run again and must give the recorded
-answers. Record them anew with `KVWATCH_VLLM_SRC=... python tests/test_cross_attention.py`.
+answers. Record them anew with `KVWATCH_VLLM_SRC=... python tests/test_cross_attention.py` (0.32.0's
+answers, Nemotron-Parse's included, were recorded from the installed vLLM 0.32.0 wheel's tree).
 """
 from __future__ import annotations
 
@@ -338,6 +340,19 @@ def test_nemotron_parse_reads_its_decoder_as_vllm_does(config: dict[str, Any],
     assert (geometry.num_kv_heads, geometry.head_size) == (heads, head_size)
     assert (geometry.default_max_model_len, geometry.derived_max_model_len_key) == (length, key)
     assert geometry.layout.kinds == ("full", CROSS) * layers
+    # vLLM's TP check divides the text config's num_attention_heads: the encoder's (16 by default)
+    assert geometry.num_attention_heads == config.get("decoder", {}).get("encoder_attention_heads", 16)
+
+
+def test_nemotron_parses_tp_check_divides_the_encoders_heads() -> None:
+    """NemotronParseTextConfig's num_attention_heads is encoder_attention_heads, which vLLM's
+    verify_with_parallel_config divides by TP (config/model.py:1577-1583), not the decoder's heads."""
+    config = {**NEMOTRON, "decoder": {**NEMOTRON["decoder"], "encoder_attention_heads": 12}}
+    refused = [w.message for w in _plan(config, ("-tp", "8", "--kv-cache-memory-bytes", str(GiB)), "0.34.0").warnings
+               if w.kind == CONFIG_REFUSED]
+    assert any("does not divide the model's 12 attention heads" in m for m in refused)
+    assert not [w for w in _plan(NEMOTRON, ("-tp", "8", "--kv-cache-memory-bytes", str(GiB)), "0.34.0").warnings
+                if w.kind == CONFIG_REFUSED]
 
 
 @pytest.mark.parametrize("release", ("0.33.0", "0.34.0"))

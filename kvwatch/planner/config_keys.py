@@ -81,9 +81,12 @@ CANARY_DECODER_DEFAULTS = {"hidden_size": 1024, "num_hidden_layers": 8, "num_att
 # 16: public copies of its configuration_nemotron_parse.py). vLLM's text config is that decoder
 # (transformers' get_text_config takes `decoder`; vllm/transformers_utils/config.py:1303-1317), so
 # max_model_len comes from the decoder's length keys (its own num_hidden_layers, the encoder's count in
-# published files, sizes nothing: the cache is the layers the model builds).
+# published files, sizes nothing: the cache is the layers the model builds), and the heads vLLM's TP
+# check divides (config/model.py:1577-1583) are its num_attention_heads, which the class sets to
+# encoder_attention_heads.
 NEMOTRON_PARSE_DECODER_DEFAULTS = {"d_model": 1024, "decoder_layers": 12, "decoder_attention_heads": 16}
 NEMOTRON_PARSE_MAX_SEQUENCE_LENGTH = 9000
+NEMOTRON_PARSE_ENCODER_HEADS = 16   # NemotronParseTextConfig's encoder_attention_heads default
 
 
 def _decoder_keys(cfg: Mapping[str, Any], fields: Mapping[str, Any], aliases: tuple[tuple[str, str], ...]
@@ -136,6 +139,9 @@ def _nemotron_parse_keys(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
     out = _decoder_keys(cfg, fields, (("hidden_size", "d_model"), ("num_attention_heads", "decoder_attention_heads"),
                                       ("num_key_value_heads", "decoder_attention_heads"),
                                       ("num_hidden_layers", "decoder_layers")))
+    # the text config's num_attention_heads, which vLLM's TP check divides, is the encoder's
+    # (NemotronParseTextConfig sets it from encoder_attention_heads); the layers' heads are the decoder's
+    out["num_attention_heads"] = fields.get("encoder_attention_heads", NEMOTRON_PARSE_ENCODER_HEADS)
     return {**out, **lengths}
 
 
