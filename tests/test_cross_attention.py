@@ -392,6 +392,18 @@ def test_kvwatch_plan_of_whisper_exits_0_and_is_classified(tmp_path: Path, capsy
     assert "cross-attention  1,342,177,280 B per request" in out   # 32 layers x 512 blocks x 81,920 B
 
 
+def test_kvwatch_plan_of_nemotron_parse_exits_0_and_is_classified(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """As 0.34.0 serves it: no dtype in the file, the default 9000-token length, 9000 batched tokens."""
+    (tmp_path / "parse").mkdir()
+    (tmp_path / "parse" / "config.json").write_text(json.dumps(NEMOTRON))
+    assert main(["plan", "--preset", "h100", "--vllm-version", "0.34.0", "--", "vllm", "serve", str(tmp_path / "parse"),
+                 "--dtype", "bfloat16", "--block-size", "16", "--max-num-batched-tokens", "9000"]) == 0
+    out = capsys.readouterr().out
+    assert "UNKNOWN" not in out and "KV cache groups  2 of 10 layers" in out
+    assert "cross-attention  368,967,680 B per request" in out   # 10 layers x 563 blocks x 65,536 B
+
+
 def test_the_refused_hybrid_manager_names_the_cross_attention() -> None:
     plan = _plan(CONFIGS["whisper_tiny"], ("--disable-hybrid-kv-cache-manager",), "0.34.0")
     assert [w.message for w in plan.warnings if w.kind == CONFIG_REFUSED] == [
