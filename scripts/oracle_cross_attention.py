@@ -11,7 +11,9 @@ Each case gives the decoder's layers (`layers`, `kv_heads`, `head_size`, `dtype`
 scheduler's `max_num_encoder_input_tokens`, `max_model_len`, the KV memory (`memory`) and whether the
 hybrid KV cache manager is off. Per decoder layer the model holds a self-attention layer
 (FullAttentionSpec, vLLM's Attention) and a cross-attention layer (CrossAttentionSpec, vLLM's
-CrossAttention: models/whisper.py WhisperDecoderLayer), named as vLLM names them. The answer, from the
+CrossAttention: models/whisper.py WhisperDecoderLayer; Cohere ASR, Canary and Nemotron-Parse build the
+same two per decoder layer), named as vLLM names Whisper's (Nemotron-Parse's lack the `model.` prefix,
+which no figure here depends on). The answer, from the
 release's own functions: the groups (`get_kv_cache_groups`), the bytes per block and blocks
 (`get_kv_cache_config_from_groups`), the blocks one request reserves per group (cdiv of the spec's
 `max_memory_usage_bytes` by its page), the maximum concurrency

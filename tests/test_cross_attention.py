@@ -1,14 +1,16 @@
-"""Encoder-decoder models (issue 39): Whisper's and Cohere ASR's cross-attention planned per request, as
-vLLM reserves it.
+"""Encoder-decoder models (issue 39): Whisper's, Cohere ASR's, Canary's and Nemotron-Parse's
+cross-attention planned per request, as vLLM reserves it.
 
 vLLM's own code is the oracle: scripts/oracle_cross_attention.py builds each release's
-FullAttentionSpec and CrossAttentionSpec for a real Whisper or Cohere ASR config (one of each per
-decoder layer, as whisper.py and cohere_asr.py build them) and runs the release's grouping, block
+FullAttentionSpec and CrossAttentionSpec for a real Whisper, Cohere ASR, Canary or Nemotron-Parse
+config (one of each per decoder layer, as whisper.py, cohere_asr.py, canary.py and nemotron_parse.py
+build them) and runs the release's grouping, block
 sizing, concurrency, reported tokens and per-request memory on this CPU. Its answers for vLLM 0.32.0,
 0.33.0 and 0.34.0 are recorded in tests/fixtures/cross_attention_oracle.json, so kvwatch is checked
 against them without the sources; where the unpacked releases are there
 (KVWATCH_VLLM_SRC=<root>/<version>/vllm/...), the oracle is run again and must give the recorded
-answers. Record them anew with `KVWATCH_VLLM_SRC=... python tests/test_cross_attention.py`.
+answers. Record them anew with `KVWATCH_VLLM_SRC=... python tests/test_cross_attention.py` (0.32.0's
+answers, Nemotron-Parse's included, were recorded from the installed vLLM 0.32.0 wheel's tree).
 """
 from __future__ import annotations
 
@@ -44,7 +46,8 @@ RELEASES = ("0.32.0", "0.33.0", "0.34.0")
 CONFIGS = {"whisper_large_v3": NEWEST["whisper_large_v3"]["config"],
            "whisper_tiny": ENCODER_DECODER["whisper_tiny"]["config"],
            "cohere_transcribe": ENCODER_DECODER["cohere_transcribe_03_2026"]["config"],
-           "canary_1b_v2": ENCODER_DECODER["canary_1b_v2"]["config"]}
+           "canary_1b_v2": ENCODER_DECODER["canary_1b_v2"]["config"],
+           "nemotron_parse_v1_1": ENCODER_DECODER["nemotron_parse_v1_1"]["config"]}
 # The releases that register a config's architecture (the others: every release here)
 ONLY = {"canary_1b_v2": ("0.34.0",)}
 GiB = 1 << 30
@@ -71,6 +74,12 @@ CASES: list[tuple[str, tuple[str, ...]]] = [
                       "--kv-cache-memory-bytes", str(8 * GiB))),
     ("canary_1b_v2", ("--dtype", "float16", "--block-size", "32", "-tp", "4", "--max-model-len", "448",
                       "--max-num-batched-tokens", "2048", "--kv-cache-memory-bytes", str(GiB))),
+    ("nemotron_parse_v1_1", ("--dtype", "bfloat16", "--block-size", "16", "--max-num-batched-tokens", "9000",
+                             "--kv-cache-memory-bytes", str(4 * GiB))),
+    ("nemotron_parse_v1_1", ("--dtype", "bfloat16", "--block-size", "32", "-tp", "2", "--kv-cache-dtype", "fp8",
+                             "--max-num-batched-tokens", "16384", "--kv-cache-memory-bytes", str(GiB))),
+    ("nemotron_parse_v1_1", ("--dtype", "bfloat16", "--block-size", "16", "--max-num-batched-tokens", "65536",
+                             "--kv-cache-memory-bytes", str(GiB))),   # one request does not fit
 ]
 
 
@@ -96,7 +105,11 @@ def _flag(flags: tuple[str, ...], name: str, default: str) -> str:
 def _decoder(config: dict[str, Any]) -> tuple[int, int, int]:
     """The decoder's layers, heads and width as the model file reads them: whisper.py's decoder_layers,
     decoder_attention_heads, d_model; cohere_asr.py's transf_decoder.config_dict (cohere_asr.py:343-350, :440);
-    canary.py's decoder_config (canary.py:115-123, :174-186)."""
+    canary.py's decoder_config (canary.py:115-123, :174-186); nemotron_parse.py's config.decoder
+    (0.34.0 nemotron_parse.py:88-116, :263)."""
+    if config["model_type"] == "nemotron_parse":
+        fields = config["decoder"]
+        return fields["decoder_layers"], fields["decoder_attention_heads"], fields["d_model"]
     if config["model_type"] == "canary":
         fields = config["decoder_config"]
         return fields["num_hidden_layers"], fields["num_attention_heads"], fields["hidden_size"]
@@ -301,6 +314,64 @@ def test_canary_reads_its_decoder_config_as_vllm_does(tmp_path: Path) -> None:
         assert geometry.layout.kinds == ("full", CROSS) * text.num_hidden_layers
 
 
+NEMOTRON = CONFIGS["nemotron_parse_v1_1"]
+
+
+@pytest.mark.parametrize(("config", "read"), [
+    # the file's decoder: its decoder_layers (not its num_hidden_layers, 12), heads and width; the top
+    # level's max_sequence_length is the decoder's (NemotronParseConfig: decoder["max_sequence_length"] = ...)
+    (NEMOTRON, (10, 16, 64, 9000, "max_sequence_length")),
+    ({**NEMOTRON, "max_sequence_length": 4096, "decoder": {**NEMOTRON["decoder"], "max_sequence_length": 2048}},
+     (10, 16, 64, 4096, "max_sequence_length")),
+    # the class's defaults where the file leaves them out: 12 layers of 16 heads, 1024 wide, 9000 tokens
+    ({k: v for k, v in NEMOTRON.items() if k not in ("decoder", "max_sequence_length")},
+     (12, 16, 64, 9000, "max_sequence_length")),
+    # a length key of the decoder's own is one of vLLM's candidates, the smallest wins
+    ({**NEMOTRON, "decoder": {**NEMOTRON["decoder"], "max_position_embeddings": 1024, "decoder_attention_heads": 8}},
+     (10, 8, 128, 1024, "max_position_embeddings")),
+])
+def test_nemotron_parse_reads_its_decoder_as_vllm_does(config: dict[str, Any],
+                                                        read: tuple[int, int, int, int, str]) -> None:
+    """vLLM's text config for Nemotron-Parse is `config.decoder` (get_text_config takes `decoder`); the
+    model builds decoder_layers layers of decoder_attention_heads heads of d_model / heads, each a
+    self-attention and a cross-attention (nemotron_parse.py:88-116, :263)."""
+    geometry = geometry_from_config(config, "0.34.0")
+    layers, heads, head_size, length, key = read
+    assert (geometry.num_kv_heads, geometry.head_size) == (heads, head_size)
+    assert (geometry.default_max_model_len, geometry.derived_max_model_len_key) == (length, key)
+    assert geometry.layout.kinds == ("full", CROSS) * layers
+    # vLLM's TP check divides the text config's num_attention_heads: the encoder's (16 by default)
+    assert geometry.num_attention_heads == config.get("decoder", {}).get("encoder_attention_heads", 16)
+
+
+def test_nemotron_parses_tp_check_divides_the_encoders_heads() -> None:
+    """NemotronParseTextConfig's num_attention_heads is encoder_attention_heads, which vLLM's
+    verify_with_parallel_config divides by TP (config/model.py:1577-1583), not the decoder's heads."""
+    config = {**NEMOTRON, "decoder": {**NEMOTRON["decoder"], "encoder_attention_heads": 12}}
+    refused = [w.message for w in _plan(config, ("-tp", "8", "--kv-cache-memory-bytes", str(GiB)), "0.34.0").warnings
+               if w.kind == CONFIG_REFUSED]
+    assert any("does not divide the model's 12 attention heads" in m for m in refused)
+    assert not [w for w in _plan(NEMOTRON, ("-tp", "8", "--kv-cache-memory-bytes", str(GiB)), "0.34.0").warnings
+                if w.kind == CONFIG_REFUSED]
+
+
+@pytest.mark.parametrize("release", ("0.33.0", "0.34.0"))
+def test_nemotron_parses_decoder_is_read_from_these_fields(release: str) -> None:
+    """The release's own lines: the decoder is built from config.decoder, its layers from
+    decoder_layers, its two attentions' heads from decoder_attention_heads and width d_model; vLLM's
+    length keys include max_sequence_length."""
+    tree = ORACLE.tree(release)
+    if tree is None:
+        pytest.skip(f"vLLM {release} is not unpacked (set KVWATCH_VLLM_SRC to <root>/<version>/vllm/...)")
+    source = (tree / ARCHITECTURES[release]["NemotronParseForConditionalGeneration"].source).read_text(encoding="utf-8")
+    layer = source.split("class BartDecoderLayer", 1)[1].split("class MBartDecoderLayer", 1)[0]
+    assert "self.embed_dim = config.d_model" in layer and layer.count("config.decoder_attention_heads") == 2
+    assert "self.self_attn = WhisperAttention(" in layer and "self.encoder_attn = WhisperCrossAttention(" in layer
+    assert "for layer_idx in range(config.decoder_layers)" in source and "config.decoder,\n" in source
+    convertor = (tree / "vllm/transformers_utils/model_arch_config_convertor.py").read_text(encoding="utf-8")
+    assert '"max_sequence_length",' in convertor
+
+
 @pytest.mark.parametrize(("decoder", "named"), [
     (None, "'transf_decoder'"), ({"config_dict": None}, "'config_dict'"),
     ({"config_dict": {"hidden_size": 1024, "num_attention_heads": 8}}, "'num_layers'"),
@@ -319,6 +390,18 @@ def test_kvwatch_plan_of_whisper_exits_0_and_is_classified(tmp_path: Path, capsy
     out = capsys.readouterr().out
     assert "UNKNOWN" not in out and "KV cache groups  2 of 32 layers" in out
     assert "cross-attention  1,342,177,280 B per request" in out   # 32 layers x 512 blocks x 81,920 B
+
+
+def test_kvwatch_plan_of_nemotron_parse_exits_0_and_is_classified(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """As 0.34.0 serves it: no dtype in the file, the default 9000-token length, 9000 batched tokens."""
+    (tmp_path / "parse").mkdir()
+    (tmp_path / "parse" / "config.json").write_text(json.dumps(NEMOTRON))
+    assert main(["plan", "--preset", "h100", "--vllm-version", "0.34.0", "--", "vllm", "serve", str(tmp_path / "parse"),
+                 "--dtype", "bfloat16", "--block-size", "16", "--max-num-batched-tokens", "9000"]) == 0
+    out = capsys.readouterr().out
+    assert "UNKNOWN" not in out and "KV cache groups  2 of 10 layers" in out
+    assert "cross-attention  368,967,680 B per request" in out   # 10 layers x 563 blocks x 65,536 B
 
 
 def test_the_refused_hybrid_manager_names_the_cross_attention() -> None:

@@ -72,6 +72,23 @@ CANARY_DECODER_DEFAULTS = {"hidden_size": 1024, "num_hidden_layers": 8, "num_att
                            "max_position_embeddings": 1024}
 
 
+# Nemotron-Parse (vLLM 0.32.0-0.34.0, model_executor/models/nemotron_parse.py; 0.34.0 :82-116, :223-265,
+# :645-651) builds its MBart decoder from config.decoder: decoder_layers layers, each whisper.py's
+# self-attention and cross-attention of decoder_attention_heads heads (KV heads too) of d_model / heads;
+# its RADIO encoder holds no cache. Its config class is the checkpoint's own (auto_map): NemotronParseConfig
+# makes `decoder` a NemotronParseTextConfig whose max_sequence_length is the top level's (default 9000)
+# and whose defaults fill what the file leaves out (d_model 1024, decoder_layers 12, decoder_attention_heads
+# 16: public copies of its configuration_nemotron_parse.py). vLLM's text config is that decoder
+# (transformers' get_text_config takes `decoder`; vllm/transformers_utils/config.py:1303-1317), so
+# max_model_len comes from the decoder's length keys (its own num_hidden_layers, the encoder's count in
+# published files, sizes nothing: the cache is the layers the model builds), and the heads vLLM's TP
+# check divides (config/model.py:1577-1583) are its num_attention_heads, which the class sets to
+# encoder_attention_heads.
+NEMOTRON_PARSE_DECODER_DEFAULTS = {"d_model": 1024, "decoder_layers": 12, "decoder_attention_heads": 16}
+NEMOTRON_PARSE_MAX_SEQUENCE_LENGTH = 9000
+NEMOTRON_PARSE_ENCODER_HEADS = 16   # NemotronParseTextConfig's encoder_attention_heads default
+
+
 def _decoder_keys(cfg: Mapping[str, Any], fields: Mapping[str, Any], aliases: tuple[tuple[str, str], ...]
                   ) -> dict[str, Any]:
     """`cfg` with the decoder's layer keys (`aliases`: standard key, the decoder's own) and the head
@@ -111,6 +128,23 @@ def _canary_keys(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
     return {**out, **lengths}
 
 
+def _nemotron_parse_keys(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
+    decoder = cfg.get("decoder")
+    if decoder is not None and not isinstance(decoder, Mapping):
+        raise ConfigError("config.json: Nemotron-Parse's 'decoder' must be an object")
+    fields = {**NEMOTRON_PARSE_DECODER_DEFAULTS, **{k: v for k, v in (decoder or {}).items() if v is not None}}
+    top = cfg.get("max_sequence_length")
+    fields["max_sequence_length"] = NEMOTRON_PARSE_MAX_SEQUENCE_LENGTH if top is None else top
+    lengths = {k: fields.get(k) for k in MAX_LEN_KEYS}   # the decoder's, not the top level's
+    out = _decoder_keys(cfg, fields, (("hidden_size", "d_model"), ("num_attention_heads", "decoder_attention_heads"),
+                                      ("num_key_value_heads", "decoder_attention_heads"),
+                                      ("num_hidden_layers", "decoder_layers")))
+    # the text config's num_attention_heads, which vLLM's TP check divides, is the encoder's
+    # (NemotronParseTextConfig sets it from encoder_attention_heads); the layers' heads are the decoder's
+    out["num_attention_heads"] = fields.get("encoder_attention_heads", NEMOTRON_PARSE_ENCODER_HEADS)
+    return {**out, **lengths}
+
+
 def standard_keys(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
     """`cfg` with the standard keys its family's transformers class answers (unchanged for other families)."""
     model_type = cfg.get("model_type")
@@ -118,6 +152,8 @@ def standard_keys(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
         return _cohere_asr_keys(cfg)
     if model_type == "canary":
         return _canary_keys(cfg)
+    if model_type == "nemotron_parse":
+        return _nemotron_parse_keys(cfg)
     family = FAMILY_KEYS.get(model_type) if isinstance(model_type, str) else None
     if family is None:
         return cfg

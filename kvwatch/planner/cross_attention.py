@@ -60,10 +60,14 @@ BATCHED_TOKENS_SOURCE = "vLLM 0.34.0, vllm/engine/arg_utils.py:3227-3262"
 # no vLLM attention layer. Its keys: planner/config_keys.py COHERE_ASR_DECODER. Canary (vLLM 0.34.0,
 # canary.py:112-140) builds the same two layers per decoder layer from Cohere ASR's classes
 # (self_attn, encoder_attn); its FastConformer encoder is transformers' ParakeetEncoder (canary.py:215),
-# no vLLM attention layer. Its keys: config_keys.py CANARY_DECODER_DEFAULTS.
-ENCODER_DECODER_MODEL_TYPES = frozenset({"whisper", "cohere_asr", "canary"})
+# no vLLM attention layer. Its keys: config_keys.py CANARY_DECODER_DEFAULTS. Nemotron-Parse's MBart
+# decoder layers (vLLM 0.32.0-0.34.0, models/nemotron_parse.py; 0.34.0 :82-116) are whisper.py's
+# WhisperAttention (DECODER) and WhisperCrossAttention, named decoder.layers.N.{self_attn,encoder_attn};
+# its RADIO vision encoder builds no vLLM attention layer. Its keys: config_keys.py
+# NEMOTRON_PARSE_DECODER_DEFAULTS.
+ENCODER_DECODER_MODEL_TYPES = frozenset({"whisper", "cohere_asr", "canary", "nemotron_parse"})
 CROSS_ATTENTION_ARCHITECTURES = frozenset({"WhisperForConditionalGeneration", "CohereAsrForConditionalGeneration",
-                                           "CanaryForConditionalGeneration"})
+                                           "CanaryForConditionalGeneration", "NemotronParseForConditionalGeneration"})
 # Architectures the release's table lists with CrossAttention only because their audio tower is vLLM's
 # WhisperEncoder (whisper.py's WhisperAttention can build one, but the encoder's layers build none):
 # their language model, from text_config, holds the cache (vLLM 0.34.0, models/ultravox.py:548, :694,
