@@ -21,3 +21,10 @@ def _not_a_subreaper_after() -> Iterator[None]:
 def tiny(tmp_path: Path) -> Path:
     """A tiny Llama's model directory (config.json only: 2 layers, 2 KV heads, head size 32)."""
     return write_model(tmp_path / "tiny", llama_config())
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The real-engine tests first (stable, so every pytest-xdist worker collects the same order):
+    scripts/test runs two at a time with work stealing, so the minute-long engine tests start early
+    and the short tests fill in around them, instead of one long test running alone at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("engine") is None)
