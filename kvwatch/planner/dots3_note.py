@@ -65,6 +65,7 @@ from kvwatch.planner.deepseek_v4 import CacheSpec, Group, Packing, drafts_with_m
 from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.indexer import QUANT_BLOCK, SCALE_BYTES, indexer_flags
+from kvwatch.planner.one_scope import bf16_model, mtp_draft_reason, outside
 from kvwatch.values.versions import VllmVersion
 
 ARCHITECTURES = frozenset({"Dots3NoteForCausalLM"})
@@ -76,7 +77,6 @@ BLOCK_SIZE = 64           # CacheConfig.DEFAULT_BLOCK_SIZE (config/cache.py:185)
 SWA_HEAD = 1088           # Dots3NoteTritonMLABackend.get_supported_head_sizes (attention.py:437-438)
 INDEX_HEAD_DIM = 128      # the only index_head_dim checked
 KV_BYTES = 2              # bf16
-SM = (9, 0)
 CHECKED_MINORS = frozenset({(0, 33), (0, 34)})   # the releases whose code the oracle ran (tests/dots3_note_oracle.py)
 _SIZES = ("kv_lora_rank", "qk_rope_head_dim", "swa_kv_lora_rank", "swa_qk_rope_head_dim", "sliding_window_size",
           "num_attention_heads", "swa_num_attention_heads")
@@ -181,11 +181,7 @@ def packing(shape: Dots3Shape, mtp: bool = False) -> Dots3Packing:
 def draft_reasons(shape: Dots3Shape, settings: EngineSettings) -> str:
     """Why this command's draft is not planned with the target ("" where it drafts with the checkpoint's
     MTP head, or drafts not at all)."""
-    if not (settings.num_speculative_tokens > 0 or settings.speculative_config):
-        return ""
-    if not drafts_with_mtp(settings.speculative_method, settings.num_speculative_tokens):
-        return f"--speculative-config method {settings.speculative_method!r}: only Dots3's MTP draft is planned"
-    return shape.mtp_reasons
+    return mtp_draft_reason(settings, "Dots3", shape.mtp_reasons) or ""
 
 
 def retained_tokens(shape: Dots3Shape, num_speculative_tokens: int, version: VllmVersion | None) -> int:
@@ -198,25 +194,12 @@ def retained_tokens(shape: Dots3Shape, num_speculative_tokens: int, version: Vll
 def out_of_scope(shape: Dots3Shape, settings: EngineSettings, device: Device, version: VllmVersion | None,
                  config_dtype: str | None) -> str:
     """Why this command lies outside the one scope planned here; "" when it lies inside."""
-    major, _, minor = device.sm.partition(".")
-    sm = (int(major), int(minor or 0)) if device.platform == "cuda" and major.isdigit() and minor.isdigit() else (0, 0)
-    dtype = (config_dtype or "not given") if settings.dtype == "auto" else settings.dtype
     tp = max(1, settings.tensor_parallel_size)
-    draft = draft_reasons(shape, settings)
-    reasons = [why for hit, why in (
-        (bool(shape.config_reasons), shape.config_reasons),
-        (version is not None and version.parts[:2] not in CHECKED_MINORS, f"vLLM {version}: only 0.33 and 0.34 are checked"),
-        (device.platform != "cuda" or sm != SM, f"{device.platform} SM {device.sm}: only CUDA SM 9.0 is checked"),
-        (settings.kv_cache_dtype not in ("auto", "bfloat16") or dtype not in ("bfloat16", "bf16"),
-         "a model or KV cache other than bf16"),
-        (settings.block_size is not None, "--block-size set"),
-        (bool(draft), draft),
-        (settings.pipeline_parallel_size > 1, "pipeline parallelism"),
-        (settings.attention_backend is not None, "--attention-backend set"),
-        (settings.disable_hybrid_kv_cache_manager, "--disable-hybrid-kv-cache-manager"),
-        (any(h % tp for h in shape.heads), f"TP {tp} not dividing the attention heads (vLLM asserts it: model.py:373)"),
-    ) if hit]
-    return "; ".join(reasons)
+    bf16 = settings.kv_cache_dtype in ("auto", "bfloat16") and bf16_model(settings, config_dtype)
+    return outside(settings, device, version, checked=CHECKED_MINORS, config_reasons=shape.config_reasons,
+                   dtype=(not bf16, "a model or KV cache other than bf16"), draft=draft_reasons(shape, settings),
+                   backend=None, own=[(any(h % tp for h in shape.heads),
+                                       f"TP {tp} not dividing the attention heads (vLLM asserts it: model.py:373)")])
 
 
 def plan_packing(shape: Dots3Shape, settings: EngineSettings, device: Device, version: VllmVersion | None,

@@ -61,6 +61,7 @@ from kvwatch.planner.config_keys import positive_field
 from kvwatch.planner.deepseek_v4 import CacheSpec, Group, Packing, drafts_with_mtp, packed_groups
 from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineSettings
+from kvwatch.planner.one_scope import bf16_model, mamba_defaults, mtp_draft_reason, outside
 from kvwatch.values.versions import VllmVersion
 
 ARCHITECTURES = frozenset({"Glm5NextForCausalLM", "Glm5NextForConditionalGeneration"})
@@ -74,7 +75,6 @@ MLA_FLOOR = 128           # hybrid MLA blocks (platforms/interface.py:1095-1100)
 PAGED_MQA_PAGES = (32, 64)   # utils/deep_gemm.py:43 off SM 12.x
 QUANT_BLOCK = 128         # the indexer's FP8 scale block (common/attention.py:253)
 KV_BYTES = 2              # bf16
-SM = (9, 0)
 CHECKED_MINOR = (0, 34)   # the release whose code the oracle ran (tests/glm5_next_oracle.py)
 # transformers' Glm5NextTextConfig defaults, which vLLM loads the config with
 DEFAULTS: dict[str, Any] = {"num_hidden_layers": 45, "kv_lora_rank": 512, "qk_rope_head_dim": 0,
@@ -213,12 +213,9 @@ def packing(shape: Glm5NextShape, tp: int, spec: int = 0, mtp: bool = False) -> 
 def draft_reasons(shape: Glm5NextShape, settings: EngineSettings) -> str:
     """Why this command's draft is not planned with the target ("" where it drafts with the checkpoint's
     MTP head kvwatch plans, or drafts not at all)."""
-    if not (settings.num_speculative_tokens > 0 or settings.speculative_config):
-        return ""
-    if not drafts_with_mtp(settings.speculative_method, settings.num_speculative_tokens):
-        return f"--speculative-config method {settings.speculative_method!r}: only GLM-5-Next's MTP draft is planned"
-    if shape.mtp_reasons:
-        return shape.mtp_reasons
+    reason = mtp_draft_reason(settings, "GLM-5-Next", shape.mtp_reasons)
+    if reason is not None:
+        return reason
     k, tp = settings.num_speculative_tokens, max(1, settings.tensor_parallel_size)
     block, ring = block_size(shape, tp if shape.linear_heads % tp == 0 else 1, k), tail_rows(shape, k)
     return f"a tail ring of {ring} rows not dividing the block of {block} (vLLM asserts it: " \
@@ -228,28 +225,12 @@ def draft_reasons(shape: Glm5NextShape, settings: EngineSettings) -> str:
 def out_of_scope(shape: Glm5NextShape, settings: EngineSettings, device: Device, version: VllmVersion | None,
                  config_dtype: str | None) -> str:
     """Why this command lies outside the one scope planned here; "" when it lies inside."""
-    major, _, minor = device.sm.partition(".")
-    sm = (int(major), int(minor or 0)) if device.platform == "cuda" and major.isdigit() and minor.isdigit() else (0, 0)
-    dtype = (config_dtype or "not given") if settings.dtype == "auto" else settings.dtype
     tp = max(1, settings.tensor_parallel_size)
-    draft = draft_reasons(shape, settings)
-    reasons = [why for hit, why in (
-        (bool(shape.config_reasons), shape.config_reasons),
-        (version is not None and version.parts[:2] != CHECKED_MINOR, f"vLLM {version}: only 0.34 is checked"),
-        (device.platform != "cuda" or sm != SM, f"{device.platform} SM {device.sm}: only CUDA SM 9.0 is checked"),
-        (settings.kv_cache_dtype not in ("auto", "bfloat16") or dtype not in ("bfloat16", "bf16"),
-         "a model or KV cache other than bf16"),
-        (settings.block_size is not None, "--block-size set"),
-        (bool(draft), draft),
-        (settings.pipeline_parallel_size > 1, "pipeline parallelism"),
-        (settings.attention_backend not in (None, BACKEND), "--attention-backend set"),
-        (settings.disable_hybrid_kv_cache_manager, "--disable-hybrid-kv-cache-manager"),
-        (settings.enable_prefix_caching is False or settings.mamba_cache_mode not in (None, "align"),
-         "no prefix caching or another Mamba cache mode"),
-        ((settings.mamba_cache_dtype, settings.mamba_ssm_cache_dtype) != ("auto", "auto"), "a Mamba cache dtype set"),
-        (shape.linear_heads % tp != 0, f"TP {tp} not dividing the KDA heads (vLLM asserts it: common/kda.py:255)"),
-    ) if hit]
-    return "; ".join(reasons)
+    bf16 = settings.kv_cache_dtype in ("auto", "bfloat16") and bf16_model(settings, config_dtype)
+    return outside(settings, device, version, checked=(CHECKED_MINOR,), config_reasons=shape.config_reasons,
+                   dtype=(not bf16, "a model or KV cache other than bf16"), draft=draft_reasons(shape, settings),
+                   backend=BACKEND, own=[*mamba_defaults(settings), (
+                       shape.linear_heads % tp != 0, f"TP {tp} not dividing the KDA heads (vLLM asserts it: common/kda.py:255)")])
 
 
 def plan_packing(shape: Glm5NextShape, settings: EngineSettings, device: Device, version: VllmVersion | None,

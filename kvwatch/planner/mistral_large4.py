@@ -61,6 +61,7 @@ from kvwatch.planner.deepseek_v4 import Group, Packing
 from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.indexer import QUANT_BLOCK, SCALE_BYTES
+from kvwatch.planner.one_scope import bf16_model, outside
 from kvwatch.values.versions import VllmVersion
 
 ARCHITECTURES = frozenset({"MistralLarge4ForCausalLM"})
@@ -71,7 +72,6 @@ BACKEND = "FLASH_ATTN_MLA_SPARSE"   # platforms/cuda.py:137-152, SM 9.0's first 
 BLOCK_SIZE = 64           # CacheConfig.DEFAULT_BLOCK_SIZE (config/cache.py:185)
 INDEX_HEAD_DIM = 128      # the only index_head_dim checked
 KV_BYTES = 2              # bf16
-SM = (9, 0)
 CHECKED_MINOR = (0, 34)   # the release whose code the oracle ran (tests/mistral_large4_oracle.py)
 DEFAULT_MAX_LEN = 128_000   # params.json and config.json without max_position_embeddings (config.py:1618)
 
@@ -262,26 +262,13 @@ def speculative_reason(shape: Large4Shape, settings: EngineSettings) -> str:
 def out_of_scope(shape: Large4Shape, settings: EngineSettings, device: Device, version: VllmVersion | None,
                  config_dtype: str | None) -> str:
     """Why this command lies outside the one scope planned here; "" when it lies inside."""
-    major, _, minor = device.sm.partition(".")
-    sm = (int(major), int(minor or 0)) if device.platform == "cuda" and major.isdigit() and minor.isdigit() else (0, 0)
-    dtype = (config_dtype or "not given") if settings.dtype == "auto" else settings.dtype
     bf16_latent = settings.kv_cache_dtype == "bfloat16" or (settings.kv_cache_dtype == "auto" and not shape.fp8_kv_cache)
     tp = max(1, settings.tensor_parallel_size)
-    speculative = speculative_reason(shape, settings)
-    reasons = [why for hit, why in (
-        (bool(shape.config_reasons), shape.config_reasons),
-        (version is not None and version.parts[:2] != CHECKED_MINOR, f"vLLM {version}: only 0.34 is checked"),
-        (device.platform != "cuda" or sm != SM, f"{device.platform} SM {device.sm}: only CUDA SM 9.0 is checked"),
-        (not bf16_latent or dtype not in ("bfloat16", "bf16"), "a model or latent other than bf16 (the dsa section's "
-                                                               "fp8_kv_cache makes it fp8_ds_mla)"),
-        (settings.block_size is not None, "--block-size set"),
-        (bool(speculative), speculative),
-        (settings.pipeline_parallel_size > 1, "pipeline parallelism"),
-        (settings.attention_backend is not None, "--attention-backend set"),
-        (settings.disable_hybrid_kv_cache_manager, "--disable-hybrid-kv-cache-manager"),
-        (shape.heads % tp != 0, f"TP {tp} not dividing the attention heads (vLLM asserts it: attention.py:71)"),
-    ) if hit]
-    return "; ".join(reasons)
+    return outside(settings, device, version, checked=(CHECKED_MINOR,), config_reasons=shape.config_reasons,
+                   dtype=(not (bf16_latent and bf16_model(settings, config_dtype)),
+                          "a model or latent other than bf16 (the dsa section's fp8_kv_cache makes it fp8_ds_mla)"),
+                   draft=speculative_reason(shape, settings), backend=None,
+                   own=[(shape.heads % tp != 0, f"TP {tp} not dividing the attention heads (vLLM asserts it: attention.py:71)")])
 
 
 def plan_packing(shape: Large4Shape, settings: EngineSettings, device: Device, version: VllmVersion | None,

@@ -62,6 +62,7 @@ from kvwatch.planner.config_keys import positive_field
 from kvwatch.planner.deepseek_v4 import CacheSpec, Group, Packing, drafts_with_mtp, packed_groups
 from kvwatch.planner.devices import Device
 from kvwatch.planner.engine_args import EngineSettings
+from kvwatch.planner.one_scope import bf16_model, mamba_defaults, mtp_draft_reason, outside
 from kvwatch.values.versions import VllmVersion
 
 ARCHITECTURES = frozenset({"Qwen4ExpForCausalLM", "Qwen4ExpForConditionalGeneration"})
@@ -76,7 +77,6 @@ CHECKPOINT_GRID = 64      # FLASHINFER_GDN_CHECKPOINT_ALIGNMENT (v1/attention/ba
 QSA_LAYER_TYPES = ("qwen_sparse_attention", "indexed_attention")   # nvidia/model.py:93
 ROPE_POSITION_COLUMNS = 12   # three int64 M-RoPE positions as bf16 (common/qsa_indexer.py:820-836)
 KV_BYTES = 2              # bf16
-SM = (9, 0)
 CHECKED_MINORS = frozenset({(0, 33), (0, 34)})   # the releases whose code the oracle ran (tests/qwen4_exp_oracle.py)
 _SSM_BYTES = {None: KV_BYTES, "bfloat16": 2, "float16": 2, "float32": 4}
 # transformers' Qwen4ExpTextConfig defaults (models/qwen4_exp/configuration_qwen4_exp.py), which vLLM
@@ -266,12 +266,9 @@ def divides(shape: Qwen4ExpShape, tp: int) -> bool:
 def draft_reasons(shape: Qwen4ExpShape, settings: EngineSettings) -> str:
     """Why this command's draft is not planned with the target ("" where it drafts with the checkpoint's
     MTP head, or drafts not at all)."""
-    if not (settings.num_speculative_tokens > 0 or settings.speculative_config):
-        return ""
-    if not drafts_with_mtp(settings.speculative_method, settings.num_speculative_tokens):
-        return f"--speculative-config method {settings.speculative_method!r}: only Qwen4-Exp's MTP draft is planned"
-    if shape.mtp_reasons:
-        return shape.mtp_reasons
+    reason = mtp_draft_reason(settings, "Qwen4-Exp", shape.mtp_reasons)
+    if reason is not None:
+        return reason
     k, tp = settings.num_speculative_tokens, max(1, settings.tensor_parallel_size)
     block, ring = block_size(shape, tp if divides(shape, tp) else 1, k), ring_rows(shape, k)
     return f"a QSA ring of {ring} rows not dividing the block of {block} (vLLM asserts it: " \
@@ -281,29 +278,13 @@ def draft_reasons(shape: Qwen4ExpShape, settings: EngineSettings) -> str:
 def out_of_scope(shape: Qwen4ExpShape, settings: EngineSettings, device: Device, version: VllmVersion | None,
                  config_dtype: str | None) -> str:
     """Why this command lies outside the one scope planned here; "" when it lies inside."""
-    major, _, minor = device.sm.partition(".")
-    sm = (int(major), int(minor or 0)) if device.platform == "cuda" and major.isdigit() and minor.isdigit() else (0, 0)
-    dtype = (config_dtype or "not given") if settings.dtype == "auto" else settings.dtype
     tp = max(1, settings.tensor_parallel_size)
-    draft = draft_reasons(shape, settings)
-    reasons = [why for hit, why in (
-        (bool(shape.config_reasons), shape.config_reasons),
-        (version is not None and version.parts[:2] not in CHECKED_MINORS, f"vLLM {version}: only 0.33 and 0.34 are checked"),
-        (device.platform != "cuda" or sm != SM, f"{device.platform} SM {device.sm}: only CUDA SM 9.0 is checked"),
-        (settings.kv_cache_dtype not in ("auto", "bfloat16") or dtype not in ("bfloat16", "bf16"),
-         "a model or KV cache other than bf16"),
-        (bool(settings.kv_cache_dtype_skip_layers), "--kv-cache-dtype-skip-layers set"),
-        (settings.block_size is not None, "--block-size set"),
-        (bool(draft), draft),
-        (settings.pipeline_parallel_size > 1, "pipeline parallelism"),
-        (settings.attention_backend not in (None, BACKEND), "--attention-backend set"),
-        (settings.disable_hybrid_kv_cache_manager, "--disable-hybrid-kv-cache-manager"),
-        (settings.enable_prefix_caching is False or settings.mamba_cache_mode not in (None, "align"),
-         "no prefix caching or another Mamba cache mode"),
-        ((settings.mamba_cache_dtype, settings.mamba_ssm_cache_dtype) != ("auto", "auto"), "a Mamba cache dtype set"),
-        (not divides(shape, tp), f"TP {tp} not dividing the heads (vLLM refuses it)"),
-    ) if hit]
-    return "; ".join(reasons)
+    bf16 = settings.kv_cache_dtype in ("auto", "bfloat16") and bf16_model(settings, config_dtype)
+    return outside(settings, device, version, checked=CHECKED_MINORS, config_reasons=shape.config_reasons,
+                   dtype=(not bf16, "a model or KV cache other than bf16"), draft=draft_reasons(shape, settings),
+                   backend=BACKEND, own=[
+                       (bool(settings.kv_cache_dtype_skip_layers), "--kv-cache-dtype-skip-layers set"),
+                       *mamba_defaults(settings), (not divides(shape, tp), f"TP {tp} not dividing the heads (vLLM refuses it)")])
 
 
 def plan_packing(shape: Qwen4ExpShape, settings: EngineSettings, device: Device, version: VllmVersion | None,
