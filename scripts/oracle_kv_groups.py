@@ -231,6 +231,25 @@ def _once(logger: logging.Logger) -> None:
         setattr(logger, f"{level}_once", once(getattr(logger, level)))
 
 
+def sized_answer(tree: Path, config: Any, groups: list[Any], memory: int, planning: Any, utils: Any,
+                 group_fields: Any = None) -> dict[str, Any]:
+    """vLLM's KV cache config of `groups` for `memory` bytes, as the grouping oracles answer it: per scheduler
+    group its spec, layers and blocks a request (and `group_fields(group)`), then the blocks, the bytes a
+    block, the concurrency and the tokens vLLM logs (`planning` and `utils`: the release's modules)."""
+    kv_cache_config = planning.get_kv_cache_config_from_groups(config, groups, memory)
+    scheduler_groups = utils.generate_scheduler_kv_cache_config([kv_cache_config]).kv_cache_groups
+    return {
+        "groups": [{"spec": type(g.kv_cache_spec).__name__, "layers": len(g.layer_names),
+                    **(group_fields(g) if group_fields else {}),
+                    "blocks_per_request": -(-g.kv_cache_spec.max_memory_usage_bytes(config)
+                                            // g.kv_cache_spec.page_size_bytes)} for g in scheduler_groups],
+        "num_blocks": kv_cache_config.num_blocks,
+        "bytes_per_block": kv_cache_config.kv_cache_tensors[0].size // kv_cache_config.num_blocks,
+        "max_concurrency": utils.get_max_concurrency_for_kv_cache_config(config, kv_cache_config),
+        "kv_cache_tokens": _reported_tokens(tree, config, groups, kv_cache_config.num_blocks),
+    }
+
+
 def _reported_tokens(tree: Path, config: Any, groups: list[Any], num_blocks: int) -> int | None:
     ki = importlib.import_module("vllm.v1.kv_cache_interface")
     utils = importlib.import_module("vllm.v1.core.kv_cache_utils")

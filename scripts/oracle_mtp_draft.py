@@ -92,17 +92,7 @@ def _answer(tree: Path, case: dict[str, Any]) -> Any:
     layout = getattr(importlib.import_module("vllm.v1.kv_cache_layout").KVCacheLayout, shared.LAYOUT)
     config = _config(case, layout)
     groups = planning.get_kv_cache_groups(config, _specs(ki, case))
-    kv_cache_config = planning.get_kv_cache_config_from_groups(config, groups, case["memory"])
-    scheduler_groups = utils.generate_scheduler_kv_cache_config([kv_cache_config]).kv_cache_groups
-    return {
-        "groups": [{"spec": type(g.kv_cache_spec).__name__, "layers": len(g.layer_names),
-                    "blocks_per_request": -(-g.kv_cache_spec.max_memory_usage_bytes(config)
-                                            // g.kv_cache_spec.page_size_bytes)} for g in scheduler_groups],
-        "num_blocks": kv_cache_config.num_blocks,
-        "bytes_per_block": kv_cache_config.kv_cache_tensors[0].size // kv_cache_config.num_blocks,
-        "max_concurrency": utils.get_max_concurrency_for_kv_cache_config(config, kv_cache_config),
-        "kv_cache_tokens": shared._reported_tokens(tree, config, groups, kv_cache_config.num_blocks),
-    }
+    return shared.sized_answer(tree, config, groups, case["memory"], planning, utils)
 
 
 def main() -> int:

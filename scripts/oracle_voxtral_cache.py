@@ -89,20 +89,10 @@ def _answer(tree: Path, case: dict[str, Any]) -> Any:
         groups = planning.get_kv_cache_groups(config, specs)
     except (ValueError, NotImplementedError, AssertionError) as exc:
         return {"encoder": encoder, "error": f"{type(exc).__name__}: {exc}"}
-    kv_cache_config = planning.get_kv_cache_config_from_groups(config, groups, case["memory"])
-    scheduler_groups = utils.generate_scheduler_kv_cache_config([kv_cache_config]).kv_cache_groups
-    return {
-        "encoder": encoder,
-        "groups": [{"spec": type(g.kv_cache_spec).__name__, "layers": len(g.layer_names),
-                    "encoder_layers": sum(n.startswith("whisper_encoder") for n in g.layer_names),
-                    "block_size": g.kv_cache_spec.block_size, "page_size_bytes": g.kv_cache_spec.page_size_bytes,
-                    "blocks_per_request": -(-g.kv_cache_spec.max_memory_usage_bytes(config)
-                                            // g.kv_cache_spec.page_size_bytes)} for g in scheduler_groups],
-        "num_blocks": kv_cache_config.num_blocks,
-        "bytes_per_block": kv_cache_config.kv_cache_tensors[0].size // kv_cache_config.num_blocks,
-        "max_concurrency": utils.get_max_concurrency_for_kv_cache_config(config, kv_cache_config),
-        "kv_cache_tokens": shared._reported_tokens(tree, config, groups, kv_cache_config.num_blocks),
-    }
+    def encoder_fields(g: Any) -> dict[str, Any]:
+        return {"encoder_layers": sum(n.startswith("whisper_encoder") for n in g.layer_names),
+                "block_size": g.kv_cache_spec.block_size, "page_size_bytes": g.kv_cache_spec.page_size_bytes}
+    return {"encoder": encoder, **shared.sized_answer(tree, config, groups, case["memory"], planning, utils, encoder_fields)}
 
 
 def main() -> int:
