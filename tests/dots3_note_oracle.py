@@ -37,7 +37,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-from vllm_sources import bare_layer, cpu_imports, packed_answer, run_oracle_script
+from vllm_sources import bare_layer, bare_vllm_config, cpu_imports, packed_answer, run_oracle_script
 
 
 def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -99,12 +99,7 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
             text = SpeculativeConfig.hf_config_override(text)
         cache = CacheConfig()
         model = ns(dtype=torch.bfloat16, max_model_len=case["max_model_len"], hf_text_config=text)
-        config = ns(cache_config=cache, model_config=model, compilation_config=ns(static_forward_context={}),
-                    scheduler_config=ns(disable_hybrid_kv_cache_manager=False),
-                    attention_config=ns(hisparse_config=None), num_gpu_blocks_override=None,
-                    parallel_config=ns(tensor_parallel_size=case["tp"], decode_context_parallel_size=1,
-                                       prefill_context_parallel_size=1),
-                    speculative_config=None, num_speculative_tokens=0)
+        config = bare_vllm_config(cache, model, case["tp"])
         swa = text.swa_kv_lora_rank + text.swa_qk_rope_head_dim
         latent = text.kv_lora_rank + text.qk_rope_head_dim
         kinds = ["sliding" if text.layer_types[i] == "sliding_attention" else "dsa"

@@ -34,7 +34,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-from vllm_sources import bare_layer, packed_answer, run_oracle_script
+from vllm_sources import bare_layer, bare_vllm_config, packed_answer, run_oracle_script
 
 
 def _stub_torchvision() -> None:
@@ -96,13 +96,7 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
         model = ns(use_mla=True, dtype=torch.bfloat16, architecture="Glm5NextForCausalLM", hf_text_config=text,
                    is_hybrid=True, model_impl="auto", get_num_kv_heads=lambda _: 1,
                    get_head_size=lambda h=latent: h, max_model_len=case["max_model_len"])
-        config = ns(cache_config=cache, model_config=model, compilation_config=ns(static_forward_context={}),
-                    scheduler_config=ns(disable_hybrid_kv_cache_manager=False),
-                    attention_config=ns(hisparse_config=None), num_gpu_blocks_override=None,
-                    parallel_config=ns(tensor_parallel_size=tp, decode_context_parallel_size=1,
-                                       prefill_context_parallel_size=1),
-                    speculative_config=ns(num_speculative_tokens=k) if k else None, num_speculative_tokens=k,
-                    use_flashinfer_replayssm=False)
+        config = bare_vllm_config(cache, model, tp, k, use_flashinfer_replayssm=False)
         cache.block_size = Cuda._preferred_block_size_for_backends(backends, CacheConfig.DEFAULT_BLOCK_SIZE, config)
         Cuda._align_hybrid_block_size(config, backends[0])
         cache.mamba_block_size = cache.block_size   # MambaModelConfig in align mode (models/config.py:1106-1110)

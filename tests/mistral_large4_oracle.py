@@ -40,7 +40,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-from vllm_sources import cpu_imports, packed_answer, run_oracle_script
+from vllm_sources import bare_layer, bare_vllm_config, cpu_imports, packed_answer, run_oracle_script
 
 # The fields of vLLM's config that kvwatch's own reading of params.json must give the same
 # (kvwatch/planner/mistral_large4.py `hf_config`).
@@ -59,7 +59,6 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     import vllm
     assert Path(vllm.__file__).is_relative_to(root)
     cpu_imports(root, "vllm.models.mistral.mistral_large4")   # its __init__ refuses a CPU platform
-    from torch import nn
     from vllm.config.cache import CacheConfig
     from vllm.model_executor.layers.attention.mla_attention import MLAAttention
     from vllm.models.mistral.common.layer_spec import get_layer_specs
@@ -76,12 +75,6 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
     ns = types.SimpleNamespace
 
-    def bare(cls: type, **attrs: Any) -> Any:   # a layer with the attributes its get_kv_cache_spec reads
-        layer = cls.__new__(cls)
-        nn.Module.__init__(layer)
-        for k, v in attrs.items():
-            object.__setattr__(layer, k, v)
-        return layer
 
     answers = []
     for case in cases:
@@ -89,12 +82,7 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
         assert not getattr(text, "fp8_kv_cache", False), "the oracle's scope: a bf16 latent"
         cache = CacheConfig()
         model = ns(dtype=torch.bfloat16, max_model_len=case["max_model_len"], hf_text_config=text)
-        config = ns(cache_config=cache, model_config=model, compilation_config=ns(static_forward_context={}),
-                    scheduler_config=ns(disable_hybrid_kv_cache_manager=False),
-                    attention_config=ns(hisparse_config=None), num_gpu_blocks_override=None,
-                    parallel_config=ns(tensor_parallel_size=case["tp"], decode_context_parallel_size=1,
-                                       prefill_context_parallel_size=1),
-                    speculative_config=None, num_speculative_tokens=0)
+        config = bare_vllm_config(cache, model, case["tp"])
         layers = get_layer_specs(text)
         backends: list[Any] = []
         for spec in layers:
@@ -113,7 +101,7 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for spec in layers:
             p = f"model.layers.{spec.layer_idx}.self_attn"
             if spec.has_indexer:
-                keys = bare(MistralIndexerCache, cache_config=cache, dtype=torch.uint8,
+                keys = bare_layer(MistralIndexerCache, cache_config=cache, dtype=torch.uint8,
                             head_dim=text.index_head_dim + text.index_head_dim // 128 * 4)
                 specs[f"{p}.indexer.k_cache"] = customize_attention_spec(
                     keys.get_attn_backend(), keys.get_kv_cache_spec(config))

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from glm5_next_oracle import _stub_torchvision
-from vllm_sources import bare_layer, packed_answer, run_oracle_script
+from vllm_sources import bare_layer, bare_vllm_config, packed_answer, run_oracle_script
 
 
 def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -91,14 +91,8 @@ def main(root: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
         model = ns(use_mla=False, dtype=torch.bfloat16, architecture=architecture, hf_text_config=text,
                    is_hybrid=True, model_impl="auto", get_num_kv_heads=lambda _, k=kv_heads: k,
                    get_head_size=lambda h=head_dim: h, max_model_len=case["max_model_len"], uses_mrope=mrope)
-        config = ns(cache_config=cache, model_config=model, compilation_config=ns(static_forward_context={}),
-                    scheduler_config=ns(disable_hybrid_kv_cache_manager=False, max_num_batched_tokens=2048),
-                    attention_config=ns(hisparse_config=None), num_gpu_blocks_override=None,
-                    parallel_config=ns(tensor_parallel_size=tp, decode_context_parallel_size=1,
-                                       prefill_context_parallel_size=1),
-                    speculative_config=ns(num_speculative_tokens=k) if k else None, num_speculative_tokens=k,
-                    use_flashinfer_replayssm=False,
-                    additional_config={})
+        config = bare_vllm_config(cache, model, tp, k, {"max_num_batched_tokens": 2048},
+                                  use_flashinfer_replayssm=False, additional_config={})
         # the Qwen3.5 contract Qwen4-Exp's config class applies first: the SSM state in mamba_ssm_dtype
         Qwen3_5ForConditionalGenerationConfig.verify_and_update_config(config)
         context = config.compilation_config.static_forward_context

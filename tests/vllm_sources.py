@@ -106,6 +106,20 @@ def packed_answer(config: Any, specs: dict[str, Any], kv_memory_bytes: int, plan
         "num_blocks": planned.num_blocks, "tokens": utils.get_kv_cache_capacity(config, planned)[0]}
 
 
+def bare_vllm_config(cache: Any, model: Any, tp: int, k: int = 0, scheduler: dict[str, Any] | None = None,
+                     **extra: Any) -> Any:
+    """The VllmConfig attributes the releases' spec, block-size and grouping code reads, as a namespace:
+    the cache and model configs given, TP `tp`, the hybrid manager on, no context parallelism, and a
+    speculative config of `k` tokens where k > 0 (`scheduler`: more scheduler fields; `extra`: more
+    top-level ones)."""
+    ns = types.SimpleNamespace
+    return ns(cache_config=cache, model_config=model, compilation_config=ns(static_forward_context={}),
+              scheduler_config=ns(disable_hybrid_kv_cache_manager=False, **(scheduler or {})),
+              attention_config=ns(hisparse_config=None), num_gpu_blocks_override=None,
+              parallel_config=ns(tensor_parallel_size=tp, decode_context_parallel_size=1, prefill_context_parallel_size=1),
+              speculative_config=ns(num_speculative_tokens=k) if k else None, num_speculative_tokens=k, **extra)
+
+
 def bare_layer(cls: type, **attrs: Any) -> Any:
     """A layer of `cls` with only the attributes its get_kv_cache_spec reads: its constructor, which
     wants a GPU and a model, is skipped (an nn.Module's own bookkeeping set up first)."""
