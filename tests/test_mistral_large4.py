@@ -176,7 +176,10 @@ def test_config_out_of_scope(change: dict[str, Any], reason: str) -> None:
     {"kv_sharing": {"source_layers_str": "1,0"}}, {"kv_sharing": {"source_layers_str": ",".join(["0", "0", "1"] * 20)}},
     {"nope": "nope,rope"},
     {"dsa": {**_DSA, "sharing": "shared,full"}}, {"dsa": {k: v for k, v in _DSA.items() if k != "topk"}},
-    {"moe": None}, {"dsa": {**_DSA, "fp8_indexer": False}}, {"quantization": {"qformat_weight": "int4"}}])
+    {"moe": None}, {"dsa": {**_DSA, "fp8_indexer": False}}, {"quantization": {"qformat_weight": "int4"}},
+    # hostile values: a clear ConfigError, never a TypeError or AttributeError
+    {"moe": {**BASE["moe"], "num_shared_experts": "x"}}, {"moe": "x"}, {"kv_sharing": {"source_layers_str": -1}},
+    {"kv_sharing": [1]}, {"dsa": "full"}])
 def test_a_params_json_vllm_refuses_is_a_config_error(change: dict[str, Any]) -> None:
     with pytest.raises(ConfigError):
         mistral_large4.hf_config({**BASE, **change})

@@ -97,6 +97,14 @@ def is_large4_params(params: Mapping[str, Any]) -> bool:
     return bool(params.get("dsa")) and params.get("model_type") != "mamba"
 
 
+def _section(params: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    """A params.json section: an object, or {} where it is absent; anything else is a ConfigError."""
+    value = params.get(name) or {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"params.json: {name} must be an object")
+    return value
+
+
 def _pattern(value: Any, layers: int, what: str) -> list[str]:
     """A comma-separated per-layer pattern, repeated to `layers` (configs/mistral.py:353-355)."""
     if not isinstance(value, str) or not value:
@@ -110,7 +118,9 @@ def hf_config(params: Mapping[str, Any], hf_max_len: int | None = None) -> dict[
     :160-184, :300-324, :380-445); what vLLM asserts is a ConfigError. `hf_max_len`: the
     max_position_embeddings of a config.json beside it, which vLLM takes where params.json names none
     (else 128,000: transformers_utils/config.py:516-522, :1617-1637)."""
-    if not (params.get("qk_nope_head_dim") and params.get("moe") and (params["moe"].get("num_shared_experts") or 0) > 0):
+    moe, sharing = _section(params, "moe"), _section(params, "kv_sharing")
+    shared = moe.get("num_shared_experts")
+    if not (params.get("qk_nope_head_dim") and isinstance(shared, int) and shared > 0):
         raise ConfigError("params.json: a dsa section needs MLA (qk_nope_head_dim) and MoE with shared experts "
                           "(vLLM asserts it: configs/mistral.py:35)")
     cfg: dict[str, Any] = {_GENERAL.get(k, k): v for k, v in params.items() if k not in _CONSUMED}
@@ -120,16 +130,16 @@ def hf_config(params: Mapping[str, Any], hf_max_len: int | None = None) -> dict[
                 "hidden_act": params.get("activation", "silu"), "tie_word_embeddings": params.get("tied_embeddings", False),
                 "max_position_embeddings": max_len, "max_seq_len": params.get("max_seq_len", max_len),
                 "dtype": params.get("dtype")})
-    cfg.update({new: params["moe"][old] for old, new in _MOE.items() if old in params["moe"]})
+    cfg.update({new: moe[old] for old, new in _MOE.items() if old in moe})
     if quantization := params.get("quantization"):
         cfg["quantization_config"] = _quantization(quantization)
     layers = positive_field(cfg, "num_hidden_layers", None, "Mistral Large 4")
     nope = params.get("nope")
     cfg["nope_layer_flags"] = [v == "nope" for v in _pattern(nope, layers, "nope")] if nope else [False] * layers
-    source = (params.get("kv_sharing") or {}).get("source_layers_str")
+    source = sharing.get("source_layers_str")
     try:
         sources = [int(v) for v in source.split(",")] if source else list(range(layers))
-    except ValueError:
+    except (ValueError, AttributeError):
         raise ConfigError("params.json: kv_sharing.source_layers_str must list layer numbers") from None
     nope_flags = cfg["nope_layer_flags"]
     if len(sources) != layers or any(not 0 <= s <= i or sources[s] != s or nope_flags[i] != nope_flags[s]
@@ -137,7 +147,7 @@ def hf_config(params: Mapping[str, Any], hf_max_len: int | None = None) -> dict[
         raise ConfigError("params.json: each layer must share KV with an earlier, non-sharing layer of its own "
                           "RoPE or NoPE kind, one source a layer (vLLM asserts it: configs/mistral.py:402-410)")
     cfg["kv_source_layers"] = sources
-    dsa = {_DSA.get(k, k): v for k, v in params["dsa"].items()}   # either spelling (configs/mistral.py:358-377)
+    dsa = {_DSA.get(k, k): v for k, v in _section(params, "dsa").items()}   # either spelling (configs/mistral.py:358-377)
     if dsa.get("index_nope") or not dsa.get("fp8_indexer", True) \
             or dsa.get("index_rope_head_dim", dsa.get("rope_head_dim")) not in (None, -1, params.get("qk_rope_head_dim")):
         raise ConfigError("params.json: vLLM asserts an FP8 indexer with the model's RoPE dims "
@@ -147,8 +157,8 @@ def hf_config(params: Mapping[str, Any], hf_max_len: int | None = None) -> dict[
             raise ConfigError(f"params.json: dsa section without {key} (vLLM requires it: configs/mistral.py:413-421)")
         cfg[key] = dsa[key]
     cfg["fp8_kv_cache"] = dsa.get("fp8_kv_cache", False)
-    sharing = dsa.get("index_sharing")
-    cfg["index_sharing"] = _pattern(sharing, layers, "dsa.sharing") if sharing else ["full"] * layers
+    index_sharing = dsa.get("index_sharing")
+    cfg["index_sharing"] = _pattern(index_sharing, layers, "dsa.sharing") if index_sharing else ["full"] * layers
     if not set(cfg["index_sharing"]) <= {"full", "shared"} or cfg["index_sharing"][0] != "full":
         raise ConfigError("params.json: dsa.sharing must be full or shared a layer, the first full "
                           "(vLLM asserts it: configs/mistral.py:442-443)")
