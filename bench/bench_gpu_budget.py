@@ -43,16 +43,19 @@ sys.path.insert(0, str(ROOT / "tests"))
 from gpu_log_corpus import (  # noqa: E402
     FIT,
     HELD_OUT,
+    WITHIN,
     GiB,
     Summary,
     all_runs,
     is_hybrid,
     model_config,
     patched_runs,
+    per_source_summary,
     plan_run,
     residual_terms,
     source_split,
     started_runs,
+    within_interval,
     worst_term,
 )
 
@@ -72,6 +75,7 @@ def main() -> None:
     verbose = "-v" in sys.argv[1:]
     by_source = source_split(all_runs())
     records: list[tuple[str, str, bool, dict[str, float]]] = []   # (split by run, by source, in the llm-d sweep, figures)
+    sources: list[str] = []   # each record's source (a repository, an author's notes, a thread)
     print(f"{'run':<42}{'by run':>9}{'source':>9}{'logged':>8}{'kvwatch':>8}{'err':>8}  {'worst term (GiB of KV)':<24}"
           f"{'fixed':>8}{'x1.15':>8}{'tokens err':>11}{'at logged KV':>13}")
     with tempfile.TemporaryDirectory() as tmp:
@@ -106,6 +110,7 @@ def main() -> None:
                     figures[f"{kind}_tokens"], figures[f"{kind}_tokens_at_logged_kv"] = t_err, t_exact
                 tok, tok_exact = f"{t_err:+.1%}", f"{t_exact:+.1%}"
             records.append((split, by_source[run["name"]], SWEEP in str(run.get("batch", "")), figures))
+            sources.append(run["source"])
             term, size = worst_term(residual_terms(run, budget))
             print(f"{run['name']:<42}{split:>9}{by_source[run['name']]:>9}{logged:>8.2f}{ours:>8.2f}{err:>+8.1%}  {term + f' {size:+.2f}':<24}"
                   f"{figures['fixed']:>+8.1%}{figures['x1.15']:>+8.1%}{tok:>11}{tok_exact:>13}")
@@ -150,6 +155,19 @@ def main() -> None:
                 summary = Summary.of([f["kvwatch"] for f in chosen], int(sum(f["zero"] for f in chosen)))
                 cells.append(f"{summary.median:.1%} / {summary.within:.0%} / {summary.zero_plans} ({summary.runs})")
             print(f"  {name + title:<34}{cells[0]:>30}{cells[1]:>30}")
+    print("\nhow far the held-out figures can be trusted: the share within 3 % with its 95 % interval (Wilson),"
+          " and one figure per source (each source's median |error|, so one box's many runs weigh as one)")
+    for title, index in (("held-out by run", 0), ("held-out by source", 1)):
+        chosen = [(source, f) for source, (*splits, w, f) in zip(sources, records, strict=True) if splits[index] == HELD_OUT]
+        kv, tok = [f["kvwatch"] for _, f in chosen], [f["tokens"] for _, f in chosen if "tokens" in f]
+        for what, errors in (("KV memory", kv), ("KV tokens", tok)):
+            inside = sum(abs(e) <= WITHIN for e in errors)
+            low, high = within_interval(inside, len(errors))
+            print(f"  {title + ', ' + what:<34}{inside:>3} of {len(errors):>3} within 3 % = "
+                  f"{inside / max(1, len(errors)):>4.0%} (95 % interval {low:.0%}-{high:.0%})")
+        per_source = per_source_summary((source, f["kvwatch"]) for source, f in chosen)
+        print(f"  {title + ', one figure per source':<34}{per_source.runs:>3} sources: median |error| "
+              f"{per_source.median:.1%}, {per_source.within:.0%} of sources within 3 %")
     both = [f for s, o, w, f in records if "llm-d" in f]
     print(f"\nthe {len(both)} sweep runs llm-d's planner predicted (its results_predicted.csv): KV memory,"
           " median |error| / mean |error| / within 3 %")

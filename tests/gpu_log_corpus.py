@@ -192,6 +192,27 @@ class Summary:
                    sum(v <= WITHIN for v in values) / len(values), zeros)
 
 
+def within_interval(within: int, runs: int, confidence: float = 0.95) -> tuple[float, float]:
+    """The Wilson score interval of a share `within` / `runs`: how far a held-out set of a few dozen
+    runs leaves the true share of runs within 3 % open (37 runs at 73 % give about 57-85 %)."""
+    if runs == 0:
+        return 0.0, 1.0
+    z = statistics.NormalDist().inv_cdf(0.5 + confidence / 2)
+    share = within / runs
+    centre = (share + z * z / (2 * runs)) / (1 + z * z / runs)
+    half = z / (1 + z * z / runs) * (share * (1 - share) / runs + z * z / (4 * runs * runs)) ** 0.5
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def per_source_summary(errors: Iterable[tuple[str, float]]) -> Summary:
+    """One figure per source: the median |error| of each source's runs, summarised over the sources,
+    so that a source with many runs (one box, one author) weighs what one with a single run does."""
+    per_source: dict[str, list[float]] = {}
+    for source, error in errors:
+        per_source.setdefault(source, []).append(abs(error))
+    return Summary.of(statistics.median(values) for values in per_source.values())
+
+
 def drawn_split(runs: list[dict[str, Any]]) -> dict[str, str]:
     """The split as it was drawn: runs tuned to before issue 27 fit; of the others of the first draw
     (`draw` 1), ordered by the sha256 of their name, every other one (the first included) held out;

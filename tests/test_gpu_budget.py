@@ -14,11 +14,13 @@ from gpu_log_corpus import (
     all_runs,
     drawn_split,
     logged_kv_bytes,
+    per_source_summary,
     plan_run,
     residual_terms,
     source_of_url,
     source_split,
     started_runs,
+    within_interval,
 )
 
 from kvwatch.errors import KvwatchError
@@ -619,3 +621,25 @@ def test_the_v2_samplers_penalty_state_is_charged_from_027() -> None:
     assert moe.runner_state_bytes == 0
     cpu = Device("cpu", "cpu", None, 64 * GiB)
     assert estimate_budget(flags, cpu, count, 15 * GiB, 2, 8192, parse_version("0.28.0")).runner_state_bytes == 0
+
+
+@pytest.mark.parametrize(("within", "runs", "low", "high"), [
+    (27, 37, 0.570, 0.846),   # the source-held-out share at issue 38's stop 46: 73 % is 57-85 %
+    (30, 37, 0.658, 0.905),   # the bar's 80 % on the same number of runs
+    (10, 10, 0.722, 1.0),     # all within: the lower end is n / (n + z^2)
+    (0, 10, 0.0, 0.278),
+    (0, 0, 0.0, 1.0),         # no runs: nothing is known
+])
+def test_the_within_share_has_its_wilson_interval(within: int, runs: int, low: float, high: float) -> None:
+    assert within_interval(within, runs) == pytest.approx((low, high), abs=0.001)
+
+
+@pytest.mark.parametrize(("errors", "sources", "median", "within"), [
+    ([("a", 0.01), ("a", -0.04), ("b", 0.02)], 2, 0.0225, 1.0),     # a's median |error| is 2.5 %: within
+    ([("a", 0.10)] * 5 + [("b", 0.0), ("c", 0.01)], 3, 0.01, 2 / 3),  # five runs of one box weigh as one
+    ([], 0, 0.0, 0.0),
+])
+def test_each_source_weighs_once_in_the_per_source_figure(errors: list[tuple[str, float]], sources: int,
+                                                          median: float, within: float) -> None:
+    summary = per_source_summary(errors)
+    assert (summary.runs, summary.median, summary.within) == (sources, pytest.approx(median), pytest.approx(within))
