@@ -227,7 +227,7 @@ def test_the_hybrids_kv_tokens_are_within_3_percent_on_all_runs(tmp_path: Path) 
     2.6 %, all within 3 % (the two Qwen3.5-0.8B runs were +3.1 % and +4.3 % before the V1 encoder pass).
     BENCHMARKS 12.14 added two held-out Qwen3.6-35B-A3B NVFP4 runs (RTX 5090): -9.7 % and -10.0 % as planned,
     the KV memory's miss (given the logged KV memory their tokens are the logged ones): 5 runs, median 2.6 %,
-    3 of 5 within 3 %."""
+    3 of 5 within 3 %. Draw 8 added the two Qwen3.5 runs (-1.9 % and -0.4 %): 7 runs, median 2.6 %, 5 of 7 within."""
     errors = []
     for run in started_runs():
         if not run["logged"].get("kv_cache_tokens"):
@@ -236,8 +236,8 @@ def test_the_hybrids_kv_tokens_are_within_3_percent_on_all_runs(tmp_path: Path) 
         if plan.recurrent_state_bytes > 0:
             errors.append((plan.kv_cache_tokens - run["logged"]["kv_cache_tokens"]) / run["logged"]["kv_cache_tokens"])
     summary = Summary.of(errors)
-    assert summary.runs >= 5
-    assert summary.median <= 0.03 and summary.within >= 0.6
+    assert summary.runs >= 7
+    assert summary.median <= 0.03 and summary.within >= 0.7
 
 
 def test_the_split_is_the_one_drawn_and_never_holds_out_a_run_tuned_to() -> None:
@@ -291,12 +291,16 @@ def test_the_source_held_out_runs_hold_the_published_figure(tmp_path: Path) -> N
     Section 12.14 added a new held-out source (club-3090: Qwen3.6-35B-A3B NVFP4 on an RTX 5090, vLLM 0.24.0,
     two runs). As first planned both were zero-KV plans (its ModelOpt MIXED_PRECISION layers read as bf16);
     read as vLLM resolves their prefixes (planner/quant_layout.py _mixed_entry) they are -9.6 % and -10.0 %:
-    37 runs, median 1.87 %, 73 % within 3 %, no zero-KV plan; never fitted on: 21 runs, 2.6 %, 62 %."""
+    37 runs, median 1.87 %, 73 % within 3 %, no zero-KV plan; never fitted on: 21 runs, 2.6 %, 62 %.
+    Draw 8 added two Qwen3.5 start-ups whose config.json a later search found (a new term came with neither):
+    Qwen3.5-4B on an RTX 4090 D (0.23.0, held out, -1.9 %) and Qwen3.5-9B on an RTX 5090 (0.21.0, fit by
+    source; -8.2 % until --language-model-only was read, planner/tower_skip.py, -0.4 % since): 38 runs,
+    median 1.88 %, 74 % within 3 %; never fitted on: 22 runs, 2.6 %, 64 %."""
     split = source_split(all_runs())
     held = [r for r in RUNS if split[r["name"]] == HELD_OUT]
     summary = Summary.of(_errors(held, tmp_path))
-    assert summary.runs >= 37
-    assert summary.median <= 0.0188
+    assert summary.runs >= 38
+    assert summary.median <= 0.0189
     assert summary.within >= 0.72
     assert all(e > -1 for e in _errors(held, tmp_path))   # no zero-KV plan where vLLM started
     clean = Summary.of(_errors([r for r in held if r["split"] == HELD_OUT], tmp_path))

@@ -57,6 +57,11 @@ SPLIT_VIEW_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qw
 _MODALITIES = {**dict.fromkeys(SPLIT_VIEW_FAMILIES, ("image", "video")), "gemma3": ("image",)}
 
 
+def tower_modalities(family: str | None) -> tuple[str, ...]:
+    """The modalities a family's vision tower serves, where kvwatch knows them; () otherwise."""
+    return _MODALITIES.get(family or "", ())
+
+
 def mm_limits(value: str | None) -> tuple[tuple[str, int], ...]:
     """--limit-mm-per-prompt's counts: a JSON object of counts (or of {"count": n, ...} from 0.11),
     or the older `image=2,video=0` form; () when not given or not readable."""

@@ -185,6 +185,7 @@ class EngineSettings:
     skip_mm_profiling: bool = False   # --skip-mm-profiling (0.10+): no encoder pass nor encoder cache in the profile
     # --limit-mm-per-prompt's items per modality, as (modality, count) pairs given (planner/encoder_held.py)
     mm_limits: tuple[tuple[str, int], ...] = ()
+    language_model_only: bool = False   # --language-model-only (0.17+): every modality's limit is 0 (planner/tower_skip.py)
 
 
 @dataclass(frozen=True)
@@ -322,6 +323,7 @@ class EngineCommand:
             convert=self.get("--convert") or "auto",
             skip_mm_profiling=bool(self._switch("--skip-mm-profiling")),
             mm_limits=mm_limits(self.get("--limit-mm-per-prompt")),
+            language_model_only=bool(self._switch("--language-model-only")),
             **self._speculative(),
         )
 

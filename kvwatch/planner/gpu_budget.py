@@ -590,7 +590,9 @@ def profile_key(settings: EngineSettings, device: Device, version: VllmVersion |
              settings.enable_chunked_prefill, settings.enforce_eager, device.name, device.total_memory_bytes,
              str(version or DEFAULT_RELEASE))
     # the encoder's profile flags, only where given: the keys learned without them stand
-    encoder = (settings.skip_mm_profiling, settings.mm_limits) if settings.skip_mm_profiling or settings.mm_limits else ()
+    encoder: tuple[object, ...] = (settings.skip_mm_profiling, settings.mm_limits) \
+        if settings.skip_mm_profiling or settings.mm_limits else ()
+    encoder += ("language_model_only",) if settings.language_model_only else ()
     # compilation off without --enforce-eager (-O 0, mode 0), only where so: the keys learned without it stand
     uncompiled = ("compilation_off",) if settings.compilation_off and not settings.enforce_eager else ()
     return hashlib.sha256(repr(parts + encoder + uncompiled).encode()).hexdigest()[:16]

@@ -13,6 +13,7 @@ from kvwatch.planner.geometry import ModelGeometry
 from kvwatch.planner.gpu_budget import GpuBudget, decoder_layer_bytes, estimate_budget
 from kvwatch.planner.pooling_run import NO_LM_HEAD_SINCE, lm_head_params, run_of
 from kvwatch.planner.predicted_refusal import NO_KV_CACHE_MEMORY, PredictedRefusal
+from kvwatch.planner.tower_skip import loaded_count
 from kvwatch.planner.weights import (
     gpu_weights_bytes,
     mla_absorbed_bytes,
@@ -47,7 +48,12 @@ def _gpu_budget(device: Device, settings: EngineSettings, geometry: ModelGeometr
     weights, the profile's activation peak, non-torch memory and, where the release counts them, CUDA graphs.
     `backend`: the attention backend the plan picks (TRITON_MLA claims a decode workspace in the profile)."""
     ranks = settings.tensor_parallel_size * settings.pipeline_parallel_size
-    weights = _weights_from_files(geometry, settings, memory) if memory.weights_bytes is not None \
+    # a vision tower the flags leave unbuilt loads no weights and profiles no encoder (planner/tower_skip.py)
+    loaded = loaded_count(geometry.weight_count, settings, (memory.vllm_version or DEFAULT_RELEASE).parts)
+    unbuilt_tower = (geometry.weight_count.vision_params - loaded.vision_params) * model_bytes \
+        if geometry.weight_count is not None and loaded is not None else 0
+    geometry = replace(geometry, weight_count=loaded)
+    weights = _weights_from_files(geometry, settings, memory) - unbuilt_tower if memory.weights_bytes is not None \
         else _weights_from_geometry(geometry, model_bytes, settings, device, memory)
     weights = (weights + _kernel_format_bytes(geometry, settings, device, memory.vllm_version, weights,
                                               model_bytes)) // ranks
