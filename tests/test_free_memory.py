@@ -43,8 +43,10 @@ CASES = [
     ("0.28.0", (), (), 23.0, None, 0.0),            # 22.50 GiB free at the snapshot >= 21.28: starts
     ("0.28.0", (), (), 20.0, 0.82, 0.0),            # 19.50 < 21.28: refused; 0.82 x 23.64 = 19.38 fits
     ("0.28.0", (), ("--gpu-memory-utilization", "0.8"), 20.0, None, 0.0),   # 18.91 GiB fits in 19.50
-    ("0.9.2", (), (), 20.0, 0.82, 0.0),             # the first release read with the check
-    # V1 before 0.9: no check; another process's memory is the profile's non-torch memory
+    ("0.9.2", (), (), 20.0, 0.82, 0.0),
+    ("0.9.1", (), (), 20.0, 0.82, 0.0),             # the first release with the check (gpu_worker.py:135-150)
+    # V1 before 0.9.1: no check; another process's memory is the profile's non-torch memory
+    ("0.9.0", (), (), 20.0, None, -(23.64 - 20.0)),  # 0.9.0's worker still charges it (gpu_worker.py:184-212)
     ("0.8.5", (), (), 20.0, None, -(23.64 - 20.0)),
     # V0: the baseline snapshot leaves it out, and nothing refuses: the budget is unchanged
     ("0.8.5", (("VLLM_USE_V1", "0"),), (), 20.0, None, 0.0),

@@ -8,10 +8,11 @@ is still the CUDA total x the utilization; the free memory decides what happens 
 - **V1, from 0.9**: the worker's first snapshot refuses to start when its free memory is below the
   budget (vLLM 0.9.2 vllm/v1/worker/gpu_worker.py:140-153; 0.28.0 vllm/v1/worker/utils.py:444-464
   `request_memory`; 0.34.0 vllm/v1/worker/utils.py:783-797, where the extensible KV cache skips the
-  check). The fix is the utilization the free memory covers. Absent from 0.8.5.post1's V1 worker;
-  0.9.0 and 0.9.1 are taken as 0.9.2 (not read here).
-- **V1 before 0.9**: no check, but the profile counts everything the card has in use beyond torch's
-  allocations as non-torch memory (vLLM 0.8.5.post1 vllm/v1/worker/gpu_worker.py:180-210:
+  check). The fix is the utilization the free memory covers. First in 0.9.1 (vllm/v1/worker/gpu_worker.py:135-150,
+  with the baseline snapshot's profile, :201); absent from 0.9.0's V1 worker (:132 `init_gpu_memory`, no check)
+  and 0.8.5.post1's.
+- **V1 before 0.9.1**: no check, but the profile counts everything the card has in use beyond torch's
+  allocations as non-torch memory (vLLM 0.8.5.post1 vllm/v1/worker/gpu_worker.py:180-210, 0.9.0 :184-212:
   `mem_get_info` total - free - torch's allocated bytes), so another process's memory comes out of
   the KV cache.
 - **V0**: the profile's non-torch figure is the increase since the worker's baseline snapshot (vLLM
@@ -37,7 +38,7 @@ from kvwatch.planner.predicted_refusal import GPU_MEMORY_BUSY, PredictedRefusal
 from kvwatch.values.versions import VllmVersion
 from kvwatch.vllm_releases import DEFAULT_RELEASE
 
-START_CHECK_SINCE = (0, 9, 0)   # V1's worker refuses a start short of free memory (0.9.2 gpu_worker.py:143)
+START_CHECK_SINCE = (0, 9, 1)   # V1's worker refuses a start short of free memory (0.9.1 gpu_worker.py:135-150)
 V1 = "v1"   # gpu_budget.V1_ENGINE (not imported: gpu_budget imports this module)
 
 
@@ -63,7 +64,7 @@ def snapshot_free_bytes(device: Device) -> int:
 
 
 def others_non_torch_bytes(device: Device, engine: str, version: VllmVersion | None) -> int:
-    """Memory other processes hold that the profile counts as non-torch: V1 before 0.9 only."""
+    """Memory other processes hold that the profile counts as non-torch: V1 before 0.9.1 only."""
     if device.free_memory_bytes is None or engine != V1 or (version or DEFAULT_RELEASE).parts >= START_CHECK_SINCE:
         return 0
     total = cuda_total_bytes(device)
