@@ -131,10 +131,9 @@ def test_sharing_a_learned_profile_never_waits_on_the_learned_dir(tmp_path: Path
     monkeypatch.setitem(disk_writer._SHARED, "learned", writer)
     model = write_model(tmp_path / "tiny", llama_config())
     gpu = Device("cuda", "NVIDIA H100 80GB HBM3", compute_capability=(9, 0), total_memory_bytes=80 << 30)
-    start = time.monotonic()
     learned_store.publish(str(tmp_path / "fleet"), EngineCommand(("vllm", "serve", str(model))), gpu,
                           40 << 30, 30 << 30)
-    assert time.monotonic() - start < 1.0 and not written   # handed over, the disk not waited on
+    assert not written   # handed over, the disk not waited on: no write can finish while the gate is shut
     gate.set()
     assert writer.flush(10) and len(written) == 1 and written[0].parent == tmp_path / "fleet"
 
@@ -143,10 +142,9 @@ def test_a_claim_never_makes_the_watch_loop_wait_on_the_state_dir(tmp_path: Path
     from kvwatch.watchdog.host_registry import HostRegistry
     writer, gate, written = _blocking_writer()
     registry = HostRegistry(str(tmp_path / "missing" / "state"), "e", writer=writer)
-    start = time.monotonic()
     registry.publish([os.getpid()])
     registry.publish([os.getpid(), 1])
-    assert time.monotonic() - start < 1.0
+    assert not written   # both returned while no write could finish: the caller never waited on the disk
     assert not (tmp_path / "missing").exists()   # not even a directory made on the caller's thread
     gate.set()
     assert writer.flush(10) and written
