@@ -23,6 +23,7 @@ from kvwatch.planner import quant_layout
 from kvwatch.planner.deepseek_v4 import MXFP4_BYTES_PER_PARAM
 from kvwatch.planner.encoder_cache import EncoderShape, encoder_shape
 from kvwatch.planner.encoder_forward import vision_mlp_width
+from kvwatch.planner.nemotron_h_weights import NemotronHParams, nemotron_h_params
 from kvwatch.values.config_values import positive_int as _int
 from kvwatch.vllm_releases.mllama_profile import MllamaVision, mllama_vision
 from kvwatch.vllm_releases.mlp_shapes import non_gated_mlp
@@ -72,14 +73,26 @@ class WeightCount:
     replicated_linear_params: int = 0
     # Llama 3.2 Vision: the vision tower's shapes its V0 memory profile peaks by (vllm_releases/mllama_profile.py)
     mllama_vision: MllamaVision | None = None
+    # MoE: each routed expert's matrices (3 gated: gate, up, down; 2 without a gate, Nemotron-H's relu2) and
+    # the width they run at (0: hidden_size; Nemotron-H's latent MoE runs them at moe_latent_size)
+    matrices_per_expert: int = 3
+    expert_hidden: int = 0
 
     @property
     def params(self) -> int:
         return self.linear_params + self.embedding_params + self.vision_params
 
+    @property
+    def routed_expert_params(self) -> int:
+        """The routed experts' parameters over all MoE layers (part of linear_params)."""
+        return self.expert_matrices * self.matrices_per_expert * (self.expert_hidden or self.hidden_size) * self.moe_width
+
 
 def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
     """Parameters of a decoder from its (text) config; None when the config lacks the shapes."""
+    hybrid = nemotron_h_params(cfg)   # one block per layer (planner/nemotron_h_weights.py)
+    if hybrid is not None:
+        return _nemotron_h_count(cfg, hybrid)
     hidden, layers = _int(cfg, "hidden_size"), _int(cfg, "num_hidden_layers")
     heads = _int(cfg, "num_attention_heads")
     if not hidden or not layers or not heads:
@@ -140,6 +153,17 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
                        mlp_matrices=3 if experts else matrices, num_layers=layers, layer_params=one_layer,
                        mla_shape=mla_shape, rope_cache_elements=rope_cache_elements(cfg),
                        router_params=router if experts else 0, replicated_linear_params=replicated_linear)
+
+
+def _nemotron_h_count(cfg: Mapping[str, Any], hybrid: NemotronHParams) -> WeightCount:
+    hidden, vocab = _int(cfg, "hidden_size"), _int(cfg, "vocab_size")
+    return WeightCount(linear_params=hybrid.linear, attention_params=hybrid.attention,
+                       embedding_params=vocab * hidden * (1 if cfg.get("tie_word_embeddings") else 2),
+                       vocab_size=vocab, hidden_size=hidden, mlp_width_per_token=hybrid.mlp_width,
+                       expert_matrices=hybrid.expert_units, moe_width=hybrid.moe_width,
+                       experts_per_token=hybrid.routed, mlp_matrices=2, num_layers=hybrid.layers,
+                       rope_cache_elements=rope_cache_elements(cfg), router_params=hybrid.routers,
+                       matrices_per_expert=2, expert_hidden=hybrid.expert_hidden)
 
 
 # Gated-delta-net hybrids: every full_attention_interval-th layer attends, the others are gated delta
@@ -298,7 +322,7 @@ def bytes_of(count: WeightCount, quantization: Mapping[str, Any] | None, dtype_b
 def _bytes_by_part(count: WeightCount, quantization: Mapping[str, Any], dtype_bytes: int) -> int:
     """Each part of the linear layers (attention, dense MLPs and shared experts, routed experts) at the rate
     the checkpoint's scheme gives its modules (planner/quant_layout.py); routers and embeddings in the dtype."""
-    experts = count.expert_matrices * 3 * count.hidden_size * count.moe_width
+    experts = count.routed_expert_params
     mlp = count.linear_params - count.attention_params - count.router_params - experts
     layers = count.num_layers
     quantized = (count.attention_params * quant_layout.part_rate(quantization, "attention", layers, dtype_bytes)
@@ -412,7 +436,7 @@ def gpu_weights_bytes(count: WeightCount, quantization: Mapping[str, Any] | None
                    + count.vision_params * dtype_bytes)
     vision = count.vision_params * dtype_bytes
     if quantization and quantization.get("expert_dtype") == "fp4":   # DeepSeek-V4's MXFP4 experts (planner/deepseek_v4.py)
-        experts = count.expert_matrices * 3 * count.hidden_size * count.moe_width
+        experts = count.routed_expert_params
         fp8 = linear_bytes_per_param(quantization, dtype_bytes)
         return bytes_of(count, quantization, dtype_bytes) - int(experts * (fp8 - MXFP4_BYTES_PER_PARAM)) + vision
     if method == "gguf":

@@ -1,0 +1,101 @@
+"""The parameters of a Nemotron-H decoder (pure): one block per layer, as `hybrid_override_pattern`
+spells it, each built as vLLM builds it (vLLM 0.32.0, vllm/model_executor/models/nemotron_h.py):
+
+- `M`, a Mamba2 mixer (MambaMixer2, vllm/model_executor/layers/mamba/mamba_mixer2.py:265-520): in_proj,
+  hidden x (2 I + 2 G S + H) (:358-366), with I = mamba_num_heads x mamba_head_dim, G = n_groups,
+  S = ssm_state_size, H = mamba_num_heads; conv1d, (I + 2 G S) x conv_kernel (:343-356), and its bias
+  with use_conv_bias; A, D and dt_bias, one each per head (:480-487); the gated norm, I (:506);
+  out_proj, I x hidden (:497);
+- `*`, attention (NemotronHAttention, nemotron_h.py:427-475): qkv, hidden x (heads + 2 kv heads) x
+  head_dim, and o, heads x head_dim x hidden, no biases;
+- `-`, a dense MLP without a gate (NemotronHMLP, :93-125, relu2): up and down, hidden x width, the
+  width of the MLP's index where `intermediate_size` is a list (:300-306);
+- `E`, a mixture of experts (NemotronHMoE, :136-250): the router, hidden x experts (:160-166), and its
+  float32 score-correction bias; each routed expert's up and down, (latent or hidden) x
+  moe_intermediate_size (no gate: `activation_without_mul`); the shared experts, one MLP of
+  moe_shared_expert_intermediate_size x n_shared_experts (:180-193); with `moe_latent_size`, the two
+  latent projections, hidden x latent (:198-214).
+
+kvwatch counted Nemotron-H as if every layer held attention and the routed experts: 190.7 GiB for
+Nemotron-3-Nano-30B-A3B, whose vLLM start-up on a GB10 logged a 34.32 GiB KV cache.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+MODEL_TYPE = "nemotron_h"
+
+
+@dataclass(frozen=True)
+class NemotronHParams:
+    linear: int              # every projection, routers included
+    attention: int           # the attention layers' qkv and o
+    routers: int             # hidden x experts per MoE layer
+    expert_units: int        # routed experts over all MoE layers
+    moe_width: int           # one expert's intermediate size
+    routed: int              # experts per token
+    expert_hidden: int       # the width the experts run at (the latent size, else hidden)
+    mlp_width: int           # the widest MLP a token passes through (a dense layer's, or its experts' and the shared)
+    layers: int
+
+
+def _positive(cfg: Mapping[str, Any], key: str) -> int:
+    value = cfg.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _dense_width(cfg: Mapping[str, Any], index: int) -> int:
+    widths = cfg.get("intermediate_size")
+    if isinstance(widths, list):
+        chosen = widths[0] if len(widths) == 1 else widths[index] if 0 <= index < len(widths) else 0
+        return chosen if isinstance(chosen, int) and chosen > 0 else 0
+    return _positive(cfg, "intermediate_size")
+
+
+def nemotron_h_params(cfg: Mapping[str, Any]) -> NemotronHParams | None:
+    """The decoder's parameters by block; None when the config is not Nemotron-H's or lacks a shape."""
+    pattern = cfg.get("hybrid_override_pattern")
+    hidden, heads = _positive(cfg, "hidden_size"), _positive(cfg, "num_attention_heads")
+    if cfg.get("model_type") != MODEL_TYPE or not isinstance(pattern, str) or not pattern or not hidden or not heads:
+        return None
+    head_dim = _positive(cfg, "head_dim") or hidden // heads
+    kv_heads = _positive(cfg, "num_key_value_heads") or heads
+    attention = hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden
+    m_heads, m_head_dim = _positive(cfg, "mamba_num_heads"), _positive(cfg, "mamba_head_dim")
+    groups, state = _positive(cfg, "n_groups") or 1, _positive(cfg, "ssm_state_size")
+    inner = m_heads * m_head_dim
+    conv_dim = inner + 2 * groups * state
+    mamba = (hidden * (2 * inner + 2 * groups * state + m_heads)
+             + conv_dim * ((_positive(cfg, "conv_kernel") or 4) + (1 if cfg.get("use_conv_bias", True) else 0))
+             + 3 * m_heads + inner + inner * hidden)
+    experts, moe_width = _positive(cfg, "n_routed_experts"), _positive(cfg, "moe_intermediate_size")
+    latent = _positive(cfg, "moe_latent_size")
+    expert_hidden = latent or hidden
+    shared = _positive(cfg, "moe_shared_expert_intermediate_size") * _positive(cfg, "n_shared_experts")
+    router = hidden * experts + experts
+    moe = router + experts * 2 * expert_hidden * moe_width + 2 * hidden * shared + (2 * hidden * latent if latent else 0)
+    routed = _positive(cfg, "num_experts_per_tok") or 1
+    linear = attention_total = routers = moe_layers = dense_seen = widest = 0
+    for block in pattern:
+        if block == "M":
+            linear += mamba
+        elif block == "*":
+            linear += attention
+            attention_total += attention
+        elif block == "-":
+            width = _dense_width(cfg, dense_seen)
+            dense_seen += 1
+            linear += 2 * hidden * width
+            widest = max(widest, width)
+        elif block == "E":
+            linear += moe
+            routers += router
+            moe_layers += 1
+    if moe_layers:
+        widest = max(widest, routed * moe_width + shared)
+    return NemotronHParams(linear=linear, attention=attention_total, routers=routers,
+                           expert_units=moe_layers * experts, moe_width=moe_width if moe_layers else 0,
+                           routed=routed if moe_layers else 0, expert_hidden=expert_hidden, mlp_width=widest,
+                           layers=len(pattern))
