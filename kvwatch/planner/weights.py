@@ -120,6 +120,11 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
     shared_width = _int(cfg, "shared_expert_intermediate_size")
     dense_width = _int(cfg, "intermediate_size") or 4 * hidden
     moe_width = _int(cfg, "moe_intermediate_size") or dense_width
+    if _model_type(cfg) == "llama4_text":
+        # Llama 4: every MoE layer adds one shared expert of the experts' width, and a dense layer's MLP is
+        # intermediate_size_mlp wide (vLLM 0.32.0, vllm/model_executor/models/llama4.py:100-113, :344-356)
+        shared_width = shared_width or moe_width
+        dense_width = _int(cfg, "intermediate_size_mlp") or dense_width
     if experts:
         dense_layers = _int(cfg, "first_k_dense_replace")
         step = _int(cfg, "decoder_sparse_step", "interleave_moe_layer_step") or 1
