@@ -198,19 +198,24 @@ def test_the_held_out_third_is_within_3_percent_at_the_median(tmp_path: Path) ->
     the term moved them 0.8-0.9 point further under (-1.9 -> -2.7 %, -1.4 -> -2.3 %), inside 3 % still.
     Section 12.14 added two held-out runs, not a term (Qwen3.6-35B-A3B NVFP4 on an RTX 5090, vLLM 0.24.0,
     -9.6 % and -10.0 % once their MIXED_PRECISION layers are read as vLLM reads them): 62 runs, median
-    0.85 %, 77 % within, mean 3.2 %; outside the sweep 42 runs, 2.3 %, 67 % within, mean 4.5 %."""
+    0.85 %, 77 % within, mean 3.2 %; outside the sweep 42 runs, 2.3 %, 67 % within, mean 4.5 %.
+    Section 12.15 (draw 8: 39 more public start-ups, 17 of them held out by this draw, most of the llm-d
+    sweep's later records; with them Qwen3.5's --language-model-only, Nemotron-H's blocks, Gemma 3's class
+    vocabulary and Llama 4's shared expert, each read from the release's code): 79 runs, median 0.70 %,
+    78 % within, mean 3.3 %; outside the sweep 46 runs, 2.1 %, 67 % within, mean 4.8 % (the L40S TP 4
+    Qwen2.5-72B run, -30.9 %, and Llama 4 Scout, +15.8 %, hold the means up)."""
     held = started_runs(HELD_OUT)
     summary = Summary.of(_errors(held, tmp_path))
-    assert summary.runs >= 62
-    assert summary.median <= 0.0085
-    assert summary.within >= 0.77
-    assert summary.mean <= 0.032
+    assert summary.runs >= 79
+    assert summary.median <= 0.0075
+    assert summary.within >= 0.78
+    assert summary.mean <= 0.034
     outside = [r for r in held if not r.get("batch")]
     apart = Summary.of(_errors(outside, tmp_path))
-    assert apart.runs >= 42
-    assert apart.median <= 0.023
-    assert apart.within >= 0.66
-    assert apart.mean <= 0.0452
+    assert apart.runs >= 46
+    assert apart.median <= 0.021
+    assert apart.within >= 0.67
+    assert apart.mean <= 0.049
 
 
 def test_the_held_out_kv_tokens_are_within_3_percent_at_the_median(tmp_path: Path) -> None:
@@ -227,7 +232,8 @@ def test_the_hybrids_kv_tokens_are_within_3_percent_on_all_runs(tmp_path: Path) 
     2.6 %, all within 3 % (the two Qwen3.5-0.8B runs were +3.1 % and +4.3 % before the V1 encoder pass).
     BENCHMARKS 12.14 added two held-out Qwen3.6-35B-A3B NVFP4 runs (RTX 5090): -9.7 % and -10.0 % as planned,
     the KV memory's miss (given the logged KV memory their tokens are the logged ones): 5 runs, median 2.6 %,
-    3 of 5 within 3 %. Draw 8 added the two Qwen3.5 runs (-1.9 % and -0.4 %): 7 runs, median 2.6 %, 5 of 7 within."""
+    3 of 5 within 3 %. Draw 8 added the two Qwen3.5 runs (-1.9 % and -0.4 %) and Nemotron-3-Nano on a GB10
+    (+4.5 %, a zero-KV plan until Nemotron-H was counted block by block): 8 runs, median 2.6 %, 5 of 8 within."""
     errors = []
     for run in started_runs():
         if not run["logged"].get("kv_cache_tokens"):
@@ -236,8 +242,8 @@ def test_the_hybrids_kv_tokens_are_within_3_percent_on_all_runs(tmp_path: Path) 
         if plan.recurrent_state_bytes > 0:
             errors.append((plan.kv_cache_tokens - run["logged"]["kv_cache_tokens"]) / run["logged"]["kv_cache_tokens"])
     summary = Summary.of(errors)
-    assert summary.runs >= 7
-    assert summary.median <= 0.03 and summary.within >= 0.7
+    assert summary.runs >= 8
+    assert summary.median <= 0.03 and summary.within >= 0.62
 
 
 def test_the_split_is_the_one_drawn_and_never_holds_out_a_run_tuned_to() -> None:
@@ -297,16 +303,20 @@ def test_the_source_held_out_runs_hold_the_published_figure(tmp_path: Path) -> N
     Draw 8 added two Qwen3.5 start-ups whose config.json a later search found (a new term came with neither):
     Qwen3.5-4B on an RTX 4090 D (0.23.0, held out, -1.9 %) and Qwen3.5-9B on an RTX 5090 (0.21.0, fit by
     source; -8.2 % until --language-model-only was read, planner/tower_skip.py, -0.4 % since): 38 runs,
-    median 1.88 %, 74 % within 3 %; never fitted on: 22 runs, 2.6 %, 64 %."""
+    median 1.88 %, 74 % within 3 %; never fitted on: 22 runs, 2.6 %, 64 %.
+    The third search pass of draw 8 added two held-out sources: Qwen3-0.6B on an RTX 3060 (0.19.0, +0.5 %)
+    and Qwen2.5-72B at TP 4 on four L40S (0.19.0, -30.9 %: the 2 GiB of NCCL memory measured on H100s at TP
+    is charged to PCIe cards too; not changed, since only this held-out run would show it): 40 runs,
+    median 1.88 %, 72.5 % within 3 %, no zero-KV plan; never fitted on: 23 runs, 2.6 %, 61 %."""
     split = source_split(all_runs())
     held = [r for r in RUNS if split[r["name"]] == HELD_OUT]
     summary = Summary.of(_errors(held, tmp_path))
-    assert summary.runs >= 38
+    assert summary.runs >= 40
     assert summary.median <= 0.0189
     assert summary.within >= 0.72
     assert all(e > -1 for e in _errors(held, tmp_path))   # no zero-KV plan where vLLM started
     clean = Summary.of(_errors([r for r in held if r["split"] == HELD_OUT], tmp_path))
-    assert clean.runs >= 21 and clean.median <= 0.0261 and clean.within >= 0.61
+    assert clean.runs >= 23 and clean.median <= 0.0261 and clean.within >= 0.60
 
 
 def test_the_residual_terms_add_up_to_the_error(tmp_path: Path) -> None:
