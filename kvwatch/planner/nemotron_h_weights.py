@@ -1,11 +1,8 @@
 """The parameters of a Nemotron-H decoder (pure): one block per layer, as `hybrid_override_pattern`
 spells it, each built as vLLM builds it (vLLM 0.32.0, vllm/model_executor/models/nemotron_h.py):
 
-- `M`, a Mamba2 mixer (MambaMixer2, vllm/model_executor/layers/mamba/mamba_mixer2.py:265-520): in_proj,
-  hidden x (2 I + 2 G S + H) (:358-366), with I = mamba_num_heads x mamba_head_dim, G = n_groups,
-  S = ssm_state_size, H = mamba_num_heads; conv1d, (I + 2 G S) x conv_kernel (:343-356), and its bias
-  with use_conv_bias; A, D and dt_bias, one each per head (:480-487); the gated norm, I (:506);
-  out_proj, I x hidden (:497);
+- `M`, a Mamba2 mixer (planner/mamba_mixer_weights.py) of I = mamba_num_heads x mamba_head_dim channels,
+  n_groups groups of ssm_state_size states;
 - `*`, attention (NemotronHAttention, nemotron_h.py:427-475): qkv, hidden x (heads + 2 kv heads) x
   head_dim, and o, heads x head_dim x hidden, no biases;
 - `-`, a dense MLP without a gate (NemotronHMLP, :93-125, relu2): up and down, hidden x width, the
@@ -24,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from kvwatch.planner.mamba_mixer_weights import mamba2_mixer_params
 
 MODEL_TYPE = "nemotron_h"
 
@@ -65,11 +64,8 @@ def nemotron_h_params(cfg: Mapping[str, Any]) -> NemotronHParams | None:
     attention = hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden
     m_heads, m_head_dim = _positive(cfg, "mamba_num_heads"), _positive(cfg, "mamba_head_dim")
     groups, state = _positive(cfg, "n_groups") or 1, _positive(cfg, "ssm_state_size")
-    inner = m_heads * m_head_dim
-    conv_dim = inner + 2 * groups * state
-    mamba = (hidden * (2 * inner + 2 * groups * state + m_heads)
-             + conv_dim * ((_positive(cfg, "conv_kernel") or 4) + (1 if cfg.get("use_conv_bias", True) else 0))
-             + 3 * m_heads + inner + inner * hidden)
+    mamba = mamba2_mixer_params(hidden, m_heads * m_head_dim, m_heads, groups, state, _positive(cfg, "conv_kernel") or 4,
+                                bool(cfg.get("use_conv_bias", True)))
     experts, moe_width = _positive(cfg, "n_routed_experts"), _positive(cfg, "moe_intermediate_size")
     latent = _positive(cfg, "moe_latent_size")
     expert_hidden = latent or hidden

@@ -23,6 +23,7 @@ from kvwatch.planner import quant_layout
 from kvwatch.planner.deepseek_v4 import MXFP4_BYTES_PER_PARAM
 from kvwatch.planner.encoder_cache import EncoderShape, encoder_shape
 from kvwatch.planner.encoder_forward import vision_mlp_width
+from kvwatch.planner.mamba_mixer_weights import GRANITE_HYBRID, granite_hybrid_mixers
 from kvwatch.planner.nemotron_h_weights import NemotronHParams, nemotron_h_params
 from kvwatch.values.config_values import positive_int as _int
 from kvwatch.vllm_releases.mllama_profile import MllamaVision, mllama_vision
@@ -112,12 +113,13 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
         replicated_linear = layers * (hidden * q_rank + hidden * (rank + rope))
     else:
         attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
-    attention_total = gated_delta_net_attention_params(cfg, hidden, heads, head_dim, kv_heads, layers) \
-        or layers * attention
+    mixers = gated_delta_net_attention_params(cfg, hidden, heads, head_dim, kv_heads, layers) \
+        or granite_hybrid_mixers(cfg, attention, hidden, layers)   # Mamba2 layers beside attention
+    attention_total = mixers if mixers is not None else layers * attention
     experts = _int(cfg, "n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts")
     one_layer: tuple[int, ...] = ()
     shared = _int(cfg, "n_shared_experts")
-    shared_width = _int(cfg, "shared_expert_intermediate_size")
+    shared_width = _int(cfg, "shared_expert_intermediate_size", "shared_intermediate_size")   # Granite 4.0's name
     dense_width = _int(cfg, "intermediate_size") or 4 * hidden
     moe_width = _int(cfg, "moe_intermediate_size") or dense_width
     if _model_type(cfg) == "llama4_text":
@@ -138,6 +140,8 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
         width = max(dense_width if dense_layers else 0,
                     routed * moe_width + shared * moe_width + shared_width)
     else:
+        if _model_type(cfg) == GRANITE_HYBRID and shared_width:
+            dense_width = shared_width   # no experts: the shared MLP is the layer's MLP (granitemoehybrid.py:92-106)
         two_matrix = non_gated_mlp(cfg.get("model_type"))
         if two_matrix is not None:
             dense_width = (_int(cfg, two_matrix.width_key) if two_matrix.width_key else 0) \

@@ -1,0 +1,42 @@
+"""The Mamba2 mixer's parameters and Granite 4.0's hybrids layer by layer
+(kvwatch/planner/mamba_mixer_weights.py), against vLLM 0.32.0's mamba_mixer2.py and granitemoehybrid.py."""
+from __future__ import annotations
+
+import pytest
+
+from kvwatch.planner.mamba_mixer_weights import granite_hybrid_mixers, mamba2_mixer_params
+from kvwatch.planner.weights import count_weights
+
+# ibm-granite/granite-4.0-h-tiny's config.json (40 layers: 5 Mamba2, attention, 4 Mamba2 per 10)
+H_TINY = {"architectures": ["GraniteMoeHybridForCausalLM"], "model_type": "granitemoehybrid", "hidden_size": 1536,
+          "num_hidden_layers": 40, "layer_types": (["mamba"] * 5 + ["attention"] + ["mamba"] * 4) * 4,
+          "num_attention_heads": 12, "num_key_value_heads": 4, "mamba_expand": 2, "mamba_n_heads": 48,
+          "mamba_d_head": 64, "mamba_d_state": 128, "mamba_n_groups": 1, "mamba_d_conv": 4, "mamba_conv_bias": True,
+          "num_local_experts": 64, "num_experts_per_tok": 6, "intermediate_size": 512, "shared_intermediate_size": 1024,
+          "vocab_size": 100352, "tie_word_embeddings": True}
+
+
+@pytest.mark.parametrize(("shape", "params"), [
+    # in_proj 8 x (16 + 4 + 2), conv1d 12 x (4 + 1), A/D/dt_bias 3 x 2, norm 8, out_proj 8 x 8
+    ((8, 8, 2, 1, 2, 4, True), 176 + 60 + 6 + 8 + 64),
+    ((8, 8, 2, 1, 2, 4, False), 176 + 48 + 6 + 8 + 64),
+    # Granite 4.0-H-Tiny's mixer: 1536 x (6144 + 256 + 48), (3072 + 256) x 5, 144, 3072, 3072 x 1536
+    ((1536, 3072, 48, 1, 128, 4, True), 1536 * 6448 + 3328 * 5 + 144 + 3072 + 3072 * 1536),
+])
+def test_a_mamba2_mixer_holds_vllms_parameters(shape: tuple, params: int) -> None:
+    assert mamba2_mixer_params(*shape) == params
+
+
+def test_granite_hybrids_count_a_mamba2_mixer_where_the_layer_says_so() -> None:
+    attention = 2 * 1536 * 12 * 128 + 2 * 1536 * 4 * 128
+    mamba = mamba2_mixer_params(1536, 3072, 48, 1, 128, 4, True)
+    assert granite_hybrid_mixers(H_TINY, attention, 1536, 40) == 36 * mamba + 4 * attention
+    assert granite_hybrid_mixers({**H_TINY, "layer_types": ["mamba"] * 39}, attention, 1536, 40) is None
+    assert granite_hybrid_mixers({**H_TINY, "model_type": "granitemoe"}, attention, 1536, 40) is None
+
+
+def test_granite_h_tiny_counts_its_published_size() -> None:
+    """6.9 B parameters as IBM publishes granite-4.0-h-tiny; kvwatch counted 6.45 B when its Mamba2
+    layers were read as attention and its shared MLP (shared_intermediate_size) was left out."""
+    count = count_weights(H_TINY)
+    assert count is not None and 6.88e9 < count.params < 6.98e9
