@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from kvwatch.planner.mamba_mixer_weights import granite_hybrid_mixers, mamba2_mixer_params
+from kvwatch.planner.mamba_mixer_weights import (
+    granite_hybrid_mixers,
+    jamba_layers,
+    mamba1_mixer_params,
+    mamba2_mixer_params,
+)
 from kvwatch.planner.weights import count_weights
 
 # ibm-granite/granite-4.0-h-tiny's config.json (40 layers: 5 Mamba2, attention, 4 Mamba2 per 10)
@@ -40,3 +45,40 @@ def test_granite_h_tiny_counts_its_published_size() -> None:
     layers were read as attention and its shared MLP (shared_intermediate_size) was left out."""
     count = count_weights(H_TINY)
     assert count is not None and 6.88e9 < count.params < 6.98e9
+
+
+# ai21labs/Jamba-v0.1's config.json; Jamba 1.5 Large differs in the fields below (its model card's 398 B)
+JAMBA_V01 = {"model_type": "jamba", "architectures": ["JambaForCausalLM"], "hidden_size": 4096,
+             "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "attn_layer_period": 8,
+             "attn_layer_offset": 4, "expert_layer_period": 2, "expert_layer_offset": 1, "num_experts": 16,
+             "num_experts_per_tok": 2, "intermediate_size": 14336, "vocab_size": 65536, "mamba_d_state": 16,
+             "mamba_d_conv": 4, "mamba_expand": 2, "mamba_dt_rank": 256, "mamba_conv_bias": True,
+             "mamba_proj_bias": False, "tie_word_embeddings": False}
+JAMBA_15_LARGE = {**JAMBA_V01, "hidden_size": 8192, "num_hidden_layers": 72, "num_attention_heads": 64,
+                  "intermediate_size": 24576, "mamba_dt_rank": 512}
+
+
+def test_a_mamba1_mixer_holds_vllms_parameters() -> None:
+    # hidden 8, inner 16, state 2, rank 3, kernel 4: in_proj 8 x 32, conv1d 16 x 4 + 16, x_proj 16 x (3 + 4),
+    # dt_proj 3 x 16 + 16, A 16 x 2, D 16, out_proj 16 x 8, the three RMS norms 3 + 2 + 2
+    expected = 256 + 64 + 16 + 112 + 48 + 16 + 32 + 16 + 128 + 7
+    assert mamba1_mixer_params(8, 16, 2, 3, 4, True, True) == expected
+    assert mamba1_mixer_params(8, 16, 2, 3, 4, False, False) == expected - 16 - 7
+
+
+@pytest.mark.parametrize(("config", "low", "high"), [
+    (JAMBA_V01, 51.4e9, 51.8e9),        # 51.6 B published (kvwatch counted 92.1 B: every layer attention and MoE)
+    (JAMBA_15_LARGE, 397e9, 400e9),     # 398 B published
+])
+def test_jamba_counts_its_mamba_layers_and_moe_every_other_layer(config: dict, low: float, high: float) -> None:
+    count = count_weights(config)
+    assert count is not None and low < count.params < high
+
+
+def test_jambas_layer_plan_follows_its_periods() -> None:
+    attention = 1000
+    mixers, moe_layers = jamba_layers(JAMBA_V01, attention, 4096, 32) or (0, 0)
+    mamba = mamba1_mixer_params(4096, 8192, 16, 256, 4, True, True)
+    assert (mixers, moe_layers) == (4 * attention + 28 * mamba, 16)
+    assert jamba_layers({**JAMBA_V01, "num_experts": 1}, attention, 4096, 32) == (mixers, 0)
+    assert jamba_layers({**JAMBA_V01, "model_type": "llama"}, attention, 4096, 32) is None

@@ -5,6 +5,17 @@ I = heads x head_dim inner channels, G groups of S states and H heads: in_proj, 
 (:358-366); conv1d, (I + 2 G S) x kernel, plus its bias with use_conv_bias (:343-356); A, D and dt_bias,
 one each per head (:480-487); the gated norm, I (:506); out_proj, I x hidden (:497).
 
+MambaMixer (Mamba1, vLLM 0.32.0 vllm/model_executor/layers/mamba/mamba_mixer.py:85-190), for I inner channels,
+S states, a time-step rank R and a kernel K: in_proj, hidden x 2 I; conv1d, I x K and its bias with use_conv_bias;
+x_proj, I x (R + 2 S); dt_proj, R x I and its bias; A, I x S; D, I; out_proj, I x hidden; with RMS norms (Jamba),
+R + 2 S more.
+
+Jamba (vLLM 0.32.0 models/jamba.py:120-160, :321-323) builds a layer's mixer from transformers'
+`layers_block_type` (attention where i % attn_layer_period == attn_layer_offset, else a Mamba1 mixer of
+mamba_expand x hidden channels) and its feed-forward from `layers_num_experts` (num_experts experts where
+i % expert_layer_period == expert_layer_offset, else one gated MLP); transformers 5.19.0
+models/jamba/configuration_jamba.py:76-101 gives the defaults and the time-step rank ceil(hidden / 16).
+
 Granite 4.0's hybrids (GraniteMoeHybridForCausalLM, vLLM 0.32.0 models/granitemoehybrid.py) build each
 layer's mixer from `layer_types` (:349-351): a Mamba2 mixer of mamba_expand x hidden channels,
 mamba_n_heads heads of mamba_d_head (:73-89), or attention; every layer keeps its MoE and shared MLP.
@@ -40,3 +51,34 @@ def granite_hybrid_mixers(cfg: Mapping[str, Any], attention: int, hidden: int, l
                                 _positive(cfg, "mamba_n_groups") or 1, _positive(cfg, "mamba_d_state"),
                                 _positive(cfg, "mamba_d_conv") or 4, cfg.get("mamba_conv_bias", True) is not False)
     return sum(mamba if kind == "mamba" else attention for kind in types)
+
+
+JAMBA = "jamba"
+
+
+def mamba1_mixer_params(hidden: int, inner: int, state: int, rank: int, kernel: int, conv_bias: bool,
+                        rms_norms: bool) -> int:
+    """One MambaMixer's (Mamba1) parameters."""
+    return (hidden * 2 * inner + inner * kernel + (inner if conv_bias else 0) + inner * (rank + 2 * state)
+            + rank * inner + inner + inner * state + inner + inner * hidden + ((rank + 2 * state) if rms_norms else 0))
+
+
+def _setting(cfg: Mapping[str, Any], key: str, default: int) -> int:
+    value = cfg.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default
+
+
+def jamba_layers(cfg: Mapping[str, Any], attention: int, hidden: int, layers: int) -> tuple[int, int] | None:
+    """Jamba's token mixers over all layers and its number of MoE layers; None for another model."""
+    if cfg.get("model_type") != JAMBA:
+        return None
+    attn_period, attn_offset = _setting(cfg, "attn_layer_period", 8) or 1, _setting(cfg, "attn_layer_offset", 4)
+    expert_period, expert_offset = _setting(cfg, "expert_layer_period", 2) or 1, _setting(cfg, "expert_layer_offset", 1)
+    rank = cfg.get("mamba_dt_rank")
+    rank = rank if isinstance(rank, int) and not isinstance(rank, bool) and rank > 0 else -(-hidden // 16)
+    mamba = mamba1_mixer_params(hidden, _setting(cfg, "mamba_expand", 2) * hidden, _setting(cfg, "mamba_d_state", 16),
+                                rank, _setting(cfg, "mamba_d_conv", 4), cfg.get("mamba_conv_bias", True) is not False, True)
+    attention_layers = sum(i % attn_period == attn_offset for i in range(layers))
+    experts = _setting(cfg, "num_experts", 16)
+    moe_layers = sum(i % expert_period == expert_offset for i in range(layers)) if experts > 1 else 0
+    return attention_layers * attention + (layers - attention_layers) * mamba, moe_layers

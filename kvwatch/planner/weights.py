@@ -23,7 +23,7 @@ from kvwatch.planner import quant_layout
 from kvwatch.planner.deepseek_v4 import MXFP4_BYTES_PER_PARAM
 from kvwatch.planner.encoder_cache import EncoderShape, encoder_shape
 from kvwatch.planner.encoder_forward import vision_mlp_width
-from kvwatch.planner.mamba_mixer_weights import GRANITE_HYBRID, granite_hybrid_mixers
+from kvwatch.planner.mamba_mixer_weights import GRANITE_HYBRID, granite_hybrid_mixers, jamba_layers
 from kvwatch.planner.nemotron_h_weights import NemotronHParams, nemotron_h_params
 from kvwatch.values.config_values import positive_int as _int
 from kvwatch.vllm_releases.mllama_profile import MllamaVision, mllama_vision
@@ -113,8 +113,9 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
         replicated_linear = layers * (hidden * q_rank + hidden * (rank + rope))
     else:
         attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
+    jamba = jamba_layers(cfg, attention, hidden, layers)   # Mamba1 layers and MoE every other layer
     mixers = gated_delta_net_attention_params(cfg, hidden, heads, head_dim, kv_heads, layers) \
-        or granite_hybrid_mixers(cfg, attention, hidden, layers)   # Mamba2 layers beside attention
+        or granite_hybrid_mixers(cfg, attention, hidden, layers) or (jamba[0] if jamba else None)
     attention_total = mixers if mixers is not None else layers * attention
     experts = _int(cfg, "n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts")
     one_layer: tuple[int, ...] = ()
@@ -130,7 +131,7 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
     if experts:
         dense_layers = _int(cfg, "first_k_dense_replace")
         step = _int(cfg, "decoder_sparse_step", "interleave_moe_layer_step") or 1
-        moe_layers = len([i for i in range(dense_layers, layers) if (i + 1) % step == 0])
+        moe_layers = jamba[1] if jamba else len([i for i in range(dense_layers, layers) if (i + 1) % step == 0])
         dense_layers = layers - moe_layers
         per_moe = experts * 3 * hidden * moe_width + hidden * experts   # experts + router
         per_moe += shared * 3 * hidden * moe_width + (3 * hidden * shared_width if shared_width else 0)
