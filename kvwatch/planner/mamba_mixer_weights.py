@@ -29,11 +29,12 @@ GRANITE_HYBRID = "granitemoehybrid"
 
 
 def mamba2_mixer_params(hidden: int, inner: int, heads: int, groups: int, state: int, kernel: int,
-                        conv_bias: bool) -> int:
-    """One MambaMixer2's parameters (its projections without biases, as the hybrids build them)."""
+                        conv_bias: bool, rms_norm: bool = True) -> int:
+    """One MambaMixer2's parameters (its projections without biases, as the hybrids build them); the gated
+    norm holds a weight only with use_rms_norm (mamba_mixer2.py:108-112)."""
     conv_dim = inner + 2 * groups * state
     return (hidden * (2 * inner + 2 * groups * state + heads) + conv_dim * (kernel + (1 if conv_bias else 0))
-            + 3 * heads + inner + inner * hidden)
+            + 3 * heads + (inner if rms_norm else 0) + inner * hidden)
 
 
 def _positive(cfg: Mapping[str, Any], key: str) -> int:
@@ -54,6 +55,9 @@ def granite_hybrid_mixers(cfg: Mapping[str, Any], attention: int, hidden: int, l
 
 
 JAMBA = "jamba"
+PURE_MAMBA = ("mamba", "falcon_mamba", "mamba2")
+FALCON_H1 = "falcon_h1"
+LFM2 = "lfm2"
 
 
 def mamba1_mixer_params(hidden: int, inner: int, state: int, rank: int, kernel: int, conv_bias: bool,
@@ -82,3 +86,63 @@ def jamba_layers(cfg: Mapping[str, Any], attention: int, hidden: int, layers: in
     experts = _setting(cfg, "num_experts", 16)
     moe_layers = sum(i % expert_period == expert_offset for i in range(layers)) if experts > 1 else 0
     return attention_layers * attention + (layers - attention_layers) * mamba, moe_layers
+
+
+def pure_mamba_mixers(cfg: Mapping[str, Any], hidden: int, layers: int) -> int | None:
+    """The mixers of a model of Mamba layers only (vLLM 0.32.0 models/mamba.py:60-76: a MambaMixer of
+    intermediate_size, no norm weights; falcon_mamba's RMS norms hold none, :71-72; models/mamba2.py:55-72:
+    a MambaMixer2 of intermediate_size, else expand x hidden); None for another model."""
+    model_type = cfg.get("model_type")
+    if model_type not in PURE_MAMBA or not hidden or not layers:
+        return None
+    inner = _positive(cfg, "intermediate_size") or (_positive(cfg, "expand") or 2) * hidden
+    kernel, bias = _positive(cfg, "conv_kernel") or 4, cfg.get("use_conv_bias", True) is not False
+    if model_type == "mamba2":
+        mixer = mamba2_mixer_params(hidden, inner, _positive(cfg, "num_heads"), _positive(cfg, "n_groups") or 1,
+                                    _positive(cfg, "state_size"), kernel, bias)
+    else:
+        rank = _positive(cfg, "time_step_rank") or -(-hidden // 16)
+        mixer = mamba1_mixer_params(hidden, inner, _positive(cfg, "state_size") or 16, rank, kernel, bias, False)
+    return layers * mixer
+
+
+def falcon_h1_mixers(cfg: Mapping[str, Any], attention: int, hidden: int, layers: int) -> int | None:
+    """Falcon-H1's mixers: every layer runs attention and a Mamba2 mixer side by side (vLLM 0.32.0
+    models/falcon_h1.py:113-134, :336-362): d_ssm = mamba_d_ssm, else mamba_expand x hidden; the gated norm's
+    weight only with mamba_rms_norm. None for another model."""
+    if cfg.get("model_type") != FALCON_H1:
+        return None
+    inner = _positive(cfg, "mamba_d_ssm") or int((_positive(cfg, "mamba_expand") or 2) * hidden)
+    mamba = mamba2_mixer_params(hidden, inner, _positive(cfg, "mamba_n_heads"), _positive(cfg, "mamba_n_groups") or 1,
+                                _positive(cfg, "mamba_d_state"), _positive(cfg, "mamba_d_conv") or 4,
+                                cfg.get("mamba_conv_bias", True) is not False, cfg.get("mamba_rms_norm") is True)
+    return layers * (attention + mamba)
+
+
+def lfm2_mixers(cfg: Mapping[str, Any], attention: int, hidden: int, layers: int) -> int | None:
+    """LFM2's mixers from `layer_types` (vLLM 0.32.0 models/lfm2.py): a short convolution (layers/mamba/
+    short_conv.py:53-80: in_proj hidden x 3 hidden, conv conv_L_cache x hidden, out_proj hidden x hidden, each
+    with a bias under conv_bias) or attention. None for another model or a list that does not name every layer."""
+    types = cfg.get("layer_types")
+    if cfg.get("model_type") != LFM2 or not isinstance(types, list) or len(types) != layers:
+        return None
+    bias = 1 if cfg.get("conv_bias") is True else 0
+    conv = hidden * 3 * hidden + 3 * hidden * bias + (_positive(cfg, "conv_L_cache") or 3) * hidden + hidden * bias \
+        + hidden * hidden + hidden * bias
+    return sum(conv if kind == "conv" else attention for kind in types)
+
+
+def lfm2_mlp_width(cfg: Mapping[str, Any]) -> int:
+    """LFM2's MLP width: intermediate_size, taken to 2/3, times block_ffn_dim_multiplier and rounded up to
+    block_multiple_of under block_auto_adjust_ff_dim (vLLM 0.32.0 models/lfm2.py:61-68, :213-219); 0 for another model."""
+    width = _positive(cfg, "intermediate_size")
+    if cfg.get("model_type") != LFM2 or not width:
+        return 0
+    if cfg.get("block_auto_adjust_ff_dim") is True:
+        width = int(2 * width / 3)
+        multiplier = cfg.get("block_ffn_dim_multiplier")
+        if isinstance(multiplier, (int, float)) and not isinstance(multiplier, bool):
+            width = int(multiplier * width)
+        step = _positive(cfg, "block_multiple_of") or 1
+        width = step * -(-width // step)
+    return width

@@ -24,7 +24,16 @@ from kvwatch.planner.config_defaults import HEAD_DIM_DEFAULTS
 from kvwatch.planner.deepseek_v4 import MXFP4_BYTES_PER_PARAM
 from kvwatch.planner.encoder_cache import EncoderShape, encoder_shape
 from kvwatch.planner.encoder_forward import vision_mlp_width
-from kvwatch.planner.mamba_mixer_weights import GRANITE_HYBRID, granite_hybrid_mixers, jamba_layers
+from kvwatch.planner.gemma4_weights import gemma4_params
+from kvwatch.planner.mamba_mixer_weights import (
+    GRANITE_HYBRID,
+    falcon_h1_mixers,
+    granite_hybrid_mixers,
+    jamba_layers,
+    lfm2_mixers,
+    lfm2_mlp_width,
+    pure_mamba_mixers,
+)
 from kvwatch.planner.nemotron_h_weights import NemotronHParams, nemotron_h_params
 from kvwatch.values.config_values import positive_int as _int
 from kvwatch.vllm_releases.mllama_profile import MllamaVision, mllama_vision
@@ -96,6 +105,11 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
     if hybrid is not None:
         return _nemotron_h_count(cfg, hybrid)
     hidden, layers = _int(cfg, "hidden_size"), _int(cfg, "num_hidden_layers")
+    mamba_only = pure_mamba_mixers(cfg, hidden, layers)   # no attention heads at all
+    if mamba_only is not None:
+        vocab = _int(cfg, "vocab_size")
+        return WeightCount(linear_params=mamba_only, embedding_params=vocab * hidden * (1 if cfg.get("tie_word_embeddings") else 2),
+                           attention_params=mamba_only, vocab_size=vocab, hidden_size=hidden, num_layers=layers)
     heads = _int(cfg, "num_attention_heads")
     if not hidden or not layers or not heads:
         return None
@@ -115,15 +129,19 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
         replicated_linear = layers * (hidden * q_rank + hidden * (rank + rope))
     else:
         attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
+    gemma4 = gemma4_params(cfg, hidden, heads, head_dim, kv_heads, layers)   # per-layer shapes (planner/gemma4_weights.py)
+    if gemma4 is not None:
+        attention = gemma4.attention // layers
     jamba = jamba_layers(cfg, attention, hidden, layers)   # Mamba1 layers and MoE every other layer
     mixers = gated_delta_net_attention_params(cfg, hidden, heads, head_dim, kv_heads, layers) \
-        or granite_hybrid_mixers(cfg, attention, hidden, layers) or (jamba[0] if jamba else None)
-    attention_total = mixers if mixers is not None else layers * attention
+        or granite_hybrid_mixers(cfg, attention, hidden, layers) or (jamba[0] if jamba else None) \
+        or falcon_h1_mixers(cfg, attention, hidden, layers) or lfm2_mixers(cfg, attention, hidden, layers)
+    attention_total = gemma4.attention if gemma4 is not None else mixers if mixers is not None else layers * attention
     experts = _int(cfg, "n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts")
     one_layer: tuple[int, ...] = ()
     shared = _int(cfg, "n_shared_experts")
     shared_width = _int(cfg, "shared_expert_intermediate_size", "shared_intermediate_size")   # Granite 4.0's name
-    dense_width = _int(cfg, "intermediate_size") or 4 * hidden
+    dense_width = lfm2_mlp_width(cfg) or _int(cfg, "intermediate_size") or 4 * hidden
     moe_width = _int(cfg, "moe_intermediate_size") or dense_width
     if _model_type(cfg) == "llama4_text":
         # Llama 4: every MoE layer adds one shared expert of the experts' width, and a dense layer's MLP is
@@ -152,11 +170,13 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
         matrices = 2 if two_matrix is not None else 3
         mlp = layers * matrices * hidden * dense_width
         width = dense_width
+        if gemma4 is not None:
+            mlp, width = gemma4.mlp + gemma4.per_layer_linear, gemma4.widest_mlp
         if not cfg.get("kv_lora_rank"):
             out = hidden * heads * head_dim
             one_layer = (attention - out, out, (matrices - 1) * hidden * dense_width, hidden * dense_width)
     vocab = _int(cfg, "vocab_size")
-    embeddings = vocab * hidden * (1 if cfg.get("tie_word_embeddings") else 2)
+    embeddings = vocab * hidden * (1 if cfg.get("tie_word_embeddings") else 2) + (gemma4.per_layer_embedding if gemma4 else 0)
     return WeightCount(linear_params=attention_total + mlp, embedding_params=embeddings,
                        attention_params=attention_total,
                        vocab_size=vocab, hidden_size=hidden, mlp_width_per_token=width,

@@ -1,0 +1,60 @@
+"""Gemma 4's parameters layer by layer (pure), as vLLM 0.32.0 builds them (vllm/model_executor/models/gemma4.py):
+
+- attention: a full-attention layer is global_head_dim wide (default 512) and, with attention_k_eq_v, has
+  num_global_key_value_heads (transformers 5.19.0 Gemma4TextConfig.per_layer_config; gemma4.py:578 reads
+  per_layer_config[i]); its qkv_proj holds K and V both (the checkpoint's k_proj loads into both, :85-126);
+  the last num_kv_shared_layers layers build q_proj and o_proj only (:403-437);
+- MLP: gated; a KV-shared layer's is twice as wide under use_double_wide_mlp (:595-611);
+- per-layer embeddings (hidden_size_per_layer_input > 0, the E-series): embed_tokens_per_layer,
+  vocab_size_per_layer_input x (per-layer width x layers), and per_layer_model_projection, hidden x the same
+  (:1018-1045); in each layer, per_layer_input_gate and per_layer_projection, hidden x per-layer width each
+  (:674-700).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+MODEL_TYPES = ("gemma4", "gemma4_text")
+FULL_ATTENTION = "full_attention"
+
+
+@dataclass(frozen=True)
+class Gemma4Params:
+    attention: int          # every layer's q, k, v and o
+    mlp: int                # every layer's gated MLP
+    per_layer_linear: int   # the per-layer embeddings' projections (per_layer_model_projection, gates)
+    per_layer_embedding: int   # embed_tokens_per_layer
+    widest_mlp: int
+
+
+def _count(cfg: Mapping[str, Any], key: str) -> int:
+    value = cfg.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def gemma4_params(cfg: Mapping[str, Any], hidden: int, heads: int, head_dim: int, kv_heads: int,
+                  layers: int) -> Gemma4Params | None:
+    """None for another model, or a config whose layer_types do not name every layer."""
+    types = cfg.get("layer_types")
+    if cfg.get("model_type") not in MODEL_TYPES or not isinstance(types, list) or len(types) != layers:
+        return None
+    wide = _count(cfg, "global_head_dim") or 512
+    global_kv = _count(cfg, "num_global_key_value_heads") if cfg.get("attention_k_eq_v") is True else 0
+    shared_from = layers - min(_count(cfg, "num_kv_shared_layers"), layers - 1)
+    width = _count(cfg, "intermediate_size")
+    per_layer = _count(cfg, "hidden_size_per_layer_input")
+    attention = mlp = widest = 0
+    for index, kind in enumerate(types):
+        full = kind == FULL_ATTENTION
+        size, kv = (wide, global_kv or kv_heads) if full else (head_dim, kv_heads)
+        shared = index >= shared_from
+        attention += hidden * heads * size * 2 + (0 if shared else 2 * hidden * kv * size)
+        layer_width = width * (2 if shared and cfg.get("use_double_wide_mlp") is True else 1)
+        mlp += 3 * hidden * layer_width
+        widest = max(widest, layer_width)
+    vocab = _count(cfg, "vocab_size_per_layer_input") or _count(cfg, "vocab_size")
+    return Gemma4Params(attention=attention, mlp=mlp, widest_mlp=widest,
+                        per_layer_linear=(hidden * per_layer * layers + 2 * hidden * per_layer * layers) if per_layer else 0,
+                        per_layer_embedding=vocab * per_layer * layers if per_layer else 0)
