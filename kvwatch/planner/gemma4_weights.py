@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kvwatch.values.config_values import positive_int
+
 MODEL_TYPES = ("gemma4", "gemma4_text")
 FULL_ATTENTION = "full_attention"
 
@@ -29,22 +31,17 @@ class Gemma4Params:
     widest_mlp: int
 
 
-def _count(cfg: Mapping[str, Any], key: str) -> int:
-    value = cfg.get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
 def gemma4_params(cfg: Mapping[str, Any], hidden: int, heads: int, head_dim: int, kv_heads: int,
                   layers: int) -> Gemma4Params | None:
     """None for another model, or a config whose layer_types do not name every layer."""
     types = cfg.get("layer_types")
     if cfg.get("model_type") not in MODEL_TYPES or not isinstance(types, list) or len(types) != layers:
         return None
-    wide = _count(cfg, "global_head_dim") or 512
-    global_kv = _count(cfg, "num_global_key_value_heads") if cfg.get("attention_k_eq_v") is True else 0
-    shared_from = layers - min(_count(cfg, "num_kv_shared_layers"), layers - 1)
-    width = _count(cfg, "intermediate_size")
-    per_layer = _count(cfg, "hidden_size_per_layer_input")
+    wide = positive_int(cfg, "global_head_dim") or 512
+    global_kv = positive_int(cfg, "num_global_key_value_heads") if cfg.get("attention_k_eq_v") is True else 0
+    shared_from = layers - min(positive_int(cfg, "num_kv_shared_layers"), layers - 1)
+    width = positive_int(cfg, "intermediate_size")
+    per_layer = positive_int(cfg, "hidden_size_per_layer_input")
     attention = mlp = widest = 0
     for index, kind in enumerate(types):
         full = kind == FULL_ATTENTION
@@ -54,7 +51,7 @@ def gemma4_params(cfg: Mapping[str, Any], hidden: int, heads: int, head_dim: int
         layer_width = width * (2 if shared and cfg.get("use_double_wide_mlp") is True else 1)
         mlp += 3 * hidden * layer_width
         widest = max(widest, layer_width)
-    vocab = _count(cfg, "vocab_size_per_layer_input") or _count(cfg, "vocab_size")
+    vocab = positive_int(cfg, "vocab_size_per_layer_input") or positive_int(cfg, "vocab_size")
     return Gemma4Params(attention=attention, mlp=mlp, widest_mlp=widest,
                         per_layer_linear=(hidden * per_layer * layers + 2 * hidden * per_layer * layers) if per_layer else 0,
                         per_layer_embedding=vocab * per_layer * layers if per_layer else 0)

@@ -25,6 +25,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from kvwatch.values.config_values import positive_int
+
 GRANITE_HYBRID = "granitemoehybrid"
 
 
@@ -37,20 +39,15 @@ def mamba2_mixer_params(hidden: int, inner: int, heads: int, groups: int, state:
             + 3 * heads + (inner if rms_norm else 0) + inner * hidden)
 
 
-def _positive(cfg: Mapping[str, Any], key: str) -> int:
-    value = cfg.get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
 def granite_hybrid_mixers(cfg: Mapping[str, Any], attention: int, hidden: int, layers: int) -> int | None:
     """The token mixers of a Granite 4.0 hybrid, layer by layer (`attention`: one attention layer's
     parameters); None for another model, or a config whose layer_types do not name every layer."""
     types = cfg.get("layer_types")
     if cfg.get("model_type") != GRANITE_HYBRID or not isinstance(types, list) or len(types) != layers:
         return None
-    mamba = mamba2_mixer_params(hidden, (_positive(cfg, "mamba_expand") or 2) * hidden, _positive(cfg, "mamba_n_heads"),
-                                _positive(cfg, "mamba_n_groups") or 1, _positive(cfg, "mamba_d_state"),
-                                _positive(cfg, "mamba_d_conv") or 4, cfg.get("mamba_conv_bias", True) is not False)
+    mamba = mamba2_mixer_params(hidden, (positive_int(cfg, "mamba_expand") or 2) * hidden, positive_int(cfg, "mamba_n_heads"),
+                                positive_int(cfg, "mamba_n_groups") or 1, positive_int(cfg, "mamba_d_state"),
+                                positive_int(cfg, "mamba_d_conv") or 4, cfg.get("mamba_conv_bias", True) is not False)
     return sum(mamba if kind == "mamba" else attention for kind in types)
 
 
@@ -95,14 +92,14 @@ def pure_mamba_mixers(cfg: Mapping[str, Any], hidden: int, layers: int) -> int |
     model_type = cfg.get("model_type")
     if model_type not in PURE_MAMBA or not hidden or not layers:
         return None
-    inner = _positive(cfg, "intermediate_size") or (_positive(cfg, "expand") or 2) * hidden
-    kernel, bias = _positive(cfg, "conv_kernel") or 4, cfg.get("use_conv_bias", True) is not False
+    inner = positive_int(cfg, "intermediate_size") or (positive_int(cfg, "expand") or 2) * hidden
+    kernel, bias = positive_int(cfg, "conv_kernel") or 4, cfg.get("use_conv_bias", True) is not False
     if model_type == "mamba2":
-        mixer = mamba2_mixer_params(hidden, inner, _positive(cfg, "num_heads"), _positive(cfg, "n_groups") or 1,
-                                    _positive(cfg, "state_size"), kernel, bias)
+        mixer = mamba2_mixer_params(hidden, inner, positive_int(cfg, "num_heads"), positive_int(cfg, "n_groups") or 1,
+                                    positive_int(cfg, "state_size"), kernel, bias)
     else:
-        rank = _positive(cfg, "time_step_rank") or -(-hidden // 16)
-        mixer = mamba1_mixer_params(hidden, inner, _positive(cfg, "state_size") or 16, rank, kernel, bias, False)
+        rank = positive_int(cfg, "time_step_rank") or -(-hidden // 16)
+        mixer = mamba1_mixer_params(hidden, inner, positive_int(cfg, "state_size") or 16, rank, kernel, bias, False)
     return layers * mixer
 
 
@@ -112,9 +109,9 @@ def falcon_h1_mixers(cfg: Mapping[str, Any], attention: int, hidden: int, layers
     weight only with mamba_rms_norm. None for another model."""
     if cfg.get("model_type") != FALCON_H1:
         return None
-    inner = _positive(cfg, "mamba_d_ssm") or int((_positive(cfg, "mamba_expand") or 2) * hidden)
-    mamba = mamba2_mixer_params(hidden, inner, _positive(cfg, "mamba_n_heads"), _positive(cfg, "mamba_n_groups") or 1,
-                                _positive(cfg, "mamba_d_state"), _positive(cfg, "mamba_d_conv") or 4,
+    inner = positive_int(cfg, "mamba_d_ssm") or int((positive_int(cfg, "mamba_expand") or 2) * hidden)
+    mamba = mamba2_mixer_params(hidden, inner, positive_int(cfg, "mamba_n_heads"), positive_int(cfg, "mamba_n_groups") or 1,
+                                positive_int(cfg, "mamba_d_state"), positive_int(cfg, "mamba_d_conv") or 4,
                                 cfg.get("mamba_conv_bias", True) is not False, cfg.get("mamba_rms_norm") is True)
     return layers * (attention + mamba)
 
@@ -127,7 +124,7 @@ def lfm2_mixers(cfg: Mapping[str, Any], attention: int, hidden: int, layers: int
     if cfg.get("model_type") != LFM2 or not isinstance(types, list) or len(types) != layers:
         return None
     bias = 1 if cfg.get("conv_bias") is True else 0
-    conv = hidden * 3 * hidden + 3 * hidden * bias + (_positive(cfg, "conv_L_cache") or 3) * hidden + hidden * bias \
+    conv = hidden * 3 * hidden + 3 * hidden * bias + (positive_int(cfg, "conv_L_cache") or 3) * hidden + hidden * bias \
         + hidden * hidden + hidden * bias
     return sum(conv if kind == "conv" else attention for kind in types)
 
@@ -135,7 +132,7 @@ def lfm2_mixers(cfg: Mapping[str, Any], attention: int, hidden: int, layers: int
 def lfm2_mlp_width(cfg: Mapping[str, Any]) -> int:
     """LFM2's MLP width: intermediate_size, taken to 2/3, times block_ffn_dim_multiplier and rounded up to
     block_multiple_of under block_auto_adjust_ff_dim (vLLM 0.32.0 models/lfm2.py:61-68, :213-219); 0 for another model."""
-    width = _positive(cfg, "intermediate_size")
+    width = positive_int(cfg, "intermediate_size")
     if cfg.get("model_type") != LFM2 or not width:
         return 0
     if cfg.get("block_auto_adjust_ff_dim") is True:
@@ -143,6 +140,6 @@ def lfm2_mlp_width(cfg: Mapping[str, Any]) -> int:
         multiplier = cfg.get("block_ffn_dim_multiplier")
         if isinstance(multiplier, (int, float)) and not isinstance(multiplier, bool):
             width = int(multiplier * width)
-        step = _positive(cfg, "block_multiple_of") or 1
+        step = positive_int(cfg, "block_multiple_of") or 1
         width = step * -(-width // step)
     return width

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvwatch.planner.mamba_mixer_weights import mamba2_mixer_params
+from kvwatch.values.config_values import positive_int
 
 MODEL_TYPE = "nemotron_h"
 
@@ -40,39 +41,34 @@ class NemotronHParams:
     layers: int
 
 
-def _positive(cfg: Mapping[str, Any], key: str) -> int:
-    value = cfg.get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
 def _dense_width(cfg: Mapping[str, Any], index: int) -> int:
     widths = cfg.get("intermediate_size")
     if isinstance(widths, list):
         chosen = widths[0] if len(widths) == 1 else widths[index] if 0 <= index < len(widths) else 0
         return chosen if isinstance(chosen, int) and chosen > 0 else 0
-    return _positive(cfg, "intermediate_size")
+    return positive_int(cfg, "intermediate_size")
 
 
 def nemotron_h_params(cfg: Mapping[str, Any]) -> NemotronHParams | None:
     """The decoder's parameters by block; None when the config is not Nemotron-H's or lacks a shape."""
     pattern = cfg.get("hybrid_override_pattern")
-    hidden, heads = _positive(cfg, "hidden_size"), _positive(cfg, "num_attention_heads")
+    hidden, heads = positive_int(cfg, "hidden_size"), positive_int(cfg, "num_attention_heads")
     if cfg.get("model_type") != MODEL_TYPE or not isinstance(pattern, str) or not pattern or not hidden or not heads:
         return None
-    head_dim = _positive(cfg, "head_dim") or hidden // heads
-    kv_heads = _positive(cfg, "num_key_value_heads") or heads
+    head_dim = positive_int(cfg, "head_dim") or hidden // heads
+    kv_heads = positive_int(cfg, "num_key_value_heads") or heads
     attention = hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden
-    m_heads, m_head_dim = _positive(cfg, "mamba_num_heads"), _positive(cfg, "mamba_head_dim")
-    groups, state = _positive(cfg, "n_groups") or 1, _positive(cfg, "ssm_state_size")
-    mamba = mamba2_mixer_params(hidden, m_heads * m_head_dim, m_heads, groups, state, _positive(cfg, "conv_kernel") or 4,
+    m_heads, m_head_dim = positive_int(cfg, "mamba_num_heads"), positive_int(cfg, "mamba_head_dim")
+    groups, state = positive_int(cfg, "n_groups") or 1, positive_int(cfg, "ssm_state_size")
+    mamba = mamba2_mixer_params(hidden, m_heads * m_head_dim, m_heads, groups, state, positive_int(cfg, "conv_kernel") or 4,
                                 bool(cfg.get("use_conv_bias", True)))
-    experts, moe_width = _positive(cfg, "n_routed_experts"), _positive(cfg, "moe_intermediate_size")
-    latent = _positive(cfg, "moe_latent_size")
+    experts, moe_width = positive_int(cfg, "n_routed_experts"), positive_int(cfg, "moe_intermediate_size")
+    latent = positive_int(cfg, "moe_latent_size")
     expert_hidden = latent or hidden
-    shared = _positive(cfg, "moe_shared_expert_intermediate_size") * _positive(cfg, "n_shared_experts")
+    shared = positive_int(cfg, "moe_shared_expert_intermediate_size") * positive_int(cfg, "n_shared_experts")
     router = hidden * experts + experts
     moe = router + experts * 2 * expert_hidden * moe_width + 2 * hidden * shared + (2 * hidden * latent if latent else 0)
-    routed = _positive(cfg, "num_experts_per_tok") or 1
+    routed = positive_int(cfg, "num_experts_per_tok") or 1
     linear = attention_total = routers = moe_layers = dense_seen = widest = 0
     for block in pattern:
         if block == "M":
