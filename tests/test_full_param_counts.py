@@ -37,6 +37,11 @@ KNOWN_DIFFERENCES: dict[str, str] = {
                         "out and transformers' Gemma4TextConfig defaults it to 256, so vLLM's Gemma4 model builds "
                         "per-layer embeddings (embed_tokens_per_layer 262144 x 60 x 256, their projection and "
                         "each layer's input gate); kvwatch's gemma4_weights reads the absent key as none",
+    "Trinity-Nano (AFMoE)": "kvwatch +1.33 % (6.201e9 against 6.120e9): vLLM's afmoe.py keeps the first "
+                            "num_dense_layers (2) dense, adds num_shared_experts (1) shared expert to each MoE layer "
+                            "and an attention output gate_proj (hidden x heads*head_dim) to every layer; kvwatch "
+                            "reads first_k_dense_replace and n_shared_experts only, so it counts 56 MoE layers "
+                            "without the shared expert, and no attention gate",
 }
 
 
