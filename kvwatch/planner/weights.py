@@ -129,6 +129,8 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
         replicated_linear = layers * (hidden * q_rank + hidden * (rank + rope))
     else:
         attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
+        if _model_type(cfg) == "afmoe":   # a gating projection beside q, k, v, o (vLLM 0.32.0 models/afmoe.py:215-222)
+            attention += hidden * heads * head_dim
     gemma4 = gemma4_params(cfg, hidden, heads, head_dim, kv_heads, layers)   # per-layer shapes (planner/gemma4_weights.py)
     if gemma4 is not None:
         attention = gemma4.attention // layers
@@ -139,25 +141,31 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
     attention_total = gemma4.attention if gemma4 is not None else mixers if mixers is not None else layers * attention
     experts = _int(cfg, "n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts")
     one_layer: tuple[int, ...] = ()
-    shared = _int(cfg, "n_shared_experts")
+    # shared experts of the experts' width: DeepSeek's n_shared_experts, ERNIE 4.5's moe_num_shared_experts
+    # (vLLM 0.32.0 models/ernie45_moe.py:133, :170-171), AFMoE's num_shared_experts (afmoe.py:77, :109-110)
+    shared = _int(cfg, "n_shared_experts", "moe_num_shared_experts", "num_shared_experts")
     shared_width = _int(cfg, "shared_expert_intermediate_size", "shared_intermediate_size")   # Granite 4.0's name
     dense_width = lfm2_mlp_width(cfg) or _int(cfg, "intermediate_size") or 4 * hidden
     moe_width = _int(cfg, "moe_intermediate_size") or dense_width
+    if _model_type(cfg) == "hunyuan_v1_moe":
+        # Hunyuan's per-layer lists (moe_intermediate_size, moe_topk) and the shared MLP of intermediate_size that
+        # every MoE block holds (vLLM 0.32.0 builds it through the Transformers backend: transformers 5.19.0
+        # models/hunyuan_v1_moe/modeling_hunyuan_v1_moe.py:283-289, :70-73)
+        moe_width = _first_of_list(cfg, "moe_intermediate_size") or moe_width
+        shared_width = shared_width or dense_width
     if _model_type(cfg) == "llama4_text":
         # Llama 4: every MoE layer adds one shared expert of the experts' width, and a dense layer's MLP is
         # intermediate_size_mlp wide (vLLM 0.32.0, vllm/model_executor/models/llama4.py:100-113, :344-356)
         shared_width = shared_width or moe_width
         dense_width = _int(cfg, "intermediate_size_mlp") or dense_width
     if experts:
-        dense_layers = _int(cfg, "first_k_dense_replace")
-        step = _int(cfg, "decoder_sparse_step", "interleave_moe_layer_step") or 1
-        moe_layers = jamba[1] if jamba else len([i for i in range(dense_layers, layers) if (i + 1) % step == 0])
+        moe_layers = jamba[1] if jamba else len(moe_layer_indices(cfg, layers))
         dense_layers = layers - moe_layers
         per_moe = experts * 3 * hidden * moe_width + hidden * experts   # experts + router
         per_moe += shared * 3 * hidden * moe_width + (3 * hidden * shared_width if shared_width else 0)
         mlp = dense_layers * 3 * hidden * dense_width + moe_layers * per_moe
         router = moe_layers * hidden * experts
-        routed = _int(cfg, "num_experts_per_tok", "moe_topk", "experts_per_token") or 1
+        routed = _int(cfg, "num_experts_per_tok", "moe_topk", "experts_per_token") or _first_of_list(cfg, "moe_topk") or 1
         width = max(dense_width if dense_layers else 0,
                     routed * moe_width + shared * moe_width + shared_width)
     else:
@@ -185,6 +193,23 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
                        mlp_matrices=3 if experts else matrices, num_layers=layers, layer_params=one_layer,
                        mla_shape=mla_shape, rope_cache_elements=rope_cache_elements(cfg),
                        router_params=router if experts else 0, replicated_linear_params=replicated_linear)
+
+
+def _first_of_list(cfg: Mapping[str, Any], key: str) -> int:
+    """A per-layer list's first value where the field is a list of positive integers (Hunyuan's), else 0."""
+    value = cfg.get(key)
+    return _int({"v": value[0]}, "v") if isinstance(value, list) and value else 0
+
+
+def moe_layer_indices(cfg: Mapping[str, Any], layers: int) -> list[int]:
+    """The layers vLLM builds with experts: after a dense prefix (DeepSeek's first_k_dense_replace, AFMoE's
+    num_dense_layers: vLLM 0.32.0 models/afmoe.py:310), inside ERNIE 4.5's moe_layer_start_index to
+    moe_layer_end_index (ernie45_moe.py:337-348), every decoder_sparse_step / interleave_moe_layer_step /
+    moe_layer_interval-th layer."""
+    first = max(_int(cfg, "first_k_dense_replace", "num_dense_layers"), _int(cfg, "moe_layer_start_index"))
+    last = _int(cfg, "moe_layer_end_index") or layers - 1
+    step = _int(cfg, "decoder_sparse_step", "interleave_moe_layer_step", "moe_layer_interval") or 1
+    return [i for i in range(first, min(last, layers - 1) + 1) if (i + 1) % step == 0]
 
 
 def _nemotron_h_count(cfg: Mapping[str, Any], hybrid: NemotronHParams) -> WeightCount:
