@@ -35,13 +35,16 @@ def generate(description: str, out: Path, read_release: Callable[[Path], Any | N
         found = read_release(tree)
         if found is not None:
             rows[str(v)] = found
-    text = render(rows)
-    script = Path(sys.argv[0]).name
-    if args.check:
+    return write_or_check(out, render(rows), args.check, f"{len(rows)} releases")
+
+
+def write_or_check(out: Path, text: str, check: bool, what: str) -> int:
+    """Write the generated file (0), or with `check` compare it with the committed one (1: stale)."""
+    if check:
         if out.read_text(encoding="utf-8") != text:
-            print(f"{out.relative_to(ROOT)} is not current: run scripts/{script}", file=sys.stderr)
+            print(f"{out.relative_to(ROOT)} is not current: run scripts/{Path(sys.argv[0]).name}", file=sys.stderr)
             return 1
         return 0
     out.write_text(text, encoding="utf-8")
-    print(f"wrote {out.relative_to(ROOT)}: {len(rows)} releases")
+    print(f"wrote {out.relative_to(ROOT)}: {what}")
     return 0

@@ -96,3 +96,13 @@ def test_the_class_defaults_table_is_what_transformers_gives() -> None:
 def test_a_field_the_file_leaves_out_takes_the_class_default(config: dict, tied: bool | None, vocab: int) -> None:
     keys = standard_keys(config)
     assert (keys.get("tie_word_embeddings"), keys.get("vocab_size")) == (tied, vocab)
+
+
+@pytest.mark.parametrize(("stated", "per_layer"), [
+    ({}, 256),                                       # the class's: Gemma4TextConfig's per-layer input
+    ({"hidden_size_per_layer_input": 0}, 0),         # the file turns the per-layer embeddings off
+    ({"hidden_size_per_layer_input": 128}, 128),
+])
+def test_gemma4s_per_layer_input_takes_the_class_default(stated: dict, per_layer: int) -> None:
+    keys = standard_keys({"model_type": "gemma4_text", **stated})
+    assert keys["hidden_size_per_layer_input"] == per_layer and keys["vocab_size_per_layer_input"] == 262_144

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from kvwatch.errors import ConfigError
 from kvwatch.planner.mamba_mixer_weights import (
     granite_hybrid_mixers,
     jamba_layers,
+    lfm2_mlp_width,
     mamba1_mixer_params,
     mamba2_mixer_params,
 )
@@ -82,3 +84,25 @@ def test_jambas_layer_plan_follows_its_periods() -> None:
     assert (mixers, moe_layers) == (4 * attention + 28 * mamba, 16)
     assert jamba_layers({**JAMBA_V01, "num_experts": 1}, attention, 4096, 32) == (mixers, 0)
     assert jamba_layers({**JAMBA_V01, "model_type": "llama"}, attention, 4096, 32) is None
+
+
+@pytest.mark.parametrize("multiplier", [float("inf"), float("nan"), -2.0, 0, 1e308, "x", True])
+def test_a_hostile_lfm2_width_multiplier_is_one_config_error(multiplier: object) -> None:
+    """vLLM's int() of a non-finite product raises (models/lfm2.py:65): kvwatch says which field, no traceback."""
+    config = {"model_type": "lfm2", "intermediate_size": 1024, "block_auto_adjust_ff_dim": True,
+              "block_multiple_of": 256, "block_ffn_dim_multiplier": multiplier}
+    with pytest.raises(ConfigError, match="block_ffn_dim_multiplier"):
+        lfm2_mlp_width(config)
+
+
+@pytest.mark.parametrize(("change", "width"), [
+    ({}, 768),                                             # 2/3 of 1024 = 682, up to a multiple of 256
+    ({"block_ffn_dim_multiplier": 1.5}, 1024),             # 1023, up to 1024
+    ({"block_ffn_dim_multiplier": None}, 768),             # not given: no multiplier
+    ({"block_auto_adjust_ff_dim": False}, 1024),           # intermediate_size as it is
+    ({"model_type": "llama"}, 0),
+])
+def test_lfm2s_mlp_width_is_vllms(change: dict, width: int) -> None:
+    config = {"model_type": "lfm2", "intermediate_size": 1024, "block_auto_adjust_ff_dim": True,
+              "block_multiple_of": 256, **change}
+    assert lfm2_mlp_width(config) == width

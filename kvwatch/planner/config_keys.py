@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from kvwatch.errors import ConfigError
-from kvwatch.vllm_releases.generated.config_class_defaults import TIED_BY_DEFAULT, VOCAB_SIZE_DEFAULTS
+from kvwatch.vllm_releases.generated.config_class_defaults import SIZE_DEFAULTS, TIED_BY_DEFAULT
 
 
 class FamilyKeys(NamedTuple):
@@ -148,22 +148,17 @@ def _nemotron_parse_keys(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
 
 def class_defaults(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
     """`cfg` with what transformers' class of its model_type fills when the file leaves out
-    tie_word_embeddings or vocab_size (vllm_releases/generated/config_class_defaults.py): published files
-    often leave out what equals the default (google/gemma-3-*-it: no vocab_size, no tie_word_embeddings;
-    vLLM's model reads the class's value, e.g. vLLM 0.32.0 models/gemma3.py:398 `if config.tie_word_embeddings`)."""
+    tie_word_embeddings or a size (vocab_size, Gemma 4's per-layer input: vllm_releases/generated/
+    config_class_defaults.py): published files often leave out what equals the default (google/gemma-3-*-it:
+    no vocab_size, no tie_word_embeddings; vLLM's model reads the class's value, e.g. vLLM 0.32.0
+    models/gemma3.py:398 `if config.tie_word_embeddings`)."""
     model_type = cfg.get("model_type")
     if not isinstance(model_type, str):
         return cfg
-    missing_tie = cfg.get("tie_word_embeddings") is None and model_type in TIED_BY_DEFAULT
-    missing_vocab = cfg.get("vocab_size") is None and model_type in VOCAB_SIZE_DEFAULTS
-    if not missing_tie and not missing_vocab:
-        return cfg
-    out = dict(cfg)
-    if missing_tie:
-        out["tie_word_embeddings"] = True
-    if missing_vocab:
-        out["vocab_size"] = VOCAB_SIZE_DEFAULTS[model_type]
-    return out
+    filled = {field: size for field, size in SIZE_DEFAULTS.get(model_type, {}).items() if cfg.get(field) is None}
+    if cfg.get("tie_word_embeddings") is None and model_type in TIED_BY_DEFAULT:
+        filled["tie_word_embeddings"] = True
+    return {**cfg, **filled} if filled else cfg
 
 
 def standard_keys(cfg: Mapping[str, Any]) -> Mapping[str, Any]:

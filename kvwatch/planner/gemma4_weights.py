@@ -20,7 +20,6 @@ from kvwatch.values.config_values import positive_int
 
 MODEL_TYPES = ("gemma4", "gemma4_text")
 FULL_ATTENTION = "full_attention"
-PER_LAYER_INPUT_DEFAULT, PER_LAYER_VOCAB_DEFAULT = 256, 262_144   # Gemma4TextConfig's defaults
 
 
 @dataclass(frozen=True)
@@ -42,10 +41,9 @@ def gemma4_params(cfg: Mapping[str, Any], hidden: int, heads: int, head_dim: int
     global_kv = positive_int(cfg, "num_global_key_value_heads") if cfg.get("attention_k_eq_v") is True else 0
     shared_from = layers - min(positive_int(cfg, "num_kv_shared_layers"), layers - 1)
     width = positive_int(cfg, "intermediate_size")
-    # a file that leaves the per-layer input out takes the class's 256 (transformers 5.19.0
-    # configuration_gemma4.py:175-176, vocab_size_per_layer_input 262,144); a stated 0 turns it off
-    per_layer = positive_int(cfg, "hidden_size_per_layer_input") if "hidden_size_per_layer_input" in cfg \
-        else PER_LAYER_INPUT_DEFAULT
+    # a file that leaves the per-layer input out takes the class's (256 x 262,144: planner/config_keys.py
+    # class_defaults fills it); a stated 0 turns it off
+    per_layer = positive_int(cfg, "hidden_size_per_layer_input")
     attention = mlp = widest = 0
     for index, kind in enumerate(types):
         full = kind == FULL_ATTENTION
@@ -55,7 +53,7 @@ def gemma4_params(cfg: Mapping[str, Any], hidden: int, heads: int, head_dim: int
         layer_width = width * (2 if shared and cfg.get("use_double_wide_mlp") is True else 1)
         mlp += 3 * hidden * layer_width
         widest = max(widest, layer_width)
-    vocab = positive_int(cfg, "vocab_size_per_layer_input") or PER_LAYER_VOCAB_DEFAULT
-    return Gemma4Params(attention=attention, mlp=mlp, widest_mlp=widest,
-                        per_layer_linear=(hidden * per_layer * layers + 2 * hidden * per_layer * layers) if per_layer else 0,
-                        per_layer_embedding=vocab * per_layer * layers if per_layer else 0)
+    vocab = positive_int(cfg, "vocab_size_per_layer_input", "vocab_size")
+    # per_layer_model_projection, and each layer's per_layer_input_gate and per_layer_projection
+    return Gemma4Params(attention=attention, mlp=mlp, widest_mlp=widest, per_layer_linear=3 * hidden * per_layer * layers,
+                        per_layer_embedding=vocab * per_layer * layers)

@@ -25,9 +25,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kvwatch.values.config_values import positive_int
+from kvwatch.errors import ConfigError
+from kvwatch.planner.config_keys import MAX_FIELD
+from kvwatch.values.config_values import positive_int, positive_number
 
 GRANITE_HYBRID = "granitemoehybrid"
+JAMBA = "jamba"
+PURE_MAMBA = ("mamba", "falcon_mamba", "mamba2")
+FALCON_H1 = "falcon_h1"
+LFM2 = "lfm2"
 
 
 def mamba2_mixer_params(hidden: int, inner: int, heads: int, groups: int, state: int, kernel: int,
@@ -51,12 +57,6 @@ def granite_hybrid_mixers(cfg: Mapping[str, Any], attention: int, hidden: int, l
     return sum(mamba if kind == "mamba" else attention for kind in types)
 
 
-JAMBA = "jamba"
-PURE_MAMBA = ("mamba", "falcon_mamba", "mamba2")
-FALCON_H1 = "falcon_h1"
-LFM2 = "lfm2"
-
-
 def mamba1_mixer_params(hidden: int, inner: int, state: int, rank: int, kernel: int, conv_bias: bool,
                         rms_norms: bool) -> int:
     """One MambaMixer's (Mamba1) parameters."""
@@ -75,8 +75,7 @@ def jamba_layers(cfg: Mapping[str, Any], attention: int, hidden: int, layers: in
         return None
     attn_period, attn_offset = _setting(cfg, "attn_layer_period", 8) or 1, _setting(cfg, "attn_layer_offset", 4)
     expert_period, expert_offset = _setting(cfg, "expert_layer_period", 2) or 1, _setting(cfg, "expert_layer_offset", 1)
-    rank = cfg.get("mamba_dt_rank")
-    rank = rank if isinstance(rank, int) and not isinstance(rank, bool) and rank > 0 else -(-hidden // 16)
+    rank = positive_int(cfg, "mamba_dt_rank") or -(-hidden // 16)   # "auto": ceil(hidden / 16)
     mamba = mamba1_mixer_params(hidden, _setting(cfg, "mamba_expand", 2) * hidden, _setting(cfg, "mamba_d_state", 16),
                                 rank, _setting(cfg, "mamba_d_conv", 4), cfg.get("mamba_conv_bias", True) is not False, True)
     attention_layers = sum(i % attn_period == attn_offset for i in range(layers))
@@ -137,9 +136,13 @@ def lfm2_mlp_width(cfg: Mapping[str, Any]) -> int:
         return 0
     if cfg.get("block_auto_adjust_ff_dim") is True:
         width = int(2 * width / 3)
-        multiplier = cfg.get("block_ffn_dim_multiplier")
-        if isinstance(multiplier, (int, float)) and not isinstance(multiplier, bool):
-            width = int(multiplier * width)
+        given = cfg.get("block_ffn_dim_multiplier")
+        if given is not None:
+            scaled = positive_number(given) * width
+            if not 0 < scaled <= MAX_FIELD:   # vLLM's int() of it would raise, or the MLP holds no width
+                raise ConfigError(f"config.json: field 'block_ffn_dim_multiplier' must be a positive number that "
+                                  f"keeps the MLP at most {MAX_FIELD} wide, got {str(given)[:40]!r}")
+            width = int(scaled)
         step = positive_int(cfg, "block_multiple_of") or 1
         width = step * -(-width // step)
     return width

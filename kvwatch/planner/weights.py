@@ -107,9 +107,9 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
     hidden, layers = _int(cfg, "hidden_size"), _int(cfg, "num_hidden_layers")
     mamba_only = pure_mamba_mixers(cfg, hidden, layers)   # no attention heads at all
     if mamba_only is not None:
-        vocab = _int(cfg, "vocab_size")
-        return WeightCount(linear_params=mamba_only, embedding_params=vocab * hidden * (1 if cfg.get("tie_word_embeddings") else 2),
-                           attention_params=mamba_only, vocab_size=vocab, hidden_size=hidden, num_layers=layers)
+        return WeightCount(linear_params=mamba_only, embedding_params=_embedding_params(cfg, hidden),
+                           attention_params=mamba_only, vocab_size=_int(cfg, "vocab_size"), hidden_size=hidden,
+                           num_layers=layers)
     heads = _int(cfg, "num_attention_heads")
     if not hidden or not layers or not heads:
         return None
@@ -184,7 +184,7 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
             out = hidden * heads * head_dim
             one_layer = (attention - out, out, (matrices - 1) * hidden * dense_width, hidden * dense_width)
     vocab = _int(cfg, "vocab_size")
-    embeddings = vocab * hidden * (1 if cfg.get("tie_word_embeddings") else 2) + (gemma4.per_layer_embedding if gemma4 else 0)
+    embeddings = _embedding_params(cfg, hidden) + (gemma4.per_layer_embedding if gemma4 else 0)
     return WeightCount(linear_params=attention_total + mlp, embedding_params=embeddings,
                        attention_params=attention_total,
                        vocab_size=vocab, hidden_size=hidden, mlp_width_per_token=width,
@@ -195,10 +195,16 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
                        router_params=router if experts else 0, replicated_linear_params=replicated_linear)
 
 
+def _embedding_params(cfg: Mapping[str, Any], hidden: int) -> int:
+    """The token embedding and the LM head: once when tie_word_embeddings, twice otherwise."""
+    return _int(cfg, "vocab_size") * hidden * (1 if cfg.get("tie_word_embeddings") else 2)
+
+
 def _first_of_list(cfg: Mapping[str, Any], key: str) -> int:
     """A per-layer list's first value where the field is a list of positive integers (Hunyuan's), else 0."""
     value = cfg.get(key)
-    return _int({"v": value[0]}, "v") if isinstance(value, list) and value else 0
+    first = value[0] if isinstance(value, list) and value else None
+    return first if isinstance(first, int) and not isinstance(first, bool) and first > 0 else 0
 
 
 def moe_layer_indices(cfg: Mapping[str, Any], layers: int) -> list[int]:
@@ -215,7 +221,7 @@ def moe_layer_indices(cfg: Mapping[str, Any], layers: int) -> list[int]:
 def _nemotron_h_count(cfg: Mapping[str, Any], hybrid: NemotronHParams) -> WeightCount:
     hidden, vocab = _int(cfg, "hidden_size"), _int(cfg, "vocab_size")
     return WeightCount(linear_params=hybrid.linear, attention_params=hybrid.attention,
-                       embedding_params=vocab * hidden * (1 if cfg.get("tie_word_embeddings") else 2),
+                       embedding_params=_embedding_params(cfg, hidden),
                        vocab_size=vocab, hidden_size=hidden, mlp_width_per_token=hybrid.mlp_width,
                        expert_matrices=hybrid.expert_units, moe_width=hybrid.moe_width,
                        experts_per_token=hybrid.routed, mlp_matrices=2, num_layers=hybrid.layers,
