@@ -29,6 +29,7 @@ from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.gpu_budget import (
     FUSED_SAMPLER_BYTES,
     NON_TORCH_BYTES,
+    NON_TORCH_ONE_GPU_BYTES,
     NON_TORCH_TP_BYTES,
     NON_TORCH_TP_EXTRA_BYTES,
     SORTED_SAMPLER_BYTES,
@@ -479,7 +480,9 @@ def test_a_unified_memory_card_gets_the_small_scheduler_defaults() -> None:
 
 
 @pytest.mark.parametrize("gpu,cc,tp,version,expected", [
-    ("NVIDIA H100 80GB HBM3", (9, 0), 1, "0.19.0", NON_TORCH_BYTES),
+    ("NVIDIA H100 80GB HBM3", (9, 0), 1, "0.17.1", NON_TORCH_BYTES),
+    ("NVIDIA H100 80GB HBM3", (9, 0), 1, "0.18.0", NON_TORCH_ONE_GPU_BYTES),   # measured from 0.18
+    ("NVIDIA H100 80GB HBM3", (9, 0), 1, "0.19.0", NON_TORCH_ONE_GPU_BYTES),
     ("NVIDIA H100 80GB HBM3", (9, 0), 2, "0.19.0", NON_TORCH_TP_BYTES),     # NCCL's buffers, measured
     ("NVIDIA RTX PRO 6000 Blackwell", (12, 0), 4, "0.27.1", NON_TORCH_TP_BYTES),
     ("NVIDIA H100 80GB HBM3", (9, 0), 2, "0.14.1", NON_TORCH_BYTES + NON_TORCH_TP_EXTRA_BYTES),   # not measured

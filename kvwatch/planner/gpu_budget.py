@@ -83,6 +83,12 @@ FUSED_SAMPLER_BYTES = 12.0
 # sweep with 1,024 requests (vocabularies 128,256-256,000; "torch peak memory increase" over requests x vocab).
 TRITON_SAMPLER_BYTES = 15.3
 NON_TORCH_BYTES = int(0.125 * GiB)            # one GPU: 0.10-0.14 GiB in V1 logs
+# One GPU from 0.18: 0.24-0.27 GiB on the 29 single-GPU fit runs of the llm-d sweep at 0.18.0 and 0.19.0 (the same
+# box and model logs 0.13 at 0.15.0-0.17.0 and 0.25 at 0.18.0), 0.46 on its two Granite runs and 0.26 on the 0.31.0
+# fit run of another source; the one fit run below it is a 16 GB card's 0.07 at 0.26.0. Measured: no vLLM code
+# sizes it. Unified-memory cards add the host's term (planner/uma_host.py) on top.
+NON_TORCH_ONE_GPU_BYTES = int(0.25 * GiB)
+NON_TORCH_ONE_GPU_SINCE = (0, 18, 0)
 NON_TORCH_TP_EXTRA_BYTES = int(0.0625 * GiB)  # tensor parallel: NCCL and custom all-reduce buffers
 # Tensor parallel from 0.19: 1.70-2.21 GiB of non-torch memory per rank on the seven fit runs that log it at
 # TP 2-4 (six 0.19.0 H100 runs of the llm-d sweep, 0.25 GiB at TP 1 there; one 0.27.1 run on four PCIe RTX PRO
@@ -417,13 +423,16 @@ def profile_sampler_bytes(release: Release, flashinfer_installed: bool | None) -
 
 
 def non_torch_bytes(device: Device, tensor_parallel: int, version: VllmVersion | None, compiled: bool = True) -> int:
-    """Memory outside torch's allocator that the profile charges: cuBLAS/NCCL workspaces; NCCL's
-    buffers at tensor parallel from 0.19 (measured, NON_TORCH_TP_BYTES); on unified memory, the host's
+    """Memory outside torch's allocator that the profile charges: cuBLAS/NCCL workspaces, more on one
+    CUDA GPU from 0.18 (measured, NON_TORCH_ONE_GPU_BYTES); NCCL's buffers at tensor parallel from 0.19
+    (measured, NON_TORCH_TP_BYTES); on unified memory, the host's
     allocations during start-up, more where the profile compiles the model (planner/uma_host.py, measured)."""
     parts = (version or DEFAULT_RELEASE).parts
     host = uma_host_bytes(unified_memory(device), compiled, parts)
     if tensor_parallel <= 1:
-        return NON_TORCH_BYTES + host
+        one_gpu = NON_TORCH_ONE_GPU_BYTES if device.platform == "cuda" and parts >= NON_TORCH_ONE_GPU_SINCE \
+            else NON_TORCH_BYTES
+        return one_gpu + host
     if device.platform == "cuda" and parts >= NON_TORCH_TP_SINCE:
         return NON_TORCH_TP_BYTES + host
     return NON_TORCH_BYTES + NON_TORCH_TP_EXTRA_BYTES + host
