@@ -24,6 +24,12 @@ QWEN3_NEXT = {"model_type": "qwen3_next", "hidden_size": 2048, "num_attention_he
     (QWEN3_VL_TEXT, False, 262144, 128),                # the same text config outside a VL checkpoint
     (DEEPSEEK_R1, False, 4096 * 40, 64),                # YaRN: the original length x factor; MLA's rope part
     (QWEN3_NEXT, False, 262144, 64),                    # partial rotary
+    # transformers 5 keeps the factor in rope_parameters only (Qwen3.5/3.6), where get_rope reads it
+    ({**QWEN3_NEXT, "partial_rotary_factor": None, "rope_scaling": None, "rope_parameters": {
+        "rope_type": "default", "mrope_section": [11, 11, 10], "partial_rotary_factor": 0.25}}, False, 4 * 262144, 64),
+    ({**QWEN3_NEXT, "partial_rotary_factor": None, "rope_parameters": {"rope_type": "default", "rope_dim": 32}},
+     False, 262144, 32),                                # an explicit rope_dim wins
+    ({**LLAMA_31, "rope_scaling": None, "rotary_emb_fraction": 0.5}, False, 131072, 64),   # a legacy name
     ({**LLAMA_31, "rope_scaling": {"type": "linear", "factor": 4.0}}, False, 4 * 131072, 128),
     ({**LLAMA_31, "rope_scaling": None, "max_position_embeddings": None}, False, 8192, 128),   # the models' fall-back
     ({"model_type": "gpt2", "hidden_size": 768, "num_attention_heads": 12, "max_position_embeddings": 1024},

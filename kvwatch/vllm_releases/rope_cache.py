@@ -89,17 +89,28 @@ def cache_positions(cfg: Mapping[str, Any], multimodal_rope: bool = False) -> in
     return int(positions) * rule.multiple
 
 
+def _whole(value: Any) -> int:
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
 def rotary_dim(cfg: Mapping[str, Any]) -> int:
-    """The rotary width: MLA's rope part, a config's `rotary_dim`, else the head size times
-    partial_rotary_factor (rotary_pct for GPT-NeoX)."""
+    """The rotary width: MLA's rope part, a config's `rotary_dim`, else what `get_rope` reads from
+    rope_parameters, its `rope_dim` or the head size times its partial_rotary_factor (vLLM 0.32.0,
+    vllm/model_executor/layers/rotary_embedding/__init__.py:66-72), where transformers' standardize_rope_params
+    moves a top-level partial_rotary_factor, rotary_pct or rotary_emb_fraction (transformers_utils/config.py:
+    629-639). Transformers 5 configs (Qwen3.5/3.6) carry the factor inside rope_parameters only."""
     if isinstance(cfg.get("qk_rope_head_dim"), int) and cfg.get("kv_lora_rank"):
         return int(cfg["qk_rope_head_dim"])
-    if isinstance(cfg.get("rotary_dim"), int) and not isinstance(cfg.get("rotary_dim"), bool):
+    if _whole(cfg.get("rotary_dim")):
         return int(cfg["rotary_dim"])
+    scaling = _rope_scaling(cfg)
+    if _whole(scaling.get("rope_dim")):
+        return int(scaling["rope_dim"])
     hidden, heads = _positive(cfg.get("hidden_size")), _positive(cfg.get("num_attention_heads"))
     head_dim = _positive(cfg.get("head_dim")) or (hidden // heads if heads else 0.0)
-    factor = _positive(cfg.get("partial_rotary_factor")) or _positive(cfg.get("rotary_pct")) or 1.0
-    return int(head_dim * factor)
+    factor = (_positive(scaling.get("partial_rotary_factor")) or _positive(cfg.get("partial_rotary_factor"))
+              or _positive(cfg.get("rotary_pct")) or _positive(cfg.get("rotary_emb_fraction")) or 1.0)
+    return int(head_dim * min(factor, 1.0))
 
 
 def rope_cache_elements(cfg: Mapping[str, Any], multimodal_rope: bool = False) -> int:
