@@ -5,7 +5,7 @@ import pytest
 
 from kvwatch.planner.devices import Device, GiB
 from kvwatch.planner.engine_args import EngineCommand
-from kvwatch.planner.gpu_budget import NON_TORCH_BYTES, non_torch_bytes, profile_key
+from kvwatch.planner.gpu_budget import NON_TORCH_BYTES, NON_TORCH_ONE_GPU_BYTES, non_torch_bytes, profile_key
 from kvwatch.planner.uma_host import UMA_HOST_COMPILED_BYTES, UMA_HOST_EAGER_BYTES, uma_host_bytes
 from kvwatch.values.versions import parse_version
 
@@ -29,7 +29,8 @@ H100 = Device("cuda", "NVIDIA H100 80GB HBM3", (9, 0), 80 * GiB)
 ])
 def test_the_host_term_follows_the_device_kind_compilation_and_release(device: Device, compiled: bool, version: str,
                                                                         host: int) -> None:
-    assert non_torch_bytes(device, 1, parse_version(version), compiled) == NON_TORCH_BYTES + host
+    one_gpu = NON_TORCH_ONE_GPU_BYTES if parse_version(version).parts >= (0, 18, 0) else NON_TORCH_BYTES
+    assert non_torch_bytes(device, 1, parse_version(version), compiled) == one_gpu + host
 
 
 def test_eager_charges_less_host_memory_than_compiled() -> None:

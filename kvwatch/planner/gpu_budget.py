@@ -43,7 +43,7 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
-from kvwatch.planner.devices import Device, GiB, card_for, cuda_total_bytes, multiprocessors, scheduler_memory_bytes
+from kvwatch.planner.devices import Device, GiB, cuda_total_bytes, multiprocessors, scheduler_memory_bytes
 from kvwatch.planner.encoder_cache import EncoderShape, counted_and_encoded_tokens, encoder_cache_bytes, profile_items
 from kvwatch.planner.encoder_forward import encoder_forward_bytes
 from kvwatch.planner.encoder_held import profile_inputs_held_bytes, profiled_shape
@@ -55,8 +55,15 @@ from kvwatch.planner.extensible_kv import (
     unset_utilization,
 )
 from kvwatch.planner.free_memory import others_non_torch_bytes, snapshot_free_bytes
+from kvwatch.planner.non_torch import (  # noqa: F401  (re-exported: the budget's non-torch term)
+    NON_TORCH_BYTES,
+    NON_TORCH_ONE_GPU_BYTES,
+    NON_TORCH_TP_BYTES,
+    NON_TORCH_TP_EXTRA_BYTES,
+    non_torch_bytes,
+    unified_memory,
+)
 from kvwatch.planner.pooling_run import DEFAULT_NUM_LABELS, pooler_peak_bytes, run_of
-from kvwatch.planner.uma_host import uma_host_bytes
 from kvwatch.planner.weights import WeightCount
 from kvwatch.values.versions import VllmVersion
 from kvwatch.vllm_releases import DEFAULT_RELEASE, resolve
@@ -82,24 +89,6 @@ FUSED_SAMPLER_BYTES = 12.0
 # vLLM's Triton top-k/top-p kernel (0.17 on): 14.9-16.1 B on the twenty 0.19.0 H100 fit runs of the llm-d
 # sweep with 1,024 requests (vocabularies 128,256-256,000; "torch peak memory increase" over requests x vocab).
 TRITON_SAMPLER_BYTES = 15.3
-NON_TORCH_BYTES = int(0.125 * GiB)            # one GPU: 0.10-0.14 GiB in V1 logs
-# One GPU from 0.18: 0.24-0.27 GiB on the 29 single-GPU fit runs of the llm-d sweep at 0.18.0 and 0.19.0 (the same
-# box and model logs 0.13 at 0.15.0-0.17.0 and 0.25 at 0.18.0), 0.46 on its two Granite runs and 0.26 on the 0.31.0
-# fit run of another source; the one fit run below it is a 16 GB card's 0.07 at 0.26.0. Measured: no vLLM code
-# sizes it. Unified-memory cards add the host's term (planner/uma_host.py) on top.
-NON_TORCH_ONE_GPU_BYTES = int(0.25 * GiB)
-NON_TORCH_ONE_GPU_SINCE = (0, 18, 0)
-NON_TORCH_TP_EXTRA_BYTES = int(0.0625 * GiB)  # tensor parallel: NCCL and custom all-reduce buffers
-# Tensor parallel from 0.19: 1.70-2.21 GiB of non-torch memory per rank on the seven fit runs that log it at
-# TP 2-4 (six 0.19.0 H100 runs of the llm-d sweep, 0.25 GiB at TP 1 there; one 0.27.1 run on four PCIe RTX PRO
-# 6000 cards): what NCCL allocates at the profile's first collectives. Measured from 0.19 only; earlier
-# releases keep the small figure (their fit runs at TP 2-8 on A100, L40S and 3090 log 0.2 GiB or less).
-NON_TORCH_TP_BYTES = int(2.0 * GiB)
-NON_TORCH_TP_SINCE = (0, 19, 0)
-# Unified memory (Orin, Thor, GB10: compute capability 8.7, 11.0, 12.1, vLLM 0.13.0 vllm/utils/mem_utils.py:86;
-# from 0.27 torch's is_integrated, vLLM 0.27.1 vllm/utils/mem_utils.py:148): the host's allocations during the
-# profile count as non-torch memory, compiled or eager (planner/uma_host.py, measured).
-UMA_CAPABILITIES = ((8, 7), (11, 0), (12, 1))
 CUDA_GRAPH_BYTES = int(0.5 * GiB)             # a graph pool as logged: 0.27-0.65 GiB on one GPU
 # From 0.14 unquantized MoE layers run vLLM's modular fused-MoE kernel (vLLM 0.14.1,
 # model_executor/layers/fused_moe/unquantized_fused_moe_method.py: self.kernel), whose two workspaces
@@ -420,31 +409,6 @@ def profile_sampler_bytes(release: Release, flashinfer_installed: bool | None) -
     if not installed and release.engine == V1_ENGINE and release.sampler_since < (0, 17, 0):
         return SORTED_SAMPLER_BYTES
     return release.sampler_bytes
-
-
-def non_torch_bytes(device: Device, tensor_parallel: int, version: VllmVersion | None, compiled: bool = True) -> int:
-    """Memory outside torch's allocator that the profile charges: cuBLAS/NCCL workspaces, more on one
-    CUDA GPU from 0.18 (measured, NON_TORCH_ONE_GPU_BYTES); NCCL's buffers at tensor parallel from 0.19
-    (measured, NON_TORCH_TP_BYTES); on unified memory, the host's
-    allocations during start-up, more where the profile compiles the model (planner/uma_host.py, measured)."""
-    parts = (version or DEFAULT_RELEASE).parts
-    host = uma_host_bytes(unified_memory(device), compiled, parts)
-    if tensor_parallel <= 1:
-        one_gpu = NON_TORCH_ONE_GPU_BYTES if device.platform == "cuda" and parts >= NON_TORCH_ONE_GPU_SINCE \
-            else NON_TORCH_BYTES
-        return one_gpu + host
-    if device.platform == "cuda" and parts >= NON_TORCH_TP_SINCE:
-        return NON_TORCH_TP_BYTES + host
-    return NON_TORCH_BYTES + NON_TORCH_TP_EXTRA_BYTES + host
-
-
-def unified_memory(device: Device) -> bool:
-    """CPU and GPU share one memory: the capabilities vLLM's memory snapshot treats so, or a card the
-    table marks (devices.CARDS)."""
-    if device.platform != "cuda":
-        return False
-    card = card_for(device.name)
-    return device.compute_capability in UMA_CAPABILITIES or (card is not None and card.unified_memory)
 
 
 def weights_on_gpu(weights_per_rank: int, settings: EngineSettings, count: WeightCount | None,

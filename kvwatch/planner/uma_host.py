@@ -25,7 +25,7 @@ Neither size is any code's; both are measured from GB10 start-up logs of fit run
 - eager: the one eager GB10 start-up, search_qwen25_15b_gb10_u004_v0201 (vLLM 0.20.1 in NVIDIA's 26.05
   container, --enforce-eager, a fit run by run and by source): its logged 0.56 GiB of KV leaves
   121.69 x 0.04 - 2.88 (weights) - 0.55 (activation, as planned) - 0.56 - 0.25 (the one-GPU non-torch
-  term from 0.18, gpu_budget.NON_TORCH_ONE_GPU_BYTES) = 0.63 GiB for the host.
+  term from 0.18, non_torch.NON_TORCH_ONE_GPU_BYTES) = 0.63 GiB for the host.
   No held-out run was looked at for it.
 """
 from __future__ import annotations
