@@ -31,7 +31,10 @@ QWEN3_NEXT = {"model_type": "qwen3_next", "hidden_size": 2048, "num_attention_he
      False, 262144, 32),                                # an explicit rope_dim wins
     ({**LLAMA_31, "rope_scaling": None, "rotary_emb_fraction": 0.5}, False, 131072, 64),   # a legacy name
     ({**LLAMA_31, "rope_scaling": {"type": "linear", "factor": 4.0}}, False, 4 * 131072, 128),
-    ({**LLAMA_31, "rope_scaling": None, "max_position_embeddings": None}, False, 8192, 128),   # the models' fall-back
+    # no length in the file: the class's default (LlamaConfig's 2048), which is what vLLM's model sees
+    ({**LLAMA_31, "rope_scaling": None, "max_position_embeddings": None}, False, 2048, 128),
+    ({**LLAMA_31, "model_type": "unknown_family", "rope_scaling": None, "max_position_embeddings": None}, False,
+     8192, 128),                                        # no class known: the models' getattr fall-back
     ({"model_type": "gpt2", "hidden_size": 768, "num_attention_heads": 12, "max_position_embeddings": 1024},
      False, 0, 64),                                     # learned positions: no rotary cache
     ({"model_type": "bloom", "hidden_size": 1024, "num_attention_heads": 16}, False, 0, 64),   # ALiBi
@@ -56,3 +59,35 @@ def test_llama_31s_cache_is_the_32_mib_its_logged_weights_carry() -> None:
 ])
 def test_only_qwen3_vl_allocates_deepstack_buffers(config: dict, levels: int) -> None:
     assert deepstack_levels(config) == levels
+
+
+GEMMA3_TEXT = {"model_type": "gemma3_text", "hidden_size": 2560, "num_attention_heads": 8, "head_dim": 256,
+               "max_position_embeddings": 131072, "rope_scaling": {"factor": 8.0, "rope_type": "linear"}}
+
+
+@pytest.mark.parametrize(("cfg", "elements"), [
+    # google/gemma-3-4b-it's text_config: the global layers' linear x8 cache, the sliding layers' own unscaled one
+    (GEMMA3_TEXT, 8 * 131072 * 256 + 131072 * 256),
+    # the same in transformers 5's form, one set per layer type
+    ({**GEMMA3_TEXT, "rope_scaling": None, "rope_parameters": {
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}, 8 * 131072 * 256 + 131072 * 256),
+    # Gemma 4: the full layers rotate a quarter of their global head size
+    ({"model_type": "gemma4_text", "hidden_size": 5376, "num_attention_heads": 32, "head_dim": 256,
+      "global_head_dim": 512, "max_position_embeddings": 262144, "rope_parameters": {
+          "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6},
+          "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}, 262144 * 128 + 262144 * 256),
+    # one set: Gemma 2 has no per-layer-type parameters
+    ({"model_type": "gemma2", "hidden_size": 3584, "num_attention_heads": 16, "head_dim": 256,
+      "max_position_embeddings": 8192}, 8192 * 256),
+])
+def test_a_model_whose_layer_types_rotate_differently_builds_one_cache_per_type(cfg: dict, elements: int) -> None:
+    assert rope_cache_elements(cfg) == elements
+
+
+def test_a_text_config_without_positions_takes_its_class_default() -> None:
+    """google/gemma-3-*-it's text_config names no max_position_embeddings: transformers' Gemma3TextConfig fills
+    131,072 (the generated class defaults), which vLLM's model passes to get_rope (models/gemma3.py:227)."""
+    without = {k: v for k, v in GEMMA3_TEXT.items() if k != "max_position_embeddings"}
+    assert cache_positions(without) == 8 * 131072
+    assert rope_cache_elements(without) == rope_cache_elements(GEMMA3_TEXT)

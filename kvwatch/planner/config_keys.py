@@ -155,7 +155,10 @@ def class_defaults(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
     model_type = cfg.get("model_type")
     if not isinstance(model_type, str):
         return cfg
-    filled = {field: size for field, size in SIZE_DEFAULTS.get(model_type, {}).items() if cfg.get(field) is None}
+    # the class's max_position_embeddings sizes only the rotary cache (vllm_releases/rope_cache.py reads it);
+    # the length rules keep reading the file's own
+    filled = {field: size for field, size in SIZE_DEFAULTS.get(model_type, {}).items()
+              if cfg.get(field) is None and field != "max_position_embeddings"}
     if cfg.get("tie_word_embeddings") is None and model_type in TIED_BY_DEFAULT:
         filled["tie_word_embeddings"] = True
     return {**cfg, **filled} if filled else cfg

@@ -8,8 +8,8 @@ vllm/model_executor/layers/rotary_embedding/__init__.py:26-78, `_ROPE_DICT`). It
 `positions x rotary_dim` values (cos and sin halves), cast to the model dtype and registered on the
 device (rotary_embedding/base.py:43-47; vLLM 0.8.5.post1 vllm/model_executor/layers/rotary_embedding.py:108-112,
 vLLM 0.28.0 rotary_embedding/base.py:58-63), on every rank whole. How many positions depends on the
-scaling type (CACHE_POSITIONS). One cache per model is counted: a second base (Gemma 3's local
-layers) is left out.
+scaling type (CACHE_POSITIONS). A model whose layer types carry their own rope parameters (Gemma 3's
+local and global layers) builds one cache per set.
 
 The buffer: Qwen3-VL's language model keeps one zeroed (max_num_batched_tokens, text hidden size)
 tensor per deepstack level in the model dtype, allocated in its __init__ (vLLM 0.11.2,
@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any, NamedTuple
+
+from kvwatch.vllm_releases.generated.config_class_defaults import LOCAL_ROPE, SIZE_DEFAULTS
 
 
 class CachePositions(NamedTuple):
@@ -81,7 +83,9 @@ def cache_positions(cfg: Mapping[str, Any], multimodal_rope: bool = False) -> in
     if "mrope_section" in scaling or kind == "mrope" or multimodal_rope:
         kind = "mrope"
     rule = CACHE_POSITIONS.get(kind, DEFAULT)
-    maximum = _positive(cfg.get("max_position_embeddings")) or MAX_POSITION_FALLBACK
+    # a file without the length: the class's default (the generated table), which vLLM's model passes
+    maximum = (_positive(cfg.get("max_position_embeddings"))
+               or SIZE_DEFAULTS.get(_model_type(cfg) or "", {}).get("max_position_embeddings") or MAX_POSITION_FALLBACK)
     base = _positive(scaling.get("original_max_position_embeddings")) if rule.base == "original" else 0.0
     positions = base or maximum
     if rule.times_factor:
@@ -113,9 +117,35 @@ def rotary_dim(cfg: Mapping[str, Any]) -> int:
     return int(head_dim * min(factor, 1.0))
 
 
+def _per_layer_type(cfg: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """(layer type, rope parameters) of a config whose sliding and full layers each have their own:
+    transformers 5's rope_parameters per layer type ({"full_attention": {...}, "sliding_attention": {...}};
+    vLLM 0.32.0 models/gemma3.py:157 `config.rope_parameters[layer_type]`), or an older file of such a
+    class (generated LOCAL_ROPE, or one naming `rope_local_base_freq`), whose rope_scaling is the full
+    layers' and whose sliding layers rotate unscaled at their own base; [] for one set."""
+    params = cfg.get("rope_parameters")
+    if isinstance(params, Mapping) and params and all(isinstance(v, Mapping) for v in params.values()):
+        return [(str(k), v) for k, v in params.items() if v]
+    if _model_type(cfg) in LOCAL_ROPE or cfg.get("rope_local_base_freq") is not None:
+        return [("full_attention", _rope_scaling(cfg) or {"rope_type": "default"}),
+                ("sliding_attention", {"rope_type": "default"})]
+    return []
+
+
 def rope_cache_elements(cfg: Mapping[str, Any], multimodal_rope: bool = False) -> int:
-    """Values in the rotary cos/sin cache one rank holds (times the model dtype's bytes)."""
-    return cache_positions(cfg, multimodal_rope) * rotary_dim(cfg)
+    """Values in the rotary cos/sin caches one rank holds (times the model dtype's bytes): one cache per
+    rope parameter set (get_rope's _ROPE_DICT keys on them), so two for a model whose sliding and full
+    layers differ in base or scaling (Gemma 3); a full layer of Gemma 4 rotates its global head size."""
+    sets = _per_layer_type(cfg)
+    if not sets:
+        return cache_positions(cfg, multimodal_rope) * rotary_dim(cfg)
+    total = 0
+    for layer_type, params in sets:
+        one = {**cfg, "rope_parameters": params, "rope_scaling": None}
+        if layer_type == "full_attention" and _whole(cfg.get("global_head_dim")):
+            one["head_dim"] = cfg["global_head_dim"]
+        total += cache_positions(one, multimodal_rope) * rotary_dim(one)
+    return total
 
 
 # The multimodal families whose published configs carry rope_scaling.mrope_section, which makes
