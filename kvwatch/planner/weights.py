@@ -35,6 +35,7 @@ from kvwatch.planner.mamba_mixer_weights import (
     pure_mamba_mixers,
 )
 from kvwatch.planner.nemotron_h_weights import NemotronHParams, nemotron_h_params
+from kvwatch.planner.step3_text_weights import step3_attention, step3_moe_layers, step3_shared_width
 from kvwatch.values.config_values import positive_int as _int
 from kvwatch.vllm_releases.mllama_profile import MllamaVision, mllama_vision
 from kvwatch.vllm_releases.mlp_shapes import non_gated_mlp
@@ -127,6 +128,9 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
         attention = q + hidden * (rank + rope) + rank * heads * (nope + v_dim) + heads * v_dim * hidden
         mla_shape = (q_rank or hidden, heads, rope, rank, nope, v_dim)
         replicated_linear = layers * (hidden * q_rank + hidden * (rank + rope))
+    elif (step3 := step3_attention(cfg, hidden, heads, head_dim)) is not None:
+        attention = step3.per_layer   # a low-rank query and one KV head (planner/step3_text_weights.py)
+        replicated_linear = layers * step3.replicated
     else:
         attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
         if _model_type(cfg) == "afmoe":   # a gating projection beside q, k, v, o (vLLM 0.32.0 models/afmoe.py:215-222)
@@ -144,7 +148,8 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
     # shared experts of the experts' width: DeepSeek's n_shared_experts, ERNIE 4.5's moe_num_shared_experts
     # (vLLM 0.32.0 models/ernie45_moe.py:133, :170-171), AFMoE's num_shared_experts (afmoe.py:77, :109-110)
     shared = _int(cfg, "n_shared_experts", "moe_num_shared_experts", "num_shared_experts")
-    shared_width = _int(cfg, "shared_expert_intermediate_size", "shared_intermediate_size")   # Granite 4.0's name
+    shared_width = _int(cfg, "shared_expert_intermediate_size", "shared_intermediate_size") \
+        or step3_shared_width(cfg)   # Granite 4.0's name; Step3's share_expert_dim
     dense_width = lfm2_mlp_width(cfg) or _int(cfg, "intermediate_size") or 4 * hidden
     moe_width = _int(cfg, "moe_intermediate_size") or dense_width
     if _model_type(cfg) == "hunyuan_v1_moe":
@@ -159,7 +164,8 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
         shared_width = shared_width or moe_width
         dense_width = _int(cfg, "intermediate_size_mlp") or dense_width
     if experts:
-        moe_layers = jamba[1] if jamba else len(moe_layer_indices(cfg, layers))
+        step3_moe = step3_moe_layers(cfg, layers)   # the layers moe_layers_enum names (planner/step3_text_weights.py)
+        moe_layers = jamba[1] if jamba else len(step3_moe) if step3_moe is not None else len(moe_layer_indices(cfg, layers))
         dense_layers = layers - moe_layers
         per_moe = experts * 3 * hidden * moe_width + hidden * experts   # experts + router
         per_moe += shared * 3 * hidden * moe_width + (3 * hidden * shared_width if shared_width else 0)
