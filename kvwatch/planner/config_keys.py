@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from kvwatch.errors import ConfigError
+from kvwatch.planner.longcat_flash_weights import LONGCAT_FLASH, longcat_flash_keys
 from kvwatch.vllm_releases.generated.config_class_defaults import SIZE_DEFAULTS, TIED_BY_DEFAULT
 
 
@@ -170,6 +171,8 @@ def standard_keys(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
         return _canary_keys(cfg)
     if model_type == "nemotron_parse":
         return _nemotron_parse_keys(cfg)
+    if model_type == LONGCAT_FLASH:   # two attention sublayers per block (planner/longcat_flash_weights.py)
+        return longcat_flash_keys(class_defaults(cfg))
     family = FAMILY_KEYS.get(model_type) if isinstance(model_type, str) else None
     if family is None:
         return class_defaults(cfg)

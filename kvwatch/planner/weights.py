@@ -25,6 +25,7 @@ from kvwatch.planner.deepseek_v4 import MXFP4_BYTES_PER_PARAM
 from kvwatch.planner.encoder_cache import EncoderShape, encoder_shape
 from kvwatch.planner.encoder_forward import vision_mlp_width
 from kvwatch.planner.gemma4_weights import gemma4_params
+from kvwatch.planner.longcat_flash_weights import flash_blocks
 from kvwatch.planner.mamba_mixer_weights import (
     GRANITE_HYBRID,
     falcon_h1_mixers,
@@ -167,10 +168,15 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
         step3_moe = step3_moe_layers(cfg, layers)   # the layers moe_layers_enum names (planner/step3_text_weights.py)
         moe_layers = jamba[1] if jamba else len(step3_moe) if step3_moe is not None else len(moe_layer_indices(cfg, layers))
         dense_layers = layers - moe_layers
-        per_moe = experts * 3 * hidden * moe_width + hidden * experts   # experts + router
+        routes = experts   # the router's outputs
+        if (flash := flash_blocks(cfg)) is not None:
+            # LongCat-Flash: two dense MLPs beside each block's MoE, whose router also scores the zero
+            # experts (planner/longcat_flash_weights.py)
+            moe_layers, dense_layers, routes = flash.blocks, flash.sublayers, flash.router_outputs
+        per_moe = experts * 3 * hidden * moe_width + hidden * routes   # experts + router
         per_moe += shared * 3 * hidden * moe_width + (3 * hidden * shared_width if shared_width else 0)
         mlp = dense_layers * 3 * hidden * dense_width + moe_layers * per_moe
-        router = moe_layers * hidden * experts
+        router = moe_layers * hidden * routes
         routed = _int(cfg, "num_experts_per_tok", "moe_topk", "experts_per_token") or _first_of_list(cfg, "moe_topk") or 1
         width = max(dense_width if dense_layers else 0,
                     routed * moe_width + shared * moe_width + shared_width)
