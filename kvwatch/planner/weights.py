@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kvwatch.planner import quant_layout
-from kvwatch.planner.config_defaults import HEAD_DIM_DEFAULTS
+from kvwatch.planner.config_defaults import HEAD_DIM_DEFAULTS, V_HEAD_DIM_FROM_HIDDEN
 from kvwatch.planner.deepseek_v4 import MXFP4_BYTES_PER_PARAM
 from kvwatch.planner.encoder_cache import EncoderShape, encoder_shape
 from kvwatch.planner.encoder_forward import vision_mlp_width
@@ -123,6 +123,8 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
     if cfg.get("kv_lora_rank"):   # MLA (DeepSeek-V2/V3, Kimi-K2)
         rank, rope = _int(cfg, "kv_lora_rank"), _int(cfg, "qk_rope_head_dim")
         nope, v_dim = _int(cfg, "qk_nope_head_dim"), _int(cfg, "v_head_dim")
+        if not v_dim and _model_type(cfg) in V_HEAD_DIM_FROM_HIDDEN:   # the class derives it (planner/config_defaults.py)
+            v_dim = hidden // heads
         q_rank = _int(cfg, "q_lora_rank")
         q_dim = heads * (nope + rope)
         q = hidden * q_rank + q_rank * q_dim if q_rank else hidden * q_dim
