@@ -41,6 +41,12 @@ FAMILY_KEYS: dict[str, FamilyKeys] = {
                            ("num_key_value_heads", "decoder_attention_heads"), ("num_hidden_layers", "decoder_layers")),
                           True, "models/whisper/configuration_whisper.py:120-124, :164; vLLM 0.33.0 whisper.py:446-456, "
                                 ":614"),
+    # ChatGLM / GLM-4 (THUDM's remote-code checkpoints): vLLM reads them through its own ChatGLMConfig (vLLM
+    # 0.32.0 transformers_utils/configs/chatglm.py:11-14, :45-49) and builds the MLP ffn_hidden_size wide
+    # (models/chatglm.py:156-171). The KV heads and the vocabulary are set in standard_keys below. The class
+    # sets no tie_word_embeddings, so the file's is read (:409; the published files state false).
+    "chatglm": FamilyKeys((("num_hidden_layers", "num_layers"), ("intermediate_size", "ffn_hidden_size")),
+                          False, "vLLM 0.32.0 transformers_utils/configs/chatglm.py:11-14, :45-49"),
 }
 # GPTBigCode's multi-query attention (transformers configuration_gpt_bigcode.py:78, :83, on by default;
 # vLLM 0.22.1 gpt_bigcode.py:77-82: one KV head) and MPT's MLP width (expansion_ratio x d_model, 4 by
@@ -184,6 +190,14 @@ def standard_keys(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
         out["tie_word_embeddings"] = family.tied_embeddings
     if model_type == "gpt_bigcode" and out.get("num_key_value_heads") is None:
         out["num_key_value_heads"] = 1 if out.get("multi_query", True) else out.get("num_attention_heads")
+    if model_type == "chatglm":
+        # KV heads: multi_query_group_num only with multi_query_attention (default off), else one per query
+        # head (vLLM 0.32.0 models/chatglm.py:60-65); embedding and LM head padded_vocab_size rows (:329-346)
+        if out.get("num_key_value_heads") is None:
+            out["num_key_value_heads"] = out.get("multi_query_group_num", 1) if out.get("multi_query_attention") \
+                else out.get("num_attention_heads")
+        if out.get("padded_vocab_size") is not None:
+            out["vocab_size"] = out["padded_vocab_size"]
     if model_type == "mpt" and out.get("intermediate_size") is None:
         ratio = out.get("expansion_ratio")
         ratio = ratio if isinstance(ratio, int) and not isinstance(ratio, bool) and ratio > 0 else MPT_EXPANSION_RATIO
