@@ -47,7 +47,19 @@ FAMILY_KEYS: dict[str, FamilyKeys] = {
     # sets no tie_word_embeddings, so the file's is read (:409; the published files state false).
     "chatglm": FamilyKeys((("num_hidden_layers", "num_layers"), ("intermediate_size", "ffn_hidden_size")),
                           False, "vLLM 0.32.0 transformers_utils/configs/chatglm.py:11-14, :45-49"),
+    # DBRX: the top-level names, and its attention and experts in nested sections (standard_keys below).
+    "dbrx": FamilyKeys((("hidden_size", "d_model"), ("num_attention_heads", "n_heads"), ("num_hidden_layers", "n_layers"),
+                        ("max_position_embeddings", "max_seq_len")),
+                       False, "models/dbrx/configuration_dbrx.py:130-135, :153"),
 }
+# DBRX's nested sections: the standard key, the section, its key there, the section class's default
+# (transformers 5.19.0 models/dbrx/configuration_dbrx.py:42 DbrxAttentionConfig, :74-76 DbrxFFNConfig). vLLM
+# 0.32.0 builds Wqkv with kv_n_heads KV heads (models/dbrx.py:200, :209-216) and moe_num_experts experts of
+# ffn_hidden_size, top moe_top_k (:165-170).
+DBRX_NESTED = (("num_key_value_heads", "attn_config", "kv_n_heads", 1),
+               ("intermediate_size", "ffn_config", "ffn_hidden_size", 3584),
+               ("num_local_experts", "ffn_config", "moe_num_experts", 4),
+               ("num_experts_per_tok", "ffn_config", "moe_top_k", 1))
 # GPTBigCode's multi-query attention (transformers configuration_gpt_bigcode.py:78, :83, on by default;
 # vLLM 0.22.1 gpt_bigcode.py:77-82: one KV head) and MPT's MLP width (expansion_ratio x d_model, 4 by
 # default: configuration_mpt.py:122; vLLM 0.22.1 mpt.py:160-162).
@@ -198,6 +210,12 @@ def standard_keys(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
                 else out.get("num_attention_heads")
         if out.get("padded_vocab_size") is not None:
             out["vocab_size"] = out["padded_vocab_size"]
+    if model_type == "dbrx":
+        for standard, section, own, default in DBRX_NESTED:
+            nested = out.get(section)
+            value = nested.get(own) if isinstance(nested, Mapping) else None
+            if out.get(standard) is None:
+                out[standard] = value if value is not None else default
     if model_type == "mpt" and out.get("intermediate_size") is None:
         ratio = out.get("expansion_ratio")
         ratio = ratio if isinstance(ratio, int) and not isinstance(ratio, bool) and ratio > 0 else MPT_EXPANSION_RATIO
