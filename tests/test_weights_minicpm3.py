@@ -25,3 +25,16 @@ def test_the_value_head_vllm_builds(model_type: str, stated: int | None, value_h
     kv_b_and_o = 16 * 4 * (8 + value_head) + 4 * value_head * 256
     q = 256 * 32 + 32 * 4 * 16
     assert count.attention_params == 2 * (q + 256 * (16 + 8) + kv_b_and_o)
+
+
+def test_the_kv_cache_holds_heads_as_wide_as_q_and_k() -> None:
+    """vLLM 0.32.0's MiniCPM3 attention (models/minicpm3.py:126-133) caches 40 KV heads of
+    qk_nope_head_dim + qk_rope_head_dim = 96 per layer for openbmb/MiniCPM3-4B (its value padded to 96,
+    :172-175; read off the class built on the meta device), not hidden / heads = 64: kvwatch planned a third
+    fewer bytes per token before."""
+    from kvwatch.planner.geometry import geometry_from_config
+    cfg = {**MLA, "architectures": ["MiniCPM3ForCausalLM"], "model_type": "minicpm3"}
+    geometry = geometry_from_config(cfg)
+    assert (geometry.attention, geometry.num_kv_heads, geometry.head_size, geometry.head_size_v) == ("full", 4, 16, 16)
+    defaults = geometry_from_config({k: v for k, v in cfg.items() if not k.startswith("qk_")})
+    assert defaults.head_size == 64 + 32   # MiniCPM3Config's defaults (configuration_minicpm3.py:111-112)
