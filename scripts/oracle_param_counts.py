@@ -58,13 +58,14 @@ def config_key(config: dict[str, Any]) -> str:
 
 def cache_layers(model: Any) -> list[list[int]]:
     """The layers that hold a KV cache, as the engine sizes them: each attention layer's (KV heads, head size),
-    with how many layers have it, sorted. State layers (Mamba, linear attention) are left out."""
+    with how many layers have it, sorted. State layers (Mamba, linear attention) are left out, and so are the
+    layers that read another layer's cache (kv_sharing_target_layer_name: Gemma 3n's and 4's shared layers)."""
     from collections import Counter
 
     from vllm.model_executor.layers.attention.attention import Attention
     from vllm.model_executor.layers.attention.mla_attention import MLAAttention
     shapes = Counter((int(m.num_kv_heads), int(m.head_size)) for m in model.modules()
-                     if isinstance(m, (Attention, MLAAttention)))
+                     if isinstance(m, (Attention, MLAAttention)) and not getattr(m, "kv_sharing_target_layer_name", None))
     return sorted([heads, size, n] for (heads, size), n in shapes.items())
 
 

@@ -14,13 +14,12 @@ import json
 import os
 import subprocess
 import sys
-from collections import Counter
 from pathlib import Path
 
 import pytest
+from fixtures.models.cache_layers import cache_layers
 
 from kvwatch.planner.geometry import geometry_from_config
-from kvwatch.planner.layers import MAMBA
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "models"
@@ -69,26 +68,12 @@ def test_kvwatch_counts_the_parameters_vllms_model_builds_at_full_size(name: str
     assert abs(count.params - vllm) / vllm <= WITHIN, f"kvwatch {count.params:,} against vLLM's {vllm:,}"
 
 
-def _cache_layers(config: dict) -> list[list[int]]:
-    """kvwatch's KV cache layers for a config as [KV heads, head size, layers], sorted: its geometry's attention
-    layers, per layer where the layout has per-layer shapes (Gemma 4); a Mamba or linear-attention layer holds
-    a state, not a KV cache."""
-    geometry = geometry_from_config(config)
-    layout = geometry.layout
-    attention = [i for i, kind in enumerate(layout.kinds) if kind != MAMBA]
-    if geometry.attention != "mla" and layout.head_sizes is not None and layout.kv_heads is not None:
-        shapes = Counter((layout.kv_heads[i], layout.head_sizes[i]) for i in attention)
-    else:
-        shapes = Counter({(geometry.num_kv_heads, geometry.head_size): len(attention)})
-    return sorted([heads, size, n] for (heads, size), n in shapes.items())
-
-
 @pytest.mark.parametrize("name", sorted(ATTENTION))
 def test_kvwatch_plans_the_cache_layers_vllms_model_builds_at_full_size(name: str) -> None:
     """The KV side of the same classes: every layer vLLM builds as Attention or MLAAttention (KV heads and head
     size, which its cache spec is sized by), against the layers kvwatch's geometry caches. Among what this
     caught: MiniCPM3's cache of q/k-wide heads (96, not hidden / heads = 64)."""
-    assert _cache_layers(CONFIGS[name]["config"]) == ATTENTION[name]
+    assert cache_layers(CONFIGS[name]["config"]) == ATTENTION[name]
 
 
 @pytest.mark.engine
