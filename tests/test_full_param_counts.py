@@ -2,8 +2,9 @@
 classes build for FULL-SIZE public config.json files of the models operators run (tests/fixtures/models/
 full_configs.json: each entry's "source" says where its config was copied from and what, if anything, was added
 or dropped; the oracle scripts/oracle_param_counts.py instantiated each class on the meta device and its answers
-are recorded in tests/fixtures/models/full_param_counts.json). test_param_counts.py holds the shrunk configs;
-this file holds the sizes a plan is actually made for, where a missed module is a missed gigabyte.
+are recorded in tests/fixtures/models/full_param_counts.json, with the layers each class builds with a KV
+cache under "attention"). test_param_counts.py holds the shrunk configs; this file holds the sizes a plan is
+actually made for, where a missed module is a missed gigabyte.
 
 A family kvwatch is known to miscount sits in KNOWN_DIFFERENCES with the measured difference and the module it
 misses, as a strict xfail: a fix that brings it within 0.5 % fails the xfail, and must remove the entry."""
@@ -16,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from fixtures.models.cache_layers import cache_layers
 
 from kvwatch.planner.geometry import geometry_from_config
 
@@ -24,6 +26,8 @@ FIXTURES = ROOT / "tests" / "fixtures" / "models"
 CONFIGS = json.loads((FIXTURES / "full_configs.json").read_text())
 RECORD = json.loads((FIXTURES / "full_param_counts.json").read_text())
 COUNTED = sorted(name for name, count in RECORD["counts"].items() if isinstance(count, int))
+# name -> the layers vLLM's class builds with a KV cache: [KV heads, head size, layers], sorted
+ATTENTION: dict[str, list[list[int]]] = RECORD["attention"]
 WITHIN = 0.005
 PUBLISHED_WITHIN = 0.06   # a card's rounded total, and text-only runs of multimodal checkpoints
 
@@ -39,7 +43,7 @@ def _cases() -> list:
 def test_the_record_covers_the_fixtures_and_names_what_the_cpu_build_cannot_construct() -> None:
     assert set(RECORD["counts"]) == set(CONFIGS) and len(COUNTED) >= 25
     assert all(str(count).startswith("error: ") for name, count in RECORD["counts"].items() if name not in COUNTED)
-    assert set(KNOWN_DIFFERENCES) <= set(COUNTED)
+    assert set(KNOWN_DIFFERENCES) <= set(COUNTED) and set(ATTENTION) == set(COUNTED)
 
 
 def test_every_fixture_says_where_its_config_came_from() -> None:
@@ -64,6 +68,14 @@ def test_kvwatch_counts_the_parameters_vllms_model_builds_at_full_size(name: str
     assert abs(count.params - vllm) / vllm <= WITHIN, f"kvwatch {count.params:,} against vLLM's {vllm:,}"
 
 
+@pytest.mark.parametrize("name", sorted(ATTENTION))
+def test_kvwatch_plans_the_cache_layers_vllms_model_builds_at_full_size(name: str) -> None:
+    """The KV side of the same classes: every layer vLLM builds as Attention or MLAAttention (KV heads and head
+    size, which its cache spec is sized by), against the layers kvwatch's geometry caches. Among what this
+    caught: MiniCPM3's cache of q/k-wide heads (96, not hidden / heads = 64)."""
+    assert cache_layers(CONFIGS[name]["config"]) == ATTENTION[name]
+
+
 @pytest.mark.engine
 @pytest.mark.skipif(os.environ.get("KVWATCH_FULL_ORACLE") != "1",
                     reason="several minutes on two cores (dots.llm1's class alone): KVWATCH_FULL_ORACLE=1 runs it")
@@ -80,3 +92,4 @@ def test_the_record_is_what_vllms_classes_build(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     live = json.loads(done.stdout.strip().splitlines()[-1])
     assert {n: c for n, c in live["counts"].items() if n in COUNTED} == {n: RECORD["counts"][n] for n in COUNTED}
+    assert live["attention"] == ATTENTION

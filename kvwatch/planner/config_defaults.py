@@ -26,3 +26,15 @@ HEAD_DIM_DEFAULTS: dict[str, int] = {
     "inkling_text": 128,    # transformers' InklingTextConfig (HF-format Inkling; vLLM's own class derives it)
     "hrm_text": 128,   # HrmTextConfig's head_dim, which hrm_text.py:146 reads (planner/prefix_lm.py)
 }
+
+# model_types whose config class fills MLA's v_head_dim, when config.json has none, with hidden_size /
+# num_attention_heads (transformers 5.19.0 models/minicpm3/configuration_minicpm3.py:125-126; every other
+# MLA class in it fixes a constant, which the published files state). vLLM's kv_b_proj and o_proj are
+# that wide (vLLM 0.32.0 models/minicpm3.py:105-116, :197); openbmb/MiniCPM3-4B's config.json leaves it out.
+V_HEAD_DIM_FROM_HIDDEN: frozenset[str] = frozenset({"minicpm3"})
+
+# model_type -> the (qk_nope_head_dim, qk_rope_head_dim) defaults of a family whose KV cache holds q/k-wide
+# heads: vLLM 0.32.0's MiniCPM3 builds plain attention of num_heads KV heads of qk_nope + qk_rope, its value
+# padded to that width (models/minicpm3.py:72, :126-133, :172-175), whatever head_dim says (transformers
+# 5.19.0 sets it to qk_rope_head_dim: configuration_minicpm3.py:120; the defaults: :111-112).
+QK_HEAD_CACHE: dict[str, tuple[int, int]] = {"minicpm3": (64, 32)}

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from kvwatch.errors import ConfigError
+from kvwatch.planner.longcat_flash_weights import LONGCAT_FLASH, longcat_flash_keys
 from kvwatch.vllm_releases.generated.config_class_defaults import SIZE_DEFAULTS, TIED_BY_DEFAULT
 
 
@@ -40,7 +41,25 @@ FAMILY_KEYS: dict[str, FamilyKeys] = {
                            ("num_key_value_heads", "decoder_attention_heads"), ("num_hidden_layers", "decoder_layers")),
                           True, "models/whisper/configuration_whisper.py:120-124, :164; vLLM 0.33.0 whisper.py:446-456, "
                                 ":614"),
+    # ChatGLM / GLM-4 (THUDM's remote-code checkpoints): vLLM reads them through its own ChatGLMConfig (vLLM
+    # 0.32.0 transformers_utils/configs/chatglm.py:11-14, :45-49) and builds the MLP ffn_hidden_size wide
+    # (models/chatglm.py:156-171). The KV heads and the vocabulary are set in standard_keys below. The class
+    # sets no tie_word_embeddings, so the file's is read (:409; the published files state false).
+    "chatglm": FamilyKeys((("num_hidden_layers", "num_layers"), ("intermediate_size", "ffn_hidden_size")),
+                          False, "vLLM 0.32.0 transformers_utils/configs/chatglm.py:11-14, :45-49"),
+    # DBRX: the top-level names, and its attention and experts in nested sections (standard_keys below).
+    "dbrx": FamilyKeys((("hidden_size", "d_model"), ("num_attention_heads", "n_heads"), ("num_hidden_layers", "n_layers"),
+                        ("max_position_embeddings", "max_seq_len")),
+                       False, "models/dbrx/configuration_dbrx.py:130-135, :153"),
 }
+# DBRX's nested sections: the standard key, the section, its key there, the section class's default
+# (transformers 5.19.0 models/dbrx/configuration_dbrx.py:42 DbrxAttentionConfig, :74-76 DbrxFFNConfig). vLLM
+# 0.32.0 builds Wqkv with kv_n_heads KV heads (models/dbrx.py:200, :209-216) and moe_num_experts experts of
+# ffn_hidden_size, top moe_top_k (:165-170).
+DBRX_NESTED = (("num_key_value_heads", "attn_config", "kv_n_heads", 1),
+               ("intermediate_size", "ffn_config", "ffn_hidden_size", 3584),
+               ("num_local_experts", "ffn_config", "moe_num_experts", 4),
+               ("num_experts_per_tok", "ffn_config", "moe_top_k", 1))
 # GPTBigCode's multi-query attention (transformers configuration_gpt_bigcode.py:78, :83, on by default;
 # vLLM 0.22.1 gpt_bigcode.py:77-82: one KV head) and MPT's MLP width (expansion_ratio x d_model, 4 by
 # default: configuration_mpt.py:122; vLLM 0.22.1 mpt.py:160-162).
@@ -173,6 +192,8 @@ def standard_keys(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
         return _canary_keys(cfg)
     if model_type == "nemotron_parse":
         return _nemotron_parse_keys(cfg)
+    if model_type == LONGCAT_FLASH:   # two attention sublayers per block (planner/longcat_flash_weights.py)
+        return longcat_flash_keys(class_defaults(cfg))
     family = FAMILY_KEYS.get(model_type) if isinstance(model_type, str) else None
     if family is None:
         return class_defaults(cfg)
@@ -184,6 +205,20 @@ def standard_keys(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
         out["tie_word_embeddings"] = family.tied_embeddings
     if model_type == "gpt_bigcode" and out.get("num_key_value_heads") is None:
         out["num_key_value_heads"] = 1 if out.get("multi_query", True) else out.get("num_attention_heads")
+    if model_type == "chatglm":
+        # KV heads: multi_query_group_num only with multi_query_attention (default off), else one per query
+        # head (vLLM 0.32.0 models/chatglm.py:60-65); embedding and LM head padded_vocab_size rows (:329-346)
+        if out.get("num_key_value_heads") is None:
+            out["num_key_value_heads"] = out.get("multi_query_group_num", 1) if out.get("multi_query_attention") \
+                else out.get("num_attention_heads")
+        if out.get("padded_vocab_size") is not None:
+            out["vocab_size"] = out["padded_vocab_size"]
+    if model_type == "dbrx":
+        for standard, section, own, default in DBRX_NESTED:
+            nested = out.get(section)
+            value = nested.get(own) if isinstance(nested, Mapping) else None
+            if out.get(standard) is None:
+                out[standard] = value if value is not None else default
     if model_type == "mpt" and out.get("intermediate_size") is None:
         ratio = out.get("expansion_ratio")
         ratio = ratio if isinstance(ratio, int) and not isinstance(ratio, bool) and ratio > 0 else MPT_EXPANSION_RATIO

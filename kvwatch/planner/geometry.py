@@ -11,7 +11,7 @@ from typing import Any
 
 from kvwatch.errors import ConfigError
 from kvwatch.planner.bailing_linear import bailing_linear_layout
-from kvwatch.planner.config_defaults import HEAD_DIM_DEFAULTS
+from kvwatch.planner.config_defaults import HEAD_DIM_DEFAULTS, QK_HEAD_CACHE
 from kvwatch.planner.config_keys import MAX_FIELD, MAX_LEN_KEYS, own_key, standard_keys
 from kvwatch.planner.cross_attention import with_cross_attention
 from kvwatch.planner.deepseek_v4 import DeepseekV4Shape, deepseek_v4_shape, weight_quantization
@@ -283,6 +283,9 @@ def geometry_from_config(config: Mapping[str, Any], release: str | None = None) 
     if isinstance(kv_heads, bool) or not isinstance(kv_heads, int) or not 0 < kv_heads <= MAX_FIELD:
         raise ConfigError(f"config.json: the number of KV heads must be a positive integer, got {str(kv_heads)[:40]!r}")
     head_size = cfg.get("head_dim") or cfg.get("hidden_size_per_head") or HEAD_DIM_DEFAULTS.get(model_type)
+    if (qk := QK_HEAD_CACHE.get(model_type)) is not None:   # cached heads as wide as q and k (planner/config_defaults.py)
+        head_size = (_positive_int(cfg, "qk_nope_head_dim", required=False) or qk[0]) \
+            + (_positive_int(cfg, "qk_rope_head_dim", required=False) or qk[1])
     if head_size is None:
         if hidden is None:
             raise ConfigError("config.json: missing field 'head_dim' (or 'hidden_size' to derive it)")

@@ -20,11 +20,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kvwatch.planner import quant_layout
-from kvwatch.planner.config_defaults import HEAD_DIM_DEFAULTS
+from kvwatch.planner.config_defaults import HEAD_DIM_DEFAULTS, V_HEAD_DIM_FROM_HIDDEN
 from kvwatch.planner.deepseek_v4 import MXFP4_BYTES_PER_PARAM
 from kvwatch.planner.encoder_cache import EncoderShape, encoder_shape
 from kvwatch.planner.encoder_forward import vision_mlp_width
 from kvwatch.planner.gemma4_weights import gemma4_params
+from kvwatch.planner.longcat_flash_weights import flash_blocks
 from kvwatch.planner.mamba_mixer_weights import (
     GRANITE_HYBRID,
     falcon_h1_mixers,
@@ -35,6 +36,7 @@ from kvwatch.planner.mamba_mixer_weights import (
     pure_mamba_mixers,
 )
 from kvwatch.planner.nemotron_h_weights import NemotronHParams, nemotron_h_params
+from kvwatch.planner.step3_text_weights import step3_attention, step3_moe_layers, step3_shared_width
 from kvwatch.values.config_values import positive_int as _int
 from kvwatch.vllm_releases.mllama_profile import MllamaVision, mllama_vision
 from kvwatch.vllm_releases.mlp_shapes import non_gated_mlp
@@ -121,12 +123,17 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
     if cfg.get("kv_lora_rank"):   # MLA (DeepSeek-V2/V3, Kimi-K2)
         rank, rope = _int(cfg, "kv_lora_rank"), _int(cfg, "qk_rope_head_dim")
         nope, v_dim = _int(cfg, "qk_nope_head_dim"), _int(cfg, "v_head_dim")
+        if not v_dim and _model_type(cfg) in V_HEAD_DIM_FROM_HIDDEN:   # the class derives it (planner/config_defaults.py)
+            v_dim = hidden // heads
         q_rank = _int(cfg, "q_lora_rank")
         q_dim = heads * (nope + rope)
         q = hidden * q_rank + q_rank * q_dim if q_rank else hidden * q_dim
         attention = q + hidden * (rank + rope) + rank * heads * (nope + v_dim) + heads * v_dim * hidden
         mla_shape = (q_rank or hidden, heads, rope, rank, nope, v_dim)
         replicated_linear = layers * (hidden * q_rank + hidden * (rank + rope))
+    elif (step3 := step3_attention(cfg, hidden, heads, head_dim)) is not None:
+        attention = step3.per_layer   # a low-rank query and one KV head (planner/step3_text_weights.py)
+        replicated_linear = layers * step3.replicated
     else:
         attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
         if _model_type(cfg) == "afmoe":   # a gating projection beside q, k, v, o (vLLM 0.32.0 models/afmoe.py:215-222)
@@ -144,7 +151,8 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
     # shared experts of the experts' width: DeepSeek's n_shared_experts, ERNIE 4.5's moe_num_shared_experts
     # (vLLM 0.32.0 models/ernie45_moe.py:133, :170-171), AFMoE's num_shared_experts (afmoe.py:77, :109-110)
     shared = _int(cfg, "n_shared_experts", "moe_num_shared_experts", "num_shared_experts")
-    shared_width = _int(cfg, "shared_expert_intermediate_size", "shared_intermediate_size")   # Granite 4.0's name
+    shared_width = _int(cfg, "shared_expert_intermediate_size", "shared_intermediate_size") \
+        or step3_shared_width(cfg)   # Granite 4.0's name; Step3's share_expert_dim
     dense_width = lfm2_mlp_width(cfg) or _int(cfg, "intermediate_size") or 4 * hidden
     moe_width = _int(cfg, "moe_intermediate_size") or dense_width
     if _model_type(cfg) == "hunyuan_v1_moe":
@@ -159,12 +167,18 @@ def count_weights(cfg: Mapping[str, Any]) -> WeightCount | None:
         shared_width = shared_width or moe_width
         dense_width = _int(cfg, "intermediate_size_mlp") or dense_width
     if experts:
-        moe_layers = jamba[1] if jamba else len(moe_layer_indices(cfg, layers))
+        step3_moe = step3_moe_layers(cfg, layers)   # the layers moe_layers_enum names (planner/step3_text_weights.py)
+        moe_layers = jamba[1] if jamba else len(step3_moe) if step3_moe is not None else len(moe_layer_indices(cfg, layers))
         dense_layers = layers - moe_layers
-        per_moe = experts * 3 * hidden * moe_width + hidden * experts   # experts + router
+        routes = experts   # the router's outputs
+        if (flash := flash_blocks(cfg)) is not None:
+            # LongCat-Flash: two dense MLPs beside each block's MoE, whose router also scores the zero
+            # experts (planner/longcat_flash_weights.py)
+            moe_layers, dense_layers, routes = flash.blocks, flash.sublayers, flash.router_outputs
+        per_moe = experts * 3 * hidden * moe_width + hidden * routes   # experts + router
         per_moe += shared * 3 * hidden * moe_width + (3 * hidden * shared_width if shared_width else 0)
         mlp = dense_layers * 3 * hidden * dense_width + moe_layers * per_moe
-        router = moe_layers * hidden * experts
+        router = moe_layers * hidden * routes
         routed = _int(cfg, "num_experts_per_tok", "moe_topk", "experts_per_token") or _first_of_list(cfg, "moe_topk") or 1
         width = max(dense_width if dense_layers else 0,
                     routed * moe_width + shared * moe_width + shared_width)
