@@ -42,6 +42,11 @@ def test_the_profile_read_equals_the_figures_the_log_shows(run: dict) -> None:
      {"kv_cache": 24.83}),
     ("(EngineCore_0 pid=2881) INFO 09-04 01:29:29 [gpu_model_runner.py:2708] Graph capturing finished in 3 secs, "
      "took 0.50 GiB", {"cuda_graphs": 0.50}),
+    # V0 0.6.4: name=value figures on one line (worker/worker.py:232-243)
+    ("INFO 11-30 10:00:00 worker.py:232] Memory profiling results: total_gpu_memory=47.54GiB "
+     "initial_memory_usage=18.60GiB peak_torch_memory=19.60GiB memory_usage_post_profile=18.62GiB "
+     "non_torch_memory=0.44GiB kv_cache_size=22.74GiB gpu_memory_utilization=0.90",
+     {"non_torch": 0.44, "kv_cache": 22.74}),
     # V0: the whole profile on one line
     ("INFO 12-22 10:55:34 worker.py:241] model weights take 8.51GiB; non_torch_memory takes 0.26GiB; PyTorch "
      "activation peak memory takes 0.94GiB; the rest of the memory reserved for KV Cache is 2.18GiB.",

@@ -17,7 +17,9 @@ as a tentative upper bound, then sizes the cache after warm-up and CUDA graph ca
   "Extended KV cache to 17117 blocks (58.51 GiB)."
 The final figure replaces the tentative one (kept as tentative_kv_bytes); the "GPU KV cache size" line
 follows the extension there (vllm/v1/engine/core.py:382-414), so a figure is settled once it is seen.
-(0.6.5: one figure a line, "model weights take   14.96GiB", "available_kv_cache_memory    53.29GiB";
+(0.6.4: one line of name=value figures, "Memory profiling results: total_gpu_memory=47.54GiB ...
+non_torch_memory=0.44GiB kv_cache_size=22.74GiB gpu_memory_utilization=0.90", worker/worker.py:232-243;
+0.6.5: one figure a line, "model weights take   14.96GiB", "available_kv_cache_memory    53.29GiB";
 0.7: "Loading model weights took 13.9 GB", vLLM's GB there being 2**30 bytes). GiB figures are
 printed rounded (0.01 GiB, weights 0.0001 GiB). With tensor parallelism each worker prints its own
 line: the figures are one rank's. The output pump reads these lines while the engine starts
@@ -39,15 +41,19 @@ KV_TOKENS_MARKER = "KV cache size:"
 KV_TOKENS = re.compile(r"KV cache size: (\d{1,3}(?:,?\d{3}){0,5}) tokens")
 _DIGITS = r"(-?\d{1,9}(?:\.\d{1,6})?)"
 _GIB = _DIGITS + r"\s*GiB"
+# 0.6.4's one profile line, as far as a figure of it: its name=value figures are read only there (later
+# releases log a profile result's repr whose non_torch_memory is another quantity).
+_V064_PROFILE = r"Memory profiling results: total_gpu_memory=.{0,300}?"
 # One pattern per figure: V0 printed them all on one line, 0.6.5 one per line.
 _MEMORY = {
     "weights_bytes": re.compile(r"(?:Model loading took|model weights take|Loading model weights took)\s+" +
                                 _DIGITS + r"\s*Gi?B"),
-    "available_kv_bytes": re.compile(r"(?:Available KV cache memory:|available_kv_cache_memory|"
-                                     r"the rest of the memory reserved for KV Cache is)\s+" + _GIB),
+    "available_kv_bytes": re.compile(r"(?:(?:Available KV cache memory:|available_kv_cache_memory|"
+                                     r"the rest of the memory reserved for KV Cache is)\s+|"
+                                     + _V064_PROFILE + r"kv_cache_size=)" + _GIB),
     "cuda_graph_bytes": re.compile(r"Graph capturing finished in [\d.]+ secs?, took " + _GIB),
     "activation_peak_bytes": re.compile(r"PyTorch activation peak memory(?: takes)?\s+" + _GIB),
-    "non_torch_bytes": re.compile(r"non_torch_memory(?: takes)?\s+" + _GIB),
+    "non_torch_bytes": re.compile(r"(?:non_torch_memory(?: takes)?\s+|" + _V064_PROFILE + r"non_torch_memory=)" + _GIB),
 }
 # vLLM 0.34's post-warm-up sizing (extensible_kv_cache.py:693-707, :536-540): the final KV cache.
 _WARMUP_SIZED = re.compile(r"Memory after warmup: .{0,400}?\(" + _GIB + r" allocated at peak, .{0,200}?; "
@@ -62,7 +68,7 @@ STARTED_MARKER = "init engine (profile, create kv cache"
 FACT_MARKERS = (KV_TOKENS_MARKER, "KV cache memory:", "Model loading took", "model weights take",
                 "Loading model weights took", "available_kv_cache_memory", "reserved for KV Cache",
                 "Graph capturing finished", "activation peak memory", "non_torch_memory", STARTED_MARKER,
-                "Memory after warmup:", "Extended KV cache to",
+                "Memory after warmup:", "Extended KV cache to", "kv_cache_size=",
                 *STARTUP_PLAN_MARKERS)
 
 
