@@ -204,19 +204,24 @@ def test_the_held_out_third_is_within_3_percent_at_the_median(tmp_path: Path) ->
     sweep's later records; with them Qwen3.5's --language-model-only, Nemotron-H's blocks, Gemma 3's class
     vocabulary and Llama 4's shared expert, each read from the release's code): 79 runs, median 0.70 %,
     78 % within, mean 3.3 %; outside the sweep 46 runs, 2.1 %, 67 % within, mean 4.8 % (the L40S TP 4
-    Qwen2.5-72B run, -30.9 %, and Llama 4 Scout, +15.8 %, hold the means up)."""
+    Qwen2.5-72B run, -30.9 %, and Llama 4 Scout, +15.8 %, hold the means up).
+    Section 12.16 (draws 9 and 10: 49 more public start-ups, 24 of them held out by this draw; with them the
+    0.18 one-GPU non-torch figure and the rotary caches as get_rope builds them): 103 runs, median 0.65 %,
+    76 % within, mean 4.1 %; outside the sweep 70 runs, 1.8 %, 67 % within, mean 5.6 % (DeepSeek-V2.5 at
+    TP 8 x PP 2 across two nodes, +78 %, and the Qwen3-32B TP 2 run on PCIe RTX PRO 6000 cards, -43.6 %,
+    hold the means up)."""
     held = started_runs(HELD_OUT)
     summary = Summary.of(_errors(held, tmp_path))
-    assert summary.runs >= 79
-    assert summary.median <= 0.0075
-    assert summary.within >= 0.78
-    assert summary.mean <= 0.034
+    assert summary.runs >= 103
+    assert summary.median <= 0.0066
+    assert summary.within >= 0.757
+    assert summary.mean <= 0.042
     outside = [r for r in held if not r.get("batch")]
     apart = Summary.of(_errors(outside, tmp_path))
-    assert apart.runs >= 46
-    assert apart.median <= 0.021
+    assert apart.runs >= 70
+    assert apart.median <= 0.0176
     assert apart.within >= 0.67
-    assert apart.mean <= 0.049
+    assert apart.mean <= 0.057
 
 
 def test_the_held_out_kv_tokens_are_within_3_percent_at_the_median(tmp_path: Path) -> None:
@@ -308,16 +313,21 @@ def test_the_source_held_out_runs_hold_the_published_figure(tmp_path: Path) -> N
     The third search pass of draw 8 added two held-out sources: Qwen3-0.6B on an RTX 3060 (0.19.0, +0.5 %)
     and Qwen2.5-72B at TP 4 on four L40S (0.19.0, -30.9 %: the 2 GiB of NCCL memory measured on H100s at TP
     is charged to PCIe cards too; not changed, since only this held-out run would show it): 40 runs,
-    median 1.88 %, 72.5 % within 3 %, no zero-KV plan; never fitted on: 23 runs, 2.6 %, 61 %."""
+    median 1.88 %, 72.5 % within 3 %, no zero-KV plan; never fitted on: 23 runs, 2.6 %, 61 %.
+    Section 12.16: five search passes of draws 9 and 10 (run before any term changed, every usable run
+    added) brought 25 held-out runs from 13 new held-out sources; under stop 47's tree the held-out set is
+    65 runs, 1.5 %, 74 % within. Three readings found on fit runs (one GPU's non-torch memory from 0.18,
+    0.25 GiB; the rotary width in rope_parameters; Gemma 3's class length and second cache) make it 65
+    runs, median 1.30 %, 73.8 % within 3 %, no zero-KV plan; never fitted on: 35 runs, 1.83 %, 69 %."""
     split = source_split(all_runs())
     held = [r for r in RUNS if split[r["name"]] == HELD_OUT]
     summary = Summary.of(_errors(held, tmp_path))
-    assert summary.runs >= 40
-    assert summary.median <= 0.0189
-    assert summary.within >= 0.72
+    assert summary.runs >= 65
+    assert summary.median <= 0.0131
+    assert summary.within >= 0.738
     assert all(e > -1 for e in _errors(held, tmp_path))   # no zero-KV plan where vLLM started
     clean = Summary.of(_errors([r for r in held if r["split"] == HELD_OUT], tmp_path))
-    assert clean.runs >= 23 and clean.median <= 0.0261 and clean.within >= 0.60
+    assert clean.runs >= 35 and clean.median <= 0.0184 and clean.within >= 0.685
 
 
 def test_the_residual_terms_add_up_to_the_error(tmp_path: Path) -> None:
