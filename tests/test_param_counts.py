@@ -7,14 +7,12 @@ kvwatch leaves out norms and biases, a fraction of a percent on these configs. T
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from fixtures.models.cache_layers import cache_layers
 from fixtures.models.corpus import CORPUS, config
+from fixtures.models.oracle_run import oracle_answer
 
 from kvwatch.planner.geometry import geometry_from_config
 
@@ -57,11 +55,6 @@ def test_the_record_is_what_vllms_classes_build(tmp_path: Path) -> None:
     vllm = pytest.importorskip("vllm")
     if vllm.__version__ != RECORD["vllm"]:
         pytest.skip(f"the record is vLLM {RECORD['vllm']}'s; {vllm.__version__} is installed")
-    cases = tmp_path / "cases.json"
-    cases.write_text(json.dumps({name: config(name) for name in CORPUS}))
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "oracle_param_counts.py"), str(cases)],
-                          capture_output=True, text=True, timeout=900, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    assert done.returncode == 0, done.stderr[-2000:]
-    live = json.loads(done.stdout.strip().splitlines()[-1])
+    live = oracle_answer({name: config(name) for name in CORPUS}, tmp_path, timeout=900)
     assert {n: c for n, c in live["counts"].items() if n in COUNTED} == {n: RECORD["counts"][n] for n in COUNTED}
     assert live["attention"] == ATTENTION
