@@ -28,23 +28,25 @@ from kvwatch.planner.devices import CARDS, PRESETS, Device, card_for, cuda_total
 from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.gpu_budget import (
     FUSED_SAMPLER_BYTES,
-    NON_TORCH_BYTES,
-    NON_TORCH_ONE_GPU_BYTES,
-    NON_TORCH_TP_BYTES,
-    NON_TORCH_TP_EXTRA_BYTES,
     SORTED_SAMPLER_BYTES,
     TRITON_SAMPLER_BYTES,
     V0_ENGINE,
     batch_defaults,
     estimate_budget,
     moe_workspace_bytes,
-    non_torch_bytes,
     offloaded_bytes,
     profile_key,
     profile_sampler_bytes,
     release_for,
     replicated_extra_bytes,
     requested_bytes,
+)
+from kvwatch.planner.non_torch import (
+    NON_TORCH_BYTES,
+    NON_TORCH_ONE_GPU_BYTES,
+    NON_TORCH_TP_BYTES,
+    NON_TORCH_TP_EXTRA_BYTES,
+    non_torch_bytes,
 )
 from kvwatch.planner.weights import WeightCount, count_weights, weights_bytes
 from kvwatch.values.versions import parse_version

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from kvwatch.errors import ConfigError
 from kvwatch.vllm_releases.rope_cache import cache_positions, deepstack_levels, rope_cache_elements, rotary_dim
 
 LLAMA_31 = {"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32, "max_position_embeddings": 131072,
@@ -77,6 +78,12 @@ GEMMA3_TEXT = {"model_type": "gemma3_text", "hidden_size": 2560, "num_attention_
       "global_head_dim": 512, "max_position_embeddings": 262144, "rope_parameters": {
           "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6},
           "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}, 262144 * 128 + 262144 * 256),
+    # OLMo 3's two layer types share one set: get_rope builds one cache
+    ({"model_type": "olmo3", "hidden_size": 4096, "num_attention_heads": 32, "max_position_embeddings": 65536,
+      "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 5e5},
+                          "full_attention": {"rope_type": "default", "rope_theta": 5e5}}}, 65536 * 128),
+    # a Gemma 3 file without rope_scaling (the 1B): both unscaled, still two bases
+    ({**GEMMA3_TEXT, "rope_scaling": None}, 131072 * 256 * 2),
     # one set: Gemma 2 has no per-layer-type parameters
     ({"model_type": "gemma2", "hidden_size": 3584, "num_attention_heads": 16, "head_dim": 256,
       "max_position_embeddings": 8192}, 8192 * 256),
@@ -91,3 +98,8 @@ def test_a_text_config_without_positions_takes_its_class_default() -> None:
     without = {k: v for k, v in GEMMA3_TEXT.items() if k != "max_position_embeddings"}
     assert cache_positions(without) == 8 * 131072
     assert rope_cache_elements(without) == rope_cache_elements(GEMMA3_TEXT)
+
+
+def test_a_rotary_factor_above_one_is_refused_as_get_rope_refuses_it() -> None:
+    with pytest.raises(ConfigError, match="partial_rotary_factor=7"):
+        rotary_dim({**QWEN3_NEXT, "rope_parameters": {"rope_type": "default", "partial_rotary_factor": 7}})

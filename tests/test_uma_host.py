@@ -5,7 +5,8 @@ import pytest
 
 from kvwatch.planner.devices import Device, GiB
 from kvwatch.planner.engine_args import EngineCommand
-from kvwatch.planner.gpu_budget import NON_TORCH_BYTES, NON_TORCH_ONE_GPU_BYTES, non_torch_bytes, profile_key
+from kvwatch.planner.gpu_budget import profile_key
+from kvwatch.planner.non_torch import NON_TORCH_BYTES, NON_TORCH_ONE_GPU_BYTES, non_torch_bytes
 from kvwatch.planner.uma_host import UMA_HOST_COMPILED_BYTES, UMA_HOST_EAGER_BYTES, uma_host_bytes
 from kvwatch.values.versions import parse_version
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from kvwatch.errors import ConfigError
 from kvwatch.planner.config_keys import standard_keys
 from kvwatch.planner.geometry import geometry_from_config
 
@@ -38,3 +39,9 @@ def test_the_shrunk_model_counts_what_vllm_builds() -> None:
     assert geometry.weight_count is not None
     assert geometry.weight_count.params == 2 * (attention + mlp) + 2 * 320 * 256
     assert (geometry.num_kv_heads, geometry.head_size, geometry.num_layers) == (2, 64, 2)
+
+
+@pytest.mark.parametrize("bad", ["lots", -1, True, 1.5])
+def test_a_padded_vocabulary_that_is_not_a_count_is_one_clear_error(bad: object) -> None:
+    with pytest.raises(ConfigError, match="padded_vocab_size"):
+        standard_keys({**GLM, "padded_vocab_size": bad})

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from kvwatch.errors import ConfigError
 from kvwatch.planner.config_keys import standard_keys
 from kvwatch.planner.geometry import geometry_from_config
 
@@ -36,3 +37,11 @@ def test_the_shrunk_model_counts_what_vllm_builds() -> None:
     assert geometry.weight_count is not None
     assert geometry.weight_count.params == 2 * (attention + experts) + 2 * 320 * 256
     assert (geometry.num_kv_heads, geometry.head_size, geometry.num_layers) == (2, 64, 2)
+
+
+@pytest.mark.parametrize(("section", "bad"), [("attn_config", {"kv_n_heads": "eight"}),
+                                              ("ffn_config", {"ffn_hidden_size": -96}),
+                                              ("ffn_config", {"moe_top_k": 2.5})])
+def test_a_nested_size_that_is_not_a_count_is_one_clear_error(section: str, bad: dict) -> None:
+    with pytest.raises(ConfigError, match=f"DBRX's {section}"):
+        standard_keys({**DBRX, section: bad})

@@ -174,10 +174,7 @@ def class_defaults(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
     model_type = cfg.get("model_type")
     if not isinstance(model_type, str):
         return cfg
-    # the class's max_position_embeddings sizes only the rotary cache (vllm_releases/rope_cache.py reads it);
-    # the length rules keep reading the file's own
-    filled = {field: size for field, size in SIZE_DEFAULTS.get(model_type, {}).items()
-              if cfg.get(field) is None and field != "max_position_embeddings"}
+    filled = {field: size for field, size in SIZE_DEFAULTS.get(model_type, {}).items() if cfg.get(field) is None}
     if cfg.get("tie_word_embeddings") is None and model_type in TIED_BY_DEFAULT:
         filled["tie_word_embeddings"] = True
     return {**cfg, **filled} if filled else cfg
@@ -212,13 +209,13 @@ def standard_keys(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
             out["num_key_value_heads"] = out.get("multi_query_group_num", 1) if out.get("multi_query_attention") \
                 else out.get("num_attention_heads")
         if out.get("padded_vocab_size") is not None:
-            out["vocab_size"] = out["padded_vocab_size"]
+            out["vocab_size"] = positive_field(out, "padded_vocab_size", needs="ChatGLM's embedding and LM head")
     if model_type == "dbrx":
         for standard, section, own, default in DBRX_NESTED:
             nested = out.get(section)
-            value = nested.get(own) if isinstance(nested, Mapping) else None
             if out.get(standard) is None:
-                out[standard] = value if value is not None else default
+                out[standard] = positive_field(nested, own, default, needs=f"DBRX's {section}") \
+                    if isinstance(nested, Mapping) else default
     if model_type == "mpt" and out.get("intermediate_size") is None:
         ratio = out.get("expansion_ratio")
         ratio = ratio if isinstance(ratio, int) and not isinstance(ratio, bool) and ratio > 0 else MPT_EXPANSION_RATIO

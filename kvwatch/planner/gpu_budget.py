@@ -55,14 +55,7 @@ from kvwatch.planner.extensible_kv import (
     unset_utilization,
 )
 from kvwatch.planner.free_memory import others_non_torch_bytes, snapshot_free_bytes
-from kvwatch.planner.non_torch import (  # noqa: F401  (re-exported: the budget's non-torch term)
-    NON_TORCH_BYTES,
-    NON_TORCH_ONE_GPU_BYTES,
-    NON_TORCH_TP_BYTES,
-    NON_TORCH_TP_EXTRA_BYTES,
-    non_torch_bytes,
-    unified_memory,
-)
+from kvwatch.planner.non_torch import non_torch_bytes
 from kvwatch.planner.pooling_run import DEFAULT_NUM_LABELS, pooler_peak_bytes, run_of
 from kvwatch.planner.weights import WeightCount
 from kvwatch.values.versions import VllmVersion

@@ -20,7 +20,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from kvwatch.vllm_releases.generated.config_class_defaults import LOCAL_ROPE, SIZE_DEFAULTS
+from kvwatch.errors import ConfigError
+from kvwatch.vllm_releases.generated.config_class_defaults import LOCAL_ROPE, POSITION_DEFAULTS
 
 
 class CachePositions(NamedTuple):
@@ -84,8 +85,8 @@ def cache_positions(cfg: Mapping[str, Any], multimodal_rope: bool = False) -> in
         kind = "mrope"
     rule = CACHE_POSITIONS.get(kind, DEFAULT)
     # a file without the length: the class's default (the generated table), which vLLM's model passes
-    maximum = (_positive(cfg.get("max_position_embeddings"))
-               or SIZE_DEFAULTS.get(_model_type(cfg) or "", {}).get("max_position_embeddings") or MAX_POSITION_FALLBACK)
+    maximum = (_positive(cfg.get("max_position_embeddings")) or POSITION_DEFAULTS.get(_model_type(cfg) or "")
+               or MAX_POSITION_FALLBACK)
     base = _positive(scaling.get("original_max_position_embeddings")) if rule.base == "original" else 0.0
     positions = base or maximum
     if rule.times_factor:
@@ -105,16 +106,16 @@ def rotary_dim(cfg: Mapping[str, Any]) -> int:
     629-639). Transformers 5 configs (Qwen3.5/3.6) carry the factor inside rope_parameters only."""
     if isinstance(cfg.get("qk_rope_head_dim"), int) and cfg.get("kv_lora_rank"):
         return int(cfg["qk_rope_head_dim"])
-    if _whole(cfg.get("rotary_dim")):
-        return int(cfg["rotary_dim"])
     scaling = _rope_scaling(cfg)
-    if _whole(scaling.get("rope_dim")):
-        return int(scaling["rope_dim"])
+    if dim := _whole(cfg.get("rotary_dim")) or _whole(scaling.get("rope_dim")):
+        return dim
     hidden, heads = _positive(cfg.get("hidden_size")), _positive(cfg.get("num_attention_heads"))
     head_dim = _positive(cfg.get("head_dim")) or (hidden // heads if heads else 0.0)
     factor = (_positive(scaling.get("partial_rotary_factor")) or _positive(cfg.get("partial_rotary_factor"))
               or _positive(cfg.get("rotary_pct")) or _positive(cfg.get("rotary_emb_fraction")) or 1.0)
-    return int(head_dim * min(factor, 1.0))
+    if factor > 1.0:   # get_rope refuses it the same way (rotary_embedding/__init__.py:70-71)
+        raise ConfigError(f"config.json: partial_rotary_factor={factor:g} must be between 0.0 and 1.0")
+    return int(head_dim * factor)
 
 
 def _per_layer_type(cfg: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
@@ -127,25 +128,28 @@ def _per_layer_type(cfg: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]
     if isinstance(params, Mapping) and params and all(isinstance(v, Mapping) for v in params.values()):
         return [(str(k), v) for k, v in params.items() if v]
     if _model_type(cfg) in LOCAL_ROPE or cfg.get("rope_local_base_freq") is not None:
-        return [("full_attention", _rope_scaling(cfg) or {"rope_type": "default"}),
-                ("sliding_attention", {"rope_type": "default"})]
+        # the two bases differ (the class's or the file's), which makes two caches even where both are unscaled
+        return [("full_attention", {"rope_type": "default", **_rope_scaling(cfg), "base": "global"}),
+                ("sliding_attention", {"rope_type": "default", "base": "local"})]
     return []
 
 
 def rope_cache_elements(cfg: Mapping[str, Any], multimodal_rope: bool = False) -> int:
     """Values in the rotary cos/sin caches one rank holds (times the model dtype's bytes): one cache per
-    rope parameter set (get_rope's _ROPE_DICT keys on them), so two for a model whose sliding and full
-    layers differ in base or scaling (Gemma 3); a full layer of Gemma 4 rotates its global head size."""
+    distinct (positions, rotary dim, rope parameters), as get_rope's _ROPE_DICT keys them, so two for a model
+    whose sliding and full layers differ in base or scaling (Gemma 3) and one where their sets are the same
+    (OLMo 3); a full layer of Gemma 4 rotates its global head size."""
     sets = _per_layer_type(cfg)
     if not sets:
         return cache_positions(cfg, multimodal_rope) * rotary_dim(cfg)
-    total = 0
+    caches: dict[tuple[int, int, str], int] = {}
     for layer_type, params in sets:
         one = {**cfg, "rope_parameters": params, "rope_scaling": None}
         if layer_type == "full_attention" and _whole(cfg.get("global_head_dim")):
             one["head_dim"] = cfg["global_head_dim"]
-        total += cache_positions(one, multimodal_rope) * rotary_dim(one)
-    return total
+        positions, dim = cache_positions(one, multimodal_rope), rotary_dim(one)
+        caches[(positions, dim, repr(sorted(params.items(), key=str)))] = positions * dim
+    return sum(caches.values())
 
 
 # The multimodal families whose published configs carry rope_scaling.mrope_section, which makes
