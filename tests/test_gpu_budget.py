@@ -46,6 +46,8 @@ from kvwatch.planner.non_torch import (
     NON_TORCH_ONE_GPU_BYTES,
     NON_TORCH_TP_BYTES,
     NON_TORCH_TP_EXTRA_BYTES,
+    NVLINK_TP2_BYTES,
+    NVLINK_TP_WIDE_BYTES,
     non_torch_bytes,
 )
 from kvwatch.planner.weights import WeightCount, count_weights, weights_bytes
@@ -495,9 +497,17 @@ def test_a_unified_memory_card_gets_the_small_scheduler_defaults() -> None:
     ("NVIDIA H100 80GB HBM3", (9, 0), 1, "0.17.1", NON_TORCH_BYTES),
     ("NVIDIA H100 80GB HBM3", (9, 0), 1, "0.18.0", NON_TORCH_ONE_GPU_BYTES),   # measured from 0.18
     ("NVIDIA H100 80GB HBM3", (9, 0), 1, "0.19.0", NON_TORCH_ONE_GPU_BYTES),
-    ("NVIDIA H100 80GB HBM3", (9, 0), 2, "0.19.0", NON_TORCH_TP_BYTES),     # NCCL's buffers, measured
-    ("NVIDIA RTX PRO 6000 Blackwell", (12, 0), 4, "0.27.1", NON_TORCH_TP_BYTES),
-    ("NVIDIA H100 80GB HBM3", (9, 0), 2, "0.14.1", NON_TORCH_BYTES + NON_TORCH_TP_EXTRA_BYTES),   # not measured
+    ("NVIDIA H100 80GB HBM3", (9, 0), 2, "0.19.0", NON_TORCH_TP_BYTES),     # NCCL over NVLink, measured
+    ("NVIDIA H100 80GB HBM3", (9, 0), 2, "0.11.0", NVLINK_TP2_BYTES),       # before 0.19, two NVLink peers
+    ("NVIDIA H100 80GB HBM3", (9, 0), 4, "0.10.0", NVLINK_TP_WIDE_BYTES),   # four or more
+    ("NVIDIA A100-SXM4-40GB", (8, 0), 8, "0.7.1", NVLINK_TP_WIDE_BYTES),    # SXM in the NVML name
+    ("NVIDIA B200", (10, 0), 8, "0.13.0", NVLINK_TP_WIDE_BYTES),
+    # PCIe: the one-GPU figure and NCCL's few channels
+    ("NVIDIA A100 80GB PCIe", (8, 0), 2, "0.19.0", NON_TORCH_ONE_GPU_BYTES + NON_TORCH_TP_EXTRA_BYTES),
+    ("NVIDIA H100 PCIe", (9, 0), 2, "0.19.0", NON_TORCH_ONE_GPU_BYTES + NON_TORCH_TP_EXTRA_BYTES),
+    ("NVIDIA H200 NVL", (9, 0), 2, "0.19.0", NON_TORCH_ONE_GPU_BYTES + NON_TORCH_TP_EXTRA_BYTES),
+    ("NVIDIA RTX PRO 6000 Blackwell", (12, 0), 4, "0.27.1", NON_TORCH_ONE_GPU_BYTES + NON_TORCH_TP_EXTRA_BYTES),
+    ("NVIDIA L40S", (8, 9), 4, "0.19.0", NON_TORCH_ONE_GPU_BYTES + NON_TORCH_TP_EXTRA_BYTES),
     ("NVIDIA L40S", (8, 9), 2, "0.16.0", NON_TORCH_BYTES + NON_TORCH_TP_EXTRA_BYTES),
 ])
 def test_the_non_torch_memory_follows_the_card_and_tensor_parallel(gpu: str, cc: tuple[int, int], tp: int,

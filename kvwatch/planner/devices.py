@@ -49,6 +49,9 @@ class Card:
     # what vLLM's first snapshot found free on the platform as a public log shows it (the host's own use of
     # unified memory); the preset states it as the free memory before start (planner/free_memory.py)
     free_at_start_gib: float | None = None
+    # sold only on SXM/HGX boards, whose GPUs are NVLink peers (NVIDIA's product pages: H100 SXM5, H200 SXM,
+    # H20, B200/B300 HGX, GB200 NVL72): NCCL's buffers at tensor parallel are far larger (planner/non_torch.py)
+    nvlink: bool = False
 
     @property
     def total_bytes(self) -> int:
@@ -67,15 +70,15 @@ CARDS: tuple[Card, ...] = (
          "vendor 80 GB HBM2e (the SXM card's NVML total); no log of its CUDA total seen"),
     Card("h100", "NVIDIA H100 80GB HBM3", ("h100",), (9, 0), 81_559, 79.18,
          "NVML 81559 MiB (nvidia-smi); CUDA 79.18 GiB: llm-d-benchmark's empirical vLLM memory results "
-         "('H100 GPU (79.18 GiB)'); a V0 log of vllm#10511 prints total_gpu_memory 79.22 GiB"),
+         "('H100 GPU (79.18 GiB)'); a V0 log of vllm#10511 prints total_gpu_memory 79.22 GiB", nvlink=True),
     Card("gh200", "NVIDIA GH200 480GB", ("gh200",), (9, 0), 97_871, None,
          "vendor 96 GB HBM3 (the 144 GB HBM3e board is another size: NVML's figure then decides)"),
     Card("h200", "NVIDIA H200", ("h200",), (9, 0), 143_771, 139.81,
-         "NVML 143771 MiB (nvidia-smi); CUDA 139.81 GiB from a vLLM log (issue-16 table)"),
-    Card("h20", "NVIDIA H20", ("h20",), (9, 0), 97_871, None, "vendor 96 GB HBM3; no log of its totals seen"),
-    Card("gb200", "NVIDIA GB200", ("gb200",), (10, 0), 189_471, None, "vendor 186 GB HBM3e per GPU"),
-    Card("b200", "NVIDIA B200", ("b200",), (10, 0), 183_359, None, "NVML 183359 MiB (nvidia-smi); vendor 180 GB"),
-    Card("b300", "NVIDIA B300", ("b300",), (10, 3), 275_040, None, "NVML 275040 MiB (nvidia-smi); vendor 288 GB"),
+         "NVML 143771 MiB (nvidia-smi); CUDA 139.81 GiB from a vLLM log (issue-16 table)", nvlink=True),
+    Card("h20", "NVIDIA H20", ("h20",), (9, 0), 97_871, None, "vendor 96 GB HBM3; no log of its totals seen", nvlink=True),
+    Card("gb200", "NVIDIA GB200", ("gb200",), (10, 0), 189_471, None, "vendor 186 GB HBM3e per GPU", nvlink=True),
+    Card("b200", "NVIDIA B200", ("b200",), (10, 0), 183_359, None, "NVML 183359 MiB (nvidia-smi); vendor 180 GB", nvlink=True),
+    Card("b300", "NVIDIA B300", ("b300",), (10, 3), 275_040, None, "NVML 275040 MiB (nvidia-smi); vendor 288 GB", nvlink=True),
     Card("gb10", "NVIDIA GB10", ("gb10",), (12, 1), None, 121.69,
          "DGX Spark: 128 GB unified memory, NVML reports no framebuffer total; CUDA 121.69 GiB as "
          "MiaAI-Lab/GLM-5.3-Flash-EXL3-2x-DGX-Sparks#47 and #204 state it; free at vLLM's first snapshot "

@@ -24,7 +24,7 @@ determine_available_memory; worker/worker.py determine_num_available_blocks in t
   V0's profile of Llama 3.2 Vision first runs the vision encoder over one dummy image per dummy
   sequence, which peaks above both (vllm_releases/mllama_profile.py).
 - **Non-torch**: cuBLAS/NCCL workspaces allocated during the profile; more with tensor parallelism
-  (about 2 GiB per rank from 0.19: NCCL's buffers).
+  (NCCL's buffers: about 2 GiB per rank where the ranks are NVLink peers, planner/non_torch.py).
 - **Runner state** (from 0.27): the budget takes the free memory consumed since the worker's
   snapshot, so torch memory the runner allocates outside the loader's figure counts too: the V2
   runner's penalty statistics (vllm_releases/model_runner_v2.py).

@@ -18,13 +18,19 @@ NON_TORCH_BYTES = int(0.125 * GiB)            # one GPU: 0.10-0.14 GiB in V1 log
 # sizes it. Unified-memory cards add the host's term (planner/uma_host.py) on top.
 NON_TORCH_ONE_GPU_BYTES = int(0.25 * GiB)
 NON_TORCH_ONE_GPU_SINCE = (0, 18, 0)
-NON_TORCH_TP_EXTRA_BYTES = int(0.0625 * GiB)  # tensor parallel: NCCL and custom all-reduce buffers
-# Tensor parallel from 0.19: 1.70-2.21 GiB of non-torch memory per rank on the seven fit runs that log it at
-# TP 2-4 (six 0.19.0 H100 runs of the llm-d sweep, 0.25 GiB at TP 1 there; one 0.27.1 run on four PCIe RTX PRO
-# 6000 cards): what NCCL allocates at the profile's first collectives. Measured from 0.19 only; earlier
-# releases keep the small figure (their fit runs at TP 2-8 on A100, L40S and 3090 log 0.2 GiB or less).
+NON_TORCH_TP_EXTRA_BYTES = int(0.0625 * GiB)  # tensor parallel over PCIe: NCCL's few channels' buffers
+# Tensor parallel where the ranks are NVLink peers (an SXM/HGX board, nvlink_board): NCCL opens many more
+# channels over NVLink than over PCIe, each with its own buffers, allocated at the profile's first collectives.
+# From 0.19: 2.06-2.21 GiB per rank on the thirteen fit runs that log it at TP 2-4 (0.19.0 H100 runs of the
+# llm-d sweep, 0.25 GiB at TP 1 there). Before 0.19: 0.54-0.55 GiB at TP 2 (two 0.11.0 H100 fit runs), and at
+# TP 4-8 what the fit runs leave unexplained with the PCIe figure, 2.2 GiB on four H100 (vllm#21348) and 4.0 on
+# eight B200 (0.13): NVLINK_TP_WIDE_BYTES. Over PCIe, or where NCCL finds no peer-to-peer path, the fit runs
+# log 0.2 GiB or less at TP 2-8 (L40S at 0.10.2 and 0.16.0, RTX 2080 Ti at 0.8.5, A100 without P2P at 0.10.1)
+# and a 0.27.1 TP-2 run on PCIe RTX PRO 6000 cards leaves no room for more: the one-GPU figure and a little.
 NON_TORCH_TP_BYTES = int(2.0 * GiB)
 NON_TORCH_TP_SINCE = (0, 19, 0)
+NVLINK_TP2_BYTES = int(0.54 * GiB)
+NVLINK_TP_WIDE_BYTES = int(2.0 * GiB)
 # Unified memory (Orin, Thor, GB10: compute capability 8.7, 11.0, 12.1, vLLM 0.13.0 vllm/utils/mem_utils.py:86;
 # from 0.27 torch's is_integrated, vLLM 0.27.1 vllm/utils/mem_utils.py:148): the host's allocations during the
 # profile count as non-torch memory, compiled or eager (planner/uma_host.py, measured).
@@ -33,18 +39,31 @@ UMA_CAPABILITIES = ((8, 7), (11, 0), (12, 1))
 
 def non_torch_bytes(device: Device, tensor_parallel: int, version: VllmVersion | None, compiled: bool = True) -> int:
     """Memory outside torch's allocator that the profile charges: cuBLAS/NCCL workspaces, more on one
-    CUDA GPU from 0.18 (measured, NON_TORCH_ONE_GPU_BYTES); NCCL's buffers at tensor parallel from 0.19
-    (measured, NON_TORCH_TP_BYTES); on unified memory, the host's
+    CUDA GPU from 0.18 (measured, NON_TORCH_ONE_GPU_BYTES); NCCL's buffers at tensor parallel, large
+    where the ranks are NVLink peers (measured, NON_TORCH_TP_BYTES); on unified memory, the host's
     allocations during start-up, more where the profile compiles the model (planner/uma_host.py, measured)."""
     parts = (version or DEFAULT_RELEASE).parts
     host = uma_host_bytes(unified_memory(device), compiled, parts)
+    cuda = device.platform == "cuda"
+    one_gpu = NON_TORCH_ONE_GPU_BYTES if cuda and parts >= NON_TORCH_ONE_GPU_SINCE else NON_TORCH_BYTES
     if tensor_parallel <= 1:
-        one_gpu = NON_TORCH_ONE_GPU_BYTES if device.platform == "cuda" and parts >= NON_TORCH_ONE_GPU_SINCE \
-            else NON_TORCH_BYTES
         return one_gpu + host
-    if device.platform == "cuda" and parts >= NON_TORCH_TP_SINCE:
-        return NON_TORCH_TP_BYTES + host
-    return NON_TORCH_BYTES + NON_TORCH_TP_EXTRA_BYTES + host
+    if cuda and nvlink_board(device):
+        if parts >= NON_TORCH_TP_SINCE:
+            return NON_TORCH_TP_BYTES + host
+        return (NVLINK_TP2_BYTES if tensor_parallel == 2 else NVLINK_TP_WIDE_BYTES) + host
+    return one_gpu + NON_TORCH_TP_EXTRA_BYTES + host
+
+
+def nvlink_board(device: Device) -> bool:
+    """The GPUs of a tensor-parallel group are NVLink peers: an SXM part (its NVML name says SXM, as
+    A100-SXM4 does) or a card sold only on SXM/HGX boards (devices.CARDS `nvlink`); never a PCIe or
+    NVL (bridged PCIe) card."""
+    key = device.name.lower().replace(" ", "").replace("-", "")
+    if "pcie" in key or key.endswith("nvl"):
+        return False
+    card = card_for(device.name)
+    return "sxm" in key or (card is not None and card.nvlink)
 
 
 def unified_memory(device: Device) -> bool:
