@@ -16,7 +16,8 @@ def test_reads_every_planning_flag_in_both_forms(prefix):
     command = EngineCommand.parse([*prefix, "--block-size=32", "--kv-cache-dtype", "fp8", "--dtype", "half",
                                    "--gpu-memory-utilization=0.85", "--kv-cache-memory-bytes", "2G",
                                    "--max-model-len", "32k", "--max-num-seqs", "64", "-tp", "4",
-                                   "--num-gpu-blocks-override=100", "--attention-backend", "TRITON_ATTN"])
+                                   "--num-gpu-blocks-override=100", "--attention-backend", "TRITON_ATTN",
+                                   "--moe-backend", "marlin"])
     s = command.settings()
     assert s.model == "/models/m"
     assert (s.block_size, s.kv_cache_dtype, s.dtype) == (32, "fp8", "half")
@@ -25,11 +26,13 @@ def test_reads_every_planning_flag_in_both_forms(prefix):
     assert s.max_model_len == 32_000
     assert (s.max_num_seqs, s.tensor_parallel_size, s.num_gpu_blocks_override) == (64, 4, 100)
     assert s.attention_backend == "TRITON_ATTN"
+    assert s.moe_backend == "marlin"
 
 
 def test_defaults_are_vllms():
     s = EngineCommand.parse(SERVE).settings()
     assert (s.block_size, s.kv_cache_dtype, s.gpu_memory_utilization, s.tensor_parallel_size) == (None, "auto", 0.92, 1)
+    assert s.moe_backend is None
 
 
 def test_underscore_spelling_and_last_value_wins():

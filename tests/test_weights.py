@@ -139,6 +139,18 @@ def test_mxfp4_experts_carry_the_marlin_padding_below_hopper() -> None:
     assert a100 - h100 == int(mxfp4_expert_padding(count, 1, (8, 0)) * (0.5 + 1 / 32))
 
 
+def test_moe_backend_marlin_pads_mxfp4_experts_on_any_card() -> None:
+    """`--moe-backend marlin` runs Marlin on a card whose default is another kernel: its padding then."""
+    count = count_weights(GPT_OSS_20B)
+    assert count is not None
+    assert mxfp4_expert_padding(count, 1, (12, 0), marlin_asked=True) == mxfp4_expert_padding(count, 1, (8, 0))
+    mxfp4 = {"quant_method": "mxfp4"}
+    asked = gpu_weights_bytes(count, mxfp4, 2, tensor_parallel=1, capability=(12, 0), moe_backend="marlin")
+    default = gpu_weights_bytes(count, mxfp4, 2, tensor_parallel=1, capability=(12, 0))
+    assert asked - default == int(mxfp4_expert_padding(count, 1, (8, 0)) * (0.5 + 1 / 32))
+    assert gpu_weights_bytes(count, mxfp4, 2, tensor_parallel=1, capability=(12, 0), moe_backend="triton") == default
+
+
 def _triton_hopper_extra(experts: int, layers: int, width: int, hidden: int, kept_scales: bool) -> int:
     """Per rank, written out tensor by tensor as vLLM 0.19.1 builds them (quantization/mxfp4.py
     create_weights; quantization/utils/mxfp4_utils.py _swizzle_mxfp4; triton_kernels hopper layouts)."""

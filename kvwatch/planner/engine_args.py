@@ -168,6 +168,7 @@ class EngineSettings:
     enable_expert_parallel: bool = False     # --enable-expert-parallel: each rank holds whole experts
     gpu_memory_utilization_given: bool = False   # False: the value above is a default (the version's decides)
     quantization: str | None = None          # --quantization: what the engine does to the weights (fp8, gguf, ...)
+    moe_backend: str | None = None           # --moe-backend (0.19+): the MoE kernel asked for (None: vLLM's "auto")
     cpu_offload_gb: float = 0.0              # --cpu-offload-gb: GiB of weights per GPU kept in host memory
     gdn_prefill_backend: str | None = None   # --gdn-prefill-backend (None: vLLM's "auto")
     mamba_cache_mode: str | None = None      # --mamba-cache-mode (None: the release's default)
@@ -312,6 +313,7 @@ class EngineCommand:
             enable_expert_parallel=bool(self._switch("--enable-expert-parallel")),
             gpu_memory_utilization_given=self.get("--gpu-memory-utilization") is not None,
             quantization=self.get("--quantization"),
+            moe_backend=self.get("--moe-backend"),
             cpu_offload_gb=self._nonnegative_float("--cpu-offload-gb"),
             gdn_prefill_backend=requested_gdn_prefill_backend(self.get("--gdn-prefill-backend"),
                                                               self._additional_config()),

@@ -16,12 +16,14 @@ from kvwatch.planner.predicted_refusal import NO_KV_CACHE_MEMORY, PredictedRefus
 from kvwatch.planner.tower_skip import loaded_count
 from kvwatch.planner.weights import (
     gpu_weights_bytes,
+    marlin_asked,
     mla_absorbed_bytes,
     mxfp4_triton_hopper_bytes,
     replicated_linear_bytes,
 )
 from kvwatch.values.versions import VllmVersion
 from kvwatch.vllm_releases import DEFAULT_RELEASE
+from kvwatch.vllm_releases.moe_workspace_kernels import quantized_experts_keep_workspace
 from kvwatch.vllm_releases.release_defaults import defaults_for
 
 
@@ -59,7 +61,7 @@ def _gpu_budget(device: Device, settings: EngineSettings, geometry: ModelGeometr
                                               model_bytes)) // ranks
     return estimate_budget(settings, device, geometry.weight_count, weights, model_bytes, max_model_len,
                            memory.vllm_version, dict(memory.vllm_env), memory.flashinfer_installed,
-                           quantized_experts=geometry.quantization is not None or settings.quantization is not None,
+                           quantized_experts=_experts_without_workspace(geometry, settings, device, memory),
                            mla=geometry.attention == "mla",
                            replicated_linear_bytes=replicated_linear_bytes(geometry.weight_count, geometry.quantization,
                                                                            model_bytes, settings.quantization)
@@ -68,6 +70,20 @@ def _gpu_budget(device: Device, settings: EngineSettings, geometry: ModelGeometr
                            backend=backend, sentence_transformers=memory.sentence_transformers_pooling,
                            mla_heads_and_rank=(geometry.num_attention_heads or 0, geometry.kv_lora_rank or 0)
                            if geometry.attention == "mla" else (0, 0))
+
+
+def _experts_without_workspace(geometry: ModelGeometry, settings: EngineSettings, device: Device,
+                               memory: MemoryInputs) -> bool:
+    """Quantized experts whose kernel keeps no workspaces in the profile; block-FP8 experts on the Triton
+    kernel and Marlin's keep them (vllm_releases/moe_workspace_kernels.py)."""
+    if geometry.quantization is None:
+        # unquantized experts keep them; those the engine quantizes itself (--quantization): kernels not read
+        return settings.quantization is not None
+    if device.platform != "cuda":
+        return True
+    use_ep = settings.enable_expert_parallel and settings.tensor_parallel_size * settings.data_parallel_size > 1
+    return not quantized_experts_keep_workspace(geometry.quantization, device.compute_capability, use_ep,
+                                                (memory.vllm_version or DEFAULT_RELEASE).parts, settings.moe_backend)
 
 
 def _estimate_gpu_kv_memory(device: Device, settings: EngineSettings, geometry: ModelGeometry,
@@ -100,7 +116,7 @@ def _kernel_format_bytes(geometry: ModelGeometry, settings: EngineSettings, devi
             moved = min(1.0, settings.cpu_offload_gb * GiB * ranks / layers) if layers > 0 else 1.0
             absorbed = int(absorbed * (1.0 - moved))
         return absorbed
-    if method != "mxfp4":
+    if method != "mxfp4" or marlin_asked(settings.moe_backend):   # Marlin's padding is in the weights
         return 0
     return mxfp4_triton_hopper_bytes(count, settings.tensor_parallel_size, device.compute_capability, parts)
 
@@ -128,7 +144,7 @@ def _weights_from_geometry(geometry: ModelGeometry, model_bytes: int, settings: 
         count = replace(count, embedding_params=count.embedding_params - head)
     return gpu_weights_bytes(count, geometry.quantization, model_bytes,
                              settings.quantization, settings.model, settings.tensor_parallel_size,
-                             device.compute_capability)
+                             device.compute_capability, settings.moe_backend)
 
 
 def kv_memory(device: Device, settings: EngineSettings, geometry: ModelGeometry, memory: MemoryInputs,

@@ -412,15 +412,22 @@ def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
-def mxfp4_expert_padding(count: WeightCount, tensor_parallel: int, capability: tuple[int, int] | None) -> int:
+def mxfp4_expert_padding(count: WeightCount, tensor_parallel: int, capability: tuple[int, int] | None,
+                         marlin_asked: bool = False) -> int:
     """Parameters MXFP4 MoE layers add by padding their experts for the kernel: the Marlin backend
-    (every CUDA card below compute capability 9.0) rounds each rank's expert intermediate size up to
-    128 and the hidden size to 256 (vLLM 0.10.2 quantization/mxfp4.py; 0.19.1
-    fused_moe/oracle/mxfp4.py mxfp4_round_up_hidden_size_and_intermediate_size). The newer cards'
-    backends pad by 64 or to sizes gpt-oss already has; they are not counted."""
-    if not count.expert_matrices or capability is None or capability >= (9, 0):
+    (every CUDA card below compute capability 9.0, or any card where `--moe-backend marlin` asks for it)
+    rounds each rank's expert intermediate size up to 128 and the hidden size to 256 (vLLM 0.10.2
+    quantization/mxfp4.py; 0.19.1 fused_moe/oracle/mxfp4.py mxfp4_round_up_hidden_size_and_intermediate_size;
+    0.31.0 the same function, :752-757, and `moe_backend='marlin'` mapped to it at :320). The newer cards'
+    default backends are not counted."""
+    if not count.expert_matrices or capability is None or (capability >= (9, 0) and not marlin_asked):
         return 0
     return _marlin_padding_params(count, tensor_parallel)
+
+
+def marlin_asked(moe_backend: str | None) -> bool:
+    """`--moe-backend marlin` (0.19+, engine/arg_utils.py `--moe-backend`): the MoE layers run Marlin."""
+    return (moe_backend or "").strip().lower() == "marlin"
 
 
 def _marlin_padding_params(count: WeightCount, tensor_parallel: int) -> int:
@@ -501,14 +508,15 @@ def mla_absorbed_bytes(count: WeightCount, tensor_parallel: int, model_dtype_byt
 
 def gpu_weights_bytes(count: WeightCount, quantization: Mapping[str, Any] | None, dtype_bytes: int,
                       engine_quantization: str | None = None, model: str = "", tensor_parallel: int = 1,
-                      capability: tuple[int, int] | None = None) -> int:
+                      capability: tuple[int, int] | None = None, moe_backend: str | None = None) -> int:
     """The weights' bytes on the GPUs (all ranks together) as the engine loads them: the
     checkpoint's quantization_config, else what `--quantization` asks of the engine (online FP8,
     bitsandbytes; a GGUF file in its type), else the model dtype; MXFP4 experts with the padding
-    their kernel needs on this card. The vision tower stays in the model dtype."""
+    their kernel needs on this card, or the Marlin kernel's where `--moe-backend marlin` asks for it.
+    The vision tower stays in the model dtype."""
     method = (engine_quantization or "").strip().lower()
     if quantization and str(quantization.get("quant_method", "")).lower() == "mxfp4":
-        padding = mxfp4_expert_padding(count, tensor_parallel, capability)
+        padding = mxfp4_expert_padding(count, tensor_parallel, capability, marlin_asked(moe_backend))
         return int(bytes_of(count, quantization, dtype_bytes) + padding * linear_bytes_per_param(quantization, dtype_bytes)
                    + count.vision_params * dtype_bytes)
     vision = count.vision_params * dtype_bytes

@@ -1,0 +1,72 @@
+"""Which quantized MoE checkpoints run a fused-MoE kernel that keeps the modular kernel's workspaces
+through the profile (pure data, read from vLLM's code).
+
+The modular kernel takes its workspaces from the global workspace manager, which keeps them allocated
+(vLLM 0.27.0, model_executor/layers/fused_moe/modular_kernel.py:1167 get_simultaneous; 0.19.0 :1063): the
+profile then ends with them held, and the budget charges them (gpu_budget.moe_workspace_bytes). Unquantized
+experts run it from 0.14 (gpu_budget.MOE_WORKSPACE_SINCE); of the quantized ones:
+
+- **Block FP8** (128x128 weight blocks, dynamic per-token-group activations), vLLM's own CUTLASS kernel left
+  out (quantization/fp8.py:521 allow_vllm_cutlass=False), picks from a priority list (0.27.0
+  fused_moe/oracle/fp8.py:69-122 `_get_priority_backends`, :271-404 `select_fp8_moe_backend`; the same in
+  0.19.0 and 0.33.0): on Hopper without expert parallelism the Triton experts go first (:112-122); on SM 12.x
+  FlashInfer's TRT-LLM kernels need the SM100 family, its CUTLASS kernels take block FP8 only on SM 9.0
+  (experts/flashinfer_cutlass_moe.py:149-184) and DeepGEMM only Hopper and Blackwell (utils/deep_gemm.py:94-99),
+  so the Triton experts run. Their workspaces are the unquantized experts' shapes.
+- **GPTQ/AWQ 4- and 8-bit** (WNA16) run the modular kernel from 0.20 (0.20.0 quantization/gptq_marlin.py:762
+  make_wna16_moe_kernel; 0.19.0 :905 still called fused_marlin_moe, whose caches are freed), Marlin first on
+  every card but the SM100 family, where FlashInfer's TRT-LLM kernel comes first (0.27.0
+  fused_moe/oracle/int_wna16.py:108-124).
+- **MXFP4 on Marlin**, the default below SM 9.0 or asked for with `--moe-backend marlin`, from 0.19
+  (0.19.0 quantization/mxfp4.py:319 make_mxfp4_moe_kernel).
+MarlinExperts' workspaces are (M x top-k, max(I, K)) and M x top-k x max(2I, K) for the rank's expert width I
+(0.31.0 fused_moe/experts/marlin_moe.py:648-716, N = marlin_moe_intermediate_size): the Triton shapes again.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+BLOCK_FP8_TRITON_SINCE = (0, 19, 0)   # read in 0.19.0, 0.27.0, 0.28.0, 0.31.0 and 0.33.0
+WNA16_MODULAR_SINCE = (0, 20, 0)
+MXFP4_MODULAR_SINCE = (0, 19, 0)
+_WNA16 = ("gptq", "awq", "gptq_marlin", "awq_marlin")
+
+
+def _method(quantization: Mapping[str, Any] | None) -> str:
+    return str((quantization or {}).get("quant_method", "")).lower()
+
+
+def block_fp8(quantization: Mapping[str, Any] | None) -> bool:
+    """config.json's quantization_config is FP8 with weight blocks (DeepSeek-V3/Qwen3-FP8 style)."""
+    return _method(quantization) == "fp8" and bool((quantization or {}).get("weight_block_size"))
+
+
+def triton_block_fp8_experts(quantization: Mapping[str, Any] | None, capability: tuple[int, int] | None,
+                             expert_parallel: bool, version: tuple[int, int, int]) -> bool:
+    """A block-FP8 MoE checkpoint runs vLLM's Triton experts, with their kept workspaces."""
+    if not block_fp8(quantization) or capability is None or version < BLOCK_FP8_TRITON_SINCE:
+        return False
+    return (capability == (9, 0) and not expert_parallel) or capability[0] == 12
+
+
+def marlin_experts(quantization: Mapping[str, Any] | None, capability: tuple[int, int] | None,
+                   version: tuple[int, int, int], moe_backend: str | None = None) -> bool:
+    """A GPTQ/AWQ or MXFP4 MoE checkpoint runs MarlinExperts through the modular kernel."""
+    if capability is None:
+        return False
+    method = _method(quantization)
+    if method in _WNA16:
+        return version >= WNA16_MODULAR_SINCE and capability[0] != 10
+    if method == "mxfp4":
+        asked = (moe_backend or "").strip().lower() == "marlin"
+        return version >= MXFP4_MODULAR_SINCE and (capability < (9, 0) or asked)
+    return False
+
+
+def quantized_experts_keep_workspace(quantization: Mapping[str, Any] | None, capability: tuple[int, int] | None,
+                                     expert_parallel: bool, version: tuple[int, int, int],
+                                     moe_backend: str | None = None) -> bool:
+    """The checkpoint's quantized experts keep the modular kernel's workspaces (Triton block FP8, Marlin)."""
+    return triton_block_fp8_experts(quantization, capability, expert_parallel, version) \
+        or marlin_experts(quantization, capability, version, moe_backend)
