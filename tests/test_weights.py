@@ -12,6 +12,7 @@ from kvwatch.planner.weights import (
     linear_bytes_per_param,
     mla_absorbed_bytes,
     mxfp4_expert_padding,
+    mxfp4_expert_tiles,
     mxfp4_triton_hopper_bytes,
     vision_tower_params,
     weights_bytes,
@@ -137,6 +138,30 @@ def test_mxfp4_experts_carry_the_marlin_padding_below_hopper() -> None:
     a100 = gpu_weights_bytes(count, mxfp4, 2, tensor_parallel=1, capability=(8, 0))
     h100 = gpu_weights_bytes(count, mxfp4, 2, tensor_parallel=1, capability=(9, 0))
     assert a100 - h100 == int(mxfp4_expert_padding(count, 1, (8, 0)) * (0.5 + 1 / 32))
+
+
+@pytest.mark.parametrize("capability,version,asked,tiles", [
+    ((8, 0), (0, 10, 2), False, (128, 256)),     # Marlin below Hopper
+    ((8, 9), (0, 31, 0), False, (128, 256)),
+    ((9, 0), (0, 31, 0), False, None),           # Hopper: the Triton kernel (mxfp4_triton_hopper_bytes)
+    ((9, 0), (0, 31, 0), True, (128, 256)),      # --moe-backend marlin
+    ((10, 0), (0, 13, 0), False, (256, 256)),    # B200: FlashInfer TRT-LLM, 0.13's tiles
+    ((10, 0), (0, 19, 0), False, (128, 256)),    # the oracle's from 0.19
+    ((10, 3), (0, 33, 0), False, (128, 256)),    # B300: the SM100 family
+    ((12, 0), (0, 31, 0), False, None),          # RTX 5090 / PRO 6000: not SM100
+    (None, (0, 31, 0), False, None),
+])
+def test_mxfp4_experts_take_the_kernels_tiles(capability, version, asked, tiles) -> None:
+    assert mxfp4_expert_tiles(capability, version, asked) == tiles
+
+
+def test_trtllm_tiles_pad_gpt_oss_120b_at_tp8() -> None:
+    """On a B200 at TP 8 each rank's 360-wide experts become 512 wide under 0.13's tiles, 384 from 0.19."""
+    count = count_weights({**GPT_OSS_20B, "num_hidden_layers": 36, "num_local_experts": 128})
+    assert count is not None
+    experts = 36 * 128
+    assert mxfp4_expert_padding(count, 8, (10, 0), version=(0, 13, 0)) == experts * 3 * (3072 * 512 * 8 - 2880 * 2880)
+    assert mxfp4_expert_padding(count, 8, (10, 0), version=(0, 19, 0)) == experts * 3 * (3072 * 384 * 8 - 2880 * 2880)
 
 
 def test_moe_backend_marlin_pads_mxfp4_experts_on_any_card() -> None:

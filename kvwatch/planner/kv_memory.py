@@ -144,7 +144,7 @@ def _weights_from_geometry(geometry: ModelGeometry, model_bytes: int, settings: 
         count = replace(count, embedding_params=count.embedding_params - head)
     return gpu_weights_bytes(count, geometry.quantization, model_bytes,
                              settings.quantization, settings.model, settings.tensor_parallel_size,
-                             device.compute_capability, settings.moe_backend)
+                             device.compute_capability, settings.moe_backend, version.parts)
 
 
 def kv_memory(device: Device, settings: EngineSettings, geometry: ModelGeometry, memory: MemoryInputs,

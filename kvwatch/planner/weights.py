@@ -38,6 +38,7 @@ from kvwatch.planner.mamba_mixer_weights import (
 from kvwatch.planner.nemotron_h_weights import NemotronHParams, nemotron_h_params
 from kvwatch.planner.step3_text_weights import step3_attention, step3_moe_layers, step3_shared_width
 from kvwatch.values.config_values import positive_int as _int
+from kvwatch.vllm_releases import DEFAULT_RELEASE
 from kvwatch.vllm_releases.mllama_profile import MllamaVision, mllama_vision
 from kvwatch.vllm_releases.mlp_shapes import non_gated_mlp
 from kvwatch.vllm_releases.rope_cache import MROPE_MODEL_TYPES, deepstack_levels, rope_cache_elements
@@ -412,17 +413,41 @@ def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
+# MXFP4 experts padded to the kernel's tiles (intermediate size per rank, hidden size): Marlin (every CUDA card
+# below compute capability 9.0, or any card where `--moe-backend marlin` asks for it) rounds to 128 / 256 (vLLM
+# 0.10.2 quantization/mxfp4.py; 0.19.1 fused_moe/oracle/mxfp4.py mxfp4_round_up_hidden_size_and_intermediate_size;
+# 0.31.0 the same function, :752-757, and `moe_backend='marlin'` mapped to it at :320). FlashInfer's TRT-LLM
+# kernels, the default on the SM100 family where FlashInfer is installed (0.13.0 quantization/mxfp4.py:106-140;
+# from 0.19 first in the oracle's list for gpt-oss, 0.31.0 oracle/mxfp4.py:342-360, SM100 only
+# experts/trtllm_mxfp4_moe.py:121-123), round to 256 / 256 in 0.13.0 (quantization/mxfp4.py:302-312, the
+# releases between read as 0.13) and to 128 / 256 from 0.19.0 (oracle/mxfp4.py:386-388; 0.31.0 :758-760).
+MARLIN_TILES = (128, 256)
+TRTLLM_TILES_BEFORE_0_19 = (256, 256)
+TRTLLM_TILES = (128, 256)
+TRTLLM_ORACLE_SINCE = (0, 19, 0)
+
+
+def mxfp4_expert_tiles(capability: tuple[int, int] | None, version: tuple[int, int, int],
+                       marlin_asked: bool = False) -> tuple[int, int] | None:
+    """The (intermediate, hidden) rounding of the MXFP4 MoE kernel the release runs on this card; None
+    where its default kernel keeps gpt-oss's sizes (or pads them by 64, not counted)."""
+    if capability is None:
+        return None
+    if capability < (9, 0) or marlin_asked:
+        return MARLIN_TILES
+    if capability[0] == 10:
+        return TRTLLM_TILES if version >= TRTLLM_ORACLE_SINCE else TRTLLM_TILES_BEFORE_0_19
+    return None
+
+
 def mxfp4_expert_padding(count: WeightCount, tensor_parallel: int, capability: tuple[int, int] | None,
-                         marlin_asked: bool = False) -> int:
-    """Parameters MXFP4 MoE layers add by padding their experts for the kernel: the Marlin backend
-    (every CUDA card below compute capability 9.0, or any card where `--moe-backend marlin` asks for it)
-    rounds each rank's expert intermediate size up to 128 and the hidden size to 256 (vLLM 0.10.2
-    quantization/mxfp4.py; 0.19.1 fused_moe/oracle/mxfp4.py mxfp4_round_up_hidden_size_and_intermediate_size;
-    0.31.0 the same function, :752-757, and `moe_backend='marlin'` mapped to it at :320). The newer cards'
-    default backends are not counted."""
-    if not count.expert_matrices or capability is None or (capability >= (9, 0) and not marlin_asked):
+                         marlin_asked: bool = False, version: tuple[int, int, int] | None = None) -> int:
+    """Parameters (all ranks) MXFP4 MoE layers add by padding each rank's experts to the kernel's tiles
+    (mxfp4_expert_tiles; `version`: the release's parts, None for kvwatch's default release)."""
+    tiles = mxfp4_expert_tiles(capability, version or DEFAULT_RELEASE.parts, marlin_asked)
+    if not count.expert_matrices or tiles is None:
         return 0
-    return _marlin_padding_params(count, tensor_parallel)
+    return _padding_params(count, tensor_parallel, tiles)
 
 
 def marlin_asked(moe_backend: str | None) -> bool:
@@ -430,10 +455,10 @@ def marlin_asked(moe_backend: str | None) -> bool:
     return (moe_backend or "").strip().lower() == "marlin"
 
 
-def _marlin_padding_params(count: WeightCount, tensor_parallel: int) -> int:
+def _padding_params(count: WeightCount, tensor_parallel: int, tiles: tuple[int, int] = MARLIN_TILES) -> int:
     tp = max(1, tensor_parallel)
-    width = _round_up(-(-count.moe_width // tp), 128) * tp
-    hidden = _round_up(count.hidden_size, 256)
+    width = _round_up(-(-count.moe_width // tp), tiles[0]) * tp
+    hidden = _round_up(count.hidden_size, tiles[1])
     return count.expert_matrices * 3 * (hidden * width - count.hidden_size * count.moe_width)
 
 
@@ -469,7 +494,7 @@ def mxfp4_triton_hopper_bytes(count: WeightCount, tensor_parallel: int, capabili
     if version < MXFP4_TRITON_SINCE:
         # no triton_kernels in the release: Hopper falls back to Marlin and its padding (vLLM 0.10.2,
         # vllm/model_executor/layers/quantization/mxfp4.py:88-94 and :184-195; 0.11.0 the same)
-        return int(_marlin_padding_params(count, tensor_parallel) * _MXFP4_BYTES_PER_PARAM)
+        return int(_padding_params(count, tensor_parallel) * _MXFP4_BYTES_PER_PARAM)
     tp = max(1, tensor_parallel)
     hidden, width = count.hidden_size, -(-count.moe_width // tp)
     padded = _round_up(width, 64)
@@ -508,7 +533,8 @@ def mla_absorbed_bytes(count: WeightCount, tensor_parallel: int, model_dtype_byt
 
 def gpu_weights_bytes(count: WeightCount, quantization: Mapping[str, Any] | None, dtype_bytes: int,
                       engine_quantization: str | None = None, model: str = "", tensor_parallel: int = 1,
-                      capability: tuple[int, int] | None = None, moe_backend: str | None = None) -> int:
+                      capability: tuple[int, int] | None = None, moe_backend: str | None = None,
+                      version: tuple[int, int, int] | None = None) -> int:
     """The weights' bytes on the GPUs (all ranks together) as the engine loads them: the
     checkpoint's quantization_config, else what `--quantization` asks of the engine (online FP8,
     bitsandbytes; a GGUF file in its type), else the model dtype; MXFP4 experts with the padding
@@ -516,7 +542,7 @@ def gpu_weights_bytes(count: WeightCount, quantization: Mapping[str, Any] | None
     The vision tower stays in the model dtype."""
     method = (engine_quantization or "").strip().lower()
     if quantization and str(quantization.get("quant_method", "")).lower() == "mxfp4":
-        padding = mxfp4_expert_padding(count, tensor_parallel, capability, marlin_asked(moe_backend))
+        padding = mxfp4_expert_padding(count, tensor_parallel, capability, marlin_asked(moe_backend), version)
         return int(bytes_of(count, quantization, dtype_bytes) + padding * linear_bytes_per_param(quantization, dtype_bytes)
                    + count.vision_params * dtype_bytes)
     vision = count.vision_params * dtype_bytes
