@@ -502,6 +502,7 @@ def test_a_unified_memory_card_gets_the_small_scheduler_defaults() -> None:
     ("NVIDIA H100 80GB HBM3", (9, 0), 4, "0.10.0", NVLINK_TP_WIDE_BYTES),   # four or more
     ("NVIDIA A100-SXM4-40GB", (8, 0), 8, "0.7.1", NVLINK_TP_WIDE_BYTES),    # SXM in the NVML name
     ("NVIDIA B200", (10, 0), 8, "0.13.0", NVLINK_TP_WIDE_BYTES),
+    ("NVIDIA H100 80GB HBM3", (9, 0), 2, "0.30.0", NON_TORCH_ONE_GPU_BYTES + NON_TORCH_TP_EXTRA_BYTES),   # from 0.30
     # PCIe: the one-GPU figure and NCCL's few channels
     ("NVIDIA A100 80GB PCIe", (8, 0), 2, "0.19.0", NON_TORCH_ONE_GPU_BYTES + NON_TORCH_TP_EXTRA_BYTES),
     ("NVIDIA H100 PCIe", (9, 0), 2, "0.19.0", NON_TORCH_ONE_GPU_BYTES + NON_TORCH_TP_EXTRA_BYTES),
