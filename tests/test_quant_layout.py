@@ -255,7 +255,37 @@ def test_an_unquantized_checkpoint_is_counted_in_its_dtype() -> None:
     count = count_weights(LLAMA)
     assert count is not None
     assert bytes_of(count, None, 2) == (count.linear_params + count.embedding_params) * 2
-    assert not quant_layout.handled({"quant_method": "bitsandbytes"})
+    assert not quant_layout.handled({"quant_method": "gguf"})
+
+
+UNSLOTH_SKIPS = ["lm_head", "multi_modal_projector", "merger", "modality_projection", "model.layers.0.self_attn",
+                 "model.layers.0.mlp", "model.layers.2.mlp", "model.layers.3.mlp", "model.layers.21.mlp",
+                 "model.layers.0.self_attn.q_proj"]
+
+
+@pytest.mark.parametrize("name,skipped", [
+    ("model.layers.0.self_attn.q_proj", True),      # the block named whole
+    ("model.layers.0.self_attn.o_proj", True),
+    ("model.layers.2.mlp.gate_proj", True),
+    ("model.layers.1.mlp.down_proj", False),
+    ("model.layers.21.mlp.up_proj", True),
+    ("model.layers.1.self_attn.q_proj", False),
+    ("model.layers.5.self_attn.q_proj", False),
+])
+def test_bitsandbytes_skips_what_its_prefix_rule_skips(name: str, skipped: bool) -> None:
+    """vLLM's is_layer_skipped_bnb on the fused layer's prefix (bitsandbytes.py:172-186)."""
+    quantization = {"quant_method": "bitsandbytes", "load_in_4bit": True, "llm_int8_skip_modules": UNSLOTH_SKIPS}
+    assert quant_layout.module_rate(quantization, name, 2) == (2.0 if skipped else quant_layout.BNB_4BIT_RATE)
+
+
+def test_a_shard_named_alone_does_not_skip_its_fused_layer() -> None:
+    """`q_proj` alone never matches vLLM's `qkv_proj` prefix: the fused layer stays quantized."""
+    quantization = {"quant_method": "bitsandbytes", "load_in_4bit": True,
+                    "llm_int8_skip_modules": ["model.layers.5.self_attn.q_proj"]}
+    assert quant_layout.module_rate(quantization, "model.layers.5.self_attn.q_proj", 2) == quant_layout.BNB_4BIT_RATE
+    assert quant_layout.module_rate({**quantization, "llm_int8_skip_modules": ["lm_head"]},
+                                    "model.layers.0.self_attn.q_proj", 2) == quant_layout.BNB_4BIT_RATE
+    assert quant_layout.scheme_rate({"quant_method": "bitsandbytes", "load_in_8bit": True}, 2) == 1.0
 
 
 def test_a_hostile_layer_count_is_matched_on_a_bounded_scan() -> None:

@@ -22,6 +22,10 @@ Each scheme's bytes per weight are the tensors vLLM's `create_weights` allocates
   weights one byte (w8a8_fp8, w8a8_int8), a float32 scale per block for the "block" strategy; NVFP4
   (w4a4_nvfp4.py:50-80) two values a byte and an fp8 scale per 16; MXFP4/MXFP8 an 8-bit scale per 32.
 - `--quantization mxfp8` on an unquantized checkpoint (mxfp8.py:56-82, online): one byte and a scale per 32.
+- bitsandbytes: 8-bit one byte, 4-bit two values a byte and its block's absmax; the modules its
+  `llm_int8_skip_modules` names stay in the model dtype (bitsandbytes.py:172-186 is_layer_skipped_bnb: a name
+  equal to one of the layer prefix's components, or a leading run of its components; unsloth's dynamic 4-bit
+  checkpoints list whole attention and MLP blocks of a few layers).
 Per-tensor and per-channel scales (a few numbers per output row) are left out: under 0.1 % of a layer.
 Layers a scheme excludes (_SKIP_KEYS) stay in the model dtype. The module names tested against a scheme's lists are the
 Hugging Face ones a decoder's checkpoint holds (`model.layers.N.self_attn.q_proj`, `.mlp.experts.E.up_proj`,
@@ -34,6 +38,9 @@ import re
 from collections.abc import Mapping, Sequence
 from fnmatch import fnmatchcase
 from typing import Any
+
+# bitsandbytes 4-bit: two values a byte, and the block's absmax (kvwatch's earlier figure, kept)
+BNB_4BIT_RATE = 0.5 + 0.5 / 64
 
 # The parts of a decoder's linear layers a scheme may treat apart, by the names of one layer's modules.
 PART_MODULES: Mapping[str, tuple[str, ...]] = {
@@ -125,7 +132,10 @@ _SKIP_KEYS: Mapping[str, tuple[str, ...]] = {
     "compressed-tensors": ("ignore",), "modelopt": ("exclude_modules", "ignore"),
     "awq": ("modules_to_not_convert",), "awq_marlin": ("modules_to_not_convert",),
     "fp8": ("ignored_layers", "modules_to_not_convert"), "mxfp8": ("ignored_layers", "modules_to_not_convert"),
+    "bitsandbytes": ("llm_int8_skip_modules",),
 }
+# vLLM's fused linear layers, as bitsandbytes' prefix match sees them (a shard's own name never matches)
+_FUSED_PREFIX = ((r"\.(q|k|v)_proj$", ".qkv_proj"), (r"\.(gate|up)_proj$", ".gate_up_proj"))
 
 
 def _flat(quantization: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -145,6 +155,8 @@ def _skip_list(quantization: Mapping[str, Any]) -> list[str]:
 
 def _skipped(name: str, patterns: Sequence[str], method: str) -> bool:
     """Whether vLLM leaves this module unquantized under the method's exclusion list (_SKIP_KEYS)."""
+    if method == "bitsandbytes":
+        return _bnb_skipped(name, patterns)
     for pattern in patterns:
         if name == pattern:
             return True
@@ -157,6 +169,17 @@ def _skipped(name: str, patterns: Sequence[str], method: str) -> bool:
         elif method in ("awq", "awq_marlin") and pattern in name:
             return True
     return False
+
+
+def _bnb_skipped(name: str, patterns: Sequence[str]) -> bool:
+    """bitsandbytes' rule on vLLM's prefix of the module (vLLM 0.19.0
+    model_executor/layers/quantization/bitsandbytes.py:172-186): a pattern equal to a component, or to a
+    leading run of the components."""
+    for fused, into in _FUSED_PREFIX:
+        name = re.sub(fused, into, name)
+    components = name.split(".")
+    leading = {".".join(components[:i + 1]) for i in range(len(components))}
+    return any(p in components or p in leading for p in patterns)
 
 
 def _targets_match(targets: Any, name: str) -> bool:
@@ -186,6 +209,8 @@ def _uniform_rate(quantization: Mapping[str, Any], dtype_bytes: int) -> float | 
         return 1 + _block_scale(quantization.get("weight_block_size"))
     if method == "mxfp8":
         return 1 + 1 / _MX_BLOCK
+    if method == "bitsandbytes":
+        return 1.0 if quantization.get("load_in_8bit") else BNB_4BIT_RATE
     if method == "modelopt" and str(quantization.get("quant_algo", "")).upper() != "MIXED_PRECISION":
         return modelopt_rate(str(quantization.get("quant_algo", "")), dtype_bytes, group)
     return None
@@ -278,7 +303,7 @@ def handled(quantization: Mapping[str, Any]) -> bool:
     return str(quantization.get("quant_method", "")).lower() in _HANDLED
 
 
-_HANDLED = ("awq", "awq_marlin", "gptq", "gptq_marlin", "fp8", "mxfp8", "modelopt", "compressed-tensors")
+_HANDLED = ("awq", "awq_marlin", "gptq", "gptq_marlin", "fp8", "mxfp8", "modelopt", "compressed-tensors", "bitsandbytes")
 
 
 def scheme_rate(quantization: Mapping[str, Any], dtype_bytes: int) -> float:

@@ -360,8 +360,6 @@ def linear_bytes_per_param(quantization: Mapping[str, Any] | None, dtype_bytes: 
         return quant_layout.scheme_rate(quantization, dtype_bytes)
     method = str(quantization.get("quant_method", "")).lower()
     bits = quantization.get("bits") or quantization.get("w_bit")
-    if method == "bitsandbytes":
-        return 1.0 if quantization.get("load_in_8bit") else 0.5 + 0.5 / 64
     # compressed-tensors and ModelOpt are quant_layout's (handled above): what is left is bits and group scales
     group = quantization.get("group_size") or quantization.get("q_group_size") or 128
     if isinstance(bits, int) and not isinstance(bits, bool) and 0 < bits <= 16:
