@@ -168,7 +168,7 @@ class EngineSettings:
     enable_expert_parallel: bool = False     # --enable-expert-parallel: each rank holds whole experts
     gpu_memory_utilization_given: bool = False   # False: the value above is a default (the version's decides)
     quantization: str | None = None          # --quantization: what the engine does to the weights (fp8, gguf, ...)
-    moe_backend: str | None = None           # --moe-backend (0.19+): the MoE kernel asked for (None: vLLM's "auto")
+    moe_backend: str | None = None           # --moe-backend (0.17+): the MoE kernel asked for (None: vLLM's "auto")
     cpu_offload_gb: float = 0.0              # --cpu-offload-gb: GiB of weights per GPU kept in host memory
     gdn_prefill_backend: str | None = None   # --gdn-prefill-backend (None: vLLM's "auto")
     mamba_cache_mode: str | None = None      # --mamba-cache-mode (None: the release's default)

@@ -449,7 +449,7 @@ def mxfp4_expert_padding(count: WeightCount, tensor_parallel: int, capability: t
 
 
 def marlin_asked(moe_backend: str | None) -> bool:
-    """`--moe-backend marlin` (0.19+, engine/arg_utils.py `--moe-backend`): the MoE layers run Marlin."""
+    """`--moe-backend marlin` (a flag from 0.17: vllm_releases/generated/flags.py): the MoE layers run Marlin."""
     return (moe_backend or "").strip().lower() == "marlin"
 
 
