@@ -24,13 +24,14 @@ NON_TORCH_TP_EXTRA_BYTES = int(0.0625 * GiB)  # tensor parallel over PCIe: NCCL'
 # From 0.19: 2.06-2.21 GiB per rank on the thirteen fit runs that log it at TP 2-4 (0.19.0 H100 runs of the
 # llm-d sweep, 0.25 GiB at TP 1 there). Before 0.19: 0.54-0.55 GiB at TP 2 (two 0.11.0 H100 fit runs), and at
 # TP 4-8 what a fit run leaves unexplained with the PCIe figure, 2.2 GiB on four H100 (vllm#21348), taken as
-# NVLINK_TP_WIDE_BYTES (eight B200 at 0.13 plan within 1.1 % with it or without it once the TRT-LLM padding of
-# their MXFP4 experts is counted, planner/weights.py). Over PCIe, or where NCCL finds no peer-to-peer path, the fit runs
-# log 0.2 GiB or less at TP 2-8 (L40S at 0.10.2 and 0.16.0, RTX 2080 Ti at 0.8.5, A100 without P2P at 0.10.1)
-# and a 0.27.1 TP-2 run on PCIe RTX PRO 6000 cards leaves no room for more: the one-GPU figure and a little.
-# From 0.30 NVLink peers log what PCIe cards do: five TP-2 starts on two H100 SXM joined by NV18 (0.30.0, torch's
-# NCCL 2.29) plan within 1 % of their TP-1 companions' error with the one-GPU figure and 2.4-3.0 GiB short with 2 GiB.
-# The releases between 0.19 and 0.30 have no NVLink log here and keep 0.19's figure.
+# NVLINK_TP_WIDE_BYTES (eight B200 at 0.13 plan within 1.1 % with it or without it once the TRT-LLM padding
+# of their MXFP4 experts is counted, planner/weights.py). Over PCIe, or where NCCL finds no peer-to-peer path,
+# the fit runs log 0.2 GiB or less at TP 2-8 (L40S at 0.10.2 and 0.16.0, RTX 2080 Ti at 0.8.5, A100 without
+# P2P at 0.10.1) and a 0.27.1 TP-2 run on PCIe RTX PRO 6000 cards leaves no room for more: the one-GPU figure
+# and a little. From 0.30 NVLink peers log what PCIe cards do: five TP-2 starts on two H100 SXM joined by NV18
+# (0.30.0, torch's NCCL 2.29) plan -1.2 to -2.2 % with the one-GPU figure, as their TP-1 companions on the box
+# do (-1.8 to +1.2 %), and 2.4-3.0 GiB short with 2 GiB. The releases between 0.19 and 0.30 have no NVLink
+# log here and keep 0.19's figure.
 NON_TORCH_TP_BYTES = int(2.0 * GiB)
 NON_TORCH_TP_SINCE = (0, 19, 0)
 NVLINK_SMALL_SINCE = (0, 30, 0)
