@@ -47,7 +47,6 @@ from kvwatch.planner.non_torch import (
     NON_TORCH_TP_BYTES,
     NON_TORCH_TP_EXTRA_BYTES,
     NVLINK_TP2_BYTES,
-    NVLINK_TP_WIDE_BYTES,
     non_torch_bytes,
 )
 from kvwatch.planner.weights import WeightCount, count_weights, weights_bytes
@@ -509,9 +508,9 @@ def test_a_unified_memory_card_gets_the_small_scheduler_defaults() -> None:
     ("NVIDIA H100 80GB HBM3", (9, 0), 1, "0.19.0", NON_TORCH_ONE_GPU_BYTES),
     ("NVIDIA H100 80GB HBM3", (9, 0), 2, "0.19.0", NON_TORCH_TP_BYTES),     # NCCL over NVLink, measured
     ("NVIDIA H100 80GB HBM3", (9, 0), 2, "0.11.0", NVLINK_TP2_BYTES),       # before 0.19, two NVLink peers
-    ("NVIDIA H100 80GB HBM3", (9, 0), 4, "0.10.0", NVLINK_TP_WIDE_BYTES),   # four or more
-    ("NVIDIA A100-SXM4-40GB", (8, 0), 8, "0.7.1", NVLINK_TP_WIDE_BYTES),    # SXM in the NVML name
-    ("NVIDIA B200", (10, 0), 8, "0.13.0", NVLINK_TP_WIDE_BYTES),
+    ("NVIDIA H100 80GB HBM3", (9, 0), 4, "0.10.0", NON_TORCH_TP_BYTES),     # four or more
+    ("NVIDIA A100-SXM4-40GB", (8, 0), 8, "0.7.1", NON_TORCH_TP_BYTES),    # SXM in the NVML name
+    ("NVIDIA B200", (10, 0), 8, "0.13.0", NON_TORCH_TP_BYTES),
     ("NVIDIA H100 80GB HBM3", (9, 0), 2, "0.30.0", NON_TORCH_ONE_GPU_BYTES + NON_TORCH_TP_EXTRA_BYTES),   # from 0.30
     # PCIe: the one-GPU figure and NCCL's few channels
     ("NVIDIA A100 80GB PCIe", (8, 0), 2, "0.19.0", NON_TORCH_ONE_GPU_BYTES + NON_TORCH_TP_EXTRA_BYTES),
@@ -554,7 +553,7 @@ def test_the_moe_workspaces_count_from_014_and_not_for_quantized_experts() -> No
 
     def activation(version: str, quantized: bool = False) -> int:
         return estimate_budget(settings, h100, count, 0, 2, 8192, parse_version(version),
-                               quantized_experts=quantized).activation_peak_bytes
+                               experts_without_workspace=quantized).activation_peak_bytes
     workspace = moe_workspace_bytes(count, 8192, 2, 1)
     assert activation("0.19.0") - activation("0.19.0", quantized=True) == workspace
     assert activation("0.13.0", quantized=True) == activation("0.13.0")

@@ -4,7 +4,13 @@ from __future__ import annotations
 import pytest
 from gpu_log_corpus import all_runs, model_config
 
+from kvwatch.planner.devices import preset
+from kvwatch.planner.engine_args import EngineCommand
+from kvwatch.planner.geometry import geometry_from_config
+from kvwatch.planner.plan import MemoryInputs, make_plan
+from kvwatch.planner.rules import ruleset_for
 from kvwatch.planner.weights import (
+    bytes_of,
     count_model_weights,
     count_weights,
     gguf_bytes_per_param,
@@ -12,11 +18,12 @@ from kvwatch.planner.weights import (
     linear_bytes_per_param,
     mla_absorbed_bytes,
     mxfp4_expert_padding,
-    mxfp4_expert_tiles,
     mxfp4_triton_hopper_bytes,
     vision_tower_params,
     weights_bytes,
 )
+from kvwatch.values.versions import parse_version
+from kvwatch.vllm_releases.moe_kernels import mxfp4_expert_tiles
 
 GiB = 2**30
 LLAMA_3_1_8B = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
@@ -152,7 +159,7 @@ def test_mxfp4_experts_carry_the_marlin_padding_below_hopper() -> None:
     (None, (0, 31, 0), False, None),
 ])
 def test_mxfp4_experts_take_the_kernels_tiles(capability, version, asked, tiles) -> None:
-    assert mxfp4_expert_tiles(capability, version, asked) == tiles
+    assert mxfp4_expert_tiles(capability, version, "marlin" if asked else None) == tiles
 
 
 def test_trtllm_tiles_pad_gpt_oss_120b_at_tp8() -> None:
@@ -168,7 +175,7 @@ def test_moe_backend_marlin_pads_mxfp4_experts_on_any_card() -> None:
     """`--moe-backend marlin` runs Marlin on a card whose default is another kernel: its padding then."""
     count = count_weights(GPT_OSS_20B)
     assert count is not None
-    assert mxfp4_expert_padding(count, 1, (12, 0), marlin_asked=True) == mxfp4_expert_padding(count, 1, (8, 0))
+    assert mxfp4_expert_padding(count, 1, (12, 0), moe_backend="marlin") == mxfp4_expert_padding(count, 1, (8, 0))
     mxfp4 = {"quant_method": "mxfp4"}
     asked = gpu_weights_bytes(count, mxfp4, 2, tensor_parallel=1, capability=(12, 0), moe_backend="marlin")
     default = gpu_weights_bytes(count, mxfp4, 2, tensor_parallel=1, capability=(12, 0))
@@ -331,3 +338,29 @@ def test_llama4_counts_its_shared_expert_and_its_dense_layers_width() -> None:
                 "moe_layers": list(range(1, 48, 2))}
     count = count_weights(maverick)
     assert count is not None and 399e9 < count.linear_params + count.embedding_params < 402e9
+
+
+@pytest.mark.parametrize("card,moe_backend", [("a100-80g", None), ("b200", None), ("rtx-pro-6000", "marlin")])
+def test_weight_files_carry_the_mxfp4_padding_config_json_does(card: str, moe_backend: str | None) -> None:
+    """A plan from the checkpoint's files (their bytes, unpadded) and one from config.json's count give the
+    card's kernel the same padded experts: the padding is the kernel's, whichever way the weights were read."""
+    config = {**GPT_OSS_20B, "model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"],
+              "quantization_config": {"quant_method": "mxfp4"}, "torch_dtype": "bfloat16"}
+    count = count_weights(config)
+    assert count is not None
+    checkpoint = bytes_of(count, config["quantization_config"], 2)   # what the files hold: no padding
+    flags = ("--moe-backend", moe_backend) if moe_backend else ()
+    settings = EngineCommand.parse(["vllm", "serve", "/m", "--max-model-len", "8192", *flags]).settings()
+    version = parse_version("0.31.0")
+
+    def weights(memory: MemoryInputs) -> int:
+        plan = make_plan(geometry_from_config(config), settings, preset(card), ruleset_for("0.31.0"), memory)
+        assert plan.gpu_budget is not None
+        return plan.gpu_budget.weights_bytes
+
+    from_config = weights(MemoryInputs(vllm_version=version))
+    from_files = weights(MemoryInputs(vllm_version=version, weights_bytes=checkpoint))
+    padding = mxfp4_expert_padding(count, 1, preset(card).compute_capability, moe_backend, version.parts)
+    assert padding > 0
+    assert from_files == from_config
+    assert from_files - checkpoint >= int(padding * (0.5 + 1 / 32))

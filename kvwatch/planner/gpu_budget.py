@@ -351,14 +351,18 @@ def v0_vision_profile(count: WeightCount | None, seqs: int, tensor_parallel: int
             cross_states_bytes(count.mllama_vision, seqs, dtype_bytes))
 
 
+def expert_parallel(settings: EngineSettings) -> bool:
+    """The MoE layers run expert parallel (vLLM 0.32.0, vllm/model_executor/layers/fused_moe/config.py:1189-1236
+    FusedMoEParallelConfig.make: `use_ep` when dp x pcp x tp > 1 and --enable-expert-parallel)."""
+    ranks = max(1, settings.tensor_parallel_size) * max(1, settings.data_parallel_size)
+    return settings.enable_expert_parallel and ranks > 1
+
+
 def expert_width_shards(settings: EngineSettings) -> int:
     """How many ways an expert's width is split: over the tensor-parallel ranks, or not at all with
-    expert parallelism, where each rank owns whole experts (vLLM 0.32.0,
-    vllm/model_executor/layers/fused_moe/config.py:1189-1236 FusedMoEParallelConfig.make: `use_ep` when
-    dp x pcp x tp > 1 and --enable-expert-parallel, then tp_size=1). Data parallelism is not told apart:
-    its ranks flatten into the split and gather each other's tokens."""
-    tp = max(1, settings.tensor_parallel_size)
-    return 1 if settings.enable_expert_parallel and tp * max(1, settings.data_parallel_size) > 1 else tp
+    expert parallelism, where each rank owns whole experts (expert_parallel; then tp_size=1). Data
+    parallelism is not told apart: its ranks flatten into the split and gather each other's tokens."""
+    return 1 if expert_parallel(settings) else max(1, settings.tensor_parallel_size)
 
 
 def v1_encoder_pass_bytes(shape: EncoderShape | None, version: tuple[int, int, int], tokens: int, seqs: int,
@@ -483,7 +487,7 @@ def runner_state_bytes(count: WeightCount | None, seqs: int, version: VllmVersio
 def estimate_budget(settings: EngineSettings, device: Device, count: WeightCount | None, weights_per_rank: int,
                     dtype_bytes: int, max_model_len: int, version: VllmVersion | None,
                     env: Mapping[str, str] | None = None, flashinfer_installed: bool | None = None,
-                    quantized_experts: bool = False, mla: bool = False, replicated_linear_bytes: int = 0,
+                    experts_without_workspace: bool = False, mla: bool = False, replicated_linear_bytes: int = 0,
                     architectures: tuple[str, ...] = (), hybrid: bool = False, backend: str | None = None,
                     mla_heads_and_rank: tuple[int, int] = (0, 0), sentence_transformers: bool = False) -> GpuBudget:
     """The budget of one rank. `backend`: the attention backend the plan picks; `mla_heads_and_rank`:
@@ -510,7 +514,7 @@ def estimate_budget(settings: EngineSettings, device: Device, count: WeightCount
             shape, version.parts, tokens, seqs, dtype_bytes, runs_v2_runner(version.parts, architectures, bool(
                 count.experts_per_token), hybrid, (env or {}).get("VLLM_USE_V2_MODEL_RUNNER")))
         vision = (v1_encoder_pass_bytes(shape, version.parts, tokens, seqs, tp, dtype_bytes), 0)
-        if version.parts >= MOE_WORKSPACE_SINCE and not quantized_experts:
+        if version.parts >= MOE_WORKSPACE_SINCE and not experts_without_workspace:
             workspace = moe_workspace_bytes(count, tokens, dtype_bytes, expert_width_shards(settings))
     # one workspace buffer, grown to the largest request: TRITON_MLA's decode logits share the MoE's
     extra += max(workspace, mla_decode_workspace_bytes(backend, version, device, seqs, tp, max_model_len,

@@ -10,20 +10,20 @@ from kvwatch.planner.engine_args import EngineSettings
 from kvwatch.planner.extensible_kv import effective_utilization
 from kvwatch.planner.flag_change import NO_CHANGE, FlagChange
 from kvwatch.planner.geometry import ModelGeometry
-from kvwatch.planner.gpu_budget import GpuBudget, decoder_layer_bytes, estimate_budget
+from kvwatch.planner.gpu_budget import GpuBudget, decoder_layer_bytes, estimate_budget, expert_parallel
 from kvwatch.planner.pooling_run import NO_LM_HEAD_SINCE, lm_head_params, run_of
 from kvwatch.planner.predicted_refusal import NO_KV_CACHE_MEMORY, PredictedRefusal
 from kvwatch.planner.tower_skip import loaded_count
 from kvwatch.planner.weights import (
     gpu_weights_bytes,
-    marlin_asked,
     mla_absorbed_bytes,
+    mxfp4_padding_bytes,
     mxfp4_triton_hopper_bytes,
     replicated_linear_bytes,
 )
 from kvwatch.values.versions import VllmVersion
 from kvwatch.vllm_releases import DEFAULT_RELEASE
-from kvwatch.vllm_releases.moe_workspace_kernels import quantized_experts_keep_workspace
+from kvwatch.vllm_releases.moe_kernels import marlin_asked, quantized_experts_keep_workspace
 from kvwatch.vllm_releases.release_defaults import defaults_for
 
 
@@ -55,13 +55,13 @@ def _gpu_budget(device: Device, settings: EngineSettings, geometry: ModelGeometr
     unbuilt_tower = (geometry.weight_count.vision_params - loaded.vision_params) * model_bytes \
         if geometry.weight_count is not None and loaded is not None else 0
     geometry = replace(geometry, weight_count=loaded)
-    weights = _weights_from_files(geometry, settings, memory) - unbuilt_tower if memory.weights_bytes is not None \
+    weights = _weights_from_files(geometry, settings, memory, device, model_bytes) - unbuilt_tower if memory.weights_bytes is not None \
         else _weights_from_geometry(geometry, model_bytes, settings, device, memory)
     weights = (weights + _kernel_format_bytes(geometry, settings, device, memory.vllm_version, weights,
                                               model_bytes)) // ranks
     return estimate_budget(settings, device, geometry.weight_count, weights, model_bytes, max_model_len,
                            memory.vllm_version, dict(memory.vllm_env), memory.flashinfer_installed,
-                           quantized_experts=_experts_without_workspace(geometry, settings, device, memory),
+                           experts_without_workspace=_experts_without_workspace(geometry, settings, device, memory),
                            mla=geometry.attention == "mla",
                            replicated_linear_bytes=replicated_linear_bytes(geometry.weight_count, geometry.quantization,
                                                                            model_bytes, settings.quantization)
@@ -75,14 +75,13 @@ def _gpu_budget(device: Device, settings: EngineSettings, geometry: ModelGeometr
 def _experts_without_workspace(geometry: ModelGeometry, settings: EngineSettings, device: Device,
                                memory: MemoryInputs) -> bool:
     """Quantized experts whose kernel keeps no workspaces in the profile; block-FP8 experts on the Triton
-    kernel and Marlin's keep them (vllm_releases/moe_workspace_kernels.py)."""
+    kernel and Marlin's keep them (vllm_releases/moe_kernels.py)."""
     if geometry.quantization is None:
         # unquantized experts keep them; those the engine quantizes itself (--quantization): kernels not read
         return settings.quantization is not None
     if device.platform != "cuda":
         return True
-    use_ep = settings.enable_expert_parallel and settings.tensor_parallel_size * settings.data_parallel_size > 1
-    return not quantized_experts_keep_workspace(geometry.quantization, device.compute_capability, use_ep,
+    return not quantized_experts_keep_workspace(geometry.quantization, device.compute_capability, expert_parallel(settings),
                                                 (memory.vllm_version or DEFAULT_RELEASE).parts, settings.moe_backend)
 
 
@@ -121,12 +120,20 @@ def _kernel_format_bytes(geometry: ModelGeometry, settings: EngineSettings, devi
     return mxfp4_triton_hopper_bytes(count, settings.tensor_parallel_size, device.compute_capability, parts)
 
 
-def _weights_from_files(geometry: ModelGeometry, settings: EngineSettings, memory: MemoryInputs) -> int:
-    """The weight files' tensors, less the LM head a model converted to pooling never allocates."""
+def _weights_from_files(geometry: ModelGeometry, settings: EngineSettings, memory: MemoryInputs, device: Device,
+                        model_bytes: int) -> int:
+    """The weight files' tensors, less the LM head a model converted to pooling never allocates, plus the
+    padding an MXFP4 MoE kernel allocates them with (what config.json's count carries too)."""
     weights = memory.weights_bytes or 0
     version = memory.vllm_version or DEFAULT_RELEASE
     run = run_of(settings, geometry.architectures, version, memory.sentence_transformers_pooling)
-    return weights - memory.lm_head_file_bytes if run.converted and version.parts >= NO_LM_HEAD_SINCE else weights
+    if run.converted and version.parts >= NO_LM_HEAD_SINCE:
+        weights -= memory.lm_head_file_bytes
+    if geometry.weight_count is not None:
+        weights += mxfp4_padding_bytes(geometry.weight_count, geometry.quantization, model_bytes,
+                                       settings.tensor_parallel_size, device.compute_capability, settings.moe_backend,
+                                       version.parts)
+    return weights
 
 
 def _weights_from_geometry(geometry: ModelGeometry, model_bytes: int, settings: EngineSettings, device: Device,

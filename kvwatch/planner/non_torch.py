@@ -23,8 +23,8 @@ NON_TORCH_TP_EXTRA_BYTES = int(0.0625 * GiB)  # tensor parallel over PCIe: NCCL'
 # channels over NVLink than over PCIe, each with its own buffers, allocated at the profile's first collectives.
 # From 0.19: 2.06-2.21 GiB per rank on the thirteen fit runs that log it at TP 2-4 (0.19.0 H100 runs of the
 # llm-d sweep, 0.25 GiB at TP 1 there). Before 0.19: 0.54-0.55 GiB at TP 2 (two 0.11.0 H100 fit runs), and at
-# TP 4-8 what a fit run leaves unexplained with the PCIe figure, 2.2 GiB on four H100 (vllm#21348), taken as
-# NVLINK_TP_WIDE_BYTES (eight B200 at 0.13 plan within 1.1 % with it or without it once the TRT-LLM padding
+# TP 4-8 what a fit run leaves unexplained with the PCIe figure, 2.2 GiB on four H100 (vllm#21348): 0.19's
+# NON_TORCH_TP_BYTES again (eight B200 at 0.13 plan within 1.1 % with it or without it once the TRT-LLM padding
 # of their MXFP4 experts is counted, planner/weights.py). Over PCIe, or where NCCL finds no peer-to-peer path,
 # the fit runs log 0.2 GiB or less at TP 2-8 (L40S at 0.10.2 and 0.16.0, RTX 2080 Ti at 0.8.5, A100 without
 # P2P at 0.10.1) and a 0.27.1 TP-2 run on PCIe RTX PRO 6000 cards leaves no room for more: the one-GPU figure
@@ -36,7 +36,6 @@ NON_TORCH_TP_BYTES = int(2.0 * GiB)
 NON_TORCH_TP_SINCE = (0, 19, 0)
 NVLINK_SMALL_SINCE = (0, 30, 0)
 NVLINK_TP2_BYTES = int(0.54 * GiB)
-NVLINK_TP_WIDE_BYTES = int(2.0 * GiB)
 # Unified memory (Orin, Thor, GB10: compute capability 8.7, 11.0, 12.1, vLLM 0.13.0 vllm/utils/mem_utils.py:86;
 # from 0.27 torch's is_integrated, vLLM 0.27.1 vllm/utils/mem_utils.py:148): the host's allocations during the
 # profile count as non-torch memory, compiled or eager (planner/uma_host.py, measured).
@@ -54,11 +53,10 @@ def non_torch_bytes(device: Device, tensor_parallel: int, version: VllmVersion |
     one_gpu = NON_TORCH_ONE_GPU_BYTES if cuda and parts >= NON_TORCH_ONE_GPU_SINCE else NON_TORCH_BYTES
     if tensor_parallel <= 1:
         return one_gpu + host
-    if cuda and nvlink_board(device) and parts < NVLINK_SMALL_SINCE:
-        if parts >= NON_TORCH_TP_SINCE:
-            return NON_TORCH_TP_BYTES + host
-        return (NVLINK_TP2_BYTES if tensor_parallel == 2 else NVLINK_TP_WIDE_BYTES) + host
-    return one_gpu + NON_TORCH_TP_EXTRA_BYTES + host
+    if not (cuda and nvlink_board(device) and parts < NVLINK_SMALL_SINCE):
+        return one_gpu + NON_TORCH_TP_EXTRA_BYTES + host
+    two_peers_before_0_19 = tensor_parallel == 2 and parts < NON_TORCH_TP_SINCE
+    return (NVLINK_TP2_BYTES if two_peers_before_0_19 else NON_TORCH_TP_BYTES) + host
 
 
 def nvlink_board(device: Device) -> bool:

@@ -41,6 +41,7 @@ from kvwatch.values.config_values import positive_int as _int
 from kvwatch.vllm_releases import DEFAULT_RELEASE
 from kvwatch.vllm_releases.mllama_profile import MllamaVision, mllama_vision
 from kvwatch.vllm_releases.mlp_shapes import non_gated_mlp
+from kvwatch.vllm_releases.moe_kernels import MARLIN_TILES, mxfp4_expert_tiles
 from kvwatch.vllm_releases.rope_cache import MROPE_MODEL_TYPES, deepstack_levels, rope_cache_elements
 
 
@@ -411,46 +412,26 @@ def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
-# MXFP4 experts padded to the kernel's tiles (intermediate size per rank, hidden size): Marlin (every CUDA card
-# below compute capability 9.0, or any card where `--moe-backend marlin` asks for it) rounds to 128 / 256 (vLLM
-# 0.10.2 quantization/mxfp4.py; 0.19.1 fused_moe/oracle/mxfp4.py mxfp4_round_up_hidden_size_and_intermediate_size;
-# 0.31.0 the same function, :752-757, and `moe_backend='marlin'` mapped to it at :320). FlashInfer's TRT-LLM
-# kernels, the default on the SM100 family where FlashInfer is installed (0.13.0 quantization/mxfp4.py:106-140;
-# from 0.19 first in the oracle's list for gpt-oss, 0.31.0 oracle/mxfp4.py:342-360, SM100 only
-# experts/trtllm_mxfp4_moe.py:121-123), round to 256 / 256 in 0.13.0 (quantization/mxfp4.py:302-312, the
-# releases between read as 0.13) and to 128 / 256 from 0.19.0 (oracle/mxfp4.py:386-388; 0.31.0 :758-760).
-MARLIN_TILES = (128, 256)
-TRTLLM_TILES_BEFORE_0_19 = (256, 256)
-TRTLLM_TILES = (128, 256)
-TRTLLM_ORACLE_SINCE = (0, 19, 0)
-
-
-def mxfp4_expert_tiles(capability: tuple[int, int] | None, version: tuple[int, int, int],
-                       marlin_asked: bool = False) -> tuple[int, int] | None:
-    """The (intermediate, hidden) rounding of the MXFP4 MoE kernel the release runs on this card; None
-    where its default kernel keeps gpt-oss's sizes (or pads them by 64, not counted)."""
-    if capability is None:
-        return None
-    if capability < (9, 0) or marlin_asked:
-        return MARLIN_TILES
-    if capability[0] == 10:
-        return TRTLLM_TILES if version >= TRTLLM_ORACLE_SINCE else TRTLLM_TILES_BEFORE_0_19
-    return None
-
-
 def mxfp4_expert_padding(count: WeightCount, tensor_parallel: int, capability: tuple[int, int] | None,
-                         marlin_asked: bool = False, version: tuple[int, int, int] | None = None) -> int:
+                         moe_backend: str | None = None, version: tuple[int, int, int] | None = None) -> int:
     """Parameters (all ranks) MXFP4 MoE layers add by padding each rank's experts to the kernel's tiles
-    (mxfp4_expert_tiles; `version`: the release's parts, None for kvwatch's default release)."""
-    tiles = mxfp4_expert_tiles(capability, version or DEFAULT_RELEASE.parts, marlin_asked)
+    (vllm_releases/moe_kernels.py mxfp4_expert_tiles; `version`: the release's parts, None for kvwatch's
+    default release)."""
+    tiles = mxfp4_expert_tiles(capability, version or DEFAULT_RELEASE.parts, moe_backend)
     if not count.expert_matrices or tiles is None:
         return 0
     return _padding_params(count, tensor_parallel, tiles)
 
 
-def marlin_asked(moe_backend: str | None) -> bool:
-    """`--moe-backend marlin` (a flag from 0.17: vllm_releases/generated/flags.py): the MoE layers run Marlin."""
-    return (moe_backend or "").strip().lower() == "marlin"
+def mxfp4_padding_bytes(count: WeightCount, quantization: Mapping[str, Any] | None, dtype_bytes: int,
+                        tensor_parallel: int, capability: tuple[int, int] | None, moe_backend: str | None = None,
+                        version: tuple[int, int, int] | None = None) -> int:
+    """Bytes (all ranks) an MXFP4 checkpoint's experts gain as their kernel allocates them (0 for another
+    scheme): what the checkpoint's own count, or its files, lack."""
+    if not quantization or str(quantization.get("quant_method", "")).lower() != "mxfp4":
+        return 0
+    padding = mxfp4_expert_padding(count, tensor_parallel, capability, moe_backend, version)
+    return int(padding * linear_bytes_per_param(quantization, dtype_bytes))
 
 
 def _padding_params(count: WeightCount, tensor_parallel: int, tiles: tuple[int, int] = MARLIN_TILES) -> int:
@@ -540,9 +521,8 @@ def gpu_weights_bytes(count: WeightCount, quantization: Mapping[str, Any] | None
     The vision tower stays in the model dtype."""
     method = (engine_quantization or "").strip().lower()
     if quantization and str(quantization.get("quant_method", "")).lower() == "mxfp4":
-        padding = mxfp4_expert_padding(count, tensor_parallel, capability, marlin_asked(moe_backend), version)
-        return int(bytes_of(count, quantization, dtype_bytes) + padding * linear_bytes_per_param(quantization, dtype_bytes)
-                   + count.vision_params * dtype_bytes)
+        return bytes_of(count, quantization, dtype_bytes) + count.vision_params * dtype_bytes + mxfp4_padding_bytes(
+            count, quantization, dtype_bytes, tensor_parallel, capability, moe_backend, version)
     vision = count.vision_params * dtype_bytes
     if quantization and quantization.get("expert_dtype") == "fp4":   # DeepSeek-V4's MXFP4 experts (planner/deepseek_v4.py)
         experts = count.routed_expert_params

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvwatch.vllm_releases.moe_workspace_kernels import block_fp8, marlin_experts, triton_block_fp8_experts
+from kvwatch.vllm_releases.moe_kernels import block_fp8, marlin_experts, triton_block_fp8_experts
 
 BLOCK = {"quant_method": "fp8", "weight_block_size": [128, 128]}
 

@@ -1,5 +1,5 @@
-"""Which quantized MoE checkpoints run a fused-MoE kernel that keeps the modular kernel's workspaces
-through the profile (pure data, read from vLLM's code).
+"""Which fused-MoE kernel a quantized MoE checkpoint runs, and so what it adds to the profile: the modular
+kernel's workspaces it keeps, the tiles it pads MXFP4 experts to (pure data, read from vLLM's code).
 
 The modular kernel takes its workspaces from the global workspace manager, which keeps them allocated
 (vLLM 0.27.0, model_executor/layers/fused_moe/modular_kernel.py:1167 get_simultaneous; 0.19.0 :1063): the
@@ -21,6 +21,16 @@ experts run it from 0.14 (gpu_budget.MOE_WORKSPACE_SINCE); of the quantized ones
   (0.19.0 quantization/mxfp4.py:319 make_mxfp4_moe_kernel).
 MarlinExperts' workspaces are (M x top-k, max(I, K)) and M x top-k x max(2I, K) for the rank's expert width I
 (0.31.0 fused_moe/experts/marlin_moe.py:648-716, N = marlin_moe_intermediate_size): the Triton shapes again.
+
+MXFP4 experts are allocated padded to the kernel's tiles (intermediate size per rank, hidden size): Marlin
+rounds to 128 / 256 (0.10.2 quantization/mxfp4.py; 0.19.1 fused_moe/oracle/mxfp4.py
+mxfp4_round_up_hidden_size_and_intermediate_size; 0.31.0 the same function, :752-757, and `moe_backend='marlin'`
+mapped to it at :320). FlashInfer's TRT-LLM kernels, the default on the SM100 family where FlashInfer is
+installed (0.13.0 quantization/mxfp4.py:106-140; from 0.19 first in the oracle's list for gpt-oss, 0.31.0
+oracle/mxfp4.py:342-360, SM100 only experts/trtllm_mxfp4_moe.py:121-123), round to 256 / 256 in 0.13.0
+(quantization/mxfp4.py:302-312, the releases between read as 0.13) and to 128 / 256 from 0.19.0
+(oracle/mxfp4.py:386-388; 0.31.0 :758-760). Hopper's Triton kernel and its Marlin fallback before 0.12 are
+planner/weights.py's mxfp4_triton_hopper_bytes.
 """
 from __future__ import annotations
 
@@ -31,6 +41,33 @@ BLOCK_FP8_TRITON_SINCE = (0, 19, 0)   # read in 0.19.0, 0.27.0, 0.28.0, 0.31.0 a
 WNA16_MODULAR_SINCE = (0, 20, 0)
 MXFP4_MODULAR_SINCE = (0, 19, 0)
 _WNA16 = ("gptq", "awq", "gptq_marlin", "awq_marlin")
+MARLIN_TILES = (128, 256)
+TRTLLM_TILES_BEFORE_0_19 = (256, 256)
+TRTLLM_TILES = (128, 256)
+TRTLLM_ORACLE_SINCE = (0, 19, 0)
+
+
+def marlin_asked(moe_backend: str | None) -> bool:
+    """`--moe-backend marlin` (a flag from 0.17: vllm_releases/generated/flags.py): the MoE layers run Marlin."""
+    return (moe_backend or "").strip().lower() == "marlin"
+
+
+def mxfp4_marlin(capability: tuple[int, int], moe_backend: str | None) -> bool:
+    """MXFP4 experts run Marlin: the default below SM 9.0, or asked for."""
+    return capability < (9, 0) or marlin_asked(moe_backend)
+
+
+def mxfp4_expert_tiles(capability: tuple[int, int] | None, version: tuple[int, int, int],
+                       moe_backend: str | None = None) -> tuple[int, int] | None:
+    """The (intermediate, hidden) rounding of the MXFP4 MoE kernel the release runs on this card; None
+    where its default kernel keeps gpt-oss's sizes or is Hopper's (planner/weights.py)."""
+    if capability is None:
+        return None
+    if mxfp4_marlin(capability, moe_backend):
+        return MARLIN_TILES
+    if capability[0] == 10:
+        return TRTLLM_TILES if version >= TRTLLM_ORACLE_SINCE else TRTLLM_TILES_BEFORE_0_19
+    return None
 
 
 def _method(quantization: Mapping[str, Any] | None) -> str:
@@ -59,8 +96,7 @@ def marlin_experts(quantization: Mapping[str, Any] | None, capability: tuple[int
     if method in _WNA16:
         return version >= WNA16_MODULAR_SINCE and capability[0] != 10
     if method == "mxfp4":
-        asked = (moe_backend or "").strip().lower() == "marlin"
-        return version >= MXFP4_MODULAR_SINCE and (capability < (9, 0) or asked)
+        return version >= MXFP4_MODULAR_SINCE and mxfp4_marlin(capability, moe_backend)
     return False
 
 
