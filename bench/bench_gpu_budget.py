@@ -71,6 +71,21 @@ def _rules(run: dict, est_weights_gib: float) -> tuple[float, float]:
     return fixed, max(0.0, (total * util - est_weights_gib) / 1.15)
 
 
+def _refused(run: dict) -> dict[str, float]:
+    """A run vLLM started and kvwatch could not plan: a zero-KV plan (-100 %), beside the rules of thumb."""
+    logged = run["logged"]["available_kv_cache_gib"]
+    try:
+        cfg = model_config(run)
+        est_weights = (weights_bytes(cfg.get("text_config") or cfg, 2) or 0) / GiB / run.get("tensor_parallel_size", 1)
+    except Exception:   # the config the planner refused may defeat the rules' weight count too
+        est_weights = 0.0
+    fixed, rule = _rules(run, est_weights)
+    figures = {"kvwatch": -1.0, "fixed": (fixed - logged) / logged, "x1.15": (rule - logged) / logged, "zero": 1.0}
+    if run["logged"].get("kv_cache_tokens"):
+        figures["tokens"] = -1.0
+    return figures
+
+
 def main() -> None:
     verbose = "-v" in sys.argv[1:]
     by_source = source_split(all_runs())
@@ -84,8 +99,10 @@ def main() -> None:
             try:
                 plan = plan_run(run, Path(tmp) / run["name"])
                 exact = plan_run(run, Path(tmp) / (run["name"] + "_kv"), logged_kv=True)
-            except Exception as exc:   # a config the planner refuses: say so, do not hide the run
+            except Exception as exc:   # a config the planner refuses: say so, and score it as a plan of no KV
                 print(f"{run['name']:<42}{split:>9}{by_source[run['name']]:>9} planner refused: {exc}")
+                records.append((split, by_source[run["name"]], SWEEP in str(run.get("batch", "")), _refused(run)))
+                sources.append(run["source"])
                 continue
             budget = plan.gpu_budget
             assert budget is not None
