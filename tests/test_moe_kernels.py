@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvwatch.vllm_releases.moe_kernels import block_fp8, marlin_experts, triton_block_fp8_experts
+from kvwatch.vllm_releases.moe_kernels import block_fp8, marlin_experts, moe_backend_asked, triton_block_fp8_experts
 
 BLOCK = {"quant_method": "fp8", "weight_block_size": [128, 128]}
 
@@ -52,3 +52,27 @@ MXFP4 = {"quant_method": "mxfp4"}
 def test_marlin_experts_where_the_release_builds_them(quantization, capability, version, moe_backend,
                                                       expected) -> None:
     assert marlin_experts(quantization, capability, version, moe_backend) is expected
+
+
+ON = {"VLLM_MXFP4_USE_MARLIN": "1"}
+
+
+@pytest.mark.parametrize("flag,quantization,env,version,capability,expected", [
+    (None, MXFP4, ON, (0, 22, 0), (9, 0), "marlin"),       # read first on any card in 0.22 and 0.23
+    (None, MXFP4, ON, (0, 23, 1), (10, 0), "marlin"),
+    (None, MXFP4, ON, (0, 17, 0), (9, 0), "marlin"),       # 0.17's fallback: Hopper reaches it
+    (None, MXFP4, ON, (0, 17, 0), (10, 0), None),          # ... SM100's FlashInfer branches come first
+    (None, MXFP4, ON, (0, 19, 0), (9, 0), None),           # 0.19's oracle reads it only for LoRA
+    (None, MXFP4, ON, (0, 24, 0), (9, 0), None),           # gone from 0.24
+    (None, MXFP4, ON, (0, 10, 2), (9, 0), None),           # declared, read nowhere
+    (None, MXFP4, {"VLLM_MXFP4_USE_MARLIN": "0"}, (0, 22, 0), (9, 0), None),
+    (None, MXFP4, {"VLLM_MXFP4_USE_MARLIN": "yes"}, (0, 22, 0), (9, 0), None),   # not an int: nothing followed
+    (None, MXFP4, {}, (0, 22, 0), (9, 0), None),
+    (None, GPTQ, ON, (0, 22, 0), (9, 0), None),            # the variable is MXFP4's
+    ("triton", MXFP4, ON, (0, 22, 0), (9, 0), "triton"),   # the flag wins
+    ("auto", MXFP4, ON, (0, 22, 0), (9, 0), "marlin"),
+    (None, MXFP4, ON, (0, 22, 0), None, None),             # no GPU
+])
+def test_the_environment_asks_mxfp4_for_marlin_where_the_release_reads_it(flag, quantization, env, version,
+                                                                          capability, expected) -> None:
+    assert moe_backend_asked(flag, quantization, env, version, capability) == expected

@@ -23,7 +23,7 @@ from kvwatch.planner.weights import (
 )
 from kvwatch.values.versions import VllmVersion
 from kvwatch.vllm_releases import DEFAULT_RELEASE
-from kvwatch.vllm_releases.moe_kernels import marlin_asked, quantized_experts_keep_workspace
+from kvwatch.vllm_releases.moe_kernels import marlin_asked, moe_backend_asked, quantized_experts_keep_workspace
 from kvwatch.vllm_releases.release_defaults import defaults_for
 
 
@@ -50,6 +50,10 @@ def _gpu_budget(device: Device, settings: EngineSettings, geometry: ModelGeometr
     weights, the profile's activation peak, non-torch memory and, where the release counts them, CUDA graphs.
     `backend`: the attention backend the plan picks (TRITON_MLA claims a decode workspace in the profile)."""
     ranks = settings.tensor_parallel_size * settings.pipeline_parallel_size
+    # the MoE kernel the environment asks for where the flag does not (vllm_releases/moe_kernels.py)
+    settings = replace(settings, moe_backend=moe_backend_asked(
+        settings.moe_backend, geometry.quantization, dict(memory.vllm_env),
+        (memory.vllm_version or DEFAULT_RELEASE).parts, device.compute_capability if device.platform == "cuda" else None))
     # a vision tower the flags leave unbuilt loads no weights and profiles no encoder (planner/tower_skip.py)
     loaded = loaded_count(geometry.weight_count, settings, (memory.vllm_version or DEFAULT_RELEASE).parts)
     unbuilt_tower = (geometry.weight_count.vision_params - loaded.vision_params) * model_bytes \

@@ -47,6 +47,30 @@ TRTLLM_TILES = (128, 256)
 TRTLLM_ORACLE_SINCE = (0, 19, 0)
 
 
+# VLLM_MXFP4_USE_MARLIN=1 asks MXFP4 experts for Marlin where the release reads it (envs.maybe_convert_bool:
+# bool(int(value))): in 0.17.0's fallback after FlashInfer's SM100 branches (quantization/mxfp4.py:164), and
+# first on any card in 0.22.0 and 0.23.0, deprecated for --moe-backend marlin (fused_moe/oracle/mxfp4.py:526,
+# envs.py:1328 / :1366). 0.10.2 declares it and reads it nowhere, 0.19.0's oracle only on its LoRA path
+# (:217), 0.24.0 and 0.25.0 not at all; the releases between read as the nearer one read here.
+MXFP4_MARLIN_ENV = "VLLM_MXFP4_USE_MARLIN"
+MXFP4_MARLIN_ENV_READ = (((0, 17, 0), (0, 19, 0), False), ((0, 22, 0), (0, 24, 0), True))   # (since, until, SM100 too)
+
+
+def moe_backend_asked(moe_backend: str | None, quantization: Mapping[str, Any] | None, env: Mapping[str, str],
+                      version: tuple[int, int, int], capability: tuple[int, int] | None) -> str | None:
+    """The MoE backend asked for: `--moe-backend`, else "marlin" where VLLM_MXFP4_USE_MARLIN=1 asks an MXFP4
+    checkpoint for it and the release reads the variable (MXFP4_MARLIN_ENV_READ)."""
+    if (moe_backend or "auto").strip().lower() != "auto" or _method(quantization) != "mxfp4" or capability is None:
+        return moe_backend
+    try:
+        asked = bool(int(env.get(MXFP4_MARLIN_ENV, "0")))
+    except ValueError:   # vLLM's own bool(int(...)) fails on it: nothing is asked that a plan can follow
+        return moe_backend
+    read = any(since <= version < until and (sm100_too or capability[0] != 10)
+               for since, until, sm100_too in MXFP4_MARLIN_ENV_READ)
+    return "marlin" if asked and read else moe_backend
+
+
 def marlin_asked(moe_backend: str | None) -> bool:
     """`--moe-backend marlin` (a flag from 0.17: vllm_releases/generated/flags.py): the MoE layers run Marlin."""
     return (moe_backend or "").strip().lower() == "marlin"
