@@ -11,6 +11,7 @@ from kvwatch.planner.kv_groups import Demand
 from kvwatch.values.versions import VllmVersion, parse_version
 from kvwatch.vllm_releases.kv_layout import (
     HYBRID_PREFIX_CACHING_BY_DEFAULT,
+    IN_FLIGHT_TOKENS,
     MAMBA_ALIGN_BY_DEFAULT,
     MAMBA_PREFIX_CACHING_CLASSES,
 )
@@ -55,8 +56,11 @@ def request_demand(geometry: ModelGeometry, settings: EngineSettings, device: De
     elif chunked_prefill is False and settings.max_num_batched_tokens is None:
         batched = max(max_model_len, batched)
     pp = max(1, settings.pipeline_parallel_size)
-    # Async scheduling (on by default on GPUs, always off on the CPU platform) overlaps two batches.
+    # Async scheduling (on by default on GPUs, always off on the CPU platform) overlaps two batches; the
+    # windows hold every batch in flight from 0.26, one before (kv_layout.IN_FLIGHT_TOKENS)
     concurrent_batches = 2 if pp == 1 and device.platform != "cpu" else pp
+    if not IN_FLIGHT_TOKENS.holds(version):
+        concurrent_batches = 1
     # prefix caching is on by default (off on CPU for MLA); on a hybrid it keeps states aligned, or
     # (before 0.28, a class that supports it) one state per block of tokens
     mode = mamba_cache_mode(geometry, settings, version)

@@ -134,6 +134,12 @@ MAMBA2_PREFILL_CHECKPOINT = Boundary((0, 32, 0), "vLLM 0.32.0, vllm/model_execut
 HYBRID_PREFIX_CACHING_BY_DEFAULT = Boundary((0, 28, 0), "vLLM 0.28.0, vllm/engine/arg_utils.py:2650",
                                             "vLLM 0.27.0, vllm/engine/arg_utils.py:2604")
 
+# What a sliding-window or chunked-local layer keeps per request on top of its window: from 0.26 every
+# batch in flight (VllmConfig.max_in_flight_tokens, max_concurrent_batches x max_num_batched_tokens), before
+# one batch of max_num_batched_tokens. It sizes the per-request demand that the logged token count divides by.
+IN_FLIGHT_TOKENS = Boundary((0, 26, 0), "vLLM 0.26.0, vllm/config/vllm.py:525 and vllm/v1/kv_cache_interface.py:584",
+                            "vLLM 0.25.0, vllm/v1/kv_cache_interface.py:561")
+
 # The null block the block pool holds back: the auto-fit of --max-model-len and the check that one
 # request fits plan against the memory without it from 0.29; before, against all of it (Llama 3
 # with --max-model-len auto on 1 GiB: 131,072 on 0.27, 130,944 from 0.29).
