@@ -694,3 +694,21 @@ def test_each_source_weighs_once_in_the_per_source_figure(errors: list[tuple[str
                                                           median: float, within: float) -> None:
     summary = per_source_summary(errors)
     assert (summary.runs, summary.median, summary.within) == (sources, pytest.approx(median), pytest.approx(within))
+
+
+@pytest.mark.parametrize("name", ["ixprof_gpt_oss_120b_h200_len9472_seqs4_v0220",
+                                  "ixprof_gpt_oss_120b_h200_len2068_seqs4_v0220"])
+def test_sliding_windows_hold_the_batches_in_flight_the_release_counts(name: str, tmp_path: Path) -> None:
+    """gpt-oss at 0.22: a sliding-window layer holds its window and one batch per request (0.25.0
+    kv_cache_interface.py:561), so the logged tokens (max concurrency x max_model_len) follow from the
+    logged KV memory; from 0.26 every batch in flight counts (config/vllm.py:525), which at
+    max_model_len 9472 and 8192 batched tokens under async scheduling leaves fewer tokens."""
+    run = next(r for r in started_runs() if r["name"] == name)
+    logged = run["logged"]["kv_cache_tokens"]
+    at_022 = plan_run(run, tmp_path / "a", logged_kv=True).kv_cache_tokens
+    assert abs(at_022 - logged) / logged < 0.001
+    at_026 = plan_run({**run, "planned_for_vllm_version": "0.26.0"}, tmp_path / "b", logged_kv=True).kv_cache_tokens
+    if "len9472" in name:   # max_model_len above the window plus one batch (127 + 8192)
+        assert at_026 < 0.96 * at_022   # the window's demand doubles: 9472 tokens a request, not 8319
+    else:
+        assert at_026 == at_022          # max_model_len 2068 caps both rules
