@@ -712,3 +712,16 @@ def test_sliding_windows_hold_the_batches_in_flight_the_release_counts(name: str
         assert at_026 < 0.96 * at_022   # the window's demand doubles: 9472 tokens a request, not 8319
     else:
         assert at_026 == at_022          # max_model_len 2068 caps both rules
+
+
+def test_vllm_mxfp4_use_marlin_pads_the_experts_as_marlin_does(tmp_path: Path) -> None:
+    """gpt-oss-120b on an H200 at 0.22 with VLLM_MXFP4_USE_MARLIN=1 logs 'Using MARLIN Mxfp4 MoE backend'
+    and 66.14 GiB of weights: planned with Marlin's tiles, within 0.5 GiB; without the variable the plan
+    takes Hopper's Triton layout, 1.5 GiB less (vllm_releases/moe_kernels.py moe_backend_asked)."""
+    run = next(r for r in started_runs() if r["name"] == "ixprof_gpt_oss_120b_h200_len2068_seqs4_v0220")
+    asked = plan_run(run, tmp_path / "a").gpu_budget
+    default = plan_run({**run, "flags": [f for f in run["flags"] if "VLLM_MXFP4_USE_MARLIN" not in f]},
+                       tmp_path / "b").gpu_budget
+    assert asked is not None and default is not None
+    assert abs(asked.weights_bytes / GiB - run["logged"]["model_weights_gib"]) < 0.5
+    assert asked.weights_bytes - default.weights_bytes > 1 * GiB
