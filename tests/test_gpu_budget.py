@@ -27,6 +27,7 @@ from kvwatch.errors import KvwatchError
 from kvwatch.planner.devices import CARDS, PRESETS, Device, card_for, cuda_total_bytes, preset, unified_memory_bytes
 from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.gpu_budget import (
+    CUDA_GRAPH_BYTES,
     FUSED_SAMPLER_BYTES,
     SORTED_SAMPLER_BYTES,
     TRITON_SAMPLER_BYTES,
@@ -631,7 +632,18 @@ def test_every_tensor_parallel_rank_keeps_routers_and_mla_projections_whole(tp: 
 
 
 @pytest.mark.parametrize("version, architectures, moe, hybrid, env, v2", [
-    ("0.26.0", ("Qwen3ForCausalLM",), False, False, None, False),       # budget before total_consumed
+    ("0.21.0", ("Qwen3ForCausalLM",), False, False, None, False),       # only where the variable asks
+    ("0.21.0", ("Qwen3ForCausalLM",), False, False, "1", True),
+    ("0.22.0", ("Qwen3ForCausalLM",), False, False, None, True),        # the one listed architecture
+    ("0.22.0", ("LlamaForCausalLM",), False, False, None, False),
+    ("0.23.0", ("LlamaForCausalLM",), False, False, None, True),
+    ("0.23.0", ("Qwen2ForCausalLM",), False, False, None, False),       # dense, not listed
+    ("0.24.0", ("Qwen2MoeForCausalLM",), True, False, None, True),      # listed MoE from 0.24
+    ("0.24.0", ("Qwen2ForCausalLM",), False, False, None, False),
+    ("0.25.0", ("Qwen2ForCausalLM",), False, False, None, True),        # every dense model from 0.25
+    ("0.25.0", ("Qwen3MoeForCausalLM",), True, False, None, False),
+    ("0.26.0", ("GraniteMoeHybridForCausalLM",), True, True, None, False),   # no hybrid in 0.25-0.26
+    ("0.26.0", ("Qwen3ForCausalLM",), False, False, None, True),
     ("0.27.1", ("Qwen3ForCausalLM",), False, False, None, True),        # dense: V2
     ("0.27.1", ("Qwen3MoeForCausalLM",), True, False, None, False),     # MoE, not listed: V1
     ("0.27.1", ("Qwen2MoeForCausalLM",), True, False, None, True),      # MoE, listed
@@ -644,8 +656,40 @@ def test_every_tensor_parallel_rank_keeps_routers_and_mla_projections_whole(tp: 
 ])
 def test_the_v2_runner_is_the_default_the_release_chooses(version: str, architectures: tuple[str, ...], moe: bool,
                                                            hybrid: bool, env: str | None, v2: bool) -> None:
-    """vLLM 0.27.1 / 0.28.0 vllm/config/vllm.py _is_default_v2_model_runner_model; 0.29.0 use_v2_model_runner."""
+    """vLLM 0.22.0-0.28.0 vllm/config/vllm.py _is_default_v2_model_runner_model; 0.29.0 use_v2_model_runner."""
     assert runs_v2_runner(parse_version(version).parts, architectures, moe, hybrid, env) is v2
+
+
+@pytest.mark.parametrize("version, architectures, quantized, v2", [
+    ("0.22.0", ("Qwen3ForCausalLM",), True, False),    # 0.22 and 0.23 keep quantized checkpoints on V1
+    ("0.23.0", ("LlamaForCausalLM",), True, False),
+    ("0.24.0", ("LlamaForCausalLM",), True, True),
+    ("0.28.0", ("Qwen2ForCausalLM",), True, True),
+])
+def test_the_v2_runner_takes_quantized_checkpoints_from_024(version: str, architectures: tuple[str, ...],
+                                                             quantized: bool, v2: bool) -> None:
+    """vLLM 0.22.0 / 0.23.0 vllm/config/vllm.py: `not model_config.is_moe and not model_config.is_quantized`."""
+    assert runs_v2_runner(parse_version(version).parts, architectures, False, False, None, quantized) is v2
+
+
+def test_the_v2_runner_takes_no_cuda_graph_memory_before_029() -> None:
+    """The V2 runner's profile_cudagraph_memory returns 0 through 0.28 (0.28.0
+    vllm/v1/worker/gpu/model_runner.py:843-845) and estimates from 0.29 (0.29.0 :896-898); the V1 runner's
+    estimate is taken from 0.20 on. Qwen3 at 0.28 runs V2, Qwen3-MoE V1."""
+    count = WeightCount(linear_params=7 * 10**9, embedding_params=2 * 151936 * 4096, vocab_size=151936,
+                        hidden_size=4096, mlp_width_per_token=12288, num_layers=36)
+    flags = settings("--max-num-seqs", "256", "--max-num-batched-tokens", "2048")
+
+    def graphs(version: str, architectures: tuple[str, ...], moe: bool = False, **env: str) -> int:
+        shape = replace(count, experts_per_token=8, moe_width=768) if moe else count
+        return estimate_budget(flags, A100, shape, 15 * GiB, 2, 8192, parse_version(version), env=env,
+                               architectures=architectures).cuda_graph_bytes
+
+    assert graphs("0.28.0", ("Qwen3ForCausalLM",)) == 0
+    assert graphs("0.28.0", ("Qwen3ForCausalLM",), VLLM_USE_V2_MODEL_RUNNER="0") == CUDA_GRAPH_BYTES
+    assert graphs("0.28.0", ("Qwen3MoeForCausalLM",), moe=True) == CUDA_GRAPH_BYTES
+    assert graphs("0.29.0", ("Qwen3ForCausalLM",)) == CUDA_GRAPH_BYTES
+    assert graphs("0.22.0", ("LlamaForCausalLM",)) == CUDA_GRAPH_BYTES   # V1 at 0.22
 
 
 def test_the_v2_samplers_penalty_state_is_charged_from_027() -> None:
@@ -666,7 +710,8 @@ def test_the_v2_samplers_penalty_state_is_charged_from_027() -> None:
     assert non_kv("0.27.1") - non_kv("0.26.0") == state
     assert estimate_budget(flags, A100, count, 15 * GiB, 2, 8192, parse_version("0.28.0"),
                            architectures=("Qwen3ForCausalLM",)).parts()["runner_state"] == state
-    assert non_kv("0.28.0", VLLM_USE_V2_MODEL_RUNNER="0") == non_kv("0.28.0") - state
+    # V1 instead: no penalty state, and the graph estimate the V2 runner of 0.28 does not make
+    assert non_kv("0.28.0", VLLM_USE_V2_MODEL_RUNNER="0") == non_kv("0.28.0") - state + CUDA_GRAPH_BYTES
     moe = estimate_budget(flags, A100, replace(count, experts_per_token=8, moe_width=768), 15 * GiB, 2, 8192,
                           parse_version("0.28.0"), architectures=("Qwen3MoeForCausalLM",))
     assert moe.runner_state_bytes == 0

@@ -30,7 +30,8 @@ determine_available_memory; worker/worker.py determine_num_available_blocks in t
   runner's penalty statistics (vllm_releases/model_runner_v2.py).
 - **CUDA graphs**: captured after the KV cache is sized, so not taken from it, until the graph
   estimate (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS: opt-in from 0.18, on by default from 0.20,
-  whatever 0.20's log says) became part of the budget.
+  whatever 0.20's log says) became part of the budget; the V2 runner makes no estimate before 0.29,
+  so a model it runs (0.22 on, by the release's own rules) takes none (vllm_releases/model_runner_v2.py).
 
 The sampler lines say which sampler the profile runs; the default utilization, whether graphs count
 and the scheduler defaults are the release's own (vllm_releases/defaults.py, read from its source). The per-element sampler bytes, the non-torch and graph figures
@@ -70,7 +71,12 @@ from kvwatch.vllm_releases.mllama_profile import (
     runs_v0_profile,
     vision_peak_bytes,
 )
-from kvwatch.vllm_releases.model_runner_v2 import TOTAL_CONSUMED_SINCE, penalty_state_bytes, runs_v2_runner
+from kvwatch.vllm_releases.model_runner_v2 import (
+    TOTAL_CONSUMED_SINCE,
+    graph_estimate_taken,
+    penalty_state_bytes,
+    runs_v2_runner,
+)
 from kvwatch.vllm_releases.release_defaults import api_batch_defaults, defaults_for
 
 # Sampler peak per (request x vocabulary) element. Sort-based top-k/top-p: 4.76, 5.56, 5.64 and
@@ -470,16 +476,13 @@ def loaded_buffer_bytes(count: WeightCount | None, tokens: int, dtype_bytes: int
 
 
 def runner_state_bytes(count: WeightCount | None, seqs: int, version: VllmVersion | None, platform: str,
-                       architectures: tuple[str, ...], hybrid: bool, env: Mapping[str, str]) -> int:
+                       v2_runner: bool) -> int:
     """What the model runner keeps allocated after the worker's memory snapshot beyond the loader's
     figure, where the release's budget charges it (from 0.27, model_runner_v2.TOTAL_CONSUMED_SOURCE):
     the V2 runner's penalty statistics, max_num_seqs x vocabulary (model_runner_v2.PENALTY_STATE_SOURCE).
     0.26 and earlier measured the profile's torch peak from its own start, so it did not count them."""
     parts = (version or DEFAULT_RELEASE).parts
-    if count is None or not count.vocab_size or platform != "cuda" or parts < TOTAL_CONSUMED_SINCE:
-        return 0
-    moe = bool(count.experts_per_token)
-    if not runs_v2_runner(parts, architectures, moe, hybrid, env.get("VLLM_USE_V2_MODEL_RUNNER")):
+    if count is None or not count.vocab_size or platform != "cuda" or parts < TOTAL_CONSUMED_SINCE or not v2_runner:
         return 0
     return penalty_state_bytes(seqs, count.vocab_size)
 
@@ -489,11 +492,17 @@ def estimate_budget(settings: EngineSettings, device: Device, count: WeightCount
                     env: Mapping[str, str] | None = None, flashinfer_installed: bool | None = None,
                     experts_without_workspace: bool = False, mla: bool = False, replicated_linear_bytes: int = 0,
                     architectures: tuple[str, ...] = (), hybrid: bool = False, backend: str | None = None,
-                    mla_heads_and_rank: tuple[int, int] = (0, 0), sentence_transformers: bool = False) -> GpuBudget:
+                    mla_heads_and_rank: tuple[int, int] = (0, 0), sentence_transformers: bool = False,
+                    quantized: bool = False) -> GpuBudget:
     """The budget of one rank. `backend`: the attention backend the plan picks; `mla_heads_and_rank`:
     an MLA model's query heads and kv_lora_rank (what TRITON_MLA's decode workspace is sized by);
-    `sentence_transformers`: the checkpoint names a Sentence Transformers Pooling module."""
+    `sentence_transformers`: the checkpoint names a Sentence Transformers Pooling module; `quantized`:
+    the checkpoint or the flags quantize the weights (0.22-0.23 keep those off the V2 runner)."""
     release = release_for(version, env, architectures)
+    parts = (version or DEFAULT_RELEASE).parts
+    v2 = device.platform == "cuda" and release.engine == V1_ENGINE and runs_v2_runner(
+        parts, architectures, bool(count and count.experts_per_token), hybrid, (env or {}).get("VLLM_USE_V2_MODEL_RUNNER"),
+        quantized)
     multimodal = count is not None and (count.vision_params > 0 or count.encoder is not None)
     tokens, seqs = batch_defaults(settings, device, release, max_model_len, not (multimodal or mla))
     tp = max(1, settings.tensor_parallel_size)
@@ -511,8 +520,7 @@ def estimate_budget(settings: EngineSettings, device: Device, count: WeightCount
     if release.engine == V1_ENGINE and count is not None and version is not None:
         shape = profiled_shape(count.encoder, dict(settings.mm_limits), settings.skip_mm_profiling)   # the user's flags
         extra = encoder_cache_bytes(shape, version.parts, tokens, seqs, dtype_bytes) + profile_inputs_held_bytes(
-            shape, version.parts, tokens, seqs, dtype_bytes, runs_v2_runner(version.parts, architectures, bool(
-                count.experts_per_token), hybrid, (env or {}).get("VLLM_USE_V2_MODEL_RUNNER")))
+            shape, version.parts, tokens, seqs, dtype_bytes, v2)
         vision = (v1_encoder_pass_bytes(shape, version.parts, tokens, seqs, tp, dtype_bytes), 0)
         if version.parts >= MOE_WORKSPACE_SINCE and not experts_without_workspace:
             workspace = moe_workspace_bytes(count, tokens, dtype_bytes, expert_width_shards(settings))
@@ -534,12 +542,11 @@ def estimate_budget(settings: EngineSettings, device: Device, count: WeightCount
                                                                       DEFAULT_NUM_LABELS) if count else 0),
         non_torch_bytes=non_torch_bytes(device, tp, version, not settings.compilation_off) + others_non_torch_bytes(device, release.engine, version),
         cuda_graph_bytes=CUDA_GRAPH_BYTES + wide_graph_bytes(count, version, device, settings, tokens, seqs, dtype_bytes)
-        if release.cuda_graphs_counted and not settings.enforce_eager else 0,
+        if release.cuda_graphs_counted and not settings.enforce_eager and graph_estimate_taken(parts, v2) else 0,
         max_num_batched_tokens=tokens, max_num_seqs=seqs,
         # the V2 runner builds no sampler, so no penalty state, for a pooling model (vLLM 0.27.1,
         # v1/worker/gpu/model_runner.py:351-352; 0.34.0 :486-513)
-        runner_state_bytes=0 if pooling.pooling else runner_state_bytes(count, seqs, version, device.platform,
-                                                                         architectures, hybrid, env or {}),
+        runner_state_bytes=0 if pooling.pooling else runner_state_bytes(count, seqs, version, device.platform, v2),
         extensible=extensible.sizing, free_at_start_bytes=snapshot_free_bytes(device) if extensible.sizing else 0,
         stated_free_bytes=device.free_memory_bytes)
 

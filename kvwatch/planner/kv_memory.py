@@ -73,7 +73,8 @@ def _gpu_budget(device: Device, settings: EngineSettings, geometry: ModelGeometr
                            architectures=geometry.architectures, hybrid="mamba" in geometry.layer_kinds,
                            backend=backend, sentence_transformers=memory.sentence_transformers_pooling,
                            mla_heads_and_rank=(geometry.num_attention_heads or 0, geometry.kv_lora_rank or 0)
-                           if geometry.attention == "mla" else (0, 0))
+                           if geometry.attention == "mla" else (0, 0),
+                           quantized=geometry.quantization is not None or settings.quantization is not None)
 
 
 def _experts_without_workspace(geometry: ModelGeometry, settings: EngineSettings, device: Device,

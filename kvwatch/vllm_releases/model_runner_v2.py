@@ -25,14 +25,33 @@ class V2RunnerRule:
     every_model: bool                      # every generate model (0.29 on)
     listed_architectures: frozenset[str]   # MoE or hybrid architectures that default to it anyway
     source: str
+    listed_only: bool = False              # only the listed architectures (0.22-0.24)
+    dense_unquantized_only: bool = False   # ... and of them only unquantized dense models (0.22, 0.23)
+    hybrid_never: bool = False             # no hybrid, listed or not (0.25, 0.26)
 
 
 _LISTED_0_27 = frozenset({"DeepseekV2ForCausalLM", "GraniteMoeForCausalLM", "InklingForCausalLM",
                           "InklingForConditionalGeneration", "KimiK3ForConditionalGeneration",
                           "LongcatFlashNgramForCausalLM", "Qwen2MoeForCausalLM"})
 
-# Oldest first; only the releases whose budget counts the runner's state (TOTAL_CONSUMED_SINCE on).
+_LISTED_0_24 = frozenset({"Qwen3ForCausalLM", "DeepseekV2ForCausalLM", "Qwen2MoeForCausalLM", "GraniteMoeForCausalLM",
+                          "LlamaForCausalLM", "MistralForCausalLM"})
+
+# Oldest first. 0.20 and 0.21 run it only where VLLM_USE_V2_MODEL_RUNNER=1 asks (0.21.0 vllm/v1/worker/gpu_worker.py);
+# the budget counts its state from 0.27 (TOTAL_CONSUMED_SINCE), and before 0.29 it makes no CUDA graph estimate
+# (V2_GRAPH_ESTIMATE_SINCE).
 V2_RUNNER_RULES = (
+    V2RunnerRule((0, 22, 0), False, frozenset({"Qwen3ForCausalLM"}),
+                 "vLLM 0.22.0, vllm/config/vllm.py:518 (DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES :69; no hybrid: :1983)",
+                 listed_only=True, dense_unquantized_only=True),
+    V2RunnerRule((0, 23, 0), False, frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM"}),
+                 "vLLM 0.23.0, vllm/config/vllm.py:544 (:69; no hybrid: :1990)", listed_only=True,
+                 dense_unquantized_only=True),
+    V2RunnerRule((0, 24, 0), False, _LISTED_0_24, "vLLM 0.24.0, vllm/config/vllm.py:550 (:68; no hybrid: :2002)",
+                 listed_only=True),
+    # a generate model that is neither MoE nor hybrid nor attention-free, or a listed MoE architecture
+    V2RunnerRule((0, 25, 0), False, frozenset({"DeepseekV2ForCausalLM", "Qwen2MoeForCausalLM", "GraniteMoeForCausalLM"}),
+                 "vLLM 0.25.0, vllm/config/vllm.py:557 (:68); the same in 0.26.0", hybrid_never=True),
     # a generate model that is neither MoE nor hybrid nor attention-free, or a listed architecture
     V2RunnerRule((0, 27, 0), False, _LISTED_0_27,
                  "vLLM 0.27.1, vllm/config/vllm.py:637-658 (DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES :69-79)"),
@@ -83,10 +102,18 @@ def rule_for(parts: tuple[int, int, int]) -> V2RunnerRule | None:
     return rules[-1] if rules else None
 
 
+# The V2 runner's CUDA graph estimate: none before 0.29 ("TBD whether we keep this API": 0.20.0
+# vllm/v1/worker/gpu/model_runner.py:573, 0.28.0 :843-845), so a V2 start takes no graph memory from the KV
+# cache there; from 0.29 it estimates as the V1 runner does (0.29.0 :896-898).
+V2_GRAPH_ESTIMATE_SINCE = (0, 29, 0)
+V2_GRAPH_ESTIMATE_SOURCE = "vLLM 0.29.0, vllm/v1/worker/gpu/model_runner.py:896-898 (0 in 0.20.0-0.28.0, 0.28.0 :843-845)"
+
+
 def runs_v2_runner(parts: tuple[int, int, int], architectures: tuple[str, ...], moe: bool, hybrid: bool,
-                   env_value: str | None = None) -> bool:
-    """Whether the release's worker runs this model on the V2 runner (only known from 0.27).
-    `env_value`: VLLM_USE_V2_MODEL_RUNNER as set (vllm/envs.py: maybe_convert_bool, int of the value)."""
+                   env_value: str | None = None, quantized: bool = False) -> bool:
+    """Whether the release's worker runs this model on the V2 runner (V2_RUNNER_RULES).
+    `env_value`: VLLM_USE_V2_MODEL_RUNNER as set (vllm/envs.py: maybe_convert_bool, int of the value);
+    `quantized`: the checkpoint or the flags quantize the weights."""
     if parts >= V1_RUNNER_REMOVED_SINCE:
         return True   # the only runner left (a value other than 1 is refused: env_refusals)
     if env_value is not None and env_value.strip() in ("0", "1"):
@@ -97,9 +124,16 @@ def runs_v2_runner(parts: tuple[int, int, int], architectures: tuple[str, ...], 
     if rule.every_model:
         return True
     listed = any(a in rule.listed_architectures for a in architectures)
-    if hybrid and not listed:
+    if rule.listed_only:
+        return listed and not hybrid and not (rule.dense_unquantized_only and (moe or quantized))
+    if hybrid and (rule.hybrid_never or not listed):
         return False
     return listed or not moe
+
+
+def graph_estimate_taken(parts: tuple[int, int, int], v2_runner: bool) -> bool:
+    """Whether the runner estimates CUDA graph memory for the budget to take (V2_GRAPH_ESTIMATE_SINCE)."""
+    return not v2_runner or parts >= V2_GRAPH_ESTIMATE_SINCE
 
 
 def penalty_state_bytes(max_num_seqs: int, vocab_size: int) -> int:
