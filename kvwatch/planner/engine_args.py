@@ -169,6 +169,7 @@ class EngineSettings:
     gpu_memory_utilization_given: bool = False   # False: the value above is a default (the version's decides)
     quantization: str | None = None          # --quantization: what the engine does to the weights (fp8, gguf, ...)
     moe_backend: str | None = None           # --moe-backend (0.17+): the MoE kernel asked for (None: vLLM's "auto")
+    enable_lora: bool = False                # --enable-lora: adapter slots and a LoRA profile the budget does not size
     cpu_offload_gb: float = 0.0              # --cpu-offload-gb: GiB of weights per GPU kept in host memory
     gdn_prefill_backend: str | None = None   # --gdn-prefill-backend (None: vLLM's "auto")
     mamba_cache_mode: str | None = None      # --mamba-cache-mode (None: the release's default)
@@ -314,6 +315,7 @@ class EngineCommand:
             gpu_memory_utilization_given=self.get("--gpu-memory-utilization") is not None,
             quantization=self.get("--quantization"),
             moe_backend=self.get("--moe-backend"),
+            enable_lora=bool(self._switch("--enable-lora")),
             cpu_offload_gb=self._nonnegative_float("--cpu-offload-gb"),
             gdn_prefill_backend=requested_gdn_prefill_backend(self.get("--gdn-prefill-backend"),
                                                               self._additional_config()),

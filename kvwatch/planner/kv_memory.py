@@ -177,6 +177,9 @@ def kv_memory(device: Device, settings: EngineSettings, geometry: ModelGeometry,
         how = "estimate: total x utilization - weights - activation - non-torch" if budget.extensible is None else \
             ("estimate: sized after warm-up (extensible KV cache): min(total x utilization, free at start - margin) "
              "- weights - non-torch - CUDA graphs - the transient peak")
+        if settings.enable_lora:   # vLLM 0.17.0 lora/layers/base_linear.py:66-80, fused_moe.py:431-432: not sized here
+            how += ("; --enable-lora: the adapter slots (max_loras x max_lora_rank per layer, per expert on MoE layers) "
+                    "and the LoRA profile are not counted, so the estimate is high by their size")
         return budget.kv_cache_bytes, how, True, budget
     return 4 * GiB, "estimate: unknown device memory", True, None
 
