@@ -169,7 +169,11 @@ class EngineSettings:
     gpu_memory_utilization_given: bool = False   # False: the value above is a default (the version's decides)
     quantization: str | None = None          # --quantization: what the engine does to the weights (fp8, gguf, ...)
     moe_backend: str | None = None           # --moe-backend (0.17+): the MoE kernel asked for (None: vLLM's "auto")
-    enable_lora: bool = False                # --enable-lora: adapter slots and a LoRA profile the budget does not size
+    enable_lora: bool = False                # --enable-lora: adapter slots with the weights (planner/lora_slots.py)
+    max_loras: int | None = None             # --max-loras (None: vLLM's 1)
+    max_lora_rank: int | None = None         # --max-lora-rank (None: vLLM's 16)
+    lora_dtype: str | None = None            # --lora-dtype (None or "auto": the model's)
+    fully_sharded_loras: bool = False        # --fully-sharded-loras: slots sharded another way, not sized
     cpu_offload_gb: float = 0.0              # --cpu-offload-gb: GiB of weights per GPU kept in host memory
     gdn_prefill_backend: str | None = None   # --gdn-prefill-backend (None: vLLM's "auto")
     mamba_cache_mode: str | None = None      # --mamba-cache-mode (None: the release's default)
@@ -316,6 +320,10 @@ class EngineCommand:
             quantization=self.get("--quantization"),
             moe_backend=self.get("--moe-backend"),
             enable_lora=bool(self._switch("--enable-lora")),
+            max_loras=self._int("--max-loras"),
+            max_lora_rank=self._int("--max-lora-rank"),
+            lora_dtype=self.get("--lora-dtype"),
+            fully_sharded_loras=bool(self._switch("--fully-sharded-loras")),
             cpu_offload_gb=self._nonnegative_float("--cpu-offload-gb"),
             gdn_prefill_backend=requested_gdn_prefill_backend(self.get("--gdn-prefill-backend"),
                                                               self._additional_config()),

@@ -11,6 +11,7 @@ from kvwatch.planner.extensible_kv import effective_utilization
 from kvwatch.planner.flag_change import NO_CHANGE, FlagChange
 from kvwatch.planner.geometry import ModelGeometry
 from kvwatch.planner.gpu_budget import GpuBudget, decoder_layer_bytes, estimate_budget, expert_parallel
+from kvwatch.planner.lora_slots import LoraSlots, lora_slots
 from kvwatch.planner.pooling_run import NO_LM_HEAD_SINCE, lm_head_params, run_of
 from kvwatch.planner.predicted_refusal import NO_KV_CACHE_MEMORY, PredictedRefusal
 from kvwatch.planner.tower_skip import loaded_count
@@ -63,6 +64,7 @@ def _gpu_budget(device: Device, settings: EngineSettings, geometry: ModelGeometr
         else _weights_from_geometry(geometry, model_bytes, settings, device, memory)
     weights = (weights + _kernel_format_bytes(geometry, settings, device, memory.vllm_version, weights,
                                               model_bytes)) // ranks
+    weights += _lora_slots(geometry, settings, memory, model_bytes).bytes_per_rank
     return estimate_budget(settings, device, geometry.weight_count, weights, model_bytes, max_model_len,
                            memory.vllm_version, dict(memory.vllm_env), memory.flashinfer_installed,
                            experts_without_workspace=_experts_without_workspace(geometry, settings, device, memory),
@@ -75,6 +77,19 @@ def _gpu_budget(device: Device, settings: EngineSettings, geometry: ModelGeometr
                            mla_heads_and_rank=(geometry.num_attention_heads or 0, geometry.kv_lora_rank or 0)
                            if geometry.attention == "mla" else (0, 0),
                            quantized=geometry.quantization is not None or settings.quantization is not None)
+
+
+def _lora_slots(geometry: ModelGeometry, settings: EngineSettings, memory: MemoryInputs, model_bytes: int) -> LoraSlots:
+    """The adapter slots --enable-lora allocates on a rank with the weights (planner/lora_slots.py)."""
+    if not settings.enable_lora:
+        return LoraSlots(0, True)
+    dtype_bytes = model_bytes if (settings.lora_dtype or "auto") == "auto" else 2   # bfloat16 or float16
+    slots = lora_slots(geometry.weight_count, settings.max_loras, settings.max_lora_rank, dtype_bytes,
+                       settings.tensor_parallel_size, expert_parallel(settings),
+                       (memory.vllm_version or DEFAULT_RELEASE).parts)
+    covered = slots.covered and geometry.attention == "full" and "mamba" not in geometry.layer_kinds \
+        and not settings.fully_sharded_loras
+    return LoraSlots(slots.bytes_per_rank, covered)
 
 
 def _experts_without_workspace(geometry: ModelGeometry, settings: EngineSettings, device: Device,
@@ -177,11 +192,19 @@ def kv_memory(device: Device, settings: EngineSettings, geometry: ModelGeometry,
         how = "estimate: total x utilization - weights - activation - non-torch" if budget.extensible is None else \
             ("estimate: sized after warm-up (extensible KV cache): min(total x utilization, free at start - margin) "
              "- weights - non-torch - CUDA graphs - the transient peak")
-        if settings.enable_lora:   # vLLM 0.17.0 lora/layers/base_linear.py:66-80, fused_moe.py:431-432: not sized here
-            how += ("; --enable-lora: the adapter slots (max_loras x max_lora_rank per layer, per expert on MoE layers) "
-                    "and the LoRA profile are not counted, so the estimate is high by their size")
+        if settings.enable_lora:
+            how += "; " + _lora_note(_lora_slots(geometry, settings, memory, model_bytes))
         return budget.kv_cache_bytes, how, True, budget
     return 4 * GiB, "estimate: unknown device memory", True, None
+
+
+def _lora_note(slots: LoraSlots) -> str:
+    """What the estimate of a LoRA engine counts of the adapters, and what it leaves out."""
+    counted = f"--enable-lora: {slots.bytes_per_rank / GiB:.2f} GiB of adapter slots counted with the weights"
+    if slots.covered:
+        return counted + "; the profile's dummy adapters are not"
+    return (counted + " (the dense layers' and routed experts' only); the other layers' slots (attention and "
+            "shared experts of MoE, MLA and Mamba models) and the LoRA profile are not, so the estimate is high by their size")
 
 
 def no_memory_warning(device: Device, settings: EngineSettings, geometry: ModelGeometry,
