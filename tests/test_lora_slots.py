@@ -61,3 +61,10 @@ def test_nemotron_with_lora_loads_the_weights_it_logs(tmp_path: Path) -> None:
     assert plan.gpu_budget is not None
     assert abs(plan.gpu_budget.weights_bytes / GiB - run["logged"]["model_weights_gib"]) < 0.2
     assert "LoRA profile are not" in plan.kv_memory_source
+
+
+def test_before_08_the_budget_does_not_see_the_slots() -> None:
+    """0.7.3 builds the LoRA manager after the loader's memory block and before the profile's baseline."""
+    count = count_weights(LLAMA_8B)
+    assert lora_slots(count, 1, 32, 2, 1, False, (0, 7, 3)).bytes_per_rank == 0
+    assert lora_slots(count, 1, 32, 2, 1, False, (0, 8, 0)).bytes_per_rank == 32 * 2 * 32 * LLAMA_PER_LAYER

@@ -200,6 +200,8 @@ def kv_memory(device: Device, settings: EngineSettings, geometry: ModelGeometry,
 
 def _lora_note(slots: LoraSlots) -> str:
     """What the estimate of a LoRA engine counts of the adapters, and what it leaves out."""
+    if slots.bytes_per_rank == 0 and slots.covered:
+        return "--enable-lora: the adapter slots are allocated outside the release's budget (before 0.8), so not counted"
     counted = f"--enable-lora: {slots.bytes_per_rank / GiB:.2f} GiB of adapter slots counted with the weights"
     if slots.covered:
         return counted + "; the profile's dummy adapters are not"

@@ -21,6 +21,10 @@ from dataclasses import dataclass
 
 from kvwatch.planner.weights import WeightCount
 
+# From 0.8 the LoRA manager is built inside the loader's DeviceMemoryProfiler block (vLLM 0.8.0
+# worker/model_runner.py:1111-1145, v1/worker/gpu_model_runner.py:1129-1139); 0.7.3 builds it after the
+# block (:1111-1144) and before the profile's own baseline, so no part of that budget sees the slots.
+SLOTS_IN_BUDGET_SINCE = (0, 8, 0)
 MOE_LORA_SINCE = (0, 12, 0)   # lora/layers/fused_moe.py read in 0.12.0, 0.14.0 and 0.17.0; absent from 0.11.0
 DEFAULT_MAX_LORAS = 1         # vLLM 0.17.0 config/lora.py:34
 DEFAULT_MAX_LORA_RANK = 16    # :32
@@ -34,10 +38,10 @@ class LoraSlots:
 
 def lora_slots(count: WeightCount | None, max_loras: int | None, max_lora_rank: int | None, dtype_bytes: int,
                tensor_parallel: int, expert_parallel: bool, version: tuple[int, int, int]) -> LoraSlots:
-    """The slots one rank holds: max_loras x rank x dtype x the sum, over the wrapped layers, of each
-    slice's A input and B output on this rank."""
-    if count is None:
-        return LoraSlots(0, False)
+    """The slots one rank holds where the budget counts them (SLOTS_IN_BUDGET_SINCE): max_loras x rank x
+    dtype x the sum, over the wrapped layers, of each slice's A input and B output on this rank."""
+    if count is None or version < SLOTS_IN_BUDGET_SINCE:
+        return LoraSlots(0, count is not None)
     tp = max(1, tensor_parallel)
     hidden = count.hidden_size
     per_slot = 0
