@@ -68,3 +68,8 @@ def test_before_08_the_budget_does_not_see_the_slots() -> None:
     count = count_weights(LLAMA_8B)
     assert lora_slots(count, 1, 32, 2, 1, False, (0, 7, 3)).bytes_per_rank == 0
     assert lora_slots(count, 1, 32, 2, 1, False, (0, 8, 0)).bytes_per_rank == 32 * 2 * 32 * LLAMA_PER_LAYER
+
+
+def test_a_plan_before_08_says_the_release_does_not_count_the_slots(tmp_path: Path) -> None:
+    run = next(r for r in started_runs() if r["name"] == "search_llama31_8b_bnb4_t4_unsloth_u060_v072")
+    assert "outside its budget (before 0.8)" in plan_run(run, tmp_path).kv_memory_source

@@ -40,7 +40,7 @@ class Demand:
     """What one request needs: vLLM's scheduler limits."""
 
     max_model_len: int
-    max_in_flight_tokens: int     # max_concurrent_batches x max_num_batched_tokens (config/vllm.py)
+    max_in_flight_tokens: int     # max_concurrent_batches x max_num_batched_tokens from 0.26, one batch before (kv_layout.IN_FLIGHT_TOKENS)
     mamba_align: bool = False     # mamba_cache_mode "align" (prefix caching on a hybrid, vLLM's default)
     mamba_all: bool = False       # mamba_cache_mode "all": a state per block of tokens (0.15-0.31)
     encoder_tokens: int = 0       # a cross-attention layer's reservation (planner/cross_attention.py)

@@ -89,7 +89,7 @@ def _lora_slots(geometry: ModelGeometry, settings: EngineSettings, memory: Memor
                        (memory.vllm_version or DEFAULT_RELEASE).parts)
     covered = slots.covered and geometry.attention == "full" and "mamba" not in geometry.layer_kinds \
         and not settings.fully_sharded_loras
-    return LoraSlots(slots.bytes_per_rank, covered)
+    return LoraSlots(slots.bytes_per_rank, covered, slots.in_budget)
 
 
 def _experts_without_workspace(geometry: ModelGeometry, settings: EngineSettings, device: Device,
@@ -200,8 +200,8 @@ def kv_memory(device: Device, settings: EngineSettings, geometry: ModelGeometry,
 
 def _lora_note(slots: LoraSlots) -> str:
     """What the estimate of a LoRA engine counts of the adapters, and what it leaves out."""
-    if slots.bytes_per_rank == 0 and slots.covered:
-        return "--enable-lora: the adapter slots are allocated outside the release's budget (before 0.8), so not counted"
+    if not slots.in_budget:
+        return "--enable-lora: the release allocates the adapter slots outside its budget (before 0.8), so they are not counted"
     counted = f"--enable-lora: {slots.bytes_per_rank / GiB:.2f} GiB of adapter slots counted with the weights"
     if slots.covered:
         return counted + "; the profile's dummy adapters are not"

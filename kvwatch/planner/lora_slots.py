@@ -33,15 +33,18 @@ DEFAULT_MAX_LORA_RANK = 16    # :32
 @dataclass(frozen=True)
 class LoraSlots:
     bytes_per_rank: int
-    covered: bool   # every LoRA-wrapped layer was sized (a dense decoder)
+    covered: bool           # every LoRA-wrapped layer was sized (a dense decoder)
+    in_budget: bool = True  # the release's budget sees the slots (SLOTS_IN_BUDGET_SINCE)
 
 
 def lora_slots(count: WeightCount | None, max_loras: int | None, max_lora_rank: int | None, dtype_bytes: int,
                tensor_parallel: int, expert_parallel: bool, version: tuple[int, int, int]) -> LoraSlots:
     """The slots one rank holds where the budget counts them (SLOTS_IN_BUDGET_SINCE): max_loras x rank x
     dtype x the sum, over the wrapped layers, of each slice's A input and B output on this rank."""
-    if count is None or version < SLOTS_IN_BUDGET_SINCE:
-        return LoraSlots(0, count is not None)
+    if version < SLOTS_IN_BUDGET_SINCE:
+        return LoraSlots(0, True, in_budget=False)
+    if count is None:
+        return LoraSlots(0, False)
     tp = max(1, tensor_parallel)
     hidden = count.hidden_size
     per_slot = 0
