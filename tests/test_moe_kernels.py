@@ -1,8 +1,15 @@
 """Which quantized MoE checkpoints run a kernel that keeps the modular kernel's workspaces, as tables."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
+from kvwatch.boundary.plan_loader import plan_command
+from kvwatch.planner.devices import preset
+from kvwatch.planner.rules import ruleset_for
+from kvwatch.values.versions import parse_version
 from kvwatch.vllm_releases.moe_kernels import block_fp8, marlin_experts, moe_backend_asked, triton_block_fp8_experts
 
 BLOCK = {"quant_method": "fp8", "weight_block_size": [128, 128]}
@@ -76,3 +83,24 @@ ON = {"VLLM_MXFP4_USE_MARLIN": "1"}
 def test_the_environment_asks_mxfp4_for_marlin_where_the_release_reads_it(flag, quantization, env, version,
                                                                           capability, expected) -> None:
     assert moe_backend_asked(flag, quantization, env, version, capability) == expected
+
+
+GPT_OSS = {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "hidden_size": 2880, "num_hidden_layers": 36,
+           "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64, "intermediate_size": 2880,
+           "num_local_experts": 128, "num_experts_per_tok": 4, "vocab_size": 201088, "sliding_window": 128,
+           "layer_types": ["sliding_attention", "full_attention"] * 18, "max_position_embeddings": 131072,
+           "tie_word_embeddings": False, "torch_dtype": "bfloat16", "quantization_config": {"quant_method": "mxfp4"}}
+
+
+def test_the_plan_reads_vllm_mxfp4_use_marlin_from_the_engines_environment(tmp_path: Path) -> None:
+    """kvwatch plan / run pass the variable to the planner (boundary/plan_loader.py MEMORY_ENV): on an H200 at
+    0.22 it asks gpt-oss-120b's experts for Marlin, whose tile padding the weights then carry."""
+    (tmp_path / "config.json").write_text(json.dumps(GPT_OSS))
+
+    def weights(env: dict[str, str]) -> int:
+        plan = plan_command(["vllm", "serve", str(tmp_path)], preset("h200"), ruleset_for("0.22.0"), env=env,
+                            vllm_version=parse_version("0.22.0"))
+        assert plan.gpu_budget is not None
+        return plan.gpu_budget.weights_bytes
+
+    assert weights({"VLLM_MXFP4_USE_MARLIN": "1"}) > weights({}) == weights({"VLLM_MXFP4_USE_MARLIN": "0"})

@@ -32,9 +32,10 @@ def cpu_kv_space_bytes(env: Mapping[str, str]) -> int | None:
     return value * GiB if value > 0 else None
 
 
-# The engine environment the plan reads: the profile's switches, and (0.34) the runner and removed variables vLLM refuses.
+# The engine environment the plan reads: the profile's switches, the MXFP4 kernel asked for (vllm_releases/moe_kernels.py),
+# and (0.34) the runner and removed variables vLLM refuses.
 MEMORY_ENV = ("VLLM_USE_V1", "VLLM_USE_FLASHINFER_SAMPLER", "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS",
-              "VLLM_USE_V2_MODEL_RUNNER", "VLLM_MARLIN_INPUT_DTYPE")
+              "VLLM_USE_V2_MODEL_RUNNER", "VLLM_MARLIN_INPUT_DTYPE", "VLLM_MXFP4_USE_MARLIN")
 
 
 def plan_command(argv: Sequence[str], device: Device, rules: RuleSet,
