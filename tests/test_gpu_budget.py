@@ -789,7 +789,7 @@ def test_vllm_mxfp4_use_marlin_pads_the_experts_as_marlin_does(tmp_path: Path) -
 def test_a_lora_engine_is_planned_with_a_note_of_what_is_not_counted(tmp_path: Path) -> None:
     """--enable-lora allocates adapter slots in every LoRA-capable layer (vLLM 0.17.0
     lora/layers/base_linear.py:66-80; per expert on MoE layers, fused_moe.py:431-432) and profiles with
-    dummy adapters: Nemotron-3-Nano at rank 32 logs 1.76 GiB more weights and several GiB less KV than
+    dummy adapters (built in host memory, copied into the slots): Nemotron-3-Nano at rank 32 logs 1.76 GiB more weights and several GiB less KV than
     planned. The budget does not size them, and the plan says so; without the flag it says nothing."""
     run = next(r for r in started_runs() if r["name"] == "renta_nemotron3_nano_30b_rtxpro6000_lora_r32_u085_v0171")
     assert "--enable-lora" in plan_run(run, tmp_path / "a").kv_memory_source

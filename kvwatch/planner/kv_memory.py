@@ -204,7 +204,7 @@ def _lora_note(slots: LoraSlots) -> str:
         return "--enable-lora: the release allocates the adapter slots outside its budget (before 0.8), so they are not counted"
     counted = f"--enable-lora: {slots.bytes_per_rank / GiB:.2f} GiB of adapter slots counted with the weights"
     if slots.covered:
-        return counted + "; the profile's dummy adapters are not"
+        return counted + "; the LoRA kernels' share of the profile is not"
     return (counted + " (the dense layers' and routed experts' only); the other layers' slots (attention and "
             "shared experts of MoE, MLA and Mamba models) and the LoRA profile are not, so the estimate is high by their size")
 

@@ -12,8 +12,9 @@ loader's memory block, so "Model loading took" carries them (vLLM 0.17.0):
   gate and up (one slice where the experts have no gate), and A = rank x intermediate, B = hidden x rank
   for down (lora/layers/fused_moe.py:355-400; from 0.12: absent from 0.11.0).
 Sized here: the dense decoder layers (from their weight shapes) and the routed experts. The other layers
-of MoE, MLA and Mamba models (attention, shared experts, mixers) and the profile's dummy adapters are
-not: `covered` says so, and the plan's KV source names what is left out.
+of MoE, MLA and Mamba models (attention, shared experts, mixers) and the LoRA kernels' share of the profile
+are not: `covered` says so, and the plan's KV source names what is left out. (The profile's dummy adapters
+are built in host memory, 0.17.0 lora/lora_weights.py:83-88, and copied into these slots.)
 """
 from __future__ import annotations
 
