@@ -71,16 +71,22 @@ def _rules(run: dict, est_weights_gib: float) -> tuple[float, float]:
     return fixed, max(0.0, (total * util - est_weights_gib) / 1.15)
 
 
-def _refused(run: dict) -> dict[str, float]:
-    """A run vLLM started and kvwatch could not plan: a zero-KV plan (-100 %), beside the rules of thumb."""
+def _rule_errors(run: dict) -> dict[str, float]:
+    """The two rules of thumb's relative errors, their weights counted from config.json (0 where the
+    config defeats the count: a run the planner refused)."""
     logged = run["logged"]["available_kv_cache_gib"]
     try:
         cfg = model_config(run)
         est_weights = (weights_bytes(cfg.get("text_config") or cfg, 2) or 0) / GiB / run.get("tensor_parallel_size", 1)
-    except Exception:   # the config the planner refused may defeat the rules' weight count too
+    except Exception:
         est_weights = 0.0
     fixed, rule = _rules(run, est_weights)
-    figures = {"kvwatch": -1.0, "fixed": (fixed - logged) / logged, "x1.15": (rule - logged) / logged, "zero": 1.0}
+    return {"fixed": (fixed - logged) / logged, "x1.15": (rule - logged) / logged}
+
+
+def _refused(run: dict) -> dict[str, float]:
+    """A run vLLM started and kvwatch could not plan: a zero-KV plan (-100 %), beside the rules of thumb."""
+    figures = {"kvwatch": -1.0, "zero": 1.0, **_rule_errors(run)}
     if run["logged"].get("kv_cache_tokens"):
         figures["tokens"] = -1.0
     return figures
@@ -109,12 +115,7 @@ def main() -> None:
             logged = run["logged"]["available_kv_cache_gib"]
             ours = plan.kv_memory_bytes / GiB
             err = (ours - logged) / logged
-            cfg = model_config(run)
-            tp = run.get("tensor_parallel_size", 1)
-            est_weights = (weights_bytes(cfg.get("text_config") or cfg, 2) or 0) / GiB / tp
-            fixed, rule = _rules(run, est_weights)
-            figures = {"kvwatch": err, "fixed": (fixed - logged) / logged, "x1.15": (rule - logged) / logged,
-                       "zero": float(ours <= 0)}
+            figures = {"kvwatch": err, "zero": float(ours <= 0), **_rule_errors(run)}
             if run.get("llm_d_predicted_kv_gib") is not None:   # llm-d's planner on the same run, as it published
                 figures["llm-d"] = (run["llm_d_predicted_kv_gib"] - logged) / logged
             tokens = run["logged"].get("kv_cache_tokens")

@@ -6,6 +6,8 @@ from pathlib import Path
 import pytest
 from gpu_log_corpus import GiB, plan_run, started_runs
 
+from kvwatch.errors import CommandError
+from kvwatch.planner.engine_args import EngineCommand
 from kvwatch.planner.lora_slots import lora_slots
 from kvwatch.planner.weights import count_weights
 
@@ -73,3 +75,12 @@ def test_before_08_the_budget_does_not_see_the_slots() -> None:
 def test_a_plan_before_08_says_the_release_does_not_count_the_slots(tmp_path: Path) -> None:
     run = next(r for r in started_runs() if r["name"] == "search_llama31_8b_bnb4_t4_unsloth_u060_v072")
     assert "outside its budget (before 0.8)" in plan_run(run, tmp_path).kv_memory_source
+
+
+@pytest.mark.parametrize("flag, value", [("--max-loras", "0"), ("--max-loras", "-2"), ("--max-lora-rank", "-5"),
+                                         ("--max-loras", "many")])
+def test_a_lora_count_below_one_is_one_error_not_fewer_slots(flag: str, value: str) -> None:
+    """vLLM validates max_loras >= 1 (config/lora.py:34) and a rank from its list: a negative count must not
+    shrink the planned weights; it is one CommandError naming the flag."""
+    with pytest.raises(CommandError, match=flag):
+        EngineCommand.parse(["vllm", "serve", "m", "--enable-lora", flag, value]).settings()

@@ -320,8 +320,8 @@ class EngineCommand:
             quantization=self.get("--quantization"),
             moe_backend=self.get("--moe-backend"),
             enable_lora=bool(self._switch("--enable-lora")),
-            max_loras=self._int("--max-loras"),
-            max_lora_rank=self._int("--max-lora-rank"),
+            max_loras=self._positive_int("--max-loras"),
+            max_lora_rank=self._positive_int("--max-lora-rank"),
             lora_dtype=self.get("--lora-dtype"),
             fully_sharded_loras=bool(self._switch("--fully-sharded-loras")),
             cpu_offload_gb=self._nonnegative_float("--cpu-offload-gb"),
@@ -441,6 +441,13 @@ class EngineCommand:
             return float(value)
         except ValueError:
             raise CommandError(f"{flag} {value!r}: not a number") from None
+
+    def _positive_int(self, flag: str) -> int | None:
+        """A count vLLM validates as at least 1 (LoRAConfig max_loras ge=1, a rank from its list)."""
+        value = self._int(flag)
+        if value is not None and value < 1:
+            raise CommandError(f"{flag} {value}: expected a whole number, 1 or more")
+        return value
 
     def _nonnegative_float(self, flag: str) -> float:
         value = self._float(flag, 0.0)

@@ -46,7 +46,8 @@ NO_MEMORY_INPUTS = MemoryInputs()   # nothing measured: the planner's own defaul
 
 
 def _gpu_budget(device: Device, settings: EngineSettings, geometry: ModelGeometry, memory: MemoryInputs,
-                model_bytes: int, max_model_len: int, backend: str | None = None) -> GpuBudget:
+                model_bytes: int, max_model_len: int, backend: str | None = None,
+                lora: LoraSlots | None = None) -> GpuBudget:
     """GPU: vLLM's own split of the card (planner/gpu_budget.py): total x utilization, minus the
     weights, the profile's activation peak, non-torch memory and, where the release counts them, CUDA graphs.
     `backend`: the attention backend the plan picks (TRITON_MLA claims a decode workspace in the profile)."""
@@ -64,7 +65,7 @@ def _gpu_budget(device: Device, settings: EngineSettings, geometry: ModelGeometr
         else _weights_from_geometry(geometry, model_bytes, settings, device, memory)
     weights = (weights + _kernel_format_bytes(geometry, settings, device, memory.vllm_version, weights,
                                               model_bytes)) // ranks
-    weights += _lora_slots(geometry, settings, memory, model_bytes).bytes_per_rank
+    weights += (lora or _lora_slots(geometry, settings, memory, model_bytes)).bytes_per_rank
     return estimate_budget(settings, device, geometry.weight_count, weights, model_bytes, max_model_len,
                            memory.vllm_version, dict(memory.vllm_env), memory.flashinfer_installed,
                            experts_without_workspace=_experts_without_workspace(geometry, settings, device, memory),
@@ -187,13 +188,14 @@ def kv_memory(device: Device, settings: EngineSettings, geometry: ModelGeometry,
         return (_estimate_gpu_kv_memory(device, settings, geometry, memory, model_bytes, backend),
                 "learned: total x utilization - the non-KV memory of an earlier launch", False, None)
     if device.platform == "cuda" and device.total_memory_bytes:
+        lora = _lora_slots(geometry, settings, memory, model_bytes)   # once: the weights and the note
         budget = _gpu_budget(device, settings, geometry, memory, model_bytes,
-                             settings.max_model_len or geometry.default_max_model_len, backend)
+                             settings.max_model_len or geometry.default_max_model_len, backend, lora)
         how = "estimate: total x utilization - weights - activation - non-torch" if budget.extensible is None else \
             ("estimate: sized after warm-up (extensible KV cache): min(total x utilization, free at start - margin) "
              "- weights - non-torch - CUDA graphs - the transient peak")
         if settings.enable_lora:
-            how += "; " + _lora_note(_lora_slots(geometry, settings, memory, model_bytes))
+            how += "; " + _lora_note(lora)
         return budget.kv_cache_bytes, how, True, budget
     return 4 * GiB, "estimate: unknown device memory", True, None
 
